@@ -1,0 +1,35 @@
+# The two commands of the README: `make demo` and `make test`. Both set everything up.
+SHELL := /bin/bash
+ENV := source scripts/env.sh &&
+
+.PHONY: setup demo test test-unit test-integration test-e2e bench lint services-stop clean
+
+setup:
+	@scripts/setup.sh
+
+demo: setup
+	@$(ENV) python -m airflow_provider_cdc.demo
+
+test: setup
+	@$(ENV) python -m pytest tests $(PYTEST_ARGS)
+
+test-unit: setup
+	@$(ENV) python -m pytest tests -m unit $(PYTEST_ARGS)
+
+test-integration: setup
+	@$(ENV) python -m pytest tests -m integration $(PYTEST_ARGS)
+
+test-e2e: setup
+	@$(ENV) python -m pytest tests -m e2e $(PYTEST_ARGS)
+
+bench: setup
+	@$(ENV) python -m bench $(BENCH_ARGS)
+
+lint: setup
+	@$(ENV) ruff check airflow_provider_cdc dags tests bench
+
+services-stop:
+	@scripts/services.sh stop
+
+clean: services-stop
+	rm -rf .cdc-local

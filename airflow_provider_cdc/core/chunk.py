@@ -1,0 +1,38 @@
+"""The result of one snapshot chunk task, as carried in XCom and read by the merge job."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from .ranges import ChunkRange
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    source: str
+    table: str  # TableName.id
+    snapshot_id: str
+    seq: int  # chunk number inside the snapshot (ordering and file names)
+    low_watermark: str
+    high_watermark: str
+    path: str  # staged chunk Parquet
+    range: ChunkRange  # the planned range this chunk read from
+    after_key: tuple | None  # keyset start (exclusive) inside the range; None = from range start
+    last_key: tuple | None  # last key read; None when the chunk was empty
+    rows: int
+    exhausted: bool  # True when the range has no rows after last_key (fewer than chunk_size read)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["range"] = json.loads(self.range.to_json())
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ChunkResult:
+        d = dict(d)
+        d["range"] = ChunkRange.from_json(json.dumps(d["range"]))
+        for k in ("after_key", "last_key"):
+            if d.get(k) is not None:
+                d[k] = tuple(d[k])
+        return cls(**d)

@@ -1,0 +1,25 @@
+"""A small error hierarchy. Every message names the table, column or setting and says what to do."""
+
+
+class CdcError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigurationError(CdcError):
+    """A setting, parameter or DAG-run conf is invalid; nothing was written."""
+
+
+class SourceError(CdcError):
+    """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no primary key...)."""
+
+
+class WatermarkError(CdcError):
+    """A watermark is missing, duplicated or out of order in the changelog."""
+
+
+class NotReadyError(WatermarkError):
+    """A chunk's high watermark is not in the staged changelog yet: never emit early; wait and retry."""
+
+
+class StateError(CdcError):
+    """Snapshot progress or a stored offset is in a state that forbids the requested step."""

@@ -1,0 +1,69 @@
+"""Change events, watermark events and the Debezium-style envelope."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from .position import Position
+
+
+class Op(StrEnum):
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"  # a snapshot row, emitted at its chunk's high watermark
+
+
+WATERMARK_OP = "w"  # staged-changelog rows that are watermark writes, not table changes
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One row change (or snapshot read) at a source position.
+
+    ``key`` is the canonical key (:func:`core.schema.encode_key`); ``before``/``after`` map
+    column -> canonical value. ``watermark`` is the high-watermark id for ``r`` events.
+    """
+
+    table: str
+    op: str
+    key: str
+    position: Position
+    before: dict | None
+    after: dict | None
+    ts_ms: int = 0
+    snapshot: bool = False
+    watermark: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WatermarkEvent:
+    """The watermark table's value changed to ``id`` at ``position`` (DBLog steps 1 and 3)."""
+
+    id: str
+    position: Position
+    ts_ms: int = 0
+
+
+LogEvent = ChangeEvent | WatermarkEvent
+
+
+def to_envelope(event: ChangeEvent, database: str) -> dict[str, Any]:
+    """Debezium-style envelope: ``op, before, after, source{...}, ts_ms``."""
+    schema, _, table = event.table.partition(".")
+    return {
+        "op": event.op,
+        "before": event.before,
+        "after": event.after,
+        "source": {
+            "db": database,
+            "schema": schema,
+            "table": table,
+            "position": event.position.encode(),
+            "snapshot": event.snapshot,
+            "watermark": event.watermark,
+        },
+        "ts_ms": event.ts_ms,
+    }

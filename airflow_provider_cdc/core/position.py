@@ -1,0 +1,83 @@
+"""Source positions: totally ordered, comparable as plain values, sortable as strings.
+
+A position is three unsigned integers ``(major, minor, index)``:
+
+* PostgreSQL: ``(commit LSN, 0, index of the change inside its transaction)``. LSNs are
+  not unique (BEGIN shares its first change's LSN), so the commit LSN plus the order
+  inside the transaction is the total order of committed changes.
+* MySQL/MariaDB: ``(binlog file index, offset of the rows event, row index inside the event)``.
+  The binlog is written in commit order, so file + offset is commit order.
+
+``encode()`` gives a fixed-width lowercase hex string (16 + 16 + 8 digits) whose string
+order equals the tuple order, so Parquet columns, Spark joins and file names compare
+positions as plain strings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_MAX64 = (1 << 64) - 1
+_MAX32 = (1 << 32) - 1
+ENCODED_LENGTH = 40
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Position:
+    major: int
+    minor: int = 0
+    index: int = 0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.major <= _MAX64 and 0 <= self.minor <= _MAX64 and 0 <= self.index <= _MAX32):
+            raise ValueError(f"position out of range: {self.major}/{self.minor}/{self.index}")
+
+    def encode(self) -> str:
+        return f"{self.major:016x}{self.minor:016x}{self.index:08x}"
+
+    @classmethod
+    def decode(cls, text: str) -> Position:
+        if len(text) != ENCODED_LENGTH:
+            raise ValueError(f"not an encoded position (want {ENCODED_LENGTH} hex digits): {text!r}")
+        return cls(int(text[:16], 16), int(text[16:32], 16), int(text[32:], 16))
+
+    def is_after(self, other: Position) -> bool:
+        return self > other
+
+    # --- PostgreSQL -------------------------------------------------------------------
+    @classmethod
+    def pg(cls, commit_lsn: int | str, index: int = 0) -> Position:
+        return cls(lsn_to_int(commit_lsn) if isinstance(commit_lsn, str) else commit_lsn, 0, index)
+
+    # --- MySQL / MariaDB --------------------------------------------------------------
+    @classmethod
+    def binlog(cls, file_name_or_index: str | int, offset: int, row: int = 0) -> Position:
+        idx = binlog_file_index(file_name_or_index) if isinstance(file_name_or_index, str) else file_name_or_index
+        return cls(idx, offset, row)
+
+    def __str__(self) -> str:  # readable in logs
+        return f"{self.major:X}/{self.minor:X}/{self.index}"
+
+
+ZERO = Position(0, 0, 0)
+
+
+def lsn_to_int(lsn: str) -> int:
+    """``'16/B374D848'`` -> int."""
+    try:
+        hi, lo = lsn.split("/")
+        return (int(hi, 16) << 32) | int(lo, 16)
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"not a PostgreSQL LSN: {lsn!r} (want e.g. '16/B374D848')") from exc
+
+
+def int_to_lsn(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+def binlog_file_index(name: str) -> int:
+    """``'binlog.000042'`` -> 42 (the numeric suffix orders binlog files)."""
+    suffix = name.rsplit(".", 1)[-1]
+    if not suffix.isdigit():
+        raise ValueError(f"not a binlog file name: {name!r} (want e.g. 'binlog.000042')")
+    return int(suffix)

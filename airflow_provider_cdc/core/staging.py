@@ -1,0 +1,76 @@
+"""Where staged and output files live and which columns they have (conventions only, no I/O).
+
+``data_dir`` is a local folder or any fsspec/Hadoop URI; paths are joined with ``/``.
+
+Staged changelog segment (Parquet, rows ordered by position)::
+
+    {data_dir}/staging/{source}/changelog/seg-{first}-{last}.parquet
+    position: string (Position.encode())   table: string (TableName.id)
+    op: string (c, u, d, or w for a watermark write)
+    key: string (canonical key JSON; null for w)
+    before, after: string (canonical row JSON; null where absent)
+    ts_ms: int64 (commit time)   watermark: string (the value written; only for w)
+
+Segments may overlap only after a capture crashed between writing and committing;
+readers de-duplicate by (table, key, position), and the next capture removes the orphan.
+
+Snapshot chunk (Parquet, rows ordered by key)::
+
+    {data_dir}/staging/{source}/chunks/{table.path_segment}/{snapshot_id}/chunk-{seq:06d}-{hw_id}.parquet
+    key: string   after: string
+
+Table schema (JSON, TableSchema.to_json())::
+
+    {data_dir}/staging/{source}/schemas/{table.path_segment}.json
+
+Outputs::
+
+    {data_dir}/output/{source}/events/table={table.path_segment}/...   append-only event log
+    {data_dir}/output/{source}/mirror/{table.path_segment}/            mirror (Delta Lake)
+"""
+
+from __future__ import annotations
+
+from .position import Position
+from .schema import TableName
+
+CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark")
+CHUNK_COLUMNS = ("key", "after")
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.rstrip("/") for p in parts)
+
+
+def staging_dir(data_dir: str, source: str) -> str:
+    return _join(data_dir, "staging", source)
+
+
+def changelog_dir(data_dir: str, source: str) -> str:
+    return _join(staging_dir(data_dir, source), "changelog")
+
+
+def segment_name(first: Position, last: Position) -> str:
+    return f"seg-{first.encode()}-{last.encode()}.parquet"
+
+
+def parse_segment_name(name: str) -> tuple[Position, Position]:
+    stem = name.rsplit("/", 1)[-1].removesuffix(".parquet")
+    _, first, last = stem.split("-")
+    return Position.decode(first), Position.decode(last)
+
+
+def chunk_path(data_dir: str, source: str, table: TableName, snapshot_id: str, seq: int, hw_id: str) -> str:
+    return _join(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id, f"chunk-{seq:06d}-{hw_id}.parquet")
+
+
+def schema_path(data_dir: str, source: str, table: TableName) -> str:
+    return _join(staging_dir(data_dir, source), "schemas", f"{table.path_segment}.json")
+
+
+def events_dir(data_dir: str, source: str) -> str:
+    return _join(data_dir, "output", source, "events")
+
+
+def mirror_dir(data_dir: str, source: str, table: TableName) -> str:
+    return _join(data_dir, "output", source, "mirror", table.path_segment)

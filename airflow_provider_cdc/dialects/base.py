@@ -1,0 +1,289 @@
+"""What DBLog needs from a database, and the parts every dialect shares.
+
+A dialect implements identifier quoting, metadata, the watermark table, streaming a
+query, converting a driver row to canonical values, and reading the changelog from an
+opaque offset to the current end. The shared parts here build the chunk SQL, stream a
+chunk to Parquet, and run capture in the order invariant I6 demands: read, stage, then
+commit the offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigurationError
+from ..core.events import LogEvent
+from ..core.position import Position
+from ..core.ranges import ChunkRange, keyset_condition, keyset_params
+from ..core.schema import TableName, TableSchema, encode_key, encode_row
+from ..core.staging import changelog_dir
+from ..staging_io import CHUNK_SCHEMA, list_segments, write_segment
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectionParams:
+    scheme: str  # postgres | mysql | mariadb
+    host: str = "127.0.0.1"
+    port: int | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    database: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_uri(cls, uri: str) -> ConnectionParams:
+        parts = urlsplit(uri)
+        scheme = parts.scheme.split("+")[0].lower()
+        if scheme in ("postgresql", "postgres"):
+            scheme = "postgres"
+        if scheme not in ("postgres", "mysql", "mariadb"):
+            raise ConfigurationError(f"connection URI scheme {parts.scheme!r} not supported; use postgresql:// or mysql://")
+        return cls(
+            scheme=scheme,
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port,
+            user=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password else None,
+            database=parts.path.lstrip("/") or None,
+            extra=dict(parse_qsl(parts.query)),
+        )
+
+
+@dataclass(frozen=True)
+class ChunkReadResult:
+    rows: int
+    last_key: tuple | None  # canonical key values of the last row, None if no rows
+
+
+@dataclass(frozen=True)
+class LogBatch:
+    events: list[LogEvent]  # in position order, whole transactions only
+    end_offset: str  # opaque: where the next read starts; safe to commit after staging
+    start_offset: str
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    events: int
+    watermarks: int
+    segment: str | None
+    start_offset: str
+    end_offset: str
+    seconds: float
+
+
+class Dialect(ABC):
+    name: ClassVar[str]
+    #: row-value keyset comparison ``(a, b) > (?, ?)``; False -> expanded OR form
+    row_value_keyset: ClassVar[bool] = True
+    placeholder: ClassVar[str] = "%s"
+
+    def __init__(
+        self,
+        params: ConnectionParams,
+        *,
+        source: str = "default",
+        watermark_schema: str = "cdc",
+        watermark_table: str = "watermark",
+        **options: Any,
+    ) -> None:
+        self.params = params
+        self.source = source
+        self.watermark_table = TableName(watermark_schema, watermark_table)
+        self.options = options
+
+    # --- identifiers ------------------------------------------------------------------
+    @abstractmethod
+    def quote_ident(self, name: str) -> str: ...
+
+    def quote_table(self, table: TableName) -> str:
+        return f"{self.quote_ident(table.schema)}.{self.quote_ident(table.name)}"
+
+    # --- prerequisites and metadata ---------------------------------------------------
+    @abstractmethod
+    def check_prerequisites(self) -> None:
+        """Raise SourceError naming every unmet CDC prerequisite and how to fix it."""
+
+    @abstractmethod
+    def describe_table(self, table: TableName) -> TableSchema:
+        """Columns, logical types and primary key; SourceError for a missing table, no
+        primary key, or an unsupported column type (named)."""
+
+    # --- watermarks (DBLog steps 1 and 3) ---------------------------------------------
+    @abstractmethod
+    def ensure_watermark_table(self) -> None: ...
+
+    @abstractmethod
+    def write_watermark(self, watermark_id: str) -> None:
+        """UPDATE the one watermark row to ``watermark_id`` in its own committed transaction."""
+
+    # --- chunks (DBLog step 2) ----------------------------------------------------------
+    @abstractmethod
+    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000) -> Iterator[list[tuple]]:
+        """Run a SELECT as a fresh statement (non-stale) and yield driver rows in batches,
+        never holding the whole result in memory."""
+
+    @abstractmethod
+    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
+        """Driver row (columns in ``schema.columns`` order) -> column -> canonical value."""
+
+    @abstractmethod
+    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
+        """Canonical key value -> a value the driver binds (e.g. base64 -> bytes)."""
+
+    def chunk_query(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key: Sequence | None,
+        limit: int | None,
+        where: str | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> tuple[str, list[Any]]:
+        """Keyset SELECT of the next chunk: ``key > after_key``, inside ``rng``, ordered by key."""
+        pk = [self.quote_ident(k) for k in schema.primary_key]
+        cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
+        conds: list[str] = []
+        params: list[Any] = []
+
+        def bind(key: Sequence) -> list[Any]:
+            vals = [self.to_db_value(schema, c, v) for c, v in zip(schema.primary_key, key, strict=True)]
+            return keyset_params(vals, row_values=self.row_value_keyset)
+
+        if after_key is not None:
+            conds.append(keyset_condition(pk, ">", row_values=self.row_value_keyset, placeholder=self.placeholder))
+            params += bind(after_key)
+        elif rng.start is not None:
+            conds.append(keyset_condition(pk, ">=", row_values=self.row_value_keyset, placeholder=self.placeholder))
+            params += bind(rng.start)
+        if rng.end is not None:
+            conds.append(keyset_condition(pk, "<", row_values=self.row_value_keyset, placeholder=self.placeholder))
+            params += bind(rng.end)
+        if where:
+            conds.append(f"({validate_where(where)})")
+        sql = f"SELECT {cols} FROM {self.quote_table(schema.table)}"
+        if conds:
+            sql += " WHERE " + " AND ".join(conds)
+        sql += " ORDER BY " + ", ".join(pk)
+        if limit is not None:
+            sql += f" LIMIT {self.placeholder}"
+            params.append(int(limit))
+        return sql, params
+
+    def read_chunk(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key: Sequence | None,
+        limit: int,
+        path: str,
+        where: str | None = None,
+    ) -> ChunkReadResult:
+        """DBLog step 2: stream the next chunk to a Parquet file at ``path`` (key, after)."""
+        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where)
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        rows = 0
+        last_key: tuple | None = None
+        pk = schema.primary_key
+        with pq.ParquetWriter(tmp, CHUNK_SCHEMA) as writer:
+            for batch in self.stream_query(sql, params):
+                keys, afters = [], []
+                for raw in batch:
+                    row = self.row_to_canonical(schema, raw)
+                    kv = tuple(row[k] for k in pk)
+                    keys.append(encode_key(kv))
+                    afters.append(encode_row(row))
+                    last_key = kv
+                rows += len(keys)
+                writer.write_table(pa.table({"key": keys, "after": afters}, schema=CHUNK_SCHEMA))
+        tmp.replace(p)
+        return ChunkReadResult(rows, last_key)
+
+    @abstractmethod
+    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+        """Largest primary key now (canonical values): the snapshot's upper bound."""
+
+    @abstractmethod
+    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
+        """About ``count`` keys spread over the table, sorted: boundaries for parallel ranges."""
+
+    # --- changelog --------------------------------------------------------------------
+    @abstractmethod
+    def current_position(self) -> Position:
+        """The current end of the log as a Position (callers wait until capture passed it)."""
+
+    @abstractmethod
+    def load_offset(self, data_dir: str) -> str:
+        """The committed changelog offset (opaque text), creating the slot/state if missing."""
+
+    @abstractmethod
+    def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
+        """Events from ``offset`` to the current end, whole transactions, in position order.
+        Watermark table updates come as WatermarkEvent; other tables as ChangeEvent."""
+
+    @abstractmethod
+    def commit_offset(self, offset: str, data_dir: str) -> None:
+        """Tell the source it may discard the log before ``offset`` (slot confirm / stored state)."""
+
+    def capture(self, data_dir: str, *, max_events: int | None = None) -> CaptureResult:
+        """Drain the changelog to staging. I6: the offset is committed only after the
+        segment is durably written."""
+        t0 = time.monotonic()
+        directory = changelog_dir(data_dir, self.source)
+        offset = self.load_offset(data_dir)
+        batch = self.read_log(offset, max_events=max_events)
+        path = None
+        from ..core.events import WatermarkEvent
+
+        if batch.events:
+            path = write_segment(batch.events, directory, self.watermark_table.id)
+            first, last = batch.events[0].position, batch.events[-1].position
+            for f_first, f_last, f_path in list_segments(directory):
+                # a segment left by a capture that crashed before committing: this batch
+                # re-read the same events (and maybe more), so it supersedes the orphan
+                if f_path != path and f_first >= first and f_last <= last:
+                    Path(f_path).unlink(missing_ok=True)
+        self.commit_offset(batch.end_offset, data_dir)
+        wm = sum(1 for e in batch.events if isinstance(e, WatermarkEvent))
+        return CaptureResult(len(batch.events), wm, path, batch.start_offset, batch.end_offset, time.monotonic() - t0)
+
+    # --- lifecycle --------------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - optional for dialects holding connections
+        pass
+
+    def __enter__(self) -> Dialect:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def validate_where(where: str) -> str:
+    """The optional chunk filter is SQL written by the DAG author (like Debezium's
+    ``additional-conditions``). It cannot be bound, so refuse what could end or extend
+    the statement."""
+    w = where.strip()
+    if not w:
+        raise ConfigurationError("filter condition 'where' is empty; omit it or give a condition")
+    for bad in (";", "--", "/*", "*/"):
+        if bad in w:
+            raise ConfigurationError(
+                f"filter condition 'where' must be a single boolean expression without {bad!r}: {where!r}"
+            )
+    return w

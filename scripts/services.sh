@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Private, CDC-ready PostgreSQL and MariaDB instances for tests, the demo and benchmarks.
+#
+#   scripts/services.sh start   # idempotent: a second start finds them running
+#   scripts/services.sh stop    # stops only the instances this script started
+#   scripts/services.sh status
+#   scripts/services.sh env     # prints export lines with the connection URIs
+#
+# PostgreSQL runs with wal_level=logical; MariaDB with a ROW/FULL/FULL binlog. Both live
+# under $CDC_LOCAL_DIR (default: <project>/.cdc-local, git-ignored), on their own ports and
+# sockets, so they never touch a system server. Users with their own servers skip this and
+# set CDC_TEST_PG_URI / CDC_TEST_MYSQL_URI instead (see README).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+LOCAL="${CDC_LOCAL_DIR:-$ROOT/.cdc-local}"
+PG_PORT="${CDC_PG_PORT:-55432}"
+MY_PORT="${CDC_MYSQL_PORT:-53306}"
+PG_BIN="${CDC_PG_BIN:-}"
+PG_DIR="$LOCAL/pg"
+MY_DIR="$LOCAL/mariadb"
+
+die() { echo "services.sh: ERROR: $*" >&2; exit 1; }
+say() { echo "services.sh: $*" >&2; }
+
+find_pg_bin() {
+  if [[ -n "$PG_BIN" ]]; then echo "$PG_BIN"; return; fi
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    [[ -x "$d/initdb" ]] && { echo "$d"; return; }
+  done
+  command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return; }
+  echo ""
+}
+
+need_packages() {
+  # Install what is missing when we are root; otherwise say exactly what to install.
+  local missing=()
+  [[ -n "$(find_pg_bin)" ]] || missing+=(postgresql)
+  command -v mariadbd >/dev/null 2>&1 || [[ -x /usr/sbin/mariadbd ]] || missing+=(mariadb-server)
+  command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
+  [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
+  if ((${#missing[@]})); then
+    if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+      say "installing missing Debian packages: ${missing[*]}"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq >/dev/null
+      apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+      # Debian's packages start system services on install; we do not need them running
+      # for our private instances, and we leave whatever was already running alone.
+    else
+      die "missing packages: ${missing[*]}. Install them as root:
+    sudo apt-get install ${missing[*]}
+or point the tests at your own servers with CDC_TEST_PG_URI and CDC_TEST_MYSQL_URI (see README)."
+    fi
+  fi
+}
+
+port_busy() {  # true when something listens on 127.0.0.1:$1
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+run_as_pg() {
+  if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+pg_running() { [[ -f "$PG_DIR/data/postmaster.pid" ]] && run_as_pg "$(find_pg_bin)/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; }
+
+start_pg() {
+  local bin; bin="$(find_pg_bin)"
+  [[ -n "$bin" ]] || die "PostgreSQL server binaries not found (initdb). Install: apt-get install postgresql"
+  if pg_running; then say "PostgreSQL already running on port $PG_PORT"; return; fi
+  if port_busy "$PG_PORT"; then
+    die "port $PG_PORT is in use by another process; free it or set CDC_PG_PORT to a free port"
+  fi
+  mkdir -p "$PG_DIR"
+  if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$PG_DIR"; fi
+  if [[ ! -f "$PG_DIR/data/PG_VERSION" ]]; then
+    say "initdb $PG_DIR/data"
+    run_as_pg "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$PG_DIR/initdb.log" 2>&1 \
+      || { cat "$PG_DIR/initdb.log" >&2; die "initdb failed (log: $PG_DIR/initdb.log)"; }
+    cat >>"$PG_DIR/data/postgresql.conf" <<EOF
+# airflow-provider-cdc: CDC settings
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_DIR'
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+max_connections = 200
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 256MB
+timezone = 'UTC'
+EOF
+  fi
+  run_as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start >/dev/null \
+    || { tail -20 "$PG_DIR/server.log" >&2; die "PostgreSQL did not start (log: $PG_DIR/server.log)"; }
+  touch "$PG_DIR/started-by-services.sh"
+  "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qAtc \
+    "SELECT 1 FROM pg_database WHERE datname='cdc_test'" | grep -q 1 \
+    || "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qc "CREATE DATABASE cdc_test" >/dev/null
+  say "PostgreSQL started on 127.0.0.1:$PG_PORT (wal_level=logical)"
+}
+
+stop_pg() {
+  local bin; bin="$(find_pg_bin)"
+  if [[ -n "$bin" ]] && pg_running; then
+    run_as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null && say "PostgreSQL stopped"
+  else
+    say "PostgreSQL not running"
+  fi
+}
+
+my_pid() { [[ -f "$MY_DIR/mariadbd.pid" ]] && cat "$MY_DIR/mariadbd.pid" 2>/dev/null || true; }
+my_running() { local p; p="$(my_pid)"; [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; }
+
+my_client() {
+  local c; c="$(command -v mariadb || command -v mysql || true)"
+  [[ -n "$c" ]] || die "mariadb client not found; install mariadb-client"
+  "$c" --no-defaults -uroot -h127.0.0.1 -P"$MY_PORT" --protocol=tcp "$@"
+}
+
+start_mariadb() {
+  local mariadbd; mariadbd="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
+  [[ -x "$mariadbd" ]] || die "mariadbd not found. Install: apt-get install mariadb-server"
+  if my_running; then say "MariaDB already running on port $MY_PORT"; return; fi
+  if port_busy "$MY_PORT"; then
+    die "port $MY_PORT is in use by another process; free it or set CDC_MYSQL_PORT to a free port"
+  fi
+  mkdir -p "$MY_DIR"
+  if [[ ! -d "$MY_DIR/data/mysql" ]]; then
+    say "mariadb-install-db $MY_DIR/data"
+    mariadb-install-db --no-defaults --datadir="$MY_DIR/data" --user="$(id -un)" \
+      --auth-root-authentication-method=normal --skip-test-db >"$MY_DIR/install.log" 2>&1 \
+      || { cat "$MY_DIR/install.log" >&2; die "mariadb-install-db failed (log: $MY_DIR/install.log)"; }
+  fi
+  setsid "$mariadbd" --no-defaults --datadir="$MY_DIR/data" --port="$MY_PORT" \
+    --bind-address=127.0.0.1 --socket="$MY_DIR/mariadb.sock" --pid-file="$MY_DIR/mariadbd.pid" \
+    --log-error="$MY_DIR/error.log" --log-bin="$MY_DIR/data/binlog" --binlog-format=ROW \
+    --binlog-row-image=FULL --binlog-row-metadata=FULL --server-id=1 --user="$(id -un)" \
+    --max-connections=300 --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
+    --default-time-zone=+00:00 --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
+    </dev/null >/dev/null 2>&1 &
+  local i
+  for i in $(seq 1 120); do
+    if my_client -e "SELECT 1" >/dev/null 2>&1; then break; fi
+    sleep 0.5
+  done
+  my_client -e "SELECT 1" >/dev/null 2>&1 || { tail -20 "$MY_DIR/error.log" >&2; die "MariaDB did not start (log: $MY_DIR/error.log)"; }
+  touch "$MY_DIR/started-by-services.sh"
+  my_client -e "CREATE DATABASE IF NOT EXISTS cdc_test" >/dev/null
+  say "MariaDB started on 127.0.0.1:$MY_PORT (binlog ROW, row image FULL, row metadata FULL)"
+}
+
+stop_mariadb() {
+  if my_running; then
+    local p; p="$(my_pid)"
+    kill "$p"
+    local i; for i in $(seq 1 60); do kill -0 "$p" 2>/dev/null || break; sleep 0.5; done
+    say "MariaDB stopped"
+  else
+    say "MariaDB not running"
+  fi
+}
+
+print_env() {
+  echo "export CDC_TEST_PG_URI='postgresql://postgres@127.0.0.1:$PG_PORT/cdc_test'"
+  echo "export CDC_TEST_MYSQL_URI='mysql://root@127.0.0.1:$MY_PORT/cdc_test'"
+}
+
+status() {
+  if pg_running; then echo "postgresql: running on 127.0.0.1:$PG_PORT ($PG_DIR)"; else echo "postgresql: stopped"; fi
+  if my_running; then echo "mariadb: running on 127.0.0.1:$MY_PORT ($MY_DIR)"; else echo "mariadb: stopped"; fi
+}
+
+case "${1:-}" in
+  start) need_packages; start_pg; start_mariadb; print_env ;;
+  start-pg) need_packages; start_pg; print_env ;;
+  start-mariadb) need_packages; start_mariadb; print_env ;;
+  stop) stop_pg; stop_mariadb ;;
+  status) status ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|start-pg|start-mariadb|stop|status|env" >&2; exit 2 ;;
+esac

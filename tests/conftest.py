@@ -1,0 +1,66 @@
+"""Shared fixtures: the real databases started by scripts/services.sh (or your own, via
+CDC_TEST_PG_URI / CDC_TEST_MYSQL_URI), and tier markers by folder."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(ROOT).parts
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e"):
+            item.add_marker(getattr(pytest.mark, parts[1]))
+
+
+def _unavailable(what: str, uri: str, exc: BaseException):
+    msg = (
+        f"\n{'!' * 78}\n{what} at {uri} is not reachable: {exc!r}\n"
+        f"Start the project's instances with `scripts/services.sh start` (or `make test`),\n"
+        f"or point the tests at your own server with the environment variable shown in README.\n{'!' * 78}"
+    )
+    if IN_CI:
+        pytest.fail(msg)  # in CI the integration tests must run
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def pg_uri() -> str:
+    uri = os.environ.get("CDC_TEST_PG_URI", "postgresql://postgres@127.0.0.1:55432/cdc_test")
+    try:
+        import psycopg2
+
+        psycopg2.connect(uri, connect_timeout=5).close()
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable("PostgreSQL", uri, exc)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def mysql_uri() -> str:
+    uri = os.environ.get("CDC_TEST_MYSQL_URI", "mysql://root@127.0.0.1:53306/cdc_test")
+    try:
+        from urllib.parse import urlsplit
+
+        import pymysql
+
+        p = urlsplit(uri)
+        pymysql.connect(
+            host=p.hostname, port=p.port or 3306, user=p.username or "root", password=p.password or "", connect_timeout=5
+        ).close()
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable("MariaDB/MySQL", uri, exc)
+    return uri
+
+
+@pytest.fixture
+def unique_name() -> str:
+    """A short unique suffix for tables, slots and folders of one test."""
+    return uuid.uuid4().hex[:10]
