@@ -89,7 +89,8 @@ max_replication_slots = 20
 max_wal_senders = 20
 max_connections = 200
 fsync = off
-synchronous_commit = off
+# synchronous_commit stays on: logical decoding reads only flushed WAL, so with it off a
+# commit shows up in the slot up to ~0.6 s late (fsync=off keeps commits cheap anyway).
 full_page_writes = off
 shared_buffers = 256MB
 timezone = 'UTC'
