@@ -1,0 +1,213 @@
+"""The DBLog window merge (steps 4 and 5) and the reference mirror semantics.
+
+Step 4: for every chunk, a row event of the chunk's table whose position lies strictly
+between the chunk's low and high watermark removes that key from the chunk: the log
+already carries a change at least as new as what the SELECT may have seen, and the
+SELECT may have seen it or not (it ran somewhere inside the window), so the chunk's
+copy of that row cannot be trusted to be newer than the log.
+Step 5: the rows left are emitted as ``op = "r"`` events at the high watermark's
+position. Every change of the row that committed before the low watermark is older
+than the chunk row (the read is non-stale), every change after the high watermark is
+newer, and the window in between was handled by step 4: so per key, positions only
+grow (I1).
+
+One call handles one chunk or a whole round (disjoint key ranges, overlapping windows,
+windows in any order): each chunk is filtered by its own window in one pass over the log.
+The Spark merge job does the same thing with joins; both must agree with
+:func:`merge_window`, which is the reference.
+
+Retries: every chunk attempt writes a fresh pair of watermark ids, so the watermarks of
+a failed attempt ("orphans") are named by no chunk and simply ignored. The same id seen
+twice (a re-delivered changelog segment) counts at its earliest position. A high
+watermark that is not in the log yet raises :class:`NotReadyError`: emitting before the
+window is closed could miss a conflicting change, so never emit early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .errors import NotReadyError, WatermarkError
+from .events import ChangeEvent, LogEvent, Op, WatermarkEvent
+from .position import Position
+
+Rows = Mapping[str, dict] | Iterable[tuple[str, dict]]
+
+
+@dataclass(frozen=True)
+class WindowChunk:
+    """One chunk as the merge needs it.
+
+    ``table``: TableName.id; ``low_watermark`` / ``high_watermark``: the ids the chunk
+    task wrote (ChunkResult.low_watermark / high_watermark); ``rows``: the chunk's rows
+    as canonical key -> canonical after-row (a mapping) or as ``(key, after)`` pairs
+    (e.g. straight from the staged chunk file), in key order. ``name`` only labels errors
+    (e.g. the staged chunk path or ``seq``).
+    """
+
+    table: str
+    low_watermark: str
+    high_watermark: str
+    rows: Rows
+    name: str = ""
+
+    @classmethod
+    def from_result(cls, result: Any, rows: Rows) -> WindowChunk:
+        """From a :class:`core.chunk.ChunkResult` (or anything with its fields) and its rows."""
+        return cls(result.table, result.low_watermark, result.high_watermark, rows, f"seq {result.seq} ({result.path})")
+
+    @property
+    def label(self) -> str:
+        return f"chunk {self.name or self.high_watermark} of table {self.table}"
+
+
+class WatermarkHit(NamedTuple):
+    position: Position
+    ts_ms: int
+
+
+def locate_watermarks(log_events: Iterable[LogEvent], ids: Iterable[str]) -> dict[str, Position]:
+    """Position of each of ``ids`` found among the watermark events of ``log_events``.
+
+    An id seen more than once (a re-delivered segment) counts at its earliest position.
+    Ids not found are absent from the result.
+    """
+    return {i: hit.position for i, hit in _locate(log_events, set(ids)).items()}
+
+
+def _locate(log_events: Iterable[LogEvent], wanted: set[str]) -> dict[str, WatermarkHit]:
+    found: dict[str, WatermarkHit] = {}
+    for ev in log_events:
+        if type(ev) is WatermarkEvent and ev.id in wanted:
+            prev = found.get(ev.id)
+            if prev is None or ev.position < prev.position:
+                found[ev.id] = WatermarkHit(ev.position, ev.ts_ms)
+    return found
+
+
+def _window(chunk: WindowChunk, found: Mapping[str, WatermarkHit]) -> tuple[WatermarkHit, WatermarkHit]:
+    lw = found.get(chunk.low_watermark)
+    hw = found.get(chunk.high_watermark)
+    if hw is None:
+        state = "its low watermark is there" if lw is not None else "nor is its low watermark"
+        raise NotReadyError(
+            f"{chunk.label}: high watermark {chunk.high_watermark!r} is not in the changelog yet ({state}); "
+            "capture the changelog past it (the high-watermark sensor waits for this) and merge again"
+        )
+    if lw is None:
+        raise WatermarkError(
+            f"{chunk.label}: high watermark {chunk.high_watermark!r} is in the changelog at {hw.position} but its "
+            f"low watermark {chunk.low_watermark!r} is not; the changelog given to the merge must start before "
+            "the chunk's low watermark (was a segment removed or the capture started after the chunk?). "
+            "Re-read this chunk"
+        )
+    if not lw.position < hw.position:
+        raise WatermarkError(
+            f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high watermark "
+            f"{chunk.high_watermark!r} at {hw.position}; the watermark ids are mixed up. Re-read this chunk"
+        )
+    return lw, hw
+
+
+def merge_window(chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]) -> list[ChangeEvent]:
+    """DBLog steps 4-5 for a round of chunks; returns the surviving rows as ``r`` events.
+
+    Input: ``chunks`` (see :class:`WindowChunk`) and ``log_events``: the staged changelog
+    (``ChangeEvent`` / ``WatermarkEvent``), covering every chunk's window, in position
+    order (duplicates allowed; the result does not depend on their order).
+
+    Output: for each chunk in order of its high watermark position, its surviving rows in
+    the chunk's row order, each as ``ChangeEvent(table, op="r", key, position=hw position,
+    before=None, after=row, ts_ms=hw event's ts_ms, snapshot=True, watermark=hw id)``.
+
+    Raises :class:`NotReadyError` when a high watermark is not in the log, and
+    :class:`WatermarkError` when a low watermark is missing or not before its high
+    watermark; nothing is emitted then, for any chunk of the round.
+    """
+    events = log_events if isinstance(log_events, (list, tuple)) else list(log_events)
+    wanted = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
+    found = _locate(events, wanted)
+    windows = [_window(c, found) for c in chunks]  # raises before anything is emitted
+
+    # key -> [(chunk index, lw pos, hw pos)] per table; ranges are disjoint, so usually one entry
+    rows_of: list[Mapping[str, dict]] = []
+    index: dict[str, dict[str, list[tuple[int, Position, Position]]]] = {}
+    for i, (chunk, (lw, hw)) in enumerate(zip(chunks, windows, strict=True)):
+        rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
+        rows_of.append(rows)
+        by_key = index.setdefault(chunk.table, {})
+        entry = (i, lw.position, hw.position)
+        for key in rows:
+            hits = by_key.get(key)
+            if hits is None:
+                by_key[key] = [entry]
+            else:
+                hits.append(entry)
+
+    # step 4: one pass over the log, a dict lookup per row event
+    dropped: list[set[str]] = [set() for _ in chunks]
+    for ev in events:
+        if type(ev) is not ChangeEvent:
+            continue
+        by_key = index.get(ev.table)
+        if by_key is None:
+            continue
+        hits = by_key.get(ev.key)
+        if hits is None:
+            continue
+        pos = ev.position
+        for i, lw_pos, hw_pos in hits:
+            if lw_pos < pos < hw_pos:
+                dropped[i].add(ev.key)
+
+    # step 5: survivors at the high watermark
+    out: list[ChangeEvent] = []
+    read = Op.READ.value
+    for i in sorted(range(len(chunks)), key=lambda j: windows[j][1].position):
+        chunk, hw, gone = chunks[i], windows[i][1], dropped[i]
+        table, hw_id, hw_pos, ts = chunk.table, chunk.high_watermark, hw.position, hw.ts_ms
+        for key, after in rows_of[i].items():
+            if key not in gone:
+                out.append(ChangeEvent(table, read, key, hw_pos, None, after, ts, True, hw_id))
+    return out
+
+
+# --- reference mirror semantics ---------------------------------------------------------
+
+
+class MirrorRow(NamedTuple):
+    """The mirror's state of one key: the position it was written at and the row
+    (``None`` = tombstone of a delete, kept so an older event cannot resurrect the row)."""
+
+    position: Position
+    after: dict | None
+
+
+MirrorState = MutableMapping[tuple[str, str], MirrorRow]
+
+
+def mirror_apply(state: MirrorState, events: Iterable[ChangeEvent]) -> MirrorState:
+    """Apply events to ``state`` ((table, key) -> MirrorRow) the way every sink must.
+
+    An event is applied only if its position is newer than the stored one, so writers in
+    any order and re-deliveries converge to the same state; a delete becomes a tombstone.
+    Returns ``state`` (changed in place).
+    """
+    delete = Op.DELETE.value
+    for ev in events:
+        k = (ev.table, ev.key)
+        cur = state.get(k)
+        if cur is not None and not ev.position > cur.position:
+            continue
+        state[k] = MirrorRow(ev.position, None if ev.op == delete else ev.after)
+    return state
+
+
+def mirror_rows(state: Mapping[tuple[str, str], MirrorRow], table: str | None = None) -> dict[Any, dict]:
+    """The live rows of a mirror state (tombstones left out): ``key -> row`` for one
+    ``table``, or ``(table, key) -> row`` for all."""
+    if table is None:
+        return {k: v.after for k, v in state.items() if v.after is not None}
+    return {k[1]: v.after for k, v in state.items() if v.after is not None and k[0] == table}
