@@ -17,8 +17,6 @@ import re
 import uuid
 from urllib.parse import urlsplit
 
-import pytest
-
 # Writes of one scenario, per connection: (connection index, action, argument).
 # T0 begins first but commits last; T1 (low watermark) commits first; T2 (high
 # watermark) begins after T0's first row and commits between T1 and T0.
@@ -99,7 +97,10 @@ def test_postgres_logical_slot_reads_interleaved_transactions_in_commit_order(pg
     finally:
         for c in conns:
             c.close()
-        cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        cur.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        )
         cur.execute(f'DROP TABLE IF EXISTS "{table}", "{wm_table}"')
         admin.close()
 
@@ -152,14 +153,18 @@ def test_mariadb_row_binlog_reads_interleaved_transactions_in_commit_order(mysql
     settings = _mysql_settings(mysql_uri)
     db = urlsplit(mysql_uri).path.lstrip("/") or "cdc_test"
     table, wm_table = f"smoke_{unique_name}", f"smoke_wm_{unique_name}"
-    connect = dict(host=settings["host"], port=settings["port"], user=settings["user"], password=settings["passwd"])
+    connect = dict(
+        host=settings["host"], port=settings["port"], user=settings["user"], password=settings["passwd"]
+    )
     admin = pymysql.connect(database=db, autocommit=True, **connect)
     conns = []
     stream = None
     try:
         with admin.cursor() as cur:
             cur.execute(f"CREATE TABLE `{table}` (id INT PRIMARY KEY, v VARCHAR(20) NOT NULL) ENGINE=InnoDB")
-            cur.execute(f"CREATE TABLE `{wm_table}` (id INT PRIMARY KEY, value VARCHAR(64) NOT NULL) ENGINE=InnoDB")
+            cur.execute(
+                f"CREATE TABLE `{wm_table}` (id INT PRIMARY KEY, value VARCHAR(64) NOT NULL) ENGINE=InnoDB"
+            )
             cur.execute(f"INSERT INTO `{wm_table}` VALUES (1, 'init')")
             cur.execute("SHOW MASTER STATUS")
             log_file, log_pos = cur.fetchone()[:2]
