@@ -1,0 +1,74 @@
+"""One capture per source, enforced by the source database itself (DBLog's leader lease).
+
+Airflow's ``max_active_runs=1`` stops two runs of one DAG, but the snapshot DAG's sensor
+may drain the changelog too, and a second deployment could point at the same source.
+Two captures at once would both read from the committed offset and race on the commit.
+So a capture holds a session-level lock on the source for its whole duration:
+PostgreSQL ``pg_try_advisory_lock(hashtext(name))``, MySQL/MariaDB ``GET_LOCK(name, 0)``.
+Both are released when the holding connection closes, so a killed worker cannot leave
+the lock behind (the server drops the session).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .core.errors import ConfigurationError
+from .dialects.base import ConnectionParams
+
+log = logging.getLogger(__name__)
+
+
+def lock_name(source: str) -> str:
+    """MySQL lock names are at most 64 characters: long source names are hashed."""
+    name = f"airflow_provider_cdc.capture.{source}"
+    if len(name) > 64:
+        name = "airflow_provider_cdc.capture." + hashlib.sha256(source.encode()).hexdigest()[:32]
+    return name
+
+
+@contextmanager
+def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
+    """Yield True while this process holds the capture lock of ``source``; False if another
+    capture holds it (never waits: the caller skips this round or re-checks later)."""
+    name = lock_name(source)
+    scheme = params.scheme.lower()
+    if scheme in ("postgres", "postgresql"):
+        import psycopg2
+
+        conn = psycopg2.connect(
+            host=params.host, port=params.port or 5432, user=params.user, password=params.password,
+            dbname=params.database, connect_timeout=10, application_name="cdc-capture-lock",
+        )
+        conn.autocommit = True
+        acquire, release = "SELECT pg_try_advisory_lock(hashtext(%s))", "SELECT pg_advisory_unlock(hashtext(%s))"
+    elif scheme in ("mysql", "mariadb"):
+        import pymysql
+
+        conn = pymysql.connect(
+            host=params.host, port=params.port or 3306, user=params.user, password=params.password or "",
+            database=params.database, connect_timeout=10, autocommit=True,
+        )
+        acquire, release = "SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"
+    else:
+        raise ConfigurationError(f"capture lock: unknown source scheme {params.scheme!r}; known: postgres, mysql, mariadb")
+    try:
+        with conn.cursor() as cur:
+            cur.execute(acquire, (name,))
+            got = bool(cur.fetchone()[0])
+        if not got:
+            log.info("capture lock %r of source %r is held by another capture", name, source)
+        try:
+            yield got
+        finally:
+            if got:
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(release, (name,))
+                except Exception:  # noqa: BLE001 - closing the session below releases it anyway
+                    log.warning("could not release capture lock %r explicitly; closing the session releases it", name)
+    finally:
+        conn.close()

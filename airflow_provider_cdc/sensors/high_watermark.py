@@ -1,0 +1,131 @@
+"""Wait until the staged changelog holds the high watermarks of the chunks of a round.
+
+The merge may emit a chunk's rows only after its window (low -> high watermark) is in
+the staged changelog. With ``drain=True`` the sensor runs a capture itself under the
+source's capture lock, so a snapshot finishes even when the cdc_changelog DAG is not
+running; if the changelog DAG is capturing, the lock is taken and the sensor just waits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, conf
+
+from ..core.errors import NotReadyError
+from ..hooks.cdc_source import CdcSourceHook
+from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
+
+log = logging.getLogger(__name__)
+
+
+def flatten_chunk_results(value: Any) -> list[dict]:
+    """ChunkResult dicts from an XCom value: one dict, a list of them, or the lazy
+    sequence of lists that a mapped chunk task returns (None entries are skipped)."""
+    out: list[dict] = []
+
+    def walk(v: Any) -> None:
+        if v is None:
+            return
+        if isinstance(v, dict):
+            out.append(v)
+        elif isinstance(v, (str, bytes)):
+            raise TypeError(f"expected ChunkResult dicts, got a string: {v[:80]!r}")
+        elif isinstance(v, Iterable):
+            for item in v:
+                walk(item)
+        else:
+            raise TypeError(f"expected ChunkResult dicts, got {type(v).__name__}")
+
+    walk(value)
+    return out
+
+
+class HighWatermarkSensor(BaseSensorOperator):
+    """Succeeds when every high watermark of ``chunks`` is staged.
+
+    :param chunks: ChunkResult dicts (usually the XCom of the mapped chunk task).
+    :param drain: run a capture (under the capture lock) when a watermark is missing.
+    :param deferrable: wait in the triggerer; the trigger hands back every
+        ``poke_interval * 6`` seconds so the sensor can drain again.
+    """
+
+    template_fields: Sequence[str] = ("chunks", "data_dir", "source", "cdc_conn_id")
+    ui_color = "#fff2b3"
+
+    def __init__(
+        self,
+        *,
+        chunks: Any,
+        data_dir: str,
+        cdc_conn_id: str = CdcSourceHook.default_conn_name,
+        source: str | None = None,
+        drain: bool = True,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        kwargs.setdefault("poke_interval", 5)
+        super().__init__(**kwargs)
+        self.chunks = chunks
+        self.data_dir = data_dir
+        self.cdc_conn_id = cdc_conn_id
+        self.source = source
+        self.drain = drain
+        self.deferrable = deferrable
+
+    @cached_property
+    def hook(self) -> CdcSourceHook:
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
+
+    def _watermark_ids(self) -> list[str]:
+        return sorted({c["high_watermark"] for c in flatten_chunk_results(self.chunks)})
+
+    def poke(self, context: Any) -> bool:
+        ids = self._watermark_ids()
+        missing = missing_watermarks(self.data_dir, self.hook.source, ids)
+        if missing and self.drain:
+            from ..operators.capture import run_capture
+
+            if run_capture(self.hook, self.data_dir) is None:
+                log.info("the changelog of %r is being captured elsewhere; waiting for it", self.hook.source)
+            missing = missing_watermarks(self.data_dir, self.hook.source, ids)
+        if missing:
+            log.info("%d of %d high watermarks not staged yet (e.g. %s)", len(missing), len(ids), missing[0])
+            return False
+        log.info("all %d high watermarks are staged", len(ids))
+        return True
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        if self.poke(context):
+            return None
+        self._defer()
+
+    def _defer(self) -> None:
+        timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
+        self.defer(
+            trigger=HighWatermarkTrigger(
+                data_dir=self.data_dir,
+                source=self.hook.source,
+                watermark_ids=self._watermark_ids(),
+                poll_interval=float(self.poke_interval),
+                recheck_after=float(self.poke_interval) * 6 if self.drain else None,
+                timeout=float(timeout) if timeout else None,
+            ),
+            method_name="execute_complete",
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+        if not event or event.get("status") == "error":
+            raise NotReadyError((event or {}).get("message", "high watermark trigger ended without an event"))
+        if event.get("status") == "pending":
+            if self.poke(context):
+                return None
+            self._defer()
+        log.info("high watermarks staged: %s", event)
+        return None

@@ -1,0 +1,115 @@
+"""Wait, in the triggerer, until the staged changelog holds the high watermarks of some chunks.
+
+A chunk's rows may only be emitted once its window is closed, i.e. once its high
+watermark (DBLog step 3) has been captured; never earlier (core.errors.NotReadyError).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from ..core.events import WATERMARK_OP
+from ..core.staging import changelog_dir
+
+
+def staged_watermark_ids(data_dir: str, source: str) -> set[str]:
+    """Ids of every watermark write in the staged changelog of ``source``.
+
+    Reads only the ``op`` and ``watermark`` columns, with the ``op == 'w'`` filter pushed
+    into the Parquet reader, so a poke stays cheap next to the full segments.
+    """
+    import pyarrow.parquet as pq
+
+    from ..staging_io import list_segments
+
+    ids: set[str] = set()
+    for _first, _last, path in list_segments(changelog_dir(data_dir, source)):
+        try:
+            tbl = pq.read_table(path, columns=["watermark"], filters=[("op", "=", WATERMARK_OP)])
+        except FileNotFoundError:
+            continue  # an orphan segment removed by a concurrent capture
+        ids.update(v for v in tbl.column("watermark").to_pylist() if v is not None)
+    return ids
+
+
+def missing_watermarks(data_dir: str, source: str, watermark_ids: Iterable[str]) -> list[str]:
+    wanted = [w for w in watermark_ids if w]
+    if not wanted:
+        return []
+    staged = staged_watermark_ids(data_dir, source)
+    return sorted(w for w in wanted if w not in staged)
+
+
+class HighWatermarkTrigger(BaseTrigger):
+    """Polls the staged changelog for ``watermark_ids``.
+
+    Yields ``{"status": "success"}`` when all are staged; ``{"status": "pending", "missing": n}``
+    after ``recheck_after`` seconds so the sensor can drain the changelog itself (captures
+    do not run in the triggerer) and defer again; ``{"status": "error", "message": ...}`` on
+    a read error or when ``timeout`` seconds passed.
+    """
+
+    def __init__(
+        self,
+        *,
+        data_dir: str,
+        source: str,
+        watermark_ids: list[str],
+        poll_interval: float = 5.0,
+        recheck_after: float | None = None,
+        timeout: float | None = None,
+        started_at: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.data_dir = data_dir
+        self.source = source
+        self.watermark_ids = list(watermark_ids)
+        self.poll_interval = float(poll_interval)
+        self.recheck_after = None if recheck_after is None else float(recheck_after)
+        self.timeout = None if timeout is None else float(timeout)
+        self.started_at = time.time() if started_at is None else float(started_at)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "data_dir": self.data_dir,
+                "source": self.source,
+                "watermark_ids": list(self.watermark_ids),
+                "poll_interval": self.poll_interval,
+                "recheck_after": self.recheck_after,
+                "timeout": self.timeout,
+                "started_at": self.started_at,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        entered = time.time()
+        while True:
+            try:
+                missing = await asyncio.to_thread(missing_watermarks, self.data_dir, self.source, self.watermark_ids)
+            except Exception as exc:  # noqa: BLE001 - surfaced to the task, which raises it
+                yield TriggerEvent({"status": "error", "message": f"reading staged changelog of {self.source!r} "
+                                    f"in {self.data_dir!r} failed: {type(exc).__name__}: {exc}"})
+                return
+            if not missing:
+                yield TriggerEvent({"status": "success", "watermarks": len(self.watermark_ids)})
+                return
+            now = time.time()
+            if self.timeout is not None and now - self.started_at >= self.timeout:
+                yield TriggerEvent({
+                    "status": "error",
+                    "message": f"{len(missing)} of {len(self.watermark_ids)} high watermarks of source {self.source!r} "
+                    f"not in the staged changelog after {self.timeout:.0f} s (first: {missing[0]}); "
+                    "is the cdc_changelog DAG (capture) running?",
+                })
+                return
+            if self.recheck_after is not None and now - entered >= self.recheck_after:
+                yield TriggerEvent({"status": "pending", "missing": len(missing)})
+                return
+            await asyncio.sleep(self.poll_interval)
