@@ -1,0 +1,129 @@
+"""Canonical values (core/schema.py) -> typed Arrow columns, without loss.
+
+Both mirrors store typed columns, so a consumer reading the Delta table with pyarrow,
+pandas, duckdb or Spark gets numbers as numbers and timestamps as timestamps. Where a
+logical type has no lossless typed form in Delta Lake, the canonical text is kept:
+
+=================  ============================================================
+logical type       Arrow / Delta type
+=================  ============================================================
+bool               bool
+int16/32/64        int16 / int32 / int64
+uint64             decimal(20, 0)  (Delta has no unsigned integers)
+float32/float64    float32 / float64 (NaN and infinities restored)
+decimal(p,s)       decimal128(p, s) for p <= 38, else string (exact text)
+decimal            string (unbounded precision: the source's exact text)
+string, uuid       string
+json               string (the JSON text as the source rendered it)
+binary             binary (base64 decoded)
+date               date32
+time               string (MySQL TIME may be negative or beyond 24 h)
+timestamp          timestamp[us] without zone (Delta timestamp_ntz)
+timestamptz        timestamp[us, tz=UTC]
+array<T>           string (canonical JSON list; keeps multi-dimensional arrays)
+=================  ============================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Sequence
+from decimal import Decimal
+
+import pyarrow as pa
+
+from ..core.errors import ConfigurationError
+from ..core.schema import TableSchema
+
+_DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
+_SIMPLE = {
+    "bool": pa.bool_(),
+    "int16": pa.int16(),
+    "int32": pa.int32(),
+    "int64": pa.int64(),
+    "uint64": pa.decimal128(20, 0),
+    "float32": pa.float32(),
+    "float64": pa.float64(),
+    "decimal": pa.string(),
+    "string": pa.string(),
+    "uuid": pa.string(),
+    "json": pa.string(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "time": pa.string(),
+    "timestamp": pa.timestamp("us"),
+    "timestamptz": pa.timestamp("us", tz="UTC"),
+}
+_SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+KEY_COLUMN = "__key"
+POSITION_COLUMN = "__position"
+DELETED_COLUMN = "__deleted"
+META_COLUMNS = (KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN)
+
+
+def arrow_type(logical: str) -> pa.DataType:
+    if logical in _SIMPLE:
+        return _SIMPLE[logical]
+    m = _DECIMAL_RE.match(logical)
+    if m:
+        p, s = int(m.group(1)), int(m.group(2))
+        return pa.decimal128(p, s) if 0 < p <= 38 else pa.string()
+    if logical.startswith("array<"):
+        return pa.string()
+    raise ConfigurationError(f"no Arrow type for logical type {logical!r}")
+
+
+def mirror_schema(schema: TableSchema) -> pa.Schema:
+    """The mirror's columns: the table's typed columns, then ``__key, __position, __deleted``."""
+    names = set(schema.column_names)
+    clash = names.intersection(META_COLUMNS)
+    if clash:
+        raise ConfigurationError(f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them")
+    fields = [pa.field(c.name, arrow_type(c.type)) for c in schema.columns]
+    fields += [pa.field(KEY_COLUMN, pa.string(), False), pa.field(POSITION_COLUMN, pa.string(), False),
+               pa.field(DELETED_COLUMN, pa.bool_(), False)]
+    return pa.schema(fields)
+
+
+def _decode(value, logical: str, target: pa.DataType):
+    """One canonical value -> the Python value pyarrow builds ``target`` from."""
+    if value is None:
+        return None
+    if pa.types.is_string(target):
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)  # arrays, numbers kept as text
+    if logical in ("float32", "float64"):
+        return _SPECIAL_FLOATS.get(value, value) if isinstance(value, str) else float(value)
+    if pa.types.is_decimal(target):
+        return Decimal(str(value))
+    if logical == "binary":
+        return base64.b64decode(value)
+    return value  # bool, ints; dates and timestamps are cast from text below
+
+
+def decode_column(values: Sequence, logical: str) -> pa.Array:
+    """A column of canonical values -> a typed Arrow array (see the module table)."""
+    target = arrow_type(logical)
+    if logical in ("date", "timestamp", "timestamptz"):
+        # ISO text -> typed by Arrow's own parser ("Z" suffix understood for timestamptz)
+        return pa.array(values, pa.string()).cast(target)
+    try:
+        return pa.array([_decode(v, logical, target) for v in values], target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, ArithmeticError) as exc:
+        raise ConfigurationError(f"cannot decode canonical {logical} values into {target}: {exc}") from exc
+
+
+def rows_to_table(schema: TableSchema, rows: Sequence[dict | None]) -> list[pa.Array]:
+    """Canonical row dicts (``None`` = all null) -> typed arrays in column order."""
+    out = []
+    for col in schema.columns:
+        vals = [None if r is None else r.get(col.name) for r in rows]
+        try:
+            out.append(decode_column(vals, col.type))
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"table {schema.table}, column {col.name!r}: {exc}") from exc
+    return out

@@ -1,0 +1,104 @@
+"""What every sink receives, and the applied-position markers of the apply job.
+
+A sink gets an Arrow table of events (:data:`EVENT_SCHEMA`): the staged changelog
+columns plus ``snapshot`` (True for ``r`` rows) and ``batch``, a deterministic name of the
+unit the events came from (the staged segment for log events, the chunk's high watermark
+for snapshot rows). Sinks are idempotent: writing the same batch again changes nothing
+(I3), so a retried Spark task may simply run again.
+
+Sinks are written from the Spark driver, one job at a time per table (Airflow pools and
+``max_active_runs=1``): a single-writer design. The Delta mirror still retries a commit
+that lost a race, but it is not built for many concurrent writers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import pyarrow as pa
+
+from ..core.errors import ConfigurationError
+from ..core.position import Position
+from ..core.schema import TableName, TableSchema
+from ..core.staging import schema_path
+
+log = logging.getLogger(__name__)
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("position", pa.string()),
+        ("table", pa.string()),
+        ("op", pa.string()),
+        ("key", pa.string()),
+        ("before", pa.string()),
+        ("after", pa.string()),
+        ("ts_ms", pa.int64()),
+        ("watermark", pa.string()),
+        ("snapshot", pa.bool_()),
+        ("batch", pa.string()),
+    ]
+)
+EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
+
+
+class Sink(ABC):
+    """Receives event batches; ``write`` must be idempotent per batch."""
+
+    name: str
+
+    @abstractmethod
+    def write(self, events: pa.Table) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 - optional
+        pass
+
+
+class SchemaCache:
+    """Table schemas staged by the snapshot planner (core/staging.py schema_path)."""
+
+    def __init__(self, data_dir: str, source: str) -> None:
+        self.data_dir, self.source = data_dir, source
+        self._cache: dict[str, TableSchema | None] = {}
+
+    def get(self, table_id: str) -> TableSchema | None:
+        if table_id not in self._cache:
+            path = Path(schema_path(self.data_dir, self.source, TableName.parse(table_id)))
+            self._cache[table_id] = TableSchema.from_json(path.read_text()) if path.exists() else None
+        return self._cache[table_id]
+
+    def require(self, table_id: str) -> TableSchema:
+        s = self.get(table_id)
+        if s is None:
+            path = schema_path(self.data_dir, self.source, TableName.parse(table_id))
+            raise ConfigurationError(
+                f"no staged schema for table {table_id} at {path}: the snapshot planner writes it; "
+                "plan the snapshot of this table first"
+            )
+        return s
+
+
+# --- applied-position markers (apply job) -------------------------------------------------
+def marker_path(data_dir: str, source: str, sink_name: str) -> Path:
+    return Path(data_dir) / "output" / source / "_applied" / f"{sink_name}.json"
+
+
+def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:
+    """The last staged position this sink has durably applied (None: nothing yet)."""
+    p = marker_path(data_dir, source, sink_name)
+    if not p.exists():
+        return None
+    return Position.decode(json.loads(p.read_text())["position"])
+
+
+def write_marker(data_dir: str, source: str, sink_name: str, position: Position) -> None:
+    """Written only after the sink committed: a crash before it replays the batch (idempotent)."""
+    p = marker_path(data_dir, source, sink_name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"position": position.encode(), "readable": str(position), "written_at": time.time()}))
+    os.replace(tmp, p)
