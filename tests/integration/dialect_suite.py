@@ -1,0 +1,498 @@
+"""The shared integration suite: every dialect runs these tests against its real server.
+
+Written once against the :class:`~airflow_provider_cdc.dialects.base.Dialect` interface;
+a dialect's test module subclasses :class:`DialectSuite` and provides the hooks below.
+pytest collects the subclass (its name starts with ``Test``), never this base.
+
+Hooks a subclass provides (keep them small)::
+
+    class TestPostgresDialect(DialectSuite):
+        table_schema = "public"                       # schema / database for test tables
+        sql_types = {"int": "integer", "text": "text"}  # generic -> SQL type names
+
+        @pytest.fixture
+        def source_uri(self, pg_uri): return pg_uri   # the server under test
+
+        def make_dialect(self, uri, *, source, tables, watermark_table): ...
+            # a Dialect for ``source``, capturing (at least) ``tables`` (list[TableName]),
+            # with its watermark table named ``watermark_table`` in the default schema
+        def connect(self, uri, *, autocommit): ...    # plain DB-API connection (%s params)
+        def type_parity_cases(self): ...             # list[ParityCase]
+        def cleanup_capture(self, dialect): ...      # optional: drop slot / publication
+
+What the dialect must do, as these tests read it:
+
+* ``dialect.load_offset(data_dir)`` starts capture (creates the slot / records the
+  binlog position): changes committed after it returns are in the next ``capture()``.
+* A ``where`` filter that the database rejects (unknown column...) raises ``SourceError``;
+  one that could end the statement raises ``ConfigurationError`` before any SQL runs.
+* ``describe_table`` of a missing table raises ``SourceError`` naming the table; of a
+  table without primary key, ``SourceError`` mentioning "primary key".
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
+from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
+from airflow_provider_cdc.core.position import Position
+from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
+from airflow_provider_cdc.core.schema import TableName, decode_key, decode_row, encode_key
+from airflow_provider_cdc.core.staging import changelog_dir
+from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+from airflow_provider_cdc.dialects.base import Dialect
+from airflow_provider_cdc.snapshot import GapHooks, snapshot_chunk
+from airflow_provider_cdc.staging_io import list_segments, read_log_events
+
+
+@dataclass(frozen=True)
+class ParityCase:
+    """One column of the type-parity table: inserted as ``sql_literal`` (an SQL
+    expression), it must read back as ``expected`` (canonical) through both paths."""
+
+    column: str
+    sql_type: str
+    sql_literal: str
+    expected: Any
+
+
+@dataclass
+class Ctx:
+    """Per-test helpers; everything created through it is dropped afterwards."""
+
+    suite: DialectSuite
+    uri: str
+    unique: str
+    data_dir: str
+    tables: list[TableName] = field(default_factory=list)
+    dialects: list[Dialect] = field(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        return f"s{self.unique}"
+
+    @property
+    def watermark_table(self) -> str:
+        return f"wm_{self.unique}"
+
+    def dialect(self, tables: list[TableName] | None = None) -> Dialect:
+        d = self.suite.make_dialect(
+            self.uri, source=self.source, tables=list(tables or []), watermark_table=self.watermark_table
+        )
+        self.dialects.append(d)
+        return d
+
+    def q(self, name: str) -> str:
+        return self.suite.quoter.quote_ident(name)
+
+    def qt(self, table: TableName) -> str:
+        return self.suite.quoter.quote_table(table)
+
+    def execute(self, sql: str, params: tuple | list = ()) -> list[tuple]:
+        conn = self.suite.connect(self.uri, autocommit=True)
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, tuple(params))
+            return list(cur.fetchall()) if cur.description else []
+        finally:
+            conn.close()
+
+    def create_table(self, base: str, columns: list[tuple[str, str]], pk: list[str] | None) -> TableName:
+        """``columns``: (name, SQL type or a generic name from ``sql_types``)."""
+        t = TableName(self.suite.table_schema, f"{base}_{self.unique}" if base else self.unique)
+        types = self.suite.sql_types
+        cols = [f"{self.q(c)} {types.get(ty, ty)}" for c, ty in columns]
+        if pk:
+            cols.append(f"PRIMARY KEY ({', '.join(self.q(k) for k in pk)})")
+        self.execute(f"CREATE TABLE {self.qt(t)} ({', '.join(cols)})")
+        self.tables.append(t)
+        return t
+
+    def capture_all(self, d: Dialect) -> list:
+        """Drain until the log is empty; return every staged event in position order."""
+        d.capture(self.data_dir)
+        return list(read_log_events(changelog_dir(self.data_dir, self.source)))
+
+    def source_rows(self, d: Dialect, table: TableName) -> dict[str, dict]:
+        """The table now, as canonical key -> row, read through the dialect's chunk path."""
+        schema = d.describe_table(table)
+        path = f"{self.data_dir}/verify-{table.name}-{time.monotonic_ns()}.parquet"
+        d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10**9, path=path)
+        return {r["key"]: decode_row(r["after"]) for r in pq.read_table(path).to_pylist()}
+
+
+def table_events(events: list, table: TableName) -> list[ChangeEvent]:
+    return [e for e in events if isinstance(e, ChangeEvent) and e.table == table.id]
+
+
+class DialectSuite(ABC):
+    table_schema: str = "public"
+    sql_types: dict[str, str] = {"int": "integer", "text": "text"}
+
+    # --- hooks ------------------------------------------------------------------------
+    @pytest.fixture
+    def source_uri(self) -> str:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @abstractmethod
+    def make_dialect(self, uri: str, *, source: str, tables: list[TableName], watermark_table: str) -> Dialect: ...
+
+    @abstractmethod
+    def connect(self, uri: str, *, autocommit: bool) -> Any: ...
+
+    @abstractmethod
+    def type_parity_cases(self) -> list[ParityCase]: ...
+
+    def cleanup_capture(self, dialect: Dialect) -> None:  # noqa: B027 - optional hook
+        """Drop what ``load_offset`` created on the server (e.g. a replication slot)."""
+
+    # --- plumbing ---------------------------------------------------------------------
+    @pytest.fixture
+    def ctx(self, source_uri, unique_name, tmp_path):
+        c = Ctx(self, source_uri, unique_name, str(tmp_path / "data"))
+        self.quoter = self.make_dialect(source_uri, source="quoter", tables=[], watermark_table="unused")
+        yield c
+        for d in c.dialects:
+            try:
+                self.cleanup_capture(d)
+            finally:
+                d.close()
+        self.quoter.close()
+        for t in reversed(c.tables):
+            c.execute(f"DROP TABLE IF EXISTS {c.qt(t)}")
+        wm = TableName(c.dialects[0].watermark_table.schema if c.dialects else "cdc", c.watermark_table)
+        c.execute(f"DROP TABLE IF EXISTS {c.qt(wm)}")
+
+    def _kv_table(self, ctx: Ctx, rows: int, base: str = "t") -> TableName:
+        t = ctx.create_table(base, [("id", "int"), ("v", "text"), ("n", "int")], ["id"])
+        if rows:
+            ctx.execute(
+                f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES "
+                + ", ".join(["(%s, %s, %s)"] * rows),
+                [x for i in range(1, rows + 1) for x in (i, f"v{i}", i * 10)],
+            )
+        return t
+
+    # --- watermarks -------------------------------------------------------------------
+    def test_watermarks_appear_in_commit_order_among_concurrent_transactions(self, ctx):
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        ins = f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES (%s, %s, %s)"
+
+        # T begins before the low watermark and commits after it: its row must follow lw.
+        conn = self.connect(ctx.uri, autocommit=False)
+        try:
+            conn.cursor().execute(ins, (1, "a", 1))
+            d.write_watermark("lw-1")
+            conn.cursor().execute(ins, (2, "b", 2))
+            conn.commit()
+        finally:
+            conn.close()
+        d.write_watermark("hw-1")
+
+        # Several threads, each on its own dialect (own connections), write watermarks
+        # while another writes rows: each thread's watermarks keep their order.
+        per_thread = 5
+        errors: list[BaseException] = []
+
+        def wm_writer(n: int) -> None:
+            try:
+                with ctx.suite.make_dialect(ctx.uri, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table) as w:
+                    for i in range(per_thread):
+                        w.write_watermark(f"t{n}-{i}")
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        def row_writer() -> None:
+            c = self.connect(ctx.uri, autocommit=False)
+            try:
+                for i in range(10, 30):
+                    c.cursor().execute(ins, (i, f"r{i}", i))
+                    if i % 3 == 0:
+                        c.commit()
+                c.commit()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+            finally:
+                c.close()
+
+        threads = [threading.Thread(target=wm_writer, args=(n,)) for n in range(3)] + [threading.Thread(target=row_writer)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+
+        events = ctx.capture_all(d)
+        positions = [e.position for e in events]
+        assert positions == sorted(positions) and len(set(positions)) == len(positions)
+        mine = [e for e in events if isinstance(e, WatermarkEvent) or e.table == t.id]
+        labels = [f"wm:{e.id}" if isinstance(e, WatermarkEvent) else f"row:{decode_key(e.key)[0]}" for e in mine]
+        assert labels[:4] == ["wm:lw-1", "row:1", "row:2", "wm:hw-1"], labels[:6]
+        wms = [e.id for e in mine if isinstance(e, WatermarkEvent)]
+        for n in range(3):
+            assert [w for w in wms if w.startswith(f"t{n}-")] == [f"t{n}-{i}" for i in range(per_thread)]
+        assert len(wms) == 2 + 3 * per_thread
+        assert sorted(decode_key(e.key)[0] for e in mine if isinstance(e, ChangeEvent)) == [1, 2, *range(10, 30)]
+
+    # --- the DBLog window under concurrent writes -------------------------------------
+    def test_chunks_under_concurrent_writes_merge_to_the_source(self, ctx):
+        rows = 400
+        t = self._kv_table(ctx, rows)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)  # capture starts before the snapshot
+        schema = d.describe_table(t)
+        qt, qid, qv, qn = ctx.qt(t), ctx.q("id"), ctx.q("v"), ctx.q("n")
+        stop = threading.Event()
+        errors: list[BaseException] = []
+        writes = [0]
+
+        def writer(seed: int) -> None:
+            rnd = random.Random(seed)
+            c = self.connect(ctx.uri, autocommit=False)
+            try:
+                cur = c.cursor()
+                while not stop.is_set():
+                    for _ in range(rnd.randint(1, 4)):
+                        k = rnd.randint(1, rows + 100)
+                        op = rnd.random()
+                        if op < 0.5:
+                            cur.execute(f"UPDATE {qt} SET {qv} = %s, {qn} = {qn} + 1 WHERE {qid} = %s", (f"u{seed}-{rnd.random():.6f}", k))
+                        elif op < 0.75:
+                            cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
+                        else:
+                            cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
+                            cur.execute(f"INSERT INTO {qt} ({qid}, {qv}, {qn}) VALUES (%s, %s, %s)", (k, f"i{seed}", k))
+                    c.commit()
+                    writes[0] += 1
+                    time.sleep(rnd.random() * 0.002)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+            finally:
+                c.close()
+
+        forced = []
+
+        def force_write_in_window() -> None:
+            # a change inside the window to a key of the chunk being read: the merge must drop it
+            k = (len(forced) * 50) + 7
+            forced.append(k)
+            ctx.execute(f"UPDATE {qt} SET {qv} = %s WHERE {qid} = %s", (f"forced-{k}", k))
+
+        threads = [threading.Thread(target=writer, args=(s,)) for s in range(3)]
+        for th in threads:
+            th.start()
+        try:
+            results, after = [], None
+            seq = 0
+            while True:
+                res = snapshot_chunk(
+                    d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="snap", seq=seq, chunk_size=50,
+                    after_key=after, gap_hooks=GapHooks(after_low_watermark=force_write_in_window),
+                )
+                results.append(res)
+                seq += 1
+                if seq % 3 == 0:
+                    d.capture(ctx.data_dir)  # capture runs alongside, as in production
+                if res.exhausted:
+                    break
+                after = res.last_key
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        assert not errors, errors
+        assert writes[0] > 0
+
+        events = ctx.capture_all(d)
+        chunks = [
+            WindowChunk.from_result(r, [(x["key"], decode_row(x["after"])) for x in pq.read_table(r.path).to_pylist()])
+            for r in results
+        ]
+        reads = merge_window(chunks, events)
+        assert len(reads) < sum(r.rows for r in results), "forced in-window writes must drop keys"
+        state = mirror_apply({}, table_events(events, t))
+        mirror_apply(state, reads)
+        assert mirror_rows(state, t.id) == ctx.source_rows(d, t)
+
+    # --- I6: crash between staging and confirming -------------------------------------
+    def test_capture_crash_before_commit_redelivers_and_loses_nothing(self, ctx, monkeypatch):
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        start = d.load_offset(ctx.data_dir)
+        ins = f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES (%s, %s, %s)"
+        for i in range(1, 6):
+            ctx.execute(ins, (i, f"v{i}", i))
+        d.write_watermark("w-before-crash")
+
+        def crash(*_a, **_k):
+            raise RuntimeError("injected crash before the offset is committed")
+
+        monkeypatch.setattr(d, "commit_offset", crash)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            d.capture(ctx.data_dir)
+        directory = changelog_dir(ctx.data_dir, ctx.source)
+        orphan = list_segments(directory)
+        assert len(orphan) == 1
+        orphan_events = list(read_log_events(directory))
+        d.close()  # the process died
+
+        d2 = ctx.dialect([t])
+        assert d2.load_offset(ctx.data_dir) == start, "the offset must not move before the commit"
+        for i in range(6, 8):
+            ctx.execute(ins, (i, f"v{i}", i))
+        res = d2.capture(ctx.data_dir)
+        segs = list_segments(directory)
+        assert len(segs) == 1 and segs[0][2] == res.segment, "the new segment supersedes the orphan"
+        events = list(read_log_events(directory))
+        assert events[: len(orphan_events)] == orphan_events, "same events at the same positions"
+        mine = table_events(events, t)
+        assert [decode_key(e.key)[0] for e in mine] == [1, 2, 3, 4, 5, 6, 7]
+        assert [e.op for e in mine] == ["c"] * 7
+        assert d2.load_offset(ctx.data_dir) == res.end_offset != start
+
+        # confirmed: nothing comes again
+        again = d2.capture(ctx.data_dir)
+        assert not [e for e in list(read_log_events(directory)) if e not in events]
+        assert again.start_offset == res.end_offset
+        ctx.execute(ins, (8, "v8", 8))
+        d2.capture(ctx.data_dir)
+        mine = table_events(list(read_log_events(directory)), t)
+        assert [decode_key(e.key)[0] for e in mine] == list(range(1, 9))
+
+    # --- type parity ------------------------------------------------------------------
+    def test_type_parity_between_chunk_and_changelog(self, ctx):
+        cases = self.type_parity_cases()
+        t = ctx.create_table("types", [("id", "int")] + [(c.column, c.sql_type) for c in cases], ["id"])
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        cols = ", ".join(ctx.q(c.column) for c in cases)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {cols}) VALUES (1, {', '.join(c.sql_literal for c in cases)})")
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}) VALUES (2)")
+        log = {decode_key(e.key)[0]: e.after for e in table_events(ctx.capture_all(d), t)}
+        chunk = {decode_key(k)[0]: row for k, row in ctx.source_rows(d, t).items()}
+        assert set(log) == set(chunk) == {1, 2}
+        for c in cases:
+            assert chunk[1][c.column] == log[1][c.column], f"{c.column} ({c.sql_type}): chunk and changelog differ"
+            assert chunk[1][c.column] == c.expected, f"{c.column} ({c.sql_type}) canonical value"
+            assert chunk[2][c.column] is None and log[2][c.column] is None, f"{c.column} NULL"
+
+    # --- keyset chunking, composite keys, planning ------------------------------------
+    def test_composite_key_chunks_cover_the_table_once(self, ctx):
+        t = ctx.create_table("ck", [("a", "int"), ("b", "text"), ("v", "int")], ["a", "b"])
+        data = [(a, f"k{b:02d}", a * 100 + b) for a in range(1, 8) for b in range(9)]
+        ctx.execute(
+            f"INSERT INTO {ctx.qt(t)} ({ctx.q('a')}, {ctx.q('b')}, {ctx.q('v')}) VALUES " + ", ".join(["(%s, %s, %s)"] * len(data)),
+            [x for row in data for x in row],
+        )
+        d = ctx.dialect([t])
+        schema = d.describe_table(t)
+        assert schema.primary_key == ("a", "b")
+        seen, after, n = [], None, 0
+        while True:
+            path = f"{ctx.data_dir}/ck-{n}.parquet"
+            res = d.read_chunk(schema, FULL_RANGE, after_key=after, limit=10, path=path)
+            keys = [decode_key(r["key"]) for r in pq.read_table(path).to_pylist()]
+            assert keys == sorted(keys)
+            seen += keys
+            n += 1
+            if res.rows < 10:
+                break
+            assert res.last_key == keys[-1]
+            after = res.last_key
+        assert seen == sorted((a, b) for a, b, _ in data)
+
+        # a bounded range and a filter
+        rng = ChunkRange((2, "k05"), (4, "k01"))
+        path = f"{ctx.data_dir}/ck-range.parquet"
+        d.read_chunk(schema, rng, after_key=None, limit=1000, path=path, where=f"{ctx.q('v')} % 2 = 0")
+        got = [decode_key(r["key"]) for r in pq.read_table(path).to_pylist()]
+        want = [(a, b) for a, b, v in sorted(data) if (2, "k05") <= (a, b) < (4, "k01") and v % 2 == 0]
+        assert got == want and got
+
+        assert d.max_key(schema) == (7, "k08")
+        assert d.max_key(schema, where=f"{ctx.q('a')} < 3") == (2, "k08")
+        sample = d.sample_keys(schema, 4)
+        assert sample == sorted(sample)
+        assert all(s in seen for s in sample)
+
+    def test_current_position_moves_past_committed_changes(self, ctx):
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        p0 = d.current_position()
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES (1, 'a', 1)")
+        p1 = d.current_position()
+        assert isinstance(p1, Position) and p1 > p0
+        (ev,) = table_events(ctx.capture_all(d), t)
+        assert p0 < ev.position <= Position(p1.major, p1.minor, 2**32 - 1)
+
+    # --- bad input --------------------------------------------------------------------
+    def test_missing_table_is_a_source_error_naming_it(self, ctx):
+        d = ctx.dialect()
+        missing = TableName(self.table_schema, f"no_such_{ctx.unique}")
+        with pytest.raises(SourceError, match=f"no_such_{ctx.unique}"):
+            d.describe_table(missing)
+
+    def test_table_without_primary_key_says_what_to_do(self, ctx):
+        t = ctx.create_table("nopk", [("id", "int"), ("v", "text")], None)
+        d = ctx.dialect()
+        with pytest.raises(SourceError, match="primary key") as err:
+            d.describe_table(t)
+        assert t.name in str(err.value)
+
+    def test_bad_where_filters(self, ctx):
+        t = self._kv_table(ctx, 3)
+        d = ctx.dialect([t])
+        schema = d.describe_table(t)
+        path = f"{ctx.data_dir}/bad.parquet"
+        for bad in ("1=1; DROP TABLE x", f"{ctx.q('id')} > 0 -- comment", "   "):
+            with pytest.raises(ConfigurationError):
+                d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=bad)
+        with pytest.raises(SourceError, match="no_such_column"):
+            d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where="no_such_column > 1")
+        # the dialect still works after a failed statement
+        res = d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=f"{ctx.q('id')} >= 2")
+        assert res.rows == 2 and res.last_key == (3,)
+
+    def test_hostile_identifiers_work_end_to_end(self, ctx):
+        cols = ['or"der', "select", "sp ace", "ünï cødé", "Mixed`Case"]
+        t = ctx.create_table('Tab "q" ü select', [(cols[0], "int"), (cols[1], "text"), (cols[2], "int"), (cols[3], "text"), (cols[4], "int")], [cols[0], cols[1]])
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        schema = d.describe_table(t)
+        assert schema.column_names == tuple(cols) and schema.primary_key == (cols[0], cols[1])
+        q = ctx.q
+        ins = f"INSERT INTO {ctx.qt(t)} ({', '.join(q(c) for c in cols)}) VALUES (%s, %s, %s, %s, %s)"
+        for i in range(1, 6):
+            ctx.execute(ins, (i, f"k'{i}\"", i, f"ü{i} ✓", -i))
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET {q(cols[2])} = 99 WHERE {q(cols[0])} = %s", (2,))
+        ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE {q(cols[0])} = %s", (3,))
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="h", seq=0, chunk_size=2,
+                             after_key=(1, "k'1\""), where=f"{q(cols[2])} >= 0")
+        assert res.rows == 2 and res.last_key == (4, "k'4\"")
+        events = ctx.capture_all(d)
+        mine = table_events(events, t)
+        assert [e.op for e in mine] == ["c"] * 5 + ["u", "d"]
+        assert mine[5].after == {cols[0]: 2, cols[1]: "k'2\"", cols[2]: 99, cols[3]: "ü2 ✓", cols[4]: -2}
+        assert decode_key(mine[6].key) == (3, "k'3\"")
+        assert encode_key([2, "k'2\""]) == mine[5].key
+        assert sum(isinstance(e, WatermarkEvent) for e in events) == 2
+        assert d.max_key(schema) == (5, "k'5\"")
+        assert set(d.sample_keys(schema, 2)) <= {(i, f"k'{i}\"") for i in (1, 2, 4, 5)}
