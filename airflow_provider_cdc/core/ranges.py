@@ -41,14 +41,14 @@ FULL_RANGE = ChunkRange()
 
 
 def keyset_condition(quoted_columns: Sequence[str], op: str, *, row_values: bool, placeholder: str = "%s") -> str:
-    """SQL for ``(k1, k2, ..) <op> (?, ?, ..)`` with ``op`` in ``>``, ``>=``, ``<``.
+    """SQL for ``(k1, k2, ..) <op> (?, ?, ..)`` with ``op`` in ``>``, ``>=``, ``<``, ``<=``.
 
     ``row_values=True`` gives the row-value form (PostgreSQL uses it as an index range);
     otherwise the expanded form ``(k1 > ?) OR (k1 = ? AND k2 > ?)`` that every optimizer
     turns into ranges. Parameters: see :func:`keyset_params`.
     """
-    if op not in (">", ">=", "<"):
-        raise ConfigurationError(f"keyset operator must be one of >, >=, <, got {op!r}")
+    if op not in (">", ">=", "<", "<="):
+        raise ConfigurationError(f"keyset operator must be one of >, >=, <, <=, got {op!r}")
     cols = list(quoted_columns)
     if not cols:
         raise ConfigurationError("keyset condition needs at least one key column")
