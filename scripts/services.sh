@@ -17,6 +17,9 @@ LOCAL="${CDC_LOCAL_DIR:-$ROOT/.cdc-local}"
 PG_PORT="${CDC_PG_PORT:-55432}"
 MY_PORT="${CDC_MYSQL_PORT:-53306}"
 PG_BIN="${CDC_PG_BIN:-}"
+# Where Debian's packages are looked for besides PATH; tests point it at an empty folder
+# to play a machine without the packages.
+SYS="${CDC_SYSTEM_ROOT:-}"
 PG_DIR="$LOCAL/pg"
 MY_DIR="$LOCAL/mariadb"
 
@@ -26,20 +29,31 @@ say() { echo "services.sh: $*" >&2; }
 find_pg_bin() {
   if [[ -n "$PG_BIN" ]]; then echo "$PG_BIN"; return; fi
   local d
-  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+  for d in $(ls -d "$SYS"/usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
     [[ -x "$d/initdb" ]] && { echo "$d"; return; }
   done
   command -v initdb >/dev/null 2>&1 && { dirname "$(command -v initdb)"; return; }
   echo ""
 }
 
-need_packages() {
+find_mariadbd() { command -v mariadbd 2>/dev/null || { [[ -x "$SYS/usr/sbin/mariadbd" ]] && echo "$SYS/usr/sbin/mariadbd"; } || true; }
+
+check_pg_bin_override() {
+  [[ -z "$PG_BIN" ]] && return
+  local t
+  for t in initdb pg_ctl postgres psql; do
+    [[ -x "$PG_BIN/$t" ]] || die "CDC_PG_BIN=$PG_BIN has no executable '$t'. Set CDC_PG_BIN to the bin folder of a PostgreSQL server (e.g. /usr/lib/postgresql/15/bin), or unset it to use the installed one"
+  done
+}
+
+need_packages() {  # args: the servers to be started (pg, mariadb)
   # Install what is missing when we are root; otherwise say exactly what to install.
-  local missing=()
-  [[ -n "$(find_pg_bin)" ]] || missing+=(postgresql)
-  command -v mariadbd >/dev/null 2>&1 || [[ -x /usr/sbin/mariadbd ]] || missing+=(mariadb-server)
+  check_pg_bin_override
+  local missing=() want=" $* "
+  [[ "$want" != *" pg "* || -n "$(find_pg_bin)" ]] || missing+=(postgresql)
+  [[ "$want" != *" mariadb "* || -n "$(find_mariadbd)" ]] || missing+=(mariadb-server)
   command -v java >/dev/null 2>&1 || missing+=(default-jdk-headless)
-  [[ -f /usr/share/java/postgresql.jar ]] || missing+=(libpostgresql-jdbc-java)
+  [[ -f "$SYS/usr/share/java/postgresql.jar" ]] || missing+=(libpostgresql-jdbc-java)
   if ((${#missing[@]})); then
     if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
       say "installing missing Debian packages: ${missing[*]}"
@@ -49,7 +63,7 @@ need_packages() {
       # Debian's packages start system services on install; we do not need them running
       # for our private instances, and we leave whatever was already running alone.
     else
-      die "missing packages: ${missing[*]}. Install them as root:
+      die "missing Debian packages: ${missing[*]}. Install them as root (or run this script as root, it installs them):
     sudo apt-get install ${missing[*]}
 or point the tests at your own servers with CDC_TEST_PG_URI and CDC_TEST_MYSQL_URI (see README)."
     fi
@@ -64,12 +78,17 @@ run_as_pg() {
   if [[ $(id -u) -eq 0 ]]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+pg_actual_port() { sed -n 4p "$PG_DIR/data/postmaster.pid" 2>/dev/null || true; }
 pg_running() { [[ -f "$PG_DIR/data/postmaster.pid" ]] && run_as_pg "$(find_pg_bin)/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1; }
 
 start_pg() {
   local bin; bin="$(find_pg_bin)"
   [[ -n "$bin" ]] || die "PostgreSQL server binaries not found (initdb). Install: apt-get install postgresql"
-  if pg_running; then say "PostgreSQL already running on port $PG_PORT"; return; fi
+  if pg_running; then
+    local actual; actual="$(pg_actual_port)"
+    [[ "$actual" == "$PG_PORT" ]] || die "the PostgreSQL in $PG_DIR runs on port $actual, not CDC_PG_PORT=$PG_PORT; run '$0 stop' first"
+    say "PostgreSQL already running on port $PG_PORT"; return
+  fi
   if port_busy "$PG_PORT"; then
     die "port $PG_PORT is in use by another process; free it or set CDC_PG_PORT to a free port"
   fi
@@ -96,7 +115,8 @@ shared_buffers = 256MB
 timezone = 'UTC'
 EOF
   fi
-  run_as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -w -t 60 start >/dev/null \
+  # The port is given at every start, so a changed CDC_PG_PORT applies to an existing data dir.
+  run_as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/server.log" -o "-p $PG_PORT" -w -t 60 start >/dev/null \
     || { tail -20 "$PG_DIR/server.log" >&2; die "PostgreSQL did not start (log: $PG_DIR/server.log)"; }
   touch "$PG_DIR/started-by-services.sh"
   "$bin/psql" -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres -qAtc \
@@ -124,8 +144,8 @@ my_client() {
 }
 
 start_mariadb() {
-  local mariadbd; mariadbd="$(command -v mariadbd || echo /usr/sbin/mariadbd)"
-  [[ -x "$mariadbd" ]] || die "mariadbd not found. Install: apt-get install mariadb-server"
+  local mariadbd; mariadbd="$(find_mariadbd)"
+  [[ -n "$mariadbd" ]] || die "mariadbd not found. Install: apt-get install mariadb-server"
   if my_running; then say "MariaDB already running on port $MY_PORT"; return; fi
   if port_busy "$MY_PORT"; then
     die "port $MY_PORT is in use by another process; free it or set CDC_MYSQL_PORT to a free port"
@@ -133,7 +153,7 @@ start_mariadb() {
   mkdir -p "$MY_DIR"
   if [[ ! -d "$MY_DIR/data/mysql" ]]; then
     say "mariadb-install-db $MY_DIR/data"
-    mariadb-install-db --no-defaults --datadir="$MY_DIR/data" --user="$(id -un)" \
+    "$(command -v mariadb-install-db || echo "$SYS/usr/bin/mariadb-install-db")" --no-defaults --datadir="$MY_DIR/data" --user="$(id -un)" \
       --auth-root-authentication-method=normal --skip-test-db >"$MY_DIR/install.log" 2>&1 \
       || { cat "$MY_DIR/install.log" >&2; die "mariadb-install-db failed (log: $MY_DIR/install.log)"; }
   fi
@@ -166,20 +186,35 @@ stop_mariadb() {
   fi
 }
 
+LOCAL_PG_URI="postgresql://postgres@127.0.0.1:$PG_PORT/cdc_test"
+LOCAL_MY_URI="mysql://root@127.0.0.1:$MY_PORT/cdc_test"
+# A URI set in the environment that is not the private instance's means "use my server".
+own_pg() { [[ -n "${CDC_TEST_PG_URI:-}" && "$CDC_TEST_PG_URI" != "$LOCAL_PG_URI" ]]; }
+own_my() { [[ -n "${CDC_TEST_MYSQL_URI:-}" && "$CDC_TEST_MYSQL_URI" != "$LOCAL_MY_URI" ]]; }
+
 print_env() {
-  echo "export CDC_TEST_PG_URI='postgresql://postgres@127.0.0.1:$PG_PORT/cdc_test'"
-  echo "export CDC_TEST_MYSQL_URI='mysql://root@127.0.0.1:$MY_PORT/cdc_test'"
+  echo "export CDC_TEST_PG_URI='${CDC_TEST_PG_URI:-$LOCAL_PG_URI}'"
+  echo "export CDC_TEST_MYSQL_URI='${CDC_TEST_MYSQL_URI:-$LOCAL_MY_URI}'"
+}
+
+start_all() {
+  local want=()
+  if own_pg; then say "CDC_TEST_PG_URI is set to your own server; not starting a private PostgreSQL"; else want+=(pg); fi
+  if own_my; then say "CDC_TEST_MYSQL_URI is set to your own server; not starting a private MariaDB"; else want+=(mariadb); fi
+  need_packages "${want[@]}"
+  if [[ " ${want[*]} " == *" pg "* ]]; then start_pg; fi
+  if [[ " ${want[*]} " == *" mariadb "* ]]; then start_mariadb; fi
 }
 
 status() {
-  if pg_running; then echo "postgresql: running on 127.0.0.1:$PG_PORT ($PG_DIR)"; else echo "postgresql: stopped"; fi
+  if pg_running; then echo "postgresql: running on 127.0.0.1:$(pg_actual_port) ($PG_DIR)"; else echo "postgresql: stopped"; fi
   if my_running; then echo "mariadb: running on 127.0.0.1:$MY_PORT ($MY_DIR)"; else echo "mariadb: stopped"; fi
 }
 
 case "${1:-}" in
-  start) need_packages; start_pg; start_mariadb; print_env ;;
-  start-pg) need_packages; start_pg; print_env ;;
-  start-mariadb) need_packages; start_mariadb; print_env ;;
+  start) start_all; print_env ;;
+  start-pg) need_packages pg; start_pg; print_env ;;
+  start-mariadb) need_packages mariadb; start_mariadb; print_env ;;
   stop) stop_pg; stop_mariadb ;;
   status) status ;;
   env) print_env ;;

@@ -1,0 +1,168 @@
+"""scripts/services.sh: bad set-ups fail with errors that say what to do, and a private
+instance pair starts once, is found running on the second start, and is the only thing
+`stop` stops.
+
+Every test runs the script with its own CDC_LOCAL_DIR (a temporary folder) and its own
+ports, so the instances the rest of the suite uses are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICES = ROOT / "scripts" / "services.sh"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def local_dir():
+    """A folder every user can enter (initdb runs as postgres; one test runs as nobody)."""
+    d = Path(tempfile.mkdtemp(prefix="cdc-svc-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _env(local_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
+    env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()))
+    env.update(extra)
+    return env
+
+
+def _run(args, env, user: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    cmd = [str(SERVICES), *args]
+    if user:
+        cmd = [
+            shutil.which("runuser") or "runuser",
+            "-u",
+            user,
+            "--",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            *cmd,
+        ]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("command", "port_var"), [("start-pg", "CDC_PG_PORT"), ("start-mariadb", "CDC_MYSQL_PORT")]
+)
+def test_port_in_use_is_named_with_what_to_do(local_dir, command, port_var):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        out = _run([command], _env(local_dir, **{port_var: str(port)}))
+    assert out.returncode == 1, out
+    assert f"port {port} is in use" in out.stderr
+    assert f"set {port_var} to a free port" in out.stderr
+    assert out.stdout == ""  # no URIs printed for a server that did not start
+
+
+def test_missing_postgres_binaries_are_reported(local_dir):
+    empty_bin = local_dir / "empty-bin"
+    empty_bin.mkdir()
+    out = _run(["start-pg"], _env(local_dir, CDC_PG_BIN=str(empty_bin)))
+    assert out.returncode == 1, out
+    assert f"CDC_PG_BIN={empty_bin} has no executable 'initdb'" in out.stderr
+    assert "unset it" in out.stderr
+    assert not (local_dir / "pg").exists()  # failed before creating anything
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the script as another user")
+def test_non_root_without_packages_is_told_what_to_install(local_dir):
+    # A PATH holding only what the script itself needs (no initdb, mariadbd, java,
+    # apt-get), and CDC_SYSTEM_ROOT pointing at an empty tree instead of /usr.
+    bin_dir = local_dir / "bin"
+    bin_dir.mkdir()
+    for tool in (
+        "bash",
+        "env",
+        "dirname",
+        "ls",
+        "sort",
+        "id",
+        "cat",
+        "mkdir",
+        "sed",
+        "sleep",
+        "seq",
+        "touch",
+        "tail",
+    ):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    system_root = local_dir / "system"
+    system_root.mkdir()
+    env = _env(local_dir, PATH=str(bin_dir), CDC_SYSTEM_ROOT=str(system_root))
+    out = _run(["start"], env, user="nobody")
+    assert out.returncode == 1, out
+    msg = out.stderr
+    assert (
+        "missing Debian packages: postgresql mariadb-server default-jdk-headless libpostgresql-jdbc-java"
+        in msg
+    )
+    assert "apt-get install postgresql mariadb-server default-jdk-headless libpostgresql-jdbc-java" in msg
+    assert "CDC_TEST_PG_URI" in msg  # the other way out: your own servers
+
+
+def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysql_uri):
+    import psycopg2
+    import pymysql
+
+    env = _env(local_dir)
+    pg_port, my_port = env["CDC_PG_PORT"], env["CDC_MYSQL_PORT"]
+    try:
+        first = _run(["start"], env, timeout=180)
+        assert first.returncode == 0, first.stderr
+        assert f"postgresql://postgres@127.0.0.1:{pg_port}/cdc_test" in first.stdout
+        assert f"mysql://root@127.0.0.1:{my_port}/cdc_test" in first.stdout
+        assert "PostgreSQL started" in first.stderr and "MariaDB started" in first.stderr
+
+        # The fresh servers are CDC-ready.
+        with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/cdc_test") as c, c.cursor() as cur:
+            cur.execute("SHOW wal_level")
+            assert cur.fetchone()[0] == "logical"
+        my = pymysql.connect(host="127.0.0.1", port=int(my_port), user="root", database="cdc_test")
+        try:
+            with my.cursor() as cur:
+                cur.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata")
+                assert cur.fetchone() == (1, "ROW", "FULL", "FULL")
+        finally:
+            my.close()
+
+        second = _run(["start"], env, timeout=60)
+        assert second.returncode == 0, second.stderr
+        assert f"PostgreSQL already running on port {pg_port}" in second.stderr
+        assert f"MariaDB already running on port {my_port}" in second.stderr
+        assert second.stdout == first.stdout
+
+        status = _run(["status"], env)
+        assert f"postgresql: running on 127.0.0.1:{pg_port}" in status.stdout
+        assert f"mariadb: running on 127.0.0.1:{my_port}" in status.stdout
+    finally:
+        stop = _run(["stop"], env)
+    assert stop.returncode == 0, stop.stderr
+    assert "PostgreSQL stopped" in stop.stderr and "MariaDB stopped" in stop.stderr
+    assert _run(["status"], env).stdout == "postgresql: stopped\nmariadb: stopped\n"
+    # The suite's own instances are still up.
+    psycopg2.connect(pg_uri, connect_timeout=5).close()
+    p = urlsplit(mysql_uri)
+    pymysql.connect(
+        host=p.hostname, port=p.port or 3306, user=p.username or "root", password=p.password or ""
+    ).close()
