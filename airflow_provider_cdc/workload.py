@@ -192,12 +192,12 @@ def create_demo_table(
                 hi = min(rows, lo + _LOAD_BATCH - 1)
                 if seq:
                     # table name built from two ints: MariaDB's sequence engine cannot take binds here
-                    src = f"(SELECT seq AS s FROM seq_{int(lo)}_to_{int(hi)}) AS q"
+                    src = f"(SELECT seq AS s FROM seq_{int(lo)}_to_{int(hi)}) AS q"  # noqa: S608 - quoted identifiers, bound values
                     cur.execute(f"INSERT INTO {t} ({cols}) {_MY_SELECT} FROM {src}")
                 else:
                     cur.execute("SET SESSION cte_max_recursion_depth = %s", (hi - lo + 10,))
                     cur.execute(
-                        f"INSERT INTO {t} ({cols}) WITH RECURSIVE q (s) AS "
+                        f"INSERT INTO {t} ({cols}) WITH RECURSIVE q (s) AS "  # noqa: S608 - quoted identifiers, bound values
                         f"(SELECT %s UNION ALL SELECT s + 1 FROM q WHERE s < %s) {_MY_SELECT} FROM q",
                         (lo, hi),
                     )
@@ -216,7 +216,7 @@ def count_rows(source: ConnectionParams | str, table: TableName, *, conn=None) -
     conn = conn or connect(p)
     try:
         cur = conn.cursor()
-        cur.execute(f"SELECT COUNT(*) FROM {quote_table(p, table)}")
+        cur.execute(f"SELECT COUNT(*) FROM {quote_table(p, table)}")  # noqa: S608 - quoted identifiers, bound values
         n = int(cur.fetchone()[0])
         conn.commit()
         return n
@@ -230,7 +230,7 @@ def max_id(source: ConnectionParams | str, table: TableName) -> int:
     conn = connect(p)
     try:
         cur = conn.cursor()
-        cur.execute(f"SELECT COALESCE(MAX({quote_ident(p, 'id')}), 0) FROM {quote_table(p, table)}")
+        cur.execute(f"SELECT COALESCE(MAX({quote_ident(p, 'id')}), 0) FROM {quote_table(p, table)}")  # noqa: S608 - quoted identifiers, bound values
         return int(cur.fetchone()[0])
     finally:
         conn.close()
@@ -316,21 +316,21 @@ class BackgroundWriter:
         q = lambda c: quote_ident(p, c)  # noqa: E731
         cols = ", ".join(q(c) for c in COLUMNS)
         if _is_pg(p):
-            ins = f"INSERT INTO {t} ({cols}) VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s)"
+            ins = f"INSERT INTO {t} ({cols}) VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s)"  # noqa: S608 - quoted identifiers, bound values
             upd = (
-                f"UPDATE {t} SET {q('amount')} = %s, {q('updated_at')} = %s, {q('active')} = NOT {q('active')}, "
+                f"UPDATE {t} SET {q('amount')} = %s, {q('updated_at')} = %s, {q('active')} = NOT {q('active')}, "  # noqa: S608 - quoted identifiers, bound values
                 f"{q('attrs')} = %s::jsonb, {q('note')} = %s WHERE {q('id')} = %s"
             )
         else:
-            ins = f"INSERT INTO {t} ({cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"
+            ins = f"INSERT INTO {t} ({cols}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)"  # noqa: S608 - quoted identifiers, bound values
             upd = (
-                f"UPDATE {t} SET {q('amount')} = %s, {q('updated_at')} = %s, {q('active')} = NOT {q('active')}, "
+                f"UPDATE {t} SET {q('amount')} = %s, {q('updated_at')} = %s, {q('active')} = NOT {q('active')}, "  # noqa: S608 - quoted identifiers, bound values
                 f"{q('attrs')} = %s, {q('note')} = %s WHERE {q('id')} = %s"
             )
-        return {"insert": ins, "update": upd, "delete": f"DELETE FROM {t} WHERE {q('id')} = %s"}
+        return {"insert": ins, "update": upd, "delete": f"DELETE FROM {t} WHERE {q('id')} = %s"}  # noqa: S608 - quoted identifiers, bound values
 
     def _now(self):
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         return now if _is_pg(self.params) else now.replace(tzinfo=None)
 
     def _new_key(self) -> int:

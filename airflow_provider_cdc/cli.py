@@ -1,0 +1,181 @@
+"""``airflow-cdc``: snapshot status and mirror verification from the command line.
+
+    airflow-cdc status [--source NAME] [--json]
+    airflow-cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
+                       [--chunk-rows N] [--events] [--json]
+
+``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
+violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
+The source connection comes from the Airflow connection ``--conn-id`` (UI, secrets
+backend, or ``AIRFLOW_CONN_<ID>``), never from the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .core.errors import CdcError
+from .core.schema import TableName
+
+EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="airflow-cdc", description="DBLog CDC for Airflow: snapshot status and verification")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    st = sub.add_parser("status", help="progress of each table's snapshot (from the Airflow Variables)")
+    st.add_argument("--source", help="only this source (default: all)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    v = sub.add_parser("verify", help="compare the mirror with the source by chunked checksums")
+    v.add_argument("--conn-id", default=os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source"), help="Airflow connection of the source")
+    v.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
+    v.add_argument("--data-dir", default=os.environ.get("CDC_DATA_DIR"), help="the pipeline's data dir (default $CDC_DATA_DIR)")
+    v.add_argument("--source", help="source name of the staging/output folders (default: the connection id)")
+    v.add_argument("--chunk-rows", type=int, default=10_000, help="rows per checksum chunk (default 10000)")
+    v.add_argument("--examples", type=int, default=10, help="mismatched keys to show (default 10)")
+    v.add_argument("--events", action="store_true", help="also check the event log is position-monotonic per key")
+    v.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+# --- status -------------------------------------------------------------------------------
+def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(source, table id, progress dict) of every snapshot Variable, sorted."""
+    from airflow.models.variable import Variable
+    from airflow.utils.session import create_session
+
+    from .progress_store import KEY_PREFIX
+
+    out = []
+    with create_session() as session:
+        rows = session.query(Variable).filter(Variable.key.like(f"{KEY_PREFIX}%")).all()
+        items = [(r.key, r.val) for r in rows]
+    for key, val in items:
+        rest = key[len(KEY_PREFIX) :]
+        src, sep, table_id = rest.partition("__")
+        if not sep or (source is not None and src != source):
+            continue
+        try:
+            progress = json.loads(val) if val else {}
+        except json.JSONDecodeError:
+            progress = {"status": "unreadable", "raw": val}
+        out.append((src, table_id, progress))
+    return sorted(out, key=lambda t: (t[0], t[1]))
+
+
+def _count(p: dict, *names: str) -> Any:
+    for n in names:
+        if n in p and p[n] is not None:
+            v = p[n]
+            return len(v) if isinstance(v, (list, dict)) else v
+    return None
+
+
+def describe_progress(p: dict[str, Any]) -> str:
+    """One line from a progress dict; tolerant of fields it does not know."""
+    parts = [str(p.get("status", "?"))]
+    ranges_total = _count(p, "ranges", "planned_ranges")
+    ranges_done = _count(p, "completed_ranges", "done_ranges", "exhausted_ranges")
+    if ranges_total is not None:
+        parts.append(f"ranges {ranges_done or 0}/{ranges_total}")
+    chunks = _count(p, "chunks_done", "chunks", "completed_chunks")
+    if chunks is not None:
+        parts.append(f"chunks {chunks}")
+    rows = _count(p, "rows", "rows_read", "rows_done")
+    if rows is not None:
+        parts.append(f"rows {rows}")
+    merged = _count(p, "chunks_merged", "merged_chunks", "merged")
+    if merged is not None:
+        parts.append(f"merged {merged}")
+    if p.get("snapshot_id"):
+        parts.append(f"snapshot {p['snapshot_id']}")
+    updated = p.get("updated_at") or p.get("updated")
+    if updated:
+        parts.append(f"updated {updated}")
+    return ", ".join(parts)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    items = list_progress(args.source)
+    if args.json:
+        print(json.dumps([{"source": s, "table": t, "progress": p} for s, t, p in items], indent=2, sort_keys=True))
+        return EXIT_OK
+    if not items:
+        print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
+        return EXIT_OK
+    width = max(len(f"{s}:{t}") for s, t, _ in items)
+    for s, t, p in items:
+        print(f"{f'{s}:{t}':<{width}}  {describe_progress(p)}")
+    return EXIT_OK
+
+
+# --- verify -------------------------------------------------------------------------------
+def open_dialect(conn_id: str, source: str):
+    """The source dialect from the Airflow connection (CdcSourceHook)."""
+    from .hooks.cdc_source import CdcSourceHook
+
+    return CdcSourceHook(conn_id, source=source).get_dialect(source=source)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import check_event_log, verify_table
+
+    if not args.data_dir:
+        print("error: no data dir: pass --data-dir or set CDC_DATA_DIR", file=sys.stderr)
+        return EXIT_ERROR
+    if args.chunk_rows < 1:
+        print(f"error: --chunk-rows must be >= 1, got {args.chunk_rows}", file=sys.stderr)
+        return EXIT_ERROR
+    table = TableName.parse(args.table)
+    source = args.source or args.conn_id
+    with open_dialect(args.conn_id, source) as dialect:
+        res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
+        pk = dialect.describe_table(table).primary_key if args.events else ()
+    events = check_event_log(args.data_dir, source, table, primary_key=pk) if args.events else None
+    failed = not res.ok or (events is not None and not events.ok)
+    if args.json:
+        out: dict[str, Any] = res.to_dict()
+        if events is not None:
+            out["events"] = {
+                "events": events.events,
+                "keys": events.keys,
+                "duplicates": events.duplicates,
+                "violations": events.violation_count,
+                "examples": events.violations,
+            }
+        out["ok"] = not failed
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
+              f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows")
+        if not res.ok:
+            print(f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, different: {res.different}")
+            for m in res.examples:
+                print(f"  {m.describe()}")
+        if events is not None:
+            print(events.summary())
+            for v in events.violations:
+                print(f"  {v}")
+        print(res.summary())
+    return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "status":
+            return cmd_status(args)
+        return cmd_verify(args)
+    except CdcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

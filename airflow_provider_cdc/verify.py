@@ -1,0 +1,393 @@
+"""Is the mirror equal to the source? (invariant I2) And is the event log consistent? (I1)
+
+``verify_table`` reads the source in primary-key chunks with the same keyset SQL the
+snapshot uses (``Dialect.chunk_query`` / ``stream_query``), canonicalises each row with
+the dialect's ``row_to_canonical``, and compares a digest per chunk with the digest of the
+mirror rows of the same keys. Mirror rows are typed (sinks/arrow_types.py); they are
+turned back into canonical values here, per logical type, so both sides compare as the
+same canonical JSON. Only chunks whose digests differ are drilled into row by row. Keys
+the mirror has and no source chunk covered are extra rows. Keys are matched by their
+canonical text rather than by range arithmetic in Python, so text keys whose collation
+order differs from Python's order still compare correctly.
+
+``check_event_log`` replays the event log of a table per key in position order and
+reports what invariant I1 forbids: two different events at one position, a change or a
+chunk row after a delete (resurrection), a create of a live key, an update whose
+before-image is not the previous after-image, and a chunk row (``r``) whose image is not
+the state at its position (a stale overwrite).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from .core.errors import ConfigurationError
+from .core.position import Position
+from .core.ranges import FULL_RANGE
+from .core.schema import TableName, TableSchema, encode_key, encode_row
+
+DEFAULT_CHUNK_ROWS = 10_000
+EXAMPLES = 10
+
+
+# --- canonical values from the typed mirror ---------------------------------------------------
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _float_canonical(v: Any, logical: str) -> Any:
+    if isinstance(v, str):
+        return v  # "NaN", "Infinity", "-Infinity"
+    f = float(v)
+    if f != f:
+        return "NaN"
+    if f in (float("inf"), float("-inf")):
+        return "Infinity" if f > 0 else "-Infinity"
+    return _f32(f) if logical == "float32" else f
+
+
+def _ts_text(v: Any, tz: bool) -> str:
+    if isinstance(v, str):
+        v = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    if tz:
+        v = v.astimezone(dt.UTC).replace(tzinfo=None) if v.tzinfo else v
+        return v.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
+    return v.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%S.%f")
+
+
+def normalise_value(v: Any, logical: str) -> Any:
+    """One value, canonical or typed (as the mirror stores it) -> the canonical form compared.
+
+    Idempotent on canonical values, so source rows pass through it too: that keeps
+    representation details that are equal in value (a float32 widened two ways, a
+    timestamp with or without trailing zero microseconds) from counting as mismatches.
+    """
+    if v is None:
+        return None
+    if logical in ("float32", "float64"):
+        return _float_canonical(v, logical)
+    if logical == "uint64" or logical in ("int16", "int32", "int64"):
+        return int(v)
+    if logical == "bool":
+        return bool(v)
+    if logical.startswith("decimal"):
+        return str(v) if isinstance(v, Decimal) else v
+    if logical == "binary":
+        return base64.b64encode(bytes(v)).decode("ascii") if isinstance(v, (bytes, bytearray, memoryview)) else v
+    if logical == "date":
+        return v.isoformat() if isinstance(v, dt.date) else v
+    if logical == "timestamp":
+        return _ts_text(v, tz=False)
+    if logical == "timestamptz":
+        return _ts_text(v, tz=True)
+    if logical.startswith("array<"):
+        return json.loads(v) if isinstance(v, str) else v
+    return v  # string, uuid, json, time, unbounded decimal: canonical text already
+
+
+def normalise_row(schema: TableSchema, row: dict[str, Any]) -> dict[str, Any]:
+    return {c.name: normalise_value(row.get(c.name), c.type) for c in schema.columns}
+
+
+def row_digest(key: str, row: dict[str, Any]) -> bytes:
+    return hashlib.blake2b(f"{key}\x00{encode_row(row)}".encode(), digest_size=16).digest()
+
+
+# --- the compare --------------------------------------------------------------------------
+@dataclass
+class Mismatch:
+    key: str
+    kind: str  # missing (in mirror) | extra (in mirror) | different
+    columns: tuple[str, ...] = ()  # differing columns for "different"
+    source: dict | None = None
+    mirror: dict | None = None
+
+    def describe(self) -> str:
+        if self.kind == "different":
+            diffs = ", ".join(
+                f"{c}: source={json.dumps((self.source or {}).get(c))} mirror={json.dumps((self.mirror or {}).get(c))}"
+                for c in self.columns
+            )
+            return f"key {self.key}: different ({diffs})"
+        return f"key {self.key}: {'missing from the mirror' if self.kind == 'missing' else 'in the mirror, not in the source'}"
+
+
+@dataclass
+class VerifyResult:
+    table: str
+    rows_checked: int = 0  # distinct keys compared (source rows + extra mirror rows)
+    source_rows: int = 0
+    mirror_rows: int = 0
+    chunks: int = 0
+    mismatched_chunks: int = 0
+    missing: int = 0
+    extra: int = 0
+    different: int = 0
+    examples: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def mismatched(self) -> int:
+        return self.missing + self.extra + self.different
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatched == 0
+
+    def summary(self) -> str:
+        return f"{self.rows_checked} rows checked, {self.mismatched} mismatched"
+
+    def to_dict(self) -> dict:
+        return {
+            "table": self.table,
+            "rows_checked": self.rows_checked,
+            "mismatched": self.mismatched,
+            "source_rows": self.source_rows,
+            "mirror_rows": self.mirror_rows,
+            "missing": self.missing,
+            "extra": self.extra,
+            "different": self.different,
+            "chunks": self.chunks,
+            "mismatched_chunks": self.mismatched_chunks,
+            "examples": [m.describe() for m in self.examples],
+        }
+
+
+class MirrorIndex:
+    """The mirror's live rows: canonical key -> (row number, digest), rows kept typed in Arrow."""
+
+    def __init__(self, schema: TableSchema, table) -> None:
+        from .sinks.arrow_types import KEY_COLUMN
+
+        self.schema = schema
+        self.table = table
+        self.index: dict[str, tuple[int, bytes]] = {}
+        if table.num_rows == 0:
+            return
+        names = [c for c in schema.column_names if c in table.column_names]
+        missing_cols = [c for c in schema.column_names if c not in table.column_names]
+        if missing_cols:
+            raise ConfigurationError(
+                f"mirror of {schema.table} lacks column(s) {missing_cols} the source has; the schema changed "
+                "since the mirror was written: re-snapshot the table"
+            )
+        keys = table[KEY_COLUMN].to_pylist() if KEY_COLUMN in table.column_names else None
+        n = 0
+        for batch in table.select(names).to_batches(max_chunksize=50_000):
+            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
+            for j in range(batch.num_rows):
+                row = normalise_row(schema, {c: cols[i][j] for i, c in enumerate(names)})
+                key = keys[n] if keys is not None else encode_key(schema.key_values(row))
+                self.index[key] = (n, row_digest(key, row))
+                n += 1
+
+    def row(self, n: int) -> dict:
+        names = [c for c in self.schema.column_names if c in self.table.column_names]
+        rec = self.table.slice(n, 1).select(names).to_pylist()[0]
+        return normalise_row(self.schema, rec)
+
+
+def read_mirror_table(data_dir: str, source: str, table: TableName):
+    """Live mirror rows (typed, with ``__key``) through the sinks' read API."""
+    from .sinks.mirror_delta import read_mirror
+
+    return read_mirror(data_dir, source, table, with_meta=True)
+
+
+def source_chunks(dialect, schema: TableSchema, chunk_rows: int) -> Iterator[list[tuple[str, dict]]]:
+    """The source's rows in key order, ``chunk_rows`` at a time, as (canonical key, canonical row)."""
+    after: tuple | None = None
+    while True:
+        sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=after, limit=chunk_rows)
+        chunk: list[tuple[str, dict]] = []
+        for batch in dialect.stream_query(sql, params):
+            for raw in batch:
+                row = dialect.row_to_canonical(schema, raw)
+                chunk.append((encode_key(schema.key_values(row)), row))
+        if not chunk:
+            return
+        yield chunk
+        if len(chunk) < chunk_rows:
+            return
+        after = tuple(json.loads(chunk[-1][0]))
+
+
+def compare(
+    schema: TableSchema, chunks: Iterable[list[tuple[str, dict]]], mirror: MirrorIndex, *, examples: int = EXAMPLES
+) -> VerifyResult:
+    """Chunk digests first; row-by-row only inside chunks whose digests differ."""
+    res = VerifyResult(schema.table.id, mirror_rows=len(mirror.index))
+    seen: set[str] = set()
+
+    def note(m: Mismatch) -> None:
+        if len(res.examples) < examples:
+            res.examples.append(m)
+
+    for raw_chunk in chunks:
+        chunk = [(key, normalise_row(schema, row)) for key, row in raw_chunk]
+        res.chunks += 1
+        res.source_rows += len(chunk)
+        src_digest = hashlib.blake2b(digest_size=16)
+        mir_digest = hashlib.blake2b(digest_size=16)
+        for key, row in chunk:
+            seen.add(key)
+            src_digest.update(row_digest(key, row))
+            hit = mirror.index.get(key)
+            mir_digest.update(hit[1] if hit else b"\x00" * 16)
+        if src_digest.digest() == mir_digest.digest():
+            continue
+        res.mismatched_chunks += 1
+        for key, row in chunk:  # drill in
+            hit = mirror.index.get(key)
+            if hit is None:
+                res.missing += 1
+                note(Mismatch(key, "missing", source=row))
+            elif hit[1] != row_digest(key, row):
+                res.different += 1
+                if len(res.examples) < examples:
+                    mrow = mirror.row(hit[0])
+                    cols = tuple(c for c in schema.column_names if row.get(c) != mrow.get(c))
+                    note(Mismatch(key, "different", cols, row, mrow))
+    for key in mirror.index:
+        if key not in seen:
+            res.extra += 1
+            note(Mismatch(key, "extra"))
+    res.rows_checked = res.source_rows + res.extra
+    return res
+
+
+def verify_table(
+    dialect, data_dir: str, source: str, table: TableName, *, chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES
+) -> VerifyResult:
+    """Compare the mirror of ``table`` with the source the dialect reads (I2)."""
+    schema = dialect.describe_table(table)
+    mirror = MirrorIndex(schema, read_mirror_table(data_dir, source, table))
+    return compare(schema, source_chunks(dialect, schema, chunk_rows), mirror, examples=examples)
+
+
+# --- the event log ------------------------------------------------------------------------
+@dataclass
+class EventLogReport:
+    table: str
+    events: int = 0  # after de-duplication by (key, position)
+    duplicates: int = 0  # identical copies removed (allowed: I3 de-duplicates them)
+    keys: int = 0
+    violation_count: int = 0
+    violations: list[str] = field(default_factory=list)  # the first few, described
+
+    @property
+    def ok(self) -> bool:
+        return self.violation_count == 0
+
+    def summary(self) -> str:
+        return (
+            f"event log of {self.table}: {self.events} events over {self.keys} keys, "
+            f"{self.duplicates} duplicate copies, {self.violation_count} violations"
+        )
+
+
+def read_event_log(data_dir: str, source: str, table: TableName):
+    """The event log files of one table as one Arrow table (op, key, before, after, position)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .sinks.event_log import table_dir
+
+    d = Path(table_dir(data_dir, source, table))
+    files = sorted(d.glob("*.parquet")) if d.exists() else []
+    parts = []
+    for f in files:
+        t = pq.read_table(f)
+        parts.append(
+            pa.table(
+                {
+                    "op": t["op"],
+                    "key": t["key"],
+                    "before": t["before"],
+                    "after": t["after"],
+                    "position": t["source"].combine_chunks().field("position"),
+                    "file": pa.array([f.name] * t.num_rows, pa.string()),
+                }
+            )
+        )
+    if not parts:
+        return pa.table({n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")})
+    return pa.concat_tables(parts)
+
+
+def check_events(
+    table_id: str, events: Iterable[dict], *, primary_key: tuple[str, ...] = (), max_violations: int = 20
+) -> EventLogReport:
+    """Replay events (dicts with op, key, position, before, after; rows as canonical JSON text or
+    dicts) per key in position order and report what I1 forbids (see the module docstring)."""
+    rep = EventLogReport(table_id)
+    per_key: dict[str, dict[str, tuple]] = {}
+    for e in events:
+        pos = e["position"].encode() if isinstance(e["position"], Position) else e["position"]
+        before = json.loads(e["before"]) if isinstance(e.get("before"), str) else e.get("before")
+        after = json.loads(e["after"]) if isinstance(e.get("after"), str) else e.get("after")
+        by_pos = per_key.setdefault(e["key"], {})
+        item = (e["op"], before, after)
+        if pos in by_pos:
+            if by_pos[pos] == item:
+                rep.duplicates += 1
+            else:
+                rep.violation_count += 1
+                if len(rep.violations) < max_violations:
+                    rep.violations.append(
+                        f"key {e['key']}: two different events at position {_readable(pos)}: {by_pos[pos][0]} and {e['op']}"
+                    )
+            continue
+        by_pos[pos] = item
+    rep.keys = len(per_key)
+    for key, by_pos in per_key.items():
+        prev: tuple | None = None
+        prev_pos = None
+        for pos in sorted(by_pos):
+            op, before, after = by_pos[pos]
+            rep.events += 1
+            problem = None
+            if prev is not None:
+                pop, _, pafter = prev
+                live = pop != "d"
+                if op == "c" and live:
+                    problem = f"create of a live key (previous {pop} at {_readable(prev_pos)})"
+                elif op in ("u", "d", "r") and not live:
+                    problem = f"{op} after a delete at {_readable(prev_pos)}" + (" (resurrected by a chunk row)" if op == "r" else "")
+                elif op == "r" and after != pafter:
+                    problem = f"chunk row is not the state at its position (stale; previous {pop} at {_readable(prev_pos)})"
+                elif op in ("u", "d") and before is not None and pafter is not None and _full(before, pafter, primary_key):
+                    if before != pafter:
+                        problem = f"before-image differs from the previous after-image ({pop} at {_readable(prev_pos)})"
+            if problem:
+                rep.violation_count += 1
+                if len(rep.violations) < max_violations:
+                    rep.violations.append(f"key {key}: {op} at {_readable(pos)}: {problem}")
+            prev, prev_pos = (op, before, after), pos
+    return rep
+
+
+def _full(before: dict, after: dict, primary_key: tuple[str, ...]) -> bool:
+    """A before-image is comparable when it has every column (REPLICA IDENTITY FULL / binlog
+    FULL); a key-only before-image (PostgreSQL's default identity) is not."""
+    return set(before) >= set(after) and (not primary_key or set(before) != set(primary_key))
+
+
+def _readable(encoded: str) -> str:
+    try:
+        return str(Position.decode(encoded))
+    except ValueError:
+        return encoded
+
+
+def check_event_log(data_dir: str, source: str, table: TableName, *, primary_key: tuple[str, ...] = ()) -> EventLogReport:
+    """Read the event log of ``table`` and check it per key (I1); see :func:`check_events`."""
+    return check_events(table.id, read_event_log(data_dir, source, table).to_pylist(), primary_key=primary_key)
