@@ -1,0 +1,117 @@
+"""Spark apply job: staged changelog segments -> the sinks, from each sink's last applied position.
+
+Each sink keeps an applied-position marker (sinks/base.py), written only after the sink
+committed a batch, at the end of the batch's last segment. A crash between the commit and
+the marker replays that batch, which the sinks absorb (the event log rewrites the same
+files, the mirror's position guard ignores what it already has). Watermark rows are not
+table events and are not applied.
+
+    spark-submit --master local[2] airflow_provider_cdc/spark/apply_job.py \\
+        --data-dir DIR --source SRC [--sinks events,mirror]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
+    sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
+
+import pyarrow.compute as pc  # noqa: E402
+
+from airflow_provider_cdc.core.position import Position  # noqa: E402
+from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
+from airflow_provider_cdc.sinks.base import Sink, read_marker, write_marker  # noqa: E402
+from airflow_provider_cdc.spark import common  # noqa: E402
+
+log = logging.getLogger("airflow_provider_cdc.spark.apply_job")
+
+
+def changelog_events(spark, segments, *, after: Position | None, upto: Position | None):
+    """Table events (no watermarks) of the staged segments in ``(after, upto]``, with
+    ``batch = c-{first}-{last}`` of the segment that holds them (deterministic file names)."""
+    from pyspark.sql import functions as F
+
+    df = common.read_changelog(spark, segments, after=after, upto=upto).where(F.col("op") != "w")
+    return df.select(
+        "position", "table", "op", "key", "before", "after", "ts_ms", "watermark",
+        F.lit(False).alias("snapshot"),
+        F.regexp_replace(F.col("segment"), r"^seg-(.*)\.parquet$", "c-$1").alias("batch"),
+    )
+
+
+def apply_changelog(
+    spark,
+    data_dir: str,
+    source: str,
+    sinks: Sequence[Sink],
+    *,
+    changelog_dir: str | None = None,
+    max_segments_per_batch: int = 64,
+) -> dict:
+    """Apply every staged segment past each sink's marker; returns counts."""
+    changelog = changelog_dir or staged_changelog_dir(data_dir, source)
+    markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
+    start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
+    segments = common.list_segment_files(changelog)
+    pending = [s for s in segments if start is None or s[1] > start]
+    applied = 0
+    batches = 0
+    for i in range(0, len(pending), max_segments_per_batch):
+        group = pending[i : i + max_segments_per_batch]
+        upto = max(last for _, last, _ in group)
+        lower = start if i == 0 else max(last for _, last, _ in pending[:i])
+        arrow = common.to_event_table(changelog_events(spark, segments, after=lower, upto=upto).toArrow())
+        for sink in sinks:
+            mark = markers[sink.name]
+            part = arrow if mark is None else arrow.filter(pc.greater(arrow["position"], mark.encode()))
+            if mark is None or upto > mark:
+                sink.write(part)
+                write_marker(data_dir, source, sink.name, upto)
+                markers[sink.name] = upto
+        applied += arrow.num_rows
+        batches += 1
+        log.info("applied %d events from %d segment(s) up to %s", arrow.num_rows, len(group), upto)
+    return {"segments": len(pending), "batches": batches, "events": applied,
+            "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
+
+
+def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="apply_job", description="Apply staged changelog segments to the sinks.")
+    common.add_common_arguments(p)
+    p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
+    p.add_argument("--max-segments-per-batch", type=int, default=64, help="segments collected to the driver at once")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    common.configure_logging()
+    args = _parse_arguments(argv)
+    sinks = common.build_sinks(
+        args.sinks, data_dir=args.data_dir, source=args.source, database=args.database,
+        pg_uri=args.pg_uri, pg_schema=args.pg_schema, require_schema=False,
+    )
+    spark = common.get_session("cdc-apply")
+    t0 = time.monotonic()
+    try:
+        summary = apply_changelog(
+            spark, args.data_dir, args.source, sinks,
+            changelog_dir=args.changelog_dir, max_segments_per_batch=args.max_segments_per_batch,
+        )
+    finally:
+        for s in sinks:
+            s.close()
+    summary["seconds"] = round(time.monotonic() - t0, 3)
+    log.info("apply done: %s", summary)
+    print("CDC_APPLY_RESULT " + json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

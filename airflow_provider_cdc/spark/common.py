@@ -1,0 +1,212 @@
+"""Shared parts of the PySpark jobs: the session, reading staged files, writing to sinks,
+and the spark-submit command line for Airflow's SparkSubmitOperator.
+
+The jobs take everything from their arguments and from spark-submit (master, memory,
+conf): nothing here sets a master, so the same file runs on ``local[2]``, a standalone
+cluster, YARN or Kubernetes. Sinks are written from the driver (see sinks/base.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+
+from ..core.errors import ConfigurationError
+from ..core.position import Position
+from ..core.staging import parse_segment_name
+from ..sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
+
+log = logging.getLogger(__name__)
+
+JOBS = ("merge", "apply")
+SPARK_DIR = Path(__file__).resolve().parent
+PACKAGE_ROOT = SPARK_DIR.parent.parent  # the folder that holds airflow_provider_cdc/
+
+
+def application_path(job: str) -> str:
+    """Absolute path of a job's entry point, for SparkSubmitOperator(application=...)."""
+    if job not in JOBS:
+        raise ConfigurationError(f"unknown Spark job {job!r}; known: {', '.join(JOBS)}")
+    return str(SPARK_DIR / f"{job}_job.py")
+
+
+def spark_submit_command(
+    job: str,
+    args: Sequence[str],
+    *,
+    master: str = "local[2]",
+    conf: dict[str, str] | None = None,
+    spark_submit: str = "spark-submit",
+    py_files: str | None = None,
+) -> list[str]:
+    """The command line SparkSubmitOperator would run; tests and the bench run it directly.
+
+    ``py_files`` (a zip of the package, see :func:`package_zip`) is only needed when the
+    cluster's Python does not have airflow_provider_cdc installed.
+    """
+    cmd = [spark_submit, "--master", master]
+    for k, v in (conf or {}).items():
+        cmd += ["--conf", f"{k}={v}"]
+    if py_files:
+        cmd += ["--py-files", py_files]
+    return [*cmd, application_path(job), *args]
+
+
+def package_zip(dest: str) -> str:
+    """Zip airflow_provider_cdc for ``--py-files`` (clusters without the package installed)."""
+    import zipfile
+
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in (PACKAGE_ROOT / "airflow_provider_cdc").rglob("*.py"):
+            zf.write(f, f.relative_to(PACKAGE_ROOT))
+    return dest
+
+
+def ensure_importable() -> None:
+    """spark-submit runs a job file as a script: make the package importable from its checkout."""
+    root = str(PACKAGE_ROOT)
+    if root not in sys.path:
+        sys.path.append(root)
+
+
+def get_session(app_name: str):
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.appName(app_name).getOrCreate()
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=os.environ.get("CDC_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# --- staged changelog -----------------------------------------------------------------------
+def _fs_and_path(uri: str):
+    import pyarrow.fs as pafs
+
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)
+    return pafs.LocalFileSystem(), os.path.abspath(uri)
+
+
+def list_segment_files(changelog_dir: str) -> list[tuple[Position, Position, str]]:
+    """Staged segments (first, last, path) sorted by position, on any pyarrow filesystem."""
+    import pyarrow.fs as pafs
+
+    fs, base = _fs_and_path(changelog_dir)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    out = []
+    prefix = changelog_dir.rstrip("/")
+    for info in infos:
+        name = info.base_name
+        if info.type == pafs.FileType.File and name.startswith("seg-") and name.endswith(".parquet"):
+            first, last = parse_segment_name(name)
+            out.append((first, last, f"{prefix}/{name}"))
+    return sorted(out)
+
+
+def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> dict[str, str]:
+    """For each segment file name, the position its events must exceed to count.
+
+    Overlapping segments (left by a capture that crashed before committing its offset)
+    hold the same events; each event is counted in the first segment that holds it, the
+    same rule as staging_io.read_log_events, so batch names are deterministic.
+    """
+    bounds: dict[str, str] = {}
+    seen: Position | None = None
+    for first, last, path in segments:
+        bounds[path.rsplit("/", 1)[-1]] = "" if seen is None else seen.encode()
+        seen = last if seen is None or last > seen else seen
+    return bounds
+
+
+CHANGELOG_DDL = (
+    "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string"
+)
+
+
+def spark_event_schema() -> str:
+    return CHANGELOG_DDL + ", snapshot boolean, batch string"
+
+
+def read_changelog(
+    spark, segments: Sequence[tuple[Position, Position, str]], *, after: Position | None = None, upto: Position | None = None
+):
+    """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
+    (the file name). Only segments that can hold such events are read."""
+    from pyspark.sql import functions as F
+
+    bounds = segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
+    chosen = [
+        s for s in segments if (after is None or s[1] > after) and (upto is None or s[0] <= upto)
+    ]
+    if not chosen:
+        return spark.createDataFrame([], CHANGELOG_DDL + ", segment string")
+    bounds_df = spark.createDataFrame(
+        [(p.rsplit("/", 1)[-1], bounds[p.rsplit("/", 1)[-1]]) for _, _, p in chosen], "segment string, lower string"
+    )
+    df = spark.read.schema(CHANGELOG_DDL).parquet(*[p for _, _, p in chosen])
+    if after is not None:
+        df = df.where(F.col("position") > after.encode())
+    if upto is not None:
+        df = df.where(F.col("position") <= upto.encode())
+    df = df.withColumn("segment", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
+    return df.join(F.broadcast(bounds_df), "segment").where(F.col("position") > F.col("lower")).drop("lower")
+
+
+def normalise_path(path: str) -> str:
+    """A file path as the driver gives it or as Spark reports it (``file:/a%20b``) -> one form."""
+    parts = urlsplit(path)
+    if parts.scheme in ("", "file") or len(parts.scheme) == 1:  # "C:" on Windows
+        raw = unquote(parts.path) if parts.scheme == "file" else path
+        return os.path.normpath(os.path.abspath(raw))
+    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
+
+
+# --- sinks ------------------------------------------------------------------------------------
+def to_event_table(arrow: pa.Table) -> pa.Table:
+    return arrow.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
+
+
+def write_to_sinks(sinks: Iterable[Sink], events: pa.Table) -> None:
+    for sink in sinks:
+        sink.write(events)
+
+
+def build_sinks(names: str, *, data_dir: str, source: str, database: str | None, pg_uri: str | None,
+                pg_schema: str | None, require_schema: bool) -> list[Sink]:
+    from ..sinks.event_log import EventLogSink
+    from ..sinks.mirror_delta import MirrorDeltaSink
+
+    out: list[Sink] = []
+    for name in [n.strip() for n in names.split(",") if n.strip()]:
+        if name == "events":
+            out.append(EventLogSink(data_dir, source, database))
+        elif name == "mirror":
+            out.append(MirrorDeltaSink(data_dir, source, require_schema=require_schema))
+        elif name == "postgres":
+            if not pg_uri:
+                raise ConfigurationError("sink 'postgres' needs --pg-uri (the target PostgreSQL URI)")
+            from ..sinks.mirror_postgres import MirrorPostgresSink
+
+            out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema, require_schema=require_schema))
+        else:
+            raise ConfigurationError(f"unknown sink {name!r} in --sinks; known: events, mirror, postgres")
+    return out
+
+
+def add_common_arguments(parser) -> None:
+    parser.add_argument("--data-dir", required=True, help="staging/output root (core/staging.py)")
+    parser.add_argument("--source", required=True, help="source name (staging/{source}/...)")
+    parser.add_argument("--database", default=None, help="source.db in the event envelope (default: --source)")
+    parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")
+    parser.add_argument("--pg-uri", default=None, help="target PostgreSQL for the 'postgres' sink")
+    parser.add_argument("--pg-schema", default=None, help="target schema of the 'postgres' sink (default cdc_{source})")
