@@ -10,4 +10,41 @@ def get_provider_info() -> dict:
         "name": "Change Data Capture (DBLog)",
         "description": "Watermark-based snapshots and changelog capture for PostgreSQL and MySQL/MariaDB.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Change Data Capture (DBLog)",
+                "external-doc-url": "https://arxiv.org/abs/2010.12597",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": "Change Data Capture (DBLog)", "python-modules": ["airflow_provider_cdc.hooks.cdc_source"]}
+        ],
+        "operators": [
+            {
+                "integration-name": "Change Data Capture (DBLog)",
+                "python-modules": ["airflow_provider_cdc.operators.capture", "airflow_provider_cdc.operators.snapshot"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Change Data Capture (DBLog)",
+                "python-modules": ["airflow_provider_cdc.sensors.high_watermark"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Change Data Capture (DBLog)",
+                "python-modules": ["airflow_provider_cdc.triggers.high_watermark"],
+            }
+        ],
+        # Our own connection type: "postgres"/"mysql" belong to the official providers,
+        # and CdcSourceHook accepts those connections too (conn type -> dialect).
+        "connection-types": [
+            {
+                "connection-type": "cdc",
+                "hook-class-name": "airflow_provider_cdc.hooks.cdc_source.CdcSourceHook",
+                "hook-name": "CDC source (PostgreSQL, MySQL, MariaDB)",
+            }
+        ],
     }

@@ -1,0 +1,601 @@
+"""Snapshot operators: plan (control + range planning), chunk (DBLog steps 1-3 over one
+range), commit (progress after the merge).
+
+A snapshot DAG run is a bounded job: plan -> chunk tasks mapped over the planned ranges
+-> high-watermark sensor -> Spark merge -> commit. State that must survive a failure:
+
+* the Airflow Variable per (source, table) (``progress_store``): status and the plan;
+  written only by plan and commit, read by the chunk tasks between chunks (pause/stop);
+* a JSON sidecar next to every staged chunk, written after its high watermark: the
+  chunk is *committed*. A retried or resumed chunk task continues after the last
+  committed chunk of its range (I4); chunk files without a sidecar belong to a failed
+  attempt, and their watermarks are orphans the merge ignores.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from .. import progress_store
+from ..core.chunk import ChunkResult
+from ..core.errors import ConfigurationError, StateError
+from ..core.ranges import ChunkRange
+from ..core.schema import TableName, TableSchema
+from ..core.staging import schema_path, staging_dir
+from ..dialects.base import Dialect, validate_where
+from ..hooks.cdc_source import CdcSourceHook
+from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("start", "pause", "resume", "stop")
+CONF_KEYS = ("action", "tables", "key_ranges", "where", "chunk_size", "parallelism", "delay_seconds")
+DEFAULT_CHUNK_SIZE = 50_000
+MAX_CHUNK_SIZE = 10_000_000
+MAX_PARALLELISM = 64
+#: chunk seq = range index * SEQ_STRIDE + chunk number inside the range (unique per snapshot)
+SEQ_STRIDE = 1_000_000
+
+
+# --------------------------------------------------------------------------- conf
+@dataclass(frozen=True)
+class SnapshotConf:
+    """A validated DAG-run conf (Debezium-style signal)."""
+
+    action: str
+    tables: tuple[TableName, ...]
+    key_ranges: dict[str, tuple[ChunkRange, ...]] = field(default_factory=dict)
+    where: str | None = None
+    chunk_size: int | None = None  # None: keep the stored value (resume) or the default
+    parallelism: int | None = None
+    delay_seconds: float | None = None
+
+
+def _key(value: Any, what: str) -> tuple | None:
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ConfigurationError(f"conf 'key_ranges': {what} is an empty list; give the key values or null")
+        return tuple(value)
+    if isinstance(value, (str, int, float, bool)):
+        return (value,)
+    raise ConfigurationError(f"conf 'key_ranges': {what} must be a key value or a list of key values, got {value!r}")
+
+
+def _ranges(value: Any, where: str) -> tuple[ChunkRange, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigurationError(f"conf 'key_ranges'{where} must be a non-empty list of {{'start': ..., 'end': ...}}")
+    out = []
+    for i, r in enumerate(value):
+        if isinstance(r, dict):
+            unknown = set(r) - {"start", "end"}
+            if unknown:
+                raise ConfigurationError(f"conf 'key_ranges'{where}[{i}]: unknown keys {sorted(unknown)}; use start and end")
+            start, end = r.get("start"), r.get("end")
+        elif isinstance(r, list) and len(r) == 2:
+            start, end = r
+        else:
+            raise ConfigurationError(
+                f"conf 'key_ranges'{where}[{i}] must be {{'start': k, 'end': k}} or [start, end] "
+                f"(start inclusive, end exclusive, null = unbounded), got {r!r}"
+            )
+        out.append(ChunkRange(_key(start, f"range {i} start"), _key(end, f"range {i} end")))
+    return tuple(out)
+
+
+def _int(conf: dict, name: str, lo: int, hi: int) -> int | None:
+    v = conf.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
+        raise ConfigurationError(f"conf {name!r} must be a whole number between {lo} and {hi}, got {v!r}")
+    n = int(v)
+    if not lo <= n <= hi:
+        raise ConfigurationError(f"conf {name!r} must be between {lo} and {hi}, got {n}")
+    return n
+
+
+def parse_snapshot_conf(conf: dict | None, default_tables: Sequence[str] | str | None = None) -> SnapshotConf:
+    """Validate a DAG-run conf. Raises ConfigurationError naming the bad setting; nothing
+    has been written when it raises."""
+    conf = dict(conf or {})
+    unknown = sorted(set(conf) - set(CONF_KEYS))
+    if unknown:
+        raise ConfigurationError(f"unknown conf key(s) {unknown}; known: {', '.join(CONF_KEYS)}")
+    action = conf.get("action", "start")
+    if action not in ACTIONS:
+        raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
+    tables_v = conf.get("tables")
+    if tables_v is None:
+        tables_v = default_tables
+    if isinstance(tables_v, str):
+        tables_v = [t.strip() for t in tables_v.split(",") if t.strip()]
+    if not tables_v:
+        raise ConfigurationError(
+            "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
+        )
+    if not isinstance(tables_v, (list, tuple)) or not all(isinstance(t, str) for t in tables_v):
+        raise ConfigurationError(f"conf 'tables' must be a list of 'schema.table' strings, got {tables_v!r}")
+    tables = tuple(dict.fromkeys(TableName.parse(t) for t in tables_v))
+    key_ranges: dict[str, tuple[ChunkRange, ...]] = {}
+    kr = conf.get("key_ranges")
+    if kr is not None:
+        if isinstance(kr, dict):
+            ids = {t.id for t in tables}
+            for tid, v in kr.items():
+                if tid not in ids:
+                    raise ConfigurationError(f"conf 'key_ranges' names table {tid!r}, which is not in 'tables' {sorted(ids)}")
+                key_ranges[tid] = _ranges(v, f"[{tid!r}]")
+        else:
+            rs = _ranges(kr, "")
+            key_ranges = {t.id: rs for t in tables}
+    where = conf.get("where")
+    if where is not None:
+        if not isinstance(where, str):
+            raise ConfigurationError(f"conf 'where' must be a SQL condition string, got {where!r}")
+        where = validate_where(where)
+    delay = conf.get("delay_seconds")
+    if delay is not None:
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600:
+            raise ConfigurationError(f"conf 'delay_seconds' must be a number of seconds between 0 and 3600, got {delay!r}")
+        delay = float(delay)
+    return SnapshotConf(
+        action=action,
+        tables=tables,
+        key_ranges=key_ranges,
+        where=where,
+        chunk_size=_int(conf, "chunk_size", 1, MAX_CHUNK_SIZE),
+        parallelism=_int(conf, "parallelism", 1, MAX_PARALLELISM),
+        delay_seconds=delay,
+    )
+
+
+# --------------------------------------------------------------------- sidecars
+def snapshot_chunks_dir(data_dir: str, source: str, table: TableName, snapshot_id: str) -> Path:
+    return Path(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id)
+
+
+def sidecar_path(chunk_parquet: str) -> Path:
+    return Path(chunk_parquet + ".json")
+
+
+def write_sidecar(result: ChunkResult, range_index: int, merged: bool = False) -> None:
+    """Commit a chunk: written after its high watermark, atomically (tmp + rename)."""
+    p = sidecar_path(result.path)
+    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
+    os.replace(tmp, p)
+
+
+def read_sidecars(data_dir: str, source: str, table: TableName, snapshot_id: str) -> list[dict]:
+    """Committed chunks of a snapshot, ordered by seq: ``{"result", "range_index", "merged"}``."""
+    d = snapshot_chunks_dir(data_dir, source, table, snapshot_id)
+    if not d.exists():
+        return []
+    out = [json.loads(f.read_text()) for f in d.glob("chunk-*.parquet.json")]
+    return sorted(out, key=lambda s: s["result"]["seq"])
+
+
+@dataclass
+class RangeState:
+    """Where one planned range stands, from its committed chunks."""
+
+    next_seq: int
+    after_key: tuple | None
+    exhausted: bool
+    unmerged: list[dict]
+    rows: int
+    chunks: int
+
+
+def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool:
+    """True once the keyset passed the snapshot's upper bound (the max key when it started),
+    so rows inserted above it later cannot make the snapshot endless. Equality works for
+    any type; ordering is only trusted for numbers (text order depends on the collation)."""
+    if last_key is None or upper_bound is None:
+        return False
+    lk, ub = tuple(last_key), tuple(upper_bound)
+    if lk == ub:
+        return True
+    if len(lk) == len(ub) and all(
+        isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)) for a, b in zip(lk, ub, strict=False)
+    ):
+        return lk > ub
+    return False
+
+
+def range_state(sidecars: list[dict], range_index: int, upper_bound: Sequence | None) -> RangeState:
+    mine = [s for s in sidecars if s["range_index"] == range_index]
+    after_key: tuple | None = None
+    exhausted = False
+    for s in mine:
+        r = s["result"]
+        if r["last_key"] is not None:
+            after_key = tuple(r["last_key"])
+        elif r["after_key"] is not None:
+            after_key = tuple(r["after_key"])
+        exhausted = exhausted or r["exhausted"] or key_reached(r["last_key"], upper_bound)
+    next_seq = (mine[-1]["result"]["seq"] + 1) if mine else range_index * SEQ_STRIDE
+    return RangeState(
+        next_seq=next_seq,
+        after_key=after_key,
+        exhausted=exhausted,
+        unmerged=[s["result"] for s in mine if not s["merged"]],
+        rows=sum(s["result"]["rows"] for s in mine),
+        chunks=len(mine),
+    )
+
+
+# ------------------------------------------------------------------- planning
+def plan_ranges(dialect: Dialect, schema: TableSchema, parallelism: int) -> list[ChunkRange]:
+    """Split the key space into ``parallelism`` disjoint ranges at sampled key boundaries
+    (works for skewed, text and composite keys; the chunk SELECT is keyset-paginated
+    inside each range, so uneven ranges only cost balance, never correctness)."""
+    if parallelism <= 1:
+        return [ChunkRange()]
+    bounds = sorted({tuple(k) for k in dialect.sample_keys(schema, parallelism - 1)})
+    edges: list[tuple | None] = [None, *bounds, None]
+    return [ChunkRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def new_snapshot_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def _write_text_atomic(path: str, text: str) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+
+
+def _dag_is_paused(context: Any) -> bool:
+    """Airflow's own DAG pause: the Task SDK asks the API server (no DB access from tasks).
+    Where that call is not served (e.g. some ``dag.test()`` setups) this returns False;
+    a paused DAG still schedules no new task instances, so the pause then takes effect
+    between tasks, and the Variable pauses mid-task."""
+    ti = context.get("ti") if context else None
+    if ti is None or not hasattr(ti, "get_dag"):
+        return False
+    try:
+        return bool(ti.get_dag(ti.dag_id).is_paused)
+    except Exception as exc:  # noqa: BLE001 - best effort, see docstring
+        log.debug("could not read the paused state of DAG %s: %s", getattr(ti, "dag_id", "?"), exc)
+        return False
+
+
+class _SourceOperator(BaseOperator):
+    """Shared parameters: the source connection and the data directory."""
+
+    def __init__(
+        self,
+        *,
+        data_dir: str,
+        cdc_conn_id: str = CdcSourceHook.default_conn_name,
+        source: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.data_dir = data_dir
+        self.cdc_conn_id = cdc_conn_id
+        self.source = source
+
+    @cached_property
+    def hook(self) -> CdcSourceHook:
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
+
+
+# ----------------------------------------------------------------------- plan
+class SnapshotPlanOperator(_SourceOperator):
+    """Validate the run's conf, apply its action, and return the work items to map over.
+
+    ``start``: describe the tables, stage their schemas, take the max key as the upper
+    bound, plan ranges, store progress (running). ``resume``: continue the stored plan
+    after the last committed chunk of every range. ``pause``/``stop``: set the status
+    (running chunk tasks stop before their next chunk) and return no work.
+    """
+
+    template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
+    ui_color = "#e0d4ff"
+
+    def __init__(self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.conf = conf
+        self.default_tables = default_tables
+
+    def execute(self, context: Any) -> list[dict]:
+        conf = self.conf
+        if conf is None:
+            dag_run = context.get("dag_run") if context else None
+            conf = (getattr(dag_run, "conf", None) or {}) if dag_run is not None else {}
+        req = parse_snapshot_conf(conf, self.default_tables)  # before anything is written
+        source = self.hook.source
+        stored = {t.id: progress_store.load(source, t.id) for t in req.tables}
+        log.info("snapshot %s of %s on source %r", req.action, ", ".join(stored), source)
+        if req.action in ("pause", "stop"):
+            return self._pause_or_stop(req, stored)
+        if req.action == "start":
+            for tid, p in stored.items():
+                if p and p.get("status") in (RUNNING, PAUSED):
+                    raise StateError(
+                        f"table {tid} has a {p['status']} snapshot {p.get('snapshot_id')} on source {source!r}; "
+                        "resume it with action=resume, or stop it first with action=stop"
+                    )
+            return self._start(req)
+        return self._resume(req, stored)
+
+    def _pause_or_stop(self, req: SnapshotConf, stored: dict[str, dict | None]) -> list[dict]:
+        target = PAUSED if req.action == "pause" else STOPPED
+        allowed = (RUNNING,) if target == PAUSED else (RUNNING, PAUSED, FAILED)
+        for tid, p in stored.items():
+            if p is None:
+                raise StateError(f"table {tid} has no snapshot on source {self.hook.source!r}; nothing to {req.action}")
+            if p["status"] == target:
+                log.info("table %s: snapshot %s is already %s", tid, p["snapshot_id"], target)
+                continue
+            if p["status"] not in allowed:
+                raise StateError(
+                    f"table {tid}: cannot {req.action} a {p['status']} snapshot ({p['snapshot_id']}); "
+                    f"{req.action} applies to {' or '.join(allowed)} snapshots"
+                )
+        for tid, p in stored.items():
+            if p["status"] != target:
+                p.update(status=target, updated_at=_now())
+                progress_store.save(self.hook.source, tid, p)
+                log.info("table %s: snapshot %s is now %s (progress kept)", tid, p["snapshot_id"], target)
+        return []
+
+    def _start(self, req: SnapshotConf) -> list[dict]:
+        source = self.hook.source
+        parallelism = req.parallelism or 1
+        plans = []
+        with self.hook.get_dialect() as dialect:
+            dialect.check_prerequisites()
+            for table in req.tables:  # read-only: every table is checked before anything is written
+                schema = dialect.describe_table(table)
+                ranges = list(req.key_ranges.get(table.id) or plan_ranges(dialect, schema, parallelism))
+                upper = dialect.max_key(schema, req.where)
+                plans.append((table, schema, ranges, upper))
+            dialect.ensure_watermark_table()
+        work = []
+        for table, schema, ranges, upper in plans:
+            _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
+            progress = {
+                "version": 1,
+                "source": source,
+                "table": table.id,
+                "snapshot_id": new_snapshot_id(),
+                "status": RUNNING,
+                "ranges": [json.loads(r.to_json()) for r in ranges],
+                "upper_bound": None if upper is None else list(upper),
+                "where": req.where,
+                "chunk_size": req.chunk_size or DEFAULT_CHUNK_SIZE,
+                "parallelism": parallelism,
+                "delay_seconds": req.delay_seconds or 0.0,
+                "completed_ranges": [],
+                "rows": 0,
+                "chunks": 0,
+                "started_at": _now(),
+                "updated_at": _now(),
+                "finished_at": None,
+            }
+            progress_store.save(source, table.id, progress)
+            log.info(
+                "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d",
+                table.id, progress["snapshot_id"], len(ranges), upper, progress["chunk_size"],
+            )
+            work += self._work_items(progress, range(len(ranges)))
+        return work
+
+    def _resume(self, req: SnapshotConf, stored: dict[str, dict | None]) -> list[dict]:
+        source = self.hook.source
+        for tid, p in stored.items():
+            if p is None:
+                raise StateError(f"table {tid} has no snapshot on source {source!r} to resume; use action=start")
+            if p["status"] == STOPPED:
+                raise StateError(
+                    f"table {tid}: snapshot {p['snapshot_id']} was stopped; a stopped snapshot starts over: use action=start"
+                )
+        work = []
+        for tid, p in stored.items():
+            if p["status"] == DONE:
+                log.info("table %s: snapshot %s is done; nothing to resume", tid, p["snapshot_id"])
+                continue
+            table = TableName.parse(tid)
+            sidecars = read_sidecars(self.data_dir, source, table, p["snapshot_id"])
+            todo = []
+            for i in range(len(p["ranges"])):
+                st = range_state(sidecars, i, p.get("upper_bound"))
+                if not st.exhausted or st.unmerged:
+                    todo.append(i)
+            # throttle settings may change between runs
+            for name in ("chunk_size", "delay_seconds"):
+                if getattr(req, name) is not None:
+                    p[name] = getattr(req, name)
+            p.update(status=RUNNING if todo else DONE, updated_at=_now())
+            if not todo:
+                p["finished_at"] = _now()
+            progress_store.save(source, tid, p)
+            log.info("table %s: resuming snapshot %s, %d of %d range(s) left", tid, p["snapshot_id"], len(todo), len(p["ranges"]))
+            work += self._work_items(p, todo)
+        return work
+
+    @staticmethod
+    def _work_items(p: dict, indexes: Any) -> list[dict]:
+        return [
+            {
+                "table": p["table"],
+                "snapshot_id": p["snapshot_id"],
+                "range_index": i,
+                "ranges_total": len(p["ranges"]),
+                "range": p["ranges"][i],
+                "upper_bound": p.get("upper_bound"),
+                "where": p.get("where"),
+                "chunk_size": p["chunk_size"],
+                "delay_seconds": p.get("delay_seconds") or 0.0,
+            }
+            for i in indexes
+        ]
+
+
+# ----------------------------------------------------------------------- chunk
+def _fraction(rng: ChunkRange, key: Sequence | None, upper: Sequence | None) -> float | None:
+    """Share of a numeric key range already read (for progress logs only)."""
+    if key is None:
+        return None
+    lo = rng.start[0] if rng.start else 0
+    hi = rng.end[0] if rng.end else (upper[0] if upper else None)
+    k = key[0]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lo, hi, k)) or hi <= lo:
+        return None
+    return min(max((k - lo) / (hi - lo), 0.0), 1.0)
+
+
+class SnapshotChunkOperator(_SourceOperator):
+    """Read one planned range chunk by chunk, each chunk between a fresh pair of watermarks.
+
+    Continues after the last committed chunk of the range (retry, resume); stops early
+    when the snapshot is paused or stopped (Variable) or the DAG is paused. Returns the
+    ChunkResult dicts of the range that are not merged yet (this run's and earlier ones').
+    """
+
+    template_fields: Sequence[str] = ("work", "data_dir", "cdc_conn_id", "source")
+    ui_color = "#d4f0d4"
+
+    def __init__(self, *, work: dict, check_dag_paused: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.work = work
+        self.check_dag_paused = check_dag_paused
+
+    def _should_stop(self, context: Any, table_id: str, snapshot_id: str) -> str | None:
+        p = progress_store.load(self.hook.source, table_id)
+        if p is None or p.get("snapshot_id") != snapshot_id:
+            return f"snapshot {snapshot_id} of {table_id} is no longer the current one"
+        if p.get("status") != RUNNING:
+            return f"snapshot {snapshot_id} of {table_id} is {p.get('status')}"
+        if self.check_dag_paused and _dag_is_paused(context):
+            return "the DAG is paused"
+        return None
+
+    def execute(self, context: Any) -> list[dict]:
+        from ..snapshot import snapshot_chunk
+
+        w = self.work
+        source = self.hook.source
+        table = TableName.parse(w["table"])
+        snapshot_id, ri = w["snapshot_id"], int(w["range_index"])
+        rng = ChunkRange.from_json(json.dumps(w["range"]))
+        upper = w.get("upper_bound")
+        chunk_size, delay = int(w["chunk_size"]), float(w.get("delay_seconds") or 0)
+        st = range_state(read_sidecars(self.data_dir, source, table, snapshot_id), ri, upper)
+        results = list(st.unmerged)
+        if st.exhausted:
+            log.info("%s range %d/%d already read (%d rows in %d chunks)", table, ri + 1, w["ranges_total"], st.rows, st.chunks)
+            return results
+        schema = TableSchema.from_json(Path(schema_path(self.data_dir, source, table)).read_text())
+        seq, after_key = st.next_seq, st.after_key
+        rows_total, n, t0 = st.rows, st.chunks, time.monotonic()
+        rows_run = 0
+        if st.chunks:
+            log.info("%s range %d: continuing after %d committed chunk(s), after key %s", table, ri, st.chunks, after_key)
+        with self.hook.get_dialect() as dialect:
+            while True:
+                reason = self._should_stop(context, table.id, snapshot_id)
+                if reason:
+                    log.info("stopping before chunk %d of %s range %d: %s", n + 1, table, ri, reason)
+                    break
+                res = snapshot_chunk(
+                    dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id, seq=seq,
+                    chunk_size=chunk_size, after_key=after_key, where=w.get("where"),
+                )
+                done = res.exhausted or key_reached(res.last_key, upper)
+                write_sidecar(res, ri)  # the chunk is committed
+                results.append(res.to_dict())
+                n += 1
+                seq += 1
+                rows_total += res.rows
+                rows_run += res.rows
+                if res.last_key is not None:
+                    after_key = res.last_key
+                elapsed = time.monotonic() - t0
+                frac = 1.0 if done else _fraction(rng, after_key, upper)
+                est = f"~{max(n, math.ceil(n / frac))}" if frac else "?"
+                log.info(
+                    "%s range %d/%d: chunk %d of %s (%s), %d rows, %d rows total, %.0f rows/s",
+                    table, ri + 1, w["ranges_total"], n, est, f"{frac:.0%}" if frac is not None else "?%",
+                    res.rows, rows_total, rows_run / elapsed if elapsed > 0 else 0.0,
+                )
+                if done:
+                    break
+                if delay:
+                    time.sleep(delay)
+        return results
+
+
+# ---------------------------------------------------------------------- commit
+class SnapshotCommitOperator(_SourceOperator):
+    """After the merge wrote the round: mark its chunks merged and update progress;
+    a snapshot whose ranges are all read and merged is done."""
+
+    template_fields: Sequence[str] = ("chunks", "data_dir", "cdc_conn_id", "source")
+    ui_color = "#ffd9b3"
+
+    def __init__(self, *, chunks: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.chunks = chunks
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from ..sensors.high_watermark import flatten_chunk_results
+
+        source = self.hook.source
+        chunks = flatten_chunk_results(self.chunks)
+        touched: dict[tuple[str, str], int] = {}
+        for c in chunks:
+            sc = sidecar_path(c["path"])
+            if not sc.exists():
+                raise StateError(f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?")
+            data = json.loads(sc.read_text())
+            if not data["merged"]:
+                write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
+            touched[(c["table"], c["snapshot_id"])] = touched.get((c["table"], c["snapshot_id"]), 0) + 1
+        summary = {}
+        for (tid, sid), count in touched.items():
+            table = TableName.parse(tid)
+            p = progress_store.load(source, tid)
+            sidecars = read_sidecars(self.data_dir, source, table, sid)
+            if p is None or p.get("snapshot_id") != sid:
+                log.info("table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid)
+                continue
+            states = [range_state(sidecars, i, p.get("upper_bound")) for i in range(len(p["ranges"]))]
+            p["completed_ranges"] = [i for i, s in enumerate(states) if s.exhausted and not s.unmerged]
+            p["rows"] = sum(s["result"]["rows"] for s in sidecars if s["merged"])
+            p["chunks"] = sum(1 for s in sidecars if s["merged"])
+            p["updated_at"] = _now()
+            if len(p["completed_ranges"]) == len(p["ranges"]) and p["status"] == RUNNING:
+                p["status"], p["finished_at"] = DONE, _now()
+            progress_store.save(source, tid, p)
+            log.info(
+                "table %s: snapshot %s %s, %d/%d ranges complete, %d rows in %d chunks merged",
+                tid, sid, p["status"], len(p["completed_ranges"]), len(p["ranges"]), p["rows"], p["chunks"],
+            )
+            summary[tid] = {"status": p["status"], "rows": p["rows"], "chunks": p["chunks"]}
+        return summary
