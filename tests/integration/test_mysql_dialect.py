@@ -1,0 +1,611 @@
+"""MySQL/MariaDB dialect against the private MariaDB 10.11 (scripts/services.sh).
+
+Prerequisite checks are tested on values (``prerequisite_problems``) rather than by
+flipping globals: other engineers use this server at the same time. Everything else runs
+on real tables with unique names; capture is restricted to the test's tables with the
+``tables`` option so concurrent tests' writes do not show up here.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from contextlib import closing
+from pathlib import Path
+
+import pymysql
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError, SourceError, StateError
+from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
+from airflow_provider_cdc.core.ranges import ChunkRange
+from airflow_provider_cdc.core.schema import TableName, decode_key
+from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects.mysql import (
+    MARIADB,
+    MYSQL_80,
+    MYSQL_84,
+    OFFSET_FILE,
+    BinlogOffset,
+    MySqlDialect,
+    default_server_id,
+    flavour_for,
+    prerequisite_problems,
+)
+from airflow_provider_cdc.staging_io import read_log_events
+
+DB = "cdc_test"
+GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}
+
+
+def _admin(mysql_uri, **kw):
+    p = ConnectionParams.from_uri(mysql_uri)
+    return pymysql.connect(
+        host=p.host,
+        port=p.port or 3306,
+        user=p.user or "root",
+        password=p.password or "",
+        charset="utf8mb4",
+        autocommit=True,
+        **kw,
+    )
+
+
+@pytest.fixture
+def admin(mysql_uri):
+    with closing(_admin(mysql_uri)) as conn:
+        yield conn.cursor()
+
+
+@pytest.fixture
+def make_dialect(mysql_uri, unique_name):
+    made = []
+
+    def make(*tables: str, **options) -> MySqlDialect:
+        d = get_dialect(
+            ConnectionParams.from_uri(mysql_uri),
+            source=f"mysql_{unique_name}",
+            watermark_schema="cdc",
+            watermark_table=f"wm_{unique_name}",
+            tables=[TableName(DB, t) for t in tables],
+            **options,
+        )
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        try:
+            d._query(f"DROP TABLE IF EXISTS {d.quote_table(d.watermark_table)}")
+        finally:
+            d.close()
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+def test_prerequisites_pass_on_good_settings_and_all_privileges():
+    assert prerequisite_problems(GOOD, ["GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost`"], MARIADB) == []
+    assert (
+        prerequisite_problems(GOOD, ["GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO `cdc`@`%`"], MARIADB)
+        == []
+    )
+    assert (
+        prerequisite_problems(
+            GOOD, ["GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO `cdc`@`%`"], MYSQL_80
+        )
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    "var, bad",
+    [
+        ("log_bin", "OFF"),
+        ("binlog_format", "MIXED"),
+        ("binlog_row_image", "MINIMAL"),
+        ("binlog_row_metadata", "NO_LOG"),
+    ],
+)
+def test_each_bad_setting_is_named_with_its_fix(var, bad):
+    problems = prerequisite_problems({**GOOD, var: bad}, ["GRANT ALL PRIVILEGES ON *.* TO x"], MARIADB)
+    assert len(problems) == 1
+    assert var in problems[0] and repr(bad) in problems[0]
+    assert ("--log-bin" if var == "log_bin" else "SET GLOBAL") in problems[0]
+
+
+def test_every_problem_is_listed_at_once_including_privileges():
+    settings = {
+        "log_bin": "OFF",
+        "binlog_format": "STATEMENT",
+        "binlog_row_image": "FULL",
+        "binlog_row_metadata": None,
+    }
+    problems = prerequisite_problems(settings, ["GRANT SELECT ON *.* TO `cdc`@`%`"], MYSQL_80)
+    assert len(problems) == 4
+    assert "not a variable of this server" in problems[2]
+    assert "REPLICATION SLAVE" in problems[3] and "REPLICATION CLIENT" in problems[3]
+    assert "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.*" in problems[3]
+
+
+def test_privileges_on_one_database_do_not_count():
+    problems = prerequisite_problems(GOOD, ["GRANT ALL PRIVILEGES ON `shop`.* TO `cdc`@`%`"], MARIADB)
+    assert len(problems) == 1 and "BINLOG MONITOR" in problems[0]
+    problems = prerequisite_problems(GOOD, ["GRANT REPLICATION SLAVE ON *.* TO `cdc`@`%`"], MARIADB)
+    assert len(problems) == 1 and "REPLICATION SLAVE" not in problems[0].split(":")[0]
+
+
+def test_flavour_from_version():
+    assert flavour_for("10.11.19-MariaDB-0+deb12u1-log") is MARIADB
+    assert flavour_for("8.0.36") is MYSQL_80
+    assert flavour_for("8.4.3") is MYSQL_84
+    assert MYSQL_84.status_sql == "SHOW BINARY LOG STATUS" and MYSQL_80.status_sql == "SHOW MASTER STATUS"
+    assert MARIADB.gtid_sql != MYSQL_80.gtid_sql
+
+
+def test_server_id_default_is_stable_and_option_wins(mysql_uri):
+    p = ConnectionParams.from_uri(mysql_uri)
+    assert MySqlDialect(p, source="a").server_id == default_server_id("a") != default_server_id("b")
+    assert MySqlDialect(p, source="a", server_id=4242).server_id == 4242
+    with pytest.raises(ConfigurationError, match="server_id"):
+        MySqlDialect(p, source="a", server_id=0)
+
+
+def test_quote_ident_doubles_backticks(mysql_uri):
+    d = MySqlDialect(ConnectionParams.from_uri(mysql_uri))
+    assert d.quote_ident("a`b") == "`a``b`"
+    assert d.quote_table(TableName("s`", "t t")) == "`s```.`t t`"
+    with pytest.raises(ConfigurationError):
+        d.quote_ident("")
+
+
+def test_composite_keyset_uses_expanded_or_form(mysql_uri):
+    from airflow_provider_cdc.core.schema import Column, TableSchema
+
+    d = MySqlDialect(ConnectionParams.from_uri(mysql_uri))
+    schema = TableSchema(
+        TableName("s", "t"), (Column("a", "int32"), Column("b", "string"), Column("f", "float32")), ("a", "b")
+    )
+    sql, params = d.chunk_query(schema, ChunkRange(None, (9, "z")), after_key=(1, "x"), limit=5)
+    assert sql == (
+        "SELECT `a`, `b`, `f` + 0e0 AS `f` FROM `s`.`t` WHERE ((`a` > %s) OR (`a` = %s AND `b` > %s))"
+        " AND ((`a` < %s) OR (`a` = %s AND `b` < %s)) ORDER BY `a`, `b` LIMIT %s"
+    )
+    assert params == [1, 1, "x", 9, 9, "z", 5]
+
+
+# --------------------------------------------------------------------------- real server
+
+
+def test_check_prerequisites_passes_here(make_dialect):
+    make_dialect().check_prerequisites()
+
+
+def test_check_prerequisites_names_missing_privileges_of_a_real_user(mysql_uri, admin, unique_name):
+    user = f"cdc_np_{unique_name}"
+    admin.execute("CREATE USER %s@'%%' IDENTIFIED BY 'pw'", (user,))
+    try:
+        admin.execute(f"GRANT SELECT ON `{DB}`.* TO %s@'%%'", (user,))
+        p = ConnectionParams.from_uri(mysql_uri)
+        d = MySqlDialect(ConnectionParams("mysql", p.host, p.port, user, "pw", DB))
+        with closing(d), pytest.raises(SourceError) as err:
+            d.check_prerequisites()
+        assert "REPLICATION SLAVE" in str(err.value) and "BINLOG MONITOR" in str(err.value)
+    finally:
+        admin.execute("DROP USER %s@'%%'", (user,))
+
+
+def test_describe_table_types_and_bad_inputs(make_dialect, admin, unique_name):
+    t = f"types_{unique_name}"
+    d = make_dialect(t)
+    admin.execute(
+        f"CREATE TABLE `{DB}`.`{t}` (a INT UNSIGNED, b VARCHAR(10), u BIGINT UNSIGNED, i BIGINT, m DECIMAL(12,3),"
+        f" f FLOAT, bt BIT(5), ts TIMESTAMP(6) NULL, dtm DATETIME(6), j JSON, e ENUM('x'), bl BLOB, y YEAR,"
+        f" PRIMARY KEY (b, a))"
+    )
+    try:
+        s = d.describe_table(TableName(DB, t))
+        assert s.primary_key == ("b", "a")
+        types = {c.name: c.type for c in s.columns}
+        assert types == {
+            "a": "int64",
+            "b": "string",
+            "u": "uint64",
+            "i": "int64",
+            "m": "decimal(12,3)",
+            "f": "float32",
+            "bt": "int64",
+            "ts": "timestamptz",
+            "dtm": "timestamp",
+            "j": "json",
+            "e": "string",
+            "bl": "binary",
+            "y": "int16",
+        }
+        with pytest.raises(SourceError, match="does not exist in database"):
+            d.describe_table(TableName(DB, f"missing_{unique_name}"))
+        with pytest.raises(SourceError, match="database 'nodb_"):
+            d.describe_table(TableName(f"nodb_{unique_name}", "t"))
+        admin.execute(f"CREATE TABLE `{DB}`.`{t}_nopk` (a INT)")
+        with pytest.raises(SourceError, match="no primary key"):
+            d.describe_table(TableName(DB, f"{t}_nopk"))
+        admin.execute(f"CREATE TABLE `{DB}`.`{t}_geo` (id INT PRIMARY KEY, g POINT, w LINESTRING)")
+        with pytest.raises(SourceError, match=r"'g' \(point\), 'w' \(linestring\)"):
+            d.describe_table(TableName(DB, f"{t}_geo"))
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`, `{DB}`.`{t}_nopk`, `{DB}`.`{t}_geo`")
+
+
+PARITY_DDL = """(
+  id BIGINT UNSIGNED NOT NULL, k2 VARCHAR(20) NOT NULL,
+  ti TINYINT, tu TINYINT UNSIGNED, si SMALLINT, su SMALLINT UNSIGNED, mi MEDIUMINT, mu MEDIUMINT UNSIGNED,
+  i INT, iu INT UNSIGNED, bi BIGINT, bu BIGINT UNSIGNED,
+  d DECIMAL(20,4), d0 DECIMAL(10,0), dz DECIMAL(30,10), f FLOAT, db DOUBLE, b1 BIT(1), b BIT(10), b64 BIT(64),
+  c CHAR(5), vc VARCHAR(40), tx TEXT, bn BINARY(6), vb VARBINARY(10), bl BLOB,
+  dt DATE, tm TIME(6), t0 TIME, dtm DATETIME(6), ts TIMESTAMP(6) NULL, y YEAR,
+  e ENUM('x','y','z'), s SET('a','b','c'), j JSON, n INT NULL,
+  PRIMARY KEY (id, k2))"""
+PARITY_COLS = (
+    "id, k2, ti, tu, si, su, mi, mu, i, iu, bi, bu, d, d0, dz, f, db, b1, b, b64, c, vc, tx, bn, vb, bl, dt, tm, t0,"
+    " dtm, ts, y, e, s, j, n"
+)
+PARITY_ROWS = [
+    (
+        1,
+        "min",
+        -128,
+        0,
+        -32768,
+        0,
+        -8388608,
+        0,
+        -2147483648,
+        0,
+        -9223372036854775808,
+        0,
+        "-9999999999999999.9999",
+        "-9999999999",
+        "-0.0000000001",
+        -3.4e38,
+        -1.7976931348623157e308,
+        0,
+        0,
+        0,
+        "",
+        "",
+        "",
+        b"",
+        b"",
+        b"",
+        "1000-01-01",
+        "-838:59:59.000000",
+        "-838:59:59",
+        "1000-01-01 00:00:00.000000",
+        "1970-01-01 00:00:01",
+        1901,
+        "x",
+        "",
+        "{}",
+        None,
+    ),
+    (
+        2,
+        "max 😀",
+        127,
+        255,
+        32767,
+        65535,
+        8388607,
+        16777215,
+        2147483647,
+        4294967295,
+        9223372036854775807,
+        18446744073709551615,
+        "9999999999999999.9999",
+        "9999999999",
+        "12.3400000000",
+        1.2345678,
+        0.1 + 0.2,
+        1,
+        1023,
+        18446744073709551615,
+        "ab  ",
+        "héllo 😀 ''\"\\",
+        "long 😀 text\n",
+        b"\x01\x02",
+        b"\x00\xff",
+        bytes(range(256)),
+        "9999-12-31",
+        "838:59:59.999999",
+        "838:59:59",
+        "9999-12-31 23:59:59.999999",
+        "2038-01-19 03:14:07.999999",
+        2155,
+        "z",
+        "a,c",
+        '{"k": [1, 2.50, "é"], "n": null}',
+        7,
+    ),
+    (
+        3,
+        "frac",
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+        0,
+        1,
+        "0.0000",
+        "0",
+        "0E-10",
+        16777217.0,
+        1e-300,
+        0,
+        5,
+        1,
+        "x",
+        "x",
+        "x",
+        b"\x00" * 6,
+        b"\x00",
+        b"\x00",
+        "2024-02-29",
+        "-00:00:01.250000",
+        "-12:34:56",
+        "2024-01-02 03:04:05.123456",
+        "2024-06-01 12:00:00.5",
+        0,
+        "y",
+        "a,b,c",
+        "[1, 2]",
+        0,
+    ),
+    (4, "nulls", *([None] * 34)),
+]
+
+
+def _insert_parity_rows(admin, t, rows):
+    ph = ", ".join(["%s"] * len(PARITY_ROWS[0]))
+    for r in rows:
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` ({PARITY_COLS}) VALUES ({ph})", r)
+
+
+def test_type_parity_chunk_select_vs_binlog(make_dialect, admin, unique_name, tmp_path):
+    """Every type: the chunk SELECT and the binlog give the same canonical row."""
+    t = f"parity_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` {PARITY_DDL}")
+    try:
+        d = make_dialect(t)
+        d.ensure_watermark_table()
+        schema = d.describe_table(TableName(DB, t))
+        data = str(tmp_path)
+        d.load_offset(data)
+        _insert_parity_rows(admin, t, PARITY_ROWS)
+        res = d.capture(data)
+        assert res.events == len(PARITY_ROWS)
+        logged = {e.key: e.after for e in read_log_events(str(Path(res.segment).parent))}
+
+        chunk = tmp_path / "chunk.parquet"
+        out = d.read_chunk(schema, ChunkRange(), after_key=None, limit=100, path=str(chunk))
+        import pyarrow.parquet as pq
+
+        selected = {r["key"]: json.loads(r["after"]) for r in pq.read_table(chunk).to_pylist()}
+        assert out.rows == len(PARITY_ROWS)
+        assert selected.keys() == logged.keys()
+        for key in selected:
+            assert selected[key] == logged[key], key
+
+        by_id = {decode_key(k)[0]: v for k, v in selected.items()}
+        hi, lo, frac, nul = by_id[2], by_id[1], by_id[3], by_id[4]
+        assert hi["bu"] == 18446744073709551615 and hi["b64"] == 18446744073709551615 and hi["b"] == 1023
+        assert (
+            hi["d"] == "9999999999999999.9999"
+            and lo["dz"] == "-0.0000000001"
+            and frac["dz"] == "0.0000000000"
+        )
+        assert hi["f"] == 1.2345678 and frac["f"] == 16777216.0 and hi["db"] == 0.30000000000000004
+        assert hi["vc"] == "héllo 😀 ''\"\\" and hi["c"] == "ab" and hi["k2"] == "max 😀"
+        assert (
+            base64.b64decode(hi["bl"]) == bytes(range(256))
+            and base64.b64decode(hi["bn"]) == b"\x01\x02" + b"\0" * 4
+        )
+        assert (
+            hi["tm"] == "838:59:59.999999"
+            and lo["tm"] == "-838:59:59.000000"
+            and frac["tm"] == "-00:00:01.250000"
+        )
+        assert frac["t0"] == "-12:34:56.000000"
+        assert hi["dtm"] == "9999-12-31T23:59:59.999999" and hi["ts"] == "2038-01-19T03:14:07.999999Z"
+        assert hi["y"] == 2155 and frac["y"] == 0 and hi["s"] == "a,c" and lo["s"] == "" and hi["e"] == "z"
+        assert json.loads(hi["j"]) == {"k": [1, 2.5, "é"], "n": None}
+        assert all(v is None for k, v in nul.items() if k not in ("id", "k2"))
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+def test_timestamp_is_utc_whatever_the_writer_session_zone(make_dialect, mysql_uri, unique_name, tmp_path):
+    t = f"tz_{unique_name}"
+    with closing(_admin(mysql_uri, init_command="SET time_zone = '+05:30'")) as conn:
+        cur = conn.cursor()
+        cur.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, ts TIMESTAMP(3) NULL, dtm DATETIME)")
+        try:
+            d = make_dialect(t)
+            d.ensure_watermark_table()
+            d.load_offset(str(tmp_path))
+            cur.execute(
+                f"INSERT INTO `{DB}`.`{t}` VALUES (1, '2024-03-10 05:30:00.250', '2024-03-10 05:30:00')"
+            )
+            res = d.capture(str(tmp_path))
+            (ev,) = list(read_log_events(str(Path(res.segment).parent)))
+            schema = d.describe_table(TableName(DB, t))
+            (batch,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=None, limit=10)))
+            row = d.row_to_canonical(schema, batch[0])
+            assert (
+                ev.after
+                == row
+                == {"id": 1, "ts": "2024-03-10T00:00:00.250000Z", "dtm": "2024-03-10T05:30:00.000000"}
+            )
+        finally:
+            cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+def test_capture_transactions_positions_watermarks_and_resume(make_dialect, admin, unique_name, tmp_path):
+    t = f"cap_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, v VARCHAR(10))")
+    try:
+        d = make_dialect(t)
+        d.ensure_watermark_table()
+        data = str(tmp_path)
+        first = BinlogOffset.from_json(d.load_offset(data))
+        assert (tmp_path / "staging" / d.source / "changelog" / OFFSET_FILE).exists()
+        admin.execute("BEGIN")
+        admin.executemany(f"INSERT INTO `{DB}`.`{t}` VALUES (%s, %s)", [(i, "a") for i in range(5)])
+        admin.execute("COMMIT")
+        d.write_watermark(f"lw-{unique_name}")
+        admin.execute(f"UPDATE `{DB}`.`{t}` SET v = 'b' WHERE id IN (1, 2)")
+        admin.execute(f"UPDATE `{DB}`.`{t}` SET id = 10 WHERE id = 3")  # key change
+        admin.execute(f"DELETE FROM `{DB}`.`{t}` WHERE id = 4")
+        d.write_watermark(f"hw-{unique_name}")
+        assert d.current_position() > d.current_position().__class__(first.index, first.pos)
+
+        # max_events cuts only at a transaction boundary: the 5-row transaction comes whole
+        batch = d.read_log(d.load_offset(data), max_events=2)
+        assert len(batch.events) == 5 and BinlogOffset.from_json(batch.end_offset) > first
+        res1 = d.capture(data, max_events=2)
+        res2 = d.capture(data)
+        assert res2.start_offset == res1.end_offset
+        assert d.capture(data).events == 0  # caught up: nothing, offset unchanged
+
+        events = list(read_log_events(str(tmp_path / "staging" / d.source / "changelog")))
+        kinds = [
+            ("w", e.id) if isinstance(e, WatermarkEvent) else (e.op, decode_key(e.key)[0]) for e in events
+        ]
+        assert kinds == [
+            *[("c", i) for i in range(5)],
+            ("w", f"lw-{unique_name}"),
+            ("u", 1),
+            ("u", 2),
+            ("d", 3),
+            ("c", 10),
+            ("d", 4),
+            ("w", f"hw-{unique_name}"),
+        ]
+        positions = [e.position for e in events]
+        assert positions == sorted(positions) and len(set(positions)) == len(positions)
+        assert positions[0].major == first.index and positions[0].minor >= first.pos
+        # rows of one rows event share the offset and count up the index
+        assert [p.index for p in positions[:5]] == [0, 1, 2, 3, 4]
+        upd = [e for e in events if isinstance(e, ChangeEvent) and e.op == "u"]
+        assert upd[0].before == {"id": 1, "v": "a"} and upd[0].after == {"id": 1, "v": "b"}
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+def test_capture_follows_a_binlog_rotation(make_dialect, admin, unique_name, tmp_path):
+    t = f"rot_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY)")
+    try:
+        d = make_dialect(t)
+        data = str(tmp_path)
+        start = BinlogOffset.from_json(d.load_offset(data))
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1)")
+        admin.execute("FLUSH BINARY LOGS")
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (2)")
+        res = d.capture(data)
+        events = list(read_log_events(str(Path(res.segment).parent)))
+        assert [decode_key(e.key)[0] for e in events] == [1, 2]
+        assert events[1].position.major > events[0].position.major == start.index
+        assert BinlogOffset.from_json(res.end_offset).index > start.index
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
+    d = make_dialect()
+    data = str(tmp_path)
+    d.commit_offset(BinlogOffset.of("binlog.000000", 4).to_json(), data)
+    with pytest.raises(SourceError, match="(?i)re-snapshot"):
+        d.capture(data)
+    end = d._status()
+    d.commit_offset(BinlogOffset.of(end.file, end.pos + 10**9).to_json(), data)
+    with pytest.raises(StateError, match="past the end"):
+        d.capture(data)
+
+
+def test_hostile_identifiers_round_trip(mysql_uri, admin, unique_name, tmp_path):
+    """Backticks, quotes, spaces, semicolons and comment markers in database, table,
+    column and watermark names: quoted everywhere, values bound."""
+    db = f"cdc h`o'st;--{unique_name}"
+    t = 'ta`b"le; DROP TABLE x; -- /*'
+    q = lambda s: "`" + s.replace("`", "``") + "`"  # noqa: E731
+    admin.execute(f"CREATE DATABASE {q(db)}")
+    try:
+        admin.execute(f"CREATE TABLE {q(db)}.{q(t)} ({q('k`ey')} VARCHAR(20) PRIMARY KEY, {q('v a;l')} INT)")
+        d = get_dialect(
+            ConnectionParams.from_uri(mysql_uri),
+            source=f"mysql_h_{unique_name}",
+            watermark_schema=db,
+            watermark_table="w`m",
+            tables=[TableName(db, t)],
+        )
+        with closing(d):
+            d.ensure_watermark_table()
+            data = str(tmp_path)
+            d.load_offset(data)
+            admin.execute(f"INSERT INTO {q(db)}.{q(t)} VALUES (%s, 1), (%s, 2)", ("a'); --", "b`"))
+            d.write_watermark("hw'`;--")
+            schema = d.describe_table(TableName(db, t))
+            assert schema.primary_key == ("k`ey",)
+            res = d.capture(data)
+            events = list(read_log_events(str(Path(res.segment).parent)))
+            assert [e.id for e in events if isinstance(e, WatermarkEvent)] == ["hw'`;--"]
+            assert sorted(e.after["k`ey"] for e in events if isinstance(e, ChangeEvent)) == ["a'); --", "b`"]
+            out = d.read_chunk(
+                schema, ChunkRange(), after_key=("a'); --",), limit=10, path=str(tmp_path / "c.parquet")
+            )
+            assert out.rows == 1 and out.last_key == ("b`",)
+            assert d.max_key(schema) == ("b`",)
+            assert d.sample_keys(schema, 1) == [("a'); --",)]
+    finally:
+        admin.execute(f"DROP DATABASE IF EXISTS {q(db)}")
+
+
+def test_chunks_are_keyset_pages_with_filter(make_dialect, admin, unique_name, tmp_path):
+    t = f"chunk_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` (a INT, b VARBINARY(4), v INT, PRIMARY KEY (a, b))")
+    try:
+        rows = [(a, bytes([b]), a * 10 + b) for a in range(4) for b in range(3)]
+        admin.executemany(f"INSERT INTO `{DB}`.`{t}` VALUES (%s, %s, %s)", rows)
+        d = make_dialect(t)
+        schema = d.describe_table(TableName(DB, t))
+        seen, after = [], None
+        while True:
+            res = d.read_chunk(
+                schema, ChunkRange(), after_key=after, limit=5, path=str(tmp_path / f"{len(seen)}.pq")
+            )
+            if not res.rows:
+                break
+            import pyarrow.parquet as pq
+
+            seen += [decode_key(r["key"]) for r in pq.read_table(tmp_path / f"{len(seen)}.pq").to_pylist()]
+            after = res.last_key
+        want = [(a, base64.b64encode(b).decode()) for a, b, _ in rows]
+        assert seen == want
+        res = d.read_chunk(
+            schema,
+            ChunkRange((1, want[4][1]), (3, want[9][1])),
+            after_key=None,
+            limit=100,
+            path=str(tmp_path / "r.pq"),
+            where="`v` % 2 = 0",
+        )
+        assert res.rows == len([r for r in rows if (1, 1) <= (r[0], r[1][0]) < (3, 0) and r[2] % 2 == 0])
+        assert d.max_key(schema) == want[-1] and d.max_key(schema, where="`a` < 2") == want[5]
+        sample = d.sample_keys(schema, 3)
+        assert sample == sorted(sample) and 1 <= len(sample) <= 3 and set(sample) <= set(want)
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
