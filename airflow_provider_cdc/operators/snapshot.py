@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -32,136 +32,75 @@ from airflow.sdk import BaseOperator
 from .. import progress_store
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
-from ..core.ranges import ChunkRange
+from ..core.planning import SnapshotRequest
+from ..core.planning import plan_ranges as core_plan_ranges
+from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.staging import schema_path, staging_dir
-from ..dialects.base import Dialect, validate_where
+from ..dialects.base import Dialect
 from ..hooks.cdc_source import CdcSourceHook
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 
 log = logging.getLogger(__name__)
 
 ACTIONS = ("start", "pause", "resume", "stop")
-CONF_KEYS = ("action", "tables", "key_ranges", "where", "chunk_size", "parallelism", "delay_seconds")
-DEFAULT_CHUNK_SIZE = 50_000
-MAX_CHUNK_SIZE = 10_000_000
-MAX_PARALLELISM = 64
 #: chunk seq = range index * SEQ_STRIDE + chunk number inside the range (unique per snapshot)
 SEQ_STRIDE = 1_000_000
 
 
 # --------------------------------------------------------------------------- conf
+#: conf keys of the DAG run: the control action and throttle on top of core's SnapshotRequest
+#: fields (``key_ranges`` is the conf name of the request's ``ranges``)
+CONF_KEYS = ("action", "tables", "key_ranges", "keys", "where", "chunk_size", "parallelism", "delay_seconds")
+
+
 @dataclass(frozen=True)
 class SnapshotConf:
-    """A validated DAG-run conf (Debezium-style signal)."""
+    """A validated DAG-run conf (a Debezium-style signal): the action plus core's request."""
 
     action: str
-    tables: tuple[TableName, ...]
-    key_ranges: dict[str, tuple[ChunkRange, ...]] = field(default_factory=dict)
-    where: str | None = None
-    chunk_size: int | None = None  # None: keep the stored value (resume) or the default
-    parallelism: int | None = None
+    request: SnapshotRequest
+    given: frozenset[str] = frozenset()  # conf keys present (resume keeps stored values for the rest)
     delay_seconds: float | None = None
 
-
-def _key(value: Any, what: str) -> tuple | None:
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise ConfigurationError(f"conf 'key_ranges': {what} is an empty list; give the key values or null")
-        return tuple(value)
-    if isinstance(value, (str, int, float, bool)):
-        return (value,)
-    raise ConfigurationError(f"conf 'key_ranges': {what} must be a key value or a list of key values, got {value!r}")
-
-
-def _ranges(value: Any, where: str) -> tuple[ChunkRange, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigurationError(f"conf 'key_ranges'{where} must be a non-empty list of {{'start': ..., 'end': ...}}")
-    out = []
-    for i, r in enumerate(value):
-        if isinstance(r, dict):
-            unknown = set(r) - {"start", "end"}
-            if unknown:
-                raise ConfigurationError(f"conf 'key_ranges'{where}[{i}]: unknown keys {sorted(unknown)}; use start and end")
-            start, end = r.get("start"), r.get("end")
-        elif isinstance(r, list) and len(r) == 2:
-            start, end = r
-        else:
-            raise ConfigurationError(
-                f"conf 'key_ranges'{where}[{i}] must be {{'start': k, 'end': k}} or [start, end] "
-                f"(start inclusive, end exclusive, null = unbounded), got {r!r}"
-            )
-        out.append(ChunkRange(_key(start, f"range {i} start"), _key(end, f"range {i} end")))
-    return tuple(out)
-
-
-def _int(conf: dict, name: str, lo: int, hi: int) -> int | None:
-    v = conf.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, str)) or not str(v).strip().isdigit():
-        raise ConfigurationError(f"conf {name!r} must be a whole number between {lo} and {hi}, got {v!r}")
-    n = int(v)
-    if not lo <= n <= hi:
-        raise ConfigurationError(f"conf {name!r} must be between {lo} and {hi}, got {n}")
-    return n
+    @property
+    def tables(self) -> tuple[TableName, ...]:
+        return self.request.tables
 
 
 def parse_snapshot_conf(conf: dict | None, default_tables: Sequence[str] | str | None = None) -> SnapshotConf:
     """Validate a DAG-run conf. Raises ConfigurationError naming the bad setting; nothing
     has been written when it raises."""
+    if conf is not None and not isinstance(conf, dict):
+        raise ConfigurationError(f"DAG-run conf must be a JSON object, got {type(conf).__name__}")
     conf = dict(conf or {})
     unknown = sorted(set(conf) - set(CONF_KEYS))
     if unknown:
         raise ConfigurationError(f"unknown conf key(s) {unknown}; known: {', '.join(CONF_KEYS)}")
-    action = conf.get("action", "start")
+    action = conf.pop("action", "start")
     if action not in ACTIONS:
         raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
-    tables_v = conf.get("tables")
-    if tables_v is None:
-        tables_v = default_tables
-    if isinstance(tables_v, str):
-        tables_v = [t.strip() for t in tables_v.split(",") if t.strip()]
-    if not tables_v:
-        raise ConfigurationError(
-            "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
-        )
-    if not isinstance(tables_v, (list, tuple)) or not all(isinstance(t, str) for t in tables_v):
-        raise ConfigurationError(f"conf 'tables' must be a list of 'schema.table' strings, got {tables_v!r}")
-    tables = tuple(dict.fromkeys(TableName.parse(t) for t in tables_v))
-    key_ranges: dict[str, tuple[ChunkRange, ...]] = {}
-    kr = conf.get("key_ranges")
+    delay = conf.pop("delay_seconds", None)
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600):
+        raise ConfigurationError(f"conf 'delay_seconds' must be a number of seconds from 0 to 3600, got {delay!r}")
+    given = frozenset(conf) | ({"delay_seconds"} if delay is not None else frozenset())
+    if conf.get("tables") is None:
+        tables = default_tables
+        if isinstance(tables, str):
+            tables = [t.strip() for t in tables.split(",") if t.strip()]
+        if not tables:
+            raise ConfigurationError(
+                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
+            )
+        conf["tables"] = list(tables)
+    kr = conf.pop("key_ranges", None)
     if kr is not None:
-        if isinstance(kr, dict):
-            ids = {t.id for t in tables}
-            for tid, v in kr.items():
-                if tid not in ids:
-                    raise ConfigurationError(f"conf 'key_ranges' names table {tid!r}, which is not in 'tables' {sorted(ids)}")
-                key_ranges[tid] = _ranges(v, f"[{tid!r}]")
-        else:
-            rs = _ranges(kr, "")
-            key_ranges = {t.id: rs for t in tables}
-    where = conf.get("where")
-    if where is not None:
-        if not isinstance(where, str):
-            raise ConfigurationError(f"conf 'where' must be a SQL condition string, got {where!r}")
-        where = validate_where(where)
-    delay = conf.get("delay_seconds")
-    if delay is not None:
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600:
-            raise ConfigurationError(f"conf 'delay_seconds' must be a number of seconds between 0 and 3600, got {delay!r}")
-        delay = float(delay)
-    return SnapshotConf(
-        action=action,
-        tables=tables,
-        key_ranges=key_ranges,
-        where=where,
-        chunk_size=_int(conf, "chunk_size", 1, MAX_CHUNK_SIZE),
-        parallelism=_int(conf, "parallelism", 1, MAX_PARALLELISM),
-        delay_seconds=delay,
-    )
+        if isinstance(kr, list):  # one list of ranges for every table
+            tids = conf["tables"] if isinstance(conf["tables"], list) else [conf["tables"]]
+            kr = {t: kr for t in tids}
+        conf["ranges"] = kr
+    request = SnapshotRequest.from_dict(conf)
+    return SnapshotConf(action, request, given, None if delay is None else float(delay))
 
 
 # --------------------------------------------------------------------- sidecars
@@ -241,15 +180,16 @@ def range_state(sidecars: list[dict], range_index: int, upper_bound: Sequence | 
 
 
 # ------------------------------------------------------------------- planning
-def plan_ranges(dialect: Dialect, schema: TableSchema, parallelism: int) -> list[ChunkRange]:
-    """Split the key space into ``parallelism`` disjoint ranges at sampled key boundaries
-    (works for skewed, text and composite keys; the chunk SELECT is keyset-paginated
-    inside each range, so uneven ranges only cost balance, never correctness)."""
-    if parallelism <= 1:
-        return [ChunkRange()]
-    bounds = sorted({tuple(k) for k in dialect.sample_keys(schema, parallelism - 1)})
-    edges: list[tuple | None] = [None, *bounds, None]
-    return [ChunkRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
+def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRequest) -> list[ChunkRange]:
+    """The requested key space (chosen ranges/keys, or the whole table), split for
+    ``parallelism`` chunk tasks at keys the database sampled (core.planning), so skewed,
+    text and composite keys split as well as integers."""
+    request.check_schema(schema)
+    requested = request.requested_ranges(schema.table)
+    if request.parallelism <= 1 or requested != (FULL_RANGE,):
+        return list(requested)
+    sample = dialect.sample_keys(schema, request.parallelism * 16)
+    return core_plan_ranges(request.parallelism, sample=sample)
 
 
 def _now() -> str:
@@ -366,14 +306,14 @@ class SnapshotPlanOperator(_SourceOperator):
 
     def _start(self, req: SnapshotConf) -> list[dict]:
         source = self.hook.source
-        parallelism = req.parallelism or 1
+        request = req.request
         plans = []
         with self.hook.get_dialect() as dialect:
             dialect.check_prerequisites()
             for table in req.tables:  # read-only: every table is checked before anything is written
                 schema = dialect.describe_table(table)
-                ranges = list(req.key_ranges.get(table.id) or plan_ranges(dialect, schema, parallelism))
-                upper = dialect.max_key(schema, req.where)
+                ranges = plan_table_ranges(dialect, schema, request)
+                upper = dialect.max_key(schema, request.where_for(table))
                 plans.append((table, schema, ranges, upper))
             dialect.ensure_watermark_table()
         work = []
@@ -387,9 +327,9 @@ class SnapshotPlanOperator(_SourceOperator):
                 "status": RUNNING,
                 "ranges": [json.loads(r.to_json()) for r in ranges],
                 "upper_bound": None if upper is None else list(upper),
-                "where": req.where,
-                "chunk_size": req.chunk_size or DEFAULT_CHUNK_SIZE,
-                "parallelism": parallelism,
+                "where": request.where_for(table),
+                "chunk_size": request.chunk_size,
+                "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
                 "completed_ranges": [],
                 "rows": 0,
@@ -428,9 +368,10 @@ class SnapshotPlanOperator(_SourceOperator):
                 if not st.exhausted or st.unmerged:
                     todo.append(i)
             # throttle settings may change between runs
-            for name in ("chunk_size", "delay_seconds"):
-                if getattr(req, name) is not None:
-                    p[name] = getattr(req, name)
+            if "chunk_size" in req.given:
+                p["chunk_size"] = req.request.chunk_size
+            if req.delay_seconds is not None:
+                p["delay_seconds"] = req.delay_seconds
             p.update(status=RUNNING if todo else DONE, updated_at=_now())
             if not todo:
                 p["finished_at"] = _now()
