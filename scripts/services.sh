@@ -21,6 +21,9 @@ PG_BIN="${CDC_PG_BIN:-}"
 # to play a machine without the packages.
 SYS="${CDC_SYSTEM_ROOT:-}"
 PG_DIR="$LOCAL/pg"
+# When the project sits where the postgres user cannot enter (a clone under /root), the
+# PostgreSQL files live in /var/tmp and $LOCAL/pg is a symlink to them (see start_pg).
+if [[ -L "$PG_DIR" ]]; then PG_DIR="$(readlink -f "$PG_DIR")"; fi
 MY_DIR="$LOCAL/mariadb"
 
 die() { echo "services.sh: ERROR: $*" >&2; exit 1; }
@@ -91,6 +94,13 @@ start_pg() {
   fi
   if port_busy "$PG_PORT"; then
     die "port $PG_PORT is in use by another process; free it or set CDC_PG_PORT to a free port"
+  fi
+  mkdir -p "$LOCAL"
+  if [[ $(id -u) -eq 0 && ! -e "$PG_DIR" ]] && ! runuser -u postgres -- test -x "$LOCAL" 2>/dev/null; then
+    PG_DIR="$(mktemp -d /var/tmp/cdc-local-pg.XXXXXX)"
+    chmod 755 "$PG_DIR"
+    ln -s "$PG_DIR" "$LOCAL/pg"
+    say "the postgres user cannot enter $LOCAL; PostgreSQL files go to $PG_DIR (linked as $LOCAL/pg)"
   fi
   mkdir -p "$PG_DIR"
   if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$PG_DIR"; fi

@@ -6,7 +6,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 PY="${PYTHON:-python3}"
 VENV="$ROOT/.venv"
-STAMP="$VENV/.installed-$(cat setup.cfg pyproject.toml | sha1sum | cut -c1-12)"
+# Reinstall only when the dependencies or the build system change (not for lint settings).
+STAMP="$VENV/.installed-$({ cat setup.cfg; sed -n '/^\[build-system\]/,/^$/p' pyproject.toml; } | sha1sum | cut -c1-12)"
 
 say() { echo "setup.sh: $*" >&2; }
 
@@ -14,8 +15,9 @@ if ! command -v "$PY" >/dev/null; then
   if [[ $(id -u) -eq 0 ]]; then apt-get update -qq && apt-get install -y -qq python3 python3-venv python3-dev >/dev/null
   else echo "setup.sh: ERROR: python3 not found; install python3 and python3-venv" >&2; exit 1; fi
 fi
-if [[ ! -x "$VENV/bin/python" ]]; then
+if [[ ! -x "$VENV/bin/pip" ]]; then  # (a venv made without ensurepip has python but no pip)
   say "creating virtualenv $VENV"
+  rm -rf "$VENV"
   if ! "$PY" -m venv "$VENV" 2>/dev/null; then
     if [[ $(id -u) -eq 0 ]]; then
       apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
@@ -27,8 +29,10 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 if [[ ! -f "$STAMP" ]]; then
   say "installing the package and its dependencies into $VENV (first run: ~2 min)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev]" 2>&1 | grep -v -E "^WARNING: Location|^$" || true
+  LOG="$VENV/pip-install.log"
+  { "$VENV/bin/pip" install -q --disable-pip-version-check --upgrade pip \
+      && "$VENV/bin/pip" install -q --disable-pip-version-check -e ".[dev]"; } >"$LOG" 2>&1 \
+    || { tail -40 "$LOG" >&2; echo "setup.sh: ERROR: pip install failed (log: $LOG)" >&2; exit 1; }
   "$VENV/bin/python" -c "import airflow_provider_cdc, airflow, pyspark, psycopg2, pymysql, pymysqlreplication, deltalake" \
     || { echo "setup.sh: ERROR: dependencies did not install; see pip output above" >&2; exit 1; }
   rm -f "$VENV"/.installed-*; touch "$STAMP"
@@ -38,9 +42,12 @@ fi
 
 # shellcheck source=scripts/env.sh
 source "$ROOT/scripts/env.sh"
-if [[ ! -f "$AIRFLOW_HOME/airflow.db" ]]; then
+# Migrate once per installed dependency set (an upgraded Airflow needs its new schema).
+MIGRATED="$AIRFLOW_HOME/.migrated-${STAMP##*-}"
+if [[ ! -f "$AIRFLOW_HOME/airflow.db" || ! -f "$MIGRATED" ]]; then
   say "airflow db migrate ($AIRFLOW_HOME)"
   mkdir -p "$AIRFLOW_HOME"
   "$VENV/bin/airflow" db migrate >"$AIRFLOW_HOME/migrate.log" 2>&1 \
     || { tail -30 "$AIRFLOW_HOME/migrate.log" >&2; echo "setup.sh: ERROR: airflow db migrate failed" >&2; exit 1; }
+  rm -f "$AIRFLOW_HOME"/.migrated-*; touch "$MIGRATED"
 fi

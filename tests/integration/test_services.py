@@ -121,10 +121,18 @@ def test_non_root_without_packages_is_told_what_to_install(local_dir):
     assert "CDC_TEST_PG_URI" in msg  # the other way out: your own servers
 
 
-def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysql_uri):
+@pytest.mark.parametrize("private", [False, True], ids=["open-dir", "dir-postgres-cannot-enter"])
+def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysql_uri, private):
+    """`private`: the project sits where the postgres user cannot enter (a clone under
+    /root); PostgreSQL's files then go to /var/tmp behind a symlink."""
     import psycopg2
     import pymysql
 
+    if private and os.geteuid() != 0:
+        pytest.skip("only root runs PostgreSQL as another user")
+    if private:
+        (local_dir / "private").mkdir(mode=0o700)
+        local_dir = local_dir / "private" / "cdc-local"
     env = _env(local_dir)
     pg_port, my_port = env["CDC_PG_PORT"], env["CDC_MYSQL_PORT"]
     try:
@@ -157,9 +165,15 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"mariadb: running on 127.0.0.1:{my_port}" in status.stdout
     finally:
         stop = _run(["stop"], env)
+        pg_link = local_dir / "pg"
+        pg_target = pg_link.resolve() if pg_link.is_symlink() else None
+        if pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."):
+            shutil.rmtree(pg_target, ignore_errors=True)
     assert stop.returncode == 0, stop.stderr
     assert "PostgreSQL stopped" in stop.stderr and "MariaDB stopped" in stop.stderr
     assert _run(["status"], env).stdout == "postgresql: stopped\nmariadb: stopped\n"
+    if private:
+        assert pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."), pg_target
     # The suite's own instances are still up.
     psycopg2.connect(pg_uri, connect_timeout=5).close()
     p = urlsplit(mysql_uri)
