@@ -650,7 +650,10 @@ class MySqlDialect(Dialect):
         conn = self._connect(cursorclass=pymysql.cursors.SSCursor)
         try:
             with conn.cursor() as cur:
-                cur.execute(sql, list(params))
+                try:
+                    cur.execute(sql, list(params))
+                except pymysql.err.MySQLError as exc:
+                    raise SourceError(f"the source rejected the chunk query ({exc.args[-1]}): {sql}") from exc
                 while True:
                     rows = cur.fetchmany(batch_size)
                     if not rows:
@@ -701,7 +704,11 @@ class MySqlDialect(Dialect):
         pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
         desc = ", ".join(f"{self.quote_ident(k)} DESC" for k in schema.primary_key)
         cond = f" WHERE ({validate_where(where)})" if where else ""
-        rows = self._query(f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1")  # noqa: S608
+        sql = f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
+        try:
+            rows = self._query(sql)
+        except pymysql.err.MySQLError as exc:
+            raise SourceError(f"table {schema.table}: the source rejected {sql!r} ({exc.args[-1]})") from exc
         return self._key_tuple(schema, rows[0]) if rows else None
 
     def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:

@@ -609,3 +609,78 @@ def test_chunks_are_keyset_pages_with_filter(make_dialect, admin, unique_name, t
         assert sample == sorted(sample) and 1 <= len(sample) <= 3 and set(sample) <= set(want)
     finally:
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+# --------------------------------------------------------------------------- shared suite
+
+from tests.integration.dialect_suite import DialectSuite, ParityCase  # noqa: E402
+
+
+class TestMySqlDialect(DialectSuite):
+    """The shared dialect suite on MariaDB 10.11."""
+
+    table_schema = DB
+    sql_types = {"int": "INT", "text": "VARCHAR(255)"}
+
+    @pytest.fixture
+    def source_uri(self, mysql_uri):
+        return mysql_uri
+
+    def make_dialect(self, uri, *, source, tables, watermark_table):
+        return get_dialect(
+            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table
+        )
+
+    def connect(self, uri, *, autocommit):
+        return _admin_conn(uri, autocommit=autocommit)
+
+    def type_parity_cases(self):
+        b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+        return [
+            ParityCase("ti", "TINYINT", "-128", -128),
+            ParityCase("tu", "TINYINT UNSIGNED", "255", 255),
+            ParityCase("si", "SMALLINT", "-32768", -32768),
+            ParityCase("su", "SMALLINT UNSIGNED", "65535", 65535),
+            ParityCase("mi", "MEDIUMINT", "-8388608", -8388608),
+            ParityCase("mu", "MEDIUMINT UNSIGNED", "16777215", 16777215),
+            ParityCase("i", "INT", "-2147483648", -2147483648),
+            ParityCase("iu", "INT UNSIGNED", "4294967295", 4294967295),
+            ParityCase("bi", "BIGINT", "-9223372036854775808", -9223372036854775808),
+            ParityCase("bu", "BIGINT UNSIGNED", "18446744073709551615", 18446744073709551615),
+            ParityCase("dec", "DECIMAL(20,4)", "-12.34", "-12.3400"),
+            ParityCase("dec0", "DECIMAL(38,0)", "99999999999999999999999999999999999999", "9" * 38),
+            ParityCase("fl", "FLOAT", "1.2345678", 1.2345678),
+            ParityCase("dbl", "DOUBLE", "0.1e0 + 0.2e0", 0.30000000000000004),
+            ParityCase("bit", "BIT(10)", "b'1000000101'", 517),
+            ParityCase("ch", "CHAR(5)", "'ab  '", "ab"),
+            ParityCase("vc", "VARCHAR(40)", "'héllo 😀 ''q'''", "héllo 😀 'q'"),
+            ParityCase("tx", "TEXT", "'multi\\nline 😀'", "multi\nline 😀"),
+            ParityCase("bn", "BINARY(4)", "x'0102'", b64(b"\x01\x02\x00\x00")),
+            ParityCase("vb", "VARBINARY(8)", "x'00ff00'", b64(b"\x00\xff\x00")),
+            ParityCase("bl", "BLOB", "x'deadbeef00'", b64(b"\xde\xad\xbe\xef\x00")),
+            ParityCase("dt", "DATE", "'2024-02-29'", "2024-02-29"),
+            ParityCase("tm", "TIME(6)", "'-838:59:59.5'", "-838:59:59.500000"),
+            ParityCase("tm2", "TIME(3)", "'100:00:00.125'", "100:00:00.125000"),
+            ParityCase("dtm", "DATETIME(6)", "'2024-01-02 03:04:05.123456'", "2024-01-02T03:04:05.123456"),
+            ParityCase(
+                "ts", "TIMESTAMP(6) NULL", "'2038-01-19 03:14:07.999999'", "2038-01-19T03:14:07.999999Z"
+            ),
+            ParityCase("yr", "YEAR", "2155", 2155),
+            ParityCase("en", "ENUM('x','y','z')", "'y'", "y"),
+            ParityCase("st", "SET('a','b','c')", "'c,a'", "a,c"),
+            ParityCase("st0", "SET('a','b')", "''", ""),
+            ParityCase("js", "JSON", '\'{"k": [1, 2.50, "é"]}\'', '{"k": [1, 2.50, "é"]}'),
+        ]
+
+
+def _admin_conn(uri, *, autocommit):
+    p = ConnectionParams.from_uri(uri)
+    return pymysql.connect(
+        host=p.host,
+        port=p.port or 3306,
+        user=p.user or "root",
+        password=p.password or "",
+        charset="utf8mb4",
+        autocommit=autocommit,
+        init_command="SET time_zone = '+00:00'",
+    )
