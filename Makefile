@@ -32,4 +32,5 @@ services-stop:
 	@scripts/services.sh stop
 
 clean: services-stop
+	@if [ -L .cdc-local/pg ]; then rm -rf "$$(readlink -f .cdc-local/pg)"; fi
 	rm -rf .cdc-local
