@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except CdcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a missing connection or unreachable source: say so, exit 2
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":
