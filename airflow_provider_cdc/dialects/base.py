@@ -173,7 +173,9 @@ class Dialect(ABC):
             conds.append(keyset_condition(pk, "<", row_values=self.row_value_keyset, placeholder=self.placeholder))
             params += bind(rng.end)
         if where:
-            conds.append(f"({validate_where(where)})")
+            w = validate_where(where)
+            # the filter is raw SQL next to bound parameters: a literal % must not be read as one
+            conds.append(f"({w.replace('%', '%%') if self.placeholder == '%s' else w})")
         sql = f"SELECT {cols} FROM {self.quote_table(schema.table)}"
         if conds:
             sql += " WHERE " + " AND ".join(conds)
