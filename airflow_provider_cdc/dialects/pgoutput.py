@@ -1,0 +1,201 @@
+"""A parser for PostgreSQL's ``pgoutput`` logical replication protocol (version 1).
+
+Only what capture needs: Begin, Commit, Relation, Insert, Update, Delete, Truncate, and
+the messages that are skipped (Origin, Type, logical decoding Message). Column values
+stay in the text format the server renders them in (no ``binary`` option): the dialect
+decodes them with the same per-type functions the chunk SELECT uses, so a row read by
+either path encodes to the same canonical values.
+
+Reference: https://www.postgresql.org/docs/current/protocol-logicalrep-message-formats.html
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+#: value markers inside tuple data
+NULL = None
+
+
+class _Unchanged:
+    """An unchanged TOASTed value ('u'): the server did not send it."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED_TOAST"
+
+
+UNCHANGED = _Unchanged()
+PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in ms since 1970-01-01
+
+_U32 = struct.Struct("!I")
+_U16 = struct.Struct("!H")
+_BEGIN = struct.Struct("!QqI")  # final (commit) lsn, commit ts (us since 2000), xid
+_COMMIT = struct.Struct("!BQQq")  # flags, commit lsn, end lsn, ts
+_REL_COL = struct.Struct("!B")
+
+
+class ProtocolError(ValueError):
+    """A message this parser does not understand (a newer protocol or a bug)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    commit_lsn: int
+    ts_ms: int
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    ts_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RelationColumn:
+    name: str
+    type_oid: int
+    typmod: int
+    is_key: bool  # part of the replica identity key
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    relid: int
+    namespace: str
+    name: str
+    replica_identity: str  # d(efault) n(othing) f(ull) i(ndex)
+    columns: tuple[RelationColumn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    relid: int
+    new: list
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    relid: int
+    old: list | None  # key columns ('K') or the full old row ('O'), None when not sent
+    old_kind: str | None  # 'K', 'O' or None
+    new: list
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    relid: int
+    old: list
+    old_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    relids: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    kind: str
+
+
+Message = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Skipped
+
+
+def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
+    end = buf.index(b"\x00", pos)
+    return buf[pos:end].decode("utf-8"), end + 1
+
+
+def _tuple(buf: bytes, pos: int) -> tuple[list, int]:
+    """TupleData -> list of str | None | UNCHANGED (text values, decoded as UTF-8)."""
+    (n,) = _U16.unpack_from(buf, pos)
+    pos += 2
+    out: list = []
+    append = out.append
+    for _ in range(n):
+        kind = buf[pos]
+        pos += 1
+        if kind == 0x74:  # 't'
+            (length,) = _U32.unpack_from(buf, pos)
+            pos += 4
+            append(buf[pos : pos + length].decode("utf-8"))
+            pos += length
+        elif kind == 0x6E:  # 'n'
+            append(None)
+        elif kind == 0x75:  # 'u'
+            append(UNCHANGED)
+        else:
+            raise ProtocolError(f"tuple value kind {chr(kind)!r} not supported (binary mode is not used)")
+    return out, pos
+
+
+def parse(buf: bytes) -> Message:
+    """One pgoutput message (the payload of an XLogData message)."""
+    kind = buf[0:1]
+    if kind == b"B":
+        lsn, ts, xid = _BEGIN.unpack_from(buf, 1)
+        return Begin(lsn, ts // 1000 + PG_EPOCH_MS, xid)
+    if kind == b"C":
+        _flags, lsn, end, ts = _COMMIT.unpack_from(buf, 1)
+        return Commit(lsn, end, ts // 1000 + PG_EPOCH_MS)
+    if kind == b"I":
+        (relid,) = _U32.unpack_from(buf, 1)
+        if buf[5:6] != b"N":
+            raise ProtocolError(f"Insert without new tuple: {buf[:8]!r}")
+        new, _ = _tuple(buf, 6)
+        return Insert(relid, new)
+    if kind == b"U":
+        (relid,) = _U32.unpack_from(buf, 1)
+        pos = 5
+        old, old_kind = None, None
+        marker = buf[pos : pos + 1]
+        if marker in (b"K", b"O"):
+            old_kind = marker.decode()
+            old, pos = _tuple(buf, pos + 1)
+            marker = buf[pos : pos + 1]
+        if marker != b"N":
+            raise ProtocolError(f"Update without new tuple: {buf[:8]!r}")
+        new, _ = _tuple(buf, pos + 1)
+        return Update(relid, old, old_kind, new)
+    if kind == b"D":
+        (relid,) = _U32.unpack_from(buf, 1)
+        old_kind = buf[5:6].decode()
+        if old_kind not in ("K", "O"):
+            raise ProtocolError(f"Delete without old tuple: {buf[:8]!r}")
+        old, _ = _tuple(buf, 6)
+        return Delete(relid, old, old_kind)
+    if kind == b"R":
+        (relid,) = _U32.unpack_from(buf, 1)
+        namespace, pos = _cstring(buf, 5)
+        name, pos = _cstring(buf, pos)
+        ident = chr(buf[pos])
+        (ncols,) = _U16.unpack_from(buf, pos + 1)
+        pos += 3
+        cols = []
+        for _ in range(ncols):
+            flags = buf[pos]
+            col, pos = _cstring(buf, pos + 1)
+            oid, typmod = struct.unpack_from("!Ii", buf, pos)
+            pos += 8
+            cols.append(RelationColumn(col, oid, typmod, bool(flags & 1)))
+        return Relation(relid, namespace or "pg_catalog", name, ident, tuple(cols))
+    if kind == b"T":
+        (n,) = _U32.unpack_from(buf, 1)
+        options = buf[5]
+        relids = struct.unpack_from(f"!{n}I", buf, 6)
+        return Truncate(tuple(relids), bool(options & 1), bool(options & 2))
+    if kind in (b"O", b"Y", b"M"):
+        return Skipped(kind.decode())
+    raise ProtocolError(f"unknown pgoutput message {kind!r} (protocol version 1 expected)")

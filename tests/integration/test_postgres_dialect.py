@@ -1,0 +1,239 @@
+"""The PostgreSQL dialect against the real server (wal_level=logical): the shared suite
+plus PostgreSQL-only checks (prerequisites, slot lifecycle, REPLICA IDENTITY and TOAST,
+key changes, truncate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_cdc.core.errors import SourceError
+from airflow_provider_cdc.core.schema import TableName, decode_key
+from airflow_provider_cdc.dialects import get_dialect
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.dialects.postgres import PgSettings, PostgresDialect, prerequisite_problems
+
+from .dialect_suite import DialectSuite, ParityCase, table_events
+
+
+def _connect(uri: str, *, autocommit: bool):
+    import psycopg2
+
+    c = psycopg2.connect(uri)
+    c.autocommit = autocommit
+    return c
+
+
+class TestPostgresDialect(DialectSuite):
+    table_schema = "public"
+    sql_types = {"int": "integer", "text": "text"}
+
+    @pytest.fixture
+    def source_uri(self, pg_uri):
+        return pg_uri
+
+    def make_dialect(self, uri, *, source, tables, watermark_table):
+        return get_dialect(
+            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table
+        )
+
+    def connect(self, uri, *, autocommit):
+        return _connect(uri, autocommit=autocommit)
+
+    def cleanup_capture(self, dialect):
+        dialect.drop_slot()
+        dialect.drop_publication()
+
+    def type_parity_cases(self):
+        return [
+            ParityCase("i2", "smallint", "-32768", -32768),
+            ParityCase("i4", "integer", "2147483647", 2147483647),
+            ParityCase("i8", "bigint", "-9223372036854775808", -9223372036854775808),
+            ParityCase("num", "numeric(20,6)", "'12345678901234.500000'", "12345678901234.500000"),
+            ParityCase("num_free", "numeric", "'0.000000000000000000001'", "0.000000000000000000001"),
+            ParityCase("num_nan", "numeric", "'NaN'", "NaN"),
+            ParityCase("f4", "real", "1.1", 1.1),
+            ParityCase("f8", "double precision", "0.1", 0.1),
+            ParityCase("f8_inf", "double precision", "'-Infinity'", "-Infinity"),
+            ParityCase("b", "boolean", "true", True),
+            ParityCase("t", "text", "E'tab\\there \"q\" \\\\ ünï ✓ 🚀'", 'tab\there "q" \\ ünï ✓ 🚀'),
+            ParityCase("vc", "varchar(10)", "'abc'", "abc"),
+            ParityCase("ch", "char(5)", "'ab'", "ab   "),
+            ParityCase("by", "bytea", "'\\x00ff10'::bytea", "AP8Q"),
+            ParityCase("d", "date", "'2024-02-29'", "2024-02-29"),
+            ParityCase("tm", "time", "'23:59:58.5'", "23:59:58.500000"),
+            ParityCase("ts", "timestamp", "'2024-01-02 03:04:05'", "2024-01-02T03:04:05.000000"),
+            ParityCase(
+                "tstz", "timestamptz", "'2024-01-02 03:04:05.123456+02:30'", "2024-01-02T00:34:05.123456Z"
+            ),
+            ParityCase(
+                "u", "uuid", "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+            ),
+            ParityCase("j", "json", """'{"b": 1,  "a": [1.50, null]}'""", '{"b": 1,  "a": [1.50, null]}'),
+            ParityCase("jb", "jsonb", """'{"b": 1, "a": [1.50, null]}'""", '{"a": [1.50, null], "b": 1}'),
+            ParityCase("ai", "integer[]", "'{{1,2},{3,NULL}}'", [[1, 2], [3, None]]),
+            ParityCase(
+                "at", "text[]", """ARRAY['a b', 'c"d', NULL, 'NULL', '']""", ["a b", 'c"d', None, "NULL", ""]
+            ),
+            ParityCase("an", "numeric(6,2)[]", "'{1.5,-2}'", ["1.50", "-2.00"]),
+            ParityCase(
+                "ats",
+                "timestamptz[]",
+                "ARRAY['2024-01-01 00:00:00+00'::timestamptz]",
+                ["2024-01-01T00:00:00.000000Z"],
+            ),
+            ParityCase("e", "cdc_test_mood", "'happy'", "happy"),
+            ParityCase("iv", "interval", "'1 day 02:03:04'", "1 day 02:03:04"),
+        ]
+
+    @pytest.fixture(autouse=True)
+    def _enum_type(self, pg_uri):
+        c = _connect(pg_uri, autocommit=True)
+        try:
+            c.cursor().execute(
+                "DO $$ BEGIN CREATE TYPE cdc_test_mood AS ENUM ('sad', 'happy'); "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            )
+        finally:
+            c.close()
+
+    # --- PostgreSQL only ------------------------------------------------------------------
+    def test_registered_by_name(self, pg_uri):
+        d = get_dialect(ConnectionParams.from_uri(pg_uri))
+        assert isinstance(d, PostgresDialect) and d.name == "postgres"
+        assert d.quote_ident('a "b" c') == '"a ""b"" c"'
+
+    def test_prerequisites_pass_on_the_test_server_and_name_every_problem(self, ctx):
+        d = ctx.dialect([])
+        d.check_prerequisites()  # the project's server is CDC-ready
+        s = d.read_settings()
+        assert s.wal_level == "logical"
+        bad = PgSettings(
+            wal_level="replica",
+            max_replication_slots=4,
+            max_wal_senders=0,
+            slots_used=4,
+            slot_exists=False,
+            user="app",
+            replication_role=False,
+            superuser=False,
+            server_version_num=s.server_version_num,
+            publication_exists=False,
+            all_tables=True,
+        )
+        problems = prerequisite_problems(bad, "cdc_x")
+        text = "\n".join(problems)
+        assert len(problems) == 5
+        for needle in (
+            "wal_level = logical",
+            "WITH REPLICATION",
+            "max_replication_slots",
+            "max_wal_senders",
+            "FOR ALL TABLES",
+        ):
+            assert needle in text
+        assert (
+            prerequisite_problems(
+                bad.__class__(
+                    **{
+                        **bad.__dict__,
+                        "wal_level": "logical",
+                        "max_wal_senders": 5,
+                        "replication_role": True,
+                        "slot_exists": True,
+                        "all_tables": False,
+                    }
+                ),
+                "x",
+            )
+            == []
+        )
+
+    def test_describe_reports_types_and_replica_identity(self, ctx):
+        t = ctx.create_table("ri", [("id", "bigint"), ("n", "numeric(10,3)"), ("big", "text")], ["id"])
+        d = ctx.dialect([t])
+        s = d.describe_table(t)
+        assert [c.type for c in s.columns] == ["int64", "decimal(10,3)", "string"]
+        assert s.extra["replica_identity"] == "default"
+        ctx.execute(f"ALTER TABLE {ctx.qt(t)} REPLICA IDENTITY FULL")
+        assert d.describe_table(t).extra["replica_identity"] == "full"
+
+    def test_unsupported_type_names_the_column(self, ctx):
+        t = ctx.create_table("geo", [("id", "int"), ("where it is", "point")], ["id"])
+        with pytest.raises(SourceError, match="'where it is'.*point"):
+            ctx.dialect([t]).describe_table(t)
+
+    def test_unchanged_toast_fails_clearly_then_full_identity_fills_it(self, ctx):
+        t = ctx.create_table("toast", [("id", "int"), ("big", "text"), ("n", "int")], ["id"])
+        big = "".join(f"{i:x}" for i in range(40_000))  # incompressible enough to be stored out of line
+        d = ctx.dialect([t])
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1, %s, 0)", (big,))
+        ctx.capture_all(d)
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET n = 1 WHERE id = 1")
+        with pytest.raises(SourceError, match="REPLICA IDENTITY FULL"):
+            d.capture(ctx.data_dir)
+        d.drop_slot()  # the documented way out: new slot (and a re-snapshot)
+        ctx.execute(f"ALTER TABLE {ctx.qt(t)} REPLICA IDENTITY FULL")
+        d2 = ctx.dialect([t])
+        import shutil
+
+        shutil.rmtree(ctx.data_dir)
+        d2.load_offset(ctx.data_dir)
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET n = 2 WHERE id = 1")
+        (ev,) = table_events(ctx.capture_all(d2), t)
+        assert ev.op == "u" and ev.after == {"id": 1, "big": big, "n": 2}
+        assert ev.before == {"id": 1, "big": big, "n": 1}
+
+    def test_key_change_is_delete_then_create_and_truncate_is_an_error(self, ctx):
+        t = ctx.create_table("kc", [("id", "int"), ("v", "text")], ["id"])
+        d = ctx.dialect([t])
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1, 'a')")
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET id = 2 WHERE id = 1")
+        ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE id = 2")
+        evs = table_events(ctx.capture_all(d), t)
+        assert [(e.op, decode_key(e.key)) for e in evs] == [
+            ("c", (1,)),
+            ("d", (1,)),
+            ("c", (2,)),
+            ("d", (2,)),
+        ]
+        assert evs[1].position < evs[2].position and evs[3].before == {"id": 2}
+        ctx.execute(f"TRUNCATE {ctx.qt(t)}")
+        with pytest.raises(SourceError, match="TRUNCATE.*re-snapshot|Re-snapshot"):
+            d.capture(ctx.data_dir)
+
+    def test_slot_lifecycle_lag_and_missing_slot(self, ctx):
+        t = ctx.create_table("lc", [("id", "int")], ["id"])
+        d = ctx.dialect([t])
+        assert d.slot_lag() is None
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} SELECT generate_series(1, 500)")
+        lag = d.slot_lag()
+        assert lag.slot_name == d.slot_name and lag.unconfirmed_bytes > 0 and lag.retained_wal_bytes > 0
+        res = d.capture(ctx.data_dir)
+        assert res.events == 500
+        assert d.slot_lag().unconfirmed_bytes < lag.unconfirmed_bytes
+        # the slot disappears after capture staged segments: changes are lost -> re-snapshot
+        assert d.drop_slot() is True
+        with pytest.raises(SourceError, match="re-snapshot"):
+            d.load_offset(ctx.data_dir)
+        assert d.drop_slot() is False
+        d.drop_publication()
+
+    def test_tables_with_unsupported_types_are_skipped_when_not_listed(self, ctx, caplog):
+        t = ctx.create_table("ok", [("id", "int")], ["id"])
+        geo = ctx.create_table("geo2", [("id", "int"), ("p", "point")], ["id"])
+        d = ctx.dialect([t])
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"ALTER PUBLICATION {ctx.q(d.publication_name)} ADD TABLE {ctx.qt(geo)}")
+        ctx.execute(f"INSERT INTO {ctx.qt(geo)} VALUES (1, '(1,2)')")
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
+        events = ctx.capture_all(d)
+        assert [e.table for e in events] == [t.id]
+        assert "point" in caplog.text
+
+    def test_missing_table_in_tables_option(self, ctx):
+        d = ctx.dialect([TableName("public", f"nope_{ctx.unique}")])
+        with pytest.raises(SourceError, match=f"nope_{ctx.unique}"):
+            d.load_offset(ctx.data_dir)
