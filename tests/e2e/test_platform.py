@@ -91,3 +91,38 @@ def test_spark_submit_local_runs_a_pyspark_job(tmp_path):
         0: {"parity": 0, "n": len(evens), "total": sum(evens)},
         1: {"parity": 1, "n": len(odds), "total": sum(odds)},
     }
+
+
+def test_airflow_dags_test_runs_a_dag_against_the_project_airflow_home(tmp_path):
+    """The Airflow home prepared by the setup (migrated SQLite metadata) runs a DAG with a
+    task and an XCom through `airflow dags test`, the way the project's DAGs are run."""
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "platform_check_dag.py").write_text(
+        textwrap.dedent(
+            f"""
+            import pendulum
+            from airflow.sdk import DAG, task
+
+            with DAG("cdc_platform_check", schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC")):
+                @task
+                def produce():
+                    return 20
+
+                @task
+                def consume(value):
+                    open({str(marker)!r}, "w").write(str(value + 22))
+
+                consume(produce())
+            """
+        )
+    )
+    env = dict(os.environ, AIRFLOW__CORE__DAGS_FOLDER=str(tmp_path))
+    proc = subprocess.run(
+        [_tool("airflow"), "dags", "test", "cdc_platform_check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert marker.read_text() == "42"
