@@ -458,12 +458,17 @@ class SnapshotChunkOperator(_SourceOperator):
         rows_run = 0
         if st.chunks:
             log.info("%s range %d: continuing after %d committed chunk(s), after key %s", table, ri, st.chunks, after_key)
+        reason = self._should_stop(context, table.id, snapshot_id)
+        if reason:  # before connecting at all
+            log.info("not reading %s range %d: %s", table, ri, reason)
+            return results
         with self.hook.get_dialect() as dialect:
             while True:
-                reason = self._should_stop(context, table.id, snapshot_id)
-                if reason:
-                    log.info("stopping before chunk %d of %s range %d: %s", n + 1, table, ri, reason)
-                    break
+                if n > st.chunks:
+                    reason = self._should_stop(context, table.id, snapshot_id)
+                    if reason:
+                        log.info("stopping before chunk %d of %s range %d: %s", n + 1, table, ri, reason)
+                        break
                 res = snapshot_chunk(
                     dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id, seq=seq,
                     chunk_size=chunk_size, after_key=after_key, where=w.get("where"),

@@ -1,0 +1,54 @@
+"""CdcSourceHook: Airflow connection (from AIRFLOW_CONN_* env vars, as Airflow resolves them) -> dialect."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook, dialect_name_for
+
+
+@pytest.mark.parametrize(
+    ("conn_type", "dialect"),
+    [("postgres", "postgres"), ("postgresql", "postgres"), ("mysql", "mysql"), ("mariadb", "mysql"), ("MySQL", "mysql")],
+)
+def test_conn_type_mapping(conn_type, dialect):
+    assert dialect_name_for(conn_type) == dialect
+
+
+def test_unknown_conn_type_lists_known_types():
+    with pytest.raises(ConfigurationError, match="'http'.*known types: cdc, mariadb, mysql, postgres, postgresql"):
+        dialect_name_for("http", conn_id="x")
+    with pytest.raises(ConfigurationError, match="extra 'dialect'"):
+        dialect_name_for("cdc", {}, conn_id="x")
+    assert dialect_name_for("cdc", {"dialect": "mariadb"}) == "mysql"
+
+
+def test_params_from_a_uri_connection(monkeypatch):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CDC_UNIT_PG", "postgresql://cdc:s3cr%40t@db.example:5433/shop?slot_name=cdc_slot&watermark_schema=wm"
+    )
+    hook = CdcSourceHook("cdc_unit_pg")
+    p = hook.connection_params()
+    assert (p.scheme, p.host, p.port, p.user, p.password, p.database) == ("postgres", "db.example", 5433, "cdc", "s3cr@t", "shop")
+    assert p.extra == {"slot_name": "cdc_slot", "watermark_schema": "wm"}
+    assert hook.source == "cdc_unit_pg"
+    assert CdcSourceHook("cdc_unit_pg", source="shop").source == "shop"
+
+
+def test_params_from_a_json_connection_of_our_type(monkeypatch):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_CDC_UNIT_MY",
+        json.dumps({"conn_type": "cdc", "host": "127.0.0.1", "port": 3306, "login": "root", "schema": "shop",
+                    "extra": {"dialect": "mysql", "server_id": 4242}}),
+    )
+    p = CdcSourceHook("cdc_unit_my").connection_params()
+    assert (p.scheme, p.port, p.database, p.extra["server_id"]) == ("mysql", 3306, "shop", 4242)
+
+
+def test_test_connection_reports_instead_of_raising(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_BAD", "http://example.com")
+    ok, message = CdcSourceHook("cdc_unit_bad").test_connection()
+    assert ok is False and "not a CDC source" in message

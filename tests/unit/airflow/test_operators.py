@@ -1,0 +1,177 @@
+"""Snapshot operators without a database: conf validation (nothing written on a bad conf),
+pause/stop/resume transitions, committed-chunk sidecars, commit -> done."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from airflow_provider_cdc import progress_store
+from airflow_provider_cdc.core.chunk import ChunkResult
+from airflow_provider_cdc.core.errors import ConfigurationError, StateError
+from airflow_provider_cdc.core.ranges import ChunkRange
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.core.staging import chunk_path
+from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
+from airflow_provider_cdc.operators.snapshot import (
+    SEQ_STRIDE,
+    SnapshotChunkOperator,
+    SnapshotCommitOperator,
+    SnapshotPlanOperator,
+    key_reached,
+    parse_snapshot_conf,
+    range_state,
+    read_sidecars,
+    write_sidecar,
+)
+
+T = TableName("public", "orders")
+
+
+def ctx(conf=None):
+    return {"dag_run": SimpleNamespace(conf=conf or {}), "ti": None}
+
+
+def plan_op(tmp_path, **kw):
+    return SnapshotPlanOperator(task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw)
+
+
+def progress(status="running", ranges=2, upper=(100,)):
+    return {
+        "version": 1, "source": "src", "table": T.id, "snapshot_id": "S1", "status": status,
+        "ranges": [{"start": None, "end": [50]}, {"start": [50], "end": None}][:ranges],
+        "upper_bound": list(upper), "where": None, "chunk_size": 10, "parallelism": ranges,
+        "delay_seconds": 0.0, "completed_ranges": [], "rows": 0, "chunks": 0,
+    }
+
+
+def committed(tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1"):
+    rng = ChunkRange(None, (50,)) if range_index == 0 else ChunkRange((50,), None)
+    path = chunk_path(str(tmp_path), "src", T, snapshot_id, seq, f"hw{seq}")
+    res = ChunkResult("src", T.id, snapshot_id, seq, f"lw{seq}", f"hw{seq}", path, rng, None,
+                      None if last_key is None else (last_key,), rows, exhausted)
+    import pathlib
+
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_sidecar(res, range_index, merged=merged)
+    return res
+
+
+# --- conf ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"action": "restart", "tables": ["public.t"]}, "'action' must be one of start, pause, resume, stop"),
+        ({"tables": ["t"]}, "needs a schema"),
+        ({"tables": ["public.t"], "chunk_size": 0}, "chunk_size"),
+        ({"tables": ["public.t"], "chunk_size": "many"}, "chunk_size"),
+        ({"tables": ["public.t"], "parallelism": 100000}, "parallelism"),
+        ({"tables": ["public.t"], "where": "id > 1; DROP TABLE x"}, "single boolean expression"),
+        ({"tables": ["public.t"], "key_ranges": {"public.u": [[1, 2]]}}, "public.u"),
+        ({"tables": ["public.t"], "key_ranges": [[5, 1]]}, "empty"),
+        ({"tables": ["public.t"], "delay_seconds": -1}, "delay_seconds"),
+        ({"tables": ["public.t"], "chunksize": 10}, "unknown conf key"),
+        ({}, "CDC_TABLES"),
+    ],
+)
+def test_bad_conf_is_rejected_before_anything_is_written(tmp_path, variables, conf, message):
+    with pytest.raises(ConfigurationError, match=message):
+        plan_op(tmp_path).execute(ctx(conf))
+    assert variables.writes == []
+    assert not any(tmp_path.iterdir())
+
+
+def test_conf_defaults_and_shapes():
+    c = parse_snapshot_conf({"key_ranges": [{"start": 1, "end": 10}], "chunk_size": 7}, default_tables="public.a, public.b")
+    assert c.action == "start" and [t.id for t in c.tables] == ["public.a", "public.b"]
+    assert c.request.ranges["public.b"] == (ChunkRange((1,), (10,)),)
+    assert c.request.chunk_size == 7 and "chunk_size" in c.given and "parallelism" not in c.given
+
+
+# --- control actions -------------------------------------------------------------------------
+def test_pause_then_resume_keeps_progress(tmp_path, variables):
+    progress_store.save("src", T.id, progress())
+    assert plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]})) == []
+    assert progress_store.status("src", T.id) == "paused"
+    committed(tmp_path, 0, 0, 9, 10, False, merged=True)
+    committed(tmp_path, 1, 0, 19, 10, False)
+    committed(tmp_path, SEQ_STRIDE, 1, None, 0, True, merged=True)  # range 1 read and merged
+    work = plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id], "chunk_size": 25}))
+    assert [w["range_index"] for w in work] == [0]
+    assert work[0]["chunk_size"] == 25 and work[0]["snapshot_id"] == "S1"
+    assert progress_store.status("src", T.id) == "running"
+
+
+def test_invalid_transitions_are_clear_errors(tmp_path, variables):
+    with pytest.raises(StateError, match="no snapshot"):
+        plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]}))
+    progress_store.save("src", T.id, progress(status="stopped"))
+    with pytest.raises(StateError, match="starts over: use action=start"):
+        plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id]}))
+    progress_store.save("src", T.id, progress(status="running"))
+    with pytest.raises(StateError, match="action=resume, or stop it first"):
+        plan_op(tmp_path).execute(ctx({"action": "start", "tables": [T.id]}))
+    assert plan_op(tmp_path).execute(ctx({"action": "stop", "tables": [T.id]})) == []
+    assert progress_store.status("src", T.id) == "stopped"
+
+
+def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, variables):
+    progress_store.save("src", T.id, progress(status="paused"))
+    res = committed(tmp_path, 0, 0, 9, 10, False)
+    work = {"table": T.id, "snapshot_id": "S1", "range_index": 0, "ranges_total": 2, "range": {"start": None, "end": [50]},
+            "upper_bound": [100], "where": None, "chunk_size": 10, "delay_seconds": 0}
+    op = SnapshotChunkOperator(task_id="c", work=work, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
+    (tmp_path / "staging/src/schemas").mkdir(parents=True)
+    from airflow_provider_cdc.core.schema import Column, TableSchema
+    from airflow_provider_cdc.core.staging import schema_path
+
+    with open(schema_path(str(tmp_path), "src", T), "w") as fh:
+        fh.write(TableSchema(T, (Column("id", "int64"),), ("id",)).to_json())
+    assert op.execute({}) == [json.loads(json.dumps(res.to_dict()))]  # no connection was made: paused before the first chunk
+
+
+# --- sidecars and commit -----------------------------------------------------------------------
+def test_range_state_continues_after_the_last_committed_chunk(tmp_path):
+    committed(tmp_path, 0, 0, 9, 10, False, merged=True)
+    committed(tmp_path, 1, 0, 19, 10, False)
+    st = range_state(read_sidecars(str(tmp_path), "src", T, "S1"), 0, [100])
+    assert (st.next_seq, st.after_key, st.exhausted, st.rows, st.chunks) == (2, (19,), False, 20, 2)
+    assert [r["seq"] for r in st.unmerged] == [1]
+    empty = range_state([], 1, [100])
+    assert (empty.next_seq, empty.after_key, empty.exhausted) == (SEQ_STRIDE, None, False)
+
+
+def test_key_reached():
+    assert key_reached((100,), (100,)) and key_reached((101,), [100]) and not key_reached((99,), (100,))
+    assert key_reached(("b",), ("b",)) and not key_reached(("c",), ("b",))  # text order belongs to the database
+    assert not key_reached(None, (1,)) and not key_reached((1,), None)
+
+
+def test_commit_marks_merged_and_finishes(tmp_path, variables):
+    progress_store.save("src", T.id, progress())
+    a = committed(tmp_path, 0, 0, 49, 50, True)
+    b = committed(tmp_path, SEQ_STRIDE, 1, 100, 51, True)
+    op = SnapshotCommitOperator(task_id="commit", chunks=[[a.to_dict()], [b.to_dict()]], data_dir=str(tmp_path),
+                                source="src", cdc_conn_id="unused")
+    out = op.execute({})
+    assert out[T.id] == {"status": "done", "rows": 101, "chunks": 2}
+    assert all(s["merged"] for s in read_sidecars(str(tmp_path), "src", T, "S1"))
+    assert op.execute({})[T.id]["status"] == "done"  # a retried commit changes nothing
+
+
+def test_commit_keeps_a_paused_snapshot_paused(tmp_path, variables):
+    progress_store.save("src", T.id, progress(status="paused"))
+    a = committed(tmp_path, 0, 0, 9, 10, False)
+    out = SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src",
+                                 cdc_conn_id="unused").execute({})
+    assert out[T.id]["status"] == "paused"
+    assert json.loads(variables.store[progress_store.variable_key("src", T.id)])["rows"] == 10
+
+
+def test_operators_do_no_io_in_init(tmp_path):
+    # DAG files are parsed constantly: building operators must not touch connections or files
+    ChangelogCaptureOperator(task_id="cap", data_dir=str(tmp_path / "nope"), cdc_conn_id="missing")
+    plan_op(tmp_path / "nope")
+    assert not (tmp_path / "nope").exists()
