@@ -21,8 +21,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _unavailable(what: str, uri: str, exc: BaseException):
+    # setup.sh keeps services.sh's error when the private databases did not start.
+    log = Path(os.environ.get("CDC_LOCAL_DIR", ROOT / ".cdc-local")) / "services-start.log"
+    why = f"scripts/services.sh start said:\n{log.read_text().strip()}\n" if log.is_file() else ""
     msg = (
-        f"\n{'!' * 78}\n{what} at {uri} is not reachable: {exc!r}\n"
+        f"\n{'!' * 78}\n{what} at {uri} is not reachable: {exc!r}\n{why}"
         f"Start the project's instances with `scripts/services.sh start` (or `make test`),\n"
         f"or point the tests at your own server with the environment variable shown in README.\n{'!' * 78}"
     )
