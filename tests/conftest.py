@@ -56,7 +56,11 @@ def mysql_uri() -> str:
 
         p = urlsplit(uri)
         pymysql.connect(
-            host=p.hostname, port=p.port or 3306, user=p.username or "root", password=p.password or "", connect_timeout=5
+            host=p.hostname,
+            port=p.port or 3306,
+            user=p.username or "root",
+            password=p.password or "",
+            connect_timeout=5,
         ).close()
     except Exception as exc:  # noqa: BLE001 - reported loudly
         _unavailable("MariaDB/MySQL", uri, exc)
