@@ -1,22 +1,24 @@
 """Snapshot progress in Airflow Variables: one per (source, table).
 
-Key ``cdc_snapshot__{source}__{schema.table}``; the value is the snapshot progress JSON.
+Key ``cdc_snapshot__{source}__{schema.table}``; the value is core.progress.SnapshotProgress
+JSON (one table per Variable).
 Inside a task the Task SDK's ``Variable`` is used (it talks to the API server); outside
 one (CLI, tests, scripts) the metadata database model is used.
 
 Writers: the plan step (start/pause/resume/stop) and the commit step. Chunk tasks only
 read it (between chunks, to see pause/stop), so parallel chunk tasks never race on a
-read-modify-write; their per-chunk state lives in sidecar files next to the chunks.
+read-modify-write; their per-chunk state lives in sidecar files next to the chunks, and
+the commit step records merged chunks here (SnapshotProgress.record_chunk is idempotent).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from .core.progress import SnapshotProgress, Status
 
 KEY_PREFIX = "cdc_snapshot__"
-#: snapshot states
-RUNNING, PAUSED, STOPPED, DONE, FAILED = "running", "paused", "stopped", "done", "failed"
+RUNNING, PAUSED, STOPPED, DONE, FAILED = Status.RUNNING, Status.PAUSED, Status.STOPPED, Status.DONE, Status.FAILED
 
 
 def variable_key(source: str, table_id: str) -> str:
@@ -52,30 +54,39 @@ def _set(key: str, value: str) -> None:
     DbVariable.set(key, value)
 
 
-def load(source: str, table_id: str) -> dict[str, Any] | None:
-    """The stored progress dict, or None when this table was never snapshotted."""
+def load_raw(source: str, table_id: str) -> str | None:
     raw = _get(variable_key(source, table_id))
     if raw in (None, ""):
         return None
-    return json.loads(raw) if isinstance(raw, str) else dict(raw)
+    return raw if isinstance(raw, str) else json.dumps(raw)
 
 
-def save(source: str, table_id: str, progress: dict[str, Any]) -> None:
-    _set(variable_key(source, table_id), json.dumps(progress, sort_keys=True, separators=(",", ":")))
+def load(source: str, table_id: str) -> SnapshotProgress | None:
+    """The stored progress, or None when this table was never snapshotted."""
+    raw = load_raw(source, table_id)
+    return None if raw is None else SnapshotProgress.from_json(raw)
+
+
+def save(source: str, table_id: str, progress: SnapshotProgress) -> None:
+    _set(variable_key(source, table_id), progress.to_json())
 
 
 def status(source: str, table_id: str) -> str | None:
     p = load(source, table_id)
-    return None if p is None else p.get("status")
+    return None if p is None else str(p.status)
 
 
-def set_status(source: str, table_id: str, new_status: str) -> dict[str, Any]:
-    """Pause/stop from outside a DAG run (CLI, tests): the chunk tasks see it before their next chunk."""
-    from .core.errors import StateError
+def request(source: str, table_id: str, action: str) -> SnapshotProgress:
+    """Pause, resume or stop from outside a DAG run (CLI, tests): running chunk tasks see
+    a pause or stop before their next chunk. Invalid transitions raise StateError."""
+    from .core.errors import ConfigurationError, StateError
 
     p = load(source, table_id)
     if p is None:
-        raise StateError(f"no snapshot of table {table_id} from source {source!r} to {new_status}; start one first")
-    p["status"] = new_status
+        raise StateError(f"no snapshot of table {table_id} from source {source!r} to {action}; start one first")
+    verbs = {"pause": p.pause, "resume": p.resume, "stop": p.stop}
+    if action not in verbs:
+        raise ConfigurationError(f"snapshot action {action!r} unknown here; use one of {', '.join(verbs)}")
+    verbs[action]()
     save(source, table_id, p)
     return p

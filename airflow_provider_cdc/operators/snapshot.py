@@ -21,7 +21,7 @@ import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -34,6 +34,7 @@ from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
 from ..core.planning import SnapshotRequest
 from ..core.planning import plan_ranges as core_plan_ranges
+from ..core.progress import SnapshotProgress
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.staging import schema_path, staging_dir
@@ -192,15 +193,26 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
     return core_plan_ranges(request.parallelism, sample=sample)
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+def plan_path(data_dir: str, source: str, table: TableName, snapshot_id: str) -> Path:
+    """The snapshot's plan (ranges in plan order, upper bound, filter, throttle), next to its chunks."""
+    return snapshot_chunks_dir(data_dir, source, table, snapshot_id) / "plan.json"
+
+
+def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> dict:
+    p = plan_path(data_dir, source, table, snapshot_id)
+    if not p.exists():
+        raise StateError(
+            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
+            "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
+        )
+    return json.loads(p.read_text())
 
 
 def new_snapshot_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-def _write_text_atomic(path: str, text: str) -> None:
+def _write_text_atomic(path: str | Path, text: str) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
@@ -209,7 +221,7 @@ def _write_text_atomic(path: str, text: str) -> None:
 
 
 def _dag_is_paused(context: Any) -> bool:
-    """Airflow's own DAG pause: the Task SDK asks the API server (no DB access from tasks).
+    """Airflow's own DAG pause: the Task SDK asks the API server (tasks have no DB access).
     Where that call is not served (e.g. some ``dag.test()`` setups) this returns False;
     a paused DAG still schedules no new task instances, so the pause then takes effect
     between tasks, and the Variable pauses mid-task."""
@@ -249,9 +261,10 @@ class SnapshotPlanOperator(_SourceOperator):
     """Validate the run's conf, apply its action, and return the work items to map over.
 
     ``start``: describe the tables, stage their schemas, take the max key as the upper
-    bound, plan ranges, store progress (running). ``resume``: continue the stored plan
-    after the last committed chunk of every range. ``pause``/``stop``: set the status
-    (running chunk tasks stop before their next chunk) and return no work.
+    bound, plan ranges, store the plan next to the chunks and the progress (running) in
+    the Variable. ``resume``: continue every range after its last committed chunk (with
+    the throttle of this conf). ``pause``/``stop``: change the status only (running chunk
+    tasks stop before their next chunk) and return no work.
     """
 
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
@@ -275,33 +288,28 @@ class SnapshotPlanOperator(_SourceOperator):
             return self._pause_or_stop(req, stored)
         if req.action == "start":
             for tid, p in stored.items():
-                if p and p.get("status") in (RUNNING, PAUSED):
+                if p is not None and p.status in (RUNNING, PAUSED, FAILED):
                     raise StateError(
-                        f"table {tid} has a {p['status']} snapshot {p.get('snapshot_id')} on source {source!r}; "
+                        f"table {tid} has a {p.status} snapshot {p.snapshot_id} on source {source!r}; "
                         "resume it with action=resume, or stop it first with action=stop"
                     )
             return self._start(req)
         return self._resume(req, stored)
 
-    def _pause_or_stop(self, req: SnapshotConf, stored: dict[str, dict | None]) -> list[dict]:
-        target = PAUSED if req.action == "pause" else STOPPED
-        allowed = (RUNNING,) if target == PAUSED else (RUNNING, PAUSED, FAILED)
-        for tid, p in stored.items():
+    def _pause_or_stop(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
+        changed = {}
+        for tid, p in stored.items():  # every transition is checked before any is saved
             if p is None:
                 raise StateError(f"table {tid} has no snapshot on source {self.hook.source!r}; nothing to {req.action}")
-            if p["status"] == target:
-                log.info("table %s: snapshot %s is already %s", tid, p["snapshot_id"], target)
-                continue
-            if p["status"] not in allowed:
-                raise StateError(
-                    f"table {tid}: cannot {req.action} a {p['status']} snapshot ({p['snapshot_id']}); "
-                    f"{req.action} applies to {' or '.join(allowed)} snapshots"
-                )
-        for tid, p in stored.items():
-            if p["status"] != target:
-                p.update(status=target, updated_at=_now())
-                progress_store.save(self.hook.source, tid, p)
-                log.info("table %s: snapshot %s is now %s (progress kept)", tid, p["snapshot_id"], target)
+            before = p.status
+            p.pause() if req.action == "pause" else p.stop()
+            if p.status != before:
+                changed[tid] = p
+            else:
+                log.info("table %s: snapshot %s is already %s", tid, p.snapshot_id, p.status)
+        for tid, p in changed.items():
+            progress_store.save(self.hook.source, tid, p)
+            log.info("table %s: snapshot %s is now %s (progress kept: %d rows)", tid, p.snapshot_id, p.status, p.rows)
         return []
 
     def _start(self, req: SnapshotConf) -> list[dict]:
@@ -318,81 +326,77 @@ class SnapshotPlanOperator(_SourceOperator):
             dialect.ensure_watermark_table()
         work = []
         for table, schema, ranges, upper in plans:
-            _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
-            progress = {
-                "version": 1,
-                "source": source,
+            sid = new_snapshot_id()
+            plan = {
                 "table": table.id,
-                "snapshot_id": new_snapshot_id(),
-                "status": RUNNING,
+                "snapshot_id": sid,
                 "ranges": [json.loads(r.to_json()) for r in ranges],
                 "upper_bound": None if upper is None else list(upper),
                 "where": request.where_for(table),
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
-                "completed_ranges": [],
-                "rows": 0,
-                "chunks": 0,
-                "started_at": _now(),
-                "updated_at": _now(),
-                "finished_at": None,
             }
-            progress_store.save(source, table.id, progress)
+            _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
+            _write_text_atomic(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
+            progress_store.save(source, table.id, SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper}))
             log.info(
                 "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d",
-                table.id, progress["snapshot_id"], len(ranges), upper, progress["chunk_size"],
+                table.id, sid, len(ranges), upper, plan["chunk_size"],
             )
-            work += self._work_items(progress, range(len(ranges)))
+            work += self._work_items(plan, range(len(ranges)))
         return work
 
-    def _resume(self, req: SnapshotConf, stored: dict[str, dict | None]) -> list[dict]:
+    def _resume(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         source = self.hook.source
         for tid, p in stored.items():
             if p is None:
                 raise StateError(f"table {tid} has no snapshot on source {source!r} to resume; use action=start")
-            if p["status"] == STOPPED:
+            if p.status == STOPPED:
                 raise StateError(
-                    f"table {tid}: snapshot {p['snapshot_id']} was stopped; a stopped snapshot starts over: use action=start"
+                    f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts over: use action=start"
                 )
         work = []
         for tid, p in stored.items():
-            if p["status"] == DONE:
-                log.info("table %s: snapshot %s is done; nothing to resume", tid, p["snapshot_id"])
+            if p.status == DONE:
+                log.info("table %s: snapshot %s is done; nothing to resume", tid, p.snapshot_id)
                 continue
             table = TableName.parse(tid)
-            sidecars = read_sidecars(self.data_dir, source, table, p["snapshot_id"])
+            plan = read_plan(self.data_dir, source, table, p.snapshot_id)
+            if "chunk_size" in req.given:  # throttle settings may change between runs
+                plan["chunk_size"] = req.request.chunk_size
+            if req.delay_seconds is not None:
+                plan["delay_seconds"] = req.delay_seconds
+            _write_text_atomic(plan_path(self.data_dir, source, table, p.snapshot_id), json.dumps(plan))
+            sidecars = read_sidecars(self.data_dir, source, table, p.snapshot_id)
             todo = []
-            for i in range(len(p["ranges"])):
-                st = range_state(sidecars, i, p.get("upper_bound"))
+            for i in range(len(plan["ranges"])):
+                st = range_state(sidecars, i, plan.get("upper_bound"))
                 if not st.exhausted or st.unmerged:
                     todo.append(i)
-            # throttle settings may change between runs
-            if "chunk_size" in req.given:
-                p["chunk_size"] = req.request.chunk_size
-            if req.delay_seconds is not None:
-                p["delay_seconds"] = req.delay_seconds
-            p.update(status=RUNNING if todo else DONE, updated_at=_now())
-            if not todo:
-                p["finished_at"] = _now()
+            p.resume()
+            if not todo and p.table(tid).done:
+                p.finish()
             progress_store.save(source, tid, p)
-            log.info("table %s: resuming snapshot %s, %d of %d range(s) left", tid, p["snapshot_id"], len(todo), len(p["ranges"]))
-            work += self._work_items(p, todo)
+            log.info(
+                "table %s: resuming snapshot %s, %d of %d range(s) left", tid, p.snapshot_id, len(todo), len(plan["ranges"])
+            )
+            work += self._work_items(plan, todo)
         return work
 
     @staticmethod
-    def _work_items(p: dict, indexes: Any) -> list[dict]:
+    def _work_items(plan: dict, indexes: Any) -> list[dict]:
         return [
             {
-                "table": p["table"],
-                "snapshot_id": p["snapshot_id"],
+                "table": plan["table"],
+                "snapshot_id": plan["snapshot_id"],
                 "range_index": i,
-                "ranges_total": len(p["ranges"]),
-                "range": p["ranges"][i],
-                "upper_bound": p.get("upper_bound"),
-                "where": p.get("where"),
-                "chunk_size": p["chunk_size"],
-                "delay_seconds": p.get("delay_seconds") or 0.0,
+                "ranges_total": len(plan["ranges"]),
+                "range": plan["ranges"][i],
+                "upper_bound": plan.get("upper_bound"),
+                "where": plan.get("where"),
+                "chunk_size": plan["chunk_size"],
+                "delay_seconds": plan.get("delay_seconds") or 0.0,
             }
             for i in indexes
         ]
@@ -429,10 +433,10 @@ class SnapshotChunkOperator(_SourceOperator):
 
     def _should_stop(self, context: Any, table_id: str, snapshot_id: str) -> str | None:
         p = progress_store.load(self.hook.source, table_id)
-        if p is None or p.get("snapshot_id") != snapshot_id:
+        if p is None or p.snapshot_id != snapshot_id:
             return f"snapshot {snapshot_id} of {table_id} is no longer the current one"
-        if p.get("status") != RUNNING:
-            return f"snapshot {snapshot_id} of {table_id} is {p.get('status')}"
+        if not p.may_read:
+            return f"snapshot {snapshot_id} of {table_id} is {p.status}"
         if self.check_dag_paused and _dag_is_paused(context):
             return "the DAG is paused"
         return None
@@ -449,48 +453,49 @@ class SnapshotChunkOperator(_SourceOperator):
         chunk_size, delay = int(w["chunk_size"]), float(w.get("delay_seconds") or 0)
         st = range_state(read_sidecars(self.data_dir, source, table, snapshot_id), ri, upper)
         results = list(st.unmerged)
+        label = f"{table} range {ri + 1}/{w['ranges_total']}"
         if st.exhausted:
-            log.info("%s range %d/%d already read (%d rows in %d chunks)", table, ri + 1, w["ranges_total"], st.rows, st.chunks)
+            log.info("%s already read (%d rows in %d chunks)", label, st.rows, st.chunks)
+            return results
+        reason = self._should_stop(context, table.id, snapshot_id)
+        if reason:  # before connecting at all
+            log.info("not reading %s: %s", label, reason)
             return results
         schema = TableSchema.from_json(Path(schema_path(self.data_dir, source, table)).read_text())
         seq, after_key = st.next_seq, st.after_key
-        rows_total, n, t0 = st.rows, st.chunks, time.monotonic()
-        rows_run = 0
+        rows_total, n, t0, rows_run = st.rows, st.chunks, time.monotonic(), 0
         if st.chunks:
-            log.info("%s range %d: continuing after %d committed chunk(s), after key %s", table, ri, st.chunks, after_key)
-        reason = self._should_stop(context, table.id, snapshot_id)
-        if reason:  # before connecting at all
-            log.info("not reading %s range %d: %s", table, ri, reason)
-            return results
+            log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
         with self.hook.get_dialect() as dialect:
             while True:
                 if n > st.chunks:
                     reason = self._should_stop(context, table.id, snapshot_id)
                     if reason:
-                        log.info("stopping before chunk %d of %s range %d: %s", n + 1, table, ri, reason)
+                        log.info("%s: stopping before chunk %d: %s", label, n + 1, reason)
                         break
                 res = snapshot_chunk(
                     dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id, seq=seq,
                     chunk_size=chunk_size, after_key=after_key, where=w.get("where"),
                 )
-                done = res.exhausted or key_reached(res.last_key, upper)
+                if not res.exhausted and key_reached(res.last_key, upper):
+                    # past the snapshot's upper bound: later rows reach the sinks through the changelog
+                    res = replace(res, exhausted=True)
                 write_sidecar(res, ri)  # the chunk is committed
                 results.append(res.to_dict())
-                n += 1
-                seq += 1
+                n, seq = n + 1, seq + 1
                 rows_total += res.rows
                 rows_run += res.rows
                 if res.last_key is not None:
                     after_key = res.last_key
                 elapsed = time.monotonic() - t0
-                frac = 1.0 if done else _fraction(rng, after_key, upper)
-                est = f"~{max(n, math.ceil(n / frac))}" if frac else "?"
+                frac = 1.0 if res.exhausted else _fraction(rng, after_key, upper)
                 log.info(
-                    "%s range %d/%d: chunk %d of %s (%s), %d rows, %d rows total, %.0f rows/s",
-                    table, ri + 1, w["ranges_total"], n, est, f"{frac:.0%}" if frac is not None else "?%",
-                    res.rows, rows_total, rows_run / elapsed if elapsed > 0 else 0.0,
+                    "%s: chunk %d of %s (%s), %d rows, %d rows in range, %.0f rows/s",
+                    label, n, f"~{max(n, math.ceil(n / frac))}" if frac else "?",
+                    f"{frac:.0%}" if frac is not None else "?%", res.rows, rows_total,
+                    rows_run / elapsed if elapsed > 0 else 0.0,
                 )
-                if done:
+                if res.exhausted:
                     break
                 if delay:
                     time.sleep(delay)
@@ -499,8 +504,9 @@ class SnapshotChunkOperator(_SourceOperator):
 
 # ---------------------------------------------------------------------- commit
 class SnapshotCommitOperator(_SourceOperator):
-    """After the merge wrote the round: mark its chunks merged and update progress;
-    a snapshot whose ranges are all read and merged is done."""
+    """After the merge wrote the round: mark its chunks merged and record them in the
+    progress Variable; a snapshot whose ranges are all read and merged is done.
+    Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk)."""
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "cdc_conn_id", "source")
     ui_color = "#ffd9b3"
@@ -513,35 +519,39 @@ class SnapshotCommitOperator(_SourceOperator):
         from ..sensors.high_watermark import flatten_chunk_results
 
         source = self.hook.source
-        chunks = flatten_chunk_results(self.chunks)
         touched: dict[tuple[str, str], int] = {}
-        for c in chunks:
+        for c in flatten_chunk_results(self.chunks):
             sc = sidecar_path(c["path"])
             if not sc.exists():
                 raise StateError(f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?")
             data = json.loads(sc.read_text())
             if not data["merged"]:
                 write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
-            touched[(c["table"], c["snapshot_id"])] = touched.get((c["table"], c["snapshot_id"]), 0) + 1
+            key = (c["table"], c["snapshot_id"])
+            touched[key] = touched.get(key, 0) + 1
         summary = {}
         for (tid, sid), count in touched.items():
-            table = TableName.parse(tid)
             p = progress_store.load(source, tid)
-            sidecars = read_sidecars(self.data_dir, source, table, sid)
-            if p is None or p.get("snapshot_id") != sid:
+            if p is None or p.snapshot_id != sid:
                 log.info("table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid)
                 continue
-            states = [range_state(sidecars, i, p.get("upper_bound")) for i in range(len(p["ranges"]))]
-            p["completed_ranges"] = [i for i, s in enumerate(states) if s.exhausted and not s.unmerged]
-            p["rows"] = sum(s["result"]["rows"] for s in sidecars if s["merged"])
-            p["chunks"] = sum(1 for s in sidecars if s["merged"])
-            p["updated_at"] = _now()
-            if len(p["completed_ranges"]) == len(p["ranges"]) and p["status"] == RUNNING:
-                p["status"], p["finished_at"] = DONE, _now()
+            if p.status in (STOPPED, DONE):
+                log.info("table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged", tid, sid, p.status, count)
+                tp = p.table(tid)
+                summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
+                continue
+            sidecars = read_sidecars(self.data_dir, source, TableName.parse(tid), sid)
+            recorded = 0
+            for s in sidecars:  # seq order = keyset order inside each range
+                if s["merged"]:
+                    recorded += p.record_chunk(ChunkResult.from_dict(s["result"]))
+            if p.status == RUNNING and p.table(tid).done:
+                p.finish()
             progress_store.save(source, tid, p)
+            tp = p.table(tid)
             log.info(
-                "table %s: snapshot %s %s, %d/%d ranges complete, %d rows in %d chunks merged",
-                tid, sid, p["status"], len(p["completed_ranges"]), len(p["ranges"]), p["rows"], p["chunks"],
+                "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
+                tid, sid, p.status, recorded, tp.rows, tp.chunks, p.rows_per_second(),
             )
-            summary[tid] = {"status": p["status"], "rows": p["rows"], "chunks": p["chunks"]}
+            summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
         return summary

@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
+from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.staging import chunk_path
@@ -21,6 +22,7 @@ from airflow_provider_cdc.operators.snapshot import (
     SnapshotCommitOperator,
     SnapshotPlanOperator,
     key_reached,
+    plan_path,
     parse_snapshot_conf,
     range_state,
     read_sidecars,
@@ -38,20 +40,28 @@ def plan_op(tmp_path, **kw):
     return SnapshotPlanOperator(task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw)
 
 
-def progress(status="running", ranges=2, upper=(100,)):
-    return {
-        "version": 1, "source": "src", "table": T.id, "snapshot_id": "S1", "status": status,
-        "ranges": [{"start": None, "end": [50]}, {"start": [50], "end": None}][:ranges],
-        "upper_bound": list(upper), "where": None, "chunk_size": 10, "parallelism": ranges,
-        "delay_seconds": 0.0, "completed_ranges": [], "rows": 0, "chunks": 0,
-    }
+RANGES = [ChunkRange(None, (50,)), ChunkRange((50,), None)]
 
 
-def committed(tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1"):
-    rng = ChunkRange(None, (50,)) if range_index == 0 else ChunkRange((50,), None)
+def progress(tmp_path, status="running", upper=(100,)):
+    """A stored snapshot S1 of T over RANGES, with its plan file, in the given status."""
+    p = SnapshotProgress.start("src", "S1", {T.id: RANGES}, {T.id: upper})
+    {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[status]()
+    progress_store.save("src", T.id, p)
+    plan = {"table": T.id, "snapshot_id": "S1", "ranges": [json.loads(r.to_json()) for r in RANGES],
+            "upper_bound": list(upper), "where": None, "chunk_size": 10, "parallelism": 2, "delay_seconds": 0.0}
+    path = plan_path(str(tmp_path), "src", T, "S1")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan))
+    return p
+
+
+def committed(tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1", after=None):
+    rng = RANGES[range_index]
     path = chunk_path(str(tmp_path), "src", T, snapshot_id, seq, f"hw{seq}")
-    res = ChunkResult("src", T.id, snapshot_id, seq, f"lw{seq}", f"hw{seq}", path, rng, None,
-                      None if last_key is None else (last_key,), rows, exhausted)
+    after = None if after is None else (after,)
+    res = ChunkResult("src", T.id, snapshot_id, seq, f"lw{seq}", f"hw{seq}", path, rng,
+                      after, None if last_key is None else (last_key,), rows, exhausted)
     import pathlib
 
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -92,11 +102,11 @@ def test_conf_defaults_and_shapes():
 
 # --- control actions -------------------------------------------------------------------------
 def test_pause_then_resume_keeps_progress(tmp_path, variables):
-    progress_store.save("src", T.id, progress())
+    progress(tmp_path)
     assert plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]})) == []
     assert progress_store.status("src", T.id) == "paused"
     committed(tmp_path, 0, 0, 9, 10, False, merged=True)
-    committed(tmp_path, 1, 0, 19, 10, False)
+    committed(tmp_path, 1, 0, 19, 10, False, after=9)
     committed(tmp_path, SEQ_STRIDE, 1, None, 0, True, merged=True)  # range 1 read and merged
     work = plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id], "chunk_size": 25}))
     assert [w["range_index"] for w in work] == [0]
@@ -107,10 +117,10 @@ def test_pause_then_resume_keeps_progress(tmp_path, variables):
 def test_invalid_transitions_are_clear_errors(tmp_path, variables):
     with pytest.raises(StateError, match="no snapshot"):
         plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]}))
-    progress_store.save("src", T.id, progress(status="stopped"))
+    progress(tmp_path, status="stopped")
     with pytest.raises(StateError, match="starts over: use action=start"):
         plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id]}))
-    progress_store.save("src", T.id, progress(status="running"))
+    progress(tmp_path, status="running")
     with pytest.raises(StateError, match="action=resume, or stop it first"):
         plan_op(tmp_path).execute(ctx({"action": "start", "tables": [T.id]}))
     assert plan_op(tmp_path).execute(ctx({"action": "stop", "tables": [T.id]})) == []
@@ -118,7 +128,7 @@ def test_invalid_transitions_are_clear_errors(tmp_path, variables):
 
 
 def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, variables):
-    progress_store.save("src", T.id, progress(status="paused"))
+    progress(tmp_path, status="paused")
     res = committed(tmp_path, 0, 0, 9, 10, False)
     work = {"table": T.id, "snapshot_id": "S1", "range_index": 0, "ranges_total": 2, "range": {"start": None, "end": [50]},
             "upper_bound": [100], "where": None, "chunk_size": 10, "delay_seconds": 0}
@@ -135,7 +145,7 @@ def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, vari
 # --- sidecars and commit -----------------------------------------------------------------------
 def test_range_state_continues_after_the_last_committed_chunk(tmp_path):
     committed(tmp_path, 0, 0, 9, 10, False, merged=True)
-    committed(tmp_path, 1, 0, 19, 10, False)
+    committed(tmp_path, 1, 0, 19, 10, False, after=9)
     st = range_state(read_sidecars(str(tmp_path), "src", T, "S1"), 0, [100])
     assert (st.next_seq, st.after_key, st.exhausted, st.rows, st.chunks) == (2, (19,), False, 20, 2)
     assert [r["seq"] for r in st.unmerged] == [1]
@@ -150,7 +160,7 @@ def test_key_reached():
 
 
 def test_commit_marks_merged_and_finishes(tmp_path, variables):
-    progress_store.save("src", T.id, progress())
+    progress(tmp_path)
     a = committed(tmp_path, 0, 0, 49, 50, True)
     b = committed(tmp_path, SEQ_STRIDE, 1, 100, 51, True)
     op = SnapshotCommitOperator(task_id="commit", chunks=[[a.to_dict()], [b.to_dict()]], data_dir=str(tmp_path),
@@ -162,12 +172,12 @@ def test_commit_marks_merged_and_finishes(tmp_path, variables):
 
 
 def test_commit_keeps_a_paused_snapshot_paused(tmp_path, variables):
-    progress_store.save("src", T.id, progress(status="paused"))
+    progress(tmp_path, status="paused")
     a = committed(tmp_path, 0, 0, 9, 10, False)
     out = SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src",
                                  cdc_conn_id="unused").execute({})
     assert out[T.id]["status"] == "paused"
-    assert json.loads(variables.store[progress_store.variable_key("src", T.id)])["rows"] == 10
+    assert progress_store.load("src", T.id).rows == 10
 
 
 def test_operators_do_no_io_in_init(tmp_path):
