@@ -1,0 +1,435 @@
+"""The Spark merge and apply jobs on staged inputs: through spark-submit (local[2]) and as
+pure functions in one local session.
+
+The constructed scenario stages a changelog with two tables, parallel chunks whose
+windows overlap, changes inside and after the windows, orphan watermarks of a failed
+attempt, a re-delivered (overlapping) segment and a high watermark id seen twice. The
+expected output comes from core.window (merge_window + mirror_apply), the reference the
+Spark job must agree with. A second test runs the same on a real MariaDB capture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_cdc.core.chunk import ChunkResult
+from airflow_provider_cdc.core.errors import NotReadyError, WatermarkError
+from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
+from airflow_provider_cdc.core.position import Position
+from airflow_provider_cdc.core.ranges import ChunkRange
+from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.core.staging import changelog_dir, chunk_path, events_dir, schema_path
+from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+from airflow_provider_cdc.sinks.arrow_types import mirror_schema, rows_to_table
+from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
+from airflow_provider_cdc.spark import apply_job, merge_job
+from airflow_provider_cdc.spark.common import application_path, spark_submit_command
+from airflow_provider_cdc.staging_io import CHUNK_SCHEMA, atomic_write_table, read_log_events, write_segment
+
+SOURCE = "src"
+WM_TABLE = "cdc.watermark"
+ITEMS = TableName("public", "items")
+OTHER = TableName("shop", "other")
+ITEMS_SCHEMA = TableSchema(
+    ITEMS,
+    (
+        Column("id", "int64"),
+        Column("name", "string"),
+        Column("amount", "decimal(12,2)"),
+        Column("at", "timestamptz"),
+        Column("blob", "binary"),
+        Column("doc", "json"),
+    ),
+    ("id",),
+)
+OTHER_SCHEMA = TableSchema(OTHER, (Column("code", "string"), Column("n", "int32")), ("code",))
+SPARK_CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
+
+
+# --- building staged inputs ------------------------------------------------------------------
+def item(i: int, version: int) -> dict:
+    return {
+        "id": i,
+        "name": f"item {i} v{version} ü",
+        "amount": f"{i * 10 + version}.{version:02d}",
+        "at": f"2024-0{1 + version % 9}-01T12:00:00.{version:06d}Z",
+        "blob": "AAEC/w==",
+        "doc": json.dumps({"v": version, "n": [i]}),
+    }
+
+
+class Stage:
+    """A staging folder: schemas, changelog segments and chunk files, plus the truth."""
+
+    def __init__(self, root: Path) -> None:
+        self.data_dir = str(root)
+        self.log: list = []
+        self.pos = 100
+        self.chunks: list[ChunkResult] = []
+        self.chunk_rows: dict[str, list[tuple[str, dict]]] = {}
+        for s in (ITEMS_SCHEMA, OTHER_SCHEMA):
+            p = Path(schema_path(self.data_dir, SOURCE, s.table))
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(s.to_json())
+
+    def _next(self) -> Position:
+        self.pos += 7
+        return Position(self.pos, 0, self.pos % 3)
+
+    def change(self, table: TableName, op: str, key: list, after: dict | None) -> None:
+        self.log.append(ChangeEvent(table.id, op, encode_key(key), self._next(), None, after, ts_ms=self.pos))
+
+    def watermark(self, wid: str, position: Position | None = None) -> None:
+        self.log.append(WatermarkEvent(wid, position or self._next(), ts_ms=self.pos))
+
+    def chunk(self, table: TableName, seq: int, lw: str, hw: str, rows: list[dict], pk: str) -> ChunkResult:
+        path = chunk_path(self.data_dir, SOURCE, table, "snap1", seq, hw)
+        pairs = [(encode_key([r[pk]]), r) for r in rows]
+        atomic_write_table(
+            pa.table({"key": [k for k, _ in pairs], "after": [encode_row(r) for _, r in pairs]}, schema=CHUNK_SCHEMA), path
+        )
+        res = ChunkResult(SOURCE, table.id, "snap1", seq, lw, hw, path, ChunkRange(), None,
+                          (rows[-1][pk],) if rows else None, len(rows), True)
+        self.chunks.append(res)
+        self.chunk_rows[path] = pairs
+        return res
+
+    def stage_log(self, cuts: list[int], overlap: int = 0) -> None:
+        """Write the log as segments cut at ``cuts``; the last segment re-delivers ``overlap`` events."""
+        bounds = [0, *cuts, len(self.log)]
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            if b > a:
+                write_segment(self.log[max(0, a - (overlap if b == len(self.log) else 0)) : b],
+                              changelog_dir(self.data_dir, SOURCE), WM_TABLE)
+
+    def round_file(self, chunks: list[ChunkResult] | None = None) -> str:
+        p = Path(self.data_dir) / f"round-{uuid.uuid4().hex[:6]}.json"
+        # nested the way a mapped chunk task returns lists of results
+        p.write_text(json.dumps([[c.to_dict() for c in (chunks or self.chunks)]]))
+        return str(p)
+
+    # the reference: core.window over the staged files
+    def expected_merge(self, chunks: list[ChunkResult] | None = None) -> list[ChangeEvent]:
+        staged = list(read_log_events(changelog_dir(self.data_dir, SOURCE)))
+        wc = [WindowChunk.from_result(c, self.chunk_rows[c.path]) for c in (chunks or self.chunks)]
+        return merge_window(wc, staged)
+
+    def expected_mirror(self) -> dict:
+        staged = [e for e in read_log_events(changelog_dir(self.data_dir, SOURCE)) if isinstance(e, ChangeEvent)]
+        state: dict = {}
+        mirror_apply(state, staged)
+        mirror_apply(state, self.expected_merge())
+        return state
+
+
+def build_scenario(root: Path) -> Stage:
+    """Two parallel chunks of items with overlapping windows, one chunk of another table."""
+    st = Stage(root)
+    state = {i: item(i, 0) for i in range(1, 41)}
+    for i in (5, 6):  # before any window: the chunks read the new values
+        state[i] = item(i, 1)
+        st.change(ITEMS, "u", [i], state[i])
+    st.watermark("orphan-lw")  # a failed attempt's watermarks: named by no chunk, ignored
+    st.change(ITEMS, "u", [7], item(7, 1))
+    state[7] = item(7, 1)
+    st.watermark("orphan-hw")
+    st.watermark("lwA")
+    st.watermark("lwB")
+    st.watermark("lwO")
+    seen_a = {i: dict(state[i]) for i in range(1, 21)}  # chunk A's SELECT ran here
+    for i, op in ((3, "u"), (15, "u"), (25, "d"), (41, "c")):
+        if op == "d":
+            state.pop(i)
+            st.change(ITEMS, "d", [i], None)
+        else:
+            state[i] = item(i, 2)
+            st.change(ITEMS, op, [i], state[i])
+    st.change(ITEMS, "u", [1], {**state[1], "name": "same key text, other table"})  # key [1] of items...
+    state[1] = {**state[1], "name": "same key text, other table"}
+    other = {f"k{j}": {"code": f"k{j}", "n": j} for j in range(1, 6)}
+    st.change(OTHER, "u", ["k2"], {"code": "k2", "n": 200})  # inside O's window: k2 dropped from O
+    other["k2"] = {"code": "k2", "n": 200}
+    st.watermark("hwO")
+    st.watermark("hwA")
+    seen_b = {i: dict(state[i]) for i in range(21, 41) if i in state}
+    seen_b[25] = item(25, 0)  # B read the row before its delete (inside B's window): dropped
+    st.change(ITEMS, "u", [30], item(30, 3))  # only inside B's window
+    state[30] = item(30, 3)
+    st.change(ITEMS, "u", [3], item(3, 4))  # after hwA: newer than the chunk anyway
+    state[3] = item(3, 4)
+    st.watermark("hwB")
+    st.change(ITEMS, "d", [10], None)  # after hwA: the chunk row of 10 must not resurrect it
+    state.pop(10)
+    st.change(ITEMS, "u", [22], item(22, 5))
+    state[22] = item(22, 5)
+    st.watermark("hwA")  # the same id again later: the first position counts
+    st.change(ITEMS, "u", [12], item(12, 6))  # between the two hwA: must not drop 12 from A
+    state[12] = item(12, 6)
+    st.chunk(ITEMS, 1, "lwA", "hwA", [seen_a[i] for i in sorted(seen_a)], "id")
+    st.chunk(ITEMS, 2, "lwB", "hwB", [seen_b[i] for i in sorted(seen_b)], "id")
+    st.chunk(OTHER, 1, "lwO", "hwO", [{"code": f"k{j}", "n": j} for j in range(1, 6)], "code")
+    st.stage_log(cuts=[6, 14], overlap=3)
+    st.truth = {ITEMS.id: state, OTHER.id: other}  # type: ignore[attr-defined]
+    return st
+
+
+# --- comparing outputs ---------------------------------------------------------------------
+def canonical_rows(schema: TableSchema, rows: list[dict]) -> list[dict]:
+    """Canonical rows -> the typed rows the mirror returns (through the sink's own decoding)."""
+    if not rows:
+        return []
+    arrays = rows_to_table(schema, rows)
+    names = list(schema.column_names)
+    return pa.Table.from_arrays(arrays, schema=pa.schema([mirror_schema(schema).field(n) for n in names])).to_pylist()
+
+
+def mirror_list(data_dir: str, schema: TableSchema) -> list[dict]:
+    t = read_mirror(data_dir, SOURCE, schema.table)
+    return sorted(t.to_pylist(), key=lambda r: tuple(r[k] for k in schema.primary_key))
+
+
+def expected_mirror_list(st: Stage, schema: TableSchema) -> list[dict]:
+    rows = list(mirror_rows(st.expected_mirror(), schema.table.id).values())
+    return sorted(canonical_rows(schema, rows), key=lambda r: tuple(r[k] for k in schema.primary_key))
+
+
+def event_files(data_dir: str) -> dict[str, list[dict]]:
+    base = Path(events_dir(data_dir, SOURCE))
+    return {str(p.relative_to(base)): pq.read_table(p).to_pylist() for p in sorted(base.rglob("*.parquet"))}
+
+
+def as_tuples(events) -> set:
+    return {(e.table, e.key, e.position.encode(), json.dumps(e.after, sort_keys=True), e.watermark, e.ts_ms) for e in events}
+
+
+def spark_tuples(df) -> set:
+    return {
+        (r["table"], r["key"], r["position"], json.dumps(json.loads(r["after"]), sort_keys=True), r["watermark"], r["ts_ms"])
+        for r in df.collect()
+    }
+
+
+def submit(job: str, args: list[str]) -> dict:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
+    cmd = spark_submit_command(job, args, master="local[2]", conf=SPARK_CONF)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    tag = "CDC_MERGE_RESULT " if job == "merge" else "CDC_APPLY_RESULT "
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
+    if proc.returncode != 0 or not lines:
+        raise AssertionError(f"spark-submit {job} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len(tag):])
+
+
+def common_args(st: Stage) -> list[str]:
+    return ["--data-dir", st.data_dir, "--source", SOURCE, "--sinks", "events,mirror"]
+
+
+# --- fixtures ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("test_spark_jobs")
+    for k, v in SPARK_CONF.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    yield session
+    session.stop()
+
+
+# --- tests ----------------------------------------------------------------------------------
+def test_application_paths_point_at_the_job_files():
+    assert application_path("merge").endswith("airflow_provider_cdc/spark/merge_job.py")
+    assert Path(application_path("apply")).is_file()
+    cmd = spark_submit_command("merge", ["--x"], master="spark://h:7077", conf={"a": "b"})
+    assert cmd[:5] == ["spark-submit", "--master", "spark://h:7077", "--conf", "a=b"]
+    assert cmd[-2:] == [application_path("merge"), "--x"]
+
+
+def test_merge_chunks_agrees_with_core_merge_window(spark, tmp_path):
+    st = build_scenario(tmp_path / "fixed")
+    got = merge_job.merge_chunks(spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
+    want = st.expected_merge()
+    assert spark_tuples(got) == as_tuples(want)
+    keys = {(e.table, e.key) for e in want}
+    # the window rules this scenario exercises, spelled out
+    assert (ITEMS.id, "[3]") not in keys and (ITEMS.id, "[15]") not in keys  # changed in A's window
+    assert (ITEMS.id, "[25]") not in keys and (ITEMS.id, "[30]") not in keys  # in B's window
+    assert (ITEMS.id, "[12]") in keys  # changed only after the first hwA
+    assert (ITEMS.id, "[1]") not in keys and (OTHER.id, '["k2"]') not in keys
+    assert (OTHER.id, '["k1"]') in keys and (ITEMS.id, "[10]") in keys  # 10: deleted after hwA
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed):
+    """Random interleavings of many chunks' watermarks and changes (keys reused across
+    windows, duplicate watermark ids, orphans): Spark and core give the same events."""
+    rnd = random.Random(seed)
+    st = Stage(tmp_path / f"r{seed}")
+    n_chunks = rnd.randint(3, 7)
+    opened: list[int] = []
+    pending = list(range(n_chunks))
+    closed: set[int] = set()
+    while pending or opened:
+        r = rnd.random()
+        if pending and r < 0.25:
+            c = pending.pop(0)
+            st.watermark(f"lw{c}")
+            opened.append(c)
+        elif opened and r < 0.4:
+            c = opened.pop(rnd.randrange(len(opened)))
+            st.watermark(f"hw{c}")
+            closed.add(c)
+            if rnd.random() < 0.2:
+                st.watermark(f"hw{c}")  # re-delivered id
+        elif r < 0.45:
+            st.watermark(f"orphan{rnd.randint(0, 99)}")
+        else:
+            k = rnd.randint(1, 10 * n_chunks + 5)
+            op = rnd.choice("cud")
+            st.change(ITEMS, op, [k], None if op == "d" else item(k, rnd.randint(0, 9)))
+    for c in range(n_chunks):
+        rows = [item(k, rnd.randint(0, 9)) for k in range(10 * c + 1, 10 * c + 11) if rnd.random() < 0.8]
+        st.chunk(ITEMS, c, f"lw{c}", f"hw{c}", rows, "id")
+    st.stage_log(cuts=sorted(rnd.sample(range(1, max(2, len(st.log))), k=min(3, len(st.log) - 1))), overlap=2)
+    got = merge_job.merge_chunks(spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
+    assert spark_tuples(got) == as_tuples(st.expected_merge())
+
+
+def test_unstaged_high_watermark_fails_naming_the_chunk_and_emits_nothing(spark, tmp_path):
+    st = build_scenario(tmp_path / "s")
+    late = st.chunk(ITEMS, 9, "lwA", "hw-not-yet", [item(99, 0)], "id")
+    with pytest.raises(NotReadyError, match=r"chunk 9 of table public\.items.*hw-not-yet.*sensor should have waited"):
+        merge_job.main(["--chunks", st.round_file(), *common_args(st)])
+    assert not Path(events_dir(st.data_dir, SOURCE)).exists()  # never emit early, for any chunk
+    with pytest.raises(NotReadyError):
+        merge_job.locate_windows(spark, [late], changelog_dir(st.data_dir, SOURCE))
+    lost_lw = st.chunk(ITEMS, 8, "lw-gone", "hwA", [item(98, 0)], "id")
+    with pytest.raises(WatermarkError, match="low watermark 'lw-gone'"):
+        merge_job.locate_windows(spark, [lost_lw], changelog_dir(st.data_dir, SOURCE))
+
+
+def test_spark_submit_writers_in_either_order_rerun_and_no_resurrection(spark, tmp_path):
+    """apply->merge and merge->apply through spark-submit give the same mirror, equal to the
+    source; a delete after the high watermark applied before the late chunk stays deleted;
+    re-running both jobs writes the same event files and leaves the mirror unchanged."""
+    x = build_scenario(tmp_path / "x")  # apply first, then the (late) merge
+    y = build_scenario(tmp_path / "y")  # merge first, then apply
+    rx = x.round_file()
+    applied = submit("apply", common_args(x))
+    merged = submit("merge", ["--chunks", rx, *common_args(x)])
+    assert merged["chunks"] == 3 and merged["emitted"] == len(x.expected_merge())
+    assert merged["dropped"] == sum(c.rows for c in x.chunks) - merged["emitted"]
+    assert applied["events"] == sum(1 for e in read_log_events(changelog_dir(x.data_dir, SOURCE)) if isinstance(e, ChangeEvent))
+    submit("merge", ["--chunks", y.round_file(), *common_args(y)])
+    submit("apply", common_args(y))
+
+    for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
+        truth = sorted(canonical_rows(schema, list(x.truth[schema.table.id].values())),
+                       key=lambda r: tuple(r[k] for k in schema.primary_key))
+        assert mirror_list(x.data_dir, schema) == truth  # I2: mirror == source
+        assert mirror_list(x.data_dir, schema) == expected_mirror_list(x, schema)  # == core's mirror semantics
+        assert mirror_list(y.data_dir, schema) == mirror_list(x.data_dir, schema)
+        raw_x = read_mirror_raw(x.data_dir, SOURCE, schema.table).to_pylist()
+        raw_y = read_mirror_raw(y.data_dir, SOURCE, schema.table).to_pylist()
+        assert raw_x == raw_y  # tombstones and positions too
+    ids = [r["id"] for r in mirror_list(x.data_dir, ITEMS_SCHEMA)]
+    assert 10 not in ids and 25 not in ids  # deleted; the chunk row of 10 (at hwA) did not resurrect it
+    tomb = {r["id"]: r for r in read_mirror_raw(x.data_dir, SOURCE, ITEMS).to_pylist() if r["__deleted"]}
+    assert set(tomb) == {10, 25}
+
+    # same file names and contents in both orders, and again after a re-run of both jobs
+    files_x = event_files(x.data_dir)
+    assert files_x == event_files(y.data_dir)
+    before = read_mirror_raw(x.data_dir, SOURCE, ITEMS).to_pylist()
+    for m in ("_applied/events.json", "_applied/mirror.json"):  # force the apply job to redo everything
+        (Path(x.data_dir) / "output" / SOURCE / m).unlink()
+    merge_job.main(["--chunks", rx, *common_args(x)])  # in-process: same code, no second JVM start
+    apply_job.main(common_args(x))
+    assert event_files(x.data_dir) == files_x
+    assert read_mirror_raw(x.data_dir, SOURCE, ITEMS).to_pylist() == before
+    rows = [(f.split("/")[0], r["key"], r["source"]["position"]) for f, rs in files_x.items() for r in rs]
+    assert len(rows) == len(set(rows))  # no duplicates by (table, key, position)
+    r_files = [f for f in files_x if "/r-" in f]
+    assert len(r_files) == 3 and all(rs[0]["source"]["snapshot"] for f, rs in files_x.items() if "/r-" in f)
+
+
+def test_apply_job_resumes_from_its_marker(spark, tmp_path):
+    st = build_scenario(tmp_path / "a")
+    first = apply_job.main(common_args(st))
+    again = apply_job.main(common_args(st))  # nothing new: reads nothing
+    assert first["events"] > 0 and again["segments"] == 0 and again["events"] == 0
+    st.change(ITEMS, "u", [2], item(2, 9))
+    write_segment(st.log[-1:], changelog_dir(st.data_dir, SOURCE), WM_TABLE)
+    more = apply_job.main(common_args(st))
+    assert more["segments"] == 1 and more["events"] == 1
+    assert {r["id"]: r["name"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)}[2] == item(2, 9)["name"]
+
+
+# --- a real capture -----------------------------------------------------------------------------
+def test_merge_on_a_real_mariadb_capture(spark, tmp_path, mysql_uri, unique_name):
+    """Chunks read between real watermarks while rows change inside the windows; the
+    captured binlog staged by the dialect; Spark merge + apply converge to the source."""
+    from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+    from airflow_provider_cdc.snapshot import GapHooks, snapshot_chunk
+
+    table = TableName("cdc_test", f"spk_{unique_name}")
+    source = f"spk_{unique_name}"
+    d = get_dialect(ConnectionParams.from_uri(mysql_uri), source=source, watermark_schema="cdc",
+                    watermark_table=f"wm_{unique_name}", tables=[table])
+    data_dir = str(tmp_path)
+    q = d.quote_table(table)
+    try:
+        d.ensure_watermark_table()
+        d._query(f"CREATE TABLE {q} (id INT PRIMARY KEY, v VARCHAR(20), amount DECIMAL(10,2), at DATETIME(6))")
+        d._query(f"INSERT INTO {q} VALUES " + ",".join(f"({i}, 'v{i}', {i}.25, '2024-01-01 00:00:0{i % 10}')" for i in range(1, 31)))
+        d.load_offset(data_dir)  # start the capture here
+        schema = d.describe_table(table)
+        p = Path(schema_path(data_dir, source, table))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(schema.to_json())
+        hooks = GapHooks(
+            after_low_watermark=lambda: d._query(f"UPDATE {q} SET v = 'in-window' WHERE id IN (2, 17)"),
+            before_high_watermark=lambda: d._query(f"DELETE FROM {q} WHERE id = 4"),
+        )
+        chunks = [
+            snapshot_chunk(d, schema, ChunkRange(None, (16,)), data_dir=data_dir, snapshot_id="s", seq=1, chunk_size=100, gap_hooks=hooks),
+            snapshot_chunk(d, schema, ChunkRange((16,), None), data_dir=data_dir, snapshot_id="s", seq=2, chunk_size=100),
+        ]
+        d._query(f"UPDATE {q} SET v = 'after-hw' WHERE id = 20")
+        d._query(f"DELETE FROM {q} WHERE id = 21")
+        d._query(f"INSERT INTO {q} VALUES (99, 'new', 1.5, '2024-02-02 00:00:00')")
+        d.capture(data_dir)
+        rows = {k: r for batch in d.stream_query(f"SELECT * FROM {q} ORDER BY id", []) for r in batch
+                for k in [r[0]]}
+        truth = {k: d.row_to_canonical(schema, r) for k, r in rows.items()}
+    finally:
+        d._query(f"DROP TABLE IF EXISTS {q}")
+        d._query(f"DROP TABLE IF EXISTS {d.quote_table(d.watermark_table)}")
+        d.close()
+    stage_rows = {c.path: [(r["key"], json.loads(r["after"])) for r in pq.read_table(c.path).to_pylist()] for c in chunks}
+    staged = list(read_log_events(changelog_dir(data_dir, source)))
+    want = merge_window([WindowChunk.from_result(c, stage_rows[c.path]) for c in chunks], staged)
+    got = merge_job.merge_chunks(spark, chunks, changelog_dir(data_dir, source))
+    assert spark_tuples(got) == as_tuples(want)
+    assert "[2]" not in {e.key for e in want}  # changed inside the first window
+    args = ["--data-dir", data_dir, "--source", source, "--sinks", "events,mirror"]
+    rf = Path(data_dir) / "round.json"
+    rf.write_text(json.dumps([c.to_dict() for c in chunks]))
+    merge_job.main(["--chunks", str(rf), *args])
+    apply_job.main(args)
+    mirror = sorted(read_mirror(data_dir, source, table).to_pylist(), key=lambda r: r["id"])
+    assert mirror == sorted(canonical_rows(schema, list(truth.values())), key=lambda r: r["id"])
+    assert 4 not in {r["id"] for r in mirror} and 21 not in {r["id"] for r in mirror}
+
