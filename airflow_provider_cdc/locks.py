@@ -39,10 +39,10 @@ def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
     if scheme in ("postgres", "postgresql"):
         import psycopg2
 
-        conn = psycopg2.connect(
-            host=params.host, port=params.port or 5432, user=params.user, password=params.password,
-            dbname=params.database, connect_timeout=10, application_name="cdc-capture-lock",
-        )
+        kw = {"connect_timeout": 10, **params.extra}  # driver settings (sslmode, ...)
+        kw.update(host=params.host, port=params.port or 5432, user=params.user, password=params.password,
+                  dbname=params.database or "postgres", application_name="cdc-capture-lock")
+        conn = psycopg2.connect(**kw)
         conn.autocommit = True
         acquire, release = "SELECT pg_try_advisory_lock(hashtext(%s))", "SELECT pg_advisory_unlock(hashtext(%s))"
     elif scheme in ("mysql", "mariadb"):

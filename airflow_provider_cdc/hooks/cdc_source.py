@@ -24,8 +24,13 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
 }
-#: extra keys that are Dialect constructor keywords rather than driver settings
-_DIALECT_KEYWORDS = ("watermark_schema", "watermark_table")
+#: connection-extra keys that are CDC settings (dialect options); every other extra key is
+#: a driver setting (e.g. libpq's sslmode) passed through to the database connection
+CDC_OPTION_KEYS = frozenset({
+    "slot_name", "publication_name", "tables", "on_truncate", "read_timeout",  # PostgreSQL
+    "server_id", "connect_timeout",  # MySQL/MariaDB (connect_timeout is a libpq setting on PostgreSQL)
+    "watermark_schema", "watermark_table", "dialect",
+})
 
 
 def dialect_name_for(conn_type: str | None, extra: dict[str, Any] | None = None, conn_id: str = "?") -> str:
@@ -70,10 +75,20 @@ class CdcSourceHook(BaseHook):
     def connection(self):
         return self.get_connection(self.cdc_conn_id)
 
-    def connection_params(self) -> ConnectionParams:
+    def _split_extra(self) -> tuple[str, dict[str, Any], dict[str, Any]]:
         conn = self.connection
         extra = dict(conn.extra_dejson or {})
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
+        options = {k: v for k, v in extra.items() if k in CDC_OPTION_KEYS and k != "dialect"}
+        driver = {k: v for k, v in extra.items() if k not in CDC_OPTION_KEYS}
+        if name == "postgres" and "connect_timeout" in extra:
+            driver["connect_timeout"] = options.pop("connect_timeout")
+        return name, options, driver
+
+    def connection_params(self) -> ConnectionParams:
+        """Host, port, credentials and driver settings; CDC settings are dialect options."""
+        conn = self.connection
+        name, _options, driver = self._split_extra()
         return ConnectionParams(
             scheme=name,
             host=conn.host or "127.0.0.1",
@@ -81,16 +96,20 @@ class CdcSourceHook(BaseHook):
             user=conn.login or None,
             password=conn.password or None,
             database=conn.schema or None,
-            extra=extra,
+            extra=driver,
         )
 
+    def dialect_options(self) -> dict[str, Any]:
+        """CDC settings from the connection extra (slot_name, server_id, watermark_schema...)."""
+        return self._split_extra()[1]
+
     def get_dialect(self, source: str | None = None, **options: Any) -> Dialect:
-        """A new dialect for this connection (the caller closes it, e.g. ``with hook.get_dialect() as d``)."""
+        """A new dialect for this connection (the caller closes it, e.g. ``with hook.get_dialect() as d``).
+        ``options`` override the connection's CDC settings."""
         from ..dialects import dialect_class
 
         params = self.connection_params()
-        kwargs: dict[str, Any] = {k: params.extra[k] for k in _DIALECT_KEYWORDS if k in params.extra}
-        kwargs.update(options)
+        kwargs = {**self.dialect_options(), **options}
         return dialect_class(params.scheme)(params, source=source or self.source, **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:

@@ -28,12 +28,13 @@ def test_unknown_conn_type_lists_known_types():
 
 def test_params_from_a_uri_connection(monkeypatch):
     monkeypatch.setenv(
-        "AIRFLOW_CONN_CDC_UNIT_PG", "postgresql://cdc:s3cr%40t@db.example:5433/shop?slot_name=cdc_slot&watermark_schema=wm"
+        "AIRFLOW_CONN_CDC_UNIT_PG", "postgresql://cdc:s3cr%40t@db.example:5433/shop?slot_name=cdc_slot&watermark_schema=wm&sslmode=require"
     )
     hook = CdcSourceHook("cdc_unit_pg")
     p = hook.connection_params()
     assert (p.scheme, p.host, p.port, p.user, p.password, p.database) == ("postgres", "db.example", 5433, "cdc", "s3cr@t", "shop")
-    assert p.extra == {"slot_name": "cdc_slot", "watermark_schema": "wm"}
+    assert p.extra == {"sslmode": "require"}  # CDC settings are dialect options, not driver settings
+    assert hook.dialect_options() == {"slot_name": "cdc_slot", "watermark_schema": "wm"}
     assert hook.source == "cdc_unit_pg"
     assert CdcSourceHook("cdc_unit_pg", source="shop").source == "shop"
 
@@ -44,8 +45,9 @@ def test_params_from_a_json_connection_of_our_type(monkeypatch):
         json.dumps({"conn_type": "cdc", "host": "127.0.0.1", "port": 3306, "login": "root", "schema": "shop",
                     "extra": {"dialect": "mysql", "server_id": 4242}}),
     )
-    p = CdcSourceHook("cdc_unit_my").connection_params()
-    assert (p.scheme, p.port, p.database, p.extra["server_id"]) == ("mysql", 3306, "shop", 4242)
+    hook = CdcSourceHook("cdc_unit_my")
+    p = hook.connection_params()
+    assert (p.scheme, p.port, p.database, hook.dialect_options()) == ("mysql", 3306, "shop", {"server_id": 4242})
 
 
 def test_test_connection_reports_instead_of_raising(monkeypatch):
