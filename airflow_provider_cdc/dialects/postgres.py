@@ -247,7 +247,10 @@ def parse_array(text: str, element: Callable[[str], Any]) -> list:
             if c != ",":
                 raise SourceError(f"malformed array value {text[:40]!r}")
 
-    result = parse_level()
+    try:
+        result = parse_level()
+    except IndexError:
+        raise SourceError(f"malformed array value {text[:40]!r}") from None
     if pos != n:
         raise SourceError(f"malformed array value {text[:40]!r}")
     return result

@@ -1,0 +1,149 @@
+"""pgoutput parsing and PostgreSQL text -> canonical decoding, without a server.
+
+The messages are built byte by byte from the protocol documentation, so a parser that
+misreads a field fails here; the integration tests then prove the server agrees."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from airflow_provider_cdc.core.errors import SourceError
+from airflow_provider_cdc.dialects import pgoutput
+from airflow_provider_cdc.dialects.postgres import (
+    PgType,
+    UnsupportedType,
+    _numeric_type,
+    decoder,
+    default_object_name,
+    logical_type,
+    parse_array,
+)
+
+
+def _tuple(*values) -> bytes:
+    out = struct.pack("!H", len(values))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v is pgoutput.UNCHANGED:
+            out += b"u"
+        else:
+            b = v.encode()
+            out += b"t" + struct.pack("!I", len(b)) + b
+    return out
+
+
+def test_begin_commit_carry_commit_lsn_and_time():
+    ts_us = 789_000_123  # microseconds after 2000-01-01
+    b = pgoutput.parse(b"B" + struct.pack("!QqI", 0x1_0000_00A0, ts_us, 42))
+    assert b == pgoutput.Begin(0x1_0000_00A0, pgoutput.PG_EPOCH_MS + 789_000, 42)
+    c = pgoutput.parse(b"C" + struct.pack("!BQQq", 0, 0x1_0000_00A0, 0x1_0000_00D0, ts_us))
+    assert c == pgoutput.Commit(0x1_0000_00A0, 0x1_0000_00D0, pgoutput.PG_EPOCH_MS + 789_000)
+
+
+def test_relation_with_key_flags_and_unicode_names():
+    cols = [(1, 'or"der', 23, -1), (0, "ünï", 1700, (10 << 16 | 2) + 4)]
+    body = (
+        struct.pack("!I", 7)
+        + b"public"
+        + b"\0"
+        + 'T "q" ü'.encode()
+        + b"\0"
+        + b"f"
+        + struct.pack("!H", 2)
+    )
+    for flags, name, oid, typmod in cols:
+        body += bytes([flags]) + name.encode() + b"\0" + struct.pack("!Ii", oid, typmod)
+    r = pgoutput.parse(b"R" + body)
+    assert r.relid == 7 and r.namespace == "public" and r.name == 'T "q" ü' and r.replica_identity == "f"
+    assert r.columns[0] == pgoutput.RelationColumn('or"der', 23, -1, True)
+    assert r.columns[1].is_key is False and r.columns[1].typmod == (10 << 16 | 2) + 4
+
+
+def test_insert_update_delete_truncate():
+    ins = pgoutput.parse(b"I" + struct.pack("!I", 7) + b"N" + _tuple("1", None, "ü ✓"))
+    assert ins == pgoutput.Insert(7, ["1", None, "ü ✓"])
+    upd = pgoutput.parse(b"U" + struct.pack("!I", 7) + b"N" + _tuple("1", pgoutput.UNCHANGED))
+    assert upd.old is None and upd.new[1] is pgoutput.UNCHANGED
+    upd = pgoutput.parse(
+        b"U" + struct.pack("!I", 7) + b"O" + _tuple("1", "big") + b"N" + _tuple("2", pgoutput.UNCHANGED)
+    )
+    assert upd.old_kind == "O" and upd.old == ["1", "big"] and upd.new[0] == "2"
+    upd = pgoutput.parse(b"U" + struct.pack("!I", 7) + b"K" + _tuple("1", None) + b"N" + _tuple("2", "x"))
+    assert upd.old_kind == "K" and upd.old == ["1", None]
+    dele = pgoutput.parse(b"D" + struct.pack("!I", 7) + b"K" + _tuple("5", None))
+    assert dele == pgoutput.Delete(7, ["5", None], "K")
+    tr = pgoutput.parse(b"T" + struct.pack("!IB", 2, 1) + struct.pack("!II", 7, 8))
+    assert tr == pgoutput.Truncate((7, 8), True, False)
+    assert pgoutput.parse(b"O" + b"\0" * 9) == pgoutput.Skipped("O")
+
+
+def test_unknown_and_binary_values_are_protocol_errors():
+    with pytest.raises(pgoutput.ProtocolError, match="unknown pgoutput message"):
+        pgoutput.parse(b"Z123")
+    with pytest.raises(pgoutput.ProtocolError, match="binary"):
+        pgoutput.parse(
+            b"I" + struct.pack("!I", 7) + b"N" + struct.pack("!H", 1) + b"b" + struct.pack("!I", 1) + b"x"
+        )
+
+
+@pytest.mark.parametrize(
+    ("logical", "text", "canonical"),
+    [
+        ("int64", "-9223372036854775808", -9223372036854775808),
+        ("decimal(20,6)", "12.500000", "12.500000"),
+        ("float32", "1.1", 1.1),
+        ("float64", "-Infinity", "-Infinity"),
+        ("float64", "NaN", "NaN"),
+        ("bool", "f", False),
+        ("binary", "\\x00ff10", "AP8Q"),
+        ("binary", "\\x", ""),
+        ("time", "23:59:58", "23:59:58.000000"),
+        ("time", "00:00:00.5", "00:00:00.500000"),
+        ("timestamp", "2024-01-02 03:04:05.25", "2024-01-02T03:04:05.250000"),
+        ("timestamp", "infinity", "infinity"),
+        ("timestamptz", "2024-01-02 03:04:05+00", "2024-01-02T03:04:05.000000Z"),
+        ("timestamptz", "2024-01-02 03:04:05.123456+02:30", "2024-01-02T00:34:05.123456Z"),
+        ("timestamptz", "0044-03-15 12:00:00+00 BC", "0044-03-15 12:00:00+00 BC"),
+        ("uuid", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        ("array<int32>", "{{1,2},{3,NULL}}", [[1, 2], [3, None]]),
+        ("array<string>", '{"a b","c\\"d",NULL,"NULL","",x}', ["a b", 'c"d', None, "NULL", "", "x"]),
+        ("array<binary>", '{"\\\\x00ff"}', ["AP8="]),
+        ("array<int32>", "[0:1]={7,8}", [7, 8]),
+        ("array<int32>", "{}", []),
+    ],
+)
+def test_text_to_canonical(logical, text, canonical):
+    assert decoder(logical)(text) == canonical
+
+
+def test_malformed_array_is_an_error():
+    with pytest.raises(SourceError, match="malformed array"):
+        parse_array("{1,2", int)
+
+
+def test_type_mapping():
+    types = {
+        1: PgType(1, "int4", "pg_catalog", "b", 0, 0, -1, "N"),
+        2: PgType(2, "_int4", "pg_catalog", "b", 1, 0, -1, "A"),
+        3: PgType(3, "mood", "public", "e", 0, 0, -1, "E"),
+        4: PgType(4, "posint", "public", "d", 0, 1, -1, "N"),
+        5: PgType(5, "numeric", "pg_catalog", "b", 0, 0, -1, "N"),
+        6: PgType(6, "point", "pg_catalog", "b", 0, 0, -1, "G"),
+        7: PgType(7, "citext", "public", "b", 0, 0, -1, "S"),
+        8: PgType(8, "_numeric", "pg_catalog", "b", 5, 0, -1, "A"),
+    }
+    lt = lambda oid, typmod=-1: logical_type(oid, typmod, types.__getitem__)  # noqa: E731
+    assert lt(2) == "array<int32>" and lt(3) == "string" and lt(4) == "int32" and lt(7) == "string"
+    assert lt(5) == "decimal" and lt(5, (12 << 16 | 3) + 4) == "decimal(12,3)"
+    assert lt(8, (6 << 16 | 2) + 4) == "array<decimal(6,2)>"
+    with pytest.raises(UnsupportedType, match="point"):
+        lt(6)
+    assert _numeric_type(((5 << 16) | (0x7FF & -2)) + 4) == "decimal"  # negative scale (PG 15)
+
+
+def test_default_slot_name_is_valid():
+    assert default_object_name("My-Source.1") == "cdc_my_source_1"
+    assert len(default_object_name("x" * 100)) == 63
