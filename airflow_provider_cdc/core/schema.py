@@ -158,9 +158,14 @@ class TableSchema:
         )
 
 
+# One encoder, built once: json.dumps() with non-default arguments builds a new encoder
+# on every call, which costs more than the encoding of a short row. Same output.
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def encode_key(values: Sequence[object]) -> str:
     """Canonical key: compact JSON list of canonical primary-key values, in key order."""
-    return json.dumps(list(values), separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT_JSON(list(values))
 
 
 def decode_key(key: str) -> tuple:
@@ -169,7 +174,7 @@ def decode_key(key: str) -> tuple:
 
 def encode_row(row: Mapping[str, object]) -> str:
     """A row (column -> canonical value) as compact JSON, columns in the row's order."""
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False)
+    return _COMPACT_JSON(row)
 
 
 def decode_row(text: str | None) -> dict | None:
