@@ -25,7 +25,9 @@ window is closed could miss a conflicting change, so never emit early.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -126,52 +128,81 @@ def merge_window(chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]) 
     :class:`WatermarkError` when a low watermark is missing or not before its high
     watermark; nothing is emitted then, for any chunk of the round.
     """
+    with _gc_paused():  # many small objects, no cycles: the cyclic GC would only rescan the heap
+        windows, rows_of, gone_of = _step4(chunks, log_events)
+        out: list[ChangeEvent] = []
+        read = Op.READ.value
+        for i in sorted(range(len(chunks)), key=lambda j: windows[j][1].position):
+            # step 5: survivors at the high watermark
+            chunk, hw, rows, gone = chunks[i], windows[i][1], rows_of[i], gone_of[i]
+            table, hw_id, hw_pos, ts = chunk.table, chunk.high_watermark, hw.position, hw.ts_ms
+            if gone:
+                out += [ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id) for k, a in rows.items() if k not in gone]
+            else:
+                out += [ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id) for k, a in rows.items()]
+    return out
+
+
+def window_drops(chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]) -> list[set[str]]:
+    """DBLog step 4 only: per chunk (in the given order), the keys its window removes.
+    Same checks and errors as :func:`merge_window`."""
+    with _gc_paused():
+        return _step4(chunks, log_events)[2]
+
+
+def _step4(
+    chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]
+) -> tuple[list[tuple[WatermarkHit, WatermarkHit]], list[Mapping[str, dict]], list[set[str]]]:
     events = log_events if isinstance(log_events, (list, tuple)) else list(log_events)
     wanted = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
     found = _locate(events, wanted)
     windows = [_window(c, found) for c in chunks]  # raises before anything is emitted
-
-    # key -> [(chunk index, lw pos, hw pos)] per table; ranges are disjoint, so usually one entry
-    rows_of: list[Mapping[str, dict]] = []
-    index: dict[str, dict[str, list[tuple[int, Position, Position]]]] = {}
-    for i, (chunk, (lw, hw)) in enumerate(zip(chunks, windows, strict=True)):
-        rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
-        rows_of.append(rows)
-        by_key = index.setdefault(chunk.table, {})
-        entry = (i, lw.position, hw.position)
-        for key in rows:
-            hits = by_key.get(key)
-            if hits is None:
-                by_key[key] = [entry]
-            else:
-                hits.append(entry)
-
-    # step 4: one pass over the log, a dict lookup per row event
-    dropped: list[set[str]] = [set() for _ in chunks]
+    if not chunks:
+        return [], [], []
+    # the log side: per table of the round, key -> positions of its row events (a round has
+    # far fewer log events than chunk rows); positions are compared only for keys in a chunk
+    changes: dict[str, dict[str, list[Position]]] = {c.table: {} for c in chunks}
     for ev in events:
         if type(ev) is not ChangeEvent:
             continue
-        by_key = index.get(ev.table)
+        by_key = changes.get(ev.table)
         if by_key is None:
             continue
         hits = by_key.get(ev.key)
         if hits is None:
-            continue
-        pos = ev.position
-        for i, lw_pos, hw_pos in hits:
-            if lw_pos < pos < hw_pos:
-                dropped[i].add(ev.key)
+            by_key[ev.key] = [ev.position]
+        else:
+            hits.append(ev.position)
+    rows_of: list[Mapping[str, dict]] = []
+    gone_of: list[set[str]] = []
+    for chunk, (lw, hw) in zip(chunks, windows, strict=True):
+        rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
+        lw_i, hw_i = _ordinal(lw.position), _ordinal(hw.position)
+        # a key changed strictly inside this chunk's window leaves the chunk
+        gone = {
+            key
+            for key, positions in changes[chunk.table].items()
+            if key in rows and any(lw_i < _ordinal(p) < hw_i for p in positions)
+        }
+        rows_of.append(rows)
+        gone_of.append(gone)
+    return windows, rows_of, gone_of
 
-    # step 5: survivors at the high watermark
-    out: list[ChangeEvent] = []
-    read = Op.READ.value
-    for i in sorted(range(len(chunks)), key=lambda j: windows[j][1].position):
-        chunk, hw, gone = chunks[i], windows[i][1], dropped[i]
-        table, hw_id, hw_pos, ts = chunk.table, chunk.high_watermark, hw.position, hw.ts_ms
-        for key, after in rows_of[i].items():
-            if key not in gone:
-                out.append(ChangeEvent(table, read, key, hw_pos, None, after, ts, True, hw_id))
-    return out
+
+def _ordinal(p: Position) -> int:
+    """The position as one int (same order; compared in C, unlike the dataclass ``<``)."""
+    return (p.major << 96) | (p.minor << 32) | p.index
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # --- reference mirror semantics ---------------------------------------------------------

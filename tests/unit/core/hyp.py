@@ -12,7 +12,7 @@ import os
 from hypothesis import HealthCheck, settings
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
-settings.register_profile("cdc-ci", max_examples=1500, **_COMMON)
+settings.register_profile("cdc-ci", max_examples=1000, **_COMMON)
 settings.register_profile("cdc-thorough", max_examples=20000, **_COMMON)
 
 
