@@ -442,7 +442,7 @@ class MySqlDialect(Dialect):
         self._conn: pymysql.connections.Connection | None = None
         self._flavour: Flavour | None = None
         self._lock = threading.RLock()
-        self._converters: dict[tuple, list[Callable[[Any], Any]]] = {}
+        self._converters: dict[int, tuple[TableSchema, list]] = {}
 
     # --- connections ------------------------------------------------------------------
     def _connect(self, **kw: Any) -> pymysql.connections.Connection:
@@ -619,14 +619,13 @@ class MySqlDialect(Dialect):
         self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None
     ):
         """The shared keyset SELECT, with FLOAT columns widened to DOUBLE (``+ 0e0``):
-        the server prints FLOAT with 6 significant digits, the binlog has all 24 bits.
-        A ``%`` in the filter is doubled: pymysql %-formats the statement with its params."""
+        the server prints FLOAT with 6 significant digits, the binlog has all 24 bits."""
         sql, params = super().chunk_query(
             schema,
             rng,
             after_key=after_key,
             limit=limit,
-            where=None if where is None else where.replace("%", "%%"),
+            where=where,
             columns=columns,
         )
         names = list(columns or schema.column_names)
@@ -662,18 +661,23 @@ class MySqlDialect(Dialect):
         finally:
             conn.close()
 
-    def _select_converters(self, schema: TableSchema) -> list[Callable[[Any], Any]]:
-        key = ("select", schema.table, tuple((c.name, c.type, c.source_type) for c in schema.columns))
-        convs = self._converters.get(key)
-        if convs is None:
-            convs = self._converters[key] = [_select_converter(c) for c in schema.columns]
-        return convs
+    def _select_converters(self, schema: TableSchema) -> list[tuple[str, Callable[[Any], Any] | None]]:
+        """Per-column converters, cached per schema object (looked up once per row)."""
+        hit = self._converters.get(id(schema))
+        if hit is None or hit[0] is not schema:
+            convs = []
+            for c in schema.columns:
+                conv = _select_converter(c)
+                # pymysql already returns canonical ints and text
+                passthrough = conv is int or (c.type in ("string", "json") and conv is not _json_text)
+                convs.append((c.name, None if passthrough else conv))
+            hit = self._converters[id(schema)] = (schema, convs)
+        return hit[1]
 
     def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
-        convs = self._select_converters(schema)
         return {
-            c.name: (None if v is None else conv(v))
-            for c, conv, v in zip(schema.columns, convs, row, strict=True)
+            name: (v if conv is None or v is None else conv(v))
+            for (name, conv), v in zip(self._select_converters(schema), row, strict=True)
         }
 
     def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
@@ -695,8 +699,11 @@ class MySqlDialect(Dialect):
         return value
 
     def _key_tuple(self, schema: TableSchema, row: tuple) -> tuple:
-        convs = dict(zip(schema.column_names, self._select_converters(schema), strict=True))
-        return tuple(None if v is None else convs[k](v) for k, v in zip(schema.primary_key, row, strict=True))
+        convs = dict(self._select_converters(schema))
+        return tuple(
+            v if v is None or convs[k] is None else convs[k](v)
+            for k, v in zip(schema.primary_key, row, strict=True)
+        )
 
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
         from .base import validate_where
@@ -735,7 +742,8 @@ class MySqlDialect(Dialect):
         return [self._key_tuple(schema, r) for r in rows]
 
     # --- changelog --------------------------------------------------------------------
-    def _status(self) -> BinlogOffset:
+    def binlog_end(self) -> BinlogOffset:
+        """The current end of the binlog (file and position), always a transaction boundary."""
         rows = self._query(self.flavour.status_sql)
         if not rows or not rows[0][0]:
             raise SourceError(
@@ -751,7 +759,7 @@ class MySqlDialect(Dialect):
             return None
 
     def current_position(self) -> Position:
-        end = self._status()
+        end = self.binlog_end()
         return Position.binlog(end.index, end.pos, 0)
 
     def _offset_path(self, data_dir: str) -> Path:
@@ -765,7 +773,7 @@ class MySqlDialect(Dialect):
             text = p.read_text(encoding="utf-8")
             BinlogOffset.from_json(text)
             return text
-        end = self._status()
+        end = self.binlog_end()
         text = end.to_json(gtid=self._gtid())
         self.commit_offset(text, data_dir)
         return text
@@ -813,7 +821,7 @@ class MySqlDialect(Dialect):
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start = BinlogOffset.from_json(offset)
-        end = self._status()
+        end = self.binlog_end()
         if start > end:
             raise StateError(
                 f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "

@@ -530,7 +530,7 @@ def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
     d.commit_offset(BinlogOffset.of("binlog.000000", 4).to_json(), data)
     with pytest.raises(SourceError, match="(?i)re-snapshot"):
         d.capture(data)
-    end = d._status()
+    end = d.binlog_end()
     d.commit_offset(BinlogOffset.of(end.file, end.pos + 10**9).to_json(), data)
     with pytest.raises(StateError, match="past the end"):
         d.capture(data)
