@@ -938,6 +938,7 @@ class MySqlDialect(Dialect):
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
+        file_index = binlog_file_index(file)
         ts_ms = int(ev.timestamp) * 1000
         if ev.schema == wm.schema and ev.table == wm.name:
             if not isinstance(ev, UpdateRowsEvent):
@@ -961,12 +962,11 @@ class MySqlDialect(Dialect):
             return []
 
         def canon(values: dict, none_sources: dict | None) -> dict:
-            row = {}
-            for name, v in values.items():
-                if v is None:
-                    row[name] = "" if none_sources and none_sources.get(name) == "empty set" else None
-                else:
-                    row[name] = convs[name](v)
+            row = {name: None if v is None else convs[name](v) for name, v in values.items()}
+            if none_sources:  # an empty SET decodes as None: tell it from NULL
+                for name, why in none_sources.items():
+                    if why == "empty set":
+                        row[name] = ""
             return row
 
         events: list[LogEvent] = []
@@ -989,7 +989,7 @@ class MySqlDialect(Dialect):
                     pairs = [(Op.DELETE, before, None), (Op.CREATE, None, after)]
             for op, before, after in pairs:
                 keyrow = after if after is not None else before
-                pos = Position.binlog(file, start_pos, len(events))
+                pos = Position(file_index, start_pos, len(events))
                 events.append(
                     ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms)
                 )
