@@ -120,22 +120,22 @@ def _cstring(buf: bytes, pos: int) -> tuple[str, int]:
 
 def _tuple(buf: bytes, pos: int) -> tuple[list, int]:
     """TupleData -> list of str | None | UNCHANGED (text values, decoded as UTF-8)."""
-    (n,) = _U16.unpack_from(buf, pos)
+    n = (buf[pos] << 8) | buf[pos + 1]
     pos += 2
-    out: list = []
-    append = out.append
-    for _ in range(n):
+    out: list = [None] * n
+    unpack = _U32.unpack_from
+    for i in range(n):
         kind = buf[pos]
-        pos += 1
         if kind == 0x74:  # 't'
-            (length,) = _U32.unpack_from(buf, pos)
-            pos += 4
-            append(buf[pos : pos + length].decode("utf-8"))
+            (length,) = unpack(buf, pos + 1)
+            pos += 5
+            out[i] = buf[pos : pos + length].decode("utf-8")
             pos += length
         elif kind == 0x6E:  # 'n'
-            append(None)
+            pos += 1
         elif kind == 0x75:  # 'u'
-            append(UNCHANGED)
+            out[i] = UNCHANGED
+            pos += 1
         else:
             raise ProtocolError(f"tuple value kind {chr(kind)!r} not supported (binary mode is not used)")
     return out, pos

@@ -176,6 +176,9 @@ _TS_RE = re.compile(r"^(\d{4,}-\d\d-\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d(?:
 
 
 def _timestamp(s: str) -> str:
+    if len(s) in (19, 21, 22, 23, 24, 25, 26) and s[10] == " " and s[4] == "-" and s[-3] != " ":  # fast path
+        t = s[11:]
+        return f"{s[:10]}T{t}.000000" if len(t) == 8 else f"{s[:10]}T{t.ljust(15, '0')}"
     m = _TS_RE.match(s)
     if not m or m.group(3):
         return s  # infinity, -infinity, BC dates: kept as the server renders them
@@ -183,6 +186,9 @@ def _timestamp(s: str) -> str:
 
 
 def _timestamptz(s: str) -> str:
+    if s[-3:] == "+00" and s[10:11] == " " and s[4] == "-" and len(s) <= 29:  # fast path: UTC, 4-digit year
+        t = s[11:-3]
+        return f"{s[:10]}T{t}.000000Z" if len(t) == 8 else f"{s[:10]}T{t.ljust(15, '0')}Z"
     m = _TS_RE.match(s)
     if not m or not m.group(3):
         return s  # infinity, -infinity, BC dates
@@ -190,9 +196,9 @@ def _timestamptz(s: str) -> str:
     if off in ("+00", "+00:00", "-00"):
         return f"{m.group(1)}T{_frac6(m.group(2))}Z"
     # not rendered in UTC (should not happen with TimeZone=UTC): normalise
-    dt = datetime.fromisoformat(
-        f"{m.group(1)}T{m.group(2).ljust(8)}{off if ':' in off or len(off) > 3 else off + ':00'}"
-    )
+    if len(off) == 3:
+        off += ":00"
+    dt = datetime.fromisoformat(f"{m.group(1)}T{_frac6(m.group(2))}{off}")
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -368,13 +374,19 @@ class SlotLag:
 @dataclass
 class _RelInfo:
     table: TableName
-    kind: str  # "table", "watermark", "skip"
+    kind: str  # "table", "watermark", "skip", "error"
     names: tuple[str, ...] = ()
     decoders: tuple = ()
     key_idx: tuple[int, ...] = ()
     value_idx: int = -1  # watermark value column
     replica_identity: str = "d"
     problem: str | None = None  # set for kind "error": raised on the first change
+    table_id: str = ""
+    key_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self.table_id = self.table.id
+        self.key_names = tuple(self.names[i] for i in self.key_idx)
 
 
 _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
@@ -383,7 +395,7 @@ _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
-    ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (s, default 600)."""
+    ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (seconds without progress, default 600)."""
 
     name = "postgres"
     row_value_keyset = True
@@ -407,13 +419,15 @@ class PostgresDialect(Dialect):
         self.on_truncate = o.get("on_truncate", "fail")
         if self.on_truncate not in ("fail", "skip"):
             raise ConfigurationError(f"on_truncate must be 'fail' or 'skip', got {self.on_truncate!r}")
-        self.read_timeout = float(o.get("read_timeout", 600))
+        self.read_timeout = float(o.get("read_timeout", 600))  # seconds without progress
         self._conn = None
         self._rconn = None
         self._repl = None  # (connection, cursor) of an open stream, kept from read_log to commit_offset
         self._types: dict[int, PgType] = {}
         self._pk_cache: dict[int, tuple[str, ...] | None] = {}
         self._decoders_cache: dict = {}
+        self._last_schema: TableSchema | None = None
+        self._last_decoders: tuple = ()
         self._watermark_ready = False
 
     # --- connections ------------------------------------------------------------------
@@ -664,16 +678,19 @@ class PostgresDialect(Dialect):
                 conn.close()
 
     def _decoders(self, schema: TableSchema) -> tuple:
+        if schema is self._last_schema:  # the hot path: rows of one chunk
+            return self._last_decoders
         key = (schema.table, schema.columns)
         decs = self._decoders_cache.get(key)
         if decs is None:
             decs = tuple((c.name, decoder(c.type)) for c in schema.columns)
             self._decoders_cache[key] = decs
+        self._last_schema, self._last_decoders = schema, decs
         return decs
 
     def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
         return {
-            name: (None if v is None else dec(v))
+            name: (v if v is None or dec is _identity else dec(v))
             for (name, dec), v in zip(self._decoders(schema), row, strict=True)
         }
 
@@ -930,8 +947,9 @@ class PostgresDialect(Dialect):
         in_txn = False
         commit_lsn = ts_ms = 0
         end = start
-        deadline = time.monotonic() + self.read_timeout
-        last_progress, last_wal_end, last_request, nudged = time.monotonic(), -1, 0.0, False
+        last_activity = last_request = time.monotonic()
+        last_wal_end, nudged = -1, False
+        parse, create = pgoutput.parse, Op.CREATE.value
 
         def pos() -> Position:
             return Position(commit_lsn, 0, len(txn))
@@ -939,35 +957,55 @@ class PostgresDialect(Dialect):
         while True:
             msg = cur.read_message()
             if msg is not None:
-                m = pgoutput.parse(msg.payload)
-                if isinstance(m, pgoutput.Begin):
+                payload = msg.payload
+                kind = payload[0]
+                if kind == 73:  # Insert: the hot path, inlined
+                    m = parse(payload)
+                    info = rels[m.relid]
+                    if info.kind == "table":
+                        after = {
+                            n: (v if v is None or d is _identity else d(v))
+                            for n, d, v in zip(info.names, info.decoders, m.new, strict=True)
+                        }
+                        key = encode_key([after[k] for k in info.key_names])
+                        txn.append(
+                            ChangeEvent(
+                                info.table_id,
+                                create,
+                                key,
+                                Position(commit_lsn, 0, len(txn)),
+                                None,
+                                after,
+                                ts_ms,
+                            )
+                        )
+                    else:
+                        self._other_change(info, m, pos, txn, ts_ms, warned)
+                elif kind in (85, 68):  # Update, Delete
+                    m = parse(payload)
+                    info = rels[m.relid]
+                    if info.kind == "table":
+                        self._row_events(info, m, pos, txn, ts_ms)
+                    else:
+                        self._other_change(info, m, pos, txn, ts_ms, warned)
+                elif kind == 66:  # Begin
+                    m = parse(payload)
                     in_txn, commit_lsn, ts_ms, txn = True, m.commit_lsn, m.ts_ms, []
-                elif isinstance(m, pgoutput.Commit):
+                elif kind == 67:  # Commit
+                    m = parse(payload)
                     in_txn = False
                     events.extend(txn)
                     txn = []
                     end = max(end, m.end_lsn)
                     if max_events is not None and len(events) >= max_events:
                         break
-                elif isinstance(m, pgoutput.Relation):
-                    rels[m.relid] = self._relinfo(m)
-                elif isinstance(m, (pgoutput.Insert, pgoutput.Update, pgoutput.Delete)):
-                    info = rels[m.relid]
-                    if info.kind == "table":
-                        self._row_events(info, m, pos, txn, ts_ms)
-                    elif info.kind == "watermark":
-                        if isinstance(m, pgoutput.Update):
-                            txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
-                    elif info.kind == "error":
-                        raise SourceError(
-                            f"{info.problem}. It is in option 'tables'; remove it there and from publication "
-                            f"{self.publication_name!r}, or fix the table"
-                        )
-                    elif info.table not in warned:
-                        warned.add(info.table)
-                        log.warning("capture skips changes of %s: %s", info.table, info.problem)
-                elif isinstance(m, pgoutput.Truncate):
-                    self._truncate(m, rels)
+                else:
+                    m = parse(payload)
+                    if isinstance(m, pgoutput.Relation):
+                        rels[m.relid] = self._relinfo(m)
+                    elif isinstance(m, pgoutput.Truncate):
+                        self._truncate(m, rels)
+                last_activity = time.monotonic()
                 continue
             wal_end = cur.wal_end
             now = time.monotonic()
@@ -975,23 +1013,36 @@ class PostgresDialect(Dialect):
                 end = max(end, wal_end)
                 break
             if wal_end != last_wal_end:
-                last_wal_end, last_progress = wal_end, now
-            elif not nudged and now - last_progress > 2.0 and not in_txn:
+                last_wal_end, last_activity = wal_end, now
+            elif not nudged and now - last_activity > 2.0 and not in_txn:
                 # The server decoded everything but its last record ends short of ``upto``
                 # (e.g. WAL flushed up to a page boundary): one tiny WAL record moves it past.
                 self._query("SELECT pg_logical_emit_message(false, 'airflow_provider_cdc', 'capture')")
                 nudged = True
-            if now > deadline:
+            if now - last_activity > self.read_timeout:
                 raise SourceError(
-                    f"capture from slot {self.slot_name!r} did not reach the WAL position {int_to_lsn(upto)} within "
-                    f"{self.read_timeout:.0f}s (reached {int_to_lsn(wal_end)}); raise option read_timeout or capture "
-                    "more often"
+                    f"capture from slot {self.slot_name!r} made no progress for {self.read_timeout:.0f}s before "
+                    f"reaching the WAL position {int_to_lsn(upto)} (reached {int_to_lsn(wal_end)}); is the server "
+                    "overloaded? Raise the dialect option read_timeout if it is just slow"
                 )
             if now - last_request > 0.05:
                 cur.send_feedback(reply=True, force=True)  # ask for a keepalive carrying the decoded position
                 last_request = now
             select.select([conn], [], [], 0.05)
         return LogBatch(events, int_to_lsn(end), offset)
+
+    def _other_change(self, info: _RelInfo, m, pos, txn: list, ts_ms: int, warned: set) -> None:
+        if info.kind == "watermark":
+            if isinstance(m, pgoutput.Update):
+                txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
+        elif info.kind == "error":
+            raise SourceError(
+                f"{info.problem}. It is in option 'tables'; remove it there and from publication "
+                f"{self.publication_name!r}, or fix the table"
+            )
+        elif info.table not in warned:
+            warned.add(info.table)
+            log.warning("capture skips changes of %s: %s", info.table, info.problem)
 
     def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int) -> None:
         tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
