@@ -49,6 +49,18 @@ from .base import ConnectionParams, Dialect, LogBatch
 log = logging.getLogger(__name__)
 
 OFFSET_FILE = "_offset.json"
+_BOOL = lambda v: str(v).lower() in ("1", "true", "yes", "on")  # noqa: E731
+_PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
+    "ssl_ca": str,
+    "ssl_cert": str,
+    "ssl_key": str,
+    "ssl_verify_cert": _BOOL,
+    "ssl_verify_identity": _BOOL,
+    "ssl_disabled": _BOOL,
+    "unix_socket": str,
+    "read_timeout": int,
+    "write_timeout": int,
+}
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 _ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236  # binlog file purged / position invalid
 
@@ -434,6 +446,8 @@ class MySqlDialect(Dialect):
         if not 1 <= self.server_id < 2**32:
             raise ConfigurationError(f"server_id must be in 1..4294967295, got {self.server_id}")
         tables = self.options.get("tables")
+        if isinstance(tables, str):  # "db.a,db.b"
+            tables = [t.strip() for t in tables.split(",") if t.strip()]
         self.tables: frozenset[TableName] | None = (
             None
             if tables is None
@@ -445,8 +459,17 @@ class MySqlDialect(Dialect):
         self._converters: dict[int, tuple[TableSchema, list]] = {}
 
     # --- connections ------------------------------------------------------------------
+    def _driver_settings(self) -> dict[str, Any]:
+        """Connection-extra settings pymysql understands (TLS, socket, timeouts)."""
+        out: dict[str, Any] = {}
+        for k, v in self.params.extra.items():
+            if k in _PYMYSQL_EXTRA:
+                out[k] = _PYMYSQL_EXTRA[k](v)
+        return out
+
     def _connect(self, **kw: Any) -> pymysql.connections.Connection:
         p = self.params
+        kw = {**self._driver_settings(), **kw}
         conn = pymysql.connect(
             host=p.host,
             port=p.port or 3306,
@@ -845,6 +868,7 @@ class MySqlDialect(Dialect):
                 "user": p.user or "root",
                 "passwd": p.password or "",
                 "charset": "utf8mb4",
+                **self._driver_settings(),
             },
             server_id=self.server_id,
             blocking=False,

@@ -151,6 +151,15 @@ def test_server_id_default_is_stable_and_option_wins(mysql_uri):
         MySqlDialect(p, source="a", server_id=0)
 
 
+def test_options_from_a_connection_extra():
+    params = ConnectionParams(
+        "mysql", "h", 3306, extra={"read_timeout": "30", "ssl_disabled": "true", "foo": "x"}
+    )
+    d = MySqlDialect(params, tables="db.a, db.b", server_id="77")
+    assert d.tables == {TableName("db", "a"), TableName("db", "b")} and d.server_id == 77
+    assert d._driver_settings() == {"read_timeout": 30, "ssl_disabled": True}
+
+
 def test_quote_ident_doubles_backticks(mysql_uri):
     d = MySqlDialect(ConnectionParams.from_uri(mysql_uri))
     assert d.quote_ident("a`b") == "`a``b`"
