@@ -45,23 +45,33 @@ def atomic_write_table(table: pa.Table, path: str, **kwargs) -> None:
 
 
 def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Table:
-    cols: dict[str, list] = {name: [] for name in CHANGELOG_SCHEMA.names}
+    # one list per column, filled in a single pass (this runs once per captured event)
+    pos: list = []
+    tbl: list = []
+    ops: list = []
+    keys: list = []
+    befores: list = []
+    afters: list = []
+    ts: list = []
+    wms: list = []
     for ev in events:
+        pos.append(ev.position.encode())
+        ts.append(ev.ts_ms)
         if isinstance(ev, WatermarkEvent):
-            row = (ev.position.encode(), watermark_table, WATERMARK_OP, None, None, None, ev.ts_ms, ev.id)
+            tbl.append(watermark_table)
+            ops.append(WATERMARK_OP)
+            keys.append(None)
+            befores.append(None)
+            afters.append(None)
+            wms.append(ev.id)
         else:
-            row = (
-                ev.position.encode(),
-                ev.table,
-                ev.op,
-                ev.key,
-                None if ev.before is None else encode_row(ev.before),
-                None if ev.after is None else encode_row(ev.after),
-                ev.ts_ms,
-                ev.watermark,
-            )
-        for name, value in zip(CHANGELOG_SCHEMA.names, row, strict=True):
-            cols[name].append(value)
+            tbl.append(ev.table)
+            ops.append(ev.op)
+            keys.append(ev.key)
+            befores.append(None if ev.before is None else encode_row(ev.before))
+            afters.append(None if ev.after is None else encode_row(ev.after))
+            wms.append(ev.watermark)
+    cols = dict(zip(CHANGELOG_SCHEMA.names, (pos, tbl, ops, keys, befores, afters, ts, wms), strict=True))
     return pa.table(cols, schema=CHANGELOG_SCHEMA)
 
 
