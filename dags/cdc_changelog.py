@@ -3,7 +3,8 @@
 Short schedule, one active run, never waits for snapshots (I5). The capture holds the
 source's capture lock (an advisory lock on the source) so it never runs at the same
 time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
-is held, the capture task is skipped and the apply still runs.
+is held, the capture task is skipped and the apply still runs. The apply (a spark-submit)
+is skipped when nothing staged is newer than what the sinks have.
 
 Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
 CDC_DATA_DIR, CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
@@ -17,7 +18,7 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
 from airflow_provider_cdc.spark.common import application_path
@@ -54,6 +55,21 @@ with DAG(
         application=application_path("apply"),
         name="cdc-apply",
         application_args=["--data-dir", DATA_DIR, "--source", SOURCE, "--sinks", SINKS],
-        trigger_rule="none_failed",  # a capture skipped for the lock still leaves staged events to apply
     )
-    capture >> apply
+    @task.short_circuit(task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False)
+    def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
+        """Skip the spark-submit (seconds of JVM start) when no staged segment is past
+        every sink's applied-position marker."""
+        from airflow_provider_cdc.core.staging import changelog_dir
+        from airflow_provider_cdc.sinks.base import read_marker
+        from airflow_provider_cdc.staging_io import list_segments
+
+        segments = list_segments(changelog_dir(data_dir, source))
+        if not segments:
+            return False
+        newest = max(last for _first, last, _path in segments)
+        markers = [read_marker(data_dir, source, s.strip()) for s in sinks.split(",") if s.strip()]
+        return any(m is None or newest > m for m in markers)
+
+    check = anything_to_apply(DATA_DIR, SOURCE, SINKS)
+    capture >> check >> apply

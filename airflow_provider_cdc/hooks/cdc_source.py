@@ -80,6 +80,8 @@ class CdcSourceHook(BaseHook):
         extra = dict(conn.extra_dejson or {})
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
         options = {k: v for k, v in extra.items() if k in CDC_OPTION_KEYS and k != "dialect"}
+        if isinstance(options.get("tables"), str):  # "s.a,s.b" from a URI query string
+            options["tables"] = [t.strip() for t in options["tables"].split(",") if t.strip()]
         driver = {k: v for k, v in extra.items() if k not in CDC_OPTION_KEYS}
         if name == "postgres" and "connect_timeout" in extra:
             driver["connect_timeout"] = options.pop("connect_timeout")

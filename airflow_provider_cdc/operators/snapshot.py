@@ -221,10 +221,10 @@ def _write_text_atomic(path: str | Path, text: str) -> None:
 
 
 def _dag_is_paused(context: Any) -> bool:
-    """Airflow's own DAG pause: the Task SDK asks the API server (tasks have no DB access).
-    Where that call is not served (e.g. some ``dag.test()`` setups) this returns False;
-    a paused DAG still schedules no new task instances, so the pause then takes effect
-    between tasks, and the Variable pauses mid-task."""
+    """Airflow's own DAG pause, asked through the Task SDK (tasks have no DB access; the
+    API server answers). Where that call is not served this returns False. Either way a
+    paused DAG schedules no new task instances, so the pause takes effect between tasks;
+    this check adds "between chunks" inside a running chunk task."""
     ti = context.get("ti") if context else None
     if ti is None or not hasattr(ti, "get_dag"):
         return False
@@ -324,6 +324,9 @@ class SnapshotPlanOperator(_SourceOperator):
                 upper = dialect.max_key(schema, request.where_for(table))
                 plans.append((table, schema, ranges, upper))
             dialect.ensure_watermark_table()
+            # The changelog must exist before the first low watermark, or the windows are
+            # never captured: creates the slot/publication (PG) or records the binlog start.
+            dialect.load_offset(self.data_dir)
         work = []
         for table, schema, ranges, upper in plans:
             sid = new_snapshot_id()
@@ -431,14 +434,19 @@ class SnapshotChunkOperator(_SourceOperator):
         self.work = work
         self.check_dag_paused = check_dag_paused
 
+    _ran_while_paused = False
+
     def _should_stop(self, context: Any, table_id: str, snapshot_id: str) -> str | None:
         p = progress_store.load(self.hook.source, table_id)
         if p is None or p.snapshot_id != snapshot_id:
             return f"snapshot {snapshot_id} of {table_id} is no longer the current one"
         if not p.may_read:
             return f"snapshot {snapshot_id} of {table_id} is {p.status}"
-        if self.check_dag_paused and _dag_is_paused(context):
-            return "the DAG is paused"
+        # A task that starts while its DAG is paused was run on purpose (dag.test(),
+        # `airflow tasks test`, a run forced through): only a pause that happens while
+        # it runs stops it.
+        if self.check_dag_paused and not self._ran_while_paused and _dag_is_paused(context):
+            return "the DAG was paused"
         return None
 
     def execute(self, context: Any) -> list[dict]:
@@ -457,6 +465,7 @@ class SnapshotChunkOperator(_SourceOperator):
         if st.exhausted:
             log.info("%s already read (%d rows in %d chunks)", label, st.rows, st.chunks)
             return results
+        self._ran_while_paused = self.check_dag_paused and _dag_is_paused(context)
         reason = self._should_stop(context, table.id, snapshot_id)
         if reason:  # before connecting at all
             log.info("not reading %s: %s", label, reason)

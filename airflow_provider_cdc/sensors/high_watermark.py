@@ -35,6 +35,9 @@ def flatten_chunk_results(value: Any) -> list[dict]:
             out.append(v)
         elif isinstance(v, (str, bytes)):
             raise TypeError(f"expected ChunkResult dicts, got a string: {v[:80]!r}")
+        elif hasattr(v, "__len__") and hasattr(v, "__getitem__"):
+            for i in range(len(v)):  # by index: a lazy XCom sequence is not probed past its end
+                walk(v[i])
         elif isinstance(v, Iterable):
             for item in v:
                 walk(item)
