@@ -24,13 +24,14 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
     "mysql": "mysql",
     "mariadb": "mysql",
 }
-#: connection-extra keys that are CDC settings (dialect options); every other extra key is
-#: a driver setting (e.g. libpq's sslmode) passed through to the database connection
-CDC_OPTION_KEYS = frozenset({
-    "slot_name", "publication_name", "tables", "on_truncate", "read_timeout",  # PostgreSQL
-    "server_id", "connect_timeout",  # MySQL/MariaDB (connect_timeout is a libpq setting on PostgreSQL)
-    "watermark_schema", "watermark_table", "dialect",
-})
+#: connection-extra keys that are CDC settings (dialect options), per dialect; every other
+#: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
+#: ConnectionParams.extra for the dialect's connections
+_COMMON_OPTIONS = {"tables", "watermark_schema", "watermark_table"}
+CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
+    "postgres": frozenset({*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout"}),
+    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout"}),
+}
 
 
 def dialect_name_for(conn_type: str | None, extra: dict[str, Any] | None = None, conn_id: str = "?") -> str:
@@ -79,12 +80,11 @@ class CdcSourceHook(BaseHook):
         conn = self.connection
         extra = dict(conn.extra_dejson or {})
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
-        options = {k: v for k, v in extra.items() if k in CDC_OPTION_KEYS and k != "dialect"}
+        keys = CDC_OPTION_KEYS[name]
+        options = {k: v for k, v in extra.items() if k in keys}
         if isinstance(options.get("tables"), str):  # "s.a,s.b" from a URI query string
             options["tables"] = [t.strip() for t in options["tables"].split(",") if t.strip()]
-        driver = {k: v for k, v in extra.items() if k not in CDC_OPTION_KEYS}
-        if name == "postgres" and "connect_timeout" in extra:
-            driver["connect_timeout"] = options.pop("connect_timeout")
+        driver = {k: v for k, v in extra.items() if k not in keys and k != "dialect"}
         return name, options, driver
 
     def connection_params(self) -> ConnectionParams:

@@ -43,11 +43,12 @@ def test_params_from_a_json_connection_of_our_type(monkeypatch):
     monkeypatch.setenv(
         "AIRFLOW_CONN_CDC_UNIT_MY",
         json.dumps({"conn_type": "cdc", "host": "127.0.0.1", "port": 3306, "login": "root", "schema": "shop",
-                    "extra": {"dialect": "mysql", "server_id": 4242}}),
+                    "extra": {"dialect": "mysql", "server_id": 4242, "ssl_ca": "/ca.pem", "read_timeout": 30}}),
     )
     hook = CdcSourceHook("cdc_unit_my")
     p = hook.connection_params()
     assert (p.scheme, p.port, p.database, hook.dialect_options()) == ("mysql", 3306, "shop", {"server_id": 4242})
+    assert p.extra == {"ssl_ca": "/ca.pem", "read_timeout": 30}  # pymysql settings
 
 
 def test_test_connection_reports_instead_of_raising(monkeypatch):
