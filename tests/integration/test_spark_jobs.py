@@ -321,7 +321,7 @@ def test_unstaged_high_watermark_fails_naming_the_chunk_and_emits_nothing(spark,
 
 
 def test_spark_submit_writers_in_either_order_rerun_and_no_resurrection(spark, tmp_path):
-    """apply->merge and merge->apply through spark-submit give the same mirror, equal to the
+    """apply->merge (through spark-submit) and merge->apply give the same mirror, equal to the
     source; a delete after the high watermark applied before the late chunk stays deleted;
     re-running both jobs writes the same event files and leaves the mirror unchanged."""
     x = build_scenario(tmp_path / "x")  # apply first, then the (late) merge
@@ -332,8 +332,9 @@ def test_spark_submit_writers_in_either_order_rerun_and_no_resurrection(spark, t
     assert merged["chunks"] == 3 and merged["emitted"] == len(x.expected_merge())
     assert merged["dropped"] == sum(c.rows for c in x.chunks) - merged["emitted"]
     assert applied["events"] == sum(1 for e in read_log_events(changelog_dir(x.data_dir, SOURCE)) if isinstance(e, ChangeEvent))
-    submit("merge", ["--chunks", y.round_file(), *common_args(y)])
-    submit("apply", common_args(y))
+    # the other order in-process (same code and session settings; a JVM start costs ~10-60 s here)
+    merge_job.main(["--chunks", y.round_file(), *common_args(y)])
+    apply_job.main(common_args(y))
 
     for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
         truth = sorted(canonical_rows(schema, list(x.truth[schema.table.id].values())),
