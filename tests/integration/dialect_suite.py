@@ -19,6 +19,7 @@ Hooks a subclass provides (keep them small)::
         def connect(self, uri, *, autocommit): ...    # plain DB-API connection (%s params)
         def type_parity_cases(self): ...             # list[ParityCase]
         def cleanup_capture(self, dialect): ...      # optional: drop slot / publication
+        def is_deadlock(self, exc): ...               # optional: writer errors to retry
 
 What the dialect must do, as these tests read it:
 
@@ -144,13 +145,22 @@ class DialectSuite(ABC):
         raise NotImplementedError
 
     @abstractmethod
-    def make_dialect(self, uri: str, *, source: str, tables: list[TableName], watermark_table: str) -> Dialect: ...
+    def make_dialect(
+        self, uri: str, *, source: str, tables: list[TableName], watermark_table: str
+    ) -> Dialect: ...
 
     @abstractmethod
     def connect(self, uri: str, *, autocommit: bool) -> Any: ...
 
     @abstractmethod
     def type_parity_cases(self) -> list[ParityCase]: ...
+
+    def is_deadlock(self, exc: BaseException) -> bool:
+        """Optional hook: ``exc`` made the server roll a concurrent writer back (deadlock
+        victim); the random writers retry such transactions instead of failing the test.
+        The default recognises the usual messages of PostgreSQL and MySQL/MariaDB."""
+        text = f"{type(exc).__name__} {exc}".lower()
+        return "deadlock" in text or "could not serialize" in text or "lock wait timeout" in text
 
     def cleanup_capture(self, dialect: Dialect) -> None:  # noqa: B027 - optional hook
         """Drop what ``load_offset`` created on the server (e.g. a replication slot)."""
@@ -208,7 +218,9 @@ class DialectSuite(ABC):
 
         def wm_writer(n: int) -> None:
             try:
-                with ctx.suite.make_dialect(ctx.uri, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table) as w:
+                with ctx.suite.make_dialect(
+                    ctx.uri, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table
+                ) as w:
                     for i in range(per_thread):
                         w.write_watermark(f"t{n}-{i}")
             except BaseException as exc:  # noqa: BLE001 - re-raised below
@@ -227,7 +239,9 @@ class DialectSuite(ABC):
             finally:
                 c.close()
 
-        threads = [threading.Thread(target=wm_writer, args=(n,)) for n in range(3)] + [threading.Thread(target=row_writer)]
+        threads = [threading.Thread(target=wm_writer, args=(n,)) for n in range(3)] + [
+            threading.Thread(target=row_writer)
+        ]
         for th in threads:
             th.start()
         for th in threads:
@@ -238,13 +252,19 @@ class DialectSuite(ABC):
         positions = [e.position for e in events]
         assert positions == sorted(positions) and len(set(positions)) == len(positions)
         mine = [e for e in events if isinstance(e, WatermarkEvent) or e.table == t.id]
-        labels = [f"wm:{e.id}" if isinstance(e, WatermarkEvent) else f"row:{decode_key(e.key)[0]}" for e in mine]
+        labels = [
+            f"wm:{e.id}" if isinstance(e, WatermarkEvent) else f"row:{decode_key(e.key)[0]}" for e in mine
+        ]
         assert labels[:4] == ["wm:lw-1", "row:1", "row:2", "wm:hw-1"], labels[:6]
         wms = [e.id for e in mine if isinstance(e, WatermarkEvent)]
         for n in range(3):
             assert [w for w in wms if w.startswith(f"t{n}-")] == [f"t{n}-{i}" for i in range(per_thread)]
         assert len(wms) == 2 + 3 * per_thread
-        assert sorted(decode_key(e.key)[0] for e in mine if isinstance(e, ChangeEvent)) == [1, 2, *range(10, 30)]
+        assert sorted(decode_key(e.key)[0] for e in mine if isinstance(e, ChangeEvent)) == [
+            1,
+            2,
+            *range(10, 30),
+        ]
 
     # --- the DBLog window under concurrent writes -------------------------------------
     def test_chunks_under_concurrent_writes_merge_to_the_source(self, ctx):
@@ -265,17 +285,29 @@ class DialectSuite(ABC):
             try:
                 cur = c.cursor()
                 while not stop.is_set():
-                    for _ in range(rnd.randint(1, 4)):
-                        k = rnd.randint(1, rows + 100)
-                        op = rnd.random()
-                        if op < 0.5:
-                            cur.execute(f"UPDATE {qt} SET {qv} = %s, {qn} = {qn} + 1 WHERE {qid} = %s", (f"u{seed}-{rnd.random():.6f}", k))
-                        elif op < 0.75:
-                            cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
-                        else:
-                            cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
-                            cur.execute(f"INSERT INTO {qt} ({qid}, {qv}, {qn}) VALUES (%s, %s, %s)", (k, f"i{seed}", k))
-                    c.commit()
+                    try:
+                        for _ in range(rnd.randint(1, 4)):
+                            k = rnd.randint(1, rows + 100)
+                            op = rnd.random()
+                            if op < 0.5:
+                                cur.execute(
+                                    f"UPDATE {qt} SET {qv} = %s, {qn} = {qn} + 1 WHERE {qid} = %s",
+                                    (f"u{seed}-{rnd.random():.6f}", k),
+                                )
+                            elif op < 0.75:
+                                cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
+                            else:
+                                cur.execute(f"DELETE FROM {qt} WHERE {qid} = %s", (k,))
+                                cur.execute(
+                                    f"INSERT INTO {qt} ({qid}, {qv}, {qn}) VALUES (%s, %s, %s)",
+                                    (k, f"i{seed}", k),
+                                )
+                        c.commit()
+                    except Exception as exc:
+                        if not self.is_deadlock(exc):
+                            raise
+                        c.rollback()  # a deadlock victim: applications retry; so does this writer
+                        continue
                     writes[0] += 1
                     time.sleep(rnd.random() * 0.002)
             except BaseException as exc:  # noqa: BLE001
@@ -299,8 +331,15 @@ class DialectSuite(ABC):
             seq = 0
             while True:
                 res = snapshot_chunk(
-                    d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="snap", seq=seq, chunk_size=50,
-                    after_key=after, gap_hooks=GapHooks(after_low_watermark=force_write_in_window),
+                    d,
+                    schema,
+                    FULL_RANGE,
+                    data_dir=ctx.data_dir,
+                    snapshot_id="snap",
+                    seq=seq,
+                    chunk_size=50,
+                    after_key=after,
+                    gap_hooks=GapHooks(after_low_watermark=force_write_in_window),
                 )
                 results.append(res)
                 seq += 1
@@ -318,7 +357,9 @@ class DialectSuite(ABC):
 
         events = ctx.capture_all(d)
         chunks = [
-            WindowChunk.from_result(r, [(x["key"], decode_row(x["after"])) for x in pq.read_table(r.path).to_pylist()])
+            WindowChunk.from_result(
+                r, [(x["key"], decode_row(x["after"])) for x in pq.read_table(r.path).to_pylist()]
+            )
             for r in results
         ]
         reads = merge_window(chunks, events)
@@ -381,13 +422,17 @@ class DialectSuite(ABC):
         d.ensure_watermark_table()
         d.load_offset(ctx.data_dir)
         cols = ", ".join(ctx.q(c.column) for c in cases)
-        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {cols}) VALUES (1, {', '.join(c.sql_literal for c in cases)})")
+        ctx.execute(
+            f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {cols}) VALUES (1, {', '.join(c.sql_literal for c in cases)})"
+        )
         ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}) VALUES (2)")
         log = {decode_key(e.key)[0]: e.after for e in table_events(ctx.capture_all(d), t)}
         chunk = {decode_key(k)[0]: row for k, row in ctx.source_rows(d, t).items()}
         assert set(log) == set(chunk) == {1, 2}
         for c in cases:
-            assert chunk[1][c.column] == log[1][c.column], f"{c.column} ({c.sql_type}): chunk and changelog differ"
+            assert chunk[1][c.column] == log[1][c.column], (
+                f"{c.column} ({c.sql_type}): chunk and changelog differ"
+            )
             assert chunk[1][c.column] == c.expected, f"{c.column} ({c.sql_type}) canonical value"
             assert chunk[2][c.column] is None and log[2][c.column] is None, f"{c.column} NULL"
 
@@ -396,7 +441,8 @@ class DialectSuite(ABC):
         t = ctx.create_table("ck", [("a", "int"), ("b", "text"), ("v", "int")], ["a", "b"])
         data = [(a, f"k{b:02d}", a * 100 + b) for a in range(1, 8) for b in range(9)]
         ctx.execute(
-            f"INSERT INTO {ctx.qt(t)} ({ctx.q('a')}, {ctx.q('b')}, {ctx.q('v')}) VALUES " + ", ".join(["(%s, %s, %s)"] * len(data)),
+            f"INSERT INTO {ctx.qt(t)} ({ctx.q('a')}, {ctx.q('b')}, {ctx.q('v')}) VALUES "
+            + ", ".join(["(%s, %s, %s)"] * len(data)),
             [x for row in data for x in row],
         )
         d = ctx.dialect([t])
@@ -467,12 +513,18 @@ class DialectSuite(ABC):
         with pytest.raises(SourceError, match="no_such_column"):
             d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where="no_such_column > 1")
         # the dialect still works after a failed statement
-        res = d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=f"{ctx.q('id')} >= 2")
+        res = d.read_chunk(
+            schema, FULL_RANGE, after_key=None, limit=10, path=path, where=f"{ctx.q('id')} >= 2"
+        )
         assert res.rows == 2 and res.last_key == (3,)
 
     def test_hostile_identifiers_work_end_to_end(self, ctx):
         cols = ['or"der', "select", "sp ace", "ünï cødé", "Mixed`Case"]
-        t = ctx.create_table('Tab "q" ü select', [(cols[0], "int"), (cols[1], "text"), (cols[2], "int"), (cols[3], "text"), (cols[4], "int")], [cols[0], cols[1]])
+        t = ctx.create_table(
+            'Tab "q" ü select',
+            [(cols[0], "int"), (cols[1], "text"), (cols[2], "int"), (cols[3], "text"), (cols[4], "int")],
+            [cols[0], cols[1]],
+        )
         d = ctx.dialect([t])
         d.ensure_watermark_table()
         d.load_offset(ctx.data_dir)
@@ -484,8 +536,17 @@ class DialectSuite(ABC):
             ctx.execute(ins, (i, f"k'{i}\"", i, f"ü{i} ✓", -i))
         ctx.execute(f"UPDATE {ctx.qt(t)} SET {q(cols[2])} = 99 WHERE {q(cols[0])} = %s", (2,))
         ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE {q(cols[0])} = %s", (3,))
-        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="h", seq=0, chunk_size=2,
-                             after_key=(1, "k'1\""), where=f"{q(cols[2])} >= 0")
+        res = snapshot_chunk(
+            d,
+            schema,
+            FULL_RANGE,
+            data_dir=ctx.data_dir,
+            snapshot_id="h",
+            seq=0,
+            chunk_size=2,
+            after_key=(1, "k'1\""),
+            where=f"{q(cols[2])} >= 0",
+        )
         assert res.rows == 2 and res.last_key == (4, "k'4\"")
         events = ctx.capture_all(d)
         mine = table_events(events, t)
