@@ -600,7 +600,24 @@ class PostgresDialect(Dialect):
                 f"(ALTER TABLE {self.quote_table(table)} ADD PRIMARY KEY (...)), e.g. on an existing unique "
                 "NOT NULL column or a new identity column; or leave the table out of CDC"
             )
+        self._ensure_published(table)
         return TableSchema(table, tuple(columns), pk, {"replica_identity": _IDENT.get(ident, ident)})
+
+    def _ensure_published(self, table: TableName) -> None:
+        """A table snapshotted while its changes are not published would lose the changes
+        inside its chunk windows: when our publication exists and lists tables, add it
+        (before any watermark of the snapshot is written)."""
+        pub = self._query(
+            "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
+        )
+        if pub and not pub[0][0]:
+            try:
+                self._add_to_publication([table])
+            except SourceError as exc:
+                raise SourceError(
+                    f"table {table} is not in publication {self.publication_name!r} and could not be added "
+                    f"({exc.__cause__ or exc}); add it (ALTER PUBLICATION ... ADD TABLE) or list it in option 'tables'"
+                ) from exc
 
     # --- watermarks ---------------------------------------------------------------------
     def ensure_watermark_table(self) -> None:
@@ -769,12 +786,15 @@ class PostgresDialect(Dialect):
         q = self.quote_ident(self.publication_name)
         if not pub:
             if self.tables is None:
-                self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES")
+                self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
             else:
                 for t in self.tables:
                     if self._relation(t) is None:
                         raise SourceError(f"table {t} given in option 'tables' does not exist")
-                self._query(f"CREATE PUBLICATION {q} FOR TABLE {self._qlist(self._publication_tables())}")
+                self._query(
+                    f"CREATE PUBLICATION {q} FOR TABLE {self._qlist(self._publication_tables())} "
+                    "WITH (publish_via_partition_root = true)"
+                )
         elif not pub[0][0]:
             self._add_to_publication(self._publication_tables())
 
@@ -932,12 +952,15 @@ class PostgresDialect(Dialect):
             replica_identity=rel.replica_identity,
         )
 
+    def _flush_lsn(self) -> int:
+        return lsn_to_int(self._query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+
     def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
         """Whole transactions from the slot's confirmed position up to the WAL flush
         position at the start of the call (or fewer, ending at a commit, once
         ``max_events`` is reached). The stream stays open for :meth:`commit_offset`."""
         start = lsn_to_int(offset)
-        upto = lsn_to_int(self._query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        upto = self._flush_lsn()
         cur = self._open_stream(start)
         conn = self._repl[0]
         rels: dict[int, _RelInfo] = {}

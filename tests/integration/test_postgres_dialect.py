@@ -237,3 +237,58 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([TableName("public", f"nope_{ctx.unique}")])
         with pytest.raises(SourceError, match=f"nope_{ctx.unique}"):
             d.load_offset(ctx.data_dir)
+
+    def test_describing_an_unpublished_table_adds_it_to_the_publication(self, ctx):
+        t1 = ctx.create_table("pub1", [("id", "int")], ["id"])
+        t2 = ctx.create_table("pub2", [("id", "int")], ["id"])
+        d = ctx.dialect([t1])
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t2)} VALUES (1)")  # not published yet: not captured
+        d.describe_table(t2)  # a snapshot of t2 starts here
+        ctx.execute(f"INSERT INTO {ctx.qt(t2)} VALUES (2)")
+        assert [decode_key(e.key) for e in table_events(ctx.capture_all(d), t2)] == [(2,)]
+
+    def test_partitioned_table_changes_come_under_the_root_name(self, ctx):
+        root = TableName("public", f"parts_{ctx.unique}")
+        ctx.execute(
+            f"CREATE TABLE {ctx.qt(root)} (id int, region text, v int, PRIMARY KEY (id, region)) PARTITION BY LIST (region)"
+        )
+        ctx.tables.append(root)
+        for r in ("eu", "us"):
+            ctx.execute(
+                f"CREATE TABLE {ctx.q(f'{root.name}_{r}')} PARTITION OF {ctx.qt(root)} FOR VALUES IN ('{r}')"
+            )
+        d = ctx.dialect([root])
+        d.load_offset(ctx.data_dir)
+        schema = d.describe_table(root)
+        ctx.execute(f"INSERT INTO {ctx.qt(root)} VALUES (1, 'eu', 1), (2, 'us', 2)")
+        ctx.execute(f"UPDATE {ctx.qt(root)} SET v = 3 WHERE id = 2")
+        evs = table_events(ctx.capture_all(d), root)
+        assert [(e.op, decode_key(e.key)) for e in evs] == [
+            ("c", (1, "eu")),
+            ("c", (2, "us")),
+            ("u", (2, "us")),
+        ]
+        assert ctx.source_rows(d, root) == {e.key: e.after for e in evs[:1] + evs[2:]}
+        assert schema.primary_key == ("id", "region")
+
+    def test_read_ends_even_when_the_flush_position_is_past_the_last_record(self, ctx, monkeypatch):
+        # WAL can be flushed to a page boundary beyond the last record's end: the server
+        # then never reports reaching that point until a new record exists. Force the case.
+        t = ctx.create_table("nudge", [("id", "int")], ["id"])
+        d = ctx.dialect([t])
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
+        real = d._flush_lsn
+        target = []
+
+        def ahead() -> int:
+            target.append(real() + 8)
+            return target[-1]
+
+        monkeypatch.setattr(d, "_flush_lsn", ahead)
+        res = d.capture(ctx.data_dir)
+        assert res.events == 1
+        from airflow_provider_cdc.core.position import lsn_to_int
+
+        assert lsn_to_int(res.end_offset) >= target[0]
