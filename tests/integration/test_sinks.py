@@ -1,0 +1,314 @@
+"""Sinks without Spark: typed decoding, the event log's idempotent files, the Delta mirror's
+position guard and tombstones (against core.window.mirror_apply, the reference), and the
+PostgreSQL mirror against the real server."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import math
+import random
+from datetime import date, datetime, timezone
+from decimal import Decimal
+from pathlib import Path
+
+import psycopg2
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.core.events import ChangeEvent
+from airflow_provider_cdc.core.position import Position
+from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.core.staging import events_dir, schema_path
+from airflow_provider_cdc.core.window import mirror_apply, mirror_rows
+from airflow_provider_cdc.sinks.arrow_types import decode_column, mirror_schema, rows_to_table
+from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.sinks.event_log import EventLogSink
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, compact, newest_per_key, read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+
+SOURCE = "s"
+T = TableName("public", "typed")
+TYPED = TableSchema(
+    T,
+    (
+        Column("id", "int64"),
+        Column("flag", "bool"),
+        Column("small", "int16"),
+        Column("big", "uint64"),
+        Column("f4", "float32"),
+        Column("f8", "float64"),
+        Column("money", "decimal(38,10)"),
+        Column("huge", "decimal(60,2)"),
+        Column("anynum", "decimal"),
+        Column("name", "string"),
+        Column("bin", "binary"),
+        Column("d", "date"),
+        Column("tm", "time"),
+        Column("ts", "timestamp"),
+        Column("tstz", "timestamptz"),
+        Column("u", "uuid"),
+        Column("doc", "json"),
+        Column("arr", "array<int32>"),
+    ),
+    ("id",),
+)
+
+
+def typed_row(i: int, v: int = 0) -> dict:
+    return {
+        "id": i,
+        "flag": bool((i + v) % 2),
+        "small": -32768 if i == 1 else i,
+        "big": 18446744073709551615 if i == 1 else i * 1000 + v,
+        "f4": 1.5,
+        "f8": ["NaN", "Infinity", "-Infinity", 0.1][i % 4],
+        "money": "1234567890123456789012345678.0123456789",
+        "huge": "1" * 58 + ".25",
+        "anynum": "3.14159265358979323846264338327950288419716939937510",
+        "name": f"naïve 名前 {i}/{v}",
+        "bin": base64.b64encode(bytes([0, 255, i % 256, v % 256])).decode(),
+        "d": "0001-01-01" if i == 1 else "2024-02-29",
+        "tm": "-838:59:59.000000" if i == 1 else "23:59:59.999999",
+        "ts": "2024-03-31T02:30:00.000001",
+        "tstz": "1999-12-31T23:59:59.999999Z",
+        "u": "123e4567-e89b-12d3-a456-426614174000",
+        "doc": '{"b": 1, "a": [true, null]}',
+        "arr": [[1, 2], [3, 4]] if i == 1 else [i, v],
+    }
+
+
+def ev(pos: int, op: str, key, after: dict | None, *, table: TableName = T, batch: str = "b", snapshot=False, wm=None):
+    return {
+        "position": Position(pos).encode(), "table": table.id, "op": op, "key": encode_key([key]), "before": None,
+        "after": None if after is None else encode_row(after), "ts_ms": pos, "watermark": wm, "snapshot": snapshot,
+        "batch": batch,
+    }
+
+
+def stage_schema(data_dir: str, schema: TableSchema) -> None:
+    p = Path(schema_path(data_dir, SOURCE, schema.table))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(schema.to_json())
+
+
+# --- typed decoding --------------------------------------------------------------------------
+def test_every_logical_type_decodes_without_loss():
+    rows = [typed_row(1), typed_row(2, 5)]
+    t = pa.Table.from_arrays(rows_to_table(TYPED, rows), schema=pa.schema([mirror_schema(TYPED).field(c) for c in TYPED.column_names]))
+    r1, r2 = t.to_pylist()
+    assert t.schema.field("money").type == pa.decimal128(38, 10) and r1["money"] == Decimal("1234567890123456789012345678.0123456789")
+    assert t.schema.field("huge").type == pa.string() and r1["huge"] == "1" * 58 + ".25"  # beyond decimal128: exact text
+    assert r1["anynum"] == typed_row(1)["anynum"]
+    assert r1["big"] == Decimal(18446744073709551615) and r1["small"] == -32768
+    assert r1["f8"] == math.inf and r2["f8"] == -math.inf
+    assert math.isnan(decode_column(["NaN", 0.1], "float64").to_pylist()[0])
+    assert r1["bin"] == bytes([0, 255, 1, 0])
+    assert r1["d"] == date(1, 1, 1) and r1["tm"] == "-838:59:59.000000"
+    assert r1["ts"] == datetime(2024, 3, 31, 2, 30, 0, 1) and t.schema.field("ts").type == pa.timestamp("us")
+    assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+    assert t.schema.field("tstz").type == pa.timestamp("us", tz="UTC")
+    assert r1["doc"] == '{"b": 1, "a": [true, null]}' and json.loads(r1["arr"]) == [[1, 2], [3, 4]]
+    assert r1["name"] == "naïve 名前 1/0"
+
+
+def test_bad_canonical_value_names_table_and_column():
+    with pytest.raises(ConfigurationError, match=r"public\.typed, column 'money'"):
+        rows_to_table(TYPED, [{**typed_row(1), "money": "not a number"}])
+    with pytest.raises(ConfigurationError):
+        decode_column(["x"], "int32")
+    bad = TableSchema(T, (Column("id", "int64"), Column("__position", "string")), ("id",))
+    with pytest.raises(ConfigurationError, match="reserves"):
+        mirror_schema(bad)
+
+
+# --- event log ----------------------------------------------------------------------------
+def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
+    other = TableName("sales", "orders")
+    events = pa.Table.from_pylist(
+        [ev(3, "u", 1, typed_row(1), batch="c-1-3"), ev(1, "c", 1, typed_row(1), batch="c-1-3"),
+         ev(2, "c", "x", {"k": "x"}, table=other, batch="c-1-3"),
+         ev(9, "r", 5, typed_row(5), batch="r-9-hw", snapshot=True, wm="hw")],
+        schema=EVENT_SCHEMA,
+    )
+    sink = EventLogSink(str(tmp_path), SOURCE, database="shop")
+    sink.write(events)
+    base = Path(events_dir(str(tmp_path), SOURCE))
+    files = sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet"))
+    assert files == ["table=public.typed/c-1-3.parquet", "table=public.typed/r-9-hw.parquet", "table=sales.orders/c-1-3.parquet"]
+    first = {f: pq.read_table(base / f).to_pylist() for f in files}
+    rows = first["table=public.typed/c-1-3.parquet"]
+    assert [r["source"]["position"] for r in rows] == [Position(1).encode(), Position(3).encode()]  # position order
+    assert rows[0]["source"] == {"db": "shop", "schema": "public", "table": "typed", "position": Position(1).encode(),
+                                 "snapshot": False, "watermark": None}
+    assert json.loads(rows[1]["after"]) == typed_row(1) and rows[1]["op"] == "u"
+    snap = first["table=public.typed/r-9-hw.parquet"][0]
+    assert snap["source"]["snapshot"] is True and snap["source"]["watermark"] == "hw"
+    sink.write(events)  # a retried task: same files, same contents, nothing added
+    assert sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet")) == files
+    assert {f: pq.read_table(base / f).to_pylist() for f in files} == first
+    assert not list(base.rglob("*.tmp"))
+
+
+# --- Delta mirror ----------------------------------------------------------------------------
+def _random_history(rnd: random.Random, keys: int, n: int) -> list[dict]:
+    out, pos = [], 10
+    for _ in range(n):
+        pos += rnd.randint(1, 5)
+        k = rnd.randint(1, keys)
+        op = rnd.choice("cuudr")
+        out.append(ev(pos, op, k, None if op == "d" else typed_row(k, pos), snapshot=op == "r"))
+    return out
+
+
+def _reference(events: list[dict]) -> dict:
+    state: dict = {}
+    mirror_apply(state, [
+        ChangeEvent(e["table"], e["op"], e["key"], Position.decode(e["position"]), None, json.loads(e["after"]) if e["after"] else None)
+        for e in events
+    ])
+    return mirror_rows(state, T.id)
+
+
+def _typed_truth(rows: dict) -> list[dict]:
+    ordered = [rows[k] for k in sorted(rows, key=lambda k: json.loads(k)[0])]
+    if not ordered:
+        return []
+    return pa.Table.from_arrays(
+        rows_to_table(TYPED, ordered), schema=pa.schema([mirror_schema(TYPED).field(c) for c in TYPED.column_names])
+    ).to_pylist()
+
+
+def _live(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _eq(a: list[dict], b: list[dict]) -> bool:
+    """Row lists equal, NaN == NaN."""
+    return json.dumps(a, default=str, sort_keys=True) == json.dumps(b, default=str, sort_keys=True)
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_delta_mirror_converges_in_any_batch_order(tmp_path, seed):
+    rnd = random.Random(seed)
+    history = _random_history(rnd, keys=12, n=80)
+    truth = _typed_truth(_reference(history))
+    batches = [history[i : i + 13] for i in range(0, len(history), 13)]
+    states = []
+    for order_no, order in enumerate([batches, batches[::-1], rnd.sample(batches, len(batches))]):
+        d = str(tmp_path / f"o{order_no}")
+        stage_schema(d, TYPED)
+        sink = MirrorDeltaSink(d, SOURCE)
+        for b in order:
+            sink.write(pa.Table.from_pylist(b, schema=EVENT_SCHEMA))
+        sink.write(pa.Table.from_pylist(batches[0], schema=EVENT_SCHEMA))  # a replayed batch changes nothing
+        live = _live(read_mirror(d, SOURCE, T).to_pylist())
+        assert _eq(live, truth)
+        states.append(read_mirror_raw(d, SOURCE, T).to_pylist())
+    assert _eq(states[0], states[1]) and _eq(states[0], states[2])  # tombstones and positions alike
+
+
+def test_tombstone_blocks_a_late_chunk_row_until_compaction(tmp_path):
+    d = str(tmp_path)
+    stage_schema(d, TYPED)
+    sink = MirrorDeltaSink(d, SOURCE)
+    sink.write(pa.Table.from_pylist([ev(5, "c", 1, typed_row(1)), ev(6, "c", 2, typed_row(2)), ev(20, "d", 1, None)], schema=EVENT_SCHEMA))
+    sink.write(pa.Table.from_pylist([ev(10, "r", 1, typed_row(1, 1), snapshot=True)], schema=EVENT_SCHEMA))  # late chunk row
+    assert [r["id"] for r in read_mirror(d, SOURCE, T).to_pylist()] == [2]
+    meta = read_mirror(d, SOURCE, T, with_meta=True).to_pylist()
+    assert meta[0]["__key"] == "[2]" and meta[0]["__position"] == Position(6).encode()
+    assert compact(d, SOURCE, T, upto_position=Position(19).encode()) == 0  # tombstone newer than the bound
+    assert compact(d, SOURCE, T) == 1
+    assert [r["__key"] for r in read_mirror_raw(d, SOURCE, T).to_pylist()] == ["[2]"]
+    with pytest.raises(ConfigurationError, match="upto_position"):
+        compact(d, SOURCE, T, upto_position="1 OR true")
+
+
+def test_newest_per_key_keeps_the_highest_position_per_table_and_key():
+    other = TableName("x", "y")
+    t = pa.Table.from_pylist(
+        [ev(3, "u", 1, {"a": 3}), ev(1, "c", 1, {"a": 1}), ev(2, "c", 1, {"a": 2}, table=other), ev(7, "d", 2, None)],
+        schema=EVENT_SCHEMA,
+    )
+    got = {(r["table"], r["key"]): r["position"] for r in newest_per_key(t).to_pylist()}
+    assert got == {(T.id, "[1]"): Position(3).encode(), (other.id, "[1]"): Position(2).encode(), (T.id, "[2]"): Position(7).encode()}
+
+
+def test_mirror_without_a_staged_schema(tmp_path):
+    rows = pa.Table.from_pylist([ev(1, "c", 1, typed_row(1))], schema=EVENT_SCHEMA)
+    MirrorDeltaSink(str(tmp_path), SOURCE).write(rows)  # changelog apply: skipped, event log only
+    assert read_mirror(str(tmp_path), SOURCE, T).num_rows == 0
+    with pytest.raises(ConfigurationError, match="plan the snapshot of this table first"):
+        MirrorDeltaSink(str(tmp_path), SOURCE, require_schema=True).write(rows)
+
+
+# --- PostgreSQL mirror -------------------------------------------------------------------------
+@pytest.fixture
+def pg_target(pg_uri, unique_name):
+    schema = f"mirror_{unique_name}"
+    yield schema
+    with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
+        cur.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    conn.close()
+
+
+def test_postgres_mirror_position_guard_types_and_tombstones(tmp_path, pg_uri, pg_target):
+    d = str(tmp_path)
+    stage_schema(d, TYPED)
+    rnd = random.Random(3)
+    history = _random_history(rnd, keys=10, n=60)
+    history.append(ev(1000, "c", 1, typed_row(1)))  # row 1 carries the extreme values
+    truth = _reference(history)
+    batches = [history[i : i + 11] for i in range(0, len(history), 11)]
+    results = []
+    for n, order in enumerate([batches, batches[::-1]]):
+        sink = MirrorPostgresSink(pg_uri, d, SOURCE, target_schema=f"{pg_target}" if n == 0 else f"{pg_target}_b")
+        try:
+            for b in order:
+                sink.write(pa.Table.from_pylist(b, schema=EVENT_SCHEMA))
+            sink.write(pa.Table.from_pylist(batches[-1], schema=EVENT_SCHEMA))  # replay
+            live = sink.read(T)
+            results.append(sink.read(T, with_tombstones=True))
+            assert {r["__key"] for r in live} == set(truth)
+            r1 = next(r for r in live if r["id"] == 1)
+            assert r1["money"] == Decimal("1234567890123456789012345678.0123456789")
+            assert r1["huge"] == Decimal("1" * 58 + ".25") and r1["big"] == Decimal(18446744073709551615)
+            assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+            assert bytes(r1["bin"]) == bytes([0, 255, 1, 0]) and r1["tm"] == "-838:59:59.000000"
+            assert r1["doc"] == {"b": 1, "a": [True, None]} and r1["arr"] == [[1, 2], [3, 4]]
+            with sink.conn.cursor() as cur:  # json keeps the source's text exactly (jsonb would not)
+                cur.execute(f"SELECT doc::text FROM {sink.target(T)} WHERE id = 1")
+                assert cur.fetchone()[0] == '{"b": 1, "a": [true, null]}'
+            sink.conn.rollback()
+            assert r1["d"] == date(1, 1, 1) and r1["small"] == -32768
+            for r in live:
+                want = truth[r["__key"]]
+                assert r["name"] == want["name"] and r["__position"] == max(
+                    e["position"] for e in history if e["key"] == r["__key"]
+                )
+            tombs = [r for r in results[-1] if r["__deleted"]]
+            assert sink.compact(T) == len(tombs)
+            assert len(sink.read(T, with_tombstones=True)) == len(live)
+        finally:
+            sink.close()
+    strip = [[{k: bytes(v) if isinstance(v, memoryview) else v for k, v in r.items()} for r in res] for res in results]
+    assert json.dumps(strip[0], default=str) == json.dumps(strip[1], default=str)
+    with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
+        cur.execute(f'DROP SCHEMA IF EXISTS "{pg_target}_b" CASCADE')
+    conn.close()
+
+
+def test_postgres_mirror_older_event_never_overwrites(tmp_path, pg_uri, pg_target):
+    d = str(tmp_path)
+    stage_schema(d, TYPED)
+    sink = MirrorPostgresSink(pg_uri, d, SOURCE, target_schema=pg_target)
+    try:
+        for pos, v in itertools.chain([(50, 5)], [(40, 4), (50, 9), (10, 1)]):
+            sink.write(pa.Table.from_pylist([ev(pos, "u", 3, typed_row(3, v))], schema=EVENT_SCHEMA))
+        (row,) = sink.read(T)
+        assert row["name"] == typed_row(3, 5)["name"] and row["__position"] == Position(50).encode()
+    finally:
+        sink.close()
