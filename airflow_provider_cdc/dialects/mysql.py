@@ -213,7 +213,7 @@ def _binlog_time(td: dt.timedelta) -> str:
 
 
 def _timestamp(v: dt.datetime) -> str:
-    return v.strftime("%Y-%m-%dT%H:%M:%S.%f") if v.year >= 1000 else v.isoformat(timespec="microseconds")
+    return v.isoformat(timespec="microseconds")  # naive: YYYY-MM-DDTHH:MM:SS.ffffff
 
 
 def _timestamptz(v: dt.datetime) -> str:
@@ -393,7 +393,18 @@ def _binlog_converter(col: Any) -> Callable[[Any], Any]:
         return _timestamptz  # decoded from epoch seconds as naive UTC
     if ft == _FT_JSON:
         return _json_text
-    return lambda v: v.decode("utf-8") if isinstance(v, bytes) else v
+    return _text_or_b64
+
+
+def _text_or_b64(v: Any) -> Any:
+    """Text columns arrive decoded; bytes of a type without a mapping (only reachable when
+    capturing every table) stay readable as UTF-8 or become base64."""
+    if isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return _b64(v)
+    return v
 
 
 # --------------------------------------------------------------------------- offsets
@@ -432,7 +443,7 @@ class MySqlDialect(Dialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
-    a primary key outside the system schemas), ``connect_timeout``."""
+    a primary key outside the system schemas and the watermark database), ``connect_timeout``."""
 
     name: ClassVar[str] = "mysql"
     # MariaDB's optimizer does not turn ``(a, b) > (?, ?)`` into an index range; the
@@ -826,7 +837,8 @@ class MySqlDialect(Dialect):
     def _capture_table(self, schema: str, table: str) -> bool:
         if self.tables is not None:
             return TableName(schema, table) in self.tables
-        return schema not in SYSTEM_SCHEMAS
+        # the watermark database holds every source's watermark tables: CDC's, not the user's
+        return schema not in SYSTEM_SCHEMAS and schema != self.watermark_table.schema
 
     def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
         """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS), whole

@@ -697,3 +697,36 @@ def _admin_conn(uri, *, autocommit):
         autocommit=autocommit,
         init_command="SET time_zone = '+00:00'",
     )
+
+
+def test_capture_without_table_list_takes_every_user_table_with_a_key(
+    mysql_uri, admin, unique_name, tmp_path
+):
+    """Default ``tables=None``: every table outside the system schemas and the watermark
+    database; tables without a primary key are skipped (logged), never half-keyed."""
+    t, nopk = f"all_{unique_name}", f"allnopk_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, g BLOB)")
+    admin.execute(f"CREATE TABLE `{DB}`.`{nopk}` (v INT)")
+    d = get_dialect(
+        ConnectionParams.from_uri(mysql_uri),
+        source=f"mysql_all_{unique_name}",
+        watermark_table=f"wm_{unique_name}",
+    )
+    try:
+        d.ensure_watermark_table()
+        data = str(tmp_path)
+        d.load_offset(data)
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1, x'ff00')")
+        admin.execute(f"INSERT INTO `{DB}`.`{nopk}` VALUES (1)")
+        d.write_watermark(f"w-{unique_name}")
+        events = d.read_log(d.load_offset(data)).events
+        tables = {e.table for e in events if isinstance(e, ChangeEvent)}
+        assert f"{DB}.{t}" in tables and f"{DB}.{nopk}" not in tables
+        assert not any(name.startswith("cdc.") for name in tables)
+        assert f"w-{unique_name}" in [e.id for e in events if isinstance(e, WatermarkEvent)]
+        (mine,) = [e for e in events if isinstance(e, ChangeEvent) and e.table == f"{DB}.{t}"]
+        assert mine.after == {"id": 1, "g": "/wA="}
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`, `{DB}`.`{nopk}`")
+        d._query(f"DROP TABLE IF EXISTS {d.quote_table(d.watermark_table)}")
+        d.close()
