@@ -50,14 +50,16 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigurationError, SourceError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, int_to_lsn, lsn_to_int
+from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from . import pgoutput
-from .base import ConnectionParams, Dialect, LogBatch, validate_where
+from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, validate_where
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +397,8 @@ _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
-    ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (seconds without progress, default 600)."""
+    ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
+    ``fast_chunks`` (default True: chunk reads through COPY and Arrow)."""
 
     name = "postgres"
     row_value_keyset = True
@@ -420,6 +423,8 @@ class PostgresDialect(Dialect):
         if self.on_truncate not in ("fail", "skip"):
             raise ConfigurationError(f"on_truncate must be 'fail' or 'skip', got {self.on_truncate!r}")
         self.read_timeout = float(o.get("read_timeout", 600))  # seconds without progress
+        self.copy_batch_rows = 20_000  # rows parsed per Arrow batch (bounds memory per chunk)
+        self.fast_chunks = str(o.get("fast_chunks", True)).lower() not in ("false", "0", "no")
         self._conn = None
         self._rconn = None
         self._repl = None  # (connection, cursor) of an open stream, kept from read_log to commit_offset
@@ -693,6 +698,90 @@ class PostgresDialect(Dialect):
                     conn.rollback()
             except psycopg2.Error:
                 conn.close()
+
+    def read_chunk(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key: Sequence | None,
+        limit: int,
+        path: str,
+        where: str | None = None,
+    ) -> ChunkReadResult:
+        """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
+        column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
+        several times faster). Option ``fast_chunks=False`` uses the generic path. The
+        COPY is a fresh READ COMMITTED statement, run after the low watermark committed."""
+        if not self.fast_chunks:
+            return super().read_chunk(schema, rng, after_key=after_key, limit=limit, path=path, where=where)
+        import psycopg2
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from ..staging_io import CHUNK_SCHEMA
+        from .pgcopy import ChunkAssembler, read_csv_batch
+
+        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where)
+        asm = ChunkAssembler(
+            schema.column_names,
+            [c.type for c in schema.columns],
+            [decoder(c.type) for c in schema.columns],
+            schema.primary_key,
+        )
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp")
+        state = {"rows": 0, "last": None}
+        buf: list[bytes] = []
+        batch_rows = self.copy_batch_rows
+
+        with pq.ParquetWriter(tmp, CHUNK_SCHEMA) as writer:
+
+            def flush() -> None:
+                if not buf:
+                    return
+                cols = read_csv_batch(b"".join(buf), schema.column_names)
+                buf.clear()
+                key, after, last = asm.build(cols)
+                writer.write_table(pa.table({"key": key, "after": after}, schema=CHUNK_SCHEMA))
+                state["rows"] += len(key)
+                state["last"] = last
+
+            class _Sink:  # psycopg2 writes one COPY row per call
+                def write(self, data: bytes) -> int:
+                    buf.append(data)
+                    if len(buf) >= batch_rows:
+                        flush()
+                    return len(data)
+
+            conn = self._read_conn()
+            try:
+                with conn.cursor() as cur:
+                    copy_sql = (
+                        f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
+                    )
+                    cur.copy_expert(copy_sql, _Sink())
+                conn.commit()
+            except psycopg2.Error as exc:
+                self._reset_read_conn()
+                raise SourceError(
+                    f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
+                ) from exc
+            except BaseException:
+                self._reset_read_conn()
+                raise
+            flush()
+        tmp.replace(p)
+        return ChunkReadResult(state["rows"], state["last"])
+
+    def _reset_read_conn(self) -> None:
+        c, self._rconn = self._rconn, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - discarding a broken connection
+                pass
 
     def _decoders(self, schema: TableSchema) -> tuple:
         if schema is self._last_schema:  # the hot path: rows of one chunk

@@ -45,15 +45,7 @@ def test_begin_commit_carry_commit_lsn_and_time():
 
 def test_relation_with_key_flags_and_unicode_names():
     cols = [(1, 'or"der', 23, -1), (0, "ünï", 1700, (10 << 16 | 2) + 4)]
-    body = (
-        struct.pack("!I", 7)
-        + b"public"
-        + b"\0"
-        + 'T "q" ü'.encode()
-        + b"\0"
-        + b"f"
-        + struct.pack("!H", 2)
-    )
+    body = struct.pack("!I", 7) + b"public" + b"\0" + 'T "q" ü'.encode() + b"\0" + b"f" + struct.pack("!H", 2)
     for flags, name, oid, typmod in cols:
         body += bytes([flags]) + name.encode() + b"\0" + struct.pack("!Ii", oid, typmod)
     r = pgoutput.parse(b"R" + body)
@@ -147,3 +139,70 @@ def test_type_mapping():
 def test_default_slot_name_is_valid():
     assert default_object_name("My-Source.1") == "cdc_my_source_1"
     assert len(default_object_name("x" * 100)) == 63
+
+
+# --- the vectorised chunk path (pgcopy) must write what the encoder writes ------------
+
+TRICKY = [
+    "",
+    "plain",
+    'q"uote',
+    "back\\slash",
+    "\\x00ff",
+    "ünï ✓ 🚀",
+    "tab\there",
+    "nl\nx",
+    "\x01\x1f",
+    "\u2028",
+    "'",
+    "\x7f",
+]
+
+
+def test_vectorised_json_strings_equal_the_encoder():
+    import json
+
+    import pyarrow as pa
+
+    from airflow_provider_cdc.dialects.pgcopy import json_strings
+
+    enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    clean = [v for v in TRICKY if not any(ord(ch) < 32 for ch in v)] + [None]
+    assert json_strings(pa.array(clean, pa.string())).to_pylist() == [
+        "null" if v is None else enc(v) for v in clean
+    ]
+    every = [*TRICKY, None]  # with control characters: the fallback path
+    assert json_strings(pa.array(every, pa.string())).to_pylist() == [
+        "null" if v is None else enc(v) for v in every
+    ]
+
+
+def test_chunk_assembler_rows_equal_encode_row():
+    import pyarrow as pa
+
+    from airflow_provider_cdc.core.schema import encode_key, encode_row
+    from airflow_provider_cdc.dialects.pgcopy import ChunkAssembler
+
+    names = ["id", 'we"ird', "b", "f", "t", "u", "n", "a"]
+    types = ["int64", "string", "bool", "float64", "timestamptz", "uuid", "decimal(5,2)", "array<int32>"]
+    rows = [
+        [
+            "-5",
+            'x"y',
+            "t",
+            "1e+15",
+            "2024-01-02 03:04:05.5+00",
+            "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11",
+            "1.50",
+            "{1,NULL}",
+        ],
+        ["7", None, None, "NaN", None, None, None, None],
+    ]
+    decs = [decoder(t) for t in types]
+    asm = ChunkAssembler(names, types, decs, ["id", 'we"ird'])
+    cols = [pa.array([r[i] for r in rows], pa.string()) for i in range(len(names))]
+    key, after, last = asm.build(cols)
+    canon = [{n: (None if v is None else d(v)) for n, d, v in zip(names, decs, r, strict=True)} for r in rows]
+    assert after.to_pylist() == [encode_row(c) for c in canon]
+    assert key.to_pylist() == [encode_key([c["id"], c['we"ird']]) for c in canon]
+    assert last == (7, None)

@@ -1,0 +1,116 @@
+"""Fast PostgreSQL chunk reads: ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)`` into Arrow,
+canonical JSON built per column instead of per row.
+
+Why: the generic chunk read (driver row -> dict of canonical values -> JSON) costs tens
+of microseconds of Python per row, ten times the server's own COPY. Here the server
+renders each value with its type's output function (the same text pgoutput sends and the
+generic path sees), pyarrow parses the CSV, and every column becomes an array of JSON
+fragments at once; rows are assembled with one vectorised string join.
+
+Parity with the generic path (and so with the changelog) holds by construction for all
+but three logical-type families: each value's fragment is ``encoder(decoder(text))``, the
+same decoder and the same JSON encoder as ``encode_row``. Only integers (the server's
+text *is* the JSON), booleans, and strings (JSON string escaping done with Arrow string
+kernels; values with control characters fall back to the encoder) are vectorised, and a
+unit test compares those fragments with the encoder byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_INTS = frozenset({"int16", "int32", "int64", "uint64"})
+_STRINGS = frozenset({"string", "json", "date"})
+_CONTROL = r"[\x00-\x1f]"
+
+
+def _ints(arr: pa.Array) -> pa.Array:
+    return pc.fill_null(arr, "null")
+
+
+def _bools(arr: pa.Array) -> pa.Array:
+    return pc.fill_null(pc.if_else(pc.equal(arr, "t"), "true", "false"), "null")
+
+
+def json_strings(arr: pa.Array) -> pa.Array:
+    """Each string as a JSON string literal exactly as ``json.dumps(..., ensure_ascii=False)``
+    writes it (``"`` and ``\\`` escaped; control characters via the encoder); null -> ``null``."""
+    if len(arr) and pc.any(pc.match_substring_regex(arr, _CONTROL)).as_py():
+        return pa.array(["null" if v is None else _ENCODE(v) for v in arr.to_pylist()], pa.string())
+    esc = pc.replace_substring(arr, "\\", "\\\\")
+    esc = pc.replace_substring(esc, '"', '\\"')
+    return pc.fill_null(pc.binary_join_element_wise('"', esc, '"', ""), "null")
+
+
+def _per_value(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
+    def frag(arr: pa.Array) -> pa.Array:
+        return pa.array(["null" if v is None else _ENCODE(decode(v)) for v in arr.to_pylist()], pa.string())
+
+    return frag
+
+
+def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
+    """Text column -> JSON fragment column for one logical type."""
+    if logical in _INTS:
+        return _ints
+    if logical == "bool":
+        return _bools
+    if logical in _STRINGS or logical.startswith("decimal"):
+        return json_strings
+    if logical == "uuid":
+        return lambda arr: json_strings(pc.utf8_lower(arr))
+    return _per_value(decode)
+
+
+def read_csv_batch(data: bytes, names: Sequence[str]) -> list[pa.Array]:
+    """COPY ... (FORMAT csv) output -> one string array per column (unquoted empty = NULL)."""
+    cols = [f"c{i}" for i in range(len(names))]  # column names may repeat or be hostile
+    table = pcsv.read_csv(
+        io.BytesIO(data),
+        read_options=pcsv.ReadOptions(column_names=cols, block_size=max(len(data) + 1, 1 << 20)),
+        parse_options=pcsv.ParseOptions(newlines_in_values=True),
+        convert_options=pcsv.ConvertOptions(
+            column_types=dict.fromkeys(cols, pa.string()),
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+            null_values=[""],
+        ),
+    )
+    return [table.column(c).combine_chunks() for c in cols]
+
+
+class ChunkAssembler:
+    """Builds (key, after) JSON columns for rows of one table schema."""
+
+    def __init__(
+        self, names: Sequence[str], logical: Sequence[str], decoders: Sequence[Callable], pk: Sequence[str]
+    ):
+        self.names = list(names)
+        self.builders = [fragment_builder(t, d) for t, d in zip(logical, decoders, strict=True)]
+        self.prefixes = [("{" if i == 0 else ",") + _ENCODE(n) + ":" for i, n in enumerate(self.names)]
+        self.pk_idx = [self.names.index(k) for k in pk]
+        self.decoders = list(decoders)
+
+    def build(self, columns: list[pa.Array]) -> tuple[pa.Array, pa.Array, tuple]:
+        frags = [b(c) for b, c in zip(self.builders, columns, strict=True)]
+        parts: list = []
+        for prefix, frag in zip(self.prefixes, frags, strict=True):
+            parts += [prefix, frag]
+        parts.append("}")
+        after = pc.binary_join_element_wise(*parts, "")
+        kparts: list = ["["]
+        for j, i in enumerate(self.pk_idx):
+            if j:
+                kparts.append(",")
+            kparts.append(frags[i])
+        kparts.append("]")
+        key = pc.binary_join_element_wise(*kparts, "")
+        last = tuple(self.decoders[i](columns[i][-1].as_py()) for i in self.pk_idx)
+        return key, after, last
