@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from .core.errors import CdcError
@@ -69,49 +70,64 @@ def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, A
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
-def _count(p: dict, *names: str) -> Any:
-    for n in names:
-        if n in p and p[n] is not None:
-            v = p[n]
-            return len(v) if isinstance(v, (list, dict)) else v
-    return None
+def progress_summary(table_id: str, p: dict[str, Any]) -> dict[str, Any]:
+    """The figures a person wants from a stored progress JSON (core.progress.SnapshotProgress);
+    a value this version cannot parse is shown by its status alone."""
+    from .core.progress import SnapshotProgress
+
+    try:
+        sp = SnapshotProgress.from_json(json.dumps(p))
+    except Exception:  # noqa: BLE001 - an unknown layout still shows its status
+        return {"status": str(p.get("status", "unreadable")), "snapshot_id": p.get("snapshot_id")}
+    tp = sp.tables.get(table_id) or next(iter(sp.tables.values()), None)
+    out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error}
+    if tp is not None:
+        out.update(
+            ranges_done=sum(1 for r in tp.ranges if r.done),
+            ranges=len(tp.ranges),
+            rows=tp.rows,
+            chunks=tp.chunks,
+            rows_per_second=round(sp.rows_per_second(), 1),
+            next_keys=[None if w.after_key is None else list(w.after_key) for w in tp.remaining()],
+        )
+    if sp.updated_at:
+        out["updated_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sp.updated_at)) + "Z"
+    return out
 
 
-def describe_progress(p: dict[str, Any]) -> str:
-    """One line from a progress dict; tolerant of fields it does not know."""
-    parts = [str(p.get("status", "?"))]
-    ranges_total = _count(p, "ranges", "planned_ranges")
-    ranges_done = _count(p, "completed_ranges", "done_ranges", "exhausted_ranges")
-    if ranges_total is not None:
-        parts.append(f"ranges {ranges_done or 0}/{ranges_total}")
-    chunks = _count(p, "chunks_done", "chunks", "completed_chunks")
-    if chunks is not None:
-        parts.append(f"chunks {chunks}")
-    rows = _count(p, "rows", "rows_read", "rows_done")
-    if rows is not None:
-        parts.append(f"rows {rows}")
-    merged = _count(p, "chunks_merged", "merged_chunks", "merged")
-    if merged is not None:
-        parts.append(f"merged {merged}")
-    if p.get("snapshot_id"):
-        parts.append(f"snapshot {p['snapshot_id']}")
-    updated = p.get("updated_at") or p.get("updated")
-    if updated:
-        parts.append(f"updated {updated}")
+def describe_progress(summary: dict[str, Any]) -> str:
+    parts = [summary["status"]]
+    if "ranges" in summary:
+        parts.append(f"ranges done {summary['ranges_done']}/{summary['ranges']}")
+        parts.append(f"{summary['rows']} rows in {summary['chunks']} chunks ({summary['rows_per_second']:.0f} rows/s)")
+        if summary["status"] != "done" and summary["next_keys"]:
+            parts.append("continues after " + ", ".join("start" if k is None else json.dumps(k) for k in summary["next_keys"]))
+    if summary.get("snapshot_id"):
+        parts.append(f"snapshot {summary['snapshot_id']}")
+    if summary.get("updated_at"):
+        parts.append(f"updated {summary['updated_at']}")
+    if summary.get("error"):
+        parts.append(f"error: {summary['error']}")
     return ", ".join(parts)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     items = list_progress(args.source)
     if args.json:
-        print(json.dumps([{"source": s, "table": t, "progress": p} for s, t, p in items], indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                [{"source": s, "table": t, **progress_summary(t, p), "progress": p} for s, t, p in items],
+                indent=2,
+                sort_keys=True,
+            )
+        )
         return EXIT_OK
     if not items:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
         return EXIT_OK
     width = max(len(f"{s}:{t}") for s, t, _ in items)
     for s, t, p in items:
-        print(f"{f'{s}:{t}':<{width}}  {describe_progress(p)}")
+        print(f"{f'{s}:{t}':<{width}}  {describe_progress(progress_summary(t, p))}")
     return EXIT_OK
 
 

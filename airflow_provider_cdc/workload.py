@@ -360,7 +360,7 @@ class BackgroundWriter:
             raise RuntimeError("writer already started")
         top = self._key_max if self._key_max is not None else max_id(self.params, self.table)
         self._key_max = max(top, 1)
-        self._next_key = top + 1_000_000  # new keys well above the loaded range
+        self._next_key = top  # new keys continue the key range (reinserts reuse deleted keys)
         self._t0 = time.monotonic()
         for i in range(self.threads):
             seed = None if self._seed is None else self._seed * 1000 + i

@@ -39,8 +39,8 @@ def uri(request):
 @pytest.fixture
 def mirrored(uri, unique_name, tmp_path):
     """A 2,500-row demo table and a mirror equal to it; yields (table, conn_id, data_dir, env)."""
-    from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
     from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 
     table = w.default_table(uri, f"cli_{unique_name}")
     w.create_demo_table(uri, table, 2500)
@@ -120,20 +120,33 @@ def test_status_prints_each_tables_progress(unique_name):
     from airflow.models.variable import Variable
 
     from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc.core.chunk import ChunkResult
+    from airflow_provider_cdc.core.progress import SnapshotProgress
+    from airflow_provider_cdc.core.ranges import ChunkRange
 
     source = f"cdc_cli_{unique_name}"
-    progress_store.save(source, "public.orders", {"status": "running", "rows": 1234, "snapshot_id": "s1"})
-    progress_store.save(source, "public.items", {"status": "done", "rows": 10})
+    ranges = [ChunkRange(None, (500,)), ChunkRange((500,), None)]
+    running = SnapshotProgress.start(source, "snap-1", {"public.orders": ranges}, now=1000.0)
+    chunk = ChunkResult(source, "public.orders", "snap-1", 0, "lw", "hw", "p", ranges[1], None, (734,), 234, False)
+    assert running.record_chunk(chunk, now=1010.0)
+    done = SnapshotProgress.start(source, "snap-2", {"public.items": [ChunkRange()]}, now=1000.0)
+    done.record_chunk(ChunkResult(source, "public.items", "snap-2", 0, "lw", "hw", "p", ChunkRange(), None, (9,), 10, True))
+    done.finish()
+    progress_store.save(source, "public.orders", running)
+    progress_store.save(source, "public.items", done)
     try:
         r = run_cli("status", "--source", source, env=dict(os.environ))
         assert r.returncode == 0, r.stderr
         lines = [ln for ln in r.stdout.splitlines() if source in ln]
-        assert len(lines) == 2
-        assert lines[0].startswith(f"{source}:public.items") and "done" in lines[0] and "rows 10" in lines[0]
-        assert "running" in lines[1] and "rows 1234" in lines[1] and "snapshot s1" in lines[1]
+        assert len(lines) == 2, r.stdout
+        assert lines[0].startswith(f"{source}:public.items") and "done, ranges done 1/1, 10 rows in 1 chunks" in lines[0]
+        assert "running, ranges done 0/2, 234 rows in 1 chunks" in lines[1], lines[1]
+        assert "continues after start, [734]" in lines[1] and "snapshot snap-1" in lines[1]
         r = run_cli("status", "--source", source, "--json", env=dict(os.environ))
         items = json.loads(r.stdout)
-        assert [(i["table"], i["progress"]["status"]) for i in items] == [("public.items", "done"), ("public.orders", "running")]
+        assert [(i["table"], i["status"], i["rows"]) for i in items] == [
+            ("public.items", "done", 10), ("public.orders", "running", 234)
+        ]
         r = run_cli("status", "--source", f"{source}_none", env=dict(os.environ))
         assert r.returncode == 0 and "no snapshots recorded" in r.stdout
     finally:
