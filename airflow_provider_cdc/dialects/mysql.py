@@ -351,6 +351,16 @@ _FT_TINY_BLOB, _FT_MEDIUM_BLOB, _FT_LONG_BLOB, _FT_BLOB, _FT_VAR_STRING, _FT_STR
     255,
 )
 _INT_CODES = {_FT_TINY, _FT_SHORT, _FT_LONG, _FT_LONGLONG, _FT_INT24}
+_TEXT_CODES = {
+    _FT_VARCHAR,
+    _FT_VAR_STRING,
+    _FT_STRING,
+    _FT_ENUM,
+    _FT_BLOB,
+    _FT_TINY_BLOB,
+    _FT_MEDIUM_BLOB,
+    _FT_LONG_BLOB,
+}
 
 
 def _binlog_converter(col: Any) -> Callable[[Any], Any]:
@@ -966,7 +976,13 @@ class MySqlDialect(Dialect):
             return hit
         pk = table.primary_key
         pk_cols = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
-        convs = {c.name: _binlog_converter(c) for c in table.columns}
+        convs: dict[str, Callable[[Any], Any] | None] = {}
+        for c in table.columns:
+            conv = _binlog_converter(c)
+            # the reader already gives canonical ints and decoded text: skip the call
+            if conv is int or (conv is _text_or_b64 and c.type in _TEXT_CODES):
+                conv = None
+            convs[c.name] = conv
         hit = self._binlog_converters[key] = (convs, pk_cols)
         return hit
 
@@ -998,7 +1014,7 @@ class MySqlDialect(Dialect):
             return []
 
         def canon(values: dict, none_sources: dict | None) -> dict:
-            row = {name: None if v is None else convs[name](v) for name, v in values.items()}
+            row = {name: v if v is None or (c := convs[name]) is None else c(v) for name, v in values.items()}
             if none_sources:  # an empty SET decodes as None: tell it from NULL
                 for name, why in none_sources.items():
                     if why == "empty set":
