@@ -548,11 +548,9 @@ class MySqlDialect(Dialect):
     # --- prerequisites and metadata ---------------------------------------------------
     def check_prerequisites(self) -> None:
         names = list(REQUIRED_SETTINGS)
+        # SHOW (not information_schema.GLOBAL_VARIABLES, which MySQL 8 removed) works on both
         rows = self._query(
-            "SELECT VARIABLE_NAME, VARIABLE_VALUE FROM information_schema.GLOBAL_VARIABLES WHERE VARIABLE_NAME IN ("  # noqa: S608
-            + ", ".join(["%s"] * len(names))
-            + ")",
-            [n.upper() for n in names],
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
         )
         settings: dict[str, str | None] = {n: None for n in names}
         settings.update({name.lower(): value for name, value in rows})
