@@ -914,6 +914,7 @@ class MySqlDialect(Dialect):
         committed = start
         current_file = start.file
         skipped: set[str] = set()
+        in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
         try:
             for ev in stream:
                 if isinstance(ev, RotateEvent):
@@ -927,20 +928,30 @@ class MySqlDialect(Dialect):
                 ev_end = BinlogOffset.of(current_file, ev.packet.log_pos)
                 if ev_end > end:
                     break  # written after this read began: the next capture takes it
-                if isinstance(ev, MariadbGtidEvent | GtidEvent):
-                    pending = []
+                ends_group = False
+                if isinstance(ev, MariadbGtidEvent):
+                    # a MariaDB group starts here; FL_STANDALONE (1): one statement, no BEGIN
+                    pending, in_txn = [], not (ev.flags & 1)
+                elif isinstance(ev, GtidEvent):
+                    pending, in_txn = [], False  # MySQL: BEGIN follows unless it is DDL
                 elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                     pending.extend(self._row_events(ev, current_file, wm, skipped))
-                elif isinstance(ev, XidEvent) or (
-                    isinstance(ev, QueryEvent)
-                    and _query_text(ev.query).strip().upper() not in ("BEGIN", "XA START")
-                ):
-                    # XID ends an InnoDB transaction; COMMIT a non-transactional one; any
-                    # other statement (DDL) is a transaction of its own
-                    if isinstance(ev, QueryEvent) and _query_text(ev.query).strip().upper() != "COMMIT":
+                elif isinstance(ev, XidEvent):
+                    ends_group = True  # InnoDB commit
+                elif isinstance(ev, QueryEvent):
+                    text = _query_text(ev.query).strip().upper()
+                    if text == "BEGIN" or text.startswith("XA START"):
+                        in_txn = True
+                    elif text in ("COMMIT", "ROLLBACK"):
+                        ends_group = True  # end of a group with non-transactional changes
+                    elif not in_txn:
+                        # DDL and other standalone statements are groups of their own;
+                        # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
+                        ends_group = True
                         self._binlog_converters.clear()  # DDL may change a table's columns
+                if ends_group:
                     out.extend(pending)
-                    pending = []
+                    pending, in_txn = [], False
                     committed = ev_end
                     if max_events is not None and len(out) >= max_events:
                         break

@@ -514,6 +514,33 @@ def test_capture_transactions_positions_watermarks_and_resume(make_dialect, admi
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
 
 
+def test_a_savepoint_is_not_a_transaction_boundary(make_dialect, admin, unique_name, tmp_path):
+    """MariaDB logs SAVEPOINT as a query event inside the transaction: max_events must not
+    cut there (the offset would land mid-transaction and lose or repeat its rows)."""
+    t = f"sp_{unique_name}"
+    admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY)")
+    try:
+        d = make_dialect(t)
+        data = str(tmp_path)
+        d.load_offset(data)
+        admin.execute("BEGIN")
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1)")
+        admin.execute("SAVEPOINT s1")
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (2)")
+        admin.execute("ROLLBACK TO SAVEPOINT s1")
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (3)")
+        admin.execute("COMMIT")
+        admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (4)")
+        first = d.capture(data, max_events=1)
+        assert first.events == 2  # the whole first transaction: rows 1 and 3
+        second = d.capture(data)
+        assert second.events == 1 and second.start_offset == first.end_offset
+        keys = [decode_key(e.key)[0] for e in read_log_events(str(Path(first.segment).parent))]
+        assert keys == [1, 3, 4]
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
 def test_capture_follows_a_binlog_rotation(make_dialect, admin, unique_name, tmp_path):
     t = f"rot_{unique_name}"
     admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY)")
