@@ -38,6 +38,7 @@ from ..core.progress import SnapshotProgress
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.staging import schema_path, staging_dir
+from ..core.throttle import Throttle
 from ..dialects.base import Dialect
 from ..hooks.cdc_source import CdcSourceHook
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
@@ -82,8 +83,8 @@ def parse_snapshot_conf(conf: dict | None, default_tables: Sequence[str] | str |
     if action not in ACTIONS:
         raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
     delay = conf.pop("delay_seconds", None)
-    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3600):
-        raise ConfigurationError(f"conf 'delay_seconds' must be a number of seconds from 0 to 3600, got {delay!r}")
+    if delay is not None:
+        delay = Throttle(delay_seconds=delay).delay_seconds  # validated by core (clear error)
     given = frozenset(conf) | ({"delay_seconds"} if delay is not None else frozenset())
     if conf.get("tables") is None:
         tables = default_tables
