@@ -1,0 +1,40 @@
+"""One capture per source, enforced by the source database (locks.capture_lock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.locks import capture_lock, lock_name
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def params(request) -> ConnectionParams:
+    uri = request.getfixturevalue("pg_uri" if request.param == "postgres" else "mysql_uri")
+    return ConnectionParams.from_uri(uri)
+
+
+def test_second_capture_of_a_source_is_refused_until_the_first_ends(params, unique_name):
+    source = f"lock_{unique_name}"
+    with capture_lock(params, source) as first:
+        assert first is True
+        with capture_lock(params, source) as second:  # another session: refused, not waiting
+            assert second is False
+        with capture_lock(params, f"{source}_other") as other:  # other sources are independent
+            assert other is True
+    with capture_lock(params, source) as again:
+        assert again is True
+
+
+def test_a_crashed_holder_releases_the_lock(params, unique_name):
+    source = f"lock_{unique_name}"
+    with pytest.raises(RuntimeError):
+        with capture_lock(params, source) as got:
+            assert got
+            raise RuntimeError("capture died")
+    with capture_lock(params, source) as got:
+        assert got is True
+
+
+def test_long_source_names_fit_mysql_lock_names():
+    assert len(lock_name("x" * 200)) <= 64 and lock_name("x" * 200) != lock_name("y" * 200)
