@@ -319,7 +319,14 @@ class SnapshotPlanOperator(_SourceOperator):
         plans = []
         with self.hook.get_dialect() as dialect:
             dialect.check_prerequisites()
+            captured = getattr(dialect, "tables", None)  # the connection's `tables` option, None = all
             for table in req.tables:  # read-only: every table is checked before anything is written
+                if captured is not None and table not in set(captured):
+                    raise ConfigurationError(
+                        f"table {table} is not among the tables the changelog of connection {self.cdc_conn_id!r} "
+                        f"captures ({', '.join(sorted(str(t) for t in captured))}): its snapshot windows would miss "
+                        "concurrent changes. Add it to the connection extra 'tables'"
+                    )
                 schema = dialect.describe_table(table)
                 ranges = plan_table_ranges(dialect, schema, request)
                 upper = dialect.max_key(schema, request.where_for(table))
