@@ -83,6 +83,9 @@ class Flavour:
     #: groups of privileges; each group needs one of its names (aliases across versions)
     privileges: tuple[tuple[str, ...], ...]
     grant_hint: str
+    #: server-specific settings that must have a value when the server has them:
+    #: compressed binlog events are not decoded by mysql-replication
+    optional_settings: tuple[tuple[str, str, str], ...] = ()
 
 
 MARIADB = Flavour(
@@ -93,6 +96,7 @@ MARIADB = Flavour(
     gtid_format="domain-server-sequence",
     privileges=(("REPLICATION SLAVE",), ("BINLOG MONITOR", "REPLICATION CLIENT", "SUPER")),
     grant_hint="GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO <user>",
+    optional_settings=(("log_bin_compress", "OFF", "SET GLOBAL log_bin_compress = OFF"),),
 )
 MYSQL_80 = Flavour(
     name="mysql",
@@ -102,6 +106,9 @@ MYSQL_80 = Flavour(
     gtid_format="source_uuid:interval",
     privileges=(("REPLICATION SLAVE",), ("REPLICATION CLIENT", "SUPER")),
     grant_hint="GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO <user>",
+    optional_settings=(
+        ("binlog_transaction_compression", "OFF", "SET GLOBAL binlog_transaction_compression = OFF"),
+    ),
 )
 MYSQL_84 = Flavour(**{**MYSQL_80.__dict__, "status_sql": "SHOW BINARY LOG STATUS"})
 
@@ -146,6 +153,12 @@ def prerequisite_problems(
             problems.append(f"{var} is not a variable of this server (want {want}): {fix}")
         elif str(got).upper() != want:
             problems.append(f"{var} is {got!r}, must be {want}: {fix}")
+    for var, want, fix in flavour.optional_settings:
+        got = settings.get(var)
+        if got is not None and str(got).upper() != want:
+            problems.append(
+                f"{var} is {got!r}, must be {want} (compressed binlog events cannot be read): {fix}"
+            )
     held: set[str] = set()
     for line in grants:
         m = _GRANT_RE.match(line.strip())
@@ -350,6 +363,7 @@ _FT_TINY_BLOB, _FT_MEDIUM_BLOB, _FT_LONG_BLOB, _FT_BLOB, _FT_VAR_STRING, _FT_STR
     254,
     255,
 )
+_EPOCH = dt.datetime(1970, 1, 1)
 _INT_CODES = {_FT_TINY, _FT_SHORT, _FT_LONG, _FT_LONGLONG, _FT_INT24}
 _TEXT_CODES = {
     _FT_VARCHAR,
@@ -400,7 +414,9 @@ def _binlog_converter(col: Any) -> Callable[[Any], Any]:
     if ft in (_FT_DATETIME, _FT_DATETIME2):
         return _timestamp
     if ft in (_FT_TIMESTAMP, _FT_TIMESTAMP2):
-        return _timestamptz  # decoded from epoch seconds as naive UTC
+        # decoded from epoch seconds as naive UTC; epoch 0 is the zero timestamp
+        # '0000-00-00 00:00:00' (1970-01-01 00:00:00 UTC is outside TIMESTAMP's range)
+        return lambda v: None if v == _EPOCH else _timestamptz(v)
     if ft == _FT_JSON:
         return _json_text
     return _text_or_b64
@@ -547,7 +563,7 @@ class MySqlDialect(Dialect):
 
     # --- prerequisites and metadata ---------------------------------------------------
     def check_prerequisites(self) -> None:
-        names = list(REQUIRED_SETTINGS)
+        names = [*REQUIRED_SETTINGS, *(v for v, _, _ in self.flavour.optional_settings)]
         # SHOW (not information_schema.GLOBAL_VARIABLES, which MySQL 8 removed) works on both
         rows = self._query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
@@ -949,6 +965,15 @@ class MySqlDialect(Dialect):
                         # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
                         ends_group = True
                         self._binlog_converters.clear()  # DDL may change a table's columns
+                        if text.startswith("TRUNCATE"):
+                            # row-less: the binlog has no per-row deletes to stage
+                            log.warning(
+                                "source %r: %s at %s:%s is not captured as row deletes; re-snapshot the table",
+                                self.source,
+                                _query_text(ev.query),
+                                current_file,
+                                ev.packet.log_pos,
+                            )
                 if ends_group:
                     out.extend(pending)
                     pending, in_txn = [], False

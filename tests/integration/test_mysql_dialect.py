@@ -135,6 +135,18 @@ def test_privileges_on_one_database_do_not_count():
     assert len(problems) == 1 and "REPLICATION SLAVE" not in problems[0].split(":")[0]
 
 
+def test_compressed_binlog_is_refused_per_flavour():
+    assert (
+        "log_bin_compress"
+        in prerequisite_problems({**GOOD, "log_bin_compress": "ON"}, ["GRANT ALL ON *.* TO x"], MARIADB)[0]
+    )
+    on = {**GOOD, "binlog_transaction_compression": "ON"}
+    assert (
+        "binlog_transaction_compression" in prerequisite_problems(on, ["GRANT ALL ON *.* TO x"], MYSQL_80)[0]
+    )
+    assert prerequisite_problems(GOOD, ["GRANT ALL ON *.* TO x"], MYSQL_84) == []  # absent: older server
+
+
 def test_flavour_from_version():
     assert flavour_for("10.11.19-MariaDB-0+deb12u1-log") is MARIADB
     assert flavour_for("8.0.36") is MYSQL_80
@@ -458,6 +470,34 @@ def test_timestamp_is_utc_whatever_the_writer_session_zone(make_dialect, mysql_u
                 == row
                 == {"id": 1, "ts": "2024-03-10T00:00:00.250000Z", "dtm": "2024-03-10T05:30:00.000000"}
             )
+        finally:
+            cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+
+
+def test_zero_dates_are_null_both_ways(make_dialect, mysql_uri, unique_name, tmp_path):
+    t = f"zero_{unique_name}"
+    with closing(_admin(mysql_uri, init_command="SET sql_mode = ''")) as conn:
+        cur = conn.cursor()
+        cur.execute(
+            f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, d DATE, dtm DATETIME(6), ts TIMESTAMP NULL)"
+        )
+        try:
+            d = make_dialect(t)
+            d.load_offset(str(tmp_path))
+            cur.execute(
+                f"INSERT INTO `{DB}`.`{t}` VALUES (1, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00')"
+            )
+            cur.execute(
+                f"INSERT INTO `{DB}`.`{t}` VALUES (2, '2024-01-01', '2024-01-01 00:00:00', '1970-01-01 00:00:01')"
+            )
+            res = d.capture(str(tmp_path))
+            logged = {decode_key(e.key)[0]: e.after for e in read_log_events(str(Path(res.segment).parent))}
+            schema = d.describe_table(TableName(DB, t))
+            (batch,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=None, limit=10)))
+            selected = {r[0]: d.row_to_canonical(schema, r) for r in batch}
+            assert selected == logged
+            assert logged[1] == {"id": 1, "d": None, "dtm": None, "ts": None}
+            assert logged[2]["ts"] == "1970-01-01T00:00:01.000000Z"
         finally:
             cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
 
