@@ -219,9 +219,9 @@ def spark_tuples(df) -> set:
     }
 
 
-def submit(job: str, args: list[str]) -> dict:
+def submit(job: str, args: list[str], *, master: str = "local[2]") -> dict:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = spark_submit_command(job, args, master="local[2]", conf=SPARK_CONF)
+    cmd = spark_submit_command(job, args, master=master, conf=SPARK_CONF)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     tag = "CDC_MERGE_RESULT " if job == "merge" else "CDC_APPLY_RESULT "
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
