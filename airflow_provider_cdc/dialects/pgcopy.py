@@ -7,16 +7,18 @@ renders each value with its type's output function (the same text pgoutput sends
 generic path sees), pyarrow parses the CSV, and every column becomes an array of JSON
 fragments at once; rows are assembled with one vectorised string join.
 
-Parity with the generic path (and so with the changelog) holds by construction for all
-but three logical-type families: each value's fragment is ``encoder(decoder(text))``, the
-same decoder and the same JSON encoder as ``encode_row``. Only integers (the server's
-text *is* the JSON), booleans, and strings (JSON string escaping done with Arrow string
-kernels; values with control characters fall back to the encoder) are vectorised, and a
-unit test compares those fragments with the encoder byte for byte.
+Parity with the generic path (and so with the changelog): arrays and anything unusual
+(infinite or BC timestamps...) take ``encoder(decoder(text))``, the same decoder and
+JSON encoder as ``encode_row``. Integers (the server's text *is* the JSON), booleans,
+strings (JSON escaping with Arrow kernels; values with control characters go through the
+encoder), ISO timestamps/times (regex + padding kernels), floats (``repr``, as the
+encoder does) and bytea (hex -> base64) are specialised; unit tests and an integration
+test compare them with the generic path byte for byte.
 """
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Callable, Sequence
@@ -56,6 +58,55 @@ def _per_value(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array
     return frag
 
 
+_FLOAT_SPECIAL = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infinity"'}
+
+
+def _floats(arr: pa.Array) -> pa.Array:
+    # json encodes a float with float.__repr__; the specials are canonical strings
+    special = _FLOAT_SPECIAL.get
+    return pa.array(
+        ["null" if v is None else (special(v) or repr(float(v))) for v in arr.to_pylist()], pa.string()
+    )
+
+
+def _binary(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
+    def frag(arr: pa.Array) -> pa.Array:
+        out = []
+        for v in arr.to_pylist():
+            if v is None:
+                out.append("null")
+            elif v[:2] == "\\x":
+                out.append('"' + base64.b64encode(bytes.fromhex(v[2:])).decode("ascii") + '"')
+            else:
+                out.append(_ENCODE(decode(v)))  # raises the decoder's error
+        return pa.array(out, pa.string())
+
+    return frag
+
+
+_DATE = r"(?P<d>\d{4}-\d\d-\d\d)"
+_TIME = r"(?P<t>\d\d:\d\d:\d\d)(?:\.(?P<f>\d{1,6}))?"
+_TEMPORAL = {  # the server's ISO text -> canonical, when every value has the common shape
+    "timestamptz": (f"^{_DATE} {_TIME}\\+00$", "T", "Z"),
+    "timestamp": (f"^{_DATE} {_TIME}$", "T", ""),
+    "time": (f"^(?P<d>){_TIME}$", "", ""),
+}
+
+
+def _temporal(logical: str, fallback: Callable[[pa.Array], pa.Array]) -> Callable[[pa.Array], pa.Array]:
+    pattern, sep, suffix = _TEMPORAL[logical]
+
+    def frag(arr: pa.Array) -> pa.Array:
+        m = pc.extract_regex(arr, pattern)
+        if m.null_count != arr.null_count:  # infinity, BC, 5-digit years...: the decoder handles them
+            return fallback(arr)
+        frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
+        out = pc.binary_join_element_wise('"', m.field("d"), sep, m.field("t"), ".", frac, suffix + '"', "")
+        return pc.if_else(pc.is_null(arr), "null", out)
+
+    return frag
+
+
 def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
     """Text column -> JSON fragment column for one logical type."""
     if logical in _INTS:
@@ -66,6 +117,12 @@ def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[
         return json_strings
     if logical == "uuid":
         return lambda arr: json_strings(pc.utf8_lower(arr))
+    if logical in ("float32", "float64"):
+        return _floats
+    if logical == "binary":
+        return _binary(decode)
+    if logical in _TEMPORAL:
+        return _temporal(logical, _per_value(decode))
     return _per_value(decode)
 
 

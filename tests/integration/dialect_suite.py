@@ -131,6 +131,11 @@ class Ctx:
         return {r["key"]: decode_row(r["after"]) for r in pq.read_table(path).to_pylist()}
 
 
+def _is_duplicate_key(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "duplicate key" in text or "duplicate entry" in text
+
+
 def table_events(events: list, table: TableName) -> list[ChangeEvent]:
     return [e for e in events if isinstance(e, ChangeEvent) and e.table == table.id]
 
@@ -304,9 +309,11 @@ class DialectSuite(ABC):
                                 )
                         c.commit()
                     except Exception as exc:
-                        if not self.is_deadlock(exc):
+                        if not (self.is_deadlock(exc) or _is_duplicate_key(exc)):
                             raise
-                        c.rollback()  # a deadlock victim: applications retry; so does this writer
+                        # a deadlock victim, or two writers re-inserting the same deleted key
+                        # (READ COMMITTED): applications retry; so does this writer
+                        c.rollback()
                         continue
                     writes[0] += 1
                     time.sleep(rnd.random() * 0.002)

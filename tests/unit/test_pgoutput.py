@@ -206,3 +206,37 @@ def test_chunk_assembler_rows_equal_encode_row():
     assert after.to_pylist() == [encode_row(c) for c in canon]
     assert key.to_pylist() == [encode_key([c["id"], c['we"ird']]) for c in canon]
     assert last == (7, None)
+
+
+@pytest.mark.parametrize(
+    ("logical", "texts"),
+    [
+        (
+            "timestamptz",
+            ["2024-01-02 03:04:05+00", "2024-01-02 03:04:05.000001+00", None, "2024-01-02 03:04:05.5+00"],
+        ),
+        (
+            "timestamptz",
+            ["2024-01-02 03:04:05+00", "infinity", "0044-03-15 12:00:00+00 BC", "12345-01-01 00:00:00+00"],
+        ),
+        ("timestamp", ["2024-01-02 03:04:05", "1999-12-31 23:59:59.123", None]),
+        ("timestamp", ["-infinity", "2024-01-02 03:04:05"]),
+        ("time", ["00:00:00", "23:59:58.5", "24:00:00", None]),
+        ("float64", ["0.1", "1e+15", "-0", "NaN", "Infinity", "-Infinity", "1.7976931348623157e+308", None]),
+        ("float32", ["1.1", "3.4028235e+38", "1e-45"]),
+        ("binary", ["\\x", "\\x00ff10", None, "\\x" + "ab" * 100]),
+        ("date", ["2024-02-29", "infinity", None]),
+        ("array<timestamptz>", ['{"2024-01-01 00:00:00+00",NULL}']),
+    ],
+)
+def test_specialised_fragments_equal_the_encoder(logical, texts):
+    import json
+
+    import pyarrow as pa
+
+    from airflow_provider_cdc.dialects.pgcopy import fragment_builder
+
+    enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    dec = decoder(logical)
+    got = fragment_builder(logical, dec)(pa.array(texts, pa.string())).to_pylist()
+    assert got == ["null" if t is None else enc(dec(t)) for t in texts]
