@@ -185,3 +185,42 @@ def test_operators_do_no_io_in_init(tmp_path):
     ChangelogCaptureOperator(task_id="cap", data_dir=str(tmp_path / "nope"), cdc_conn_id="missing")
     plan_op(tmp_path / "nope")
     assert not (tmp_path / "nope").exists()
+
+
+class FakeTI:
+    """Only what _dag_is_paused asks the Task SDK: the DAG's paused flag."""
+
+    dag_id = "cdc_snapshot"
+
+    def __init__(self, paused: bool) -> None:
+        self.paused = paused
+
+    def get_dag(self, dag_id):
+        return SimpleNamespace(is_paused=self.paused)
+
+
+def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_path, variables):
+    progress(tmp_path)
+    op = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
+    ti = FakeTI(paused=False)
+    assert op._should_stop({"ti": ti}, T.id, "S1") is None
+    ti.paused = True  # paused while the task runs
+    assert op._should_stop({"ti": ti}, T.id, "S1") == "the DAG was paused"
+    op._ran_while_paused = True  # started on a paused DAG on purpose (dag.test, tasks test)
+    assert op._should_stop({"ti": ti}, T.id, "S1") is None
+    assert "no longer the current one" in op._should_stop({"ti": ti}, T.id, "S0")
+    progress_store.request("src", T.id, "pause")
+    assert op._should_stop({"ti": ti}, T.id, "S1") == "snapshot S1 of public.orders is paused"
+
+
+def test_control_from_outside_a_dag_run(tmp_path, variables):
+    with pytest.raises(StateError, match="start one first"):
+        progress_store.request("src", T.id, "pause")
+    progress(tmp_path)
+    assert progress_store.request("src", T.id, "pause").status == "paused"
+    assert progress_store.request("src", T.id, "resume").status == "running"
+    assert progress_store.request("src", T.id, "stop").status == "stopped"
+    with pytest.raises(StateError, match="stopped"):
+        progress_store.request("src", T.id, "resume")
+    with pytest.raises(ConfigurationError, match="use one of pause, resume, stop"):
+        progress_store.request("src", T.id, "restart")
