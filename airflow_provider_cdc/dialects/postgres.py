@@ -41,6 +41,7 @@ cover them either). Slot: ``slot_name`` (default ``cdc_<source>``), plugin pgout
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import re
 import select
@@ -162,10 +163,13 @@ def _float(s: str) -> float | str:
     return float(s)
 
 
+_b2a = binascii.b2a_base64  # base64.b64encode without the wrapper
+
+
 def _bytea(s: str) -> str:
-    if not s.startswith("\\x"):
+    if s[:2] != "\\x":
         raise SourceError(f"bytea value not in hex format: {s[:20]!r}; the session must use bytea_output=hex")
-    return base64.b64encode(bytes.fromhex(s[2:])).decode("ascii")
+    return _b2a(bytes.fromhex(s[2:]), newline=False).decode("ascii")
 
 
 def _frac6(s: str) -> str:
