@@ -323,3 +323,32 @@ class TestPostgresDialect(DialectSuite):
                 after = ra.last_key
         finally:
             slow.close()
+
+    def test_a_user_without_replication_gets_every_problem_named(self, ctx):
+        role = f"cdc_norepl_{ctx.unique}"
+        ctx.execute(f"CREATE ROLE {ctx.q(role)} LOGIN")
+        try:
+            params = ConnectionParams.from_uri(ctx.uri)
+            d = PostgresDialect(
+                ConnectionParams(params.scheme, params.host, params.port, role, None, params.database),
+                source=ctx.source,
+            )
+            try:
+                with pytest.raises(SourceError) as err:
+                    d.check_prerequisites()
+            finally:
+                d.close()
+            text = str(err.value)
+            assert f"ALTER ROLE {role} WITH REPLICATION" in text and "FOR ALL TABLES" in text
+        finally:
+            ctx.execute(f"DROP ROLE {ctx.q(role)}")
+
+    def test_invalidated_slot_says_resnapshot(self, ctx, monkeypatch):
+        d = ctx.dialect([])
+        d.load_offset(ctx.data_dir)
+        real = d._slot_row
+        # wal_status 'lost' needs max_slot_wal_keep_size exceeded on a server shared by
+        # other tests: inject the row the server would then return
+        monkeypatch.setattr(d, "_slot_row", lambda: (None, "lost", *real()[2:]))
+        with pytest.raises(SourceError, match="invalidated.*re-snapshot"):
+            d.load_offset(ctx.data_dir)
