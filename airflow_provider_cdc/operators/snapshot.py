@@ -562,6 +562,9 @@ class SnapshotCommitOperator(_SourceOperator):
             for s in sidecars:  # seq order = keyset order inside each range
                 if s["merged"]:
                     recorded += p.record_chunk(ChunkResult.from_dict(s["result"]))
+            fresh = progress_store.load(source, tid)  # a pause/stop may have landed meanwhile: keep it
+            if fresh is not None and fresh.snapshot_id == sid and fresh.status != p.status and fresh.status in (PAUSED, STOPPED):
+                p.pause() if fresh.status == PAUSED else p.stop()
             if p.status == RUNNING and p.table(tid).done:
                 p.finish()
             progress_store.save(source, tid, p)

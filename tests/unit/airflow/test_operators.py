@@ -224,3 +224,22 @@ def test_control_from_outside_a_dag_run(tmp_path, variables):
         progress_store.request("src", T.id, "resume")
     with pytest.raises(ConfigurationError, match="use one of pause, resume, stop"):
         progress_store.request("src", T.id, "restart")
+
+
+def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monkeypatch):
+    progress(tmp_path)
+    a = committed(tmp_path, 0, 0, 9, 10, False)
+    real_load, calls = progress_store.load, []
+
+    def load_then_pause(source, table_id):  # the pause run writes between commit's load and save
+        p = real_load(source, table_id)
+        calls.append(1)
+        if len(calls) == 1:
+            progress_store.request(source, table_id, "pause")
+        return p
+
+    monkeypatch.setattr(progress_store, "load", load_then_pause)
+    SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src",
+                           cdc_conn_id="unused").execute({})
+    stored = real_load("src", T.id)
+    assert stored.status == "paused" and stored.rows == 10
