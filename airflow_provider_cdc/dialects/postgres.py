@@ -633,9 +633,12 @@ class PostgresDialect(Dialect):
         import psycopg2
 
         wm = self.watermark_table
-        for attempt in range(3):
+        # DDL only when something is missing: CREATE ... IF NOT EXISTS still demands the
+        # CREATE privilege, which a least-privilege CDC user may not have once it exists
+        for attempt in range(3 if self._relation(wm) is None else 0):
             try:
-                self._query(f"CREATE SCHEMA IF NOT EXISTS {self.quote_ident(wm.schema)}")
+                if not self._query("SELECT 1 FROM pg_namespace WHERE nspname = %s", (wm.schema,)):
+                    self._query(f"CREATE SCHEMA IF NOT EXISTS {self.quote_ident(wm.schema)}")
                 self._query(
                     f"CREATE TABLE IF NOT EXISTS {self.quote_table(wm)} (id integer PRIMARY KEY CHECK (id = 1), "
                     "value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"

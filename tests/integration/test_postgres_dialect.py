@@ -352,3 +352,64 @@ class TestPostgresDialect(DialectSuite):
         monkeypatch.setattr(d, "_slot_row", lambda: (None, "lost", *real()[2:]))
         with pytest.raises(SourceError, match="invalidated.*re-snapshot"):
             d.load_offset(ctx.data_dir)
+
+    def test_commit_without_the_stream_advances_the_slot(self, ctx):
+        t = ctx.create_table("adv", [("id", "int")], ["id"])
+        d = ctx.dialect([t])
+        start = d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
+        batch = d.read_log(start)
+        assert len(table_events(batch.events, t)) == 1
+        d.close()  # e.g. the stream dropped while staging took long: confirm through SQL
+        d.commit_offset(batch.end_offset, ctx.data_dir)
+        assert d.load_offset(ctx.data_dir) == batch.end_offset
+        assert table_events(d.read_log(batch.end_offset).events, t) == []
+
+    def test_least_privilege_user_captures_and_snapshots(self, ctx):
+        """REPLICATION + SELECT on the table + DML on the watermark table is enough once an
+        admin created the publication and the watermark table (managed-service setup)."""
+        t = ctx.create_table("lp", [("id", "int"), ("v", "text")], ["id"])
+        admin = ctx.dialect([t])
+        admin.ensure_watermark_table()
+        admin.ensure_publication()
+        role = f"cdc_lp_{ctx.unique}"
+        wm = ctx.qt(admin.watermark_table)
+        ctx.execute(f"CREATE ROLE {ctx.q(role)} LOGIN REPLICATION")
+        try:
+            ctx.execute(
+                f"GRANT USAGE ON SCHEMA public, {ctx.q(admin.watermark_table.schema)} TO {ctx.q(role)}"
+            )
+            ctx.execute(f"GRANT SELECT ON {ctx.qt(t)} TO {ctx.q(role)}")
+            ctx.execute(f"GRANT SELECT, INSERT, UPDATE ON {wm} TO {ctx.q(role)}")
+            p = ConnectionParams.from_uri(ctx.uri)
+            d = PostgresDialect(
+                ConnectionParams(p.scheme, p.host, p.port, role, None, p.database),
+                source=ctx.source,
+                tables=[t],
+                watermark_table=ctx.watermark_table,
+            )
+            ctx.dialects.append(d)
+            d.check_prerequisites()
+            d.load_offset(ctx.data_dir)
+            ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1, 'a')")
+            res = snapshot_chunk_and_capture(d, t, ctx)
+            assert res == ([(1,)], ["c"])
+        finally:
+            for d in ctx.dialects:
+                d.drop_slot()
+            ctx.execute(f"DROP OWNED BY {ctx.q(role)}")
+            ctx.execute(f"DROP ROLE {ctx.q(role)}")
+
+
+def snapshot_chunk_and_capture(d, t, ctx):
+    from airflow_provider_cdc.core.ranges import FULL_RANGE
+    from airflow_provider_cdc.snapshot import snapshot_chunk
+
+    schema = d.describe_table(t)
+    chunk = snapshot_chunk(
+        d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="lp", seq=0, chunk_size=10
+    )
+    events = ctx.capture_all(d)
+    assert {e.id for e in events if not hasattr(e, "op")} == {chunk.low_watermark, chunk.high_watermark}
+    mine = table_events(events, t)
+    return [decode_key(e.key) for e in mine], [e.op for e in mine]
