@@ -40,21 +40,37 @@ def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
         import psycopg2
 
         kw = {"connect_timeout": 10, **params.extra}  # driver settings (sslmode, ...)
-        kw.update(host=params.host, port=params.port or 5432, user=params.user, password=params.password,
-                  dbname=params.database or "postgres", application_name="cdc-capture-lock")
+        kw.update(
+            host=params.host,
+            port=params.port or 5432,
+            user=params.user,
+            password=params.password,
+            dbname=params.database or "postgres",
+            application_name="cdc-capture-lock",
+        )
         conn = psycopg2.connect(**kw)
         conn.autocommit = True
-        acquire, release = "SELECT pg_try_advisory_lock(hashtext(%s))", "SELECT pg_advisory_unlock(hashtext(%s))"
+        acquire, release = (
+            "SELECT pg_try_advisory_lock(hashtext(%s))",
+            "SELECT pg_advisory_unlock(hashtext(%s))",
+        )
     elif scheme in ("mysql", "mariadb"):
         import pymysql
 
         conn = pymysql.connect(
-            host=params.host, port=params.port or 3306, user=params.user, password=params.password or "",
-            database=params.database, connect_timeout=10, autocommit=True,
+            host=params.host,
+            port=params.port or 3306,
+            user=params.user,
+            password=params.password or "",
+            database=params.database,
+            connect_timeout=10,
+            autocommit=True,
         )
         acquire, release = "SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"
     else:
-        raise ConfigurationError(f"capture lock: unknown source scheme {params.scheme!r}; known: postgres, mysql, mariadb")
+        raise ConfigurationError(
+            f"capture lock: unknown source scheme {params.scheme!r}; known: postgres, mysql, mariadb"
+        )
     try:
         with conn.cursor() as cur:
             cur.execute(acquire, (name,))
@@ -69,6 +85,8 @@ def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
                     with conn.cursor() as cur:
                         cur.execute(release, (name,))
                 except Exception:  # noqa: BLE001 - closing the session below releases it anyway
-                    log.warning("could not release capture lock %r explicitly; closing the session releases it", name)
+                    log.warning(
+                        "could not release capture lock %r explicitly; closing the session releases it", name
+                    )
     finally:
         conn.close()

@@ -18,7 +18,13 @@ import json
 from .core.progress import SnapshotProgress, Status
 
 KEY_PREFIX = "cdc_snapshot__"
-RUNNING, PAUSED, STOPPED, DONE, FAILED = Status.RUNNING, Status.PAUSED, Status.STOPPED, Status.DONE, Status.FAILED
+RUNNING, PAUSED, STOPPED, DONE, FAILED = (
+    Status.RUNNING,
+    Status.PAUSED,
+    Status.STOPPED,
+    Status.DONE,
+    Status.FAILED,
+)
 
 
 def variable_key(source: str, table_id: str) -> str:
@@ -83,7 +89,9 @@ def request(source: str, table_id: str, action: str) -> SnapshotProgress:
 
     p = load(source, table_id)
     if p is None:
-        raise StateError(f"no snapshot of table {table_id} from source {source!r} to {action}; start one first")
+        raise StateError(
+            f"no snapshot of table {table_id} from source {source!r} to {action}; start one first"
+        )
     verbs = {"pause": p.pause, "resume": p.resume, "stop": p.stop}
     if action not in verbs:
         raise ConfigurationError(f"snapshot action {action!r} unknown here; use one of {', '.join(verbs)}")

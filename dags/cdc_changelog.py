@@ -56,7 +56,10 @@ with DAG(
         name="cdc-apply",
         application_args=["--data-dir", DATA_DIR, "--source", SOURCE, "--sinks", SINKS],
     )
-    @task.short_circuit(task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False)
+
+    @task.short_circuit(
+        task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False
+    )
     def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
         """Skip the spark-submit (seconds of JVM start) when no staged segment is past
         every sink's applied-position marker."""

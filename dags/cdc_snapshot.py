@@ -114,7 +114,16 @@ with DAG(
         conn_id=SPARK_CONN_ID,
         application=application_path("merge"),
         name="cdc-merge",
-        application_args=["--chunks", round_file, "--data-dir", DATA_DIR, "--source", SOURCE, "--sinks", SINKS],
+        application_args=[
+            "--chunks",
+            round_file,
+            "--data-dir",
+            DATA_DIR,
+            "--source",
+            SOURCE,
+            "--sinks",
+            SINKS,
+        ],
     )
 
     commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output, **common)

@@ -44,7 +44,7 @@ def dialect_name_for(conn_type: str | None, extra: dict[str, Any] | None = None,
         if ct not in CONN_TYPE_DIALECTS:
             raise ConfigurationError(
                 f"connection {conn_id!r} has type 'cdc' but its extra 'dialect' is {ct or 'missing'!r}; "
-                f"set extra {{\"dialect\": ...}} to one of: {', '.join(sorted(CONN_TYPE_DIALECTS))}"
+                f'set extra {{"dialect": ...}} to one of: {", ".join(sorted(CONN_TYPE_DIALECTS))}'
             )
     try:
         return CONN_TYPE_DIALECTS[ct]
@@ -67,7 +67,9 @@ class CdcSourceHook(BaseHook):
     conn_type = "cdc"
     hook_name = "CDC source (PostgreSQL, MySQL, MariaDB)"
 
-    def __init__(self, cdc_conn_id: str = default_conn_name, *, source: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, cdc_conn_id: str = default_conn_name, *, source: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.cdc_conn_id = cdc_conn_id
         self.source = source or cdc_conn_id

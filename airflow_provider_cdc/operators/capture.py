@@ -31,8 +31,14 @@ def run_capture(hook: CdcSourceHook, data_dir: str, *, max_events: int | None = 
     rate = result.events / result.seconds if result.seconds > 0 else 0.0
     log.info(
         "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, segment %s",
-        result.events, result.watermarks, hook.source, result.seconds, rate,
-        result.start_offset, result.end_offset, result.segment,
+        result.events,
+        result.watermarks,
+        hook.source,
+        result.seconds,
+        rate,
+        result.start_offset,
+        result.end_offset,
+        result.segment,
     )
     return result
 

@@ -45,7 +45,9 @@ from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("start", "pause", "resume", "stop")
+#: refresh (the default of scheduled runs): start tables that are done, stopped or new,
+#: continue running or failed ones, leave paused ones paused
+ACTIONS = ("start", "pause", "resume", "stop", "refresh")
 #: chunk seq = range index * SEQ_STRIDE + chunk number inside the range (unique per snapshot)
 SEQ_STRIDE = 1_000_000
 
@@ -70,7 +72,9 @@ class SnapshotConf:
         return self.request.tables
 
 
-def parse_snapshot_conf(conf: dict | None, default_tables: Sequence[str] | str | None = None) -> SnapshotConf:
+def parse_snapshot_conf(
+    conf: dict | None, default_tables: Sequence[str] | str | None = None, default_action: str = "start"
+) -> SnapshotConf:
     """Validate a DAG-run conf. Raises ConfigurationError naming the bad setting; nothing
     has been written when it raises."""
     if conf is not None and not isinstance(conf, dict):
@@ -79,7 +83,7 @@ def parse_snapshot_conf(conf: dict | None, default_tables: Sequence[str] | str |
     unknown = sorted(set(conf) - set(CONF_KEYS))
     if unknown:
         raise ConfigurationError(f"unknown conf key(s) {unknown}; known: {', '.join(CONF_KEYS)}")
-    action = conf.pop("action", "start")
+    action = conf.pop("action", default_action)
     if action not in ACTIONS:
         raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
     delay = conf.pop("delay_seconds", None)
@@ -153,7 +157,8 @@ def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool
     if lk == ub:
         return True
     if len(lk) == len(ub) and all(
-        isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float)) for a, b in zip(lk, ub, strict=False)
+        isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float))
+        for a, b in zip(lk, ub, strict=False)
     ):
         return lk > ub
     return False
@@ -271,17 +276,22 @@ class SnapshotPlanOperator(_SourceOperator):
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
     ui_color = "#e0d4ff"
 
-    def __init__(self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None, **kwargs: Any):
+    def __init__(
+        self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None, **kwargs: Any
+    ):
         super().__init__(**kwargs)
         self.conf = conf
         self.default_tables = default_tables
 
     def execute(self, context: Any) -> list[dict]:
         conf = self.conf
+        dag_run = context.get("dag_run") if context else None
         if conf is None:
-            dag_run = context.get("dag_run") if context else None
             conf = (getattr(dag_run, "conf", None) or {}) if dag_run is not None else {}
-        req = parse_snapshot_conf(conf, self.default_tables)  # before anything is written
+        scheduled = str(getattr(dag_run, "run_type", "")).lower().endswith("scheduled")
+        req = parse_snapshot_conf(  # before anything is written
+            conf, self.default_tables, default_action="refresh" if scheduled else "start"
+        )
         source = self.hook.source
         stored = {t.id: progress_store.load(source, t.id) for t in req.tables}
         log.info("snapshot %s of %s on source %r", req.action, ", ".join(stored), source)
@@ -294,14 +304,27 @@ class SnapshotPlanOperator(_SourceOperator):
                         f"table {tid} has a {p.status} snapshot {p.snapshot_id} on source {source!r}; "
                         "resume it with action=resume, or stop it first with action=stop"
                     )
-            return self._start(req)
+            return self._start(req, req.tables)
+        if req.action == "refresh":
+            fresh = [t for t in req.tables if stored[t.id] is None or stored[t.id].status in (DONE, STOPPED)]
+            for t in req.tables:
+                if stored[t.id] is not None and stored[t.id].status == PAUSED:
+                    log.info("table %s: snapshot %s is paused; left paused", t.id, stored[t.id].snapshot_id)
+            going = {
+                t.id: stored[t.id]
+                for t in req.tables
+                if stored[t.id] is not None and stored[t.id].status in (RUNNING, FAILED)
+            }
+            return (self._start(req, fresh) if fresh else []) + self._resume(req, going)
         return self._resume(req, stored)
 
     def _pause_or_stop(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         changed = {}
         for tid, p in stored.items():  # every transition is checked before any is saved
             if p is None:
-                raise StateError(f"table {tid} has no snapshot on source {self.hook.source!r}; nothing to {req.action}")
+                raise StateError(
+                    f"table {tid} has no snapshot on source {self.hook.source!r}; nothing to {req.action}"
+                )
             before = p.status
             p.pause() if req.action == "pause" else p.stop()
             if p.status != before:
@@ -310,17 +333,23 @@ class SnapshotPlanOperator(_SourceOperator):
                 log.info("table %s: snapshot %s is already %s", tid, p.snapshot_id, p.status)
         for tid, p in changed.items():
             progress_store.save(self.hook.source, tid, p)
-            log.info("table %s: snapshot %s is now %s (progress kept: %d rows)", tid, p.snapshot_id, p.status, p.rows)
+            log.info(
+                "table %s: snapshot %s is now %s (progress kept: %d rows)",
+                tid,
+                p.snapshot_id,
+                p.status,
+                p.rows,
+            )
         return []
 
-    def _start(self, req: SnapshotConf) -> list[dict]:
+    def _start(self, req: SnapshotConf, tables: Sequence[TableName]) -> list[dict]:
         source = self.hook.source
         request = req.request
         plans = []
         with self.hook.get_dialect() as dialect:
             dialect.check_prerequisites()
             captured = getattr(dialect, "tables", None)  # the connection's `tables` option, None = all
-            for table in req.tables:  # read-only: every table is checked before anything is written
+            for table in tables:  # read-only: every table is checked before anything is written
                 if captured is not None and table not in set(captured):
                     raise ConfigurationError(
                         f"table {table} is not among the tables the changelog of connection {self.cdc_conn_id!r} "
@@ -350,10 +379,16 @@ class SnapshotPlanOperator(_SourceOperator):
             }
             _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
             _write_text_atomic(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
-            progress_store.save(source, table.id, SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper}))
+            progress_store.save(
+                source, table.id, SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
+            )
             log.info(
                 "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d",
-                table.id, sid, len(ranges), upper, plan["chunk_size"],
+                table.id,
+                sid,
+                len(ranges),
+                upper,
+                plan["chunk_size"],
             )
             work += self._work_items(plan, range(len(ranges)))
         return work
@@ -362,7 +397,9 @@ class SnapshotPlanOperator(_SourceOperator):
         source = self.hook.source
         for tid, p in stored.items():
             if p is None:
-                raise StateError(f"table {tid} has no snapshot on source {source!r} to resume; use action=start")
+                raise StateError(
+                    f"table {tid} has no snapshot on source {source!r} to resume; use action=start"
+                )
             if p.status == STOPPED:
                 raise StateError(
                     f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts over: use action=start"
@@ -390,7 +427,11 @@ class SnapshotPlanOperator(_SourceOperator):
                 p.finish()
             progress_store.save(source, tid, p)
             log.info(
-                "table %s: resuming snapshot %s, %d of %d range(s) left", tid, p.snapshot_id, len(todo), len(plan["ranges"])
+                "table %s: resuming snapshot %s, %d of %d range(s) left",
+                tid,
+                p.snapshot_id,
+                len(todo),
+                len(plan["ranges"]),
             )
             work += self._work_items(plan, todo)
         return work
@@ -491,8 +532,15 @@ class SnapshotChunkOperator(_SourceOperator):
                         log.info("%s: stopping before chunk %d: %s", label, n + 1, reason)
                         break
                 res = snapshot_chunk(
-                    dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id, seq=seq,
-                    chunk_size=chunk_size, after_key=after_key, where=w.get("where"),
+                    dialect,
+                    schema,
+                    rng,
+                    data_dir=self.data_dir,
+                    snapshot_id=snapshot_id,
+                    seq=seq,
+                    chunk_size=chunk_size,
+                    after_key=after_key,
+                    where=w.get("where"),
                 )
                 if not res.exhausted and key_reached(res.last_key, upper):
                     # past the snapshot's upper bound: later rows reach the sinks through the changelog
@@ -508,8 +556,12 @@ class SnapshotChunkOperator(_SourceOperator):
                 frac = 1.0 if res.exhausted else _fraction(rng, after_key, upper)
                 log.info(
                     "%s: chunk %d of %s (%s), %d rows, %d rows in range, %.0f rows/s",
-                    label, n, f"~{max(n, math.ceil(n / frac))}" if frac else "?",
-                    f"{frac:.0%}" if frac is not None else "?%", res.rows, rows_total,
+                    label,
+                    n,
+                    f"~{max(n, math.ceil(n / frac))}" if frac else "?",
+                    f"{frac:.0%}" if frac is not None else "?%",
+                    res.rows,
+                    rows_total,
                     rows_run / elapsed if elapsed > 0 else 0.0,
                 )
                 if res.exhausted:
@@ -540,7 +592,9 @@ class SnapshotCommitOperator(_SourceOperator):
         for c in flatten_chunk_results(self.chunks):
             sc = sidecar_path(c["path"])
             if not sc.exists():
-                raise StateError(f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?")
+                raise StateError(
+                    f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?"
+                )
             data = json.loads(sc.read_text())
             if not data["merged"]:
                 write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
@@ -550,10 +604,18 @@ class SnapshotCommitOperator(_SourceOperator):
         for (tid, sid), count in touched.items():
             p = progress_store.load(source, tid)
             if p is None or p.snapshot_id != sid:
-                log.info("table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid)
+                log.info(
+                    "table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid
+                )
                 continue
             if p.status in (STOPPED, DONE):
-                log.info("table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged", tid, sid, p.status, count)
+                log.info(
+                    "table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged",
+                    tid,
+                    sid,
+                    p.status,
+                    count,
+                )
                 tp = p.table(tid)
                 summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
                 continue
@@ -563,7 +625,12 @@ class SnapshotCommitOperator(_SourceOperator):
                 if s["merged"]:
                     recorded += p.record_chunk(ChunkResult.from_dict(s["result"]))
             fresh = progress_store.load(source, tid)  # a pause/stop may have landed meanwhile: keep it
-            if fresh is not None and fresh.snapshot_id == sid and fresh.status != p.status and fresh.status in (PAUSED, STOPPED):
+            if (
+                fresh is not None
+                and fresh.snapshot_id == sid
+                and fresh.status != p.status
+                and fresh.status in (PAUSED, STOPPED)
+            ):
                 p.pause() if fresh.status == PAUSED else p.stop()
             if p.status == RUNNING and p.table(tid).done:
                 p.finish()
@@ -571,7 +638,13 @@ class SnapshotCommitOperator(_SourceOperator):
             tp = p.table(tid)
             log.info(
                 "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
-                tid, sid, p.status, recorded, tp.rows, tp.chunks, p.rows_per_second(),
+                tid,
+                sid,
+                p.status,
+                recorded,
+                tp.rows,
+                tp.chunks,
+                p.rows_per_second(),
             )
             summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
         return summary

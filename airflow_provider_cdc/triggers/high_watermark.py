@@ -92,22 +92,31 @@ class HighWatermarkTrigger(BaseTrigger):
         entered = time.time()
         while True:
             try:
-                missing = await asyncio.to_thread(missing_watermarks, self.data_dir, self.source, self.watermark_ids)
+                missing = await asyncio.to_thread(
+                    missing_watermarks, self.data_dir, self.source, self.watermark_ids
+                )
             except Exception as exc:  # noqa: BLE001 - surfaced to the task, which raises it
-                yield TriggerEvent({"status": "error", "message": f"reading staged changelog of {self.source!r} "
-                                    f"in {self.data_dir!r} failed: {type(exc).__name__}: {exc}"})
+                yield TriggerEvent(
+                    {
+                        "status": "error",
+                        "message": f"reading staged changelog of {self.source!r} "
+                        f"in {self.data_dir!r} failed: {type(exc).__name__}: {exc}",
+                    }
+                )
                 return
             if not missing:
                 yield TriggerEvent({"status": "success", "watermarks": len(self.watermark_ids)})
                 return
             now = time.time()
             if self.timeout is not None and now - self.started_at >= self.timeout:
-                yield TriggerEvent({
-                    "status": "error",
-                    "message": f"{len(missing)} of {len(self.watermark_ids)} high watermarks of source {self.source!r} "
-                    f"not in the staged changelog after {self.timeout:.0f} s (first: {missing[0]}); "
-                    "is the cdc_changelog DAG (capture) running?",
-                })
+                yield TriggerEvent(
+                    {
+                        "status": "error",
+                        "message": f"{len(missing)} of {len(self.watermark_ids)} high watermarks of source {self.source!r} "
+                        f"not in the staged changelog after {self.timeout:.0f} s (first: {missing[0]}); "
+                        "is the cdc_changelog DAG (capture) running?",
+                    }
+                )
                 return
             if self.recheck_after is not None and now - entered >= self.recheck_after:
                 yield TriggerEvent({"status": "pending", "missing": len(missing)})

@@ -37,11 +37,16 @@ def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
     slot = f"cdc_e2e_{unique_name}"
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{conn_id.upper()}",
-        json.dumps({
-            "conn_type": "postgres", "host": "127.0.0.1", "port": int(pg_uri.rsplit(":", 1)[1].split("/")[0]),
-            "login": "postgres", "schema": pg_uri.rsplit("/", 1)[1],
-            "extra": {"slot_name": slot, "publication_name": slot, "tables": [f"public.{table}"]},
-        }),
+        json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": "127.0.0.1",
+                "port": int(pg_uri.rsplit(":", 1)[1].split("/")[0]),
+                "login": "postgres",
+                "schema": pg_uri.rsplit("/", 1)[1],
+                "extra": {"slot_name": slot, "publication_name": slot, "tables": [f"public.{table}"]},
+            }
+        ),
     )
     monkeypatch.setenv("CDC_SOURCE_CONN_ID", conn_id)
     monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
@@ -57,7 +62,10 @@ def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
     yield {"uri": pg_uri, "table": table, "conn_id": conn_id, "data_dir": str(tmp_path / "data")}
     for _ in range(30):  # a slot stays active for a moment after its stream closes
         try:
-            cur.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            )
             break
         except psycopg2.Error:
             time.sleep(0.5)

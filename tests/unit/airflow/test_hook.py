@@ -12,14 +12,22 @@ from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook, dialect_name_fo
 
 @pytest.mark.parametrize(
     ("conn_type", "dialect"),
-    [("postgres", "postgres"), ("postgresql", "postgres"), ("mysql", "mysql"), ("mariadb", "mysql"), ("MySQL", "mysql")],
+    [
+        ("postgres", "postgres"),
+        ("postgresql", "postgres"),
+        ("mysql", "mysql"),
+        ("mariadb", "mysql"),
+        ("MySQL", "mysql"),
+    ],
 )
 def test_conn_type_mapping(conn_type, dialect):
     assert dialect_name_for(conn_type) == dialect
 
 
 def test_unknown_conn_type_lists_known_types():
-    with pytest.raises(ConfigurationError, match="'http'.*known types: cdc, mariadb, mysql, postgres, postgresql"):
+    with pytest.raises(
+        ConfigurationError, match="'http'.*known types: cdc, mariadb, mysql, postgres, postgresql"
+    ):
         dialect_name_for("http", conn_id="x")
     with pytest.raises(ConfigurationError, match="extra 'dialect'"):
         dialect_name_for("cdc", {}, conn_id="x")
@@ -28,11 +36,19 @@ def test_unknown_conn_type_lists_known_types():
 
 def test_params_from_a_uri_connection(monkeypatch):
     monkeypatch.setenv(
-        "AIRFLOW_CONN_CDC_UNIT_PG", "postgresql://cdc:s3cr%40t@db.example:5433/shop?slot_name=cdc_slot&watermark_schema=wm&sslmode=require"
+        "AIRFLOW_CONN_CDC_UNIT_PG",
+        "postgresql://cdc:s3cr%40t@db.example:5433/shop?slot_name=cdc_slot&watermark_schema=wm&sslmode=require",
     )
     hook = CdcSourceHook("cdc_unit_pg")
     p = hook.connection_params()
-    assert (p.scheme, p.host, p.port, p.user, p.password, p.database) == ("postgres", "db.example", 5433, "cdc", "s3cr@t", "shop")
+    assert (p.scheme, p.host, p.port, p.user, p.password, p.database) == (
+        "postgres",
+        "db.example",
+        5433,
+        "cdc",
+        "s3cr@t",
+        "shop",
+    )
     assert p.extra == {"sslmode": "require"}  # CDC settings are dialect options, not driver settings
     assert hook.dialect_options() == {"slot_name": "cdc_slot", "watermark_schema": "wm"}
     assert hook.source == "cdc_unit_pg"
@@ -42,12 +58,25 @@ def test_params_from_a_uri_connection(monkeypatch):
 def test_params_from_a_json_connection_of_our_type(monkeypatch):
     monkeypatch.setenv(
         "AIRFLOW_CONN_CDC_UNIT_MY",
-        json.dumps({"conn_type": "cdc", "host": "127.0.0.1", "port": 3306, "login": "root", "schema": "shop",
-                    "extra": {"dialect": "mysql", "server_id": 4242, "ssl_ca": "/ca.pem", "read_timeout": 30}}),
+        json.dumps(
+            {
+                "conn_type": "cdc",
+                "host": "127.0.0.1",
+                "port": 3306,
+                "login": "root",
+                "schema": "shop",
+                "extra": {"dialect": "mysql", "server_id": 4242, "ssl_ca": "/ca.pem", "read_timeout": 30},
+            }
+        ),
     )
     hook = CdcSourceHook("cdc_unit_my")
     p = hook.connection_params()
-    assert (p.scheme, p.port, p.database, hook.dialect_options()) == ("mysql", 3306, "shop", {"server_id": 4242})
+    assert (p.scheme, p.port, p.database, hook.dialect_options()) == (
+        "mysql",
+        3306,
+        "shop",
+        {"server_id": 4242},
+    )
     assert p.extra == {"ssl_ca": "/ca.pem", "read_timeout": 30}  # pymysql settings
 
 

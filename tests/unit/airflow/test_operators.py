@@ -37,7 +37,9 @@ def ctx(conf=None):
 
 
 def plan_op(tmp_path, **kw):
-    return SnapshotPlanOperator(task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw)
+    return SnapshotPlanOperator(
+        task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw
+    )
 
 
 RANGES = [ChunkRange(None, (50,)), ChunkRange((50,), None)]
@@ -46,22 +48,46 @@ RANGES = [ChunkRange(None, (50,)), ChunkRange((50,), None)]
 def progress(tmp_path, status="running", upper=(100,)):
     """A stored snapshot S1 of T over RANGES, with its plan file, in the given status."""
     p = SnapshotProgress.start("src", "S1", {T.id: RANGES}, {T.id: upper})
-    {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[status]()
+    {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[
+        status
+    ]()
     progress_store.save("src", T.id, p)
-    plan = {"table": T.id, "snapshot_id": "S1", "ranges": [json.loads(r.to_json()) for r in RANGES],
-            "upper_bound": list(upper), "where": None, "chunk_size": 10, "parallelism": 2, "delay_seconds": 0.0}
+    plan = {
+        "table": T.id,
+        "snapshot_id": "S1",
+        "ranges": [json.loads(r.to_json()) for r in RANGES],
+        "upper_bound": list(upper),
+        "where": None,
+        "chunk_size": 10,
+        "parallelism": 2,
+        "delay_seconds": 0.0,
+    }
     path = plan_path(str(tmp_path), "src", T, "S1")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan))
     return p
 
 
-def committed(tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1", after=None):
+def committed(
+    tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1", after=None
+):
     rng = RANGES[range_index]
     path = chunk_path(str(tmp_path), "src", T, snapshot_id, seq, f"hw{seq}")
     after = None if after is None else (after,)
-    res = ChunkResult("src", T.id, snapshot_id, seq, f"lw{seq}", f"hw{seq}", path, rng,
-                      after, None if last_key is None else (last_key,), rows, exhausted)
+    res = ChunkResult(
+        "src",
+        T.id,
+        snapshot_id,
+        seq,
+        f"lw{seq}",
+        f"hw{seq}",
+        path,
+        rng,
+        after,
+        None if last_key is None else (last_key,),
+        rows,
+        exhausted,
+    )
     import pathlib
 
     pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +99,10 @@ def committed(tmp_path, seq, range_index, last_key, rows, exhausted, merged=Fals
 @pytest.mark.parametrize(
     ("conf", "message"),
     [
-        ({"action": "restart", "tables": ["public.t"]}, "'action' must be one of start, pause, resume, stop"),
+        (
+            {"action": "restart", "tables": ["public.t"]},
+            "'action' must be one of start, pause, resume, stop, refresh",
+        ),
         ({"tables": ["t"]}, "needs a schema"),
         ({"tables": ["public.t"], "chunk_size": 0}, "chunk_size"),
         ({"tables": ["public.t"], "chunk_size": "many"}, "chunk_size"),
@@ -94,7 +123,9 @@ def test_bad_conf_is_rejected_before_anything_is_written(tmp_path, variables, co
 
 
 def test_conf_defaults_and_shapes():
-    c = parse_snapshot_conf({"key_ranges": [{"start": 1, "end": 10}], "chunk_size": 7}, default_tables="public.a, public.b")
+    c = parse_snapshot_conf(
+        {"key_ranges": [{"start": 1, "end": 10}], "chunk_size": 7}, default_tables="public.a, public.b"
+    )
     assert c.action == "start" and [t.id for t in c.tables] == ["public.a", "public.b"]
     assert c.request.ranges["public.b"] == (ChunkRange((1,), (10,)),)
     assert c.request.chunk_size == 7 and "chunk_size" in c.given and "parallelism" not in c.given
@@ -130,16 +161,29 @@ def test_invalid_transitions_are_clear_errors(tmp_path, variables):
 def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, variables):
     progress(tmp_path, status="paused")
     res = committed(tmp_path, 0, 0, 9, 10, False)
-    work = {"table": T.id, "snapshot_id": "S1", "range_index": 0, "ranges_total": 2, "range": {"start": None, "end": [50]},
-            "upper_bound": [100], "where": None, "chunk_size": 10, "delay_seconds": 0}
-    op = SnapshotChunkOperator(task_id="c", work=work, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
+    work = {
+        "table": T.id,
+        "snapshot_id": "S1",
+        "range_index": 0,
+        "ranges_total": 2,
+        "range": {"start": None, "end": [50]},
+        "upper_bound": [100],
+        "where": None,
+        "chunk_size": 10,
+        "delay_seconds": 0,
+    }
+    op = SnapshotChunkOperator(
+        task_id="c", work=work, data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
+    )
     (tmp_path / "staging/src/schemas").mkdir(parents=True)
     from airflow_provider_cdc.core.schema import Column, TableSchema
     from airflow_provider_cdc.core.staging import schema_path
 
     with open(schema_path(str(tmp_path), "src", T), "w") as fh:
         fh.write(TableSchema(T, (Column("id", "int64"),), ("id",)).to_json())
-    assert op.execute({}) == [json.loads(json.dumps(res.to_dict()))]  # no connection was made: paused before the first chunk
+    assert op.execute({}) == [
+        json.loads(json.dumps(res.to_dict()))
+    ]  # no connection was made: paused before the first chunk
 
 
 # --- sidecars and commit -----------------------------------------------------------------------
@@ -155,7 +199,9 @@ def test_range_state_continues_after_the_last_committed_chunk(tmp_path):
 
 def test_key_reached():
     assert key_reached((100,), (100,)) and key_reached((101,), [100]) and not key_reached((99,), (100,))
-    assert key_reached(("b",), ("b",)) and not key_reached(("c",), ("b",))  # text order belongs to the database
+    assert key_reached(("b",), ("b",)) and not key_reached(
+        ("c",), ("b",)
+    )  # text order belongs to the database
     assert not key_reached(None, (1,)) and not key_reached((1,), None)
 
 
@@ -163,8 +209,13 @@ def test_commit_marks_merged_and_finishes(tmp_path, variables):
     progress(tmp_path)
     a = committed(tmp_path, 0, 0, 49, 50, True)
     b = committed(tmp_path, SEQ_STRIDE, 1, 100, 51, True)
-    op = SnapshotCommitOperator(task_id="commit", chunks=[[a.to_dict()], [b.to_dict()]], data_dir=str(tmp_path),
-                                source="src", cdc_conn_id="unused")
+    op = SnapshotCommitOperator(
+        task_id="commit",
+        chunks=[[a.to_dict()], [b.to_dict()]],
+        data_dir=str(tmp_path),
+        source="src",
+        cdc_conn_id="unused",
+    )
     out = op.execute({})
     assert out[T.id] == {"status": "done", "rows": 101, "chunks": 2}
     assert all(s["merged"] for s in read_sidecars(str(tmp_path), "src", T, "S1"))
@@ -174,8 +225,9 @@ def test_commit_marks_merged_and_finishes(tmp_path, variables):
 def test_commit_keeps_a_paused_snapshot_paused(tmp_path, variables):
     progress(tmp_path, status="paused")
     a = committed(tmp_path, 0, 0, 9, 10, False)
-    out = SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src",
-                                 cdc_conn_id="unused").execute({})
+    out = SnapshotCommitOperator(
+        task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
+    ).execute({})
     assert out[T.id]["status"] == "paused"
     assert progress_store.load("src", T.id).rows == 10
 
@@ -201,7 +253,9 @@ class FakeTI:
 
 def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_path, variables):
     progress(tmp_path)
-    op = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
+    op = SnapshotChunkOperator(
+        task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
+    )
     ti = FakeTI(paused=False)
     assert op._should_stop({"ti": ti}, T.id, "S1") is None
     ti.paused = True  # paused while the task runs
@@ -239,7 +293,21 @@ def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monk
         return p
 
     monkeypatch.setattr(progress_store, "load", load_then_pause)
-    SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src",
-                           cdc_conn_id="unused").execute({})
+    SnapshotCommitOperator(
+        task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
+    ).execute({})
     stored = real_load("src", T.id)
     assert stored.status == "paused" and stored.rows == 10
+
+
+def test_scheduled_runs_refresh_continue_and_leave_paused_alone(tmp_path, variables):
+    """A scheduled run (no conf) continues a running snapshot and leaves a paused one paused
+    (the ones needing a fresh start need a database; see tests/e2e)."""
+    progress(tmp_path)  # running
+    committed(tmp_path, 0, 0, 49, 50, True, merged=True)
+    scheduled = {"dag_run": SimpleNamespace(conf={}, run_type="scheduled"), "ti": None}
+    work = plan_op(tmp_path, default_tables=T.id).execute(scheduled)
+    assert [w["range_index"] for w in work] == [1] and progress_store.status("src", T.id) == "running"
+    progress_store.request("src", T.id, "pause")
+    assert plan_op(tmp_path, default_tables=T.id).execute(scheduled) == []
+    assert progress_store.status("src", T.id) == "paused"

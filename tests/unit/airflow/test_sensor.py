@@ -18,12 +18,22 @@ def chunk(hw: str, seq: int = 0) -> dict:
 
 def sensor(tmp_path, chunks, **kw) -> HighWatermarkSensor:
     return HighWatermarkSensor(
-        task_id="wait", chunks=chunks, data_dir=str(tmp_path), source="src", cdc_conn_id="unused", drain=False, **kw
+        task_id="wait",
+        chunks=chunks,
+        data_dir=str(tmp_path),
+        source="src",
+        cdc_conn_id="unused",
+        drain=False,
+        **kw,
     )
 
 
 def test_flatten_mapped_results():
-    assert flatten_chunk_results([[chunk("a")], None, [], [chunk("b"), chunk("c")]]) == [chunk("a"), chunk("b"), chunk("c")]
+    assert flatten_chunk_results([[chunk("a")], None, [], [chunk("b"), chunk("c")]]) == [
+        chunk("a"),
+        chunk("b"),
+        chunk("c"),
+    ]
     assert flatten_chunk_results(chunk("a")) == [chunk("a")]
     with pytest.raises(TypeError, match="string"):
         flatten_chunk_results(["oops"])

@@ -36,7 +36,12 @@ def first_event(trigger: HighWatermarkTrigger) -> dict:
 
 def test_serialize_round_trip(tmp_path):
     t = HighWatermarkTrigger(
-        data_dir=str(tmp_path), source="src", watermark_ids=["a", "b"], poll_interval=0.5, recheck_after=3, timeout=60
+        data_dir=str(tmp_path),
+        source="src",
+        watermark_ids=["a", "b"],
+        poll_interval=0.5,
+        recheck_after=3,
+        timeout=60,
     )
     classpath, kwargs = t.serialize()
     module, _, name = classpath.rpartition(".")
@@ -54,7 +59,9 @@ def test_success_when_every_high_watermark_is_staged(tmp_path):
     stage(d, "src", "lw-1", "hw-1")
     stage(d, "src", "hw-2", start=200)
     assert {"lw-1", "hw-1", "hw-2"} <= staged_watermark_ids(d, "src")
-    ev = first_event(HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1", "hw-2"], poll_interval=0.01))
+    ev = first_event(
+        HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1", "hw-2"], poll_interval=0.01)
+    )
     assert ev["status"] == "success"
 
 
@@ -63,14 +70,18 @@ def test_pending_hands_back_to_the_sensor_to_drain(tmp_path):
     stage(d, "src", "hw-1")
     assert missing_watermarks(d, "src", ["hw-1", "hw-9"]) == ["hw-9"]
     ev = first_event(
-        HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1", "hw-9"], poll_interval=0.01, recheck_after=0.05)
+        HighWatermarkTrigger(
+            data_dir=d, source="src", watermark_ids=["hw-1", "hw-9"], poll_interval=0.01, recheck_after=0.05
+        )
     )
     assert ev == {"status": "pending", "missing": 1}
 
 
 def test_timeout_is_an_error_that_says_what_to_check(tmp_path):
     ev = first_event(
-        HighWatermarkTrigger(data_dir=str(tmp_path), source="src", watermark_ids=["hw-x"], poll_interval=0.01, timeout=0.05)
+        HighWatermarkTrigger(
+            data_dir=str(tmp_path), source="src", watermark_ids=["hw-x"], poll_interval=0.01, timeout=0.05
+        )
     )
     assert ev["status"] == "error"
     assert "hw-x" in ev["message"] and "cdc_changelog" in ev["message"]
@@ -81,7 +92,9 @@ def test_unreadable_segment_is_an_error_event(tmp_path):
     stage(d, "src", "hw-1")
     seg = next((tmp_path / "staging" / "src" / "changelog").glob("seg-*.parquet"))
     seg.write_bytes(b"not parquet")
-    ev = first_event(HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1"], poll_interval=0.01))
+    ev = first_event(
+        HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1"], poll_interval=0.01)
+    )
     assert ev["status"] == "error" and "src" in ev["message"]
 
 
