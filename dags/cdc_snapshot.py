@@ -7,6 +7,10 @@ Trigger with a conf (a Debezium-style signal), e.g.::
     airflow dags trigger cdc_snapshot -c '{"action": "resume", "tables": ["public.orders"]}'
     airflow dags trigger cdc_snapshot -c '{"action": "stop", "tables": ["public.orders"]}'
 
+Scheduled runs (``CDC_SNAPSHOT_SCHEDULE``) default to ``"action": "refresh"``: tables whose
+snapshot is done, stopped or missing start a new one, running or failed ones continue,
+paused ones stay paused.
+
 Other keys: ``key_ranges`` (only these key ranges), ``where`` (filter condition),
 ``delay_seconds`` (throttle between chunks). A bad conf fails the ``plan`` task with a
 message naming the setting, before anything is written.
