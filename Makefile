@@ -22,8 +22,10 @@ test-integration: setup
 test-e2e: setup
 	@$(ENV) python -m pytest tests -m e2e $(PYTEST_ARGS)
 
+# BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table
+BENCH ?= e2e
 bench: setup
-	@$(ENV) python -m bench $(BENCH_ARGS)
+	@$(ENV) python -m bench $(BENCH) $(BENCH_ARGS)
 
 lint: setup
 	@$(ENV) ruff check airflow_provider_cdc dags tests bench
