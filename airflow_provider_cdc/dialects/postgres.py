@@ -992,14 +992,13 @@ class PostgresDialect(Dialect):
             conn = self._new_connection(connection_factory=psycopg2.extras.LogicalReplicationConnection)
             cur = conn.cursor()
             try:
-                cur.start_replication(
-                    slot_name=self.slot_name,
+                # built here, not by cursor.start_replication(): psycopg2 quotes option
+                # values as Latin-1 and mangles non-ASCII publication names
+                pubs = self.quote_ident(self.publication_name).replace("'", "''")
+                cur.start_replication_expert(
+                    f'START_REPLICATION SLOT "{self.slot_name}" LOGICAL {int_to_lsn(start_lsn)} '
+                    f"(\"proto_version\" '1', \"publication_names\" '{pubs}')",
                     decode=False,
-                    start_lsn=start_lsn,
-                    options={
-                        "proto_version": "1",
-                        "publication_names": self.quote_ident(self.publication_name),
-                    },
                 )
                 self._repl = (conn, cur)
                 return cur

@@ -83,6 +83,15 @@ class TestPostgresDialect(DialectSuite):
             ),
             ParityCase("e", "cdc_test_mood", "'happy'", "happy"),
             ParityCase("iv", "interval", "'1 day 02:03:04'", "1 day 02:03:04"),
+            ParityCase("ttz", "timetz", "'10:11:12.5+02'", "10:11:12.5+02"),
+            ParityCase("ip", "inet", "'192.168.0.1/24'", "192.168.0.1/24"),
+            ParityCase("mac", "macaddr", "'08:00:2B:01:02:03'", "08:00:2b:01:02:03"),
+            ParityCase("bits", "bit(4)", "B'1010'", "1010"),
+            ParityCase("x", "xml", "'<a b=\"1\">t</a>'", '<a b="1">t</a>'),
+            ParityCase("dom", "cdc_test_posint", "42", 42),
+            ParityCase("ts_inf", "timestamptz", "'infinity'", "infinity"),
+            ParityCase("tm0", "time", "'24:00:00'", "24:00:00.000000"),
+            ParityCase("ab", "bytea[]", "ARRAY['\\x00ff'::bytea, NULL]", ["AP8=", None]),
         ]
 
     @pytest.fixture(autouse=True)
@@ -91,6 +100,10 @@ class TestPostgresDialect(DialectSuite):
         try:
             c.cursor().execute(
                 "DO $$ BEGIN CREATE TYPE cdc_test_mood AS ENUM ('sad', 'happy'); "
+                "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+            )
+            c.cursor().execute(
+                "DO $$ BEGIN CREATE DOMAIN cdc_test_posint AS integer CHECK (VALUE > 0); "
                 "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
             )
         finally:
@@ -413,3 +426,28 @@ def snapshot_chunk_and_capture(d, t, ctx):
     assert {e.id for e in events if not hasattr(e, "op")} == {chunk.low_watermark, chunk.high_watermark}
     mine = table_events(events, t)
     return [decode_key(e.key) for e in mine], [e.op for e in mine]
+
+
+def test_hostile_publication_name(pg_uri, unique_name, tmp_path):
+    """Publication names reach pgoutput as an identifier list: quotes and spaces survive."""
+    t = TableName("public", f"hp_{unique_name}")
+    admin = _connect(pg_uri, autocommit=True)
+    admin.cursor().execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    d = PostgresDialect(
+        ConnectionParams.from_uri(pg_uri),
+        source=f"hp_{unique_name}",
+        tables=[t],
+        publication_name=f'Pub "{unique_name}", ü',
+        watermark_table=f"wm_{unique_name}",
+    )
+    try:
+        d.load_offset(str(tmp_path))
+        admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES (1)')
+        res = d.capture(str(tmp_path))
+        assert res.events == 1
+    finally:
+        d.drop_slot()
+        d.drop_publication()
+        d.close()
+        admin.cursor().execute(f'DROP TABLE "{t.name}", "cdc"."wm_{unique_name}"')
+        admin.close()
