@@ -27,7 +27,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
@@ -139,8 +138,8 @@ def mirror_methods(rows: int, updates: int, seed: int) -> dict:
     """Delta MERGE with the position guard vs read-modify-write, one batch of updates."""
     from deltalake import DeltaTable, write_deltalake
 
-    from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows, upsert
     from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows, upsert
 
     rnd = random.Random(seed)
 

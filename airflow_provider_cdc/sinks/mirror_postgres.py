@@ -164,7 +164,7 @@ class MirrorPostgresSink(Sink):
         quoted = [quote_ident(n) for n in names]
         sets = ", ".join(f"{q} = EXCLUDED.{q}" for q in quoted if q != quote_ident(KEY_COLUMN))
         sql = (
-            f"INSERT INTO {tgt} AS t ({', '.join(quoted)}) VALUES %s "
+            f"INSERT INTO {tgt} AS t ({', '.join(quoted)}) VALUES %s "  # noqa: S608 - identifiers quoted
             f"ON CONFLICT ({quote_ident(KEY_COLUMN)}) DO UPDATE SET {sets} "
             f"WHERE t.{quote_ident(POSITION_COLUMN)} < EXCLUDED.{quote_ident(POSITION_COLUMN)}"
         )
@@ -178,7 +178,7 @@ class MirrorPostgresSink(Sink):
         """Remove tombstones once no snapshot of the table is active."""
         t = table if isinstance(table, TableName) else TableName.parse(table)
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"DELETE FROM {self.target(t)} WHERE {quote_ident(DELETED_COLUMN)}")
+            cur.execute(f"DELETE FROM {self.target(t)} WHERE {quote_ident(DELETED_COLUMN)}")  # noqa: S608 - quoted
             return cur.rowcount
 
     def read(self, table: str | TableName, *, with_tombstones: bool = False) -> list[dict]:
@@ -186,6 +186,6 @@ class MirrorPostgresSink(Sink):
         t = table if isinstance(table, TableName) else TableName.parse(table)
         where = "" if with_tombstones else f" WHERE NOT {quote_ident(DELETED_COLUMN)}"
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {self.target(t)}{where} ORDER BY {quote_ident(KEY_COLUMN)}")
+            cur.execute(f"SELECT * FROM {self.target(t)}{where} ORDER BY {quote_ident(KEY_COLUMN)}")  # noqa: S608
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]

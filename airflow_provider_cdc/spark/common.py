@@ -122,7 +122,7 @@ def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> 
     """
     bounds: dict[str, str] = {}
     seen: Position | None = None
-    for first, last, path in segments:
+    for _first, last, path in segments:
         bounds[path.rsplit("/", 1)[-1]] = "" if seen is None else seen.encode()
         seen = last if seen is None or last > seen else seen
     return bounds

@@ -9,7 +9,7 @@ import itertools
 import json
 import math
 import random
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
@@ -27,7 +27,13 @@ from airflow_provider_cdc.core.window import mirror_apply, mirror_rows
 from airflow_provider_cdc.sinks.arrow_types import decode_column, mirror_schema, rows_to_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.event_log import EventLogSink
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, compact, newest_per_key, read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_delta import (
+    MirrorDeltaSink,
+    compact,
+    newest_per_key,
+    read_mirror,
+    read_mirror_raw,
+)
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
 
 SOURCE = "s"
@@ -109,7 +115,7 @@ def test_every_logical_type_decodes_without_loss():
     assert r1["bin"] == bytes([0, 255, 1, 0])
     assert r1["d"] == date(1, 1, 1) and r1["tm"] == "-838:59:59.000000"
     assert r1["ts"] == datetime(2024, 3, 31, 2, 30, 0, 1) and t.schema.field("ts").type == pa.timestamp("us")
-    assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+    assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
     assert t.schema.field("tstz").type == pa.timestamp("us", tz="UTC")
     assert r1["doc"] == '{"b": 1, "a": [true, null]}' and json.loads(r1["arr"]) == [[1, 2], [3, 4]]
     assert r1["name"] == "naïve 名前 1/0"
@@ -276,7 +282,7 @@ def test_postgres_mirror_position_guard_types_and_tombstones(tmp_path, pg_uri, p
             r1 = next(r for r in live if r["id"] == 1)
             assert r1["money"] == Decimal("1234567890123456789012345678.0123456789")
             assert r1["huge"] == Decimal("1" * 58 + ".25") and r1["big"] == Decimal(18446744073709551615)
-            assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc)
+            assert r1["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
             assert bytes(r1["bin"]) == bytes([0, 255, 1, 0]) and r1["tm"] == "-838:59:59.000000"
             assert r1["doc"] == {"b": 1, "a": [True, None]} and r1["arr"] == [[1, 2], [3, 4]]
             with sink.conn.cursor() as cur:  # json keeps the source's text exactly (jsonb would not)

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
-from tests.integration.test_spark_jobs import ITEMS, OTHER, SOURCE, build_scenario, common_args, event_files, submit
+from tests.integration.test_spark_jobs import (
+    ITEMS,
+    OTHER,
+    SOURCE,
+    build_scenario,
+    common_args,
+    event_files,
+    submit,
+)
 
 
 def _free_port() -> int:
