@@ -389,10 +389,12 @@ class _RelInfo:
     problem: str | None = None  # set for kind "error": raised on the first change
     table_id: str = ""
     key_names: tuple[str, ...] = ()
+    conversions: tuple = ()  # (index, decoder) of columns whose text needs decoding
 
     def __post_init__(self) -> None:
         self.table_id = self.table.id
         self.key_names = tuple(self.names[i] for i in self.key_idx)
+        self.conversions = tuple((i, d) for i, d in enumerate(self.decoders) if d is not _identity)
 
 
 _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
@@ -1081,11 +1083,13 @@ class PostgresDialect(Dialect):
                     m = parse(payload)
                     info = rels[m.relid]
                     if info.kind == "table":
-                        after = {
-                            n: (v if v is None or d is _identity else d(v))
-                            for n, d, v in zip(info.names, info.decoders, m.new, strict=True)
-                        }
-                        key = encode_key([after[k] for k in info.key_names])
+                        vals = m.new
+                        for i, d in info.conversions:  # only the columns whose text is not canonical
+                            v = vals[i]
+                            if v is not None:
+                                vals[i] = d(v)
+                        after = dict(zip(info.names, vals, strict=True))
+                        key = encode_key([vals[i] for i in info.key_idx])
                         txn.append(
                             ChangeEvent(
                                 info.table_id,
