@@ -434,3 +434,34 @@ def test_merge_on_a_real_mariadb_capture(spark, tmp_path, mysql_uri, unique_name
     assert mirror == sorted(canonical_rows(schema, list(truth.values())), key=lambda r: r["id"])
     assert 4 not in {r["id"] for r in mirror} and 21 not in {r["id"] for r in mirror}
 
+
+
+def test_jobs_write_the_postgres_mirror_like_the_delta_mirror(spark, tmp_path, pg_uri, unique_name):
+    """Both jobs through the 'postgres' sink too: same live rows as the Delta mirror and the source."""
+    import psycopg2
+
+    from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+
+    st = build_scenario(tmp_path / "pg")
+    target = f"mirror_{unique_name}"
+    args = ["--data-dir", st.data_dir, "--source", SOURCE, "--sinks", "mirror,postgres", "--pg-uri", pg_uri,
+            "--pg-schema", target]
+    try:
+        apply_job.main(args)
+        merge_job.main(["--chunks", st.round_file(), *args])
+        sink = MirrorPostgresSink(pg_uri, st.data_dir, SOURCE, target_schema=target)
+        try:
+            for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
+                pg_rows = sink.read(schema.table)
+                delta = read_mirror(st.data_dir, SOURCE, schema.table, with_meta=True).to_pylist()
+                assert [(r["__key"], r["__position"]) for r in pg_rows] == [(r["__key"], r["__position"]) for r in delta]
+                assert {r["__key"] for r in pg_rows} == {encode_key([k]) for k in st.truth[schema.table.id]}
+            by_id = {r["id"]: r for r in sink.read(ITEMS)}
+            assert str(by_id[22]["amount"]) == item(22, 5)["amount"] and by_id[22]["name"] == item(22, 5)["name"]
+            assert 10 not in by_id and 25 not in by_id
+        finally:
+            sink.close()
+    finally:
+        with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{target}" CASCADE')
+        conn.close()
