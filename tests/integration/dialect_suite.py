@@ -323,10 +323,11 @@ class DialectSuite(ABC):
                 c.close()
 
         forced = []
+        chunk = 25  # 16+ windows over the 400 rows
 
         def force_write_in_window() -> None:
             # a change inside the window to a key of the chunk being read: the merge must drop it
-            k = (len(forced) * 50) + 7
+            k = (len(forced) * chunk) + 7
             forced.append(k)
             ctx.execute(f"UPDATE {qt} SET {qv} = %s WHERE {qid} = %s", (f"forced-{k}", k))
 
@@ -344,7 +345,7 @@ class DialectSuite(ABC):
                     data_dir=ctx.data_dir,
                     snapshot_id="snap",
                     seq=seq,
-                    chunk_size=50,
+                    chunk_size=chunk,
                     after_key=after,
                     gap_hooks=GapHooks(after_low_watermark=force_write_in_window),
                 )
