@@ -579,6 +579,19 @@ class PostgresDialect(Dialect):
     def describe_table(self, table: TableName) -> TableSchema:
         rel = self._relation(table)
         if rel is None:
+            kind = self._query(
+                "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = %s",
+                (table.schema, table.name),
+            )
+            if kind:
+                what = {"v": "a view", "m": "a materialized view", "f": "a foreign table"}.get(
+                    kind[0][0], "not a table"
+                )
+                raise SourceError(
+                    f"{table} is {what}; CDC reads tables (a logical slot only decodes table changes): "
+                    "give the underlying table"
+                )
             raise SourceError(
                 f"table {table} not found in PostgreSQL database {self.params.database!r} "
                 f"(schema {table.schema!r}, table {table.name!r}; names are case-sensitive): check the name "

@@ -451,3 +451,17 @@ def test_hostile_publication_name(pg_uri, unique_name, tmp_path):
         d.close()
         admin.cursor().execute(f'DROP TABLE "{t.name}", "cdc"."wm_{unique_name}"')
         admin.close()
+
+
+def test_a_view_is_not_a_table(pg_uri, unique_name):
+    admin = _connect(pg_uri, autocommit=True)
+    name = f"v_{unique_name}"
+    admin.cursor().execute(f'CREATE VIEW "{name}" AS SELECT 1 AS id')
+    d = PostgresDialect(ConnectionParams.from_uri(pg_uri), source="v")
+    try:
+        with pytest.raises(SourceError, match=f"{name} is a view"):
+            d.describe_table(TableName("public", name))
+    finally:
+        d.close()
+        admin.cursor().execute(f'DROP VIEW "{name}"')
+        admin.close()
