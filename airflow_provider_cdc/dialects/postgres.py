@@ -855,8 +855,10 @@ class PostgresDialect(Dialect):
         rel = self._relation(schema.table)
         if rel is None:
             raise SourceError(f"table {schema.table} not found")
-        pages = self._query(
-            "SELECT pg_relation_size(%s::oid) / current_setting('block_size')::bigint", (rel[0],)
+        pages = self._query(  # every partition of a partitioned table (or the table itself)
+            "SELECT (coalesce(sum(pg_relation_size(relid)), 0) / current_setting('block_size')::bigint)::bigint "
+            "FROM pg_partition_tree(%s::oid)",
+            (rel[0],),
         )[0][0]
         if not pages:
             return []
@@ -979,9 +981,12 @@ class PostgresDialect(Dialect):
                         (self.slot_name,),
                     )
                     return bool(cur.fetchall())
-            except psycopg2.errors.ObjectInUse:
+            except psycopg2.errors.ObjectInUse as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise SourceError(
+                        f"replication slot {self.slot_name!r} is in use ({_pg_message(exc)}): stop the capture "
+                        "that reads it, then drop it"
+                    ) from exc
                 time.sleep(0.1)
 
     def drop_publication(self) -> None:

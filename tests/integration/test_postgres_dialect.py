@@ -284,6 +284,7 @@ class TestPostgresDialect(DialectSuite):
         ]
         assert ctx.source_rows(d, root) == {e.key: e.after for e in evs[:1] + evs[2:]}
         assert schema.primary_key == ("id", "region")
+        assert set(d.sample_keys(schema, 4)) == {(1, "eu"), (2, "us")}  # sampled across partitions
 
     def test_read_ends_even_when_the_flush_position_is_past_the_last_record(self, ctx, monkeypatch):
         # WAL can be flushed to a page boundary beyond the last record's end: the server
