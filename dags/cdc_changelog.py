@@ -8,12 +8,14 @@ is skipped when nothing staged is newer than what the sinks have.
 
 Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
 CDC_DATA_DIR, CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
-CDC_SPARK_CONN_ID (default spark_default), CDC_SINKS (default events,mirror),
+CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
+CDC_SINKS (default events,mirror),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime, timedelta
 
@@ -28,6 +30,7 @@ SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
 DATA_DIR = os.environ.get("CDC_DATA_DIR", os.path.join(os.getcwd(), ".cdc-local", "data"))
 SPARK_CONN_ID = os.environ.get("CDC_SPARK_CONN_ID", "spark_default")
 SINKS = os.environ.get("CDC_SINKS", "events,mirror")
+SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 _schedule = os.environ.get("CDC_CHANGELOG_SCHEDULE", "* * * * *")
 _max_events = os.environ.get("CDC_CAPTURE_MAX_EVENTS")
 
@@ -54,6 +57,7 @@ with DAG(
         conn_id=SPARK_CONN_ID,
         application=application_path("apply"),
         name="cdc-apply",
+        conf=SPARK_CONF,
         application_args=["--data-dir", DATA_DIR, "--source", SOURCE, "--sinks", SINKS],
     )
 

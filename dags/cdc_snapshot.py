@@ -28,12 +28,14 @@ are merged and kept; ``resume`` continues after the last committed chunk.
 Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (staging name; default
 the conn id), CDC_TABLES (comma list, default tables when the conf has none),
 CDC_DATA_DIR, CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
-CDC_SPARK_CONN_ID (default spark_default), CDC_SINKS (default events,mirror),
+CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
+CDC_SINKS (default events,mirror),
 CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime, timedelta
 
@@ -54,6 +56,7 @@ DATA_DIR = os.environ.get("CDC_DATA_DIR", os.path.join(os.getcwd(), ".cdc-local"
 TABLES = os.environ.get("CDC_TABLES", "")
 SPARK_CONN_ID = os.environ.get("CDC_SPARK_CONN_ID", "spark_default")
 SINKS = os.environ.get("CDC_SINKS", "events,mirror")
+SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 
 common = {"data_dir": DATA_DIR, "cdc_conn_id": CONN_ID, "source": SOURCE}
 
@@ -118,6 +121,7 @@ with DAG(
         conn_id=SPARK_CONN_ID,
         application=application_path("merge"),
         name="cdc-merge",
+        conf=SPARK_CONF,
         application_args=[
             "--chunks",
             round_file,
