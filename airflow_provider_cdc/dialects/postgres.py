@@ -1187,8 +1187,15 @@ class PostgresDialect(Dialect):
     def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int) -> None:
         tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
 
+        conversions = info.conversions
+
         def row(values: list) -> dict:
-            return {n: (v if v is None else d(v)) for n, d, v in zip(names, decs, values, strict=True)}
+            vals = list(values)
+            for i, d in conversions:
+                v = vals[i]
+                if v is not None:
+                    vals[i] = d(v)
+            return dict(zip(names, vals, strict=True))
 
         def key(values: list) -> list:
             return [values[i] for i in key_idx]
