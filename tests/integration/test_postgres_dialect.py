@@ -466,3 +466,32 @@ def test_a_view_is_not_a_table(pg_uri, unique_name):
         d.close()
         admin.cursor().execute(f'DROP VIEW "{name}"')
         admin.close()
+
+
+def test_max_events_stops_at_a_commit_and_the_rest_follows(pg_uri, unique_name, tmp_path):
+    t = TableName("public", f"me_{unique_name}")
+    admin = _connect(pg_uri, autocommit=True)
+    admin.cursor().execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    d = PostgresDialect(
+        ConnectionParams.from_uri(pg_uri),
+        source=f"me_{unique_name}",
+        tables=[t],
+        watermark_table=f"wm_{unique_name}",
+    )
+    try:
+        d.load_offset(str(tmp_path))
+        admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES (1), (2)')  # one transaction, two events
+        for i in (3, 4):
+            admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES ({i})')
+        first = d.capture(str(tmp_path), max_events=1)
+        assert first.events == 2  # never half a transaction
+        second = d.capture(str(tmp_path), max_events=1)
+        third = d.capture(str(tmp_path))
+        assert (second.events, third.events) == (1, 1)
+        assert first.end_offset == second.start_offset and second.end_offset == third.start_offset
+    finally:
+        d.drop_slot()
+        d.drop_publication()
+        d.close()
+        admin.cursor().execute(f'DROP TABLE "{t.name}", "cdc"."wm_{unique_name}"')
+        admin.close()
