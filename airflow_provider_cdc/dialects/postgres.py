@@ -899,6 +899,7 @@ class PostgresDialect(Dialect):
         q = self.quote_ident(self.publication_name)
         if not pub:
             if self.tables is None:
+                self._warn_unidentified_tables()
                 self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
             else:
                 for t in self.tables:
@@ -910,6 +911,26 @@ class PostgresDialect(Dialect):
                 )
         elif not pub[0][0]:
             self._add_to_publication(self._publication_tables())
+
+    def _warn_unidentified_tables(self) -> None:
+        """Once a FOR ALL TABLES publication exists, PostgreSQL refuses UPDATE and DELETE on
+        tables without a replica identity (no primary key, REPLICA IDENTITY DEFAULT or
+        NOTHING): the applications writing them break. Say which tables those are."""
+        rows = self._query(
+            "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
+            "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%' "
+            "AND (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS "
+            "(SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) ORDER BY 1, 2 LIMIT 50"
+        )
+        if rows:
+            log.warning(
+                "creating publication %r FOR ALL TABLES: UPDATE and DELETE will fail on these tables, which have "
+                "no replica identity, until they get a primary key or REPLICA IDENTITY FULL (or use the option "
+                "tables=[...] instead): %s",
+                self.publication_name,
+                ", ".join(f"{a}.{b}" for a, b in rows),
+            )
 
     def _slot_row(self) -> tuple | None:
         rows = self._query(
