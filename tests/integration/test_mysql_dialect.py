@@ -606,6 +606,11 @@ def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
     d.commit_offset(BinlogOffset.of("binlog.000000", 4).to_json(), data)
     with pytest.raises(SourceError, match="(?i)re-snapshot"):
         d.capture(data)
+    # without the SHOW BINARY LOGS pre-check the server itself refuses (error 1236)
+    d._check_not_purged = lambda start: None
+    with pytest.raises(SourceError, match="(?i)re-snapshot") as err:
+        d.capture(data)
+    assert "binlog.000000" in str(err.value)
     end = d.binlog_end()
     d.commit_offset(BinlogOffset.of(end.file, end.pos + 10**9).to_json(), data)
     with pytest.raises(StateError, match="past the end"):
