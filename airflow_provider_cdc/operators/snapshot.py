@@ -196,7 +196,34 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
     if request.parallelism <= 1 or requested != (FULL_RANGE,):
         return list(requested)
     sample = dialect.sample_keys(schema, request.parallelism * 16)
-    return core_plan_ranges(request.parallelism, sample=sample)
+    if sample:
+        return core_plan_ranges(request.parallelism, sample=sample)
+    # no sample (e.g. the table is tiny or its statistics are empty): an even split of a
+    # single integer key between its smallest and largest value, else one range
+    if len(schema.primary_key) == 1 and schema.column(schema.primary_key[0]).type in (
+        "int16",
+        "int32",
+        "int64",
+        "uint64",
+    ):
+        lo, hi = min_key(dialect, schema), dialect.max_key(schema)
+        if lo is not None and hi is not None:
+            return core_plan_ranges(request.parallelism, min_max=(lo, hi))
+    log.info("table %s: no key sample to split on; reading it as one range", schema.table)
+    return [FULL_RANGE]
+
+
+def min_key(dialect: Dialect, schema: TableSchema) -> tuple | None:
+    """The smallest primary key, through the dialect's own keyset SELECT (LIMIT 1)."""
+    sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None, limit=1, columns=schema.primary_key)
+    for batch in dialect.stream_query(sql, params):
+        for raw in batch:
+            pk_schema = TableSchema(
+                schema.table, tuple(schema.column(k) for k in schema.primary_key), schema.primary_key
+            )
+            row = dialect.row_to_canonical(pk_schema, raw)
+            return tuple(row[k] for k in schema.primary_key)
+    return None
 
 
 def plan_path(data_dir: str, source: str, table: TableName, snapshot_id: str) -> Path:
