@@ -931,6 +931,7 @@ class MySqlDialect(Dialect):
         current_file = start.file
         skipped: set[str] = set()
         in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
+        group_gtid = committed_gtid = None  # GTID of the last whole group (for the record)
         try:
             for ev in stream:
                 if isinstance(ev, RotateEvent):
@@ -947,9 +948,9 @@ class MySqlDialect(Dialect):
                 ends_group = False
                 if isinstance(ev, MariadbGtidEvent):
                     # a MariaDB group starts here; FL_STANDALONE (1): one statement, no BEGIN
-                    pending, in_txn = [], not (ev.flags & 1)
+                    pending, in_txn, group_gtid = [], not (ev.flags & 1), ev.gtid
                 elif isinstance(ev, GtidEvent):
-                    pending, in_txn = [], False  # MySQL: BEGIN follows unless it is DDL
+                    pending, in_txn, group_gtid = [], False, ev.gtid  # MySQL: BEGIN follows unless DDL
                 elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
                     pending.extend(self._row_events(ev, current_file, wm, skipped))
                 elif isinstance(ev, XidEvent):
@@ -977,7 +978,7 @@ class MySqlDialect(Dialect):
                 if ends_group:
                     out.extend(pending)
                     pending, in_txn = [], False
-                    committed = ev_end
+                    committed, committed_gtid = ev_end, group_gtid
                     if max_events is not None and len(out) >= max_events:
                         break
                 if ev_end == end:
@@ -993,7 +994,8 @@ class MySqlDialect(Dialect):
             stream.close()
         if committed == start:
             return LogBatch(out, offset, offset)
-        return LogBatch(out, committed.to_json(), offset)
+        extra = {"gtid": committed_gtid} if committed_gtid else {}
+        return LogBatch(out, committed.to_json(**extra), offset)
 
     @property
     def _binlog_converters(self) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from contextlib import closing
 from pathlib import Path
 
@@ -524,6 +525,7 @@ def test_capture_transactions_positions_watermarks_and_resume(make_dialect, admi
         # max_events cuts only at a transaction boundary: the 5-row transaction comes whole
         batch = d.read_log(d.load_offset(data), max_events=2)
         assert len(batch.events) == 5 and BinlogOffset.from_json(batch.end_offset) > first
+        assert re.fullmatch(r"\d+-\d+-\d+", json.loads(batch.end_offset)["gtid"])  # MariaDB GTID
         res1 = d.capture(data, max_events=2)
         res2 = d.capture(data)
         assert res2.start_offset == res1.end_offset
