@@ -183,6 +183,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point. As the console command (``argv`` None) it ends with ``os._exit``: delta-rs
+    threads can abort the interpreter's teardown (SIGABRT, "terminate called without an active
+    exception", delta-io/delta-rs#2184), which would turn a clean verify into exit code 134."""
+    code = run(argv)
+    if argv is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "status":
