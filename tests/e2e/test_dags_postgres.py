@@ -69,6 +69,9 @@ def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
             break
         except psycopg2.Error:
             time.sleep(0.5)
+    from airflow.models.variable import Variable
+
+    Variable.delete(progress_store.variable_key(conn_id, f"public.{table}"))
     cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
     cur.execute(f'DROP TABLE IF EXISTS "{table}"')
     admin.close()
