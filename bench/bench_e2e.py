@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -68,8 +69,8 @@ TARGETS = {
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench e2e", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=None, help="rows of the demo table (default 1,000,000; --quick 50,000)")
-    ap.add_argument("--changes", type=int, default=None, help="row changes for the changelog run (default 200,000; --quick 20,000)")
+    ap.add_argument("--rows", type=int, default=None, help="rows of the demo table (default 500,000: ~10-15 min for both databases on an idle 2-core machine; --quick 50,000)")
+    ap.add_argument("--changes", type=int, default=None, help="row changes for the changelog run (default 100,000; --quick 20,000)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a couple of minutes")
     ap.add_argument("--dialects", default="postgres,mysql", help="comma list of postgres, mysql")
     ap.add_argument("--pg-uri", default=os.environ.get("CDC_TEST_PG_URI", DEFAULT_PG))
@@ -84,8 +85,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", default=str(RESULTS), help="folder for <timestamp>.md/.json")
     ap.add_argument("--keep", action="store_true", help="keep tables, slots and staged data (for inspection)")
     a = ap.parse_args(argv)
-    a.rows = a.rows if a.rows is not None else (50_000 if a.quick else 1_000_000)
-    a.changes = a.changes if a.changes is not None else (20_000 if a.quick else 200_000)
+    a.rows = a.rows if a.rows is not None else (50_000 if a.quick else 500_000)
+    a.changes = a.changes if a.changes is not None else (20_000 if a.quick else 100_000)
     a.writer_window = a.writer_window if a.writer_window is not None else (8.0 if a.quick else 20.0)
     a.dialects = [d.strip() for d in a.dialects.split(",") if d.strip()]
     for d in a.dialects:
@@ -184,6 +185,7 @@ class DagRun:
     airflow_peak_mb: float
     spark_peak_mb: float
     other_peak_mb: float
+    cpu_s: float = 0.0  # user+sys CPU of the run's whole process tree (Airflow, spark-submit JVM, Python workers)
     text: str = field(repr=False, default="")
 
     def task_seconds(self) -> dict[str, float]:
@@ -218,6 +220,7 @@ def run_dag(dag_id: str, conf: dict | None, env: dict[str, str], log_dir: Path, 
     cmd = [airflow_bin(), "dags", "test", dag_id]
     if conf is not None:
         cmd += ["-c", json.dumps(conf)]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     with open(log_path, "w") as fh:
         proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -228,12 +231,14 @@ def run_dag(dag_id: str, conf: dict | None, env: dict[str, str], log_dir: Path, 
                 proc.kill()
                 rc = proc.wait()
     took = time.monotonic() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     text = log_path.read_text(errors="replace")
     if rc != 0:
         tail = "\n".join(text.splitlines()[-40:])
         raise DagRunError(f"`airflow dags test {dag_id}` failed (exit {rc}) after {took:.0f}s; log {log_path}\n{tail}")
     mb = 1 / 2**20
-    return DagRun(dag_id, took, log_path, s.airflow_peak * mb, s.spark_peak * mb, s.other_peak * mb, text)
+    return DagRun(dag_id, took, log_path, s.airflow_peak * mb, s.spark_peak * mb, s.other_peak * mb, cpu, text)
 
 
 # --------------------------------------------------------------------------- child probes
@@ -555,9 +560,10 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
 
     # --- raw dump baseline (idle)
     dump = src.work / f"raw-{src.kind}.parquet"
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     n = (raw_dump_pg if src.kind == "postgres" else raw_dump_mysql)(src.uri, src.qtable(big), dump)
     R["raw_dump_s"] = time.monotonic() - t0
+    R["raw_dump_cpu_s"] = time.process_time() - c0
     R["raw_dump_rows"] = n
     R["raw_dump_rps"] = n / R["raw_dump_s"]
     R["raw_dump_bytes"] = dump.stat().st_size
@@ -568,6 +574,7 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
     conf = {"action": "start", "tables": [tiny.id], "chunk_size": a.chunk_size, "parallelism": 1}
     r = run_dag("cdc_snapshot", conf, fx["env"], logs, "fixed")
     R["fixed_cost_s"] = r.seconds
+    R["fixed_cost_cpu_s"] = r.cpu_s
     R["fixed_tasks"] = r.task_seconds()
     R["fixed_merge"] = r.merge_summary()
     _say(f"{src.kind}: fixed cost of a snapshot round (1,000 rows): {r.seconds:.1f}s; tasks {R['fixed_tasks']}")
@@ -577,6 +584,7 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
     conf = {"action": "start", "tables": [big.id], "chunk_size": a.chunk_size, "parallelism": a.parallelism}
     r = run_dag("cdc_snapshot", conf, idle["env"], logs, "idle")
     R["snap_idle_s"] = r.seconds
+    R["snap_idle_cpu_s"] = r.cpu_s
     R["snap_idle_rps"] = a.rows / r.seconds
     R["snap_idle_ratio"] = R["snap_idle_rps"] / R["raw_dump_rps"]
     R["snap_idle_tasks"] = r.task_seconds()
@@ -642,6 +650,7 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
             ev = int(m.group(1)) if m else a.changes
             R.update(
                 changelog_s=r.seconds,
+                changelog_cpu_s=r.cpu_s,
                 changelog_events=ev,
                 changelog_eps=ev / r.seconds,
                 changelog_capture_task_s=float(m.group(3)) if m else None,
@@ -664,6 +673,13 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
     # --- snapshot under write load
     if not a.no_load:
         ld = src.env("load", [big])
+        # the source's write capacity here (unthrottled, no snapshot): what the offered load is a share of
+        probe = BackgroundWriter(src.uri, big, threads=a.writer_threads, rate=None, key_max=a.rows, seed=3).start()
+        try:
+            time.sleep(2.0)
+            R["tps_max_idle"] = _writer_window(probe, 8.0)
+        finally:
+            probe.stop()
         writer = BackgroundWriter(
             src.uri, big, threads=a.writer_threads, rate=a.writer_tps or None, key_max=a.rows, seed=7
         ).start()
@@ -695,10 +711,12 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
 
     # --- chunk memory against the chunk size (child process)
     sizes = [s for s in a.mem_chunk_sizes if s <= a.rows] or [min(a.rows, a.chunk_size)]
-    mem = run_child(
-        _CHUNK_CHILD,
-        {"uri": src.uri, "table": big.id, "source": f"{idle['source']}_mem", "dir": str(src.work / f"memprobe-{src.kind}"), "sizes": sizes},
-    )
+    mem = []
+    for size in sizes:  # a fresh process per size: no heap left over from a bigger step
+        mem += run_child(
+            _CHUNK_CHILD,
+            {"uri": src.uri, "table": big.id, "source": f"{idle['source']}_mem", "dir": str(src.work / f"memprobe-{src.kind}"), "sizes": [size]},
+        )
     for m in mem:
         m["chunk_bytes"] = m["rows"] * R["row_bytes"]
         m["peak_above_mb"] = max(m["peak"] - m["rss_before"], 0) / 2**20
@@ -726,6 +744,26 @@ def _f(v: Any, fmt: str = ",.0f") -> str:
         return str(v)
 
 
+def _ratio(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if v >= 0.1 else f"{v:.3f}"
+
+
+def _net(r: dict) -> str:
+    """Rows/s of the idle snapshot once the fixed cost of a round is taken off: what the
+    data-proportional part (chunk reads, merge, sink writes) achieves."""
+    net = r["snap_idle_s"] - r["fixed_cost_s"]
+    if net <= 0:
+        return "- (within the fixed cost)"
+    rps = r["rows"] / net
+    return f"{_f(rps)} ({_ratio(rps / r['raw_dump_rps'])})"
+
+
+def _tasks(t: dict | None) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in (t or {}).items()) or "-"
+
+
 def _met(ok: bool | None) -> str:
     return "-" if ok is None else ("met" if ok else "**MISSED**")
 
@@ -749,22 +787,31 @@ def render(results: list[dict], a: argparse.Namespace, mach: dict, load_end: str
         row("avg row on the source (bytes)", lambda r: _f(r["row_bytes"])),
         row("raw dump to Parquet (rows/s)", lambda r: f"{_f(r['raw_dump_rps'])} ({r['raw_dump_s']:.1f} s)"),
         row("snapshot via DAGs, idle (rows/s)", lambda r: f"{_f(r['snap_idle_rps'])} ({r['snap_idle_s']:.1f} s)"),
-        row("**ratio snapshot / raw dump, idle**", lambda r: f"**{r['snap_idle_ratio']:.2f}**"),
+        row("**ratio snapshot / raw dump, idle**", lambda r: f"**{_ratio(r['snap_idle_ratio'])}**"),
+        row("snapshot net of the fixed cost (rows/s, ratio)", lambda r: _net(r)),
         row("snapshot under write load (rows/s)", lambda r: f"{_f(r.get('snap_load_rps'))} ({_f(r.get('snap_load_s'), '.1f')} s)"),
-        row("ratio under load / raw dump idle", lambda r: _f(r.get("snap_load_ratio"), ".2f")),
+        row("ratio under load / raw dump idle", lambda r: _ratio(r.get("snap_load_ratio"))),
+        row("source write capacity, unthrottled, no snapshot (TPS)", lambda r: _f(r.get("tps_max_idle"))),
         row("writer TPS before / during / after", lambda r: f"{_f(r.get('tps_before'))} / {_f(r.get('tps_during'))} / {_f(r.get('tps_after'))}"),
         row("**write TPS drop while snapshotting**", lambda r: f"**{_f(None if r.get('tps_drop_pct') is None else r['tps_drop_pct'] + 0.0, '.1f')}%**"),
         row("**fixed cost of a round (1,000 rows)**", lambda r: f"**{r['fixed_cost_s']:.1f} s**"),
-        row("tasks of the idle snapshot run (s)", lambda r: ", ".join(f"{k} {v:.0f}" for k, v in r["snap_idle_tasks"].items()) or "-"),
+        row("client CPU s: raw dump / fixed-cost run / idle snapshot run", lambda r: f"{_f(r.get('raw_dump_cpu_s'), '.1f')} / {_f(r.get('fixed_cost_cpu_s'), '.1f')} / {_f(r.get('snap_idle_cpu_s'), '.1f')}"),
+        row("tasks of the fixed-cost run (s)", lambda r: _tasks(r.get("fixed_tasks"))),
+        row("tasks of the idle snapshot run (s)", lambda r: _tasks(r.get("snap_idle_tasks"))),
+        row("merge job after Spark start (s): fixed / idle", lambda r: f"{_f((r.get('fixed_merge') or {}).get('seconds'), '.0f')} / {_f((r.get('snap_idle_merge') or {}).get('seconds'), '.0f')}"),
         "\n## Changelog\n\n",
         head,
         row("changes (UPDATE rows)", lambda r: _f(r["changes"])),
         row("raw decoder drain (events/s)", lambda r: f"{_f(r['raw_drain_eps'])} ({r['raw_drain_events']:,} in {r['raw_drain_s']:.1f} s)"),
         row("capture alone, child process (events/s)", lambda r: _f(r["capture_alone_eps"])),
         row("capture + apply via cdc_changelog (events/s)", lambda r: f"{_f(r['changelog_eps'])} ({r['changelog_events']:,} in {r['changelog_s']:.1f} s)"),
-        row("**ratio DAG / raw drain**", lambda r: f"**{r['changelog_ratio']:.2f}**"),
+        row("**ratio DAG / raw drain**", lambda r: f"**{_ratio(r['changelog_ratio'])}**"),
+        row("ratio capture alone / raw drain", lambda r: _ratio(r["capture_alone_eps"] / r["raw_drain_eps"])),
+        row("client CPU s of the changes run (Airflow + Spark)", lambda r: _f(r.get("changelog_cpu_s"), ".1f")),
         row("capture task inside the DAG (s)", lambda r: _f(r.get("changelog_capture_task_s"), ".1f")),
         row("cdc_changelog run with ~nothing to do (s)", lambda r: _f(r["changelog_small_s"], ".1f")),
+        row("tasks of that run (s)", lambda r: _tasks(r.get("changelog_small_tasks"))),
+        row("tasks of the changes run (s)", lambda r: _tasks(r.get("changelog_tasks"))),
         "\n## Memory (peak RSS)\n\n",
         head,
     ]
