@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         args = ["--chunks", str(round_file), "--data-dir", work, "--source", SOURCE]
         merge_wall, merged = _run(spark_submit_command("merge", [*args, "--sinks", "events"], master=a.master, conf=CONF),
                                   "CDC_MERGE_RESULT")
+        if merged["emitted"] <= 0 or merged["emitted"] + merged["dropped"] != a.rows or copy["rows"] != a.rows:
+            raise RuntimeError(f"implausible result, not timing it: merge {merged}, copy {copy}")
         copy_rate = copy["rows"] / copy["seconds"]
         merge_rate = merged["rows_in"] / merged["seconds"]
         print(f"spark-submit fixed overhead (empty job, wall):   {overhead:8.1f} s")

@@ -86,7 +86,8 @@ def configure_logging() -> None:
 
 
 # --- staged changelog -----------------------------------------------------------------------
-def _fs_and_path(uri: str):
+def fs_and_path(uri: str):
+    """(pyarrow filesystem, path inside it) for a local path or a URI."""
     import pyarrow.fs as pafs
 
     if "://" in uri:
@@ -98,7 +99,7 @@ def list_segment_files(changelog_dir: str) -> list[tuple[Position, Position, str
     """Staged segments (first, last, path) sorted by position, on any pyarrow filesystem."""
     import pyarrow.fs as pafs
 
-    fs, base = _fs_and_path(changelog_dir)
+    fs, base = fs_and_path(changelog_dir)
     try:
         infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
     except FileNotFoundError:
@@ -160,6 +161,31 @@ def read_changelog(
         df = df.where(F.col("position") <= upto.encode())
     df = df.withColumn("segment", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
     return df.join(F.broadcast(bounds_df), "segment").where(F.col("position") > F.col("lower")).drop("lower")
+
+
+def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:
+    """id -> (encoded position, ts_ms) of the first staged write of each watermark id.
+
+    Read on the driver with pyarrow (only the op/watermark/position/ts_ms columns, ``op = 'w'``
+    pushed down): watermark rows are few, and a Spark job here would cost more than the read.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    wanted = sorted(set(ids))
+    if not segments or not wanted:
+        return {}
+    fs, _ = fs_and_path(segments[0][2])
+    paths = [fs_and_path(p)[1] for _, _, p in segments]
+    table = ds.dataset(paths, filesystem=fs, format="parquet").to_table(
+        columns=["position", "watermark", "ts_ms"],
+        filter=(pc.field("op") == "w") & pc.field("watermark").isin(wanted),
+    )
+    found: dict[str, tuple[str, int]] = {}
+    for pos, wid, ts in zip(*(table[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
+        if wid not in found or pos < found[wid][0]:
+            found[wid] = (pos, ts or 0)
+    return found
 
 
 def normalise_path(path: str) -> str:

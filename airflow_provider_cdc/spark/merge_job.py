@@ -92,23 +92,13 @@ def _unique_chunks(chunks: Sequence[ChunkResult | dict]) -> list[ChunkResult]:
 
 
 def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str) -> list[ChunkWindow]:
-    """Find each chunk's lw/hw positions; NotReadyError if any is not staged yet."""
-    from pyspark.sql import functions as F
-
+    """Find each chunk's lw/hw positions; NotReadyError if any is not staged yet.
+    (``spark`` is unused: the lookup reads only watermark rows, on the driver.)"""
     chunks = _unique_chunks(chunks)
     if not chunks:
         return []
-    ids = sorted({c.low_watermark for c in chunks} | {c.high_watermark for c in chunks})
-    segments = common.list_segment_files(changelog_dir)
-    found: dict[str, tuple[str, int]] = {}
-    if segments:
-        wm = (
-            common.read_changelog(spark, segments)
-            .where((F.col("op") == "w") & F.col("watermark").isin(ids))
-            .groupBy("watermark")
-            .agg(F.min("position").alias("position"), F.min_by("ts_ms", "position").alias("ts_ms"))
-        )
-        found = {r["watermark"]: (r["position"], r["ts_ms"]) for r in wm.collect()}
+    ids = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
+    found = common.find_watermarks(common.list_segment_files(changelog_dir), ids)
     windows, missing = [], []
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
@@ -213,9 +203,15 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
     )
 
 
-def write_round(events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_rows: int = 500_000) -> int:
+def write_round(
+    events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_rows: int = 500_000, timings: dict | None = None
+) -> int:
     """Collect the round to the driver in groups of chunks (bounded memory) and write every
-    group to every sink. Returns the number of ``r`` events written."""
+    group to every sink. Returns the number of ``r`` events written; ``timings`` (if given)
+    gets the seconds spent in Spark and in the sinks."""
+    timings = {} if timings is None else timings
+    timings.setdefault("spark_s", 0.0)
+    timings.setdefault("sinks_s", 0.0)
     from pyspark.sql import functions as F
 
     groups: list[list[str]] = [[]]
@@ -232,8 +228,12 @@ def write_round(events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_r
     try:
         for g in groups:
             part = events_df if len(groups) == 1 else events_df.where(F.col("batch").isin(g))
+            t0 = time.monotonic()
             table = common.to_event_table(part.toArrow())
+            t1 = time.monotonic()
             common.write_to_sinks(sinks, table)
+            timings["spark_s"] += t1 - t0
+            timings["sinks_s"] += time.monotonic() - t1
             total += table.num_rows
     finally:
         if len(groups) > 1:
@@ -263,8 +263,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
     t0 = time.monotonic()
     try:
         windows = locate_windows(spark, chunks, changelog)
-        df = merge_chunks(spark, chunks, changelog, windows=windows)
-        emitted = write_round(df, windows, sinks, max_batch_rows=args.max_batch_rows)
+        timings = {"locate_s": time.monotonic() - t0}
+        t1 = time.monotonic()
+        df = merge_chunks(spark, chunks, changelog, windows=windows)  # includes the chunk row-count check
+        timings["check_s"] = time.monotonic() - t1
+        emitted = write_round(df, windows, sinks, max_batch_rows=args.max_batch_rows, timings=timings)
     finally:
         for s in sinks:
             s.close()
@@ -272,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = {
         "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
         "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
+        **{k: round(v, 3) for k, v in timings.items()},
     }
     log.info("merge round done: %s", summary)
     print("CDC_MERGE_RESULT " + json.dumps(summary), flush=True)
