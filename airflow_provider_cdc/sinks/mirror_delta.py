@@ -16,8 +16,10 @@ Why it converges whatever order the writers run in (the apply job and the merge 
   most one source row per target row).
 
 Delta MERGE was measured against read-modify-write (read the table, combine in Arrow,
-overwrite): MERGE rewrites only the files that hold matched keys, read-modify-write the
-whole table every batch; see bench/bench_merge.py for the figures.
+overwrite; ``python -m bench merge``): for 10k-50k updates into a 200k-row table both
+took 0.2-0.7 s on the shared 2-core machine, neither winning consistently. MERGE is kept
+because the guard is evaluated inside one atomic commit and its cost follows the files
+the batch touches, while read-modify-write rewrites the whole table on every batch.
 
 Single writer: the jobs write from the Spark driver, one job at a time per table (Airflow
 pools). A commit that still loses a race is retried a few times.
