@@ -34,6 +34,7 @@ def snapshot_chunk(
     chunk_size: int,
     after_key: Sequence | None = None,
     where: str | None = None,
+    upper_bound: Sequence | None = None,
     gap_hooks: GapHooks | None = None,
 ) -> ChunkResult:
     """Read one chunk between a fresh pair of watermarks.
@@ -48,7 +49,9 @@ def snapshot_chunk(
     dialect.write_watermark(low)  # step 1
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
-    res = dialect.read_chunk(schema, rng, after_key=after_key, limit=chunk_size, path=path, where=where)  # step 2
+    res = dialect.read_chunk(  # step 2
+        schema, rng, after_key=after_key, limit=chunk_size, path=path, where=where, upper_bound=upper_bound
+    )
     if hooks.before_high_watermark:
         hooks.before_high_watermark()
     dialect.write_watermark(high)  # step 3

@@ -152,8 +152,13 @@ class Dialect(ABC):
         limit: int | None,
         where: str | None = None,
         columns: Sequence[str] | None = None,
+        upper_bound: Sequence | None = None,
     ) -> tuple[str, list[Any]]:
-        """Keyset SELECT of the next chunk: ``key > after_key``, inside ``rng``, ordered by key."""
+        """Keyset SELECT of the next chunk: ``key > after_key``, inside ``rng``, ordered by key.
+
+        ``upper_bound`` (inclusive) is the snapshot's max key when it started: compared by
+        the database in its own collation, so rows inserted above it later cannot make a
+        snapshot endless (they reach the sinks through the changelog)."""
         pk = [self.quote_ident(k) for k in schema.primary_key]
         cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
         conds: list[str] = []
@@ -172,6 +177,9 @@ class Dialect(ABC):
         if rng.end is not None:
             conds.append(keyset_condition(pk, "<", row_values=self.row_value_keyset, placeholder=self.placeholder))
             params += bind(rng.end)
+        if upper_bound is not None:
+            conds.append(keyset_condition(pk, "<=", row_values=self.row_value_keyset, placeholder=self.placeholder))
+            params += bind(upper_bound)
         if where:
             w = validate_where(where)
             # the filter is raw SQL next to bound parameters: a literal % must not be read as one
@@ -194,9 +202,12 @@ class Dialect(ABC):
         limit: int,
         path: str,
         where: str | None = None,
+        upper_bound: Sequence | None = None,
     ) -> ChunkReadResult:
         """DBLog step 2: stream the next chunk to a Parquet file at ``path`` (key, after)."""
-        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where)
+        sql, params = self.chunk_query(
+            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
+        )
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp")

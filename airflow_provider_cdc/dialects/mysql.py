@@ -674,7 +674,7 @@ class MySqlDialect(Dialect):
 
     # --- chunks -----------------------------------------------------------------------
     def chunk_query(
-        self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None
+        self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None, upper_bound=None
     ):
         """The shared keyset SELECT, with FLOAT columns widened to DOUBLE (``+ 0e0``):
         the server prints FLOAT with 6 significant digits, the binlog has all 24 bits."""
@@ -685,6 +685,7 @@ class MySqlDialect(Dialect):
             limit=limit,
             where=where,
             columns=columns,
+            upper_bound=upper_bound,
         )
         names = list(columns or schema.column_names)
         plain = ", ".join(self.quote_ident(c) for c in names)

@@ -733,13 +733,16 @@ class PostgresDialect(Dialect):
         limit: int,
         path: str,
         where: str | None = None,
+        upper_bound: Sequence | None = None,
     ) -> ChunkReadResult:
         """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
         column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
         several times faster). Option ``fast_chunks=False`` uses the generic path. The
         COPY is a fresh READ COMMITTED statement, run after the low watermark committed."""
         if not self.fast_chunks:
-            return super().read_chunk(schema, rng, after_key=after_key, limit=limit, path=path, where=where)
+            return super().read_chunk(
+                schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
+            )
         import psycopg2
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -747,7 +750,9 @@ class PostgresDialect(Dialect):
         from ..staging_io import CHUNK_SCHEMA
         from .pgcopy import ChunkAssembler, read_csv_batch
 
-        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where)
+        sql, params = self.chunk_query(
+            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
+        )
         asm = ChunkAssembler(
             schema.column_names,
             [c.type for c in schema.columns],
@@ -859,9 +864,10 @@ class PostgresDialect(Dialect):
         if rel is None:
             raise SourceError(f"table {schema.table} not found")
         pages = self._query(  # every partition of a partitioned table (or the table itself)
-            "SELECT (coalesce(sum(pg_relation_size(relid)), 0) / current_setting('block_size')::bigint)::bigint "
-            "FROM pg_partition_tree(%s::oid)",
-            (rel[0],),
+            # pg_partition_tree() has no rows for a plain table: then the table's own size
+            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)), 0), "
+            "pg_relation_size(%s::oid)) / current_setting('block_size')::bigint)::bigint",
+            (rel[0], rel[0]),
         )[0][0]
         if not pages:
             return []

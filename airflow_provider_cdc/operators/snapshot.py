@@ -568,6 +568,7 @@ class SnapshotChunkOperator(_SourceOperator):
                     chunk_size=chunk_size,
                     after_key=after_key,
                     where=w.get("where"),
+                    upper_bound=upper,
                 )
                 if not res.exhausted and key_reached(res.last_key, upper):
                     # past the snapshot's upper bound: later rows reach the sinks through the changelog
