@@ -98,6 +98,59 @@ def normalise_row(schema: TableSchema, row: dict[str, Any]) -> dict[str, Any]:
     return {c.name: normalise_value(row.get(c.name), c.type) for c in schema.columns}
 
 
+def _is_canonical_ts(v: Any, tz: bool) -> bool:
+    # "YYYY-MM-DDTHH:MM:SS.ffffff" (+ "Z"): already what _ts_text would return
+    return isinstance(v, str) and len(v) == (27 if tz else 26) and v[10] == "T" and v[19] == "." and (v[-1] == "Z") == tz
+
+
+def _fast_normaliser(logical: str):
+    """The per-column form of :func:`normalise_value` for source rows, or None where canonical
+    values need no change (ints, strings, json...); the hot path of a million-row verify."""
+    if logical in ("int16", "int32", "int64", "uint64", "string", "uuid", "json", "time", "decimal", "bool"):
+        return None
+    if logical in ("timestamp", "timestamptz"):
+        tz = logical == "timestamptz"
+        return lambda v: v if v is None or _is_canonical_ts(v, tz) else _ts_text(v, tz)
+    return lambda v: normalise_value(v, logical)
+
+
+class RowNormaliser:
+    """Canonical rows of one schema -> the compared form (columns in schema order)."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.names = schema.column_names
+        self.fns = [(c.name, f) for c in schema.columns if (f := _fast_normaliser(c.type)) is not None]
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        out = {n: row.get(n) for n in self.names}
+        for name, fn in self.fns:
+            out[name] = fn(out[name])
+        return out
+
+
+def arrow_canonical(arr, logical: str) -> list:
+    """A typed mirror column (sinks/arrow_types.py) -> canonical values, vectorised where
+    Arrow can (timestamps, dates, decimals), the inverse of the sink's decoding."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = arr.type
+    if pa.types.is_timestamp(t):
+        vals = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%S").to_pylist()  # %S carries the microseconds
+        return [None if v is None else v + "Z" for v in vals] if logical == "timestamptz" else vals
+    if pa.types.is_date(t):
+        return pc.strftime(arr, format="%Y-%m-%d").to_pylist()
+    if pa.types.is_decimal(t):
+        vals = pc.cast(arr, pa.string()).to_pylist()
+        return [None if v is None else int(v) for v in vals] if logical == "uint64" else vals
+    vals = arr.to_pylist()
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return [None if v is None else base64.b64encode(v).decode("ascii") for v in vals]
+    if logical in ("float32", "float64") or logical.startswith("array<"):
+        return [normalise_value(v, logical) for v in vals]
+    return vals
+
+
 def row_digest(key: str, row: dict[str, Any]) -> bytes:
     return hashlib.blake2b(f"{key}\x00{encode_row(row)}".encode(), digest_size=16).digest()
 
@@ -180,19 +233,21 @@ class MirrorIndex:
                 "since the mirror was written: re-snapshot the table"
             )
         keys = table[KEY_COLUMN].to_pylist() if KEY_COLUMN in table.column_names else None
+        logical = {c.name: c.type for c in schema.columns}
         n = 0
-        for batch in table.select(names).to_batches(max_chunksize=50_000):
-            cols = [batch.column(i).to_pylist() for i in range(batch.num_columns)]
-            for j in range(batch.num_rows):
-                row = normalise_row(schema, {c: cols[i][j] for i, c in enumerate(names)})
+        for batch in table.select(names).to_batches(max_chunksize=100_000):
+            cols = [arrow_canonical(batch.column(i), logical[c]) for i, c in enumerate(names)]
+            for values in zip(*cols, strict=True):
+                row = dict(zip(names, values, strict=True))
                 key = keys[n] if keys is not None else encode_key(schema.key_values(row))
                 self.index[key] = (n, row_digest(key, row))
                 n += 1
 
     def row(self, n: int) -> dict:
         names = [c for c in self.schema.column_names if c in self.table.column_names]
-        rec = self.table.slice(n, 1).select(names).to_pylist()[0]
-        return normalise_row(self.schema, rec)
+        one = self.table.slice(n, 1).select(names)
+        logical = {c.name: c.type for c in self.schema.columns}
+        return {c: arrow_canonical(one[c], logical[c])[0] for c in names}
 
 
 def read_mirror_table(data_dir: str, source: str, table: TableName):
@@ -231,8 +286,9 @@ def compare(
         if len(res.examples) < examples:
             res.examples.append(m)
 
+    norm = RowNormaliser(schema)
     for raw_chunk in chunks:
-        chunk = [(key, normalise_row(schema, row)) for key, row in raw_chunk]
+        chunk = [(key, norm(row)) for key, row in raw_chunk]
         res.chunks += 1
         res.source_rows += len(chunk)
         src_digest = hashlib.blake2b(digest_size=16)
@@ -328,50 +384,87 @@ def check_events(
 ) -> EventLogReport:
     """Replay events (dicts with op, key, position, before, after; rows as canonical JSON text or
     dicts) per key in position order and report what I1 forbids (see the module docstring)."""
+    return check_event_tuples(
+        table_id,
+        (
+            (
+                e["key"],
+                e["position"].encode() if isinstance(e["position"], Position) else e["position"],
+                e["op"],
+                e.get("before"),
+                e.get("after"),
+            )
+            for e in events
+        ),
+        primary_key=primary_key,
+        max_violations=max_violations,
+    )
+
+
+def _obj(row: Any) -> dict | None:
+    return json.loads(row) if isinstance(row, str) else row
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal rows, comparing the canonical JSON text first and parsing only when it differs."""
+    return a == b or (a is not None and b is not None and _obj(a) == _obj(b))
+
+
+def check_event_tuples(
+    table_id: str,
+    events: Iterable[tuple[str, str, str, Any, Any]],
+    *,
+    primary_key: tuple[str, ...] = (),
+    max_violations: int = 20,
+) -> EventLogReport:
+    """:func:`check_events` on ``(key, encoded position, op, before, after)`` tuples."""
     rep = EventLogReport(table_id)
-    per_key: dict[str, dict[str, tuple]] = {}
-    for e in events:
-        pos = e["position"].encode() if isinstance(e["position"], Position) else e["position"]
-        before = json.loads(e["before"]) if isinstance(e.get("before"), str) else e.get("before")
-        after = json.loads(e["after"]) if isinstance(e.get("after"), str) else e.get("after")
-        by_pos = per_key.setdefault(e["key"], {})
-        item = (e["op"], before, after)
-        if pos in by_pos:
-            if by_pos[pos] == item:
-                rep.duplicates += 1
-            else:
-                rep.violation_count += 1
-                if len(rep.violations) < max_violations:
-                    rep.violations.append(
-                        f"key {e['key']}: two different events at position {_readable(pos)}: {by_pos[pos][0]} and {e['op']}"
-                    )
-            continue
-        by_pos[pos] = item
+    per_key: dict[str, list] = {}
+    for ev in events:
+        lst = per_key.get(ev[0])
+        if lst is None:
+            per_key[ev[0]] = [ev]
+        else:
+            lst.append(ev)
+
+    def violation(text: str) -> None:
+        rep.violation_count += 1
+        if len(rep.violations) < max_violations:
+            rep.violations.append(text)
+
     rep.keys = len(per_key)
-    for key, by_pos in per_key.items():
-        prev: tuple | None = None
-        prev_pos = None
-        for pos in sorted(by_pos):
-            op, before, after = by_pos[pos]
+    for key, evs in per_key.items():
+        if len(evs) == 1:
+            rep.events += 1
+            continue
+        evs.sort(key=lambda e: e[1])
+        prev = None
+        for ev in evs:
+            _, pos, op, before, after = ev
+            if prev is not None and prev[1] == pos:
+                if prev[2] == op and _same(prev[3], before) and _same(prev[4], after):
+                    rep.duplicates += 1
+                else:
+                    violation(f"key {key}: two different events at position {_readable(pos)}: {prev[2]} and {op}")
+                continue
             rep.events += 1
             problem = None
             if prev is not None:
-                pop, _, pafter = prev
+                pop, pafter, ppos = prev[2], prev[4], prev[1]
                 live = pop != "d"
                 if op == "c" and live:
-                    problem = f"create of a live key (previous {pop} at {_readable(prev_pos)})"
+                    problem = f"create of a live key (previous {pop} at {_readable(ppos)})"
                 elif op in ("u", "d", "r") and not live:
-                    problem = f"{op} after a delete at {_readable(prev_pos)}" + (" (resurrected by a chunk row)" if op == "r" else "")
-                elif op == "r" and after != pafter:
-                    problem = f"chunk row is not the state at its position (stale; previous {pop} at {_readable(prev_pos)})"
-                elif op in ("u", "d") and before is not None and pafter is not None and _full(before, pafter, primary_key):
-                    if before != pafter:
-                        problem = f"before-image differs from the previous after-image ({pop} at {_readable(prev_pos)})"
+                    problem = f"{op} after a delete at {_readable(ppos)}" + (" (resurrected by a chunk row)" if op == "r" else "")
+                elif op == "r" and not _same(after, pafter):
+                    problem = f"chunk row is not the state at its position (stale; previous {pop} at {_readable(ppos)})"
+                elif op in ("u", "d") and before is not None and pafter is not None and not _same(before, pafter):
+                    b, pa_ = _obj(before), _obj(pafter)
+                    if _full(b, pa_, primary_key):
+                        problem = f"before-image differs from the previous after-image ({pop} at {_readable(ppos)})"
             if problem:
-                rep.violation_count += 1
-                if len(rep.violations) < max_violations:
-                    rep.violations.append(f"key {key}: {op} at {_readable(pos)}: {problem}")
-            prev, prev_pos = (op, before, after), pos
+                violation(f"key {key}: {op} at {_readable(pos)}: {problem}")
+            prev = ev
     return rep
 
 
@@ -390,4 +483,6 @@ def _readable(encoded: str) -> str:
 
 def check_event_log(data_dir: str, source: str, table: TableName, *, primary_key: tuple[str, ...] = ()) -> EventLogReport:
     """Read the event log of ``table`` and check it per key (I1); see :func:`check_events`."""
-    return check_events(table.id, read_event_log(data_dir, source, table).to_pylist(), primary_key=primary_key)
+    t = read_event_log(data_dir, source, table)
+    cols = [t[c].to_pylist() for c in ("key", "position", "op", "before", "after")]
+    return check_event_tuples(table.id, zip(*cols, strict=True), primary_key=primary_key)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import runpy
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,11 @@ class Pipeline:
         from airflow.utils.session import create_session
 
         dag = runpy.run_path(str(ROOT / "dags" / f"{dag_id}.py"), run_name=f"e2e_{dag_id}_{uuid.uuid4().hex[:6]}")["dag"]
+        for task in dag.tasks:  # retries stay as the DAG sets them; only the wait between tries shrinks
+            if hasattr(task, "partial_kwargs"):
+                task.partial_kwargs["retry_delay"] = timedelta(seconds=1)
+            else:
+                task.retry_delay = timedelta(seconds=1)
         with create_session() as session:
             session.query(DagModel).filter(DagModel.dag_id == dag_id).update({"is_paused": False})
         dr = dag.test(run_conf=conf)
