@@ -385,12 +385,15 @@ class SnapshotPlanOperator(_SourceOperator):
                     )
                 schema = dialect.describe_table(table)
                 ranges = plan_table_ranges(dialect, schema, request)
-                upper = dialect.max_key(schema, request.where_for(table))
-                plans.append((table, schema, ranges, upper))
+                plans.append((table, schema, ranges))
             dialect.ensure_watermark_table()
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
+            # The upper bound only after that: a row inserted above the max key is then
+            # in the changelog for sure. Read before the changelog existed, a row inserted
+            # in between would be in neither the chunks (above the bound) nor the log.
+            plans = [(t, s, r, dialect.max_key(s, request.where_for(t))) for t, s, r in plans]
         work = []
         for table, schema, ranges, upper in plans:
             sid = new_snapshot_id()
@@ -660,9 +663,21 @@ class SnapshotCommitOperator(_SourceOperator):
                 and fresh.status in (PAUSED, STOPPED)
             ):
                 p.pause() if fresh.status == PAUSED else p.stop()
-            if p.status == RUNNING and p.table(tid).done:
+            finished = p.status == RUNNING and p.table(tid).done
+            if finished:
                 p.finish()
             progress_store.save(source, tid, p)
+            if finished:
+                # every chunk is merged: no late chunk row of this snapshot can resurrect a
+                # deleted key any more. Tombstones up to what the mirror has applied go; a
+                # snapshot started after this reads its chunks later than those deletes.
+                from ..sinks.base import read_marker
+                from ..sinks.mirror_delta import compact
+
+                applied = read_marker(self.data_dir, source, "mirror")
+                if applied is not None:
+                    removed = compact(self.data_dir, source, tid, upto_position=applied.encode())
+                    log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
             tp = p.table(tid)
             log.info(
                 "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
