@@ -78,5 +78,27 @@ with DAG(
         markers = [read_marker(data_dir, source, s.strip()) for s in sinks.split(",") if s.strip()]
         return any(m is None or newest > m for m in markers)
 
+    @task(task_id="compact_tombstones", trigger_rule="none_failed")
+    def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
+        """Delete tombstones guard the mirror against late chunk rows only while a snapshot
+        of the table can still merge chunks; once none is running or paused, drop them."""
+        from airflow_provider_cdc import progress_store
+        from airflow_provider_cdc.sinks.base import read_marker
+        from airflow_provider_cdc.sinks.mirror_delta import compact, mirror_tables, tombstone_count
+
+        # Read the applied position BEFORE the snapshot status: a snapshot that starts
+        # after the check reads its chunks after this point, so only tombstones of deletes
+        # after it could matter to its chunks, and those are kept.
+        applied = read_marker(data_dir, source, "mirror")
+        removed: dict[str, int] = {}
+        if applied is None:
+            return removed
+        for table in mirror_tables(data_dir, source):
+            if progress_store.status(source, table.id) in ("running", "paused"):
+                continue
+            if tombstone_count(data_dir, source, table):
+                removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode())
+        return removed
+
     check = anything_to_apply(DATA_DIR, SOURCE, SINKS)
-    capture >> check >> apply
+    capture >> check >> apply >> compact_tombstones(DATA_DIR, SOURCE)

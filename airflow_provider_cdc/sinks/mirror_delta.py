@@ -155,6 +155,25 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
     return int(metrics.get("num_deleted_rows", 0))
 
 
+def mirror_tables(data_dir: str, source: str) -> list[TableName]:
+    """Tables that have a mirror under ``data_dir`` for ``source``."""
+    from urllib.parse import unquote
+
+    root = Path(mirror_dir(data_dir, source, TableName("x", "x"))).parent
+    if not root.is_dir():
+        return []
+    return sorted(TableName.parse(unquote(d.name)) for d in root.iterdir() if (d / "_delta_log").is_dir())
+
+
+def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
+    """How many delete tombstones the mirror of ``table`` holds (cheap: a filtered count)."""
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    dt = _open(mirror_dir(data_dir, source, t))
+    if dt is None:
+        return 0
+    return dt.to_pyarrow_dataset().count_rows(filter=pc.field(DELETED_COLUMN) == True)  # noqa: E712
+
+
 def _position_literal(text: str) -> str:
     if len(text) != 40 or any(c not in "0123456789abcdef" for c in text):
         raise ConfigurationError(f"upto_position must be an encoded position (40 lowercase hex digits), got {text!r}")
