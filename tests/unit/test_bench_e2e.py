@@ -1,0 +1,63 @@
+"""The end-to-end benchmark's own logic without databases: options, log parsing, the
+report and its target verdicts (a wrong verdict would misreport a missed target)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import bench_e2e as b
+
+LOG = """\
+2026-11-22T00:11:24.000000Z [info     ] [DAG TEST] starting task_id=plan map_index=-1 [x] loc=dag.py:1501
+2026-11-22T00:11:25.500000Z [info     ] [DAG TEST] end task task_id=plan map_index=-1 [x] loc=dag.py:1563
+2026-11-22T00:11:26.000000Z [info     ] [DAG TEST] starting task_id=read_chunks map_index=0 [x] loc=dag.py:1501
+2026-11-22T00:11:28.000000Z [info     ] [DAG TEST] end task task_id=read_chunks map_index=0 [x] loc=dag.py:1563
+2026-11-22T00:11:28.000000Z [info     ] [DAG TEST] starting task_id=read_chunks map_index=1 [x] loc=dag.py:1501
+2026-11-22T00:11:31.000000Z [info     ] [DAG TEST] end task task_id=read_chunks map_index=1 [x] loc=dag.py:1563
+2026-11-22T00:11:40.000000Z [info     ] CDC_MERGE_RESULT {"chunks": 2, "rows_in": 10, "emitted": 9, "seconds": 4.5} [spark]
+"""
+
+
+def test_parse_defaults_and_quick():
+    a = b._parse([])
+    assert (a.rows, a.changes, a.dialects) == (500_000, 100_000, ["postgres", "mysql"])
+    q = b._parse(["--quick", "--dialects", "mysql", "--mem-chunk-sizes", "200,100,200"])
+    assert (q.rows, q.changes, q.dialects, q.mem_chunk_sizes) == (50_000, 20_000, ["mysql"], [100, 200])
+
+
+def test_task_seconds_sum_mapped_instances_and_merge_summary():
+    run = b.DagRun("cdc_snapshot", 20.0, Path("x.log"), 1.0, 2.0, 0.0, 5.0, LOG)
+    assert run.task_seconds() == {"plan": 1.5, "read_chunks": 5.0}
+    assert run.merge_summary()["emitted"] == 9
+
+
+def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float) -> dict:
+    chunk_bytes = 1_000_000.0
+    return {
+        "kind": kind, "rows": 1000, "changes": 100, "row_bytes": 100.0,
+        "raw_dump_rps": 1000.0, "raw_dump_s": 1.0, "snap_idle_rps": 1000.0 * ratio, "snap_idle_s": 1 / ratio,
+        "snap_idle_ratio": ratio, "fixed_cost_s": fixed, "snap_idle_tasks": {"plan": 1.0},
+        "tps_before": 100.0, "tps_during": 100.0 * (1 - drop / 100), "tps_after": 100.0, "tps_drop_pct": drop,
+        "raw_drain_eps": 100.0, "raw_drain_events": 100, "raw_drain_s": 1.0, "capture_alone_eps": 50.0,
+        "changelog_eps": 10.0, "changelog_events": 100, "changelog_s": 10.0, "changelog_ratio": 0.1,
+        "changelog_small_s": 5.0,
+        "chunk_mem": [{"size": 50_000, "rows": 10_000, "rss_before": 0, "peak": int(mem_x * chunk_bytes),
+                       "chunk_bytes": chunk_bytes, "peak_above_mb": mem_x * chunk_bytes / 2**20, "x_chunk": mem_x}],
+        "capture_alone": {"peak": 2**20, "rss_before": 0, "events": 100},
+        "mem_snapshot_airflow_mb": 1.0, "mem_capture_airflow_mb": 1.0, "mem_merge_spark_mb": 1.0, "mem_apply_spark_mb": 1.0,
+    }
+
+
+def test_render_verdicts_follow_the_figures():
+    a = b._parse(["--quick"])
+    mach = {"cpus": 2, "mem_gib": 24.0, "os": "Debian", "python": "3.11", "load_start": [1.0, 1.0, 1.0]}
+    good = _result("postgres", ratio=0.6, drop=5.0, fixed=10.0, mem_x=2.0)
+    bad = _result("mysql", ratio=0.4, drop=12.0, fixed=20.0, mem_x=3.5)
+    md = b.render([good, bad], a, mach, "load average: 1.00", "t")
+    targets = md.split("## Targets")[1]
+    lines = [line for line in targets.splitlines() if line.startswith("| ") and "postgres" not in line]
+    assert len(lines) == 4
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1:] == ["met", "**MISSED**"], line
+    assert "| **ratio snapshot / raw dump, idle** | **0.60** | **0.40** |" in md
