@@ -26,23 +26,12 @@ from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
 from ..core.staging import schema_path
+from ..staging_io import CHANGELOG_SCHEMA
 
 log = logging.getLogger(__name__)
 
-EVENT_SCHEMA = pa.schema(
-    [
-        ("position", pa.string()),
-        ("table", pa.string()),
-        ("op", pa.string()),
-        ("key", pa.string()),
-        ("before", pa.string()),
-        ("after", pa.string()),
-        ("ts_ms", pa.int64()),
-        ("watermark", pa.string()),
-        ("snapshot", pa.bool_()),
-        ("batch", pa.string()),
-    ]
-)
+# the staged changelog columns, plus the snapshot flag and the batch that wrote the event
+EVENT_SCHEMA = pa.schema([*CHANGELOG_SCHEMA, pa.field("snapshot", pa.bool_()), pa.field("batch", pa.string())])
 EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
 
 
