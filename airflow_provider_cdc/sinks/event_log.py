@@ -81,7 +81,8 @@ class EventLogSink(Sink):
         groups = events.group_by(["table", "batch"]).aggregate([]).to_pylist()
         for g in groups:
             part = events.filter(pc.and_(pc.equal(events["table"], g["table"]), pc.equal(events["batch"], g["batch"])))
-            part = part.sort_by([("position", "ascending")])
+            # (position, key): the same file content whatever order the engine delivered the rows in
+            part = part.sort_by([("position", "ascending"), ("key", "ascending")])
             table = TableName.parse(g["table"])
             path = f"{table_dir(self.data_dir, self.source, table)}/{g['batch']}.parquet"
             atomic_write_table(self.envelope(part, table), path)

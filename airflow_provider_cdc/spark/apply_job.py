@@ -23,11 +23,9 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
     sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
 
-import pyarrow.compute as pc  # noqa: E402
-
 from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
-from airflow_provider_cdc.sinks.base import Sink, read_marker, write_marker  # noqa: E402
+from airflow_provider_cdc.local_jobs import apply_segments  # noqa: E402
+from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 from airflow_provider_cdc.spark import common  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.spark.apply_job")
@@ -55,31 +53,14 @@ def apply_changelog(
     changelog_dir: str | None = None,
     max_segments_per_batch: int = 64,
 ) -> dict:
-    """Apply every staged segment past each sink's marker; returns counts."""
-    changelog = changelog_dir or staged_changelog_dir(data_dir, source)
-    markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
-    start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
-    segments = common.list_segment_files(changelog)
-    pending = [s for s in segments if start is None or s[1] > start]
-    applied = 0
-    batches = 0
-    for i in range(0, len(pending), max_segments_per_batch):
-        group = pending[i : i + max_segments_per_batch]
-        upto = max(last for _, last, _ in group)
-        lower = start if i == 0 else max(last for _, last, _ in pending[:i])
-        arrow = common.to_event_table(changelog_events(spark, segments, after=lower, upto=upto).toArrow())
-        for sink in sinks:
-            mark = markers[sink.name]
-            part = arrow if mark is None else arrow.filter(pc.greater(arrow["position"], mark.encode()))
-            if mark is None or upto > mark:
-                sink.write(part)
-                write_marker(data_dir, source, sink.name, upto)
-                markers[sink.name] = upto
-        applied += arrow.num_rows
-        batches += 1
-        log.info("applied %d events from %d segment(s) up to %s", arrow.num_rows, len(group), upto)
-    return {"segments": len(pending), "batches": batches, "events": applied,
-            "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
+    """Apply every staged segment past each sink's marker; returns counts. The loop (markers,
+    batches of segments) is local_jobs.apply_segments, shared with the in-process engine."""
+
+    def read(segments, after, upto):
+        return common.to_event_table(changelog_events(spark, segments, after=after, upto=upto).toArrow())
+
+    return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
+                          max_segments_per_batch=max_segments_per_batch)
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -107,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     finally:
         for s in sinks:
             s.close()
-    summary["seconds"] = round(time.monotonic() - t0, 3)
+    summary = {"engine": "spark", **summary, "seconds": round(time.monotonic() - t0, 3)}
     log.info("apply done: %s", summary)
     print("CDC_APPLY_RESULT " + json.dumps(summary), flush=True)
     return summary

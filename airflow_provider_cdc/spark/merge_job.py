@@ -35,6 +35,7 @@ from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
 from airflow_provider_cdc.core.errors import ConfigurationError, NotReadyError, WatermarkError  # noqa: E402
 from airflow_provider_cdc.core.position import Position  # noqa: E402
 from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
+from airflow_provider_cdc.local_jobs import window_groups  # noqa: E402
 from airflow_provider_cdc.spark import common  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.spark.merge_job")
@@ -214,16 +215,11 @@ def write_round(
     timings.setdefault("sinks_s", 0.0)
     from pyspark.sql import functions as F
 
-    groups: list[list[str]] = [[]]
-    size = 0
-    for w in windows:
-        if groups[-1] and size + w.chunk.rows > max_batch_rows:
-            groups.append([])
-            size = 0
-        groups[-1].append(w.batch)
-        size += w.chunk.rows
+    groups = [[w.batch for w in g] for g in window_groups(windows, max_batch_rows)]
     if len(groups) > 1:
         events_df = events_df.persist()
+    if not groups:
+        return 0
     total = 0
     try:
         for g in groups:
@@ -273,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
             s.close()
     rows_in = sum(w.chunk.rows for w in windows)
     summary = {
-        "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
+        "engine": "spark", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
         "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
         **{k: round(v, 3) for k, v in timings.items()},
     }

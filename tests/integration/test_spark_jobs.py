@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_cdc import local_jobs
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import NotReadyError, WatermarkError
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
@@ -213,10 +214,34 @@ def as_tuples(events) -> set:
 
 
 def spark_tuples(df) -> set:
+    rows = df.to_pylist() if isinstance(df, pa.Table) else [r.asDict() for r in df.collect()]
     return {
         (r["table"], r["key"], r["position"], json.dumps(json.loads(r["after"]), sort_keys=True), r["watermark"], r["ts_ms"])
-        for r in df.collect()
+        for r in rows
     }
+
+
+def merged(engine: str, spark, chunks, changelog: str):
+    """The round's r events from either engine: a Spark DataFrame or an Arrow table."""
+    if engine == "spark":
+        return merge_job.merge_chunks(spark, chunks, changelog)
+    return local_jobs.merge_chunks(chunks, changelog)
+
+
+def run_local(job: str, st: Stage, round_file: str | None = None, sinks: str = "events,mirror") -> dict:
+    """The in-process engine, the way the operators run it (operators/spark_jobs.py)."""
+    from airflow_provider_cdc.spark.common import build_sinks
+
+    built = build_sinks(sinks, data_dir=st.data_dir, source=SOURCE, database=None, pg_uri=None, pg_schema=None,
+                        require_schema=job == "merge")
+    try:
+        if job == "merge":
+            return local_jobs.merge_round(merge_job.load_chunks(round_file), data_dir=st.data_dir, source=SOURCE,
+                                          sinks=built)
+        return local_jobs.apply_changelog(st.data_dir, SOURCE, built)
+    finally:
+        for b in built:
+            b.close()
 
 
 def submit(job: str, args: list[str], *, master: str = "local[2]") -> dict:
@@ -257,9 +282,10 @@ def test_application_paths_point_at_the_job_files():
     assert cmd[-2:] == [application_path("merge"), "--x"]
 
 
-def test_merge_chunks_agrees_with_core_merge_window(spark, tmp_path):
+@pytest.mark.parametrize("engine", ["spark", "local"])
+def test_merge_chunks_agrees_with_core_merge_window(spark, tmp_path, engine):
     st = build_scenario(tmp_path / "fixed dir %20+ü")  # chunk paths Spark spells URL-encoded
-    got = merge_job.merge_chunks(spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
+    got = merged(engine, spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
     want = st.expected_merge()
     assert spark_tuples(got) == as_tuples(want)
     keys = {(e.table, e.key) for e in want}
@@ -271,8 +297,9 @@ def test_merge_chunks_agrees_with_core_merge_window(spark, tmp_path):
     assert (OTHER.id, '["k1"]') in keys and (ITEMS.id, "[10]") in keys  # 10: deleted after hwA
 
 
+@pytest.mark.parametrize("engine", ["spark", "local"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed):
+def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed, engine):
     """Random interleavings of many chunks' watermarks and changes (keys reused across
     windows, duplicate watermark ids, orphans): Spark and core give the same events."""
     rnd = random.Random(seed)
@@ -303,7 +330,7 @@ def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed):
         rows = [item(k, rnd.randint(0, 9)) for k in range(10 * c + 1, 10 * c + 11) if rnd.random() < 0.8]
         st.chunk(ITEMS, c, f"lw{c}", f"hw{c}", rows, "id")
     st.stage_log(cuts=sorted(rnd.sample(range(1, max(2, len(st.log))), k=min(3, len(st.log) - 1))), overlap=2)
-    got = merge_job.merge_chunks(spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
+    got = merged(engine, spark, st.chunks, changelog_dir(st.data_dir, SOURCE))
     assert spark_tuples(got) == as_tuples(st.expected_merge())
 
 
@@ -318,6 +345,53 @@ def test_unstaged_high_watermark_fails_naming_the_chunk_and_emits_nothing(spark,
     lost_lw = st.chunk(ITEMS, 8, "lw-gone", "hwA", [item(98, 0)], "id")
     with pytest.raises(WatermarkError, match="low watermark 'lw-gone'"):
         merge_job.locate_windows(spark, [lost_lw], changelog_dir(st.data_dir, SOURCE))
+    with pytest.raises(NotReadyError, match=r"chunk 9 of table public\.items.*hw-not-yet"):  # the local engine too
+        run_local("merge", st, st.round_file([*st.chunks[:3], late]))
+    assert not Path(events_dir(st.data_dir, SOURCE)).exists()
+
+
+def test_local_engine_writes_what_spark_writes(spark, tmp_path):
+    """The in-process engine (small rounds, no spark-submit) and the Spark jobs on the same
+    inputs: the same event files, byte for byte in content, and the same mirror with
+    tombstones and positions; a re-run of the local jobs changes nothing (I3)."""
+    x = build_scenario(tmp_path / "spark")
+    z = build_scenario(tmp_path / "local")
+    merge_job.main(["--chunks", x.round_file(), *common_args(x)])
+    apply_job.main(common_args(x))
+    ms = run_local("merge", z, z.round_file())
+    ap = run_local("apply", z)
+    assert ms["engine"] == "local" and ms["chunks"] == 3 and ms["emitted"] == len(z.expected_merge())
+    assert ap["events"] == sum(1 for e in read_log_events(changelog_dir(z.data_dir, SOURCE)) if isinstance(e, ChangeEvent))
+    files = event_files(z.data_dir)
+    assert files == event_files(x.data_dir)
+    for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
+        assert read_mirror_raw(z.data_dir, SOURCE, schema.table).to_pylist() == \
+            read_mirror_raw(x.data_dir, SOURCE, schema.table).to_pylist()
+        assert mirror_list(z.data_dir, schema) == expected_mirror_list(z, schema)
+    before = read_mirror_raw(z.data_dir, SOURCE, ITEMS).to_pylist()
+    for m in ("_applied/events.json", "_applied/mirror.json"):
+        (Path(z.data_dir) / "output" / SOURCE / m).unlink()
+    run_local("merge", z, z.round_file())
+    run_local("apply", z)
+    assert event_files(z.data_dir) == files
+    assert read_mirror_raw(z.data_dir, SOURCE, ITEMS).to_pylist() == before
+
+
+def test_local_apply_resumes_from_its_marker_and_counts_pending_rows(tmp_path):
+    st = build_scenario(tmp_path / "a")
+    pending = local_jobs.pending_rows(st.data_dir, SOURCE, ["events", "mirror"])
+    staged_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in Path(changelog_dir(st.data_dir, SOURCE)).glob("seg-*"))
+    assert pending == staged_rows > 0  # nothing applied yet: every staged row (watermarks, overlaps too)
+    first = run_local("apply", st)
+    assert local_jobs.pending_rows(st.data_dir, SOURCE, ["events", "mirror"]) == 0
+    again = run_local("apply", st)
+    assert first["events"] > 0 and again["segments"] == 0 and again["events"] == 0
+    st.change(ITEMS, "u", [2], item(2, 9))
+    write_segment(st.log[-1:], changelog_dir(st.data_dir, SOURCE), WM_TABLE)
+    assert local_jobs.pending_rows(st.data_dir, SOURCE, ["mirror"]) == 1
+    more = run_local("apply", st)
+    assert more["segments"] == 1 and more["events"] == 1
+    assert {r["id"]: r["name"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)}[2] == item(2, 9)["name"]
 
 
 def test_spark_submit_writers_in_either_order_rerun_and_no_resurrection(spark, tmp_path):
@@ -432,6 +506,7 @@ def test_merge_on_a_real_capture(spark, tmp_path, request, unique_name, dialect_
     want = merge_window([WindowChunk.from_result(c, stage_rows[c.path]) for c in chunks], staged)
     got = merge_job.merge_chunks(spark, chunks, changelog_dir(data_dir, source))
     assert spark_tuples(got) == as_tuples(want)
+    assert spark_tuples(local_jobs.merge_chunks(chunks, changelog_dir(data_dir, source))) == as_tuples(want)
     keys = {e.key for e in want}
     assert "[2]" not in keys and "[4]" not in keys  # changed inside the first chunk's window
     assert "[17]" in keys  # changed before the second chunk's window opened: its read is newer

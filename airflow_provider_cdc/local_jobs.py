@@ -1,0 +1,257 @@
+"""The merge and apply jobs in one Python process (pyarrow), for rounds too small to pay a spark-submit.
+
+A spark-submit costs ~20 s on an idle 2-core machine before it reads a byte (JVM start,
+SparkSession, Python workers) and 40-60 CPU seconds; a snapshot round of a few thousand
+rows or a changelog batch of a few hundred changes needs well under a second of work.
+The operators in operators/spark_jobs.py therefore run these functions in the Airflow
+worker when the input is at most ``local_max_rows`` rows, and submit the Spark job above
+that. Both engines:
+
+* locate the windows the same way (merge_job.locate_windows: a NotReadyError names the
+  chunk whose high watermark is not staged; nothing is emitted early);
+* apply core.window's rule (a change of the chunk's table strictly between the chunk's
+  low and high watermark drops that key; survivors are ``r`` events at the high
+  watermark's position), de-duplicate overlapping segments with the same rule
+  (spark.common.segment_lower_bounds), and name output batches the same way;
+* write through the same sink objects in the same groups, so the event files and the
+  mirror are identical whichever engine ran (tests/integration/test_spark_jobs.py runs
+  both on the same inputs and compares them with core.window and with each other).
+
+The shared apply loop (markers, batches of segments) lives here too: the Spark apply job
+calls :func:`apply_segments` with a reader that returns Spark's rows as Arrow.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .core.chunk import ChunkResult
+from .core.errors import ConfigurationError
+from .core.position import Position
+from .core.staging import changelog_dir as staged_changelog_dir
+from .sinks.base import EVENT_SCHEMA, Sink, read_marker, write_marker
+from .spark import common
+from .staging_io import CHANGELOG_SCHEMA
+
+log = logging.getLogger(__name__)
+
+Segments = Sequence[tuple[Position, Position, str]]
+#: (segments, after, upto) -> table events of the segments in (after, upto], EVENT_SCHEMA
+EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
+
+
+# --- reading staged files ----------------------------------------------------------------------
+def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
+    fs, p = common.fs_and_path(path)
+    return pq.read_table(p, filesystem=fs, columns=list(columns))
+
+
+def read_changelog(
+    segments: Segments, *, after: Position | None = None, upto: Position | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
+    """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
+    (the file name): spark.common.read_changelog's result, as one Arrow table in segment order."""
+    cols = list(columns or CHANGELOG_SCHEMA.names)
+    if "position" not in cols:
+        cols.insert(0, "position")
+    read_schema = pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols])
+    schema = read_schema.append(pa.field("segment", pa.string()))
+    bounds = common.segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
+    parts = []
+    for first, last, path in segments:
+        if (after is not None and last <= after) or (upto is not None and first > upto):
+            continue
+        name = path.rsplit("/", 1)[-1]
+        t = _read_parquet(path, cols).cast(read_schema)
+        pos = t["position"]
+        mask = pc.greater(pos, bounds[name])
+        if after is not None:
+            mask = pc.and_(mask, pc.greater(pos, after.encode()))
+        if upto is not None:
+            mask = pc.and_(mask, pc.less_equal(pos, upto.encode()))
+        t = t.filter(mask)
+        parts.append(t.append_column("segment", pa.repeat(pa.scalar(name, pa.string()), t.num_rows)))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> pa.Table:
+    """Table events (no watermarks) in ``(after, upto]`` as EVENT_SCHEMA rows, ``batch`` =
+    ``c-{first}-{last}`` of the segment that holds them (apply_job.changelog_events' rule)."""
+    t = read_changelog(segments, after=after, upto=upto)
+    t = t.filter(pc.not_equal(t["op"], "w"))
+    batch = pc.replace_substring_regex(t["segment"], pattern=r"^seg-(.*)\.parquet$", replacement=r"c-\1")
+    n = t.num_rows
+    return pa.table(
+        [*(t[c] for c in CHANGELOG_SCHEMA.names), pa.repeat(pa.scalar(False), n), batch], schema=EVENT_SCHEMA
+    )
+
+
+def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, changelog_dir: str | None = None) -> int:
+    """Rows of the staged segments the apply job would read (past the oldest applied marker),
+    from Parquet footers only: an upper bound (a segment is counted whole)."""
+    changelog = changelog_dir or staged_changelog_dir(data_dir, source)
+    markers = [read_marker(data_dir, source, s) for s in sink_names]
+    start = None if not markers or any(m is None for m in markers) else min(markers)
+    total = 0
+    for _first, last, path in common.list_segment_files(changelog):
+        if start is None or last > start:
+            fs, p = common.fs_and_path(path)
+            with fs.open_input_file(p) as fh:
+                total += pq.ParquetFile(fh).metadata.num_rows
+    return total
+
+
+# --- merge ---------------------------------------------------------------------------------------
+def window_events(w, changes: pa.Table) -> pa.Table:
+    """The ``r`` events of one located chunk window (merge_job.ChunkWindow): the chunk's rows
+    minus the keys of its table changed strictly between its watermarks."""
+    if w.chunk.rows == 0:
+        return EVENT_SCHEMA.empty_table()
+    rows = _read_parquet(w.chunk.path, ["key", "after"])
+    if rows.num_rows != w.chunk.rows:
+        from .spark.merge_job import describe
+
+        raise ConfigurationError(
+            f"{describe(w.chunk)}: file {w.chunk.path} holds {rows.num_rows} rows but the chunk result says "
+            f"{w.chunk.rows}; the file was replaced by another attempt: re-run the chunk task"
+        )
+    pos = changes["position"]
+    inside = pc.and_(
+        pc.equal(changes["table"], w.chunk.table), pc.and_(pc.greater(pos, w.low), pc.less(pos, w.high))
+    )
+    conflicts = pc.unique(changes.filter(inside)["key"].combine_chunks())
+    survivors = rows.filter(pc.invert(pc.is_in(rows["key"], value_set=conflicts)))
+    n = survivors.num_rows
+
+    def const(value, typ):
+        return pa.repeat(pa.scalar(value, typ), n)
+
+    return pa.table(
+        [
+            const(w.high, pa.string()), const(w.chunk.table, pa.string()), const("r", pa.string()),
+            survivors["key"], pa.nulls(n, pa.string()), survivors["after"], const(w.high_ts_ms, pa.int64()),
+            const(w.chunk.high_watermark, pa.string()), const(True, pa.bool_()), const(w.batch, pa.string()),
+        ],
+        schema=EVENT_SCHEMA,
+    )
+
+
+def window_groups(windows: Sequence, max_batch_rows: int) -> list[list]:
+    """Windows in groups of at most ``max_batch_rows`` chunk rows (a bigger chunk alone):
+    the unit each sink write gets, the same in both engines."""
+    groups: list[list] = [[]]
+    size = 0
+    for w in windows:
+        if groups[-1] and size + w.chunk.rows > max_batch_rows:
+            groups.append([])
+            size = 0
+        groups[-1].append(w)
+        size += w.chunk.rows
+    return groups if groups[0] else []
+
+
+def merge_chunks(chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None) -> pa.Table:
+    """The round's ``r`` events (EVENT_SCHEMA), like merge_job.merge_chunks but in Arrow."""
+    from .spark.merge_job import locate_windows
+
+    if windows is None:
+        windows = locate_windows(None, chunks, changelog_dir)
+    changes = _window_changes(windows, changelog_dir)
+    parts = [window_events(w, changes) for w in windows]
+    return pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
+
+
+def _window_changes(windows: Sequence, changelog_dir: str) -> pa.Table:
+    if not windows:
+        return read_changelog([], columns=["position", "table", "op", "key"])
+    lo = Position.decode(min(w.low for w in windows))
+    hi = Position.decode(max(w.high for w in windows))
+    changes = read_changelog(
+        common.list_segment_files(changelog_dir), after=lo, upto=hi, columns=["position", "table", "op", "key"]
+    )
+    return changes.filter(pc.not_equal(changes["op"], "w"))
+
+
+def merge_round(
+    chunks: Sequence[ChunkResult | dict], *, data_dir: str, source: str, sinks: Sequence[Sink],
+    changelog_dir: str | None = None, max_batch_rows: int = 500_000,
+) -> dict:
+    """Merge a round in this process and write it to ``sinks``; the same summary as the
+    Spark merge job (plus ``engine``)."""
+    from .spark.merge_job import locate_windows
+
+    changelog = changelog_dir or staged_changelog_dir(data_dir, source)
+    t0 = time.monotonic()
+    windows = locate_windows(None, chunks, changelog)
+    timings = {"locate_s": time.monotonic() - t0, "merge_s": 0.0, "sinks_s": 0.0}
+    t1 = time.monotonic()
+    changes = _window_changes(windows, changelog)
+    timings["merge_s"] += time.monotonic() - t1
+    emitted = 0
+    groups = window_groups(windows, max_batch_rows)
+    for i, group in enumerate(groups, 1):
+        t1 = time.monotonic()
+        events = pa.concat_tables([window_events(w, changes) for w in group])
+        t2 = time.monotonic()
+        common.write_to_sinks(sinks, events)
+        timings["merge_s"] += t2 - t1
+        timings["sinks_s"] += time.monotonic() - t2
+        emitted += events.num_rows
+        log.info("merge group %d of %d: %d chunk(s), %d events written", i, len(groups), len(group), events.num_rows)
+    rows_in = sum(w.chunk.rows for w in windows)
+    return {
+        "engine": "local", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
+        "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
+        **{k: round(v, 3) for k, v in timings.items()},
+    }
+
+
+# --- apply ---------------------------------------------------------------------------------------
+def apply_segments(
+    read_events: EventReader, data_dir: str, source: str, sinks: Sequence[Sink], *,
+    changelog_dir: str | None = None, max_segments_per_batch: int = 64,
+) -> dict:
+    """Apply every staged segment past each sink's marker, ``max_segments_per_batch`` at a
+    time; a sink's marker moves only after the sink wrote the batch (a crash in between
+    replays the batch, which the sinks absorb). Returns counts."""
+    if max_segments_per_batch < 1:
+        raise ConfigurationError(f"max_segments_per_batch must be >= 1, got {max_segments_per_batch}")
+    changelog = changelog_dir or staged_changelog_dir(data_dir, source)
+    markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
+    start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
+    segments = common.list_segment_files(changelog)
+    pending = [s for s in segments if start is None or s[1] > start]
+    applied = batches = 0
+    n_batches = -(-len(pending) // max_segments_per_batch)
+    for i in range(0, len(pending), max_segments_per_batch):
+        group = pending[i : i + max_segments_per_batch]
+        upto = max(last for _, last, _ in group)
+        lower = start if i == 0 else max(last for _, last, _ in pending[:i])
+        arrow = read_events(segments, lower, upto)
+        for sink in sinks:
+            mark = markers[sink.name]
+            part = arrow if mark is None else arrow.filter(pc.greater(arrow["position"], mark.encode()))
+            if mark is None or upto > mark:
+                sink.write(part)
+                write_marker(data_dir, source, sink.name, upto)
+                markers[sink.name] = upto
+        applied += arrow.num_rows
+        batches += 1
+        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, n_batches, arrow.num_rows,
+                 len(group), upto)
+    return {"segments": len(pending), "batches": batches, "events": applied,
+            "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
+
+
+def apply_changelog(data_dir: str, source: str, sinks: Sequence[Sink], **kwargs) -> dict:
+    """The apply job in this process: staged segments past the sinks' markers -> the sinks."""
+    t0 = time.monotonic()
+    summary = apply_segments(changelog_events, data_dir, source, sinks, **kwargs)
+    return {"engine": "local", **summary, "seconds": round(time.monotonic() - t0, 3)}
