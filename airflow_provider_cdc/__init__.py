@@ -23,7 +23,11 @@ def get_provider_info() -> dict:
         "operators": [
             {
                 "integration-name": "Change Data Capture (DBLog)",
-                "python-modules": ["airflow_provider_cdc.operators.capture", "airflow_provider_cdc.operators.snapshot"],
+                "python-modules": [
+                    "airflow_provider_cdc.operators.capture",
+                    "airflow_provider_cdc.operators.snapshot",
+                    "airflow_provider_cdc.operators.spark_jobs",
+                ],
             }
         ],
         "sensors": [

@@ -3,13 +3,14 @@
 Short schedule, one active run, never waits for snapshots (I5). The capture holds the
 source's capture lock (an advisory lock on the source) so it never runs at the same
 time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
-is held, the capture task is skipped and the apply still runs. The apply (a spark-submit)
-is skipped when nothing staged is newer than what the sinks have.
+is held, the capture task is skipped and the apply still runs. The apply (a spark-submit,
+or in the worker for at most CDC_LOCAL_MAX_ROWS staged rows) is skipped when nothing
+staged is newer than what the sinks have.
 
 Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
 CDC_DATA_DIR, CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
-CDC_SINKS (default events,mirror),
+CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded).
 """
 
@@ -19,11 +20,10 @@ import json
 import os
 from datetime import datetime, timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, task
 
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
-from airflow_provider_cdc.spark.common import application_path
+from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator, local_max_rows_from_env
 
 CONN_ID = os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source")
 SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
@@ -52,13 +52,14 @@ with DAG(
         source=SOURCE,
         max_events=int(_max_events) if _max_events else None,
     )
-    apply = SparkSubmitOperator(
+    apply = ChangelogApplyOperator(
         task_id="apply",
         conn_id=SPARK_CONN_ID,
-        application=application_path("apply"),
-        name="cdc-apply",
         conf=SPARK_CONF,
-        application_args=["--data-dir", DATA_DIR, "--source", SOURCE, "--sinks", SINKS],
+        data_dir=DATA_DIR,
+        source=SOURCE,
+        sinks=SINKS,
+        local_max_rows=local_max_rows_from_env(),
     )
 
     @task.short_circuit(

@@ -18,7 +18,8 @@ message naming the setting, before anything is written.
 plan -> read_chunks (mapped over the planned key ranges; each range chunk by chunk:
 low watermark, SELECT, high watermark) -> round (the chunk list as a file) ->
 wait_high_watermarks (drains the changelog itself when cdc_changelog is not running) ->
-merge (spark-submit: DBLog steps 4-5, writes the event log and the mirror) -> commit.
+merge (DBLog steps 4-5, writes the event log and the mirror: spark-submit, or in the
+worker when the round has at most CDC_LOCAL_MAX_ROWS rows) -> commit.
 
 Pausing: the ``pause`` action (or ``airflow-cdc``/the Variable) stops chunk tasks before
 their next chunk; pausing the DAG in Airflow stops new tasks from being scheduled (and
@@ -29,7 +30,8 @@ Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (staging name; 
 the conn id), CDC_TABLES (comma list, default tables when the conf has none),
 CDC_DATA_DIR, CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
-CDC_SINKS (default events,mirror),
+CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (rounds up to this many rows merge
+in the worker without a spark-submit; default 100000, 0 = always Spark),
 CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4).
 """
 
@@ -39,7 +41,6 @@ import json
 import os
 from datetime import datetime, timedelta
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, task
 
 from airflow_provider_cdc.operators.snapshot import (
@@ -47,8 +48,8 @@ from airflow_provider_cdc.operators.snapshot import (
     SnapshotCommitOperator,
     SnapshotPlanOperator,
 )
+from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator, local_max_rows_from_env
 from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
-from airflow_provider_cdc.spark.common import application_path
 
 CONN_ID = os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source")
 SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
@@ -58,7 +59,10 @@ SPARK_CONN_ID = os.environ.get("CDC_SPARK_CONN_ID", "spark_default")
 SINKS = os.environ.get("CDC_SINKS", "events,mirror")
 SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 
+LOCAL_MAX_ROWS = local_max_rows_from_env()  # rounds of at most this many rows merge without spark-submit
+
 common = {"data_dir": DATA_DIR, "cdc_conn_id": CONN_ID, "source": SOURCE}
+merge_args = {"data_dir": DATA_DIR, "source": SOURCE, "sinks": SINKS}
 
 with DAG(
     dag_id="cdc_snapshot",
@@ -116,22 +120,13 @@ with DAG(
         **common,
     )
 
-    merge = SparkSubmitOperator(
+    merge = SnapshotMergeOperator(
         task_id="merge",
+        round_file=round_file,
         conn_id=SPARK_CONN_ID,
-        application=application_path("merge"),
-        name="cdc-merge",
         conf=SPARK_CONF,
-        application_args=[
-            "--chunks",
-            round_file,
-            "--data-dir",
-            DATA_DIR,
-            "--source",
-            SOURCE,
-            "--sinks",
-            SINKS,
-        ],
+        local_max_rows=LOCAL_MAX_ROWS,
+        **merge_args,
     )
 
     commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output, **common)

@@ -2,7 +2,8 @@
 writers from several connections, then cdc_changelog; the mirror equals the source.
 
 Runs the DAGs with ``dag.test(run_conf=...)`` (real Airflow task runner, XCom, Variables,
-mapped tasks, reschedule sensor) and real ``spark-submit --master local[2]`` jobs.
+mapped tasks, reschedule sensor) and real ``spark-submit --master local[2]`` jobs, and once
+more with the in-process merge/apply engine that small rounds use.
 """
 
 from __future__ import annotations
@@ -118,7 +119,24 @@ def mirror_rows(data_dir: str, source: str, table: str) -> dict:
     return {r["id"]: (r["v"], None if r["amount"] is None else f"{r['amount']:.2f}") for r in rows}
 
 
-def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name):
+def merge_engine(run, task_id: str) -> str:
+    """Which engine ran a merge/apply task: the in-process one returns its summary as XCom,
+    a spark-submit returns nothing."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
+                                                  key="return_value").one_or_none()
+        value = None if row is None else XComModel.deserialize_value(row)
+    return value["engine"] if isinstance(value, dict) else "spark"
+
+
+@pytest.mark.parametrize("engine", ["spark", "local"])
+def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, engine, monkeypatch):
+    """Both merge/apply engines: CDC_LOCAL_MAX_ROWS=0 submits every round to Spark; a high
+    limit runs these rounds (3,000-row table) in the worker."""
+    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "0" if engine == "spark" else "1000000")
     src = pg_source
     snapshot_dag = load_dag("cdc_snapshot", unique_name)
     changelog_dag = load_dag("cdc_changelog", unique_name)
@@ -136,6 +154,7 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name):
         for t in threads:
             t.join(timeout=30)
     assert run.state == "success", f"cdc_snapshot ended {run.state}"
+    assert merge_engine(run, "merge") == engine
 
     progress = progress_store.load(src["conn_id"], table_id)
     assert progress is not None and progress.status == "done", progress
@@ -143,6 +162,7 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name):
 
     run = changelog_dag.test()
     assert run.state == "success", f"cdc_changelog ended {run.state}"
+    assert merge_engine(run, "apply") == engine
 
     expected = source_rows(src["uri"], src["table"])
     # writers delete only original keys and insert only new ones: an original key still

@@ -1,0 +1,59 @@
+"""The merge/apply operators' settings and the input count that picks the engine (the
+engines themselves run in tests/integration/test_spark_jobs.py and tests/e2e)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_cdc.core.chunk import ChunkResult
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.core.ranges import ChunkRange
+from airflow_provider_cdc.operators.spark_jobs import (
+    DEFAULT_LOCAL_MAX_ROWS,
+    ChangelogApplyOperator,
+    SnapshotMergeOperator,
+    local_max_rows_from_env,
+)
+from airflow_provider_cdc.spark.common import application_path
+
+
+def chunk(seq: int, rows: int) -> dict:
+    return ChunkResult("s", "public.t", "x", seq, f"l{seq}", f"h{seq}", f"/tmp/c{seq}.parquet", ChunkRange(), None,
+                       (rows,) if rows else None, rows, True).to_dict()
+
+
+def test_merge_operator_counts_the_round_rows_and_builds_the_job_arguments(tmp_path):
+    round_file = tmp_path / "round.json"
+    round_file.write_text(json.dumps([[chunk(1, 400), chunk(2, 350)], [chunk(3, 0)]]))  # nested as mapped XCom
+    op = SnapshotMergeOperator(task_id="merge", round_file=str(round_file), data_dir="/d", source="src",
+                               sinks="events,mirror", local_max_rows=750)
+    assert op.input_rows() == 750 <= op.local_max_rows  # at the limit: in the worker
+    assert op.application == application_path("merge") and op.name == "cdc-merge"
+    assert op.job_arguments() == ["--chunks", str(round_file), "--data-dir", "/d", "--source", "src",
+                                  "--sinks", "events,mirror"]
+    assert "round_file" in op.template_fields and "application_args" in op.template_fields
+
+
+def test_apply_operator_counts_nothing_pending_on_an_empty_staging(tmp_path):
+    op = ChangelogApplyOperator(task_id="apply", data_dir=str(tmp_path), source="src", database="shop")
+    assert op.input_rows() == 0 and op.local_max_rows == DEFAULT_LOCAL_MAX_ROWS
+    assert op.job_arguments()[-2:] == ["--database", "shop"]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "10", True])
+def test_a_bad_local_max_rows_is_a_clear_error(bad):
+    with pytest.raises(ConfigurationError, match=r"SnapshotMergeOperator: local_max_rows must be a whole number >= 0"):
+        SnapshotMergeOperator(task_id="m", round_file="r.json", data_dir="/d", source="s", local_max_rows=bad)
+
+
+def test_local_max_rows_from_the_environment(monkeypatch):
+    monkeypatch.delenv("CDC_LOCAL_MAX_ROWS", raising=False)
+    assert local_max_rows_from_env() == DEFAULT_LOCAL_MAX_ROWS
+    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "0")
+    assert local_max_rows_from_env() == 0  # always spark-submit
+    for bad in ("-5", "many", "1e3"):
+        monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", bad)
+        with pytest.raises(ConfigurationError, match=rf"CDC_LOCAL_MAX_ROWS must be a whole number >= 0.*{bad!r}"):
+            local_max_rows_from_env()
