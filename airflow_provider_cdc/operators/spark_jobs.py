@@ -13,6 +13,7 @@ SparkSubmitOperator would. ``local_max_rows=0`` always submits; the DAGs read it
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -85,7 +86,8 @@ class _CdcJobOperator(SparkSubmitOperator):
                 self.job, rows, self.local_max_rows,
             )
             summary = self.run_local()
-            self.log.info("%s done in this worker: %s", self.job, summary)
+            # the line the Spark jobs print too (CDC_MERGE_RESULT / CDC_APPLY_RESULT), for logs and the bench
+            self.log.info("CDC_%s_RESULT %s", self.job.upper(), json.dumps(summary))
             return summary
         self.log.info("%s: %d input rows > local_max_rows=%d: spark-submit %s", self.job, rows, self.local_max_rows,
                       self.application)
