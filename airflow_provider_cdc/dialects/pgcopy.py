@@ -19,41 +19,63 @@ test compare them with the generic path byte for byte.
 from __future__ import annotations
 
 import binascii
-import io
 import json
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from ..staging_io import string_array
+
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+@cache
+def _lit(text: str) -> pa.Scalar:
+    """A string scalar for a kernel argument. Plain Python strings given to a kernel go
+    through pyarrow's Python conversion, which imports pandas (see
+    ``staging_io.string_array``); these scalars are built from buffers once."""
+    return string_array([text])[0]
+
+
+def _join(*parts: pa.Array | str) -> pa.Array:
+    """``binary_join_element_wise(*parts, "")`` with the literal parts as scalars."""
+    return pc.binary_join_element_wise(*(_lit(p) if isinstance(p, str) else p for p in parts), _lit(""))
+
+
+def _or_null(arr: pa.Array) -> pa.Array:
+    """Nulls -> the JSON ``null`` text (``fill_null`` without a Python scalar)."""
+    return pc.coalesce(arr, _lit("null"))
+
+
 _INTS = frozenset({"int16", "int32", "int64", "uint64"})
 _STRINGS = frozenset({"string", "json", "date"})
 _CONTROL = r"[\x00-\x1f]"
 
 
 def _ints(arr: pa.Array) -> pa.Array:
-    return pc.fill_null(arr, "null")
+    return _or_null(arr)
 
 
 def _bools(arr: pa.Array) -> pa.Array:
-    return pc.fill_null(pc.if_else(pc.equal(arr, "t"), "true", "false"), "null")
+    return _or_null(pc.if_else(pc.equal(arr, _lit("t")), _lit("true"), _lit("false")))
 
 
 def json_strings(arr: pa.Array) -> pa.Array:
     """Each string as a JSON string literal exactly as ``json.dumps(..., ensure_ascii=False)``
     writes it (``"`` and ``\\`` escaped; control characters via the encoder); null -> ``null``."""
     if len(arr) and pc.any(pc.match_substring_regex(arr, _CONTROL)).as_py():
-        return pa.array(["null" if v is None else _ENCODE(v) for v in arr.to_pylist()], pa.string())
+        return string_array(["null" if v is None else _ENCODE(v) for v in arr.to_pylist()])
     esc = pc.replace_substring(arr, "\\", "\\\\")
     esc = pc.replace_substring(esc, '"', '\\"')
-    return pc.fill_null(pc.binary_join_element_wise('"', esc, '"', ""), "null")
+    return _or_null(_join('"', esc, '"'))
 
 
 def _per_value(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
     def frag(arr: pa.Array) -> pa.Array:
-        return pa.array(["null" if v is None else _ENCODE(decode(v)) for v in arr.to_pylist()], pa.string())
+        return string_array(["null" if v is None else _ENCODE(decode(v)) for v in arr.to_pylist()])
 
     return frag
 
@@ -64,9 +86,7 @@ _FLOAT_SPECIAL = {"NaN": '"NaN"', "Infinity": '"Infinity"', "-Infinity": '"-Infi
 def _floats(arr: pa.Array) -> pa.Array:
     # json encodes a float with float.__repr__; the specials are canonical strings
     special = _FLOAT_SPECIAL.get
-    return pa.array(
-        ["null" if v is None else (special(v) or repr(float(v))) for v in arr.to_pylist()], pa.string()
-    )
+    return string_array(["null" if v is None else (special(v) or repr(float(v))) for v in arr.to_pylist()])
 
 
 def _binary(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
@@ -81,7 +101,7 @@ def _binary(decode: Callable[[str], object]) -> Callable[[pa.Array], pa.Array]:
                 out.append('"' + b2a(bytes.fromhex(v[2:]), newline=False).decode("ascii") + '"')
             else:
                 out.append(_ENCODE(decode(v)))  # raises the decoder's error
-        return pa.array(out, pa.string())
+        return string_array(out)
 
     return frag
 
@@ -103,8 +123,8 @@ def _temporal(logical: str, fallback: Callable[[pa.Array], pa.Array]) -> Callabl
         if m.null_count != arr.null_count:  # infinity, BC, 5-digit years...: the decoder handles them
             return fallback(arr)
         frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
-        out = pc.binary_join_element_wise('"', m.field("d"), sep, m.field("t"), ".", frac, suffix + '"', "")
-        return pc.if_else(pc.is_null(arr), "null", out)
+        out = _join('"', m.field("d"), sep, m.field("t"), ".", frac, suffix + '"')
+        return pc.if_else(pc.is_null(arr), _lit("null"), out)
 
     return frag
 
@@ -128,11 +148,12 @@ def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[
     return _per_value(decode)
 
 
-def read_csv_batch(data: bytes, names: Sequence[str]) -> list[pa.Array]:
-    """COPY ... (FORMAT csv) output -> one string array per column (unquoted empty = NULL)."""
+def read_csv_batch(data: bytes | bytearray, names: Sequence[str]) -> list[pa.Array]:
+    """COPY ... (FORMAT csv) output -> one string array per column (unquoted empty = NULL).
+    ``data`` is read in place (no copy); a bytearray may be cleared once this returns."""
     cols = [f"c{i}" for i in range(len(names))]  # column names may repeat or be hostile
     table = pcsv.read_csv(
-        io.BytesIO(data),
+        pa.BufferReader(pa.py_buffer(data)),
         read_options=pcsv.ReadOptions(
             column_names=cols, block_size=max(len(data) + 1, 1 << 20), use_threads=False
         ),
@@ -143,7 +164,7 @@ def read_csv_batch(data: bytes, names: Sequence[str]) -> list[pa.Array]:
             quoted_strings_can_be_null=False,
             null_values=[""],
         ),
-    )
+            )
     return [table.column(c).combine_chunks() for c in cols]
 
 
@@ -165,13 +186,13 @@ class ChunkAssembler:
         for prefix, frag in zip(self.prefixes, frags, strict=True):
             parts += [prefix, frag]
         parts.append("}")
-        after = pc.binary_join_element_wise(*parts, "")
+        after = _join(*parts)
         kparts: list = ["["]
         for j, i in enumerate(self.pk_idx):
             if j:
                 kparts.append(",")
             kparts.append(frags[i])
         kparts.append("]")
-        key = pc.binary_join_element_wise(*kparts, "")
+        key = _join(*kparts)
         last = tuple(self.decoders[i](columns[i][-1].as_py()) for i in self.pk_idx)
         return key, after, last
