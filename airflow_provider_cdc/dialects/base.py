@@ -12,14 +12,13 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..core.errors import ConfigurationError
 from ..core.events import LogEvent
@@ -28,9 +27,14 @@ from ..core.position import Position
 from ..core.ranges import ChunkRange, keyset_condition, keyset_params
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
 from ..core.staging import changelog_dir
-from ..staging_io import CHUNK_SCHEMA, list_segments, write_segment
+from ..staging_io import CHUNK_SCHEMA, chunk_writer, list_segments, string_array, write_segment
 
 log = logging.getLogger(__name__)
+
+DEFAULT_FETCH_BATCH_ROWS = 2_000
+#: events per staged changelog segment (at ~3-5 KB per event in memory before staging,
+#: this bounds a capture's memory; 0 or None: one segment per capture run)
+DEFAULT_SEGMENT_MAX_EVENTS = 20_000
 
 
 @dataclass(frozen=True)
@@ -79,10 +83,15 @@ class LogBatch:
 class CaptureResult:
     events: int
     watermarks: int
-    segment: str | None
+    segment: str | None  # the last segment staged by this run (None: nothing captured)
     start_offset: str
     end_offset: str
     seconds: float
+    segments: tuple[str, ...] = ()  # every segment staged by this run, in position order
+
+
+#: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
+SegmentSink = Callable[[list[LogEvent]], None]
 
 
 class Dialect(ABC):
@@ -104,6 +113,13 @@ class Dialect(ABC):
         self.source = source
         self.watermark_table = TableName(watermark_schema, watermark_table)
         self.options = options
+        # driver rows fetched per batch of a generic chunk read: each batch becomes Python
+        # objects, JSON and Arrow before it is written, so it sets the chunk step's peak
+        self.fetch_batch_rows = int(options.get("fetch_batch_rows", DEFAULT_FETCH_BATCH_ROWS))
+        seg = options.get("segment_max_events", DEFAULT_SEGMENT_MAX_EVENTS)
+        self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
+        if self.segment_max_events < 0:
+            raise ConfigurationError(f"segment_max_events must be >= 0 (0: no limit), got {seg!r}")
 
     # --- identifiers ------------------------------------------------------------------
     @abstractmethod
@@ -215,8 +231,8 @@ class Dialect(ABC):
         rows = 0
         last_key: tuple | None = None
         pk = schema.primary_key
-        with pq.ParquetWriter(tmp, CHUNK_SCHEMA) as writer:
-            for batch in self.stream_query(sql, params):
+        with chunk_writer(tmp) as writer:
+            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
                 keys, afters = [], []
                 for raw in batch:
                     row = self.row_to_canonical(schema, raw)
@@ -224,8 +240,9 @@ class Dialect(ABC):
                     keys.append(encode_key(kv))
                     afters.append(encode_row(row))
                     last_key = kv
+                del batch  # the driver rows: the batch's largest part, no longer needed
                 rows += len(keys)
-                writer.write_table(pa.table({"key": keys, "after": afters}, schema=CHUNK_SCHEMA))
+                writer.write_table(pa.Table.from_arrays([string_array(keys), string_array(afters)], schema=CHUNK_SCHEMA))
         tmp.replace(p)
         return ChunkReadResult(rows, last_key)
 
@@ -247,35 +264,78 @@ class Dialect(ABC):
         """The committed changelog offset (opaque text), creating the slot/state if missing."""
 
     @abstractmethod
-    def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
         """Events from ``offset`` to the current end, whole transactions, in position order.
-        Watermark table updates come as WatermarkEvent; other tables as ChangeEvent."""
+        Watermark table updates come as WatermarkEvent; other tables as ChangeEvent.
+
+        ``max_events`` stops the read at the first transaction boundary at or past that
+        many events. With ``on_segment``, every time the events read since the last call
+        reach ``segment_max_events`` at a transaction boundary, they are handed to
+        ``on_segment`` and dropped here (memory stays bounded by one segment plus one
+        transaction); the returned batch holds only the events after the last call."""
 
     @abstractmethod
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """Tell the source it may discard the log before ``offset`` (slot confirm / stored state)."""
 
-    def capture(self, data_dir: str, *, max_events: int | None = None) -> CaptureResult:
-        """Drain the changelog to staging. I6: the offset is committed only after the
-        segment is durably written."""
-        t0 = time.monotonic()
-        directory = changelog_dir(data_dir, self.source)
-        offset = self.load_offset(data_dir)
-        batch = self.read_log(offset, max_events=max_events)
-        path = None
+    def capture(
+        self, data_dir: str, *, max_events: int | None = None, segment_max_events: int | None = None
+    ) -> CaptureResult:
+        """Drain the changelog to staging, streaming: a segment is written every
+        ``segment_max_events`` events (default: the dialect option, 20,000; 0 = one
+        segment per run), each ending at a transaction boundary and named by its position
+        range. I6: the offset is committed once, after every segment of the run is durably
+        written; a capture that dies before re-reads the whole run from the old offset,
+        rewriting the same segment names (the cuts depend only on the start offset and
+        the segment size), and any other segment inside the run's range is removed."""
         from ..core.events import WatermarkEvent
 
+        t0 = time.monotonic()
+        directory = changelog_dir(data_dir, self.source)
+        seg_max = self.segment_max_events if segment_max_events is None else int(segment_max_events)
+        offset = self.load_offset(data_dir)
+        paths: list[str] = []
+        bounds: list[Position] = []  # first and last position of the run
+        counts = [0, 0]  # events, watermarks
+
+        def stage(events: list[LogEvent]) -> None:
+            paths.append(write_segment(events, directory, self.watermark_table.id))
+            if not bounds:
+                bounds.append(events[0].position)
+            bounds[1:] = [events[-1].position]
+            counts[0] += len(events)
+            counts[1] += sum(1 for e in events if isinstance(e, WatermarkEvent))
+
+        batch = self.read_log(
+            offset, max_events=max_events, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
+        )
         if batch.events:
-            path = write_segment(batch.events, directory, self.watermark_table.id)
-            first, last = batch.events[0].position, batch.events[-1].position
+            stage(batch.events)
+        if paths:
+            first, last = bounds[0], bounds[-1]
+            mine = set(paths)
             for f_first, f_last, f_path in list_segments(directory):
-                # a segment left by a capture that crashed before committing: this batch
+                # a segment left by a capture that crashed before committing: this run
                 # re-read the same events (and maybe more), so it supersedes the orphan
-                if f_path != path and f_first >= first and f_last <= last:
+                if f_path not in mine and f_first >= first and f_last <= last:
                     Path(f_path).unlink(missing_ok=True)
         self.commit_offset(batch.end_offset, data_dir)
-        wm = sum(1 for e in batch.events if isinstance(e, WatermarkEvent))
-        return CaptureResult(len(batch.events), wm, path, batch.start_offset, batch.end_offset, time.monotonic() - t0)
+        return CaptureResult(
+            counts[0],
+            counts[1],
+            paths[-1] if paths else None,
+            batch.start_offset,
+            batch.end_offset,
+            time.monotonic() - t0,
+            tuple(paths),
+        )
 
     # --- lifecycle --------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional for dialects holding connections

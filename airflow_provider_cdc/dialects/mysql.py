@@ -44,7 +44,7 @@ from ..core.position import Position, binlog_file_index
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from ..core.staging import changelog_dir
-from .base import ConnectionParams, Dialect, LogBatch
+from .base import ConnectionParams, Dialect, LogBatch, SegmentSink
 
 log = logging.getLogger(__name__)
 
@@ -713,10 +713,10 @@ class MySqlDialect(Dialect):
                 except pymysql.err.MySQLError as exc:
                     raise SourceError(f"the source rejected the chunk query ({exc.args[-1]}): {sql}") from exc
                 while True:
-                    rows = cur.fetchmany(batch_size)
-                    if not rows:
+                    box = [list(cur.fetchmany(batch_size))]
+                    if not box[0]:
                         break
-                    yield list(rows)
+                    yield box.pop()  # no reference left here: the caller may free the batch
         finally:
             conn.close()
 
@@ -865,10 +865,18 @@ class MySqlDialect(Dialect):
         # the watermark database holds every source's watermark tables: CDC's, not the user's
         return schema not in SYSTEM_SCHEMAS and schema != self.watermark_table.schema
 
-    def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
         """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS), whole
         transactions only: the returned end offset is just after the last XID / COMMIT /
-        DDL included, never inside a transaction."""
+        DDL included, never inside a transaction. Segments go to ``on_segment`` at those
+        boundaries (see :meth:`Dialect.read_log`)."""
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import (
             FormatDescriptionEvent,
@@ -928,6 +936,8 @@ class MySqlDialect(Dialect):
         )
         out: list[LogEvent] = []
         pending: list[LogEvent] = []
+        total = 0  # events of whole transactions read (max_events)
+        seg_max = segment_max_events if on_segment is not None and segment_max_events else None
         committed = start
         current_file = start.file
         skipped: set[str] = set()
@@ -978,9 +988,13 @@ class MySqlDialect(Dialect):
                             )
                 if ends_group:
                     out.extend(pending)
+                    total += len(pending)
                     pending, in_txn = [], False
                     committed, committed_gtid = ev_end, group_gtid
-                    if max_events is not None and len(out) >= max_events:
+                    if seg_max is not None and len(out) >= seg_max:
+                        on_segment(out)  # ends at this group's end: whole transactions
+                        out = []
+                    if max_events is not None and total >= max_events:
                         break
                 if ev_end == end:
                     break

@@ -63,7 +63,7 @@ from ..core.position import Position, int_to_lsn, lsn_to_int
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from . import pgoutput
-from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, validate_where
+from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, SegmentSink, validate_where
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +362,7 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
 # --- the dialect --------------------------------------------------------------------------
 
 _SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
+DEFAULT_COPY_BATCH_ROWS = 2_000
 
 
 def default_object_name(source: str) -> str:
@@ -407,7 +408,8 @@ class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
     ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
-    ``fast_chunks`` (default True: chunk reads through COPY and Arrow)."""
+    ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
+    (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory)."""
 
     name = "postgres"
     row_value_keyset = True
@@ -432,7 +434,9 @@ class PostgresDialect(Dialect):
         if self.on_truncate not in ("fail", "skip"):
             raise ConfigurationError(f"on_truncate must be 'fail' or 'skip', got {self.on_truncate!r}")
         self.read_timeout = float(o.get("read_timeout", 600))  # seconds without progress
-        self.copy_batch_rows = 20_000  # rows parsed per Arrow batch (bounds memory per chunk)
+        # rows per Arrow batch of a COPY chunk read (each batch goes to the Parquet file as
+        # soon as it is built): the chunk step's peak memory grows by ~4-5 KB of RSS per batch row
+        self.copy_batch_rows = int(o.get("copy_batch_rows", DEFAULT_COPY_BATCH_ROWS))
         self.fast_chunks = str(o.get("fast_chunks", True)).lower() not in ("false", "0", "no")
         self._conn = None
         self._rconn = None
@@ -706,10 +710,10 @@ class PostgresDialect(Dialect):
                 try:
                     cur.execute(sql, tuple(params))
                     while True:
-                        rows = cur.fetchmany(batch_size)
-                        if not rows:
+                        box = [cur.fetchmany(batch_size)]
+                        if not box[0]:
                             break
-                        yield rows
+                        yield box.pop()  # no reference left here: the caller may free the batch
                 except psycopg2.Error as exc:
                     raise SourceError(
                         f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
@@ -745,9 +749,8 @@ class PostgresDialect(Dialect):
             )
         import psycopg2
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
-        from ..staging_io import CHUNK_SCHEMA
+        from ..staging_io import CHUNK_SCHEMA, chunk_writer
         from .pgcopy import ChunkAssembler, read_csv_batch
 
         sql, params = self.chunk_query(
@@ -762,26 +765,29 @@ class PostgresDialect(Dialect):
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f".{p.name}.tmp")
-        state = {"rows": 0, "last": None}
-        buf: list[bytes] = []
-        batch_rows = self.copy_batch_rows
+        state = {"rows": 0, "last": None, "pending": 0}
+        buf = bytearray()  # COPY rows of the batch being filled (no object per row)
+        batch_rows = max(1, self.copy_batch_rows)
 
-        with pq.ParquetWriter(tmp, CHUNK_SCHEMA) as writer:
+        with chunk_writer(tmp) as writer:
 
             def flush() -> None:
-                if not buf:
+                if not state["pending"]:
                     return
-                cols = read_csv_batch(b"".join(buf), schema.column_names)
+                cols = read_csv_batch(buf, schema.column_names)
                 buf.clear()
+                state["pending"] = 0
                 key, after, last = asm.build(cols)
-                writer.write_table(pa.table({"key": key, "after": after}, schema=CHUNK_SCHEMA))
+                del cols
+                writer.write_table(pa.Table.from_arrays([key, after], schema=CHUNK_SCHEMA))
                 state["rows"] += len(key)
                 state["last"] = last
 
             class _Sink:  # psycopg2 writes one COPY row per call
                 def write(self, data: bytes) -> int:
-                    buf.append(data)
-                    if len(buf) >= batch_rows:
+                    buf.extend(data)
+                    state["pending"] += 1
+                    if state["pending"] >= batch_rows:
                         flush()
                     return len(data)
 
@@ -1100,10 +1106,18 @@ class PostgresDialect(Dialect):
     def _flush_lsn(self) -> int:
         return lsn_to_int(self._query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
 
-    def read_log(self, offset: str, *, max_events: int | None = None) -> LogBatch:
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
         """Whole transactions from the slot's confirmed position up to the WAL flush
         position at the start of the call (or fewer, ending at a commit, once
-        ``max_events`` is reached). The stream stays open for :meth:`commit_offset`."""
+        ``max_events`` is reached); segments go to ``on_segment`` at commits (see
+        :meth:`Dialect.read_log`). The stream stays open for :meth:`commit_offset`."""
         start = lsn_to_int(offset)
         upto = self._flush_lsn()
         cur = self._open_stream(start)
@@ -1112,6 +1126,8 @@ class PostgresDialect(Dialect):
         warned: set[TableName] = set()
         events: list[LogEvent] = []
         txn: list[LogEvent] = []
+        total = 0  # events of whole transactions read (max_events)
+        seg_max = segment_max_events if on_segment is not None and segment_max_events else None
         in_txn = False
         commit_lsn = ts_ms = 0
         end = start
@@ -1165,9 +1181,13 @@ class PostgresDialect(Dialect):
                     m = parse(payload)
                     in_txn = False
                     events.extend(txn)
+                    total += len(txn)
                     txn = []
                     end = max(end, m.end_lsn)
-                    if max_events is not None and len(events) >= max_events:
+                    if seg_max is not None and len(events) >= seg_max:
+                        on_segment(events)  # ends at this commit: whole transactions
+                        events = []
+                    if max_events is not None and total >= max_events:
                         break
                 else:
                     m = parse(payload)

@@ -27,9 +27,11 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
 #: connection-extra keys that are CDC settings (dialect options), per dialect; every other
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
-_COMMON_OPTIONS = {"tables", "watermark_schema", "watermark_table"}
+_COMMON_OPTIONS = {"tables", "watermark_schema", "watermark_table", "segment_max_events", "fetch_batch_rows"}
 CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
-    "postgres": frozenset({*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout"}),
+    "postgres": frozenset(
+        {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows"}
+    ),
     "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout"}),
 }
 

@@ -16,21 +16,30 @@ from ..locks import capture_lock
 log = logging.getLogger(__name__)
 
 
-def run_capture(hook: CdcSourceHook, data_dir: str, *, max_events: int | None = None) -> CaptureResult | None:
+def run_capture(
+    hook: CdcSourceHook,
+    data_dir: str,
+    *,
+    max_events: int | None = None,
+    segment_max_events: int | None = None,
+) -> CaptureResult | None:
     """One capture under the source's capture lock; None when another capture holds it.
 
-    The dialect stages a segment first and commits the offset after, so a capture killed
-    anywhere re-delivers its events on the next run and loses nothing (I6).
+    The dialect stages segments first (one every ``segment_max_events`` events, ending
+    at transaction boundaries; default: the connection's ``segment_max_events`` extra or
+    20,000) and commits the offset after the last one, so a capture killed anywhere
+    re-delivers its events on the next run and loses nothing (I6).
     """
     params = hook.connection_params()
     with capture_lock(params, hook.source) as acquired:
         if not acquired:
             return None
         with hook.get_dialect() as dialect:
-            result = dialect.capture(data_dir, max_events=max_events)
+            result = dialect.capture(data_dir, max_events=max_events, segment_max_events=segment_max_events)
     rate = result.events / result.seconds if result.seconds > 0 else 0.0
     log.info(
-        "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, segment %s",
+        "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, "
+        "%d segment(s), last %s",
         result.events,
         result.watermarks,
         hook.source,
@@ -38,6 +47,7 @@ def run_capture(hook: CdcSourceHook, data_dir: str, *, max_events: int | None = 
         rate,
         result.start_offset,
         result.end_offset,
+        len(result.segments),
         result.segment,
     )
     return result
@@ -48,9 +58,12 @@ class ChangelogCaptureOperator(BaseOperator):
 
     Returns the CaptureResult as a dict (XCom). When another capture of the same source
     holds the lock, the task is skipped (``skip_if_locked=True``) or fails.
+    ``max_events`` caps the events of one run; ``segment_max_events`` is the size of each
+    staged segment (memory is bounded by one segment; default: the connection's
+    ``segment_max_events`` extra, else 20,000; 0: one segment per run).
     """
 
-    template_fields: Sequence[str] = ("cdc_conn_id", "data_dir", "source", "max_events")
+    template_fields: Sequence[str] = ("cdc_conn_id", "data_dir", "source", "max_events", "segment_max_events")
     ui_color = "#c9e4ff"
 
     def __init__(
@@ -60,6 +73,7 @@ class ChangelogCaptureOperator(BaseOperator):
         cdc_conn_id: str = CdcSourceHook.default_conn_name,
         source: str | None = None,
         max_events: int | None = None,
+        segment_max_events: int | None = None,
         skip_if_locked: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -68,6 +82,7 @@ class ChangelogCaptureOperator(BaseOperator):
         self.data_dir = data_dir
         self.source = source
         self.max_events = max_events
+        self.segment_max_events = segment_max_events
         self.skip_if_locked = skip_if_locked
 
     @cached_property
@@ -75,8 +90,10 @@ class ChangelogCaptureOperator(BaseOperator):
         return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        max_events = int(self.max_events) if self.max_events not in (None, "", "None") else None
-        result = run_capture(self.hook, self.data_dir, max_events=max_events)
+        max_events = _opt_int(self.max_events)
+        result = run_capture(
+            self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events)
+        )
         if result is None:
             msg = f"another capture of source {self.hook.source!r} holds the capture lock; nothing captured this run"
             if self.skip_if_locked:
@@ -91,7 +108,13 @@ class ChangelogCaptureOperator(BaseOperator):
             "events": result.events,
             "watermarks": result.watermarks,
             "segment": result.segment,
+            "segments": list(result.segments),
             "start_offset": result.start_offset,
             "end_offset": result.end_offset,
             "seconds": round(result.seconds, 3),
         }
+
+
+def _opt_int(value: Any) -> int | None:
+    """A templated optional integer: None, "" or "None" -> None."""
+    return int(value) if value not in (None, "", "None") else None

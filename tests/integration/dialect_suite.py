@@ -422,6 +422,117 @@ class DialectSuite(ABC):
         mine = table_events(list(read_log_events(directory)), t)
         assert [decode_key(e.key)[0] for e in mine] == list(range(1, 9))
 
+    # --- streaming capture: segments at transaction boundaries ------------------------
+    def _transactions(self, ctx: Ctx, t: TableName, sizes: list[int], first_id: int = 1) -> list[list[int]]:
+        """One transaction per size, each inserting that many rows with one statement per
+        row (several row events per transaction); returns the ids of each transaction."""
+        ins = f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES (%s, %s, %s)"
+        out, next_id = [], first_id
+        conn = self.connect(ctx.uri, autocommit=False)
+        try:
+            for tx, size in enumerate(sizes):
+                ids = list(range(next_id, next_id + size))
+                for i in ids:
+                    conn.cursor().execute(ins, (i, f"tx{tx}", i))
+                conn.commit()
+                out.append(ids)
+                next_id += size
+        finally:
+            conn.close()
+        return out
+
+    @staticmethod
+    def _segment_ids(path: str) -> list[int]:
+        return [decode_key(k)[0] for k in pq.read_table(path, columns=["key"]).column("key").to_pylist() if k]
+
+    def test_capture_streams_segments_at_transaction_boundaries_equal_to_one_segment(self, ctx, monkeypatch):
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        start = d.load_offset(ctx.data_dir)
+        txs = self._transactions(ctx, t, [3, 1, 4, 1, 5])
+        d.write_watermark("w-mid")  # a transaction of its own
+        txs += self._transactions(ctx, t, [9, 2, 6, 5, 3], first_id=100)
+        tx_of = {i: n for n, ids in enumerate(txs) for i in ids}
+
+        def crash(*_a, **_k):
+            raise RuntimeError("injected crash before the offset is committed")
+
+        # several segments of >= 4 events, then a crash before the offset commit
+        monkeypatch.setattr(d, "commit_offset", crash)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            d.capture(ctx.data_dir, segment_max_events=4)
+        directory = changelog_dir(ctx.data_dir, ctx.source)
+        segs = list_segments(directory)
+        assert len(segs) >= 4, segs
+        seen: set[int] = set()
+        for n, (first, last, path) in enumerate(segs):
+            staged = pq.read_table(path).column("position").to_pylist()
+            rows = len(staged)
+            assert rows >= 4 or n == len(segs) - 1, f"segment {n} cut before 4 events ({rows})"
+            assert (first, last) == (Position.decode(staged[0]), Position.decode(staged[-1])), "named by its range"
+            in_seg = {tx_of[i] for i in self._segment_ids(path) if i in tx_of}
+            assert not in_seg & seen, f"a transaction is split across segments: {sorted(in_seg & seen)}"
+            seen |= in_seg
+            if n:
+                assert first > segs[n - 1][1], "segments are disjoint and in position order"
+        multi = list(read_log_events(directory))
+        d.close()  # the process died
+
+        # the same changes captured again from the same (uncommitted) offset as one segment
+        d2 = ctx.dialect([t])
+        assert d2.load_offset(ctx.data_dir) == start
+        res = d2.capture(ctx.data_dir, segment_max_events=0)
+        assert res.segments == (res.segment,)
+        assert [p for _f, _l, p in list_segments(directory)] == [res.segment], "it supersedes the segments"
+        single = list(read_log_events(directory))
+        assert single == multi, "same events at the same positions"
+        assert [decode_key(e.key)[0] for e in table_events(single, t)] == [i for ids in txs for i in ids]
+        assert [e.id for e in single if isinstance(e, WatermarkEvent)] == ["w-mid"]
+        assert d2.load_offset(ctx.data_dir) == res.end_offset != start
+
+    def test_capture_crash_between_segments_redelivers_without_loss_or_duplicates(self, ctx, monkeypatch):
+        import airflow_provider_cdc.dialects.base as base_module
+
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        start = d.load_offset(ctx.data_dir)
+        txs = self._transactions(ctx, t, [2, 3, 1, 4, 2, 2, 5, 1])
+        directory = changelog_dir(ctx.data_dir, ctx.source)
+        real_write = base_module.write_segment
+        written: list[str] = []
+
+        def crash_after_two(events, *args, **kwargs):
+            if len(written) == 2:
+                raise RuntimeError("injected crash after two segments")
+            written.append(real_write(events, *args, **kwargs))
+            return written[-1]
+
+        monkeypatch.setattr(base_module, "write_segment", crash_after_two)
+        with pytest.raises(RuntimeError, match="injected crash"):
+            d.capture(ctx.data_dir, segment_max_events=3)
+        monkeypatch.setattr(base_module, "write_segment", real_write)
+        assert [p for _f, _l, p in list_segments(directory)] == written and len(written) == 2
+        d.close()  # the process died
+
+        d2 = ctx.dialect([t])
+        assert d2.load_offset(ctx.data_dir) == start, "the offset must not move before the commit"
+        txs += self._transactions(ctx, t, [3, 2], first_id=100)  # more changes meanwhile
+        res = d2.capture(ctx.data_dir, segment_max_events=3)
+        assert res.segments[:2] == tuple(written), "the retry rewrites the same segment names"
+        assert [p for _f, _l, p in list_segments(directory)] == list(res.segments)
+        events = list(read_log_events(directory))
+        positions = [e.position for e in events]
+        assert positions == sorted(set(positions))
+        mine = table_events(events, t)
+        assert [decode_key(e.key)[0] for e in mine] == [i for ids in txs for i in ids], "no loss, no duplicate"
+        raw = [i for _f, _l, p in list_segments(directory) for i in self._segment_ids(p)]
+        assert sorted(raw) == sorted(i for ids in txs for i in ids), "no duplicate even before de-duplication"
+        assert d2.load_offset(ctx.data_dir) == res.end_offset
+        again = d2.capture(ctx.data_dir, segment_max_events=3)
+        assert table_events(list(read_log_events(directory)), t) == mine and again.start_offset == res.end_offset
+
     # --- type parity ------------------------------------------------------------------
     def test_type_parity_between_chunk_and_changelog(self, ctx):
         cases = self.type_parity_cases()
