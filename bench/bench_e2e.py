@@ -300,7 +300,8 @@ with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])
     r = d.capture(a["dir"])
     took = time.perf_counter() - t
 print("RESULT " + json.dumps({"events": r.events, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
-                              "segment_bytes": os.path.getsize(r.segment) if r.segment else 0}))
+                              "segment_bytes": sum(os.path.getsize(p) for p in (r.segments or ([r.segment] if r.segment else []))),
+                              "segments": len(r.segments or ([r.segment] if r.segment else []))}))
 """
 
 

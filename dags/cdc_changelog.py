@@ -11,7 +11,9 @@ Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the co
 CDC_DATA_DIR, CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
-CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded).
+CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
+CDC_CAPTURE_SEGMENT_MAX_EVENTS (events per staged segment, cut at transaction boundaries;
+default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment per run).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ SINKS = os.environ.get("CDC_SINKS", "events,mirror")
 SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 _schedule = os.environ.get("CDC_CHANGELOG_SCHEDULE", "* * * * *")
 _max_events = os.environ.get("CDC_CAPTURE_MAX_EVENTS")
+_segment_events = os.environ.get("CDC_CAPTURE_SEGMENT_MAX_EVENTS")
 
 with DAG(
     dag_id="cdc_changelog",
@@ -51,6 +54,7 @@ with DAG(
         cdc_conn_id=CONN_ID,
         source=SOURCE,
         max_events=int(_max_events) if _max_events else None,
+        segment_max_events=int(_segment_events) if _segment_events else None,
     )
     apply = ChangelogApplyOperator(
         task_id="apply",
