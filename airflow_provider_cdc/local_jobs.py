@@ -42,6 +42,9 @@ from .staging_io import CHANGELOG_SCHEMA
 log = logging.getLogger(__name__)
 
 Segments = Sequence[tuple[Position, Position, str]]
+#: chunk rows per sink write, in both engines: what the Spark driver collects at once. 500,000
+#: rows of the bench's demo table overflowed spark-submit's default 1 GB driver heap (toArrow)
+DEFAULT_BATCH_ROWS = 100_000
 #: (segments, after, upto) -> table events of the segments in (after, upto], EVENT_SCHEMA
 EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
 
@@ -181,7 +184,7 @@ def _window_changes(windows: Sequence, changelog_dir: str) -> pa.Table:
 
 def merge_round(
     chunks: Sequence[ChunkResult | dict], *, data_dir: str, source: str, sinks: Sequence[Sink],
-    changelog_dir: str | None = None, max_batch_rows: int = 500_000,
+    changelog_dir: str | None = None, max_batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> dict:
     """Merge a round in this process and write it to ``sinks``; the same summary as the
     Spark merge job (plus ``engine``)."""

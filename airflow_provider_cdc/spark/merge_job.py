@@ -35,7 +35,7 @@ from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
 from airflow_provider_cdc.core.errors import ConfigurationError, NotReadyError, WatermarkError  # noqa: E402
 from airflow_provider_cdc.core.position import Position  # noqa: E402
 from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
-from airflow_provider_cdc.local_jobs import window_groups  # noqa: E402
+from airflow_provider_cdc.local_jobs import DEFAULT_BATCH_ROWS, window_groups  # noqa: E402
 from airflow_provider_cdc.spark import common  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.spark.merge_job")
@@ -205,7 +205,7 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
 
 
 def write_round(
-    events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_rows: int = 500_000, timings: dict | None = None
+    events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_rows: int = DEFAULT_BATCH_ROWS, timings: dict | None = None
 ) -> int:
     """Collect the round to the driver in groups of chunks (bounded memory) and write every
     group to every sink. Returns the number of ``r`` events written; ``timings`` (if given)
@@ -242,7 +242,8 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunks", required=True, help="JSON file with the round's ChunkResult dicts")
     common.add_common_arguments(p)
     p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
-    p.add_argument("--max-batch-rows", type=int, default=500_000, help="rows collected to the driver per sink write")
+    p.add_argument("--max-batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
+                   help="chunk rows collected to the driver per sink write (bounds the driver's memory)")
     return p.parse_args(argv)
 
 

@@ -356,7 +356,8 @@ def test_local_engine_writes_what_spark_writes(spark, tmp_path):
     tombstones and positions; a re-run of the local jobs changes nothing (I3)."""
     x = build_scenario(tmp_path / "spark")
     z = build_scenario(tmp_path / "local")
-    merge_job.main(["--chunks", x.round_file(), *common_args(x)])
+    # Spark in groups of at most 15 chunk rows (each chunk its own collect), local in one: same output
+    merge_job.main(["--chunks", x.round_file(), "--max-batch-rows", "15", *common_args(x)])
     apply_job.main(common_args(x))
     ms = run_local("merge", z, z.round_file())
     ap = run_local("apply", z)
