@@ -45,6 +45,10 @@ Segments = Sequence[tuple[Position, Position, str]]
 #: chunk rows per sink write, in both engines: what the Spark driver collects at once. 500,000
 #: rows of the bench's demo table overflowed spark-submit's default 1 GB driver heap (toArrow)
 DEFAULT_BATCH_ROWS = 100_000
+#: staged changelog rows per apply batch (whole segments; a bigger segment alone). Full
+#: before/after images cost ~6 KB per event on the way into the mirror: 100,000 events in
+#: one batch took the worker to ~1 GB
+DEFAULT_APPLY_BATCH_ROWS = 20_000
 #: (segments, after, upto) -> table events of the segments in (after, upto], EVENT_SCHEMA
 EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
 
@@ -96,6 +100,12 @@ def changelog_events(segments: Segments, after: Position | None, upto: Position 
     )
 
 
+def _segment_rows(path: str) -> int:
+    fs, p = common.fs_and_path(path)
+    with fs.open_input_file(p) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
 def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, changelog_dir: str | None = None) -> int:
     """Rows of the staged segments the apply job would read (past the oldest applied marker),
     from Parquet footers only: an upper bound (a segment is counted whole)."""
@@ -105,9 +115,7 @@ def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, chang
     total = 0
     for _first, last, path in common.list_segment_files(changelog):
         if start is None or last > start:
-            fs, p = common.fs_and_path(path)
-            with fs.open_input_file(p) as fh:
-                total += pq.ParquetFile(fh).metadata.num_rows
+            total += _segment_rows(path)
     return total
 
 
@@ -220,23 +228,34 @@ def merge_round(
 def apply_segments(
     read_events: EventReader, data_dir: str, source: str, sinks: Sequence[Sink], *,
     changelog_dir: str | None = None, max_segments_per_batch: int = 64,
+    max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
 ) -> dict:
-    """Apply every staged segment past each sink's marker, ``max_segments_per_batch`` at a
-    time; a sink's marker moves only after the sink wrote the batch (a crash in between
+    """Apply every staged segment past each sink's marker, in batches of whole segments (at
+    most ``max_segments_per_batch`` and ``max_batch_rows`` staged rows, a bigger segment
+    alone); a sink's marker moves only after the sink wrote the batch (a crash in between
     replays the batch, which the sinks absorb). Returns counts."""
     if max_segments_per_batch < 1:
         raise ConfigurationError(f"max_segments_per_batch must be >= 1, got {max_segments_per_batch}")
+    if max_batch_rows < 1:
+        raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
     start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
     segments = common.list_segment_files(changelog)
     pending = [s for s in segments if start is None or s[1] > start]
+    groups: list[list] = []
+    rows_in_group = 0
+    for seg in pending:
+        n = _segment_rows(seg[2])
+        if not groups or len(groups[-1]) >= max_segments_per_batch or rows_in_group + n > max_batch_rows:
+            groups.append([])
+            rows_in_group = 0
+        groups[-1].append(seg)
+        rows_in_group += n
     applied = batches = 0
-    n_batches = -(-len(pending) // max_segments_per_batch)
-    for i in range(0, len(pending), max_segments_per_batch):
-        group = pending[i : i + max_segments_per_batch]
+    lower = start
+    for group in groups:
         upto = max(last for _, last, _ in group)
-        lower = start if i == 0 else max(last for _, last, _ in pending[:i])
         arrow = read_events(segments, lower, upto)
         for sink in sinks:
             mark = markers[sink.name]
@@ -247,8 +266,9 @@ def apply_segments(
                 markers[sink.name] = upto
         applied += arrow.num_rows
         batches += 1
-        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, n_batches, arrow.num_rows,
+        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, len(groups), arrow.num_rows,
                  len(group), upto)
+        lower = upto if lower is None or upto > lower else lower
     return {"segments": len(pending), "batches": batches, "events": applied,
             "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
 

@@ -24,7 +24,7 @@ if __name__ == "__main__":  # run as a script by spark-submit: import the packag
     sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
 
 from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.local_jobs import apply_segments  # noqa: E402
+from airflow_provider_cdc.local_jobs import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
 from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 from airflow_provider_cdc.spark import common  # noqa: E402
 
@@ -52,6 +52,7 @@ def apply_changelog(
     *,
     changelog_dir: str | None = None,
     max_segments_per_batch: int = 64,
+    max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
 ) -> dict:
     """Apply every staged segment past each sink's marker; returns counts. The loop (markers,
     batches of segments) is local_jobs.apply_segments, shared with the in-process engine."""
@@ -60,7 +61,7 @@ def apply_changelog(
         return common.to_event_table(changelog_events(spark, segments, after=after, upto=upto).toArrow())
 
     return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
-                          max_segments_per_batch=max_segments_per_batch)
+                          max_segments_per_batch=max_segments_per_batch, max_batch_rows=max_batch_rows)
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -68,6 +69,8 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     common.add_common_arguments(p)
     p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     p.add_argument("--max-segments-per-batch", type=int, default=64, help="segments collected to the driver at once")
+    p.add_argument("--max-batch-rows", type=int, default=DEFAULT_APPLY_BATCH_ROWS,
+                   help="staged rows collected to the driver at once (whole segments; a bigger one alone)")
     return p.parse_args(argv)
 
 
@@ -84,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         summary = apply_changelog(
             spark, args.data_dir, args.source, sinks,
             changelog_dir=args.changelog_dir, max_segments_per_batch=args.max_segments_per_batch,
+            max_batch_rows=args.max_batch_rows,
         )
     finally:
         for s in sinks:
