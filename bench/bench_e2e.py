@@ -610,6 +610,18 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
         f"{src.kind}: snapshot idle {r.seconds:.1f}s = {R['snap_idle_rps']:,.0f} rows/s, ratio {R['snap_idle_ratio']:.2f}; "
         f"airflow peak {r.airflow_peak_mb:.0f} MB, spark peak {r.spark_peak_mb:.0f} MB; tasks {R['snap_idle_tasks']}"
     )
+    if (R["snap_idle_merge"] or {}).get("engine", "spark") == "spark":
+        # the same snapshot with the round merged in the worker (CDC_LOCAL_MAX_ROWS above the table)
+        il = src.env("idlelocal", [big])
+        il["env"]["CDC_LOCAL_MAX_ROWS"] = str(max(a.rows, 1) * 10)
+        r = run_dag("cdc_snapshot", conf, il["env"], logs, "idlelocal")
+        R["snap_idle_local_s"] = r.seconds
+        R["snap_idle_local_rps"] = a.rows / r.seconds
+        R["snap_idle_local_ratio"] = R["snap_idle_local_rps"] / R["raw_dump_rps"]
+        R["snap_idle_local_tasks"] = r.task_seconds()
+        R["mem_snapshot_local_airflow_mb"] = r.airflow_peak_mb
+        _say(f"{src.kind}: snapshot idle, merged in the worker: {r.seconds:.1f}s = {R['snap_idle_local_rps']:,.0f} rows/s, "
+             f"ratio {R['snap_idle_local_ratio']:.2f}; airflow peak {r.airflow_peak_mb:.0f} MB; tasks {R['snap_idle_local_tasks']}")
 
     # --- changelog: N changes, capture + apply, against the raw drain and the capture alone
     with src.dialect(idle) as d:
@@ -804,6 +816,10 @@ def render(results: list[dict], a: argparse.Namespace, mach: dict, load_end: str
         row("snapshot via DAGs, idle (rows/s)", lambda r: f"{_f(r['snap_idle_rps'])} ({r['snap_idle_s']:.1f} s)"),
         row("**ratio snapshot / raw dump, idle**", lambda r: f"**{_ratio(r['snap_idle_ratio'])}**"),
         row("snapshot net of the fixed cost (rows/s, ratio)", lambda r: _net(r)),
+        row("snapshot idle, round merged in the worker (CDC_LOCAL_MAX_ROWS above the table; rows/s, ratio)",
+            lambda r: f"{_f(r.get('snap_idle_local_rps'))} ({_f(r.get('snap_idle_local_s'), '.1f')} s), {_f(r.get('snap_idle_local_ratio'), '.3f')}"),
+        row("tasks of that run (s); peak of its Airflow process",
+            lambda r: f"{_tasks(r.get('snap_idle_local_tasks'))}; {_f(r.get('mem_snapshot_local_airflow_mb'), '.0f')} MB"),
         row("snapshot under write load (rows/s)", lambda r: f"{_f(r.get('snap_load_rps'))} ({_f(r.get('snap_load_s'), '.1f')} s)"),
         row("ratio under load / raw dump idle", lambda r: _ratio(r.get("snap_load_ratio"))),
         row("source write capacity, unthrottled, no snapshot (TPS)", lambda r: _f(r.get("tps_max_idle"))),
