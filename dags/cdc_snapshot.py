@@ -32,7 +32,11 @@ CDC_DATA_DIR, CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (rounds up to this many rows merge
 in the worker without a spark-submit; default 100000, 0 = always Spark),
-CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4).
+CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4),
+CDC_SENSOR_DEFERRABLE (true/false: wait_high_watermarks waits in the triggerer between
+pokes instead of being rescheduled; unset = Airflow's [operators] default_deferrable),
+CDC_SENSOR_POKE_INTERVAL (seconds between the sensor's checks, default 5; a deferred
+sensor drains the changelog again every 6 intervals).
 """
 
 from __future__ import annotations
@@ -60,6 +64,22 @@ SINKS = os.environ.get("CDC_SINKS", "events,mirror")
 SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 
 LOCAL_MAX_ROWS = local_max_rows_from_env()  # rounds of at most this many rows merge without spark-submit
+
+
+def _env_bool(name: str) -> bool | None:
+    """A true/false environment setting; None when unset or empty."""
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {os.environ[name]!r}")
+
+
+SENSOR_DEFERRABLE = _env_bool("CDC_SENSOR_DEFERRABLE")  # None: Airflow's [operators] default_deferrable
+SENSOR_POKE_INTERVAL = float(os.environ.get("CDC_SENSOR_POKE_INTERVAL") or 5)
 
 common = {"data_dir": DATA_DIR, "cdc_conn_id": CONN_ID, "source": SOURCE}
 merge_args = {"data_dir": DATA_DIR, "source": SOURCE, "sinks": SINKS}
@@ -115,8 +135,9 @@ with DAG(
         task_id="wait_high_watermarks",
         chunks=chunks.output,
         mode="reschedule",
-        poke_interval=5,
+        poke_interval=SENSOR_POKE_INTERVAL,
         timeout=3600,
+        **({} if SENSOR_DEFERRABLE is None else {"deferrable": SENSOR_DEFERRABLE}),
         **common,
     )
 

@@ -123,12 +123,13 @@ class HighWatermarkSensor(BaseSensorOperator):
             method_name="execute_complete",
         )
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Back from the trigger. Returns (as XCom) how the deferred wait ended: the
+        trigger's last event status ("success": it saw the watermarks staged; "pending":
+        the sensor's own poke after a recheck did) and how many watermarks it waited for."""
         if not event or event.get("status") == "error":
             raise NotReadyError((event or {}).get("message", "high watermark trigger ended without an event"))
-        if event.get("status") == "pending":
-            if self.poke(context):
-                return None
-            self._defer()
+        if event.get("status") == "pending" and not self.poke(context):
+            self._defer()  # raises TaskDeferred: back to the triggerer
         log.info("high watermarks staged: %s", event)
-        return None
+        return {"trigger_event": event.get("status"), "watermarks": len(self._watermark_ids())}

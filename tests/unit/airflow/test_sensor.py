@@ -74,5 +74,5 @@ def test_execute_complete(tmp_path):
     with pytest.raises(TaskDeferred):  # pending and still missing: defer again
         s.execute_complete({}, {"status": "pending", "missing": 1})
     stage(str(tmp_path), "src", "hw-1")
-    assert s.execute_complete({}, {"status": "pending", "missing": 1}) is None
-    assert s.execute_complete({}, {"status": "success"}) is None
+    assert s.execute_complete({}, {"status": "pending", "missing": 1}) == {"trigger_event": "pending", "watermarks": 1}
+    assert s.execute_complete({}, {"status": "success"}) == {"trigger_event": "success", "watermarks": 1}
