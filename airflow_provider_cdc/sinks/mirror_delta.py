@@ -39,7 +39,14 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
 from ..core.staging import mirror_dir
-from .arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN, mirror_schema, rows_to_table
+from .arrow_types import (
+    DELETED_COLUMN,
+    KEY_COLUMN,
+    POSITION_COLUMN,
+    json_rows_to_arrays,
+    mirror_schema,
+    rows_to_table,
+)
 from .base import SchemaCache, Sink
 
 log = logging.getLogger(__name__)
@@ -65,7 +72,32 @@ def newest_per_key(events: pa.Table) -> pa.Table:
 
 
 def events_to_mirror_rows(schema: TableSchema, events: pa.Table) -> pa.Table:
-    """Events of one table (one per key) -> typed mirror rows; deletes become tombstones."""
+    """Events of one table (one per key) -> typed mirror rows, in event order; deletes become
+    tombstones. The after-images decode vectorised (:func:`json_rows_to_arrays`) when they
+    can; deletes, and batches the vectorised form cannot reproduce, row by row."""
+    is_delete = pc.equal(events["op"], "d")
+    if isinstance(is_delete, pa.ChunkedArray):
+        is_delete = is_delete.combine_chunks()
+    n_delete = pc.sum(is_delete).as_py() or 0
+    live = events if n_delete == 0 else events.filter(pc.invert(is_delete))
+    arrays = json_rows_to_arrays(schema, live["after"]) if live.num_rows else None
+    if arrays is None:
+        return _mirror_rows_per_row(schema, events, is_delete)
+    out = pa.Table.from_arrays(
+        arrays + [live["key"].combine_chunks(), live["position"].combine_chunks(), pa.array([False] * live.num_rows)],
+        schema=mirror_schema(schema),
+    )
+    if n_delete:
+        out = pa.concat_tables([out, _mirror_rows_per_row(schema, events.filter(is_delete), None)])
+        # back to event order: live rows first, then deletes, each in their original order
+        idx = pa.array(range(events.num_rows))
+        order = pa.concat_arrays([idx.filter(pc.invert(is_delete)), idx.filter(is_delete)])
+        out = out.take(pc.sort_indices(order))
+    return out
+
+
+def _mirror_rows_per_row(schema: TableSchema, events: pa.Table, is_delete: pa.Array | None) -> pa.Table:
+    """The reference decoding: each event's JSON decoded in Python (keys of deletes)."""
     ops = events["op"].to_pylist()
     afters = events["after"].to_pylist()
     keys = events["key"].to_pylist()
@@ -78,9 +110,10 @@ def events_to_mirror_rows(schema: TableSchema, events: pa.Table) -> pa.Table:
                 raise ConfigurationError(f"table {schema.table}: {op!r} event for key {key} has no 'after' row")
             rows.append(decode_row(after))
     arrays = rows_to_table(schema, rows)
-    arrays += [events["key"].combine_chunks(), events["position"].combine_chunks(), pc.equal(events["op"], "d")]
-    if isinstance(arrays[-1], pa.ChunkedArray):
-        arrays[-1] = arrays[-1].combine_chunks()
+    deleted = pc.equal(events["op"], "d") if is_delete is None else is_delete
+    if isinstance(deleted, pa.ChunkedArray):
+        deleted = deleted.combine_chunks()
+    arrays += [events["key"].combine_chunks(), events["position"].combine_chunks(), deleted]
     return pa.Table.from_arrays(arrays, schema=mirror_schema(schema))
 
 
