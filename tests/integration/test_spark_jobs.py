@@ -54,7 +54,9 @@ ITEMS_SCHEMA = TableSchema(
     ("id",),
 )
 OTHER_SCHEMA = TableSchema(OTHER, (Column("code", "string"), Column("n", "int32")), ("code",))
-SPARK_CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
+# shuffle partitions 3: not what the jobs would choose on local[2] (2 per core = 4), so a test
+# can tell that an explicit setting is kept
+SPARK_CONF = {"spark.sql.shuffle.partitions": "3", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
 
 
 # --- building staged inputs ------------------------------------------------------------------
@@ -244,9 +246,9 @@ def run_local(job: str, st: Stage, round_file: str | None = None, sinks: str = "
             b.close()
 
 
-def submit(job: str, args: list[str], *, master: str = "local[2]") -> dict:
+def submit(job: str, args: list[str], *, master: str = "local[2]", conf: dict | None = None) -> dict:
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    cmd = spark_submit_command(job, args, master=master, conf=SPARK_CONF)
+    cmd = spark_submit_command(job, args, master=master, conf=SPARK_CONF if conf is None else conf)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     tag = "CDC_MERGE_RESULT " if job == "merge" else "CDC_APPLY_RESULT "
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)]
@@ -403,12 +405,16 @@ def test_spark_submit_writers_in_either_order_rerun_and_no_resurrection(spark, t
     y = build_scenario(tmp_path / "y")  # merge first, then apply
     rx = x.round_file()
     applied = submit("apply", common_args(x))
-    merged = submit("merge", ["--chunks", rx, *common_args(x)])
+    # without spark.sql.shuffle.partitions the job sizes it: 2 per core of local[2]
+    unset = {k: v for k, v in SPARK_CONF.items() if k != "spark.sql.shuffle.partitions"}
+    merged = submit("merge", ["--chunks", rx, *common_args(x)], conf=unset)
+    assert merged["shuffle_partitions"] == 4
     assert merged["chunks"] == 3 and merged["emitted"] == len(x.expected_merge())
     assert merged["dropped"] == sum(c.rows for c in x.chunks) - merged["emitted"]
     assert applied["events"] == sum(1 for e in read_log_events(changelog_dir(x.data_dir, SOURCE)) if isinstance(e, ChangeEvent))
     # the other order in-process (same code and session settings; a JVM start costs ~10-60 s here)
-    merge_job.main(["--chunks", y.round_file(), *common_args(y)])
+    merged_y = merge_job.main(["--chunks", y.round_file(), *common_args(y)])
+    assert merged_y["shuffle_partitions"] == 3  # set by the session's builder: kept
     apply_job.main(common_args(y))
 
     for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
