@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         args.sinks, data_dir=args.data_dir, source=args.source, database=args.database,
         pg_uri=args.pg_uri, pg_schema=args.pg_schema, require_schema=True,
     )
-    spark = common.get_session("cdc-merge")
+    spark = common.get_session("cdc-merge", rows=sum(c.rows for c in chunks))
     t0 = time.monotonic()
     try:
         windows = locate_windows(spark, chunks, changelog)
