@@ -53,7 +53,11 @@ from airflow_provider_cdc.operators.snapshot import (
     SnapshotPlanOperator,
 )
 from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator, local_max_rows_from_env
-from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
+from airflow_provider_cdc.sensors.high_watermark import (
+    HighWatermarkSensor,
+    deferrable_from_env,
+    poke_interval_from_env,
+)
 
 CONN_ID = os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source")
 SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
@@ -64,22 +68,8 @@ SINKS = os.environ.get("CDC_SINKS", "events,mirror")
 SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
 
 LOCAL_MAX_ROWS = local_max_rows_from_env()  # rounds of at most this many rows merge without spark-submit
-
-
-def _env_bool(name: str) -> bool | None:
-    """A true/false environment setting; None when unset or empty."""
-    raw = os.environ.get(name, "").strip().lower()
-    if not raw:
-        return None
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name} must be true or false, got {os.environ[name]!r}")
-
-
-SENSOR_DEFERRABLE = _env_bool("CDC_SENSOR_DEFERRABLE")  # None: Airflow's [operators] default_deferrable
-SENSOR_POKE_INTERVAL = float(os.environ.get("CDC_SENSOR_POKE_INTERVAL") or 5)
+SENSOR_DEFERRABLE = deferrable_from_env()  # None: Airflow's [operators] default_deferrable
+SENSOR_POKE_INTERVAL = poke_interval_from_env()
 
 common = {"data_dir": DATA_DIR, "cdc_conn_id": CONN_ID, "source": SOURCE}
 merge_args = {"data_dir": DATA_DIR, "source": SOURCE, "sinks": SINKS}

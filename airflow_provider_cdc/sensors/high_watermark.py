@@ -9,6 +9,7 @@ running; if the changelog DAG is capturing, the lock is taken and the sensor jus
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from functools import cached_property
@@ -16,7 +17,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from ..core.errors import NotReadyError
+from ..core.errors import ConfigurationError, NotReadyError
 from ..hooks.cdc_source import CdcSourceHook
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
@@ -46,6 +47,36 @@ def flatten_chunk_results(value: Any) -> list[dict]:
 
     walk(value)
     return out
+
+
+
+DEFAULT_POKE_INTERVAL = 5.0
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def deferrable_from_env() -> bool | None:
+    """``CDC_SENSOR_DEFERRABLE`` (true/false); None when unset: Airflow's
+    ``[operators] default_deferrable`` decides."""
+    raw = os.environ.get("CDC_SENSOR_DEFERRABLE", "").strip()
+    if not raw:
+        return None
+    if raw.lower() in _TRUE + _FALSE:
+        return raw.lower() in _TRUE
+    raise ConfigurationError(f"CDC_SENSOR_DEFERRABLE must be true or false, got {raw!r}")
+
+
+def poke_interval_from_env(default: float = DEFAULT_POKE_INTERVAL) -> float:
+    """``CDC_SENSOR_POKE_INTERVAL``: seconds between the sensor's checks, a number > 0."""
+    raw = os.environ.get("CDC_SENSOR_POKE_INTERVAL", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise ConfigurationError(f"CDC_SENSOR_POKE_INTERVAL must be a number of seconds > 0, got {raw!r}")
+    return value
 
 
 class HighWatermarkSensor(BaseSensorOperator):

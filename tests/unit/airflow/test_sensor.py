@@ -76,3 +76,33 @@ def test_execute_complete(tmp_path):
     stage(str(tmp_path), "src", "hw-1")
     assert s.execute_complete({}, {"status": "pending", "missing": 1}) == {"trigger_event": "pending", "watermarks": 1}
     assert s.execute_complete({}, {"status": "success"}) == {"trigger_event": "success", "watermarks": 1}
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", None), ("true", True), (" Yes ", True), ("0", False), ("off", False)])
+def test_deferrable_from_env(monkeypatch, raw, expected):
+    from airflow_provider_cdc.sensors.high_watermark import deferrable_from_env
+
+    monkeypatch.setenv("CDC_SENSOR_DEFERRABLE", raw)
+    assert deferrable_from_env() is expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", 5.0), ("1", 1.0), ("0.5", 0.5)])
+def test_poke_interval_from_env(monkeypatch, raw, expected):
+    from airflow_provider_cdc.sensors.high_watermark import poke_interval_from_env
+
+    monkeypatch.setenv("CDC_SENSOR_POKE_INTERVAL", raw)
+    assert poke_interval_from_env() == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [("CDC_SENSOR_DEFERRABLE", "maybe"), ("CDC_SENSOR_POKE_INTERVAL", "abc"), ("CDC_SENSOR_POKE_INTERVAL", "0"),
+     ("CDC_SENSOR_POKE_INTERVAL", "-3"), ("CDC_SENSOR_POKE_INTERVAL", "nan")],
+)
+def test_bad_sensor_settings_name_the_setting(monkeypatch, name, raw):
+    from airflow_provider_cdc.core.errors import ConfigurationError
+    from airflow_provider_cdc.sensors.high_watermark import deferrable_from_env, poke_interval_from_env
+
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigurationError, match=name):
+        deferrable_from_env() if name == "CDC_SENSOR_DEFERRABLE" else poke_interval_from_env()
