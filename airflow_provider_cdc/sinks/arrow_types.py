@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 from ..core.errors import ConfigurationError
@@ -161,7 +162,7 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray) 
     lines = texts.to_pylist()
     # Newline-delimited: canonical JSON escapes every control character, so a row is one line.
     data = "\n".join(lines).encode()
-    longest = max(len(x) for x in lines) * 4 + 2  # UTF-8 bytes of the longest row, bounded above
+    longest = pc.max(pc.binary_length(texts)).as_py() + 1  # a block must hold the longest row
     try:
         table = pa_json.read_json(
             pa.BufferReader(data),

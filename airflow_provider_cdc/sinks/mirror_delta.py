@@ -75,28 +75,22 @@ def events_to_mirror_rows(schema: TableSchema, events: pa.Table) -> pa.Table:
     """Events of one table (one per key) -> typed mirror rows, in event order; deletes become
     tombstones. The after-images decode vectorised (:func:`json_rows_to_arrays`) when they
     can; deletes, and batches the vectorised form cannot reproduce, row by row."""
-    is_delete = pc.equal(events["op"], "d")
-    if isinstance(is_delete, pa.ChunkedArray):
-        is_delete = is_delete.combine_chunks()
+    is_delete = _combined(pc.equal(events["op"], "d"))
     n_delete = pc.sum(is_delete).as_py() or 0
     live = events if n_delete == 0 else events.filter(pc.invert(is_delete))
     arrays = json_rows_to_arrays(schema, live["after"]) if live.num_rows else None
     if arrays is None:
         return _mirror_rows_per_row(schema, events, is_delete)
-    out = pa.Table.from_arrays(
-        arrays + [live["key"].combine_chunks(), live["position"].combine_chunks(), pa.array([False] * live.num_rows)],
-        schema=mirror_schema(schema),
-    )
+    out = _mirror_table(schema, arrays, live)
     if n_delete:
-        out = pa.concat_tables([out, _mirror_rows_per_row(schema, events.filter(is_delete), None)])
+        out = pa.concat_tables([out, _mirror_rows_per_row(schema, events.filter(is_delete))])
         # back to event order: live rows first, then deletes, each in their original order
-        idx = pa.array(range(events.num_rows))
-        order = pa.concat_arrays([idx.filter(pc.invert(is_delete)), idx.filter(is_delete)])
+        order = pa.concat_arrays([pc.indices_nonzero(pc.invert(is_delete)), pc.indices_nonzero(is_delete)])
         out = out.take(pc.sort_indices(order))
     return out
 
 
-def _mirror_rows_per_row(schema: TableSchema, events: pa.Table, is_delete: pa.Array | None) -> pa.Table:
+def _mirror_rows_per_row(schema: TableSchema, events: pa.Table, is_delete: pa.Array | None = None) -> pa.Table:
     """The reference decoding: each event's JSON decoded in Python (keys of deletes)."""
     ops = events["op"].to_pylist()
     afters = events["after"].to_pylist()
@@ -109,12 +103,18 @@ def _mirror_rows_per_row(schema: TableSchema, events: pa.Table, is_delete: pa.Ar
             if after is None:
                 raise ConfigurationError(f"table {schema.table}: {op!r} event for key {key} has no 'after' row")
             rows.append(decode_row(after))
-    arrays = rows_to_table(schema, rows)
-    deleted = pc.equal(events["op"], "d") if is_delete is None else is_delete
-    if isinstance(deleted, pa.ChunkedArray):
-        deleted = deleted.combine_chunks()
-    arrays += [events["key"].combine_chunks(), events["position"].combine_chunks(), deleted]
-    return pa.Table.from_arrays(arrays, schema=mirror_schema(schema))
+    return _mirror_table(schema, rows_to_table(schema, rows), events, is_delete)
+
+
+def _combined(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def _mirror_table(schema: TableSchema, arrays: list[pa.Array], events: pa.Table, is_delete: pa.Array | None = None) -> pa.Table:
+    """Typed column arrays of ``events`` plus the mirror's ``__key, __position, __deleted``."""
+    deleted = _combined(pc.equal(events["op"], "d")) if is_delete is None else is_delete
+    meta = [_combined(events["key"]), _combined(events["position"]), deleted]
+    return pa.Table.from_arrays([*arrays, *meta], schema=mirror_schema(schema))
 
 
 def _open(path: str) -> DeltaTable | None:
