@@ -1,0 +1,89 @@
+"""settings.py: every CDC_* variable parsed in one place, errors that name the variable, a
+data location that does not depend on the working directory, and operators that read the
+settings when they run, not when the DAG file is parsed."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_cdc import settings
+from airflow_provider_cdc.core.errors import ConfigurationError
+
+
+def test_defaults_put_the_data_under_airflow_home_whatever_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = settings.load({"AIRFLOW_HOME": "/srv/airflow"})
+    assert s.data_dir == "/srv/airflow/cdc-data"
+    assert (s.conn_id, s.source, s.explicit_source, s.sinks) == ("cdc_source", "cdc_source", None, "events,mirror")
+    assert s.changelog_schedule == "* * * * *" and s.snapshot_schedule is None
+    assert settings.load({}).data_dir.endswith("/airflow/cdc-data") and str(tmp_path) not in settings.load({}).data_dir
+
+
+def test_every_variable_is_read():
+    s = settings.load({
+        "CDC_SOURCE_CONN_ID": "pg", "CDC_DATA_DIR": "s3://b/cdc", "CDC_TABLES": "public.a, public.b",
+        "CDC_SINKS": "events, mirror,postgres", "CDC_SPARK_CONN_ID": "spark_cluster",
+        "CDC_SPARK_CONF": '{"spark.executor.memory": "4g"}', "CDC_LOCAL_MAX_ROWS": "0",
+        "CDC_MAX_PARALLEL_CHUNKS": "8", "CDC_SENSOR_DEFERRABLE": "yes", "CDC_SENSOR_POKE_INTERVAL": "2.5",
+        "CDC_SENSOR_TIMEOUT": "600", "CDC_SNAPSHOT_SCHEDULE": "@daily", "CDC_CHANGELOG_SCHEDULE": "none",
+        "CDC_CAPTURE_MAX_EVENTS": "1000", "CDC_CAPTURE_SEGMENT_MAX_EVENTS": "0",
+    })
+    assert (s.conn_id, s.source, s.data_dir, s.tables) == ("pg", "pg", "s3://b/cdc", ("public.a", "public.b"))
+    assert (s.sinks, s.spark_conn_id, s.spark_conf) == ("events,mirror,postgres", "spark_cluster",
+                                                        {"spark.executor.memory": "4g"})
+    assert (s.local_max_rows, s.max_parallel_chunks, s.sensor_deferrable, s.sensor_poke_interval) == (0, 8, True, 2.5)
+    assert (s.sensor_timeout, s.snapshot_schedule, s.changelog_schedule) == (600.0, "@daily", None)
+    assert (s.capture_max_events, s.capture_segment_max_events) == (1000, 0)
+    assert settings.load({"CDC_SOURCE_CONN_ID": "pg", "CDC_SOURCE": "shop"}).source == "shop"
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("CDC_SPARK_CONF", "{not json"), ("CDC_SPARK_CONF", "[1]"), ("CDC_LOCAL_MAX_ROWS", "-1"),
+        ("CDC_MAX_PARALLEL_CHUNKS", "0"), ("CDC_SENSOR_DEFERRABLE", "maybe"), ("CDC_SENSOR_POKE_INTERVAL", "0"),
+        ("CDC_SENSOR_TIMEOUT", "soon"), ("CDC_CAPTURE_MAX_EVENTS", "0"), ("CDC_CAPTURE_SEGMENT_MAX_EVENTS", "x"),
+        ("CDC_SINKS", " , "),
+    ],
+)
+def test_a_bad_value_is_an_error_that_names_the_variable(name, raw):
+    with pytest.raises(ConfigurationError, match=name):
+        settings.load({name: raw})
+
+
+def test_operators_read_the_settings_when_they_run_unless_the_dag_gave_a_value(monkeypatch, tmp_path):
+    from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
+    from airflow_provider_cdc.operators.snapshot import SnapshotPlanOperator
+    from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator
+    from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
+
+    monkeypatch.setenv("CDC_DATA_DIR", "/parse/time")
+    ops = [SnapshotPlanOperator(task_id="p"), ChangelogCaptureOperator(task_id="c"),
+           ChangelogApplyOperator(task_id="a"), HighWatermarkSensor(task_id="s", chunks=[])]
+    monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path))  # the worker's environment when the task runs
+    monkeypatch.setenv("CDC_SOURCE_CONN_ID", "pg")
+    monkeypatch.setenv("CDC_TABLES", "public.t")
+    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "7")
+    assert [op.data_dir for op in ops] == [str(tmp_path)] * 4
+    assert ops[0].cdc_conn_id == "pg" and ops[0].hook.source == "pg" and ops[0].default_tables == ("public.t",)
+    assert ops[2].source == "pg" and ops[2].local_max_rows == 7 and ops[2].sinks == "events,mirror"
+    assert ops[2].job_arguments()[:2] == ["--data-dir", str(tmp_path)]
+    given = ChangelogApplyOperator(task_id="g", data_dir="/given", source="src", local_max_rows=3)
+    assert (given.data_dir, given.source, given.local_max_rows) == ("/given", "src", 3)
+
+
+def test_the_dag_files_read_no_setting_the_tasks_can_read_when_they_run(monkeypatch, tmp_path):
+    import runpy
+    from pathlib import Path
+
+    dags = Path(__file__).resolve().parents[2] / "dags"
+    monkeypatch.setenv("CDC_DATA_DIR", "/parse/time")
+    snap = runpy.run_path(str(dags / "cdc_snapshot.py"))["dag"]
+    log = runpy.run_path(str(dags / "cdc_changelog.py"))["dag"]
+    monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path))
+    for dag in (snap, log):
+        for t in dag.tasks:
+            if hasattr(t, "data_dir"):
+                assert t.data_dir == str(tmp_path), (dag.dag_id, t.task_id)
+    rendered = log.user_defined_macros["cdc_settings"]()
+    assert rendered.data_dir == str(tmp_path)
