@@ -23,3 +23,8 @@ class NotReadyError(WatermarkError):
 
 class StateError(CdcError):
     """Snapshot progress or a stored offset is in a state that forbids the requested step."""
+
+
+class FencedError(StateError):
+    """A writer was superseded (a newer attempt claimed the output, or its snapshot was
+    stopped): it must not commit. Nothing of the refused commit was written."""

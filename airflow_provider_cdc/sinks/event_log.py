@@ -53,9 +53,10 @@ def table_dir(data_dir: str, source: str, table: TableName) -> str:
 class EventLogSink(Sink):
     name = "events"
 
-    def __init__(self, data_dir: str, source: str, database: str | None = None) -> None:
+    def __init__(self, data_dir: str, source: str, database: str | None = None, *, fence=None) -> None:
         self.data_dir, self.source = data_dir, source
         self.database = database or source
+        self.fence = fence  # a merge's MergeFence: no file once a newer merge or a stop took the table
 
     def envelope(self, events: pa.Table, table: TableName) -> pa.Table:
         n = events.num_rows
@@ -84,6 +85,8 @@ class EventLogSink(Sink):
             # (position, key): the same file content whatever order the engine delivered the rows in
             part = part.sort_by([("position", "ascending"), ("key", "ascending")])
             table = TableName.parse(g["table"])
+            if self.fence is not None:
+                self.fence.check(g["table"])
             path = f"{table_dir(self.data_dir, self.source, table)}/{g['batch']}.parquet"
             atomic_write_table(self.envelope(part, table), path)
             log.info("event log: %d events of %s -> %s", part.num_rows, table, path)

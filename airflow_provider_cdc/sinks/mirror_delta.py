@@ -11,7 +11,9 @@ Why it converges whatever order the writers run in (the apply job and the merge 
   (stamped with its high watermark) never overwrites a newer log event (I1);
 * a delete leaves a tombstone (``__deleted = true`` with its position) instead of removing
   the row, so a chunk row read before the delete but merged after it cannot resurrect the
-  key; :func:`compact` removes tombstones once no snapshot of the table is active;
+  key; :func:`compact` removes tombstones behind a committed horizon (below). Callers
+  compact only tables whose snapshot is not running, paused or failed: the horizon must not
+  pass the high watermark of a chunk that a live snapshot has still to merge;
 * within one batch the events are first reduced to the newest per key (MERGE requires at
   most one source row per target row).
 
@@ -21,22 +23,41 @@ took 0.2-0.7 s on the shared 2-core machine, neither winning consistently. MERGE
 because the guard is evaluated inside one atomic commit and its cost follows the files
 the batch touches, while read-modify-write rewrites the whole table on every batch.
 
-Single writer: the jobs write from the Spark driver, one job at a time per table (Airflow
-pools). A commit that still loses a race is retried a few times.
+Fencing (who may commit; shared/DESIGN.md, Fencing). Two values live in the Delta table's
+own properties, so every check is part of the version a commit is based on, and Delta's
+optimistic concurrency turns a concurrent change of them into a commit conflict (the
+writer re-reads them and checks again; delta-rs refuses a commit whose read version saw
+other metadata, "Metadata changed since last commit"):
+
+* ``cdc.compacted_upto``, the compaction horizon H: :func:`compact` removes tombstones at
+  or before H only after committing H. A row at or before H whose key has no row in the
+  mirror can only be the replay of a write that a removed tombstone superseded (a zombie
+  or stopped merge's chunk row, a replayed changelog batch), so every writer inserts only
+  rows newer than H. Tombstones thus need no knowledge of which writers are in flight:
+  compaction may run at any time without resurrecting a deleted key (I7).
+* ``cdc.merge_epoch``, the merge fence token: every snapshot merge claims a new epoch for
+  each mirror table it writes before it reads anything (:class:`MergeFence`), and each of
+  its commits requires the epoch to be still its own. A retried merge therefore fences out
+  the zombie of its earlier try (a killed task whose Spark driver lives on), and a ``stop``
+  bumps the epoch so the stopped snapshot's merge in flight cannot commit its next batch.
+  Changelog applies carry no epoch: they replay one totally ordered log under the
+  position guard, and the horizon keeps a replay from re-inserting a compacted key.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from ..core.errors import ConfigurationError
+from ..core.errors import ConfigurationError, FencedError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
 from ..core.staging import mirror_dir
 from .arrow_types import (
@@ -51,7 +72,16 @@ from .base import SchemaCache, Sink
 
 log = logging.getLogger(__name__)
 
-_COMMIT_RETRIES = 5
+_COMMIT_RETRIES = 12
+#: table properties that fence writers (module docstring)
+HORIZON_PROPERTY = "cdc.compacted_upto"
+EPOCH_PROPERTY = "cdc.merge_epoch"
+STOPPED_PROPERTY = "cdc.stopped_snapshots"  # the last stopped snapshot ids, comma separated
+_STOPPED_KEPT = 20
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
 
 
 def newest_per_key(events: pa.Table) -> pa.Table:
@@ -127,10 +157,13 @@ def _open(path: str) -> DeltaTable | None:
 class MirrorDeltaSink(Sink):
     name = "mirror"
 
-    def __init__(self, data_dir: str, source: str, *, require_schema: bool = False) -> None:
+    def __init__(
+        self, data_dir: str, source: str, *, require_schema: bool = False, fence: MergeFence | None = None
+    ) -> None:
         self.data_dir, self.source = data_dir, source
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema
+        self.fence = fence
 
     def write(self, events: pa.Table) -> None:
         if events.num_rows == 0:
@@ -142,26 +175,66 @@ class MirrorDeltaSink(Sink):
                 log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
                 continue
             part = events.filter(pc.equal(events["table"], table_id))
-            upsert(mirror_dir(self.data_dir, self.source, schema.table), events_to_mirror_rows(schema, part))
+            epoch = None if self.fence is None else self.fence.epoch(table_id)
+            upsert(
+                mirror_dir(self.data_dir, self.source, schema.table),
+                events_to_mirror_rows(schema, part),
+                epoch=epoch,
+            )
 
 
-def upsert(path: str, rows: pa.Table) -> dict:
-    """MERGE rows into the Delta table at ``path`` with the position guard (creates it if absent)."""
-    for attempt in range(_COMMIT_RETRIES):
+def _properties(dt: DeltaTable) -> dict[str, str]:
+    return dict(dt.metadata().configuration or {})
+
+
+def _set_properties(dt: DeltaTable, props: dict[str, str]) -> None:
+    dt.alter.set_table_properties(props, raise_if_not_exists=False)
+
+
+def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -> tuple[DeltaTable, bool]:
+    """Create the Delta table at ``path`` (True), or open it when another writer created it
+    first (False)."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    try:
+        return DeltaTable.create(
+            path, schema, mode="error", configuration=props or None, raise_if_key_not_exists=False
+        ), True
+    except Exception:  # noqa: BLE001 - created meanwhile by another writer: use that one
         dt = _open(path)
         if dt is None:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            try:
-                dt = DeltaTable.create(path, rows.schema, mode="error")
-            except Exception:  # noqa: BLE001 - created meanwhile by another writer: merge into it
-                dt = _open(path)
-                if dt is None:
-                    raise
+            raise
+        return dt, False
+
+
+def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
+    """MERGE rows into the Delta table at ``path`` with the position guard (creates it if
+    absent), fenced: rows at or before the compaction horizon only update, never insert, and
+    with an ``epoch`` the commit happens only while that merge epoch is the table's own
+    (else :class:`FencedError`, nothing written)."""
+    for attempt in range(_COMMIT_RETRIES):
+        dt = _open(path) or _create(path, rows.schema)[0]
+        props = _properties(dt)
+        if epoch is not None and props.get(EPOCH_PROPERTY) != str(epoch):
+            raise FencedError(
+                f"mirror {path}: this merge holds epoch {epoch} but the table's {EPOCH_PROPERTY} is "
+                f"{props.get(EPOCH_PROPERTY)!r}: a newer merge attempt claimed the table, or its snapshot was "
+                "stopped. This writer is superseded and committed nothing; the newer attempt writes the round"
+            )
+        horizon = props.get(HORIZON_PROPERTY)
+        insert_if = None
+        if horizon is not None:
+            insert_if = f"s.{POSITION_COLUMN} > '{_position_literal(horizon)}'"
+            old = pc.sum(pc.less_equal(rows[POSITION_COLUMN].cast(pa.string()), horizon)).as_py() or 0
+            if old:
+                log.info(
+                    "mirror %s: %d row(s) at or before the compaction horizon %s may only update live rows "
+                    "(replays of writes a compacted tombstone superseded)", path, old, horizon,
+                )
         try:
             metrics = (
                 dt.merge(rows, predicate=f"t.{KEY_COLUMN} = s.{KEY_COLUMN}", source_alias="s", target_alias="t")
                 .when_matched_update_all(predicate=f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}")
-                .when_not_matched_insert_all()
+                .when_not_matched_insert_all(predicate=insert_if)
                 .execute()
             )
             log.info("mirror %s: %s", path, {k: v for k, v in metrics.items() if k.startswith("num_")})
@@ -169,23 +242,166 @@ def upsert(path: str, rows: pa.Table) -> dict:
         except CommitFailedError:
             if attempt == _COMMIT_RETRIES - 1:
                 raise
-            time.sleep(0.2 * (attempt + 1))
+            _backoff(attempt)  # another writer committed first: re-read the fence and merge again
     raise AssertionError("unreachable")
 
 
-def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None) -> int:
-    """Remove tombstones (all, or those at or before ``upto_position``) once no snapshot of the
-    table is active, then compact small files. Returns the number of tombstones removed."""
+def _stopped(props: dict[str, str]) -> list[str]:
+    return [x for x in props.get(STOPPED_PROPERTY, "").split(",") if x]
+
+
+def claim_epoch(
+    path: str, schema: pa.Schema | None, *, snapshots: Iterable[str] = (), stop: str | None = None
+) -> int | None:
+    """Claim a new merge epoch on the mirror at ``path`` (creating the table with ``schema``
+    when it does not exist; with ``schema=None`` an absent table is left alone and None
+    returned). Every earlier epoch is fenced out from the next commit on.
+
+    A merge passes the ``snapshots`` its round belongs to: the claim is refused
+    (:class:`FencedError`) when one of them was stopped, so a stop that lands between the
+    merge task's own check and this claim still wins. ``stop`` (a snapshot id) records that
+    snapshot as stopped in the same commit."""
+    wanted = set(snapshots)
+    for attempt in range(_COMMIT_RETRIES):
+        dt = _open(path)
+        if dt is None:
+            if schema is None:
+                return None
+            first = {EPOCH_PROPERTY: "1", **({STOPPED_PROPERTY: stop} if stop else {})}
+            if _create(path, schema, first)[1]:
+                return 1
+            continue  # another writer created it: claim on top of theirs
+        props = _properties(dt)
+        stopped = _stopped(props)
+        refused = sorted(wanted & set(stopped))
+        if refused:
+            raise FencedError(
+                f"mirror {path}: snapshot(s) {', '.join(refused)} were stopped; their merge may not start. "
+                "Start a new snapshot to read the table again"
+            )
+        epoch = int(props.get(EPOCH_PROPERTY, "0")) + 1
+        update = {EPOCH_PROPERTY: str(epoch)}
+        if stop and stop not in stopped:
+            update[STOPPED_PROPERTY] = ",".join([*stopped, stop][-_STOPPED_KEPT:])
+        try:
+            _set_properties(dt, update)
+            return epoch
+        except CommitFailedError:
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)
+    raise AssertionError("unreachable")
+
+
+class MergeFence:
+    """The merge epochs one snapshot merge claimed, per table (module docstring, Fencing).
+
+    Claimed once when the merge starts, before it reads chunks; every mirror commit then
+    requires its epoch (atomically, in :func:`upsert`) and :meth:`check` lets the other
+    sinks refuse a superseded writer before they write."""
+
+    def __init__(self, data_dir: str, source: str) -> None:
+        self.data_dir, self.source = data_dir, source
+        self.epochs: dict[str, int] = {}
+
+    def claim(
+        self, schemas: Iterable[TableSchema], snapshots: Mapping[str, Iterable[str]] | None = None
+    ) -> MergeFence:
+        """Claim an epoch on each table's mirror; ``snapshots`` (table id -> the snapshot ids
+        of the round's chunks) makes the claim fail for a snapshot that was stopped."""
+        for schema in schemas:
+            path = mirror_dir(self.data_dir, self.source, schema.table)
+            wanted = (snapshots or {}).get(schema.table.id, ())
+            epoch = claim_epoch(path, mirror_schema(schema), snapshots=wanted)
+            assert epoch is not None
+            self.epochs[schema.table.id] = epoch
+            log.info("mirror %s: merge epoch %d claimed", schema.table, epoch)
+        return self
+
+    def epoch(self, table_id: str) -> int | None:
+        return self.epochs.get(table_id)
+
+    def check(self, table_id: str) -> None:
+        """Raise FencedError when a newer merge or a stop took the table from this writer."""
+        epoch = self.epochs.get(table_id)
+        if epoch is None:
+            return
+        path = mirror_dir(self.data_dir, self.source, TableName.parse(table_id))
+        dt = _open(path)
+        current = None if dt is None else _properties(dt).get(EPOCH_PROPERTY)
+        if current != str(epoch):
+            raise FencedError(
+                f"table {table_id}: this merge holds epoch {epoch} but the mirror's is {current!r}; a newer merge "
+                "attempt or a stop superseded it. It writes nothing more"
+            )
+
+
+def fence_out_merges(data_dir: str, source: str, table: str | TableName, snapshot_id: str | None = None) -> int | None:
+    """``stop``: bump the merge epoch of ``table``'s mirror so no merge in flight commits
+    again, and record ``snapshot_id`` as stopped so no merge of it can claim later. The
+    mirror is created for that when its schema is staged (a first snapshot stopped before
+    its first merge). Returns the new epoch, None when there is no mirror and no schema."""
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    staged = SchemaCache(data_dir, source).get(t.id) if snapshot_id else None
+    schema = None if staged is None else mirror_schema(staged)
+    return claim_epoch(mirror_dir(data_dir, source, t), schema, stop=snapshot_id)
+
+
+def horizon(data_dir: str, source: str, table: str | TableName) -> str | None:
+    """The mirror's compaction horizon (encoded position), None before the first compaction."""
     t = table if isinstance(table, TableName) else TableName.parse(table)
     dt = _open(mirror_dir(data_dir, source, t))
-    if dt is None:
-        return 0
-    predicate = f"{DELETED_COLUMN} = true"
-    if upto_position is not None:
-        predicate += f" AND {POSITION_COLUMN} <= '{_position_literal(upto_position)}'"
-    metrics = dt.delete(predicate)
-    dt.optimize.compact()
-    return int(metrics.get("num_deleted_rows", 0))
+    return None if dt is None else _properties(dt).get(HORIZON_PROPERTY)
+
+
+def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None) -> int:
+    """Remove tombstones (all, or those at or before ``upto_position``), then compact small
+    files. Returns the number of tombstones removed.
+
+    Safe at any time, against any writer in flight: it first commits the horizon (the
+    newest position of the tombstones it removes) and then deletes them; a writer that read
+    an older version conflicts and re-reads the horizon (module docstring). Idempotent, and
+    retried on commit conflicts."""
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    path = mirror_dir(data_dir, source, t)
+    bound = None if upto_position is None else _position_literal(upto_position)
+    removed = 0
+    for attempt in range(_COMMIT_RETRIES):
+        dt = _open(path)
+        if dt is None:
+            return 0
+        # constant column names; the bound was checked to be 40 hex digits (_position_literal)
+        where = f"{DELETED_COLUMN}" + ("" if bound is None else f" AND {POSITION_COLUMN} <= '{bound}'")
+        sql = f"SELECT max({POSITION_COLUMN}) AS newest FROM t WHERE {where}"  # noqa: S608
+        found = pa.table(QueryBuilder().register("t", dt).execute(sql).read_all())
+        if found.num_rows == 0 or found["newest"][0].as_py() is None:
+            break
+        current = _properties(dt).get(HORIZON_PROPERTY)
+        newest = str(found["newest"][0].as_py())
+        target = newest if current is None or newest > current else current
+        try:
+            if target != current:
+                _set_properties(dt, {HORIZON_PROPERTY: target})
+            metrics = dt.delete(f"{DELETED_COLUMN} = true AND {POSITION_COLUMN} <= '{_position_literal(target)}'")
+            removed += int(metrics.get("num_deleted_rows", 0))
+            break
+        except CommitFailedError:
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)  # a writer committed meanwhile: read the tombstones again
+    for attempt in range(3):  # small-file compaction is an optimisation: conflicts only postpone it
+        dt = _open(path)
+        try:
+            dt.optimize.compact()
+            break
+        except CommitFailedError as exc:
+            if attempt == 2:
+                log.warning("mirror %s: file compaction postponed after commit conflicts (%s)", path, exc)
+            else:
+                _backoff(attempt)
+    if removed:
+        log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))
+    return removed
 
 
 def mirror_tables(data_dir: str, source: str) -> list[TableName]:
@@ -204,7 +420,34 @@ def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
     dt = _open(mirror_dir(data_dir, source, t))
     if dt is None:
         return 0
-    return dt.to_pyarrow_dataset().count_rows(filter=pc.field(DELETED_COLUMN) == True)  # noqa: E712
+    sql = f"SELECT count(*) AS n FROM t WHERE {DELETED_COLUMN}"  # noqa: S608 - a constant column name
+    found = QueryBuilder().register("t", dt).execute(sql).read_all()
+    return int(pa.table(found)["n"][0].as_py())
+
+
+#: snapshot statuses under which a table's chunks may still be merged: no compaction then
+ACTIVE_SNAPSHOT = ("running", "paused", "failed")
+
+
+def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None]) -> dict[str, int]:
+    """Compact the tombstones of every mirror table whose snapshot is not active, up to the
+    position the mirror has applied. Returns removed tombstones per table.
+
+    The applied position is read BEFORE the snapshot statuses: a snapshot that starts after
+    the check reads its chunks after that position, so its chunk rows are newer than the
+    horizon and insert normally."""
+    from .base import read_marker
+
+    applied = read_marker(data_dir, source, "mirror")
+    removed: dict[str, int] = {}
+    if applied is None:
+        return removed
+    for table in mirror_tables(data_dir, source):
+        if status_of(table.id) in ACTIVE_SNAPSHOT:
+            continue
+        if tombstone_count(data_dir, source, table):
+            removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode())
+    return removed
 
 
 def _position_literal(text: str) -> str:

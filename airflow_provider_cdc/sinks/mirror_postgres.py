@@ -95,8 +95,9 @@ class MirrorPostgresSink(Sink):
     name = "postgres"
 
     def __init__(self, uri: str, data_dir: str, source: str, *, target_schema: str | None = None,
-                 require_schema: bool = False) -> None:
+                 require_schema: bool = False, fence=None) -> None:
         self.uri, self.source = uri, source
+        self.fence = fence  # a merge's MergeFence (sinks/mirror_delta.py): refuse once superseded
         self.target_schema = target_schema or f"cdc_{source}"
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema
@@ -138,6 +139,8 @@ class MirrorPostgresSink(Sink):
             return
         events = newest_per_key(events)
         for table_id in pc.unique(events["table"]).to_pylist():
+            if self.fence is not None:
+                self.fence.check(table_id)
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("postgres mirror: no staged schema for %s; skipped", table_id)

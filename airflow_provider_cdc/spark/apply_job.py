@@ -99,4 +99,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    common.die_with_parent()  # under spark-submit: the Python driver ends with its JVM
     main()

@@ -29,6 +29,29 @@ SPARK_DIR = Path(__file__).resolve().parent
 PACKAGE_ROOT = SPARK_DIR.parent.parent  # the folder that holds airflow_provider_cdc/
 
 
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Linux: SIGKILL this process when its parent dies (``prctl(PR_SET_PDEATHSIG)``).
+
+    A task killed with ``kill -9`` cannot end its spark-submit in ``on_kill``; bound this way
+    its JVM (spark-submit execs java in the same process) dies with it, and the jobs bind
+    their Python driver to the JVM, so a retry never runs beside a zombie merge. Used as a
+    ``preexec_fn`` (pass the parent's pid, read before the fork) and at a job's start.
+    Elsewhere, or when the call is refused, a no-op: the merge fence still stops a zombie."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # 1 = PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:  # the parent died before prctl
+        os._exit(1)
+
+
 def application_path(job: str) -> str:
     """Absolute path of a job's entry point, for SparkSubmitOperator(application=...)."""
     if job not in JOBS:
@@ -241,22 +264,37 @@ def write_to_sinks(sinks: Iterable[Sink], events: pa.Table) -> None:
 
 
 def build_sinks(names: str, *, data_dir: str, source: str, database: str | None, pg_uri: str | None,
-                pg_schema: str | None, require_schema: bool) -> list[Sink]:
+                pg_schema: str | None, require_schema: bool, fence_tables: Iterable | None = None) -> list[Sink]:
+    """The sinks named in ``names``. A snapshot merge passes ``fence_tables`` (the (table id,
+    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
+    on each of their mirrors before anything is read (refused if a snapshot was stopped), and
+    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_delta.py)."""
+    from ..sinks.base import SchemaCache
     from ..sinks.event_log import EventLogSink
-    from ..sinks.mirror_delta import MirrorDeltaSink
+    from ..sinks.mirror_delta import MergeFence, MirrorDeltaSink
 
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    fence = None
+    if fence_tables is not None and "mirror" in wanted:
+        schemas = SchemaCache(data_dir, source)
+        rounds: dict[str, set[str]] = {}
+        for item in fence_tables:  # table ids, or (table id, snapshot id) of the round's chunks
+            tid, sid = (item, None) if isinstance(item, str) else item
+            rounds.setdefault(tid, set()).update([sid] if sid else [])
+        fence = MergeFence(data_dir, source).claim((schemas.require(t) for t in sorted(rounds)), rounds)
     out: list[Sink] = []
-    for name in [n.strip() for n in names.split(",") if n.strip()]:
+    for name in wanted:
         if name == "events":
-            out.append(EventLogSink(data_dir, source, database))
+            out.append(EventLogSink(data_dir, source, database, fence=fence))
         elif name == "mirror":
-            out.append(MirrorDeltaSink(data_dir, source, require_schema=require_schema))
+            out.append(MirrorDeltaSink(data_dir, source, require_schema=require_schema, fence=fence))
         elif name == "postgres":
             if not pg_uri:
                 raise ConfigurationError("sink 'postgres' needs --pg-uri (the target PostgreSQL URI)")
             from ..sinks.mirror_postgres import MirrorPostgresSink
 
-            out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema, require_schema=require_schema))
+            out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema,
+                                          require_schema=require_schema, fence=fence))
         else:
             raise ConfigurationError(f"unknown sink {name!r} in --sinks; known: events, mirror, postgres")
     return out

@@ -255,6 +255,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     sinks = common.build_sinks(
         args.sinks, data_dir=args.data_dir, source=args.source, database=args.database,
         pg_uri=args.pg_uri, pg_schema=args.pg_schema, require_schema=True,
+        fence_tables=[(c.table, c.snapshot_id) for c in chunks],  # claimed before anything is read
     )
     spark = common.get_session("cdc-merge", rows=sum(c.rows for c in chunks))
     t0 = time.monotonic()
@@ -281,4 +282,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
+    common.die_with_parent()  # under spark-submit: the Python driver ends with its JVM
     main()
