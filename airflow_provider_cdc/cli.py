@@ -34,9 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
     v = sub.add_parser("verify", help="compare the mirror with the source by chunked checksums")
-    v.add_argument("--conn-id", default=os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source"), help="Airflow connection of the source")
+    v.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID or cdc_source)")
     v.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
-    v.add_argument("--data-dir", default=os.environ.get("CDC_DATA_DIR"), help="the pipeline's data dir (default $CDC_DATA_DIR)")
+    v.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR, else $AIRFLOW_HOME/cdc-data)")
     v.add_argument("--source", help="source name of the staging/output folders (default: the connection id)")
     v.add_argument("--chunk-rows", type=int, default=10_000, help="rows per checksum chunk (default 10000)")
     v.add_argument("--examples", type=int, default=10, help="mismatched keys to show (default 10)")
@@ -80,7 +80,8 @@ def progress_summary(table_id: str, p: dict[str, Any]) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - an unknown layout still shows its status
         return {"status": str(p.get("status", "unreadable")), "snapshot_id": p.get("snapshot_id")}
     tp = sp.tables.get(table_id) or next(iter(sp.tables.values()), None)
-    out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error}
+    out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error,
+                           "run": sp.owner, "logical_date": sp.logical_date}
     if tp is not None:
         out.update(
             ranges_done=sum(1 for r in tp.ranges if r.done),
@@ -95,8 +96,22 @@ def progress_summary(table_id: str, p: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def snapshot_dag_paused(dag_id: str = "cdc_snapshot") -> bool:
+    """Whether the snapshot DAG is paused in Airflow (False when it is not known there)."""
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        paused = session.query(DagModel.is_paused).filter(DagModel.dag_id == dag_id).scalar()
+    return bool(paused)
+
+
 def describe_progress(summary: dict[str, Any]) -> str:
     parts = [summary["status"]]
+    if summary.get("dag_paused"):
+        # no task of the run is scheduled while the DAG is paused; a chunk task that was
+        # running when it was paused has set the status to paused itself
+        parts[0] += " (DAG cdc_snapshot is paused: no task runs until it is unpaused)"
     if "ranges" in summary:
         parts.append(f"ranges done {summary['ranges_done']}/{summary['ranges']}")
         parts.append(f"{summary['rows']} rows in {summary['chunks']} chunks ({summary['rows_per_second']:.0f} rows/s)")
@@ -104,6 +119,8 @@ def describe_progress(summary: dict[str, Any]) -> str:
             parts.append("continues after " + ", ".join("start" if k is None else json.dumps(k) for k in summary["next_keys"]))
     if summary.get("snapshot_id"):
         parts.append(f"snapshot {summary['snapshot_id']}")
+    if summary.get("run"):
+        parts.append(f"run {summary['run']}")
     if summary.get("updated_at"):
         parts.append(f"updated {summary['updated_at']}")
     if summary.get("error"):
@@ -113,10 +130,16 @@ def describe_progress(summary: dict[str, Any]) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     items = list_progress(args.source)
+    dag_paused = bool(items) and snapshot_dag_paused()
+    summaries = {}
+    for s, t, p in items:
+        summary = progress_summary(t, p)
+        summary["dag_paused"] = dag_paused and summary["status"] == "running"
+        summaries[(s, t)] = summary
     if args.json:
         print(
             json.dumps(
-                [{"source": s, "table": t, **progress_summary(t, p), "progress": p} for s, t, p in items],
+                [{"source": s, "table": t, **summaries[(s, t)], "progress": p} for s, t, p in items],
                 indent=2,
                 sort_keys=True,
             )
@@ -126,8 +149,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
         return EXIT_OK
     width = max(len(f"{s}:{t}") for s, t, _ in items)
-    for s, t, p in items:
-        print(f"{f'{s}:{t}':<{width}}  {describe_progress(progress_summary(t, p))}")
+    for s, t, _p in items:
+        print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
     return EXIT_OK
 
 
@@ -140,11 +163,17 @@ def open_dialect(conn_id: str, source: str):
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from . import settings
     from .verify import check_event_log, verify_table
 
-    if not args.data_dir:
-        print("error: no data dir: pass --data-dir or set CDC_DATA_DIR", file=sys.stderr)
+    try:
+        now = settings.load()  # the same defaults as the DAGs' tasks
+    except Exception as exc:  # noqa: BLE001 - a ConfigurationError naming the variable
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    args.data_dir = args.data_dir or now.data_dir
+    args.conn_id = args.conn_id or now.conn_id
+    args.source = args.source or now.explicit_source
     if args.chunk_rows < 1:
         print(f"error: --chunk-rows must be >= 1, got {args.chunk_rows}", file=sys.stderr)
         return EXIT_ERROR

@@ -7,8 +7,17 @@ is held, the capture task is skipped and the apply still runs. The apply (a spar
 or in the worker for at most CDC_LOCAL_MAX_ROWS staged rows) is skipped when nothing
 staged is newer than what the sinks have.
 
-Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
-CDC_DATA_DIR, CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
+Schedules and backfills: each run captures the log up to now and applies it; a run is not
+tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
+DAG was off) and its intervals run one at a time in logical-date order: a backfill run's
+first task, ``earlier_intervals_done``, waits until the run of the previous interval has
+finished (a backfill ignores ``max_active_runs``), and every other task has
+``max_active_tis_per_dag=1``, so two captures or two applies never overlap.
+
+Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
+schedule and the Spark connection/conf, read when the file is parsed):
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
+CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
@@ -18,53 +27,51 @@ default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
+from airflow_provider_cdc import settings
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
-from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator, local_max_rows_from_env
+from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator
 
-CONN_ID = os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source")
-SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
-DATA_DIR = os.environ.get("CDC_DATA_DIR", os.path.join(os.getcwd(), ".cdc-local", "data"))
-SPARK_CONN_ID = os.environ.get("CDC_SPARK_CONN_ID", "spark_default")
-SINKS = os.environ.get("CDC_SINKS", "events,mirror")
-SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
-_schedule = os.environ.get("CDC_CHANGELOG_SCHEDULE", "* * * * *")
-_max_events = os.environ.get("CDC_CAPTURE_MAX_EVENTS")
-_segment_events = os.environ.get("CDC_CAPTURE_SEGMENT_MAX_EVENTS")
+# Only what Airflow needs while parsing; the operators read the data location, the source,
+# the sinks and the capture limits when they run (airflow_provider_cdc/settings.py).
+PARSE = settings.load()
 
 with DAG(
     dag_id="cdc_changelog",
     description="Changelog capture (logical slot / binlog) to staging, then apply to the sinks",
-    schedule=None if _schedule.lower() in ("", "none") else _schedule,
+    schedule=PARSE.changelog_schedule,
     start_date=datetime(2024, 1, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 3, "retry_delay": timedelta(seconds=10)},
+    # Backfill runs ignore max_active_runs (a backfill has its own, default 10) but every
+    # task honours max_active_tis_per_dag: across all runs, one capture, one apply and one
+    # compaction at a time, taken in logical-date order by the scheduler.
+    default_args={"retries": 3, "retry_delay": timedelta(seconds=10), "max_active_tis_per_dag": 1},
     tags=["cdc", "changelog"],
     doc_md=__doc__,
+    # the task arguments below that are templates read the settings when the task runs
+    user_defined_macros={"cdc_settings": settings.load},
 ) as dag:
-    capture = ChangelogCaptureOperator(
-        task_id="capture",
-        data_dir=DATA_DIR,
-        cdc_conn_id=CONN_ID,
-        source=SOURCE,
-        max_events=int(_max_events) if _max_events else None,
-        segment_max_events=int(_segment_events) if _segment_events else None,
+    @task.sensor(
+        task_id="earlier_intervals_done", mode="poke", poke_interval=5, timeout=6 * 3600,
+        max_active_tis_per_dag=None,  # every run's gate may wait at once: no gate blocks an earlier one
     )
-    apply = ChangelogApplyOperator(
-        task_id="apply",
-        conn_id=SPARK_CONN_ID,
-        conf=SPARK_CONF,
-        data_dir=DATA_DIR,
-        source=SOURCE,
-        sinks=SINKS,
-        local_max_rows=local_max_rows_from_env(),
-    )
+    def earlier_intervals_done() -> bool:
+        """A backfill run starts its work only once the run of the previous interval has
+        finished: backfill intervals run one at a time, in logical-date order (a backfill
+        ignores max_active_runs). Other runs pass at once."""
+        from airflow.sdk import get_current_context
+
+        from airflow_provider_cdc.sensors.high_watermark import previous_run_active
+
+        ctx = get_current_context()
+        return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
+
+    capture = ChangelogCaptureOperator(task_id="capture")
+    apply = ChangelogApplyOperator(task_id="apply", conn_id=PARSE.spark_conn_id, conf=PARSE.spark_conf)
 
     @task.short_circuit(
         task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False
@@ -85,25 +92,14 @@ with DAG(
 
     @task(task_id="compact_tombstones", trigger_rule="none_failed")
     def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
-        """Delete tombstones guard the mirror against late chunk rows only while a snapshot
-        of the table can still merge chunks; once none is running or paused, drop them."""
+        """Tombstones of deletes the mirror has applied go, for every table whose snapshot
+        cannot merge chunks any more (not running, paused or failed). Stopped snapshots count
+        as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py)."""
         from airflow_provider_cdc import progress_store
-        from airflow_provider_cdc.sinks.base import read_marker
-        from airflow_provider_cdc.sinks.mirror_delta import compact, mirror_tables, tombstone_count
+        from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
 
-        # Read the applied position BEFORE the snapshot status: a snapshot that starts
-        # after the check reads its chunks after this point, so only tombstones of deletes
-        # after it could matter to its chunks, and those are kept.
-        applied = read_marker(data_dir, source, "mirror")
-        removed: dict[str, int] = {}
-        if applied is None:
-            return removed
-        for table in mirror_tables(data_dir, source):
-            if progress_store.status(source, table.id) in ("running", "paused"):
-                continue
-            if tombstone_count(data_dir, source, table):
-                removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode())
-        return removed
+        return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id))
 
-    check = anything_to_apply(DATA_DIR, SOURCE, SINKS)
-    capture >> check >> apply >> compact_tombstones(DATA_DIR, SOURCE)
+    now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
+    check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)
+    earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)

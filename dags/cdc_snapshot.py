@@ -26,76 +26,65 @@ their next chunk; pausing the DAG in Airflow stops new tasks from being schedule
 running chunk tasks stop too where the API server reports the pause). Chunks read so far
 are merged and kept; ``resume`` continues after the last committed chunk.
 
-Environment: CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (staging name; default
+Environment (airflow_provider_cdc/settings.py; read when the tasks run, except
+CDC_SNAPSHOT_SCHEDULE, CDC_SPARK_CONN_ID, CDC_SPARK_CONF, CDC_MAX_PARALLEL_CHUNKS and the
+CDC_SENSOR_* settings, which Airflow needs when it parses this file):
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (staging name; default
 the conn id), CDC_TABLES (comma list, default tables when the conf has none),
-CDC_DATA_DIR, CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
+CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (rounds up to this many rows merge
 in the worker without a spark-submit; default 100000, 0 = always Spark),
 CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4),
 CDC_SENSOR_DEFERRABLE (true/false: wait_high_watermarks waits in the triggerer between
-pokes instead of being rescheduled; unset = Airflow's [operators] default_deferrable),
+pokes instead of poking in its worker slot; unset = Airflow's [operators] default_deferrable),
 CDC_SENSOR_POKE_INTERVAL (seconds between the sensor's checks, default 5; a deferred
-sensor drains the changelog again every 6 intervals).
+sensor drains the changelog again every 6 intervals), CDC_SENSOR_TIMEOUT (seconds the
+sensor waits in all, default 21600).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, task
 
+from airflow_provider_cdc import settings
 from airflow_provider_cdc.operators.snapshot import (
     SnapshotChunkOperator,
     SnapshotCommitOperator,
     SnapshotPlanOperator,
+    record_snapshot_failure,
 )
-from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator, local_max_rows_from_env
-from airflow_provider_cdc.sensors.high_watermark import (
-    HighWatermarkSensor,
-    deferrable_from_env,
-    poke_interval_from_env,
-)
+from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator
+from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
 
-CONN_ID = os.environ.get("CDC_SOURCE_CONN_ID", "cdc_source")
-SOURCE = os.environ.get("CDC_SOURCE") or CONN_ID
-DATA_DIR = os.environ.get("CDC_DATA_DIR", os.path.join(os.getcwd(), ".cdc-local", "data"))
-TABLES = os.environ.get("CDC_TABLES", "")
-SPARK_CONN_ID = os.environ.get("CDC_SPARK_CONN_ID", "spark_default")
-SINKS = os.environ.get("CDC_SINKS", "events,mirror")
-SPARK_CONF = json.loads(os.environ.get("CDC_SPARK_CONF") or "{}")  # e.g. {"spark.executor.memory": "4g"}
-
-LOCAL_MAX_ROWS = local_max_rows_from_env()  # rounds of at most this many rows merge without spark-submit
-SENSOR_DEFERRABLE = deferrable_from_env()  # None: Airflow's [operators] default_deferrable
-SENSOR_POKE_INTERVAL = poke_interval_from_env()
-
-common = {"data_dir": DATA_DIR, "cdc_conn_id": CONN_ID, "source": SOURCE}
-merge_args = {"data_dir": DATA_DIR, "source": SOURCE, "sinks": SINKS}
+# Only what Airflow needs while parsing; the operators read the data location, the source,
+# the tables, the sinks and CDC_LOCAL_MAX_ROWS when they run (airflow_provider_cdc/settings.py).
+PARSE = settings.load()
 
 with DAG(
     dag_id="cdc_snapshot",
     description="DBLog watermark snapshot (start / pause / resume / stop by trigger conf)",
-    schedule=os.environ.get("CDC_SNAPSHOT_SCHEDULE") or None,
+    schedule=PARSE.snapshot_schedule,
     start_date=datetime(2024, 1, 1),
     catchup=False,
     # a pause/stop run must be able to run next to the snapshot run it pauses
     max_active_runs=3,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    # a task that fails for good marks the run's snapshots failed, with its error
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "on_failure_callback": record_snapshot_failure},
     tags=["cdc", "snapshot"],
     doc_md=__doc__,
 ) as dag:
-    plan = SnapshotPlanOperator(task_id="plan", default_tables=TABLES, retries=0, **common)
+    plan = SnapshotPlanOperator(task_id="plan", retries=0)
 
     chunks = SnapshotChunkOperator.partial(
         task_id="read_chunks",
-        max_active_tis_per_dagrun=int(os.environ.get("CDC_MAX_PARALLEL_CHUNKS", "4")),
-        **common,
+        max_active_tis_per_dagrun=PARSE.max_parallel_chunks,
     ).expand(work=plan.output)
 
     @task(task_id="round")
-    def write_round(results, data_dir: str, source: str) -> str:
+    def write_round(results) -> str:
         """The round's chunk list as a JSON file for the merge job (XCom stays small)."""
         import json
         import re
@@ -105,9 +94,12 @@ with DAG(
         from airflow.sdk import get_current_context
         from airflow.sdk.exceptions import AirflowSkipException
 
+        from airflow_provider_cdc import settings
         from airflow_provider_cdc.core.staging import staging_dir
         from airflow_provider_cdc.sensors.high_watermark import flatten_chunk_results
 
+        now = settings.load()  # at run time, like the operators
+        data_dir, source = now.data_dir, now.source
         flat = flatten_chunk_results(results)
         if not flat:
             raise AirflowSkipException("no chunks to merge in this run (pause/stop, or nothing left)")
@@ -119,27 +111,26 @@ with DAG(
         tmp.replace(path)
         return str(path)
 
-    round_file = write_round(chunks.output, DATA_DIR, SOURCE)
+    round_file = write_round(chunks.output)
 
     wait = HighWatermarkSensor(
         task_id="wait_high_watermarks",
         chunks=chunks.output,
-        mode="reschedule",
-        poke_interval=SENSOR_POKE_INTERVAL,
-        timeout=3600,
-        **({} if SENSOR_DEFERRABLE is None else {"deferrable": SENSOR_DEFERRABLE}),
-        **common,
+        # poke: a reschedule-mode sensor can lose its tries to an Airflow race while the
+        # capture lock is held for minutes (apache/airflow#71172); waiting must never fail a run
+        mode="poke",
+        poke_interval=PARSE.sensor_poke_interval,
+        timeout=PARSE.sensor_timeout,
+        **({} if PARSE.sensor_deferrable is None else {"deferrable": PARSE.sensor_deferrable}),
     )
 
     merge = SnapshotMergeOperator(
         task_id="merge",
         round_file=round_file,
-        conn_id=SPARK_CONN_ID,
-        conf=SPARK_CONF,
-        local_max_rows=LOCAL_MAX_ROWS,
-        **merge_args,
+        conn_id=PARSE.spark_conn_id,
+        conf=PARSE.spark_conf,
     )
 
-    commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output, **common)
+    commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output)
 
     round_file >> wait >> merge >> commit

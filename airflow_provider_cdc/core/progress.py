@@ -137,6 +137,11 @@ class SnapshotProgress:
     active_seconds: float = 0.0  # time spent running (pauses excluded)
     running_since: float | None = None
     error: str | None = None
+    # the DAG run reading this snapshot now (another run that finds it alive leaves the table
+    # alone: two runs never read one snapshot at once), and the logical date of the run that
+    # started it (a scheduled/backfill refresh for that date or an older one starts none)
+    owner: str | None = None
+    logical_date: str | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     @classmethod
@@ -297,6 +302,10 @@ class SnapshotProgress:
             "t0": self.started_at, "t1": self.updated_at, "active": self.active_seconds, "since": self.running_since,
             "error": self.error, "tables": tables,
         }
+        if self.owner is not None:
+            d["owner"] = self.owner
+        if self.logical_date is not None:
+            d["ld"] = self.logical_date
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
@@ -332,7 +341,7 @@ class SnapshotProgress:
             tables[tid] = TableProgress(tid, ranges, _tup(t.get("ub")), t["rows"], t["chunks"], t.get("t0"), t.get("t1"))
         return cls(
             d["source"], d["snapshot_id"], Status(d["status"]), tables, d.get("t0"), d.get("t1"),
-            d.get("active", 0.0), d.get("since"), d.get("error"),
+            d.get("active", 0.0), d.get("since"), d.get("error"), d.get("owner"), d.get("ld"),
         )
 
     @classmethod

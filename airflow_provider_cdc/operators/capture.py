@@ -12,6 +12,7 @@ from airflow.sdk import BaseOperator
 from ..dialects.base import CaptureResult
 from ..hooks.cdc_source import CdcSourceHook
 from ..locks import capture_lock
+from ..settings import FromSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,18 @@ class ChangelogCaptureOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("cdc_conn_id", "data_dir", "source", "max_events", "segment_max_events")
     ui_color = "#c9e4ff"
+    # not given: the settings when the task runs (settings.py)
+    data_dir = FromSettings("data_dir")
+    cdc_conn_id = FromSettings("conn_id")
+    source = FromSettings("explicit_source")
+    max_events = FromSettings("capture_max_events")
+    segment_max_events = FromSettings("capture_segment_max_events")
 
     def __init__(
         self,
         *,
-        data_dir: str,
-        cdc_conn_id: str = CdcSourceHook.default_conn_name,
+        data_dir: str | None = None,
+        cdc_conn_id: str | None = None,
         source: str | None = None,
         max_events: int | None = None,
         segment_max_events: int | None = None,

@@ -42,6 +42,7 @@ from ..core.throttle import Throttle
 from ..dialects.base import Dialect
 from ..hooks.cdc_source import CdcSourceHook
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
+from ..settings import FromSettings
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,17 @@ def _write_text_atomic(path: str | Path, text: str) -> None:
     os.replace(tmp, p)
 
 
+def _iso_utc(value: Any) -> str | None:
+    """A run's logical date as an ISO string in UTC (None: the run has none)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat()
+
+
 def _dag_is_paused(context: Any) -> bool:
     """Airflow's own DAG pause, asked through the Task SDK (tasks have no DB access; the
     API server answers). Where that call is not served this returns False. Either way a
@@ -268,14 +280,76 @@ def _dag_is_paused(context: Any) -> bool:
         return False
 
 
+def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str) -> bool:
+    """The DAG was paused under a running chunk task: the snapshot moves to ``paused``, so
+    its status matches what Airflow shows, and ``resume`` (after unpausing) continues it.
+    Returns True when this call paused it (parallel chunk tasks may race to do so)."""
+    p = progress_store.load(source, table_id)
+    if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
+        return False
+    p.pause()
+    progress_store.save(source, table_id, p)
+    log.info("table %s: snapshot %s paused because the DAG was paused; resume it after unpausing", table_id,
+             snapshot_id)
+    return True
+
+
+def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str) -> list[str]:
+    """Move the given (table, snapshot id) pairs that are still current and running or
+    paused to ``failed`` with ``error``. Returns the tables it changed."""
+    changed = []
+    for table_id, snapshot_id in sorted(set(snapshots)):
+        p = progress_store.load(source, table_id)
+        if p is None or p.snapshot_id != snapshot_id or p.status not in (RUNNING, PAUSED):
+            continue
+        p.fail(error)
+        progress_store.save(source, table_id, p)
+        changed.append(table_id)
+        log.error("table %s: snapshot %s failed: %s", table_id, snapshot_id, error)
+    return changed
+
+
+def record_snapshot_failure(context: Any) -> None:
+    """``on_failure_callback`` of the snapshot DAG's tasks (Airflow calls it once a task has
+    failed for good, after its last retry): the snapshots this run works on (the plan
+    task's work items) go to ``failed`` with the error, so ``airflow-cdc status`` shows
+    what the run shows. ``resume`` (after fixing the cause) continues them."""
+    from .. import settings
+
+    ti = context.get("ti")
+    task = context.get("task")
+    if ti is None:
+        return
+    try:
+        work = ti.xcom_pull(task_ids="plan") or []
+    except Exception as exc:  # noqa: BLE001 - a callback must not hide the task's own error
+        log.warning("could not read the plan of this run to mark its snapshots failed: %s", exc)
+        return
+    if isinstance(work, dict):
+        work = [work]
+    snapshots = [(w["table"], w["snapshot_id"]) for w in work if isinstance(w, dict) and "snapshot_id" in w]
+    if not snapshots:
+        return
+    hook = getattr(task, "hook", None)
+    source = getattr(hook, "source", None) or getattr(task, "source", None) or settings.load().source
+    error = f"task {ti.task_id} failed: {context.get('exception') or 'unknown error'}"
+    mark_failed(source, snapshots, error)
+
+
 class _SourceOperator(BaseOperator):
-    """Shared parameters: the source connection and the data directory."""
+    """Shared parameters: the source connection and the data directory. Not given (None),
+    each is the setting read when the task runs (settings.py: CDC_DATA_DIR,
+    CDC_SOURCE_CONN_ID, CDC_SOURCE)."""
+
+    data_dir = FromSettings("data_dir")
+    cdc_conn_id = FromSettings("conn_id")
+    source = FromSettings("explicit_source")
 
     def __init__(
         self,
         *,
-        data_dir: str,
-        cdc_conn_id: str = CdcSourceHook.default_conn_name,
+        data_dir: str | None = None,
+        cdc_conn_id: str | None = None,
         source: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -302,6 +376,10 @@ class SnapshotPlanOperator(_SourceOperator):
 
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
     ui_color = "#e0d4ff"
+    default_tables = FromSettings("tables")  # not given: CDC_TABLES when the task runs
+    _context: Any = None
+    _run_id: str | None = None
+    _logical_date: str | None = None
 
     def __init__(
         self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None, **kwargs: Any
@@ -315,9 +393,15 @@ class SnapshotPlanOperator(_SourceOperator):
         dag_run = context.get("dag_run") if context else None
         if conf is None:
             conf = (getattr(dag_run, "conf", None) or {}) if dag_run is not None else {}
-        scheduled = str(getattr(dag_run, "run_type", "")).lower().endswith("scheduled")
+        run_type = str(getattr(getattr(dag_run, "run_type", ""), "value", getattr(dag_run, "run_type", ""))).lower()
+        scheduled = run_type.endswith(("scheduled", "backfill", "backfill_job"))
         req = parse_snapshot_conf(  # before anything is written
             conf, self.default_tables, default_action="refresh" if scheduled else "start"
+        )
+        self._context = context
+        self._run_id = (context.get("run_id") if context else None) or getattr(dag_run, "run_id", None)
+        self._logical_date = _iso_utc(
+            (context.get("logical_date") if context else None) or getattr(dag_run, "logical_date", None)
         )
         source = self.hook.source
         stored = {t.id: progress_store.load(source, t.id) for t in req.tables}
@@ -333,7 +417,10 @@ class SnapshotPlanOperator(_SourceOperator):
                     )
             return self._start(req, req.tables)
         if req.action == "refresh":
-            fresh = [t for t in req.tables if stored[t.id] is None or stored[t.id].status in (DONE, STOPPED)]
+            fresh = [
+                t for t in req.tables
+                if (stored[t.id] is None or stored[t.id].status in (DONE, STOPPED)) and self._due(t.id, stored[t.id])
+            ]
             for t in req.tables:
                 if stored[t.id] is not None and stored[t.id].status == PAUSED:
                     log.info("table %s: snapshot %s is paused; left paused", t.id, stored[t.id].snapshot_id)
@@ -342,8 +429,59 @@ class SnapshotPlanOperator(_SourceOperator):
                 for t in req.tables
                 if stored[t.id] is not None and stored[t.id].status in (RUNNING, FAILED)
             }
-            return (self._start(req, fresh) if fresh else []) + self._resume(req, going)
+            work = []
+            for t in fresh:  # each keeps the chunk settings of the snapshot before it
+                work += self._start(self._inherit(req, t, stored[t.id]), [t])
+            return work + self._resume(req, going)
         return self._resume(req, stored)
+
+    def _due(self, table_id: str, p: SnapshotProgress | None) -> bool:
+        """A refresh starts a new snapshot only for a logical date after the one of the run
+        that started the last snapshot: a second run for the same date (a cleared run, a
+        backfill over dates already done) or an older one starts none."""
+        if p is None or p.logical_date is None or self._logical_date is None:
+            return True
+        if datetime.fromisoformat(self._logical_date) > datetime.fromisoformat(p.logical_date):
+            return True
+        log.info(
+            "table %s: snapshot %s was started for logical date %s; this run (%s) starts no other",
+            table_id, p.snapshot_id, p.logical_date, self._logical_date,
+        )
+        return False
+
+    def _inherit(self, req: SnapshotConf, table: TableName, prior: SnapshotProgress | None) -> SnapshotConf:
+        """A refresh keeps the chunk settings (chunk_size, parallelism, where, delay_seconds)
+        of the snapshot before it, so of the last manual start, unless its conf gives new ones."""
+        if prior is None:
+            return req
+        try:
+            plan = read_plan(self.data_dir, self.hook.source, table, prior.snapshot_id)
+        except StateError:
+            log.info("table %s: the plan of snapshot %s is gone; refreshing with this run's settings", table,
+                     prior.snapshot_id)
+            return req
+        changes: dict[str, Any] = {
+            k: plan[k] for k in ("chunk_size", "parallelism") if k not in req.given and plan.get(k) is not None
+        }
+        if "where" not in req.given and plan.get("where"):
+            changes["where"] = {table.id: plan["where"]}
+        delay = req.delay_seconds if "delay_seconds" in req.given else (plan.get("delay_seconds") or None)
+        return replace(req, request=replace(req.request, **changes), delay_seconds=delay)
+
+    def _owner_alive(self, p: SnapshotProgress) -> bool:
+        """True when another DAG run that is still queued or running reads this snapshot."""
+        if not p.owner or p.owner == self._run_id:
+            return False
+        ti = (self._context or {}).get("ti")
+        get_state = getattr(ti, "get_dagrun_state", None)
+        if get_state is None:
+            return False
+        try:
+            state = get_state(ti.dag_id, p.owner)
+        except Exception as exc:  # noqa: BLE001 - e.g. the owner run was deleted
+            log.info("table %s: state of run %s unknown (%s); taking the snapshot over", p.snapshot_id, p.owner, exc)
+            return False
+        return str(getattr(state, "value", state)).lower() in ("queued", "running")
 
     def _pause_or_stop(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         changed = {}
@@ -360,6 +498,11 @@ class SnapshotPlanOperator(_SourceOperator):
                 log.info("table %s: snapshot %s is already %s", tid, p.snapshot_id, p.status)
         for tid, p in changed.items():
             progress_store.save(self.hook.source, tid, p)
+            if p.status == STOPPED:
+                # the stopped snapshot's merge in flight must not commit another batch
+                from ..sinks.mirror_delta import fence_out_merges
+
+                fence_out_merges(self.data_dir, self.hook.source, tid, p.snapshot_id)
             log.info(
                 "table %s: snapshot %s is now %s (progress kept: %d rows)",
                 tid,
@@ -409,9 +552,9 @@ class SnapshotPlanOperator(_SourceOperator):
             }
             _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
             _write_text_atomic(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
-            progress_store.save(
-                source, table.id, SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
-            )
+            started = SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
+            started.owner, started.logical_date = self._run_id, self._logical_date
+            progress_store.save(source, table.id, started)
             log.info(
                 "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d",
                 table.id,
@@ -439,6 +582,13 @@ class SnapshotPlanOperator(_SourceOperator):
             if p.status == DONE:
                 log.info("table %s: snapshot %s is done; nothing to resume", tid, p.snapshot_id)
                 continue
+            if self._owner_alive(p):
+                log.warning(
+                    "table %s: snapshot %s is being read by DAG run %s, which is still running; this run leaves "
+                    "it alone (two runs never read one snapshot at once). Resume again once that run has ended",
+                    tid, p.snapshot_id, p.owner,
+                )
+                continue
             table = TableName.parse(tid)
             plan = read_plan(self.data_dir, source, table, p.snapshot_id)
             if "chunk_size" in req.given:  # throttle settings may change between runs
@@ -455,6 +605,7 @@ class SnapshotPlanOperator(_SourceOperator):
             p.resume()
             if not todo and p.table(tid).done:
                 p.finish()
+            p.owner = self._run_id or p.owner
             progress_store.save(source, tid, p)
             log.info(
                 "table %s: resuming snapshot %s, %d of %d range(s) left",
@@ -521,10 +672,15 @@ class SnapshotChunkOperator(_SourceOperator):
             return f"snapshot {snapshot_id} of {table_id} is no longer the current one"
         if not p.may_read:
             return f"snapshot {snapshot_id} of {table_id} is {p.status}"
+        run_id = context.get("run_id") if context else None
+        if p.owner and run_id and p.owner != run_id:
+            return f"snapshot {snapshot_id} of {table_id} is read by DAG run {p.owner} now"
         # A task that starts while its DAG is paused was run on purpose (dag.test(),
         # `airflow tasks test`, a run forced through): only a pause that happens while
         # it runs stops it.
         if self.check_dag_paused and not self._ran_while_paused and _dag_is_paused(context):
+            # the snapshot's status says so too (`airflow-cdc status`); resume continues it
+            pause_for_dag_pause(self.hook.source, table_id, snapshot_id)
             return "the DAG was paused"
         return None
 
@@ -615,6 +771,19 @@ class SnapshotCommitOperator(_SourceOperator):
         super().__init__(**kwargs)
         self.chunks = chunks
 
+    def _compact(self, source: str, tid: str) -> None:
+        """Every chunk of the snapshot is merged: tombstones up to what the mirror has applied
+        go. Safe against any writer still in flight (the horizon fence in sinks/mirror_delta.py),
+        idempotent and retried on commit conflicts; a snapshot started after this reads its
+        chunks later than those deletes."""
+        from ..sinks.base import read_marker
+        from ..sinks.mirror_delta import compact
+
+        applied = read_marker(self.data_dir, source, "mirror")
+        if applied is not None:
+            removed = compact(self.data_dir, source, tid, upto_position=applied.encode())
+            log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
+
     def execute(self, context: Any) -> dict[str, Any]:
         from ..sensors.high_watermark import flatten_chunk_results
 
@@ -647,6 +816,8 @@ class SnapshotCommitOperator(_SourceOperator):
                     p.status,
                     count,
                 )
+                if p.status == DONE:  # a retry after `done` was stored: compaction is not skipped
+                    self._compact(source, tid)
                 tp = p.table(tid)
                 summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
                 continue
@@ -663,21 +834,14 @@ class SnapshotCommitOperator(_SourceOperator):
                 and fresh.status in (PAUSED, STOPPED)
             ):
                 p.pause() if fresh.status == PAUSED else p.stop()
+            if fresh is not None and fresh.snapshot_id == sid:
+                p.owner = fresh.owner  # a run that took the snapshot over meanwhile keeps it
             finished = p.status == RUNNING and p.table(tid).done
             if finished:
                 p.finish()
             progress_store.save(source, tid, p)
             if finished:
-                # every chunk is merged: no late chunk row of this snapshot can resurrect a
-                # deleted key any more. Tombstones up to what the mirror has applied go; a
-                # snapshot started after this reads its chunks later than those deletes.
-                from ..sinks.base import read_marker
-                from ..sinks.mirror_delta import compact
-
-                applied = read_marker(self.data_dir, source, "mirror")
-                if applied is not None:
-                    removed = compact(self.data_dir, source, tid, upto_position=applied.encode())
-                    log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
+                self._compact(source, tid)
             tp = p.table(tid)
             log.info(
                 "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",

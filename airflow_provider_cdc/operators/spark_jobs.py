@@ -15,46 +15,47 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Sequence
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError
+from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
 from ..spark.common import application_path
-
-#: rounds / changelog batches of at most this many rows run in the worker (no spark-submit)
-DEFAULT_LOCAL_MAX_ROWS = 100_000
 
 
 def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
-    raw = os.environ.get("CDC_LOCAL_MAX_ROWS", "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ConfigurationError(f"CDC_LOCAL_MAX_ROWS must be a whole number >= 0 (0: always spark-submit), got {raw!r}")
-    return value
+    """``CDC_LOCAL_MAX_ROWS``, parsed by settings.py (the one place settings are read)."""
+    from ..settings import _int
+
+    return _int(os.environ, "CDC_LOCAL_MAX_ROWS", default, "a whole number >= 0 (0: always spark-submit)")
 
 
 class _CdcJobOperator(SparkSubmitOperator):
     job: str = ""
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "data_dir", "source", "sinks")
+    # not given (None): the settings when the task runs (settings.py)
+    data_dir = FromSettings("data_dir")
+    source = FromSettings("source")
+    sinks = FromSettings("sinks")
+    local_max_rows = FromSettings("local_max_rows")
 
     def __init__(
         self,
         *,
-        data_dir: str,
-        source: str,
-        sinks: str = "events,mirror",
+        data_dir: str | None = None,
+        source: str | None = None,
+        sinks: str | None = None,
         database: str | None = None,
-        local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS,
+        local_max_rows: int | None = None,
         **kwargs: Any,
     ) -> None:
-        if isinstance(local_max_rows, bool) or not isinstance(local_max_rows, int) or local_max_rows < 0:
+        if local_max_rows is not None and (
+            isinstance(local_max_rows, bool) or not isinstance(local_max_rows, int) or local_max_rows < 0
+        ):
             raise ConfigurationError(
                 f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always spark-submit), "
                 f"got {local_max_rows!r}"
@@ -63,6 +64,40 @@ class _CdcJobOperator(SparkSubmitOperator):
         super().__init__(application=application_path(self.job), **kwargs)
         self.data_dir, self.source, self.sinks, self.database = data_dir, source, sinks, database
         self.local_max_rows = local_max_rows
+
+    def _get_hook(self):
+        """Spark's hook, with its spark-submit bound to this task's process: killed with the
+        task (kill -9 included), never left writing beside the retry (spark/common.py)."""
+        from ..spark.common import die_with_parent
+
+        hook = super()._get_hook()
+        submit, parent = hook.submit, os.getpid()
+
+        def submit_bound_to_task(application: str = "", **kwargs: Any):
+            kwargs.setdefault("preexec_fn", lambda: die_with_parent(parent))
+            return submit(application, **kwargs)
+
+        hook.submit = submit_bound_to_task
+        return hook
+
+    def on_kill(self) -> None:
+        """A graceful kill (the task's SIGTERM): the hook ends the application (SIGKILL of the
+        local spark-submit; the driver, YARN application or driver pod in cluster modes), and
+        this returns only once the local spark-submit is gone, so the retry that follows
+        never runs beside it. A round merged in this worker ends with the task process."""
+        hook = getattr(self, "_hook", None)
+        if hook is None:
+            return  # nothing submitted
+        super().on_kill()
+        sp = getattr(hook, "_submit_sp", None)
+        if sp is None:
+            return
+        if sp.poll() is None:
+            sp.kill()
+        try:
+            sp.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.log.warning("spark-submit (pid %s) still runs 60 s after SIGKILL", sp.pid)
 
     # the job's command-line arguments, from the rendered fields
     def job_arguments(self) -> list[str]:
@@ -93,11 +128,23 @@ class _CdcJobOperator(SparkSubmitOperator):
                       self.application)
         return super().execute(context)
 
-    def _sinks(self, *, require_schema: bool):
+    def _sinks(self, *, require_schema: bool, fence_tables=None):
         from ..spark.common import build_sinks
 
         return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.database,
-                           pg_uri=None, pg_schema=None, require_schema=require_schema)
+                           pg_uri=None, pg_schema=None, require_schema=require_schema, fence_tables=fence_tables)
+
+
+def _write_live_round(round_file: str, chunks) -> str:
+    """The round without the chunks of stopped snapshots, next to the round file."""
+    import uuid
+    from pathlib import Path
+
+    path = Path(f"{round_file.removesuffix('.json')}.live.json")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps([c.to_dict() for c in chunks]))
+    tmp.replace(path)
+    return str(path)
 
 
 class SnapshotMergeOperator(_CdcJobOperator):
@@ -114,6 +161,42 @@ class SnapshotMergeOperator(_CdcJobOperator):
     def job_arguments(self) -> list[str]:
         return ["--chunks", str(self.round_file), *super().job_arguments()]
 
+    def _dead_snapshots(self, chunks) -> set[tuple[str, str]]:
+        """(table, snapshot id) of the round whose snapshot was stopped or replaced: their
+        chunks are not merged (a stop means no more output from that snapshot)."""
+        from .. import progress_store
+
+        dead = set()
+        for key in {(c.table, c.snapshot_id) for c in chunks}:
+            p = progress_store.load(self.source, key[0])
+            if p is None or p.snapshot_id != key[1] or p.status == progress_store.STOPPED:
+                dead.add(key)
+        return dead
+
+    def execute(self, context: Any) -> dict | None:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from ..core.errors import FencedError
+
+        chunks = self._chunks()
+        dead = self._dead_snapshots(chunks)
+        if dead:
+            live = [c for c in chunks if (c.table, c.snapshot_id) not in dead]
+            self.log.info("merge: not merging the chunks of stopped or replaced snapshot(s) %s", sorted(dead))
+            if not live:
+                raise AirflowSkipException(f"every snapshot of this round was stopped or replaced: {sorted(dead)}")
+            self.round_file = _write_live_round(str(self.round_file), live)
+        try:
+            return super().execute(context)
+        except (FencedError, AirflowException) as exc:
+            # a stop that landed while merging fences the merge out (sinks/mirror_delta.py):
+            # that is the stop working, not a failure to retry
+            merging = self._chunks()
+            gone = self._dead_snapshots(merging)
+            if gone and gone == {(c.table, c.snapshot_id) for c in merging}:
+                raise AirflowSkipException(f"merge fenced out: snapshot(s) {sorted(gone)} stopped meanwhile ({exc})") from exc
+            raise
+
     def _chunks(self):
         from ..spark.merge_job import load_chunks
 
@@ -125,9 +208,10 @@ class SnapshotMergeOperator(_CdcJobOperator):
     def run_local(self) -> dict:
         from ..local_jobs import merge_round
 
-        sinks = self._sinks(require_schema=True)
+        chunks = self._chunks()
+        sinks = self._sinks(require_schema=True, fence_tables=[(c.table, c.snapshot_id) for c in chunks])
         try:
-            return merge_round(self._chunks(), data_dir=self.data_dir, source=self.source, sinks=sinks)
+            return merge_round(chunks, data_dir=self.data_dir, source=self.source, sinks=sinks)
         finally:
             for s in sinks:
                 s.close()

@@ -17,8 +17,9 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from ..core.errors import ConfigurationError, NotReadyError
+from ..core.errors import NotReadyError
 from ..hooks.cdc_source import CdcSourceHook
+from ..settings import DEFAULT_POKE_INTERVAL, FromSettings
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
@@ -50,33 +51,33 @@ def flatten_chunk_results(value: Any) -> list[dict]:
 
 
 
-DEFAULT_POKE_INTERVAL = 5.0
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+def previous_run_active(dag_run: Any, ti: Any) -> str | None:
+    """For a backfill run: the run id of the previous run (by logical date) while it is still
+    queued or running, else None. Other run types never wait (None)."""
+    if not str(getattr(dag_run, "run_type", "")).lower().endswith("backfill"):
+        return None
+    prev = ti.get_previous_dagrun()
+    if prev is None or str(prev.state).lower().rsplit(".", 1)[-1] not in ("queued", "running"):
+        return None
+    log.info("waiting for the previous interval's run %s (%s) to finish first", prev.run_id, prev.state)
+    return prev.run_id
+
+
 
 
 def deferrable_from_env() -> bool | None:
     """``CDC_SENSOR_DEFERRABLE`` (true/false); None when unset: Airflow's
     ``[operators] default_deferrable`` decides."""
-    raw = os.environ.get("CDC_SENSOR_DEFERRABLE", "").strip()
-    if not raw:
-        return None
-    if raw.lower() in _TRUE + _FALSE:
-        return raw.lower() in _TRUE
-    raise ConfigurationError(f"CDC_SENSOR_DEFERRABLE must be true or false, got {raw!r}")
+    from ..settings import load
+
+    return load().sensor_deferrable
 
 
 def poke_interval_from_env(default: float = DEFAULT_POKE_INTERVAL) -> float:
     """``CDC_SENSOR_POKE_INTERVAL``: seconds between the sensor's checks, a number > 0."""
-    raw = os.environ.get("CDC_SENSOR_POKE_INTERVAL", "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise ConfigurationError(f"CDC_SENSOR_POKE_INTERVAL must be a number of seconds > 0, got {raw!r}")
-    return value
+    from ..settings import _seconds
+
+    return _seconds(os.environ, "CDC_SENSOR_POKE_INTERVAL", default)
 
 
 class HighWatermarkSensor(BaseSensorOperator):
@@ -90,13 +91,17 @@ class HighWatermarkSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "source", "cdc_conn_id")
     ui_color = "#fff2b3"
+    # not given: the settings when the task runs (settings.py)
+    data_dir = FromSettings("data_dir")
+    cdc_conn_id = FromSettings("conn_id")
+    source = FromSettings("explicit_source")
 
     def __init__(
         self,
         *,
         chunks: Any,
-        data_dir: str,
-        cdc_conn_id: str = CdcSourceHook.default_conn_name,
+        data_dir: str | None = None,
+        cdc_conn_id: str | None = None,
         source: str | None = None,
         drain: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),

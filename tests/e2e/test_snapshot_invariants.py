@@ -246,10 +246,62 @@ def test_stop_then_start_over(pipeline):
         p.snapshot()
         first = p.progress()
         assert first.status == "stopped"
-        # the stopped snapshot merged what it had read, and no more: the mirror is incomplete
-        assert 0 < len(read_mirror(p.data_dir, p.source, p.table)) < w.count_rows(p.uri, p.table)
+        # a stopped snapshot commits nothing more (its merge in flight is fenced out and its
+        # unmerged chunks are dropped): the mirror is incomplete
+        assert len(read_mirror(p.data_dir, p.source, p.table)) < w.count_rows(p.uri, p.table)
         p.snapshot("start")
     second = p.progress()
     assert second.status == "done" and second.snapshot_id != first.snapshot_id
     p.catch_up()
     p.assert_equal()
+
+
+def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
+    """The stop-during-merge bug, in-process: the merge writes its first group of chunk rows,
+    then `stop` lands (as the stop action does it), the source deletes every other row, and
+    the changelog is captured, applied and compacted (the stopped snapshot no longer holds
+    the tombstones back) before the merge goes on with groups read before the deletes.
+    Unfenced, those groups re-inserted the deleted rows and no later snapshot removed them."""
+    from functools import partial
+
+    from airflow_provider_cdc import local_jobs
+    from airflow_provider_cdc.sinks.mirror_delta import compact_inactive, fence_out_merges
+    from airflow_provider_cdc.spark import common
+
+    p = pipeline
+    p.mp.setenv("CDC_LOCAL_MAX_ROWS", str(10 * ROWS))  # the merge runs in this process
+    p.mp.setattr(local_jobs, "merge_round", partial(local_jobs.merge_round, max_batch_rows=CHUNK))
+    real_write = common.write_to_sinks
+    state = {"groups": 0, "compacted": None}
+
+    def stop_deletes_and_compaction_after_the_first_group(sinks, events):
+        real_write(sinks, events)
+        state["groups"] += 1
+        if state["groups"] != 1:
+            return
+        progress_store.request(p.source, p.table.id, "stop")
+        fence_out_merges(p.data_dir, p.source, p.table)
+        params = w.ConnectionParams.from_uri(p.uri)
+        conn = w.connect(params)
+        try:
+            conn.cursor().execute(f"DELETE FROM {w.quote_table(params, p.table)} WHERE {w.quote_ident(params, 'id')} % 2 = 0")
+            conn.commit()
+        finally:
+            conn.close()
+        p.capture_now()
+        apply_sinks = common.build_sinks("events,mirror", data_dir=p.data_dir, source=p.source, database=None,
+                                         pg_uri=None, pg_schema=None, require_schema=False)
+        local_jobs.apply_changelog(p.data_dir, p.source, apply_sinks)
+        state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: progress_store.status(p.source, t))
+
+    p.mp.setattr(common, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
+    p.snapshot()
+    assert state["compacted"] and state["compacted"][p.table.id] > 0, "the deletes' tombstones must have been compacted"
+    assert p.progress().status == "stopped"
+    groups_of_the_stopped_merge = state["groups"]
+    p.mp.setattr(common, "write_to_sinks", real_write)
+    p.snapshot("start")
+    assert p.progress().status == "done"
+    p.catch_up()
+    p.assert_equal()  # no deleted row came back (unfenced: 1,400 of 1,500 deleted rows came back)
+    assert groups_of_the_stopped_merge == 1, "the stopped snapshot's merge must not write another group"

@@ -133,3 +133,12 @@ def test_event_log_violations_are_reported():
         rep = check_events("s.t", evs, primary_key=("id",))
         assert not rep.ok and rep.violation_count == 1, (word, rep.violations)
         assert word in rep.violations[0], (word, rep.violations)
+
+
+def test_status_says_when_the_snapshot_dag_is_paused():
+    """A running snapshot behind a paused DAG reads as such in `airflow-cdc status`."""
+    from airflow_provider_cdc.cli import describe_progress
+
+    assert describe_progress({"status": "running", "dag_paused": True}).startswith(
+        "running (DAG cdc_snapshot is paused: no task runs until it is unpaused)")
+    assert describe_progress({"status": "running", "dag_paused": False}) == "running"

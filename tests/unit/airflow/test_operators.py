@@ -260,6 +260,8 @@ def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_pat
     assert op._should_stop({"ti": ti}, T.id, "S1") is None
     ti.paused = True  # paused while the task runs
     assert op._should_stop({"ti": ti}, T.id, "S1") == "the DAG was paused"
+    assert progress_store.status("src", T.id) == "paused"  # the snapshot's status shows the DAG pause
+    assert progress_store.request("src", T.id, "resume").status == "running"  # and resume continues it
     op._ran_while_paused = True  # started on a paused DAG on purpose (dag.test, tasks test)
     assert op._should_stop({"ti": ti}, T.id, "S1") is None
     assert "no longer the current one" in op._should_stop({"ti": ti}, T.id, "S0")
@@ -311,3 +313,130 @@ def test_scheduled_runs_refresh_continue_and_leave_paused_alone(tmp_path, variab
     progress_store.request("src", T.id, "pause")
     assert plan_op(tmp_path, default_tables=T.id).execute(scheduled) == []
     assert progress_store.status("src", T.id) == "paused"
+
+
+class FailingTI:
+    """What the failure callback asks the Task SDK: the task id and the plan's XCom."""
+
+    task_id = "merge"
+
+    def __init__(self, work) -> None:
+        self.work = work
+
+    def xcom_pull(self, task_ids=None, **kw):
+        assert task_ids == "plan"
+        return self.work
+
+
+@pytest.mark.parametrize("status", ["running", "paused"])
+def test_a_task_that_fails_for_good_marks_the_runs_snapshot_failed_and_resume_continues(tmp_path, variables, status):
+    from airflow_provider_cdc.operators.snapshot import record_snapshot_failure
+
+    progress(tmp_path, status)
+    op = plan_op(tmp_path)
+    work = [{"table": T.id, "snapshot_id": "S1", "range_index": 0}, {"table": T.id, "snapshot_id": "S1"}]
+    record_snapshot_failure({"ti": FailingTI(work), "task": op, "exception": RuntimeError("disk full")})
+    p = progress_store.load("src", T.id)
+    assert p.status == "failed" and p.error == "task merge failed: disk full"
+    # an older snapshot's run failing later does not touch the current one, nor a final state
+    record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S0"}]), "task": op,
+                             "exception": RuntimeError("old")})
+    assert progress_store.load("src", T.id).error == "task merge failed: disk full"
+    # resume (after fixing the cause) works from failed
+    plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id]}))
+    p = progress_store.load("src", T.id)
+    assert p.status == "running" and p.error is None
+
+
+def test_the_failure_callback_leaves_done_and_stopped_snapshots_alone(tmp_path, variables):
+    from airflow_provider_cdc.operators.snapshot import record_snapshot_failure
+
+    progress(tmp_path, "stopped")
+    record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S1"}]), "task": plan_op(tmp_path),
+                             "exception": RuntimeError("late")})
+    assert progress_store.load("src", T.id).status == "stopped"
+
+
+def test_the_snapshot_dag_marks_failures_on_every_task():
+    import runpy
+    from pathlib import Path
+
+    from airflow_provider_cdc.operators.snapshot import record_snapshot_failure
+
+    dag = runpy.run_path(str(Path(__file__).resolve().parents[3] / "dags" / "cdc_snapshot.py"))["dag"]
+    for t in dag.tasks:
+        assert record_snapshot_failure in (t.on_failure_callback or []) or t.on_failure_callback == record_snapshot_failure, t.task_id
+
+
+def run_ctx(run_type, logical_date, run_id, ti=None, conf=None):
+    from datetime import datetime
+
+    ld = None if logical_date is None else datetime.fromisoformat(logical_date)
+    dr = SimpleNamespace(conf=conf or {}, run_type=run_type, run_id=run_id, logical_date=ld)
+    return {"dag_run": dr, "ti": ti, "run_id": run_id, "logical_date": ld}
+
+
+def test_backfill_and_scheduled_runs_refresh_once_per_logical_date(tmp_path, variables):
+    """A done snapshot started for a logical date: a scheduled or backfill run for that date or
+    an older one starts no other snapshot (its plan returns no work, the progress is unchanged)."""
+    p = progress(tmp_path)
+    p.status, p.logical_date, p.owner = "done", "2026-11-20T00:00:00+00:00", "scheduled__2026-11-20"
+    progress_store.save("src", T.id, p)
+    before = progress_store.load_raw("src", T.id)
+    for run_type, ld in [("backfill", "2026-11-20T00:00:00+00:00"), ("scheduled", "2026-11-19T00:00:00+00:00"),
+                         ("backfill", "2026-11-01T00:00:00")]:
+        assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx(run_type, ld, f"{run_type}__{ld}")) == []
+    assert progress_store.load_raw("src", T.id) == before
+    op = plan_op(tmp_path, default_tables=T.id)
+    op.execute(run_ctx("backfill", "2026-11-19T00:00:00+00:00", "b"))  # sets the run facts
+    assert not op._due(T.id, p)
+    op._logical_date = "2026-11-21T00:00:00+00:00"
+    assert op._due(T.id, p)  # a later date refreshes
+
+
+def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, variables):
+    from airflow_provider_cdc.operators.snapshot import parse_snapshot_conf
+
+    p = progress(tmp_path)  # its plan: chunk_size 10, parallelism 2, delay 0
+    path = plan_path(str(tmp_path), "src", T, "S1")
+    plan = json.loads(path.read_text())
+    plan.update(where="amount > 5", delay_seconds=0.5)
+    path.write_text(json.dumps(plan))
+    op = plan_op(tmp_path)
+    kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
+    assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (
+        10, 2, "amount > 5", 0.5)
+    new = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id], "chunk_size": 99,
+                                           "where": "amount > 7", "delay_seconds": 0}), T, p)
+    assert (new.request.chunk_size, new.request.parallelism, new.request.where_for(T), new.delay_seconds) == (
+        99, 2, "amount > 7", 0)
+
+
+class RunStateTI:
+    """What the plan asks the Task SDK about another run: its state."""
+
+    dag_id = "cdc_snapshot"
+
+    def __init__(self, states) -> None:
+        self.states = states
+
+    def get_dagrun_state(self, dag_id, run_id):
+        return self.states[run_id]
+
+
+def test_a_run_never_reads_a_snapshot_another_live_run_owns(tmp_path, variables):
+    p = progress(tmp_path)  # running, owned by run A
+    p.owner = "A"
+    progress_store.save("src", T.id, p)
+    ti = RunStateTI({"A": "running"})
+    assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti)) == []
+    assert plan_op(tmp_path).execute(run_ctx("manual", None, "C", ti, {"action": "resume", "tables": [T.id]})) == []
+    assert progress_store.load("src", T.id).owner == "A"
+    # a chunk task of run B stops before reading: A owns the snapshot
+    chunk = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
+    assert "read by DAG run A" in chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1")
+    # once A has ended, the next run takes the snapshot over and continues it
+    ti.states["A"] = "failed"
+    work = plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti))
+    assert [w["range_index"] for w in work] == [0, 1] and progress_store.load("src", T.id).owner == "B"
+    assert chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1") is None

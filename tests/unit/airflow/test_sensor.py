@@ -106,3 +106,50 @@ def test_bad_sensor_settings_name_the_setting(monkeypatch, name, raw):
     monkeypatch.setenv(name, raw)
     with pytest.raises(ConfigurationError, match=name):
         deferrable_from_env() if name == "CDC_SENSOR_DEFERRABLE" else poke_interval_from_env()
+
+
+def test_waiting_on_a_held_capture_lock_never_fails_the_task(tmp_path, monkeypatch):
+    """The DAG's sensor pokes (no reschedule: apache/airflow#71172 lost reschedule tries
+    while the capture lock was held for minutes): many pokes with the lock held elsewhere
+    just wait, and the task succeeds once the capture holding it has staged the watermark."""
+    import runpy
+    from pathlib import Path
+
+    from airflow_provider_cdc.operators import capture
+
+    dag = runpy.run_path(str(Path(__file__).resolve().parents[3] / "dags" / "cdc_snapshot.py"))["dag"]
+    assert dag.get_task("wait_high_watermarks").mode == "poke"
+
+    held = {"pokes": 0}
+
+    def capture_elsewhere(hook, data_dir):
+        held["pokes"] += 1
+        if held["pokes"] == 25:  # the other capture finishes and stages the window
+            stage(str(tmp_path), "src", "hw-1")
+        return None  # lock held by another capture
+
+    monkeypatch.setattr(capture, "run_capture", capture_elsewhere)
+    s = HighWatermarkSensor(task_id="wait", chunks=[[chunk("hw-1")]], data_dir=str(tmp_path), source="src",
+                            cdc_conn_id="unused", mode="poke", poke_interval=0.001, timeout=60)
+    monkeypatch.setattr(type(s), "hook", type("H", (), {"source": "src"})())
+    s.execute({"ti": None})
+    assert held["pokes"] == 25
+
+
+def test_a_backfill_interval_waits_for_the_previous_one():
+    from types import SimpleNamespace as NS
+
+    from airflow_provider_cdc.sensors.high_watermark import previous_run_active
+
+    def ti(prev):
+        return NS(get_previous_dagrun=lambda: prev)
+
+    backfill, manual = NS(run_type="backfill"), NS(run_type="manual")
+    running = NS(run_id="backfill__2025-01-01", state="running")
+    assert previous_run_active(backfill, ti(running)) == "backfill__2025-01-01"
+    assert previous_run_active(backfill, ti(NS(run_id="r", state="queued"))) == "r"
+    assert previous_run_active(backfill, ti(NS(run_id="r", state="success"))) is None
+    assert previous_run_active(backfill, ti(NS(run_id="r", state="failed"))) is None
+    assert previous_run_active(backfill, ti(None)) is None
+    assert previous_run_active(manual, ti(running)) is None  # only backfills wait
+    assert previous_run_active(NS(run_type="scheduled"), ti(running)) is None
