@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: setup demo test test-unit test-integration test-e2e bench lint services-stop clean
+.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint services-stop clean
 
 setup:
 	@scripts/setup.sh
@@ -21,6 +21,9 @@ test-integration: setup
 
 test-e2e: setup
 	@$(ENV) python -m pytest tests -m e2e $(PYTEST_ARGS)
+
+test-deployment: setup
+	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
 # BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table
 BENCH ?= e2e

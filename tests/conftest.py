@@ -16,7 +16,7 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT).parts
-        if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e"):
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e", "deployment"):
             item.add_marker(getattr(pytest.mark, parts[1]))
 
 
