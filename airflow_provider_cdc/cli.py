@@ -58,14 +58,20 @@ def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, A
         rows = session.query(Variable).filter(Variable.key.like(f"{KEY_PREFIX}%")).all()
         items = [(r.key, r.val) for r in rows]
     for key, val in items:
-        rest = key[len(KEY_PREFIX) :]
-        src, sep, table_id = rest.partition("__")
-        if not sep or (source is not None and src != source):
-            continue
         try:
             progress = json.loads(val) if val else {}
         except json.JSONDecodeError:
             progress = {"status": "unreadable", "raw": val}
+        # the value names its source and its one table; the key is encoded (progress_store)
+        tables = list(progress.get("tables") or {}) if isinstance(progress, dict) else []
+        if isinstance(progress, dict) and progress.get("source") and len(tables) == 1:
+            src, table_id = str(progress["source"]), tables[0]
+        else:
+            src, sep, table_id = key[len(KEY_PREFIX) :].partition("__")
+            if not sep:
+                continue
+        if source is not None and src != source:
+            continue
         out.append((src, table_id, progress))
     return sorted(out, key=lambda t: (t[0], t[1]))
 

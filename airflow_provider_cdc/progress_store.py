@@ -1,7 +1,10 @@
 """Snapshot progress in Airflow Variables: one per (source, table).
 
-Key ``cdc_snapshot__{source}__{schema.table}``; the value is core.progress.SnapshotProgress
-JSON (one table per Variable).
+Key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name encoder
+(core.schema.encode_path_segment): plain names stay as they are, any other character is
+``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
+in its API URL. The value is core.progress.SnapshotProgress JSON (one table per Variable);
+it names its source and table, so nothing decodes the key.
 Inside a task the Task SDK's ``Variable`` is used (it talks to the API server); outside
 one (CLI, tests, scripts) the metadata database model is used.
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 
 from .core.progress import SnapshotProgress, Status
+from .core.schema import encode_path_segment
 
 KEY_PREFIX = "cdc_snapshot__"
 RUNNING, PAUSED, STOPPED, DONE, FAILED = (
@@ -28,7 +32,7 @@ RUNNING, PAUSED, STOPPED, DONE, FAILED = (
 
 
 def variable_key(source: str, table_id: str) -> str:
-    return f"{KEY_PREFIX}{source}__{table_id}"
+    return f"{KEY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__{encode_path_segment(table_id, leading_dot_ok=True)}"
 
 
 def _in_task() -> bool:

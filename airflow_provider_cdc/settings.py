@@ -18,7 +18,8 @@ CDC_SOURCE                      staging name of the source (default: the connect
 CDC_DATA_DIR                    staging and outputs: a folder or a URI (default
                                 ``$AIRFLOW_HOME/cdc-data``; ``AIRFLOW_HOME`` defaults to
                                 ``~/airflow``). Never the working directory
-CDC_TABLES                      comma list of tables a snapshot reads when its conf has none
+CDC_TABLES                      tables a snapshot reads when its conf has none: a comma list,
+                                or a JSON list for names holding commas
 CDC_SINKS                       ``events,mirror`` (comma list; ``postgres`` too)
 CDC_SPARK_CONN_ID               Spark connection of the merge/apply submits (``spark_default``)
 CDC_SPARK_CONF                  JSON object of Spark settings for those submits
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.errors import ConfigurationError
+from .core.schema import split_table_list
 
 DEFAULT_CONN_ID = "cdc_source"
 DEFAULT_SINKS = "events,mirror"
@@ -150,7 +152,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         source=_raw(env, "CDC_SOURCE") or conn_id,
         explicit_source=_raw(env, "CDC_SOURCE") or None,
         data_dir=_raw(env, "CDC_DATA_DIR") or default_data_dir(env),
-        tables=tuple(t.strip() for t in _raw(env, "CDC_TABLES").split(",") if t.strip()),
+        tables=tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES")),
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
         spark_conf=spark_conf,

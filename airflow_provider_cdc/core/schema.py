@@ -26,11 +26,11 @@ array<T>           JSON list of canonical T values (nested lists for multi-dim)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import quote
 
 from .errors import ConfigurationError
 
@@ -50,33 +50,147 @@ def validate_logical_type(t: str) -> str:
     raise ValueError(f"unknown logical type {t!r}; known: {', '.join(LOGICAL_TYPES)}, decimal(p,s), array<T>")
 
 
+# --- names in paths ---------------------------------------------------------------------
+# One encoder for every path segment built from a source name (table folders of the event
+# log, the mirror, chunks and schemas; on local disk and object stores alike). Kept: ASCII
+# letters, digits, "-", "." and "_"; every other UTF-8 byte becomes "~HH" (upper-case hex).
+# "%" never appears, so no layer that treats a path as a URL (delta-rs, Hadoop, Hive
+# partition discovery, S3 signing) can decode it into another name, and "~" is unreserved
+# in URLs. A leading "." or "_" is encoded too: Spark, pyarrow datasets and Hadoop treat such
+# files and folders as hidden. Names whose encoding exceeds SEGMENT_MAX_CHARS (a file name
+# holds 255 bytes; PostgreSQL names are 63 bytes each, up to three characters per byte here)
+# keep a prefix and end in "~~" + a hash of the whole name: still unique, but decoding needs
+# the name stored elsewhere (the mirror keeps it in its Delta metadata).
+_SEGMENT_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._")
+SEGMENT_MAX_CHARS = 200
+_HASHED_MARK = "~~"
+_HEX = "0123456789ABCDEF"
+
+
+def encode_path_segment(text: str, *, leading_dot_ok: bool = False) -> str:
+    """``text`` as one file-system- and URL-safe path segment (see the comment above).
+    ``leading_dot_ok`` keeps a leading "." or "_" (for names that are not folders, e.g. the
+    part of an Airflow Variable key after its prefix)."""
+    if not text:
+        raise ConfigurationError("an empty name cannot be a path segment")
+    out = []
+    for i, b in enumerate(text.encode("utf-8")):
+        if b in _SEGMENT_SAFE and (leading_dot_ok or not (i == 0 and b in b"._")):
+            out.append(chr(b))
+        else:
+            out.append(f"~{_HEX[b >> 4]}{_HEX[b & 15]}")
+    seg = "".join(out)
+    if len(seg) <= SEGMENT_MAX_CHARS:
+        return seg
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+    head = seg[: SEGMENT_MAX_CHARS - len(digest) - len(_HASHED_MARK)]
+    head = head[: head.rfind("~")] if "~" in head[-2:] else head  # never cut an escape in two
+    return f"{head}{_HASHED_MARK}{digest}"
+
+
+def decode_path_segment(seg: str) -> str | None:
+    """The name :func:`encode_path_segment` encoded, or None for a hashed (too long) name."""
+    if _HASHED_MARK in seg:
+        return None
+    raw, i = bytearray(), 0
+    while i < len(seg):
+        c = seg[i]
+        if c == "~":
+            h = seg[i + 1 : i + 3]
+            if len(h) != 2 or any(x not in _HEX for x in h):
+                raise ValueError(f"not an encoded path segment: {seg!r}")
+            raw.append(int(h, 16))
+            i += 3
+        elif ord(c) in _SEGMENT_SAFE:
+            raw.append(ord(c))
+            i += 1
+        else:
+            raise ValueError(f"not an encoded path segment: {seg!r}")
+    return raw.decode("utf-8")
+
+
+def split_table_list(value: object, setting: str) -> list[str]:
+    """The table names of a setting: a list, a JSON list (``["s.a,b", "s.c"]``: for names
+    holding commas), or a comma-separated string (``s.a,s.b``). Names stay text (a dialect
+    parses them with its default schema)."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigurationError(f"{setting}: not a JSON list of table names ({e}): {value!r}") from None
+        else:
+            value = [t.strip() for t in text.split(",") if t.strip()]
+    if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
+        raise ConfigurationError(
+            f"{setting} must be a list of 'schema.table' strings (or a comma list, or a JSON list), got {value!r}"
+        )
+    return list(value)
+
+
+def _quote_id_part(part: str) -> str:
+    return '"' + part.replace('"', '""') + '"'
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class TableName:
-    """A source table: ``schema`` is the PostgreSQL schema or the MySQL database."""
+    """A source table: ``schema`` is the PostgreSQL schema or the MySQL database. Both are
+    data: any characters but NUL (the databases allow no NUL either)."""
 
     schema: str
     name: str
 
     def __post_init__(self) -> None:
-        if not self.schema or not self.name:
+        if not isinstance(self.schema, str) or not isinstance(self.name, str) or not self.schema or not self.name:
             raise ConfigurationError(f"table name needs a schema and a name, got schema={self.schema!r} name={self.name!r}")
-        if "." in self.schema:
-            raise ConfigurationError(f"schema {self.schema!r} contains '.', which table ids cannot carry; rename the schema")
         if "\x00" in self.schema or "\x00" in self.name:
             raise ConfigurationError(f"table name {self.schema!r}.{self.name!r} contains a NUL character")
 
     @property
     def id(self) -> str:
-        """``schema.name`` as stored in staged files and events (split on the first dot)."""
-        return f"{self.schema}.{self.name}"
+        """``schema.name`` as stored in staged files, events and settings. The schema is written
+        in double quotes (inner quotes doubled) when it holds a dot or starts with a quote, so
+        :meth:`parse` can always split it; the name never needs quoting (it is everything
+        after the schema's dot)."""
+        schema = _quote_id_part(self.schema) if ("." in self.schema or self.schema.startswith('"')) else self.schema
+        return f"{schema}.{self.name}"
 
     @property
     def path_segment(self) -> str:
-        """A file-system-safe, reversible form of :attr:`id` for folder names."""
-        return quote(self.id, safe="")
+        """One path segment for folder names: :func:`encode_path_segment` of :attr:`id`."""
+        return encode_path_segment(self.id)
+
+    @classmethod
+    def from_path_segment(cls, seg: str) -> TableName | None:
+        """The table a folder was named for, or None when the name was too long to keep."""
+        text = decode_path_segment(seg)
+        return None if text is None else cls.parse(text)
 
     @classmethod
     def parse(cls, text: str, default_schema: str | None = None) -> TableName:
+        """``schema.name`` (split on the first dot), ``"sch.ema".name`` (a quoted schema,
+        inner quotes doubled), or a bare name with ``default_schema``."""
+        if not isinstance(text, str):
+            raise ConfigurationError(f"a table must be given as a string 'schema.table', got {type(text).__name__}")
+        if text.startswith('"'):
+            i, schema = 1, []
+            while i < len(text):
+                if text[i] == '"':
+                    if text[i + 1 : i + 2] == '"':
+                        schema.append('"')
+                        i += 2
+                        continue
+                    break
+                schema.append(text[i])
+                i += 1
+            rest = text[i + 1 :]
+            if i >= len(text) or not rest.startswith("."):
+                raise ConfigurationError(
+                    f"table {text!r}: a quoted schema must be closed and followed by '.' and the table name, "
+                    'e.g. "my.schema".orders'
+                )
+            return cls("".join(schema), rest[1:])
         if "." in text:
             schema, name = text.split(".", 1)
             return cls(schema, name)

@@ -42,7 +42,7 @@ from ..core.errors import ConfigurationError, SourceError, StateError, Watermark
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, binlog_file_index
 from ..core.ranges import ChunkRange
-from ..core.schema import Column, TableName, TableSchema, encode_key
+from ..core.schema import Column, TableName, TableSchema, encode_key, split_table_list
 from ..core.staging import changelog_dir
 from .base import ConnectionParams, Dialect, LogBatch, SegmentSink
 
@@ -483,8 +483,8 @@ class MySqlDialect(Dialect):
         if not 1 <= self.server_id < 2**32:
             raise ConfigurationError(f"server_id must be in 1..4294967295, got {self.server_id}")
         tables = self.options.get("tables")
-        if isinstance(tables, str):  # "db.a,db.b"
-            tables = [t.strip() for t in tables.split(",") if t.strip()]
+        if isinstance(tables, str):  # "db.a,db.b" or a JSON list
+            tables = split_table_list(tables, "dialect option 'tables'")
         self.tables: frozenset[TableName] | None = (
             None
             if tables is None

@@ -15,6 +15,7 @@ from typing import Any
 from airflow.sdk import BaseHook
 
 from ..core.errors import CdcError, ConfigurationError
+from ..core.schema import split_table_list
 from ..dialects.base import ConnectionParams, Dialect
 
 #: Airflow connection type -> dialect name (see dialects/__init__.py)
@@ -86,8 +87,8 @@ class CdcSourceHook(BaseHook):
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
         keys = CDC_OPTION_KEYS[name]
         options = {k: v for k, v in extra.items() if k in keys}
-        if isinstance(options.get("tables"), str):  # "s.a,s.b" from a URI query string
-            options["tables"] = [t.strip() for t in options["tables"].split(",") if t.strip()]
+        if "tables" in options:  # a list, or "s.a,s.b" from a URI query string, or a JSON list
+            options["tables"] = split_table_list(options["tables"], f"connection {self.cdc_conn_id!r} extra 'tables'")
         driver = {k: v for k, v in extra.items() if k not in keys and k != "dialect"}
         return name, options, driver
 

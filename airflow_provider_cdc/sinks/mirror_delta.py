@@ -59,7 +59,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from ..core.errors import ConfigurationError, FencedError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
-from ..core.staging import mirror_dir
+from ..core.staging import mirror_dir, schema_path
 from .arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,
@@ -405,13 +405,25 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
 
 
 def mirror_tables(data_dir: str, source: str) -> list[TableName]:
-    """Tables that have a mirror under ``data_dir`` for ``source``."""
-    from urllib.parse import unquote
-
+    """Tables that have a mirror under ``data_dir`` for ``source``. A folder name decodes to
+    its table; a name too long to keep in a folder (hashed) is looked up in the staged
+    schema of the same folder name, which holds the whole name."""
     root = Path(mirror_dir(data_dir, source, TableName("x", "x"))).parent
     if not root.is_dir():
         return []
-    return sorted(TableName.parse(unquote(d.name)) for d in root.iterdir() if (d / "_delta_log").is_dir())
+    found = []
+    for d in root.iterdir():
+        if not (d / "_delta_log").is_dir():
+            continue
+        table = TableName.from_path_segment(d.name)
+        if table is None:
+            staged = Path(schema_path(data_dir, source, TableName("x", "x"))).parent / f"{d.name}.json"
+            if not staged.is_file():
+                log.warning("mirror folder %s has a hashed name and no staged schema names its table; skipped", d)
+                continue
+            table = TableSchema.from_json(staged.read_text(encoding="utf-8")).table
+        found.append(table)
+    return sorted(found)
 
 
 def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
