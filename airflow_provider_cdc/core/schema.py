@@ -146,6 +146,10 @@ class TableName:
             raise ConfigurationError(f"table name needs a schema and a name, got schema={self.schema!r} name={self.name!r}")
         if "\x00" in self.schema or "\x00" in self.name:
             raise ConfigurationError(f"table name {self.schema!r}.{self.name!r} contains a NUL character")
+        try:
+            self.schema.encode("utf-8"), self.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigurationError(f"table name {self.schema!r}.{self.name!r} is not valid Unicode (a lone surrogate)") from None
 
     @property
     def id(self) -> str:

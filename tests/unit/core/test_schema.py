@@ -73,7 +73,7 @@ def test_long_names_are_hashed_to_fit_a_file_name():
     assert decode_path_segment(a.path_segment) is None  # the whole name is kept elsewhere
 
 
-names = st.text(st.characters(blacklist_characters="\x00"), min_size=1, max_size=70)
+names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=70)
 
 
 @cases(scale=0.2)
@@ -97,6 +97,8 @@ def test_table_name_errors():
         TableName("", "c")
     with pytest.raises(ConfigurationError, match="NUL"):
         TableName("a", "c\x00")
+    with pytest.raises(ConfigurationError, match="lone surrogate"):
+        TableName("a", "c\ud800")
     with pytest.raises(ConfigurationError, match="write it as 'schema.table'"):
         TableName.parse("orders")
     assert TableName.parse("orders", default_schema="public") == TableName("public", "orders")
