@@ -147,11 +147,17 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigurationError(
             f"CDC_SENSOR_DEFERRABLE must be true or false, got {_raw(env, 'CDC_SENSOR_DEFERRABLE')!r}"
         )
+    data_dir = _raw(env, "CDC_DATA_DIR") or default_data_dir(env)
+    if "mirror" in sinks.split(",") and "%" in data_dir:
+        raise ConfigurationError(
+            f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
+            "URL-decoded and cannot find its own files. Choose a data location without '%'"
+        )
     return Settings(
         conn_id=conn_id,
         source=_raw(env, "CDC_SOURCE") or conn_id,
         explicit_source=_raw(env, "CDC_SOURCE") or None,
-        data_dir=_raw(env, "CDC_DATA_DIR") or default_data_dir(env),
+        data_dir=data_dir,
         tables=tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES")),
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,

@@ -90,7 +90,9 @@ with DAG(
         markers = [read_marker(data_dir, source, s.strip()) for s in sinks.split(",") if s.strip()]
         return any(m is None or newest > m for m in markers)
 
-    @task(task_id="compact_tombstones", trigger_rule="none_failed")
+    # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
+    # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
+    @task(task_id="compact_tombstones", trigger_rule="none_failed", multiple_outputs=False)
     def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
         """Tombstones of deletes the mirror has applied go, for every table whose snapshot
         cannot merge chunks any more (not running, paused or failed). Stopped snapshots count

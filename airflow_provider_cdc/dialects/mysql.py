@@ -43,6 +43,7 @@ from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, binlog_file_index
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key, split_table_list
+from ..core.sqlnames import quote_mysql
 from ..core.staging import changelog_dir
 from .base import ConnectionParams, Dialect, LogBatch, SegmentSink
 
@@ -531,11 +532,12 @@ class MySqlDialect(Dialect):
         return self._conn
 
     def _query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
-        """Run one statement; without params the text is sent as is (no %-formatting)."""
+        """Run one statement, always through pymysql's %-formatting (an empty tuple without
+        params): quoted identifiers carry "%%" for "%" (core/sqlnames.py)."""
         with self._lock:
             try:
                 with self.conn.cursor() as cur:
-                    cur.execute(sql, params)
+                    cur.execute(sql, tuple(params) if params is not None else ())
                     return list(cur.fetchall())
             except pymysql.err.OperationalError:
                 self.close()  # a dead connection is reopened by the next call
@@ -557,9 +559,7 @@ class MySqlDialect(Dialect):
 
     # --- identifiers ------------------------------------------------------------------
     def quote_ident(self, name: str) -> str:
-        if not name or "\x00" in name:
-            raise ConfigurationError(f"identifier {name!r} is empty or contains NUL; MySQL cannot name it")
-        return "`" + name.replace("`", "``") + "`"
+        return quote_mysql(name)  # every statement goes through %-formatting (core/sqlnames.py)
 
     # --- prerequisites and metadata ---------------------------------------------------
     def check_prerequisites(self) -> None:
@@ -769,7 +769,7 @@ class MySqlDialect(Dialect):
 
         pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
         desc = ", ".join(f"{self.quote_ident(k)} DESC" for k in schema.primary_key)
-        cond = f" WHERE ({validate_where(where)})" if where else ""
+        cond = f" WHERE ({validate_where(where).replace('%', '%%')})" if where else ""  # _query %-formats
         sql = f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
         try:
             rows = self._query(sql)

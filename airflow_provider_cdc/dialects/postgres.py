@@ -62,6 +62,7 @@ from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, int_to_lsn, lsn_to_int
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
+from ..core.sqlnames import quote_pg
 from . import pgoutput
 from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, SegmentSink, validate_where
 
@@ -512,9 +513,7 @@ class PostgresDialect(Dialect):
 
     # --- identifiers ------------------------------------------------------------------
     def quote_ident(self, name: str) -> str:
-        if "\x00" in name:
-            raise ConfigurationError(f"identifier {name!r} contains a NUL character")
-        return '"' + name.replace('"', '""') + '"'
+        return quote_pg(name)  # every statement goes through %-formatting (core/sqlnames.py)
 
     def _qlist(self, tables: Sequence[TableName]) -> str:
         return ", ".join(self.quote_table(t) for t in tables)

@@ -147,6 +147,19 @@ def _mirror_table(schema: TableSchema, arrays: list[pa.Array], events: pa.Table,
     return pa.Table.from_arrays([*arrays, *meta], schema=mirror_schema(schema))
 
 
+def check_location(data_dir: str, setting: str = "data_dir") -> str:
+    """Refuse a data location delta-rs cannot use: it writes a commit at the literal path but
+    reads the path back URL-decoded (1.6.6: a ``%20`` or ``%2520`` in a folder name), so a
+    ``%`` anywhere in it makes the mirror unreadable. Table folders never hold ``%`` (the
+    path encoder), only a user's folder can."""
+    if "%" in data_dir:
+        raise ConfigurationError(
+            f"{setting} {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back URL-decoded "
+            "and cannot find its own files. Choose a data location without '%'"
+        )
+    return data_dir
+
+
 def _open(path: str) -> DeltaTable | None:
     try:
         return DeltaTable(path)
@@ -160,7 +173,7 @@ class MirrorDeltaSink(Sink):
     def __init__(
         self, data_dir: str, source: str, *, require_schema: bool = False, fence: MergeFence | None = None
     ) -> None:
-        self.data_dir, self.source = data_dir, source
+        self.data_dir, self.source = check_location(data_dir), source
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema
         self.fence = fence

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
+from ..core.sqlnames import quote_pg
 from .arrow_types import DELETED_COLUMN, KEY_COLUMN, META_COLUMNS, POSITION_COLUMN
 from .base import SchemaCache, Sink
 from .mirror_delta import newest_per_key
@@ -65,11 +66,11 @@ def pg_type(logical: str) -> str:
 
 
 def quote_ident(name: str) -> str:
-    if "\x00" in name:
-        raise ConfigurationError(f"identifier {name!r} contains a NUL character")
-    if len(name.encode()) > 63:
+    """core.sqlnames.quote_pg, refusing names PostgreSQL would truncate (two long tables must
+    not share one mirror table). Statements here always pass parameters (``%%`` for ``%``)."""
+    if isinstance(name, str) and len(name.encode()) > 63:
         raise ConfigurationError(f"PostgreSQL identifier {name!r} is longer than 63 bytes; choose a shorter --pg-schema or table")
-    return '"' + name.replace('"', '""') + '"'
+    return quote_pg(name)
 
 
 def _value_sql(logical: str) -> str:
@@ -130,8 +131,8 @@ class MirrorPostgresSink(Sink):
         cols += [f'{quote_ident(KEY_COLUMN)} text PRIMARY KEY', f'{quote_ident(POSITION_COLUMN)} text COLLATE "C" NOT NULL',
                  f"{quote_ident(DELETED_COLUMN)} boolean NOT NULL"]
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target_schema)}")
-            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.target(schema.table)} ({', '.join(cols)})")
+            cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target_schema)}", ())
+            cur.execute(f"CREATE TABLE IF NOT EXISTS {self.target(schema.table)} ({', '.join(cols)})", ())
         self._ready.add(schema.table.id)
 
     def write(self, events: pa.Table) -> None:
@@ -181,7 +182,7 @@ class MirrorPostgresSink(Sink):
         """Remove tombstones once no snapshot of the table is active."""
         t = table if isinstance(table, TableName) else TableName.parse(table)
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"DELETE FROM {self.target(t)} WHERE {quote_ident(DELETED_COLUMN)}")  # noqa: S608 - quoted
+            cur.execute(f"DELETE FROM {self.target(t)} WHERE {quote_ident(DELETED_COLUMN)}", ())  # noqa: S608 - quoted
             return cur.rowcount
 
     def read(self, table: str | TableName, *, with_tombstones: bool = False) -> list[dict]:
@@ -189,6 +190,6 @@ class MirrorPostgresSink(Sink):
         t = table if isinstance(table, TableName) else TableName.parse(table)
         where = "" if with_tombstones else f" WHERE NOT {quote_ident(DELETED_COLUMN)}"
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"SELECT * FROM {self.target(t)}{where} ORDER BY {quote_ident(KEY_COLUMN)}")  # noqa: S608
+            cur.execute(f"SELECT * FROM {self.target(t)}{where} ORDER BY {quote_ident(KEY_COLUMN)}", ())  # noqa: S608
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]

@@ -87,3 +87,14 @@ def test_the_dag_files_read_no_setting_the_tasks_can_read_when_they_run(monkeypa
                 assert t.data_dir == str(tmp_path), (dag.dag_id, t.task_id)
     rendered = log.user_defined_macros["cdc_settings"]()
     assert rendered.data_dir == str(tmp_path)
+
+
+def test_a_data_location_with_percent_is_refused_for_the_delta_mirror():
+    """delta-rs reads '%XX' in a path back decoded: the mirror would lose its own files."""
+    from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+
+    with pytest.raises(ConfigurationError, match="CDC_DATA_DIR '/data/a%20b' contains '%'"):
+        settings.load({"CDC_DATA_DIR": "/data/a%20b"})
+    assert settings.load({"CDC_DATA_DIR": "/data/a%20b", "CDC_SINKS": "events"}).data_dir == "/data/a%20b"
+    with pytest.raises(ConfigurationError, match="contains '%'"):
+        MirrorDeltaSink("/data/50%", "src")
