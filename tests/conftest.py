@@ -71,3 +71,54 @@ def mysql_uri() -> str:
 def unique_name() -> str:
     """A short unique suffix for tables, slots and folders of one test."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible HTTP server (moto's standalone server) on a free 127.0.0.1 port,
+    with one bucket. Yields the endpoint, the bucket, and storage options for deltalake and
+    pyarrow.fs. Clients talk HTTP to it like to any S3; nothing is patched."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    exe = shutil.which("moto_server")
+    if exe is None:
+        msg = "moto_server not found: install the test extra (pip install -e '.[test]')"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                              region_name="us-east-1")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.create_bucket(Bucket="cdc-test")
+                break
+            except Exception:  # noqa: BLE001 - the server is still starting
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        yield {
+            "endpoint": endpoint,
+            "bucket": "cdc-test",
+            "delta_options": {
+                "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
+                "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+            },
+            "arrow_fs": lambda: __import__("pyarrow.fs", fromlist=["S3FileSystem"]).S3FileSystem(
+                endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test", region="us-east-1"
+            ),
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
