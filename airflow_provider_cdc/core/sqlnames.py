@@ -25,6 +25,14 @@ def quote_pg(name: str) -> str:
     return '"' + name.replace('"', '""').replace("%", "%%") + '"'
 
 
+def quote_delta(name: str) -> str:
+    """A column for delta-rs expressions (DataFusion SQL): ``"name"``, inner ``"`` doubled.
+    (delta-rs's own ``update_all`` / ``insert_all`` quote with backticks unescaped: a column
+    named ````` breaks them, so the mirror names every column itself.)"""
+    _check(name, "Delta")
+    return '"' + name.replace('"', '""') + '"'
+
+
 def quote_mysql(name: str) -> str:
     """```name``` with inner backticks doubled and ``%`` doubled for the driver's formatting."""
     _check(name, "MySQL")

@@ -59,6 +59,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from ..core.errors import ConfigurationError, FencedError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
+from ..core.sqlnames import quote_delta
 from ..core.staging import mirror_dir, schema_path
 from .arrow_types import (
     DELETED_COLUMN,
@@ -243,11 +244,12 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
                     "mirror %s: %d row(s) at or before the compaction horizon %s may only update live rows "
                     "(replays of writes a compacted tombstone superseded)", path, old, horizon,
                 )
+        assign = {quote_delta(c): f"s.{quote_delta(c)}" for c in rows.column_names}
         try:
             metrics = (
                 dt.merge(rows, predicate=f"t.{KEY_COLUMN} = s.{KEY_COLUMN}", source_alias="s", target_alias="t")
-                .when_matched_update_all(predicate=f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}")
-                .when_not_matched_insert_all(predicate=insert_if)
+                .when_matched_update(updates=assign, predicate=f"s.{POSITION_COLUMN} > t.{POSITION_COLUMN}")
+                .when_not_matched_insert(updates=assign, predicate=insert_if)
                 .execute()
             )
             log.info("mirror %s: %s", path, {k: v for k, v in metrics.items() if k.startswith("num_")})
