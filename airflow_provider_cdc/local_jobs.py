@@ -122,7 +122,8 @@ def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, chang
 # --- merge ---------------------------------------------------------------------------------------
 def window_events(w, changes: pa.Table) -> pa.Table:
     """The ``r`` events of one located chunk window (merge_job.ChunkWindow): the chunk's rows
-    minus the keys of its table changed strictly between its watermarks."""
+    minus the keys of its table changed strictly between its watermarks; none at all when a
+    TRUNCATE of its table (``t``) lies between them."""
     if w.chunk.rows == 0:
         return EVENT_SCHEMA.empty_table()
     rows = _read_parquet(w.chunk.path, ["key", "after"])
@@ -137,8 +138,12 @@ def window_events(w, changes: pa.Table) -> pa.Table:
     inside = pc.and_(
         pc.equal(changes["table"], w.chunk.table), pc.and_(pc.greater(pos, w.low), pc.less(pos, w.high))
     )
-    conflicts = pc.unique(changes.filter(inside)["key"].combine_chunks())
-    survivors = rows.filter(pc.invert(pc.is_in(rows["key"], value_set=conflicts)))
+    hits = changes.filter(inside)
+    if pc.any(pc.equal(hits["op"], "t")).as_py():
+        survivors = rows.slice(0, 0)  # a TRUNCATE inside the window changed every key of the chunk
+    else:
+        conflicts = pc.unique(hits["key"].combine_chunks())
+        survivors = rows.filter(pc.invert(pc.is_in(rows["key"], value_set=conflicts)))
     n = survivors.num_rows
 
     def const(value, typ):

@@ -20,6 +20,7 @@ the state at its position (a stale overwrite).
 from __future__ import annotations
 
 import base64
+import bisect
 import datetime as dt
 import hashlib
 import json
@@ -420,7 +421,11 @@ def check_event_tuples(
     """:func:`check_events` on ``(key, encoded position, op, before, after)`` tuples."""
     rep = EventLogReport(table_id)
     per_key: dict[str, list] = {}
+    truncates: list[str] = []  # positions of TRUNCATE events (op "t", no key): every key is gone there
     for ev in events:
+        if ev[2] == "t":
+            truncates.append(ev[1])
+            continue
         lst = per_key.get(ev[0])
         if lst is None:
             per_key[ev[0]] = [ev]
@@ -433,6 +438,8 @@ def check_event_tuples(
             rep.violations.append(text)
 
     rep.keys = len(per_key)
+    truncates = sorted(set(truncates))
+    rep.events += len(truncates)
     for key, evs in per_key.items():
         if len(evs) == 1:
             rep.events += 1
@@ -441,6 +448,11 @@ def check_event_tuples(
         prev = None
         for ev in evs:
             _, pos, op, before, after = ev
+            if prev is not None and truncates:
+                # a TRUNCATE between the previous event and this one deleted the key there
+                i = bisect.bisect_left(truncates, pos) - 1
+                if i >= 0 and truncates[i] > prev[1]:
+                    prev = (key, truncates[i], "d", None, None)
             if prev is not None and prev[1] == pos:
                 if prev[2] == op and _same(prev[3], before) and _same(prev[4], after):
                     rep.duplicates += 1

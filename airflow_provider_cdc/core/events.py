@@ -14,6 +14,7 @@ class Op(StrEnum):
     UPDATE = "u"
     DELETE = "d"
     READ = "r"  # a snapshot row, emitted at its chunk's high watermark
+    TRUNCATE = "t"  # every row of the table older than this position is gone (key, before, after: null)
 
 
 WATERMARK_OP = "w"  # staged-changelog rows that are watermark writes, not table changes
@@ -23,13 +24,14 @@ WATERMARK_OP = "w"  # staged-changelog rows that are watermark writes, not table
 class ChangeEvent:
     """One row change (or snapshot read) at a source position.
 
-    ``key`` is the canonical key (:func:`core.schema.encode_key`); ``before``/``after`` map
-    column -> canonical value. ``watermark`` is the high-watermark id for ``r`` events.
+    ``key`` is the canonical key (:func:`core.schema.encode_key`; None for ``t``, a TRUNCATE
+    of the whole table); ``before``/``after`` map column -> canonical value. ``watermark``
+    is the high-watermark id for ``r`` events.
     """
 
     table: str
     op: str
-    key: str
+    key: str | None
     position: Position
     before: dict | None
     after: dict | None
@@ -52,7 +54,10 @@ LogEvent = ChangeEvent | WatermarkEvent
 
 def to_envelope(event: ChangeEvent, database: str) -> dict[str, Any]:
     """Debezium-style envelope: ``op, before, after, source{...}, ts_ms``."""
-    schema, _, table = event.table.partition(".")
+    from .schema import TableName
+
+    name = TableName.parse(event.table)  # a schema holding a dot is quoted in the id
+    schema, table = name.schema, name.name
     return {
         "op": event.op,
         "before": event.before,

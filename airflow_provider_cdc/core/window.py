@@ -5,6 +5,8 @@ between the chunk's low and high watermark removes that key from the chunk: the 
 already carries a change at least as new as what the SELECT may have seen, and the
 SELECT may have seen it or not (it ran somewhere inside the window), so the chunk's
 copy of that row cannot be trusted to be newer than the log.
+A TRUNCATE of the chunk's table (``op = "t"``, no key) inside the window changes every
+key: the whole chunk is dropped.
 Step 5: the rows left are emitted as ``op = "r"`` events at the high watermark's
 position. Every change of the row that committed before the low watermark is older
 than the chunk row (the read is non-stale), every change after the high watermark is
@@ -178,6 +180,10 @@ def _step4(
     for chunk, (lw, hw) in zip(chunks, windows, strict=True):
         rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
         lw_i, hw_i = _ordinal(lw.position), _ordinal(hw.position)
+        if any(lw_i < _ordinal(p) < hw_i for p in changes[chunk.table].get(None, ())):
+            rows_of.append(rows)  # a TRUNCATE (key None) inside the window: every key changed
+            gone_of.append(set(rows))
+            continue
         # a key changed strictly inside this chunk's window leaves the chunk
         gone = {
             key
@@ -224,10 +230,20 @@ def mirror_apply(state: MirrorState, events: Iterable[ChangeEvent]) -> MirrorSta
 
     An event is applied only if its position is newer than the stored one, so writers in
     any order and re-deliveries converge to the same state; a delete becomes a tombstone.
-    Returns ``state`` (changed in place).
+    A TRUNCATE (``t``) at P removes every row of its table older than P and leaves the
+    table's horizon ``(table, None) -> MirrorRow(P, None)``: no event older than P is
+    applied to that table any more. Returns ``state`` (changed in place).
     """
-    delete = Op.DELETE.value
+    delete, truncate = Op.DELETE.value, Op.TRUNCATE.value
     for ev in events:
+        horizon = state.get((ev.table, None))
+        if horizon is not None and not ev.position > horizon.position:
+            continue
+        if ev.op == truncate:
+            for k in [k for k, v in state.items() if k[0] == ev.table and k[1] is not None and v.position < ev.position]:
+                del state[k]
+            state[(ev.table, None)] = MirrorRow(ev.position, None)
+            continue
         k = (ev.table, ev.key)
         cur = state.get(k)
         if cur is not None and not ev.position > cur.position:

@@ -470,7 +470,10 @@ class MySqlDialect(Dialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
-    a primary key outside the system schemas and the watermark database), ``connect_timeout``."""
+    a primary key outside the system schemas and the watermark database), ``connect_timeout``,
+    ``on_truncate`` ("event" (default): a TRUNCATE TABLE statement of a captured table is
+    staged as an event ``op = "t"`` at its binlog position, and the mirror drops every row of
+    the table older than it; "fail": capture stops naming the statement; "skip": a warning)."""
 
     name: ClassVar[str] = "mysql"
     # MariaDB's optimizer does not turn ``(a, b) > (?, ?)`` into an index range; the
@@ -483,6 +486,12 @@ class MySqlDialect(Dialect):
         self.server_id = int(sid) if sid is not None else default_server_id(self.source)
         if not 1 <= self.server_id < 2**32:
             raise ConfigurationError(f"server_id must be in 1..4294967295, got {self.server_id}")
+        self.on_truncate = self.options.get("on_truncate", "event")
+        if self.on_truncate not in ("event", "fail", "skip"):
+            raise ConfigurationError(
+                f"on_truncate must be 'event' (default: stage it, the mirror drops the table's older rows), "
+                f"'fail' or 'skip', got {self.on_truncate!r}"
+            )
         tables = self.options.get("tables")
         if isinstance(tables, str):  # "db.a,db.b" or a JSON list
             tables = split_table_list(tables, "dialect option 'tables'")
@@ -978,14 +987,7 @@ class MySqlDialect(Dialect):
                         ends_group = True
                         self._binlog_converters.clear()  # DDL may change a table's columns
                         if text.startswith("TRUNCATE"):
-                            # row-less: the binlog has no per-row deletes to stage
-                            log.warning(
-                                "source %r: %s at %s:%s is not captured as row deletes; re-snapshot the table",
-                                self.source,
-                                _query_text(ev.query),
-                                current_file,
-                                ev.packet.log_pos,
-                            )
+                            pending.extend(self._truncate(ev, current_file))
                 if ends_group:
                     out.extend(pending)
                     total += len(pending)
@@ -1037,6 +1039,34 @@ class MySqlDialect(Dialect):
         hit = self._binlog_converters[key] = (convs, pk_cols)
         return hit
 
+    def _truncate(self, ev: Any, file: str) -> list[LogEvent]:
+        """A TRUNCATE statement (row-less in the binlog): a ``t`` event for its table when
+        captured (on_truncate="event"); "fail" raises, "skip" warns."""
+        sql = _query_text(ev.query)
+        where = f"{file}:{ev.packet.log_pos}"
+        table = parse_truncate(sql, _query_text(ev.schema) if ev.schema else None)
+        if table is None:
+            raise SourceError(
+                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} truncates; "
+                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to let capture "
+                "pass this point"
+            )
+        if table == self.watermark_table or not self._capture_table(table.schema, table.name):
+            return []
+        if self.on_truncate == "skip":
+            log.warning("source %r: TRUNCATE of %s at %s skipped (on_truncate='skip'); re-snapshot it",
+                        self.source, table, where)
+            return []
+        if self.on_truncate == "fail":
+            raise SourceError(
+                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and on_truncate='fail'. "
+                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let capture pass"
+            )
+        start_pos = ev.packet.log_pos - ev.packet.event_size
+        log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
+        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position.binlog(file, start_pos, 0), None, None,
+                            int(ev.timestamp) * 1000)]
+
     def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str]) -> list[LogEvent]:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
@@ -1052,7 +1082,7 @@ class MySqlDialect(Dialect):
             ]
         if not self._capture_table(ev.schema, ev.table):
             return []
-        table_id = f"{ev.schema}.{ev.table}"
+        table_id = TableName(ev.schema, ev.table).id
         convs, pk = self._table_converters(ev)
         if not pk:
             if self.tables is not None:
@@ -1097,6 +1127,30 @@ class MySqlDialect(Dialect):
                     ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms)
                 )
         return events
+
+
+_IDENT = r"(?:`(?:[^`]|``)+`|[0-9A-Za-z_$\u0080-\uffff]+)"
+_TRUNCATE_RE = re.compile(
+    rf"^\s*TRUNCATE\s+(?:TABLE\s+)?(?P<a>{_IDENT})(?:\s*\.\s*(?P<b>{_IDENT}))?\s*(?:(?:WAIT\s+\d+|NOWAIT)\s*)?;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _unquote(ident: str) -> str:
+    return ident[1:-1].replace("``", "`") if ident.startswith("`") else ident
+
+
+def parse_truncate(sql: str, default_schema: str | None) -> TableName | None:
+    """The table of ``TRUNCATE [TABLE] [db.]t [WAIT n|NOWAIT]`` (backquoted names with
+    doubled backticks, or bare ones), or None when the statement is not that shape."""
+    m = _TRUNCATE_RE.match(sql)
+    if m is None:
+        return None
+    if m.group("b") is not None:
+        return TableName(_unquote(m.group("a")), _unquote(m.group("b")))
+    if not default_schema:
+        return None
+    return TableName(default_schema, _unquote(m.group("a")))
 
 
 def _query_text(q: Any) -> str:

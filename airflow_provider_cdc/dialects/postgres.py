@@ -31,8 +31,10 @@ otherwise capture fails naming the table and telling the user to set FULL; it ne
 emits a guessed value. :meth:`PostgresDialect.describe_table` reports the identity in
 ``TableSchema.extra["replica_identity"]``. An UPDATE that changes the primary key is
 emitted as a delete of the old key followed by a create of the new one. TRUNCATE of a
-captured table cannot be expressed as row events: capture fails (re-snapshot the table),
-or with ``on_truncate="skip"`` logs a warning and goes on.
+captured table (one message may name several, CASCADE included) is staged as an event
+``op = "t"`` per table at its place in the transaction: the event log carries it and the
+mirror drops every row of the table older than it (``on_truncate="event"``, the default);
+``"fail"`` stops capture instead and ``"skip"`` logs a warning and goes on (re-snapshot).
 
 Publication: ``publication_name`` (default ``cdc_<source>``) is created when missing,
 ``FOR TABLE`` the option ``tables`` plus the watermark table, or ``FOR ALL TABLES`` when
@@ -408,7 +410,7 @@ _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
 class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
-    ``on_truncate`` ("fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
+    ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
     ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory)."""
 
@@ -431,9 +433,12 @@ class PostgresDialect(Dialect):
             if tables is None
             else [t if isinstance(t, TableName) else TableName.parse(str(t), "public") for t in tables]
         )
-        self.on_truncate = o.get("on_truncate", "fail")
-        if self.on_truncate not in ("fail", "skip"):
-            raise ConfigurationError(f"on_truncate must be 'fail' or 'skip', got {self.on_truncate!r}")
+        self.on_truncate = o.get("on_truncate", "event")
+        if self.on_truncate not in ("event", "fail", "skip"):
+            raise ConfigurationError(
+                f"on_truncate must be 'event' (default: stage it, the mirror drops the table's older rows), "
+                f"'fail' or 'skip', got {self.on_truncate!r}"
+            )
         self.read_timeout = float(o.get("read_timeout", 600))  # seconds without progress
         # rows per Arrow batch of a COPY chunk read (each batch goes to the Parquet file as
         # soon as it is built): the chunk step's peak memory grows by ~4-5 KB of RSS per batch row
@@ -1193,7 +1198,7 @@ class PostgresDialect(Dialect):
                     if isinstance(m, pgoutput.Relation):
                         rels[m.relid] = self._relinfo(m)
                     elif isinstance(m, pgoutput.Truncate):
-                        self._truncate(m, rels)
+                        self._truncate(m, rels, pos, txn, ts_ms)
                 last_activity = time.monotonic()
                 continue
             wal_end = cur.wal_end
@@ -1312,9 +1317,16 @@ class PostgresDialect(Dialect):
         else:
             txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms))
 
-    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo]) -> None:
+    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int) -> None:
+        """One Truncate message may name several tables (TRUNCATE a, b; CASCADE): a ``t``
+        event for each captured one, at its place in the transaction."""
         hit = [rels[r].table for r in m.relids if r in rels and rels[r].kind in ("table", "error")]
         if not hit:
+            return
+        if self.on_truncate == "event":
+            for table in hit:
+                log.info("capture: TRUNCATE of %s staged as a 't' event", table)
+                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms))
             return
         if self.on_truncate == "skip":
             log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)

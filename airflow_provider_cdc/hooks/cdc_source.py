@@ -33,7 +33,7 @@ CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
     "postgres": frozenset(
         {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows"}
     ),
-    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout"}),
+    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate"}),
 }
 
 

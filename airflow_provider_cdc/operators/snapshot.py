@@ -533,6 +533,12 @@ class SnapshotPlanOperator(_SourceOperator):
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
+            # The convergence mark (I9), before the upper bounds: once a whole-table snapshot
+            # is done, every live row of the table was re-emitted after this mark (a chunk at
+            # its high watermark) or changed after it (a row above the bound was inserted after
+            # the bound was read), so mirror rows older than the mark are ghosts (commit step).
+            converge_mark = f"converge-{uuid.uuid4().hex}"
+            dialect.write_watermark(converge_mark)
             # The upper bound only after that: a row inserted above the max key is then
             # in the changelog for sure. Read before the changelog existed, a row inserted
             # in between would be in neither the chunks (above the bound) nor the log.
@@ -546,6 +552,11 @@ class SnapshotPlanOperator(_SourceOperator):
                 "ranges": [json.loads(r.to_json()) for r in ranges],
                 "upper_bound": None if upper is None else list(upper),
                 "where": request.where_for(table),
+                # whole-table snapshots only: one limited by keys, ranges or a filter does not
+                # re-emit the rows outside what it read, so it cannot tell ghosts from them
+                "converge_watermark": None
+                if (request.where_for(table) or table.id in request.keys or table.id in request.ranges)
+                else converge_mark,
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
@@ -771,14 +782,32 @@ class SnapshotCommitOperator(_SourceOperator):
         super().__init__(**kwargs)
         self.chunks = chunks
 
-    def _compact(self, source: str, tid: str) -> None:
-        """Every chunk of the snapshot is merged: tombstones up to what the mirror has applied
-        go. Safe against any writer still in flight (the horizon fence in sinks/mirror_delta.py),
-        idempotent and retried on commit conflicts; a snapshot started after this reads its
-        chunks later than those deletes."""
+    def _compact(self, source: str, tid: str, sid: str | None = None) -> None:
+        """Every chunk of the snapshot is merged. First convergence (I9, whole-table
+        snapshots): mirror rows older than the plan's convergence mark were neither re-emitted
+        by a chunk nor changed since, so the source no longer has them (a TRUNCATE, lost
+        events, drift): they go, behind a horizon (sinks.mirror_delta.sweep). Then tombstones
+        up to what the mirror has applied go. Safe against any writer still in flight (the
+        horizon fence in sinks/mirror_delta.py), idempotent and retried on commit conflicts;
+        a snapshot started after this reads its chunks later than those deletes."""
+        from ..core.staging import changelog_dir, mirror_dir
         from ..sinks.base import read_marker
-        from ..sinks.mirror_delta import compact
+        from ..sinks.mirror_delta import compact, sweep
+        from ..spark.common import find_watermarks, list_segment_files
 
+        table = TableName.parse(tid)
+        if sid is not None:  # (a no-op without a Delta mirror)
+            mark = read_plan(self.data_dir, source, table, sid).get("converge_watermark")
+            if mark:
+                found = find_watermarks(list_segment_files(changelog_dir(self.data_dir, source)), [mark])
+                if mark in found:
+                    gone = sweep(mirror_dir(self.data_dir, source, table), found[mark][0],
+                                 reason=f"snapshot {sid} convergence")
+                    log.info("table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
+                             tid, sid, gone)
+                else:
+                    log.warning("table %s: convergence mark %s of snapshot %s is not staged; mirror rows the source "
+                                "no longer has (if any) stay", tid, mark, sid)
         applied = read_marker(self.data_dir, source, "mirror")
         if applied is not None:
             removed = compact(self.data_dir, source, tid, upto_position=applied.encode())
@@ -817,7 +846,7 @@ class SnapshotCommitOperator(_SourceOperator):
                     count,
                 )
                 if p.status == DONE:  # a retry after `done` was stored: compaction is not skipped
-                    self._compact(source, tid)
+                    self._compact(source, tid, sid)
                 tp = p.table(tid)
                 summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
                 continue
@@ -841,7 +870,7 @@ class SnapshotCommitOperator(_SourceOperator):
                 p.finish()
             progress_store.save(source, tid, p)
             if finished:
-                self._compact(source, tid)
+                self._compact(source, tid, sid)
             tp = p.table(tid)
             log.info(
                 "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",

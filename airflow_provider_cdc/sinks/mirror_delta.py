@@ -182,19 +182,24 @@ class MirrorDeltaSink(Sink):
     def write(self, events: pa.Table) -> None:
         if events.num_rows == 0:
             return
-        events = newest_per_key(events)
         for table_id in pc.unique(events["table"]).to_pylist():
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
                 continue
             part = events.filter(pc.equal(events["table"], table_id))
+            path = mirror_dir(self.data_dir, self.source, schema.table)
             epoch = None if self.fence is None else self.fence.epoch(table_id)
-            upsert(
-                mirror_dir(self.data_dir, self.source, schema.table),
-                events_to_mirror_rows(schema, part),
-                epoch=epoch,
-            )
+            truncates = pc.equal(part["op"], "t")
+            if pc.any(truncates).as_py():
+                # a TRUNCATE: every row older than it is gone, rows of this batch included;
+                # the horizon it leaves keeps older writers (late chunks, replays) out
+                newest = pc.max(part.filter(truncates)["position"]).as_py()
+                sweep(path, newest, mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
+                part = part.filter(pc.greater(part["position"], newest))
+                if part.num_rows == 0:
+                    continue
+            upsert(path, events_to_mirror_rows(schema, newest_per_key(part)), epoch=epoch)
 
 
 def _properties(dt: DeltaTable) -> dict[str, str]:
@@ -258,6 +263,37 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
             if attempt == _COMMIT_RETRIES - 1:
                 raise
             _backoff(attempt)  # another writer committed first: re-read the fence and merge again
+    raise AssertionError("unreachable")
+
+
+def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, reason: str = "sweep") -> int:
+    """Every row (live or tombstone) with a position before ``before_position`` is gone, and
+    stays gone: the compaction horizon is raised to it first (one commit), then the rows are
+    deleted (a second); a writer in between conflicts and re-reads the horizon, and a crash in
+    between leaves rows that a replay deletes. Older writers (a late chunk merge, a replayed
+    apply batch) can then only update live rows newer than it, never insert (I7, I9).
+    Creates the table (with ``schema``) when absent, so the horizon holds before the first
+    row arrives. Used for TRUNCATE events and for a finished snapshot's convergence.
+    Idempotent; retried on commit conflicts. Returns the number of rows deleted."""
+    bound = _position_literal(before_position)
+    for attempt in range(_COMMIT_RETRIES):
+        dt = _open(path)
+        if dt is None:
+            if schema is None:
+                return 0
+            dt = _create(path, schema, {HORIZON_PROPERTY: bound})[0]
+        try:
+            current = _properties(dt).get(HORIZON_PROPERTY)
+            if current is None or bound > current:
+                _set_properties(dt, {HORIZON_PROPERTY: bound})
+            metrics = dt.delete(f"{POSITION_COLUMN} < '{bound}'")
+            removed = int(metrics.get("num_deleted_rows", 0))
+            log.info("mirror %s: %s removed %d row(s) older than %s", path, reason, removed, bound)
+            return removed
+        except CommitFailedError:
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)
     raise AssertionError("unreachable")
 
 

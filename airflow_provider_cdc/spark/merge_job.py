@@ -2,7 +2,8 @@
 
 For every chunk of the round: find its low and high watermark in the staged changelog
 (the first position of an id wins when a capture re-delivered it), drop the chunk keys
-that a change of the same table touched strictly between them, and emit the survivors as
+that a change of the same table touched strictly between them (all of them after a TRUNCATE
+there), and emit the survivors as
 ``r`` events at the high watermark's position. This is core.window.merge_window's rule,
 vectorised (a range join of window bounds against change positions, then an anti-join);
 tests/integration/test_spark_jobs.py runs both on the same inputs and compares them.
@@ -177,19 +178,21 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
     changes = (
         common.read_changelog(spark, segments, after=lo, upto=hi)
         .where(F.col("op") != "w")
-        .select("table", "key", "position")
+        .select("table", "key", "position", "op")
     )
     bounds = F.broadcast(win_df.select("cidx", "wtable", "lw", "hw"))
-    conflicts = (
-        changes.join(
-            bounds,
-            (changes["table"] == bounds["wtable"]) & (changes["position"] > bounds["lw"]) & (changes["position"] < bounds["hw"]),
-        )
-        .select("cidx", "key")
-        .distinct()
+    hits = changes.join(
+        bounds,
+        (changes["table"] == bounds["wtable"]) & (changes["position"] > bounds["lw"]) & (changes["position"] < bounds["hw"]),
     )
+    conflicts = hits.where(F.col("op") != "t").select("cidx", "key").distinct()
+    truncated = hits.where(F.col("op") == "t").select("cidx").distinct()  # the whole chunk goes
     rows = _chunk_rows(spark, windows)
-    survivors = rows.join(conflicts, ["cidx", "key"], "left_anti").join(F.broadcast(win_df), "cidx")
+    survivors = (
+        rows.join(conflicts, ["cidx", "key"], "left_anti")
+        .join(truncated, "cidx", "left_anti")
+        .join(F.broadcast(win_df), "cidx")
+    )
     return survivors.select(
         F.col("hw").alias("position"),
         F.col("wtable").alias("table"),

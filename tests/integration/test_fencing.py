@@ -354,3 +354,43 @@ TestFencingMachine.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+
+
+def trunc(pos: int, *, batch: str = "b") -> dict:
+    return {"position": Position(pos).encode(), "table": T.id, "op": "t", "key": None, "before": None,
+            "after": None, "ts_ms": pos, "watermark": None, "snapshot": False, "batch": batch}
+
+
+def test_a_truncate_removes_older_rows_and_a_late_chunk_cannot_bring_them_back(data_dir):
+    """TRUNCATE at 6 in an apply batch: rows written before it go (earlier in the same batch
+    too), rows after it stay; then a merge that read its chunk before the TRUNCATE (hw 5)
+    commits late: its rows are older than the horizon the TRUNCATE left, so none comes back."""
+    mirror = MirrorDeltaSink(data_dir, SOURCE)
+    mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20)))
+    mirror.write(events(ev(3, "u", 1, 11), trunc(6), ev(7, "c", 3, 30), ev(8, "c", 1, 12)))
+    assert mirror_state(data_dir) == {3: (7, False), 1: (8, False)}
+    assert horizon(data_dir, SOURCE, T) == Position(6).encode()
+    late = build_sinks("mirror", data_dir=data_dir, source=SOURCE, database=None, pg_uri=None, pg_schema=None,
+                       require_schema=True, fence_tables=[T.id])[0]
+    late.write(events(ev(5, "r", 1, 10), ev(5, "r", 2, 20)))  # the chunk read before the TRUNCATE
+    assert mirror_state(data_dir) == {3: (7, False), 1: (8, False)}
+    mirror.write(events(ev(3, "u", 1, 11), trunc(6), ev(7, "c", 3, 30)))  # the batch replayed: no change
+    assert mirror_state(data_dir) == {3: (7, False), 1: (8, False)}
+
+
+def test_a_truncate_before_the_first_row_still_fences_older_writers(data_dir):
+    """The apply of a TRUNCATE reaches the mirror before any merge created it: the table is
+    created with the horizon, so a later merge of an older chunk inserts nothing."""
+    MirrorDeltaSink(data_dir, SOURCE).write(events(trunc(6)))
+    MirrorDeltaSink(data_dir, SOURCE).write(events(ev(5, "r", 1, 10), ev(9, "r", 2, 20)))
+    assert mirror_state(data_dir) == {2: (9, False)}
+
+
+def test_sweep_removes_rows_older_than_the_mark_live_or_tombstone(data_dir):
+    mirror = MirrorDeltaSink(data_dir, SOURCE)
+    mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20), ev(3, "d", 2), ev(8, "c", 4, 40)))
+    path = str(Path(data_dir, "output", SOURCE, "mirror", T.path_segment))
+    assert mirror_delta.sweep(path, Position(5).encode()) == 2  # key 1 (live) and key 2's tombstone
+    assert mirror_state(data_dir) == {4: (8, False)}
+    assert mirror_delta.sweep(path, Position(5).encode()) == 0  # idempotent
+    assert horizon(data_dir, SOURCE, T) == Position(5).encode()

@@ -246,3 +246,23 @@ def test_model_exercises_retries_orphans_and_drops():
         orphans += len(run.orphans)
         multi_chunk += len(run.chunks) > 6
     assert dropped > 50 and orphans > 300 and multi_chunk > 100, (dropped, orphans, multi_chunk)
+
+
+def trunc(n: int, table: str = T) -> ChangeEvent:
+    return ChangeEvent(table, "t", None, P(n), None, None)
+
+
+def test_a_truncate_inside_the_window_drops_the_whole_chunk_outside_it_nothing():
+    chunks = [WindowChunk(T, "lw1", "hw1", rows(1, 2)), WindowChunk(T, "lw2", "hw2", rows(3, 4)),
+              WindowChunk("public.other", "lw3", "hw3", rows(5))]
+    log = [wm("lw1", 1), wm("lw3", 2), trunc(3), wm("hw1", 4), wm("hw3", 5), wm("lw2", 6), wm("hw2", 7), trunc(8)]
+    out = merge_window(chunks, log)
+    assert [(e.table, e.key) for e in out] == [("public.other", "[5]"), (T, "[3]"), (T, "[4]")]
+    assert window_drops(chunks, log)[0] == {"[1]", "[2]"}
+
+
+def test_mirror_apply_truncate_removes_older_rows_and_refuses_older_events():
+    state = mirror_apply({}, [upd(1, 1, 10, op="c"), upd(2, 2, 20, op="c"), trunc(5), upd(6, 3, 30, op="c")])
+    assert mirror_rows(state, T) == {"[3]": {"id": 3, "v": 30}}
+    mirror_apply(state, [ChangeEvent(T, "r", "[1]", P(4), None, {"id": 1, "v": 10}, snapshot=True)])  # late chunk row
+    assert mirror_rows(state, T) == {"[3]": {"id": 3, "v": 30}}
