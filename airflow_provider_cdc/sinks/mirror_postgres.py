@@ -138,7 +138,6 @@ class MirrorPostgresSink(Sink):
     def write(self, events: pa.Table) -> None:
         if events.num_rows == 0:
             return
-        events = newest_per_key(events)
         for table_id in pc.unique(events["table"]).to_pylist():
             if self.fence is not None:
                 self.fence.check(table_id)
@@ -146,7 +145,19 @@ class MirrorPostgresSink(Sink):
             if schema is None:
                 log.warning("postgres mirror: no staged schema for %s; skipped", table_id)
                 continue
-            self.upsert(schema, events.filter(pc.equal(events["table"], table_id)))
+            part = events.filter(pc.equal(events["table"], table_id))
+            truncates = pc.equal(part["op"], "t")
+            if pc.any(truncates).as_py():
+                # every row older than the TRUNCATE goes (no horizon here: see README, TRUNCATE)
+                newest = pc.max(part.filter(truncates)["position"]).as_py()
+                self.ensure_table(schema)
+                with self.conn, self.conn.cursor() as cur:
+                    cur.execute(f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
+                                (newest,))
+                part = part.filter(pc.greater(part["position"], newest))
+                if part.num_rows == 0:
+                    continue
+            self.upsert(schema, newest_per_key(part))
 
     def upsert(self, schema: TableSchema, events: pa.Table) -> int:
         from psycopg2.extras import execute_values

@@ -303,7 +303,7 @@ def test_merge_chunks_agrees_with_core_merge_window(spark, tmp_path, engine):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed, engine):
     """Random interleavings of many chunks' watermarks and changes (keys reused across
-    windows, duplicate watermark ids, orphans): Spark and core give the same events."""
+    windows, duplicate watermark ids, orphans, TRUNCATEs): Spark and core give the same events."""
     rnd = random.Random(seed)
     st = Stage(tmp_path / f"r{seed}")
     n_chunks = rnd.randint(3, 7)
@@ -324,6 +324,8 @@ def test_merge_chunks_agrees_with_core_on_random_rounds(spark, tmp_path, seed, e
                 st.watermark(f"hw{c}")  # re-delivered id
         elif r < 0.45:
             st.watermark(f"orphan{rnd.randint(0, 99)}")
+        elif r < 0.47:  # a TRUNCATE: drops every chunk whose window holds it
+            st.log.append(ChangeEvent(ITEMS.id, "t", None, st._next(), None, None, ts_ms=st.pos))
         else:
             k = rnd.randint(1, 10 * n_chunks + 5)
             op = rnd.choice("cud")
@@ -570,3 +572,21 @@ def test_jobs_write_the_postgres_mirror_like_the_delta_mirror(spark, tmp_path, p
         with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
             cur.execute(f'DROP SCHEMA IF EXISTS "{target}" CASCADE')
         conn.close()
+
+
+@pytest.mark.parametrize("engine", ["spark", "local"])
+def test_a_truncate_inside_a_window_drops_that_chunk_in_both_engines(spark, tmp_path, engine):
+    st = Stage(tmp_path / engine)
+    st.watermark("lw0")
+    st.watermark("lw1")
+    st.log.append(ChangeEvent(ITEMS.id, "t", None, st._next(), None, None, ts_ms=st.pos))
+    st.watermark("hw0")
+    st.watermark("lw2")
+    st.watermark("hw1")
+    st.watermark("hw2")
+    for c in range(3):
+        st.chunk(ITEMS, c, f"lw{c}", f"hw{c}", [item(k, 1) for k in range(10 * c + 1, 10 * c + 4)], "id")
+    st.stage_log(cuts=[3])
+    got = spark_tuples(merged(engine, spark, st.chunks, changelog_dir(st.data_dir, SOURCE)))
+    assert got == as_tuples(st.expected_merge())
+    assert sorted(t[1] for t in got) == ["[21]", "[22]", "[23]"]  # chunks 0 and 1 held the TRUNCATE
