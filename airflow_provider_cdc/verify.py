@@ -31,6 +31,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from .core import temporal
 from .core.errors import ConfigurationError
 from .core.position import Position
 from .core.ranges import FULL_RANGE
@@ -57,8 +58,8 @@ def _float_canonical(v: Any, logical: str) -> Any:
 
 
 def _ts_text(v: Any, tz: bool) -> str:
-    if isinstance(v, str):
-        v = dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    if isinstance(v, str):  # canonical text, any year, infinities, zero dates: exact integers
+        return temporal.micros_to_text(temporal.ts_to_micros(v), tz)
     if tz:
         v = v.astimezone(dt.UTC).replace(tzinfo=None) if v.tzinfo else v
         return v.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
@@ -85,7 +86,7 @@ def normalise_value(v: Any, logical: str) -> Any:
     if logical == "binary":
         return base64.b64encode(bytes(v)).decode("ascii") if isinstance(v, (bytes, bytearray, memoryview)) else v
     if logical == "date":
-        return v.isoformat() if isinstance(v, dt.date) else v
+        return v.isoformat() if isinstance(v, dt.date) else temporal.days_to_text(temporal.date_to_days(v))
     if logical == "timestamp":
         return _ts_text(v, tz=False)
     if logical == "timestamptz":
@@ -136,11 +137,24 @@ def arrow_canonical(arr, logical: str) -> list:
     import pyarrow.compute as pc
 
     t = arr.type
-    if pa.types.is_timestamp(t):
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        is_ts = pa.types.is_timestamp(t)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        ints = arr.view(pa.int64() if is_ts else pa.int32())
+        # years 1..9999 print with strftime; anything else (BC, far years, infinities, zero
+        # dates) takes the exact inverse of the sink's encoding (core/temporal.py)
+        first, last = (-62135596800000000, 253402300799999999) if is_ts else (-719162, 2932896)
+        mm = pc.min_max(ints)
+        lo, hi = mm["min"].as_py(), mm["max"].as_py()
+        if lo is not None and (lo < first or hi > last):
+            if is_ts:
+                return [None if v is None else temporal.micros_to_text(v, logical == "timestamptz") for v in ints.to_pylist()]
+            return [None if v is None else temporal.days_to_text(v) for v in ints.to_pylist()]
+        if not is_ts:
+            return pc.strftime(arr, format="%Y-%m-%d").to_pylist()
         vals = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%S").to_pylist()  # %S carries the microseconds
         return [None if v is None else v + "Z" for v in vals] if logical == "timestamptz" else vals
-    if pa.types.is_date(t):
-        return pc.strftime(arr, format="%Y-%m-%d").to_pylist()
     if pa.types.is_decimal(t):
         vals = pc.cast(arr, pa.string()).to_pylist()
         return [None if v is None else int(v) for v in vals] if logical == "uint64" else vals

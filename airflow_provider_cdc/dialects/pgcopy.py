@@ -51,7 +51,7 @@ def _or_null(arr: pa.Array) -> pa.Array:
 
 
 _INTS = frozenset({"int16", "int32", "int64", "uint64"})
-_STRINGS = frozenset({"string", "json", "date"})
+_STRINGS = frozenset({"string", "json"})
 _CONTROL = r"[\x00-\x1f]"
 
 
@@ -112,6 +112,7 @@ _TEMPORAL = {  # the server's ISO text -> canonical, when every value has the co
     "timestamptz": (f"^{_DATE} {_TIME}\\+00$", "T", "Z"),
     "timestamp": (f"^{_DATE} {_TIME}$", "T", ""),
     "time": (f"^(?P<d>){_TIME}$", "", ""),
+    "date": (f"^{_DATE}$", "", ""),  # infinity, BC, 5-digit years: the decoder
 }
 
 
@@ -122,6 +123,8 @@ def _temporal(logical: str, fallback: Callable[[pa.Array], pa.Array]) -> Callabl
         m = pc.extract_regex(arr, pattern)
         if m.null_count != arr.null_count:  # infinity, BC, 5-digit years...: the decoder handles them
             return fallback(arr)
+        if logical == "date":
+            return pc.if_else(pc.is_null(arr), _lit("null"), _join('"', m.field("d"), '"'))
         frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
         out = _join('"', m.field("d"), sep, m.field("t"), ".", frac, suffix + '"')
         return pc.if_else(pc.is_null(arr), _lit("null"), out)

@@ -59,6 +59,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..core import temporal
 from ..core.errors import ConfigurationError, SourceError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, int_to_lsn, lsn_to_int
@@ -184,16 +185,29 @@ def _frac6(s: str) -> str:
     return f"{head}.{frac.ljust(6, '0')}" if dot else f"{head}.000000"
 
 
-_TS_RE = re.compile(r"^(\d{4,}-\d\d-\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d(?::?\d\d(?::?\d\d)?)?)?$")
+_TS_RE = re.compile(r"^(-?\d{4,}-\d\d-\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d(?::?\d\d(?::?\d\d)?)?)?$")
+
+
+def _not_temporal(s: str, logical: str) -> SourceError:
+    return SourceError(f"PostgreSQL rendered a {logical} value as {s!r}, which is not a form this package knows; "
+                       "the session must use DateStyle ISO and TimeZone UTC")
+
+
+def _date(s: str) -> str:
+    """ISO date, ``infinity``/``-infinity``, BC (``-0043-03-15``: astronomical years, core/temporal.py)."""
+    bc = temporal.pg_bc_to_canonical(s)
+    return s if bc is None else bc
 
 
 def _timestamp(s: str) -> str:
     if len(s) in (19, 21, 22, 23, 24, 25, 26) and s[10] == " " and s[4] == "-" and s[-3] != " ":  # fast path
         t = s[11:]
         return f"{s[:10]}T{t}.000000" if len(t) == 8 else f"{s[:10]}T{t.ljust(15, '0')}"
-    m = _TS_RE.match(s)
+    if s in ("infinity", "-infinity"):
+        return s
+    m = _TS_RE.match(temporal.pg_bc_to_canonical(s) or s)  # BC -> astronomical year; 5+ digit years
     if not m or m.group(3):
-        return s  # infinity, -infinity, BC dates: kept as the server renders them
+        raise _not_temporal(s, "timestamp")
     return f"{m.group(1)}T{_frac6(m.group(2))}"
 
 
@@ -201,9 +215,11 @@ def _timestamptz(s: str) -> str:
     if s[-3:] == "+00" and s[10:11] == " " and s[4] == "-" and len(s) <= 29:  # fast path: UTC, 4-digit year
         t = s[11:-3]
         return f"{s[:10]}T{t}.000000Z" if len(t) == 8 else f"{s[:10]}T{t.ljust(15, '0')}Z"
-    m = _TS_RE.match(s)
+    if s in ("infinity", "-infinity"):
+        return s
+    m = _TS_RE.match(temporal.pg_bc_to_canonical(s) or s)
     if not m or not m.group(3):
-        return s  # infinity, -infinity, BC dates
+        raise _not_temporal(s, "timestamptz")
     off = m.group(3)
     if off in ("+00", "+00:00", "-00"):
         return f"{m.group(1)}T{_frac6(m.group(2))}Z"
@@ -284,7 +300,7 @@ _SCALAR_DECODERS: dict[str, Callable[[str], Any]] = {
     "string": _identity,
     "json": _identity,
     "uuid": str.lower,
-    "date": _identity,
+    "date": _date,
     "binary": _bytea,
     "time": _frac6,
     "timestamp": _timestamp,

@@ -16,10 +16,10 @@ decimal            string (unbounded precision: the source's exact text)
 string, uuid       string
 json               string (the JSON text as the source rendered it)
 binary             binary (base64 decoded)
-date               date32
+date               date32 (infinity, BC, far years, zero dates: core/temporal.py)
 time               string (MySQL TIME may be negative or beyond 24 h)
-timestamp          timestamp[us] without zone (Delta timestamp_ntz)
-timestamptz        timestamp[us, tz=UTC]
+timestamp          timestamp[us] without zone (Delta timestamp_ntz), as date
+timestamptz        timestamp[us, tz=UTC], as date
 array<T>           string (canonical JSON list; keeps multi-dimensional arrays)
 =================  ============================================================
 """
@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from ..core import temporal
 from ..core.errors import ConfigurationError
 from ..core.schema import TableSchema
 
@@ -111,8 +112,20 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
     """A column of canonical values -> a typed Arrow array (see the module table)."""
     target = arrow_type(logical)
     if logical in ("date", "timestamp", "timestamptz"):
-        # ISO text -> typed by Arrow's own parser ("Z" suffix understood for timestamptz)
-        return pa.array(values, pa.string()).cast(target)
+        # ISO text -> typed by Arrow's own parser ("Z" suffix understood for timestamptz);
+        # what it cannot parse (infinity, BC, 5-digit years, zero dates) as exact integers
+        try:
+            return pa.array(values, pa.string()).cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            to_int = temporal.date_to_days if logical == "date" else temporal.ts_to_micros
+            try:
+                ints = [None if v is None else to_int(v) for v in values]
+                return pa.array(ints, pa.int32() if logical == "date" else pa.int64()).view(target)
+            except (ValueError, OverflowError) as exc:
+                raise ConfigurationError(
+                    f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 bits end in "
+                    "year 294247): re-snapshot after correcting the value, or leave the table out of the mirror"
+                ) from exc
     try:
         return pa.array([_decode(v, logical, target) for v in values], target)
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, ArithmeticError) as exc:

@@ -804,3 +804,34 @@ def test_capture_without_table_list_takes_every_user_table_with_a_key(
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`, `{DB}`.`{nopk}`")
         d._query(f"DROP TABLE IF EXISTS {d.quote_table(d.watermark_table)}")
         d.close()
+
+
+def test_truncate_is_staged_as_an_event_for_captured_tables_only(make_dialect, admin, unique_name, tmp_path):
+    """TRUNCATE [TABLE] [db.]t (a statement in the binlog, no row deletes): a 't' event at its
+    position for a captured table, whatever the statement's default database; none for others."""
+    t, other = f"tr {unique_name}`x", f"tro_{unique_name}"
+    qt = "`" + t.replace("`", "``") + "`"
+    admin.execute(f"CREATE TABLE `{DB}`.{qt} (id INT PRIMARY KEY)")
+    admin.execute(f"CREATE TABLE `{DB}`.`{other}` (id INT PRIMARY KEY)")
+    try:
+        d = make_dialect(t)
+        data = str(tmp_path)
+        d.load_offset(data)
+        admin.execute(f"INSERT INTO `{DB}`.{qt} VALUES (1), (2)")
+        admin.execute(f"TRUNCATE TABLE `{DB}`.{qt}")
+        admin.execute(f"TRUNCATE `{DB}`.`{other}`")
+        admin.execute(f"INSERT INTO `{DB}`.{qt} VALUES (3)")
+        d.capture(data)
+        events = [e for e in read_log_events(str(tmp_path / "staging" / d.source / "changelog"))
+                  if isinstance(e, ChangeEvent)]
+        assert [(e.table, e.op, e.key) for e in events] == [
+            (f"{DB}.{t}", "c", "[1]"), (f"{DB}.{t}", "c", "[2]"), (f"{DB}.{t}", "t", None), (f"{DB}.{t}", "c", "[3]"),
+        ]
+        assert events[1].position < events[2].position < events[3].position
+        d.on_truncate = "fail"
+        admin.execute(f"TRUNCATE `{DB}`.{qt}")
+        with pytest.raises(SourceError, match="TRUNCATE of .* on_truncate='fail'"):
+            d.capture(data)
+    finally:
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.{qt}")
+        admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{other}`")

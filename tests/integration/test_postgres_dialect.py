@@ -197,7 +197,7 @@ class TestPostgresDialect(DialectSuite):
         assert ev.op == "u" and ev.after == {"id": 1, "big": big, "n": 2}
         assert ev.before == {"id": 1, "big": big, "n": 1}
 
-    def test_key_change_is_delete_then_create_and_truncate_is_an_error(self, ctx):
+    def test_key_change_is_delete_then_create_and_truncate_is_an_event(self, ctx):
         t = ctx.create_table("kc", [("id", "int"), ("v", "text")], ["id"])
         d = ctx.dialect([t])
         d.load_offset(ctx.data_dir)
@@ -212,6 +212,13 @@ class TestPostgresDialect(DialectSuite):
             ("d", (2,)),
         ]
         assert evs[1].position < evs[2].position and evs[3].before == {"id": 2}
+        other = ctx.create_table("kc2", [("id", "int")], ["id"])
+        ctx.execute(f"BEGIN; INSERT INTO {ctx.qt(t)} VALUES (5, 'x'); TRUNCATE {ctx.qt(t)}, {ctx.qt(other)}; "
+                    f"INSERT INTO {ctx.qt(t)} VALUES (6, 'y'); COMMIT")
+        evs = table_events(ctx.capture_all(d), t)[-3:]  # `other` is not captured: no event of it
+        assert [(e.op, e.key) for e in evs] == [("c", "[5]"), ("t", None), ("c", "[6]")]
+        assert evs[0].position < evs[1].position < evs[2].position
+        d.on_truncate = "fail"  # the dialect option's other modes
         ctx.execute(f"TRUNCATE {ctx.qt(t)}")
         with pytest.raises(SourceError, match="TRUNCATE.*re-snapshot|Re-snapshot"):
             d.capture(ctx.data_dir)

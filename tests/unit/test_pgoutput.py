@@ -98,7 +98,12 @@ def test_unknown_and_binary_values_are_protocol_errors():
         ("timestamp", "infinity", "infinity"),
         ("timestamptz", "2024-01-02 03:04:05+00", "2024-01-02T03:04:05.000000Z"),
         ("timestamptz", "2024-01-02 03:04:05.123456+02:30", "2024-01-02T00:34:05.123456Z"),
-        ("timestamptz", "0044-03-15 12:00:00+00 BC", "0044-03-15 12:00:00+00 BC"),
+        # BC: ISO 8601 astronomical years (1 BC = year 0), core/temporal.py
+        ("timestamptz", "0044-03-15 12:00:00+00 BC", "-0043-03-15T12:00:00.000000Z"),
+        ("timestamp", "0001-01-01 00:00:00.5 BC", "0000-01-01T00:00:00.500000"),
+        ("timestamp", "10000-01-01 00:00:00", "10000-01-01T00:00:00.000000"),
+        ("date", "0044-03-15 BC", "-0043-03-15"),
+        ("date", "-infinity", "-infinity"),
         ("uuid", "A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
         ("array<int32>", "{{1,2},{3,NULL}}", [[1, 2], [3, None]]),
         ("array<string>", '{"a b","c\\"d",NULL,"NULL","",x}', ["a b", 'c"d', None, "NULL", "", "x"]),
@@ -226,6 +231,7 @@ def test_chunk_assembler_rows_equal_encode_row():
         ("float32", ["1.1", "3.4028235e+38", "1e-45"]),
         ("binary", ["\\x", "\\x00ff10", None, "\\x" + "ab" * 100]),
         ("date", ["2024-02-29", "infinity", None]),
+        ("date", ["2024-02-29", "0044-03-15 BC", "12345-01-01", "-infinity"]),
         ("array<timestamptz>", ['{"2024-01-01 00:00:00+00",NULL}']),
     ],
 )
