@@ -131,6 +131,20 @@ def micros_to_text(us: int, tz: bool) -> str:
     return f"{days_to_text(day)}T{hh:02d}:{mm:02d}:{ss:02d}.{frac:06d}{'Z' if tz else ''}"
 
 
+def canonical_to_pg(text: str) -> str:
+    """The inverse of :func:`pg_bc_to_canonical` for binding: an astronomical year before 1
+    back to PostgreSQL's ``YYYY-MM-DD ... BC`` input (``Z`` becomes ``+00``); others as they are."""
+    if text in ("infinity", "-infinity"):
+        return text
+    body = text[:-1] + "+00" if text.endswith("Z") else text
+    if not (body.startswith("-") or body.startswith("0000-")):
+        return body
+    ymd, sep, rest = body.replace("T", " ", 1).partition(" ")
+    y, mo, d = ymd.rsplit("-", 2)
+    year = int(y)  # "-0043" or "0000"
+    return f"{1 - year:04d}-{mo}-{d}" + (f" {rest}" if sep else "") + " BC"
+
+
 def pg_bc_to_canonical(text: str) -> str | None:
     """PostgreSQL's ``YYYY-MM-DD[ time][+00] BC`` -> the astronomical-year canonical form
     (``-0043-...``), without the zone suffix (callers add ``Z``). None when not BC."""

@@ -187,8 +187,11 @@ def _float32(v: float) -> float | str:
     f32 = struct.unpack("<f", struct.pack("<f", v))[0]
     for digits in range(1, 10):
         cand = float(f"{f32:.{digits}g}")
-        if struct.unpack("<f", struct.pack("<f", cand))[0] == f32:
-            return cand
+        try:
+            if struct.unpack("<f", struct.pack("<f", cand))[0] == f32:
+                return cand
+        except OverflowError:  # a rounding of a value near FLOAT's maximum passes it: try more digits
+            continue
     return f32
 
 
@@ -246,14 +249,78 @@ def _b64(v: bytes | str) -> str:
     return base64.b64encode(_bytes(v)).decode("ascii")
 
 
-def _zero_date_to_none(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """pymysql returns MySQL's zero dates ('0000-00-00') as text; the binlog reader gives
-    None. Both become null (zero dates have no calendar value)."""
+_ZERO_TEXT_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?)?$")
+
+
+def _zero_dates_as_text(fn: Callable[[Any], Any], logical: str) -> Callable[[Any], Any]:
+    """Zero and partial dates ('0000-00-00', '2020-00-00', '2020-05-00 10:00:00') name no
+    day, so no datetime holds them: pymysql returns them as text, and the binlog reader (with
+    :func:`_patch_binlog_zero_dates`) too. They keep that text in canonical form, so two of
+    them stay two keys and a change of one is seen; the mirror stores them losslessly
+    (core/temporal.py)."""
 
     def conv(v: Any) -> Any:
-        return None if isinstance(v, str | bytes) else fn(v)
+        if not isinstance(v, str | bytes):
+            return fn(v)
+        text = v.decode("ascii") if isinstance(v, bytes) else v
+        m = _ZERO_TEXT_RE.match(text)
+        if m is None:
+            raise SourceError(f"MySQL returned the {logical} value {text!r}, which is not a date this package knows")
+        day = f"{m.group(1)}-{m.group(2)}-{m.group(3)}"
+        if logical == "date":
+            return day
+        clock = f"{m.group(4) or '00'}:{m.group(5) or '00'}:{m.group(6) or '00'}.{(m.group(7) or '').ljust(6, '0')}"
+        return f"{day}T{clock}" + ("Z" if logical == "timestamptz" else "")
 
     return conv
+
+
+def _patch_binlog_zero_dates() -> None:
+    """mysql-replication decodes zero and partial DATE / DATETIME values to None, which would
+    turn '2020-00-00' into NULL on the changelog path only. Decode them to the server's text
+    instead (the bits hold year, month and day exactly); valid dates are unchanged."""
+    from pymysqlreplication import row_event
+
+    cls = row_event.RowsEvent
+    if getattr(cls, "_cdc_zero_dates", False):
+        return
+
+    def read_date(self):
+        time = self.packet.read_uint24()
+        year, month, day = (time >> 9) & ((1 << 15) - 1), (time >> 5) & 15, time & 31
+        try:
+            return dt.date(year, month, day)
+        except ValueError:
+            return f"{year:04d}-{month:02d}-{day:02d}"
+
+    def read_datetime2(self, column):
+        data = self.packet.read_int_be_by_size(5)
+        part = self._RowsEvent__read_binary_slice
+        year, month = divmod(part(data, 1, 17, 40), 13)
+        day, hour, minute, second = part(data, 18, 5, 40), part(data, 23, 5, 40), part(data, 28, 6, 40), part(data, 34, 6, 40)
+        try:
+            t = dt.datetime(year, month, day, hour, minute, second)
+        except ValueError:
+            us = self._RowsEvent__read_fsp(column)
+            return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}.{us:06d}"
+        return self._RowsEvent__add_fsp_to_time(t, column)
+
+    def read_datetime(self):
+        value = self.packet.read_uint64()
+        day_part, clock = divmod(value, 1_000_000)
+        year, rest = divmod(day_part, 10_000)
+        month, day = divmod(rest, 100)
+        hour, rest = divmod(clock, 10_000)
+        minute, second = divmod(rest, 100)
+        try:
+            return dt.datetime(year, month, day, hour, minute, second)
+        except ValueError:
+            return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
+
+    cls._RowsEvent__read_date = read_date
+    cls._RowsEvent__read_datetime2 = read_datetime2
+    cls._RowsEvent__read_datetime = read_datetime
+    cls._cdc_zero_dates = True
 
 
 def _json_text(v: Any) -> str:
@@ -338,13 +405,13 @@ def _select_converter(col: Column) -> Callable[[Any], Any]:
     if t == "binary":
         return _b64
     if t == "date":
-        return _zero_date_to_none(lambda v: v.isoformat())
+        return _zero_dates_as_text(lambda v: v.isoformat(), t)
     if t == "time":
         return _time
     if t == "timestamp":
-        return _zero_date_to_none(_timestamp)
+        return _zero_dates_as_text(_timestamp, t)
     if t == "timestamptz":
-        return _zero_date_to_none(_timestamptz)
+        return _zero_dates_as_text(_timestamptz, t)
     if t == "json":
         return _json_text
     return lambda v: v if isinstance(v, str) else (v.decode("utf-8") if isinstance(v, bytes) else str(v))
@@ -409,15 +476,15 @@ def _binlog_converter(col: Any) -> Callable[[Any], Any]:
             ",".join(sorted(v, key=lambda x: order.get(x, len(order)))) if not isinstance(v, str) else v
         )
     if ft in (_FT_DATE,):
-        return lambda v: v.isoformat()
+        return _zero_dates_as_text(lambda v: v.isoformat(), "date")
     if ft in (_FT_TIME, _FT_TIME2):
         return _binlog_time
     if ft in (_FT_DATETIME, _FT_DATETIME2):
-        return _timestamp
+        return _zero_dates_as_text(_timestamp, "timestamp")
     if ft in (_FT_TIMESTAMP, _FT_TIMESTAMP2):
         # decoded from epoch seconds as naive UTC; epoch 0 is the zero timestamp
         # '0000-00-00 00:00:00' (1970-01-01 00:00:00 UTC is outside TIMESTAMP's range)
-        return lambda v: None if v == _EPOCH else _timestamptz(v)
+        return lambda v: "0000-00-00T00:00:00.000000Z" if v == _EPOCH else _timestamptz(v)
     if ft == _FT_JSON:
         return _json_text
     return _text_or_b64
@@ -756,14 +823,18 @@ class MySqlDialect(Dialect):
             return base64.b64decode(value)
         if t.startswith("decimal"):
             return decimal.Decimal(value)
-        if t == "timestamptz":
-            return dt.datetime.fromisoformat(str(value).removesuffix("Z"))  # session time_zone is UTC
-        if t == "timestamp":
-            return dt.datetime.fromisoformat(value)
-        if t == "date":
-            return dt.date.fromisoformat(value)
+        if t in ("timestamptz", "timestamp", "date"):
+            text = str(value).removesuffix("Z")  # session time_zone is UTC
+            try:
+                return dt.date.fromisoformat(text) if t == "date" else dt.datetime.fromisoformat(text)
+            except ValueError:
+                return text.replace("T", " ")  # a zero or partial date: the server compares its text
         if t in ("float32", "float64") and isinstance(value, str):
             return float(value.replace("Infinity", "inf"))
+        if t == "float32":
+            # the canonical FLOAT is the shortest decimal that rounds to it; bound as that
+            # decimal it may sit below the stored value, and `k <= bound` would lose the row
+            return struct.unpack("<f", struct.pack("<f", float(value)))[0]
         return value
 
     def _key_tuple(self, schema: TableSchema, row: tuple) -> tuple:
@@ -773,10 +844,20 @@ class MySqlDialect(Dialect):
             for k, v in zip(schema.primary_key, row, strict=True)
         )
 
+    def _key_columns(self, schema: TableSchema) -> str:
+        """The key columns for a SELECT, FLOAT ones widened to DOUBLE as in chunk_query: a
+        FLOAT key printed with 6 digits is not the stored value, so a bound taken from it
+        would cut off the largest key (or split a range between two keys)."""
+        return ", ".join(
+            f"{self.quote_ident(k)} + 0e0 AS {self.quote_ident(k)}" if schema.column(k).type == "float32"
+            else self.quote_ident(k)
+            for k in schema.primary_key
+        )
+
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
         from .base import validate_where
 
-        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
+        pk = self._key_columns(schema)
         desc = ", ".join(f"{self.quote_ident(k)} DESC" for k in schema.primary_key)
         cond = f" WHERE ({validate_where(where).replace('%', '%%')})" if where else ""  # _query %-formats
         sql = f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
@@ -802,8 +883,9 @@ class MySqlDialect(Dialect):
             return []
         step = max(1, n // (count + 1))
         pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
+        exact = self._key_columns(schema)  # FLOAT keys as stored (see _key_columns)
         rows = self._query(
-            f"SELECT {pk} FROM (SELECT {pk}, ROW_NUMBER() OVER (ORDER BY {pk}) AS `__cdc_rn`"  # noqa: S608
+            f"SELECT {pk} FROM (SELECT {exact}, ROW_NUMBER() OVER (ORDER BY {pk}) AS `__cdc_rn`"  # noqa: S608
             f" FROM {self.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = 0 ORDER BY {pk} LIMIT %s",
             (step, count),
         )
@@ -915,6 +997,7 @@ class MySqlDialect(Dialect):
         if self.tables is not None:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
         p = self.params
+        _patch_binlog_zero_dates()
         stream = BinLogStreamReader(
             connection_settings={
                 "host": p.host,

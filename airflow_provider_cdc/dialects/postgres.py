@@ -1406,6 +1406,8 @@ def _to_db(logical: str, value: Any) -> Any:
         return [None if v is None else _to_db(inner, v) for v in value]
     if logical in ("float32", "float64") or logical.startswith("decimal"):
         return str(value)
+    if logical in ("date", "timestamp", "timestamptz") and isinstance(value, str):
+        return temporal.canonical_to_pg(value)  # BC years back to PostgreSQL's input form
     return value
 
 

@@ -210,13 +210,21 @@ def _set_properties(dt: DeltaTable, props: dict[str, str]) -> None:
     dt.alter.set_table_properties(props, raise_if_not_exists=False)
 
 
+#: File statistics only for the meta columns (the MERGE's file pruning and compaction use
+#: them). A typed column may hold values no Python date holds (PostgreSQL BC and year 10000+,
+#: infinities, MySQL zero dates: core/temporal.py), and deltalake's pyarrow reader turns
+#: statistics into Python values: with stats on such a column it cannot read the table at all.
+STATS_PROPERTIES = {"delta.dataSkippingStatsColumns": f"{KEY_COLUMN},{POSITION_COLUMN}"}
+
+
 def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -> tuple[DeltaTable, bool]:
     """Create the Delta table at ``path`` (True), or open it when another writer created it
     first (False)."""
     Path(path).mkdir(parents=True, exist_ok=True)
     try:
         return DeltaTable.create(
-            path, schema, mode="error", configuration=props or None, raise_if_key_not_exists=False
+            path, schema, mode="error", configuration={**STATS_PROPERTIES, **(props or {})},
+            raise_if_key_not_exists=False,
         ), True
     except Exception:  # noqa: BLE001 - created meanwhile by another writer: use that one
         dt = _open(path)

@@ -475,30 +475,41 @@ def test_timestamp_is_utc_whatever_the_writer_session_zone(make_dialect, mysql_u
             cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
 
 
-def test_zero_dates_are_null_both_ways(make_dialect, mysql_uri, unique_name, tmp_path):
+def test_zero_and_partial_dates_keep_their_text_both_ways(make_dialect, mysql_uri, unique_name, tmp_path):
+    """'0000-00-00', '2020-00-00', '2020-05-00' name no day: both paths (SELECT and binlog)
+    keep the server's text, so they stay distinct keys and a change of one is seen (not NULL)."""
     t = f"zero_{unique_name}"
     with closing(_admin(mysql_uri, init_command="SET sql_mode = ''")) as conn:
         cur = conn.cursor()
         cur.execute(
-            f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, d DATE, dtm DATETIME(6), ts TIMESTAMP NULL)"
+            f"CREATE TABLE `{DB}`.`{t}` (k DATETIME(6) PRIMARY KEY, id INT, d DATE, dtm DATETIME, ts TIMESTAMP NULL)"
         )
         try:
             d = make_dialect(t)
             d.load_offset(str(tmp_path))
             cur.execute(
-                f"INSERT INTO `{DB}`.`{t}` VALUES (1, '0000-00-00', '0000-00-00 00:00:00', '0000-00-00 00:00:00')"
-            )
-            cur.execute(
-                f"INSERT INTO `{DB}`.`{t}` VALUES (2, '2024-01-01', '2024-01-01 00:00:00', '1970-01-01 00:00:01')"
+                f"INSERT INTO `{DB}`.`{t}` VALUES ('0000-00-00 00:00:00', 1, '0000-00-00', '0000-00-00 00:00:00', "
+                "'0000-00-00 00:00:00'), ('2020-00-00 00:00:00', 2, '2020-00-00', '2020-05-00 10:11:12', NULL), "
+                "('2020-05-00 00:00:00.5', 3, '2020-05-00', NULL, NULL), "
+                "('2024-01-01 00:00:00', 4, '2024-01-01', '2024-01-01 00:00:00', '1970-01-01 00:00:01')"
             )
             res = d.capture(str(tmp_path))
-            logged = {decode_key(e.key)[0]: e.after for e in read_log_events(str(Path(res.segment).parent))}
+            logged = {e.after["id"]: e.after for e in read_log_events(str(Path(res.segment).parent))}
+            keys = {e.after["id"]: e.key for e in read_log_events(str(Path(res.segment).parent))}
             schema = d.describe_table(TableName(DB, t))
             (batch,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=None, limit=10)))
-            selected = {r[0]: d.row_to_canonical(schema, r) for r in batch}
+            selected = {r[1]: d.row_to_canonical(schema, r) for r in batch}
             assert selected == logged
-            assert logged[1] == {"id": 1, "d": None, "dtm": None, "ts": None}
-            assert logged[2]["ts"] == "1970-01-01T00:00:01.000000Z"
+            assert logged[1] == {"k": "0000-00-00T00:00:00.000000", "id": 1, "d": "0000-00-00",
+                                 "dtm": "0000-00-00T00:00:00.000000", "ts": "0000-00-00T00:00:00.000000Z"}
+            assert logged[2]["d"] == "2020-00-00" and logged[2]["dtm"] == "2020-05-00T10:11:12.000000"
+            assert logged[3]["k"] == "2020-05-00T00:00:00.500000"
+            assert logged[4]["ts"] == "1970-01-01T00:00:01.000000Z"
+            assert len(set(keys.values())) == 4  # no two zero-date keys collapse into one
+            # a keyset read after a zero-date key goes on from it (the bound is the server's text)
+            after = decode_key(keys[1])
+            (rest,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=after, limit=10)))
+            assert sorted(r[1] for r in rest) == [2, 3, 4]
         finally:
             cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
 

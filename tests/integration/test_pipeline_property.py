@@ -52,6 +52,15 @@ def _text(max_size: int = 12):
     return st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=max_size)
 
 
+_F32_MAX = 3.4028234663852886e38
+# edge values the databases hold and Python's datetime cannot: bound as text
+_PG_TS_EDGES = st.sampled_from(["infinity", "-infinity", "0044-03-15 12:00:00.5 BC", "4713-11-24 00:00:00 BC",
+                                 "10000-01-01 00:00:00", "275000-06-07 08:09:10.123456"])
+_PG_DATE_EDGES = st.sampled_from(["infinity", "-infinity", "0044-03-15 BC", "0001-01-01 BC", "12345-01-01"])
+_MY_DATE_EDGES = st.sampled_from(["0000-00-00", "2020-00-00", "2020-05-00", "0000-01-01"])
+_MY_DATETIME_EDGES = st.sampled_from(["0000-00-00 00:00:00", "2020-00-00 10:00:00", "2020-05-00 00:00:00.5"])
+_F32 = st.floats(width=32, allow_nan=False, allow_infinity=False) | st.sampled_from([_F32_MAX, -_F32_MAX, 1e-45])
+
 PG_VALUE_TYPES = {
     "int4": ("integer", st.integers(-(2**31), 2**31 - 1)),
     "int8": ("bigint", st.integers(-(2**63), 2**63 - 1)),
@@ -59,9 +68,12 @@ PG_VALUE_TYPES = {
     "numeric": ("numeric(20,6)", st.decimals(min_value=-(10**13), max_value=10**13, places=6, allow_nan=False)),
     "float8": ("double precision", st.floats(allow_nan=False, allow_infinity=False)),
     "bool": ("boolean", st.booleans()),
-    "date": ("date", st.dates()),
-    "ts": ("timestamp", st.datetimes()),
+    "date": ("date", st.dates() | _PG_DATE_EDGES),
+    "ts": ("timestamp", st.datetimes() | _PG_TS_EDGES),
+    "tstz": ("timestamptz", st.datetimes(timezones=st.just(__import__("datetime").UTC)) | _PG_TS_EDGES),
     "bytea": ("bytea", st.binary(max_size=8)),
+    "float8x": ("double precision", st.sampled_from([float("nan"), float("inf"), float("-inf"), -0.0, 5e-324])),
+    "numeric_any": ("numeric", st.sampled_from(["NaN", "Infinity", "-Infinity", "1e-30", "123456789012345678901234567890.5"])),
 }
 MY_VALUE_TYPES = {
     "int": ("int", st.integers(-(2**31), 2**31 - 1)),
@@ -69,15 +81,17 @@ MY_VALUE_TYPES = {
     "varchar": ("varchar(40) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin", _text()),
     "decimal": ("decimal(20,6)", st.decimals(min_value=-(10**13), max_value=10**13, places=6, allow_nan=False)),
     "double": ("double", st.floats(allow_nan=False, allow_infinity=False, width=64)),
-    "date": ("date", st.dates(min_value=__import__("datetime").date(1000, 1, 1))),
-    "datetime": ("datetime(6)", st.datetimes(min_value=__import__("datetime").datetime(1000, 1, 1))),
+    "date": ("date", st.dates(min_value=__import__("datetime").date(1000, 1, 1)) | _MY_DATE_EDGES),
+    "datetime": ("datetime(6)", st.datetimes(min_value=__import__("datetime").datetime(1000, 1, 1)) | _MY_DATETIME_EDGES),
     "blob": ("varbinary(16)", st.binary(max_size=8)),
+    "float": ("float", _F32),
 }
 # key types: values hypothesis draws unique under the database's equality
 PG_KEY_TYPES = {"int8": PG_VALUE_TYPES["int8"], "text": ("text COLLATE \"C\"", _text(8)),
-                "numeric": PG_VALUE_TYPES["numeric"], "date": PG_VALUE_TYPES["date"]}
+                "numeric": PG_VALUE_TYPES["numeric"], "date": PG_VALUE_TYPES["date"], "ts": PG_VALUE_TYPES["ts"]}
 MY_KEY_TYPES = {"bigint": MY_VALUE_TYPES["bigint"], "varchar": MY_VALUE_TYPES["varchar"],
-                "decimal": MY_VALUE_TYPES["decimal"], "datetime": MY_VALUE_TYPES["datetime"]}
+                "decimal": MY_VALUE_TYPES["decimal"], "datetime": MY_VALUE_TYPES["datetime"],
+                "date": MY_VALUE_TYPES["date"], "float": MY_VALUE_TYPES["float"]}
 
 
 @st.composite
@@ -110,8 +124,17 @@ def table_cases(draw, db: str):
 
 
 def _key_identity(v):
+    import datetime as dt
+
+    if isinstance(v, float):
+        return ("f", __import__("struct").pack("<f", v) if abs(v) <= _F32_MAX else v)
+    if isinstance(v, dt.datetime):
+        return ("t", v.isoformat())
+    if isinstance(v, dt.date):
+        return ("t", v.isoformat())
     if isinstance(v, str):
-        return ("s", v)
+        # dates given as text: equal when the database would store the same value
+        return ("t", v.replace(".5", ".500000")) if v[:1].isdigit() or v[:1] == "-" or v in ("infinity",) else ("s", v)
     if hasattr(v, "normalize"):
         return ("d", v.normalize())
     return (type(v).__name__, v)
