@@ -904,7 +904,8 @@ class PostgresDialect(Dialect):
         if len(keys) <= count:
             return keys
         step = len(keys) / count
-        return sorted({keys[int(i * step + step / 2)] for i in range(count)})
+        # in the database's order (Python cannot order NaN, infinities or BC dates like it)
+        return [keys[i] for i in sorted({int(i * step + step / 2) for i in range(count)})]
 
     # --- changelog: slot and publication --------------------------------------------------
     def current_position(self) -> Position:

@@ -140,8 +140,23 @@ def rows_to_table(schema: TableSchema, rows: Sequence[dict | None]) -> list[pa.A
         try:
             out.append(decode_column(vals, col.type))
         except ConfigurationError as exc:
-            raise ConfigurationError(f"table {schema.table}, column {col.name!r}: {exc}") from exc
+            raise ConfigurationError(f"table {schema.table}, column {col.name!r}{_first_bad_key(schema, col, rows)}: {exc}") from exc
     return out
+
+
+def _first_bad_key(schema: TableSchema, col, rows: Sequence[dict | None]) -> str:
+    """`, key [..]` of the first row whose value cannot be decoded (the error path only)."""
+    for r in rows:
+        if r is None:
+            continue
+        try:
+            decode_column([r.get(col.name)], col.type)
+        except ConfigurationError:
+            try:
+                return f", key {json.dumps(list(schema.key_values(r)), ensure_ascii=False)}"
+            except Exception:  # noqa: BLE001 - a row without its key columns: name none
+                return ""
+    return ""
 
 
 # --- vectorised decoding of canonical row texts ---------------------------------------------------

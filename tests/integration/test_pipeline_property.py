@@ -127,6 +127,7 @@ def _key_identity(v):
     import datetime as dt
 
     if isinstance(v, float):
+        v += 0.0  # -0.0 and 0.0 are one key to the database
         return ("f", __import__("struct").pack("<f", v) if abs(v) <= _F32_MAX else v)
     if isinstance(v, dt.datetime):
         return ("t", v.isoformat())

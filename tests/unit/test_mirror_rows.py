@@ -143,8 +143,20 @@ def test_events_with_deletes_keep_event_order_and_match_the_reference():
 
 def test_a_bad_value_still_fails_naming_table_and_column():
     evs = events([("r", 1, row(1)), ("r", 2, {**row(2), "price": "not a number"})])
-    with pytest.raises(ConfigurationError, match=r"column 'price'"):
+    with pytest.raises(ConfigurationError, match=r"column 'price', key \[2\]"):
         events_to_mirror_rows(FAST, evs)
+
+
+def test_a_value_arrow_cannot_hold_names_table_column_and_key():
+    """numeric(p,s) NaN (decimal128 has none) and a timestamp past year 294247 are refused
+    with the table, the column and the row's key, never written as something else."""
+    schema = TableSchema(TableName("s", "t"), (Column("id", "int64"), Column("n", "decimal(20,6)"),
+                                               Column("ts", "timestamp")), ("id",))
+    ok = {"id": 1, "n": "1.500000", "ts": "-0043-03-15T12:00:00.500000"}
+    with pytest.raises(ConfigurationError, match=r"table s\.t, column 'n', key \[7\]: .*NaN"):
+        rows_to_table(schema, [ok, {**ok, "id": 7, "n": "NaN"}])
+    with pytest.raises(ConfigurationError, match=r"table s\.t, column 'ts', key \[8\]: .*294247"):
+        rows_to_table(schema, [ok, {**ok, "id": 8, "ts": "294270-01-01T00:00:00.000000"}])
 
 
 def test_a_live_event_without_after_still_fails():
