@@ -421,8 +421,17 @@ def _obj(row: Any) -> dict | None:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal rows, comparing the canonical JSON text first and parsing only when it differs."""
-    return a == b or (a is not None and b is not None and _obj(a) == _obj(b))
+    """Equal rows, comparing the canonical JSON text first and parsing only when it differs.
+    Images from either side of an ADD or DROP COLUMN are compared on the columns both have
+    (a column added later has no value in the earlier image; a dropped one none in the later)."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return False
+    x, y = _obj(a), _obj(b)
+    if x.keys() == y.keys():
+        return x == y
+    return all(x[c] == y[c] for c in x.keys() & y.keys())
 
 
 def check_event_tuples(
@@ -497,7 +506,7 @@ def check_event_tuples(
 def _full(before: dict, after: dict, primary_key: tuple[str, ...]) -> bool:
     """A before-image is comparable when it has every column (REPLICA IDENTITY FULL / binlog
     FULL); a key-only before-image (PostgreSQL's default identity) is not."""
-    return set(before) >= set(after) and (not primary_key or set(before) != set(primary_key))
+    return bool(set(before) & (set(after) - set(primary_key))) and (not primary_key or set(before) != set(primary_key))
 
 
 def _readable(encoded: str) -> str:

@@ -28,3 +28,9 @@ class StateError(CdcError):
 class FencedError(StateError):
     """A writer was superseded (a newer attempt claimed the output, or its snapshot was
     stopped): it must not commit. Nothing of the refused commit was written."""
+
+
+class SchemaChangeError(CdcError):
+    """A source table changed in a way its mirror cannot follow in place (a column's type,
+    the primary key): that table waits for a whole-table re-snapshot; the others go on."""
+

@@ -297,3 +297,28 @@ def encode_row(row: Mapping[str, object]) -> str:
 
 def decode_row(text: str | None) -> dict | None:
     return None if text is None else json.loads(text)
+
+
+# --- schema changes ------------------------------------------------------------------------
+def evolve_schema(staged: TableSchema, current: TableSchema) -> tuple[TableSchema, list[str]]:
+    """The schema the sinks keep after the source's table changed from ``staged`` to
+    ``current``: new columns appended (null before they existed), dropped columns kept (null
+    from then on), every other column as it was. Returns it with the conflicts no sink can
+    follow in place, each a sentence naming the column: a changed logical type (int -> text)
+    or a changed primary key. With conflicts, the returned schema is ``staged`` unchanged:
+    the table waits for a re-snapshot, which starts over from ``current``."""
+    conflicts = []
+    if tuple(current.primary_key) != tuple(staged.primary_key):
+        conflicts.append(f"primary key changed from {list(staged.primary_key)} to {list(current.primary_key)}")
+    now = {c.name: c for c in current.columns}
+    for c in staged.columns:
+        if c.name in now and now[c.name].type != c.type:
+            conflicts.append(f"column {c.name!r} changed type from {c.type} to {now[c.name].type}")
+    if conflicts:
+        return staged, conflicts
+    known = set(staged.column_names)
+    added = tuple(Column(c.name, c.type, c.source_type, True) for c in current.columns if c.name not in known)
+    if not added:
+        return staged, []
+    return TableSchema(staged.table, staged.columns + added, staged.primary_key, dict(staged.extra)), []
+

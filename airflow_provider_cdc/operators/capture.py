@@ -12,6 +12,7 @@ from airflow.sdk import BaseOperator
 from ..dialects.base import CaptureResult
 from ..hooks.cdc_source import CdcSourceHook
 from ..locks import capture_lock
+from ..schema_changes import follow_schema_changes
 from ..settings import FromSettings
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ def run_capture(
             return None
         with hook.get_dialect() as dialect:
             result = dialect.capture(data_dir, max_events=max_events, segment_max_events=segment_max_events)
+            # after the events, so a column they carry is in the staged schema before apply runs
+            stopped = follow_schema_changes(dialect, data_dir, hook.source)
+    for tid, why in sorted(stopped.items()):
+        log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
     rate = result.events / result.seconds if result.seconds > 0 else 0.0
     log.info(
         "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, "

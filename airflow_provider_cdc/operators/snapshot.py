@@ -246,6 +246,25 @@ def new_snapshot_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
+def _mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
+    from ..core.staging import mirror_dir
+    from ..sinks.mirror_delta import needs_rebuild
+
+    return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
+
+
+def _reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
+    from ..core.staging import mirror_dir
+    from ..sinks.mirror_delta import reconcile_schema
+
+    return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
+
+
+def _partial(request: SnapshotRequest, table: TableName) -> bool:
+    """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
+    return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)
+
+
 def _write_text_atomic(path: str | Path, text: str) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -528,6 +547,12 @@ class SnapshotPlanOperator(_SourceOperator):
                     )
                 schema = dialect.describe_table(table)
                 ranges = plan_table_ranges(dialect, schema, request)
+                why = _mirror_needs_rebuild(self.data_dir, source, schema)
+                if why and _partial(request, table):
+                    raise ConfigurationError(
+                        f"table {table}: its mirror cannot take the source's current schema ({why}); snapshot the "
+                        "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
+                    )
                 plans.append((table, schema, ranges))
             dialect.ensure_watermark_table()
             # The changelog must exist before the first low watermark, or the windows are
@@ -554,13 +579,14 @@ class SnapshotPlanOperator(_SourceOperator):
                 "where": request.where_for(table),
                 # whole-table snapshots only: one limited by keys, ranges or a filter does not
                 # re-emit the rows outside what it read, so it cannot tell ghosts from them
-                "converge_watermark": None
-                if (request.where_for(table) or table.id in request.keys or table.id in request.ranges)
-                else converge_mark,
+                "converge_watermark": None if _partial(request, table) else converge_mark,
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
             }
+            # the mirror takes the table's current schema: new columns added, or (a changed
+            # type, a stop after a schema change) rebuilt empty for this snapshot to fill
+            _reconcile_mirror(self.data_dir, source, schema, whole_table=not _partial(request, table))
             _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
             _write_text_atomic(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
             started = SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
@@ -722,12 +748,19 @@ class SnapshotChunkOperator(_SourceOperator):
         if st.chunks:
             log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
         with self.hook.get_dialect() as dialect:
+            from ..schema_changes import chunk_schema
+
+            staged = schema
             while True:
                 if n > st.chunks:
                     reason = self._should_stop(context, table.id, snapshot_id)
                     if reason:
                         log.info("%s: stopping before chunk %d: %s", label, n + 1, reason)
                         break
+                # each chunk reads the table's columns as they are now: an ADD or DROP COLUMN
+                # while the snapshot runs neither fails it nor leaves a column behind (a DROP
+                # between this and the SELECT fails the task once; its retry reads on)
+                schema = chunk_schema(dialect, self.data_dir, source, staged)
                 res = snapshot_chunk(
                     dialect,
                     schema,

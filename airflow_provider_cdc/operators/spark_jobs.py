@@ -22,7 +22,7 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk.exceptions import AirflowException
 
-from ..core.errors import ConfigurationError
+from ..core.errors import ConfigurationError, SchemaChangeError
 from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
 from ..spark.common import application_path
 
@@ -221,6 +221,22 @@ class ChangelogApplyOperator(_CdcJobOperator):
     """Staged changelog segments past each sink's applied marker -> the sinks."""
 
     job = "apply"
+
+    def execute(self, context: Any) -> dict | None:
+        summary = super().execute(context)
+        if "mirror" in [s.strip() for s in self.sinks.split(",")]:
+            from ..sinks.mirror_delta import schema_stopped_tables
+
+            stopped = schema_stopped_tables(self.data_dir, self.source)
+            if stopped:
+                # every other table was applied (the markers moved): only these wait
+                raise SchemaChangeError(
+                    "the mirror of "
+                    + "; ".join(f"table {t} waits for a re-snapshot: {why}" for t, why in sorted(stopped.items()))
+                    + ". The event log has their changes; the other tables were applied. Snapshot each of these "
+                    "tables whole (cdc_snapshot with action 'start') to rebuild its mirror with the new schema"
+                )
+        return summary
 
     def input_rows(self) -> int:
         from ..local_jobs import pending_rows

@@ -78,6 +78,10 @@ _COMMIT_RETRIES = 12
 HORIZON_PROPERTY = "cdc.compacted_upto"
 EPOCH_PROPERTY = "cdc.merge_epoch"
 STOPPED_PROPERTY = "cdc.stopped_snapshots"  # the last stopped snapshot ids, comma separated
+#: Set when the source's table changed in a way the mirror cannot follow in place (a column's
+#: type, the primary key): the reason. Its events then skip the mirror (the event log keeps
+#: them) until a whole-table re-snapshot rebuilds the mirror with the new schema.
+SCHEMA_STOP_PROPERTY = "cdc.schema_stopped"
 _STOPPED_KEPT = 20
 
 
@@ -178,6 +182,7 @@ class MirrorDeltaSink(Sink):
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema
         self.fence = fence
+        self.schema_stopped: dict[str, str] = {}  # tables whose events this sink skipped, and why
 
     def write(self, events: pa.Table) -> None:
         if events.num_rows == 0:
@@ -189,6 +194,13 @@ class MirrorDeltaSink(Sink):
                 continue
             part = events.filter(pc.equal(events["table"], table_id))
             path = mirror_dir(self.data_dir, self.source, schema.table)
+            stopped = schema_stopped(path)
+            if stopped:
+                # the event log has them; the re-snapshot that clears the stop rebuilds the mirror
+                log.error("mirror of %s waits for a re-snapshot (%s): %d event(s) not applied to it",
+                          table_id, stopped, part.num_rows)
+                self.schema_stopped[table_id] = stopped
+                continue
             epoch = None if self.fence is None else self.fence.epoch(table_id)
             truncates = pc.equal(part["op"], "t")
             if pc.any(truncates).as_py():
@@ -240,6 +252,7 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     (else :class:`FencedError`, nothing written)."""
     for attempt in range(_COMMIT_RETRIES):
         dt = _open(path) or _create(path, rows.schema)[0]
+        dt = add_columns(dt, rows.schema)
         props = _properties(dt)
         if epoch is not None and props.get(EPOCH_PROPERTY) != str(epoch):
             raise FencedError(
@@ -303,6 +316,110 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
                 raise
             _backoff(attempt)
     raise AssertionError("unreachable")
+
+
+def _arrow_schema(dt: DeltaTable) -> pa.Schema:
+    return pa.schema(dt.schema().to_arrow())
+
+
+def add_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
+    """Delta schema evolution for ADD COLUMN: the columns of ``schema`` the table lacks are
+    added (nullable; earlier rows read null). Returns the table as it is now."""
+    from deltalake import Schema as DeltaSchema
+
+    have = set(_arrow_schema(dt).names)
+    new = [pa.field(f.name, f.type, True) for f in schema if f.name not in have]
+    if not new:
+        return dt
+    try:
+        dt.alter.add_columns(DeltaSchema.from_arrow(pa.schema(new)).fields)
+        log.info("mirror %s: added column(s) %s", dt.table_uri, [f.name for f in new])
+    except Exception:  # noqa: BLE001 - another writer added them first: re-read and check
+        dt = DeltaTable(dt.table_uri)
+        missing = [f.name for f in new if f.name not in set(_arrow_schema(dt).names)]
+        if missing:
+            raise
+        return dt
+    return DeltaTable(dt.table_uri)
+
+
+def type_conflicts(dt: DeltaTable, schema: pa.Schema) -> list[str]:
+    """Columns the table and ``schema`` both have, with different types."""
+    have = {f.name: f.type for f in _arrow_schema(dt)}
+    return [f"column {f.name!r} is {have[f.name]} in the mirror and {f.type} now" for f in schema
+            if f.name in have and not have[f.name].equals(f.type)]
+
+
+def schema_stopped(path: str) -> str | None:
+    """Why the mirror at ``path`` waits for a re-snapshot (None: it does not)."""
+    dt = _open(path)
+    return None if dt is None else _properties(dt).get(SCHEMA_STOP_PROPERTY) or None
+
+
+def stop_for_schema(path: str, reason: str) -> bool:
+    """Mark the mirror as waiting for a re-snapshot (False when there is no mirror yet)."""
+    dt = _open(path)
+    if dt is None:
+        return False
+    if _properties(dt).get(SCHEMA_STOP_PROPERTY) != reason:
+        _set_properties(dt, {SCHEMA_STOP_PROPERTY: reason})
+        log.error("mirror %s stopped: %s", path, reason)
+    return True
+
+
+def needs_rebuild(path: str, table_schema: TableSchema) -> str | None:
+    """Why the mirror at ``path`` cannot take the table's schema in place (None: it can, or
+    is absent): a schema change stopped it, or a column it has changed type."""
+    dt = _open(path)
+    if dt is None:
+        return None
+    stopped = _properties(dt).get(SCHEMA_STOP_PROPERTY)
+    return stopped or "; ".join(type_conflicts(dt, mirror_schema(table_schema))) or None
+
+
+def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool) -> str:
+    """At a snapshot's start: bring the mirror to the source's current ``schema``. Columns it
+    lacks are added ("evolved"); when a column's type changed, or a schema change stopped the
+    table, a whole-table snapshot rebuilds it: emptied, with the new schema, its fencing
+    properties kept ("rebuilt"), and its chunks fill it again (the convergence sweep at DONE
+    removes anything older). A snapshot of some keys, ranges or a filter cannot rebuild:
+    ConfigurationError. Returns "none", "evolved" or "rebuilt"."""
+    dt = _open(path)
+    if dt is None:
+        return "none"
+    table_id, schema = table_schema.table.id, mirror_schema(table_schema)
+    why = needs_rebuild(path, table_schema)
+    if why is None:
+        before = set(_arrow_schema(dt).names)
+        return "evolved" if set(_arrow_schema(add_columns(dt, schema)).names) != before else "none"
+    if not whole_table:
+        raise ConfigurationError(
+            f"table {table_id}: its mirror cannot take the source's current schema ({why}); snapshot the whole "
+            "table (no 'keys', 'key_ranges' or 'where') to rebuild it"
+        )
+    from deltalake import write_deltalake
+
+    for attempt in range(_COMMIT_RETRIES):
+        try:
+            write_deltalake(path, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
+            break
+        except CommitFailedError:
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)
+    _set_properties(DeltaTable(path), {SCHEMA_STOP_PROPERTY: ""})
+    log.warning("mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why)
+    return "rebuilt"
+
+
+def schema_stopped_tables(data_dir: str, source: str) -> dict[str, str]:
+    """Table id -> reason, for every mirror of ``source`` waiting for a re-snapshot."""
+    out = {}
+    for t in mirror_tables(data_dir, source):
+        reason = schema_stopped(mirror_dir(data_dir, source, t))
+        if reason:
+            out[t.id] = reason
+    return out
 
 
 def _stopped(props: dict[str, str]) -> list[str]:

@@ -1,0 +1,111 @@
+"""Schema changes of captured tables, followed by the staged schemas and the Delta mirror.
+
+After each capture, every table with a staged schema (one that was snapshotted) is compared
+with the source's catalog (core.schema.evolve_schema):
+
+- ADD COLUMN: the column joins the staged schema, so the sinks carry it from its position on;
+  the mirror adds it (Delta schema evolution, sinks/mirror_delta.add_columns) at its next write;
+- DROP COLUMN: the staged schema keeps it; it reads null from then on;
+- a changed type or primary key: that table's mirror is marked to wait for a re-snapshot
+  (its events stay in the event log), the other tables go on, and the apply task fails
+  naming it; the whole-table re-snapshot rebuilds the mirror with the new schema.
+
+No Airflow here: the capture operator calls :func:`follow_schema_changes`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+from .core.errors import CdcError
+from .core.schema import TableSchema, evolve_schema
+from .core.staging import mirror_dir, schema_path
+from .dialects.base import Dialect
+
+log = logging.getLogger(__name__)
+
+
+def staged_schemas(data_dir: str, source: str) -> list[TableSchema]:
+    folder = Path(schema_path(data_dir, source, _any_table())).parent
+    if not folder.is_dir():
+        return []
+    return [TableSchema.from_json(p.read_text()) for p in sorted(folder.glob("*.json")) if not p.name.startswith(".")]
+
+
+def _any_table():
+    from .core.schema import TableName
+
+    return TableName("x", "x")
+
+
+def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None:
+    p = Path(schema_path(data_dir, source, schema.table))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(schema.to_json())
+    os.replace(tmp, p)
+
+
+def current_schema(dialect: Dialect, staged: TableSchema) -> tuple[TableSchema | None, str | None]:
+    """The source's schema of the table now: (schema, None), (None, None) when the table is
+    gone (its DROP is the user's business), or (None, why) when it cannot be described any more
+    (a column of a type CDC does not support was added)."""
+    try:
+        return dialect.describe_table(staged.table), None
+    except CdcError as exc:
+        if "not found" in str(exc) or "does not exist" in str(exc):
+            return None, None
+        return None, str(exc)
+
+
+def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) -> tuple[TableSchema, list[str]]:
+    """One table: the evolved staged schema (written when it changed) and the conflicts."""
+    current, problem = current_schema(dialect, staged)
+    if current is None:
+        return staged, [problem] if problem else []
+    evolved, conflicts = evolve_schema(staged, current)
+    if not conflicts and evolved != staged:
+        added = [c for c in evolved.column_names if c not in staged.column_names]
+        write_staged_schema(data_dir, source, evolved)
+        log.info("table %s: column(s) %s added at the source; the sinks carry them from now on", staged.table, added)
+    return evolved, conflicts
+
+
+def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
+    """Every staged table (see the module docstring). Returns table id -> why it stopped."""
+    from .sinks.mirror_delta import stop_for_schema
+
+    stopped = {}
+    for staged in staged_schemas(data_dir, source):
+        _, conflicts = follow(dialect, data_dir, source, staged)
+        if conflicts:
+            reason = "; ".join(conflicts)
+            stop_for_schema(mirror_dir(data_dir, source, staged.table), reason)
+            stopped[staged.table.id] = reason
+    return stopped
+
+
+def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) -> TableSchema:
+    """The columns a snapshot chunk of the table reads now: the staged schema followed to the
+    source's current one (new columns in, dropped ones left out: they read null), so a DROP
+    or ADD COLUMN while a snapshot runs does not fail it. A change the mirror cannot follow
+    stops the snapshot of this table (SchemaChangeError naming it; other tables go on)."""
+    from .core.errors import SchemaChangeError
+
+    current, problem = current_schema(dialect, staged)
+    if current is None:
+        if problem:
+            raise SchemaChangeError(f"table {staged.table} cannot be read any more: {problem}")
+        return staged  # gone: the chunk's SELECT says so
+    evolved, conflicts = follow(dialect, data_dir, source, staged)
+    if conflicts:
+        raise SchemaChangeError(
+            f"table {staged.table} changed while its snapshot ran ({'; '.join(conflicts)}): start its snapshot again "
+            "(action 'start'), which rebuilds the mirror with the new schema"
+        )
+    now = set(current.column_names)
+    return TableSchema(staged.table, tuple(c for c in evolved.columns if c.name in now), evolved.primary_key,
+                       dict(evolved.extra))
