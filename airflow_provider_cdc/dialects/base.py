@@ -128,6 +128,13 @@ class Dialect(ABC):
     def quote_table(self, table: TableName) -> str:
         return f"{self.quote_ident(table.schema)}.{self.quote_ident(table.name)}"
 
+    def render_filter(self, where: str, schema: TableSchema, setting: str = "where") -> tuple[str, list]:
+        """A snapshot's row filter as ``(sql, params)`` for this dialect, checked against the
+        table's columns (core/filters.py: untrusted input, never pasted into SQL)."""
+        from ..core.filters import render_filter
+
+        return render_filter(where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names)
+
     # --- prerequisites and metadata ---------------------------------------------------
     @abstractmethod
     def check_prerequisites(self) -> None:
@@ -198,9 +205,10 @@ class Dialect(ABC):
             conds.append(keyset_condition(pk, "<=", row_values=self.row_value_keyset, placeholder=self.placeholder))
             params += bind(upper_bound)
         if where:
-            w = validate_where(where)
-            # the filter is raw SQL next to bound parameters: a literal % must not be read as one
-            conds.append(f"({w.replace('%', '%%') if self.placeholder == '%s' else w})")
+            # parsed, allowlisted and rendered with bound literals (core/filters.py): never pasted
+            w, wparams = self.render_filter(where, schema)
+            conds.append(w)
+            params += wparams
         sql = f"SELECT {cols} FROM {self.quote_table(schema.table)}"  # noqa: S608 - identifiers quoted, values bound
         if conds:
             sql += " WHERE " + " AND ".join(conds)

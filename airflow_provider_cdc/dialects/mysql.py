@@ -855,14 +855,13 @@ class MySqlDialect(Dialect):
         )
 
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
-        from .base import validate_where
-
         pk = self._key_columns(schema)
         desc = ", ".join(f"{self.quote_ident(k)} DESC" for k in schema.primary_key)
-        cond = f" WHERE ({validate_where(where).replace('%', '%%')})" if where else ""  # _query %-formats
+        cond, params = self.render_filter(where, schema) if where else ("", [])
+        cond = f" WHERE {cond}" if cond else ""
         sql = f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
         try:
-            rows = self._query(sql)
+            rows = self._query(sql, tuple(params))
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"table {schema.table}: the source rejected {sql!r} ({exc.args[-1]})") from exc
         return self._key_tuple(schema, rows[0]) if rows else None

@@ -67,7 +67,7 @@ from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from ..core.sqlnames import quote_pg
 from . import pgoutput
-from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, SegmentSink, validate_where
+from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, SegmentSink
 
 log = logging.getLogger(__name__)
 
@@ -868,10 +868,12 @@ class PostgresDialect(Dialect):
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
         pk = [self.quote_ident(k) for k in schema.primary_key]
         sql = f"SELECT {', '.join(pk)} FROM {self.quote_table(schema.table)}"  # noqa: S608
+        params: list = []
         if where:
-            sql += f" WHERE ({validate_where(where).replace('%', '%%')})"
+            cond, params = self.render_filter(where, schema)
+            sql += f" WHERE {cond}"
         sql += " ORDER BY " + ", ".join(f"{k} DESC" for k in pk) + " LIMIT 1"
-        return next(iter(self._key_rows(schema, sql, [])), None)
+        return next(iter(self._key_rows(schema, sql, params)), None)
 
     def _key_rows(self, schema: TableSchema, sql: str, params: Sequence[Any]) -> list[tuple]:
         decs = [decoder(schema.column(k).type) for k in schema.primary_key]

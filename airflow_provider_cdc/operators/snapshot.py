@@ -193,6 +193,9 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
     ``parallelism`` chunk tasks at keys the database sampled (core.planning), so skewed,
     text and composite keys split as well as integers."""
     request.check_schema(schema)
+    where = request.where_for(schema.table)
+    if where:  # its columns must be the table's, in the source's dialect (core/filters.py)
+        dialect.render_filter(where, schema)
     requested = request.requested_ranges(schema.table)
     if request.parallelism <= 1 or requested != (FULL_RANGE,):
         return list(requested)

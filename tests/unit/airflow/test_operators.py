@@ -107,7 +107,7 @@ def committed(
         ({"tables": ["public.t"], "chunk_size": 0}, "chunk_size"),
         ({"tables": ["public.t"], "chunk_size": "many"}, "chunk_size"),
         ({"tables": ["public.t"], "parallelism": 100000}, "parallelism"),
-        ({"tables": ["public.t"], "where": "id > 1; DROP TABLE x"}, "single boolean expression"),
+        ({"tables": ["public.t"], "where": "id > 1; DROP TABLE x"}, "single condition"),
         ({"tables": ["public.t"], "key_ranges": {"public.u": [[1, 2]]}}, "public.u"),
         ({"tables": ["public.t"], "key_ranges": [[5, 1]]}, "empty"),
         ({"tables": ["public.t"], "delay_seconds": -1}, "delay_seconds"),
