@@ -211,7 +211,17 @@ class MirrorDeltaSink(Sink):
                 part = part.filter(pc.greater(part["position"], newest))
                 if part.num_rows == 0:
                     continue
-            upsert(path, events_to_mirror_rows(schema, newest_per_key(part)), epoch=epoch)
+            try:
+                rows = events_to_mirror_rows(schema, newest_per_key(part))
+            except ConfigurationError as exc:
+                # a value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year
+                # 294247): on the changelog path only this table stops, the others go on; a
+                # snapshot's merge (fenced) fails its round instead, naming the same
+                if self.fence is not None or not stop_for_schema(path, f"{exc}; correct the value at the source"):
+                    raise
+                self.schema_stopped[table_id] = str(exc)
+                continue
+            upsert(path, rows, epoch=epoch)
 
 
 def _properties(dt: DeltaTable) -> dict[str, str]:

@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import random
+import re
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -241,6 +242,33 @@ def test_newest_per_key_keeps_the_highest_position_per_table_and_key():
     )
     got = {(r["table"], r["key"]): r["position"] for r in newest_per_key(t).to_pylist()}
     assert got == {(T.id, "[1]"): Position(3).encode(), (other.id, "[1]"): Position(2).encode(), (T.id, "[2]"): Position(7).encode()}
+
+
+def test_a_value_the_mirror_cannot_hold_stops_only_its_table_on_the_changelog_path(tmp_path):
+    """numeric(p,s) NaN: the apply stops that table's mirror (naming table, column, key) and
+    writes the others; a snapshot merge (fenced) fails instead; a whole-table re-snapshot
+    (reconcile_schema) rebuilds the stopped mirror."""
+    from airflow_provider_cdc.core.staging import mirror_dir
+    from airflow_provider_cdc.sinks.mirror_delta import MergeFence, reconcile_schema, schema_stopped
+
+    d = str(tmp_path)
+    a, b = TableName("public", "a"), TableName("public", "b")
+    for t in (a, b):
+        stage_schema(d, TableSchema(t, (Column("id", "int64"), Column("n", "decimal(20,6)")), ("id",)))
+    sink = MirrorDeltaSink(d, SOURCE)
+    sink.write(pa.Table.from_pylist([ev(1, "c", 1, {"id": 1, "n": "1.000000"}, table=a),
+                                     ev(2, "c", 1, {"id": 1, "n": "2.000000"}, table=b)], schema=EVENT_SCHEMA))
+    sink.write(pa.Table.from_pylist([ev(3, "u", 1, {"id": 1, "n": "NaN"}, table=a),
+                                     ev(4, "c", 2, {"id": 2, "n": "3.000000"}, table=b)], schema=EVENT_SCHEMA))
+    assert list(sink.schema_stopped) == [a.id]
+    assert re.search(r"table public\.a, column 'n', key \[1\]", schema_stopped(mirror_dir(d, SOURCE, a)))
+    assert read_mirror(d, SOURCE, b).num_rows == 2 and read_mirror(d, SOURCE, a).to_pylist()[0]["n"] == Decimal("1")
+    fenced = MirrorDeltaSink(d, SOURCE, fence=MergeFence(d, SOURCE))
+    with pytest.raises(ConfigurationError, match="key \\[1\\]"):
+        fenced.write(pa.Table.from_pylist([ev(5, "r", 1, {"id": 1, "n": "NaN"}, table=b, snapshot=True)], schema=EVENT_SCHEMA))
+    schema_a = TableSchema(a, (Column("id", "int64"), Column("n", "decimal(20,6)")), ("id",))
+    assert reconcile_schema(mirror_dir(d, SOURCE, a), schema_a, whole_table=True) == "rebuilt"
+    assert schema_stopped(mirror_dir(d, SOURCE, a)) is None and read_mirror(d, SOURCE, a).num_rows == 0
 
 
 def test_mirror_without_a_staged_schema(tmp_path):
