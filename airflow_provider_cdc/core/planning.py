@@ -214,6 +214,10 @@ class SnapshotRequest:
                         f"key range bound {list(b)!r} of table {tid} has {len(b)} value(s); primary key "
                         f"{list(schema.primary_key)} has {n}"
                     )
+                if b is not None:
+                    check_bound_types(schema, b, "key range bound")
+        for k in self.keys.get(tid, ()):
+            check_bound_types(schema, k, "chosen key")
 
     # --- DAG-run conf ---------------------------------------------------------------------
     FIELDS = ("tables", "keys", "ranges", "where", "chunk_size", "parallelism")
@@ -281,6 +285,43 @@ def _range_from(r: Any, table: str) -> ChunkRange:
         f"key range {r!r} of table {table} must be {{'start': [..] or null, 'end': [..] or null}} "
         "(start inclusive, end exclusive) or a [start, end] pair"
     )
+
+
+def check_ranges_ranked(table: str, ranges: Sequence[ChunkRange], rank: Callable[[tuple], int]) -> None:
+    """Key ranges in the database's order (``rank``: the dense rank of a bound, from
+    ``Dialect.key_ranks``): each must be non-empty (start below end) and no two may overlap
+    (touching is fine: end is exclusive). Any key type, text keys under their collation too."""
+    for r in ranges:
+        if r.start is not None and r.end is not None and not rank(r.start) < rank(r.end):
+            raise ConfigurationError(
+                f"key range {r.to_json()} of table {table} is empty or inverted in the database's order of the key: "
+                "start must be below end (end is exclusive)"
+            )
+    ordered = sorted(ranges, key=lambda r: -1 if r.start is None else rank(r.start))
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if a.end is None or b.start is None or rank(b.start) < rank(a.end):
+            raise ConfigurationError(f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give disjoint ranges")
+
+
+_BOUND_TYPES = {
+    "int16": (int,), "int32": (int,), "int64": (int,), "uint64": (int,),
+    "float32": (int, float, str), "float64": (int, float, str),  # "NaN", "Infinity" as text
+    "bool": (bool,),
+}
+
+
+def check_bound_types(schema: TableSchema, key: Sequence, what: str) -> None:
+    """Each value of a key given in a conf must have the JSON type of its column's canonical
+    form (core/schema.py): integers for integer keys, strings for text, dates, decimals..."""
+    for col, v in zip(schema.primary_key, key, strict=True):
+        t = schema.column(col).type
+        want = _BOUND_TYPES.get(t, (str,) if not t.startswith("decimal") else (str, int, float))
+        if v is None or (isinstance(v, bool) and bool not in want) or not isinstance(v, want):
+            names = "/".join(x.__name__ for x in want).replace("str", "string").replace("int", "integer")
+            raise ConfigurationError(
+                f"{what} {list(key)!r} of table {schema.table}: column {col!r} is {t}, so its value must be a "
+                f"{names} (the key's canonical JSON form), got {v!r}"
+            )
 
 
 def _check_ranges(table: str, ranges: Sequence[ChunkRange]) -> None:

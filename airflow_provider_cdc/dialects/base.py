@@ -167,6 +167,29 @@ class Dialect(ABC):
     def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
         """Canonical key value -> a value the driver binds (e.g. base64 -> bytes)."""
 
+    def key_ranks(self, schema: TableSchema, keys: Sequence[Sequence]) -> list[int]:
+        """The dense rank of each key (equal keys share one) in the database's own order of
+        the primary key, its types and collations: how key ranges of any key type (text under
+        an ICU or case-insensitive collation, dates, decimals) are checked for order and
+        overlap. The keys go through a UNION ALL whose first branch is the table's key columns
+        (no rows), so the bound values take the columns' types and collations."""
+        if not keys:
+            return []
+        q = self.quote_ident
+        pk = ", ".join(q(k) for k in schema.primary_key)
+        idx = q("__cdc_i")
+        marks = ", ".join([self.placeholder] * len(schema.primary_key))
+        branches = [f"SELECT {pk}, -1 AS {idx} FROM {self.quote_table(schema.table)} WHERE 1 = 0"]  # noqa: S608
+        branches += [f"SELECT {marks}, {i}" for i in range(len(keys))]
+        sql = (f"SELECT {idx}, DENSE_RANK() OVER (ORDER BY {pk}) FROM ({' UNION ALL '.join(branches)}) "  # noqa: S608
+               f"AS {q('__cdc_k')}")
+        params = [self.to_db_value(schema, c, v) for key in keys for c, v in zip(schema.primary_key, key, strict=True)]
+        ranks = [0] * len(keys)
+        for batch in self.stream_query(sql, params):
+            for i, rank in batch:
+                ranks[int(i)] = int(rank)
+        return ranks
+
     def chunk_query(
         self,
         schema: TableSchema,

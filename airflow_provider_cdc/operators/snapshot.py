@@ -32,7 +32,7 @@ from airflow.sdk import BaseOperator
 from .. import progress_store
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
-from ..core.planning import SnapshotRequest
+from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.progress import SnapshotProgress
 from ..core.ranges import FULL_RANGE, ChunkRange
@@ -197,6 +197,10 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
     if where:  # its columns must be the table's, in the source's dialect (core/filters.py)
         dialect.render_filter(where, schema)
     requested = request.requested_ranges(schema.table)
+    if schema.table.id in request.ranges:  # ordered and disjoint in the database's own order
+        bounds = list(dict.fromkeys(tuple(b) for r in requested for b in (r.start, r.end) if b is not None))
+        rank_of = dict(zip(bounds, dialect.key_ranks(schema, bounds), strict=True))
+        check_ranges_ranked(schema.table.id, requested, lambda b: rank_of[tuple(b)])
     if request.parallelism <= 1 or requested != (FULL_RANGE,):
         return list(requested)
     sample = dialect.sample_keys(schema, request.parallelism * 16)

@@ -619,6 +619,37 @@ class DialectSuite(ABC):
             after = res.last_key
         assert got == sorted((a, b) for a, b, _ in data)
 
+    def test_key_ranks_follow_the_database_order_and_check_text_key_ranges(self, ctx):
+        """key_ranks orders bounds as the database orders the key (its type and collation:
+        the same order as the table's ORDER BY), equal keys share a rank; the plan refuses
+        inverted and overlapping text key ranges that Python could not order."""
+        from airflow_provider_cdc.core.planning import SnapshotRequest
+        from airflow_provider_cdc.operators.snapshot import plan_table_ranges
+
+        t = ctx.create_table("kr", [("k", "text"), ("v", "int")], ["k"])
+        words = ["cherry", "Banana", "apple", "b%s'q", "Zed", "éclair", "10", "9"]
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('k')}, {ctx.q('v')}) VALUES "
+                    + ", ".join(["(%s, 1)"] * len(words)), words)
+        db_order = [r[0] for r in ctx.execute(f"SELECT {ctx.q('k')} FROM {ctx.qt(t)} ORDER BY {ctx.q('k')}")]
+        d = ctx.dialect([t])
+        schema = d.describe_table(t)
+        ranks = d.key_ranks(schema, [(w,) for w in words] + [(words[0],)])
+        assert ranks[-1] == ranks[0]  # equal keys, one rank
+        assert sorted(words, key=lambda w: ranks[words.index(w)]) == db_order
+        assert sorted(set(ranks)) == list(range(1, len(words) + 1))
+        lo, hi = db_order[1], db_order[5]
+
+        def plan(ranges):
+            return plan_table_ranges(d, schema, SnapshotRequest((t,), ranges={t.id: ranges}))
+
+        assert len(plan([[[lo], [hi]], [[hi], None]])) == 2  # touching ranges are fine
+        with pytest.raises(ConfigurationError, match="empty or inverted"):
+            plan([[[hi], [lo]]])
+        with pytest.raises(ConfigurationError, match="overlap"):
+            plan([[[lo], [hi]], [[db_order[3]], None]])
+        with pytest.raises(ConfigurationError, match="must be a string"):
+            plan([[[5], None]])
+
     def test_sample_keys_spread_over_a_plain_table(self, ctx):
         t = self._kv_table(ctx, 3000, base="sk")
         d = ctx.dialect([t])

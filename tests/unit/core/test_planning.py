@@ -161,7 +161,7 @@ def test_request_errors_name_the_setting(conf, message):
 
 def test_request_checks_key_arity_against_the_schema():
     schema = TableSchema(TableName("a", "b"), (Column("x", "int64"), Column("y", "string")), ("x", "y"))
-    SnapshotRequest.from_dict({"tables": ["a.b"], "keys": {"a.b": [[1, 2]]}}).check_schema(schema)
+    SnapshotRequest.from_dict({"tables": ["a.b"], "keys": {"a.b": [[1, "2"]]}}).check_schema(schema)
     with pytest.raises(ConfigurationError, match=r"chosen key \[1\] of table a.b has 1 value"):
         SnapshotRequest.from_dict({"tables": ["a.b"], "keys": {"a.b": [[1]]}}).check_schema(schema)
     with pytest.raises(ConfigurationError, match="key range bound"):
@@ -284,3 +284,35 @@ def test_chosen_text_keys_are_refused_with_advice():
     assert keys_to_ranges([(1,), (2,), (3,), (7,)]) == [ChunkRange((1,), (4,)), ChunkRange((7,), (8,))]
     with pytest.raises(ConfigurationError, match="give key ranges"):
         keys_to_ranges([("abc",)])
+
+
+def test_ranges_checked_in_the_database_order_for_any_key_type():
+    from airflow_provider_cdc.core.planning import check_ranges_ranked
+
+    rank = {("a",): 1, ("B",): 2, ("c",): 3, ("d",): 4}.__getitem__
+    r = lambda a, b: ChunkRange(None if a is None else (a,), None if b is None else (b,))  # noqa: E731
+    check_ranges_ranked("s.t", [r(None, "a"), r("a", "c"), r("c", None)], rank)  # touching, in any order
+    check_ranges_ranked("s.t", [r("c", None), r(None, "a")], rank)
+    with pytest.raises(ConfigurationError, match="empty or inverted"):
+        check_ranges_ranked("s.t", [r("c", "a")], rank)
+    with pytest.raises(ConfigurationError, match="empty or inverted"):
+        check_ranges_ranked("s.t", [r("B", "B")], rank)
+    with pytest.raises(ConfigurationError, match="overlap"):
+        check_ranges_ranked("s.t", [r("a", "d"), r("B", "c")], rank)
+    with pytest.raises(ConfigurationError, match="overlap"):
+        check_ranges_ranked("s.t", [r(None, "B"), r(None, "d")], rank)
+
+
+def test_conf_keys_must_have_the_key_columns_json_types():
+    from airflow_provider_cdc.core.schema import Column
+
+    schema = TableSchema(TableName("s", "t"), (Column("id", "int64"), Column("name", "string"), Column("d", "date")),
+                         ("id", "name"))
+    ok = SnapshotRequest.from_dict({"tables": ["s.t"], "ranges": {"s.t": [[[1, "a"], [2, "b"]]]}})
+    ok.check_schema(schema)
+    for bad, message in (([["1", "a"], None], "column 'id' is int64"), ([[1, 2], None], "column 'name' is string"),
+                         ([[True, "a"], None], "column 'id'")):
+        with pytest.raises(ConfigurationError, match=message):
+            SnapshotRequest.from_dict({"tables": ["s.t"], "ranges": {"s.t": [bad]}}).check_schema(schema)
+    with pytest.raises(ConfigurationError, match="chosen key"):
+        SnapshotRequest.from_dict({"tables": ["s.t"], "keys": {"s.t": [[1, None]]}}).check_schema(schema)
