@@ -267,6 +267,22 @@ def _reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_
     return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
 
 
+def _check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
+    """Every chunk ends at a key strictly after the previous chunk's last key (keyset reads
+    under the snapshot's fixed upper bound): so a range ends, whatever the filter or the data.
+    A chunk that did not advance is a bug, stopped here rather than read forever."""
+    after, last = tuple(after), tuple(last)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in after + last):
+        advanced = last > after
+    else:
+        advanced = last != after and (lambda r: r[1] > r[0])(dialect.key_ranks(schema, [after, last]))
+    if not advanced:
+        raise StateError(
+            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; the range "
+            "would never end. Stop this snapshot and report this (the chunk query or its filter is wrong)"
+        )
+
+
 def _partial(request: SnapshotRequest, table: TableName) -> bool:
     """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
     return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)
@@ -780,6 +796,8 @@ class SnapshotChunkOperator(_SourceOperator):
                     where=w.get("where"),
                     upper_bound=upper,
                 )
+                if res.rows and after_key is not None and res.last_key is not None:
+                    _check_advanced(dialect, schema, label, after_key, res.last_key)
                 if not res.exhausted and key_reached(res.last_key, upper):
                     # past the snapshot's upper bound: later rows reach the sinks through the changelog
                     res = replace(res, exhausted=True)

@@ -33,7 +33,7 @@ CONN_ID = "cdc_source"
 # rounds above this many rows go through spark-submit; the "spark" tables are bigger than it
 LOCAL_MAX_ROWS = 25_000
 LOCAL_ROWS, SPARK_ROWS = 12_000, 30_000
-SCENARIO_TABLES = {"stop": SPARK_ROWS, "pause": LOCAL_ROWS, "killchunk": LOCAL_ROWS,
+SCENARIO_TABLES = {"stop": SPARK_ROWS, "pause": LOCAL_ROWS, "killchunk": LOCAL_ROWS, "termchunk": LOCAL_ROWS,
                    "killmerge": SPARK_ROWS, "clear": LOCAL_ROWS, "backfill": 4_000, "sensor": 4_000}
 # cdc_changelog needs a schedule for `airflow backfill create`: monthly, so the scheduler
 # itself never starts one during the session (catchup=False: only the latest interval, once).

@@ -206,6 +206,28 @@ def test_kill_chunk_task_retry_finishes(deployment):
         catch_up_and_verify(dep, name, w)
 
 
+def test_sigterm_stops_a_chunk_task_within_seconds_and_its_retry_finishes(deployment):
+    """The signal a scheduler sends first (task timeout, a user marking the task failed, a
+    worker shutting down): the chunk task's runner must end promptly, between or inside a
+    chunk, and its retry must finish the snapshot with nothing lost."""
+    dep, name = deployment, "termchunk"
+    with writing(dep, name) as w:
+        run = dep.trigger("cdc_snapshot", start_conf(dep, name, LOCAL_CONF, delay_seconds=2), tag="start")
+        ti = dep.wait_ti("cdc_snapshot", run, "read_chunks", {"running"}, timeout=180,
+                         also=lambda t: task_runner(t["id"]) is not None)
+        proc = task_runner(ti["id"])
+        assert proc is not None, "the chunk task's runner process vanished before the signal"
+        print(f"kill -TERM {proc.pid} = read_chunks[{ti['map_index']}] try {ti['try_number']}")
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)  # a liveness bound, not a speed measurement
+        except psutil.TimeoutExpired:
+            raise dep.failure(f"read_chunks[{ti['map_index']}] still runs 30 s after SIGTERM", ("cdc_snapshot", run)) from None
+        dep.wait_run("cdc_snapshot", run, timeout=300)
+        assert status_of(dep, name) == "done", f"snapshot ended {status_of(dep, name)!r}"
+        catch_up_and_verify(dep, name, w)
+
+
 # --- (4) kill -9 a running merge (spark-submit) --------------------------------------------------
 def test_kill_spark_merge_retry_finishes_and_old_jvm_dies(deployment):
     dep, name = deployment, "killmerge"

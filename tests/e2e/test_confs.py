@@ -1,0 +1,102 @@
+"""Confs are untrusted input and work is bounded, through the real DAGs on both databases.
+
+- A ``where`` that tries to leave its parentheses (``id < 100) OR (id > 0``, which made a
+  snapshot endless), calls a function or runs a subquery fails the plan task naming the part,
+  before anything is written (no progress Variable, no staged chunk).
+- A valid ``where`` with hostile literals (quotes, a backslash, ``%``) copies exactly the rows
+  it selects; a whole-table snapshot after it ends in verify at 0 mismatched.
+- Inverted key ranges fail the plan task.
+- A chunk that does not advance past the previous one (a fault no real part produces now:
+  injected) stops the range task with an error instead of reading forever.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import snapshot as snapshot_mod
+from airflow_provider_cdc import workload as w
+from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+
+from .test_snapshot_invariants import ROWS, SNAPSHOT_CONF, Pipeline
+from .test_truncate import qt
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(params=["pg", "mysql"])
+def pipeline(request, unique_name, tmp_path, monkeypatch):
+    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
+    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
+    w.create_demo_table(uri, p.table, ROWS)
+    p.capture_now()
+    yield p
+    p.cleanup()
+
+
+def snap(p: Pipeline, expect: str = "success", **conf):
+    return p.run("cdc_snapshot", {"action": "start", "tables": [p.table.id], **SNAPSHOT_CONF, **conf}, expect=expect)
+
+
+def _nothing_written(p: Pipeline) -> None:
+    assert progress_store.load(p.source, p.table.id) is None
+    assert not [x for x in Path(p.data_dir).rglob("chunk-*.parquet")]
+
+
+@pytest.mark.parametrize("where", ["id < 100) OR (id > 0", "{sleep} = 0", "id IN (SELECT 1)",
+                                   "id < 10; DELETE FROM t", "secret_column > 1"])
+def test_a_hostile_where_fails_the_plan_before_anything_is_written(pipeline, where):
+    p = pipeline
+    where = where.format(sleep="pg_sleep(1)::text" if p.scheme == "pg" else "sleep(1)")
+    snap(p, "failed", where=where)
+    _nothing_written(p)
+
+
+def test_inverted_key_ranges_fail_the_plan(pipeline):
+    p = pipeline
+    snap(p, "failed", key_ranges=[{"start": [500], "end": [100]}])
+    _nothing_written(p)
+
+
+def test_a_where_with_hostile_literals_copies_exactly_its_rows(pipeline):
+    p = pipeline
+    odd = "it's \\ 50% \"odd\""
+    conn = w.connect(p.uri)
+    try:
+        conn.cursor().execute(f"UPDATE {qt(p)} SET name = %s WHERE id IN (7, 8, 2900)", (odd,))  # noqa: S608
+        conn.commit()
+    finally:
+        conn.close()
+    name = "name" if p.scheme == "mysql" else '"name"'
+    literal = odd.replace("'", "''").replace("\\", "\\\\" if p.scheme == "mysql" else "\\")  # the SQL a user writes
+    snap(p, where=f"{name} = '{literal}' OR (id BETWEEN 10 AND 12 AND {name} LIKE '%10')")
+    assert p.progress().status == "done"
+    got = sorted(r["id"] for r in read_mirror(p.data_dir, p.source, p.table).to_pylist())
+    assert got == [7, 8, 10, 2900], got  # of ids 10..12 only 'customer 00000010' ends in 10
+    p.snapshot()  # then the whole table
+    p.catch_up()
+    p.assert_equal()
+    assert read_mirror(p.data_dir, p.source, p.table).num_rows == w.count_rows(p.uri, p.table)
+
+
+def test_a_chunk_that_does_not_advance_stops_the_range(pipeline, monkeypatch):
+    p = pipeline
+    real = snapshot_mod.snapshot_chunk
+    calls = {"n": 0}
+
+    def stuck(dialect, schema, rng, **kw):
+        res = real(dialect, schema, rng, **kw)
+        calls["n"] += 1
+        if kw.get("after_key") is not None and res.last_key is not None:
+            from dataclasses import replace
+
+            return replace(res, last_key=tuple(kw["after_key"]), exhausted=False)  # read the same keys again
+        return res
+
+    monkeypatch.setattr(snapshot_mod, "snapshot_chunk", stuck)
+    snap(p, "failed", parallelism=1)
+    assert calls["n"] <= 2 * 4  # the second chunk of each try stopped it (retries included)
+    assert p.progress().status != "done"
