@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import snapshot as snapshot_mod
 from airflow_provider_cdc import workload as w
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.staging import mirror_dir
@@ -76,6 +77,27 @@ def test_add_and_drop_column_while_the_snapshot_runs(pipeline):
     assert fired["n"] > 3 and p.progress().status == "done"
     p.catch_up()
     _check(p)
+
+
+def test_a_type_change_while_the_snapshot_runs_stops_it_until_it_starts_again(pipeline):
+    p = pipeline
+    alter = (f"ALTER TABLE {qt(p)} ALTER COLUMN amount TYPE text" if p.scheme == "pg"
+             else f"ALTER TABLE {qt(p)} MODIFY amount varchar(40)")
+    real = snapshot_mod.snapshot_chunk
+    fired = p.on_chunk(3, lambda: run_sql(p, [alter, f"UPDATE {qt(p)} SET amount = 'n/a' WHERE id <= 5"]))  # noqa: S608
+    p.run("cdc_snapshot", {"action": "start", "tables": [p.table.id], "chunk_size": 200, "parallelism": 2},
+          expect="failed")
+    assert fired["n"] >= 3 and p.progress().status != "done"
+    p.mp.setattr(snapshot_mod, "snapshot_chunk", real)
+    p.snapshot("stop")
+    p.snapshot()  # a new one: reads the new type, rebuilds the mirror if one was written
+    assert p.progress().status == "done"
+    p.catch_up()
+    p.assert_equal()
+    live = read_mirror(p.data_dir, p.source, p.table)
+    assert live.num_rows == w.count_rows(p.uri, p.table)
+    assert str(live.schema.field("amount").type) == "string"
+    assert {r["id"]: r["amount"] for r in live.select(["id", "amount"]).to_pylist()}[3] == "n/a"
 
 
 class TwoTables(HostileSource):
