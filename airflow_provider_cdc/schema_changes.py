@@ -20,25 +20,19 @@ import os
 import uuid
 from pathlib import Path
 
-from .core.errors import CdcError
+from .core.errors import CdcError, TableNotFoundError
 from .core.schema import TableSchema, evolve_schema
-from .core.staging import mirror_dir, schema_path
+from .core.staging import mirror_dir, schema_path, schemas_dir
 from .dialects.base import Dialect
 
 log = logging.getLogger(__name__)
 
 
 def staged_schemas(data_dir: str, source: str) -> list[TableSchema]:
-    folder = Path(schema_path(data_dir, source, _any_table())).parent
+    folder = Path(schemas_dir(data_dir, source))
     if not folder.is_dir():
         return []
     return [TableSchema.from_json(p.read_text()) for p in sorted(folder.glob("*.json")) if not p.name.startswith(".")]
-
-
-def _any_table():
-    from .core.schema import TableName
-
-    return TableName("x", "x")
 
 
 def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None:
@@ -55,9 +49,9 @@ def current_schema(dialect: Dialect, staged: TableSchema) -> tuple[TableSchema |
     (a column of a type CDC does not support was added)."""
     try:
         return dialect.describe_table(staged.table), None
+    except TableNotFoundError:
+        return None, None
     except CdcError as exc:
-        if "not found" in str(exc) or "does not exist" in str(exc):
-            return None, None
         return None, str(exc)
 
 

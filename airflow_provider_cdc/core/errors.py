@@ -13,6 +13,10 @@ class SourceError(CdcError):
     """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no primary key...)."""
 
 
+class TableNotFoundError(SourceError):
+    """The source has no such table (or the user cannot see it)."""
+
+
 class WatermarkError(CdcError):
     """A watermark is missing, duplicated or out of order in the changelog."""
 

@@ -64,8 +64,12 @@ def chunk_path(data_dir: str, source: str, table: TableName, snapshot_id: str, s
     return _join(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id, f"chunk-{seq:06d}-{hw_id}.parquet")
 
 
+def schemas_dir(data_dir: str, source: str) -> str:
+    return _join(staging_dir(data_dir, source), "schemas")
+
+
 def schema_path(data_dir: str, source: str, table: TableName) -> str:
-    return _join(staging_dir(data_dir, source), "schemas", f"{table.path_segment}.json")
+    return _join(schemas_dir(data_dir, source), f"{table.path_segment}.json")
 
 
 def events_dir(data_dir: str, source: str) -> str:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import pymysql
 import pymysql.cursors
 
-from ..core.errors import ConfigurationError, SourceError, StateError, WatermarkError
+from ..core.errors import ConfigurationError, SourceError, StateError, TableNotFoundError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, binlog_file_index
 from ..core.ranges import ChunkRange
@@ -666,8 +666,8 @@ class MySqlDialect(Dialect):
             if not self._query(
                 "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (table.schema,)
             ):
-                raise SourceError(f"table {table}: database {table.schema!r} does not exist on the source")
-            raise SourceError(
+                raise TableNotFoundError(f"table {table}: database {table.schema!r} does not exist on the source")
+            raise TableNotFoundError(
                 f"table {table} does not exist in database {table.schema!r} (check the name and case)"
             )
         json_cols = self._json_check_columns(table) if self.flavour.is_mariadb else set()

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import temporal
-from ..core.errors import ConfigurationError, SourceError, WatermarkError
+from ..core.errors import ConfigurationError, SourceError, TableNotFoundError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, int_to_lsn, lsn_to_int
 from ..core.ranges import ChunkRange
@@ -619,7 +619,7 @@ class PostgresDialect(Dialect):
                     f"{table} is {what}; CDC reads tables (a logical slot only decodes table changes): "
                     "give the underlying table"
                 )
-            raise SourceError(
+            raise TableNotFoundError(
                 f"table {table} not found in PostgreSQL database {self.params.database!r} "
                 f"(schema {table.schema!r}, table {table.name!r}; names are case-sensitive): check the name "
                 "and that the user can see it"
