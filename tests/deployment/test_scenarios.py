@@ -135,6 +135,17 @@ def poll(what: str, fn, timeout: float, dep, *runs):
         time.sleep(1)
 
 
+def reading_chunks(dep, name: str):
+    """Start a slow snapshot (2 s between chunks) and wait for a running chunk task: (run id,
+    task instance, its task runner process)."""
+    run = dep.trigger("cdc_snapshot", start_conf(dep, name, LOCAL_CONF, delay_seconds=2), tag="start")
+    ti = dep.wait_ti("cdc_snapshot", run, "read_chunks", {"running"}, timeout=180,
+                     also=lambda t: task_runner(t["id"]) is not None)
+    proc = task_runner(ti["id"])
+    assert proc is not None, "the chunk task's runner process vanished before it could be signalled"
+    return run, ti, proc
+
+
 # --- (1) stop while the merge runs ---------------------------------------------------------------
 def test_stop_during_merge_then_restart(deployment):
     dep, name = deployment, "stop"
@@ -190,11 +201,7 @@ def test_pause_dag_mid_run_then_unpause_and_resume(deployment):
 def test_kill_chunk_task_retry_finishes(deployment):
     dep, name = deployment, "killchunk"
     with writing(dep, name) as w:
-        run = dep.trigger("cdc_snapshot", start_conf(dep, name, LOCAL_CONF, delay_seconds=2), tag="start")
-        ti = dep.wait_ti("cdc_snapshot", run, "read_chunks", {"running"}, timeout=180,
-                         also=lambda t: task_runner(t["id"]) is not None)
-        proc = task_runner(ti["id"])
-        assert proc is not None, "the chunk task's runner process vanished before the kill"
+        run, ti, proc = reading_chunks(dep, name)
         print(f"kill -9 {proc.pid} ({' '.join(proc.cmdline())}) = read_chunks[{ti['map_index']}] try {ti['try_number']}")
         os.kill(proc.pid, signal.SIGKILL)
         dep.wait_run("cdc_snapshot", run, timeout=300)
@@ -212,11 +219,7 @@ def test_sigterm_stops_a_chunk_task_within_seconds_and_its_retry_finishes(deploy
     chunk, and its retry must finish the snapshot with nothing lost."""
     dep, name = deployment, "termchunk"
     with writing(dep, name) as w:
-        run = dep.trigger("cdc_snapshot", start_conf(dep, name, LOCAL_CONF, delay_seconds=2), tag="start")
-        ti = dep.wait_ti("cdc_snapshot", run, "read_chunks", {"running"}, timeout=180,
-                         also=lambda t: task_runner(t["id"]) is not None)
-        proc = task_runner(ti["id"])
-        assert proc is not None, "the chunk task's runner process vanished before the signal"
+        run, ti, proc = reading_chunks(dep, name)
         print(f"kill -TERM {proc.pid} = read_chunks[{ti['map_index']}] try {ti['try_number']}")
         proc.send_signal(signal.SIGTERM)
         try:

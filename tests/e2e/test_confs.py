@@ -21,20 +21,12 @@ from airflow_provider_cdc import snapshot as snapshot_mod
 from airflow_provider_cdc import workload as w
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 
-from .test_snapshot_invariants import ROWS, SNAPSHOT_CONF, Pipeline
+from .test_snapshot_invariants import SNAPSHOT_CONF, Pipeline
 from .test_truncate import qt
 
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(params=["pg", "mysql"])
-def pipeline(request, unique_name, tmp_path, monkeypatch):
-    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
-    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
-    w.create_demo_table(uri, p.table, ROWS)
-    p.capture_now()
-    yield p
-    p.cleanup()
 
 
 def snap(p: Pipeline, expect: str = "success", **conf):

@@ -54,6 +54,8 @@ def _q_my(name: str) -> str:
 class HostileSource(Pipeline):
     """Pipeline for several hostile tables of one source (connection extra lists them)."""
 
+    sql_mode: str | None = None  # MariaDB sessions of ``sql``: the server's default
+
     def __init__(self, uri: str, name: str, data_dir: Path, monkeypatch, tables: list[TableName]) -> None:
         super().__init__(uri, name, data_dir, monkeypatch)
         self.tables = tables
@@ -89,7 +91,8 @@ class HostileSource(Pipeline):
             return
         p = urlsplit(self.uri)
         c = pymysql.connect(host=p.hostname, port=p.port, user=p.username, password=p.password or "",
-                            database=p.path.lstrip("/"), autocommit=True)
+                            database=p.path.lstrip("/"), autocommit=True,
+                            init_command=None if self.sql_mode is None else f"SET sql_mode = '{self.sql_mode}'")
         try:
             with c.cursor() as cur:
                 for s, args in statements:
@@ -152,19 +155,18 @@ class HostileSource(Pipeline):
             stmts.append((f"DROP SCHEMA IF EXISTS {self.q(self.tables[2].schema)} CASCADE", ()))
         self.sql(stmts)
 
-    def cleanup(self) -> None:
-        from airflow.models.variable import Variable
 
-        try:
-            with self.dialect() as d:
-                for name in ("drop_slot", "drop_publication"):
-                    fn = getattr(d, name, None)
-                    if callable(fn):
-                        fn()
-        finally:
-            self.drop()
-            for t in self.tables:
-                Variable.delete(progress_store.variable_key(self.source, t.id))
+def running(p: HostileSource, monkeypatch, *, spark_for_pg: bool = True):
+    """Fixture body: the source's tables created afresh, its changelog started; cleaned up after.
+    With ``spark_for_pg`` both engines run: PostgreSQL's rounds through spark-submit, MariaDB's
+    in the worker."""
+    if spark_for_pg:
+        monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "0" if p.scheme == "pg" else "1000000")
+    p.drop()
+    p.create()
+    p.capture_now()
+    yield p
+    p.cleanup()
 
 
 @pytest.fixture(params=["pg", "mysql"])
@@ -177,14 +179,7 @@ def hostile(request, unique_name, tmp_path, monkeypatch):
         tables = [TableName(t.schema, f"{t.name} {unique_name}") for t in tables]
     # a data folder whose own path has a space and non-ASCII too ('%' is refused: settings)
     p = HostileSource(uri, unique_name, tmp_path / "data dir é", monkeypatch, tables)
-    # both engines see hostile names: PostgreSQL's rounds go through spark-submit, MariaDB's
-    # run in the worker
-    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "0" if request.param == "pg" else "1000000")
-    p.drop()
-    p.create()
-    p.capture_now()
-    yield p
-    p.cleanup()
+    yield from running(p, monkeypatch)
 
 
 def test_hostile_table_schema_and_column_names_round_trip_through_the_dags(hostile):

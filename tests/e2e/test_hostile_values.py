@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pymysql
 import pytest
 from deltalake import DeltaTable
 
@@ -30,7 +29,7 @@ from airflow_provider_cdc.sinks.arrow_types import DELETED_COLUMN, KEY_COLUMN
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.verify import check_event_log, verify_table
 
-from .test_hostile_names import HostileSource
+from .test_hostile_names import HostileSource, running
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -81,26 +80,14 @@ def _ordinary_key(kind: str, i: int) -> str:
 class ValueSource(HostileSource):
     """Three tables keyed by edge-prone types, value columns of edge values."""
 
+    sql_mode = ""  # zero dates are written under the permissive mode that lets applications store them
+
     def __init__(self, uri, name, data_dir, monkeypatch, schema: str) -> None:
         self.keys = PG_KEYS if uri.startswith("postgres") else MY_KEYS
         self.columns = PG_COLUMNS if uri.startswith("postgres") else MY_COLUMNS
         tables = [TableName(schema, f"v_{kind}_{name}") for kind in self.keys]
         super().__init__(uri, name, data_dir, monkeypatch, tables)
         self.kind_of = {t: kind for t, kind in zip(tables, self.keys, strict=True)}
-
-    def sql(self, statements):
-        if self.scheme == "pg":
-            return super().sql(statements)
-        p = urlsplit(self.uri)
-        # zero dates are written under the permissive sql_mode that lets applications store them
-        c = pymysql.connect(host=p.hostname, port=p.port, user=p.username, password=p.password or "",
-                            database=p.path.lstrip("/"), autocommit=True, init_command="SET sql_mode = ''")
-        try:
-            with c.cursor() as cur:
-                for s, args in statements:
-                    cur.execute(s, args)
-        finally:
-            c.close()
 
     def key_values(self, t: TableName) -> list[str]:
         kind = self.kind_of[t]
@@ -148,14 +135,7 @@ class ValueSource(HostileSource):
 def values_source(request, unique_name, tmp_path, monkeypatch):
     uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
     schema = "public" if request.param == "pg" else urlsplit(uri).path.lstrip("/")
-    p = ValueSource(uri, unique_name, tmp_path / "data", monkeypatch, schema)
-    # both engines: PostgreSQL's rounds through spark-submit, MariaDB's in the worker
-    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "0" if request.param == "pg" else "1000000")
-    p.drop()
-    p.create()
-    p.capture_now()
-    yield p
-    p.cleanup()
+    yield from running(ValueSource(uri, unique_name, tmp_path / "data", monkeypatch, schema), monkeypatch)
 
 
 def _verify(p: ValueSource, t: TableName):

@@ -23,21 +23,13 @@ from airflow_provider_cdc.core.staging import mirror_dir
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, schema_stopped
 from airflow_provider_cdc.verify import read_event_log, verify_table
 
-from .test_hostile_names import HostileSource
-from .test_snapshot_invariants import ROWS, Pipeline
+from .test_hostile_names import HostileSource, running
+from .test_snapshot_invariants import Pipeline
 from .test_truncate import qt, run_sql
 
 pytestmark = pytest.mark.timeout(900)
 
 
-@pytest.fixture(params=["pg", "mysql"])
-def pipeline(request, unique_name, tmp_path, monkeypatch):
-    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
-    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
-    w.create_demo_table(uri, p.table, ROWS)
-    p.capture_now()
-    yield p
-    p.cleanup()
 
 
 def _add_and_drop(p: Pipeline) -> list[str]:
@@ -127,13 +119,9 @@ class TwoTables(HostileSource):
 def two(request, unique_name, tmp_path, monkeypatch):
     uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
     schema = "public" if request.param == "pg" else urlsplit(uri).path.lstrip("/")
-    p = TwoTables(uri, unique_name, tmp_path / "data", monkeypatch, schema)
     monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "1000000")
-    p.drop()
-    p.create()
-    p.capture_now()
-    yield p
-    p.cleanup()
+    yield from running(TwoTables(uri, unique_name, tmp_path / "data", monkeypatch, schema), monkeypatch,
+                       spark_for_pg=False)
 
 
 def test_a_type_change_stops_only_its_table_until_a_resnapshot_rebuilds_it(two):

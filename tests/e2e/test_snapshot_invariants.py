@@ -18,8 +18,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
-
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc import snapshot as snapshot_mod
 from airflow_provider_cdc import workload as w
@@ -45,6 +43,7 @@ class Pipeline:
         self.source = self.conn_id
         self.data_dir = str(data_dir)
         self.table = w.default_table(uri, f"e2e_{name}")
+        self.tables = [self.table]  # what cleanup drops (subclasses hold several)
         self.mp = monkeypatch
         # only this test's table: other tests' tables in the same database (unsupported
         # types, TOASTed updates without REPLICA IDENTITY FULL) must not reach this capture
@@ -186,18 +185,14 @@ class Pipeline:
                     if callable(fn):
                         fn()
         finally:
-            w.drop_table(self.uri, self.table)
-            Variable.delete(progress_store.variable_key(self.source, self.table.id))
+            self.drop()
+            for t in self.tables:
+                Variable.delete(progress_store.variable_key(self.source, t.id))
+
+    def drop(self) -> None:
+        w.drop_table(self.uri, self.table)
 
 
-@pytest.fixture(params=["pg", "mysql"])
-def pipeline(request, unique_name, tmp_path, monkeypatch):
-    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
-    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
-    w.create_demo_table(uri, p.table, ROWS)
-    p.capture_now()
-    yield p
-    p.cleanup()  # before monkeypatch's undo: it needs the test's connection
 
 
 def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capture(pipeline):

@@ -22,7 +22,7 @@ from airflow_provider_cdc.sinks.arrow_types import DELETED_COLUMN, KEY_COLUMN, P
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.verify import read_event_log
 
-from .test_snapshot_invariants import ROWS, Pipeline
+from .test_snapshot_invariants import Pipeline
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -55,14 +55,6 @@ def insert(p: Pipeline, first: int, count: int) -> str:
     return f"INSERT INTO {qt(p)} (id, name, amount, updated_at, active) VALUES {values}"  # noqa: S608
 
 
-@pytest.fixture(params=["pg", "mysql"])
-def pipeline(request, unique_name, tmp_path, monkeypatch):
-    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
-    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
-    w.create_demo_table(uri, p.table, ROWS)
-    p.capture_now()
-    yield p
-    p.cleanup()
 
 
 def test_truncate_during_capture_is_an_event_and_the_mirror_follows(pipeline):
