@@ -1,0 +1,236 @@
+"""One filesystem layer for every location the package writes or reads data at.
+
+A location is a URI (``s3://bucket/prefix/...``, ``gs://``, ``abfs://``, ``file:///...``) or a
+local path. Every module that touches staged or output data goes through here (pyarrow.fs
+underneath: no Hadoop jars, the same code on a worker and on a Spark executor):
+
+- :func:`filesystem` resolves a location to ``(pyarrow FileSystem, path)``. S3 takes its
+  endpoint and credentials from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
+  ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``;
+  plain ``http://`` allowed for a local endpoint).
+- :func:`atomic_output` publishes a file whole or not at all: written under a temporary name
+  and renamed on a file system (fsync first), copied into place by the server on an object
+  store (one object appears complete; a failed write leaves only the temporary, removed).
+- :func:`delta_storage_options` gives deltalake the same settings.
+
+Nothing else in the package uses ``Path`` or ``os.replace`` on data.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import lru_cache
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from ..core.errors import ConfigurationError
+
+_REMOTE = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
+
+
+def scheme(location: str) -> str:
+    """``"s3"``, ``"gs"``, ... or ``""`` for a local path (``file://`` included)."""
+    s = urlsplit(location).scheme.lower() if "://" in location else ""
+    return "" if s == "file" else s
+
+
+def is_local(location: str) -> bool:
+    return scheme(location) == ""
+
+
+def local_path(location: str) -> str:
+    """The absolute local path of a local location (``file://`` stripped)."""
+    if location.startswith("file://"):
+        location = urlsplit(location).path
+    return os.path.abspath(location)
+
+
+def join(location: str, *parts: str) -> str:
+    """``location`` with path segments appended, keeping its scheme: URIs join with ``/``."""
+    if is_local(location):
+        return os.path.join(local_path(location), *parts)
+    return posixpath.join(location.rstrip("/"), *parts)
+
+
+def parent(location: str) -> str:
+    return os.path.dirname(location) if is_local(location) else location.rstrip("/").rsplit("/", 1)[0]
+
+
+def basename(location: str) -> str:
+    return os.path.basename(location) if is_local(location) else location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_location(location: str, setting: str = "data location") -> str:
+    """A location this package can use, or a ConfigurationError naming the setting."""
+    if not isinstance(location, str) or not location.strip():
+        raise ConfigurationError(f"{setting} must be a local path or a URI such as s3://bucket/prefix, got {location!r}")
+    s = scheme(location)
+    if s and s not in _REMOTE:
+        raise ConfigurationError(f"{setting} {location!r}: scheme {s!r} is not supported; use a local path, "
+                                 f"file://, or one of {', '.join(_REMOTE)}")
+    if s and not urlsplit(location).netloc:
+        raise ConfigurationError(f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix")
+    return location
+
+
+def _s3_settings() -> tuple:
+    env = os.environ
+    return (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_ACCESS_KEY_ID") or "",
+            env.get("AWS_SECRET_ACCESS_KEY") or "", env.get("AWS_SESSION_TOKEN") or "",
+            env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "")
+
+
+@lru_cache(maxsize=16)
+def _s3(settings: tuple) -> pafs.FileSystem:
+    endpoint, key, secret, token, region = settings
+    kwargs: dict = {}
+    if endpoint:
+        u = urlsplit(endpoint)
+        kwargs.update(endpoint_override=u.netloc or u.path, scheme=u.scheme or "https")
+    if key and secret:
+        kwargs.update(access_key=key, secret_key=secret, session_token=token or None)
+    if region:
+        kwargs["region"] = region
+    return pafs.S3FileSystem(**kwargs)
+
+
+def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    """``(filesystem, path inside it)`` of a location (see the module docstring)."""
+    s = scheme(location)
+    if not s:
+        return pafs.LocalFileSystem(), local_path(location)
+    if s == "s3":
+        u = urlsplit(location)
+        return _s3(_s3_settings()), f"{u.netloc}{u.path}".rstrip("/")
+    return pafs.FileSystem.from_uri(location)
+
+
+def delta_storage_options(location: str) -> dict[str, str] | None:
+    """deltalake's ``storage_options`` for a location (None for local paths)."""
+    if scheme(location) != "s3":
+        return None
+    endpoint, key, secret, token, region = _s3_settings()
+    opts = {"AWS_REGION": region or "us-east-1"}
+    if endpoint:
+        opts["AWS_ENDPOINT_URL"] = endpoint
+        if endpoint.startswith("http://"):
+            opts["AWS_ALLOW_HTTP"] = "true"
+    if key and secret:
+        opts.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret)
+        if token:
+            opts["AWS_SESSION_TOKEN"] = token
+    # conditional writes keep concurrent Delta commits safe on S3 (no external lock needed)
+    opts.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", os.environ.get("CDC_DELTA_S3_UNSAFE_RENAME", "true"))
+    return opts
+
+
+# --- files -----------------------------------------------------------------------------------
+def exists(location: str) -> bool:
+    fs, path = filesystem(location)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_dir(location: str) -> bool:
+    fs, path = filesystem(location)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.Directory:
+        return True
+    if is_local(location) or info.type == pafs.FileType.File:
+        return False
+    # object stores have no directories: a prefix with objects below it is one
+    return bool(fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)))
+
+
+def read_bytes(location: str) -> bytes:
+    fs, path = filesystem(location)
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def read_text(location: str) -> str:
+    return read_bytes(location).decode("utf-8")
+
+
+def list_dir(location: str) -> list[pafs.FileInfo]:
+    """The entries right below a folder (empty when it does not exist), by name."""
+    fs, path = filesystem(location)
+    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    return sorted(infos, key=lambda i: i.base_name)
+
+
+def list_names(location: str, *, suffix: str = "", files_only: bool = True) -> list[str]:
+    """Names of the entries right below a folder (hidden temporaries left out)."""
+    return [i.base_name for i in list_dir(location)
+            if not i.base_name.startswith(".") and i.base_name.endswith(suffix)
+            and (not files_only or i.type == pafs.FileType.File)]
+
+
+def makedirs(location: str) -> None:
+    """Create a folder and its parents on a file system (object stores have none to create)."""
+    if is_local(location):
+        os.makedirs(local_path(location), exist_ok=True)
+
+
+def delete(location: str) -> None:
+    """Remove a file (absent is fine)."""
+    fs, path = filesystem(location)
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        pass
+
+
+def delete_dir(location: str) -> None:
+    fs, path = filesystem(location)
+    try:
+        fs.delete_dir(path)
+    except FileNotFoundError:
+        pass
+
+
+@contextmanager
+def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
+    """Publish a file at ``location`` whole or not at all. Yields ``(filesystem, temporary
+    path)`` to write to; the file appears at ``location`` only when the block ends without an
+    exception (see the module docstring)."""
+    fs, path = filesystem(location)
+    head, _, name = path.rpartition("/")
+    if is_local(location):
+        head, name = os.path.split(path)
+        os.makedirs(head, exist_ok=True)
+        tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
+    else:
+        tmp = f"{head}/.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        yield fs, tmp
+        if is_local(location):
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        else:
+            fs.copy_file(tmp, path)  # the server creates the object complete
+            fs.delete_file(tmp)
+    except BaseException:
+        try:
+            fs.delete_file(tmp)
+        except Exception:  # noqa: BLE001 - the temporary may not exist; the error that matters is raised
+            pass
+        raise
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    """One whole file (see :func:`atomic_output`)."""
+    with atomic_output(location) as (fs, tmp), fs.open_output_stream(tmp) as f:
+        f.write(data)
+
+
+def write_text(location: str, text: str) -> None:
+    write_bytes(location, text.encode("utf-8"))
