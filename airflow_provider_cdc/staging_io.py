@@ -6,15 +6,13 @@ and a retry that writes the same name replaces it whole.
 
 from __future__ import annotations
 
-import os
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import storage
 from .core.events import WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from .core.position import Position
 from .core.schema import decode_row, encode_row
@@ -40,9 +38,10 @@ CHUNK_SCHEMA = pa.schema([("key", pa.string()), ("after", pa.string())])
 CHUNK_PARQUET_OPTIONS: dict = {"use_dictionary": False}
 
 
-def chunk_writer(path: str | Path) -> pq.ParquetWriter:
-    """A ParquetWriter for a staged chunk (CHUNK_SCHEMA), one row group per written batch."""
-    return pq.ParquetWriter(path, CHUNK_SCHEMA, **CHUNK_PARQUET_OPTIONS)
+def chunk_writer(path: str, filesystem=None) -> pq.ParquetWriter:
+    """A ParquetWriter for a staged chunk (CHUNK_SCHEMA), one row group per written batch;
+    ``path`` inside ``filesystem`` (see storage.atomic_output)."""
+    return pq.ParquetWriter(path, CHUNK_SCHEMA, filesystem=filesystem, **CHUNK_PARQUET_OPTIONS)
 
 
 def string_array(values: Sequence[str | None]) -> pa.Array:
@@ -87,13 +86,15 @@ def int64_array(values: Sequence[int]) -> pa.Array:
 
 
 def atomic_write_table(table: pa.Table, path: str, **kwargs) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(table, tmp, **kwargs)
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, p)
+    """One Parquet file at a location, whole or not at all (storage.atomic_output)."""
+    with storage.atomic_output(path) as (fs, tmp):
+        pq.write_table(table, tmp, filesystem=fs, **kwargs)
+
+
+def read_table(location: str, **kwargs) -> pa.Table:
+    """A Parquet file at a location."""
+    fs, path = storage.filesystem(location)
+    return pq.read_table(path, filesystem=fs, **kwargs)
 
 
 def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Table:
@@ -134,19 +135,17 @@ def write_segment(events: list[LogEvent], directory: str, watermark_table: str) 
 
     if not events:
         raise ValueError("write_segment needs at least one event")
-    path = f"{directory.rstrip('/')}/{segment_name(events[0].position, events[-1].position)}"
+    path = storage.join(directory, segment_name(events[0].position, events[-1].position))
     atomic_write_table(events_to_table(events, watermark_table), path)
     return path
 
 
 def list_segments(directory: str) -> list[tuple[Position, Position, str]]:
-    d = Path(directory)
-    if not d.exists():
-        return []
     out = []
-    for f in d.glob("seg-*.parquet"):
-        first, last = parse_segment_name(f.name)
-        out.append((first, last, str(f)))
+    for name in storage.list_names(directory, suffix=".parquet"):
+        if name.startswith("seg-"):
+            first, last = parse_segment_name(name)
+            out.append((first, last, storage.join(directory, name)))
     return sorted(out)
 
 
@@ -160,7 +159,7 @@ def read_log_events(
             continue
         if upto is not None and first > upto:
             break
-        tbl = pq.read_table(path)
+        tbl = read_table(path)
         for rec in tbl.to_pylist():
             pos = Position.decode(rec["position"])
             if (after is not None and pos <= after) or (upto is not None and pos > upto):

@@ -76,5 +76,9 @@ def events_dir(data_dir: str, source: str) -> str:
     return _join(data_dir, "output", source, "events")
 
 
+def mirrors_dir(data_dir: str, source: str) -> str:
+    return _join(data_dir, "output", source, "mirror")
+
+
 def mirror_dir(data_dir: str, source: str, table: TableName) -> str:
-    return _join(data_dir, "output", source, "mirror", table.path_segment)
+    return _join(mirrors_dir(data_dir, source), table.path_segment)

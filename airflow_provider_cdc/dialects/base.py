@@ -14,12 +14,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import pyarrow as pa
 
+from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.events import LogEvent
 from ..core.planning import validate_where as _core_validate_where
@@ -256,13 +256,10 @@ class Dialect(ABC):
         sql, params = self.chunk_query(
             schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
         )
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
         rows = 0
         last_key: tuple | None = None
         pk = schema.primary_key
-        with chunk_writer(tmp) as writer:
+        with storage.atomic_output(path) as (fs, tmp), chunk_writer(tmp, fs) as writer:
             for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
                 keys, afters = [], []
                 for raw in batch:
@@ -274,7 +271,6 @@ class Dialect(ABC):
                 del batch  # the driver rows: the batch's largest part, no longer needed
                 rows += len(keys)
                 writer.write_table(pa.Table.from_arrays([string_array(keys), string_array(afters)], schema=CHUNK_SCHEMA))
-        tmp.replace(p)
         return ChunkReadResult(rows, last_key)
 
     @abstractmethod
@@ -356,7 +352,7 @@ class Dialect(ABC):
                 # a segment left by a capture that crashed before committing: this run
                 # re-read the same events (and maybe more), so it supersedes the orphan
                 if f_path not in mine and f_first >= first and f_last <= last:
-                    Path(f_path).unlink(missing_ok=True)
+                    storage.delete(f_path)
         self.commit_offset(batch.end_offset, data_dir)
         return CaptureResult(
             counts[0],

@@ -25,19 +25,18 @@ import decimal
 import json
 import logging
 import math
-import os
 import re
 import struct
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import pymysql
 import pymysql.cursors
 
+from .. import storage
 from ..core.errors import ConfigurationError, SourceError, StateError, TableNotFoundError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.position import Position, binlog_file_index
@@ -911,15 +910,15 @@ class MySqlDialect(Dialect):
         end = self.binlog_end()
         return Position.binlog(end.index, end.pos, 0)
 
-    def _offset_path(self, data_dir: str) -> Path:
-        return Path(changelog_dir(data_dir, self.source)) / OFFSET_FILE
+    def _offset_path(self, data_dir: str) -> str:
+        return storage.join(changelog_dir(data_dir, self.source), OFFSET_FILE)
 
     def load_offset(self, data_dir: str) -> str:
         """The committed offset; when there is none yet, start at the current end of the
         binlog and commit that at once, so a later crash cannot skip what came between."""
         p = self._offset_path(data_dir)
-        if p.exists():
-            text = p.read_text(encoding="utf-8")
+        if storage.exists(p):
+            text = storage.read_text(p)
             BinlogOffset.from_json(text)
             return text
         end = self.binlog_end()
@@ -928,16 +927,9 @@ class MySqlDialect(Dialect):
         return text
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
-        """Atomic (temp file + fsync + rename): a reader sees the old or the new offset."""
+        """Atomic (storage.atomic_output): a reader sees the old or the new offset."""
         BinlogOffset.from_json(offset)
-        p = self._offset_path(data_dir)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(offset)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, p)
+        storage.write_text(self._offset_path(data_dir), offset)
 
     def _check_not_purged(self, start: BinlogOffset) -> None:
         files = [r[0] for r in self._query("SHOW BINARY LOGS")]

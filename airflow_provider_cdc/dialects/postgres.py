@@ -56,9 +56,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from pathlib import Path
 from typing import Any
 
+from .. import storage
 from ..core import temporal
 from ..core.errors import ConfigurationError, SourceError, TableNotFoundError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
@@ -782,14 +782,11 @@ class PostgresDialect(Dialect):
             [decoder(c.type) for c in schema.columns],
             schema.primary_key,
         )
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
         state = {"rows": 0, "last": None, "pending": 0}
         buf = bytearray()  # COPY rows of the batch being filled (no object per row)
         batch_rows = max(1, self.copy_batch_rows)
 
-        with chunk_writer(tmp) as writer:
+        with storage.atomic_output(path) as (fs, tmp), chunk_writer(tmp, fs) as writer:
 
             def flush() -> None:
                 if not state["pending"]:
@@ -828,7 +825,6 @@ class PostgresDialect(Dialect):
                 self._reset_read_conn()
                 raise
             flush()
-        tmp.replace(p)
         return ChunkReadResult(state["rows"], state["last"])
 
     def _reset_read_conn(self) -> None:

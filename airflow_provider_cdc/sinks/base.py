@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from abc import ABC, abstractmethod
-from pathlib import Path
 
 import pyarrow as pa
 
+from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
@@ -56,8 +55,8 @@ class SchemaCache:
 
     def get(self, table_id: str) -> TableSchema | None:
         if table_id not in self._cache:
-            path = Path(schema_path(self.data_dir, self.source, TableName.parse(table_id)))
-            self._cache[table_id] = TableSchema.from_json(path.read_text()) if path.exists() else None
+            path = schema_path(self.data_dir, self.source, TableName.parse(table_id))
+            self._cache[table_id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
         return self._cache[table_id]
 
     def require(self, table_id: str) -> TableSchema:
@@ -72,22 +71,19 @@ class SchemaCache:
 
 
 # --- applied-position markers (apply job) -------------------------------------------------
-def marker_path(data_dir: str, source: str, sink_name: str) -> Path:
-    return Path(data_dir) / "output" / source / "_applied" / f"{sink_name}.json"
+def marker_path(data_dir: str, source: str, sink_name: str) -> str:
+    return storage.join(data_dir, "output", source, "_applied", f"{sink_name}.json")
 
 
 def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:
     """The last staged position this sink has durably applied (None: nothing yet)."""
     p = marker_path(data_dir, source, sink_name)
-    if not p.exists():
+    if not storage.exists(p):
         return None
-    return Position.decode(json.loads(p.read_text())["position"])
+    return Position.decode(json.loads(storage.read_text(p))["position"])
 
 
 def write_marker(data_dir: str, source: str, sink_name: str, position: Position) -> None:
     """Written only after the sink committed: a crash before it replays the batch (idempotent)."""
-    p = marker_path(data_dir, source, sink_name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"position": position.encode(), "readable": str(position), "written_at": time.time()}))
-    os.replace(tmp, p)
+    storage.write_text(marker_path(data_dir, source, sink_name),
+                       json.dumps({"position": position.encode(), "readable": str(position), "written_at": time.time()}))

@@ -17,6 +17,7 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import storage
 from ..core.schema import TableName
 from ..core.staging import events_dir
 from ..staging_io import atomic_write_table
@@ -47,7 +48,7 @@ ENVELOPE_SCHEMA = pa.schema(
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
-    return f"{events_dir(data_dir, source)}/table={table.path_segment}"
+    return storage.join(events_dir(data_dir, source), f"table={table.path_segment}")
 
 
 class EventLogSink(Sink):
@@ -87,6 +88,6 @@ class EventLogSink(Sink):
             table = TableName.parse(g["table"])
             if self.fence is not None:
                 self.fence.check(g["table"])
-            path = f"{table_dir(self.data_dir, self.source, table)}/{g['batch']}.parquet"
+            path = storage.join(table_dir(self.data_dir, self.source, table), f"{g['batch']}.parquet")
             atomic_write_table(self.envelope(part, table), path)
             log.info("event log: %d events of %s -> %s", part.num_rows, table, path)

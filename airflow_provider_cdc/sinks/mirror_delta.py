@@ -50,17 +50,17 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from .. import storage
 from ..core.errors import ConfigurationError, FencedError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
 from ..core.sqlnames import quote_delta
-from ..core.staging import mirror_dir, schema_path
+from ..core.staging import mirror_dir, mirrors_dir, schemas_dir
 from .arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,
@@ -165,9 +165,14 @@ def check_location(data_dir: str, setting: str = "data_dir") -> str:
     return data_dir
 
 
+def _delta(path: str) -> DeltaTable:
+    """The Delta table at a location (local path or URI; storage settings from storage/)."""
+    return DeltaTable(path, storage_options=storage.delta_storage_options(path))
+
+
 def _open(path: str) -> DeltaTable | None:
     try:
-        return DeltaTable(path)
+        return _delta(path)
     except TableNotFoundError:
         return None
 
@@ -242,11 +247,11 @@ STATS_PROPERTIES = {"delta.dataSkippingStatsColumns": f"{KEY_COLUMN},{POSITION_C
 def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -> tuple[DeltaTable, bool]:
     """Create the Delta table at ``path`` (True), or open it when another writer created it
     first (False)."""
-    Path(path).mkdir(parents=True, exist_ok=True)
+    storage.makedirs(path)
     try:
         return DeltaTable.create(
             path, schema, mode="error", configuration={**STATS_PROPERTIES, **(props or {})},
-            raise_if_key_not_exists=False,
+            raise_if_key_not_exists=False, storage_options=storage.delta_storage_options(path),
         ), True
     except Exception:  # noqa: BLE001 - created meanwhile by another writer: use that one
         dt = _open(path)
@@ -345,12 +350,12 @@ def add_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
         dt.alter.add_columns(DeltaSchema.from_arrow(pa.schema(new)).fields)
         log.info("mirror %s: added column(s) %s", dt.table_uri, [f.name for f in new])
     except Exception:  # noqa: BLE001 - another writer added them first: re-read and check
-        dt = DeltaTable(dt.table_uri)
+        dt = _delta(dt.table_uri)
         missing = [f.name for f in new if f.name not in set(_arrow_schema(dt).names)]
         if missing:
             raise
         return dt
-    return DeltaTable(dt.table_uri)
+    return _delta(dt.table_uri)
 
 
 def type_conflicts(dt: DeltaTable, schema: pa.Schema) -> list[str]:
@@ -411,13 +416,14 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
 
     for attempt in range(_COMMIT_RETRIES):
         try:
-            write_deltalake(path, schema.empty_table(), mode="overwrite", schema_mode="overwrite")
+            write_deltalake(path, schema.empty_table(), mode="overwrite", schema_mode="overwrite",
+                            storage_options=storage.delta_storage_options(path))
             break
         except CommitFailedError:
             if attempt == _COMMIT_RETRIES - 1:
                 raise
             _backoff(attempt)
-    _set_properties(DeltaTable(path), {SCHEMA_STOP_PROPERTY: ""})
+    _set_properties(_delta(path), {SCHEMA_STOP_PROPERTY: ""})
     log.warning("mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why)
     return "rebuilt"
 
@@ -594,20 +600,18 @@ def mirror_tables(data_dir: str, source: str) -> list[TableName]:
     """Tables that have a mirror under ``data_dir`` for ``source``. A folder name decodes to
     its table; a name too long to keep in a folder (hashed) is looked up in the staged
     schema of the same folder name, which holds the whole name."""
-    root = Path(mirror_dir(data_dir, source, TableName("x", "x"))).parent
-    if not root.is_dir():
-        return []
+    root = mirrors_dir(data_dir, source)
     found = []
-    for d in root.iterdir():
-        if not (d / "_delta_log").is_dir():
+    for name in storage.list_names(root, files_only=False):
+        if not storage.is_dir(storage.join(root, name, "_delta_log")):
             continue
-        table = TableName.from_path_segment(d.name)
+        table = TableName.from_path_segment(name)
         if table is None:
-            staged = Path(schema_path(data_dir, source, TableName("x", "x"))).parent / f"{d.name}.json"
-            if not staged.is_file():
-                log.warning("mirror folder %s has a hashed name and no staged schema names its table; skipped", d)
+            staged = storage.join(schemas_dir(data_dir, source), f"{name}.json")
+            if not storage.exists(staged):
+                log.warning("mirror folder %s has a hashed name and no staged schema names its table; skipped", name)
                 continue
-            table = TableSchema.from_json(staged.read_text(encoding="utf-8")).table
+            table = TableSchema.from_json(storage.read_text(staged)).table
         found.append(table)
     return sorted(found)
 
