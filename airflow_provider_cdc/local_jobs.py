@@ -31,13 +31,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from . import storage
 from .core.chunk import ChunkResult
 from .core.errors import ConfigurationError
 from .core.position import Position
 from .core.staging import changelog_dir as staged_changelog_dir
 from .sinks.base import EVENT_SCHEMA, Sink, read_marker, write_marker
 from .spark import common
-from .staging_io import CHANGELOG_SCHEMA
+from .staging_io import CHANGELOG_SCHEMA, list_segments
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
 
 # --- reading staged files ----------------------------------------------------------------------
 def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
-    fs, p = common.fs_and_path(path)
+    fs, p = storage.filesystem(path)
     return pq.read_table(p, filesystem=fs, columns=list(columns))
 
 
@@ -101,7 +102,7 @@ def changelog_events(segments: Segments, after: Position | None, upto: Position 
 
 
 def _segment_rows(path: str) -> int:
-    fs, p = common.fs_and_path(path)
+    fs, p = storage.filesystem(path)
     with fs.open_input_file(p) as fh:
         return pq.ParquetFile(fh).metadata.num_rows
 
@@ -113,7 +114,7 @@ def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, chang
     markers = [read_marker(data_dir, source, s) for s in sink_names]
     start = None if not markers or any(m is None for m in markers) else min(markers)
     total = 0
-    for _first, last, path in common.list_segment_files(changelog):
+    for _first, last, path in list_segments(changelog):
         if start is None or last > start:
             total += _segment_rows(path)
     return total
@@ -190,7 +191,7 @@ def _window_changes(windows: Sequence, changelog_dir: str) -> pa.Table:
     lo = Position.decode(min(w.low for w in windows))
     hi = Position.decode(max(w.high for w in windows))
     changes = read_changelog(
-        common.list_segment_files(changelog_dir), after=lo, upto=hi, columns=["position", "table", "op", "key"]
+        list_segments(changelog_dir), after=lo, upto=hi, columns=["position", "table", "op", "key"]
     )
     return changes.filter(pc.not_equal(changes["op"], "w"))
 
@@ -246,7 +247,7 @@ def apply_segments(
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
     start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
-    segments = common.list_segment_files(changelog)
+    segments = list_segments(changelog)
     pending = [s for s in segments if start is None or s[1] > start]
     groups: list[list] = []
     rows_in_group = 0

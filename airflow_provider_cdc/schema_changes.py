@@ -16,10 +16,8 @@ No Airflow here: the capture operator calls :func:`follow_schema_changes`.
 from __future__ import annotations
 
 import logging
-import os
-import uuid
-from pathlib import Path
 
+from . import storage
 from .core.errors import CdcError, TableNotFoundError
 from .core.schema import TableSchema, evolve_schema
 from .core.staging import mirror_dir, schema_path, schemas_dir
@@ -29,18 +27,12 @@ log = logging.getLogger(__name__)
 
 
 def staged_schemas(data_dir: str, source: str) -> list[TableSchema]:
-    folder = Path(schemas_dir(data_dir, source))
-    if not folder.is_dir():
-        return []
-    return [TableSchema.from_json(p.read_text()) for p in sorted(folder.glob("*.json")) if not p.name.startswith(".")]
+    folder = schemas_dir(data_dir, source)
+    return [TableSchema.from_json(storage.read_text(storage.join(folder, n))) for n in storage.list_names(folder, suffix=".json")]
 
 
 def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None:
-    p = Path(schema_path(data_dir, source, schema.table))
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(schema.to_json())
-    os.replace(tmp, p)
+    storage.write_text(schema_path(data_dir, source, schema.table), schema.to_json())
 
 
 def current_schema(dialect: Dialect, staged: TableSchema) -> tuple[TableSchema | None, str | None]:

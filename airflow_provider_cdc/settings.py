@@ -147,7 +147,9 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         raise ConfigurationError(
             f"CDC_SENSOR_DEFERRABLE must be true or false, got {_raw(env, 'CDC_SENSOR_DEFERRABLE')!r}"
         )
-    data_dir = _raw(env, "CDC_DATA_DIR") or default_data_dir(env)
+    from . import storage
+
+    data_dir = storage.check_location(_raw(env, "CDC_DATA_DIR") or default_data_dir(env), "CDC_DATA_DIR")
     if "mirror" in sinks.split(",") and "%" in data_dir:
         raise ConfigurationError(
             f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "

@@ -28,9 +28,9 @@ import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
+from . import storage
 from .core import temporal
 from .core.errors import ConfigurationError
 from .core.position import Position
@@ -368,15 +368,14 @@ class EventLogReport:
 def read_event_log(data_dir: str, source: str, table: TableName):
     """The event log files of one table as one Arrow table (op, key, before, after, position)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from .sinks.event_log import table_dir
+    from .staging_io import read_table
 
-    d = Path(table_dir(data_dir, source, table))
-    files = sorted(d.glob("*.parquet")) if d.exists() else []
+    d = table_dir(data_dir, source, table)
     parts = []
-    for f in files:
-        t = pq.read_table(f)
+    for name in storage.list_names(d, suffix=".parquet"):
+        t = read_table(storage.join(d, name))
         parts.append(
             pa.table(
                 {
@@ -385,7 +384,7 @@ def read_event_log(data_dir: str, source: str, table: TableName):
                     "before": t["before"],
                     "after": t["after"],
                     "position": t["source"].combine_chunks().field("position"),
-                    "file": pa.array([f.name] * t.num_rows, pa.string()),
+                    "file": pa.array([name] * t.num_rows, pa.string()),
                 }
             )
         )

@@ -60,8 +60,18 @@ def parse_segment_name(name: str) -> tuple[Position, Position]:
     return Position.decode(first), Position.decode(last)
 
 
+def snapshot_dir(data_dir: str, source: str, table: TableName, snapshot_id: str) -> str:
+    """A snapshot's staged chunks, their sidecars and its plan."""
+    return _join(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id)
+
+
 def chunk_path(data_dir: str, source: str, table: TableName, snapshot_id: str, seq: int, hw_id: str) -> str:
-    return _join(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id, f"chunk-{seq:06d}-{hw_id}.parquet")
+    return _join(snapshot_dir(data_dir, source, table, snapshot_id), f"chunk-{seq:06d}-{hw_id}.parquet")
+
+
+def plan_path(data_dir: str, source: str, table: TableName, snapshot_id: str) -> str:
+    """The snapshot's plan (ranges in plan order, upper bound, filter, throttle), next to its chunks."""
+    return _join(snapshot_dir(data_dir, source, table, snapshot_id), "plan.json")
 
 
 def schemas_dir(data_dir: str, source: str) -> str:

@@ -17,19 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from .. import progress_store
+from .. import progress_store, storage
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
 from ..core.planning import SnapshotRequest, check_ranges_ranked
@@ -37,7 +35,7 @@ from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.progress import SnapshotProgress
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
-from ..core.staging import schema_path, staging_dir
+from ..core.staging import plan_path, schema_path, snapshot_dir
 from ..core.throttle import Throttle
 from ..dialects.base import Dialect
 from ..hooks.cdc_source import CdcSourceHook
@@ -111,28 +109,21 @@ def parse_snapshot_conf(
 
 
 # --------------------------------------------------------------------- sidecars
-def snapshot_chunks_dir(data_dir: str, source: str, table: TableName, snapshot_id: str) -> Path:
-    return Path(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id)
-
-
-def sidecar_path(chunk_parquet: str) -> Path:
-    return Path(chunk_parquet + ".json")
+def sidecar_path(chunk_parquet: str) -> str:
+    return chunk_parquet + ".json"
 
 
 def write_sidecar(result: ChunkResult, range_index: int, merged: bool = False) -> None:
-    """Commit a chunk: written after its high watermark, atomically (tmp + rename)."""
-    p = sidecar_path(result.path)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
-    os.replace(tmp, p)
+    """Commit a chunk: written after its high watermark, atomically (storage.atomic_output)."""
+    storage.write_text(sidecar_path(result.path),
+                       json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
 
 
 def read_sidecars(data_dir: str, source: str, table: TableName, snapshot_id: str) -> list[dict]:
     """Committed chunks of a snapshot, ordered by seq: ``{"result", "range_index", "merged"}``."""
-    d = snapshot_chunks_dir(data_dir, source, table, snapshot_id)
-    if not d.exists():
-        return []
-    out = [json.loads(f.read_text()) for f in d.glob("chunk-*.parquet.json")]
+    d = snapshot_dir(data_dir, source, table, snapshot_id)
+    out = [json.loads(storage.read_text(storage.join(d, n)))
+           for n in storage.list_names(d, suffix=".parquet.json") if n.startswith("chunk-")]
     return sorted(out, key=lambda s: s["result"]["seq"])
 
 
@@ -234,19 +225,14 @@ def min_key(dialect: Dialect, schema: TableSchema) -> tuple | None:
     return None
 
 
-def plan_path(data_dir: str, source: str, table: TableName, snapshot_id: str) -> Path:
-    """The snapshot's plan (ranges in plan order, upper bound, filter, throttle), next to its chunks."""
-    return snapshot_chunks_dir(data_dir, source, table, snapshot_id) / "plan.json"
-
-
 def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> dict:
     p = plan_path(data_dir, source, table, snapshot_id)
-    if not p.exists():
+    if not storage.exists(p):
         raise StateError(
             f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
-    return json.loads(p.read_text())
+    return json.loads(storage.read_text(p))
 
 
 def new_snapshot_id() -> str:
@@ -288,12 +274,6 @@ def _partial(request: SnapshotRequest, table: TableName) -> bool:
     return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)
 
 
-def _write_text_atomic(path: str | Path, text: str) -> None:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, p)
 
 
 def _iso_utc(value: Any) -> str | None:
@@ -610,8 +590,8 @@ class SnapshotPlanOperator(_SourceOperator):
             # the mirror takes the table's current schema: new columns added, or (a changed
             # type, a stop after a schema change) rebuilt empty for this snapshot to fill
             _reconcile_mirror(self.data_dir, source, schema, whole_table=not _partial(request, table))
-            _write_text_atomic(schema_path(self.data_dir, source, table), schema.to_json())
-            _write_text_atomic(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
+            storage.write_text(schema_path(self.data_dir, source, table), schema.to_json())
+            storage.write_text(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
             started = SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
             started.owner, started.logical_date = self._run_id, self._logical_date
             progress_store.save(source, table.id, started)
@@ -655,7 +635,7 @@ class SnapshotPlanOperator(_SourceOperator):
                 plan["chunk_size"] = req.request.chunk_size
             if req.delay_seconds is not None:
                 plan["delay_seconds"] = req.delay_seconds
-            _write_text_atomic(plan_path(self.data_dir, source, table, p.snapshot_id), json.dumps(plan))
+            storage.write_text(plan_path(self.data_dir, source, table, p.snapshot_id), json.dumps(plan))
             sidecars = read_sidecars(self.data_dir, source, table, p.snapshot_id)
             todo = []
             for i in range(len(plan["ranges"])):
@@ -765,7 +745,7 @@ class SnapshotChunkOperator(_SourceOperator):
         if reason:  # before connecting at all
             log.info("not reading %s: %s", label, reason)
             return results
-        schema = TableSchema.from_json(Path(schema_path(self.data_dir, source, table)).read_text())
+        schema = TableSchema.from_json(storage.read_text(schema_path(self.data_dir, source, table)))
         seq, after_key = st.next_seq, st.after_key
         rows_total, n, t0, rows_run = st.rows, st.chunks, time.monotonic(), 0
         if st.chunks:
@@ -851,13 +831,14 @@ class SnapshotCommitOperator(_SourceOperator):
         from ..core.staging import changelog_dir, mirror_dir
         from ..sinks.base import read_marker
         from ..sinks.mirror_delta import compact, sweep
-        from ..spark.common import find_watermarks, list_segment_files
+        from ..spark.common import find_watermarks
+        from ..staging_io import list_segments
 
         table = TableName.parse(tid)
         if sid is not None:  # (a no-op without a Delta mirror)
             mark = read_plan(self.data_dir, source, table, sid).get("converge_watermark")
             if mark:
-                found = find_watermarks(list_segment_files(changelog_dir(self.data_dir, source)), [mark])
+                found = find_watermarks(list_segments(changelog_dir(self.data_dir, source)), [mark])
                 if mark in found:
                     gone = sweep(mirror_dir(self.data_dir, source, table), found[mark][0],
                                  reason=f"snapshot {sid} convergence")
@@ -878,11 +859,11 @@ class SnapshotCommitOperator(_SourceOperator):
         touched: dict[tuple[str, str], int] = {}
         for c in flatten_chunk_results(self.chunks):
             sc = sidecar_path(c["path"])
-            if not sc.exists():
+            if not storage.exists(sc):
                 raise StateError(
                     f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?"
                 )
-            data = json.loads(sc.read_text())
+            data = json.loads(storage.read_text(sc))
             if not data["merged"]:
                 write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
             key = (c["table"], c["snapshot_id"])

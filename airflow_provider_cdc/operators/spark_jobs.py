@@ -137,14 +137,11 @@ class _CdcJobOperator(SparkSubmitOperator):
 
 def _write_live_round(round_file: str, chunks) -> str:
     """The round without the chunks of stopped snapshots, next to the round file."""
-    import uuid
-    from pathlib import Path
+    from .. import storage
 
-    path = Path(f"{round_file.removesuffix('.json')}.live.json")
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps([c.to_dict() for c in chunks]))
-    tmp.replace(path)
-    return str(path)
+    path = f"{round_file.removesuffix('.json')}.live.json"
+    storage.write_text(path, json.dumps([c.to_dict() for c in chunks]))
+    return path
 
 
 class SnapshotMergeOperator(_CdcJobOperator):

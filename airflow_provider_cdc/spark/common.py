@@ -17,9 +17,9 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
+from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.position import Position
-from ..core.staging import parse_segment_name
 from ..sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
 
 log = logging.getLogger(__name__)
@@ -142,34 +142,6 @@ def configure_logging() -> None:
 
 
 # --- staged changelog -----------------------------------------------------------------------
-def fs_and_path(uri: str):
-    """(pyarrow filesystem, path inside it) for a local path or a URI."""
-    import pyarrow.fs as pafs
-
-    if "://" in uri:
-        return pafs.FileSystem.from_uri(uri)
-    return pafs.LocalFileSystem(), os.path.abspath(uri)
-
-
-def list_segment_files(changelog_dir: str) -> list[tuple[Position, Position, str]]:
-    """Staged segments (first, last, path) sorted by position, on any pyarrow filesystem."""
-    import pyarrow.fs as pafs
-
-    fs, base = fs_and_path(changelog_dir)
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    except FileNotFoundError:
-        return []
-    out = []
-    prefix = changelog_dir.rstrip("/")
-    for info in infos:
-        name = info.base_name
-        if info.type == pafs.FileType.File and name.startswith("seg-") and name.endswith(".parquet"):
-            first, last = parse_segment_name(name)
-            out.append((first, last, f"{prefix}/{name}"))
-    return sorted(out)
-
-
 def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> dict[str, str]:
     """For each segment file name, the position its events must exceed to count.
 
@@ -231,8 +203,8 @@ def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Ite
     wanted = sorted(set(ids))
     if not segments or not wanted:
         return {}
-    fs, _ = fs_and_path(segments[0][2])
-    paths = [fs_and_path(p)[1] for _, _, p in segments]
+    fs, _ = storage.filesystem(segments[0][2])
+    paths = [storage.filesystem(p)[1] for _, _, p in segments]
     table = ds.dataset(paths, filesystem=fs, format="parquet").to_table(
         columns=["position", "watermark", "ts_ms"],
         filter=(pc.field("op") == "w") & pc.field("watermark").isin(wanted),

@@ -32,12 +32,14 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
     sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
 
+from airflow_provider_cdc import storage  # noqa: E402
 from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
 from airflow_provider_cdc.core.errors import ConfigurationError, NotReadyError, WatermarkError  # noqa: E402
 from airflow_provider_cdc.core.position import Position  # noqa: E402
 from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
 from airflow_provider_cdc.local_jobs import DEFAULT_BATCH_ROWS, window_groups  # noqa: E402
 from airflow_provider_cdc.spark import common  # noqa: E402
+from airflow_provider_cdc.staging_io import list_segments  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.spark.merge_job")
 
@@ -64,7 +66,7 @@ def describe(chunk: ChunkResult) -> str:
 
 def load_chunks(path: str) -> list[ChunkResult]:
     """ChunkResult dicts from a JSON file: a list, nested lists, or {"chunks": [...]}."""
-    data = json.loads(Path(path).read_text())
+    data = json.loads(storage.read_text(path))
     if isinstance(data, dict):
         data = data.get("chunks", [data])
     flat: list[dict] = []
@@ -100,7 +102,7 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     if not chunks:
         return []
     ids = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
-    found = common.find_watermarks(common.list_segment_files(changelog_dir), ids)
+    found = common.find_watermarks(list_segments(changelog_dir), ids)
     windows, missing = [], []
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
@@ -174,7 +176,7 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
     )
     lo = Position.decode(min(w.low for w in windows))
     hi = Position.decode(max(w.high for w in windows))
-    segments = common.list_segment_files(changelog_dir)
+    segments = list_segments(changelog_dir)
     changes = (
         common.read_changelog(spark, segments, after=lo, upto=hi)
         .where(F.col("op") != "w")

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import progress_store, storage
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
 from airflow_provider_cdc.core.progress import SnapshotProgress
@@ -62,9 +62,7 @@ def progress(tmp_path, status="running", upper=(100,)):
         "parallelism": 2,
         "delay_seconds": 0.0,
     }
-    path = plan_path(str(tmp_path), "src", T, "S1")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan))
+    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(plan))
     return p
 
 
@@ -399,9 +397,9 @@ def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, v
 
     p = progress(tmp_path)  # its plan: chunk_size 10, parallelism 2, delay 0
     path = plan_path(str(tmp_path), "src", T, "S1")
-    plan = json.loads(path.read_text())
+    plan = json.loads(storage.read_text(path))
     plan.update(where="amount > 5", delay_seconds=0.5)
-    path.write_text(json.dumps(plan))
+    storage.write_text(path, json.dumps(plan))
     op = plan_op(tmp_path)
     kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
     assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (
