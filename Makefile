@@ -8,7 +8,7 @@ setup:
 	@scripts/setup.sh
 
 demo: setup
-	@$(ENV) python -m airflow_provider_cdc.demo
+	@$(ENV) python -m tools.demo
 
 test: setup
 	@$(ENV) python -m pytest tests $(PYTEST_ARGS)

@@ -170,7 +170,7 @@ def open_dialect(conn_id: str, source: str):
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from . import settings
-    from .verify import check_event_log, verify_table
+    from .pipeline.verify import check_event_log, verify_table
 
     try:
         now = settings.load()  # the same defaults as the DAGs' tasks

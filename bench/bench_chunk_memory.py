@@ -2,7 +2,7 @@
 
 Uses the memory probe of ``bench_e2e`` (the step runs in a fresh child process; its peak
 is VmHWM after resetting it through ``/proc/self/clear_refs``, minus the RSS just before
-the step) on the demo table (``airflow_provider_cdc/workload.py``), for each database:
+the step) on the demo table (``tools/workload.py``), for each database:
 
 * chunk step (low watermark, SELECT, Parquet, high watermark) at 10k / 50k / 200k rows:
   peak above the baseline, as a multiple of the chunk's staged Parquet size and of its
@@ -56,7 +56,7 @@ _CHUNK_CHILD = _CHILD_PRELUDE + r"""
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.snapshot import snapshot_chunk
+from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 a = json.loads(sys.argv[1])
 params = ConnectionParams.from_uri(a["uri"])
 out = []
@@ -226,7 +226,7 @@ def bench_capture(src: Src, table, work: Path, a: argparse.Namespace) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from airflow_provider_cdc.workload import create_demo_table, drop_table
+    from tools.workload import create_demo_table, drop_table
 
     a = _parse(argv)
     results: dict[str, Any] = {}

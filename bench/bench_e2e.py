@@ -216,7 +216,7 @@ class DagRun:
 
 def run_dag(dag_id: str, conf: dict | None, env: dict[str, str], log_dir: Path, tag: str, timeout: float = 7200) -> DagRun:
     """``airflow dags test`` as a subprocess (as demo.run_dag), sampled for memory."""
-    from airflow_provider_cdc.demo import DagRunError, airflow_bin
+    from tools.demo import DagRunError, airflow_bin
 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{dag_id}-{tag}-{time.strftime('%H%M%S')}.log"
@@ -268,7 +268,7 @@ _CHUNK_CHILD = _CHILD_PRELUDE + r"""
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.snapshot import snapshot_chunk
+from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 a = json.loads(sys.argv[1])
 params = ConnectionParams.from_uri(a["uri"])
 out = []
@@ -288,6 +288,7 @@ print("RESULT " + json.dumps(out))
 _CAPTURE_CHILD = _CHILD_PRELUDE + r"""
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 a = json.loads(sys.argv[1])
 params = ConnectionParams.from_uri(a["uri"])
 with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])], **a["options"]) as d:
@@ -297,7 +298,7 @@ with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])
     import pyarrow.parquet  # noqa: F401 - imported before the peak is reset
     before = rss(); ok = reset_peak()
     t = time.perf_counter()
-    r = d.capture(a["dir"])
+    r = stage_changelog(d, a["dir"])
     took = time.perf_counter() - t
 print("RESULT " + json.dumps({"events": r.events, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
                               "segment_bytes": sum(os.path.getsize(p) for p in (r.segments or ([r.segment] if r.segment else []))),
@@ -342,7 +343,7 @@ def raw_dump_pg(uri: str, qtable: str, path: Path) -> int:
     import pyarrow.csv as pcsv
     import pyarrow.parquet as pq
 
-    from airflow_provider_cdc.workload import COLUMNS
+    from tools.workload import COLUMNS
 
     types = dict(_arrow_types(), payload=pa.string())
     rfd, wfd = os.pipe()
@@ -388,7 +389,7 @@ def raw_dump_mysql(uri: str, qtable: str, path: Path, batch: int = 20_000) -> in
     import pymysql.cursors
 
     from airflow_provider_cdc.dialects import ConnectionParams
-    from airflow_provider_cdc.workload import COLUMNS
+    from tools.workload import COLUMNS
 
     p = ConnectionParams.from_uri(uri)
     types = _arrow_types()
@@ -430,12 +431,12 @@ class Src:
         return ConnectionParams.from_uri(self.uri)
 
     def table(self, suffix: str):
-        from airflow_provider_cdc.workload import default_table
+        from tools.workload import default_table
 
         return default_table(self.uri, f"bench_e2e_{self.u}_{suffix}")
 
     def qtable(self, t) -> str:
-        from airflow_provider_cdc.workload import quote_table
+        from tools.workload import quote_table
 
         return quote_table(self.params, t)
 
@@ -501,7 +502,7 @@ class Src:
 
 def _rows_bytes(src: Src, t) -> float:
     """Average stored row size on the source (the unit of "chunk size" in bytes)."""
-    from airflow_provider_cdc.workload import connect
+    from tools.workload import connect
 
     conn = connect(src.params)
     try:
@@ -522,7 +523,7 @@ def _rows_bytes(src: Src, t) -> float:
 
 def _change_rows(src: Src, t, n: int, batch: int = 10_000) -> float:
     """n row changes: UPDATEs of ids 1..n (wrapping), 10k rows per transaction."""
-    from airflow_provider_cdc.workload import connect, count_rows, quote_ident
+    from tools.workload import connect, count_rows, quote_ident
 
     total = count_rows(src.params, t)
     conn = connect(src.params)
@@ -554,7 +555,7 @@ def _writer_window(writer, seconds: float) -> float:
 
 # --------------------------------------------------------------------------- the phases
 def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
-    from airflow_provider_cdc.workload import BackgroundWriter, create_demo_table
+    from tools.workload import BackgroundWriter, create_demo_table
 
     R: dict[str, Any] = {"kind": src.kind, "rows": a.rows, "changes": a.changes}
     big, tiny = src.table("big"), src.table("tiny")
@@ -754,7 +755,7 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
         + ", ".join(f"{m['rows']:,} rows -> {m['peak_above_mb']:.0f} MB ({m['x_chunk']:.1f}x)" for m in mem)
     )
     if not a.keep:
-        from airflow_provider_cdc.workload import drop_table
+        from tools.workload import drop_table
 
         drop_table(src.uri, big)
         drop_table(src.uri, tiny)

@@ -33,9 +33,9 @@ from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
-from airflow_provider_cdc.core.staging import changelog_dir, chunk_path, schema_path
-from airflow_provider_cdc.spark.common import spark_submit_command
-from airflow_provider_cdc.staging_io import CHUNK_SCHEMA, atomic_write_table, write_segment
+from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
+from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, schema_path
+from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, atomic_write_table, write_segment
 
 SOURCE = "bench"
 TABLE = TableName("public", "orders")

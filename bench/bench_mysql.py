@@ -1,6 +1,6 @@
 """MySQL/MariaDB benchmark: our capture and chunk reads against plain baselines, same run.
 
-* capture: ``MySqlDialect.capture()`` (binlog decode, canonical values, staged Parquet
+* capture: ``stage_changelog(MySqlDialect)`` (binlog decode, canonical values, staged Parquet
   segment, offset commit) against a raw mysql-replication drain of the same binlog
   range that only touches every row's decoded values;
 * chunk read: ``read_chunk()`` (keyset pages, canonical values, Parquet) against one
@@ -30,6 +30,7 @@ from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.dialects.mysql import BinlogOffset, MySqlDialect
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 DEFAULT_URI = "mysql://root@127.0.0.1:53306/cdc_test"
 
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             dialect.commit_offset(start.to_json(), str(data))
             # read exactly the same range: stop at the end recorded after the load
             t = time.perf_counter()
-            res = dialect.capture(str(data))
+            res = stage_changelog(dialect, str(data))
             cap_best = min(cap_best, time.perf_counter() - t)
             events = res.events
             if BinlogOffset.from_json(res.end_offset) < end:

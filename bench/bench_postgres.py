@@ -1,6 +1,6 @@
 """PostgreSQL benchmark: our capture and chunk reads against the server's own drains, same run.
 
-* capture: ``PostgresDialect.capture()`` (pgoutput stream, canonical values, staged Parquet
+* capture: ``stage_changelog(PostgresDialect)`` (pgoutput stream, canonical values, staged Parquet
   segment, slot confirmation) against a raw drain of the same slot contents by the
   server's SQL function ``pg_logical_slot_peek_binary_changes`` (pgoutput, same
   publication) on a copy of the slot, fetched to the client through a server-side cursor;
@@ -31,6 +31,7 @@ from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.dialects.postgres import PostgresDialect
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 DEFAULT_URI = "postgresql://postgres@127.0.0.1:55432/cdc_test"
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                 params, source=source, watermark_table=f"wm_bench_{u}", tables=[tname], slot_name=slots[r]
             ) as d:
                 t, cpu = time.perf_counter(), time.process_time()
-                res = d.capture(str(work / f"cap-{r}"))
+                res = stage_changelog(d, str(work / f"cap-{r}"))
                 if time.perf_counter() - t < cap_best:
                     cap_best, cap_cpu = time.perf_counter() - t, time.process_time() - cpu
                 events = res.events

@@ -1,7 +1,7 @@
 """The snapshot's own steps without Airflow or Spark, each against a raw dump of the same table.
 
 Where does a snapshot's time go once the fixed cost of Airflow and spark-submit is off?
-For each database this loads the demo table (airflow_provider_cdc/workload.py), dumps it
+For each database this loads the demo table (tools/workload.py), dumps it
 raw to Parquet (the baseline of bench_e2e: COPY / a streaming SELECT into pyarrow), then
 runs the snapshot's steps in this process, in order, on the same rows:
 
@@ -31,6 +31,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:55432/postgres"
 DEFAULT_MY = "mysql://root@127.0.0.1:53306/cdc_test"
 
@@ -47,7 +49,7 @@ def _profiled(enabled: bool, fn, *args, **kwargs) -> tuple[Any, str]:
 
 def read_all_chunks(d, schema, *, data_dir: str, chunk_size: int) -> list:
     from airflow_provider_cdc.core.ranges import ChunkRange
-    from airflow_provider_cdc.snapshot import snapshot_chunk
+    from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 
     chunks, after, seq = [], None, 0
     while True:
@@ -61,12 +63,12 @@ def read_all_chunks(d, schema, *, data_dir: str, chunk_size: int) -> list:
 
 
 def bench_one(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
-    from airflow_provider_cdc.core.staging import schema_path
     from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-    from airflow_provider_cdc.local_jobs import merge_round
-    from airflow_provider_cdc.spark.common import build_sinks
-    from airflow_provider_cdc.workload import create_demo_table, default_table, quote_table
+    from airflow_provider_cdc.pipeline.arrow_engine import merge_round
+    from airflow_provider_cdc.pipeline.spark.common import build_sinks
+    from airflow_provider_cdc.storage.layout import schema_path
     from bench.bench_e2e import raw_dump_mysql, raw_dump_pg
+    from tools.workload import create_demo_table, default_table, quote_table
 
     u = uuid.uuid4().hex[:6]
     table = default_table(uri, f"bench_steps_{u}")
@@ -97,7 +99,7 @@ def bench_one(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
         R["chunks"] = len(chunks)
         assert sum(c.rows for c in chunks) == a.rows
         t0 = time.perf_counter()
-        d.capture(data_dir)
+        stage_changelog(d, data_dir)
         R["capture_s"] = time.perf_counter() - t0
 
         for label, sinks in (("merge_events", "events"), ("merge", "events,mirror")):

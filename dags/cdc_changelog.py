@@ -79,9 +79,9 @@ with DAG(
     def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
         """Skip the spark-submit (seconds of JVM start) when no staged segment is past
         every sink's applied-position marker."""
-        from airflow_provider_cdc.core.staging import changelog_dir
         from airflow_provider_cdc.sinks.base import read_marker
-        from airflow_provider_cdc.staging_io import list_segments
+        from airflow_provider_cdc.storage.layout import changelog_dir
+        from airflow_provider_cdc.storage.staged import list_segments
 
         segments = list_segments(changelog_dir(data_dir, source))
         if not segments:

@@ -87,29 +87,22 @@ with DAG(
     def write_round(results) -> str:
         """The round's chunk list as a JSON file for the merge job (XCom stays small)."""
         import json
-        import re
-        import uuid
-        from pathlib import Path
 
         from airflow.sdk import get_current_context
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from airflow_provider_cdc import settings
-        from airflow_provider_cdc.core.staging import staging_dir
-        from airflow_provider_cdc.sensors.high_watermark import flatten_chunk_results
+        from airflow_provider_cdc import settings, storage
+        from airflow_provider_cdc.core.chunk import flatten_chunk_results
+        from airflow_provider_cdc.storage.layout import round_path
 
         now = settings.load()  # at run time, like the operators
         data_dir, source = now.data_dir, now.source
         flat = flatten_chunk_results(results)
         if not flat:
             raise AirflowSkipException("no chunks to merge in this run (pause/stop, or nothing left)")
-        run_id = re.sub(r"[^A-Za-z0-9_.-]", "_", get_current_context()["run_id"])
-        path = Path(staging_dir(data_dir, source), "rounds", f"{run_id}.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_text(json.dumps(flat))
-        tmp.replace(path)
-        return str(path)
+        path = round_path(data_dir, source, get_current_context()["run_id"])
+        storage.write_text(path, json.dumps(flat))
+        return path
 
     round_file = write_round(chunks.output)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from .ranges import ChunkRange
 
@@ -36,3 +38,28 @@ class ChunkResult:
             if d.get(k) is not None:
                 d[k] = tuple(d[k])
         return cls(**d)
+
+
+def flatten_chunk_results(value: Any) -> list[dict]:
+    """ChunkResult dicts from an XCom value: one dict, a list of them, or the lazy
+    sequence of lists that a mapped chunk task returns (None entries are skipped)."""
+    out: list[dict] = []
+
+    def walk(v: Any) -> None:
+        if v is None:
+            return
+        if isinstance(v, dict):
+            out.append(v)
+        elif isinstance(v, (str, bytes)):
+            raise TypeError(f"expected ChunkResult dicts, got a string: {v[:80]!r}")
+        elif hasattr(v, "__len__") and hasattr(v, "__getitem__"):
+            for i in range(len(v)):  # by index: a lazy XCom sequence is not probed past its end
+                walk(v[i])
+        elif isinstance(v, Iterable):
+            for item in v:
+                walk(item)
+        else:
+            raise TypeError(f"expected ChunkResult dicts, got {type(v).__name__}")
+
+    walk(value)
+    return out

@@ -11,8 +11,8 @@
 The snapshot's upper bound (the choice made here): when a snapshot starts, the largest
 primary key is recorded (``Dialect.max_key``) as an **inclusive** bound. Ranges stay
 end-exclusive ``ChunkRange`` s and the last range of a table keeps ``end = None``; the
-bound is applied as one more predicate, ``key <= upper_bound``, on chunks of a range
-without an end (:func:`chunk_predicates`). The database compares the keys, so this is
+bound is applied as one more predicate, ``key <= upper_bound``, on every chunk
+(:func:`chunk_predicates`). The database compares the keys, so this is
 right for every type and collation (no "successor of the max key" has to be invented,
 which does not exist for text). Rows inserted above the bound later are not read by the
 snapshot: they reach the sinks through the changelog, and constant inserts at the top of
@@ -83,8 +83,8 @@ def chunk_predicates(
     upper_bound: Sequence | None = None,
 ) -> list[KeysetPredicate]:
     """The predicates of one keyset chunk inside ``rng``: ``key > after_key`` (or
-    ``key >= rng.start``), ``key < rng.end``, and ``key <= upper_bound`` for a range
-    without an end. All are ANDed."""
+    ``key >= rng.start``), ``key < rng.end``, and ``key <= upper_bound``. All are ANDed.
+    The one builder of chunk conditions: every dialect's chunk SELECT renders these."""
     pk = tuple(primary_key)
     out: list[KeysetPredicate] = []
     if after_key is not None:
@@ -93,7 +93,7 @@ def chunk_predicates(
         out.append(KeysetPredicate(pk, ">=", rng.start))
     if rng.end is not None:
         out.append(KeysetPredicate(pk, "<", rng.end))
-    elif upper_bound is not None:
+    if upper_bound is not None:  # also under an end: a range given by a conf may reach past it
         out.append(KeysetPredicate(pk, "<=", tuple(upper_bound)))
     return out
 

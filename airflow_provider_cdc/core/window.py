@@ -15,8 +15,11 @@ grow (I1).
 
 One call handles one chunk or a whole round (disjoint key ranges, overlapping windows,
 windows in any order): each chunk is filtered by its own window in one pass over the log.
-The Spark merge job does the same thing with joins; both must agree with
-:func:`merge_window`, which is the reference.
+Steps 4 and 5 are written once, on Arrow tables: :func:`window_survivors` (step 4) and
+:func:`read_events` (step 5). Every engine calls them per chunk: the in-process engine
+(pipeline/arrow_engine.py), the Spark engine on its executors (pipeline/spark/merge_job.py,
+a cogroup of each chunk's rows with the log rows inside its window) and
+:func:`merge_window`, the event-object form the property tests drive.
 
 Retries: every chunk attempt writes a fresh pair of watermark ids, so the watermarks of
 a failed attempt ("orphans") are named by no chunk and simply ignored. The same id seen
@@ -33,8 +36,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from .errors import NotReadyError, WatermarkError
-from .events import ChangeEvent, LogEvent, Op, WatermarkEvent
+from .events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
 from .position import Position
 
 Rows = Mapping[str, dict] | Iterable[tuple[str, dict]]
@@ -70,6 +76,60 @@ class WindowChunk:
 class WatermarkHit(NamedTuple):
     position: Position
     ts_ms: int
+
+
+#: the op of a TRUNCATE in a log table (no key: every key of its table changed)
+TRUNCATE_OP = Op.TRUNCATE.value
+
+
+def window_survivors(rows: pa.Table, changes: pa.Table, *, table: str, low: str, high: str) -> pa.Table:
+    """DBLog step 4 for one chunk, on Arrow.
+
+    ``rows``: the chunk's rows (a ``key`` column; others are carried along).
+    ``changes``: log rows (``table``, ``op``, ``key``, ``position`` as encoded positions,
+    which sort as strings) covering at least the chunk's window; rows of other tables or
+    outside the window may be present and are ignored, watermark rows (``op = "w"``) too.
+    ``low`` / ``high``: the encoded positions of the chunk's low and high watermark.
+
+    Returns the rows whose key has no change strictly between ``low`` and ``high``; no row
+    at all when a TRUNCATE of ``table`` lies between them (every key changed).
+    """
+    pos = changes["position"]
+    inside = changes.filter(
+        pc.and_(pc.equal(changes["table"], table), pc.and_(pc.greater(pos, low), pc.less(pos, high)))
+    )
+    ops = inside["op"]
+    if inside.num_rows and pc.any(pc.equal(ops, TRUNCATE_OP)).as_py():
+        return rows.slice(0, 0)
+    keyed = inside.filter(pc.not_equal(ops, WATERMARK_OP)) if inside.num_rows else inside
+    if not keyed.num_rows:
+        return rows
+    conflicts = pc.unique(keyed["key"].combine_chunks())
+    return rows.filter(pc.invert(pc.is_in(rows["key"], value_set=conflicts)))
+
+
+def read_events(
+    survivors: pa.Table, schema: pa.Schema, *, table: str, high: str, high_ts_ms: int, watermark: str, batch: str
+) -> pa.Table:
+    """DBLog step 5 for one chunk, on Arrow: its surviving rows as ``op = "r"`` events at the
+    high watermark's position, in ``schema`` (the event schema of the sinks, sinks/base.py:
+    position, table, op, key, before, after, ts_ms, watermark, snapshot, batch)."""
+    n = survivors.num_rows
+    const = {
+        "position": pa.scalar(high, pa.string()), "table": pa.scalar(table, pa.string()),
+        "op": pa.scalar(Op.READ.value, pa.string()), "ts_ms": pa.scalar(int(high_ts_ms), pa.int64()),
+        "watermark": pa.scalar(watermark, pa.string()), "snapshot": pa.scalar(True, pa.bool_()),
+        "batch": pa.scalar(batch, pa.string()),
+    }
+    cols = []
+    for f in schema:
+        if f.name in const:
+            cols.append(pa.repeat(const[f.name].cast(f.type), n))
+        elif f.name == "before":
+            cols.append(pa.nulls(n, f.type))
+        else:
+            cols.append(survivors[f.name].cast(f.type))
+    return pa.table(cols, schema=schema)
 
 
 def locate_watermarks(log_events: Iterable[LogEvent], ids: Iterable[str]) -> dict[str, Position]:
@@ -161,43 +221,23 @@ def _step4(
     windows = [_window(c, found) for c in chunks]  # raises before anything is emitted
     if not chunks:
         return [], [], []
-    # the log side: per table of the round, key -> positions of its row events (a round has
-    # far fewer log events than chunk rows); positions are compared only for keys in a chunk
-    changes: dict[str, dict[str, list[Position]]] = {c.table: {} for c in chunks}
-    for ev in events:
-        if type(ev) is not ChangeEvent:
-            continue
-        by_key = changes.get(ev.table)
-        if by_key is None:
-            continue
-        hits = by_key.get(ev.key)
-        if hits is None:
-            by_key[ev.key] = [ev.position]
-        else:
-            hits.append(ev.position)
+    # the log side as Arrow, once: every engine's step 4 is window_survivors
+    change_events = [ev for ev in events if type(ev) is ChangeEvent]
+    changes = pa.table({
+        "position": pa.array([ev.position.encode() for ev in change_events], pa.string()),
+        "table": pa.array([ev.table for ev in change_events], pa.string()),
+        "op": pa.array([ev.op for ev in change_events], pa.string()),
+        "key": pa.array([ev.key for ev in change_events], pa.string()),
+    })
     rows_of: list[Mapping[str, dict]] = []
     gone_of: list[set[str]] = []
     for chunk, (lw, hw) in zip(chunks, windows, strict=True):
         rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
-        lw_i, hw_i = _ordinal(lw.position), _ordinal(hw.position)
-        if any(lw_i < _ordinal(p) < hw_i for p in changes[chunk.table].get(None, ())):
-            rows_of.append(rows)  # a TRUNCATE (key None) inside the window: every key changed
-            gone_of.append(set(rows))
-            continue
-        # a key changed strictly inside this chunk's window leaves the chunk
-        gone = {
-            key
-            for key, positions in changes[chunk.table].items()
-            if key in rows and any(lw_i < _ordinal(p) < hw_i for p in positions)
-        }
+        keys = pa.table({"key": pa.array(list(rows), pa.string())})
+        kept = window_survivors(keys, changes, table=chunk.table, low=lw.position.encode(), high=hw.position.encode())
         rows_of.append(rows)
-        gone_of.append(gone)
+        gone_of.append(set(rows) - set(kept["key"].to_pylist()) if kept.num_rows != len(rows) else set())
     return windows, rows_of, gone_of
-
-
-def _ordinal(p: Position) -> int:
-    """The position as one int (same order; compared in C, unlike the dataclass ``<``)."""
-    return (p.major << 96) | (p.minor << 32) | p.index
 
 
 @contextmanager

@@ -10,7 +10,6 @@ commit the offset.
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,12 +21,12 @@ import pyarrow as pa
 from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.events import LogEvent
+from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
-from ..core.ranges import ChunkRange, keyset_condition, keyset_params
+from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
-from ..core.staging import changelog_dir
-from ..staging_io import CHUNK_SCHEMA, chunk_writer, list_segments, string_array, write_segment
+from ..storage.staged import CHUNK_SCHEMA, chunk_writer, string_array
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +98,10 @@ class Dialect(ABC):
     #: row-value keyset comparison ``(a, b) > (?, ?)``; False -> expanded OR form
     row_value_keyset: ClassVar[bool] = True
     placeholder: ClassVar[str] = "%s"
+    #: session-level lock statements (one bound parameter: the lock name) for the capture
+    #: lock (pipeline/locks.py); released by the server when the session ends
+    lock_acquire_sql: ClassVar[str]
+    lock_release_sql: ClassVar[str]
 
     def __init__(
         self,
@@ -120,6 +123,12 @@ class Dialect(ABC):
         self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
         if self.segment_max_events < 0:
             raise ConfigurationError(f"segment_max_events must be >= 0 (0: no limit), got {seg!r}")
+
+    # --- connections ------------------------------------------------------------------
+    @abstractmethod
+    def open_session(self) -> Any:
+        """A new autocommit DB-API connection built from this dialect's connection settings
+        (TLS and every other extra kept), owned by the caller."""
 
     # --- identifiers ------------------------------------------------------------------
     @abstractmethod
@@ -208,25 +217,11 @@ class Dialect(ABC):
         snapshot endless (they reach the sinks through the changelog)."""
         pk = [self.quote_ident(k) for k in schema.primary_key]
         cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
-        conds: list[str] = []
-        params: list[Any] = []
-
-        def bind(key: Sequence) -> list[Any]:
-            vals = [self.to_db_value(schema, c, v) for c, v in zip(schema.primary_key, key, strict=True)]
-            return keyset_params(vals, row_values=self.row_value_keyset)
-
-        if after_key is not None:
-            conds.append(keyset_condition(pk, ">", row_values=self.row_value_keyset, placeholder=self.placeholder))
-            params += bind(after_key)
-        elif rng.start is not None:
-            conds.append(keyset_condition(pk, ">=", row_values=self.row_value_keyset, placeholder=self.placeholder))
-            params += bind(rng.start)
-        if rng.end is not None:
-            conds.append(keyset_condition(pk, "<", row_values=self.row_value_keyset, placeholder=self.placeholder))
-            params += bind(rng.end)
-        if upper_bound is not None:
-            conds.append(keyset_condition(pk, "<=", row_values=self.row_value_keyset, placeholder=self.placeholder))
-            params += bind(upper_bound)
+        preds = chunk_predicates(schema.primary_key, rng, after_key=after_key, upper_bound=upper_bound)
+        cond, params = render_predicates(preds, self.quote_ident, row_values=self.row_value_keyset,
+                                         placeholder=self.placeholder,
+                                         convert=lambda c, v: self.to_db_value(schema, c, v))
+        conds: list[str] = [cond] if cond else []
         if where:
             # parsed, allowlisted and rendered with bound literals (core/filters.py): never pasted
             w, wparams = self.render_filter(where, schema)
@@ -311,58 +306,6 @@ class Dialect(ABC):
     @abstractmethod
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """Tell the source it may discard the log before ``offset`` (slot confirm / stored state)."""
-
-    def capture(
-        self, data_dir: str, *, max_events: int | None = None, segment_max_events: int | None = None
-    ) -> CaptureResult:
-        """Drain the changelog to staging, streaming: a segment is written every
-        ``segment_max_events`` events (default: the dialect option, 20,000; 0 = one
-        segment per run), each ending at a transaction boundary and named by its position
-        range. I6: the offset is committed once, after every segment of the run is durably
-        written; a capture that dies before re-reads the whole run from the old offset,
-        rewriting the same segment names (the cuts depend only on the start offset and
-        the segment size), and any other segment inside the run's range is removed."""
-        from ..core.events import WatermarkEvent
-
-        t0 = time.monotonic()
-        directory = changelog_dir(data_dir, self.source)
-        seg_max = self.segment_max_events if segment_max_events is None else int(segment_max_events)
-        offset = self.load_offset(data_dir)
-        paths: list[str] = []
-        bounds: list[Position] = []  # first and last position of the run
-        counts = [0, 0]  # events, watermarks
-
-        def stage(events: list[LogEvent]) -> None:
-            paths.append(write_segment(events, directory, self.watermark_table.id))
-            if not bounds:
-                bounds.append(events[0].position)
-            bounds[1:] = [events[-1].position]
-            counts[0] += len(events)
-            counts[1] += sum(1 for e in events if isinstance(e, WatermarkEvent))
-
-        batch = self.read_log(
-            offset, max_events=max_events, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
-        )
-        if batch.events:
-            stage(batch.events)
-        if paths:
-            first, last = bounds[0], bounds[-1]
-            mine = set(paths)
-            for f_first, f_last, f_path in list_segments(directory):
-                # a segment left by a capture that crashed before committing: this run
-                # re-read the same events (and maybe more), so it supersedes the orphan
-                if f_path not in mine and f_first >= first and f_last <= last:
-                    storage.delete(f_path)
-        self.commit_offset(batch.end_offset, data_dir)
-        return CaptureResult(
-            counts[0],
-            counts[1],
-            paths[-1] if paths else None,
-            batch.start_offset,
-            batch.end_offset,
-            time.monotonic() - t0,
-            tuple(paths),
-        )
 
     # --- lifecycle --------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional for dialects holding connections

@@ -43,7 +43,7 @@ from ..core.position import Position, binlog_file_index
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key, split_table_list
 from ..core.sqlnames import quote_mysql
-from ..core.staging import changelog_dir
+from ..storage.layout import changelog_dir
 from .base import ConnectionParams, Dialect, LogBatch, SegmentSink
 
 log = logging.getLogger(__name__)
@@ -533,6 +533,10 @@ class BinlogOffset:
 
 
 class MySqlDialect(Dialect):
+    """A replication server id derived from the source name: stable across runs (one
+    capture per source at a time) and unlikely to collide with real replicas' small ids."""
+    lock_acquire_sql = "SELECT GET_LOCK(%s, 0)"
+    lock_release_sql = "SELECT RELEASE_LOCK(%s)"
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
@@ -599,6 +603,9 @@ class MySqlDialect(Dialect):
             # (non-stale chunk reads; with autocommit every statement gets a new read view)
             cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
         return conn
+
+    def open_session(self) -> pymysql.connections.Connection:
+        return self._connect()
 
     @property
     def conn(self) -> pymysql.connections.Connection:
@@ -1236,6 +1243,4 @@ def _text(v: Any) -> str:
 
 
 def default_server_id(source: str) -> int:
-    """A replication server id derived from the source name: stable across runs (one
-    capture per source at a time) and unlikely to collide with real replicas' small ids."""
     return 1_000_000 + zlib.crc32(f"airflow-provider-cdc:{source}".encode()) % 3_000_000_000

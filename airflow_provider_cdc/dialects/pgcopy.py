@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ..staging_io import string_array
+from ..storage.staged import string_array
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 

@@ -429,6 +429,8 @@ class PostgresDialect(Dialect):
     ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
     ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory)."""
+    lock_acquire_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
+    lock_release_sql = "SELECT pg_advisory_unlock(hashtext(%s))"
 
     name = "postgres"
     row_value_keyset = True
@@ -494,6 +496,11 @@ class PostgresDialect(Dialect):
                 f"cannot connect to PostgreSQL at {self.params.host}:{self.params.port}/{self.params.database}: "
                 f"{str(exc).strip()}"
             ) from exc
+
+    def open_session(self):
+        conn = self._new_connection()
+        conn.autocommit = True
+        return conn
 
     @property
     def conn(self):
@@ -770,7 +777,7 @@ class PostgresDialect(Dialect):
         import psycopg2
         import pyarrow as pa
 
-        from ..staging_io import CHUNK_SCHEMA, chunk_writer
+        from ..storage.staged import CHUNK_SCHEMA, chunk_writer
         from .pgcopy import ChunkAssembler, read_csv_batch
 
         sql, params = self.chunk_query(
@@ -988,8 +995,8 @@ class PostgresDialect(Dialect):
         self.ensure_publication()
         row = self._slot_row()
         if row is None:
-            from ..core.staging import changelog_dir
-            from ..staging_io import list_segments
+            from ..storage.layout import changelog_dir
+            from ..storage.staged import list_segments
 
             if list_segments(changelog_dir(data_dir, self.source)):
                 raise self._resnapshot_error(

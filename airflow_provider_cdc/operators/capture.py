@@ -9,54 +9,11 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from ..dialects.base import CaptureResult
 from ..hooks.cdc_source import CdcSourceHook
-from ..locks import capture_lock
-from ..schema_changes import follow_schema_changes
+from ..pipeline.capture import run_capture
 from ..settings import FromSettings
 
 log = logging.getLogger(__name__)
-
-
-def run_capture(
-    hook: CdcSourceHook,
-    data_dir: str,
-    *,
-    max_events: int | None = None,
-    segment_max_events: int | None = None,
-) -> CaptureResult | None:
-    """One capture under the source's capture lock; None when another capture holds it.
-
-    The dialect stages segments first (one every ``segment_max_events`` events, ending
-    at transaction boundaries; default: the connection's ``segment_max_events`` extra or
-    20,000) and commits the offset after the last one, so a capture killed anywhere
-    re-delivers its events on the next run and loses nothing (I6).
-    """
-    params = hook.connection_params()
-    with capture_lock(params, hook.source) as acquired:
-        if not acquired:
-            return None
-        with hook.get_dialect() as dialect:
-            result = dialect.capture(data_dir, max_events=max_events, segment_max_events=segment_max_events)
-            # after the events, so a column they carry is in the staged schema before apply runs
-            stopped = follow_schema_changes(dialect, data_dir, hook.source)
-    for tid, why in sorted(stopped.items()):
-        log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
-    rate = result.events / result.seconds if result.seconds > 0 else 0.0
-    log.info(
-        "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, "
-        "%d segment(s), last %s",
-        result.events,
-        result.watermarks,
-        hook.source,
-        result.seconds,
-        rate,
-        result.start_offset,
-        result.end_offset,
-        len(result.segments),
-        result.segment,
-    )
-    return result
 
 
 class ChangelogCaptureOperator(BaseOperator):

@@ -30,25 +30,38 @@ from airflow.sdk import BaseOperator
 from .. import progress_store, storage
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
-from ..core.planning import SnapshotRequest, check_ranges_ranked
-from ..core.planning import plan_ranges as core_plan_ranges
+from ..core.planning import SnapshotRequest
 from ..core.progress import SnapshotProgress
-from ..core.ranges import FULL_RANGE, ChunkRange
+from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
-from ..core.staging import plan_path, schema_path, snapshot_dir
 from ..core.throttle import Throttle
-from ..dialects.base import Dialect
 from ..hooks.cdc_source import CdcSourceHook
+from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
+    SEQ_STRIDE,
+    RangeState,
+    _check_advanced,
+    _mirror_needs_rebuild,
+    _partial,
+    _reconcile_mirror,
+    key_reached,
+    min_key,
+    new_snapshot_id,
+    plan_table_ranges,
+    range_state,
+    read_plan,
+    read_sidecars,
+    sidecar_path,
+    write_sidecar,
+)
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 from ..settings import FromSettings
+from ..storage.layout import plan_path, schema_path
 
 log = logging.getLogger(__name__)
 
 #: refresh (the default of scheduled runs): start tables that are done, stopped or new,
 #: continue running or failed ones, leave paused ones paused
 ACTIONS = ("start", "pause", "resume", "stop", "refresh")
-#: chunk seq = range index * SEQ_STRIDE + chunk number inside the range (unique per snapshot)
-SEQ_STRIDE = 1_000_000
 
 
 # --------------------------------------------------------------------------- conf
@@ -106,174 +119,6 @@ def parse_snapshot_conf(
         conf["ranges"] = kr
     request = SnapshotRequest.from_dict(conf)
     return SnapshotConf(action, request, given, None if delay is None else float(delay))
-
-
-# --------------------------------------------------------------------- sidecars
-def sidecar_path(chunk_parquet: str) -> str:
-    return chunk_parquet + ".json"
-
-
-def write_sidecar(result: ChunkResult, range_index: int, merged: bool = False) -> None:
-    """Commit a chunk: written after its high watermark, atomically (storage.atomic_output)."""
-    storage.write_text(sidecar_path(result.path),
-                       json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
-
-
-def read_sidecars(data_dir: str, source: str, table: TableName, snapshot_id: str) -> list[dict]:
-    """Committed chunks of a snapshot, ordered by seq: ``{"result", "range_index", "merged"}``."""
-    d = snapshot_dir(data_dir, source, table, snapshot_id)
-    out = [json.loads(storage.read_text(storage.join(d, n)))
-           for n in storage.list_names(d, suffix=".parquet.json") if n.startswith("chunk-")]
-    return sorted(out, key=lambda s: s["result"]["seq"])
-
-
-@dataclass
-class RangeState:
-    """Where one planned range stands, from its committed chunks."""
-
-    next_seq: int
-    after_key: tuple | None
-    exhausted: bool
-    unmerged: list[dict]
-    rows: int
-    chunks: int
-
-
-def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool:
-    """True once the keyset passed the snapshot's upper bound (the max key when it started),
-    so rows inserted above it later cannot make the snapshot endless. Equality works for
-    any type; ordering is only trusted for numbers (text order depends on the collation)."""
-    if last_key is None or upper_bound is None:
-        return False
-    lk, ub = tuple(last_key), tuple(upper_bound)
-    if lk == ub:
-        return True
-    if len(lk) == len(ub) and all(
-        isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float))
-        for a, b in zip(lk, ub, strict=False)
-    ):
-        return lk > ub
-    return False
-
-
-def range_state(sidecars: list[dict], range_index: int, upper_bound: Sequence | None) -> RangeState:
-    mine = [s for s in sidecars if s["range_index"] == range_index]
-    after_key: tuple | None = None
-    exhausted = False
-    for s in mine:
-        r = s["result"]
-        if r["last_key"] is not None:
-            after_key = tuple(r["last_key"])
-        elif r["after_key"] is not None:
-            after_key = tuple(r["after_key"])
-        exhausted = exhausted or r["exhausted"] or key_reached(r["last_key"], upper_bound)
-    next_seq = (mine[-1]["result"]["seq"] + 1) if mine else range_index * SEQ_STRIDE
-    return RangeState(
-        next_seq=next_seq,
-        after_key=after_key,
-        exhausted=exhausted,
-        unmerged=[s["result"] for s in mine if not s["merged"]],
-        rows=sum(s["result"]["rows"] for s in mine),
-        chunks=len(mine),
-    )
-
-
-# ------------------------------------------------------------------- planning
-def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRequest) -> list[ChunkRange]:
-    """The requested key space (chosen ranges/keys, or the whole table), split for
-    ``parallelism`` chunk tasks at keys the database sampled (core.planning), so skewed,
-    text and composite keys split as well as integers."""
-    request.check_schema(schema)
-    where = request.where_for(schema.table)
-    if where:  # its columns must be the table's, in the source's dialect (core/filters.py)
-        dialect.render_filter(where, schema)
-    requested = request.requested_ranges(schema.table)
-    if schema.table.id in request.ranges:  # ordered and disjoint in the database's own order
-        bounds = list(dict.fromkeys(tuple(b) for r in requested for b in (r.start, r.end) if b is not None))
-        rank_of = dict(zip(bounds, dialect.key_ranks(schema, bounds), strict=True))
-        check_ranges_ranked(schema.table.id, requested, lambda b: rank_of[tuple(b)])
-    if request.parallelism <= 1 or requested != (FULL_RANGE,):
-        return list(requested)
-    sample = dialect.sample_keys(schema, request.parallelism * 16)
-    if sample:
-        return core_plan_ranges(request.parallelism, sample=sample)
-    # no sample (e.g. the table is tiny or its statistics are empty): an even split of a
-    # single integer key between its smallest and largest value, else one range
-    if len(schema.primary_key) == 1 and schema.column(schema.primary_key[0]).type in (
-        "int16",
-        "int32",
-        "int64",
-        "uint64",
-    ):
-        lo, hi = min_key(dialect, schema), dialect.max_key(schema)
-        if lo is not None and hi is not None:
-            return core_plan_ranges(request.parallelism, min_max=(lo, hi))
-    log.info("table %s: no key sample to split on; reading it as one range", schema.table)
-    return [FULL_RANGE]
-
-
-def min_key(dialect: Dialect, schema: TableSchema) -> tuple | None:
-    """The smallest primary key, through the dialect's own keyset SELECT (LIMIT 1)."""
-    sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None, limit=1, columns=schema.primary_key)
-    for batch in dialect.stream_query(sql, params):
-        for raw in batch:
-            pk_schema = TableSchema(
-                schema.table, tuple(schema.column(k) for k in schema.primary_key), schema.primary_key
-            )
-            row = dialect.row_to_canonical(pk_schema, raw)
-            return tuple(row[k] for k in schema.primary_key)
-    return None
-
-
-def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> dict:
-    p = plan_path(data_dir, source, table, snapshot_id)
-    if not storage.exists(p):
-        raise StateError(
-            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
-            "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
-        )
-    return json.loads(storage.read_text(p))
-
-
-def new_snapshot_id() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
-
-
-def _mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
-    from ..core.staging import mirror_dir
-    from ..sinks.mirror_delta import needs_rebuild
-
-    return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
-
-
-def _reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
-    from ..core.staging import mirror_dir
-    from ..sinks.mirror_delta import reconcile_schema
-
-    return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
-
-
-def _check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
-    """Every chunk ends at a key strictly after the previous chunk's last key (keyset reads
-    under the snapshot's fixed upper bound): so a range ends, whatever the filter or the data.
-    A chunk that did not advance is a bug, stopped here rather than read forever."""
-    after, last = tuple(after), tuple(last)
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in after + last):
-        advanced = last > after
-    else:
-        advanced = last != after and (lambda r: r[1] > r[0])(dialect.key_ranks(schema, [after, last]))
-    if not advanced:
-        raise StateError(
-            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; the range "
-            "would never end. Stop this snapshot and report this (the chunk query or its filter is wrong)"
-        )
-
-
-def _partial(request: SnapshotRequest, table: TableName) -> bool:
-    """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
-    return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)
-
-
 
 
 def _iso_utc(value: Any) -> str | None:
@@ -725,7 +570,7 @@ class SnapshotChunkOperator(_SourceOperator):
         return None
 
     def execute(self, context: Any) -> list[dict]:
-        from ..snapshot import snapshot_chunk
+        from ..pipeline.snapshot import snapshot_chunk
 
         w = self.work
         source = self.hook.source
@@ -751,7 +596,7 @@ class SnapshotChunkOperator(_SourceOperator):
         if st.chunks:
             log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
         with self.hook.get_dialect() as dialect:
-            from ..schema_changes import chunk_schema
+            from ..pipeline.schema_changes import chunk_schema
 
             staged = schema
             while True:
@@ -828,11 +673,10 @@ class SnapshotCommitOperator(_SourceOperator):
         up to what the mirror has applied go. Safe against any writer still in flight (the
         horizon fence in sinks/mirror_delta.py), idempotent and retried on commit conflicts;
         a snapshot started after this reads its chunks later than those deletes."""
-        from ..core.staging import changelog_dir, mirror_dir
         from ..sinks.base import read_marker
         from ..sinks.mirror_delta import compact, sweep
-        from ..spark.common import find_watermarks
-        from ..staging_io import list_segments
+        from ..storage.layout import changelog_dir, mirror_dir
+        from ..storage.staged import find_watermarks, list_segments
 
         table = TableName.parse(tid)
         if sid is not None:  # (a no-op without a Delta mirror)
@@ -853,7 +697,7 @@ class SnapshotCommitOperator(_SourceOperator):
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from ..sensors.high_watermark import flatten_chunk_results
+        from ..core.chunk import flatten_chunk_results
 
         source = self.hook.source
         touched: dict[tuple[str, str], int] = {}

@@ -5,7 +5,7 @@ CPU seconds on a 2-core machine) that dwarfs a small round: a snapshot of a 1,00
 table or a changelog batch of a few hundred changes. These operators count their input
 first (the round's chunk rows from its round file; the staged changelog rows past the
 sinks' markers from Parquet footers) and, when it is at most ``local_max_rows``, run the
-same job in the worker with pyarrow (airflow_provider_cdc/local_jobs.py: same window rule,
+same job in the worker with pyarrow (airflow_provider_cdc/pipeline/arrow_engine.py: same window rule,
 same sinks, same output files); above it they submit the Spark job as any
 SparkSubmitOperator would. ``local_max_rows=0`` always submits; the DAGs read it from
 ``CDC_LOCAL_MAX_ROWS``.
@@ -23,8 +23,8 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError, SchemaChangeError
+from ..pipeline.spark.common import application_path
 from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
-from ..spark.common import application_path
 
 
 def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
@@ -68,7 +68,7 @@ class _CdcJobOperator(SparkSubmitOperator):
     def _get_hook(self):
         """Spark's hook, with its spark-submit bound to this task's process: killed with the
         task (kill -9 included), never left writing beside the retry (spark/common.py)."""
-        from ..spark.common import die_with_parent
+        from ..pipeline.spark.common import die_with_parent
 
         hook = super()._get_hook()
         submit, parent = hook.submit, os.getpid()
@@ -129,7 +129,7 @@ class _CdcJobOperator(SparkSubmitOperator):
         return super().execute(context)
 
     def _sinks(self, *, require_schema: bool, fence_tables=None):
-        from ..spark.common import build_sinks
+        from ..pipeline.spark.common import build_sinks
 
         return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.database,
                            pg_uri=None, pg_schema=None, require_schema=require_schema, fence_tables=fence_tables)
@@ -195,7 +195,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
             raise
 
     def _chunks(self):
-        from ..spark.merge_job import load_chunks
+        from ..pipeline.windows import load_chunks
 
         return load_chunks(str(self.round_file))
 
@@ -203,7 +203,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
         return sum(c.rows for c in self._chunks())
 
     def run_local(self) -> dict:
-        from ..local_jobs import merge_round
+        from ..pipeline.arrow_engine import merge_round
 
         chunks = self._chunks()
         sinks = self._sinks(require_schema=True, fence_tables=[(c.table, c.snapshot_id) for c in chunks])
@@ -236,12 +236,12 @@ class ChangelogApplyOperator(_CdcJobOperator):
         return summary
 
     def input_rows(self) -> int:
-        from ..local_jobs import pending_rows
+        from ..pipeline.arrow_engine import pending_rows
 
         return pending_rows(self.data_dir, self.source, [s.strip() for s in self.sinks.split(",") if s.strip()])
 
     def run_local(self) -> dict:
-        from ..local_jobs import apply_changelog
+        from ..pipeline.arrow_engine import apply_changelog
 
         sinks = self._sinks(require_schema=False)
         try:

@@ -10,44 +10,20 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
+from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this module's API for DAGs
 from ..core.errors import NotReadyError
 from ..hooks.cdc_source import CdcSourceHook
 from ..settings import DEFAULT_POKE_INTERVAL, FromSettings
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
-
-
-def flatten_chunk_results(value: Any) -> list[dict]:
-    """ChunkResult dicts from an XCom value: one dict, a list of them, or the lazy
-    sequence of lists that a mapped chunk task returns (None entries are skipped)."""
-    out: list[dict] = []
-
-    def walk(v: Any) -> None:
-        if v is None:
-            return
-        if isinstance(v, dict):
-            out.append(v)
-        elif isinstance(v, (str, bytes)):
-            raise TypeError(f"expected ChunkResult dicts, got a string: {v[:80]!r}")
-        elif hasattr(v, "__len__") and hasattr(v, "__getitem__"):
-            for i in range(len(v)):  # by index: a lazy XCom sequence is not probed past its end
-                walk(v[i])
-        elif isinstance(v, Iterable):
-            for item in v:
-                walk(item)
-        else:
-            raise TypeError(f"expected ChunkResult dicts, got {type(v).__name__}")
-
-    walk(value)
-    return out
 
 
 
@@ -127,7 +103,7 @@ class HighWatermarkSensor(BaseSensorOperator):
         ids = self._watermark_ids()
         missing = missing_watermarks(self.data_dir, self.hook.source, ids)
         if missing and self.drain:
-            from ..operators.capture import run_capture
+            from ..pipeline.capture import run_capture
 
             if run_capture(self.hook, self.data_dir) is None:
                 log.info("the changelog of %r is being captured elsewhere; waiting for it", self.hook.source)

@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import pyarrow as pa
 
@@ -24,8 +25,8 @@ from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
-from ..core.staging import schema_path
-from ..staging_io import CHANGELOG_SCHEMA
+from ..storage.layout import schema_path
+from ..storage.staged import CHANGELOG_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class Sink(ABC):
 
 
 class SchemaCache:
-    """Table schemas staged by the snapshot planner (core/staging.py schema_path)."""
+    """Table schemas staged by the snapshot planner (storage/layout.py schema_path)."""
 
     def __init__(self, data_dir: str, source: str) -> None:
         self.data_dir, self.source = data_dir, source
@@ -87,3 +88,9 @@ def write_marker(data_dir: str, source: str, sink_name: str, position: Position)
     """Written only after the sink committed: a crash before it replays the batch (idempotent)."""
     storage.write_text(marker_path(data_dir, source, sink_name),
                        json.dumps({"position": position.encode(), "readable": str(position), "written_at": time.time()}))
+
+
+def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")) -> bool:
+    """Whether every one of ``sinks`` has applied the staged changelog up to ``position``."""
+    marks = [read_marker(data_dir, source, s) for s in sinks]
+    return all(m is not None and m >= position for m in marks)

@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 
 from .. import storage
 from ..core.schema import TableName
-from ..core.staging import events_dir
-from ..staging_io import atomic_write_table
+from ..storage.layout import events_dir
+from ..storage.staged import atomic_write_table
 from .base import Sink
 
 log = logging.getLogger(__name__)

@@ -60,7 +60,7 @@ from .. import storage
 from ..core.errors import ConfigurationError, FencedError
 from ..core.schema import TableName, TableSchema, decode_key, decode_row
 from ..core.sqlnames import quote_delta
-from ..core.staging import mirror_dir, mirrors_dir, schemas_dir
+from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
 from .arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,

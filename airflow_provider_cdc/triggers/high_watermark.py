@@ -13,36 +13,18 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from ..core.events import WATERMARK_OP
-from ..core.staging import changelog_dir
-
-
-def staged_watermark_ids(data_dir: str, source: str) -> set[str]:
-    """Ids of every watermark write in the staged changelog of ``source``.
-
-    Reads only the ``op`` and ``watermark`` columns, with the ``op == 'w'`` filter pushed
-    into the Parquet reader, so a poke stays cheap next to the full segments.
-    """
-    import pyarrow.parquet as pq
-
-    from ..staging_io import list_segments
-
-    ids: set[str] = set()
-    for _first, _last, path in list_segments(changelog_dir(data_dir, source)):
-        try:
-            tbl = pq.read_table(path, columns=["watermark"], filters=[("op", "=", WATERMARK_OP)])
-        except FileNotFoundError:
-            continue  # an orphan segment removed by a concurrent capture
-        ids.update(v for v in tbl.column("watermark").to_pylist() if v is not None)
-    return ids
+from ..storage.layout import changelog_dir
+from ..storage.staged import staged_watermarks
 
 
 def missing_watermarks(data_dir: str, source: str, watermark_ids: Iterable[str]) -> list[str]:
-    wanted = [w for w in watermark_ids if w]
+    """The ids of ``watermark_ids`` not in the staged changelog of ``source`` yet (the
+    watermark rows only, ``op = 'w'`` pushed into the Parquet reader: a poke stays cheap)."""
+    wanted = sorted({w for w in watermark_ids if w})
     if not wanted:
         return []
-    staged = staged_watermark_ids(data_dir, source)
-    return sorted(w for w in wanted if w not in staged)
+    found = staged_watermarks(changelog_dir(data_dir, source), wanted)
+    return [w for w in wanted if w not in found]
 
 
 class HighWatermarkTrigger(BaseTrigger):

@@ -237,7 +237,7 @@ def _wait_http(url: str, timeout: float, dep: Deployment) -> None:
 
 @pytest.fixture(scope="session")
 def deployment(pg_uri):
-    from airflow_provider_cdc.workload import TableName, create_demo_table
+    from tools.workload import TableName, create_demo_table
 
     suffix = uuid.uuid4().hex[:8]
     home = ROOT / ".cdc-local" / f"deploy-{suffix}"

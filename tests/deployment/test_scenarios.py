@@ -27,7 +27,7 @@ SPARK_CONF = {"chunk_size": 5000, "parallelism": 2}
 
 @contextmanager
 def writing(dep, name: str, rate: float = 40):
-    from airflow_provider_cdc.workload import BackgroundWriter, TableName
+    from tools.workload import BackgroundWriter, TableName
 
     w = BackgroundWriter(dep.pg_uri, TableName("public", dep.tables[name]), threads=2, rate=rate).start()
     try:
@@ -43,8 +43,9 @@ def table_id(dep, name: str) -> str:
 def catch_up_and_verify(dep, name: str, writer) -> None:
     """Stop the writer, write a watermark, run cdc_changelog until it is staged and applied
     (demo.catch_up through the deployment), then verify the table with --events."""
-    from airflow_provider_cdc.demo import applied_everywhere, staged_watermark_position
     from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
+    from airflow_provider_cdc.sinks.base import applied_everywhere
+    from airflow_provider_cdc.storage.staged import staged_watermark_position
 
     stats = writer.stop()
     assert stats.committed > 0, f"the writer committed nothing: {stats.summary()}"
@@ -351,7 +352,7 @@ def test_sensor_waits_while_capture_lock_is_held(deployment):
     or deferred, whichever mode the DAG uses) and succeed once the lock is free, not fail the run."""
     import psycopg2
 
-    from airflow_provider_cdc.locks import lock_name
+    from airflow_provider_cdc.pipeline.locks import lock_name
 
     dep, name = deployment, "sensor"
     holder = psycopg2.connect(dep.pg_uri)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cdc import workload as w
+from tools import workload as w
 
 from .test_snapshot_invariants import ROWS, Pipeline
 

@@ -16,12 +16,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cdc import workload as w
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import encode_key, encode_row
-from airflow_provider_cdc.core.staging import schema_path
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.storage.layout import schema_path
+from tools import workload as w
 
 CLI = Path(sys.executable).with_name("airflow-cdc")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cdc import progress_store
-from airflow_provider_cdc import snapshot as snapshot_mod
-from airflow_provider_cdc import workload as w
+from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from tools import workload as w
 
 from .test_snapshot_invariants import SNAPSHOT_CONF, Pipeline
 from .test_truncate import qt

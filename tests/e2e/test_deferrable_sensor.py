@@ -36,11 +36,12 @@ import pytest
 import airflow_provider_cdc.dialects.postgres
 import airflow_provider_cdc.operators.capture  # noqa: F401 - see above
 from airflow_provider_cdc import progress_store
-from airflow_provider_cdc.core.staging import changelog_dir
 from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
-from airflow_provider_cdc.locks import capture_lock
-from airflow_provider_cdc.staging_io import list_segments
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.locks import capture_lock
+from airflow_provider_cdc.storage.layout import changelog_dir
+from airflow_provider_cdc.storage.staged import list_segments
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
 from tests.e2e.test_dags_postgres import load_dag, mirror_rows, pg_source, source_rows  # noqa: F401 - fixture
 
@@ -124,7 +125,7 @@ class CaptureLockHolder(threading.Thread):
                 if self.deferral is None or not self.capture:
                     return  # releases the lock: the sensor's next poke may drain
                 with self.dialect as dialect:  # what run_capture does under the lock
-                    self.captured = dialect.capture(self.data_dir)
+                    self.captured = stage_changelog(dialect, self.data_dir)
                 self.finish.wait()
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test
             self.error = exc

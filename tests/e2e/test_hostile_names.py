@@ -20,9 +20,9 @@ import pytest
 
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.core.staging import mirror_dir
+from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
 from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror
-from airflow_provider_cdc.verify import check_event_log, verify_table
+from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .test_snapshot_invariants import Pipeline
 

@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 import pytest
 
 from airflow_provider_cdc import progress_store
-from airflow_provider_cdc import snapshot as snapshot_mod
-from airflow_provider_cdc import workload as w
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.core.staging import mirror_dir
+from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
+from airflow_provider_cdc.pipeline.verify import read_event_log, verify_table
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, schema_stopped
-from airflow_provider_cdc.verify import read_event_log, verify_table
+from airflow_provider_cdc.storage.layout import mirror_dir
+from tools import workload as w
 
 from .test_hostile_names import HostileSource, running
 from .test_snapshot_invariants import Pipeline

@@ -19,13 +19,15 @@ from datetime import timedelta
 from pathlib import Path
 
 from airflow_provider_cdc import progress_store
-from airflow_provider_cdc import snapshot as snapshot_mod
-from airflow_provider_cdc import workload as w
-from airflow_provider_cdc.demo import applied_everywhere, staged_watermark_position
 from airflow_provider_cdc.dialects import dialect_class
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
+from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
+from airflow_provider_cdc.sinks.base import applied_everywhere
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
-from airflow_provider_cdc.verify import check_event_log, verify_table
+from airflow_provider_cdc.storage.staged import staged_watermark_position
+from tools import workload as w
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 3000
@@ -84,7 +86,7 @@ class Pipeline:
     def capture_now(self) -> None:
         """A first capture outside the DAGs: the slot / binlog offset exists from here on."""
         with self.dialect() as d:
-            d.capture(self.data_dir)
+            stage_changelog(d, self.data_dir)
 
     def catch_up(self, max_runs: int = 4) -> None:
         """Write a watermark and run cdc_changelog until it is staged and applied to both sinks."""
@@ -259,9 +261,9 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
     Unfenced, those groups re-inserted the deleted rows and no later snapshot removed them."""
     from functools import partial
 
-    from airflow_provider_cdc import local_jobs
+    from airflow_provider_cdc.pipeline import arrow_engine as local_jobs
+    from airflow_provider_cdc.pipeline.spark import common
     from airflow_provider_cdc.sinks.mirror_delta import compact_inactive, fence_out_merges
-    from airflow_provider_cdc.spark import common
 
     p = pipeline
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", str(10 * ROWS))  # the merge runs in this process

@@ -16,11 +16,11 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from airflow_provider_cdc import workload as w
-from airflow_provider_cdc.core.staging import mirror_dir
+from airflow_provider_cdc.pipeline.verify import read_event_log
 from airflow_provider_cdc.sinks.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
-from airflow_provider_cdc.verify import read_event_log
+from airflow_provider_cdc.storage.layout import mirror_dir
+from tools import workload as w
 
 from .test_snapshot_invariants import Pipeline
 
@@ -99,7 +99,7 @@ def test_a_resnapshot_removes_rows_the_source_no_longer_has(pipeline):
     write_deltalake(mirror_dir(p.data_dir, p.source, p.table), ghosts, mode="append")
     assert read_mirror(p.data_dir, p.source, p.table).num_rows == w.count_rows(p.uri, p.table) + 3
 
-    from airflow_provider_cdc.verify import verify_table
+    from airflow_provider_cdc.pipeline.verify import verify_table
 
     with p.dialect() as d:
         assert not verify_table(d, p.data_dir, p.source, p.table).ok  # the drift is visible

@@ -48,11 +48,12 @@ from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
 from airflow_provider_cdc.core.schema import TableName, decode_key, decode_row, encode_key
-from airflow_provider_cdc.core.staging import changelog_dir
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects.base import Dialect
-from airflow_provider_cdc.snapshot import GapHooks, snapshot_chunk
-from airflow_provider_cdc.staging_io import list_segments, read_log_events
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.snapshot import GapHooks, snapshot_chunk
+from airflow_provider_cdc.storage.layout import changelog_dir
+from airflow_provider_cdc.storage.staged import list_segments, read_log_events
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ class Ctx:
 
     def capture_all(self, d: Dialect) -> list:
         """Drain until the log is empty; return every staged event in position order."""
-        d.capture(self.data_dir)
+        stage_changelog(d, self.data_dir)
         return list(read_log_events(changelog_dir(self.data_dir, self.source)))
 
     def source_rows(self, d: Dialect, table: TableName) -> dict[str, dict]:
@@ -352,7 +353,7 @@ class DialectSuite(ABC):
                 results.append(res)
                 seq += 1
                 if seq % 3 == 0:
-                    d.capture(ctx.data_dir)  # capture runs alongside, as in production
+                    stage_changelog(d, ctx.data_dir)  # capture runs alongside, as in production
                 if res.exhausted:
                     break
                 after = res.last_key
@@ -392,7 +393,7 @@ class DialectSuite(ABC):
 
         monkeypatch.setattr(d, "commit_offset", crash)
         with pytest.raises(RuntimeError, match="injected crash"):
-            d.capture(ctx.data_dir)
+            stage_changelog(d, ctx.data_dir)
         directory = changelog_dir(ctx.data_dir, ctx.source)
         orphan = list_segments(directory)
         assert len(orphan) == 1
@@ -403,7 +404,7 @@ class DialectSuite(ABC):
         assert d2.load_offset(ctx.data_dir) == start, "the offset must not move before the commit"
         for i in range(6, 8):
             ctx.execute(ins, (i, f"v{i}", i))
-        res = d2.capture(ctx.data_dir)
+        res = stage_changelog(d2, ctx.data_dir)
         segs = list_segments(directory)
         assert len(segs) == 1 and segs[0][2] == res.segment, "the new segment supersedes the orphan"
         events = list(read_log_events(directory))
@@ -414,11 +415,11 @@ class DialectSuite(ABC):
         assert d2.load_offset(ctx.data_dir) == res.end_offset != start
 
         # confirmed: nothing comes again
-        again = d2.capture(ctx.data_dir)
+        again = stage_changelog(d2, ctx.data_dir)
         assert not [e for e in list(read_log_events(directory)) if e not in events]
         assert again.start_offset == res.end_offset
         ctx.execute(ins, (8, "v8", 8))
-        d2.capture(ctx.data_dir)
+        stage_changelog(d2, ctx.data_dir)
         mine = table_events(list(read_log_events(directory)), t)
         assert [decode_key(e.key)[0] for e in mine] == list(range(1, 9))
 
@@ -461,7 +462,7 @@ class DialectSuite(ABC):
         # several segments of >= 4 events, then a crash before the offset commit
         monkeypatch.setattr(d, "commit_offset", crash)
         with pytest.raises(RuntimeError, match="injected crash"):
-            d.capture(ctx.data_dir, segment_max_events=4)
+            stage_changelog(d, ctx.data_dir, segment_max_events=4)
         directory = changelog_dir(ctx.data_dir, ctx.source)
         segs = list_segments(directory)
         assert len(segs) >= 4, segs
@@ -482,7 +483,7 @@ class DialectSuite(ABC):
         # the same changes captured again from the same (uncommitted) offset as one segment
         d2 = ctx.dialect([t])
         assert d2.load_offset(ctx.data_dir) == start
-        res = d2.capture(ctx.data_dir, segment_max_events=0)
+        res = stage_changelog(d2, ctx.data_dir, segment_max_events=0)
         assert res.segments == (res.segment,)
         assert [p for _f, _l, p in list_segments(directory)] == [res.segment], "it supersedes the segments"
         single = list(read_log_events(directory))
@@ -511,7 +512,7 @@ class DialectSuite(ABC):
 
         monkeypatch.setattr(base_module, "write_segment", crash_after_two)
         with pytest.raises(RuntimeError, match="injected crash"):
-            d.capture(ctx.data_dir, segment_max_events=3)
+            stage_changelog(d, ctx.data_dir, segment_max_events=3)
         monkeypatch.setattr(base_module, "write_segment", real_write)
         assert [p for _f, _l, p in list_segments(directory)] == written and len(written) == 2
         d.close()  # the process died
@@ -519,7 +520,7 @@ class DialectSuite(ABC):
         d2 = ctx.dialect([t])
         assert d2.load_offset(ctx.data_dir) == start, "the offset must not move before the commit"
         txs += self._transactions(ctx, t, [3, 2], first_id=100)  # more changes meanwhile
-        res = d2.capture(ctx.data_dir, segment_max_events=3)
+        res = stage_changelog(d2, ctx.data_dir, segment_max_events=3)
         assert res.segments[:2] == tuple(written), "the retry rewrites the same segment names"
         assert [p for _f, _l, p in list_segments(directory)] == list(res.segments)
         events = list(read_log_events(directory))
@@ -530,7 +531,7 @@ class DialectSuite(ABC):
         raw = [i for _f, _l, p in list_segments(directory) for i in self._segment_ids(p)]
         assert sorted(raw) == sorted(i for ids in txs for i in ids), "no duplicate even before de-duplication"
         assert d2.load_offset(ctx.data_dir) == res.end_offset
-        again = d2.capture(ctx.data_dir, segment_max_events=3)
+        again = stage_changelog(d2, ctx.data_dir, segment_max_events=3)
         assert table_events(list(read_log_events(directory)), t) == mine and again.start_offset == res.end_offset
 
     # --- type parity ------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_cdc.dialects.base import ConnectionParams
-from airflow_provider_cdc.locks import capture_lock, lock_name
+from airflow_provider_cdc.pipeline.locks import capture_lock, lock_name
 
 
 @pytest.fixture(params=["postgres", "mysql"])

@@ -33,7 +33,8 @@ from airflow_provider_cdc.dialects.mysql import (
     flavour_for,
     prerequisite_problems,
 )
-from airflow_provider_cdc.staging_io import read_log_events
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.storage.staged import read_log_events
 
 DB = "cdc_test"
 GOOD = {"log_bin": "ON", "binlog_format": "ROW", "binlog_row_image": "FULL", "binlog_row_metadata": "FULL"}
@@ -407,7 +408,7 @@ def test_type_parity_chunk_select_vs_binlog(make_dialect, admin, unique_name, tm
         data = str(tmp_path)
         d.load_offset(data)
         _insert_parity_rows(admin, t, PARITY_ROWS)
-        res = d.capture(data)
+        res = stage_changelog(d, data)
         assert res.events == len(PARITY_ROWS)
         logged = {e.key: e.after for e in read_log_events(str(Path(res.segment).parent))}
 
@@ -461,7 +462,7 @@ def test_timestamp_is_utc_whatever_the_writer_session_zone(make_dialect, mysql_u
             cur.execute(
                 f"INSERT INTO `{DB}`.`{t}` VALUES (1, '2024-03-10 05:30:00.250', '2024-03-10 05:30:00')"
             )
-            res = d.capture(str(tmp_path))
+            res = stage_changelog(d, str(tmp_path))
             (ev,) = list(read_log_events(str(Path(res.segment).parent)))
             schema = d.describe_table(TableName(DB, t))
             (batch,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=None, limit=10)))
@@ -493,7 +494,7 @@ def test_zero_and_partial_dates_keep_their_text_both_ways(make_dialect, mysql_ur
                 "('2020-05-00 00:00:00.5', 3, '2020-05-00', NULL, NULL), "
                 "('2024-01-01 00:00:00', 4, '2024-01-01', '2024-01-01 00:00:00', '1970-01-01 00:00:01')"
             )
-            res = d.capture(str(tmp_path))
+            res = stage_changelog(d, str(tmp_path))
             logged = {e.after["id"]: e.after for e in read_log_events(str(Path(res.segment).parent))}
             keys = {e.after["id"]: e.key for e in read_log_events(str(Path(res.segment).parent))}
             schema = d.describe_table(TableName(DB, t))
@@ -537,10 +538,10 @@ def test_capture_transactions_positions_watermarks_and_resume(make_dialect, admi
         batch = d.read_log(d.load_offset(data), max_events=2)
         assert len(batch.events) == 5 and BinlogOffset.from_json(batch.end_offset) > first
         assert re.fullmatch(r"\d+-\d+-\d+", json.loads(batch.end_offset)["gtid"])  # MariaDB GTID
-        res1 = d.capture(data, max_events=2)
-        res2 = d.capture(data)
+        res1 = stage_changelog(d, data, max_events=2)
+        res2 = stage_changelog(d, data)
         assert res2.start_offset == res1.end_offset
-        assert d.capture(data).events == 0  # caught up: nothing, offset unchanged
+        assert stage_changelog(d, data).events == 0  # caught up: nothing, offset unchanged
 
         events = list(read_log_events(str(tmp_path / "staging" / d.source / "changelog")))
         kinds = [
@@ -584,9 +585,9 @@ def test_a_savepoint_is_not_a_transaction_boundary(make_dialect, admin, unique_n
         admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (3)")
         admin.execute("COMMIT")
         admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (4)")
-        first = d.capture(data, max_events=1)
+        first = stage_changelog(d, data, max_events=1)
         assert first.events == 2  # the whole first transaction: rows 1 and 3
-        second = d.capture(data)
+        second = stage_changelog(d, data)
         assert second.events == 1 and second.start_offset == first.end_offset
         keys = [decode_key(e.key)[0] for e in read_log_events(str(Path(first.segment).parent))]
         assert keys == [1, 3, 4]
@@ -604,7 +605,7 @@ def test_capture_follows_a_binlog_rotation(make_dialect, admin, unique_name, tmp
         admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1)")
         admin.execute("FLUSH BINARY LOGS")
         admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (2)")
-        res = d.capture(data)
+        res = stage_changelog(d, data)
         events = list(read_log_events(str(Path(res.segment).parent)))
         assert [decode_key(e.key)[0] for e in events] == [1, 2]
         assert events[1].position.major > events[0].position.major == start.index
@@ -618,16 +619,16 @@ def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
     data = str(tmp_path)
     d.commit_offset(BinlogOffset.of("binlog.000000", 4).to_json(), data)
     with pytest.raises(SourceError, match="(?i)re-snapshot"):
-        d.capture(data)
+        stage_changelog(d, data)
     # without the SHOW BINARY LOGS pre-check the server itself refuses (error 1236)
     d._check_not_purged = lambda start: None
     with pytest.raises(SourceError, match="(?i)re-snapshot") as err:
-        d.capture(data)
+        stage_changelog(d, data)
     assert "binlog.000000" in str(err.value)
     end = d.binlog_end()
     d.commit_offset(BinlogOffset.of(end.file, end.pos + 10**9).to_json(), data)
     with pytest.raises(StateError, match="past the end"):
-        d.capture(data)
+        stage_changelog(d, data)
 
 
 def test_hostile_identifiers_round_trip(mysql_uri, admin, unique_name, tmp_path):
@@ -654,7 +655,7 @@ def test_hostile_identifiers_round_trip(mysql_uri, admin, unique_name, tmp_path)
             d.write_watermark("hw'`;--")
             schema = d.describe_table(TableName(db, t))
             assert schema.primary_key == ("k`ey",)
-            res = d.capture(data)
+            res = stage_changelog(d, data)
             events = list(read_log_events(str(Path(res.segment).parent)))
             assert [e.id for e in events if isinstance(e, WatermarkEvent)] == ["hw'`;--"]
             assert sorted(e.after["k`ey"] for e in events if isinstance(e, ChangeEvent)) == ["a'); --", "b`"]
@@ -832,7 +833,7 @@ def test_truncate_is_staged_as_an_event_for_captured_tables_only(make_dialect, a
         admin.execute(f"TRUNCATE TABLE `{DB}`.{qt}")
         admin.execute(f"TRUNCATE `{DB}`.`{other}`")
         admin.execute(f"INSERT INTO `{DB}`.{qt} VALUES (3)")
-        d.capture(data)
+        stage_changelog(d, data)
         events = [e for e in read_log_events(str(tmp_path / "staging" / d.source / "changelog"))
                   if isinstance(e, ChangeEvent)]
         assert [(e.table, e.op, e.key) for e in events] == [
@@ -842,7 +843,7 @@ def test_truncate_is_staged_as_an_event_for_captured_tables_only(make_dialect, a
         d.on_truncate = "fail"
         admin.execute(f"TRUNCATE `{DB}`.{qt}")
         with pytest.raises(SourceError, match="TRUNCATE of .* on_truncate='fail'"):
-            d.capture(data)
+            stage_changelog(d, data)
     finally:
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.{qt}")
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{other}`")

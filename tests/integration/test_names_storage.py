@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.core.staging import mirror_dir
 from airflow_provider_cdc.sinks.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror, upsert
+from airflow_provider_cdc.storage.layout import mirror_dir
 
 names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40)
 HOSTILE = [TableName("public", "Order Items"), TableName("public", "a'b %s; é"), TableName("s.p \"q\"", "x/y?#%20"),
@@ -36,7 +36,7 @@ def test_mirrors_of_hostile_tables_on_local_disk_list_back(tmp_path):
         upsert(mirror_dir(data_dir, "src", t), _rows(i + 1))
     # names too long for a folder are found through their staged schema (written by capture/plan)
     from airflow_provider_cdc.core.schema import Column, TableSchema
-    from airflow_provider_cdc.core.staging import schema_path
+    from airflow_provider_cdc.storage.layout import schema_path
 
     long = HOSTILE[-1]
     p = tmp_path / "data é" / schema_path("", "src", long).lstrip("/")

@@ -23,13 +23,14 @@ from hypothesis import strategies as st
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.sqlnames import quote_mysql, quote_pg
-from airflow_provider_cdc.core.staging import schema_path
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.local_jobs import apply_changelog, merge_round
+from airflow_provider_cdc.pipeline.arrow_engine import apply_changelog, merge_round
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
+from airflow_provider_cdc.pipeline.spark.common import build_sinks
+from airflow_provider_cdc.pipeline.verify import verify_table
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
-from airflow_provider_cdc.snapshot import snapshot_chunk
-from airflow_provider_cdc.spark.common import build_sinks
-from airflow_provider_cdc.verify import verify_table
+from airflow_provider_cdc.storage.layout import schema_path
 
 EXAMPLES = 40 if os.environ.get("CDC_HYPOTHESIS_PROFILE", "").endswith("thorough") else 6
 
@@ -236,7 +237,7 @@ def run_case(db: str, uri: str, case: dict, tmp: Path) -> None:
         for i, (at, op, pick) in ops:
             if at >= seq:
                 change(i, op, pick)
-        s.d.capture(s.data_dir)
+        stage_changelog(s.d, s.data_dir)
         sinks = build_sinks("events,mirror", data_dir=s.data_dir, source=s.source, database=None, pg_uri=None,
                             pg_schema=None, require_schema=True)
         steps = [lambda: merge_round(chunks, data_dir=s.data_dir, source=s.source, sinks=sinks),

@@ -11,6 +11,7 @@ from airflow_provider_cdc.core.schema import TableName, decode_key
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.dialects.postgres import PgSettings, PostgresDialect, prerequisite_problems
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 from .dialect_suite import DialectSuite, ParityCase, table_events
 
@@ -184,7 +185,7 @@ class TestPostgresDialect(DialectSuite):
         ctx.capture_all(d)
         ctx.execute(f"UPDATE {ctx.qt(t)} SET n = 1 WHERE id = 1")
         with pytest.raises(SourceError, match="REPLICA IDENTITY FULL"):
-            d.capture(ctx.data_dir)
+            stage_changelog(d, ctx.data_dir)
         d.drop_slot()  # the documented way out: new slot (and a re-snapshot)
         ctx.execute(f"ALTER TABLE {ctx.qt(t)} REPLICA IDENTITY FULL")
         d2 = ctx.dialect([t])
@@ -221,7 +222,7 @@ class TestPostgresDialect(DialectSuite):
         d.on_truncate = "fail"  # the dialect option's other modes
         ctx.execute(f"TRUNCATE {ctx.qt(t)}")
         with pytest.raises(SourceError, match="TRUNCATE.*re-snapshot|Re-snapshot"):
-            d.capture(ctx.data_dir)
+            stage_changelog(d, ctx.data_dir)
 
     def test_slot_lifecycle_lag_and_missing_slot(self, ctx):
         t = ctx.create_table("lc", [("id", "int")], ["id"])
@@ -231,7 +232,7 @@ class TestPostgresDialect(DialectSuite):
         ctx.execute(f"INSERT INTO {ctx.qt(t)} SELECT generate_series(1, 500)")
         lag = d.slot_lag()
         assert lag.slot_name == d.slot_name and lag.unconfirmed_bytes > 0 and lag.retained_wal_bytes > 0
-        res = d.capture(ctx.data_dir)
+        res = stage_changelog(d, ctx.data_dir)
         assert res.events == 500
         assert d.slot_lag().unconfirmed_bytes < lag.unconfirmed_bytes
         # the slot disappears after capture staged segments: changes are lost -> re-snapshot
@@ -308,7 +309,7 @@ class TestPostgresDialect(DialectSuite):
             return target[-1]
 
         monkeypatch.setattr(d, "_flush_lsn", ahead)
-        res = d.capture(ctx.data_dir)
+        res = stage_changelog(d, ctx.data_dir)
         assert res.events == 1
         from airflow_provider_cdc.core.position import lsn_to_int
 
@@ -424,7 +425,7 @@ class TestPostgresDialect(DialectSuite):
 
 def snapshot_chunk_and_capture(d, t, ctx):
     from airflow_provider_cdc.core.ranges import FULL_RANGE
-    from airflow_provider_cdc.snapshot import snapshot_chunk
+    from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 
     schema = d.describe_table(t)
     chunk = snapshot_chunk(
@@ -451,7 +452,7 @@ def test_hostile_publication_name(pg_uri, unique_name, tmp_path):
     try:
         d.load_offset(str(tmp_path))
         admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES (1)')
-        res = d.capture(str(tmp_path))
+        res = stage_changelog(d, str(tmp_path))
         assert res.events == 1
     finally:
         d.drop_slot()
@@ -490,10 +491,10 @@ def test_max_events_stops_at_a_commit_and_the_rest_follows(pg_uri, unique_name, 
         admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES (1), (2)')  # one transaction, two events
         for i in (3, 4):
             admin.cursor().execute(f'INSERT INTO "{t.name}" VALUES ({i})')
-        first = d.capture(str(tmp_path), max_events=1)
+        first = stage_changelog(d, str(tmp_path), max_events=1)
         assert first.events == 2  # never half a transaction
-        second = d.capture(str(tmp_path), max_events=1)
-        third = d.capture(str(tmp_path))
+        second = stage_changelog(d, str(tmp_path), max_events=1)
+        third = stage_changelog(d, str(tmp_path))
         assert (second.events, third.events) == (1, 1)
         assert first.end_offset == second.start_offset and second.end_offset == third.start_offset
     finally:

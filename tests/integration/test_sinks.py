@@ -23,7 +23,6 @@ from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
-from airflow_provider_cdc.core.staging import events_dir, schema_path
 from airflow_provider_cdc.core.window import mirror_apply, mirror_rows
 from airflow_provider_cdc.sinks.arrow_types import decode_column, mirror_schema, rows_to_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
@@ -36,6 +35,7 @@ from airflow_provider_cdc.sinks.mirror_delta import (
     read_mirror_raw,
 )
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+from airflow_provider_cdc.storage.layout import events_dir, schema_path
 
 SOURCE = "s"
 T = TableName("public", "typed")
@@ -248,8 +248,8 @@ def test_a_value_the_mirror_cannot_hold_stops_only_its_table_on_the_changelog_pa
     """numeric(p,s) NaN: the apply stops that table's mirror (naming table, column, key) and
     writes the others; a snapshot merge (fenced) fails instead; a whole-table re-snapshot
     (reconcile_schema) rebuilds the stopped mirror."""
-    from airflow_provider_cdc.core.staging import mirror_dir
     from airflow_provider_cdc.sinks.mirror_delta import MergeFence, reconcile_schema, schema_stopped
+    from airflow_provider_cdc.storage.layout import mirror_dir
 
     d = str(tmp_path)
     a, b = TableName("public", "a"), TableName("public", "b")

@@ -47,7 +47,7 @@ def test_kill_9_of_the_task_ends_its_spark_submit_and_driver(tmp_path):
     running = tmp_path / "running"
     app.write_text(textwrap.dedent(f"""
         import time
-        from airflow_provider_cdc.spark.common import die_with_parent
+        from airflow_provider_cdc.pipeline.spark.common import die_with_parent
         die_with_parent()  # as the merge and apply jobs do under spark-submit
         open({str(running)!r}, "w").write("driver up")
         time.sleep(600)

@@ -39,7 +39,7 @@ def test_on_kill_ends_the_spark_submit_and_waits_for_it(tmp_path):
     app = tmp_path / "sleeper.py"
     app.write_text(textwrap.dedent(f"""
         import os, time
-        from airflow_provider_cdc.spark.common import die_with_parent
+        from airflow_provider_cdc.pipeline.spark.common import die_with_parent
         die_with_parent()  # as the merge and apply jobs do under spark-submit
         open({str(pidfile)!r} + ".tmp", "w").write(str(os.getpid()))
         os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})

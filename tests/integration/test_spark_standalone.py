@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
-from tests.integration.test_spark_jobs import (
+from tests.integration.staged_scenario import (
     ITEMS,
     OTHER,
     SOURCE,

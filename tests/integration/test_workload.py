@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from airflow_provider_cdc import workload as w
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.schema import TableName
+from tools import workload as w
 
 
 @pytest.fixture(params=["pg", "mysql"])

@@ -3,7 +3,7 @@ SHUFFLE_PARTITION_ROWS rows (a 5,000,000-row round in 4 partitions ran out of he
 
 import pytest
 
-from airflow_provider_cdc.spark.common import SHUFFLE_PARTITION_ROWS, shuffle_partitions_for
+from airflow_provider_cdc.pipeline.spark.common import SHUFFLE_PARTITION_ROWS, shuffle_partitions_for
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ import pyarrow as pa
 
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.pipeline.verify import MirrorIndex, check_events, compare
 from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows
-from airflow_provider_cdc.verify import MirrorIndex, check_events, compare
 
 SCHEMA = TableSchema(
     TableName("s", "t"),

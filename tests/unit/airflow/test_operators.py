@@ -14,7 +14,6 @@ from airflow_provider_cdc.core.errors import ConfigurationError, StateError
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.core.staging import chunk_path
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
 from airflow_provider_cdc.operators.snapshot import (
     SEQ_STRIDE,
@@ -28,6 +27,7 @@ from airflow_provider_cdc.operators.snapshot import (
     read_sidecars,
     write_sidecar,
 )
+from airflow_provider_cdc.storage.layout import chunk_path
 
 T = TableName("public", "orders")
 
@@ -175,7 +175,7 @@ def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, vari
     )
     (tmp_path / "staging/src/schemas").mkdir(parents=True)
     from airflow_provider_cdc.core.schema import Column, TableSchema
-    from airflow_provider_cdc.core.staging import schema_path
+    from airflow_provider_cdc.storage.layout import schema_path
 
     with open(schema_path(str(tmp_path), "src", T), "w") as fh:
         fh.write(TableSchema(T, (Column("id", "int64"),), ("id",)).to_json())

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_provider_cdc.core.chunk import flatten_chunk_results
 from airflow_provider_cdc.core.errors import NotReadyError
-from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor, flatten_chunk_results
+from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
 
 from .test_trigger import stage
@@ -115,7 +116,7 @@ def test_waiting_on_a_held_capture_lock_never_fails_the_task(tmp_path, monkeypat
     import runpy
     from pathlib import Path
 
-    from airflow_provider_cdc.operators import capture
+    from airflow_provider_cdc.pipeline import capture
 
     dag = runpy.run_path(str(Path(__file__).resolve().parents[3] / "dags" / "cdc_snapshot.py"))["dag"]
     assert dag.get_task("wait_high_watermarks").mode == "poke"

@@ -16,7 +16,7 @@ from airflow_provider_cdc.operators.spark_jobs import (
     SnapshotMergeOperator,
     local_max_rows_from_env,
 )
-from airflow_provider_cdc.spark.common import application_path
+from airflow_provider_cdc.pipeline.spark.common import application_path
 
 
 def chunk(seq: int, rows: int) -> dict:

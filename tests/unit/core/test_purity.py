@@ -1,9 +1,12 @@
-"""core/ must import nothing from Airflow, Spark or a database driver."""
+"""core/ must import nothing from Airflow, Spark or a database driver, even indirectly.
+
+pyarrow is allowed: Arrow is the data model of the one DBLog window (core/window.py), which
+every engine calls on Arrow tables (shared/DESIGN.md, Package layout)."""
 
 import subprocess
 import sys
 
-FORBIDDEN = ("airflow", "pyspark", "psycopg2", "pymysql", "pymysqlreplication", "deltalake", "pyarrow")
+FORBIDDEN = ("airflow", "pyspark", "psycopg2", "pymysql", "pymysqlreplication", "deltalake", "MySQLdb", "adbc_driver_postgresql")
 
 
 def test_core_imports_no_airflow_spark_or_driver():

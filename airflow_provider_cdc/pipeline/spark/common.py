@@ -17,16 +17,15 @@ from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
-from .. import storage
-from ..core.errors import ConfigurationError
-from ..core.position import Position
-from ..sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
+from ...core.errors import ConfigurationError
+from ...core.position import Position
+from ...sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
 
 log = logging.getLogger(__name__)
 
 JOBS = ("merge", "apply")
 SPARK_DIR = Path(__file__).resolve().parent
-PACKAGE_ROOT = SPARK_DIR.parent.parent  # the folder that holds airflow_provider_cdc/
+PACKAGE_ROOT = SPARK_DIR.parents[2]  # the folder that holds airflow_provider_cdc/
 
 
 def die_with_parent(parent_pid: int | None = None) -> None:
@@ -90,12 +89,6 @@ def package_zip(dest: str) -> str:
             zf.write(f, f.relative_to(PACKAGE_ROOT))
     return dest
 
-
-def ensure_importable() -> None:
-    """spark-submit runs a job file as a script: make the package importable from its checkout."""
-    root = str(PACKAGE_ROOT)
-    if root not in sys.path:
-        sys.path.append(root)
 
 
 #: shuffle partitions per core of the job, at least, when ``spark.sql.shuffle.partitions`` is not set
@@ -191,31 +184,6 @@ def read_changelog(
     return df.join(F.broadcast(bounds_df), "segment").where(F.col("position") > F.col("lower")).drop("lower")
 
 
-def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:
-    """id -> (encoded position, ts_ms) of the first staged write of each watermark id.
-
-    Read on the driver with pyarrow (only the op/watermark/position/ts_ms columns, ``op = 'w'``
-    pushed down): watermark rows are few, and a Spark job here would cost more than the read.
-    """
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    wanted = sorted(set(ids))
-    if not segments or not wanted:
-        return {}
-    fs, _ = storage.filesystem(segments[0][2])
-    paths = [storage.filesystem(p)[1] for _, _, p in segments]
-    table = ds.dataset(paths, filesystem=fs, format="parquet").to_table(
-        columns=["position", "watermark", "ts_ms"],
-        filter=(pc.field("op") == "w") & pc.field("watermark").isin(wanted),
-    )
-    found: dict[str, tuple[str, int]] = {}
-    for pos, wid, ts in zip(*(table[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
-        if wid not in found or pos < found[wid][0]:
-            found[wid] = (pos, ts or 0)
-    return found
-
-
 def normalise_path(path: str) -> str:
     """A file path as the driver gives it or as Spark reports it (``file:/a%20b``) -> one form."""
     parts = urlsplit(path)
@@ -241,9 +209,9 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
     snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
     on each of their mirrors before anything is read (refused if a snapshot was stopped), and
     every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_delta.py)."""
-    from ..sinks.base import SchemaCache
-    from ..sinks.event_log import EventLogSink
-    from ..sinks.mirror_delta import MergeFence, MirrorDeltaSink
+    from ...sinks.base import SchemaCache
+    from ...sinks.event_log import EventLogSink
+    from ...sinks.mirror_delta import MergeFence, MirrorDeltaSink
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     fence = None
@@ -263,7 +231,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
         elif name == "postgres":
             if not pg_uri:
                 raise ConfigurationError("sink 'postgres' needs --pg-uri (the target PostgreSQL URI)")
-            from ..sinks.mirror_postgres import MirrorPostgresSink
+            from ...sinks.mirror_postgres import MirrorPostgresSink
 
             out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema,
                                           require_schema=require_schema, fence=fence))
@@ -273,7 +241,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
 
 
 def add_common_arguments(parser) -> None:
-    parser.add_argument("--data-dir", required=True, help="staging/output root (core/staging.py)")
+    parser.add_argument("--data-dir", required=True, help="staging/output root (storage/layout.py)")
     parser.add_argument("--source", required=True, help="source name (staging/{source}/...)")
     parser.add_argument("--database", default=None, help="source.db in the event envelope (default: --source)")
     parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")

@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from . import storage
-from .core import temporal
-from .core.errors import ConfigurationError
-from .core.position import Position
-from .core.ranges import FULL_RANGE
-from .core.schema import TableName, TableSchema, encode_key, encode_row
+from .. import storage
+from ..core import temporal
+from ..core.errors import ConfigurationError
+from ..core.position import Position
+from ..core.ranges import FULL_RANGE
+from ..core.schema import TableName, TableSchema, encode_key, encode_row
 
 DEFAULT_CHUNK_ROWS = 10_000
 EXAMPLES = 10
@@ -233,7 +233,7 @@ class MirrorIndex:
     """The mirror's live rows: canonical key -> (row number, digest), rows kept typed in Arrow."""
 
     def __init__(self, schema: TableSchema, table) -> None:
-        from .sinks.arrow_types import KEY_COLUMN
+        from ..sinks.arrow_types import KEY_COLUMN
 
         self.schema = schema
         self.table = table
@@ -267,7 +267,7 @@ class MirrorIndex:
 
 def read_mirror_table(data_dir: str, source: str, table: TableName):
     """Live mirror rows (typed, with ``__key``) through the sinks' read API."""
-    from .sinks.mirror_delta import read_mirror
+    from ..sinks.mirror_delta import read_mirror
 
     return read_mirror(data_dir, source, table, with_meta=True)
 
@@ -369,8 +369,8 @@ def read_event_log(data_dir: str, source: str, table: TableName):
     """The event log files of one table as one Arrow table (op, key, before, after, position)."""
     import pyarrow as pa
 
-    from .sinks.event_log import table_dir
-    from .staging_io import read_table
+    from ..sinks.event_log import table_dir
+    from ..storage.staged import read_table
 
     d = table_dir(data_dir, source, table)
     parts = []

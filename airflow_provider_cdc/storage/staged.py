@@ -1,4 +1,4 @@
-"""Parquet I/O for staged changelog segments and chunks (formats: core/staging.py).
+"""Parquet I/O for staged changelog segments and chunks (formats: storage/layout.py).
 
 Files are written to a temporary name and renamed, so a reader never sees half a file
 and a retry that writes the same name replaces it whole.
@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import storage
-from .core.events import WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
-from .core.position import Position
-from .core.schema import decode_row, encode_row
-from .core.staging import parse_segment_name
+from .. import storage
+from ..core.events import WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
+from ..core.position import Position
+from ..core.schema import decode_row, encode_row
+from .layout import parse_segment_name
 
 CHANGELOG_SCHEMA = pa.schema(
     [
@@ -131,7 +131,7 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Tabl
 
 def write_segment(events: list[LogEvent], directory: str, watermark_table: str) -> str:
     """Stage events (already in position order) as one segment named by its position range."""
-    from .core.staging import segment_name
+    from .layout import segment_name
 
     if not events:
         raise ValueError("write_segment needs at least one event")
@@ -173,3 +173,49 @@ def read_log_events(
                 yield ChangeEvent(
                     rec["table"], rec["op"], rec["key"], pos, decode_row(rec["before"]), decode_row(rec["after"]), rec["ts_ms"]
                 )
+
+
+def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:
+    """id -> (encoded position, ts_ms) of the first staged write of each watermark id.
+
+    Read on the driver with pyarrow (only the op/watermark/position/ts_ms columns, ``op = 'w'``
+    pushed down): watermark rows are few, and a Spark job here would cost more than the read.
+    """
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    wanted = sorted(set(ids))
+    if not segments or not wanted:
+        return {}
+    fs, _ = storage.filesystem(segments[0][2])
+    paths = [storage.filesystem(p)[1] for _, _, p in segments]
+    table = ds.dataset(paths, filesystem=fs, format="parquet").to_table(
+        columns=["position", "watermark", "ts_ms"],
+        filter=(pc.field("op") == "w") & pc.field("watermark").isin(wanted),
+    )
+    found: dict[str, tuple[str, int]] = {}
+    for pos, wid, ts in zip(*(table[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
+        if wid not in found or pos < found[wid][0]:
+            found[wid] = (pos, ts or 0)
+    return found
+
+
+def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) -> dict[str, tuple[str, int]]:
+    """:func:`find_watermarks` over the segments staged in ``changelog`` now. A segment that
+    disappears between the listing and the read (a concurrent capture replaced an orphan)
+    makes it list again."""
+    for attempt in range(attempts):
+        try:
+            return find_watermarks(list_segments(changelog), ids)
+        except FileNotFoundError:
+            if attempt == attempts - 1:
+                raise
+    return {}
+
+
+def staged_watermark_position(data_dir: str, source: str, watermark_id: str) -> Position | None:
+    """Where a watermark write landed in the staged changelog of ``source`` (None: not yet)."""
+    from .layout import changelog_dir
+
+    hit = staged_watermarks(changelog_dir(data_dir, source), [watermark_id]).get(watermark_id)
+    return None if hit is None else Position.decode(hit[0])

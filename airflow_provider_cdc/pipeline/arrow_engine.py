@@ -7,15 +7,16 @@ The operators in operators/spark_jobs.py therefore run these functions in the Ai
 worker when the input is at most ``local_max_rows`` rows, and submit the Spark job above
 that. Both engines:
 
-* locate the windows the same way (merge_job.locate_windows: a NotReadyError names the
+* locate the windows the same way (windows.locate_windows: a NotReadyError names the
   chunk whose high watermark is not staged; nothing is emitted early);
-* apply core.window's rule (a change of the chunk's table strictly between the chunk's
-  low and high watermark drops that key; survivors are ``r`` events at the high
-  watermark's position), de-duplicate overlapping segments with the same rule
-  (spark.common.segment_lower_bounds), and name output batches the same way;
+* call core.window's one DBLog steps 4-5 per chunk (window_survivors: a change of the
+  chunk's table strictly between its low and high watermark drops that key; read_events:
+  survivors are ``r`` events at the high watermark's position), de-duplicate overlapping
+  segments with the same rule (spark.common.segment_lower_bounds), and name output
+  batches the same way;
 * write through the same sink objects in the same groups, so the event files and the
   mirror are identical whichever engine ran (tests/integration/test_spark_jobs.py runs
-  both on the same inputs and compares them with core.window and with each other).
+  both on the same inputs and compares them with each other: tests/integration/test_engine_conformance.py).
 
 The shared apply loop (markers, batches of segments) lives here too: the Spark apply job
 calls :func:`apply_segments` with a reader that returns Spark's rows as Arrow.
@@ -31,21 +32,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import storage
-from .core.chunk import ChunkResult
-from .core.errors import ConfigurationError
-from .core.position import Position
-from .core.staging import changelog_dir as staged_changelog_dir
-from .sinks.base import EVENT_SCHEMA, Sink, read_marker, write_marker
+from .. import storage
+from ..core.chunk import ChunkResult
+from ..core.errors import ConfigurationError
+from ..core.position import Position
+from ..core.window import read_events, window_survivors
+from ..sinks.base import EVENT_SCHEMA, Sink, read_marker, write_marker
+from ..storage.layout import changelog_dir as staged_changelog_dir
+from ..storage.staged import CHANGELOG_SCHEMA, list_segments
 from .spark import common
-from .staging_io import CHANGELOG_SCHEMA, list_segments
+from .windows import DEFAULT_BATCH_ROWS, describe, locate_windows, window_groups
 
 log = logging.getLogger(__name__)
 
 Segments = Sequence[tuple[Position, Position, str]]
-#: chunk rows per sink write, in both engines: what the Spark driver collects at once. 500,000
-#: rows of the bench's demo table overflowed spark-submit's default 1 GB driver heap (toArrow)
-DEFAULT_BATCH_ROWS = 100_000
 #: staged changelog rows per apply batch (whole segments; a bigger segment alone). Full
 #: before/after images cost ~6 KB per event on the way into the mirror: 100,000 events in
 #: one batch took the worker to ~1 GB
@@ -129,55 +129,17 @@ def window_events(w, changes: pa.Table) -> pa.Table:
         return EVENT_SCHEMA.empty_table()
     rows = _read_parquet(w.chunk.path, ["key", "after"])
     if rows.num_rows != w.chunk.rows:
-        from .spark.merge_job import describe
-
         raise ConfigurationError(
             f"{describe(w.chunk)}: file {w.chunk.path} holds {rows.num_rows} rows but the chunk result says "
             f"{w.chunk.rows}; the file was replaced by another attempt: re-run the chunk task"
         )
-    pos = changes["position"]
-    inside = pc.and_(
-        pc.equal(changes["table"], w.chunk.table), pc.and_(pc.greater(pos, w.low), pc.less(pos, w.high))
-    )
-    hits = changes.filter(inside)
-    if pc.any(pc.equal(hits["op"], "t")).as_py():
-        survivors = rows.slice(0, 0)  # a TRUNCATE inside the window changed every key of the chunk
-    else:
-        conflicts = pc.unique(hits["key"].combine_chunks())
-        survivors = rows.filter(pc.invert(pc.is_in(rows["key"], value_set=conflicts)))
-    n = survivors.num_rows
-
-    def const(value, typ):
-        return pa.repeat(pa.scalar(value, typ), n)
-
-    return pa.table(
-        [
-            const(w.high, pa.string()), const(w.chunk.table, pa.string()), const("r", pa.string()),
-            survivors["key"], pa.nulls(n, pa.string()), survivors["after"], const(w.high_ts_ms, pa.int64()),
-            const(w.chunk.high_watermark, pa.string()), const(True, pa.bool_()), const(w.batch, pa.string()),
-        ],
-        schema=EVENT_SCHEMA,
-    )
-
-
-def window_groups(windows: Sequence, max_batch_rows: int) -> list[list]:
-    """Windows in groups of at most ``max_batch_rows`` chunk rows (a bigger chunk alone):
-    the unit each sink write gets, the same in both engines."""
-    groups: list[list] = [[]]
-    size = 0
-    for w in windows:
-        if groups[-1] and size + w.chunk.rows > max_batch_rows:
-            groups.append([])
-            size = 0
-        groups[-1].append(w)
-        size += w.chunk.rows
-    return groups if groups[0] else []
+    survivors = window_survivors(rows, changes, table=w.chunk.table, low=w.low, high=w.high)  # step 4
+    return read_events(survivors, EVENT_SCHEMA, table=w.chunk.table, high=w.high, high_ts_ms=w.high_ts_ms,
+                       watermark=w.chunk.high_watermark, batch=w.batch)  # step 5
 
 
 def merge_chunks(chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None) -> pa.Table:
     """The round's ``r`` events (EVENT_SCHEMA), like merge_job.merge_chunks but in Arrow."""
-    from .spark.merge_job import locate_windows
-
     if windows is None:
         windows = locate_windows(None, chunks, changelog_dir)
     changes = _window_changes(windows, changelog_dir)
@@ -202,8 +164,6 @@ def merge_round(
 ) -> dict:
     """Merge a round in this process and write it to ``sinks``; the same summary as the
     Spark merge job (plus ``engine``)."""
-    from .spark.merge_job import locate_windows
-
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     t0 = time.monotonic()
     windows = locate_windows(None, chunks, changelog)

@@ -31,8 +31,10 @@ Outputs::
 
 from __future__ import annotations
 
-from .position import Position
-from .schema import TableName
+import re
+
+from ..core.position import Position
+from ..core.schema import TableName
 
 CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark")
 CHUNK_COLUMNS = ("key", "after")
@@ -92,3 +94,8 @@ def mirrors_dir(data_dir: str, source: str) -> str:
 
 def mirror_dir(data_dir: str, source: str, table: TableName) -> str:
     return _join(mirrors_dir(data_dir, source), table.path_segment)
+
+
+def round_path(data_dir: str, source: str, run_id: str) -> str:
+    """The chunk results of one snapshot run's round (the merge's input), named by its run."""
+    return _join(staging_dir(data_dir, source), "rounds", f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}.json")

@@ -6,7 +6,7 @@ the marker replays that batch, which the sinks absorb (the event log rewrites th
 files, the mirror's position guard ignores what it already has). Watermark rows are not
 table events and are not applied.
 
-    spark-submit --master local[2] airflow_provider_cdc/spark/apply_job.py \\
+    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/apply_job.py \\
         --data-dir DIR --source SRC [--sinks events,mirror]
 """
 
@@ -21,14 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
-    sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.local_jobs import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
-from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
-from airflow_provider_cdc.spark import common  # noqa: E402
+from ...core.position import Position  # noqa: E402
+from ...sinks.base import Sink  # noqa: E402
+from ..arrow_engine import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
+from . import common  # noqa: E402
 
-log = logging.getLogger("airflow_provider_cdc.spark.apply_job")
+log = logging.getLogger("airflow_provider_cdc.pipeline.spark.apply_job")
 
 
 def changelog_events(spark, segments, *, after: Position | None, upto: Position | None):

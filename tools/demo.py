@@ -29,12 +29,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
-from .core.position import Position
-from .core.schema import TableName
-from .core.staging import changelog_dir, events_dir, mirror_dir
+from airflow_provider_cdc import storage
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.sinks.base import applied_everywhere
+from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, mirror_dir
+from airflow_provider_cdc.storage.staged import staged_watermark_position
 
 ROOT = Path(__file__).resolve().parent.parent
 CONN_ID = "cdc_source"
@@ -71,28 +72,6 @@ def run_dag(
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
         raise DagRunError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}) after {took:.0f}s; log {log_path}\n{tail}")
     return took
-
-
-def staged_watermark_position(data_dir: str, source: str, watermark_id: str) -> Position | None:
-    """Position of a watermark write in the staged changelog (newest segments first)."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from .staging_io import list_segments
-
-    for _first, _last, path in reversed(list_segments(changelog_dir(data_dir, source))):
-        t = pq.read_table(path, columns=["position", "op", "watermark"])
-        hit = t.filter(pc.and_(pc.equal(t["op"], "w"), pc.equal(t["watermark"], watermark_id)))
-        if hit.num_rows:
-            return Position.decode(hit["position"][0].as_py())
-    return None
-
-
-def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")) -> bool:
-    from .sinks.base import read_marker
-
-    marks = [read_marker(data_dir, source, s) for s in sinks]
-    return all(m is not None and m >= position for m in marks)
 
 
 def catch_up(dialect, data_dir: str, source: str, *, env, log_dir: Path, max_runs: int = 10) -> int:
@@ -148,13 +127,12 @@ def _int_env(name: str, default: int) -> int:
     return int(v) if v else default
 
 
-def reset_demo_state(dialect, source: str, table: TableName, data_dir: Path) -> None:
+def reset_demo_state(dialect, source: str, table: TableName, data_dir: str) -> None:
     """A rerun starts clean: old outputs, the Variable and the old slot (which would
     otherwise replay the previous run's changes and retain WAL) are removed."""
-    from . import progress_store
+    from airflow_provider_cdc import progress_store
 
-    if data_dir.exists():
-        shutil.rmtree(data_dir)
+    storage.delete_dir(data_dir)  # a local folder or a prefix on object storage
     try:
         from airflow.models.variable import Variable
 
@@ -201,8 +179,8 @@ How to read them (venv python; `source scripts/env.sh` first)
 
 
 def main() -> int:
-    from .hooks.cdc_source import CdcSourceHook
-    from .workload import BackgroundWriter, create_demo_table, default_table
+    from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
+    from tools.workload import BackgroundWriter, create_demo_table, default_table
 
     t_start = time.monotonic()
     uri = os.environ.get("CDC_TEST_PG_URI", "postgresql://postgres@127.0.0.1:55432/cdc_test")
@@ -213,8 +191,16 @@ def main() -> int:
     threads = _int_env("CDC_DEMO_WRITER_THREADS", 3)
     loop_on = _int_env("CDC_DEMO_CHANGELOG_LOOP", 0) == 1
     base = os.environ.get("CDC_DATA_DIR", str(ROOT / ".cdc-local" / "data"))
-    data_dir = Path(os.environ.get("CDC_DEMO_DATA_DIR", f"{base}/demo")).resolve()
-    log_dir = data_dir.parent / f"{data_dir.name}-logs"
+    data_dir = storage.check_location(os.environ.get("CDC_DEMO_DATA_DIR", f"{base}/demo"), "CDC_DEMO_DATA_DIR")
+    if storage.is_local(data_dir):
+        data_dir = storage.local_path(data_dir)
+        log_dir = Path(f"{data_dir}-logs")
+    else:
+        # Airflow's task logs stay on this machine; the data goes to object storage. Spark
+        # reads staging through Hadoop paths (no S3 jars here): rounds of this size merge in
+        # the worker with the Arrow engine, which reaches object storage through pyarrow.fs
+        log_dir = ROOT / ".cdc-local" / "demo-logs"
+        os.environ.setdefault("CDC_LOCAL_MAX_ROWS", str(max(rows, 100_000) * 4))
     table = default_table(uri)
     source = CONN_ID
 
@@ -225,7 +211,7 @@ def main() -> int:
     os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
     os.environ["CDC_SOURCE_CONN_ID"] = CONN_ID
     os.environ["CDC_TABLES"] = table.id
-    os.environ["CDC_DATA_DIR"] = str(data_dir)
+    os.environ["CDC_DATA_DIR"] = data_dir
     env = dict(os.environ)
 
     writer = None
@@ -262,19 +248,19 @@ def main() -> int:
             stats = writer.stop()
             writer = None
             _say(f"5/6 writer stopped: {stats.summary()}")
-            runs = catch_up(dialect, str(data_dir), source, env=env, log_dir=log_dir)
+            runs = catch_up(dialect, data_dir, source, env=env, log_dir=log_dir)
             _say(f"    caught up: {runs} cdc_changelog run(s) until the catch-up watermark was staged and applied")
 
         _say(f"6/6 airflow-cdc verify --conn-id {CONN_ID} --table {table.id} --data-dir {data_dir} --events")
         cli = Path(sys.executable).with_name("airflow-cdc")
         cmd = [str(cli)] if cli.exists() else [sys.executable, "-m", "airflow_provider_cdc.cli"]
         proc = subprocess.run(
-            [*cmd, "verify", "--conn-id", CONN_ID, "--table", table.id, "--data-dir", str(data_dir), "--events"],
+            [*cmd, "verify", "--conn-id", CONN_ID, "--table", table.id, "--data-dir", data_dir, "--events"],
             env=env, check=False,
         )
         subprocess.run([*cmd, "status", "--source", source], env=env, check=False)
         ok = proc.returncode == 0
-        print(how_to_read(str(data_dir), source, table))
+        print(how_to_read(data_dir, source, table))
     except DagRunError as exc:
         print(f"\n{exc}\n", file=sys.stderr)
     finally:

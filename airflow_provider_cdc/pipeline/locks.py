@@ -16,8 +16,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .core.errors import ConfigurationError
-from .dialects.base import ConnectionParams
+from ..dialects import ConnectionParams, get_dialect
 
 log = logging.getLogger(__name__)
 
@@ -35,42 +34,9 @@ def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
     """Yield True while this process holds the capture lock of ``source``; False if another
     capture holds it (never waits: the caller skips this round or re-checks later)."""
     name = lock_name(source)
-    scheme = params.scheme.lower()
-    if scheme in ("postgres", "postgresql"):
-        import psycopg2
-
-        kw = {"connect_timeout": 10, **params.extra}  # driver settings (sslmode, ...)
-        kw.update(
-            host=params.host,
-            port=params.port or 5432,
-            user=params.user,
-            password=params.password,
-            dbname=params.database or "postgres",
-            application_name="cdc-capture-lock",
-        )
-        conn = psycopg2.connect(**kw)
-        conn.autocommit = True
-        acquire, release = (
-            "SELECT pg_try_advisory_lock(hashtext(%s))",
-            "SELECT pg_advisory_unlock(hashtext(%s))",
-        )
-    elif scheme in ("mysql", "mariadb"):
-        import pymysql
-
-        conn = pymysql.connect(
-            host=params.host,
-            port=params.port or 3306,
-            user=params.user,
-            password=params.password or "",
-            database=params.database,
-            connect_timeout=10,
-            autocommit=True,
-        )
-        acquire, release = "SELECT GET_LOCK(%s, 0)", "SELECT RELEASE_LOCK(%s)"
-    else:
-        raise ConfigurationError(
-            f"capture lock: unknown source scheme {params.scheme!r}; known: postgres, mysql, mariadb"
-        )
+    dialect = get_dialect(params, source=source)  # one connection builder: TLS and extras kept
+    conn = dialect.open_session()
+    acquire, release = dialect.lock_acquire_sql, dialect.lock_release_sql
     try:
         with conn.cursor() as cur:
             cur.execute(acquire, (name,))

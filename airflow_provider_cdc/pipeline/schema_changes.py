@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import logging
 
-from . import storage
-from .core.errors import CdcError, TableNotFoundError
-from .core.schema import TableSchema, evolve_schema
-from .core.staging import mirror_dir, schema_path, schemas_dir
-from .dialects.base import Dialect
+from .. import storage
+from ..core.errors import CdcError, TableNotFoundError
+from ..core.schema import TableSchema, evolve_schema
+from ..dialects.base import Dialect
+from ..storage.layout import mirror_dir, schema_path, schemas_dir
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) ->
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
     """Every staged table (see the module docstring). Returns table id -> why it stopped."""
-    from .sinks.mirror_delta import stop_for_schema
+    from ..sinks.mirror_delta import stop_for_schema
 
     stopped = {}
     for staged in staged_schemas(data_dir, source):
@@ -79,7 +79,7 @@ def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSche
     source's current one (new columns in, dropped ones left out: they read null), so a DROP
     or ADD COLUMN while a snapshot runs does not fail it. A change the mirror cannot follow
     stops the snapshot of this table (SchemaChangeError naming it; other tables go on)."""
-    from .core.errors import SchemaChangeError
+    from ..core.errors import SchemaChangeError
 
     current, problem = current_schema(dialect, staged)
     if current is None:

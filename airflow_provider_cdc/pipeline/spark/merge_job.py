@@ -4,14 +4,16 @@ For every chunk of the round: find its low and high watermark in the staged chan
 (the first position of an id wins when a capture re-delivered it), drop the chunk keys
 that a change of the same table touched strictly between them (all of them after a TRUNCATE
 there), and emit the survivors as
-``r`` events at the high watermark's position. This is core.window.merge_window's rule,
-vectorised (a range join of window bounds against change positions, then an anti-join);
-tests/integration/test_spark_jobs.py runs both on the same inputs and compares them.
+``r`` events at the high watermark's position. A range join of window bounds against
+change positions narrows the log to each chunk's window; then each chunk's rows meet its
+log rows on an executor (a cogroup by chunk) and core.window's window_survivors and
+read_events, the one implementation of steps 4-5, emit its events.
+tests/integration/test_engine_conformance.py runs both engines on the same inputs.
 
 A chunk whose watermarks are not staged yet is an error (NotReadyError) that names the
 chunk: the high-watermark sensor should have waited. Nothing is ever emitted early.
 
-    spark-submit --master local[2] airflow_provider_cdc/spark/merge_job.py \\
+    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/merge_job.py \\
         --chunks round.json --data-dir DIR --source SRC [--sinks events,mirror]
 
 ``round.json`` is the list of ChunkResult dicts the chunk tasks returned through XCom
@@ -21,114 +23,26 @@ chunk: the high-watermark sensor should have waited. Nothing is ever emitted ear
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
-    sys.path.append(str(Path(__file__).resolve().parent.parent.parent))
+    sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from airflow_provider_cdc import storage  # noqa: E402
-from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
-from airflow_provider_cdc.core.errors import ConfigurationError, NotReadyError, WatermarkError  # noqa: E402
-from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.core.staging import changelog_dir as staged_changelog_dir  # noqa: E402
-from airflow_provider_cdc.local_jobs import DEFAULT_BATCH_ROWS, window_groups  # noqa: E402
-from airflow_provider_cdc.spark import common  # noqa: E402
-from airflow_provider_cdc.staging_io import list_segments  # noqa: E402
+from ...core.chunk import ChunkResult  # noqa: E402
+from ...core.errors import ConfigurationError  # noqa: E402
+from ...core.position import Position  # noqa: E402
+from ...storage.layout import changelog_dir as staged_changelog_dir  # noqa: E402
+from ...storage.staged import list_segments  # noqa: E402
+from ..windows import DEFAULT_BATCH_ROWS, ChunkWindow, describe, load_chunks, locate_windows, window_groups  # noqa: E402
+from . import common  # noqa: E402
 
-log = logging.getLogger("airflow_provider_cdc.spark.merge_job")
-
-
-@dataclass(frozen=True)
-class ChunkWindow:
-    """A chunk with its watermark positions located in the staged changelog."""
-
-    index: int
-    chunk: ChunkResult
-    low: str  # encoded position of the low watermark
-    high: str  # encoded position of the high watermark
-    high_ts_ms: int
-
-    @property
-    def batch(self) -> str:
-        """Deterministic output name: the same chunk always writes the same event file."""
-        return f"r-{self.high}-{self.chunk.high_watermark}"
-
-
-def describe(chunk: ChunkResult) -> str:
-    return f"chunk {chunk.seq} of table {chunk.table} (snapshot {chunk.snapshot_id}, high watermark {chunk.high_watermark})"
-
-
-def load_chunks(path: str) -> list[ChunkResult]:
-    """ChunkResult dicts from a JSON file: a list, nested lists, or {"chunks": [...]}."""
-    data = json.loads(storage.read_text(path))
-    if isinstance(data, dict):
-        data = data.get("chunks", [data])
-    flat: list[dict] = []
-
-    def walk(x):
-        if isinstance(x, list):
-            for y in x:
-                walk(y)
-        elif isinstance(x, dict):
-            flat.append(x)
-        elif x is not None:
-            raise ConfigurationError(f"--chunks file {path}: expected ChunkResult objects, found {type(x).__name__}")
-
-    walk(data)
-    return [ChunkResult.from_dict(d) for d in flat]
-
-
-def _unique_chunks(chunks: Sequence[ChunkResult | dict]) -> list[ChunkResult]:
-    out: dict[str, ChunkResult] = {}
-    for c in chunks:
-        c = c if isinstance(c, ChunkResult) else ChunkResult.from_dict(c)
-        prev = out.get(c.path)
-        if prev is not None and prev != c:
-            raise ConfigurationError(f"{describe(c)} and {describe(prev)} name the same chunk file {c.path}")
-        out[c.path] = c
-    return list(out.values())
-
-
-def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str) -> list[ChunkWindow]:
-    """Find each chunk's lw/hw positions; NotReadyError if any is not staged yet.
-    (``spark`` is unused: the lookup reads only watermark rows, on the driver.)"""
-    chunks = _unique_chunks(chunks)
-    if not chunks:
-        return []
-    ids = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
-    found = common.find_watermarks(list_segments(changelog_dir), ids)
-    windows, missing = [], []
-    for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
-        lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
-        if hi is None:
-            missing.append(f"{describe(c)}: high watermark {c.high_watermark!r} (low watermark "
-                           f"{'staged' if lo is not None else 'not staged either'})")
-            continue
-        if lo is None:
-            raise WatermarkError(
-                f"{describe(c)}: the high watermark is staged at {Position.decode(hi[0])} but the low watermark "
-                f"{c.low_watermark!r} is not; the staged changelog at {changelog_dir} must start before the chunk's "
-                "low watermark (was a segment removed?). Re-read this chunk"
-            )
-        if lo[0] >= hi[0]:
-            raise WatermarkError(
-                f"{describe(c)}: low watermark at {Position.decode(lo[0])} is not before the high watermark at "
-                f"{Position.decode(hi[0])}; the watermark ids are mixed up. Re-read this chunk"
-            )
-        windows.append(ChunkWindow(i, c, lo[0], hi[0], int(hi[1] or 0)))
-    if missing:
-        raise NotReadyError(
-            f"{len(missing)} chunk(s) of the round have a high watermark that is not in the staged changelog at "
-            f"{changelog_dir} yet: " + "; ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-            + ". The high-watermark sensor should have waited for them; capture the changelog and retry the merge."
-        )
-    return windows
+log = logging.getLogger("airflow_provider_cdc.pipeline.spark.merge_job")
 
 
 def _chunk_rows(spark, windows: Sequence[ChunkWindow]):
@@ -183,30 +97,29 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
         .select("table", "key", "position", "op")
     )
     bounds = F.broadcast(win_df.select("cidx", "wtable", "lw", "hw"))
+    # narrow the log to each chunk's window (a range join: which change can touch which
+    # chunk); the rule itself runs per chunk on the executors, in core.window
     hits = changes.join(
         bounds,
         (changes["table"] == bounds["wtable"]) & (changes["position"] > bounds["lw"]) & (changes["position"] < bounds["hw"]),
-    )
-    conflicts = hits.where(F.col("op") != "t").select("cidx", "key").distinct()
-    truncated = hits.where(F.col("op") == "t").select("cidx").distinct()  # the whole chunk goes
+    ).select("cidx", "table", "op", "key", "position")
     rows = _chunk_rows(spark, windows)
-    survivors = (
-        rows.join(conflicts, ["cidx", "key"], "left_anti")
-        .join(truncated, "cidx", "left_anti")
-        .join(F.broadcast(win_df), "cidx")
+    info = {w.index: (w.chunk.table, w.low, w.high, w.high_ts_ms, w.chunk.high_watermark, w.batch) for w in windows}
+    return rows.groupBy("cidx").cogroup(hits.groupBy("cidx")).applyInArrow(
+        functools.partial(_merge_chunk, info), schema=common.spark_event_schema()
     )
-    return survivors.select(
-        F.col("hw").alias("position"),
-        F.col("wtable").alias("table"),
-        F.lit("r").alias("op"),
-        "key",
-        F.lit(None).cast("string").alias("before"),
-        "after",
-        F.col("hw_ts").alias("ts_ms"),
-        F.col("hw_id").alias("watermark"),
-        F.lit(True).alias("snapshot"),
-        "batch",
-    )
+
+
+def _merge_chunk(info: dict, key: tuple, rows, hits):
+    """On an executor: DBLog steps 4-5 of one chunk (core.window, the one implementation)."""
+    from airflow_provider_cdc.core.window import read_events, window_survivors
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+
+    if rows.num_rows == 0:
+        return EVENT_SCHEMA.empty_table()
+    table, low, high, ts_ms, watermark, batch = info[key[0].as_py()]
+    survivors = window_survivors(rows, hits, table=table, low=low, high=high) if hits.num_rows else rows
+    return read_events(survivors, EVENT_SCHEMA, table=table, high=high, high_ts_ms=ts_ms, watermark=watermark, batch=batch)
 
 
 def write_round(

@@ -28,9 +28,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core.errors import ConfigurationError
-from .core.schema import TableName
-from .dialects.base import ConnectionParams
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.dialects.base import ConnectionParams
 
 log = logging.getLogger(__name__)
 

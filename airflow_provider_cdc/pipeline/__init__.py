@@ -1,0 +1,1 @@
+"""Pipelines without Airflow: capture, snapshot chunks, merge and apply (two engines), verify."""

@@ -1,0 +1,260 @@
+"""A snapshot without Airflow: its plan, DBLog's chunk step, and its committed state.
+
+* :func:`snapshot_chunk`: low watermark -> chunk SELECT -> high watermark, in one place
+  (used by the snapshot chunk operator and by tests);
+* the plan (``plan.json`` next to the chunks: ranges in plan order, upper bound, filter,
+  throttle) and :func:`plan_table_ranges`, which splits a table at keys the database sampled;
+* the chunk commits: a JSON sidecar next to every staged chunk, written after its high
+  watermark, is the one record that a chunk is done (and later, merged). A retried or
+  resumed chunk task continues after the last committed chunk of its range
+  (:func:`range_state`, I4). The progress Variable (progress_store) holds the status and a
+  summary that the commit task derives from these sidecars; it never decides where a range
+  continues.
+
+The chunk step's ``gap_hooks`` lets a test force a
+write into exactly the gap after the low watermark or before the high watermark.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from .. import storage
+from ..core.chunk import ChunkResult
+from ..core.errors import StateError
+from ..core.planning import SnapshotRequest, check_ranges_ranked
+from ..core.planning import plan_ranges as core_plan_ranges
+from ..core.ranges import FULL_RANGE, ChunkRange
+from ..core.schema import TableName, TableSchema
+from ..dialects.base import Dialect
+from ..storage.layout import chunk_path, plan_path, snapshot_dir
+
+log = logging.getLogger(__name__)
+
+#: chunk seq = range index * SEQ_STRIDE + chunk number inside the range (unique per snapshot)
+SEQ_STRIDE = 1_000_000
+
+
+@dataclass
+class GapHooks:
+    after_low_watermark: Callable[[], None] | None = None
+    before_high_watermark: Callable[[], None] | None = None
+
+
+def snapshot_chunk(
+    dialect: Dialect,
+    schema: TableSchema,
+    rng: ChunkRange,
+    *,
+    data_dir: str,
+    snapshot_id: str,
+    seq: int,
+    chunk_size: int,
+    after_key: Sequence | None = None,
+    where: str | None = None,
+    upper_bound: Sequence | None = None,
+    gap_hooks: GapHooks | None = None,
+) -> ChunkResult:
+    """Read one chunk between a fresh pair of watermarks.
+
+    Every attempt writes new watermark ids, so a retried task never reuses the window of
+    a failed attempt; the failed attempt's watermarks stay in the log as orphans that the
+    merge ignores (no chunk result names them).
+    """
+    hooks = gap_hooks or GapHooks()
+    low, high = str(uuid.uuid4()), str(uuid.uuid4())
+    path = chunk_path(data_dir, dialect.source, schema.table, snapshot_id, seq, high)
+    dialect.write_watermark(low)  # step 1
+    if hooks.after_low_watermark:
+        hooks.after_low_watermark()
+    res = dialect.read_chunk(  # step 2
+        schema, rng, after_key=after_key, limit=chunk_size, path=path, where=where, upper_bound=upper_bound
+    )
+    if hooks.before_high_watermark:
+        hooks.before_high_watermark()
+    dialect.write_watermark(high)  # step 3
+    return ChunkResult(
+        source=dialect.source,
+        table=schema.table.id,
+        snapshot_id=snapshot_id,
+        seq=seq,
+        low_watermark=low,
+        high_watermark=high,
+        path=path,
+        range=rng,
+        after_key=None if after_key is None else tuple(after_key),
+        last_key=res.last_key,
+        rows=res.rows,
+        exhausted=res.rows < chunk_size,
+    )
+
+
+# --------------------------------------------------------------------- sidecars
+def sidecar_path(chunk_parquet: str) -> str:
+    return chunk_parquet + ".json"
+
+
+def write_sidecar(result: ChunkResult, range_index: int, merged: bool = False) -> None:
+    """Commit a chunk: written after its high watermark, atomically (storage.atomic_output)."""
+    storage.write_text(sidecar_path(result.path),
+                       json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
+
+
+def read_sidecars(data_dir: str, source: str, table: TableName, snapshot_id: str) -> list[dict]:
+    """Committed chunks of a snapshot, ordered by seq: ``{"result", "range_index", "merged"}``."""
+    d = snapshot_dir(data_dir, source, table, snapshot_id)
+    out = [json.loads(storage.read_text(storage.join(d, n)))
+           for n in storage.list_names(d, suffix=".parquet.json") if n.startswith("chunk-")]
+    return sorted(out, key=lambda s: s["result"]["seq"])
+
+
+@dataclass
+class RangeState:
+    """Where one planned range stands, from its committed chunks."""
+
+    next_seq: int
+    after_key: tuple | None
+    exhausted: bool
+    unmerged: list[dict]
+    rows: int
+    chunks: int
+
+
+def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool:
+    """True once the keyset passed the snapshot's upper bound (the max key when it started),
+    so rows inserted above it later cannot make the snapshot endless. Equality works for
+    any type; ordering is only trusted for numbers (text order depends on the collation)."""
+    if last_key is None or upper_bound is None:
+        return False
+    lk, ub = tuple(last_key), tuple(upper_bound)
+    if lk == ub:
+        return True
+    if len(lk) == len(ub) and all(
+        isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float))
+        for a, b in zip(lk, ub, strict=False)
+    ):
+        return lk > ub
+    return False
+
+
+def range_state(sidecars: list[dict], range_index: int, upper_bound: Sequence | None) -> RangeState:
+    mine = [s for s in sidecars if s["range_index"] == range_index]
+    after_key: tuple | None = None
+    exhausted = False
+    for s in mine:
+        r = s["result"]
+        if r["last_key"] is not None:
+            after_key = tuple(r["last_key"])
+        elif r["after_key"] is not None:
+            after_key = tuple(r["after_key"])
+        exhausted = exhausted or r["exhausted"] or key_reached(r["last_key"], upper_bound)
+    next_seq = (mine[-1]["result"]["seq"] + 1) if mine else range_index * SEQ_STRIDE
+    return RangeState(
+        next_seq=next_seq,
+        after_key=after_key,
+        exhausted=exhausted,
+        unmerged=[s["result"] for s in mine if not s["merged"]],
+        rows=sum(s["result"]["rows"] for s in mine),
+        chunks=len(mine),
+    )
+
+
+# ------------------------------------------------------------------- planning
+def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRequest) -> list[ChunkRange]:
+    """The requested key space (chosen ranges/keys, or the whole table), split for
+    ``parallelism`` chunk tasks at keys the database sampled (core.planning), so skewed,
+    text and composite keys split as well as integers."""
+    request.check_schema(schema)
+    where = request.where_for(schema.table)
+    if where:  # its columns must be the table's, in the source's dialect (core/filters.py)
+        dialect.render_filter(where, schema)
+    requested = request.requested_ranges(schema.table)
+    if schema.table.id in request.ranges:  # ordered and disjoint in the database's own order
+        bounds = list(dict.fromkeys(tuple(b) for r in requested for b in (r.start, r.end) if b is not None))
+        rank_of = dict(zip(bounds, dialect.key_ranks(schema, bounds), strict=True))
+        check_ranges_ranked(schema.table.id, requested, lambda b: rank_of[tuple(b)])
+    if request.parallelism <= 1 or requested != (FULL_RANGE,):
+        return list(requested)
+    sample = dialect.sample_keys(schema, request.parallelism * 16)
+    if sample:
+        return core_plan_ranges(request.parallelism, sample=sample)
+    # no sample (e.g. the table is tiny or its statistics are empty): an even split of a
+    # single integer key between its smallest and largest value, else one range
+    if len(schema.primary_key) == 1 and schema.column(schema.primary_key[0]).type in (
+        "int16",
+        "int32",
+        "int64",
+        "uint64",
+    ):
+        lo, hi = min_key(dialect, schema), dialect.max_key(schema)
+        if lo is not None and hi is not None:
+            return core_plan_ranges(request.parallelism, min_max=(lo, hi))
+    log.info("table %s: no key sample to split on; reading it as one range", schema.table)
+    return [FULL_RANGE]
+
+
+def min_key(dialect: Dialect, schema: TableSchema) -> tuple | None:
+    """The smallest primary key, through the dialect's own keyset SELECT (LIMIT 1)."""
+    sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None, limit=1, columns=schema.primary_key)
+    for batch in dialect.stream_query(sql, params):
+        for raw in batch:
+            pk_schema = TableSchema(
+                schema.table, tuple(schema.column(k) for k in schema.primary_key), schema.primary_key
+            )
+            row = dialect.row_to_canonical(pk_schema, raw)
+            return tuple(row[k] for k in schema.primary_key)
+    return None
+
+
+def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> dict:
+    p = plan_path(data_dir, source, table, snapshot_id)
+    if not storage.exists(p):
+        raise StateError(
+            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
+            "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
+        )
+    return json.loads(storage.read_text(p))
+
+
+def new_snapshot_id() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def _mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
+    from ..sinks.mirror_delta import needs_rebuild
+    from ..storage.layout import mirror_dir
+
+    return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
+
+
+def _reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
+    from ..sinks.mirror_delta import reconcile_schema
+    from ..storage.layout import mirror_dir
+
+    return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
+
+
+def _check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
+    """Every chunk ends at a key strictly after the previous chunk's last key (keyset reads
+    under the snapshot's fixed upper bound): so a range ends, whatever the filter or the data.
+    A chunk that did not advance is a bug, stopped here rather than read forever."""
+    after, last = tuple(after), tuple(last)
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in after + last):
+        advanced = last > after
+    else:
+        advanced = last != after and (lambda r: r[1] > r[0])(dialect.key_ranks(schema, [after, last]))
+    if not advanced:
+        raise StateError(
+            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; the range "
+            "would never end. Stop this snapshot and report this (the chunk query or its filter is wrong)"
+        )
+
+
+def _partial(request: SnapshotRequest, table: TableName) -> bool:
+    """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
+    return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)

@@ -1,0 +1,25 @@
+"""Fixtures of the integration tier."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from .staged_scenario import SPARK_CONF
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("test_spark_jobs")
+    for k, v in SPARK_CONF.items():
+        builder = builder.config(k, v)
+    session = builder.getOrCreate()
+    yield session
+    session.stop()
+
+
