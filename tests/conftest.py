@@ -113,7 +113,7 @@ def s3_server():
             "bucket": "cdc-test",
             "delta_options": {
                 "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
-                "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_S3_ALLOW_UNSAFE_RENAME": "true",
+                "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_CONDITIONAL_PUT": "etag",
             },
             "arrow_fs": lambda: __import__("pyarrow.fs", fromlist=["S3FileSystem"]).S3FileSystem(
                 endpoint_override=endpoint, scheme="http", access_key="test", secret_key="test", region="us-east-1"

@@ -124,8 +124,15 @@ def delta_storage_options(location: str) -> dict[str, str] | None:
         opts.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret)
         if token:
             opts["AWS_SESSION_TOKEN"] = token
-    # conditional writes keep concurrent Delta commits safe on S3 (no external lock needed)
-    opts.setdefault("AWS_S3_ALLOW_UNSAFE_RENAME", os.environ.get("CDC_DELTA_S3_UNSAFE_RENAME", "true"))
+    # Delta's optimistic concurrency (and with it every writer fence, sinks/mirror_delta.py)
+    # needs a commit that fails when its version exists: S3's conditional put (If-None-Match,
+    # on AWS since 2024 and on most compatible servers). A store without it can opt into
+    # delta-rs's unsafe rename with CDC_DELTA_S3_UNSAFE_RENAME=true: then two writers racing
+    # for one version can both "win", so run one writer per table at a time.
+    if os.environ.get("CDC_DELTA_S3_UNSAFE_RENAME", "").strip().lower() in ("1", "true", "yes"):
+        opts["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
+    else:
+        opts["AWS_CONDITIONAL_PUT"] = "etag"
     return opts
 
 

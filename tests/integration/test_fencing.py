@@ -18,10 +18,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.errors import FencedError
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
-from airflow_provider_cdc.core.staging import schema_path
+from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.sinks import mirror_delta
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
 from airflow_provider_cdc.sinks.event_log import EventLogSink
@@ -34,7 +35,7 @@ from airflow_provider_cdc.sinks.mirror_delta import (
     horizon,
     read_mirror_raw,
 )
-from airflow_provider_cdc.spark.common import build_sinks
+from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 SOURCE = "s"
 T = TableName("public", "fenced")
@@ -54,9 +55,7 @@ def events(*rows: dict) -> pa.Table:
 
 
 def stage(data_dir: str) -> None:
-    p = Path(schema_path(data_dir, SOURCE, T))
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(SCHEMA.to_json())
+    storage.write_text(schema_path(data_dir, SOURCE, T), SCHEMA.to_json())
 
 
 def mirror_state(data_dir: str) -> dict[int, tuple[int, bool]]:
@@ -69,9 +68,18 @@ def live_keys(data_dir: str) -> set[int]:
     return {k for k, (_p, deleted) in mirror_state(data_dir).items() if not deleted}
 
 
-@pytest.fixture
-def data_dir(tmp_path) -> str:
-    d = str(tmp_path)
+@pytest.fixture(params=["local", "s3"])
+def data_dir(request, tmp_path, monkeypatch) -> str:
+    """The forced interleavings run on local disk and on a real S3 server: the fences are
+    Delta commits, and on S3 a commit must fail when its version exists (conditional put)."""
+    if request.param == "local":
+        d = str(tmp_path)
+    else:
+        s3 = request.getfixturevalue("s3_server")
+        for k, v in {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": "test",
+                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+            monkeypatch.setenv(k, v)
+        d = f"s3://{s3['bucket']}/fencing-{tmp_path.name}"
     stage(d)
     return d
 
@@ -389,7 +397,7 @@ def test_a_truncate_before_the_first_row_still_fences_older_writers(data_dir):
 def test_sweep_removes_rows_older_than_the_mark_live_or_tombstone(data_dir):
     mirror = MirrorDeltaSink(data_dir, SOURCE)
     mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20), ev(3, "d", 2), ev(8, "c", 4, 40)))
-    path = str(Path(data_dir, "output", SOURCE, "mirror", T.path_segment))
+    path = mirror_dir(data_dir, SOURCE, T)
     assert mirror_delta.sweep(path, Position(5).encode()) == 2  # key 1 (live) and key 2's tombstone
     assert mirror_state(data_dir) == {4: (8, False)}
     assert mirror_delta.sweep(path, Position(5).encode()) == 0  # idempotent
