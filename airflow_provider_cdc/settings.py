@@ -21,6 +21,8 @@ CDC_DATA_DIR                    staging and outputs: a folder or a URI (default
 CDC_TABLES                      tables a snapshot reads when its conf has none: a comma list,
                                 or a JSON list for names holding commas
 CDC_SINKS                       ``events,mirror`` (comma list; ``postgres`` too)
+CDC_STORAGE_CONN_ID             Airflow connection (type aws) with the object-storage endpoint
+                                and credentials (unset: the standard AWS_* variables)
 CDC_SPARK_CONN_ID               Spark connection of the merge/apply submits (``spark_default``)
 CDC_SPARK_CONF                  JSON object of Spark settings for those submits
 CDC_LOCAL_MAX_ROWS              rounds/batches up to this many rows run in the worker (100000;
@@ -114,6 +116,7 @@ class Settings:
     tables: tuple[str, ...] = ()
     sinks: str = DEFAULT_SINKS
     spark_conn_id: str = DEFAULT_SPARK_CONN_ID
+    storage_conn_id: str | None = None
     spark_conf: dict = field(default_factory=dict)
     local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS
     max_parallel_chunks: int = DEFAULT_MAX_PARALLEL_CHUNKS
@@ -163,6 +166,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         tables=tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES")),
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
+        storage_conn_id=_raw(env, "CDC_STORAGE_CONN_ID") or None,
         spark_conf=spark_conf,
         local_max_rows=_int(env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS,
                             "a whole number >= 0 (0: always spark-submit)"),

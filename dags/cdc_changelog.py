@@ -79,10 +79,12 @@ with DAG(
     def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
         """Skip the spark-submit (seconds of JVM start) when no staged segment is past
         every sink's applied-position marker."""
+        from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
         from airflow_provider_cdc.sinks.base import read_marker
         from airflow_provider_cdc.storage.layout import changelog_dir
         from airflow_provider_cdc.storage.staged import list_segments
 
+        apply_storage_connection()
         segments = list_segments(changelog_dir(data_dir, source))
         if not segments:
             return False
@@ -98,8 +100,10 @@ with DAG(
         cannot merge chunks any more (not running, paused or failed). Stopped snapshots count
         as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py)."""
         from airflow_provider_cdc import progress_store
+        from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
         from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
 
+        apply_storage_connection()
         return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id))
 
     now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}

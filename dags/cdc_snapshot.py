@@ -93,9 +93,11 @@ with DAG(
 
         from airflow_provider_cdc import settings, storage
         from airflow_provider_cdc.core.chunk import flatten_chunk_results
+        from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
         from airflow_provider_cdc.storage.layout import round_path
 
         now = settings.load()  # at run time, like the operators
+        apply_storage_connection(now.storage_conn_id)
         data_dir, source = now.data_dir, now.source
         flat = flatten_chunk_results(results)
         if not flat:

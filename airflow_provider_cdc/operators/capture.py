@@ -10,13 +10,14 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from ..hooks.cdc_source import CdcSourceHook
+from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.capture import run_capture
 from ..settings import FromSettings
 
 log = logging.getLogger(__name__)
 
 
-class ChangelogCaptureOperator(BaseOperator):
+class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
     """Drain the changelog of one source to ``{data_dir}/staging/{source}/changelog``.
 
     Returns the CaptureResult as a dict (XCom). When another capture of the same source

@@ -36,6 +36,7 @@ from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import Throttle
 from ..hooks.cdc_source import CdcSourceHook
+from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     SEQ_STRIDE,
     RangeState,
@@ -203,7 +204,7 @@ def record_snapshot_failure(context: Any) -> None:
     mark_failed(source, snapshots, error)
 
 
-class _SourceOperator(BaseOperator):
+class _SourceOperator(StorageConnectionMixin, BaseOperator):
     """Shared parameters: the source connection and the data directory. Not given (None),
     each is the setting read when the task runs (settings.py: CDC_DATA_DIR,
     CDC_SOURCE_CONN_ID, CDC_SOURCE)."""

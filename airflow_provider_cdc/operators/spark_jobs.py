@@ -23,6 +23,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError, SchemaChangeError
+from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.spark.common import application_path
 from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
 
@@ -34,7 +35,7 @@ def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
     return _int(os.environ, "CDC_LOCAL_MAX_ROWS", default, "a whole number >= 0 (0: always spark-submit)")
 
 
-class _CdcJobOperator(SparkSubmitOperator):
+class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
     job: str = ""
     template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "data_dir", "source", "sinks")
     # not given (None): the settings when the task runs (settings.py)

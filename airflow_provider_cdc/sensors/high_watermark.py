@@ -20,7 +20,8 @@ from airflow.sdk import BaseSensorOperator, conf
 from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this module's API for DAGs
 from ..core.errors import NotReadyError
 from ..hooks.cdc_source import CdcSourceHook
-from ..settings import DEFAULT_POKE_INTERVAL, FromSettings
+from ..hooks.cdc_storage import StorageConnectionMixin
+from ..settings import DEFAULT_POKE_INTERVAL, FromSettings, load
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,6 @@ def previous_run_active(dag_run: Any, ti: Any) -> str | None:
 def deferrable_from_env() -> bool | None:
     """``CDC_SENSOR_DEFERRABLE`` (true/false); None when unset: Airflow's
     ``[operators] default_deferrable`` decides."""
-    from ..settings import load
-
     return load().sensor_deferrable
 
 
@@ -56,7 +55,7 @@ def poke_interval_from_env(default: float = DEFAULT_POKE_INTERVAL) -> float:
     return _seconds(os.environ, "CDC_SENSOR_POKE_INTERVAL", default)
 
 
-class HighWatermarkSensor(BaseSensorOperator):
+class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
     """Succeeds when every high watermark of ``chunks`` is staged.
 
     :param chunks: ChunkResult dicts (usually the XCom of the mapped chunk task).
@@ -131,6 +130,7 @@ class HighWatermarkSensor(BaseSensorOperator):
                 poll_interval=float(self.poke_interval),
                 recheck_after=float(self.poke_interval) * 6 if self.drain else None,
                 timeout=float(timeout) if timeout else None,
+                storage_conn_id=load().storage_conn_id,
             ),
             method_name="execute_complete",
         )

@@ -46,6 +46,7 @@ class HighWatermarkTrigger(BaseTrigger):
         recheck_after: float | None = None,
         timeout: float | None = None,
         started_at: float | None = None,
+        storage_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.data_dir = data_dir
@@ -55,6 +56,7 @@ class HighWatermarkTrigger(BaseTrigger):
         self.recheck_after = None if recheck_after is None else float(recheck_after)
         self.timeout = None if timeout is None else float(timeout)
         self.started_at = time.time() if started_at is None else float(started_at)
+        self.storage_conn_id = storage_conn_id  # the connection's id only: never its secrets
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -67,11 +69,16 @@ class HighWatermarkTrigger(BaseTrigger):
                 "recheck_after": self.recheck_after,
                 "timeout": self.timeout,
                 "started_at": self.started_at,
+                "storage_conn_id": self.storage_conn_id,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         entered = time.time()
+        if self.storage_conn_id:
+            from ..hooks.cdc_storage import apply_storage_connection
+
+            await asyncio.to_thread(apply_storage_connection, self.storage_conn_id)
         while True:
             try:
                 missing = await asyncio.to_thread(

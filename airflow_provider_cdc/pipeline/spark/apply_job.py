@@ -23,10 +23,10 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
     sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from ...core.position import Position  # noqa: E402
-from ...sinks.base import Sink  # noqa: E402
-from ..arrow_engine import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
-from . import common  # noqa: E402
+from airflow_provider_cdc.core.position import Position  # noqa: E402
+from airflow_provider_cdc.pipeline.arrow_engine import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
+from airflow_provider_cdc.pipeline.spark import common  # noqa: E402
+from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.apply_job")
 

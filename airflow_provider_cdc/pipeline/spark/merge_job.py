@@ -34,13 +34,20 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script by spark-submit: import the package from its checkout
     sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from ...core.chunk import ChunkResult  # noqa: E402
-from ...core.errors import ConfigurationError  # noqa: E402
-from ...core.position import Position  # noqa: E402
-from ...storage.layout import changelog_dir as staged_changelog_dir  # noqa: E402
-from ...storage.staged import list_segments  # noqa: E402
-from ..windows import DEFAULT_BATCH_ROWS, ChunkWindow, describe, load_chunks, locate_windows, window_groups  # noqa: E402
-from . import common  # noqa: E402
+from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
+from airflow_provider_cdc.core.errors import ConfigurationError  # noqa: E402
+from airflow_provider_cdc.core.position import Position  # noqa: E402
+from airflow_provider_cdc.pipeline.spark import common  # noqa: E402
+from airflow_provider_cdc.pipeline.windows import (  # noqa: E402
+    DEFAULT_BATCH_ROWS,
+    ChunkWindow,
+    describe,
+    load_chunks,
+    locate_windows,
+    window_groups,
+)
+from airflow_provider_cdc.storage.layout import changelog_dir as staged_changelog_dir  # noqa: E402
+from airflow_provider_cdc.storage.staged import list_segments  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.merge_job")
 

@@ -1,0 +1,66 @@
+"""Object-storage credentials from an Airflow connection named by CDC_STORAGE_CONN_ID
+(hooks/cdc_storage.py), against a real S3 HTTP server: without the connection the
+location cannot be reached; once a task starts (the operators' pre_execute), storage,
+deltalake and child processes get the endpoint and keys from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_cdc import storage
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.hooks.cdc_storage import StorageConnectionMixin, storage_environment
+from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
+
+pytestmark = pytest.mark.integration
+
+AWS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+       "AWS_REGION", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture
+def no_aws_env(monkeypatch):
+    for k in AWS:
+        monkeypatch.delenv(k, raising=False)  # restored (removed again) after the test
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_a_task_takes_the_storage_connection_from_the_settings(s3_server, no_aws_env, monkeypatch, tmp_path):
+    conn = {"conn_type": "aws", "login": "test", "password": "test",
+            "extra": {"endpoint_url": s3_server["endpoint"], "region_name": "us-east-1"}}
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_TEST_S3", json.dumps(conn))
+    monkeypatch.setenv("CDC_STORAGE_CONN_ID", "cdc_test_s3")
+    location = f"s3://{s3_server['bucket']}/conn-{tmp_path.name}/probe.txt"
+    with pytest.raises(OSError):
+        storage.write_text(location, "x")  # no endpoint, no keys: the real AWS, unreachable here
+
+    class Probe(StorageConnectionMixin):
+        def pre_execute(self, context):
+            return super().pre_execute(context)
+
+    class Base:
+        def pre_execute(self, context):
+            return None
+
+    class Task(Probe, Base):
+        pass
+
+    Task().pre_execute({})
+    storage.write_text(location, "hello")
+    assert storage.read_text(location) == "hello"
+
+
+def test_a_bad_extra_names_the_connection_and_the_key(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_BAD_S3", json.dumps({"conn_type": "aws", "extra": {"endpoint_url": 7}}))
+    with pytest.raises(ConfigurationError, match=r"connection 'cdc_bad_s3'.*'endpoint_url'"):
+        storage_environment("cdc_bad_s3")
+
+
+def test_the_trigger_carries_the_connection_id_never_its_secrets():
+    t = HighWatermarkTrigger(data_dir="s3://b/x", source="s", watermark_ids=["hw"], storage_conn_id="cdc_test_s3")
+    path, kwargs = t.serialize()
+    assert kwargs["storage_conn_id"] == "cdc_test_s3"
+    assert "test" not in json.dumps(kwargs).replace("cdc_test_s3", "")
+    assert HighWatermarkTrigger(**kwargs).storage_conn_id == "cdc_test_s3"
