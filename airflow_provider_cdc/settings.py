@@ -33,6 +33,8 @@ CDC_SENSOR_POKE_INTERVAL        seconds between the high-watermark sensor's chec
 CDC_SENSOR_TIMEOUT              seconds the sensor waits in all before failing (21600 = 6 h)
 CDC_SNAPSHOT_SCHEDULE           cron/preset of periodic refresh snapshots (unset: manual only)
 CDC_CHANGELOG_SCHEDULE          cron/preset of cdc_changelog (``* * * * *``; ``none``: manual)
+CDC_MIRROR_RETENTION_HOURS      hours unreferenced mirror files stay for readers of older
+                                versions before vacuum removes them (168; at least 1)
 CDC_CAPTURE_MAX_EVENTS          cap on events per capture (unbounded)
 CDC_CAPTURE_SEGMENT_MAX_EVENTS  events per staged segment (connection extra or 20000; 0 = one)
 ==============================  ================================================================
@@ -127,6 +129,7 @@ class Settings:
     changelog_schedule: str | None = DEFAULT_CHANGELOG_SCHEDULE
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
+    mirror_retention_hours: float = 168.0
 
 
 def load(env: Mapping[str, str] | None = None) -> Settings:
@@ -181,7 +184,24 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
                                 minimum=1),
         capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
                                         "a whole number >= 0 (0: one segment per capture)"),
+        mirror_retention_hours=_retention_hours(env),
     )
+
+
+def _retention_hours(env: Mapping[str, str]) -> float:
+    raw = _raw(env, "CDC_MIRROR_RETENTION_HOURS")
+    if not raw:
+        return 168.0
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = float("nan")
+    if not hours >= 1 or hours == float("inf"):
+        raise ConfigurationError(
+            f"CDC_MIRROR_RETENTION_HOURS must be a number of hours >= 1 (files younger than that may belong to a "
+            f"writer still in flight), got {raw!r}"
+        )
+    return hours
 
 
 class FromSettings:

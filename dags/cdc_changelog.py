@@ -104,7 +104,10 @@ with DAG(
         from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
 
         apply_storage_connection()
-        return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id))
+        from airflow_provider_cdc import settings
+
+        return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
+                                retention_hours=settings.load().mirror_retention_hours)
 
     now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
     check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)

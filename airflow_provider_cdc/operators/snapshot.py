@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from .. import progress_store, storage
+from .. import progress_store, settings, storage
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
 from ..core.planning import SnapshotRequest
@@ -694,7 +694,8 @@ class SnapshotCommitOperator(_SourceOperator):
                                 "no longer has (if any) stay", tid, mark, sid)
         applied = read_marker(self.data_dir, source, "mirror")
         if applied is not None:
-            removed = compact(self.data_dir, source, tid, upto_position=applied.encode())
+            removed = compact(self.data_dir, source, tid, upto_position=applied.encode(),
+                              retention_hours=settings.load().mirror_retention_hours)
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
 
     def execute(self, context: Any) -> dict[str, Any]:

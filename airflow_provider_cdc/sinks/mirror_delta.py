@@ -47,6 +47,7 @@ other metadata, "Metadata changed since last commit"):
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -546,9 +547,16 @@ def horizon(data_dir: str, source: str, table: str | TableName) -> str | None:
     return None if dt is None else _properties(dt).get(HORIZON_PROPERTY)
 
 
-def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None) -> int:
+#: how long files that no Delta version references any more stay for readers still on an
+#: older version (Delta's own default: 7 days); vacuum removes them after that
+DEFAULT_RETENTION_HOURS = 168.0
+
+
+def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None,
+            retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
     """Remove tombstones (all, or those at or before ``upto_position``), then compact small
-    files. Returns the number of tombstones removed.
+    files and vacuum files no version younger than ``retention_hours`` references. Returns
+    the number of tombstones removed.
 
     Safe at any time, against any writer in flight: it first commits the horizon (the
     newest position of the tombstones it removes) and then deletes them; a writer that read
@@ -591,9 +599,33 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
                 log.warning("mirror %s: file compaction postponed after commit conflicts (%s)", path, exc)
             else:
                 _backoff(attempt)
+    vacuum(path, retention_hours)
     if removed:
         log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))
     return removed
+
+
+def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
+    """Delete the data files of the mirror at ``path`` that the current version does not
+    reference and no version of the last ``retention_hours`` did (replaced by merges,
+    compaction, deletes). Readers that follow the Delta log never need them; readers of a
+    plain folder glob would see them as rows (use mirror_readers instead). Returns the
+    number of files removed."""
+    if retention_hours < 0:
+        raise ConfigurationError(f"mirror retention must be >= 0 hours, got {retention_hours}")
+    dt = _open(path)
+    if dt is None:
+        return 0
+    # the retention also covers writers in flight: a file written but not committed yet is
+    # as young as its writer, so it is never older than the retention (keep it >= 1 h)
+    try:
+        gone = dt.vacuum(retention_hours=math.ceil(retention_hours), enforce_retention_duration=False, dry_run=False)
+    except CommitFailedError as exc:  # an optimisation: a concurrent commit only postpones it
+        log.warning("mirror %s: vacuum postponed after a commit conflict (%s)", path, exc)
+        return 0
+    if gone:
+        log.info("mirror %s: vacuum removed %d unreferenced file(s) older than %s h", path, len(gone), retention_hours)
+    return len(gone)
 
 
 def mirror_tables(data_dir: str, source: str) -> list[TableName]:
@@ -631,7 +663,8 @@ def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
 ACTIVE_SNAPSHOT = ("running", "paused", "failed")
 
 
-def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None]) -> dict[str, int]:
+def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None], *,
+                     retention_hours: float = DEFAULT_RETENTION_HOURS) -> dict[str, int]:
     """Compact the tombstones of every mirror table whose snapshot is not active, up to the
     position the mirror has applied. Returns removed tombstones per table.
 
@@ -648,7 +681,8 @@ def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str 
         if status_of(table.id) in ACTIVE_SNAPSHOT:
             continue
         if tombstone_count(data_dir, source, table):
-            removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode())
+            removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode(),
+                                        retention_hours=retention_hours)
     return removed
 
 

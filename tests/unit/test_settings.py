@@ -43,7 +43,8 @@ def test_every_variable_is_read():
         ("CDC_SPARK_CONF", "{not json"), ("CDC_SPARK_CONF", "[1]"), ("CDC_LOCAL_MAX_ROWS", "-1"),
         ("CDC_MAX_PARALLEL_CHUNKS", "0"), ("CDC_SENSOR_DEFERRABLE", "maybe"), ("CDC_SENSOR_POKE_INTERVAL", "0"),
         ("CDC_SENSOR_TIMEOUT", "soon"), ("CDC_CAPTURE_MAX_EVENTS", "0"), ("CDC_CAPTURE_SEGMENT_MAX_EVENTS", "x"),
-        ("CDC_SINKS", " , "),
+        ("CDC_SINKS", " , "), ("CDC_MIRROR_RETENTION_HOURS", "0.5"), ("CDC_MIRROR_RETENTION_HOURS", "nan"),
+        ("CDC_MIRROR_RETENTION_HOURS", "inf"), ("CDC_MIRROR_RETENTION_HOURS", "a week"),
     ],
 )
 def test_a_bad_value_is_an_error_that_names_the_variable(name, raw):
@@ -98,3 +99,9 @@ def test_a_data_location_with_percent_is_refused_for_the_delta_mirror():
     assert settings.load({"CDC_DATA_DIR": "/data/a%20b", "CDC_SINKS": "events"}).data_dir == "/data/a%20b"
     with pytest.raises(ConfigurationError, match="contains '%'"):
         MirrorDeltaSink("/data/50%", "src")
+
+
+def test_object_storage_settings():
+    got = settings.load({"CDC_STORAGE_CONN_ID": "lake", "CDC_MIRROR_RETENTION_HOURS": "24"})
+    assert (got.storage_conn_id, got.mirror_retention_hours) == ("lake", 24.0)
+    assert (settings.load({}).storage_conn_id, settings.load({}).mirror_retention_hours) == (None, 168.0)

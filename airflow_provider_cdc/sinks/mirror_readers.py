@@ -1,0 +1,66 @@
+"""Reading a mirror's live rows from any engine, Delta jars or not.
+
+A mirror is a Delta table whose rows carry ``__key``, ``__position`` and ``__deleted``
+(tombstones of deletes, kept while a snapshot of the table may still bring an older row).
+Its folder also holds files of older versions until vacuum removes them, so a plain glob
+of ``*.parquet`` reads rows twice, and tombstones as rows. Every reader here takes the
+*current* file list from the Delta log and drops tombstones:
+
+- :func:`live_files`: the data files of the current version (URIs);
+- :func:`read_spark`: a Spark DataFrame (no Delta jars: ``spark.read.parquet`` of those
+  files, filtered);
+- :func:`read_duckdb`: a duckdb relation;
+- :func:`read_pandas`: a pandas DataFrame (through deltalake);
+- ``sinks.mirror_delta.read_mirror``: a pyarrow Table.
+
+``meta=True`` keeps ``__key`` and ``__position``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.schema import TableName
+from ..storage.layout import mirror_dir
+from .arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
+from .mirror_delta import _open, read_mirror
+
+
+def _table(table: str | TableName) -> TableName:
+    return table if isinstance(table, TableName) else TableName.parse(table)
+
+
+def live_files(data_dir: str, source: str, table: str | TableName) -> list[str]:
+    """URIs of the data files the mirror's current version is made of (empty: no mirror)."""
+    dt = _open(mirror_dir(data_dir, source, _table(table)))
+    return [] if dt is None else list(dt.file_uris())
+
+
+def _drop(meta: bool) -> list[str]:
+    return [DELETED_COLUMN] if meta else [KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
+
+
+def read_spark(spark: Any, data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
+    """The live rows as a Spark DataFrame, read by Spark itself (on its executors). A
+    location on object storage needs Hadoop's connector for its scheme on Spark's classpath."""
+    files = live_files(data_dir, source, table)
+    if not files:
+        return spark.createDataFrame([], "__empty string").drop("__empty")
+    df = spark.read.parquet(*files)
+    return df.where(~df[DELETED_COLUMN]).drop(*_drop(meta))
+
+
+def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
+    """The live rows as a duckdb relation of connection ``con`` (``duckdb.connect()``)."""
+    files = live_files(data_dir, source, table)
+    if not files:
+        return con.sql("SELECT 1 WHERE false")
+    keep = ", ".join('"' + c.replace('"', '""') + '"' for c in _drop(meta))
+    # file URIs and column names are bound or quoted, never pasted as SQL text
+    rel = con.read_parquet(files)
+    return rel.filter(f'NOT "{DELETED_COLUMN}"').select(f"* EXCLUDE ({keep})")
+
+
+def read_pandas(data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
+    """The live rows as a pandas DataFrame."""
+    return read_mirror(data_dir, source, _table(table), with_meta=meta).to_pandas()
