@@ -23,6 +23,7 @@ from typing import Any
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
 from .arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
+from .delta_buckets import BUCKET_COLUMN
 from .mirror_delta import _open, read_mirror
 
 
@@ -46,8 +47,8 @@ def read_spark(spark: Any, data_dir: str, source: str, table: str | TableName, *
     files = live_files(data_dir, source, table)
     if not files:
         return spark.createDataFrame([], "__empty string").drop("__empty")
-    df = spark.read.parquet(*files)
-    return df.where(~df[DELETED_COLUMN]).drop(*_drop(meta))
+    df = spark.read.parquet(*files)  # Spark may read the bucket folders as a column: dropped too
+    return df.where(~df[DELETED_COLUMN]).drop(*_drop(meta), BUCKET_COLUMN)
 
 
 def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
@@ -57,7 +58,7 @@ def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *,
         return con.sql("SELECT 1 WHERE false")
     keep = ", ".join('"' + c.replace('"', '""') + '"' for c in _drop(meta))
     # file URIs and column names are bound or quoted, never pasted as SQL text
-    rel = con.read_parquet(files)
+    rel = con.read_parquet(files, hive_partitioning=False)
     return rel.filter(f'NOT "{DELETED_COLUMN}"').select(f"* EXCLUDE ({keep})")
 
 

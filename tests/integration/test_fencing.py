@@ -153,15 +153,15 @@ def test_a_merge_that_read_before_a_fence_change_conflicts_and_rechecks(data_dir
     """The check and the commit are one step: a stop landing between the merge's read of the
     table and its commit makes the commit conflict, and the re-read sees the new epoch."""
     fence = MergeFence(data_dir, SOURCE).claim([SCHEMA])
-    real_merge = mirror_delta.DeltaTable.merge
+    real_commit = mirror_delta.commit
     stopped = []
 
-    def merge_then_stop(self, *args, **kwargs):
+    def stop_then_commit(v, *args, **kwargs):
         if not stopped:  # the stop commits after this writer read the table version
             stopped.append(fence_out_merges(data_dir, SOURCE, T))
-        return real_merge(self, *args, **kwargs)
+        return real_commit(v, *args, **kwargs)
 
-    monkeypatch.setattr(mirror_delta.DeltaTable, "merge", merge_then_stop)
+    monkeypatch.setattr(mirror_delta, "commit", stop_then_commit)
     with pytest.raises(FencedError):
         MirrorDeltaSink(data_dir, SOURCE, fence=fence).write(events(ev(5, "r", 1, 10)))
     assert stopped and mirror_state(data_dir) == {}
@@ -170,17 +170,17 @@ def test_a_merge_that_read_before_a_fence_change_conflicts_and_rechecks(data_dir
 def test_compaction_retries_a_commit_conflict_and_keeps_the_concurrent_write(data_dir, monkeypatch):
     mirror = MirrorDeltaSink(data_dir, SOURCE)
     mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20), ev(3, "d", 1)))
-    real_set = mirror_delta._set_properties
+    real_commit = mirror_delta.commit
     conflicts = []
 
-    def set_then_concurrent_write(dt, props):
-        real_set(dt, props)
-        if not conflicts:  # another writer commits between the horizon and the delete
-            conflicts.append(1)
+    def concurrent_write_then_commit(v, *args, **kwargs):
+        if not conflicts and kwargs.get("operation") == "compact":  # another writer commits between
+            conflicts.append(1)                                    # compaction's read and its commit
             mirror.write(events(ev(9, "d", 2)))
+        return real_commit(v, *args, **kwargs)
 
     backoffs = []
-    monkeypatch.setattr(mirror_delta, "_set_properties", set_then_concurrent_write)
+    monkeypatch.setattr(mirror_delta, "commit", concurrent_write_then_commit)
     monkeypatch.setattr(mirror_delta, "_backoff", lambda attempt: backoffs.append(attempt))
     assert compact(data_dir, SOURCE, T, upto_position=Position(3).encode()) == 1
     assert backoffs, "the concurrent commit should have made the delete conflict and retry"
