@@ -195,6 +195,7 @@ def apply_segments(
     read_events: EventReader, data_dir: str, source: str, sinks: Sequence[Sink], *,
     changelog_dir: str | None = None, max_segments_per_batch: int = 64,
     max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
+    after_mark: Callable | None = None, write: Callable | None = None, count: Callable | None = None,
 ) -> dict:
     """Apply every staged segment past each sink's marker, in batches of whole segments (at
     most ``max_segments_per_batch`` and ``max_batch_rows`` staged rows, a bigger segment
@@ -204,6 +205,10 @@ def apply_segments(
         raise ConfigurationError(f"max_segments_per_batch must be >= 1, got {max_segments_per_batch}")
     if max_batch_rows < 1:
         raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+    # the in-process engine's defaults: Arrow tables; the Spark apply job passes DataFrame ones
+    after_mark = after_mark or (lambda t, mark: t.filter(pc.greater(t["position"], mark.encode())))
+    write = write or (lambda sink, t: sink.write(t))
+    count = count or (lambda t: t.num_rows)
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
     start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
@@ -222,17 +227,18 @@ def apply_segments(
     lower = start
     for group in groups:
         upto = max(last for _, last, _ in group)
-        arrow = read_events(segments, lower, upto)
+        events = read_events(segments, lower, upto)
         for sink in sinks:
             mark = markers[sink.name]
-            part = arrow if mark is None else arrow.filter(pc.greater(arrow["position"], mark.encode()))
+            part = events if mark is None else after_mark(events, mark)
             if mark is None or upto > mark:
-                sink.write(part)
+                write(sink, part)
                 write_marker(data_dir, source, sink.name, upto)
                 markers[sink.name] = upto
-        applied += arrow.num_rows
+        n = count(events)
+        applied += n
         batches += 1
-        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, len(groups), arrow.num_rows,
+        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, len(groups), n,
                  len(group), upto)
         lower = upto if lower is None or upto > lower else lower
     return {"segments": len(pending), "batches": batches, "events": applied,

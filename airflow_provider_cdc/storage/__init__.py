@@ -78,6 +78,23 @@ def check_location(location: str, setting: str = "data location") -> str:
     return location
 
 
+#: the environment variables object-storage access is configured by (module docstring)
+STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+               "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "CDC_DELTA_S3_UNSAFE_RENAME")
+
+
+def environment() -> dict[str, str]:
+    """This process's storage settings, to hand to other processes (Spark executors)."""
+    return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+
+
+def use_environment(settings: dict[str, str]) -> None:
+    """Adopt storage settings handed over by :func:`environment` (in an executor)."""
+    for k, v in settings.items():
+        if k in STORAGE_ENV:
+            os.environ[k] = v
+
+
 def _s3_settings() -> tuple:
     env = os.environ
     return (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_ACCESS_KEY_ID") or "",

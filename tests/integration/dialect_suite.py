@@ -493,7 +493,7 @@ class DialectSuite(ABC):
         assert d2.load_offset(ctx.data_dir) == res.end_offset != start
 
     def test_capture_crash_between_segments_redelivers_without_loss_or_duplicates(self, ctx, monkeypatch):
-        import airflow_provider_cdc.dialects.base as base_module
+        import airflow_provider_cdc.pipeline.capture as base_module  # where the capture stages its segments
 
         t = self._kv_table(ctx, 0)
         d = ctx.dialect([t])

@@ -9,10 +9,9 @@ spark-submit runs). The expected outputs come from core.window (merge_window +
 mirror_apply) over the staged files; a test that compares the engines with each other
 runs both on copies of the same scenario.
 
-The Arrow engine runs here on local disk and on a real S3 HTTP server (moto_server on
-127.0.0.1): object storage gives the same answer. Spark reaches object storage only
-through its executors' pyarrow (no Hadoop S3 jars here), which is the distributed
-issue's work; until then its rows carry ``notimpl``.
+Both engines run here on local disk and on a real S3 HTTP server (moto_server on
+127.0.0.1): object storage gives the same answer. Spark reaches object storage through its
+executors' pyarrow (pipeline/spark/distributed.py; no Hadoop S3 jars).
 """
 
 from __future__ import annotations
@@ -141,8 +140,6 @@ def event_rows(data_dir: str) -> dict[str, list[dict]]:
 
 # --- merge: DBLog steps 4-5 ---------------------------------------------------------------------
 def test_a_fixed_round_merges_as_core_says(engine, root):
-    if engine.name == "spark" and root.startswith("s3://"):
-        pytest.skip("notimpl: Spark reads staging through Hadoop paths here (no S3 jars); see the distributed issue")
     st = build_scenario(root if root.startswith("s3://") else Path(root) / "fixed dir %20+ü")  # Spark URL-encodes paths
     got = _merged(engine, st)
     want = st.expected_merge()
@@ -212,8 +209,6 @@ def test_a_truncate_inside_a_window_drops_that_chunk(engine, tmp_path):
 def test_merge_and_apply_write_the_mirror_core_expects(engine, root):
     """Both jobs through the sinks: the mirror equals core's reference (the round's ``r``
     events and the log applied with mirror_apply), and a re-run changes nothing (I3)."""
-    if engine.name == "spark" and root.startswith("s3://"):
-        pytest.skip("notimpl: Spark reads staging through Hadoop paths here (no S3 jars); see the distributed issue")
     st = build_scenario(root if root.startswith("s3://") else Path(root) / "s")
     ms = engine.merge_round(st, st.round_file())
     ap = engine.apply(st)

@@ -25,7 +25,7 @@ if __name__ == "__main__":  # run as a script by spark-submit: import the packag
 
 from airflow_provider_cdc.core.position import Position  # noqa: E402
 from airflow_provider_cdc.pipeline.arrow_engine import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
-from airflow_provider_cdc.pipeline.spark import common  # noqa: E402
+from airflow_provider_cdc.pipeline.spark import common, distributed  # noqa: E402
 from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.apply_job")
@@ -36,7 +36,7 @@ def changelog_events(spark, segments, *, after: Position | None, upto: Position 
     ``batch = c-{first}-{last}`` of the segment that holds them (deterministic file names)."""
     from pyspark.sql import functions as F
 
-    df = common.read_changelog(spark, segments, after=after, upto=upto).where(F.col("op") != "w")
+    df = distributed.read_changelog(spark, segments, after=after, upto=upto).where(F.col("op") != "w")
     return df.select(
         "position", "table", "op", "key", "before", "after", "ts_ms", "watermark",
         F.lit(False).alias("snapshot"),
@@ -55,22 +55,30 @@ def apply_changelog(
     max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
 ) -> dict:
     """Apply every staged segment past each sink's marker; returns counts. The loop (markers,
-    batches of segments) is local_jobs.apply_segments, shared with the in-process engine."""
+    batches of segments) is arrow_engine.apply_segments, shared with the in-process engine;
+    here the events of a batch never leave the executors."""
+
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
     def read(segments, after, upto):
-        return common.to_event_table(changelog_events(spark, segments, after=after, upto=upto).toArrow())
+        return changelog_events(spark, segments, after=after, upto=upto).persist(StorageLevel.MEMORY_AND_DISK)
 
+    # the events stay on the executors: each sink is written from there (distributed.py)
     return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
-                          max_segments_per_batch=max_segments_per_batch, max_batch_rows=max_batch_rows)
+                          max_segments_per_batch=max_segments_per_batch, max_batch_rows=max_batch_rows,
+                          after_mark=lambda df, mark: df.where(F.col("position") > mark.encode()),
+                          write=lambda sink, df: distributed.write_sinks(spark, df, [sink]),
+                          count=lambda df: df.count())
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="apply_job", description="Apply staged changelog segments to the sinks.")
     common.add_common_arguments(p)
     p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
-    p.add_argument("--max-segments-per-batch", type=int, default=64, help="segments collected to the driver at once")
+    p.add_argument("--max-segments-per-batch", type=int, default=64, help="segments per apply batch (one marker move)")
     p.add_argument("--max-batch-rows", type=int, default=DEFAULT_APPLY_BATCH_ROWS,
-                   help="staged rows collected to the driver at once (whole segments; a bigger one alone)")
+                   help="staged rows per apply batch (whole segments; a bigger one alone)")
     return p.parse_args(argv)
 
 

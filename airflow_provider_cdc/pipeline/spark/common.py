@@ -13,7 +13,6 @@ import os
 import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
 
@@ -153,44 +152,11 @@ def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> 
 CHANGELOG_DDL = (
     "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string"
 )
+CHANGELOG_DDL_COLUMNS = tuple(part.split()[0] for part in CHANGELOG_DDL.split(","))
 
 
 def spark_event_schema() -> str:
     return CHANGELOG_DDL + ", snapshot boolean, batch string"
-
-
-def read_changelog(
-    spark, segments: Sequence[tuple[Position, Position, str]], *, after: Position | None = None, upto: Position | None = None
-):
-    """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
-    (the file name). Only segments that can hold such events are read."""
-    from pyspark.sql import functions as F
-
-    bounds = segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
-    chosen = [
-        s for s in segments if (after is None or s[1] > after) and (upto is None or s[0] <= upto)
-    ]
-    if not chosen:
-        return spark.createDataFrame([], CHANGELOG_DDL + ", segment string")
-    bounds_df = spark.createDataFrame(
-        [(p.rsplit("/", 1)[-1], bounds[p.rsplit("/", 1)[-1]]) for _, _, p in chosen], "segment string, lower string"
-    )
-    df = spark.read.schema(CHANGELOG_DDL).parquet(*[p for _, _, p in chosen])
-    if after is not None:
-        df = df.where(F.col("position") > after.encode())
-    if upto is not None:
-        df = df.where(F.col("position") <= upto.encode())
-    df = df.withColumn("segment", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
-    return df.join(F.broadcast(bounds_df), "segment").where(F.col("position") > F.col("lower")).drop("lower")
-
-
-def normalise_path(path: str) -> str:
-    """A file path as the driver gives it or as Spark reports it (``file:/a%20b``) -> one form."""
-    parts = urlsplit(path)
-    if parts.scheme in ("", "file") or len(parts.scheme) == 1:  # "C:" on Windows
-        raw = unquote(parts.path) if parts.scheme == "file" else path
-        return os.path.normpath(os.path.abspath(raw))
-    return f"{parts.scheme}://{parts.netloc}{unquote(parts.path)}"
 
 
 # --- sinks ------------------------------------------------------------------------------------

@@ -37,14 +37,13 @@ if __name__ == "__main__":  # run as a script by spark-submit: import the packag
 from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
 from airflow_provider_cdc.core.errors import ConfigurationError  # noqa: E402
 from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.pipeline.spark import common  # noqa: E402
+from airflow_provider_cdc.pipeline.spark import common, distributed  # noqa: E402
 from airflow_provider_cdc.pipeline.windows import (  # noqa: E402
     DEFAULT_BATCH_ROWS,
     ChunkWindow,
     describe,
     load_chunks,
     locate_windows,
-    window_groups,
 )
 from airflow_provider_cdc.storage.layout import changelog_dir as staged_changelog_dir  # noqa: E402
 from airflow_provider_cdc.storage.staged import list_segments  # noqa: E402
@@ -53,34 +52,24 @@ log = logging.getLogger("airflow_provider_cdc.pipeline.spark.merge_job")
 
 
 def _chunk_rows(spark, windows: Sequence[ChunkWindow]):
-    """(cidx, key, after) of every chunk file; checks each file holds the rows its result says."""
+    """(cidx, key, after) of every chunk file, read on the executors; checks each file holds
+    the rows its result says (counts per file come back to the driver, not rows)."""
     from pyspark.sql import functions as F
 
     with_rows = [w for w in windows if w.chunk.rows > 0]
     if not with_rows:
         return spark.createDataFrame([], "cidx int, key string, after string")
-    rows = spark.read.schema("key string, after string").parquet(*[w.chunk.path for w in with_rows])
-    rows = rows.withColumn("file", F.col("_metadata.file_path"))
-    counts = {r["file"]: r["count"] for r in rows.groupBy("file").count().collect()}
-    by_path = {common.normalise_path(w.chunk.path): w for w in with_rows}
-    mapping = []
-    seen = set()
-    for file, n in counts.items():
-        w = by_path.get(common.normalise_path(file))
-        if w is None:
-            raise ConfigurationError(f"Spark read chunk file {file} that matches no chunk of the round")
+    rows = distributed.read_files(spark, [w.chunk.path for w in with_rows], "key string, after string", ["key", "after"])
+    counts = {r[distributed.FILE_COLUMN]: r["count"] for r in rows.groupBy(distributed.FILE_COLUMN).count().collect()}
+    for w in with_rows:
+        n = counts.get(w.chunk.path, 0)
         if n != w.chunk.rows:
             raise ConfigurationError(
                 f"{describe(w.chunk)}: file {w.chunk.path} holds {n} rows but the chunk result says {w.chunk.rows}; "
                 "the file was replaced by another attempt: re-run the chunk task"
             )
-        mapping.append((file, w.index))
-        seen.add(w.index)
-    for w in with_rows:
-        if w.index not in seen:
-            raise ConfigurationError(f"{describe(w.chunk)}: file {w.chunk.path} holds no rows but the chunk result says {w.chunk.rows}")
-    map_df = spark.createDataFrame(mapping, "file string, cidx int")
-    return rows.join(F.broadcast(map_df), "file").select("cidx", "key", "after")
+    map_df = spark.createDataFrame([(w.chunk.path, w.index) for w in with_rows], f"{distributed.FILE_COLUMN} string, cidx int")
+    return rows.join(F.broadcast(map_df), distributed.FILE_COLUMN).select("cidx", "key", "after")
 
 
 def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence[ChunkWindow] | None = None):
@@ -99,7 +88,7 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
     hi = Position.decode(max(w.high for w in windows))
     segments = list_segments(changelog_dir)
     changes = (
-        common.read_changelog(spark, segments, after=lo, upto=hi)
+        distributed.read_changelog(spark, segments, after=lo, upto=hi)
         .where(F.col("op") != "w")
         .select("table", "key", "position", "op")
     )
@@ -129,37 +118,14 @@ def _merge_chunk(info: dict, key: tuple, rows, hits):
     return read_events(survivors, EVENT_SCHEMA, table=table, high=high, high_ts_ms=ts_ms, watermark=watermark, batch=batch)
 
 
-def write_round(
-    events_df, windows: Sequence[ChunkWindow], sinks, *, max_batch_rows: int = DEFAULT_BATCH_ROWS, timings: dict | None = None
-) -> int:
-    """Collect the round to the driver in groups of chunks (bounded memory) and write every
-    group to every sink. Returns the number of ``r`` events written; ``timings`` (if given)
-    gets the seconds spent in Spark and in the sinks."""
+def write_round(spark, events_df, sinks, *, timings: dict | None = None) -> int:
+    """Write the round's events to every sink from the executors (distributed.write_sinks:
+    the driver only commits file metadata). Returns the number of ``r`` events."""
     timings = {} if timings is None else timings
-    timings.setdefault("spark_s", 0.0)
-    timings.setdefault("sinks_s", 0.0)
-    from pyspark.sql import functions as F
-
-    groups = [[w.batch for w in g] for g in window_groups(windows, max_batch_rows)]
-    if len(groups) > 1:
-        events_df = events_df.persist()
-    if not groups:
-        return 0
-    total = 0
-    try:
-        for g in groups:
-            part = events_df if len(groups) == 1 else events_df.where(F.col("batch").isin(g))
-            t0 = time.monotonic()
-            table = common.to_event_table(part.toArrow())
-            t1 = time.monotonic()
-            common.write_to_sinks(sinks, table)
-            timings["spark_s"] += t1 - t0
-            timings["sinks_s"] += time.monotonic() - t1
-            total += table.num_rows
-    finally:
-        if len(groups) > 1:
-            events_df.unpersist()
-    return total
+    t0 = time.monotonic()
+    counts = distributed.write_sinks(spark, events_df, sinks)
+    timings["sinks_s"] = time.monotonic() - t0
+    return counts["events_in"]
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -168,7 +134,7 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     common.add_common_arguments(p)
     p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     p.add_argument("--max-batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
-                   help="chunk rows collected to the driver per sink write (bounds the driver's memory)")
+                   help="unused since the sinks are written from the executors (kept for old callers)")
     return p.parse_args(argv)
 
 
@@ -190,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         t1 = time.monotonic()
         df = merge_chunks(spark, chunks, changelog, windows=windows)  # includes the chunk row-count check
         timings["check_s"] = time.monotonic() - t1
-        emitted = write_round(df, windows, sinks, max_batch_rows=args.max_batch_rows, timings=timings)
+        emitted = write_round(spark, df, sinks, timings=timings)
     finally:
         for s in sinks:
             s.close()
