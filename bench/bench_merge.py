@@ -4,11 +4,18 @@ with a plain Spark Parquet read + write of the same chunk files in the same run.
 
 Every Spark side runs through spark-submit with the same master; the rates use the time
 measured inside each job after its session started, and the fixed spark-submit overhead
-(an empty job: JVM + session start and stop) is printed separately. Also measured, without
-Spark: the Delta mirror's write method (delta-rs MERGE with the position guard) against
-read-modify-write (read the table, combine in Arrow, overwrite) for one batch of updates.
+(an empty job: JVM + session start and stop) is printed separately. With ``--mirror`` the
+round also goes to the Delta mirror and the apply job applies the window events after it:
+merge + apply rows/s against the plain copy. Every spark-submit's driver peak RSS (the
+spark-submit JVM and its Python driver, sampled every 0.2 s) is printed; with ``--cluster``
+the jobs run on a standalone cluster of two 1-core workers started for the run, so that
+figure is the driver alone (in local mode the executors live in the driver's JVM).
+``--sizes 1000000,5000000`` repeats the round for several sizes: the driver's peak must stay
+flat. Also measured, without Spark: the mirror's bucket rewrite against whole-table
+read-modify-write for one batch of updates.
 
-    python -m bench merge [--rows 1000000] [--events 50000] [--chunks 20] [--mirror] [--master local[2]]
+    python -m bench merge [--rows 1000000] [--events 50000] [--chunks 20] [--mirror] [--cluster]
+                          [--sizes 1000000,5000000] [--master local[2]]
 """
 
 from __future__ import annotations
@@ -44,7 +51,10 @@ SCHEMA = TableSchema(
     (Column("id", "int64"), Column("customer", "string"), Column("amount", "decimal(12,2)"), Column("ts", "timestamptz")),
     ("id",),
 )
-CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "2g"}
+CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "8", "spark.driver.memory": "2g",
+        "spark.executor.memory": "768m"}
+#: on a cluster the driver gets what the distributed issue allows it: nothing proportional to the round
+CLUSTER_DRIVER = {"spark.driver.memory": "512m", "spark.driver.maxResultSize": "4m"}
 
 EMPTY_JOB = """
 import time
@@ -76,6 +86,8 @@ def _parse(argv):
     ap.add_argument("--mirror", action="store_true", help="also run the merge with the Delta mirror sink")
     ap.add_argument("--mirror-rows", type=int, default=200_000, help="table size for the mirror write-method comparison")
     ap.add_argument("--keep", action="store_true", help="keep the generated data folder")
+    ap.add_argument("--sizes", default="", help="comma list of round sizes to run one after the other (driver peak)")
+    ap.add_argument("--cluster", action="store_true", help="run on a standalone cluster of two 1-core workers")
     ap.add_argument("--seed", type=int, default=1)
     return ap.parse_known_args(argv)[0]  # ignore options meant for other benchmarks
 
@@ -121,21 +133,42 @@ def build(data_dir: str, rows: int, events: int, n_chunks: int, seed: int) -> li
 
 
 def _run(cmd: list[str], tag: str | None) -> tuple[float, dict | None]:
+    """Run a spark-submit; (wall seconds, the tagged result line with ``driver_peak_mb``)."""
+    import threading
+
+    import psutil
+
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peak = [0]
+
+    def sample() -> None:  # the driver: spark-submit's JVM and the Python driver it starts
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            try:
+                procs = [root, *root.children(recursive=True)]
+                peak[0] = max(peak[0], sum(p.memory_info().rss for p in procs if p.is_running()))
+            except psutil.Error:
+                pass
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    sampler.join(timeout=2)
     wall = time.monotonic() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(cmd[:6])}... failed ({proc.returncode}):\n{err[-3000:]}")
     if tag is None:
-        return wall, None
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(tag)][-1]
-    return wall, json.loads(line[len(tag) + 1 :])
+        return wall, {"driver_peak_mb": round(peak[0] / 2**20)}
+    line = [ln for ln in out.splitlines() if ln.startswith(tag)][-1]
+    return wall, {**json.loads(line[len(tag) + 1 :]), "driver_peak_mb": round(peak[0] / 2**20)}
 
 
 def mirror_methods(rows: int, updates: int, seed: int) -> dict:
-    """Delta MERGE with the position guard vs read-modify-write, one batch of updates."""
+    """The mirror's bucket rewrite (upsert) vs whole-table read-modify-write, one batch of updates."""
     from deltalake import DeltaTable, write_deltalake
 
     from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
@@ -154,7 +187,7 @@ def mirror_methods(rows: int, updates: int, seed: int) -> dict:
     batch = events_to_mirror_rows(SCHEMA, events(sorted(rnd.sample(range(rows), min(updates, rows))), 20))
     out = {}
     with tempfile.TemporaryDirectory() as d:
-        write_deltalake(f"{d}/m", base)
+        upsert(f"{d}/m", base)  # a bucketed mirror table, as the sinks create it
         t0 = time.monotonic()
         upsert(f"{d}/m", batch)
         out["merge_s"] = time.monotonic() - t0
@@ -168,13 +201,12 @@ def mirror_methods(rows: int, updates: int, seed: int) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    a = _parse(argv)
+def one_size(a, rows: int, master: str) -> dict:
     work = tempfile.mkdtemp(prefix="bench_merge_")
     try:
         t0 = time.monotonic()
-        chunks = build(work, a.rows, a.events, a.chunks, a.seed)
-        print(f"staged {a.rows} chunk rows in {a.chunks} chunks + {a.events} window events in {time.monotonic() - t0:.1f} s")
+        chunks = build(work, rows, a.events, a.chunks, a.seed)
+        print(f"staged {rows} chunk rows in {a.chunks} chunks + {a.events} window events in {time.monotonic() - t0:.1f} s")
         round_file = Path(work) / "round.json"
         round_file.write_text(json.dumps([c.to_dict() for c in chunks]))
         jobs = Path(work) / "jobs"
@@ -182,43 +214,118 @@ def main(argv: list[str] | None = None) -> int:
         (jobs / "empty_job.py").write_text(textwrap.dedent(EMPTY_JOB))
         (jobs / "parquet_copy_job.py").write_text(textwrap.dedent(COPY_JOB))
         (jobs / "paths.json").write_text(json.dumps([c.path for c in chunks]))
-        base = ["spark-submit", "--master", a.master] + [x for k, v in CONF.items() for x in ("--conf", f"{k}={v}")]
+        base = ["spark-submit", "--master", master] + [x for k, v in CONF.items() for x in ("--conf", f"{k}={v}")]
 
-        overhead, _ = _run([*base, str(jobs / "empty_job.py")], None)
-        copy_wall, copy = _run([*base, str(jobs / "parquet_copy_job.py"), str(jobs / "paths.json"), f"{work}/copy-out"], "BENCH_COPY")
+        overhead, empty = _run([*base, str(jobs / "empty_job.py")], None)
+        copy_wall, copy = _run([*base, str(jobs / "parquet_copy_job.py"), str(jobs / "paths.json"), f"{work}/copy-out"],
+                               "BENCH_COPY")
         args = ["--chunks", str(round_file), "--data-dir", work, "--source", SOURCE]
-        merge_wall, merged = _run(spark_submit_command("merge", [*args, "--sinks", "events"], master=a.master, conf=CONF),
+        merge_wall, merged = _run(spark_submit_command("merge", [*args, "--sinks", "events"], master=master, conf=CONF),
                                   "CDC_MERGE_RESULT")
-        if merged["emitted"] <= 0 or merged["emitted"] + merged["dropped"] != a.rows or copy["rows"] != a.rows:
+        if merged["emitted"] <= 0 or merged["emitted"] + merged["dropped"] != rows or copy["rows"] != rows:
             raise RuntimeError(f"implausible result, not timing it: merge {merged}, copy {copy}")
         copy_rate = copy["rows"] / copy["seconds"]
         merge_rate = merged["rows_in"] / merged["seconds"]
-        print(f"spark-submit fixed overhead (empty job, wall):   {overhead:8.1f} s")
+        print(f"spark-submit fixed overhead (empty job, wall):   {overhead:8.1f} s (driver peak {empty['driver_peak_mb']} MB)")
         print(f"plain Parquet read+write:  {copy['rows']:>9} rows in {copy['seconds']:6.1f} s = {copy_rate:10,.0f} rows/s"
-              f"  (wall {copy_wall:.1f} s)")
+              f"  (wall {copy_wall:.1f} s, driver peak {copy['driver_peak_mb']} MB)")
         print(f"merge job (event log):     {merged['rows_in']:>9} rows in {merged['seconds']:6.1f} s = {merge_rate:10,.0f} rows/s"
-              f"  (wall {merge_wall:.1f} s; {merged['dropped']} rows dropped by windows, {merged['emitted']} emitted)")
+              f"  (wall {merge_wall:.1f} s, driver peak {merged['driver_peak_mb']} MB; {merged['dropped']} rows dropped "
+              f"by windows, {merged['emitted']} emitted)")
         print(f"ratio merge / plain copy: {merge_rate / copy_rate:.2f}")
-        result = {"rows": a.rows, "events": a.events, "chunks": a.chunks, "overhead_s": overhead, "copy": copy,
-                  "merge_events": merged, "ratio": merge_rate / copy_rate}
+        result = {"rows": rows, "events": a.events, "chunks": a.chunks, "master": master, "overhead_s": overhead,
+                  "copy": copy, "merge_events": merged, "ratio": merge_rate / copy_rate}
         if a.mirror:
             shutil.rmtree(f"{work}/output", ignore_errors=True)
-            mw, mm = _run(spark_submit_command("merge", [*args, "--sinks", "events,mirror"], master=a.master, conf=CONF),
+            mw, mm = _run(spark_submit_command("merge", [*args, "--sinks", "events,mirror"], master=master, conf=CONF),
                           "CDC_MERGE_RESULT")
+            aw, ap = _run(spark_submit_command("apply", ["--data-dir", work, "--source", SOURCE, "--sinks", "events,mirror"],
+                                               master=master, conf=CONF), "CDC_APPLY_RESULT")
             rate = mm["rows_in"] / mm["seconds"]
+            both = (mm["rows_in"] + ap["events"]) / (mm["seconds"] + ap["seconds"])
             print(f"merge job (events+mirror): {mm['rows_in']:>9} rows in {mm['seconds']:6.1f} s = {rate:10,.0f} rows/s"
-                  f"  (wall {mw:.1f} s); ratio to plain copy {rate / copy_rate:.2f}")
-            result["merge_mirror"] = mm
-        mm = mirror_methods(min(a.mirror_rows, a.rows), a.events, a.seed)
-        print(f"mirror write of {min(a.events, a.mirror_rows)} updates into {min(a.mirror_rows, a.rows)} rows: "
-              f"delta MERGE {mm['merge_s']:.2f} s, read-modify-write {mm['rmw_s']:.2f} s "
-              f"(MERGE/RMW time ratio {mm['merge_s'] / mm['rmw_s']:.2f})")
-        result["mirror_methods"] = mm
-        print("BENCH_MERGE " + json.dumps(result))
-        return 0
+                  f"  (wall {mw:.1f} s, driver peak {mm['driver_peak_mb']} MB); ratio to plain copy {rate / copy_rate:.2f}")
+            print(f"apply job (events+mirror): {ap['events']:>9} events in {ap['seconds']:6.1f} s"
+                  f"  (wall {aw:.1f} s, driver peak {ap['driver_peak_mb']} MB)")
+            print(f"merge + apply round: {both:10,.0f} rows/s; ratio to plain copy {both / copy_rate:.2f}")
+            result.update(merge_mirror=mm, apply=ap, round_ratio=both / copy_rate)
+        return result
     finally:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(argv)
+    sizes = [int(x) for x in a.sizes.split(",")] if a.sizes else [a.rows]
+    cluster = None
+    try:
+        master = a.master
+        if a.cluster:
+            cluster = StandaloneCluster(workers=2).start()
+            master = cluster.url
+            CONF.update(CLUSTER_DRIVER)
+            print(f"standalone cluster {master}: 2 workers of 1 core and 1 GB")
+        results = [one_size(a, rows, master) for rows in sizes]
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    if len(results) > 1:
+        peaks = ", ".join(f"{r['rows']:,} rows: {r['merge_events']['driver_peak_mb']} MB" for r in results)
+        print(f"driver peak of the merge job by round size: {peaks}")
+    mm = mirror_methods(min(a.mirror_rows, sizes[0]), a.events, a.seed)
+    print(f"mirror write of {min(a.events, a.mirror_rows)} updates into {min(a.mirror_rows, sizes[0])} rows: "
+          f"bucket rewrite {mm['merge_s']:.2f} s, whole-table read-modify-write {mm['rmw_s']:.2f} s "
+          f"(time ratio {mm['merge_s'] / mm['rmw_s']:.2f})")
+    print("BENCH_MERGE " + json.dumps({"sizes": results, "mirror_methods": mm}))
+    return 0
+
+
+class StandaloneCluster:
+    """A master and workers from the pyspark package on 127.0.0.1 (as the tests start them)."""
+
+    def __init__(self, workers: int = 2) -> None:
+        self.workers, self.procs, self.url = workers, [], ""
+        self.dir = tempfile.mkdtemp(prefix="bench_cluster_")
+
+    def start(self) -> StandaloneCluster:
+        import socket
+
+        def port() -> int:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                return sock.getsockname()[1]
+
+        spark_class = shutil.which("spark-class")
+        env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
+        p = port()
+        self.url = f"spark://127.0.0.1:{p}"
+        self._launch([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(p),
+                      "--webui-port", str(port())], "master", "I have been elected leader", env)
+        for i in range(self.workers):
+            self._launch([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--webui-port",
+                          str(port()), "-c", "1", "-m", "1g", "--work-dir", f"{self.dir}/work{i}", self.url],
+                         f"worker{i}", "Successfully registered with master", env)
+        return self
+
+    def _launch(self, cmd: list[str], name: str, ready: str, env: dict) -> None:
+        log = Path(self.dir) / f"{name}.log"
+        with open(log, "wb") as out:
+            self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
+        deadline = time.monotonic() + 180
+        while ready not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or self.procs[-1].poll() is not None:
+                raise RuntimeError(f"{name} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -389,6 +389,14 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
             return 0
         dt = _create(path, schema, {HORIZON_PROPERTY: bound})[0]
     _raise_horizon(path, bound)
+    removed = _drop_everywhere(path, operation="sweep", before=bound)
+    log.info("mirror %s: %s removed %d row(s) older than %s", path, reason, removed, bound)
+    return removed
+
+
+def _drop_everywhere(path: str, *, operation: str, **drop) -> int:
+    """Rewrite every bucket without the rows ``drop_rows(**drop)`` removes (a bucket of
+    several files becomes one); returns how many rows went."""
     removed = [0]
 
     def read() -> MirrorVersion:
@@ -396,12 +404,11 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
         return read_version(_delta(path), path)
 
     def transform(_b: int, current: pa.Table) -> pa.Table | None:
-        out = drop_rows(current, before=bound)
+        out = drop_rows(current, **drop)
         removed[0] += 0 if out is None else current.num_rows - out.num_rows
         return out
 
-    _commit_rewrite(path, read, transform, operation="sweep")
-    log.info("mirror %s: %s removed %d row(s) older than %s", path, reason, removed[0], bound)
+    _commit_rewrite(path, read, transform, operation=operation)
     return removed[0]
 
 
@@ -673,22 +680,9 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
     found = pa.table(QueryBuilder().register("t", dt).execute(sql).read_all())
     if found.num_rows and found["newest"][0].as_py() is not None:
         target = _raise_horizon(path, str(found["newest"][0].as_py()))
-        counted = [0]
-
-        def read() -> MirrorVersion:
-            counted[0] = 0
-            return read_version(_delta(path), path)
-
-        def transform(_b: int, current: pa.Table) -> pa.Table | None:
-            out = drop_rows(current, tombstones_upto=target)
-            counted[0] += 0 if out is None else current.num_rows - out.num_rows
-            return out
-
-        # every bucket: tombstones go, and a bucket of several files becomes one (small files)
-        _commit_rewrite(path, read, transform, operation="compact")
-        removed = counted[0]
-    else:
-        _commit_rewrite(path, lambda: read_version(_delta(path), path), lambda _b, _rows: None, operation="compact")
+        removed = _drop_everywhere(path, operation="compact", tombstones_upto=target)
+    else:  # no tombstone to remove: only buckets of several files become one (small files)
+        _drop_everywhere(path, operation="compact")
     vacuum(path, retention_hours)
     if removed:
         log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))

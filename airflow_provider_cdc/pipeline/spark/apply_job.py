@@ -30,6 +30,11 @@ from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.apply_job")
 
+#: staged rows per apply batch on Spark: the events stay on the executors, so a batch is
+#: bounded by what a marker move should cover, not by the driver's memory (each batch is a
+#: few Spark stages of fixed cost)
+SPARK_APPLY_BATCH_ROWS = 2_000_000
+
 
 def changelog_events(spark, segments, *, after: Position | None, upto: Position | None):
     """Table events (no watermarks) of the staged segments in ``(after, upto]``, with
@@ -76,8 +81,8 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="apply_job", description="Apply staged changelog segments to the sinks.")
     common.add_common_arguments(p)
     p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
-    p.add_argument("--max-segments-per-batch", type=int, default=64, help="segments per apply batch (one marker move)")
-    p.add_argument("--max-batch-rows", type=int, default=DEFAULT_APPLY_BATCH_ROWS,
+    p.add_argument("--max-segments-per-batch", type=int, default=1024, help="segments per apply batch (one marker move)")
+    p.add_argument("--max-batch-rows", type=int, default=SPARK_APPLY_BATCH_ROWS,
                    help="staged rows per apply batch (whole segments; a bigger one alone)")
     return p.parse_args(argv)
 
