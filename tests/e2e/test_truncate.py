@@ -95,7 +95,11 @@ def test_a_resnapshot_removes_rows_the_source_no_longer_has(pipeline):
     ghosts = ghosts.set_column(ghosts.schema.get_field_index(KEY_COLUMN), KEY_COLUMN, pa.array(keys))
     ghosts = ghosts.set_column(ghosts.schema.get_field_index(POSITION_COLUMN), POSITION_COLUMN, pa.array(["0" * 40] * 3))
     ghosts = ghosts.set_column(ghosts.schema.get_field_index(DELETED_COLUMN), DELETED_COLUMN, pa.array([False] * 3))
-    # appended straight to the Delta table: the mirror's own writers would refuse rows this old
+    # appended straight to the Delta table, each in its key's bucket: the mirror's own writers
+    # would refuse rows this old
+    from airflow_provider_cdc.sinks.delta_buckets import BUCKET_COLUMN, DEFAULT_BUCKETS, bucket_of
+
+    ghosts = ghosts.append_column(BUCKET_COLUMN, bucket_of(ghosts[KEY_COLUMN], DEFAULT_BUCKETS))
     write_deltalake(mirror_dir(p.data_dir, p.source, p.table), ghosts, mode="append")
     assert read_mirror(p.data_dir, p.source, p.table).num_rows == w.count_rows(p.uri, p.table) + 3
 
