@@ -63,11 +63,10 @@ def apply_changelog(
     batches of segments) is arrow_engine.apply_segments, shared with the in-process engine;
     here the events of a batch never leave the executors."""
 
-    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    def read(segments, after, upto):
-        return changelog_events(spark, segments, after=after, upto=upto).persist(StorageLevel.MEMORY_AND_DISK)
+    def read(segments, after, upto):  # (write_sinks persists what it writes, and releases it)
+        return changelog_events(spark, segments, after=after, upto=upto)
 
     # the events stay on the executors: each sink is written from there (distributed.py)
     return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
