@@ -111,6 +111,9 @@ def s3_server():
         yield {
             "endpoint": endpoint,
             "bucket": "cdc-test",
+            # the standard AWS variables that point every client of the package at this server
+            "env": {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                    "AWS_REGION": "us-east-1"},
             "delta_options": {
                 "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_ACCESS_KEY_ID": "test",
                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1", "AWS_CONDITIONAL_PUT": "etag",
@@ -122,3 +125,4 @@ def s3_server():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+

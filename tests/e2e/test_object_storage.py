@@ -23,8 +23,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(params=["pg", "mysql"])
 def s3_pipeline(request, unique_name, s3_server, tmp_path, monkeypatch):
-    for k, v in {"AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ACCESS_KEY_ID": "test",
-                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3_server["env"].items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "1000000")  # every round and apply in the worker (Arrow engine)
     monkeypatch.chdir(tmp_path)  # a location mistaken for a local path would land here
@@ -65,8 +64,7 @@ def test_the_demo_runs_on_s3(s3_server, tmp_path, monkeypatch):
 
     root = Path(__file__).resolve().parents[2]
     location = f"s3://{s3_server['bucket']}/demo-{tmp_path.name}"
-    for k, v in {"AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ACCESS_KEY_ID": "test",
-                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3_server["env"].items():
         monkeypatch.setenv(k, v)
     env = dict(os.environ, CDC_DEMO_DATA_DIR=location, CDC_DEMO_ROWS="3000", CDC_DEMO_CHUNK_SIZE="1000",
                CDC_DEMO_WRITER_TPS="20")

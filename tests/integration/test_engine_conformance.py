@@ -117,8 +117,7 @@ def root(request, tmp_path, monkeypatch) -> str:
     if request.param == "local":
         return str(tmp_path)
     s3 = request.getfixturevalue("s3_server")
-    for k, v in {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3["env"].items():
         monkeypatch.setenv(k, v)
     return f"s3://{s3['bucket']}/conformance-{tmp_path.name}"
 
@@ -244,8 +243,7 @@ def test_the_engines_write_the_same_event_log_and_mirror(spark, tmp_path):
 
 def test_object_storage_gives_what_local_disk_gives(s3_server, tmp_path, monkeypatch):
     """The Arrow engine on a real S3 server and on local disk: the same event log and mirror."""
-    for k, v in {"AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ACCESS_KEY_ID": "test",
-                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3_server["env"].items():
         monkeypatch.setenv(k, v)
     out = []
     for root in (str(tmp_path / "local"), f"s3://{s3_server['bucket']}/same-{tmp_path.name}"):

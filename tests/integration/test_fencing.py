@@ -76,8 +76,7 @@ def data_dir(request, tmp_path, monkeypatch) -> str:
         d = str(tmp_path)
     else:
         s3 = request.getfixturevalue("s3_server")
-        for k, v in {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": "test",
-                     "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+        for k, v in s3["env"].items():
             monkeypatch.setenv(k, v)
         d = f"s3://{s3['bucket']}/fencing-{tmp_path.name}"
     stage(d)

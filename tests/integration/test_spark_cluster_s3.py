@@ -77,8 +77,7 @@ def _submit(job: str, args: list[str], master: str) -> str:
 
 
 def test_a_round_larger_than_the_driver_merges_and_applies_on_a_cluster_from_s3(cluster, s3_server, monkeypatch, tmp_path):
-    for k, v in {"AWS_ENDPOINT_URL": s3_server["endpoint"], "AWS_ACCESS_KEY_ID": "test",
-                 "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3_server["env"].items():
         monkeypatch.setenv(k, v)
     rnd = random.Random(7)
     st = Stage(f"s3://{s3_server['bucket']}/cluster-{tmp_path.name}")

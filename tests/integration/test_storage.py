@@ -15,8 +15,7 @@ def base(request, tmp_path, monkeypatch):
     if request.param == "local":
         return str(tmp_path / "data dir é")
     s3 = request.getfixturevalue("s3_server")
-    for k, v in {"AWS_ENDPOINT_URL": s3["endpoint"], "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1"}.items():
+    for k, v in s3["env"].items():
         monkeypatch.setenv(k, v)
     return f"s3://{s3['bucket']}/t-{tmp_path.name}"
 
