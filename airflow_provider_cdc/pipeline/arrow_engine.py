@@ -196,6 +196,7 @@ def apply_segments(
     changelog_dir: str | None = None, max_segments_per_batch: int = 64,
     max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
     after_mark: Callable | None = None, write: Callable | None = None, count: Callable | None = None,
+    release: Callable | None = None,
 ) -> dict:
     """Apply every staged segment past each sink's marker, in batches of whole segments (at
     most ``max_segments_per_batch`` and ``max_batch_rows`` staged rows, a bigger segment
@@ -207,8 +208,9 @@ def apply_segments(
         raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
     # the in-process engine's defaults: Arrow tables; the Spark apply job passes DataFrame ones
     after_mark = after_mark or (lambda t, mark: t.filter(pc.greater(t["position"], mark.encode())))
-    write = write or (lambda sink, t: sink.write(t))
+    write = write or _write_each
     count = count or (lambda t: t.num_rows)
+    release = release or (lambda t: None)
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
     start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
@@ -228,14 +230,18 @@ def apply_segments(
     for group in groups:
         upto = max(last for _, last, _ in group)
         events = read_events(segments, lower, upto)
+        behind: dict = {}  # sinks at the same marker take the same events: one write for them
         for sink in sinks:
             mark = markers[sink.name]
-            part = events if mark is None else after_mark(events, mark)
             if mark is None or upto > mark:
-                write(sink, part)
+                behind.setdefault(mark, []).append(sink)
+        for mark, group in behind.items():
+            write(group, events if mark is None else after_mark(events, mark))
+            for sink in group:
                 write_marker(data_dir, source, sink.name, upto)
                 markers[sink.name] = upto
         n = count(events)
+        release(events)
         applied += n
         batches += 1
         log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, len(groups), n,
@@ -243,6 +249,11 @@ def apply_segments(
         lower = upto if lower is None or upto > lower else lower
     return {"segments": len(pending), "batches": batches, "events": applied,
             "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
+
+
+def _write_each(group: Sequence[Sink], events: pa.Table) -> None:
+    for sink in group:
+        sink.write(events)
 
 
 def apply_changelog(data_dir: str, source: str, sinks: Sequence[Sink], **kwargs) -> dict:

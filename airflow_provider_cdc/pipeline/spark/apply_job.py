@@ -63,23 +63,23 @@ def apply_changelog(
     batches of segments) is arrow_engine.apply_segments, shared with the in-process engine;
     here the events of a batch never leave the executors."""
 
+    from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    def read(segments, after, upto):  # (write_sinks persists what it writes, and releases it)
-        return changelog_events(spark, segments, after=after, upto=upto)
+    def read(segments, after, upto):  # read once per batch, kept on the executors until released
+        return changelog_events(spark, segments, after=after, upto=upto).persist(StorageLevel.MEMORY_AND_DISK)
 
     # the events stay on the executors: each sink is written from there (distributed.py)
     return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
                           max_segments_per_batch=max_segments_per_batch, max_batch_rows=max_batch_rows,
                           after_mark=lambda df, mark: df.where(F.col("position") > mark.encode()),
-                          write=lambda sink, df: distributed.write_sinks(spark, df, [sink]),
-                          count=lambda df: df.count())
+                          write=lambda group, df: distributed.write_sinks(spark, df, group),
+                          count=lambda df: df.count(), release=lambda df: df.unpersist())
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="apply_job", description="Apply staged changelog segments to the sinks.")
     common.add_common_arguments(p)
-    p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     p.add_argument("--max-segments-per-batch", type=int, default=1024, help="segments per apply batch (one marker move)")
     p.add_argument("--max-batch-rows", type=int, default=SPARK_APPLY_BATCH_ROWS,
                    help="staged rows per apply batch (whole segments; a bigger one alone)")

@@ -152,7 +152,6 @@ def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> 
 CHANGELOG_DDL = (
     "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string"
 )
-CHANGELOG_DDL_COLUMNS = tuple(part.split()[0] for part in CHANGELOG_DDL.split(","))
 
 
 def spark_event_schema() -> str:
@@ -209,6 +208,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
 def add_common_arguments(parser) -> None:
     parser.add_argument("--data-dir", required=True, help="staging/output root (storage/layout.py)")
     parser.add_argument("--source", required=True, help="source name (staging/{source}/...)")
+    parser.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     parser.add_argument("--database", default=None, help="source.db in the event envelope (default: --source)")
     parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")
     parser.add_argument("--pg-uri", default=None, help="target PostgreSQL for the 'postgres' sink")

@@ -31,6 +31,7 @@ from ...core.errors import ConfigurationError
 from ...sinks.base import EVENT_SCHEMA, Sink
 from ...sinks.event_log import EventLogSink
 from ...sinks.mirror_delta import MirrorDeltaSink
+from ...storage.staged import CHANGELOG_SCHEMA
 from . import common
 
 log = logging.getLogger(__name__)
@@ -39,15 +40,17 @@ FILE_COLUMN = "_file"
 
 
 # --- reading ------------------------------------------------------------------------------------
-def read_files(spark, paths: Sequence[str], ddl: str, columns: Sequence[str], *, partitions: int | None = None):
-    """A DataFrame of ``columns`` (typed by ``ddl``) of the Parquet files ``paths``, plus
-    ``_file`` (the path as given), read on the executors through the storage layer."""
+def read_files(spark, paths: Sequence[str], schema: pa.Schema, *, partitions: int | None = None):
+    """A DataFrame of the Parquet files ``paths`` in ``schema`` (a staged file schema of
+    storage/staged.py), plus ``_file`` (the path as given), read on the executors through the
+    storage layer."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
     paths = list(paths)
-    out_ddl = f"{ddl}, {FILE_COLUMN} string"
+    out = from_arrow_schema(schema.append(pa.field(FILE_COLUMN, pa.string())))
     if not paths:
-        return spark.createDataFrame([], out_ddl)
-    names = list(columns)
-    target = pa.schema([pa.field(n, t) for n, t in _ddl_types(ddl) if n in names])
+        return spark.createDataFrame([], out)
+    names = schema.names
     env = storage.environment()  # the executors reach the storage the driver reaches
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -58,15 +61,14 @@ def read_files(spark, paths: Sequence[str], ddl: str, columns: Sequence[str], *,
             for path in batch.column("path").to_pylist():
                 fs, p = st.filesystem(path)
                 with fs.open_input_file(p) as fh:
-                    pf = pq.ParquetFile(fh)
-                    for rb in pf.iter_batches(batch_size=10_000, columns=names):
-                        t = pa.Table.from_batches([rb]).select(names).cast(target)
+                    for rb in pq.ParquetFile(fh).iter_batches(batch_size=10_000, columns=names):
+                        t = pa.Table.from_batches([rb]).select(names).cast(schema)
                         t = t.append_column(FILE_COLUMN, pa.array([path] * t.num_rows, pa.string()))
                         yield from t.to_batches()
 
     n = partitions or max(1, min(len(paths), spark.sparkContext.defaultParallelism * 2))
     files = spark.createDataFrame([(p,) for p in paths], "path string").repartition(n)
-    return files.mapInArrow(read, out_ddl)
+    return files.mapInArrow(read, out)
 
 
 def read_changelog(spark, segments, *, after=None, upto=None):
@@ -82,7 +84,7 @@ def read_changelog(spark, segments, *, after=None, upto=None):
     name = {p: p.rsplit("/", 1)[-1] for _, _, p in chosen}
     bounds_df = spark.createDataFrame([(p, name[p], bounds[name[p]]) for _, _, p in chosen],
                                       f"{FILE_COLUMN} string, segment string, lower string")
-    df = read_files(spark, [p for _, _, p in chosen], common.CHANGELOG_DDL, common.CHANGELOG_DDL_COLUMNS)
+    df = read_files(spark, [p for _, _, p in chosen], CHANGELOG_SCHEMA)
     if after is not None:
         df = df.where(F.col("position") > after.encode())
     if upto is not None:
@@ -91,22 +93,14 @@ def read_changelog(spark, segments, *, after=None, upto=None):
             .drop("lower", FILE_COLUMN))
 
 
-def _ddl_types(ddl: str) -> list[tuple[str, pa.DataType]]:
-    types = {"string": pa.string(), "long": pa.int64(), "bigint": pa.int64(), "boolean": pa.bool_(), "int": pa.int32()}
-    out = []
-    for part in ddl.split(","):
-        name, typ = part.split()
-        out.append((name, types[typ]))
-    return out
-
-
 # --- writing ------------------------------------------------------------------------------------
 def write_sinks(spark, events_df, sinks: Sequence[Sink]) -> dict[str, int]:
     """Write the events of ``events_df`` (EVENT_SCHEMA columns) to every sink, the event log
     and the Delta mirror from the executors. Returns rows per sink and ``events_in``."""
     from pyspark import StorageLevel
 
-    events_df = events_df.select(*EVENT_SCHEMA.names).persist(StorageLevel.MEMORY_AND_DISK)
+    events_df = events_df.select(*EVENT_SCHEMA.names)
+    events_df = events_df.persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once for every sink
     try:
         out: dict[str, int] = {"events_in": events_df.count()}
         for sink in sinks:
@@ -142,9 +136,6 @@ def write_event_log(events_df, sink: EventLogSink) -> int:
     return sum(r["rows"] for r in rows)
 
 
-MIRROR_RESULT_DDL = "bucket int, path string, size long, rows long, removed string, error string"
-
-
 def write_mirror(spark, events_df, sink: MirrorDeltaSink) -> int:
     """The mirror tables of the events: per table, the buckets its events fall in are
     rewritten on the executors and committed by the driver (retried from the read on a
@@ -153,9 +144,11 @@ def write_mirror(spark, events_df, sink: MirrorDeltaSink) -> int:
 
     from ...sinks import mirror_delta as md
 
-    tables = [r["table"] for r in events_df.select("table").distinct().collect()]
+    # one pass: the tables of the events, and each one's newest TRUNCATE (None: none)
+    truncates = {r["table"]: r["t"] for r in events_df.groupBy("table").agg(
+        F.max(F.when(F.col("op") == "t", F.col("position"))).alias("t")).collect()}
     applied = 0
-    for table_id in sorted(tables):
+    for table_id in sorted(truncates):
         schema = sink.schemas.require(table_id) if sink.require_schema else sink.schemas.get(table_id)
         if schema is None:
             log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
@@ -168,23 +161,25 @@ def write_mirror(spark, events_df, sink: MirrorDeltaSink) -> int:
             sink.schema_stopped[table_id] = stopped
             continue
         epoch = None if sink.fence is None else sink.fence.epoch(table_id)
-        newest_t = part.where(F.col("op") == "t").agg(F.max("position").alias("p")).collect()[0]["p"]
+        newest_t = truncates[table_id]
         if newest_t is not None:  # a TRUNCATE: older rows go first (the horizon keeps them out)
             md.sweep(path, newest_t, md.mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
             part = part.where(F.col("position") > newest_t)
-        error = _rewrite_table(spark, part, path, schema, epoch)
+        error, events = _rewrite_table(spark, part, path, schema, epoch)
         if error is not None:
             if sink.fence is not None or not md.stop_for_schema(path, f"{error}; correct the value at the source"):
                 raise ConfigurationError(error)
             sink.schema_stopped[table_id] = error
             continue
-        applied += part.count()
+        applied += events
     return applied
 
 
-def _rewrite_table(spark, events_df, path: str, schema, epoch: int | None) -> str | None:
-    """One table's events into its mirror; the error text when a value cannot be held."""
+def _rewrite_table(spark, events_df, path: str, schema, epoch: int | None) -> tuple[str | None, int]:
+    """One table's events into its mirror: (the error text when a value cannot be held, the
+    number of events applied)."""
     from deltalake.exceptions import CommitFailedError
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     from ...sinks import delta_buckets as db
     from ...sinks import mirror_delta as md
@@ -201,19 +196,19 @@ def _rewrite_table(spark, events_df, path: str, schema, epoch: int | None) -> st
 
         ddl = common.spark_event_schema() + ", __b int"
         rows = (events_df.mapInArrow(functools.partial(_with_bucket, v.buckets), ddl)
-                .groupBy("__b").applyInArrow(_bucket_writer(job), MIRROR_RESULT_DDL)
+                .groupBy("__b").applyInArrow(_bucket_writer(job), from_arrow_schema(_RESULT))
                 .collect())
         errors = [r["error"] for r in rows if r["error"]]
         adds = [_add_action(r, v.bucketed) for r in rows if r["path"]]
         if errors:
             db.discard(v.location, adds)
-            return errors[0]
+            return errors[0], 0
         removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
         try:
             db.commit(v, adds, removed, operation="upsert")
             log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path,
                      len(rows), v.version + 1)
-            return None
+            return None, sum(r["events"] for r in rows)
         except CommitFailedError:
             db.discard(v.location, adds)
             if attempt == md._COMMIT_RETRIES - 1:
@@ -259,7 +254,8 @@ def _rewrite_bucket(job, key, events):
     location, files, schema, buckets, bucketed, horizon, schema_json, env = job
     st.use_environment(env)
     bucket = int(key[0].as_py())
-    out = {"bucket": [bucket], "path": [None], "size": [None], "rows": [None], "removed": [None], "error": [None]}
+    out = {"bucket": [bucket], "events": [events.num_rows], "path": [None], "size": [None], "rows": [None],
+           "removed": [None], "error": [None]}
     try:
         rows = events_to_mirror_rows(TableSchema.from_json(schema_json), newest_per_key(to_event_table(events)))
     except CE as exc:
@@ -276,6 +272,7 @@ def _rewrite_bucket(job, key, events):
     return pa.table(out, schema=_RESULT)
 
 
-_RESULT = pa.schema([("bucket", pa.int32()), ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
-                     ("removed", pa.string()), ("error", pa.string())])
+#: one row per rewritten bucket, the only thing that comes back to the driver
+_RESULT = pa.schema([("bucket", pa.int32()), ("events", pa.int64()), ("path", pa.string()), ("size", pa.int64()),
+                     ("rows", pa.int64()), ("removed", pa.string()), ("error", pa.string())])
 

@@ -46,7 +46,7 @@ from airflow_provider_cdc.pipeline.windows import (  # noqa: E402
     locate_windows,
 )
 from airflow_provider_cdc.storage.layout import changelog_dir as staged_changelog_dir  # noqa: E402
-from airflow_provider_cdc.storage.staged import list_segments  # noqa: E402
+from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, list_segments  # noqa: E402
 
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.merge_job")
 
@@ -59,7 +59,7 @@ def _chunk_rows(spark, windows: Sequence[ChunkWindow]):
     with_rows = [w for w in windows if w.chunk.rows > 0]
     if not with_rows:
         return spark.createDataFrame([], "cidx int, key string, after string")
-    rows = distributed.read_files(spark, [w.chunk.path for w in with_rows], "key string, after string", ["key", "after"])
+    rows = distributed.read_files(spark, [w.chunk.path for w in with_rows], CHUNK_SCHEMA)
     counts = {r[distributed.FILE_COLUMN]: r["count"] for r in rows.groupBy(distributed.FILE_COLUMN).count().collect()}
     for w in with_rows:
         n = counts.get(w.chunk.path, 0)
@@ -132,7 +132,6 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="merge_job", description="Merge a round of snapshot chunks with their watermark windows.")
     p.add_argument("--chunks", required=True, help="JSON file with the round's ChunkResult dicts")
     common.add_common_arguments(p)
-    p.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     p.add_argument("--max-batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
                    help="unused since the sinks are written from the executors (kept for old callers)")
     return p.parse_args(argv)
