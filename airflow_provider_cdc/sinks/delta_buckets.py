@@ -53,7 +53,8 @@ WRITER_APP_ID = "cdc-mirror"
 
 def check_buckets(n: int, setting: str = "buckets") -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BUCKETS:
-        raise ConfigurationError(f"{setting} must be a whole number from 1 to {MAX_BUCKETS}, got {n!r}")
+        raise ConfigurationError(f"{setting} must be a whole number from 1 to {MAX_BUCKETS}, got {n!r}; "
+                                 "a mirror's bucket count is fixed when it is created")
     return n
 
 
@@ -95,7 +96,9 @@ def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     props = dict(dt.metadata().configuration or {})
     parts = list(dt.metadata().partition_columns or [])
     bucketed = parts == [BUCKET_COLUMN]
-    buckets = int(props.get(BUCKETS_PROPERTY, "1")) if bucketed else 1
+    raw = props.get(BUCKETS_PROPERTY, "1") if bucketed else "1"
+    buckets = check_buckets(int(raw) if raw.isdigit() else -1,
+                            f"mirror {location}: table property {BUCKETS_PROPERTY} ({raw!r}, set by hand?)")
     actions = pa.table(dt.get_add_actions(flatten=True))
     files: dict[int, list[str]] = {b: [] for b in range(buckets)}
     sizes: dict[str, int] = {}

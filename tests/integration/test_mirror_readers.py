@@ -80,3 +80,15 @@ def test_compaction_and_vacuum_leave_a_plain_folder_with_the_current_files(mirro
 def test_an_absent_mirror_reads_empty(tmp_path, spark):
     assert mirror_readers.live_files(str(tmp_path), SOURCE, T) == []
     assert mirror_readers.read_spark(spark, str(tmp_path), SOURCE, T).count() == 0
+
+
+def test_a_broken_bucket_count_is_a_clear_error_and_nothing_is_written(mirror):
+    from airflow_provider_cdc.core.errors import ConfigurationError
+    from airflow_provider_cdc.sinks.mirror_delta import _delta, _set_properties
+
+    path = mirror_dir(mirror, SOURCE, T)
+    before = read_mirror(mirror, SOURCE, T).to_pylist()
+    _set_properties(_delta(path), {"cdc.buckets": "many"})
+    with pytest.raises(ConfigurationError, match=r"table property cdc\.buckets \('many'"):
+        MirrorDeltaSink(mirror, SOURCE).write(pa.Table.from_pylist([ev(90, "u", 1, "x")], schema=EVENT_SCHEMA))
+    assert read_mirror(mirror, SOURCE, T).to_pylist() == before
