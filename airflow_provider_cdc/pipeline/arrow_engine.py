@@ -60,45 +60,77 @@ def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
     return pq.read_table(p, filesystem=fs, columns=list(columns))
 
 
+def segment_table(path: str, *, lower: str = "", after: Position | None = None, upto: Position | None = None,
+                  columns: Sequence[str] | None = None) -> pa.Table:
+    """One staged segment's events with ``lower < position`` (its de-duplication bound,
+    spark.common.segment_lower_bounds) and ``after < position <= upto``, in ``columns``
+    (position always included)."""
+    cols = list(columns or CHANGELOG_SCHEMA.names)
+    if "position" not in cols:
+        cols.insert(0, "position")
+    t = _read_parquet(path, cols).cast(pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]))
+    pos = t["position"]
+    mask = pc.greater(pos, lower)
+    if after is not None:
+        mask = pc.and_(mask, pc.greater(pos, after.encode()))
+    if upto is not None:
+        mask = pc.and_(mask, pc.less_equal(pos, upto.encode()))
+    return t.filter(mask)
+
+
 def read_changelog(
     segments: Segments, *, after: Position | None = None, upto: Position | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
-    (the file name): spark.common.read_changelog's result, as one Arrow table in segment order."""
+    (the file name), as one Arrow table in segment order."""
     cols = list(columns or CHANGELOG_SCHEMA.names)
     if "position" not in cols:
         cols.insert(0, "position")
-    read_schema = pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols])
-    schema = read_schema.append(pa.field("segment", pa.string()))
+    schema = pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).append(pa.field("segment", pa.string()))
     bounds = common.segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
     parts = []
     for first, last, path in segments:
         if (after is not None and last <= after) or (upto is not None and first > upto):
             continue
         name = path.rsplit("/", 1)[-1]
-        t = _read_parquet(path, cols).cast(read_schema)
-        pos = t["position"]
-        mask = pc.greater(pos, bounds[name])
-        if after is not None:
-            mask = pc.and_(mask, pc.greater(pos, after.encode()))
-        if upto is not None:
-            mask = pc.and_(mask, pc.less_equal(pos, upto.encode()))
-        t = t.filter(mask)
+        t = segment_table(path, lower=bounds[name], after=after, upto=upto, columns=cols)
         parts.append(t.append_column("segment", pa.repeat(pa.scalar(name, pa.string()), t.num_rows)))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> pa.Table:
-    """Table events (no watermarks) in ``(after, upto]`` as EVENT_SCHEMA rows, ``batch`` =
-    ``c-{first}-{last}`` of the segment that holds them (apply_job.changelog_events' rule)."""
-    t = read_changelog(segments, after=after, upto=upto)
-    t = t.filter(pc.not_equal(t["op"], "w"))
-    batch = pc.replace_substring_regex(t["segment"], pattern=r"^seg-(.*)\.parquet$", replacement=r"c-\1")
+def segment_batch(path: str) -> str:
+    """The event-log batch name of a staged segment: ``c-{first}-{last}``."""
+    name = path.rsplit("/", 1)[-1]
+    return "c-" + name[len("seg-"):-len(".parquet")]
+
+
+def _as_events(t: pa.Table, batch: pa.Array | pa.ChunkedArray) -> pa.Table:
+    t = t.filter(pc.not_equal(t["op"], "w"))  # watermarks are not table events
     n = t.num_rows
+    batch = batch if isinstance(batch, (pa.Array, pa.ChunkedArray)) else pa.repeat(pa.scalar(batch, pa.string()), n)
     return pa.table(
         [*(t[c] for c in CHANGELOG_SCHEMA.names), pa.repeat(pa.scalar(False), n), batch], schema=EVENT_SCHEMA
     )
+
+
+def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> pa.Table:
+    """Table events (no watermarks) in ``(after, upto]`` as EVENT_SCHEMA rows, ``batch`` =
+    ``c-{first}-{last}`` of the segment that holds them."""
+    t = read_changelog(segments, after=after, upto=upto)
+    t = t.filter(pc.not_equal(t["op"], "w"))
+    batch = pc.replace_substring_regex(t["segment"], pattern=r"^seg-(.*)\.parquet$", replacement=r"c-\1")
+    return _as_events(t, batch)
+
+
+def segment_events(unit: tuple) -> pa.Table:
+    """The table events of one staged segment for an apply batch, as EVENT_SCHEMA rows:
+    ``unit = (path, lower, after, upto)`` (encoded positions; ``lower`` the segment's
+    de-duplication bound, ``after``/``upto`` None for open ends). What one Spark task produces."""
+    path, lower, after, upto = unit
+    t = segment_table(path, lower=lower, after=None if after is None else Position.decode(after),
+                      upto=None if upto is None else Position.decode(upto))
+    return _as_events(t, segment_batch(path))
 
 
 def _segment_rows(path: str) -> int:
@@ -136,6 +168,25 @@ def window_events(w, changes: pa.Table) -> pa.Table:
     survivors = window_survivors(rows, changes, table=w.chunk.table, low=w.low, high=w.high)  # step 4
     return read_events(survivors, EVENT_SCHEMA, table=w.chunk.table, high=w.high, high_ts_ms=w.high_ts_ms,
                        watermark=w.chunk.high_watermark, batch=w.batch)  # step 5
+
+
+def chunk_units(windows: Sequence, segments: Segments) -> list[tuple]:
+    """One unit per located chunk window: ``(window, the segments that can hold its window's
+    changes)``; :func:`chunk_events` turns one into its events (one Spark task's work)."""
+    units = []
+    for w in windows:
+        low, high = Position.decode(w.low), Position.decode(w.high)
+        units.append((w, [s for s in segments if s[1] > low and s[0] <= high]))
+    return units
+
+
+def chunk_events(unit: tuple) -> pa.Table:
+    """The ``r`` events of one chunk window (see :func:`chunk_units`), reading only its
+    window's changes: every key changed there drops, whichever segment copy holds it."""
+    w, segments = unit
+    changes = read_changelog(segments, after=Position.decode(w.low), upto=Position.decode(w.high),
+                             columns=["position", "table", "op", "key"])
+    return window_events(w, changes)
 
 
 def merge_chunks(chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None) -> pa.Table:

@@ -28,13 +28,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cdc import storage
+from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark import apply_job, merge_job
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
-from airflow_provider_cdc.storage.staged import read_log_events
+from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, atomic_write_table, read_log_events
 
 from .staged_scenario import (
     ITEMS,
@@ -185,6 +186,20 @@ def test_random_rounds_merge_as_core_says(engine, tmp_path, seed):
         st.chunk(ITEMS, c, f"lw{c}", f"hw{c}", rows, "id")
     st.stage_log(cuts=sorted(rnd.sample(range(1, max(2, len(st.log))), k=min(3, len(st.log) - 1))), overlap=2)
     assert _merged(engine, st) == as_tuples(st.expected_merge())
+
+
+def test_a_replaced_chunk_file_fails_the_round_by_name_and_commits_nothing(engine, tmp_path):
+    """The chunk file of another attempt (fewer rows than the result says): the round fails
+    with the error that names the chunk, raised as itself even when an executor found it,
+    and the mirror commits nothing of the round."""
+    st = build_scenario(tmp_path / engine.name)
+    victim = st.chunks[1]
+    atomic_write_table(pa.table({"key": ["[999]"], "after": ['{"id": 999}']}, schema=CHUNK_SCHEMA), victim.path)
+    with pytest.raises(ConfigurationError, match=rf"chunk {victim.seq} of table {victim.table}.* holds 1 rows but the "
+                                                 rf"chunk result says {victim.rows}.*re-run the chunk task"):
+        engine.merge_round(st, st.round_file())
+    for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
+        assert read_mirror_raw(st.data_dir, SOURCE, schema.table).num_rows == 0
 
 
 def test_a_truncate_inside_a_window_drops_that_chunk(engine, tmp_path):

@@ -24,7 +24,11 @@ if __name__ == "__main__":  # run as a script by spark-submit: import the packag
     sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from airflow_provider_cdc.core.position import Position  # noqa: E402
-from airflow_provider_cdc.pipeline.arrow_engine import DEFAULT_APPLY_BATCH_ROWS, apply_segments  # noqa: E402
+from airflow_provider_cdc.pipeline.arrow_engine import (  # noqa: E402
+    DEFAULT_APPLY_BATCH_ROWS,
+    apply_segments,
+    segment_events,
+)
 from airflow_provider_cdc.pipeline.spark import common, distributed  # noqa: E402
 from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
 
@@ -36,17 +40,31 @@ log = logging.getLogger("airflow_provider_cdc.pipeline.spark.apply_job")
 SPARK_APPLY_BATCH_ROWS = 2_000_000
 
 
-def changelog_events(spark, segments, *, after: Position | None, upto: Position | None):
-    """Table events (no watermarks) of the staged segments in ``(after, upto]``, with
-    ``batch = c-{first}-{last}`` of the segment that holds them (deterministic file names)."""
-    from pyspark.sql import functions as F
+class Batch:
+    """One apply batch as the Spark engine holds it: not the events, only the segments and
+    the range ``(after, upto]`` the executors read them in (arrow_engine.segment_events);
+    ``count`` is the batch's events once a write counted them."""
 
-    df = distributed.read_changelog(spark, segments, after=after, upto=upto).where(F.col("op") != "w")
-    return df.select(
-        "position", "table", "op", "key", "before", "after", "ts_ms", "watermark",
-        F.lit(False).alias("snapshot"),
-        F.regexp_replace(F.col("segment"), r"^seg-(.*)\.parquet$", "c-$1").alias("batch"),
-    )
+    def __init__(self, segments, after: Position | None, upto: Position | None, root: Batch | None = None) -> None:
+        self.segments, self.after, self.upto, self.root = segments, after, upto, root or self
+        self.count: int | None = None
+
+    def past(self, mark: Position) -> Batch:
+        """The same batch without the events at or before ``mark`` (a sink already has them)."""
+        after = mark if self.after is None or mark > self.after else self.after
+        return Batch(self.segments, after, self.upto, self.root)
+
+    def units(self) -> list[tuple]:
+        """One unit per segment that can hold events of the range, with its de-duplication bound."""
+        bounds = common.segment_lower_bounds(self.segments)  # over every segment: overlaps are judged globally
+        after, upto = (None if p is None else p.encode() for p in (self.after, self.upto))
+        return [(path, bounds[path.rsplit("/", 1)[-1]], after, upto)
+                for first, last, path in self.segments
+                if (self.after is None or last > self.after) and (self.upto is None or first <= self.upto)]
+
+    def record(self, counts: dict) -> None:
+        if self.after == self.root.after:  # the whole batch: its event count
+            self.root.count = counts["events_in"]
 
 
 def apply_changelog(
@@ -61,20 +79,21 @@ def apply_changelog(
 ) -> dict:
     """Apply every staged segment past each sink's marker; returns counts. The loop (markers,
     batches of segments) is arrow_engine.apply_segments, shared with the in-process engine;
-    here the events of a batch never leave the executors."""
+    here the events of a batch are produced and written on the executors, segment by segment
+    (distributed.write_sinks)."""
 
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+    def write(group, batch: Batch) -> None:
+        batch.record(distributed.write_sinks(spark, batch.units(), segment_events, group))
 
-    def read(segments, after, upto):  # read once per batch, kept on the executors until released
-        return changelog_events(spark, segments, after=after, upto=upto).persist(StorageLevel.MEMORY_AND_DISK)
+    def count(batch: Batch) -> int:
+        if batch.count is None:  # no write covered the whole batch (cannot happen: the lowest marker's does)
+            batch.count = distributed.unit_events(spark, batch.units(), segment_events).count()
+        return batch.count
 
-    # the events stay on the executors: each sink is written from there (distributed.py)
-    return apply_segments(read, data_dir, source, sinks, changelog_dir=changelog_dir,
-                          max_segments_per_batch=max_segments_per_batch, max_batch_rows=max_batch_rows,
-                          after_mark=lambda df, mark: df.where(F.col("position") > mark.encode()),
-                          write=lambda group, df: distributed.write_sinks(spark, df, group),
-                          count=lambda df: df.count(), release=lambda df: df.unpersist())
+    return apply_segments(lambda segments, after, upto: Batch(segments, after, upto), data_dir, source, sinks,
+                          changelog_dir=changelog_dir, max_segments_per_batch=max_segments_per_batch,
+                          max_batch_rows=max_batch_rows, after_mark=lambda b, mark: b.past(mark), write=write,
+                          count=count)
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:

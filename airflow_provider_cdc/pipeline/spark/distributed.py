@@ -1,153 +1,189 @@
-"""The Spark engine's I/O on the executors: staged files in, event-log and mirror files out.
+"""The Spark engine's work on the executors: staged files in, event-log and mirror files out.
 
-Nothing proportional to the data passes through the driver:
+A round is a list of *units*, small descriptions the driver ships to the executors: one
+chunk window for a merge (arrow_engine.chunk_units), one staged segment for an apply
+(arrow_engine.segment_events' tuple). An executor turns a unit into its events with the
+in-process engine's code (``produce``: arrow_engine.chunk_events, core.window's DBLog
+steps 4-5 over the chunk's rows and its window's changes; or arrow_engine.segment_events,
+the same de-duplication of overlapping segments), reading the staged files itself through
+the storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars). So:
 
-* :func:`read_files` reads staged Parquet (segments, chunks) on the executors through the
-  storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars);
-* :func:`write_event_log` writes each batch's event-log file on the executor that holds it
-  (one group per (table, batch)), through the same EventLogSink the in-process engine uses;
-* :func:`write_mirror` rewrites the mirror's key-hash buckets on the executors
-  (sinks/delta_buckets.py: the same apply_rows the in-process engine runs) and returns only
-  file metadata, which the driver commits in one Delta commit per table, fenced by the
-  merge epoch and serialised with every other writer of the table.
+* the event log costs no shuffle: each unit's events are its own event-log files (a chunk's
+  batch, or a segment's batch per table), written by the executor that produced them
+  (:func:`log_units`, one map stage); only a count per table comes back;
+* the Delta mirror costs one shuffle: the events are produced again on the executors, keyed
+  by (table, key-hash bucket), and each bucket of each table is rewritten on an executor
+  with the in-process engine's apply_rows (:func:`write_mirror`, one job for every table of
+  the round); only file metadata comes back, which the driver commits, once per table,
+  fenced by the merge epoch and serialised with every other writer of the table.
+
+Producing twice is cheaper than keeping the events: a persisted DataFrame is serialised into
+the JVM and shuffled again for each grouping, and read-only staged Parquet is fast to re-read.
 
 Sinks other than the event log and the Delta mirror (the PostgreSQL mirror) still receive
-the events through the driver, in groups.
+the events through the driver.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
+import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.compute as pc
 
 from ... import storage
+from ...core import errors
 from ...core.errors import ConfigurationError
-from ...sinks.base import EVENT_SCHEMA, Sink
+from ...sinks.base import Sink
 from ...sinks.event_log import EventLogSink
 from ...sinks.mirror_delta import MirrorDeltaSink
-from ...storage.staged import CHANGELOG_SCHEMA
 from . import common
 
 log = logging.getLogger(__name__)
 
-FILE_COLUMN = "_file"
+#: a unit's events (EVENT_SCHEMA), computed on an executor from the unit alone
+Producer = Callable[[object], pa.Table]
+
+#: per unit and table: the events produced and the newest TRUNCATE among them
+UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncate", pa.string())])
+#: one row per rewritten bucket, the only thing that comes back to the driver from the mirror
+_RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("path", pa.string()),
+                     ("size", pa.int64()), ("rows", pa.int64()), ("removed", pa.string()), ("error", pa.string())])
 
 
-# --- reading ------------------------------------------------------------------------------------
-def read_files(spark, paths: Sequence[str], schema: pa.Schema, *, partitions: int | None = None):
-    """A DataFrame of the Parquet files ``paths`` in ``schema`` (a staged file schema of
-    storage/staged.py), plus ``_file`` (the path as given), read on the executors through the
-    storage layer."""
+# --- the units on the executors -----------------------------------------------------------------
+def _units_df(spark, n: int):
+    """``unit`` ids 0..n-1 in contiguous slices, two per core: no shuffle to spread them."""
+    return spark.range(0, n, 1, max(1, min(n, spark.sparkContext.defaultParallelism * 2))).withColumnRenamed("id", "unit")
+
+
+def _schema(arrow_schema: pa.Schema):
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    paths = list(paths)
-    out = from_arrow_schema(schema.append(pa.field(FILE_COLUMN, pa.string())))
-    if not paths:
-        return spark.createDataFrame([], out)
-    names = schema.names
+    return from_arrow_schema(arrow_schema)
+
+
+def run(action: Callable[[], object]):
+    """Run a Spark action; an error of ours raised on an executor (a replaced chunk file, a
+    fenced writer, ...) is raised again on the driver as itself, message and class, instead
+    of a Python worker traceback wrapped in a Py4J error."""
+    try:
+        return action()
+    except Exception as exc:  # pyspark's PythonException / Py4JJavaError
+        found = re.findall(r"airflow_provider_cdc\.core\.errors\.(\w+): (.*)", str(exc))
+        if found:
+            name, message = found[-1]
+            cls = getattr(errors, name, None)
+            if isinstance(cls, type) and issubclass(cls, errors.CdcError):
+                raise cls(message) from exc
+        raise
+
+
+def unit_events(spark, units: Sequence, produce: Producer):
+    """A DataFrame of every unit's events (EVENT_SCHEMA columns), produced on the executors."""
+    ddl = common.spark_event_schema()
+    if not units:
+        return spark.createDataFrame([], ddl)
     env = storage.environment()  # the executors reach the storage the driver reaches
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def events(batches):
         from airflow_provider_cdc import storage as st
 
         st.use_environment(env)
-        for batch in batches:
-            for path in batch.column("path").to_pylist():
-                fs, p = st.filesystem(path)
-                with fs.open_input_file(p) as fh:
-                    for rb in pq.ParquetFile(fh).iter_batches(batch_size=10_000, columns=names):
-                        t = pa.Table.from_batches([rb]).select(names).cast(schema)
-                        t = t.append_column(FILE_COLUMN, pa.array([path] * t.num_rows, pa.string()))
-                        yield from t.to_batches()
+        for b in batches:
+            for i in b.column("unit").to_pylist():
+                yield from produce(units[i]).to_batches()
 
-    n = partitions or max(1, min(len(paths), spark.sparkContext.defaultParallelism * 2))
-    files = spark.createDataFrame([(p,) for p in paths], "path string").repartition(n)
-    return files.mapInArrow(read, out)
+    return _units_df(spark, len(units)).mapInArrow(events, ddl)
 
 
-def read_changelog(spark, segments, *, after=None, upto=None):
-    """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
-    (the file name), read on the executors. Only segments that can hold such events are read;
-    an event in overlapping segments counts in the first (common.segment_lower_bounds)."""
-    from pyspark.sql import functions as F
-
-    bounds = common.segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
-    chosen = [s for s in segments if (after is None or s[1] > after) and (upto is None or s[0] <= upto)]
-    if not chosen:
-        return spark.createDataFrame([], common.CHANGELOG_DDL + ", segment string")
-    name = {p: p.rsplit("/", 1)[-1] for _, _, p in chosen}
-    bounds_df = spark.createDataFrame([(p, name[p], bounds[name[p]]) for _, _, p in chosen],
-                                      f"{FILE_COLUMN} string, segment string, lower string")
-    df = read_files(spark, [p for _, _, p in chosen], CHANGELOG_SCHEMA)
-    if after is not None:
-        df = df.where(F.col("position") > after.encode())
-    if upto is not None:
-        df = df.where(F.col("position") <= upto.encode())
-    return (df.join(F.broadcast(bounds_df), FILE_COLUMN).where(F.col("position") > F.col("lower"))
-            .drop("lower", FILE_COLUMN))
+def unit_meta(events: pa.Table) -> pa.Table:
+    """Per table of ``events``: how many, and the newest TRUNCATE (null: none)."""
+    if events.num_rows == 0:
+        return UNIT_META.empty_table()
+    truncate = pc.if_else(pc.equal(events["op"], "t"), events["position"], pa.nulls(events.num_rows, pa.string()))
+    g = pa.table({"table": events["table"], "truncate": truncate}).group_by("table").aggregate(
+        [("table", "count"), ("truncate", "max")])
+    return pa.table([g["table"], g["table_count"].cast(pa.int64()), g["truncate_max"]], schema=UNIT_META)
 
 
-# --- writing ------------------------------------------------------------------------------------
-def write_sinks(spark, events_df, sinks: Sequence[Sink]) -> dict[str, int]:
-    """Write the events of ``events_df`` (EVENT_SCHEMA columns) to every sink, the event log
-    and the Delta mirror from the executors. Returns rows per sink and ``events_in``."""
-    from pyspark import StorageLevel
-
-    events_df = events_df.select(*EVENT_SCHEMA.names)
-    events_df = events_df.persist(StorageLevel.MEMORY_AND_DISK)  # evaluated once for every sink
-    try:
-        out: dict[str, int] = {"events_in": events_df.count()}
-        for sink in sinks:
-            if isinstance(sink, EventLogSink):
-                out[sink.name] = write_event_log(events_df, sink)
-            elif isinstance(sink, MirrorDeltaSink):
-                out[sink.name] = write_mirror(spark, events_df, sink)
-            else:  # the PostgreSQL mirror: through the driver
-                log.warning("sink %s receives the events through the Spark driver", sink.name)
-                table = common.to_event_table(events_df.toArrow())
-                sink.write(table)
-                out[sink.name] = table.num_rows
-        return out
-    finally:
-        events_df.unpersist()
-
-
-def write_event_log(events_df, sink: EventLogSink) -> int:
-    """Each (table, batch) group's file, written by the executor holding the group."""
-    data_dir, source, database, fence = sink.data_dir, sink.source, sink.database, sink.fence
+def log_units(spark, units: Sequence, produce: Producer, event_log: EventLogSink | None) -> dict[str, list]:
+    """One map stage: each unit's events produced and, with ``event_log``, written as its
+    event-log files by the executor. Returns table -> [events, newest TRUNCATE or None]."""
+    if not units:
+        return {}
     env = storage.environment()
 
-    def write(_key, events):  # no annotations: pyspark 4.2's hint inference fails on them here
+    def write(batches):
         from airflow_provider_cdc import storage as st
-        from airflow_provider_cdc.pipeline.spark.common import to_event_table
-        from airflow_provider_cdc.sinks.event_log import EventLogSink as Sink_
+        from airflow_provider_cdc.pipeline.spark.distributed import unit_meta as meta
 
         st.use_environment(env)
-        Sink_(data_dir, source, database, fence=fence).write(to_event_table(events))
-        return pa.table({"rows": pa.array([events.num_rows], pa.int64())})
+        for b in batches:
+            for i in b.column("unit").to_pylist():
+                events = produce(units[i])
+                if event_log is not None:
+                    event_log.write(events)
+                yield from meta(events).to_batches()
 
-    rows = events_df.groupBy("table", "batch").applyInArrow(write, "rows long").collect()
-    return sum(r["rows"] for r in rows)
+    out: dict[str, list] = {}
+    for r in run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(UNIT_META)).collect()):
+        cur = out.setdefault(r["table"], [0, None])
+        cur[0] += r["events"]
+        if r["truncate"] is not None and (cur[1] is None or r["truncate"] > cur[1]):
+            cur[1] = r["truncate"]
+    return out
 
 
-def write_mirror(spark, events_df, sink: MirrorDeltaSink) -> int:
-    """The mirror tables of the events: per table, the buckets its events fall in are
-    rewritten on the executors and committed by the driver (retried from the read on a
-    commit conflict). Returns the number of events applied."""
-    from pyspark.sql import functions as F
+# --- the sinks --------------------------------------------------------------------------------
+def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink], *,
+                tables: Sequence[str] | None = None) -> dict[str, int]:
+    """Write every unit's events to ``sinks``: the event log and the Delta mirror from the
+    executors. ``tables``: the tables the events can be of, when the driver knows them and
+    they hold no TRUNCATE (a merge round): a mirror alone then needs no counting pass.
+    Returns rows per sink and ``events_in``."""
+    event_log = next((s for s in sinks if isinstance(s, EventLogSink)), None)
+    mirror = next((s for s in sinks if isinstance(s, MirrorDeltaSink)), None)
+    out: dict[str, int] = {}
+    meta = None
+    t0 = time.monotonic()
+    if event_log is not None or (mirror is not None and tables is None):
+        meta = log_units(spark, units, produce, event_log)
+        out["events_in"] = sum(n for n, _ in meta.values())
+        if event_log is not None:
+            out[event_log.name] = out["events_in"]
+            log.info("event log: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
+                     out["events_in"], len(meta), len(units), time.monotonic() - t0)
+    if mirror is not None:
+        truncates = {t: tr for t, (_n, tr) in meta.items()} if meta is not None else dict.fromkeys(tables or ())
+        out[mirror.name] = write_mirror(spark, units, produce, mirror, truncates)
+        out.setdefault("events_in", out[mirror.name])
+    for sink in sinks:
+        if sink is event_log or sink is mirror:
+            continue
+        log.warning("sink %s receives the events through the Spark driver", sink.name)
+        table = common.to_event_table(run(lambda: unit_events(spark, units, produce).toArrow()))
+        sink.write(table)
+        out[sink.name] = table.num_rows
+        out.setdefault("events_in", table.num_rows)
+    out.setdefault("events_in", 0)
+    return out
 
+
+def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSink,
+                 truncates: dict[str, str | None]) -> int:
+    """The mirror tables of the units' events (``truncates``: table -> its newest TRUNCATE
+    among them, or None): one job rewrites the buckets every table's events fall in on the
+    executors; the driver commits each table (a table whose commit conflicts is read and
+    rewritten again). Returns the number of events applied."""
     from ...sinks import mirror_delta as md
+    from ...sinks.arrow_types import mirror_schema
 
-    # one pass: the tables of the events, and each one's newest TRUNCATE (None: none)
-    truncates = {r["table"]: r["t"] for r in events_df.groupBy("table").agg(
-        F.max(F.when(F.col("op") == "t", F.col("position"))).alias("t")).collect()}
-    applied = 0
+    plan: dict[str, tuple] = {}
     for table_id in sorted(truncates):
         schema = sink.schemas.require(table_id) if sink.require_schema else sink.schemas.get(table_id)
         if schema is None:
@@ -155,66 +191,149 @@ def write_mirror(spark, events_df, sink: MirrorDeltaSink) -> int:
             continue
         path = md.mirror_dir(sink.data_dir, sink.source, schema.table)
         stopped = md.schema_stopped(path)
-        part = events_df.where(F.col("table") == table_id)
         if stopped:
             log.error("mirror of %s waits for a re-snapshot (%s): its events are not applied to it", table_id, stopped)
             sink.schema_stopped[table_id] = stopped
             continue
-        epoch = None if sink.fence is None else sink.fence.epoch(table_id)
         newest_t = truncates[table_id]
         if newest_t is not None:  # a TRUNCATE: older rows go first (the horizon keeps them out)
-            md.sweep(path, newest_t, md.mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
-            part = part.where(F.col("position") > newest_t)
-        error, events = _rewrite_table(spark, part, path, schema, epoch)
-        if error is not None:
-            if sink.fence is not None or not md.stop_for_schema(path, f"{error}; correct the value at the source"):
-                raise ConfigurationError(error)
-            sink.schema_stopped[table_id] = error
-            continue
-        applied += events
+            md.sweep(path, newest_t, mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
+        epoch = None if sink.fence is None else sink.fence.epoch(table_id)
+        plan[table_id] = (path, schema, epoch, newest_t)
+    applied = 0
+    pending = sorted(plan)
+    for attempt in range(md._COMMIT_RETRIES):
+        if not pending:
+            break
+        versions, jobs = _read_versions(plan, pending)
+        results: dict[str, list] = {t: [] for t in pending}
+        for r in _rewrite_buckets(spark, units, produce, jobs):
+            results[r["table"]].append(r)
+        conflicted = []
+        for table_id in pending:
+            n, error, conflict = _commit_table(plan[table_id][0], versions[table_id], results[table_id])
+            if conflict:
+                conflicted.append(table_id)
+            elif error is not None:
+                path = plan[table_id][0]
+                if sink.fence is not None or not md.stop_for_schema(path, f"{error}; correct the value at the source"):
+                    raise ConfigurationError(error)
+                sink.schema_stopped[table_id] = error
+            else:
+                applied += n
+        if conflicted and attempt == md._COMMIT_RETRIES - 1:
+            from deltalake.exceptions import CommitFailedError
+
+            raise CommitFailedError(f"mirror commit of {', '.join(conflicted)} kept conflicting with other writers")
+        if conflicted:
+            md._backoff(attempt)
+        pending = conflicted
     return applied
 
 
-def _rewrite_table(spark, events_df, path: str, schema, epoch: int | None) -> tuple[str | None, int]:
-    """One table's events into its mirror: (the error text when a value cannot be held, the
-    number of events applied)."""
-    from deltalake.exceptions import CommitFailedError
-    from pyspark.sql.pandas.types import from_arrow_schema
-
+def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict, dict]:
+    """Each table's current mirror version (files per bucket), checked against the merge's
+    epoch, and the job description its executors get."""
     from ...sinks import delta_buckets as db
     from ...sinks import mirror_delta as md
     from ...sinks.arrow_types import mirror_schema
 
-    mschema = mirror_schema(schema)
-    schema_json = schema.to_json()
-    for attempt in range(md._COMMIT_RETRIES):
+    versions, jobs = {}, {}
+    for table_id in tables:
+        path, schema, epoch, newest_t = plan[table_id]
+        mschema = mirror_schema(schema)
         dt = md._open(path) or md._create(path, mschema)[0]
         v = db.read_version(md.add_columns(dt, mschema), path)
         md._check_epoch(path, v.props, epoch)
-        job = (v.location, {b: list(f) for b, f in v.files.items()}, v.schema, v.buckets, v.bucketed,
-               v.props.get(md.HORIZON_PROPERTY), schema_json, storage.environment())
+        versions[table_id] = v
+        jobs[table_id] = (v.location, {b: list(f) for b, f in v.files.items()}, v.schema, v.buckets, v.bucketed,
+                          v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
+    return versions, jobs
 
-        ddl = common.spark_event_schema() + ", __b int"
-        rows = (events_df.mapInArrow(functools.partial(_with_bucket, v.buckets), ddl)
-                .groupBy("__b").applyInArrow(_bucket_writer(job), from_arrow_schema(_RESULT))
-                .collect())
-        errors = [r["error"] for r in rows if r["error"]]
-        adds = [_add_action(r, v.bucketed) for r in rows if r["path"]]
-        if errors:
-            db.discard(v.location, adds)
-            return errors[0], 0
-        removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
-        try:
-            db.commit(v, adds, removed, operation="upsert")
-            log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path,
-                     len(rows), v.version + 1)
-            return None, sum(r["events"] for r in rows)
-        except CommitFailedError:
-            db.discard(v.location, adds)
-            if attempt == md._COMMIT_RETRIES - 1:
-                raise
-            md._backoff(attempt)
-    raise AssertionError("unreachable")
+
+def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, tuple]) -> list:
+    """One Spark job: the units' events of ``jobs``' tables (past each one's TRUNCATE), by
+    (table, bucket), each bucket rewritten on an executor; returns the _RESULT rows."""
+    env = storage.environment()
+    ddl = common.spark_event_schema() + ", __b int"
+
+    def keyed(batches):  # produce, keep the tables of this job, add the key's bucket
+        from airflow_provider_cdc import storage as st
+        from airflow_provider_cdc.sinks.delta_buckets import bucket_of
+
+        st.use_environment(env)
+        for b in batches:
+            for i in b.column("unit").to_pylist():
+                events = produce(units[i])
+                for table_id in pc.unique(events["table"]).to_pylist():
+                    job = jobs.get(table_id)
+                    if job is None:
+                        continue
+                    part = events.filter(pc.equal(events["table"], table_id))
+                    if job[7] is not None:  # older than the table's TRUNCATE: swept already
+                        part = part.filter(pc.greater(part["position"], job[7]))
+                    if part.num_rows:
+                        yield from part.append_column("__b", bucket_of(part["key"], job[3])).to_batches()
+
+    def write(key, events):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
+        return _rewrite_bucket(jobs, env, key, events)
+
+    df = _units_df(spark, len(units)).mapInArrow(keyed, ddl)
+    return run(lambda: df.groupBy("table", "__b").applyInArrow(write, _schema(_RESULT)).collect())
+
+
+def _rewrite_bucket(jobs, env, key, events):
+    """On an executor: one bucket of one table, rewritten (the in-process engine's code)."""
+    from airflow_provider_cdc import storage as st
+    from airflow_provider_cdc.core.errors import ConfigurationError as CE
+    from airflow_provider_cdc.core.schema import TableSchema
+    from airflow_provider_cdc.pipeline.spark.common import to_event_table
+    from airflow_provider_cdc.sinks import delta_buckets as db
+    from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
+
+    st.use_environment(env)
+    table_id, bucket = key[0].as_py(), int(key[1].as_py())
+    location, files, schema, _buckets, bucketed, horizon, schema_json, _truncate = jobs[table_id]
+    out = {"table": [table_id], "bucket": [bucket], "events": [events.num_rows], "path": [None], "size": [None],
+           "rows": [None], "removed": [None], "error": [None]}
+    try:
+        rows = events_to_mirror_rows(TableSchema.from_json(schema_json), newest_per_key(to_event_table(events)))
+    except CE as exc:
+        out["error"] = [str(exc)]
+        return pa.table(out, schema=_RESULT)
+    paths = files.get(bucket, [])
+    new = db.apply_rows(db.read_bucket(location, paths, schema), conform(rows, schema), horizon)
+    if new is not None:
+        out["removed"] = [json.dumps(list(paths))]
+        if new.num_rows:
+            add = db.write_bucket_file(location, bucket, new, bucketed=bucketed)
+            out.update(path=[add.path], size=[add.size], rows=[new.num_rows])
+    return pa.table(out, schema=_RESULT)
+
+
+def _commit_table(path: str, v, rows: list) -> tuple[int, str | None, bool]:
+    """Commit one table's rewritten buckets: (events applied, the error text of a value the
+    mirror cannot hold or None, whether another writer committed first)."""
+    from deltalake.exceptions import CommitFailedError
+
+    from ...sinks import delta_buckets as db
+
+    adds = [_add_action(r, v.bucketed) for r in rows if r["path"]]
+    errors_ = [r["error"] for r in rows if r["error"]]
+    if errors_:
+        db.discard(v.location, adds)
+        return 0, errors_[0], False
+    if not rows:
+        return 0, None, False
+    removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
+    try:
+        db.commit(v, adds, removed, operation="upsert")
+    except CommitFailedError:
+        db.discard(v.location, adds)
+        return 0, None, True
+    log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path, len(rows),
+             v.version + 1)
+    return sum(r["events"] for r in rows), None, False
 
 
 def _add_action(row, bucketed: bool):
@@ -224,55 +343,3 @@ def _add_action(row, bucketed: bool):
 
     return AddAction(row["path"], int(row["size"]), {BUCKET_COLUMN: str(row["bucket"])} if bucketed else {},
                      int(time.time() * 1000), True, json.dumps({"numRecords": int(row["rows"])}))
-
-
-def _with_bucket(buckets, batches):
-    from airflow_provider_cdc.sinks.delta_buckets import bucket_of
-
-    for b in batches:
-        yield b.append_column("__b", bucket_of(b.column("key"), buckets))
-
-
-def _bucket_writer(job):
-    """A plain function for applyInArrow (pyspark 4.2 cannot inspect a functools.partial)."""
-
-    def write(key, events):
-        return _rewrite_bucket(job, key, events)
-
-    return write
-
-
-def _rewrite_bucket(job, key, events):
-    """On an executor: one bucket of one table, rewritten (the in-process engine's code)."""
-    from airflow_provider_cdc import storage as st
-    from airflow_provider_cdc.core.errors import ConfigurationError as CE
-    from airflow_provider_cdc.core.schema import TableSchema
-    from airflow_provider_cdc.pipeline.spark.common import to_event_table
-    from airflow_provider_cdc.sinks import delta_buckets as db
-    from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
-
-    location, files, schema, buckets, bucketed, horizon, schema_json, env = job
-    st.use_environment(env)
-    bucket = int(key[0].as_py())
-    out = {"bucket": [bucket], "events": [events.num_rows], "path": [None], "size": [None], "rows": [None],
-           "removed": [None], "error": [None]}
-    try:
-        rows = events_to_mirror_rows(TableSchema.from_json(schema_json), newest_per_key(to_event_table(events)))
-    except CE as exc:
-        out["error"] = [str(exc)]
-        return pa.table(out, schema=_RESULT)
-    paths = files.get(bucket, [])
-    current = db.read_bucket(location, paths, schema)
-    new = db.apply_rows(current, conform(rows, schema), horizon)
-    if new is not None:
-        out["removed"] = [json.dumps(list(paths))]
-        if new.num_rows:
-            add = db.write_bucket_file(location, bucket, new, bucketed=bucketed)
-            out.update(path=[add.path], size=[add.size], rows=[new.num_rows])
-    return pa.table(out, schema=_RESULT)
-
-
-#: one row per rewritten bucket, the only thing that comes back to the driver
-_RESULT = pa.schema([("bucket", pa.int32()), ("events", pa.int64()), ("path", pa.string()), ("size", pa.int64()),
-                     ("rows", pa.int64()), ("removed", pa.string()), ("error", pa.string())])
-
