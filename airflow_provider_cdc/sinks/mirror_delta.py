@@ -50,7 +50,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,17 +105,22 @@ def _backoff(attempt: int) -> None:
 
 def newest_per_key(events: pa.Table) -> pa.Table:
     """Keep only the event with the highest position for each (table, key)."""
-    if events.num_rows == 0:
-        return events
-    ordered = events.sort_by([("table", "ascending"), ("key", "ascending"), ("position", "ascending")])
-    # last row of each run of equal (table, key): ordered input makes this a vectorised mask
-    tables, keys = ordered["table"].combine_chunks(), ordered["key"].combine_chunks()
+    return newest(events, ["table", "key"], "position")
+
+
+def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:
+    """The row with the highest ``position`` for each value of the ``keys`` columns (sorted
+    by them): events by (table, key), or mirror rows by ``__key`` (``__position``)."""
+    if t.num_rows <= 1:
+        return t
+    ordered = t.sort_by([*((k, "ascending") for k in keys), (position, "ascending")])
+    # last row of each run of equal keys: ordered input makes this a vectorised mask
     n = ordered.num_rows
-    if n == 1:
-        return ordered
-    same_next = pc.and_(
-        pc.equal(tables.slice(0, n - 1), tables.slice(1)), pc.equal(keys.slice(0, n - 1), keys.slice(1))
-    )
+    same_next = None
+    for k in keys:
+        col = ordered[k].combine_chunks()
+        eq = pc.equal(col.slice(0, n - 1), col.slice(1))
+        same_next = eq if same_next is None else pc.and_(same_next, eq)
     keep = pa.concat_arrays([pc.invert(same_next), pa.array([True])])
     return ordered.filter(keep)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, atomic_write_table
 from .staged_scenario import (
     ITEMS,
     ITEMS_SCHEMA,
+    OTHER,
     OTHER_SCHEMA,
     SOURCE,
     Stage,
@@ -239,6 +241,37 @@ def test_merge_and_apply_write_the_mirror_core_expects(engine, root):
     engine.apply(st)
     assert event_rows(st.data_dir) == files
     assert read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist() == mirror
+
+
+def test_a_value_the_mirror_cannot_hold_stops_only_its_table(engine, tmp_path):
+    """A changelog NaN into items' numeric(12,2) amount: the apply stops the items mirror,
+    naming table, column and key, still applies the other table, and the event log keeps
+    every event; a merge round (fenced) fails on the same value instead."""
+    from airflow_provider_cdc.sinks.mirror_delta import schema_stopped
+    from airflow_provider_cdc.storage.layout import mirror_dir
+
+    st = Stage(tmp_path / engine.name)
+    st.change(ITEMS, "c", [1], item(1, 0))
+    st.change(OTHER, "c", ["k1"], {"code": "k1", "n": 1})
+    st.stage_log(cuts=[])
+    engine.apply(st)
+    st.change(ITEMS, "u", [1], {**item(1, 1), "amount": "NaN"})
+    st.change(OTHER, "c", ["k2"], {"code": "k2", "n": 2})
+    st.stage_log(cuts=[])
+    ap = engine.apply(st)
+    assert ap["events"] == 2
+    assert re.search(r"table public\.items, column 'amount', key \[1\]", schema_stopped(mirror_dir(st.data_dir, SOURCE, ITEMS)))
+    assert [r["n"] for r in mirror_list(st.data_dir, OTHER_SCHEMA)] == [1, 2]
+    assert [r["name"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)] == ["item 1 v0 ü"]
+    assert sum(len(rows) for rows in event_rows(st.data_dir).values()) == 4
+    bad = Stage(tmp_path / f"{engine.name}-merge")
+    bad.watermark("lw0")
+    bad.watermark("hw0")
+    bad.stage_log(cuts=[])
+    bad.chunk(OTHER, 0, "lw0", "hw0", [{"code": "k1", "n": 1}], "code")
+    bad.chunk(ITEMS, 1, "lw0", "hw0", [{**item(1, 0), "amount": "NaN"}], "id")
+    with pytest.raises(ConfigurationError, match=r"table public\.items, column 'amount', key \[1\]"):
+        engine.merge_round(bad, bad.round_file())
 
 
 def test_the_engines_write_the_same_event_log_and_mirror(spark, tmp_path):

@@ -50,9 +50,17 @@ Producer = Callable[[object], pa.Table]
 
 #: per unit and table: the events produced and the newest TRUNCATE among them
 UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncate", pa.string())])
-#: one row per rewritten bucket, the only thing that comes back to the driver from the mirror
-_RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("path", pa.string()),
-                     ("size", pa.int64()), ("rows", pa.int64()), ("removed", pa.string()), ("error", pa.string())])
+#: what the mirror job's map side ships per (table, bucket): typed mirror rows as Arrow IPC
+#: blobs of at most _BLOB_ROWS rows; bucket _COUNT_ROW rows count a unit's events of a table
+#: (all of them, and those past its TRUNCATE the mirror applies), _ERROR_ROW ones carry an error
+_BLOBS = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
+                    ("payload", pa.binary()), ("error", pa.string())])
+_COUNT_ROW, _ERROR_ROW = -2, -1
+_BLOB_ROWS = 100_000
+#: one row per rewritten bucket (and per count or error group): all the driver gets back
+_RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
+                     ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("removed", pa.string()),
+                     ("error", pa.string())])
 
 
 # --- the units on the executors -----------------------------------------------------------------
@@ -144,24 +152,30 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
                 tables: Sequence[str] | None = None) -> dict[str, int]:
     """Write every unit's events to ``sinks``: the event log and the Delta mirror from the
     executors. ``tables``: the tables the events can be of, when the driver knows them and
-    they hold no TRUNCATE (a merge round): a mirror alone then needs no counting pass.
-    Returns rows per sink and ``events_in``."""
+    they hold no TRUNCATE (a merge round): the mirror job then writes the event log too, in
+    one pass. Otherwise the event log is written first and counts each table's events and
+    TRUNCATEs, which the mirror needs before it reads its buckets. Returns rows per sink
+    and ``events_in``."""
     event_log = next((s for s in sinks if isinstance(s, EventLogSink)), None)
     mirror = next((s for s in sinks if isinstance(s, MirrorDeltaSink)), None)
     out: dict[str, int] = {}
-    meta = None
     t0 = time.monotonic()
-    if event_log is not None or (mirror is not None and tables is None):
-        meta = log_units(spark, units, produce, event_log)
-        out["events_in"] = sum(n for n, _ in meta.values())
+    if mirror is not None and tables is not None:
+        counts = write_mirror(spark, units, produce, mirror, dict.fromkeys(tables), event_log=event_log)
+        out.update(events_in=counts["events"], **{mirror.name: counts["applied"]})
         if event_log is not None:
-            out[event_log.name] = out["events_in"]
-            log.info("event log: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
-                     out["events_in"], len(meta), len(units), time.monotonic() - t0)
-    if mirror is not None:
-        truncates = {t: tr for t, (_n, tr) in meta.items()} if meta is not None else dict.fromkeys(tables or ())
-        out[mirror.name] = write_mirror(spark, units, produce, mirror, truncates)
-        out.setdefault("events_in", out[mirror.name])
+            out[event_log.name] = counts["events"]
+    else:
+        if event_log is not None or mirror is not None:
+            meta = log_units(spark, units, produce, event_log)
+            out["events_in"] = sum(n for n, _ in meta.values())
+            if event_log is not None:
+                out[event_log.name] = out["events_in"]
+                log.info("event log: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
+                         out["events_in"], len(meta), len(units), time.monotonic() - t0)
+        if mirror is not None:
+            truncates = {t: tr for t, (_n, tr) in meta.items()}
+            out[mirror.name] = write_mirror(spark, units, produce, mirror, truncates)["applied"]
     for sink in sinks:
         if sink is event_log or sink is mirror:
             continue
@@ -175,11 +189,12 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
 
 
 def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSink,
-                 truncates: dict[str, str | None]) -> int:
+                 truncates: dict[str, str | None], *, event_log: EventLogSink | None = None) -> dict[str, int]:
     """The mirror tables of the units' events (``truncates``: table -> its newest TRUNCATE
     among them, or None): one job rewrites the buckets every table's events fall in on the
-    executors; the driver commits each table (a table whose commit conflicts is read and
-    rewritten again). Returns the number of events applied."""
+    executors (and writes ``event_log``'s files on the way); the driver commits each table (a
+    table whose commit conflicts is read and rewritten again). Returns the ``events``
+    produced and the events ``applied`` to the mirror."""
     from ...sinks import mirror_delta as md
     from ...sinks.arrow_types import mirror_schema
 
@@ -200,18 +215,26 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
             md.sweep(path, newest_t, mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
         epoch = None if sink.fence is None else sink.fence.epoch(table_id)
         plan[table_id] = (path, schema, epoch, newest_t)
-    applied = 0
+    counts = {"events": 0, "applied": 0}
     pending = sorted(plan)
     for attempt in range(md._COMMIT_RETRIES):
-        if not pending:
+        if not pending and (attempt or event_log is None):
             break
+        t0 = time.monotonic()
         versions, jobs = _read_versions(plan, pending)
         results: dict[str, list] = {t: [] for t in pending}
-        for r in _rewrite_buckets(spark, units, produce, jobs):
-            results[r["table"]].append(r)
+        applied = dict.fromkeys(pending, 0)
+        for r in _rewrite_buckets(spark, units, produce, jobs, event_log if attempt == 0 else None):
+            if r["bucket"] != _COUNT_ROW:
+                results[r["table"]].append(r)
+                continue
+            if attempt == 0:
+                counts["events"] += r["events"]
+            if r["table"] in applied:
+                applied[r["table"]] += r["applied"]
         conflicted = []
         for table_id in pending:
-            n, error, conflict = _commit_table(plan[table_id][0], versions[table_id], results[table_id])
+            error, conflict = _commit_table(plan[table_id][0], versions[table_id], results[table_id])
             if conflict:
                 conflicted.append(table_id)
             elif error is not None:
@@ -220,7 +243,9 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
                     raise ConfigurationError(error)
                 sink.schema_stopped[table_id] = error
             else:
-                applied += n
+                counts["applied"] += applied[table_id]
+        log.info("mirror: %d table(s) rewritten on the executors in %.1f s (%d to retry)", len(pending) - len(conflicted),
+                 time.monotonic() - t0, len(conflicted))
         if conflicted and attempt == md._COMMIT_RETRIES - 1:
             from deltalake.exceptions import CommitFailedError
 
@@ -228,7 +253,7 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
         if conflicted:
             md._backoff(attempt)
         pending = conflicted
-    return applied
+    return counts
 
 
 def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict, dict]:
@@ -251,58 +276,96 @@ def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict,
     return versions, jobs
 
 
-def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, tuple]) -> list:
-    """One Spark job: the units' events of ``jobs``' tables (past each one's TRUNCATE), by
-    (table, bucket), each bucket rewritten on an executor; returns the _RESULT rows."""
+def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, tuple],
+                     event_log: EventLogSink | None = None) -> list:
+    """One Spark job over the units. The map side produces each unit's events (writing them to
+    ``event_log`` when given), turns those of ``jobs``' tables (past each one's TRUNCATE) into
+    typed mirror rows and ships them per (table, bucket) as Arrow IPC blobs: the shuffle moves
+    a few blobs per unit, not a JVM row per event. Each (table, bucket) is then rewritten on
+    an executor. Returns the _RESULT rows, plus one count row (bucket _COUNT_ROW) per unit
+    and table."""
     env = storage.environment()
-    ddl = common.spark_event_schema() + ", __b int"
 
-    def keyed(batches):  # produce, keep the tables of this job, add the key's bucket
+    def keyed(batches):
         from airflow_provider_cdc import storage as st
-        from airflow_provider_cdc.sinks.delta_buckets import bucket_of
+        from airflow_provider_cdc.pipeline.spark.distributed import mirror_blobs
 
         st.use_environment(env)
         for b in batches:
             for i in b.column("unit").to_pylist():
                 events = produce(units[i])
-                for table_id in pc.unique(events["table"]).to_pylist():
-                    job = jobs.get(table_id)
-                    if job is None:
-                        continue
-                    part = events.filter(pc.equal(events["table"], table_id))
-                    if job[7] is not None:  # older than the table's TRUNCATE: swept already
-                        part = part.filter(pc.greater(part["position"], job[7]))
-                    if part.num_rows:
-                        yield from part.append_column("__b", bucket_of(part["key"], job[3])).to_batches()
+                if event_log is not None:
+                    event_log.write(events)
+                yield from mirror_blobs(events, jobs)
 
-    def write(key, events):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
-        return _rewrite_bucket(jobs, env, key, events)
+    def write(key, blobs):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
+        return _rewrite_bucket(jobs, env, key, blobs)
 
-    df = _units_df(spark, len(units)).mapInArrow(keyed, ddl)
-    return run(lambda: df.groupBy("table", "__b").applyInArrow(write, _schema(_RESULT)).collect())
+    df = _units_df(spark, len(units)).mapInArrow(keyed, _schema(_BLOBS))
+    return run(lambda: df.groupBy("table", "bucket").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def _rewrite_bucket(jobs, env, key, events):
-    """On an executor: one bucket of one table, rewritten (the in-process engine's code)."""
-    from airflow_provider_cdc import storage as st
+def mirror_blobs(events: pa.Table, jobs: dict[str, tuple]):
+    """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
+    typed mirror rows of each job table per bucket (newest per key), or an error row when a
+    value cannot be held by its mirror column."""
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
     from airflow_provider_cdc.core.schema import TableSchema
-    from airflow_provider_cdc.pipeline.spark.common import to_event_table
-    from airflow_provider_cdc.sinks import delta_buckets as db
+    from airflow_provider_cdc.sinks.delta_buckets import bucket_of
     from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
+
+    def row(table_id, bucket, events=0, applied=0, payload=None, error=None):
+        return pa.record_batch([pa.array([table_id], pa.string()), pa.array([bucket], pa.int32()),
+                                pa.array([events], pa.int64()), pa.array([applied], pa.int64()),
+                                pa.array([payload], pa.binary()), pa.array([error], pa.string())], schema=_BLOBS)
+
+    for table_id in pc.unique(events["table"]).to_pylist():
+        part = events.filter(pc.equal(events["table"], table_id))
+        produced = part.num_rows
+        job = jobs.get(table_id)
+        if job is not None and job[7] is not None:  # older than the table's TRUNCATE: swept already
+            part = part.filter(pc.greater(part["position"], job[7]))
+        yield row(table_id, _COUNT_ROW, events=produced, applied=part.num_rows if job is not None else 0)
+        if job is None or part.num_rows == 0:
+            continue
+        try:
+            rows = events_to_mirror_rows(TableSchema.from_json(job[6]), newest_per_key(part))
+        except CE as exc:
+            yield row(table_id, _ERROR_ROW, error=str(exc))
+            continue
+        rows = conform(rows, job[2])
+        buckets = bucket_of(rows["__key"], job[3])
+        for bucket in pc.unique(buckets).to_pylist():
+            sub = rows.filter(pc.equal(buckets, bucket))
+            for start in range(0, sub.num_rows, _BLOB_ROWS):
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, sub.schema) as w:
+                    w.write_table(sub.slice(start, _BLOB_ROWS))
+                yield row(table_id, bucket, payload=sink.getvalue().to_pybytes())
+
+
+def _rewrite_bucket(jobs, env, key, blobs):
+    """On an executor: one bucket of one table, rewritten (the in-process engine's apply_rows),
+    or the sums of the count rows, or the first error."""
+    from airflow_provider_cdc import storage as st
+    from airflow_provider_cdc.sinks import delta_buckets as db
+    from airflow_provider_cdc.sinks.arrow_types import KEY_COLUMN, POSITION_COLUMN
+    from airflow_provider_cdc.sinks.mirror_delta import newest
 
     st.use_environment(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
-    location, files, schema, _buckets, bucketed, horizon, schema_json, _truncate = jobs[table_id]
-    out = {"table": [table_id], "bucket": [bucket], "events": [events.num_rows], "path": [None], "size": [None],
-           "rows": [None], "removed": [None], "error": [None]}
-    try:
-        rows = events_to_mirror_rows(TableSchema.from_json(schema_json), newest_per_key(to_event_table(events)))
-    except CE as exc:
-        out["error"] = [str(exc)]
+    out = {"table": [table_id], "bucket": [bucket], "events": [pc.sum(blobs["events"]).as_py() or 0],
+           "applied": [pc.sum(blobs["applied"]).as_py() or 0], "path": [None], "size": [None], "rows": [None],
+           "removed": [None], "error": [None]}
+    if bucket == _ERROR_ROW:
+        out["error"] = [blobs["error"][0].as_py()]
+    if bucket < 0:
         return pa.table(out, schema=_RESULT)
+    location, files, schema, _buckets, bucketed, horizon, _schema_json, _truncate = jobs[table_id]
+    parts = [pa.ipc.open_stream(p).read_all() for p in blobs["payload"].to_pylist()]
+    rows = newest(pa.concat_tables(parts), [KEY_COLUMN], POSITION_COLUMN)  # units may share keys (segments)
     paths = files.get(bucket, [])
-    new = db.apply_rows(db.read_bucket(location, paths, schema), conform(rows, schema), horizon)
+    new = db.apply_rows(db.read_bucket(location, paths, schema), rows, horizon)
     if new is not None:
         out["removed"] = [json.dumps(list(paths))]
         if new.num_rows:
@@ -311,9 +374,9 @@ def _rewrite_bucket(jobs, env, key, events):
     return pa.table(out, schema=_RESULT)
 
 
-def _commit_table(path: str, v, rows: list) -> tuple[int, str | None, bool]:
-    """Commit one table's rewritten buckets: (events applied, the error text of a value the
-    mirror cannot hold or None, whether another writer committed first)."""
+def _commit_table(path: str, v, rows: list) -> tuple[str | None, bool]:
+    """Commit one table's rewritten buckets: (the error text of a value the mirror cannot
+    hold or None, whether another writer committed first)."""
     from deltalake.exceptions import CommitFailedError
 
     from ...sinks import delta_buckets as db
@@ -322,18 +385,18 @@ def _commit_table(path: str, v, rows: list) -> tuple[int, str | None, bool]:
     errors_ = [r["error"] for r in rows if r["error"]]
     if errors_:
         db.discard(v.location, adds)
-        return 0, errors_[0], False
+        return errors_[0], False
     if not rows:
-        return 0, None, False
+        return None, False
     removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
     try:
         db.commit(v, adds, removed, operation="upsert")
     except CommitFailedError:
         db.discard(v.location, adds)
-        return 0, None, True
+        return None, True
     log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path, len(rows),
              v.version + 1)
-    return sum(r["events"] for r in rows), None, False
+    return None, False
 
 
 def _add_action(row, bucketed: bool):
