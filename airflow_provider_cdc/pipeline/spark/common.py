@@ -3,7 +3,8 @@ and the spark-submit command line for Airflow's SparkSubmitOperator.
 
 The jobs take everything from their arguments and from spark-submit (master, memory,
 conf): nothing here sets a master, so the same file runs on ``local[2]``, a standalone
-cluster, YARN or Kubernetes. Sinks are written from the driver (see sinks/base.py).
+cluster, YARN or Kubernetes. The executors write the event log and the mirror's files; the
+driver commits (distributed.py).
 """
 
 from __future__ import annotations

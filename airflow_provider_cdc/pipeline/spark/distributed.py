@@ -311,6 +311,7 @@ def mirror_blobs(events: pa.Table, jobs: dict[str, tuple]):
     value cannot be held by its mirror column."""
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
     from airflow_provider_cdc.core.schema import TableSchema
+    from airflow_provider_cdc.sinks.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.sinks.delta_buckets import bucket_of
     from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
 
@@ -334,7 +335,7 @@ def mirror_blobs(events: pa.Table, jobs: dict[str, tuple]):
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
         rows = conform(rows, job[2])
-        buckets = bucket_of(rows["__key"], job[3])
+        buckets = bucket_of(rows[KEY_COLUMN], job[3])
         for bucket in pc.unique(buckets).to_pylist():
             sub = rows.filter(pc.equal(buckets, bucket))
             for start in range(0, sub.num_rows, _BLOB_ROWS):
