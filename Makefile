@@ -25,8 +25,9 @@ test-e2e: setup
 test-deployment: setup
 	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
-# BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table
-BENCH ?= e2e
+# BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table and
+# the Spark engine's rounds on a standalone cluster
+BENCH ?= e2e merge
 bench: setup
 	@$(ENV) python -m bench $(BENCH) $(BENCH_ARGS)
 

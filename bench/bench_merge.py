@@ -1,21 +1,22 @@
-"""Spark merge job throughput: a round of ``--rows`` chunk rows (default 1M, in ``--chunks``
+"""Spark merge job throughput: rounds of 1M and 5M chunk rows (``--sizes``; in ``--chunks``
 chunks) against ``--events`` changelog events inside their windows (default 50k), compared
-with a plain Spark Parquet read + write of the same chunk files in the same run.
+with a plain Spark Parquet read + write of the same chunk files in the same run, on a
+standalone cluster of two 1-core workers with a 512 MB driver (``--no-cluster``: ``--master``).
 
 Every Spark side runs through spark-submit with the same master; the rates use the time
 measured inside each job after its session started, and the fixed spark-submit overhead
 (an empty job: JVM + session start and stop) is printed separately. With ``--mirror`` the
-round also goes to the Delta mirror and the apply job applies the window events after it:
+round also goes to the Delta mirror and the apply job applies the window events after it
+(the default; ``--no-mirror``):
 merge + apply rows/s against the plain copy. Every spark-submit's driver peak RSS (the
 spark-submit JVM and its Python driver, sampled every 0.2 s) is printed; with ``--cluster``
 the jobs run on a standalone cluster of two 1-core workers started for the run, so that
 figure is the driver alone (in local mode the executors live in the driver's JVM).
-``--sizes 1000000,5000000`` repeats the round for several sizes: the driver's peak must stay
-flat. Also measured, without Spark: the mirror's bucket rewrite against whole-table
+The round is repeated for each size: the driver's peak must stay flat. Also measured, without Spark: the mirror's bucket rewrite against whole-table
 read-modify-write for one batch of updates.
 
-    python -m bench merge [--rows 1000000] [--events 50000] [--chunks 20] [--mirror] [--cluster]
-                          [--sizes 1000000,5000000] [--master local[2]]
+    python -m bench merge [--sizes 1000000,5000000] [--events 50000] [--chunks 20] [--no-mirror]
+                          [--no-cluster --master local[2]] [--sizes '' --rows 1000000]
 """
 
 from __future__ import annotations
@@ -79,17 +80,24 @@ s.stop()
 
 def _parse(argv):
     ap = argparse.ArgumentParser(prog="python -m bench merge", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", type=int, default=1_000_000, help="chunk rows in the round")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="chunk rows in the round (with --sizes '')")
     ap.add_argument("--events", type=int, default=50_000, help="change events inside the windows")
     ap.add_argument("--chunks", type=int, default=20)
-    ap.add_argument("--master", default="local[2]")
-    ap.add_argument("--mirror", action="store_true", help="also run the merge with the Delta mirror sink")
+    ap.add_argument("--master", default="local[2]", help="the master with --no-cluster")
+    ap.add_argument("--mirror", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the merge with the Delta mirror sink, and the apply (default: yes)")
     ap.add_argument("--mirror-rows", type=int, default=200_000, help="table size for the mirror write-method comparison")
     ap.add_argument("--keep", action="store_true", help="keep the generated data folder")
-    ap.add_argument("--sizes", default="", help="comma list of round sizes to run one after the other (driver peak)")
-    ap.add_argument("--cluster", action="store_true", help="run on a standalone cluster of two 1-core workers")
+    ap.add_argument("--sizes", default="1000000,5000000",
+                    help="comma list of round sizes to run one after the other (driver peak); '' for --rows")
+    ap.add_argument("--cluster", action=argparse.BooleanOptionalAction, default=True,
+                    help="run on a standalone cluster of two 1-core workers (default: yes)")
     ap.add_argument("--seed", type=int, default=1)
-    return ap.parse_known_args(argv)[0]  # ignore options meant for other benchmarks
+    ap.add_argument("--quick", action="store_true", help="rounds of 200,000 and 1,000,000 rows")
+    a = ap.parse_known_args(argv)[0]  # ignore options meant for other benchmarks
+    if a.quick and a.sizes == ap.get_default("sizes"):
+        a.sizes = "200000,1000000"
+    return a
 
 
 def _row(i: int) -> dict:
