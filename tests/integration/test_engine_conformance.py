@@ -243,6 +243,32 @@ def test_merge_and_apply_write_the_mirror_core_expects(engine, root):
     assert read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist() == mirror
 
 
+def test_a_truncate_in_the_changelog_empties_its_table_up_to_it(engine, tmp_path):
+    """A TRUNCATE among an apply batch's changes: the table's rows older than it go (those of
+    earlier batches and of this one), rows after it stay, the other table is untouched; a
+    replay of every batch changes nothing."""
+    st = Stage(tmp_path / engine.name)
+    for k in (1, 2, 3):
+        st.change(ITEMS, "c", [k], item(k, 0))
+    st.change(OTHER, "c", ["k1"], {"code": "k1", "n": 1})
+    st.stage_log(cuts=[])
+    engine.apply(st)
+    st.change(ITEMS, "c", [4], item(4, 0))
+    st.log.append(ChangeEvent(ITEMS.id, "t", None, st._next(), None, None, ts_ms=st.pos))
+    st.change(ITEMS, "c", [5], item(5, 0))
+    st.change(ITEMS, "u", [1], item(1, 2))
+    st.stage_log(cuts=[len(st.log) - 2])  # the TRUNCATE's batch re-delivers the first one's events
+    engine.apply(st)
+    assert [r["id"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)] == [1, 5]
+    for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
+        assert mirror_list(st.data_dir, schema) == expected_mirror_list(st, schema)
+    mirror = read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist()
+    for sink in ("events", "mirror"):
+        storage.delete(storage.join(st.data_dir, "output", SOURCE, "_applied", f"{sink}.json"))
+    engine.apply(st)
+    assert read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist() == mirror
+
+
 def test_a_value_the_mirror_cannot_hold_stops_only_its_table(engine, tmp_path):
     """A changelog NaN into items' numeric(12,2) amount: the apply stops the items mirror,
     naming table, column and key, still applies the other table, and the event log keeps
