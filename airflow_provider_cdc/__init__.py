@@ -42,6 +42,8 @@ def get_provider_info() -> dict:
                 "python-modules": ["airflow_provider_cdc.triggers.high_watermark"],
             }
         ],
+        # ``airflow cdc status|verify`` (the same commands as the airflow-cdc console script)
+        "cli": ["airflow_provider_cdc.cli.get_cli_commands"],
         # Our own connection type: "postgres"/"mysql" belong to the official providers,
         # and CdcSourceHook accepts those connections too (conn type -> dialect).
         "connection-types": [

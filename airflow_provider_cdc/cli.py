@@ -1,8 +1,12 @@
-"""``airflow-cdc``: snapshot status and mirror verification from the command line.
+"""``airflow cdc`` (or ``airflow-cdc``): snapshot status and mirror verification from the command line.
 
-    airflow-cdc status [--source NAME] [--json]
-    airflow-cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
+    airflow cdc status [--source NAME] [--json]
+    airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
                        [--chunk-rows N] [--events] [--json]
+
+``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
+-> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
+in :func:`_parser`.
 
 ``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
 violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
@@ -229,18 +233,66 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+COMMANDS = {"status": cmd_status, "verify": cmd_verify}
+
+
 def run(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    return _dispatch(args.command, args)
+
+
+def _dispatch(command: str, args: argparse.Namespace) -> int:
     try:
-        if args.command == "status":
-            return cmd_status(args)
-        return cmd_verify(args)
+        return COMMANDS[command](args)
     except CdcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - a missing connection or unreachable source: say so, exit 2
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR
+
+
+# --- ``airflow cdc``: the same commands in Airflow's CLI ----------------------------------------
+def get_cli_commands() -> list:
+    """The provider's CLI entry: one ``cdc`` group whose commands and arguments are read off
+    :func:`_parser`, so both entry points parse alike. Runs at every ``airflow`` start: cheap."""
+    from airflow.cli.cli_config import ActionCommand, GroupCommand
+
+    parser = _parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {c.dest: c.help for c in subparsers._choices_actions}
+    commands = [
+        ActionCommand(name=name, help=helps.get(name, ""), func=_airflow_entry(name), description=helps.get(name),
+                      args=[_airflow_arg(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)])
+        for name, sub in subparsers.choices.items()
+    ]
+    return [GroupCommand(name="cdc", help=parser.description or "", subcommands=commands)]
+
+
+def _airflow_arg(action: argparse.Action):
+    """An argparse action of :func:`_parser` as Airflow's ``Arg``."""
+    from airflow.cli.cli_config import Arg
+
+    kwargs: dict[str, Any] = {"help": action.help, "dest": action.dest}
+    if isinstance(action, argparse._StoreTrueAction):
+        kwargs["action"] = "store_true"
+    else:
+        for k in ("default", "type", "choices", "nargs", "metavar"):
+            if getattr(action, k) is not None:
+                kwargs[k] = getattr(action, k)
+        if action.required:
+            kwargs["required"] = True
+    return Arg(tuple(action.option_strings), **kwargs)
+
+
+def _airflow_entry(command: str):
+    def entry(args: argparse.Namespace) -> None:
+        code = _dispatch(command, args)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as main(): delta-rs threads can abort the interpreter's teardown
+
+    return entry
 
 
 if __name__ == "__main__":

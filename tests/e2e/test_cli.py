@@ -1,4 +1,5 @@
-"""The ``airflow-cdc`` console command, run as a user runs it (subprocess), on real databases.
+"""The CLI as a user runs it (subprocess), on real databases, through both entry points: the
+``airflow-cdc`` console command and ``airflow cdc`` (the provider's CLI registration).
 
 The mirror is built from the source's rows through the real sink code (a snapshot's
 ``r`` events), then the source is changed behind the mirror's back: verify must notice.
@@ -24,11 +25,19 @@ from airflow_provider_cdc.storage.layout import schema_path
 from tools import workload as w
 
 CLI = Path(sys.executable).with_name("airflow-cdc")
+AIRFLOW = Path(sys.executable).with_name("airflow")
 
 
-def run_cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    cmd = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "airflow_provider_cdc.cli"]
-    return subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
+@pytest.fixture(params=["airflow-cdc", "airflow cdc"])
+def entry(request) -> list[str]:
+    """The command line that starts the CLI."""
+    if request.param == "airflow cdc":
+        return [str(AIRFLOW), "cdc"]
+    return [str(CLI)] if CLI.exists() else [sys.executable, "-m", "airflow_provider_cdc.cli"]
+
+
+def run_cli(entry: list[str], *args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([*entry, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.fixture(params=["pg", "mysql"])
@@ -76,15 +85,15 @@ def mirrored(uri, unique_name, tmp_path):
     w.drop_table(uri, table)
 
 
-def test_verify_equal_mirror_exits_0(mirrored):
+def test_verify_equal_mirror_exits_0(mirrored, entry):
     table, conn_id, data_dir, env = mirrored
-    r = run_cli("verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--chunk-rows", "700", env=env)
+    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--chunk-rows", "700", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2500 rows checked, 0 mismatched" in r.stdout
     assert "4 chunks compared, 0 differed" in r.stdout
 
 
-def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored):
+def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored, entry):
     table, conn_id, data_dir, env = mirrored
     p = ConnectionParams.from_uri(uri)
     t = w.quote_table(p, table)
@@ -96,30 +105,31 @@ def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored):
         conn.commit()
     finally:
         conn.close()
-    r = run_cli("verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=env)
+    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "2500 rows checked, 2 mismatched" in r.stdout
     assert "key [1700]: different (amount:" in r.stdout
     assert "key [42]: in the mirror, not in the source" in r.stdout
 
-    r = run_cli("verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--json", env=env)
+    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--json", env=env)
     assert r.returncode == 1
     out = json.loads(r.stdout)
     assert (out["rows_checked"], out["mismatched"], out["different"], out["extra"], out["ok"]) == (2500, 2, 1, 1, False)
 
 
-def test_verify_errors_exit_2_and_say_why(mirrored):
+def test_verify_errors_exit_2_and_say_why(mirrored, entry):
     table, conn_id, data_dir, env = mirrored
-    r = run_cli("verify", "--conn-id", conn_id, "--table", "no_schema_given", "--data-dir", data_dir, env=env)
+    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", "no_schema_given", "--data-dir", data_dir, env=env)
     assert r.returncode == 2 and "schema.table" in r.stderr
-    r = run_cli("verify", "--conn-id", "cdc_cli_no_such_conn", "--table", table.id, "--data-dir", data_dir, env=env)
+    r = run_cli(entry, "verify", "--conn-id", "cdc_cli_no_such_conn", "--table", table.id, "--data-dir", data_dir, env=env)
     assert r.returncode == 2 and "cdc_cli_no_such_conn" in r.stderr
 
 
-def test_status_prints_each_tables_progress(unique_name):
+def test_status_prints_each_tables_progress(unique_name, entry):
     from airflow.models.variable import Variable
 
     from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc.cli import snapshot_dag_paused
     from airflow_provider_cdc.core.chunk import ChunkResult
     from airflow_provider_cdc.core.progress import SnapshotProgress
     from airflow_provider_cdc.core.ranges import ChunkRange
@@ -135,20 +145,41 @@ def test_status_prints_each_tables_progress(unique_name):
     progress_store.save(source, "public.orders", running)
     progress_store.save(source, "public.items", done)
     try:
-        r = run_cli("status", "--source", source, env=dict(os.environ))
+        r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
         assert r.returncode == 0, r.stderr
         lines = [ln for ln in r.stdout.splitlines() if source in ln]
         assert len(lines) == 2, r.stdout
         assert lines[0].startswith(f"{source}:public.items") and "done, ranges done 1/1, 10 rows in 1 chunks" in lines[0]
-        assert "running, ranges done 0/2, 234 rows in 1 chunks" in lines[1], lines[1]
+        # a paused cdc_snapshot DAG (registered in this Airflow's database by an earlier run) is said
+        paused = " (DAG cdc_snapshot is paused: no task runs until it is unpaused)" if snapshot_dag_paused() else ""
+        assert f"running{paused}, ranges done 0/2, 234 rows in 1 chunks" in lines[1], lines[1]
         assert "continues after start, [734]" in lines[1] and "snapshot snap-1" in lines[1]
-        r = run_cli("status", "--source", source, "--json", env=dict(os.environ))
+        r = run_cli(entry, "status", "--source", source, "--json", env=dict(os.environ))
         items = json.loads(r.stdout)
         assert [(i["table"], i["status"], i["rows"]) for i in items] == [
             ("public.items", "done", 10), ("public.orders", "running", 234)
         ]
-        r = run_cli("status", "--source", f"{source}_none", env=dict(os.environ))
+        r = run_cli(entry, "status", "--source", f"{source}_none", env=dict(os.environ))
         assert r.returncode == 0 and "no snapshots recorded" in r.stdout
     finally:
         for t in ("public.orders", "public.items"):
             Variable.delete(progress_store.variable_key(source, t))
+
+
+def test_airflow_cdc_parses_what_airflow_cdc_parses():
+    """Both entry points take the same commands and options, with the same defaults."""
+    import argparse
+
+    from airflow_provider_cdc.cli import _parser, get_cli_commands
+
+    (group,) = get_cli_commands()
+    assert group.name == "cdc"
+    ours = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert sorted(c.name for c in group.subcommands) == sorted(ours)
+    for command in group.subcommands:
+        airflow_side = argparse.ArgumentParser()
+        for arg in command.args:
+            arg.add_to_parser(airflow_side)
+        want = {a.dest: (a.option_strings, a.default, a.required) for a in ours[command.name]._actions if a.dest != "help"}
+        got = {a.dest: (a.option_strings, a.default, a.required) for a in airflow_side._actions if a.dest != "help"}
+        assert got == want, command.name
