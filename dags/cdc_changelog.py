@@ -5,7 +5,10 @@ source's capture lock (an advisory lock on the source) so it never runs at the s
 time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
 is held, the capture task is skipped and the apply still runs. The apply (a spark-submit,
 or in the worker for at most CDC_LOCAL_MAX_ROWS staged rows) is skipped when nothing
-staged is newer than what the sinks have.
+staged is newer than what the sinks have. ``log_retention`` logs how far the capture is
+behind its source's log (also Airflow metrics ``cdc.capture.lag_bytes`` / ``lag_seconds`` /
+``retention_at_risk``, tagged by source) and fails the run, naming the replication slot or
+binlog file and what to do, when the source may soon drop log the capture has not read.
 
 Schedules and backfills: each run captures the log up to now and applies it; a run is not
 tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
@@ -109,6 +112,17 @@ with DAG(
         return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
                                 retention_hours=settings.load().mirror_retention_hours)
 
+    @task(task_id="log_retention")
+    def log_retention(capture_result: dict | None) -> str:
+        """Fail the run loudly when the source may soon drop log the capture has not read (a
+        replication slot near max_slot_wal_keep_size, a binlog file near its expiry); the
+        message names the slot or file and what to do. Otherwise log how far behind the
+        capture is. Beside apply, not before it: a warning never holds back the catch-up."""
+        from airflow_provider_cdc.operators.capture import check_log_retention
+
+        return check_log_retention(capture_result)
+
     now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
     check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)
     earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)
+    log_retention(capture.output)  # after capture (its XCom), a leaf of its own

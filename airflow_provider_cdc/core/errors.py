@@ -13,6 +13,11 @@ class SourceError(CdcError):
     """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no primary key...)."""
 
 
+class RetentionError(SourceError):
+    """The source may soon drop (or dropped) log the capture has not read: a replication slot
+    near max_slot_wal_keep_size, a binlog file near its expiry."""
+
+
 class TableNotFoundError(SourceError):
     """The source has no such table (or the user cannot see it)."""
 

@@ -87,6 +87,23 @@ class CaptureResult:
     end_offset: str
     seconds: float
     segments: tuple[str, ...] = ()  # every segment staged by this run, in position order
+    newest_ts_ms: int | None = None  # commit time of the newest event staged by this run
+
+
+@dataclass(frozen=True)
+class LogRetention:
+    """How far a capture's committed offset is behind the source's log, and how long the
+    source keeps the log it still needs (``Dialect.log_retention``). The policy that turns
+    it into a warning is pipeline.capture.retention_risk."""
+
+    holder: str  # what keeps the log for the capture, e.g. "replication slot 'x'"
+    lag_bytes: int  # log written past the committed offset
+    lost: bool = False  # the source already dropped log the capture needs
+    limit_bytes: int | None = None  # a size limit of the retained log (None: none)
+    safe_bytes: int | None = None  # log the source may still write before it drops what the capture needs
+    limit_seconds: float | None = None  # an age limit of the retained log (None: none)
+    setting: str = ""  # the source setting that sets the limit
+    fix: str = ""  # what to do about it, in the source's terms
 
 
 #: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
@@ -306,6 +323,11 @@ class Dialect(ABC):
     @abstractmethod
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """Tell the source it may discard the log before ``offset`` (slot confirm / stored state)."""
+
+    def log_retention(self, offset: str) -> LogRetention | None:
+        """How far ``offset`` (a committed offset) is behind the end of the log and how long the
+        source keeps the log from there (None: the dialect cannot tell)."""
+        return None
 
     # --- lifecycle --------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional for dialects holding connections

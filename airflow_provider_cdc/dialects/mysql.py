@@ -44,7 +44,7 @@ from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key, split_table_list
 from ..core.sqlnames import quote_mysql
 from ..storage.layout import changelog_dir
-from .base import ConnectionParams, Dialect, LogBatch, SegmentSink
+from .base import ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
 
 log = logging.getLogger(__name__)
 
@@ -937,6 +937,39 @@ class MySqlDialect(Dialect):
         """Atomic (storage.atomic_output): a reader sees the old or the new offset."""
         BinlogOffset.from_json(offset)
         storage.write_text(self._offset_path(data_dir), offset)
+
+    def log_retention(self, offset: str) -> LogRetention | None:
+        """Binlog bytes written past ``offset``, and the age after which the server purges a
+        binlog file (``binlog_expire_logs_seconds``, else ``expire_logs_days``; None: never).
+        The file holding the next change to capture was written to after the newest change
+        captured, so the capture's lag in seconds bounds that file's age from above."""
+        start = BinlogOffset.from_json(offset)
+        files = [(r[0], int(r[1])) for r in self._query("SHOW BINARY LOGS")]
+        end = self.binlog_end()
+        names = [f for f, _ in files]
+        lost = start.file not in names
+        lag = 0
+        if not lost:
+            for name, size in files[names.index(start.file):]:
+                if binlog_file_index(name) > end.index:
+                    break
+                upto = end.pos if name == end.file else size
+                lag += max(0, upto - (start.pos if name == start.file else 0))
+        expire, setting = None, "binlog_expire_logs_seconds"
+        for name, scale in (("binlog_expire_logs_seconds", 1), ("expire_logs_days", 86400)):
+            try:
+                value = self._query(f"SELECT @@{name}")[0][0]  # a fixed name: no identifier from outside
+            except pymysql.err.MySQLError:  # a server without it (expire_logs_days only, or neither)
+                continue
+            setting = name
+            if value is not None and float(value) > 0:
+                expire = float(value) * scale
+            break
+        return LogRetention(
+            holder=f"binlog file {start.file!r}", lag_bytes=lag, lost=lost, limit_seconds=expire, setting=setting,
+            fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once the file "
+                f"is purged the captured tables need a re-snapshot and a new capture offset",
+        )
 
     def _check_not_purged(self, start: BinlogOffset) -> None:
         files = [r[0] for r in self._query("SHOW BINARY LOGS")]

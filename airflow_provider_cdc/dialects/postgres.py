@@ -67,7 +67,7 @@ from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from ..core.sqlnames import quote_pg
 from . import pgoutput
-from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, SegmentSink
+from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
 
 log = logging.getLogger(__name__)
 
@@ -388,16 +388,6 @@ def default_object_name(source: str) -> str:
     """``cdc_<source>`` folded to what a slot name allows (lowercase letters, digits, ``_``)."""
     name = "cdc_" + re.sub(r"[^a-z0-9_]", "_", source.lower())
     return name[:63]
-
-
-@dataclass(frozen=True)
-class SlotLag:
-    slot_name: str
-    active: bool
-    wal_status: str | None
-    retained_wal_bytes: int | None  # WAL kept for the slot (current LSN - restart_lsn)
-    unconfirmed_bytes: int | None  # current LSN - confirmed position (what capture has not confirmed)
-    safe_wal_size: int | None  # bytes left before max_slot_wal_keep_size invalidates it (None: unlimited)
 
 
 @dataclass
@@ -1019,14 +1009,34 @@ class PostgresDialect(Dialect):
             )
         return confirmed
 
-    def slot_lag(self) -> SlotLag | None:
+    def log_retention(self, offset: str) -> LogRetention | None:
+        """The slot's lag (WAL written past its confirmed position) and, when
+        ``max_slot_wal_keep_size`` limits the WAL a slot keeps, how much more may be written
+        before the lag reaches it. None when the slot does not exist.
+
+        The headroom is counted from the confirmed position, the part the capture controls,
+        not from the server's ``safe_wal_size``: that one counts from the slot's restart point,
+        which trails a confirmation until the server decodes its next running-transactions
+        record (up to ~15 s of activity later), so it stays near zero for a while after a
+        capture that caught up. ``wal_status = lost`` is reported as it is."""
         rows = self._query(
-            "SELECT active, wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, "
-            "pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, safe_wal_size "
+            "SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
+            "(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size') "
             "FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
         )
-        return SlotLag(self.slot_name, *rows[0]) if rows else None
+        if not rows:
+            return None
+        wal_status, lag, limit_mb = rows[0]
+        lag = max(0, int(lag or 0))
+        limit = None if limit_mb is None or int(limit_mb) < 0 else int(limit_mb) * 1024 * 1024
+        return LogRetention(
+            holder=f"replication slot {self.slot_name!r}", lag_bytes=lag, lost=wal_status == "lost",
+            limit_bytes=limit, safe_bytes=None if limit is None else max(0, limit - lag),
+            setting="max_slot_wal_keep_size",
+            fix="run the capture more often (the changelog DAG's schedule), or raise max_slot_wal_keep_size; "
+                "a slot already lost needs drop_slot() and a re-snapshot of the captured tables",
+        )
 
     def drop_slot(self, timeout: float = 10.0) -> bool:
         """Drop the slot (it retains WAL forever otherwise). Waits while a just-closed

@@ -61,10 +61,10 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         max_events = _opt_int(self.max_events)
-        result = run_capture(
+        done = run_capture(
             self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events)
         )
-        if result is None:
+        if done is None:
             msg = f"another capture of source {self.hook.source!r} holds the capture lock; nothing captured this run"
             if self.skip_if_locked:
                 from airflow.sdk.exceptions import AirflowSkipException
@@ -73,6 +73,9 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
             from ..core.errors import StateError
 
             raise StateError(msg + "; retry later")
+        result, lag = done
+        if lag is not None:
+            _emit_lag_metrics(lag)
         return {
             "source": self.hook.source,
             "events": result.events,
@@ -82,7 +85,39 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
             "start_offset": result.start_offset,
             "end_offset": result.end_offset,
             "seconds": round(result.seconds, 3),
+            # read by the changelog DAG's check_log_retention, which fails the run loudly on a risk
+            "lag_bytes": None if lag is None else lag.bytes,
+            "lag_seconds": None if lag is None else round(lag.seconds, 3),
+            "log_holder": None if lag is None else lag.holder,
+            "retention_risk": None if lag is None else lag.risk,
         }
+
+
+def _emit_lag_metrics(lag) -> None:
+    """``cdc.capture.lag_bytes`` / ``lag_seconds`` / ``retention_at_risk``, tagged with the source
+    (StatsD or OpenTelemetry, as Airflow's [metrics] section configures)."""
+    try:
+        from airflow.sdk.observability.stats import gauge
+    except ImportError:  # an Airflow without the Task SDK's metrics
+        return
+    tags = {"source": lag.source}
+    gauge("cdc.capture.lag_bytes", lag.bytes, tags=tags)
+    gauge("cdc.capture.lag_seconds", lag.seconds, tags=tags)
+    gauge("cdc.capture.retention_at_risk", 1 if lag.risk else 0, tags=tags)
+
+
+def check_log_retention(capture_result: dict | None) -> str:
+    """The changelog DAG's last task: raise (failing the run, after capture and apply did their
+    work) when the capture's source may soon drop log it has not captured; else describe the lag."""
+    from ..core.errors import RetentionError
+
+    if not capture_result or capture_result.get("lag_bytes") is None:
+        return "no lag reading (capture skipped, or the source cannot tell)"
+    risk = capture_result.get("retention_risk")
+    if risk:
+        raise RetentionError(f"source {capture_result['source']!r}: {risk}")
+    return (f"source {capture_result['source']!r}: {capture_result['lag_bytes']:,} bytes and "
+            f"{capture_result['lag_seconds']:,.0f} s behind ({capture_result['log_holder']})")
 
 
 def _opt_int(value: Any) -> int | None:

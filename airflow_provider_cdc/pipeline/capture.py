@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Protocol
 
 from .. import storage
 from ..core.events import LogEvent, WatermarkEvent
 from ..core.position import Position
-from ..dialects.base import CaptureResult, ConnectionParams, Dialect
+from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
 from ..storage.layout import changelog_dir
 from ..storage.staged import list_segments, write_segment
 from .locks import capture_lock
@@ -45,7 +46,7 @@ def stage_changelog(
     offset = dialect.load_offset(data_dir)
     paths: list[str] = []
     bounds: list[Position] = []  # first and last position of the run
-    counts = [0, 0]  # events, watermarks
+    counts = [0, 0, None]  # events, watermarks, newest commit time (ms)
 
     def stage(events: list[LogEvent]) -> None:
         paths.append(write_segment(events, directory, dialect.watermark_table.id))
@@ -54,6 +55,7 @@ def stage_changelog(
         bounds[1:] = [events[-1].position]
         counts[0] += len(events)
         counts[1] += sum(1 for e in events if isinstance(e, WatermarkEvent))
+        counts[2] = max((e.ts_ms for e in events if e.ts_ms), default=counts[2])
 
     batch = dialect.read_log(
         offset, max_events=max_events, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
@@ -77,7 +79,49 @@ def stage_changelog(
         batch.end_offset,
         time.monotonic() - t0,
         tuple(paths),
+        counts[2],
     )
+
+
+#: the share of the source's log retention limit that may be used before capture warns
+DEFAULT_MIN_HEADROOM = 0.25
+
+
+@dataclass(frozen=True)
+class Lag:
+    """Where a capture stands against its source's log after a run."""
+
+    source: str
+    holder: str  # what keeps the log for it (a replication slot, a binlog file)
+    bytes: int  # log written past the committed offset
+    seconds: float  # age of the oldest change not captured yet (0: the run read to the end of the log)
+    risk: str | None  # why the source may soon drop log the capture needs, and what to do (None: fine)
+
+    def describe(self) -> str:
+        return (f"source {self.source!r} is {self.bytes:,} bytes and {self.seconds:,.0f} s behind its log "
+                f"({self.holder})" + (f"; AT RISK: {self.risk}" if self.risk else ""))
+
+
+def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, drained: bool,
+                min_headroom: float = DEFAULT_MIN_HEADROOM, now_ms: int | None = None) -> Lag:
+    """The lag after a capture run and the retention risk. ``drained``: the run read to the end
+    of the log (not stopped by ``max_events``): nothing older than now is left behind.
+    At risk: the log is lost already, or less than ``min_headroom`` of the source's size limit
+    is left (PostgreSQL max_slot_wal_keep_size), or the capture is behind by more than
+    ``1 - min_headroom`` of its age limit (MariaDB binlog expiry)."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    seconds = 0.0 if drained or result.newest_ts_ms is None else max(0.0, (now_ms - result.newest_ts_ms) / 1000)
+    risk = None
+    mb = 1024 * 1024
+    if reading.lost:
+        risk = f"the source already dropped log the capture needs ({reading.setting}); {reading.fix}"
+    elif reading.limit_bytes and reading.safe_bytes is not None and reading.safe_bytes < min_headroom * reading.limit_bytes:
+        risk = (f"{reading.holder} can take {reading.safe_bytes / mb:,.0f} MB more WAL before {reading.setting} "
+                f"({reading.limit_bytes / mb:,.0f} MB) makes the server drop log it needs; {reading.fix}")
+    elif reading.limit_seconds and seconds > (1 - min_headroom) * reading.limit_seconds:
+        risk = (f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
+                f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next change; {reading.fix}")
+    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk)
 
 
 def run_capture(
@@ -86,13 +130,15 @@ def run_capture(
     *,
     max_events: int | None = None,
     segment_max_events: int | None = None,
-) -> CaptureResult | None:
+    min_headroom: float = DEFAULT_MIN_HEADROOM,
+) -> tuple[CaptureResult, Lag | None] | None:
     """One capture under the source's capture lock; None when another capture holds it.
 
     The dialect stages segments first (one every ``segment_max_events`` events, ending
     at transaction boundaries; default: the connection's ``segment_max_events`` extra or
     20,000) and commits the offset after the last one, so a capture killed anywhere
-    re-delivers its events on the next run and loses nothing (I6).
+    re-delivers its events on the next run and loses nothing (I6). Returns the result and the
+    source's lag after it (:func:`capture_lag`; None when the dialect cannot tell).
     """
     params = hook.connection_params()
     with capture_lock(params, hook.source) as acquired:
@@ -102,6 +148,10 @@ def run_capture(
             result = stage_changelog(dialect, data_dir, max_events=max_events, segment_max_events=segment_max_events)
             # after the events, so a column they carry is in the staged schema before apply runs
             stopped = follow_schema_changes(dialect, data_dir, hook.source)
+            reading = dialect.log_retention(result.end_offset)
+    drained = max_events is None or result.events < max_events
+    lag = None if reading is None else capture_lag(hook.source, reading, result, drained=drained,
+                                                   min_headroom=min_headroom)
     for tid, why in sorted(stopped.items()):
         log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
     rate = result.events / result.seconds if result.seconds > 0 else 0.0
@@ -118,4 +168,6 @@ def run_capture(
         len(result.segments),
         result.segment,
     )
-    return result
+    if lag is not None:
+        (log.error if lag.risk else log.info)("%s", lag.describe())
+    return result, lag

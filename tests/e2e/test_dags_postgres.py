@@ -119,16 +119,21 @@ def mirror_rows(data_dir: str, source: str, table: str) -> dict:
     return {r["id"]: (r["v"], None if r["amount"] is None else f"{r['amount']:.2f}") for r in rows}
 
 
-def merge_engine(run, task_id: str) -> str:
-    """Which engine ran a merge/apply task: the in-process one returns its summary as XCom,
-    a spark-submit returns nothing."""
+def task_result(run, task_id: str):
+    """A task's return value (XCom) in a DAG run, None when it returned nothing."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     with create_session() as session:
         row = session.query(XComModel).filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id,
                                                   key="return_value").one_or_none()
-        value = None if row is None else XComModel.deserialize_value(row)
+        return None if row is None else XComModel.deserialize_value(row)
+
+
+def merge_engine(run, task_id: str) -> str:
+    """Which engine ran a merge/apply task: the in-process one returns its summary as XCom,
+    a spark-submit returns nothing."""
+    value = task_result(run, task_id)
     return value["engine"] if isinstance(value, dict) else "spark"
 
 
@@ -163,6 +168,10 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     run = changelog_dag.test()
     assert run.state == "success", f"cdc_changelog ended {run.state}"
     assert merge_engine(run, "apply") == engine
+    # the run says how far behind the log the capture is (it read to the end: 0 s)
+    lag = task_result(run, "log_retention")
+    assert lag.startswith(f"source {src['conn_id']!r}: ") and "s behind (replication slot 'cdc_" in lag, lag
+    assert task_result(run, "capture")["retention_risk"] is None
 
     expected = source_rows(src["uri"], src["table"])
     # writers delete only original keys and insert only new ones: an original key still

@@ -227,14 +227,14 @@ class TestPostgresDialect(DialectSuite):
     def test_slot_lifecycle_lag_and_missing_slot(self, ctx):
         t = ctx.create_table("lc", [("id", "int")], ["id"])
         d = ctx.dialect([t])
-        assert d.slot_lag() is None
-        d.load_offset(ctx.data_dir)
+        assert d.log_retention("") is None  # no slot yet
+        offset = d.load_offset(ctx.data_dir)
         ctx.execute(f"INSERT INTO {ctx.qt(t)} SELECT generate_series(1, 500)")
-        lag = d.slot_lag()
-        assert lag.slot_name == d.slot_name and lag.unconfirmed_bytes > 0 and lag.retained_wal_bytes > 0
+        lag = d.log_retention(offset)
+        assert lag.holder == f"replication slot {d.slot_name!r}" and lag.lag_bytes > 0 and not lag.lost
         res = stage_changelog(d, ctx.data_dir)
         assert res.events == 500
-        assert d.slot_lag().unconfirmed_bytes < lag.unconfirmed_bytes
+        assert d.log_retention(res.end_offset).lag_bytes < lag.lag_bytes
         # the slot disappears after capture staged segments: changes are lost -> re-snapshot
         assert d.drop_slot() is True
         with pytest.raises(SourceError, match="re-snapshot"):
