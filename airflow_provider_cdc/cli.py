@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="airflow-cdc", description="DBLog CDC for Airflow: snapshot status and verification")
     sub = p.add_subparsers(dest="command", required=True)
 
-    st = sub.add_parser("status", help="progress of each table's snapshot (from the Airflow Variables)")
+    st = sub.add_parser("status", help="progress of each table's snapshot and each source's capture lag "
+                                       "(from the Airflow Variables)")
     st.add_argument("--source", help="only this source (default: all)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -138,8 +139,18 @@ def describe_progress(summary: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def describe_lag(lag: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
+    text = (f"capture lag {lag.get('bytes', 0):,} bytes, {lag.get('seconds') or 0:,.0f} s behind the log "
+            f"({lag.get('holder')}), read {when}")
+    return text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from .progress_store import load_lags
+
     items = list_progress(args.source)
+    lags = load_lags(args.source)
     dag_paused = bool(items) and snapshot_dag_paused()
     summaries = {}
     for s, t, p in items:
@@ -149,7 +160,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                [{"source": s, "table": t, **summaries[(s, t)], "progress": p} for s, t, p in items],
+                [{"source": s, "table": t, **summaries[(s, t)], "progress": p, "source_lag": lags.get(s)}
+                 for s, t, p in items],
                 indent=2,
                 sort_keys=True,
             )
@@ -157,14 +169,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not items:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
-        return EXIT_OK
-    width = max(len(f"{s}:{t}") for s, t, _ in items)
+    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in lags] + [1])
     for s, t, _p in items:
         print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
+    for s, lag in lags.items():
+        print(f"{s:<{width}}  {describe_lag(lag)}")
     return EXIT_OK
 
 
-# --- verify -------------------------------------------------------------------------------
 def open_dialect(conn_id: str, source: str):
     """The source dialect from the Airflow connection (CdcSourceHook)."""
     from .hooks.cdc_source import CdcSourceHook

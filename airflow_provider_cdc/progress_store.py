@@ -1,4 +1,5 @@
-"""Snapshot progress in Airflow Variables: one per (source, table).
+"""Snapshot progress in Airflow Variables: one per (source, table); and each source's capture
+lag, one per source (``cdc_lag__{source}``, written by the capture task, read by ``status``).
 
 Key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name encoder
 (core.schema.encode_path_segment): plain names stay as they are, any other character is
@@ -22,6 +23,7 @@ from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
 
 KEY_PREFIX = "cdc_snapshot__"
+LAG_PREFIX = "cdc_lag__"
 RUNNING, PAUSED, STOPPED, DONE, FAILED = (
     Status.RUNNING,
     Status.PAUSED,
@@ -102,3 +104,32 @@ def request(source: str, table_id: str, action: str) -> SnapshotProgress:
     verbs[action]()
     save(source, table_id, p)
     return p
+
+
+# --- capture lag -----------------------------------------------------------------------------
+def lag_key(source: str) -> str:
+    return f"{LAG_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}"
+
+
+def save_lag(source: str, lag: dict) -> None:
+    """The capture's last lag reading of ``source`` (JSON: source, bytes, seconds, holder, risk, at)."""
+    _set(lag_key(source), json.dumps({"source": source, **lag}, sort_keys=True))
+
+
+def load_lags(source: str | None = None) -> dict[str, dict]:
+    """source -> its last lag reading, from the metadata database (outside tasks: CLI, tests)."""
+    from airflow.models.variable import Variable
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(Variable).filter(Variable.key.startswith(LAG_PREFIX)).all()
+        values = [r.val for r in rows]
+    out = {}
+    for val in values:
+        try:
+            lag = json.loads(val)
+        except (TypeError, json.JSONDecodeError):
+            continue
+        if isinstance(lag, dict) and lag.get("source") and (source is None or lag["source"] == source):
+            out[lag["source"]] = lag
+    return dict(sorted(out.items()))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -76,6 +77,10 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
         result, lag = done
         if lag is not None:
             _emit_lag_metrics(lag)
+            from .. import progress_store
+
+            progress_store.save_lag(lag.source, {"bytes": lag.bytes, "seconds": round(lag.seconds, 3),
+                                                 "holder": lag.holder, "risk": lag.risk, "at": round(time.time(), 3)})
         return {
             "source": self.hook.source,
             "events": result.events,

@@ -144,11 +144,16 @@ def test_status_prints_each_tables_progress(unique_name, entry):
     done.finish()
     progress_store.save(source, "public.orders", running)
     progress_store.save(source, "public.items", done)
+    progress_store.save_lag(source, {"bytes": 123456, "seconds": 7.0, "holder": "replication slot 's'",
+                                     "risk": "slot near its limit; capture more often", "at": 1000.0})
     try:
         r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
         assert r.returncode == 0, r.stderr
         lines = [ln for ln in r.stdout.splitlines() if source in ln]
-        assert len(lines) == 2, r.stdout
+        assert len(lines) == 3, r.stdout
+        assert lines[2].split() == [source, "capture", "lag", "123,456", "bytes,", "7", "s", "behind", "the", "log",
+                                    "(replication", "slot", "'s'),", "read", "1970-01-01", "00:16:40Z;", "AT", "RISK:",
+                                    "slot", "near", "its", "limit;", "capture", "more", "often"], lines[2]
         assert lines[0].startswith(f"{source}:public.items") and "done, ranges done 1/1, 10 rows in 1 chunks" in lines[0]
         # a paused cdc_snapshot DAG (registered in this Airflow's database by an earlier run) is said
         paused = " (DAG cdc_snapshot is paused: no task runs until it is unpaused)" if snapshot_dag_paused() else ""
@@ -159,11 +164,13 @@ def test_status_prints_each_tables_progress(unique_name, entry):
         assert [(i["table"], i["status"], i["rows"]) for i in items] == [
             ("public.items", "done", 10), ("public.orders", "running", 234)
         ]
+        assert items[0]["source_lag"]["bytes"] == 123456 and items[1]["source_lag"]["holder"] == "replication slot 's'"
         r = run_cli(entry, "status", "--source", f"{source}_none", env=dict(os.environ))
         assert r.returncode == 0 and "no snapshots recorded" in r.stdout
     finally:
         for t in ("public.orders", "public.items"):
             Variable.delete(progress_store.variable_key(source, t))
+        Variable.delete(progress_store.lag_key(source))
 
 
 def test_airflow_cdc_parses_what_airflow_cdc_parses():

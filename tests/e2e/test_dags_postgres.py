@@ -172,6 +172,8 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     lag = task_result(run, "log_retention")
     assert lag.startswith(f"source {src['conn_id']!r}: ") and "s behind (replication slot 'cdc_" in lag, lag
     assert task_result(run, "capture")["retention_risk"] is None
+    last = progress_store.load_lags(src["conn_id"])[src["conn_id"]]  # what `airflow cdc status` shows
+    assert last["holder"].startswith("replication slot 'cdc_") and last["risk"] is None and last["bytes"] >= 0
 
     expected = source_rows(src["uri"], src["table"])
     # writers delete only original keys and insert only new ones: an original key still

@@ -26,6 +26,7 @@ the events through the driver.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -96,17 +97,31 @@ def unit_events(spark, units: Sequence, produce: Producer):
     ddl = common.spark_event_schema()
     if not units:
         return spark.createDataFrame([], ddl)
+    return _units_df(spark, len(units)).mapInArrow(_on_executors(units, produce, _batches), ddl)
+
+
+def _batches(events: pa.Table):
+    return events.to_batches()
+
+
+def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log: EventLogSink | None = None):
+    """The mapInArrow function of every unit job: on an executor, each unit of the slice is
+    produced (``produce``), written to ``event_log`` when given, and turned into output
+    batches by ``then(events)`` (a module-level function: pickled by reference)."""
     env = storage.environment()  # the executors reach the storage the driver reaches
 
-    def events(batches):
+    def run_units(batches):
         from airflow_provider_cdc import storage as st
 
         st.use_environment(env)
         for b in batches:
             for i in b.column("unit").to_pylist():
-                yield from produce(units[i]).to_batches()
+                events = produce(units[i])
+                if event_log is not None:
+                    event_log.write(events)
+                yield from then(events)
 
-    return _units_df(spark, len(units)).mapInArrow(events, ddl)
+    return run_units
 
 
 def unit_meta(events: pa.Table) -> pa.Table:
@@ -119,25 +134,16 @@ def unit_meta(events: pa.Table) -> pa.Table:
     return pa.table([g["table"], g["table_count"].cast(pa.int64()), g["truncate_max"]], schema=UNIT_META)
 
 
+def _meta_batches(events: pa.Table):
+    return unit_meta(events).to_batches()
+
+
 def log_units(spark, units: Sequence, produce: Producer, event_log: EventLogSink | None) -> dict[str, list]:
     """One map stage: each unit's events produced and, with ``event_log``, written as its
     event-log files by the executor. Returns table -> [events, newest TRUNCATE or None]."""
     if not units:
         return {}
-    env = storage.environment()
-
-    def write(batches):
-        from airflow_provider_cdc import storage as st
-        from airflow_provider_cdc.pipeline.spark.distributed import unit_meta as meta
-
-        st.use_environment(env)
-        for b in batches:
-            for i in b.column("unit").to_pylist():
-                events = produce(units[i])
-                if event_log is not None:
-                    event_log.write(events)
-                yield from meta(events).to_batches()
-
+    write = _on_executors(units, produce, _meta_batches, event_log)
     out: dict[str, list] = {}
     for r in run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(UNIT_META)).collect()):
         cur = out.setdefault(r["table"], [0, None])
@@ -285,18 +291,7 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     an executor. Returns the _RESULT rows, plus one count row (bucket _COUNT_ROW) per unit
     and table."""
     env = storage.environment()
-
-    def keyed(batches):
-        from airflow_provider_cdc import storage as st
-        from airflow_provider_cdc.pipeline.spark.distributed import mirror_blobs
-
-        st.use_environment(env)
-        for b in batches:
-            for i in b.column("unit").to_pylist():
-                events = produce(units[i])
-                if event_log is not None:
-                    event_log.write(events)
-                yield from mirror_blobs(events, jobs)
+    keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), event_log)
 
     def write(key, blobs):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
         return _rewrite_bucket(jobs, env, key, blobs)
