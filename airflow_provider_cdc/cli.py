@@ -53,16 +53,10 @@ def _parser() -> argparse.ArgumentParser:
 # --- status -------------------------------------------------------------------------------
 def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
     """(source, table id, progress dict) of every snapshot Variable, sorted."""
-    from airflow.models.variable import Variable
-    from airflow.utils.session import create_session
-
-    from .progress_store import KEY_PREFIX
+    from .progress_store import KEY_PREFIX, stored_values
 
     out = []
-    with create_session() as session:
-        rows = session.query(Variable).filter(Variable.key.like(f"{KEY_PREFIX}%")).all()
-        items = [(r.key, r.val) for r in rows]
-    for key, val in items:
+    for key, val in stored_values(KEY_PREFIX):
         try:
             progress = json.loads(val) if val else {}
         except json.JSONDecodeError:

@@ -116,16 +116,21 @@ def save_lag(source: str, lag: dict) -> None:
     _set(lag_key(source), json.dumps({"source": source, **lag}, sort_keys=True))
 
 
-def load_lags(source: str | None = None) -> dict[str, dict]:
-    """source -> its last lag reading, from the metadata database (outside tasks: CLI, tests)."""
+def stored_values(prefix: str) -> list[tuple[str, str]]:
+    """(key, value) of every Variable whose key starts with ``prefix``, from the metadata
+    database (outside tasks: CLI, tests); ``_`` in the prefix is literal, not a LIKE wildcard."""
     from airflow.models.variable import Variable
     from airflow.utils.session import create_session
 
     with create_session() as session:
-        rows = session.query(Variable).filter(Variable.key.startswith(LAG_PREFIX)).all()
-        values = [r.val for r in rows]
+        rows = session.query(Variable).filter(Variable.key.startswith(prefix, autoescape=True)).all()
+        return [(r.key, r.val) for r in rows]
+
+
+def load_lags(source: str | None = None) -> dict[str, dict]:
+    """source -> its last lag reading, from the metadata database (outside tasks: CLI, tests)."""
     out = {}
-    for val in values:
+    for _key, val in stored_values(LAG_PREFIX):
         try:
             lag = json.loads(val)
         except (TypeError, json.JSONDecodeError):

@@ -94,7 +94,7 @@ class CaptureResult:
 class LogRetention:
     """How far a capture's committed offset is behind the source's log, and how long the
     source keeps the log it still needs (``Dialect.log_retention``). The policy that turns
-    it into a warning is pipeline.capture.retention_risk."""
+    it into a warning is pipeline.capture.capture_lag."""
 
     holder: str  # what keeps the log for the capture, e.g. "replication slot 'x'"
     lag_bytes: int  # log written past the committed offset

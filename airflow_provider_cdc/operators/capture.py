@@ -112,17 +112,18 @@ def _emit_lag_metrics(lag) -> None:
 
 
 def check_log_retention(capture_result: dict | None) -> str:
-    """The changelog DAG's last task: raise (failing the run, after capture and apply did their
-    work) when the capture's source may soon drop log it has not captured; else describe the lag."""
+    """The changelog DAG's ``log_retention`` task, beside apply: raise (failing the run) when the
+    capture's source may soon drop log it has not captured; else describe the lag."""
     from ..core.errors import RetentionError
+    from ..pipeline.capture import Lag
 
     if not capture_result or capture_result.get("lag_bytes") is None:
         return "no lag reading (capture skipped, or the source cannot tell)"
-    risk = capture_result.get("retention_risk")
-    if risk:
-        raise RetentionError(f"source {capture_result['source']!r}: {risk}")
-    return (f"source {capture_result['source']!r}: {capture_result['lag_bytes']:,} bytes and "
-            f"{capture_result['lag_seconds']:,.0f} s behind ({capture_result['log_holder']})")
+    lag = Lag(capture_result["source"], capture_result["log_holder"], capture_result["lag_bytes"],
+              capture_result["lag_seconds"], capture_result.get("retention_risk"))
+    if lag.risk:
+        raise RetentionError(f"source {lag.source!r}: {lag.risk}")
+    return lag.describe()
 
 
 def _opt_int(value: Any) -> int | None:

@@ -78,59 +78,50 @@ def segment_table(path: str, *, lower: str = "", after: Position | None = None, 
     return t.filter(mask)
 
 
+def segment_units(segments: Segments, after: Position | None, upto: Position | None) -> list[tuple]:
+    """One unit per staged segment that can hold events in ``(after, upto]``: ``(path, lower,
+    after, upto)`` with encoded positions (None: open), ``lower`` the segment's
+    de-duplication bound judged over every segment (spark.common.segment_lower_bounds: an
+    event in overlapping segments counts in the first). Both engines read these."""
+    bounds = common.segment_lower_bounds(segments)
+    a, u = (None if p is None else p.encode() for p in (after, upto))
+    return [(path, bounds[path.rsplit("/", 1)[-1]], a, u) for first, last, path in segments
+            if (after is None or last > after) and (upto is None or first <= upto)]
+
+
 def read_changelog(
     segments: Segments, *, after: Position | None = None, upto: Position | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
-    """Staged events with ``after < position <= upto`` without duplicates, plus ``segment``
-    (the file name), as one Arrow table in segment order."""
+    """Staged events with ``after < position <= upto`` without duplicates, as one Arrow table
+    in segment order."""
     cols = list(columns or CHANGELOG_SCHEMA.names)
     if "position" not in cols:
         cols.insert(0, "position")
-    schema = pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).append(pa.field("segment", pa.string()))
-    bounds = common.segment_lower_bounds(segments)  # over every segment: overlaps are judged globally
-    parts = []
-    for first, last, path in segments:
-        if (after is not None and last <= after) or (upto is not None and first > upto):
-            continue
-        name = path.rsplit("/", 1)[-1]
-        t = segment_table(path, lower=bounds[name], after=after, upto=upto, columns=cols)
-        parts.append(t.append_column("segment", pa.repeat(pa.scalar(name, pa.string()), t.num_rows)))
-    return pa.concat_tables(parts) if parts else schema.empty_table()
-
-
-def segment_batch(path: str) -> str:
-    """The event-log batch name of a staged segment: ``c-{first}-{last}``."""
-    name = path.rsplit("/", 1)[-1]
-    return "c-" + name[len("seg-"):-len(".parquet")]
-
-
-def _as_events(t: pa.Table, batch: pa.Array | pa.ChunkedArray) -> pa.Table:
-    t = t.filter(pc.not_equal(t["op"], "w"))  # watermarks are not table events
-    n = t.num_rows
-    batch = batch if isinstance(batch, (pa.Array, pa.ChunkedArray)) else pa.repeat(pa.scalar(batch, pa.string()), n)
-    return pa.table(
-        [*(t[c] for c in CHANGELOG_SCHEMA.names), pa.repeat(pa.scalar(False), n), batch], schema=EVENT_SCHEMA
-    )
+    parts = [segment_table(path, lower=lower, after=after, upto=upto, columns=cols)
+             for path, lower, _a, _u in segment_units(segments, after, upto)]
+    return pa.concat_tables(parts) if parts else pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).empty_table()
 
 
 def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> pa.Table:
     """Table events (no watermarks) in ``(after, upto]`` as EVENT_SCHEMA rows, ``batch`` =
     ``c-{first}-{last}`` of the segment that holds them."""
-    t = read_changelog(segments, after=after, upto=upto)
-    t = t.filter(pc.not_equal(t["op"], "w"))
-    batch = pc.replace_substring_regex(t["segment"], pattern=r"^seg-(.*)\.parquet$", replacement=r"c-\1")
-    return _as_events(t, batch)
+    parts = [segment_events(unit) for unit in segment_units(segments, after, upto)]
+    return pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
 
 
 def segment_events(unit: tuple) -> pa.Table:
-    """The table events of one staged segment for an apply batch, as EVENT_SCHEMA rows:
-    ``unit = (path, lower, after, upto)`` (encoded positions; ``lower`` the segment's
-    de-duplication bound, ``after``/``upto`` None for open ends). What one Spark task produces."""
+    """The table events of one staged segment (a :func:`segment_units` unit) as EVENT_SCHEMA
+    rows, ``batch`` = ``c-{first}-{last}`` of the segment. What one Spark task produces."""
     path, lower, after, upto = unit
     t = segment_table(path, lower=lower, after=None if after is None else Position.decode(after),
                       upto=None if upto is None else Position.decode(upto))
-    return _as_events(t, segment_batch(path))
+    t = t.filter(pc.not_equal(t["op"], "w"))  # watermarks are not table events
+    n = t.num_rows
+    name = path.rsplit("/", 1)[-1]
+    batch = "c-" + name[len("seg-"):-len(".parquet")]
+    return pa.table([*(t[c] for c in CHANGELOG_SCHEMA.names), pa.repeat(pa.scalar(False), n),
+                     pa.repeat(pa.scalar(batch, pa.string()), n)], schema=EVENT_SCHEMA)
 
 
 def _segment_rows(path: str) -> int:

@@ -98,8 +98,8 @@ class Lag:
     risk: str | None  # why the source may soon drop log the capture needs, and what to do (None: fine)
 
     def describe(self) -> str:
-        return (f"source {self.source!r} is {self.bytes:,} bytes and {self.seconds:,.0f} s behind its log "
-                f"({self.holder})" + (f"; AT RISK: {self.risk}" if self.risk else ""))
+        return (f"source {self.source!r}: {self.bytes:,} bytes and {self.seconds:,.0f} s behind ({self.holder})"
+                + (f"; AT RISK: {self.risk}" if self.risk else ""))
 
 
 def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, drained: bool,

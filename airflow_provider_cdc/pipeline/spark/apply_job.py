@@ -28,6 +28,7 @@ from airflow_provider_cdc.pipeline.arrow_engine import (  # noqa: E402
     DEFAULT_APPLY_BATCH_ROWS,
     apply_segments,
     segment_events,
+    segment_units,
 )
 from airflow_provider_cdc.pipeline.spark import common, distributed  # noqa: E402
 from airflow_provider_cdc.sinks.base import Sink  # noqa: E402
@@ -55,12 +56,8 @@ class Batch:
         return Batch(self.segments, after, self.upto, self.root)
 
     def units(self) -> list[tuple]:
-        """One unit per segment that can hold events of the range, with its de-duplication bound."""
-        bounds = common.segment_lower_bounds(self.segments)  # over every segment: overlaps are judged globally
-        after, upto = (None if p is None else p.encode() for p in (self.after, self.upto))
-        return [(path, bounds[path.rsplit("/", 1)[-1]], after, upto)
-                for first, last, path in self.segments
-                if (self.after is None or last > self.after) and (self.upto is None or first <= self.upto)]
+        """One unit per segment that can hold events of the range (arrow_engine.segment_units)."""
+        return segment_units(self.segments, self.after, self.upto)
 
     def record(self, counts: dict) -> None:
         if self.after == self.root.after:  # the whole batch: its event count

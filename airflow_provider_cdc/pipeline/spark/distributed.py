@@ -9,16 +9,19 @@ the same de-duplication of overlapping segments), reading the staged files itsel
 the storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars). So:
 
 * the event log costs no shuffle: each unit's events are its own event-log files (a chunk's
-  batch, or a segment's batch per table), written by the executor that produced them
-  (:func:`log_units`, one map stage); only a count per table comes back;
-* the Delta mirror costs one shuffle: the events are produced again on the executors, keyed
-  by (table, key-hash bucket), and each bucket of each table is rewritten on an executor
-  with the in-process engine's apply_rows (:func:`write_mirror`, one job for every table of
-  the round); only file metadata comes back, which the driver commits, once per table,
-  fenced by the merge epoch and serialised with every other writer of the table.
+  batch, or a segment's batch per table), written by the executor that produced them;
+* the Delta mirror costs one shuffle: the map side decodes each unit's events into typed
+  mirror rows (newest per key) and ships them per (table, key-hash bucket) as Arrow IPC
+  blobs; each bucket of each table is then rewritten on an executor with the in-process
+  engine's apply_rows (:func:`write_mirror`, one job for every table of the round); only
+  counts and file metadata come back, which the driver commits, once per table, fenced by
+  the merge epoch and serialised with every other writer of the table.
 
-Producing twice is cheaper than keeping the events: a persisted DataFrame is serialised into
-the JVM and shuffled again for each grouping, and read-only staged Parquet is fast to re-read.
+A merge knows its tables and holds no TRUNCATE: one job writes both. An apply first writes
+the event log (:func:`log_units`, which also counts each table's events and TRUNCATEs: the
+mirror sweeps a truncated table before it reads its buckets), then produces the events
+again for the mirror: re-reading staged Parquet costs less than keeping the events in the
+JVM between the two.
 
 Sinks other than the event log and the Delta mirror (the PostgreSQL mirror) still receive
 the events through the driver.
@@ -32,6 +35,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -57,6 +61,19 @@ UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncat
 _BLOBS = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
                     ("payload", pa.binary()), ("error", pa.string())])
 _COUNT_ROW, _ERROR_ROW = -2, -1
+
+
+class _TableJob(NamedTuple):
+    """What the executors need to rewrite one table's buckets (read on the driver)."""
+
+    location: str
+    files: dict  # bucket -> the current files
+    schema: pa.Schema  # the mirror's Arrow schema
+    buckets: int
+    bucketed: bool
+    horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
+    table_schema: str  # TableSchema JSON
+    truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
 _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
 _RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
@@ -277,12 +294,12 @@ def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict,
         v = db.read_version(md.add_columns(dt, mschema), path)
         md._check_epoch(path, v.props, epoch)
         versions[table_id] = v
-        jobs[table_id] = (v.location, {b: list(f) for b, f in v.files.items()}, v.schema, v.buckets, v.bucketed,
-                          v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
+        jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema, v.buckets,
+                                   v.bucketed, v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
     return versions, jobs
 
 
-def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, tuple],
+def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, _TableJob],
                      event_log: EventLogSink | None = None) -> list:
     """One Spark job over the units. The map side produces each unit's events (writing them to
     ``event_log`` when given), turns those of ``jobs``' tables (past each one's TRUNCATE) into
@@ -300,7 +317,7 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     return run(lambda: df.groupBy("table", "bucket").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def mirror_blobs(events: pa.Table, jobs: dict[str, tuple]):
+def mirror_blobs(events: pa.Table, jobs: dict[str, _TableJob]):
     """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
     typed mirror rows of each job table per bucket (newest per key), or an error row when a
     value cannot be held by its mirror column."""
@@ -319,18 +336,18 @@ def mirror_blobs(events: pa.Table, jobs: dict[str, tuple]):
         part = events.filter(pc.equal(events["table"], table_id))
         produced = part.num_rows
         job = jobs.get(table_id)
-        if job is not None and job[7] is not None:  # older than the table's TRUNCATE: swept already
-            part = part.filter(pc.greater(part["position"], job[7]))
+        if job is not None and job.truncate is not None:  # older than the table's TRUNCATE: swept already
+            part = part.filter(pc.greater(part["position"], job.truncate))
         yield row(table_id, _COUNT_ROW, events=produced, applied=part.num_rows if job is not None else 0)
         if job is None or part.num_rows == 0:
             continue
         try:
-            rows = events_to_mirror_rows(TableSchema.from_json(job[6]), newest_per_key(part))
+            rows = events_to_mirror_rows(TableSchema.from_json(job.table_schema), newest_per_key(part))
         except CE as exc:
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
-        rows = conform(rows, job[2])
-        buckets = bucket_of(rows[KEY_COLUMN], job[3])
+        rows = conform(rows, job.schema)
+        buckets = bucket_of(rows[KEY_COLUMN], job.buckets)
         for bucket in pc.unique(buckets).to_pylist():
             sub = rows.filter(pc.equal(buckets, bucket))
             for start in range(0, sub.num_rows, _BLOB_ROWS):
@@ -357,15 +374,15 @@ def _rewrite_bucket(jobs, env, key, blobs):
         out["error"] = [blobs["error"][0].as_py()]
     if bucket < 0:
         return pa.table(out, schema=_RESULT)
-    location, files, schema, _buckets, bucketed, horizon, _schema_json, _truncate = jobs[table_id]
-    parts = [pa.ipc.open_stream(p).read_all() for p in blobs["payload"].to_pylist()]
+    job = jobs[table_id]
+    parts = [pa.ipc.open_stream(p.as_buffer()).read_all() for p in blobs["payload"]]  # no copy to bytes
     rows = newest(pa.concat_tables(parts), [KEY_COLUMN], POSITION_COLUMN)  # units may share keys (segments)
-    paths = files.get(bucket, [])
-    new = db.apply_rows(db.read_bucket(location, paths, schema), rows, horizon)
+    paths = job.files.get(bucket, [])
+    new = db.apply_rows(db.read_bucket(job.location, paths, job.schema), rows, job.horizon)
     if new is not None:
         out["removed"] = [json.dumps(list(paths))]
         if new.num_rows:
-            add = db.write_bucket_file(location, bucket, new, bucketed=bucketed)
+            add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed)
             out.update(path=[add.path], size=[add.size], rows=[new.num_rows])
     return pa.table(out, schema=_RESULT)
 
