@@ -37,7 +37,12 @@ CDC_MIRROR_RETENTION_HOURS      hours unreferenced mirror files stay for readers
                                 versions before vacuum removes them (168; at least 1)
 CDC_CAPTURE_MAX_EVENTS          cap on events per capture (unbounded)
 CDC_CAPTURE_SEGMENT_MAX_EVENTS  events per staged segment (connection extra or 20000; 0 = one)
+CDC_SOURCES_FILE                the sources config (YAML or JSON) that dags/cdc_sources.py turns
+                                into DAGs (default: ``cdc_sources.yaml`` next to that file)
 ==============================  ================================================================
+
+Many sources: a sources config (sources_config.py) gives each source its own values of
+these settings; its DAGs' tasks read the environment with those values on top.
 """
 
 from __future__ import annotations
@@ -132,9 +137,14 @@ class Settings:
     mirror_retention_hours: float = 168.0
 
 
-def load(env: Mapping[str, str] | None = None) -> Settings:
-    """Parse and check every ``CDC_*`` variable (``env`` defaults to ``os.environ``, read now)."""
+def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None) -> Settings:
+    """Parse and check every ``CDC_*`` variable (``env`` defaults to ``os.environ``, read now).
+
+    ``overrides`` are ``CDC_*`` values that win over ``env``: a source of the sources config
+    (sources_config.py) is the environment with its entry's values on top."""
     env = os.environ if env is None else env
+    if overrides:
+        env = {**env, **overrides}
     conn_id = _raw(env, "CDC_SOURCE_CONN_ID") or DEFAULT_CONN_ID
     raw_conf = _raw(env, "CDC_SPARK_CONF")
     try:
@@ -207,7 +217,9 @@ def _retention_hours(env: Mapping[str, str]) -> float:
 class FromSettings:
     """An operator attribute that is the value the DAG gave, or else the setting ``name``
     read when it is used (in the worker, at execute time; template rendering reads it
-    there too). ``None`` means "not given". Plain Python: no Airflow import."""
+    there too). ``None`` means "not given". The settings are the environment with the
+    operator's ``cdc_overrides`` (a source of the sources config) on top. Plain Python: no
+    Airflow import."""
 
     def __init__(self, name: str) -> None:
         if name not in Settings.__dataclass_fields__:
@@ -221,7 +233,9 @@ class FromSettings:
         if obj is None:
             return self
         value = obj.__dict__.get(self.attr)
-        return getattr(load(), self.name) if value is None else value
+        if value is not None:
+            return value
+        return getattr(load(overrides=getattr(obj, "cdc_overrides", None)), self.name)
 
     def __set__(self, obj, value) -> None:
         obj.__dict__[self.attr] = value

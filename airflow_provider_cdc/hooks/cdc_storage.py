@@ -12,6 +12,7 @@ password = secret access key, extra ``endpoint_url``, ``region_name``,
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import ConfigurationError
@@ -44,19 +45,34 @@ def storage_environment(conn_id: str) -> dict[str, str]:
     return env
 
 
-def apply_storage_connection(conn_id: str | None = None) -> None:
-    """Export the storage connection of the settings (or ``conn_id``) to this process."""
+def apply_storage_connection(conn_id: str | None = None, overrides: Mapping[str, str] | None = None) -> None:
+    """Export the storage connection of the settings (the environment with ``overrides`` on
+    top), or ``conn_id``, to this process."""
     if conn_id is None:
         from .. import settings
 
-        conn_id = settings.load().storage_conn_id
+        conn_id = settings.load(overrides=overrides).storage_conn_id
     if conn_id:
         os.environ.update(storage_environment(conn_id))
 
 
 class StorageConnectionMixin:
-    """For operators and sensors: the storage connection is in place before ``execute``."""
+    """For the package's operators and sensors: ``cdc_overrides`` (the ``CDC_*`` values of
+    one source of the sources config, on top of the environment, for every setting the
+    task reads) and the storage connection in place before ``execute``. A DAG gives
+    ``cdc_overrides`` to each task, or to all of them through ``default_args``."""
+
+    def __init__(self, *, cdc_overrides: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # type: ignore[call-arg]
+        if cdc_overrides is not None and (
+            not isinstance(cdc_overrides, Mapping)
+            or not all(isinstance(k, str) and k.startswith("CDC_") and isinstance(v, str) for k, v in cdc_overrides.items())
+        ):
+            raise ConfigurationError(
+                f"{type(self).__name__}: cdc_overrides must map CDC_* setting names to strings, got {cdc_overrides!r}"
+            )
+        self.cdc_overrides = dict(cdc_overrides or {})
 
     def pre_execute(self, context: Any) -> Any:
-        apply_storage_connection()
+        apply_storage_connection(overrides=self.cdc_overrides)
         return super().pre_execute(context)  # type: ignore[misc]

@@ -46,9 +46,10 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
         max_events: int | None = None,
         segment_max_events: int | None = None,
         skip_if_locked: bool = True,
+        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
         self.cdc_conn_id = cdc_conn_id
         self.data_dir = data_dir
         self.source = source

@@ -199,7 +199,8 @@ def record_snapshot_failure(context: Any) -> None:
     if not snapshots:
         return
     hook = getattr(task, "hook", None)
-    source = getattr(hook, "source", None) or getattr(task, "source", None) or settings.load().source
+    source = getattr(hook, "source", None) or getattr(task, "source", None) or settings.load(
+        overrides=getattr(task, "cdc_overrides", None)).source
     error = f"task {ti.task_id} failed: {context.get('exception') or 'unknown error'}"
     mark_failed(source, snapshots, error)
 
@@ -219,9 +220,10 @@ class _SourceOperator(StorageConnectionMixin, BaseOperator):
         data_dir: str | None = None,
         cdc_conn_id: str | None = None,
         source: str | None = None,
+        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
         self.data_dir = data_dir
         self.cdc_conn_id = cdc_conn_id
         self.source = source
@@ -250,11 +252,18 @@ class SnapshotPlanOperator(_SourceOperator):
     _logical_date: str | None = None
 
     def __init__(
-        self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None, **kwargs: Any
+        self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None,
+        conf_defaults: dict | None = None, **kwargs: Any
     ):
         super().__init__(**kwargs)
         self.conf = conf
         self.default_tables = default_tables
+        #: throttle keys (chunk_size, parallelism, delay_seconds) a run's conf falls back to
+        self.conf_defaults = dict(conf_defaults or {})
+        unknown = sorted(set(self.conf_defaults) - {"chunk_size", "parallelism", "delay_seconds"})
+        if unknown:
+            raise ConfigurationError(f"{type(self).__name__}: conf_defaults may hold chunk_size, parallelism and "
+                                     f"delay_seconds, not {unknown}")
 
     def execute(self, context: Any) -> list[dict]:
         conf = self.conf
@@ -263,6 +272,8 @@ class SnapshotPlanOperator(_SourceOperator):
             conf = (getattr(dag_run, "conf", None) or {}) if dag_run is not None else {}
         run_type = str(getattr(getattr(dag_run, "run_type", ""), "value", getattr(dag_run, "run_type", ""))).lower()
         scheduled = run_type.endswith(("scheduled", "backfill", "backfill_job"))
+        if self.conf_defaults and isinstance(conf, dict) and conf.get("action") not in ("pause", "stop"):
+            conf = {**self.conf_defaults, **conf}
         req = parse_snapshot_conf(  # before anything is written
             conf, self.default_tables, default_action="refresh" if scheduled else "start"
         )
@@ -695,7 +706,7 @@ class SnapshotCommitOperator(_SourceOperator):
         applied = read_marker(self.data_dir, source, "mirror")
         if applied is not None:
             removed = compact(self.data_dir, source, tid, upto_position=applied.encode(),
-                              retention_hours=settings.load().mirror_retention_hours)
+                              retention_hours=settings.load(overrides=self.cdc_overrides).mirror_retention_hours)
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
 
     def execute(self, context: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError, SchemaChangeError
 from ..hooks.cdc_storage import StorageConnectionMixin
+from ..pipeline.committed import round_tables
 from ..pipeline.spark.common import application_path
 from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
 
@@ -52,6 +53,7 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
         sinks: str | None = None,
         database: str | None = None,
         local_max_rows: int | None = None,
+        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
         **kwargs: Any,
     ) -> None:
         if local_max_rows is not None and (
@@ -62,7 +64,7 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
                 f"got {local_max_rows!r}"
             )
         kwargs.setdefault("name", f"cdc-{self.job}")
-        super().__init__(application=application_path(self.job), **kwargs)
+        super().__init__(cdc_overrides=cdc_overrides, application=application_path(self.job), **kwargs)
         self.data_dir, self.source, self.sinks, self.database = data_dir, source, sinks, database
         self.local_max_rows = local_max_rows
 
@@ -129,6 +131,26 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
                       self.application)
         return super().execute(context)
 
+    def _asset_kinds(self) -> list[str]:
+        """The sinks this task emits Asset events for: those with an alias in its outlets."""
+        from airflow.sdk import AssetAlias
+
+        names = {a.name.rsplit("/", 1)[-1] for a in self.outlets or () if isinstance(a, AssetAlias)}
+        return [s.strip() for s in self.sinks.split(",") if s.strip() in names]
+
+    def _emit_assets(self, context: Any, covered) -> None:
+        """An Asset event per table and sink this commit wrote (assets.py); ``covered(kinds)``
+        gives kind -> table id -> extra. Never fails the task: the data is committed."""
+        from ..assets import emit_table_events
+
+        kinds = self._asset_kinds()
+        if not kinds:
+            return
+        try:
+            emit_table_events(context, self.outlets, self.source, covered(kinds))
+        except Exception:  # noqa: BLE001 - a lost notification must not fail a committed round
+            self.log.exception("could not compute the Asset events of this commit; the data is committed")
+
     def _sinks(self, *, require_schema: bool, fence_tables=None):
         from ..pipeline.spark.common import build_sinks
 
@@ -185,7 +207,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
                 raise AirflowSkipException(f"every snapshot of this round was stopped or replaced: {sorted(dead)}")
             self.round_file = _write_live_round(str(self.round_file), live)
         try:
-            return super().execute(context)
+            summary = super().execute(context)
         except (FencedError, AirflowException) as exc:
             # a stop that landed while merging fences the merge out (sinks/mirror_delta.py):
             # that is the stop working, not a failure to retry
@@ -194,6 +216,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
             if gone and gone == {(c.table, c.snapshot_id) for c in merging}:
                 raise AirflowSkipException(f"merge fenced out: snapshot(s) {sorted(gone)} stopped meanwhile ({exc})") from exc
             raise
+        self._emit_assets(context, lambda kinds: round_tables(self._chunks(), self.data_dir, self.source, kinds))
+        return summary
 
     def _chunks(self):
         from ..pipeline.windows import load_chunks
@@ -221,19 +245,25 @@ class ChangelogApplyOperator(_CdcJobOperator):
     job = "apply"
 
     def execute(self, context: Any) -> dict | None:
+        from ..pipeline.committed import applied_tables, markers
+
+        before = markers(self.data_dir, self.source, self._asset_kinds())
         summary = super().execute(context)
+        stopped = {}
         if "mirror" in [s.strip() for s in self.sinks.split(",")]:
             from ..sinks.mirror_delta import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
-            if stopped:
-                # every other table was applied (the markers moved): only these wait
-                raise SchemaChangeError(
-                    "the mirror of "
-                    + "; ".join(f"table {t} waits for a re-snapshot: {why}" for t, why in sorted(stopped.items()))
-                    + ". The event log has their changes; the other tables were applied. Snapshot each of these "
-                    "tables whole (cdc_snapshot with action 'start') to rebuild its mirror with the new schema"
-                )
+        self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,
+                                                                skip={"mirror": set(stopped)}))
+        if stopped:
+            # every other table was applied (the markers moved): only these wait
+            raise SchemaChangeError(
+                "the mirror of "
+                + "; ".join(f"table {t} waits for a re-snapshot: {why}" for t, why in sorted(stopped.items()))
+                + ". The event log has their changes; the other tables were applied. Snapshot each of these "
+                "tables whole (cdc_snapshot with action 'start') to rebuild its mirror with the new schema"
+            )
         return summary
 
     def input_rows(self) -> int:

@@ -80,10 +80,11 @@ class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
         source: str | None = None,
         drain: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("poke_interval", 5)
-        super().__init__(**kwargs)
+        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
         self.chunks = chunks
         self.data_dir = data_dir
         self.cdc_conn_id = cdc_conn_id
@@ -130,7 +131,7 @@ class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
                 poll_interval=float(self.poke_interval),
                 recheck_after=float(self.poke_interval) * 6 if self.drain else None,
                 timeout=float(timeout) if timeout else None,
-                storage_conn_id=load().storage_conn_id,
+                storage_conn_id=load(overrides=self.cdc_overrides).storage_conn_id,
             ),
             method_name="execute_complete",
         )

@@ -38,10 +38,27 @@ def dagbag_problems(folder: Path) -> tuple[list[str], dict[str, list[str]]]:
     return problems, by_file
 
 
-def test_every_dag_file_imports_and_defines_a_dag():
+def test_every_dag_file_imports_and_defines_a_dag(monkeypatch):
+    # dags/cdc_sources.py builds DAGs from a sources config: the shipped example's
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(DAGS.parent / "examples" / "cdc_sources.example.yaml"))
     problems, by_file = dagbag_problems(DAGS)
     assert not problems, "\n\n".join(problems)
     assert sorted(by_file) == sorted(str(p.resolve()) for p in dag_files(DAGS))
+    assert by_file[str((DAGS / "cdc_sources.py").resolve())] == [
+        "cdc_changelog__billing", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_snapshot__shop"]
+
+
+def test_the_example_consumer_is_scheduled_on_every_configured_mirror(monkeypatch, tmp_path):
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(DAGS.parent / "examples" / "cdc_sources.example.yaml"))
+    (tmp_path / "consumer.py").write_text((DAGS.parent / "examples" / "cdc_mirror_consumer.py").read_text())
+    problems, by_file = dagbag_problems(tmp_path)
+    assert not problems, problems
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(tmp_path), safe_mode=False).dags["cdc_mirror_consumer"]
+    names = sorted(a.name for a in dag.timetable.asset_condition.objects)
+    assert names == ["cdc/billing/billing.invoices/mirror", "cdc/shop/public.customers/mirror",
+                     "cdc/shop/public.orders/mirror"]
 
 
 # The checks above must be able to fail: run them on folders with known content.

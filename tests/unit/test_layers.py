@@ -30,17 +30,20 @@ LAYERS = {
     # Airflow glue, in its own order
     "settings": 4,
     "progress_store": 4,
+    "sources_config": 4,  # many sources' settings: the settings of each
     "hooks": 5,
+    "assets": 5,
     "triggers": 6,
     "sensors": 7,  # a sensor runs the pipeline's capture itself when asked to
     "operators": 7,
     "cli": 8,
+    "dag_builders": 8,
     "__init__": 8,
 }
 #: imports between parts of one layer that are allowed (from -> to)
-SIDEWAYS: set[tuple[str, str]] = set()
+SIDEWAYS: set[tuple[str, str]] = {("sources_config", "settings")}
 #: modules that must not import Airflow, Spark or a database driver, whatever their layer
-NO_AIRFLOW = ("core", "storage", "dialects", "sinks", "pipeline", "settings")
+NO_AIRFLOW = ("core", "storage", "dialects", "sinks", "pipeline", "settings", "sources_config")
 AIRFLOW_ROOTS = ("airflow",)
 PURE_FORBIDDEN = ("airflow", "pyspark", "psycopg2", "pymysql", "pymysqlreplication", "deltalake", "MySQLdb")
 

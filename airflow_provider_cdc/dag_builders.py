@@ -1,0 +1,283 @@
+"""The provider's two DAGs, built for one source: the environment's (dags/cdc_snapshot.py,
+dags/cdc_changelog.py) or each source of the sources config (dags/cdc_sources.py).
+
+``overrides`` are a source's ``CDC_*`` values (sources_config.py); every task of the DAGs
+gets them as ``cdc_overrides`` and reads its settings as the environment with them on top,
+when it runs. Only what Airflow needs while parsing (schedules, the sensor's mode, the
+chunk tasks' parallelism, the Spark connection) is read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from . import settings
+from .assets import EVENTS, MIRROR, table_alias
+from .operators.capture import ChangelogCaptureOperator
+from .operators.snapshot import (
+    SnapshotChunkOperator,
+    SnapshotCommitOperator,
+    SnapshotPlanOperator,
+    record_snapshot_failure,
+)
+from .operators.spark_jobs import ChangelogApplyOperator, SnapshotMergeOperator
+from .sensors.high_watermark import HighWatermarkSensor
+
+SNAPSHOT_DOC = """cdc_snapshot: DBLog watermark snapshot of source tables, one bounded job per DAG run.
+
+Trigger with a conf (a Debezium-style signal), e.g.::
+
+    airflow dags trigger cdc_snapshot -c '{"action": "start", "tables": ["public.orders"], "chunk_size": 50000, "parallelism": 4}'
+    airflow dags trigger cdc_snapshot -c '{"action": "pause", "tables": ["public.orders"]}'
+    airflow dags trigger cdc_snapshot -c '{"action": "resume", "tables": ["public.orders"]}'
+    airflow dags trigger cdc_snapshot -c '{"action": "stop", "tables": ["public.orders"]}'
+
+Scheduled runs (``CDC_SNAPSHOT_SCHEDULE``) default to ``"action": "refresh"``: tables whose
+snapshot is done, stopped or missing start a new one, running or failed ones continue,
+paused ones stay paused.
+
+Other keys: ``key_ranges`` (only these key ranges), ``where`` (filter condition),
+``delay_seconds`` (throttle between chunks). A bad conf fails the ``plan`` task with a
+message naming the setting, before anything is written.
+
+plan -> read_chunks (mapped over the planned key ranges; each range chunk by chunk:
+low watermark, SELECT, high watermark) -> round (the chunk list as a file) ->
+wait_high_watermarks (drains the changelog itself when cdc_changelog is not running) ->
+merge (DBLog steps 4-5, writes the event log and the mirror: spark-submit, or in the
+worker when the round has at most CDC_LOCAL_MAX_ROWS rows) -> commit.
+
+Pausing: the ``pause`` action (or ``airflow-cdc``/the Variable) stops chunk tasks before
+their next chunk; pausing the DAG in Airflow stops new tasks from being scheduled (and
+running chunk tasks stop too where the API server reports the pause). Chunks read so far
+are merged and kept; ``resume`` continues after the last committed chunk.
+
+Environment (airflow_provider_cdc/settings.py; read when the tasks run, except
+CDC_SNAPSHOT_SCHEDULE, CDC_SPARK_CONN_ID, CDC_SPARK_CONF, CDC_MAX_PARALLEL_CHUNKS and the
+CDC_SENSOR_* settings, which Airflow needs when it parses this file):
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (staging name; default
+the conn id), CDC_TABLES (comma list, default tables when the conf has none),
+CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_SNAPSHOT_SCHEDULE (optional cron for periodic refresh),
+CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
+CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (rounds up to this many rows merge
+in the worker without a spark-submit; default 100000, 0 = always Spark),
+CDC_MAX_PARALLEL_CHUNKS (chunk tasks at once per run, default 4),
+CDC_SENSOR_DEFERRABLE (true/false: wait_high_watermarks waits in the triggerer between
+pokes instead of poking in its worker slot; unset = Airflow's [operators] default_deferrable),
+CDC_SENSOR_POKE_INTERVAL (seconds between the sensor's checks, default 5; a deferred
+sensor drains the changelog again every 6 intervals), CDC_SENSOR_TIMEOUT (seconds the
+sensor waits in all, default 21600).
+"""
+
+CHANGELOG_DOC = """cdc_changelog: capture the source's changelog to staging, then apply it to the sinks.
+
+Short schedule, one active run, never waits for snapshots (I5). The capture holds the
+source's capture lock (an advisory lock on the source) so it never runs at the same
+time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
+is held, the capture task is skipped and the apply still runs. The apply (a spark-submit,
+or in the worker for at most CDC_LOCAL_MAX_ROWS staged rows) is skipped when nothing
+staged is newer than what the sinks have. ``log_retention`` logs how far the capture is
+behind its source's log (also Airflow metrics ``cdc.capture.lag_bytes`` / ``lag_seconds`` /
+``retention_at_risk``, tagged by source) and fails the run, naming the replication slot or
+binlog file and what to do, when the source may soon drop log the capture has not read.
+
+Schedules and backfills: each run captures the log up to now and applies it; a run is not
+tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
+DAG was off) and its intervals run one at a time in logical-date order: a backfill run's
+first task, ``earlier_intervals_done``, waits until the run of the previous interval has
+finished (a backfill ignores ``max_active_runs``), and every other task has
+``max_active_tis_per_dag=1``, so two captures or two applies never overlap.
+
+Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
+schedule and the Spark connection/conf, read when the file is parsed):
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
+CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
+CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
+CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
+CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
+CDC_CAPTURE_SEGMENT_MAX_EVENTS (events per staged segment, cut at transaction boundaries;
+default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment per run).
+"""
+
+
+def _outlets(source: str, sinks: str) -> list:
+    """The Asset aliases a writer of ``sinks`` emits its tables' Asset events through."""
+    names = [s.strip() for s in sinks.split(",")]
+    return [table_alias(source, kind) for kind in (EVENTS, MIRROR) if kind in names]
+
+
+def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | None = None, *,
+                 throttle: Mapping[str, Any] | None = None, tags: tuple[str, ...] = ()) -> DAG:
+    """The snapshot DAG of one source. ``throttle``: default chunk_size / parallelism /
+    delay_seconds of its snapshots (a run's conf wins)."""
+    overrides = dict(overrides or {})
+    parse = settings.load(overrides=overrides)
+    with DAG(
+        dag_id=dag_id,
+        description="DBLog watermark snapshot (start / pause / resume / stop by trigger conf)",
+        schedule=parse.snapshot_schedule,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        catchup=False,
+        # a pause/stop run must be able to run next to the snapshot run it pauses
+        max_active_runs=3,
+        # a task that fails for good marks the run's snapshots failed, with its error
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "on_failure_callback": record_snapshot_failure},
+        tags=["cdc", "snapshot", *tags],
+        doc_md=SNAPSHOT_DOC,
+    ) as dag:
+        given = {"cdc_overrides": overrides} if overrides else {}
+        plan = SnapshotPlanOperator(task_id="plan", retries=0, conf_defaults=dict(throttle or {}) or None, **given)
+
+        chunks = SnapshotChunkOperator.partial(
+            task_id="read_chunks",
+            max_active_tis_per_dagrun=parse.max_parallel_chunks,
+            **given,
+        ).expand(work=plan.output)
+
+        @task(task_id="round")
+        def write_round(results) -> str:
+            """The round's chunk list as a JSON file for the merge job (XCom stays small)."""
+            import json
+
+            from airflow.sdk import get_current_context
+            from airflow.sdk.exceptions import AirflowSkipException
+
+            from airflow_provider_cdc import settings, storage
+            from airflow_provider_cdc.core.chunk import flatten_chunk_results
+            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
+            from airflow_provider_cdc.storage.layout import round_path
+
+            now = settings.load(overrides=overrides)  # at run time, like the operators
+            apply_storage_connection(now.storage_conn_id)
+            flat = flatten_chunk_results(results)
+            if not flat:
+                raise AirflowSkipException("no chunks to merge in this run (pause/stop, or nothing left)")
+            path = round_path(now.data_dir, now.source, get_current_context()["run_id"])
+            storage.write_text(path, json.dumps(flat))
+            return path
+
+        round_file = write_round(chunks.output)
+
+        wait = HighWatermarkSensor(
+            task_id="wait_high_watermarks",
+            chunks=chunks.output,
+            # poke: a reschedule-mode sensor can lose its tries to an Airflow race while the
+            # capture lock is held for minutes (apache/airflow#71172); waiting must never fail a run
+            mode="poke",
+            poke_interval=parse.sensor_poke_interval,
+            timeout=parse.sensor_timeout,
+            **({} if parse.sensor_deferrable is None else {"deferrable": parse.sensor_deferrable}),
+            **given,
+        )
+
+        merge = SnapshotMergeOperator(
+            task_id="merge",
+            round_file=round_file,
+            conn_id=parse.spark_conn_id,
+            conf=parse.spark_conf,
+            outlets=_outlets(parse.source, parse.sinks),
+            **given,
+        )
+
+        commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output, **given)
+
+        round_file >> wait >> merge >> commit
+    return dag
+
+
+def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *,
+                  tags: tuple[str, ...] = ()) -> DAG:
+    """The changelog DAG of one source."""
+    overrides = dict(overrides or {})
+    parse = settings.load(overrides=overrides)
+    with DAG(
+        dag_id=dag_id,
+        description="Changelog capture (logical slot / binlog) to staging, then apply to the sinks",
+        schedule=parse.changelog_schedule,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        # Backfill runs ignore max_active_runs (a backfill has its own, default 10) but every
+        # task honours max_active_tis_per_dag: across all runs, one capture, one apply and one
+        # compaction at a time, taken in logical-date order by the scheduler.
+        default_args={"retries": 3, "retry_delay": timedelta(seconds=10), "max_active_tis_per_dag": 1},
+        tags=["cdc", "changelog", *tags],
+        doc_md=CHANGELOG_DOC,
+        # the task arguments below that are templates read the settings when the task runs
+        user_defined_macros={"cdc_settings": partial(settings.load, overrides=overrides)},
+    ) as dag:
+        given = {"cdc_overrides": overrides} if overrides else {}
+
+        @task.sensor(
+            task_id="earlier_intervals_done", mode="poke", poke_interval=5, timeout=6 * 3600,
+            max_active_tis_per_dag=None,  # every run's gate may wait at once: no gate blocks an earlier one
+        )
+        def earlier_intervals_done() -> bool:
+            """A backfill run starts its work only once the run of the previous interval has
+            finished: backfill intervals run one at a time, in logical-date order (a backfill
+            ignores max_active_runs). Other runs pass at once."""
+            from airflow.sdk import get_current_context
+
+            from airflow_provider_cdc.sensors.high_watermark import previous_run_active
+
+            ctx = get_current_context()
+            return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
+
+        capture = ChangelogCaptureOperator(task_id="capture", **given)
+        apply = ChangelogApplyOperator(task_id="apply", conn_id=parse.spark_conn_id, conf=parse.spark_conf,
+                                       outlets=_outlets(parse.source, parse.sinks), **given)
+
+        @task.short_circuit(
+            task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False
+        )
+        def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
+            """Skip the spark-submit (seconds of JVM start) when no staged segment is past
+            every sink's applied-position marker."""
+            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
+            from airflow_provider_cdc.sinks.base import read_marker
+            from airflow_provider_cdc.storage.layout import changelog_dir
+            from airflow_provider_cdc.storage.staged import list_segments
+
+            apply_storage_connection(overrides=overrides)
+            segments = list_segments(changelog_dir(data_dir, source))
+            if not segments:
+                return False
+            newest = max(last for _first, last, _path in segments)
+            markers = [read_marker(data_dir, source, s.strip()) for s in sinks.split(",") if s.strip()]
+            return any(m is None or newest > m for m in markers)
+
+        # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
+        # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
+        @task(task_id="compact_tombstones", trigger_rule="none_failed", multiple_outputs=False)
+        def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
+            """Tombstones of deletes the mirror has applied go, for every table whose snapshot
+            cannot merge chunks any more (not running, paused or failed). Stopped snapshots count
+            as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py)."""
+            from airflow_provider_cdc import progress_store, settings
+            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
+            from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
+
+            apply_storage_connection(overrides=overrides)
+            return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
+                                    retention_hours=settings.load(overrides=overrides).mirror_retention_hours)
+
+        @task(task_id="log_retention")
+        def log_retention(capture_result: dict | None) -> str:
+            """Fail the run loudly when the source may soon drop log the capture has not read (a
+            replication slot near max_slot_wal_keep_size, a binlog file near its expiry); the
+            message names the slot or file and what to do. Otherwise log how far behind the
+            capture is. Beside apply, not before it: a warning never holds back the catch-up."""
+            from airflow_provider_cdc.operators.capture import check_log_retention
+
+            return check_log_retention(capture_result)
+
+        now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
+        check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)
+        earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)
+        log_retention(capture.output)  # after capture (its XCom), a leaf of its own
+    return dag

@@ -1,0 +1,93 @@
+"""What a commit covered, per table: the content of the Asset events the Airflow glue emits
+after a snapshot round or a changelog batch (airflow_provider_cdc/assets.py).
+
+Computed from staged inputs and the sinks' markers, not from the job's output, so it is the
+same whichever engine ran the job (in the worker, or Spark with the summary left in its log).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .. import storage
+from ..core.chunk import ChunkResult
+from ..core.events import WATERMARK_OP
+from ..core.position import Position
+from ..core.schema import TableName
+from ..sinks.base import read_marker
+from ..storage.layout import changelog_dir, events_dir, mirror_dir
+from ..storage.staged import list_segments, staged_watermarks
+
+EVENTS, MIRROR = "events", "mirror"
+
+
+def _location(data_dir: str, source: str, table_id: str, kind: str) -> str:
+    return mirror_dir(data_dir, source, TableName.parse(table_id)) if kind == MIRROR else events_dir(data_dir, source)
+
+
+def round_tables(chunks: Sequence[ChunkResult], data_dir: str, source: str, kinds: Iterable[str]) -> dict:
+    """kind -> table id -> extra, for a merged snapshot round: the snapshot, its chunks and
+    chunk rows in this round, and the newest high-watermark position among them (the
+    position the table's output is complete up to for these key ranges)."""
+    staged = staged_watermarks(changelog_dir(data_dir, source), [c.high_watermark for c in chunks])
+    per: dict[str, dict] = {}
+    for c in chunks:
+        t = per.setdefault(c.table, {"source": source, "table": c.table, "snapshot_id": c.snapshot_id,
+                                     "chunks": 0, "chunk_rows": 0, "position": None})
+        t["chunks"] += 1
+        t["chunk_rows"] += c.rows
+        hit = staged.get(c.high_watermark)
+        if hit is not None and (t["position"] is None or hit[0] > t["position"]):
+            t["position"] = hit[0]
+    return {kind: {tid: {**e, "kind": kind, "readable_position": _readable(e["position"]),
+                         "location": _location(data_dir, source, tid, kind)} for tid, e in per.items()}
+            for kind in kinds}
+
+
+def _readable(encoded: str | None) -> str | None:
+    return None if encoded is None else str(Position.decode(encoded))
+
+
+def markers(data_dir: str, source: str, kinds: Iterable[str]) -> dict[str, Position | None]:
+    return {k: read_marker(data_dir, source, k) for k in kinds}
+
+
+def applied_tables(data_dir: str, source: str, before: dict[str, Position | None],
+                   skip: dict[str, set[str]] | None = None) -> dict:
+    """kind -> table id -> extra, for a changelog apply: the change events each table got
+    between each sink's marker ``before`` and its marker now, and that position. Reads only
+    the table/op/position columns of the segments in between, batch by batch."""
+    out: dict[str, dict] = {}
+    for kind, old in before.items():
+        new = read_marker(data_dir, source, kind)
+        if new is None or (old is not None and new <= old):
+            continue
+        counts = _table_counts(data_dir, source, old, new)
+        excluded = (skip or {}).get(kind, set())
+        out[kind] = {
+            tid: {"source": source, "table": tid, "kind": kind, "events": n, "position": new.encode(),
+                  "readable_position": str(new), "location": _location(data_dir, source, tid, kind)}
+            for tid, n in counts.items() if tid not in excluded
+        }
+    return out
+
+
+def _table_counts(data_dir: str, source: str, after: Position | None, upto: Position) -> Counter:
+    segments = [p for first, last, p in list_segments(changelog_dir(data_dir, source))
+                if (after is None or last > after) and first <= upto]
+    counts: Counter = Counter()
+    if not segments:
+        return counts
+    fs, _ = storage.filesystem(segments[0])
+    rows = (pc.field("op") != WATERMARK_OP) & (pc.field("position") <= upto.encode())
+    if after is not None:
+        rows &= pc.field("position") > after.encode()
+    dataset = ds.dataset([storage.filesystem(p)[1] for p in segments], filesystem=fs, format="parquet")
+    for batch in dataset.to_batches(columns=["table"], filter=rows):
+        for item in pc.value_counts(batch.column(0)).to_pylist():
+            counts[item["values"]] += item["counts"]
+    return counts

@@ -1,0 +1,161 @@
+"""The sources config: many sources, each with its own settings, from one YAML or JSON file.
+
+``dags/cdc_sources.py`` turns each source into a snapshot DAG and a changelog DAG
+(``cdc_snapshot__<name>``, ``cdc_changelog__<name>``). Example::
+
+    defaults:                        # optional: every source starts from these
+      data_dir: s3://lake/cdc
+      storage_conn_id: lake_s3
+      changelog_schedule: "*/2 * * * *"
+    sources:
+      shop:                          # the source's name: staging, Variables and DAG ids
+        conn_id: shop_pg             # Airflow connection of the database
+        tables: [public.orders, public.customers]
+        snapshot_schedule: "@weekly"
+        throttle: {chunk_size: 50000, parallelism: 4, delay_seconds: 0.5}
+      billing:
+        conn_id: billing_mariadb
+        tables: [billing.invoices]
+        spark_conf: {spark.executor.memory: 4g}
+
+The keys of an entry are the settings of settings.py without their ``CDC_`` prefix, in
+lower case (``data_dir`` is ``CDC_DATA_DIR``): ``KEYS`` lists them. ``throttle`` is the
+default chunk size, parallelism and delay of the source's snapshots (a run's conf still
+wins). Values are checked by the same code as the environment variables; a bad value
+fails at parse time with a message naming the file, the source and the key. Settings an
+entry does not give are read from the environment when its tasks run, as for the
+one-source DAGs.
+
+No Airflow import: the DAG file, the CLI and the tests use it as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import storage
+from .core.errors import ConfigurationError
+from .core.throttle import Throttle
+from .settings import Settings, load
+
+#: entry key -> the environment variable it stands for
+KEYS: dict[str, str] = {
+    "conn_id": "CDC_SOURCE_CONN_ID",
+    "data_dir": "CDC_DATA_DIR",
+    "tables": "CDC_TABLES",
+    "sinks": "CDC_SINKS",
+    "storage_conn_id": "CDC_STORAGE_CONN_ID",
+    "spark_conn_id": "CDC_SPARK_CONN_ID",
+    "spark_conf": "CDC_SPARK_CONF",
+    "local_max_rows": "CDC_LOCAL_MAX_ROWS",
+    "max_parallel_chunks": "CDC_MAX_PARALLEL_CHUNKS",
+    "sensor_deferrable": "CDC_SENSOR_DEFERRABLE",
+    "sensor_poke_interval": "CDC_SENSOR_POKE_INTERVAL",
+    "sensor_timeout": "CDC_SENSOR_TIMEOUT",
+    "snapshot_schedule": "CDC_SNAPSHOT_SCHEDULE",
+    "changelog_schedule": "CDC_CHANGELOG_SCHEDULE",
+    "capture_max_events": "CDC_CAPTURE_MAX_EVENTS",
+    "capture_segment_max_events": "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
+    "mirror_retention_hours": "CDC_MIRROR_RETENTION_HOURS",
+}
+#: entry keys that are not settings
+EXTRA_KEYS = ("throttle",)
+#: a source name: it becomes part of DAG ids (letters, digits, '_', '-', '.') and of paths
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """One source of the config: its name, the ``CDC_*`` values it sets (on top of the
+    environment), and the settings they give with the environment at parse time."""
+
+    name: str
+    overrides: dict[str, str]
+    settings: Settings
+    throttle: dict[str, Any]
+
+
+def _env_value(value: Any, where: str) -> str:
+    """A config value as the text of its environment variable."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | str):
+        return str(value)
+    if isinstance(value, list | tuple | dict):
+        return json.dumps(value)
+    raise ConfigurationError(f"{where}: a {type(value).__name__} is not a setting value")
+
+
+def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str, str] | None = None) -> list[SourceEntry]:
+    """The sources of a parsed config document, each checked (``ConfigurationError``
+    naming ``origin``, the source and the key)."""
+    if not isinstance(doc, Mapping):
+        raise ConfigurationError(f"{origin}: must be a mapping with a 'sources' key, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - {"defaults", "sources"})
+    if unknown:
+        raise ConfigurationError(f"{origin}: unknown top-level key(s) {unknown}; known: defaults, sources")
+    defaults = doc.get("defaults") or {}
+    sources = doc.get("sources")
+    if not isinstance(defaults, Mapping):
+        raise ConfigurationError(f"{origin}: 'defaults' must be a mapping of settings, got {type(defaults).__name__}")
+    if not isinstance(sources, Mapping) or not sources:
+        raise ConfigurationError(f"{origin}: 'sources' must be a non-empty mapping of source name -> settings")
+    out = []
+    seen: dict[str, str] = {}
+    for name, entry in sources.items():
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ConfigurationError(
+                f"{origin}: source name {name!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a "
+                "letter or digit (it becomes part of DAG ids)"
+            )
+        if name.lower() in seen:
+            raise ConfigurationError(f"{origin}: sources {seen[name.lower()]!r} and {name!r} differ only in case")
+        seen[name.lower()] = name
+        if not isinstance(entry, Mapping):
+            raise ConfigurationError(f"{origin}: source {name!r} must be a mapping of settings, got {type(entry).__name__}")
+        out.append(_entry(name, {**defaults, **entry}, origin, env))
+    return out
+
+
+def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, str] | None) -> SourceEntry:
+    where = f"{origin}, source {name!r}"
+    unknown = sorted(set(values) - set(KEYS) - set(EXTRA_KEYS))
+    if unknown:
+        raise ConfigurationError(f"{where}: unknown key(s) {unknown}; known: {', '.join([*KEYS, *EXTRA_KEYS])}")
+    overrides = {"CDC_SOURCE": name}
+    for key, var in KEYS.items():
+        if key in values:
+            value = values[key]
+            if key == "sinks" and isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+                value = ",".join(value)  # CDC_SINKS is a comma list
+            overrides[var] = _env_value(value, f"{where}, key {key!r}")
+    try:
+        settings = load(env, overrides)
+    except ConfigurationError as exc:
+        key = next((k for k, v in KEYS.items() if v in str(exc)), None)
+        raise ConfigurationError(f"{where}{f', key {key!r}' if key else ''}: {exc}") from None
+    throttle = values.get("throttle") or {}
+    try:
+        Throttle().merge(throttle)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}, key 'throttle': {exc}") from None
+    return SourceEntry(name, overrides, settings, dict(throttle))
+
+
+def read_sources(location: str, env: Mapping[str, str] | None = None) -> list[SourceEntry]:
+    """The sources of the config file at ``location`` (a path or URI; YAML, of which JSON
+    is a subset)."""
+    import yaml
+
+    text = storage.read_text(location)
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"sources config {location}: not valid YAML or JSON: {exc}") from None
+    return parse_sources(doc, f"sources config {location}", env)

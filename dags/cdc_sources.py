@@ -1,0 +1,25 @@
+"""cdc_snapshot__<source> and cdc_changelog__<source> for every source of the sources config.
+
+The config is ``CDC_SOURCES_FILE`` (a path or URI), else ``cdc_sources.yaml`` next to this
+file; without either, this file builds no DAG. Its format and keys:
+airflow_provider_cdc/sources_config.py (and the README's reference). A bad entry fails the
+parse of this file with a message naming the file, the source and the key: Airflow shows it
+as this file's import error and keeps no half of the sources.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_provider_cdc.dag_builders import changelog_dag, snapshot_dag
+from airflow_provider_cdc.sources_config import read_sources
+
+_CONFIG = os.environ.get("CDC_SOURCES_FILE", "").strip() or str(Path(__file__).with_name("cdc_sources.yaml"))
+
+if os.environ.get("CDC_SOURCES_FILE", "").strip() or Path(_CONFIG).exists():
+    for _entry in read_sources(_CONFIG):
+        globals()[f"snapshot__{_entry.name}"] = snapshot_dag(
+            f"cdc_snapshot__{_entry.name}", _entry.overrides, throttle=_entry.throttle, tags=(_entry.name,))
+        globals()[f"changelog__{_entry.name}"] = changelog_dag(
+            f"cdc_changelog__{_entry.name}", _entry.overrides, tags=(_entry.name,))

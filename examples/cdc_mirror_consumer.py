@@ -1,0 +1,43 @@
+"""An example downstream DAG: runs once the mirrors of every table of every source in the
+sources config have been updated since its last run (Airflow Assets; see
+airflow_provider_cdc/assets.py and the README's "Assets").
+
+Copy it into your DAG folder next to dags/cdc_sources.py. Each run's triggering Asset events
+carry the source, the table, the position the mirror is complete up to and the row counts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_cdc.assets import mirror_asset
+from airflow_provider_cdc.sources_config import read_sources
+
+_CONFIG = os.environ.get("CDC_SOURCES_FILE", "").strip() or str(Path(__file__).with_name("cdc_sources.yaml"))
+MIRRORS = [mirror_asset(e.name, t) for e in read_sources(_CONFIG) for t in e.settings.tables]
+
+with DAG(
+    dag_id="cdc_mirror_consumer",
+    schedule=MIRRORS,  # all of them: one run after each has been updated at least once
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    tags=["cdc", "example"],
+    doc_md=__doc__,
+):
+
+    @task
+    def report(*, triggering_asset_events=None) -> dict[str, int]:
+        """What changed: the Asset events that started this run, per mirror."""
+        seen: dict[str, int] = {}
+        for asset, events in (triggering_asset_events or {}).items():
+            for ev in events:
+                extra = ev.extra or {}
+                seen[asset.name] = seen.get(asset.name, 0) + int(extra.get("events") or extra.get("chunk_rows") or 0)
+                print(f"{asset.name}: position {extra.get('readable_position')}, {extra}")
+        return seen
+
+    report()

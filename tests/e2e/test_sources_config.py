@@ -1,0 +1,105 @@
+"""Many sources from one config: dags/cdc_sources.py builds a snapshot and a changelog DAG for
+a PostgreSQL and a MariaDB source of one YAML file; both run through dag.test() while the
+environment points at neither (its data location is a decoy that must stay empty), end
+with verify (mirror == source), and each commit's Asset events reach Airflow's database
+with the table's position and counts.
+
+The scheduler side (a downstream DAG scheduled on mirror Assets runs after them) is in the
+deployment tier (tests/deployment/test_scenarios.py).
+"""
+
+from __future__ import annotations
+
+import runpy
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_provider_cdc.assets import mirror_asset
+from tools import workload as w
+
+from .test_snapshot_invariants import Pipeline
+
+ROOT = Path(__file__).resolve().parents[2]
+ROWS = 1500
+
+
+class ConfigPipeline(Pipeline):
+    """A Pipeline whose DAGs come from the sources config, not from the environment."""
+
+    def __init__(self, uri: str, name: str, data_dir: Path, decoy: Path, monkeypatch) -> None:
+        super().__init__(uri, name, data_dir, monkeypatch)
+        self.source = f"cfg_{name}"
+        for var in ("CDC_SOURCE_CONN_ID", "CDC_TABLES", "CDC_SOURCE"):
+            monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv("CDC_DATA_DIR", str(decoy))  # what the tasks would use without the config
+
+    def entry(self) -> dict:
+        return {"conn_id": self.conn_id, "tables": [self.table.id], "data_dir": self.data_dir,
+                "changelog_schedule": None, "throttle": {"chunk_size": 200, "parallelism": 2}}
+
+    def run(self, dag_id: str, conf: dict | None = None, *, expect: str = "success"):
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+
+        dag_id = f"{dag_id}__{self.source}"
+        built = runpy.run_path(str(ROOT / "dags" / "cdc_sources.py"), run_name=f"cfg_{uuid.uuid4().hex[:6]}")
+        dag = next(v for v in built.values() if getattr(v, "dag_id", None) == dag_id)
+        for task in dag.tasks:
+            if hasattr(task, "partial_kwargs"):
+                task.partial_kwargs["retry_delay"] = timedelta(seconds=1)
+            else:
+                task.retry_delay = timedelta(seconds=1)
+        with create_session() as session:
+            session.query(DagModel).filter(DagModel.dag_id == dag_id).update({"is_paused": False})
+        dr = dag.test(run_conf=conf)
+        assert dr.state == expect, f"{dag_id} run {dr.run_id} ended {dr.state}, expected {expect}"
+        return dr
+
+
+def asset_events(source: str, table_id: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+
+    name = mirror_asset(source, table_id).name
+    with create_session() as session:
+        rows = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
+                .filter(AssetModel.name == name).order_by(AssetEvent.id).all())
+        return [dict(r.extra or {}) for r in rows]
+
+
+@pytest.mark.timeout(900)
+def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, monkeypatch):
+    decoy = tmp_path / "decoy"
+    pipes = [ConfigPipeline(pg_uri, f"{unique_name}p", tmp_path / "pg", decoy, monkeypatch),
+             ConfigPipeline(mysql_uri, f"{unique_name}m", tmp_path / "my", decoy, monkeypatch)]
+    config = tmp_path / "cdc_sources.yaml"
+    config.write_text(yaml.safe_dump({"defaults": {"sinks": ["events", "mirror"]},
+                                      "sources": {p.source: p.entry() for p in pipes}}))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(config))
+    try:
+        for p in pipes:
+            w.create_demo_table(p.uri, p.table, ROWS)
+            p.capture_now()
+        for p in pipes:
+            p.run("cdc_snapshot", {"action": "start"})  # tables and chunk size from the config
+            assert p.progress().status == "done"
+            merged = asset_events(p.source, p.table.id)
+            assert sum(e["chunks"] for e in merged) >= ROWS // 200  # the config's chunk_size, not 10,000
+            assert merged and merged[-1]["snapshot_id"] == p.progress().snapshot_id
+            assert merged[-1]["chunk_rows"] > 0 and merged[-1]["position"]
+            with w.connect(p.uri) as conn, conn.cursor() as cur:
+                cur.execute(f"DELETE FROM {w.quote_table(w._params(p.uri), p.table)} WHERE id <= 10")
+                conn.commit()
+            p.catch_up()
+            p.assert_equal()
+            applied = [e for e in asset_events(p.source, p.table.id) if "events" in e]
+            assert applied and sum(e["events"] for e in applied) >= 10, applied
+            assert applied[-1]["position"] > merged[-1]["position"]
+        assert not decoy.exists(), "a task used the environment's data location instead of its source's"
+    finally:
+        for p in pipes:
+            p.cleanup()
