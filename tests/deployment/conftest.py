@@ -39,6 +39,11 @@ SCENARIO_TABLES = {"stop": SPARK_ROWS, "pause": LOCAL_ROWS, "killchunk": LOCAL_R
 # itself never starts one during the session (catchup=False: only the latest interval, once).
 CHANGELOG_SCHEDULE = "0 0 1 * *"
 TERMINAL = {"success", "failed"}
+#: rows of each table of the two sources of the sources config
+CONFIG_ROWS = 3_000
+CONFIG_SOURCES = ("cfg_pg", "cfg_my")
+ALL_DAGS = ("cdc_snapshot", "cdc_changelog", "cdc_mirror_consumer",
+            *(f"{kind}__{s}" for s in CONFIG_SOURCES for kind in ("cdc_snapshot", "cdc_changelog")))
 
 
 class ScenarioError(AssertionError):
@@ -236,8 +241,8 @@ def _wait_http(url: str, timeout: float, dep: Deployment) -> None:
 
 
 @pytest.fixture(scope="session")
-def deployment(pg_uri):
-    from tools.workload import TableName, create_demo_table
+def deployment(pg_uri, mysql_uri):
+    from tools.workload import TableName, create_demo_table, default_table, drop_table
 
     suffix = uuid.uuid4().hex[:8]
     home = ROOT / ".cdc-local" / f"deploy-{suffix}"
@@ -251,13 +256,29 @@ def deployment(pg_uri):
     tables = {name: f"deploy_{suffix}_{name}" for name in SCENARIO_TABLES}
     for name, rows in SCENARIO_TABLES.items():
         create_demo_table(pg_uri, TableName("public", tables[name]), rows)
+    # two more sources from a sources config (dags/cdc_sources.py), one per database, and the
+    # example consumer DAG scheduled on their mirrors' Assets
+    config_tables = {"cfg_pg": (pg_uri, TableName("public", f"deploy_{suffix}_cfg")),
+                     "cfg_my": (mysql_uri, default_table(mysql_uri, f"deploy_{suffix}_cfg"))}
+    for uri, table in config_tables.values():
+        create_demo_table(uri, table, CONFIG_ROWS)
+    dags = home / "dags"
+    dags.mkdir()
+    for f in sorted((ROOT / "dags").glob("*.py")):
+        (dags / f.name).symlink_to(f)
+    (dags / "cdc_mirror_consumer.py").symlink_to(ROOT / "examples" / "cdc_mirror_consumer.py")
+    cfg_slot = f"cdc_deploy_cfg_{suffix}"
+    (dags / "cdc_sources.yaml").write_text(json.dumps({
+        "defaults": {"changelog_schedule": None, "data_dir": str(home / "data")},
+        "sources": {name: {"conn_id": name, "tables": [table.id]} for name, (_, table) in config_tables.items()},
+    }))
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "CDC_"))}
     env.update({
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
@@ -283,6 +304,9 @@ def deployment(pg_uri):
             **({"password": u.password} if u.password else {}), "schema": u.path.lstrip("/"),
             "extra": {"slot_name": slot, "publication_name": slot, "tables": [f"public.{t}" for t in tables.values()]},
         }),
+        "AIRFLOW_CONN_CFG_PG": f"{pg_uri}?tables={config_tables['cfg_pg'][1].id}&slot_name={cfg_slot}"
+                               f"&publication_name={cfg_slot}",
+        "AIRFLOW_CONN_CFG_MY": f"{mysql_uri}?tables={config_tables['cfg_my'][1].id}",
         "CDC_SOURCE_CONN_ID": CONN_ID,
         "CDC_DATA_DIR": str(home / "data"),
         "CDC_CHANGELOG_SCHEDULE": CHANGELOG_SCHEDULE,
@@ -294,6 +318,7 @@ def deployment(pg_uri):
     })
     dep = Deployment(home, env, port, pg_uri, suffix)
     dep.tables = tables
+    dep.config_tables = config_tables
     t0 = time.monotonic()
     try:
         mig = dep.cli("db", "migrate", timeout=300)
@@ -304,7 +329,7 @@ def deployment(pg_uri):
         dep.start("triggerer")
         _wait_http(f"{dep.base}/api/v2/monitor/health", 120, dep)
         deadline = time.monotonic() + 180
-        while not all(dep.api("GET", f"/api/v2/dags/{d}", ok404=True) for d in ("cdc_snapshot", "cdc_changelog")):
+        while not all(dep.api("GET", f"/api/v2/dags/{d}", ok404=True) for d in ALL_DAGS):
             dep.check_alive()
             if time.monotonic() > deadline:
                 raise ScenarioError(f"DAGs not parsed after 180s\n{dep.cli('dags', 'list-import-errors', check=False).stdout}"
@@ -322,12 +347,16 @@ def deployment(pg_uri):
         for _ in range(30):
             try:
                 admin.cursor().execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN (%s, %s)",
+                    (slot, cfg_slot))
                 break
             except psycopg2.Error:
                 time.sleep(0.5)
         cur = admin.cursor()
         cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
+        cur.execute(f'DROP PUBLICATION IF EXISTS "{cfg_slot}"')
+        for uri, table in config_tables.values():
+            drop_table(uri, table)
         for t in tables.values():
             cur.execute(f'DROP TABLE IF EXISTS public."{t}"')
         cur.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')

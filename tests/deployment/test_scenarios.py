@@ -17,7 +17,7 @@ from datetime import datetime
 import psutil
 import pytest
 
-from .conftest import CONN_ID, ScenarioError
+from .conftest import CONFIG_SOURCES, CONN_ID, ScenarioError
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -383,6 +383,34 @@ def test_sensor_waits_while_capture_lock_is_held(deployment):
             catch_up_and_verify(dep, name, w)
     finally:
         holder.close()
+
+
+# --- (9) sources from a config, and a consumer scheduled on their mirrors' Assets --------------------
+def test_config_sources_run_and_a_consumer_scheduled_on_their_mirrors_runs_after_them(deployment):
+    """dags/cdc_sources.py made a DAG pair for a PostgreSQL and a MariaDB source of one config;
+    both snapshot runs commit, and the example consumer (scheduled on both mirrors' Assets) is
+    started by the scheduler only once both merges have emitted their Asset events."""
+    dep = deployment
+    consumer = "cdc_mirror_consumer"
+    assert not dep.runs(consumer), "the consumer ran before any mirror was updated"
+    for s in CONFIG_SOURCES:  # the first capture creates the slot / binlog offset
+        dep.wait_run(f"cdc_changelog__{s}", dep.trigger(f"cdc_changelog__{s}", tag="first"), timeout=240)
+    runs = {s: dep.trigger(f"cdc_snapshot__{s}", {"action": "start", "chunk_size": 1000}, tag="start")
+            for s in CONFIG_SOURCES}
+    merged_at = {}
+    for s, run in runs.items():
+        dep.wait_run(f"cdc_snapshot__{s}", run, timeout=360)
+        merge = next(t for t in dep.tis(f"cdc_snapshot__{s}", run) if t["task_id"] == "merge")
+        assert merge["state"] == "success", dep.describe(f"cdc_snapshot__{s}", run)
+        merged_at[s] = datetime.fromisoformat(merge["end_date"])
+    done = poll(f"a successful {consumer} run", lambda: [r for r in dep.runs(consumer) if r["state"] == "success"],
+                180, dep, *((f"cdc_snapshot__{s}", r) for s, r in runs.items()))
+    assert len(done) == 1 and done[0]["run_type"] == "asset_triggered", done
+    queued = datetime.fromisoformat(done[0]["queued_at"] or done[0]["start_date"])
+    assert queued >= max(merged_at.values()), (queued, merged_at)
+    for s, (_uri, table) in dep.config_tables.items():
+        proc = dep.cdc("verify", "--conn-id", s, "--table", table.id, "--data-dir", dep.data_dir, "--events")
+        assert proc.returncode == 0, f"verify of {s} {table.id}:\n{(proc.stdout + proc.stderr)[-3000:]}"
 
 
 def test_deployment_components_still_up(deployment):
