@@ -5,6 +5,8 @@ __version__ = "0.1.0"
 
 def get_provider_info() -> dict:
     """Provider metadata read by Airflow's ProvidersManager (entry point ``apache_airflow_provider``)."""
+    from .settings import provider_config
+
     return {
         "package-name": "airflow-provider-cdc",
         "name": "Change Data Capture (DBLog)",
@@ -44,6 +46,8 @@ def get_provider_info() -> dict:
         ],
         # ``airflow cdc status|verify`` (the same commands as the airflow-cdc console script)
         "cli": ["airflow_provider_cdc.cli.get_cli_commands"],
+        # the [cdc] section of airflow.cfg: every setting, its default and description
+        "config": provider_config(),
         # Our own connection type: "postgres"/"mysql" belong to the official providers,
         # and CdcSourceHook accepts those connections too (conn type -> dialect).
         "connection-types": [

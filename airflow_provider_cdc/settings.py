@@ -10,39 +10,12 @@ connection) is read by the DAG files, through this module too.
 No Airflow import: the CLI, the Spark jobs and the tests use it as they are. Every bad
 value is a ConfigurationError that names the variable and says what it accepts.
 
-Variables (all optional):
-
-==============================  ================================================================
-CDC_SOURCE_CONN_ID              Airflow connection of the source database (``cdc_source``)
-CDC_SOURCE                      staging name of the source (default: the connection id)
-CDC_DATA_DIR                    staging and outputs: a folder or a URI (default
-                                ``$AIRFLOW_HOME/cdc-data``; ``AIRFLOW_HOME`` defaults to
-                                ``~/airflow``). Never the working directory
-CDC_TABLES                      tables a snapshot reads when its conf has none: a comma list,
-                                or a JSON list for names holding commas
-CDC_SINKS                       ``events,mirror`` (comma list; ``postgres`` too)
-CDC_STORAGE_CONN_ID             Airflow connection (type aws) with the object-storage endpoint
-                                and credentials (unset: the standard AWS_* variables)
-CDC_SPARK_CONN_ID               Spark connection of the merge/apply submits (``spark_default``)
-CDC_SPARK_CONF                  JSON object of Spark settings for those submits
-CDC_LOCAL_MAX_ROWS              rounds/batches up to this many rows run in the worker (100000;
-                                0 = always spark-submit)
-CDC_MAX_PARALLEL_CHUNKS         chunk tasks at once per snapshot run (4)
-CDC_SENSOR_DEFERRABLE           true/false; unset = Airflow's [operators] default_deferrable
-CDC_SENSOR_POKE_INTERVAL        seconds between the high-watermark sensor's checks (5)
-CDC_SENSOR_TIMEOUT              seconds the sensor waits in all before failing (21600 = 6 h)
-CDC_SNAPSHOT_SCHEDULE           cron/preset of periodic refresh snapshots (unset: manual only)
-CDC_CHANGELOG_SCHEDULE          cron/preset of cdc_changelog (``* * * * *``; ``none``: manual)
-CDC_MIRROR_RETENTION_HOURS      hours unreferenced mirror files stay for readers of older
-                                versions before vacuum removes them (168; at least 1)
-CDC_CAPTURE_MAX_EVENTS          cap on events per capture (unbounded)
-CDC_CAPTURE_SEGMENT_MAX_EVENTS  events per staged segment (connection extra or 20000; 0 = one)
-CDC_SOURCES_FILE                the sources config (YAML or JSON) that dags/cdc_sources.py turns
-                                into DAGs (default: ``cdc_sources.yaml`` next to that file)
-==============================  ================================================================
-
-Many sources: a sources config (sources_config.py) gives each source its own values of
-these settings; its DAGs' tasks read the environment with those values on top.
+Where a value comes from, first found wins: a source's entry of the sources config (the
+operator's ``cdc_overrides``), the ``CDC_*`` environment variable, Airflow's ``[cdc]``
+configuration section (airflow.cfg or ``AIRFLOW__CDC__*``; option = the variable without
+``CDC_``, in lower case; read only inside a process that runs Airflow already), the default.
+``OPTIONS`` lists every setting with its default and meaning; the provider's config section
+(get_provider_info) and the README's table are built from it.
 """
 
 from __future__ import annotations
@@ -55,6 +28,93 @@ from pathlib import Path
 
 from .core.errors import ConfigurationError
 from .core.schema import split_table_list
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: its variable, default (as text; None: none, or computed) and meaning."""
+
+    var: str
+    default: str | None
+    description: str
+    example: str | None = None
+
+    @property
+    def key(self) -> str:
+        """Its option name in Airflow's ``[cdc]`` section and in the sources config."""
+        return self.var.removeprefix("CDC_").lower()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("CDC_SOURCE_CONN_ID", "cdc_source", "Airflow connection of the source database"),
+    Option("CDC_SOURCE", None, "staging name of the source (default: the connection id)", "shop"),
+    Option("CDC_DATA_DIR", None, "staging and outputs: a folder or a URI (default $AIRFLOW_HOME/cdc-data; never "
+           "the working directory)", "s3://lake/cdc"),
+    Option("CDC_TABLES", None, "tables a snapshot reads when its conf names none: a comma list, or a JSON list for "
+           "names holding commas", "public.orders,public.customers"),
+    Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),
+    Option("CDC_STORAGE_CONN_ID", None, "Airflow connection (type aws) with the object-storage endpoint and "
+           "credentials, exported to each task as the AWS_* variables (unset: the workers' AWS_* variables)"),
+    Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits"),
+    Option("CDC_SPARK_CONF", "{}", "JSON object of Spark settings for those submits",
+           '{"spark.executor.memory": "4g"}'),
+    Option("CDC_LOCAL_MAX_ROWS", "100000", "rounds/batches up to this many rows run in the worker (0: always "
+           "spark-submit)"),
+    Option("CDC_MAX_PARALLEL_CHUNKS", "4", "chunk tasks at once per snapshot run"),
+    Option("CDC_SENSOR_DEFERRABLE", None, "true: the high-watermark sensor waits in the triggerer (unset: "
+           "Airflow's [operators] default_deferrable)"),
+    Option("CDC_SENSOR_POKE_INTERVAL", "5", "seconds between the high-watermark sensor's checks"),
+    Option("CDC_SENSOR_TIMEOUT", "21600", "seconds the sensor waits in all before failing"),
+    Option("CDC_SNAPSHOT_SCHEDULE", None, "cron or preset of periodic refresh snapshots (unset: manual only)",
+           "@weekly"),
+    Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
+    Option("CDC_MIRROR_RETENTION_HOURS", "168", "hours unreferenced mirror files stay for readers of older "
+           "versions before vacuum removes them (at least 1)"),
+    Option("CDC_CAPTURE_MAX_EVENTS", None, "cap on the events of one capture (unset: unbounded)"),
+    Option("CDC_CAPTURE_SEGMENT_MAX_EVENTS", None, "events per staged segment (the connection's segment_max_events "
+           "extra, else 20000; 0: one segment per capture)"),
+    Option("CDC_SOURCES_FILE", None, "the sources config that dags/cdc_sources.py turns into DAGs (default: "
+           "cdc_sources.yaml next to that file)", "/opt/airflow/dags/cdc_sources.yaml"),
+)
+
+
+def airflow_section(section: str = "cdc") -> dict[str, str]:
+    """Airflow's ``[cdc]`` configuration as ``CDC_*`` values, when this process runs Airflow
+    (``airflow.configuration`` imported already); ``{}`` elsewhere (the Spark jobs, the
+    CLI outside Airflow). Empty values count as unset."""
+    import sys
+
+    module = sys.modules.get("airflow.configuration")
+    if module is None:
+        return {}
+    try:
+        values = module.conf.getsection(section) or {}
+    except Exception:  # noqa: BLE001 - no section, or a configuration that cannot be read: the defaults
+        return {}
+    known = {o.key: o.var for o in OPTIONS}
+    return {known[k]: str(v).strip() for k, v in values.items() if k in known and v is not None and str(v).strip()}
+
+
+def provider_config() -> dict:
+    """The provider's ``config`` entry of get_provider_info: the ``[cdc]`` section, one option
+    per setting, with its default and description."""
+    return {
+        "cdc": {
+            "description": "Settings of airflow-provider-cdc. A CDC_* environment variable of the same name wins; "
+                           "a source of the sources config wins over both.",
+            "options": {
+                o.key: {
+                    "description": f"{o.description} (environment: {o.var})",
+                    "version_added": "0.1.0",
+                    "type": "string",
+                    "example": o.example,
+                    # Airflow renders defaults with str.format: braces are doubled
+                    "default": None if o.default is None else o.default.replace("{", "{{").replace("}", "}}"),
+                }
+                for o in OPTIONS
+            },
+        }
+    }
+
 
 DEFAULT_CONN_ID = "cdc_source"
 DEFAULT_SINKS = "events,mirror"
@@ -135,6 +195,7 @@ class Settings:
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 168.0
+    sources_file: str | None = None
 
 
 def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None) -> Settings:
@@ -142,7 +203,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
 
     ``overrides`` are ``CDC_*`` values that win over ``env``: a source of the sources config
     (sources_config.py) is the environment with its entry's values on top."""
-    env = os.environ if env is None else env
+    env = {**airflow_section(), **os.environ} if env is None else env
     if overrides:
         env = {**env, **overrides}
     conn_id = _raw(env, "CDC_SOURCE_CONN_ID") or DEFAULT_CONN_ID
@@ -195,6 +256,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
                                         "a whole number >= 0 (0: one segment per capture)"),
         mirror_retention_hours=_retention_hours(env),
+        sources_file=_raw(env, "CDC_SOURCES_FILE") or None,
     )
 
 

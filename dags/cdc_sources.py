@@ -9,15 +9,16 @@ as this file's import error and keeps no half of the sources.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from airflow_provider_cdc import settings
 from airflow_provider_cdc.dag_builders import changelog_dag, snapshot_dag
 from airflow_provider_cdc.sources_config import read_sources
 
-_CONFIG = os.environ.get("CDC_SOURCES_FILE", "").strip() or str(Path(__file__).with_name("cdc_sources.yaml"))
+_GIVEN = settings.load().sources_file  # CDC_SOURCES_FILE, or [cdc] sources_file
+_CONFIG = _GIVEN or str(Path(__file__).with_name("cdc_sources.yaml"))
 
-if os.environ.get("CDC_SOURCES_FILE", "").strip() or Path(_CONFIG).exists():
+if _GIVEN or Path(_CONFIG).exists():
     for _entry in read_sources(_CONFIG):
         globals()[f"snapshot__{_entry.name}"] = snapshot_dag(
             f"cdc_snapshot__{_entry.name}", _entry.overrides, throttle=_entry.throttle, tags=(_entry.name,))

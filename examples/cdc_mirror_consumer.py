@@ -8,16 +8,17 @@ carry the source, the table, the position the mirror is complete up to and the r
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG, task
 
+from airflow_provider_cdc import settings
 from airflow_provider_cdc.assets import mirror_asset
 from airflow_provider_cdc.sources_config import read_sources
 
-_CONFIG = os.environ.get("CDC_SOURCES_FILE", "").strip() or str(Path(__file__).with_name("cdc_sources.yaml"))
+_GIVEN = settings.load().sources_file  # CDC_SOURCES_FILE, or [cdc] sources_file
+_CONFIG = _GIVEN or str(Path(__file__).with_name("cdc_sources.yaml"))
 MIRRORS = [mirror_asset(e.name, t) for e in read_sources(_CONFIG) for t in e.settings.tables]
 
 with DAG(

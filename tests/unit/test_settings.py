@@ -4,6 +4,8 @@ settings when they run, not when the DAG file is parsed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from airflow_provider_cdc import settings
@@ -105,3 +107,41 @@ def test_object_storage_settings():
     got = settings.load({"CDC_STORAGE_CONN_ID": "lake", "CDC_MIRROR_RETENTION_HOURS": "24"})
     assert (got.storage_conn_id, got.mirror_retention_hours) == ("lake", 24.0)
     assert (settings.load({}).storage_conn_id, settings.load({}).mirror_retention_hours) == (None, 168.0)
+
+
+def test_airflow_cdc_section_is_read_below_the_environment(monkeypatch):
+    """Inside Airflow, [cdc] of airflow.cfg / AIRFLOW__CDC__* gives a setting the CDC_*
+    variable does not; the variable wins; a source's overrides win over both."""
+    import airflow.configuration  # noqa: F401 - the section is read only where Airflow runs
+
+    from airflow_provider_cdc import settings as s
+
+    for var in ("CDC_LOCAL_MAX_ROWS", "CDC_SINKS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AIRFLOW__CDC__LOCAL_MAX_ROWS", "7")
+    monkeypatch.setenv("AIRFLOW__CDC__SINKS", "events")
+    assert s.airflow_section()["CDC_LOCAL_MAX_ROWS"] == "7"
+    assert (s.load().local_max_rows, s.load().sinks) == (7, "events")
+    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "9")
+    assert s.load().local_max_rows == 9
+    assert s.load(overrides={"CDC_LOCAL_MAX_ROWS": "3"}).local_max_rows == 3
+    monkeypatch.setenv("AIRFLOW__CDC__SENSOR_TIMEOUT", "-1")
+    with pytest.raises(ConfigurationError, match="CDC_SENSOR_TIMEOUT"):
+        s.load()
+
+
+def test_every_setting_is_in_the_provider_config_the_readme_and_the_loader():
+    from airflow_provider_cdc import get_provider_info
+    from airflow_provider_cdc import settings as s
+
+    options = get_provider_info()["config"]["cdc"]["options"]
+    assert sorted(options) == sorted(o.key for o in s.OPTIONS)
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    source = Path(s.__file__).read_text()
+    for o in s.OPTIONS:
+        assert f"`{o.var}`" in readme, f"{o.var} is not in the README's settings table"
+        assert source.count(f'"{o.var}"') >= 2, f"{o.var} is declared but load() never reads it"
+        assert options[o.key]["default"] == (o.default and o.default.replace("{", "{{").replace("}", "}}"))
+    from airflow.configuration import conf
+
+    assert conf.get("cdc", "spark_conf") == "{}"  # the default as Airflow renders it
