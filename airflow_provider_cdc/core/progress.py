@@ -21,8 +21,9 @@ recorded one of its range, or whose range is already done, is ignored. A result 
 not continue from the range's last committed key is refused (a chunk would be skipped).
 
 JSON layout (``version`` 2, compact to fit a Variable): per table the range edges
-``e = [e0, .., en]`` (``null`` = unbounded) and per range ``s``: ``1`` done, ``0`` not
-started, or ``[last_key, last_seq]``. Adjacent done ranges coalesce (the edge between
+``e = [e0, .., en]`` (``null`` = unbounded) when each range starts where the one before
+ends, else the ranges as ``r = [[start, end], ..]`` (chosen key ranges with gaps), and per
+range ``s``: ``1`` done, ``0`` not started, or ``[last_key, last_seq]``. Adjacent done ranges coalesce (the edge between
 them is dropped), so a finished table is one range whatever its plan was. Version 1 (one
 keyset cursor per table, no timings) still loads.
 """
@@ -293,8 +294,12 @@ class SnapshotProgress:
                 1 if r.done else (0 if r.last_seq < 0 and r.last_key is None else [_lst(r.last_key), r.last_seq])
                 for r in tp.ranges
             ]
+            contiguous = all(a.range.end == b.range.start for a, b in zip(tp.ranges, tp.ranges[1:]))
             tables[tid] = {
-                "e": edges, "s": states, "ub": _lst(tp.upper_bound),
+                # ranges as their edges when each starts where the one before ends (a plan of
+                # the whole table), else as [start, end] pairs (chosen key ranges with gaps)
+                **({"e": edges} if contiguous else {"r": [[_lst(r.range.start), _lst(r.range.end)] for r in tp.ranges]}),
+                "s": states, "ub": _lst(tp.upper_bound),
                 "rows": tp.rows, "chunks": tp.chunks, "t0": tp.started_at, "t1": tp.updated_at,
             }
         d = {
@@ -328,10 +333,14 @@ class SnapshotProgress:
     def _from_v2(cls, d: dict) -> SnapshotProgress:
         tables = {}
         for tid, t in d["tables"].items():
-            edges = [_tup(e) for e in t["e"]]
+            if "r" in t:
+                bounds = [ChunkRange(_tup(a), _tup(b)) for a, b in t["r"]]
+            else:
+                edges = [_tup(e) for e in t["e"]]
+                bounds = [ChunkRange(edges[i], edges[i + 1]) for i in range(len(edges) - 1)]
             ranges = []
             for i, s in enumerate(t["s"]):
-                rng = ChunkRange(edges[i], edges[i + 1])
+                rng = bounds[i]
                 if s == 1:
                     ranges.append(RangeState(rng, True))
                 elif s == 0:

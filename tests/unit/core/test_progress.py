@@ -242,3 +242,20 @@ def test_record_accepts_chunk_result_from_xcom_dict():
     res = ChunkResult.from_dict(json.loads(json.dumps(chunk(T, r0, 0, None, (10,), 10, False).to_dict())))
     assert p.record_chunk(res) and p.next_work(T)[0].after_key == (10,)
     assert not p.record_chunk(replace(res, rows=99))
+
+
+def test_json_round_trip_keeps_ranges_with_gaps():
+    """Chosen key ranges need not touch: [1, 501) and [2501, end). Stored as edges they came
+    back as [1, 501) and [501, end), so the chunks of the second range matched no range of
+    the plan and were dropped as 'recorded before': the snapshot never finished."""
+    ranges = [ChunkRange((1,), (501,)), ChunkRange((2501,), None)]
+    p = SnapshotProgress.start("s", "id", {T: ranges}, {T: (3000,)}, now=0)
+    q = SnapshotProgress.from_json(p.to_json())
+    assert [r.range for r in q.tables[T].ranges] == ranges and q == p
+    assert q.record_chunk(chunk(T, ranges[1], 0, None, (2700,), 200, False), now=1)
+    assert q.record_chunk(chunk(T, ranges[0], 1, None, (500,), 500, True), now=2)
+    q = SnapshotProgress.from_json(q.to_json())
+    assert [(r.range, r.done, r.last_key) for r in q.tables[T].ranges] == [
+        (ranges[0], True, None), (ranges[1], False, (2700,))]
+    q.record_chunk(chunk(T, ranges[1], 2, (2700,), (3000,), 300, True), now=3)
+    assert SnapshotProgress.from_json(q.to_json()) == q and all(r.done for r in q.tables[T].ranges)
