@@ -2,7 +2,7 @@
 
     airflow cdc status [--source NAME] [--json]
     airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
-                       [--chunk-rows N] [--events] [--json]
+                       [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -11,7 +11,9 @@ in :func:`_parser`.
 ``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
 violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
 The source connection comes from the Airflow connection ``--conn-id`` (UI, secrets
-backend, or ``AIRFLOW_CONN_<ID>``), never from the command line.
+backend, or ``AIRFLOW_CONN_<ID>``), never from the command line. On a mismatch it prints
+the snapshot conf that repairs it (only the key ranges of the chunks that differed; the whole
+table when the mirror has rows the source has not); ``--repair`` triggers that snapshot run.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from typing import Any
 
 from .core.errors import CdcError
@@ -47,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--examples", type=int, default=10, help="mismatched keys to show (default 10)")
     v.add_argument("--events", action="store_true", help="also check the event log is position-monotonic per key")
     v.add_argument("--json", action="store_true", help="machine-readable output")
+    v.add_argument("--repair", action="store_true",
+                   help="on a mismatch, trigger a snapshot of only the key ranges that differed (of the whole table "
+                        "when the mirror has rows the source has not)")
+    v.add_argument("--snapshot-dag", default=None,
+                   help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
+                        "cdc_snapshot__<source>)")
     return p
 
 
@@ -200,6 +209,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         pk = dialect.describe_table(table).primary_key if args.events else ()
     events = check_event_log(args.data_dir, source, table, primary_key=pk) if args.events else None
     failed = not res.ok or (events is not None and not events.ok)
+    repair = res.repair_conf()
+    triggered = None
+    if repair is not None and args.repair:
+        try:
+            triggered = trigger_repair(args.snapshot_dag or "cdc_snapshot", source, table.id, repair)
+        except Exception as exc:  # noqa: BLE001 - a StateError or an Airflow error, said as it is
+            print(f"error: cannot trigger the repair snapshot: {exc}", file=sys.stderr)
+            return EXIT_ERROR
     if args.json:
         out: dict[str, Any] = res.to_dict()
         if events is not None:
@@ -211,6 +228,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "examples": events.violations,
             }
         out["ok"] = not failed
+        out["repair_run"] = triggered
         print(json.dumps(out, indent=2))
     else:
         print(f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
@@ -224,7 +242,31 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for v in events.violations:
                 print(f"  {v}")
         print(res.summary())
+        if repair is not None:
+            dag = args.snapshot_dag or "cdc_snapshot"
+            if triggered:
+                print(f"repair: triggered {dag} run {triggered} with conf {json.dumps(repair)}")
+            else:
+                print(f"to repair: airflow dags trigger {dag} -c '{json.dumps(repair)}' (or verify --repair)")
     return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict) -> str:
+    """Trigger ``dag_id`` with a repair conf; returns the run id. Refused while the table has
+    a running, paused or failed snapshot (the plan would refuse the start anyway)."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    from . import progress_store
+    from .core.errors import StateError
+
+    current = progress_store.load(source, table_id)
+    if current is not None and str(current.status) in ("running", "paused", "failed"):
+        raise StateError(f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
+                         f"{source!r}: let it finish (or stop it), then verify again")
+    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, conf=conf,
+                      run_id=f"repair__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}")
+    return run.run_id
 
 
 def main(argv: list[str] | None = None) -> int:

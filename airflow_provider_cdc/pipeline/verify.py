@@ -34,11 +34,13 @@ from .. import storage
 from ..core import temporal
 from ..core.errors import ConfigurationError
 from ..core.position import Position
-from ..core.ranges import FULL_RANGE
+from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
 
 DEFAULT_CHUNK_ROWS = 10_000
 EXAMPLES = 10
+#: ranges a repair snapshot reads at once (its conf's parallelism, at most)
+REPAIR_PARALLELISM = 4
 
 
 # --- canonical values from the typed mirror ---------------------------------------------------
@@ -201,6 +203,9 @@ class VerifyResult:
     extra: int = 0
     different: int = 0
     examples: list[Mismatch] = field(default_factory=list)
+    #: the key ranges of the source chunks that differed (start inclusive, end exclusive: the
+    #: next chunk's first key), adjacent ones joined; in the database's own key order
+    repair_ranges: list[ChunkRange] = field(default_factory=list)
 
     @property
     def mismatched(self) -> int:
@@ -226,7 +231,25 @@ class VerifyResult:
             "chunks": self.chunks,
             "mismatched_chunks": self.mismatched_chunks,
             "examples": [m.describe() for m in self.examples],
+            "repair_ranges": [json.loads(r.to_json()) for r in self.repair_ranges],
+            "repair_conf": self.repair_conf(),
         }
+
+    def repair_conf(self) -> dict | None:
+        """The snapshot conf that repairs what this verify found (None: nothing to repair).
+
+        Missing and different rows: a snapshot of only the key ranges of the chunks that
+        differed. Rows the mirror has and the source does not: the whole table, since only a
+        whole-table snapshot converges (removes mirror rows no chunk re-emitted, I9); a
+        ranged one leaves them."""
+        if self.ok:
+            return None
+        conf: dict[str, Any] = {"action": "start", "tables": [self.table]}
+        if not self.extra and self.repair_ranges:
+            conf["key_ranges"] = {self.table: [json.loads(r.to_json()) for r in self.repair_ranges]}
+            # a run reads `parallelism` ranges at once; more ranges continue in resume runs
+            conf["parallelism"] = min(len(self.repair_ranges), REPAIR_PARALLELISM)
+        return conf
 
 
 class MirrorIndex:
@@ -302,8 +325,24 @@ def compare(
             res.examples.append(m)
 
     norm = RowNormaliser(schema)
+    open_start: tuple | None = None  # the start of a differing chunk whose end is the next chunk's first key
+    pending = False
+
+    def close(end: tuple | None) -> None:
+        nonlocal pending
+        if not pending:
+            return
+        pending = False
+        last = res.repair_ranges[-1] if res.repair_ranges else None
+        if last is not None and last.end == open_start:
+            res.repair_ranges[-1] = ChunkRange(last.start, end)
+        else:
+            res.repair_ranges.append(ChunkRange(open_start, end))
+
     for raw_chunk in chunks:
         chunk = [(key, norm(row)) for key, row in raw_chunk]
+        if chunk:
+            close(tuple(json.loads(chunk[0][0])))
         res.chunks += 1
         res.source_rows += len(chunk)
         src_digest = hashlib.blake2b(digest_size=16)
@@ -316,6 +355,8 @@ def compare(
         if src_digest.digest() == mir_digest.digest():
             continue
         res.mismatched_chunks += 1
+        if chunk:
+            open_start, pending = tuple(json.loads(chunk[0][0])), True
         for key, row in chunk:  # drill in
             hit = mirror.index.get(key)
             if hit is None:
@@ -327,6 +368,7 @@ def compare(
                     mrow = mirror.row(hit[0])
                     cols = tuple(c for c in schema.column_names if row.get(c) != mrow.get(c))
                     note(Mismatch(key, "different", cols, row, mrow))
+    close(None)
     for key in mirror.index:
         if key not in seen:
             res.extra += 1

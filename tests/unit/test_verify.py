@@ -142,3 +142,23 @@ def test_status_says_when_the_snapshot_dag_is_paused():
     assert describe_progress({"status": "running", "dag_paused": True}).startswith(
         "running (DAG cdc_snapshot is paused: no task runs until it is unpaused)")
     assert describe_progress({"status": "running", "dag_paused": False}) == "running"
+
+
+def test_repair_covers_only_the_chunks_that_differed_and_joins_adjacent_ones():
+    src = [row(i) for i in range(1, 46)]  # chunks of 10: 1-10, 11-20, 21-30, 31-40, 41-45
+    mir = [r for r in src if r["id"] != 5]  # chunk 1 (missing)
+    mir = [row(r["id"], name="x") if r["id"] in (15, 44) else r for r in mir]  # chunks 2 and 5 (different)
+    res = compare(SCHEMA, chunks(src, 10), mirror_of(mir))
+    assert (res.missing, res.extra, res.different) == (1, 0, 2)
+    assert [(r.start, r.end) for r in res.repair_ranges] == [((1,), (21,)), ((41,), None)]
+    assert res.repair_conf() == {"action": "start", "tables": ["s.t"],
+                                 "key_ranges": {"s.t": [{"start": [1], "end": [21]}, {"start": [41], "end": None}]},
+                                 "parallelism": 2}
+    assert res.to_dict()["repair_ranges"] == [{"start": [1], "end": [21]}, {"start": [41], "end": None}]
+
+
+def test_repair_of_rows_the_source_no_longer_has_is_the_whole_table():
+    src = [row(i) for i in range(1, 26)]
+    res = compare(SCHEMA, chunks(src, 10), mirror_of(src + [row(99)]))
+    assert res.extra == 1 and res.repair_conf() == {"action": "start", "tables": ["s.t"]}
+    assert compare(SCHEMA, chunks(src, 10), mirror_of(src)).repair_conf() is None
