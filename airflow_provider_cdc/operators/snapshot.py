@@ -56,6 +56,7 @@ from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
 )
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 from ..settings import FromSettings
+from ..sinks.arrow_types import mirror_schema
 from ..storage.layout import plan_path, schema_path
 
 log = logging.getLogger(__name__)
@@ -247,6 +248,7 @@ class SnapshotPlanOperator(_SourceOperator):
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
     ui_color = "#e0d4ff"
     default_tables = FromSettings("tables")  # not given: CDC_TABLES when the task runs
+    sinks = FromSettings("sinks")  # CDC_SINKS when the task runs: a mirror's limits are checked at plan
     _context: Any = None
     _run_id: str | None = None
     _logical_date: str | None = None
@@ -406,6 +408,8 @@ class SnapshotPlanOperator(_SourceOperator):
                         "concurrent changes. Add it to the connection extra 'tables'"
                     )
                 schema = dialect.describe_table(table)
+                if "mirror" in [s.strip() for s in self.sinks.split(",")]:
+                    mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named
                 ranges = plan_table_ranges(dialect, schema, request)
                 why = _mirror_needs_rebuild(self.data_dir, source, schema)
                 if why and _partial(request, table):

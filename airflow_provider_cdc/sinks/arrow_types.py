@@ -85,6 +85,15 @@ def mirror_schema(schema: TableSchema) -> pa.Schema:
     clash = names.intersection(META_COLUMNS)
     if clash:
         raise ConfigurationError(f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them")
+    seen: dict[str, str] = {}
+    for c in schema.columns:
+        other = seen.setdefault(c.name.lower(), c.name)
+        if other != c.name:
+            raise ConfigurationError(
+                f"table {schema.table} has columns {other!r} and {c.name!r}, whose names differ only in case: the Delta "
+                "mirror compares column names without case (as Spark and most lake readers do) and cannot hold both. "
+                "Rename one at the source, or leave this table out of the mirror (a source with CDC_SINKS=events)"
+            )
     fields = [pa.field(c.name, arrow_type(c.type)) for c in schema.columns]
     fields += [pa.field(KEY_COLUMN, pa.string(), False), pa.field(POSITION_COLUMN, pa.string(), False),
                pa.field(DELETED_COLUMN, pa.bool_(), False)]

@@ -236,6 +236,14 @@ class MirrorDeltaSink(Sink):
                 if part.num_rows == 0:
                     continue
             try:
+                mirror_schema(schema)  # a table the mirror cannot hold at all (column names only case apart)
+            except ConfigurationError as exc:
+                if self.fence is not None:  # a snapshot's merge fails its round, naming the columns
+                    raise
+                log.error("mirror of %s: %s; its events go to the event log only", table_id, exc)
+                self.schema_stopped[table_id] = str(exc)
+                continue
+            try:
                 rows = events_to_mirror_rows(schema, newest_per_key(part))
             except ConfigurationError as exc:
                 # a value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year

@@ -92,3 +92,29 @@ def test_a_chunk_that_does_not_advance_stops_the_range(pipeline, monkeypatch):
     snap(p, "failed", parallelism=1)
     assert calls["n"] <= 2 * 4  # the second chunk of each try stopped it (retries included)
     assert p.progress().status != "done"
+
+
+def test_columns_only_case_apart_fail_the_plan_for_the_mirror_and_snapshot_to_events(pg_uri, unique_name, tmp_path,
+                                                                                     monkeypatch, capfd):
+    """PostgreSQL holds "Þ" and "þ" as two columns; the Delta mirror cannot (it compares names
+    without case). With the mirror among the sinks the plan fails naming both columns, before
+    anything is written; with the event log alone the snapshot runs."""
+    p = Pipeline(pg_uri, unique_name, tmp_path / "data", monkeypatch)
+    w.create_demo_table(pg_uri, p.table, 300)
+    conn = w.connect(pg_uri)
+    try:
+        conn.cursor().execute(f'ALTER TABLE {qt(p)} ADD COLUMN "Þ" boolean DEFAULT true, ADD COLUMN "þ" boolean')
+        conn.commit()
+    finally:
+        conn.close()
+    p.capture_now()
+    try:
+        snap(p, "failed")
+        out, err = capfd.readouterr()
+        assert "has columns 'Þ' and 'þ', whose names differ only in case" in out + err
+        _nothing_written(p)
+        monkeypatch.setenv("CDC_SINKS", "events")
+        snap(p)
+        assert p.progress().status == "done"
+    finally:
+        p.cleanup()

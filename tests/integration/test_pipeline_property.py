@@ -103,7 +103,7 @@ MY_KEY_TYPES = {"bigint": MY_VALUE_TYPES["bigint"], "varchar": MY_VALUE_TYPES["v
 def table_cases(draw, db: str):
     keys = PG_KEY_TYPES if db == "pg" else MY_KEY_TYPES
     values = PG_VALUE_TYPES if db == "pg" else MY_VALUE_TYPES
-    names = draw(st.lists(ident(db), min_size=3, max_size=5, unique_by=lambda s: s.casefold() if db == "mysql" else s))
+    names = draw(st.lists(ident(db), min_size=3, max_size=5, unique_by=lambda s: s.casefold() if db == "mysql" else s.lower()))
     key_name, *col_names = names
     key_kind = draw(st.sampled_from(sorted(keys)))
     col_kinds = [draw(st.sampled_from(sorted(values))) for _ in col_names]

@@ -35,7 +35,7 @@ from airflow_provider_cdc.sinks.mirror_delta import (
     read_mirror_raw,
 )
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
-from airflow_provider_cdc.storage.layout import events_dir, schema_path
+from airflow_provider_cdc.storage.layout import events_dir, mirror_dir, schema_path
 
 SOURCE = "s"
 T = TableName("public", "typed")
@@ -130,6 +130,28 @@ def test_bad_canonical_value_names_table_and_column():
     bad = TableSchema(T, (Column("id", "int64"), Column("__position", "string")), ("id",))
     with pytest.raises(ConfigurationError, match="reserves"):
         mirror_schema(bad)
+
+
+def test_columns_differing_only_in_case_stop_the_mirror_with_their_names(tmp_path):
+    """PostgreSQL holds "Þ" and "þ" as two columns; Delta Lake compares names without case and
+    refuses the table (delta-rs: "Duplicate field name (case-insensitive)"). The mirror refuses
+    first, naming the table and both columns, before anything is written."""
+    from airflow_provider_cdc.sinks.mirror_delta import reconcile_schema
+
+    clash = TableSchema(T, (Column("id", "int64"), Column("Þ", "bool"), Column("þ", "bool")), ("id",))
+    with pytest.raises(ConfigurationError, match=r"public\.typed has columns 'Þ' and 'þ'.*differ only in case"):
+        mirror_schema(clash)
+    # the changelog path: the table's events skip the mirror (logged), the other tables go on
+    data = str(tmp_path)
+    other = TableSchema(TableName("public", "other"), (Column("id", "int64"),), ("id",))
+    for sch in (clash, other):
+        stage_schema(data, sch)
+    sink = MirrorDeltaSink(data, SOURCE, require_schema=False)
+    sink.write(pa.Table.from_pylist([ev(1, "c", 1, {"id": 1, "Þ": True, "þ": False}),
+                                     ev(2, "c", 1, {"id": 1}, table=other.table)], schema=EVENT_SCHEMA))
+    assert "differ only in case" in sink.schema_stopped[T.id]
+    assert read_mirror(data, SOURCE, other.table).num_rows == 1
+    assert reconcile_schema(mirror_dir(data, SOURCE, T), clash, whole_table=True) == "none"  # nothing was created
 
 
 # --- event log ----------------------------------------------------------------------------
