@@ -63,12 +63,17 @@ class Pipeline:
         return CdcSourceHook(self.conn_id).get_dialect(source=self.source)
 
     # --- DAG runs ------------------------------------------------------------------------
+    def load_dag(self, dag_id: str):
+        """The DAG, from a freshly parsed DAG file (it reads this test's environment)."""
+        return runpy.run_path(str(ROOT / "dags" / f"{dag_id}.py"), run_name=f"e2e_{dag_id}_{uuid.uuid4().hex[:6]}")["dag"]
+
     def run(self, dag_id: str, conf: dict | None = None, *, expect: str = "success"):
-        """dag.test() of a freshly parsed DAG file (it reads this test's environment)."""
+        """dag.test() of :meth:`load_dag`'s DAG."""
         from airflow.models.dag import DagModel
         from airflow.utils.session import create_session
 
-        dag = runpy.run_path(str(ROOT / "dags" / f"{dag_id}.py"), run_name=f"e2e_{dag_id}_{uuid.uuid4().hex[:6]}")["dag"]
+        dag = self.load_dag(dag_id)
+        dag_id = dag.dag_id
         for task in dag.tasks:  # retries stay as the DAG sets them; only the wait between tries shrinks
             if hasattr(task, "partial_kwargs"):
                 task.partial_kwargs["retry_delay"] = timedelta(seconds=1)
