@@ -31,7 +31,7 @@ def test_task_seconds_sum_mapped_instances_and_merge_summary():
     assert run.merge_summary()["emitted"] == 9
 
 
-def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float) -> dict:
+def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float, cl_ratio: float = 0.1) -> dict:
     chunk_bytes = 1_000_000.0
     return {
         "kind": kind, "rows": 1000, "changes": 100, "row_bytes": 100.0,
@@ -39,7 +39,7 @@ def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float)
         "snap_idle_ratio": ratio, "fixed_cost_s": fixed, "snap_idle_tasks": {"plan": 1.0},
         "tps_before": 100.0, "tps_during": 100.0 * (1 - drop / 100), "tps_after": 100.0, "tps_drop_pct": drop,
         "raw_drain_eps": 100.0, "raw_drain_events": 100, "raw_drain_s": 1.0, "capture_alone_eps": 50.0,
-        "changelog_eps": 10.0, "changelog_events": 100, "changelog_s": 10.0, "changelog_ratio": 0.1,
+        "changelog_eps": 10.0, "changelog_events": 100, "changelog_s": 10.0, "changelog_ratio": cl_ratio,
         "changelog_small_s": 5.0,
         "chunk_mem": [{"size": 50_000, "rows": 10_000, "rss_before": 0, "peak": int(mem_x * chunk_bytes),
                        "chunk_bytes": chunk_bytes, "peak_above_mb": mem_x * chunk_bytes / 2**20, "x_chunk": mem_x}],
@@ -51,12 +51,12 @@ def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float)
 def test_render_verdicts_follow_the_figures():
     a = b._parse(["--quick"])
     mach = {"cpus": 2, "mem_gib": 24.0, "os": "Debian", "python": "3.11", "load_start": [1.0, 1.0, 1.0]}
-    good = _result("postgres", ratio=0.6, drop=5.0, fixed=10.0, mem_x=2.0)
-    bad = _result("mysql", ratio=0.4, drop=12.0, fixed=20.0, mem_x=3.5)
+    good = _result("postgres", ratio=0.6, drop=5.0, fixed=4.0, mem_x=2.0, cl_ratio=0.8)
+    bad = _result("mysql", ratio=0.4, drop=12.0, fixed=6.0, mem_x=3.5, cl_ratio=0.5)
     md = b.render([good, bad], a, mach, "load average: 1.00", "t")
     targets = md.split("## Targets")[1]
     lines = [line for line in targets.splitlines() if line.startswith("| ") and "postgres" not in line]
-    assert len(lines) == 4
+    assert len(lines) == 5
     for line in lines:
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1:] == ["met", "**MISSED**"], line
