@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID or cdc_source)")
     v.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
     v.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR, else $AIRFLOW_HOME/cdc-data)")
-    v.add_argument("--source", help="source name of the staging/output folders (default: the connection id)")
+    v.add_argument("--source", help="source name of the staging/output folders (default: the connection id); a source "
+                                    "of the sources config brings its connection, data location and storage")
     v.add_argument("--chunk-rows", type=int, default=10_000, help="rows per checksum chunk (default 10000)")
     v.add_argument("--examples", type=int, default=10, help="mismatched keys to show (default 10)")
     v.add_argument("--events", action="store_true", help="also check the event log is position-monotonic per key")
@@ -193,9 +194,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         now = settings.load()  # the same defaults as the DAGs' tasks
-    except Exception as exc:  # noqa: BLE001 - a ConfigurationError naming the variable
+        entry = _config_source(args.source, now) if args.source else None
+    except Exception as exc:  # noqa: BLE001 - a ConfigurationError naming the variable or config entry
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    if entry is not None:  # a source of the sources config: its connection, data location, storage
+        now = entry.settings
+        args.snapshot_dag = args.snapshot_dag or f"cdc_snapshot__{entry.name}"
+        if now.storage_conn_id:
+            from .hooks.cdc_storage import apply_storage_connection
+
+            apply_storage_connection(now.storage_conn_id)
     args.data_dir = args.data_dir or now.data_dir
     args.conn_id = args.conn_id or now.conn_id
     args.source = args.source or now.explicit_source
@@ -249,6 +258,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
             else:
                 print(f"to repair: airflow dags trigger {dag} -c '{json.dumps(repair)}' (or verify --repair)")
     return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def _config_source(name: str, now):
+    """Source ``name`` of the sources config (sources_config.py: CDC_SOURCES_FILE, or
+    cdc_sources.yaml in Airflow's DAG folder), or None."""
+    from .sources_config import find_source
+
+    dags_folder = None
+    try:
+        from airflow.configuration import conf
+
+        dags_folder = conf.get("core", "dags_folder", fallback=None)
+    except Exception:  # noqa: BLE001 - outside an Airflow installation: no DAG folder to look in
+        pass
+    return find_source(name, now, dags_folder)
 
 
 def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict) -> str:

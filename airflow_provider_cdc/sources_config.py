@@ -159,3 +159,24 @@ def read_sources(location: str, env: Mapping[str, str] | None = None) -> list[So
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"sources config {location}: not valid YAML or JSON: {exc}") from None
     return parse_sources(doc, f"sources config {location}", env)
+
+
+def sources_file(settings: Settings, dags_folder: str | None = None) -> str | None:
+    """Where the sources config is: ``CDC_SOURCES_FILE`` (or ``[cdc] sources_file``), else
+    ``cdc_sources.yaml`` in ``dags_folder`` when it exists there; None: no config."""
+    if settings.sources_file:
+        return settings.sources_file
+    if dags_folder:
+        candidate = storage.join(dags_folder, "cdc_sources.yaml")
+        if storage.exists(candidate):
+            return candidate
+    return None
+
+
+def find_source(name: str, settings: Settings, dags_folder: str | None = None) -> SourceEntry | None:
+    """Source ``name`` of the sources config (None: no config, or no such source in it)."""
+    location = sources_file(settings, dags_folder)
+    if location is None:
+        return None
+    return next((e for e in read_sources(location) if e.name == name), None)
+

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from airflow_provider_cdc.assets import mirror_asset
+from airflow_provider_cdc.cli import run as cli_run
 from tools import workload as w
 
 from .test_snapshot_invariants import Pipeline
@@ -58,7 +59,7 @@ def asset_events(source: str, table_id: str) -> list[dict]:
 
 
 @pytest.mark.timeout(900)
-def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, monkeypatch):
+def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, monkeypatch, capsys):
     decoy = tmp_path / "decoy"
     pipes = [ConfigPipeline(pg_uri, f"{unique_name}p", tmp_path / "pg", decoy, monkeypatch),
              ConfigPipeline(mysql_uri, f"{unique_name}m", tmp_path / "my", decoy, monkeypatch)]
@@ -82,6 +83,9 @@ def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, m
                 conn.commit()
             p.catch_up()
             p.assert_equal()
+            # the CLI finds the source in the config: its connection and data location
+            assert cli_run(["verify", "--source", p.source, "--table", p.table.id, "--events"]) == 0
+            assert f"data dir {p.data_dir}" in capsys.readouterr().out
             applied = [e for e in asset_events(p.source, p.table.id) if "events" in e]
             assert applied and sum(e["events"] for e in applied) >= 10, applied
             assert applied[-1]["position"] > merged[-1]["position"]

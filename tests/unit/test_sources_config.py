@@ -136,3 +136,16 @@ def test_asset_names_and_uris_hold_any_table_name():
     assert table_alias("shop", "mirror").name == "cdc/shop/mirror"
     with pytest.raises(ValueError, match="asset kind"):
         table_alias("shop", "postgres")
+
+
+def test_find_source_looks_in_the_setting_then_the_dag_folder(tmp_path):
+    from airflow_provider_cdc.settings import load
+    from airflow_provider_cdc.sources_config import find_source, sources_file
+
+    (tmp_path / "cdc_sources.yaml").write_text("sources: {shop: {conn_id: shop_pg}}\n")
+    assert sources_file(load(ENV)) is None and find_source("shop", load(ENV)) is None
+    assert find_source("shop", load(ENV), str(tmp_path)).settings.conn_id == "shop_pg"
+    assert find_source("other", load(ENV), str(tmp_path)) is None
+    given = load({**ENV, "CDC_SOURCES_FILE": str(tmp_path / "cdc_sources.yaml")})
+    assert sources_file(given, "/nowhere") == str(tmp_path / "cdc_sources.yaml")
+    assert find_source("shop", given).settings.source == "shop"
