@@ -114,7 +114,7 @@ def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, dr
     risk = None
     mb = 1024 * 1024
     if reading.lost:
-        risk = f"the source already dropped log the capture needs ({reading.setting}); {reading.fix}"
+        risk = f"{reading.holder} is lost: the source already dropped log the capture needs ({reading.setting}); {reading.fix}"
     elif reading.limit_bytes and reading.safe_bytes is not None and reading.safe_bytes < min_headroom * reading.limit_bytes:
         risk = (f"{reading.holder} can take {reading.safe_bytes / mb:,.0f} MB more WAL before {reading.setting} "
                 f"({reading.limit_bytes / mb:,.0f} MB) makes the server drop log it needs; {reading.fix}")

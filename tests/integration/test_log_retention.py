@@ -2,9 +2,10 @@
 loudly, naming the slot or binlog file and what to do, before the source drops log it has
 not read (PostgreSQL ``max_slot_wal_keep_size``, MariaDB binlog expiry).
 
-The PostgreSQL test fills a real slot past a small ``max_slot_wal_keep_size`` (set with
-ALTER SYSTEM for the test, reset after; no checkpoint is forced, so no slot of another test
-can be invalidated by it).
+On the shared PostgreSQL instance a real slot is filled to within a quarter of a small
+``max_slot_wal_keep_size`` (set with ALTER SYSTEM for the test, reset after; no checkpoint is
+forced, so no slot of another test can be invalidated by it). On an instance of its own, a slot
+is filled past the limit and a CHECKPOINT invalidates it: lost, and said so by name.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def _result(newest_ts_ms: int | None) -> CaptureResult:
         (LogRetention("replication slot 's'", 10, limit_bytes=100 * MB, safe_bytes=30 * MB, setting="m"), True, None),
         (LogRetention("replication slot 's'", 10, setting="m"), True, None),  # no limit
         (LogRetention("replication slot 's'", 10, lost=True, setting="max_slot_wal_keep_size", fix="re-snapshot"),
-         True, r"already dropped log the capture needs \(max_slot_wal_keep_size\); re-snapshot"),
+         True, r"replication slot 's' is lost: the source already dropped log the capture needs "
+               r"\(max_slot_wal_keep_size\); re-snapshot"),
     ],
 )
 def test_the_retention_policy(reading, drained, risk):
@@ -160,3 +162,63 @@ def test_the_retention_policy(reading, drained, risk):
         with pytest.raises(RetentionError, match="source 'src'"):
             check_log_retention(_xcom(lag))
     assert check_log_retention(None).startswith("no lag reading")
+
+
+@pytest.fixture
+def own_pg(tmp_path):
+    """A PostgreSQL instance of this test alone (scripts/services.sh in a temporary folder, on a
+    free port): filling a slot past max_slot_wal_keep_size needs a CHECKPOINT, which would
+    invalidate every lagging slot of the shared instance too."""
+    import os
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "CDC_LOCAL_DIR": str(tmp_path / "local"), "CDC_PG_PORT": str(port)}
+    started = subprocess.run([str(root / "scripts" / "services.sh"), "start-pg"], env=env, capture_output=True,
+                             text=True, timeout=180)
+    assert started.returncode == 0, started.stderr[-3000:]
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/cdc_test"
+    finally:
+        subprocess.run([str(root / "scripts" / "services.sh"), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def test_postgres_slot_filled_past_max_slot_wal_keep_size_is_lost_and_said_so(own_pg, tmp_path):
+    """Past the limit a checkpoint invalidates the slot: the lag reading says it is lost, the
+    retention check fails naming the slot and the re-snapshot it needs, and the capture itself
+    refuses to go on (the changes in between are gone) with the same advice."""
+    import psycopg2
+
+    from airflow_provider_cdc.core.errors import CdcError
+
+    admin = psycopg2.connect(own_pg)
+    admin.autocommit = True
+    cur = admin.cursor()
+    t = TableName("public", "lost_slot")
+    cur.execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '32MB'")
+    cur.execute("SELECT pg_reload_conf()")
+    handle = Handle(own_pg, "lost", [t])
+    first, lag = run_capture(handle, str(tmp_path))  # creates the slot
+    assert lag.risk is None
+    for i in range(5):  # ~80 MB of WAL past the slot: more than it may keep
+        cur.execute(f'INSERT INTO "{t.name}" VALUES (%s)', (i,))
+        cur.execute("SELECT pg_switch_wal()")
+    cur.execute("CHECKPOINT")
+    with handle.get_dialect() as d:
+        slot = d.slot_name
+        cur.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        assert cur.fetchone()[0] == "lost"
+        reading = d.log_retention(first.end_offset)
+    assert reading.lost
+    behind = capture_lag(handle.source, reading, first, drained=False)
+    with pytest.raises(RetentionError, match=rf"replication slot '{slot}'.*drop_slot\(\) and a re-snapshot"):
+        check_log_retention(_xcom(behind))
+    with pytest.raises(CdcError, match=rf"replication slot '{slot}' was invalidated.*re-snapshot every captured table"):
+        run_capture(handle, str(tmp_path))
+    admin.close()
