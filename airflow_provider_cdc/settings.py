@@ -29,6 +29,7 @@ from pathlib import Path
 from .core.errors import ConfigurationError
 from .core.schema import split_table_list
 
+
 @dataclass(frozen=True)
 class Option:
     """One setting: its variable, default (as text; None: none, or computed) and meaning."""

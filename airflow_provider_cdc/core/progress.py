@@ -294,7 +294,7 @@ class SnapshotProgress:
                 1 if r.done else (0 if r.last_seq < 0 and r.last_key is None else [_lst(r.last_key), r.last_seq])
                 for r in tp.ranges
             ]
-            contiguous = all(a.range.end == b.range.start for a, b in zip(tp.ranges, tp.ranges[1:]))
+            contiguous = all(a.range.end == b.range.start for a, b in zip(tp.ranges, tp.ranges[1:], strict=False))
             tables[tid] = {
                 # ranges as their edges when each starts where the one before ends (a plan of
                 # the whole table), else as [start, end] pairs (chosen key ranges with gaps)

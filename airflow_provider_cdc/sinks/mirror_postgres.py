@@ -150,14 +150,33 @@ class MirrorPostgresSink(Sink):
             if pc.any(truncates).as_py():
                 # every row older than the TRUNCATE goes (no horizon here: see README, TRUNCATE)
                 newest = pc.max(part.filter(truncates)["position"]).as_py()
-                self.ensure_table(schema)
-                with self.conn, self.conn.cursor() as cur:
-                    cur.execute(f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
-                                (newest,))
+                self._delete_before(schema, newest)
                 part = part.filter(pc.greater(part["position"], newest))
                 if part.num_rows == 0:
                     continue
             self.upsert(schema, newest_per_key(part))
+
+    def _delete_before(self, schema: TableSchema, position: str) -> None:
+        self.ensure_table(schema)
+        with self.conn, self.conn.cursor() as cur:
+            cur.execute(f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
+                        (position,))
+
+    def truncate_before(self, table_id: str, position: str) -> None:
+        """A TRUNCATE of ``table_id`` at ``position``: every row older than it goes (the Spark
+        engine's driver, before its executors write the events past it)."""
+        if self.fence is not None:
+            self.fence.check(table_id)
+        schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
+        if schema is not None:
+            self._delete_before(schema, position)
+
+    def __getstate__(self) -> dict:
+        """Shipped to Spark executors without the driver's connection: each connects itself."""
+        state = dict(self.__dict__)
+        state["_conn"] = None
+        state["_ready"] = set()
+        return state
 
     def upsert(self, schema: TableSchema, events: pa.Table) -> int:
         from psycopg2.extras import execute_values

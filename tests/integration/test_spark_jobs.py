@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -268,3 +269,48 @@ def test_jobs_write_the_postgres_mirror_like_the_delta_mirror(spark, tmp_path, p
         conn.close()
 
 
+
+
+def test_postgres_mirror_units_in_any_order_never_bring_back_truncated_rows(tmp_path, pg_uri, unique_name):
+    """The executors write the PostgreSQL mirror a unit at a time, in whatever order Spark runs
+    them. Forced here: the unit holding a TRUNCATE (and an insert after it) runs before the
+    older unit whose inserts the TRUNCATE removed. The driver's delete first and the executors'
+    filter keep those rows out."""
+    import psycopg2
+
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.core.schema import Column, TableSchema, encode_row
+    from airflow_provider_cdc.pipeline.spark.distributed import postgres_unit_writer
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+
+    table = TableName("public", f"tr_{unique_name}")
+    schema = TableSchema(table, (Column("id", "int64"), Column("v", "string")), ("id",))
+    data = str(tmp_path)
+    path = Path(schema_path(data, SOURCE, table))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(schema.to_json())
+
+    def ev(pos, op, k):
+        row = None if op in ("t", "d") else {"id": k, "v": f"v{pos}"}
+        return {"position": Position(pos).encode(), "table": table.id, "op": op,
+                "key": None if op == "t" else encode_key([k]), "before": None,
+                "after": None if row is None else encode_row(row), "ts_ms": pos, "watermark": None,
+                "snapshot": False, "batch": f"c-{pos}"}
+
+    units = [[ev(1, "c", 1), ev(2, "c", 2)], [ev(3, "t", None), ev(4, "c", 3)]]
+    target = f"mirror_{unique_name}"
+    sink = MirrorPostgresSink(pg_uri, data, SOURCE, target_schema=target)
+    truncates = {table.id: Position(3).encode()}
+    try:
+        sink.write(pa.Table.from_pylist([ev(0, "c", 9)], schema=EVENT_SCHEMA))  # a row from before
+        sink.truncate_before(table.id, truncates[table.id])  # the driver's part
+        write = postgres_unit_writer(units, lambda u: pa.Table.from_pylist(u, schema=EVENT_SCHEMA), sink, truncates)
+        counts = [b.to_pylist() for b in write([pa.record_batch({"unit": [1, 0]})])]  # newest unit first
+        assert counts == [[{"rows": 1}], [{"rows": 0}]]
+        assert sorted((r["id"], r["__deleted"]) for r in sink.read(table)) == [(3, False)]
+    finally:
+        sink.close()
+        with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{target}" CASCADE')
+        conn.close()

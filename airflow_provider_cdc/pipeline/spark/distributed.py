@@ -23,8 +23,12 @@ mirror sweeps a truncated table before it reads its buckets), then produces the 
 again for the mirror: re-reading staged Parquet costs less than keeping the events in the
 JVM between the two.
 
-Sinks other than the event log and the Delta mirror (the PostgreSQL mirror) still receive
-the events through the driver.
+The PostgreSQL mirror is written from the executors too, a unit at a time (its upsert keeps
+a row only when its position is newer, so units land in any order): the driver first
+deletes each truncated table's rows older than its newest TRUNCATE in the batch, and the
+executors drop the events older than it (:func:`write_postgres`), so no unit can bring back
+a row the TRUNCATE removed, whichever runs first. Any other sink receives the events through
+the driver.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from ...core.errors import ConfigurationError
 from ...sinks.base import Sink
 from ...sinks.event_log import EventLogSink
 from ...sinks.mirror_delta import MirrorDeltaSink
+from ...sinks.mirror_postgres import MirrorPostgresSink
 from . import common
 
 log = logging.getLogger(__name__)
@@ -182,6 +187,7 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
     event_log = next((s for s in sinks if isinstance(s, EventLogSink)), None)
     mirror = next((s for s in sinks if isinstance(s, MirrorDeltaSink)), None)
     out: dict[str, int] = {}
+    meta: dict[str, list] | None = None
     t0 = time.monotonic()
     if mirror is not None and tables is not None:
         counts = write_mirror(spark, units, produce, mirror, dict.fromkeys(tables), event_log=event_log)
@@ -202,6 +208,15 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
     for sink in sinks:
         if sink is event_log or sink is mirror:
             continue
+        if isinstance(sink, MirrorPostgresSink):
+            if tables is not None:
+                truncates = dict.fromkeys(tables)
+            else:
+                if meta is None:
+                    meta = log_units(spark, units, produce, None)
+                truncates = {t: tr for t, (_n, tr) in meta.items()}
+            out[sink.name] = write_postgres(spark, units, produce, sink, truncates)
+            continue
         log.warning("sink %s receives the events through the Spark driver", sink.name)
         table = common.to_event_table(run(lambda: unit_events(spark, units, produce).toArrow()))
         sink.write(table)
@@ -209,6 +224,49 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
         out.setdefault("events_in", table.num_rows)
     out.setdefault("events_in", 0)
     return out
+
+
+_PG_COUNT = pa.schema([("rows", pa.int64())])
+
+
+def postgres_unit_writer(units: Sequence, produce: Producer, sink: MirrorPostgresSink,
+                         truncates: dict[str, str | None]) -> Callable:
+    """The executor side of :func:`write_postgres`: each unit's events, without those at or
+    before their table's TRUNCATE (the driver has applied it), upserted by ``sink``."""
+
+    def past_truncates(events: pa.Table) -> pa.Table:
+        for table_id, newest in truncates.items():
+            if newest is not None:
+                older = pc.and_(pc.equal(events["table"], table_id), pc.less_equal(events["position"], newest))
+                events = events.filter(pc.invert(older))
+        return events
+
+    def write_unit(events: pa.Table):
+        events = past_truncates(events)
+        try:
+            sink.write(events)
+        finally:
+            sink.close()  # a connection per unit: none left open in a reused Python worker
+        yield pa.RecordBatch.from_pylist([{"rows": events.num_rows}], schema=_PG_COUNT)
+
+    return _on_executors(units, produce, write_unit)
+
+
+def write_postgres(spark, units: Sequence, produce: Producer, sink: MirrorPostgresSink,
+                   truncates: dict[str, str | None]) -> int:
+    """The PostgreSQL mirror, written from the executors a unit at a time (module docstring);
+    the driver applies each table's newest TRUNCATE first. Returns the events written."""
+    for table_id, newest in sorted(truncates.items()):
+        if newest is not None:
+            sink.truncate_before(table_id, newest)
+    sink.close()  # the executors connect themselves; the driver's connection is not shipped
+    if not units:
+        return 0
+    write = postgres_unit_writer(units, produce, sink, truncates)
+    rows = run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(_PG_COUNT)).collect())
+    n = sum(r["rows"] for r in rows)
+    log.info("postgres mirror: %d events from %d unit(s) written on the executors", n, len(units))
+    return n
 
 
 def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSink,
