@@ -131,6 +131,10 @@ class MirrorPostgresSink(Sink):
         cols += [f'{quote_ident(KEY_COLUMN)} text PRIMARY KEY', f'{quote_ident(POSITION_COLUMN)} text COLLATE "C" NOT NULL',
                  f"{quote_ident(DELETED_COLUMN)} boolean NOT NULL"]
         with self.conn, self.conn.cursor() as cur:
+            # Spark executors create the same schema and table at once, and IF NOT EXISTS is
+            # not safe against that (a unique violation in pg_namespace / pg_class): one at a
+            # time per target schema, by a lock held to the end of this transaction
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cdc-mirror:{self.target_schema}",))
             cur.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(self.target_schema)}", ())
             cur.execute(f"CREATE TABLE IF NOT EXISTS {self.target(schema.table)} ({', '.join(cols)})", ())
         self._ready.add(schema.table.id)

@@ -186,6 +186,11 @@ def own_pg(tmp_path):
         yield f"postgresql://postgres@127.0.0.1:{port}/cdc_test"
     finally:
         subprocess.run([str(root / "scripts" / "services.sh"), "stop"], env=env, capture_output=True, timeout=120)
+        pg = tmp_path / "local" / "pg"
+        if pg.is_symlink():  # as root the files live where the postgres user may enter (/var/tmp)
+            import shutil
+
+            shutil.rmtree(pg.resolve(), ignore_errors=True)
 
 
 def test_postgres_slot_filled_past_max_slot_wal_keep_size_is_lost_and_said_so(own_pg, tmp_path):

@@ -314,3 +314,47 @@ def test_postgres_mirror_units_in_any_order_never_bring_back_truncated_rows(tmp_
         with psycopg2.connect(pg_uri) as conn, conn.cursor() as cur:
             cur.execute(f'DROP SCHEMA IF EXISTS "{target}" CASCADE')
         conn.close()
+
+
+def test_postgres_mirror_tables_are_created_one_writer_at_a_time(tmp_path, pg_uri, unique_name):
+    """Executors create the same target schema and table at once; CREATE ... IF NOT EXISTS is
+    not safe against that. Forced: while another session holds the creation lock and creates
+    the schema, a writer's ensure_table waits, then finds the schema and goes on."""
+    import threading
+
+    import psycopg2
+
+    from airflow_provider_cdc.core.schema import Column, TableSchema
+    from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+
+    target = f"mirror_{unique_name}"
+    schema = TableSchema(TableName("public", f"cr_{unique_name}"), (Column("id", "int64"),), ("id",))
+    holder = psycopg2.connect(pg_uri)
+    sink = MirrorPostgresSink(pg_uri, str(tmp_path), SOURCE, target_schema=target)
+    errors: list[BaseException] = []
+    try:
+        cur = holder.cursor()  # a transaction: the lock is held until the commit
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"cdc-mirror:{target}",))
+        cur.execute(f'CREATE SCHEMA "{target}"')
+
+        def writer():
+            try:
+                sink.ensure_table(schema)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        t.join(2.0)
+        assert t.is_alive(), "ensure_table must wait for the creation lock"
+        holder.commit()  # schema created, lock released
+        t.join(30)
+        assert not t.is_alive() and not errors, errors
+        assert sink.read(schema.table) == []
+    finally:
+        holder.rollback()
+        sink.close()
+        with holder.cursor() as cur:
+            cur.execute(f'DROP SCHEMA IF EXISTS "{target}" CASCADE')
+        holder.commit()
+        holder.close()
