@@ -105,10 +105,10 @@ default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment
 """
 
 
-def _outlets(source: str, sinks: str) -> list:
+def _outlets(source: str, sinks: str, kinds: tuple[str, ...] = (EVENTS, MIRROR)) -> list:
     """The Asset aliases a writer of ``sinks`` emits its tables' Asset events through."""
     names = [s.strip() for s in sinks.split(",")]
-    return [table_alias(source, kind) for kind in (EVENTS, MIRROR) if kind in names]
+    return [table_alias(source, kind) for kind in kinds if kind in names]
 
 
 def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | None = None, *,
@@ -184,7 +184,10 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
             **given,
         )
 
-        commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output, **given)
+        # a mirror Asset event when a table's snapshot is done and converged
+        commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output,
+                                        outlets=_outlets(parse.source, parse.sinks, (MIRROR,)),
+                                        **given)
 
         round_file >> wait >> merge >> commit
     return dag

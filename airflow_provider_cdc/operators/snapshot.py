@@ -681,7 +681,7 @@ class SnapshotCommitOperator(_SourceOperator):
         super().__init__(**kwargs)
         self.chunks = chunks
 
-    def _compact(self, source: str, tid: str, sid: str | None = None) -> None:
+    def _compact(self, source: str, tid: str, sid: str | None = None) -> dict[str, Any]:
         """Every chunk of the snapshot is merged. First convergence (I9, whole-table
         snapshots): mirror rows older than the plan's convergence mark were neither re-emitted
         by a chunk nor changed since, so the source no longer has them (a TRUNCATE, lost
@@ -695,6 +695,7 @@ class SnapshotCommitOperator(_SourceOperator):
         from ..storage.staged import find_watermarks, list_segments
 
         table = TableName.parse(tid)
+        converged: dict[str, Any] = {}
         if sid is not None:  # (a no-op without a Delta mirror)
             mark = read_plan(self.data_dir, source, table, sid).get("converge_watermark")
             if mark:
@@ -702,6 +703,7 @@ class SnapshotCommitOperator(_SourceOperator):
                 if mark in found:
                     gone = sweep(mirror_dir(self.data_dir, source, table), found[mark][0],
                                  reason=f"snapshot {sid} convergence")
+                    converged = {"converged_at": found[mark][0], "swept_rows": gone}
                     log.info("table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
                              tid, sid, gone)
                 else:
@@ -712,6 +714,7 @@ class SnapshotCommitOperator(_SourceOperator):
             removed = compact(self.data_dir, source, tid, upto_position=applied.encode(),
                               retention_hours=settings.load(overrides=self.cdc_overrides).mirror_retention_hours)
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
+        return converged
 
     def execute(self, context: Any) -> dict[str, Any]:
         from ..core.chunk import flatten_chunk_results
@@ -730,6 +733,7 @@ class SnapshotCommitOperator(_SourceOperator):
             key = (c["table"], c["snapshot_id"])
             touched[key] = touched.get(key, 0) + 1
         summary = {}
+        done: dict[str, dict[str, Any]] = {}  # tables whose snapshot finished here: a mirror Asset event each
         for (tid, sid), count in touched.items():
             p = progress_store.load(source, tid)
             if p is None or p.snapshot_id != sid:
@@ -770,7 +774,8 @@ class SnapshotCommitOperator(_SourceOperator):
                 p.finish()
             progress_store.save(source, tid, p)
             if finished:
-                self._compact(source, tid, sid)
+                done[tid] = {"snapshot_id": sid, "snapshot_done": True, "rows": p.table(tid).rows,
+                             **self._compact(source, tid, sid)}
             tp = p.table(tid)
             log.info(
                 "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
@@ -783,4 +788,20 @@ class SnapshotCommitOperator(_SourceOperator):
                 p.rows_per_second(),
             )
             summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
+        if done:
+            self._emit_done(context, source, done)
         return summary
+
+    def _emit_done(self, context: Any, source: str, done: dict[str, dict[str, Any]]) -> None:
+        """A mirror Asset event per table whose snapshot finished (and converged) here: the
+        point a consumer of the whole table waits for (assets.py). Never fails the commit."""
+        from ..assets import MIRROR, emit_table_events
+        from ..storage.layout import mirror_dir
+
+        try:
+            extra = {tid: {"source": source, "table": tid, "kind": MIRROR, **e,
+                           "location": mirror_dir(self.data_dir, source, TableName.parse(tid))}
+                     for tid, e in done.items()}
+            emit_table_events(context, self.outlets, source, {MIRROR: extra})
+        except Exception:  # noqa: BLE001 - the progress is stored; only the notification is lost
+            log.exception("could not emit the Asset events of the finished snapshot(s) %s", sorted(done))

@@ -405,9 +405,10 @@ def test_config_sources_run_and_a_consumer_scheduled_on_their_mirrors_runs_after
         merged_at[s] = datetime.fromisoformat(merge["end_date"])
     done = poll(f"a successful {consumer} run", lambda: [r for r in dep.runs(consumer) if r["state"] == "success"],
                 180, dep, *((f"cdc_snapshot__{s}", r) for s, r in runs.items()))
-    assert len(done) == 1 and done[0]["run_type"] == "asset_triggered", done
-    queued = datetime.fromisoformat(done[0]["queued_at"] or done[0]["start_date"])
-    assert queued >= max(merged_at.values()), (queued, merged_at)
+    # the merges emit, and so does each commit that finishes a snapshot: one or two runs
+    assert all(r["run_type"] == "asset_triggered" for r in dep.runs(consumer)), dep.runs(consumer)
+    first = min(datetime.fromisoformat(r["queued_at"] or r["start_date"]) for r in dep.runs(consumer))
+    assert first >= max(merged_at.values()), (first, merged_at)
     for s, (_uri, table) in dep.config_tables.items():
         proc = dep.cdc("verify", "--conn-id", s, "--table", table.id, "--data-dir", dep.data_dir, "--events")
         assert proc.returncode == 0, f"verify of {s} {table.id}:\n{(proc.stdout + proc.stderr)[-3000:]}"

@@ -74,10 +74,15 @@ def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, m
         for p in pipes:
             p.run("cdc_snapshot", {"action": "start"})  # tables and chunk size from the config
             assert p.progress().status == "done"
-            merged = asset_events(p.source, p.table.id)
+            events = asset_events(p.source, p.table.id)
+            merged = [e for e in events if "chunks" in e]
             assert sum(e["chunks"] for e in merged) >= ROWS // 200  # the config's chunk_size, not 10,000
             assert merged and merged[-1]["snapshot_id"] == p.progress().snapshot_id
             assert merged[-1]["chunk_rows"] > 0 and merged[-1]["position"]
+            # the commit that finished the snapshot: one more event, the whole table converged
+            (done,) = [e for e in events if e.get("snapshot_done")]
+            assert done["snapshot_id"] == p.progress().snapshot_id and done["rows"] == ROWS
+            assert done["swept_rows"] == 0 and done["converged_at"]
             with w.connect(p.uri) as conn, conn.cursor() as cur:
                 cur.execute(f"DELETE FROM {w.quote_table(w._params(p.uri), p.table)} WHERE id <= 10")
                 conn.commit()
