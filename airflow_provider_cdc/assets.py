@@ -25,9 +25,10 @@ from urllib.parse import quote
 
 from airflow.sdk import Asset, AssetAlias
 
+from .pipeline.committed import EVENTS, MIRROR  # the kinds: the sinks' names
+
 log = logging.getLogger(__name__)
 
-EVENTS, MIRROR = "events", "mirror"
 KINDS = (EVENTS, MIRROR)
 
 
@@ -62,11 +63,16 @@ def table_alias(source: str, kind: str) -> AssetAlias:
     return AssetAlias(name=f"cdc/{source}/{kind}", group="cdc")
 
 
+def outlet_aliases(outlets) -> dict[str, AssetAlias]:
+    """kind -> the task's alias of that kind (:func:`table_alias`) among ``outlets``."""
+    return {a.name.rsplit("/", 1)[-1]: a for a in outlets or () if isinstance(a, AssetAlias)}
+
+
 def emit_table_events(context: Mapping[str, Any], outlets: list, source: str,
                       tables: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> int:
     """Emit ``tables[kind][table_id]`` (the extra of one Asset event) through the task's alias
     of ``kind``; kinds the task has no alias for are skipped. Returns the events emitted."""
-    aliases = {a.name.rsplit("/", 1)[-1]: a for a in outlets or () if isinstance(a, AssetAlias)}
+    aliases = outlet_aliases(outlets)
     outlet_events = context.get("outlet_events") if context else None
     if outlet_events is None:
         return 0

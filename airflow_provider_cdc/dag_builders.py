@@ -107,7 +107,7 @@ default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment
 
 def _outlets(source: str, sinks: str, kinds: tuple[str, ...] = (EVENTS, MIRROR)) -> list:
     """The Asset aliases a writer of ``sinks`` emits its tables' Asset events through."""
-    names = [s.strip() for s in sinks.split(",")]
+    names = settings.sink_names(sinks)
     return [table_alias(source, kind) for kind in kinds if kind in names]
 
 
@@ -251,7 +251,7 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             if not segments:
                 return False
             newest = max(last for _first, last, _path in segments)
-            markers = [read_marker(data_dir, source, s.strip()) for s in sinks.split(",") if s.strip()]
+            markers = [read_marker(data_dir, source, s) for s in settings.sink_names(sinks)]
             return any(m is None or newest > m for m in markers)
 
         # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys

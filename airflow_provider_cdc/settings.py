@@ -137,6 +137,11 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> str:
     return str(Path(home).expanduser() / "cdc-data")
 
 
+def sink_names(sinks: str) -> list[str]:
+    """The names in a comma list of sinks (``CDC_SINKS``, an operator's ``sinks``)."""
+    return [n.strip() for n in sinks.split(",") if n.strip()]
+
+
 def _raw(env: Mapping[str, str], name: str) -> str:
     return (env.get(name) or "").strip()
 
@@ -217,7 +222,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         ) from None
     if not isinstance(spark_conf, dict):
         raise ConfigurationError(f"CDC_SPARK_CONF must be a JSON object of Spark settings, got {raw_conf!r}")
-    sinks = ",".join(s.strip() for s in (_raw(env, "CDC_SINKS") or DEFAULT_SINKS).split(",") if s.strip())
+    sinks = ",".join(sink_names(_raw(env, "CDC_SINKS") or DEFAULT_SINKS))
     if not sinks:
         raise ConfigurationError("CDC_SINKS must name at least one sink, e.g. 'events,mirror'")
     deferrable_raw = _raw(env, "CDC_SENSOR_DEFERRABLE").lower()
@@ -228,7 +233,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
     from . import storage
 
     data_dir = storage.check_location(_raw(env, "CDC_DATA_DIR") or default_data_dir(env), "CDC_DATA_DIR")
-    if "mirror" in sinks.split(",") and "%" in data_dir:
+    if "mirror" in sink_names(sinks) and "%" in data_dir:
         raise ConfigurationError(
             f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
             "URL-decoded and cannot find its own files. Choose a data location without '%'"

@@ -55,7 +55,7 @@ from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     write_sidecar,
 )
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
-from ..settings import FromSettings
+from ..settings import FromSettings, sink_names
 from ..sinks.arrow_types import mirror_schema
 from ..storage.layout import plan_path, schema_path
 
@@ -408,7 +408,7 @@ class SnapshotPlanOperator(_SourceOperator):
                         "concurrent changes. Add it to the connection extra 'tables'"
                     )
                 schema = dialect.describe_table(table)
-                if "mirror" in [s.strip() for s in self.sinks.split(",")]:
+                if "mirror" in sink_names(self.sinks):
                     mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named
                 ranges = plan_table_ranges(dialect, schema, request)
                 why = _mirror_needs_rebuild(self.data_dir, source, schema)
@@ -795,13 +795,11 @@ class SnapshotCommitOperator(_SourceOperator):
     def _emit_done(self, context: Any, source: str, done: dict[str, dict[str, Any]]) -> None:
         """A mirror Asset event per table whose snapshot finished (and converged) here: the
         point a consumer of the whole table waits for (assets.py). Never fails the commit."""
-        from ..assets import MIRROR, emit_table_events
-        from ..storage.layout import mirror_dir
+        from ..assets import emit_table_events
+        from ..pipeline.committed import MIRROR, table_extra
 
         try:
-            extra = {tid: {"source": source, "table": tid, "kind": MIRROR, **e,
-                           "location": mirror_dir(self.data_dir, source, TableName.parse(tid))}
-                     for tid, e in done.items()}
+            extra = {tid: table_extra(self.data_dir, source, tid, MIRROR, **e) for tid, e in done.items()}
             emit_table_events(context, self.outlets, source, {MIRROR: extra})
         except Exception:  # noqa: BLE001 - the progress is stored; only the notification is lost
             log.exception("could not emit the Asset events of the finished snapshot(s) %s", sorted(done))

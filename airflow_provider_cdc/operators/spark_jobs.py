@@ -26,7 +26,7 @@ from ..core.errors import ConfigurationError, SchemaChangeError
 from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.committed import round_tables
 from ..pipeline.spark.common import application_path
-from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings
+from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings, sink_names
 
 
 def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
@@ -133,10 +133,10 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
 
     def _asset_kinds(self) -> list[str]:
         """The sinks this task emits Asset events for: those with an alias in its outlets."""
-        from airflow.sdk import AssetAlias
+        from ..assets import outlet_aliases
 
-        names = {a.name.rsplit("/", 1)[-1] for a in self.outlets or () if isinstance(a, AssetAlias)}
-        return [s.strip() for s in self.sinks.split(",") if s.strip() in names]
+        aliases = outlet_aliases(self.outlets)
+        return [s for s in sink_names(self.sinks) if s in aliases]
 
     def _emit_assets(self, context: Any, covered) -> None:
         """An Asset event per table and sink this commit wrote (assets.py); ``covered(kinds)``
@@ -250,7 +250,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
         before = markers(self.data_dir, self.source, self._asset_kinds())
         summary = super().execute(context)
         stopped = {}
-        if "mirror" in [s.strip() for s in self.sinks.split(",")]:
+        if "mirror" in sink_names(self.sinks):
             from ..sinks.mirror_delta import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
@@ -269,7 +269,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
     def input_rows(self) -> int:
         from ..pipeline.arrow_engine import pending_rows
 
-        return pending_rows(self.data_dir, self.source, [s.strip() for s in self.sinks.split(",") if s.strip()])
+        return pending_rows(self.data_dir, self.source, sink_names(self.sinks))
 
     def run_local(self) -> dict:
         from ..pipeline.arrow_engine import apply_changelog

@@ -22,11 +22,20 @@ from ..sinks.base import read_marker
 from ..storage.layout import changelog_dir, events_dir, mirror_dir
 from ..storage.staged import list_segments, staged_watermarks
 
+#: the sinks with Assets (EventLogSink.name, MirrorDeltaSink.name, not imported: DAG files parse
+#: this module, and the mirror's module loads deltalake): their names are the Asset kinds
 EVENTS, MIRROR = "events", "mirror"
 
 
-def _location(data_dir: str, source: str, table_id: str, kind: str) -> str:
-    return mirror_dir(data_dir, source, TableName.parse(table_id)) if kind == MIRROR else events_dir(data_dir, source)
+def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) -> dict:
+    """The extra of one table's Asset event: who and where, plus ``fields`` (a ``position``
+    among them gets its readable form too)."""
+    extra = {"source": source, "table": table_id, "kind": kind, **fields}
+    if "position" in fields:
+        extra["readable_position"] = _readable(fields["position"])
+    extra["location"] = (mirror_dir(data_dir, source, TableName.parse(table_id)) if kind == MIRROR
+                         else events_dir(data_dir, source))
+    return extra
 
 
 def round_tables(chunks: Sequence[ChunkResult], data_dir: str, source: str, kinds: Iterable[str]) -> dict:
@@ -36,16 +45,13 @@ def round_tables(chunks: Sequence[ChunkResult], data_dir: str, source: str, kind
     staged = staged_watermarks(changelog_dir(data_dir, source), [c.high_watermark for c in chunks])
     per: dict[str, dict] = {}
     for c in chunks:
-        t = per.setdefault(c.table, {"source": source, "table": c.table, "snapshot_id": c.snapshot_id,
-                                     "chunks": 0, "chunk_rows": 0, "position": None})
+        t = per.setdefault(c.table, {"snapshot_id": c.snapshot_id, "chunks": 0, "chunk_rows": 0, "position": None})
         t["chunks"] += 1
         t["chunk_rows"] += c.rows
         hit = staged.get(c.high_watermark)
         if hit is not None and (t["position"] is None or hit[0] > t["position"]):
             t["position"] = hit[0]
-    return {kind: {tid: {**e, "kind": kind, "readable_position": _readable(e["position"]),
-                         "location": _location(data_dir, source, tid, kind)} for tid, e in per.items()}
-            for kind in kinds}
+    return {kind: {tid: table_extra(data_dir, source, tid, kind, **e) for tid, e in per.items()} for kind in kinds}
 
 
 def _readable(encoded: str | None) -> str | None:
@@ -69,8 +75,7 @@ def applied_tables(data_dir: str, source: str, before: dict[str, Position | None
         counts = _table_counts(data_dir, source, old, new)
         excluded = (skip or {}).get(kind, set())
         out[kind] = {
-            tid: {"source": source, "table": tid, "kind": kind, "events": n, "position": new.encode(),
-                  "readable_position": str(new), "location": _location(data_dir, source, tid, kind)}
+            tid: table_extra(data_dir, source, tid, kind, events=n, position=new.encode())
             for tid, n in counts.items() if tid not in excluded
         }
     return out

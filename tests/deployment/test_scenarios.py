@@ -403,7 +403,7 @@ def test_config_sources_run_and_a_consumer_scheduled_on_their_mirrors_runs_after
         merge = next(t for t in dep.tis(f"cdc_snapshot__{s}", run) if t["task_id"] == "merge")
         assert merge["state"] == "success", dep.describe(f"cdc_snapshot__{s}", run)
         merged_at[s] = datetime.fromisoformat(merge["end_date"])
-    done = poll(f"a successful {consumer} run", lambda: [r for r in dep.runs(consumer) if r["state"] == "success"],
+    poll(f"a successful {consumer} run", lambda: [r for r in dep.runs(consumer) if r["state"] == "success"],
                 180, dep, *((f"cdc_snapshot__{s}", r) for s, r in runs.items()))
     # the merges emit, and so does each commit that finishes a snapshot: one or two runs
     assert all(r["run_type"] == "asset_triggered" for r in dep.runs(consumer)), dep.runs(consumer)
