@@ -322,3 +322,19 @@ def evolve_schema(staged: TableSchema, current: TableSchema) -> tuple[TableSchem
         return staged, []
     return TableSchema(staged.table, staged.columns + added, staged.primary_key, dict(staged.extra)), []
 
+
+
+def follow_log_schema(previous: TableSchema | None, current: TableSchema) -> TableSchema:
+    """The schema the event log types a table's events with, after the source's table became
+    ``current``: every column ever seen, in first-seen order (a dropped one stays, nullable:
+    events from before the DROP hold its values), each with its newest type and source type,
+    new columns appended; the primary key is the current one. Unlike :func:`evolve_schema` it
+    never refuses a change: the event log keeps every event whatever the mirror can follow
+    (a value its column's newer type cannot hold is kept as text, sinks/arrow_types.py)."""
+    if previous is None:
+        return current
+    now = {c.name: c for c in current.columns}
+    cols = [now.get(c.name) or Column(c.name, c.type, c.source_type, True) for c in previous.columns]
+    known = set(previous.column_names)
+    cols += [c for c in current.columns if c.name not in known]
+    return TableSchema(current.table, tuple(cols), current.primary_key, dict(current.extra))

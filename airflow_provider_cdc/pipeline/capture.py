@@ -15,7 +15,7 @@ from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetenti
 from ..storage.layout import changelog_dir
 from ..storage.staged import list_segments, write_segment
 from .locks import capture_lock
-from .schema_changes import follow_schema_changes
+from .schema_changes import follow_log_schemas, follow_schema_changes
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,11 @@ def stage_changelog(
     paths: list[str] = []
     bounds: list[Position] = []  # first and last position of the run
     counts = [0, 0, None]  # events, watermarks, newest commit time (ms)
+    tables: set[str] = set()  # the tables this run staged events of (their log schemas follow)
 
     def stage(events: list[LogEvent]) -> None:
         paths.append(write_segment(events, directory, dialect.watermark_table.id))
+        tables.update(e.table for e in events if not isinstance(e, WatermarkEvent))
         if not bounds:
             bounds.append(events[0].position)
         bounds[1:] = [events[-1].position]
@@ -70,6 +72,8 @@ def stage_changelog(
             # re-read the same events (and maybe more), so it supersedes the orphan
             if f_path not in mine and f_first >= first and f_last <= last:
                 storage.delete(f_path)
+    # before the offset: an apply never meets a staged event whose table has no log schema
+    follow_log_schemas(dialect, data_dir, dialect.source, tables)
     dialect.commit_offset(batch.end_offset, data_dir)
     return CaptureResult(
         counts[0],

@@ -19,9 +19,9 @@ import logging
 
 from .. import storage
 from ..core.errors import CdcError, TableNotFoundError
-from ..core.schema import TableSchema, evolve_schema
+from ..core.schema import TableName, TableSchema, evolve_schema, follow_log_schema
 from ..dialects.base import Dialect
-from ..storage.layout import mirror_dir, schema_path, schemas_dir
+from ..storage.layout import log_schema_path, mirror_dir, schema_path, schemas_dir
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,12 @@ def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None
     storage.write_text(schema_path(data_dir, source, schema.table), schema.to_json())
 
 
-def current_schema(dialect: Dialect, staged: TableSchema) -> tuple[TableSchema | None, str | None]:
+def current_schema(dialect: Dialect, table: TableName) -> tuple[TableSchema | None, str | None]:
     """The source's schema of the table now: (schema, None), (None, None) when the table is
     gone (its DROP is the user's business), or (None, why) when it cannot be described any more
     (a column of a type CDC does not support was added)."""
     try:
-        return dialect.describe_table(staged.table), None
+        return dialect.describe_table(table), None
     except TableNotFoundError:
         return None, None
     except CdcError as exc:
@@ -49,7 +49,7 @@ def current_schema(dialect: Dialect, staged: TableSchema) -> tuple[TableSchema |
 
 def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) -> tuple[TableSchema, list[str]]:
     """One table: the evolved staged schema (written when it changed) and the conflicts."""
-    current, problem = current_schema(dialect, staged)
+    current, problem = current_schema(dialect, staged.table)
     if current is None:
         return staged, [problem] if problem else []
     evolved, conflicts = evolve_schema(staged, current)
@@ -58,6 +58,31 @@ def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) ->
         write_staged_schema(data_dir, source, evolved)
         log.info("table %s: column(s) %s added at the source; the sinks carry them from now on", staged.table, added)
     return evolved, conflicts
+
+
+def read_log_schema(data_dir: str, source: str, table: TableName) -> TableSchema | None:
+    path = log_schema_path(data_dir, source, table)
+    return TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+
+
+def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) -> None:
+    """The log schema (storage/layout.py) of every table in ``table_ids`` followed to the
+    source's catalog now: capture calls it for the tables it staged events of, before it
+    commits its offset, so the apply that writes those events finds their columns. A table
+    that is gone or cannot be described keeps its last log schema (the event log falls back
+    to the staged schema, then to text columns, sinks/event_log.py)."""
+    for tid in sorted(table_ids):
+        table = TableName.parse(tid)
+        previous = read_log_schema(data_dir, source, table)
+        current, problem = current_schema(dialect, table)
+        if current is None:
+            if problem:
+                log.warning("table %s: its columns cannot be described (%s); the event log keeps its last known "
+                            "columns for it", table, problem)
+            continue
+        followed = follow_log_schema(previous, current)
+        if followed != previous:
+            storage.write_text(log_schema_path(data_dir, source, table), followed.to_json())
 
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
@@ -81,7 +106,7 @@ def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSche
     stops the snapshot of this table (SchemaChangeError naming it; other tables go on)."""
     from ..core.errors import SchemaChangeError
 
-    current, problem = current_schema(dialect, staged)
+    current, problem = current_schema(dialect, staged.table)
     if current is None:
         if problem:
             raise SchemaChangeError(f"table {staged.table} cannot be read any more: {problem}")

@@ -19,153 +19,23 @@ the state at its position (a stale overwrite).
 
 from __future__ import annotations
 
-import base64
 import bisect
-import datetime as dt
 import hashlib
 import json
-import struct
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any
 
-from .. import storage
-from ..core import temporal
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
+from ..sinks.arrow_types import RowNormaliser, arrow_canonical, normalise_row, normalise_value  # noqa: F401 - re-exported
 
 DEFAULT_CHUNK_ROWS = 10_000
 EXAMPLES = 10
 #: ranges a repair snapshot reads at once (its conf's parallelism, at most)
 REPAIR_PARALLELISM = 4
-
-
-# --- canonical values from the typed mirror ---------------------------------------------------
-def _f32(x: float) -> float:
-    return struct.unpack("f", struct.pack("f", x))[0]
-
-
-def _float_canonical(v: Any, logical: str) -> Any:
-    if isinstance(v, str):
-        return v  # "NaN", "Infinity", "-Infinity"
-    f = float(v)
-    if f != f:
-        return "NaN"
-    if f in (float("inf"), float("-inf")):
-        return "Infinity" if f > 0 else "-Infinity"
-    return _f32(f) if logical == "float32" else f
-
-
-def _ts_text(v: Any, tz: bool) -> str:
-    if isinstance(v, str):  # canonical text, any year, infinities, zero dates: exact integers
-        return temporal.micros_to_text(temporal.ts_to_micros(v), tz)
-    if tz:
-        v = v.astimezone(dt.UTC).replace(tzinfo=None) if v.tzinfo else v
-        return v.strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
-    return v.replace(tzinfo=None).strftime("%Y-%m-%dT%H:%M:%S.%f")
-
-
-def normalise_value(v: Any, logical: str) -> Any:
-    """One value, canonical or typed (as the mirror stores it) -> the canonical form compared.
-
-    Idempotent on canonical values, so source rows pass through it too: that keeps
-    representation details that are equal in value (a float32 widened two ways, a
-    timestamp with or without trailing zero microseconds) from counting as mismatches.
-    """
-    if v is None:
-        return None
-    if logical in ("float32", "float64"):
-        return _float_canonical(v, logical)
-    if logical == "uint64" or logical in ("int16", "int32", "int64"):
-        return int(v)
-    if logical == "bool":
-        return bool(v)
-    if logical.startswith("decimal"):
-        return str(v) if isinstance(v, Decimal) else v
-    if logical == "binary":
-        return base64.b64encode(bytes(v)).decode("ascii") if isinstance(v, (bytes, bytearray, memoryview)) else v
-    if logical == "date":
-        return v.isoformat() if isinstance(v, dt.date) else temporal.days_to_text(temporal.date_to_days(v))
-    if logical == "timestamp":
-        return _ts_text(v, tz=False)
-    if logical == "timestamptz":
-        return _ts_text(v, tz=True)
-    if logical.startswith("array<"):
-        return json.loads(v) if isinstance(v, str) else v
-    return v  # string, uuid, json, time, unbounded decimal: canonical text already
-
-
-def normalise_row(schema: TableSchema, row: dict[str, Any]) -> dict[str, Any]:
-    return {c.name: normalise_value(row.get(c.name), c.type) for c in schema.columns}
-
-
-def _is_canonical_ts(v: Any, tz: bool) -> bool:
-    # "YYYY-MM-DDTHH:MM:SS.ffffff" (+ "Z"): already what _ts_text would return
-    return isinstance(v, str) and len(v) == (27 if tz else 26) and v[10] == "T" and v[19] == "." and (v[-1] == "Z") == tz
-
-
-def _fast_normaliser(logical: str):
-    """The per-column form of :func:`normalise_value` for source rows, or None where canonical
-    values need no change (ints, strings, json...); the hot path of a million-row verify."""
-    if logical in ("int16", "int32", "int64", "uint64", "string", "uuid", "json", "time", "decimal", "bool"):
-        return None
-    if logical in ("timestamp", "timestamptz"):
-        tz = logical == "timestamptz"
-        return lambda v: v if v is None or _is_canonical_ts(v, tz) else _ts_text(v, tz)
-    return lambda v: normalise_value(v, logical)
-
-
-class RowNormaliser:
-    """Canonical rows of one schema -> the compared form (columns in schema order)."""
-
-    def __init__(self, schema: TableSchema) -> None:
-        self.names = schema.column_names
-        self.fns = [(c.name, f) for c in schema.columns if (f := _fast_normaliser(c.type)) is not None]
-
-    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
-        out = {n: row.get(n) for n in self.names}
-        for name, fn in self.fns:
-            out[name] = fn(out[name])
-        return out
-
-
-def arrow_canonical(arr, logical: str) -> list:
-    """A typed mirror column (sinks/arrow_types.py) -> canonical values, vectorised where
-    Arrow can (timestamps, dates, decimals), the inverse of the sink's decoding."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    t = arr.type
-    if pa.types.is_timestamp(t) or pa.types.is_date(t):
-        is_ts = pa.types.is_timestamp(t)
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
-        ints = arr.view(pa.int64() if is_ts else pa.int32())
-        # years 1..9999 print with strftime; anything else (BC, far years, infinities, zero
-        # dates) takes the exact inverse of the sink's encoding (core/temporal.py)
-        first, last = (-62135596800000000, 253402300799999999) if is_ts else (-719162, 2932896)
-        mm = pc.min_max(ints)
-        lo, hi = mm["min"].as_py(), mm["max"].as_py()
-        if lo is not None and (lo < first or hi > last):
-            if is_ts:
-                return [None if v is None else temporal.micros_to_text(v, logical == "timestamptz") for v in ints.to_pylist()]
-            return [None if v is None else temporal.days_to_text(v) for v in ints.to_pylist()]
-        if not is_ts:
-            return pc.strftime(arr, format="%Y-%m-%d").to_pylist()
-        vals = pc.strftime(arr, format="%Y-%m-%dT%H:%M:%S").to_pylist()  # %S carries the microseconds
-        return [None if v is None else v + "Z" for v in vals] if logical == "timestamptz" else vals
-    if pa.types.is_decimal(t):
-        vals = pc.cast(arr, pa.string()).to_pylist()
-        return [None if v is None else int(v) for v in vals] if logical == "uint64" else vals
-    vals = arr.to_pylist()
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return [None if v is None else base64.b64encode(v).decode("ascii") for v in vals]
-    if logical in ("float32", "float64") or logical.startswith("array<"):
-        return [normalise_value(v, logical) for v in vals]
-    return vals
 
 
 def row_digest(key: str, row: dict[str, Any]) -> bytes:
@@ -408,31 +278,11 @@ class EventLogReport:
 
 
 def read_event_log(data_dir: str, source: str, table: TableName):
-    """The event log files of one table as one Arrow table (op, key, before, after, position)."""
-    import pyarrow as pa
+    """The event log of one table (op, key, before, after as canonical JSON, position, file):
+    sinks.event_log.read_events."""
+    from ..sinks.event_log import read_events
 
-    from ..sinks.event_log import table_dir
-    from ..storage.staged import read_table
-
-    d = table_dir(data_dir, source, table)
-    parts = []
-    for name in storage.list_names(d, suffix=".parquet"):
-        t = read_table(storage.join(d, name))
-        parts.append(
-            pa.table(
-                {
-                    "op": t["op"],
-                    "key": t["key"],
-                    "before": t["before"],
-                    "after": t["after"],
-                    "position": t["source"].combine_chunks().field("position"),
-                    "file": pa.array([name] * t.num_rows, pa.string()),
-                }
-            )
-        )
-    if not parts:
-        return pa.table({n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")})
-    return pa.concat_tables(parts)
+    return read_events(data_dir, source, table)
 
 
 def check_events(

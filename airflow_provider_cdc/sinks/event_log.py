@@ -5,23 +5,36 @@ batch name (``c-{first}-{last}`` for a staged segment, ``r-{hw position}-{hw id}
 merged chunk), so a retried task rewrites the same files instead of adding copies (I3).
 Each file is written to a temporary name and renamed: readers never see half a file.
 
-Columns: ``op, before, after`` (canonical row JSON), ``source`` struct
-``{db, schema, table, position, snapshot, watermark}``, ``ts_ms``, plus ``key`` (canonical
-key JSON) so consumers can de-duplicate by (table, key, position) without parsing rows.
+Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
+mirror's types, sinks/arrow_types.py; null where the event has no such image, and a column
+the event did not carry reads null); ``source`` struct ``{db, schema, table, position,
+snapshot, watermark}``; ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
+de-duplicate by (table, key, position) without reading rows.
+
+Which columns: the table's log schema (capture follows it for every table it stages events
+of: storage/layout.py), else its staged schema (a snapshotted table capture has not met),
+else text columns named by the rows. Each file says what it was typed with in its Parquet
+metadata: ``cdc.schema`` (TableSchema JSON: logical and source types, primary key) and
+``cdc.text_columns`` (columns kept as canonical text in this file because a value did not
+fit its type, e.g. events from before a column changed type). Files of one table may
+differ in columns (ADD/DROP COLUMN); readers merge them by name (Spark ``mergeSchema``,
+``pyarrow.dataset`` with a unified schema, :func:`read_events`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
-from ..core.schema import TableName
-from ..storage.layout import events_dir
+from ..core.schema import Column, TableName, TableSchema
+from ..storage.layout import events_dir, log_schema_path
 from ..storage.staged import atomic_write_table
-from .base import Sink
+from .arrow_types import json_rows_to_struct
+from .base import SchemaCache, Sink
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +48,26 @@ SOURCE_TYPE = pa.struct(
         ("watermark", pa.string()),
     ]
 )
-ENVELOPE_SCHEMA = pa.schema(
-    [
-        ("op", pa.string()),
-        ("key", pa.string()),
-        ("before", pa.string()),
-        ("after", pa.string()),
-        ("source", SOURCE_TYPE),
-        ("ts_ms", pa.int64()),
-    ]
-)
+#: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
+ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
+SCHEMA_META = b"cdc.schema"
+TEXT_COLUMNS_META = b"cdc.text_columns"
+
+
+def inferred_schema(table: TableName, events: pa.Table) -> TableSchema:
+    """Text columns named by the rows themselves (a table with neither a log nor a staged
+    schema: its columns were never described). Every column is ``string``, so canonical values
+    are kept as their text."""
+    names: dict[str, None] = {}
+    key_cols: list[str] = []
+    for col in ("after", "before"):
+        for text in events[col].drop_null().to_pylist():
+            names.update(dict.fromkeys(json.loads(text)))
+    for text in events["key"].drop_null().to_pylist()[:1]:
+        key_cols = [f"key{i}" for i in range(len(json.loads(text)))]
+    cols = tuple(Column(n, "string") for n in names) or tuple(Column(k, "string") for k in key_cols) or (Column("key0", "string"),)
+    pk = tuple(c.name for c in cols[: max(1, len(key_cols))])
+    return TableSchema(table, cols, pk)
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
@@ -58,9 +81,29 @@ class EventLogSink(Sink):
         self.data_dir, self.source = data_dir, source
         self.database = database or source
         self.fence = fence  # a merge's MergeFence: no file once a newer merge or a stop took the table
+        self.staged = SchemaCache(data_dir, source)
+        self._log_schemas: dict[str, TableSchema | None] = {}
+
+    def schema(self, table: TableName) -> TableSchema | None:
+        """The columns events of ``table`` are typed with (see the module docstring)."""
+        if table.id not in self._log_schemas:
+            path = log_schema_path(self.data_dir, self.source, table)
+            self._log_schemas[table.id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+        return self._log_schemas[table.id] or self.staged.get(table.id)
 
     def envelope(self, events: pa.Table, table: TableName) -> pa.Table:
         n = events.num_rows
+        schema = self.schema(table) or inferred_schema(table, events)
+        before, text_b = json_rows_to_struct(schema, events["before"])
+        after, text_a = json_rows_to_struct(schema, events["after"])
+        as_text = sorted(set(text_b) | set(text_a))
+        if as_text:
+            log.warning("event log of %s: column(s) %s hold values their type (%s) cannot, kept as canonical text "
+                        "in this file (a column that changed type at the source?)", table, as_text,
+                        ", ".join(schema.column(c).type for c in as_text))
+            # the same columns as text in both images, so one file has one type per column
+            before, _ = json_rows_to_struct(schema, events["before"], as_text=as_text)
+            after, _ = json_rows_to_struct(schema, events["after"], as_text=as_text)
         src = pa.StructArray.from_arrays(
             [
                 pa.array([self.database] * n, pa.string()),
@@ -72,9 +115,9 @@ class EventLogSink(Sink):
             ],
             fields=list(SOURCE_TYPE),
         )
-        return pa.table(
-            [events["op"], events["key"], events["before"], events["after"], src, events["ts_ms"]],
-            schema=ENVELOPE_SCHEMA,
+        out = pa.table([events["op"], events["key"], before, after, src, events["ts_ms"]], names=list(ENVELOPE_COLUMNS))
+        return out.replace_schema_metadata(
+            {SCHEMA_META: schema.to_json().encode(), TEXT_COLUMNS_META: json.dumps(as_text).encode()}
         )
 
     def write(self, events: pa.Table) -> None:
@@ -91,3 +134,55 @@ class EventLogSink(Sink):
             path = storage.join(table_dir(self.data_dir, self.source, table), f"{g['batch']}.parquet")
             atomic_write_table(self.envelope(part, table), path)
             log.info("event log: %d events of %s -> %s", part.num_rows, table, path)
+
+
+
+# --- reading -------------------------------------------------------------------------------------
+def file_schema(t: pa.Table) -> tuple[TableSchema | None, list[str]]:
+    """The schema an event log file was typed with and its text columns (module docstring);
+    (None, []) for a file without them."""
+    meta = t.schema.metadata or {}
+    if SCHEMA_META not in meta:
+        return None, []
+    return TableSchema.from_json(meta[SCHEMA_META].decode()), json.loads(meta.get(TEXT_COLUMNS_META, b"[]"))
+
+
+def canonical_images(t: pa.Table, column: str) -> list[dict | None]:
+    """``before`` or ``after`` of an event log file as canonical rows (core/schema.py), a
+    column that is null left out: the typed struct cannot tell a column the event did not
+    carry (added later, a key-only before-image) from a null, so neither is claimed."""
+    from .arrow_types import arrow_canonical
+
+    schema, text = file_schema(t)
+    images = t[column].combine_chunks()
+    logical = {c.name: ("string" if c.name in text else c.type) for c in schema.columns} if schema else {}
+    names = [f.name for f in images.type]
+    cols = [arrow_canonical(images.field(i), logical.get(n, "string")) for i, n in enumerate(names)]
+    valid = images.is_valid().to_pylist()
+    return [
+        {n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
+        for i in range(len(images))
+    ]
+
+
+def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:
+    """Every event log file of ``table`` as one Arrow table: op, key, position, before and
+    after (canonical row JSON, see :func:`canonical_images`), file. For checks and tests;
+    consumers read the typed files."""
+    from ..core.schema import encode_row
+    from ..storage.staged import read_table
+
+    d = table_dir(data_dir, source, table)
+    parts = []
+    for name in storage.list_names(d, suffix=".parquet"):
+        t = read_table(storage.join(d, name))
+        images = {c: [None if r is None else encode_row(r) for r in canonical_images(t, c)] for c in ("before", "after")}
+        parts.append(pa.table({
+            "op": t["op"], "key": t["key"],
+            "before": pa.array(images["before"], pa.string()), "after": pa.array(images["after"], pa.string()),
+            "position": t["source"].combine_chunks().field("position"),
+            "file": pa.array([name] * t.num_rows, pa.string()),
+        }))
+    if not parts:
+        return pa.table({n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")})
+    return pa.concat_tables(parts)

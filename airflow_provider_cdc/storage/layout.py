@@ -19,9 +19,15 @@ Snapshot chunk (Parquet, rows ordered by key)::
     {data_dir}/staging/{source}/chunks/{table.path_segment}/{snapshot_id}/chunk-{seq:06d}-{hw_id}.parquet
     key: string   after: string
 
-Table schema (JSON, TableSchema.to_json())::
+Table schema (JSON, TableSchema.to_json()): the columns the snapshot and the mirror keep
+(written by the snapshot planner, evolved by capture)::
 
     {data_dir}/staging/{source}/schemas/{table.path_segment}.json
+
+Log schema (JSON, TableSchema.to_json()): the columns the event log types a table's events
+with, for every table capture staged events of, snapshotted or not (core.schema.follow_log_schema)::
+
+    {data_dir}/staging/{source}/log_schemas/{table.path_segment}.json
 
 Outputs::
 
@@ -82,6 +88,10 @@ def schemas_dir(data_dir: str, source: str) -> str:
 
 def schema_path(data_dir: str, source: str, table: TableName) -> str:
     return _join(schemas_dir(data_dir, source), f"{table.path_segment}.json")
+
+
+def log_schema_path(data_dir: str, source: str, table: TableName) -> str:
+    return _join(staging_dir(data_dir, source), "log_schemas", f"{table.path_segment}.json")
 
 
 def events_dir(data_dir: str, source: str) -> str:

@@ -555,6 +555,55 @@ class DialectSuite(ABC):
             )
             assert chunk[1][c.column] == c.expected, f"{c.column} ({c.sql_type}) canonical value"
             assert chunk[2][c.column] is None and log[2][c.column] is None, f"{c.column} NULL"
+        # the event log types the same events with the log schema capture wrote, losing nothing
+        typed = self._event_log_afters(ctx, t)
+        for c in cases:
+            assert typed[1].get(c.column) == log[1][c.column], f"{c.column} ({c.sql_type}) in the typed event log"
+            assert c.column not in typed[2], f"{c.column} NULL in the typed event log"
+
+    @staticmethod
+    def _event_log_afters(ctx: Ctx, t: TableName) -> dict:
+        """The table's staged events written by the event log sink, read back: id -> canonical after."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+        from airflow_provider_cdc.sinks.event_log import EventLogSink, read_events
+
+        for _, _, path in list_segments(changelog_dir(ctx.data_dir, ctx.source)):
+            seg = pq.read_table(path)
+            seg = seg.filter(pc.equal(seg["table"], t.id))
+            n = seg.num_rows
+            seg = seg.append_column("snapshot", pa.array([False] * n)).append_column(
+                "batch", pa.array([path.rsplit("/", 1)[-1].removesuffix(".parquet")] * n))
+            EventLogSink(ctx.data_dir, ctx.source).write(seg.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
+        out = {}
+        for r in read_events(ctx.data_dir, ctx.source, t).to_pylist():
+            if r["after"] is not None:
+                out[decode_key(r["key"])[0]] = decode_row(r["after"])
+        return out
+
+    def test_log_schema_follows_add_and_drop_column_and_keeps_dropped_values(self, ctx):
+        from airflow_provider_cdc.pipeline.schema_changes import read_log_schema
+
+        t = self._kv_table(ctx, 0)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES (1, 'one', 10)")
+        ctx.capture_all(d)
+        assert read_log_schema(ctx.data_dir, ctx.source, t).column_names == ("id", "v", "n")
+        int_type = self.sql_types["int"]
+        ctx.execute(f"ALTER TABLE {ctx.qt(t)} ADD COLUMN {ctx.q('x')} {int_type}")
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('x')}) VALUES (2, 'two', 7)")
+        ctx.execute(f"ALTER TABLE {ctx.qt(t)} DROP COLUMN {ctx.q('v')}")
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('x')}) VALUES (3, 8)")
+        ctx.capture_all(d)
+        schema = read_log_schema(ctx.data_dir, ctx.source, t)
+        assert schema.column_names == ("id", "v", "n", "x") and schema.primary_key == ("id",)
+        assert schema.column("v").nullable
+        typed = self._event_log_afters(ctx, t)
+        assert typed == {1: {"id": 1, "v": "one", "n": 10}, 2: {"id": 2, "v": "two", "x": 7}, 3: {"id": 3, "x": 8}}
 
     # --- keyset chunking, composite keys, planning ------------------------------------
     def test_composite_key_chunks_cover_the_table_once(self, ctx):

@@ -26,7 +26,7 @@ from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, enc
 from airflow_provider_cdc.core.window import mirror_apply, mirror_rows
 from airflow_provider_cdc.sinks.arrow_types import decode_column, mirror_schema, rows_to_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
-from airflow_provider_cdc.sinks.event_log import EventLogSink
+from airflow_provider_cdc.sinks.event_log import EventLogSink, canonical_images, file_schema, read_events
 from airflow_provider_cdc.sinks.mirror_delta import (
     MirrorDeltaSink,
     compact,
@@ -35,7 +35,7 @@ from airflow_provider_cdc.sinks.mirror_delta import (
     read_mirror_raw,
 )
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
-from airflow_provider_cdc.storage.layout import events_dir, mirror_dir, schema_path
+from airflow_provider_cdc.storage.layout import events_dir, log_schema_path, mirror_dir, schema_path
 
 SOURCE = "s"
 T = TableName("public", "typed")
@@ -163,6 +163,7 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
          ev(9, "r", 5, typed_row(5), batch="r-9-hw", snapshot=True, wm="hw")],
         schema=EVENT_SCHEMA,
     )
+    stage_schema(str(tmp_path), TYPED)
     sink = EventLogSink(str(tmp_path), SOURCE, database="shop")
     sink.write(events)
     base = Path(events_dir(str(tmp_path), SOURCE))
@@ -173,13 +174,63 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
     assert [r["source"]["position"] for r in rows] == [Position(1).encode(), Position(3).encode()]  # position order
     assert rows[0]["source"] == {"db": "shop", "schema": "public", "table": "typed", "position": Position(1).encode(),
                                  "snapshot": False, "watermark": None}
-    assert json.loads(rows[1]["after"]) == typed_row(1) and rows[1]["op"] == "u"
+    assert rows[1]["op"] == "u" and rows[1]["before"] is None
+    typed = pq.read_table(base / files[0])
+    # before/after: structs of the table's typed columns (the mirror's types), the schema in the file
+    assert typed.schema.field("after").type == pa.struct(list(mirror_schema(TYPED))[: len(TYPED.columns)])
+    assert file_schema(typed) == (TYPED, [])
+    assert rows[1]["after"]["tstz"] == datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+    assert canonical_images(typed, "after")[1] == typed_row(1)  # every type round-trips without loss
+    # a table with neither a log nor a staged schema: text columns named by its rows
+    orders = pq.read_table(base / files[2])
+    assert orders.schema.field("after").type == pa.struct([("k", pa.string())])
     snap = first["table=public.typed/r-9-hw.parquet"][0]
     assert snap["source"]["snapshot"] is True and snap["source"]["watermark"] == "hw"
     sink.write(events)  # a retried task: same files, same contents, nothing added
     assert sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet")) == files
     assert {f: pq.read_table(base / f).to_pylist() for f in files} == first
     assert not list(base.rglob("*.tmp"))
+
+
+def test_event_log_types_events_with_the_log_schema_and_keeps_what_a_type_cannot_hold(tmp_path):
+    """Capture's log schema wins over the staged one (it follows ADD/DROP COLUMN and type
+    changes the mirror cannot); a value its column's type cannot hold (an event from before
+    the column changed type) is kept as text in that file, in both images; a key-only
+    before-image reads as its key."""
+    data = str(tmp_path)
+    staged = TableSchema(T, (Column("id", "int64"), Column("n", "int32")), ("id",))
+    logged = TableSchema(T, (Column("id", "int64"), Column("n", "int32"), Column("gone", "string"),
+                             Column("added", "date")), ("id",))
+    stage_schema(data, staged)
+    Path(log_schema_path(data, SOURCE, T)).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_schema_path(data, SOURCE, T)).write_text(logged.to_json())
+
+    def event(pos, op, before, after, batch):
+        return ev(pos, op, 1, after, batch=batch) | {"before": None if before is None else encode_row(before)}
+
+    sink = EventLogSink(data, SOURCE)
+    sink.write(pa.Table.from_pylist([
+        event(1, "c", None, {"id": 1, "n": 5, "gone": "x"}, "c-1"),
+        event(2, "u", {"id": 1}, {"id": 1, "n": 6, "added": "2024-01-02"}, "c-1"),
+    ], schema=EVENT_SCHEMA))
+    t = pq.read_table(Path(events_dir(data, SOURCE)) / f"table={T.path_segment}" / "c-1.parquet")
+    assert t.schema.field("after").type == pa.struct([("id", pa.int64()), ("n", pa.int32()), ("gone", pa.string()),
+                                                     ("added", pa.date32())])
+    assert file_schema(t) == (logged, [])
+    assert t["after"].to_pylist()[1] == {"id": 1, "n": 6, "gone": None, "added": date(2024, 1, 2)}
+    assert canonical_images(t, "before") == [None, {"id": 1}]  # the key-only before-image of REPLICA IDENTITY DEFAULT
+
+    sink.write(pa.Table.from_pylist([  # n became text at the source; these events straddle the change
+        event(3, "u", {"id": 1, "n": 6}, {"id": 1, "n": "six"}, "c-3"),
+        event(4, "u", {"id": 1, "n": "six"}, {"id": 1, "n": "7"}, "c-3"),
+    ], schema=EVENT_SCHEMA))
+    t = pq.read_table(Path(events_dir(data, SOURCE)) / f"table={T.path_segment}" / "c-3.parquet")
+    assert t.schema.field("before").type.field("n").type == pa.string() == t.schema.field("after").type.field("n").type
+    assert file_schema(t) == (logged, ["n"])
+    assert [r["n"] for r in canonical_images(t, "before")] == ["6", "six"]
+    assert [r["n"] for r in canonical_images(t, "after")] == ["six", "7"]
+    ev_table = read_events(data, SOURCE, T)
+    assert ev_table.num_rows == 4 and sorted(ev_table["file"].to_pylist()) == ["c-1.parquet"] * 2 + ["c-3.parquet"] * 2
 
 
 # --- Delta mirror ----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from airflow_provider_cdc.core.schema import (
     encode_key,
     encode_path_segment,
     encode_row,
+    follow_log_schema,
     validate_logical_type,
 )
 
@@ -161,3 +162,20 @@ def test_progress_variable_keys_are_url_safe_and_distinct():
     k = variable_key("src", "public.a'b %s; é/x?#")
     assert re.match(r"^[A-Za-z0-9._~-]+$", k), k
     assert k != variable_key("src", "public.a'b %s; é/x?")
+
+
+def test_the_log_schema_keeps_every_column_ever_seen_with_its_newest_type():
+    t = TableName("s", "t")
+    v1 = TableSchema(t, (Column("id", "int64"), Column("n", "int32", "integer", False), Column("gone", "string")), ("id",))
+    assert follow_log_schema(None, v1) == v1
+    # DROP gone, ALTER n TYPE text, ADD added: the dropped column stays (nullable), n takes its new type
+    v2 = TableSchema(t, (Column("id", "int64"), Column("added", "date"), Column("n", "string", "text")), ("id",),
+                     {"replica_identity": "full"})
+    out = follow_log_schema(v1, v2)
+    assert out.columns == (Column("id", "int64"), Column("n", "string", "text"), Column("gone", "string", "", True),
+                           Column("added", "date"))
+    assert out.primary_key == ("id",) and out.extra == {"replica_identity": "full"}
+    assert follow_log_schema(out, v2) == out  # nothing new: unchanged (capture writes nothing)
+    # a new primary key is taken as it is (the event log keys events by the current key)
+    v3 = TableSchema(t, (Column("id", "int64"), Column("added", "date")), ("id", "added"))
+    assert follow_log_schema(out, v3).primary_key == ("id", "added")
