@@ -3,6 +3,8 @@
     airflow cdc status [--source NAME] [--json]
     airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
                        [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
+    airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
+                       [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -57,6 +59,20 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--snapshot-dag", default=None,
                    help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
                         "cdc_snapshot__<source>)")
+    x = sub.add_parser("export-debezium", help="write a table's event log as Debezium JSON records (JSON lines of "
+                                               "key and value documents, JsonConverter with schemas)")
+    x.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
+    x.add_argument("--out", required=True, help="where to write the JSON lines (a path or a URI of the storage layer)")
+    x.add_argument("--topic-prefix", default=None, help="Debezium's topic.prefix: source.name and the schema names' "
+                                                        "first part (default: the source name)")
+    x.add_argument("--source", help="source name of the output folders (default $CDC_SOURCE or the connection id); "
+                                    "a source of the sources config brings its data location and storage")
+    x.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
+    x.add_argument("--connector", choices=["postgresql", "mysql", "mariadb"], default=None,
+                   help="the Debezium connector to imitate (default: the database the events came from)")
+    x.add_argument("--no-tombstones", action="store_true", help="no null-value record after each delete "
+                                                                "(Debezium's tombstones.on.delete=false)")
+    x.add_argument("--truncates", action="store_true", help="also TRUNCATE records (Debezium skips them by default)")
     return p
 
 
@@ -260,6 +276,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
+def cmd_export_debezium(args: argparse.Namespace) -> int:
+    from . import settings
+    from .sinks.debezium import DebeziumOptions, export_table
+
+    now = settings.load()
+    entry = _config_source(args.source, now) if args.source else None
+    if entry is not None:
+        now = entry.settings
+        if now.storage_conn_id:
+            from .hooks.cdc_storage import apply_storage_connection
+
+            apply_storage_connection(now.storage_conn_id)
+    source = args.source or now.explicit_source or now.conn_id
+    data_dir = args.data_dir or now.data_dir
+    table = TableName.parse(args.table)
+    opts = DebeziumOptions(args.topic_prefix or source, connector=args.connector, tombstones=not args.no_tombstones,
+                           truncates=args.truncates)
+    n = export_table(data_dir, source, table, args.out, opts)
+    print(f"{table.id}: {n} Debezium records -> {args.out}")
+    return EXIT_OK
+
+
 def _config_source(name: str, now):
     """Source ``name`` of the sources config (sources_config.py: CDC_SOURCES_FILE, or
     cdc_sources.yaml in Airflow's DAG folder), or None."""
@@ -305,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-COMMANDS = {"status": cmd_status, "verify": cmd_verify}
+COMMANDS = {"status": cmd_status, "verify": cmd_verify, "export-debezium": cmd_export_debezium}
 
 
 def run(argv: list[str] | None = None) -> int:

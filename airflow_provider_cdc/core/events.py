@@ -26,7 +26,9 @@ class ChangeEvent:
 
     ``key`` is the canonical key (:func:`core.schema.encode_key`; None for ``t``, a TRUNCATE
     of the whole table); ``before``/``after`` map column -> canonical value. ``watermark``
-    is the high-watermark id for ``r`` events.
+    is the high-watermark id for ``r`` events. ``origin`` is where the source logged it, as
+    far as its log says (:data:`ORIGIN_FIELDS`; None for snapshot rows): what Debezium's
+    ``source`` block carries beyond the position.
     """
 
     table: str
@@ -38,6 +40,14 @@ class ChangeEvent:
     ts_ms: int = 0
     snapshot: bool = False
     watermark: str | None = None
+    origin: tuple | None = None
+
+
+#: the fields of ChangeEvent.origin: the transaction (PostgreSQL xid, MariaDB/MySQL GTID), the
+#: change's own WAL position and the commit before its transaction (PostgreSQL), the server id,
+#: the thread that ran the transaction and the binlog file name (MariaDB/MySQL); None where the
+#: source's log does not say
+ORIGIN_FIELDS = ("tx", "lsn", "last_commit_lsn", "server_id", "thread", "file")
 
 
 @dataclass(frozen=True, slots=True)

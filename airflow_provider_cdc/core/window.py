@@ -125,7 +125,7 @@ def read_events(
     for f in schema:
         if f.name in const:
             cols.append(pa.repeat(const[f.name].cast(f.type), n))
-        elif f.name == "before":
+        elif f.name == "before" or f.name not in survivors.column_names:  # no before-image, no origin
             cols.append(pa.nulls(n, f.type))
         else:
             cols.append(survivors[f.name].cast(f.type))

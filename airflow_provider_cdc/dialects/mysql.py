@@ -1066,6 +1066,7 @@ class MySqlDialect(Dialect):
         skipped: set[str] = set()
         in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
         group_gtid = committed_gtid = None  # GTID of the last whole group (for the record)
+        thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
         try:
             for ev in stream:
                 if isinstance(ev, RotateEvent):
@@ -1082,17 +1083,19 @@ class MySqlDialect(Dialect):
                 ends_group = False
                 if isinstance(ev, MariadbGtidEvent):
                     # a MariaDB group starts here; FL_STANDALONE (1): one statement, no BEGIN
-                    pending, in_txn, group_gtid = [], not (ev.flags & 1), ev.gtid
+                    pending, in_txn, group_gtid, thread = [], not (ev.flags & 1), ev.gtid, None
                 elif isinstance(ev, GtidEvent):
-                    pending, in_txn, group_gtid = [], False, ev.gtid  # MySQL: BEGIN follows unless DDL
+                    pending, in_txn, group_gtid, thread = [], False, ev.gtid, None  # MySQL: BEGIN follows unless DDL
                 elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
-                    pending.extend(self._row_events(ev, current_file, wm, skipped))
+                    origin = (group_gtid, None, None, ev.packet.server_id, thread, current_file)
+                    pending.extend(self._row_events(ev, current_file, wm, skipped, origin))
                 elif isinstance(ev, XidEvent):
                     ends_group = True  # InnoDB commit
                 elif isinstance(ev, QueryEvent):
                     text = _query_text(ev.query).strip().upper()
                     if text == "BEGIN" or text.startswith("XA START"):
                         in_txn = True
+                        thread = ev.slave_proxy_id  # the connection that ran the transaction
                     elif text in ("COMMIT", "ROLLBACK"):
                         ends_group = True  # end of a group with non-transactional changes
                     elif not in_txn:
@@ -1101,7 +1104,8 @@ class MySqlDialect(Dialect):
                         ends_group = True
                         self._binlog_converters.clear()  # DDL may change a table's columns
                         if text.startswith("TRUNCATE"):
-                            pending.extend(self._truncate(ev, current_file))
+                            origin = (group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, current_file)
+                            pending.extend(self._truncate(ev, current_file, origin))
                 if ends_group:
                     out.extend(pending)
                     total += len(pending)
@@ -1153,7 +1157,7 @@ class MySqlDialect(Dialect):
         hit = self._binlog_converters[key] = (convs, pk_cols)
         return hit
 
-    def _truncate(self, ev: Any, file: str) -> list[LogEvent]:
+    def _truncate(self, ev: Any, file: str, origin: tuple | None = None) -> list[LogEvent]:
         """A TRUNCATE statement (row-less in the binlog): a ``t`` event for its table when
         captured (on_truncate="event"); "fail" raises, "skip" warns."""
         sql = _query_text(ev.query)
@@ -1179,9 +1183,10 @@ class MySqlDialect(Dialect):
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
         return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position.binlog(file, start_pos, 0), None, None,
-                            int(ev.timestamp) * 1000)]
+                            int(ev.timestamp) * 1000, origin=origin)]
 
-    def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str]) -> list[LogEvent]:
+    def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str],
+                    origin: tuple | None = None) -> list[LogEvent]:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
@@ -1238,7 +1243,8 @@ class MySqlDialect(Dialect):
                 keyrow = after if after is not None else before
                 pos = Position(file_index, start_pos, len(events))
                 events.append(
-                    ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms)
+                    ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms,
+                                origin=origin)
                 )
         return events
 

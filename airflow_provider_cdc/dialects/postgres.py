@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import re
 import select
@@ -640,6 +641,7 @@ class PostgresDialect(Dialect):
                     "table out of CDC"
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
+        enums = self._enum_labels({c[0]: c[1] for c in cols})
         pk = self._primary_key(relid)
         if not pk:
             raise SourceError(
@@ -649,7 +651,34 @@ class PostgresDialect(Dialect):
                 "NOT NULL column or a new identity column; or leave the table out of CDC"
             )
         self._ensure_published(table)
-        return TableSchema(table, tuple(columns), pk, {"replica_identity": _IDENT.get(ident, ident)})
+        extra = {"replica_identity": _IDENT.get(ident, ident)}
+        if enums:
+            extra["enum_labels"] = json.dumps(enums, ensure_ascii=False, sort_keys=True)
+        return TableSchema(table, tuple(columns), pk, extra)
+
+    def _enum_labels(self, oids: dict[str, int]) -> dict[str, list[str]]:
+        """column -> its enum's labels in sort order, for columns of an enum type, a domain over
+        one, or an array of either (Debezium's ``allowed``)."""
+        enum_of: dict[str, int] = {}
+        for name, oid in oids.items():
+            t = self._type(oid)
+            for _ in range(8):  # domains over domains, arrays of domains: a few steps at most
+                if t.typtype == "d":
+                    t = self._type(t.basetype)
+                elif t.category == "A" and t.elem:
+                    t = self._type(t.elem)
+                else:
+                    break
+            if t.typtype == "e":
+                enum_of[name] = t.oid
+        if not enum_of:
+            return {}
+        rows = self._query("SELECT enumtypid, enumlabel FROM pg_enum WHERE enumtypid = ANY(%s::oid[]) "
+                           "ORDER BY enumtypid, enumsortorder", (sorted(set(enum_of.values())),))
+        labels: dict[int, list[str]] = {}
+        for oid, label in rows:
+            labels.setdefault(oid, []).append(label)
+        return {name: labels.get(oid, []) for name, oid in enum_of.items()}
 
     def _ensure_published(self, table: TableName) -> None:
         """A table snapshotted while its changes are not published would lose the changes
@@ -1166,6 +1195,7 @@ class PostgresDialect(Dialect):
         seg_max = segment_max_events if on_segment is not None and segment_max_events else None
         in_txn = False
         commit_lsn = ts_ms = 0
+        xid, last_commit = None, None  # the transaction's id; the commit before it (if this read saw it)
         end = start
         last_activity = last_request = time.monotonic()
         last_wal_end, nudged = -1, False
@@ -1199,6 +1229,7 @@ class PostgresDialect(Dialect):
                                 None,
                                 after,
                                 ts_ms,
+                                origin=(xid, msg.data_start, last_commit, None, None, None),
                             )
                         )
                     else:
@@ -1207,14 +1238,16 @@ class PostgresDialect(Dialect):
                     m = parse(payload)
                     info = rels[m.relid]
                     if info.kind == "table":
-                        self._row_events(info, m, pos, txn, ts_ms)
+                        self._row_events(info, m, pos, txn, ts_ms, (xid, msg.data_start, last_commit, None, None, None))
                     else:
                         self._other_change(info, m, pos, txn, ts_ms, warned)
                 elif kind == 66:  # Begin
                     m = parse(payload)
                     in_txn, commit_lsn, ts_ms, txn = True, m.commit_lsn, m.ts_ms, []
+                    xid = str(m.xid)
                 elif kind == 67:  # Commit
                     m = parse(payload)
+                    last_commit = m.commit_lsn  # Debezium's lastCommitLsn for the next transaction
                     in_txn = False
                     events.extend(txn)
                     total += len(txn)
@@ -1230,7 +1263,7 @@ class PostgresDialect(Dialect):
                     if isinstance(m, pgoutput.Relation):
                         rels[m.relid] = self._relinfo(m)
                     elif isinstance(m, pgoutput.Truncate):
-                        self._truncate(m, rels, pos, txn, ts_ms)
+                        self._truncate(m, rels, pos, txn, ts_ms, (xid, msg.data_start, last_commit, None, None, None))
                 last_activity = time.monotonic()
                 continue
             wal_end = cur.wal_end
@@ -1270,7 +1303,8 @@ class PostgresDialect(Dialect):
             warned.add(info.table)
             log.warning("capture skips changes of %s: %s", info.table, info.problem)
 
-    def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int) -> None:
+    def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int,
+                    origin: tuple | None = None) -> None:
         tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
 
         conversions = info.conversions
@@ -1297,6 +1331,7 @@ class PostgresDialect(Dialect):
                     None,
                     after,
                     ts_ms,
+                    origin=origin,
                 )
             )
             return
@@ -1314,6 +1349,7 @@ class PostgresDialect(Dialect):
                     before,
                     None,
                     ts_ms,
+                    origin=origin,
                 )
             )
             return
@@ -1344,12 +1380,13 @@ class PostgresDialect(Dialect):
         k_new = encode_key([after[names[i]] for i in key_idx])
         if old_key != new_key:
             k_old = encode_key([before[names[i]] for i in key_idx])
-            txn.append(ChangeEvent(tid, Op.DELETE.value, k_old, pos(), before, None, ts_ms))
-            txn.append(ChangeEvent(tid, Op.CREATE.value, k_new, pos(), None, after, ts_ms))
+            txn.append(ChangeEvent(tid, Op.DELETE.value, k_old, pos(), before, None, ts_ms, origin=origin))
+            txn.append(ChangeEvent(tid, Op.CREATE.value, k_new, pos(), None, after, ts_ms, origin=origin))
         else:
-            txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms))
+            txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms, origin=origin))
 
-    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int) -> None:
+    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int,
+                  origin: tuple | None = None) -> None:
         """One Truncate message may name several tables (TRUNCATE a, b; CASCADE): a ``t``
         event for each captured one, at its place in the transaction."""
         hit = [rels[r].table for r in m.relids if r in rels and rels[r].kind in ("table", "error")]
@@ -1358,7 +1395,7 @@ class PostgresDialect(Dialect):
         if self.on_truncate == "event":
             for table in hit:
                 log.info("capture: TRUNCATE of %s staged as a 't' event", table)
-                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms))
+                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin))
             return
         if self.on_truncate == "skip":
             log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)

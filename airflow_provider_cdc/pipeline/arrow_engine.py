@@ -56,8 +56,17 @@ EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
 
 # --- reading staged files ----------------------------------------------------------------------
 def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
+    """``columns`` of a staged file; a staged-changelog column the file predates (``origin``,
+    added later) reads null."""
     fs, p = storage.filesystem(path)
-    return pq.read_table(p, filesystem=fs, columns=list(columns))
+    with fs.open_input_file(p) as fh:
+        f = pq.ParquetFile(fh)
+        have = set(f.schema_arrow.names)
+        t = f.read(columns=[c for c in columns if c in have])
+    for c in columns:
+        if c not in have and c in CHANGELOG_SCHEMA.names:
+            t = t.append_column(CHANGELOG_SCHEMA.field(c), pa.nulls(t.num_rows, CHANGELOG_SCHEMA.field(c).type))
+    return t.select(list(columns))
 
 
 def segment_table(path: str, *, lower: str = "", after: Position | None = None, upto: Position | None = None,

@@ -8,7 +8,8 @@ Each file is written to a temporary name and renamed: readers never see half a f
 Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
 mirror's types, sinks/arrow_types.py; null where the event has no such image, and a column
 the event did not carry reads null); ``source`` struct ``{db, schema, table, position,
-snapshot, watermark}``; ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
+snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file}`` (the last six:
+where the source logged the change, null for snapshot rows); ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
 de-duplicate by (table, key, position) without reading rows.
 
 Which columns: the table's log schema (capture follows it for every table it stages events
@@ -46,6 +47,13 @@ SOURCE_TYPE = pa.struct(
         ("position", pa.string()),
         ("snapshot", pa.bool_()),
         ("watermark", pa.string()),
+        # where the source logged the change (staging's origin, core/events.py ORIGIN_FIELDS)
+        ("tx", pa.string()),
+        ("lsn", pa.int64()),
+        ("last_commit_lsn", pa.int64()),
+        ("server_id", pa.int64()),
+        ("thread", pa.int64()),
+        ("file", pa.string()),
     ]
 )
 #: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
@@ -68,6 +76,17 @@ def inferred_schema(table: TableName, events: pa.Table) -> TableSchema:
     cols = tuple(Column(n, "string") for n in names) or tuple(Column(k, "string") for k in key_cols) or (Column("key0", "string"),)
     pk = tuple(c.name for c in cols[: max(1, len(key_cols))])
     return TableSchema(table, cols, pk)
+
+
+def _origin_fields(events: pa.Table) -> list[pa.Array]:
+    from ..storage.staged import ORIGIN_TYPE
+
+    n = events.num_rows
+    if "origin" not in events.column_names:
+        return [pa.nulls(n, f.type) for f in ORIGIN_TYPE]
+    origin = events["origin"].combine_chunks() if n else pa.nulls(0, ORIGIN_TYPE)
+    # a null origin (snapshot rows) reads null in every field
+    return [pc.if_else(origin.is_valid(), origin.field(f.name), pa.scalar(None, f.type)) for f in ORIGIN_TYPE]
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
@@ -112,6 +131,7 @@ class EventLogSink(Sink):
                 events["position"].combine_chunks(),
                 events["snapshot"].combine_chunks(),
                 events["watermark"].combine_chunks(),
+                *_origin_fields(events),
             ],
             fields=list(SOURCE_TYPE),
         )
@@ -147,10 +167,11 @@ def file_schema(t: pa.Table) -> tuple[TableSchema | None, list[str]]:
     return TableSchema.from_json(meta[SCHEMA_META].decode()), json.loads(meta.get(TEXT_COLUMNS_META, b"[]"))
 
 
-def canonical_images(t: pa.Table, column: str) -> list[dict | None]:
+def canonical_images(t: pa.Table, column: str, *, keep_nulls: bool = False) -> list[dict | None]:
     """``before`` or ``after`` of an event log file as canonical rows (core/schema.py), a
-    column that is null left out: the typed struct cannot tell a column the event did not
-    carry (added later, a key-only before-image) from a null, so neither is claimed."""
+    column that is null left out (unless ``keep_nulls``): the typed struct cannot tell a
+    column the event did not carry (added later, a key-only before-image) from a null, so
+    neither is claimed."""
     from .arrow_types import arrow_canonical
 
     schema, text = file_schema(t)
@@ -159,6 +180,8 @@ def canonical_images(t: pa.Table, column: str) -> list[dict | None]:
     names = [f.name for f in images.type]
     cols = [arrow_canonical(images.field(i), logical.get(n, "string")) for i, n in enumerate(names)]
     valid = images.is_valid().to_pylist()
+    if keep_nulls:
+        return [{n: col[i] for n, col in zip(names, cols, strict=True)} if valid[i] else None for i in range(len(images))]
     return [
         {n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
         for i in range(len(images))

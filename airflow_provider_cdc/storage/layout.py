@@ -10,6 +10,8 @@ Staged changelog segment (Parquet, rows ordered by position)::
     key: string (canonical key JSON; null for w)
     before, after: string (canonical row JSON; null where absent)
     ts_ms: int64 (commit time)   watermark: string (the value written; only for w)
+    origin: struct (ChangeEvent.origin: tx, lsn, last_commit_lsn, server_id, thread, file; null
+            for w and for files staged before it existed)
 
 Segments may overlap only after a capture crashed between writing and committing;
 readers de-duplicate by (table, key, position), and the next capture removes the orphan.
@@ -42,7 +44,7 @@ import re
 from ..core.position import Position
 from ..core.schema import TableName
 
-CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark")
+CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark", "origin")
 CHUNK_COLUMNS = ("key", "after")
 
 

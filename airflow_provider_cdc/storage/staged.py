@@ -13,11 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..core.events import WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
+from ..core.events import ORIGIN_FIELDS, WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from ..core.position import Position
 from ..core.schema import decode_row, encode_row
 from .layout import parse_segment_name
 
+#: ChangeEvent.origin as staged (core/events.py ORIGIN_FIELDS)
+ORIGIN_TYPE = pa.struct([("tx", pa.string()), ("lsn", pa.int64()), ("last_commit_lsn", pa.int64()),
+                         ("server_id", pa.int64()), ("thread", pa.int64()), ("file", pa.string())])
+assert tuple(f.name for f in ORIGIN_TYPE) == ORIGIN_FIELDS
 CHANGELOG_SCHEMA = pa.schema(
     [
         ("position", pa.string()),
@@ -28,6 +32,7 @@ CHANGELOG_SCHEMA = pa.schema(
         ("after", pa.string()),
         ("ts_ms", pa.int64()),
         ("watermark", pa.string()),
+        ("origin", ORIGIN_TYPE),
     ]
 )
 CHUNK_SCHEMA = pa.schema([("key", pa.string()), ("after", pa.string())])
@@ -76,13 +81,17 @@ def string_array(values: Sequence[str | None]) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data), validity, nulls)
 
 
-def int64_array(values: Sequence[int]) -> pa.Array:
-    """Python ints (no nulls) -> an Arrow int64 array, without pa.array (see string_array)."""
-    try:
-        buf = np.array(values, dtype=np.int64)
-    except TypeError:  # a None slipped in: the generic (pandas-importing) path handles it
-        return pa.array(values, pa.int64())
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(buf)])
+def int64_array(values: Sequence[int | None]) -> pa.Array:
+    """Python ints (None = null) -> an Arrow int64 array, without pa.array (see string_array)."""
+    n = len(values)
+    validity, nulls = None, 0
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+        nulls = n - int(valid.sum())
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        values = [0 if v is None else v for v in values]
+    buf = np.array(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), n, [validity, pa.py_buffer(buf)], nulls)
 
 
 def atomic_write_table(table: pa.Table, path: str, **kwargs) -> None:
@@ -107,6 +116,7 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Tabl
     afters: list = []
     ts: list = []
     wms: list = []
+    origins: list = []
     for ev in events:
         pos.append(ev.position.encode())
         ts.append(ev.ts_ms)
@@ -117,6 +127,7 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Tabl
             befores.append(None)
             afters.append(None)
             wms.append(ev.id)
+            origins.append(None)
         else:
             tbl.append(ev.table)
             ops.append(ev.op)
@@ -124,9 +135,32 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Tabl
             befores.append(None if ev.before is None else encode_row(ev.before))
             afters.append(None if ev.after is None else encode_row(ev.after))
             wms.append(ev.watermark)
+            origins.append(ev.origin)
     arrays = [string_array(c) for c in (pos, tbl, ops, keys, befores, afters)]
-    arrays += [int64_array(ts), string_array(wms)]
+    arrays += [int64_array(ts), string_array(wms), origin_array(origins)]
     return pa.Table.from_arrays(arrays, schema=CHANGELOG_SCHEMA)
+
+
+def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
+    """ChangeEvent.origin tuples (None = unknown) -> the staged ``origin`` struct column, one
+    child array per field (built from columns, see :func:`string_array`)."""
+    n = len(origins)
+    if all(o is None for o in origins):
+        return pa.nulls(n, ORIGIN_TYPE)
+    cols = list(zip(*((o if o is not None else (None,) * len(ORIGIN_FIELDS)) for o in origins), strict=True))
+    children = []
+    for f, col in zip(ORIGIN_TYPE, cols, strict=True):
+        if all(v is None for v in col):
+            children.append(pa.nulls(n, f.type))
+        elif pa.types.is_string(f.type):
+            children.append(string_array([None if v is None else str(v) for v in col]))
+        else:
+            children.append(int64_array(col))
+    mask = None
+    if None in origins:
+        missing = np.fromiter((o is None for o in origins), dtype=np.bool_, count=n)
+        mask = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(missing, bitorder="little"))])
+    return pa.StructArray.from_arrays(children, fields=list(ORIGIN_TYPE), mask=mask)
 
 
 def write_segment(events: list[LogEvent], directory: str, watermark_table: str) -> str:
@@ -170,8 +204,10 @@ def read_log_events(
             if rec["op"] == WATERMARK_OP:
                 yield WatermarkEvent(rec["watermark"], pos, rec["ts_ms"])
             else:
+                origin = rec.get("origin")
                 yield ChangeEvent(
-                    rec["table"], rec["op"], rec["key"], pos, decode_row(rec["before"]), decode_row(rec["after"]), rec["ts_ms"]
+                    rec["table"], rec["op"], rec["key"], pos, decode_row(rec["before"]), decode_row(rec["after"]),
+                    rec["ts_ms"], origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
                 )
 
 

@@ -564,19 +564,11 @@ class DialectSuite(ABC):
     @staticmethod
     def _event_log_afters(ctx: Ctx, t: TableName) -> dict:
         """The table's staged events written by the event log sink, read back: id -> canonical after."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
+        from airflow_provider_cdc.sinks.event_log import read_events
 
-        from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
-        from airflow_provider_cdc.sinks.event_log import EventLogSink, read_events
+        from .event_log_helpers import write_event_log
 
-        for _, _, path in list_segments(changelog_dir(ctx.data_dir, ctx.source)):
-            seg = pq.read_table(path)
-            seg = seg.filter(pc.equal(seg["table"], t.id))
-            n = seg.num_rows
-            seg = seg.append_column("snapshot", pa.array([False] * n)).append_column(
-                "batch", pa.array([path.rsplit("/", 1)[-1].removesuffix(".parquet")] * n))
-            EventLogSink(ctx.data_dir, ctx.source).write(seg.select(EVENT_SCHEMA.names).cast(EVENT_SCHEMA))
+        write_event_log(ctx.data_dir, ctx.source, t)
         out = {}
         for r in read_events(ctx.data_dir, ctx.source, t).to_pylist():
             if r["after"] is not None:

@@ -89,7 +89,11 @@ class Stage:
         return Position(self.pos, 0, self.pos % 3)
 
     def change(self, table: TableName, op: str, key: list, after: dict | None) -> None:
-        self.log.append(ChangeEvent(table.id, op, encode_key(key), self._next(), None, after, ts_ms=self.pos))
+        pos = self._next()
+        # where the source logged it (core/events.py ORIGIN_FIELDS), some fields unknown: carried as staged
+        origin = (f"tx{self.pos // 20}", self.pos * 10, None if self.pos % 2 else self.pos - 1, 1,
+                  7 if self.pos % 2 else None, "bin.000001")
+        self.log.append(ChangeEvent(table.id, op, encode_key(key), pos, None, after, ts_ms=self.pos, origin=origin))
 
     def watermark(self, wid: str, position: Position | None = None) -> None:
         self.log.append(WatermarkEvent(wid, position or self._next(), ts_ms=self.pos))

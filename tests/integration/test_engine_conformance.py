@@ -312,6 +312,10 @@ def test_the_engines_write_the_same_event_log_and_mirror(spark, tmp_path):
                        {s.table.id: read_mirror_raw(st.data_dir, SOURCE, s.table).to_pylist()
                         for s in (ITEMS_SCHEMA, OTHER_SCHEMA)})
     assert out["arrow"][0] and out["arrow"][1][ITEMS.id]
+    # the origin staged with each change reaches the event log's source block (r rows have none)
+    sources = [r["source"] for rows in out["arrow"][0].values() for r in rows]
+    assert {s["file"] for s in sources if not s["snapshot"]} == {"bin.000001"}
+    assert {s["tx"] for s in sources if s["snapshot"]} == {None} and any(s["thread"] == 7 for s in sources)
     assert out["arrow"] == out["spark"]
 
 

@@ -1,0 +1,530 @@
+"""The event log as Debezium's JSON: the records Debezium's PostgreSQL or MySQL/MariaDB
+connector would publish for the same changes, serialised by Kafka Connect's JsonConverter
+(``schemas.enable=true``), so consumers written for Debezium read the export unchanged.
+
+The format is Debezium 3.x's with its default settings (``decimal.handling.mode=precise``,
+``time.precision.mode=adaptive`` on PostgreSQL and ``adaptive_time_microseconds`` on MySQL,
+``binary.handling.mode=bytes``, ``bigint.unsigned.handling.mode=long``,
+``tombstones.on.delete=true``, ``skipped.operations=t``), as its source code builds it (the
+documentation's examples are older): the envelope (version 2) is ``before, after, source,
+transaction, op, ts_ms, ts_us, ts_ns``; schema names are ``<topic prefix>.<schema or
+database>.<table>.Value|Key|Envelope``. One record is one JSON line, ``{"key": <key document>,
+"value": <value document or null>}``: the JsonConverter's output for the Kafka record's key
+and value (a tombstone after each delete has a null value; a TRUNCATE, when not skipped, a
+null key).
+
+Where Debezium's own output depends on things the event log does not hold, the export says
+what it writes instead (README, "Debezium JSON"): ``source.txId``/``lsn``/``sequence``
+(PostgreSQL) and ``server_id``/``gtid``/``thread``/``file`` (MySQL) are what capture staged,
+else null; the top-level ``ts_*`` (Debezium's processing time) is the commit time; column
+DEFAULTs are not in the schema (Debezium adds ``"default"`` for constant defaults); snapshot
+rows are ``op: r`` with ``snapshot: "incremental"``, as Debezium's own DBLog-style incremental
+snapshot marks them.
+
+Value rules per column (:func:`field_schema`, :func:`value_converter`) take the column's source
+type (PostgreSQL ``format_type``, MySQL ``COLUMN_TYPE``) and logical type.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+
+from ..core import temporal
+from ..core.errors import ConfigurationError
+from ..core.position import Position
+from ..core.schema import Column, TableName, TableSchema
+
+#: the Debezium release whose format this is, written to ``source.version``
+DEBEZIUM_VERSION = "3.6.1.Final"
+CONNECTORS = ("postgresql", "mysql", "mariadb")
+_SNAPSHOT_ENUM = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+#: pgjdbc's ±infinity for timestamps, as Debezium emits them (microseconds)
+_PG_TS_INFINITY_US = (9223372036825200000, -9223372036832400000)
+
+
+@dataclass(frozen=True)
+class DebeziumOptions:
+    topic_prefix: str  # Debezium's topic.prefix: source.name and the first part of schema names
+    connector: str | None = None  # postgresql | mysql | mariadb (default: from the table's schema)
+    version: str = DEBEZIUM_VERSION
+    tombstones: bool = True  # a null-value record after each delete (tombstones.on.delete)
+    truncates: bool = False  # TRUNCATE records (Debezium skips them by default: skipped.operations=t)
+
+    def __post_init__(self) -> None:
+        if not self.topic_prefix or not re.fullmatch(r"[A-Za-z0-9._-]+", self.topic_prefix):
+            raise ConfigurationError(
+                f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' (Debezium's "
+                "topic.prefix)"
+            )
+        if self.connector is not None and self.connector not in CONNECTORS:
+            raise ConfigurationError(f"Debezium connector {self.connector!r}: one of {', '.join(CONNECTORS)}")
+
+
+def connector_of(schema: TableSchema, opts: DebeziumOptions) -> str:
+    if opts.connector:
+        return opts.connector
+    flavour = schema.extra.get("flavour")
+    if flavour:
+        return "mariadb" if "maria" in str(flavour).lower() else "mysql"
+    if "replica_identity" in schema.extra:
+        return "postgresql"
+    raise ConfigurationError(
+        f"table {schema.table}: the event log does not say which database it came from; give the connector "
+        "(postgresql, mysql or mariadb)"
+    )
+
+
+def _sanitise(name: str) -> str:
+    """Debezium's topic/schema name sanitising: each Java char (UTF-16 unit) outside
+    [A-Za-z0-9._-] -> '_', cut at 249."""
+    return re.sub(r"[^A-Za-z0-9._-]", lambda m: "__" if ord(m.group()) > 0xFFFF else "_", name)[:249]
+
+
+def schema_prefix(table: TableName, opts: DebeziumOptions) -> str:
+    return _sanitise(f"{opts.topic_prefix}.{table.schema}.{table.name}")
+
+
+# --- per-column schema and value ---------------------------------------------------------------
+def _node(type_: str, name: str | None = None, version: int | None = None, parameters: dict | None = None,
+          **extra: Any) -> dict:
+    out: dict[str, Any] = {"type": type_}
+    out.update(extra)
+    out["optional"] = True
+    if name:
+        out["name"] = name
+    if version is not None:
+        out["version"] = version
+    if parameters:
+        out["parameters"] = parameters
+    return out
+
+
+def _precision(source_type: str) -> int | None:
+    m = re.search(r"\((\d+)\)", source_type)
+    return int(m.group(1)) if m else None
+
+
+def _decimal_bytes(unscaled: int) -> str:
+    n = max(1, (unscaled + (unscaled < 0)).bit_length() // 8 + 1)
+    return base64.b64encode(unscaled.to_bytes(n, "big", signed=True)).decode("ascii")
+
+
+def _decimal(value: str, scale: int) -> str:
+    return _decimal_bytes(int(Decimal(value).scaleb(scale).to_integral_value()))
+
+
+def _variable_decimal(value: str) -> dict | None:
+    d = Decimal(value)
+    if not d.is_finite():
+        return None  # Debezium's precise mode fails the connector on NaN / Infinity
+    d = d.normalize()
+    scale = max(0, -d.as_tuple().exponent)
+    return {"scale": scale, "value": _decimal_bytes(int(d.scaleb(scale)))}
+
+
+def _time_micros(text: str) -> int:
+    neg = text.startswith("-")
+    h, m, s = text.lstrip("-").split(":")
+    sec, _, frac = s.partition(".")
+    us = ((int(h) * 60 + int(m)) * 60 + int(sec)) * 1_000_000 + int((frac + "000000")[:6])
+    return -us if neg else us
+
+
+def _zoned_timestamp(text: str, precision: int | None) -> str:
+    """Canonical ``...ffffffZ`` -> Debezium's ZonedTimestamp text."""
+    if text in ("infinity", "-infinity"):
+        return text
+    date_part, _, clock = text[:-1].partition("T")
+    neg = date_part.startswith("-")
+    y, mo, d = date_part.lstrip("-").split("-")
+    year = -int(y) if neg else int(y)
+    ytext = f"+{year}" if year > 9999 else (f"-{abs(year):04d}" if year < 0 else f"{year:04d}")
+    hms, _, frac = clock.partition(".")
+    frac = (frac + "000000")[:6]
+    if precision:
+        frac = (frac + "000")[: min(precision, 9)]
+    else:
+        frac = frac.rstrip("0")
+    return f"{ytext}-{mo}-{d}T{hms}" + (f".{frac}" if frac else "") + "Z"
+
+
+def _zoned_time(text: str) -> str:
+    """PostgreSQL timetz text (``11:51:30.123789+02``, ``+05:30``) -> UTC, fraction trimmed."""
+    m = re.fullmatch(r"(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?([+-])(\d{2})(?::?(\d{2}))?(?::?(\d{2}))?", text)
+    if not m:
+        return text
+    h, mi, s, frac, sign, oh, om, os_ = m.groups()
+    off = (int(oh) * 3600 + int(om or 0) * 60 + int(os_ or 0)) * (1 if sign == "+" else -1)
+    secs = (int(h) * 3600 + int(mi) * 60 + int(s) - off) % 86400
+    frac = (frac or "").rstrip("0")
+    return f"{secs // 3600:02d}:{secs // 60 % 60:02d}:{secs % 60:02d}" + (f".{frac}" if frac else "") + "Z"
+
+
+_INTERVAL_RE = re.compile(r"([+-]?\d+) (year|mon|day)s?")
+
+
+def _interval_micros(text: str) -> int:
+    """PostgreSQL interval text (IntervalStyle postgres) -> Debezium's MicroDuration (a month is
+    30.4375 days, the same double arithmetic as MicroDuration.durationMicros)."""
+    parts = {"year": 0, "mon": 0, "day": 0}
+    for n, unit in _INTERVAL_RE.findall(text):
+        parts[unit] = int(n)
+    h = mi = 0
+    sec = 0.0
+    m = re.search(r"([+-])?(\d+):(\d{2}):(\d{2}(?:\.\d+)?)", text)
+    if m:
+        sign = -1 if m.group(1) == "-" else 1
+        h, mi, sec = sign * int(m.group(2)), sign * int(m.group(3)), sign * float(m.group(4))
+    days = ((parts["year"] * 12) + parts["mon"]) * 30.4375 + parts["day"]
+    seconds = (((days * 24 + h) * 60) + mi) * 60 + sec
+    return int(seconds * 1e6)
+
+
+def _bits(value: int, length: int | None, pad: bool) -> str:
+    n = (length + 7) // 8 if pad and length else (value.bit_length() + 7) // 8
+    return base64.b64encode(value.to_bytes(n, "little")).decode("ascii")
+
+
+def _mysql_options(source_type: str) -> str:
+    """``enum('a','b''c')`` -> ``a,b'c`` (Debezium's allowed parameter)."""
+    body = source_type[source_type.index("(") + 1 : source_type.rindex(")")]
+    return ",".join(v.replace("''", "'").replace("\\\\", "\\") for v in re.findall(r"'((?:[^']|'')*)'", body))
+
+
+Conv = Callable[[Any], Any]
+
+
+def _ident(v: Any) -> Any:
+    return v
+
+
+def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, Conv] | None:
+    src = col.source_type.lower()
+    lt = col.type
+    if src.endswith("[]") or lt.startswith("array<"):
+        elem_src = src[:-2] if src.endswith("[]") else ""
+        elem_lt = lt[6:-1] if lt.startswith("array<") else "string"
+        base = elem_src.split("(")[0].strip()
+        if base in ("name", "interval", "bit varying", "varbit", "xml", "money"):
+            return None  # Debezium finds no schema for these arrays and leaves the column out
+        inner = _pg_field(Column(col.name, elem_lt, elem_src, True), enum_labels)
+        if inner is None:
+            return None
+        node, conv = inner
+        if enum_labels is not None:
+            node = node | {"optional": False}  # Debezium's enum array elements are required
+        return _node("array", items=node), lambda v: None if v is None else [None if x is None else conv(x) for x in v]
+    if enum_labels is not None and lt == "string":
+        return _node("string", "io.debezium.data.Enum", 1, {"allowed": ",".join(enum_labels)}), _ident
+    p = _precision(src)
+    if lt == "bool":
+        return _node("boolean"), _ident
+    if lt in ("int16", "int32", "int64"):
+        return _node(lt), _ident
+    if lt in ("float32", "float64"):
+        return _node("float" if lt == "float32" else "double"), _ident
+    m = re.fullmatch(r"decimal\((\d+),(\d+)\)", lt)
+    if m:
+        prec, scale = int(m.group(1)), int(m.group(2))
+        return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
+                      {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+    if lt == "decimal":
+        node = _node("struct", "io.debezium.data.VariableScaleDecimal", 1,
+                     fields=[{"type": "int32", "optional": False, "field": "scale"},
+                             {"type": "bytes", "optional": False, "field": "value"}])
+        node["doc"] = "Variable scaled decimal"
+        return node, _variable_decimal
+    if lt == "binary":
+        return _node("bytes"), _ident
+    if lt == "date":
+        return _node("int32", "io.debezium.time.Date", 1), _pg_date
+    if lt == "time":
+        if p is not None and p <= 3:
+            return _node("int32", "io.debezium.time.Time", 1), lambda v: _time_micros(v) // 1000
+        return _node("int64", "io.debezium.time.MicroTime", 1), _time_micros
+    if lt == "timestamp":
+        if p is not None and p <= 3:
+            return _node("int64", "io.debezium.time.Timestamp", 1), lambda v: _pg_ts(v, 1000)
+        return _node("int64", "io.debezium.time.MicroTimestamp", 1), lambda v: _pg_ts(v, 1)
+    if lt == "timestamptz":
+        return _node("string", "io.debezium.time.ZonedTimestamp", 1), lambda v: _zoned_timestamp(v, 6 if p is None else p)
+    if lt == "uuid":
+        return _node("string", "io.debezium.data.Uuid", 1), _ident
+    if lt == "json":
+        return _node("string", "io.debezium.data.Json", 1), _ident
+    if src.startswith("time") and "with time zone" in src:
+        return _node("string", "io.debezium.time.ZonedTime", 1), _zoned_time
+    if src.startswith("interval"):
+        return _node("int64", "io.debezium.time.MicroDuration", 1), _interval_micros
+    if src == "xml":
+        return _node("string", "io.debezium.data.Xml", 1), _ident
+    if src.startswith(("bit(", "bit varying")) or src in ("bit", "varbit"):
+        length = p if p is not None else (1 if src == "bit" else 2147483647)
+        if length == 1:
+            return _node("boolean"), lambda v: v == "1"
+        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(int(v, 2) if v else 0, None, False)
+    return _node("string"), _ident  # text, varchar, char, name, citext, inet, cidr, macaddr, enums
+
+
+def _pg_date(v: str) -> int | None:
+    if v in ("infinity", "-infinity"):
+        return None  # Debezium defines no day number for them
+    return temporal.date_to_days(v)
+
+
+def _pg_ts(v: str, unit: int) -> int:
+    if v in ("infinity", "-infinity"):
+        return _PG_TS_INFINITY_US[v.startswith("-")] // unit
+    return temporal.ts_to_micros(v) // unit
+
+
+def _zero_date(v: str) -> bool:
+    return v[5:7] == "00" or v[8:10] == "00" or v.startswith("0000-")
+
+
+def _my_date(v: str) -> int | None:
+    return None if _zero_date(v) else temporal.date_to_days(v)
+
+
+def _my_ts(v: str, unit: int) -> int | None:
+    return None if _zero_date(v) else temporal.ts_to_micros(v) // unit
+
+
+def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
+    src = col.source_type.lower()
+    lt = col.type
+    base = re.split(r"[(\s]", src, maxsplit=1)[0]
+    unsigned = "unsigned" in src
+    p = _precision(src)
+    ints = {"tinyint": ("int8", "int16"), "smallint": ("int16", "int32"), "mediumint": ("int32", "int32"),
+            "int": ("int32", "int64"), "integer": ("int32", "int64"), "bigint": ("int64", "int64")}
+    if base in ints:
+        conv = (lambda v: v - (1 << 64) if v >= 1 << 63 else v) if base == "bigint" and unsigned else _ident
+        return _node(ints[base][unsigned]), conv
+    if base == "bit":
+        length = p or 1
+        if length == 1:
+            return _node("boolean"), lambda v: bool(v)
+        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(int(v), length, True)
+    if base == "year":
+        return _node("int32", "io.debezium.time.Year", 1), _ident
+    if lt in ("float32", "float64"):
+        return _node("double" if lt == "float64" or "," in src else "float"), _ident
+    m = re.fullmatch(r"decimal\((\d+),(\d+)\)", lt)
+    if m:
+        prec, scale = int(m.group(1)), int(m.group(2))
+        return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
+                      {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+    if base == "enum":
+        return _node("string", "io.debezium.data.Enum", 1, {"allowed": _mysql_options(src)}), _ident
+    if base == "set":
+        return _node("string", "io.debezium.data.EnumSet", 1, {"allowed": _mysql_options(src)}), _ident
+    if lt == "binary":
+        return _node("bytes"), _ident
+    if lt == "json":
+        if connector == "mariadb":  # MariaDB's JSON is LONGTEXT with a CHECK: Debezium sees text
+            return _node("string"), _ident
+        return _node("string", "io.debezium.data.Json", 1), _ident
+    if lt == "date":
+        return _node("int32", "io.debezium.time.Date", 1), _my_date
+    if lt == "time":
+        return _node("int64", "io.debezium.time.MicroTime", 1), _time_micros
+    if lt == "timestamp":
+        if p is None or p <= 3:
+            return _node("int64", "io.debezium.time.Timestamp", 1), lambda v: _my_ts(v, 1000)
+        return _node("int64", "io.debezium.time.MicroTimestamp", 1), lambda v: _my_ts(v, 1)
+    if lt == "timestamptz":
+        return (_node("string", "io.debezium.time.ZonedTimestamp", 1),
+                lambda v: None if _zero_date(v) else _zoned_timestamp(v, p or 0))
+    return _node("string"), _ident
+
+
+def field_schema(col: Column, connector: str, enum_labels: list[str] | None = None) -> tuple[dict, Conv] | None:
+    """A column's JsonConverter schema node (with ``optional`` and ``field``) and the function
+    from its canonical value to Debezium's payload value; None when Debezium leaves it out."""
+    got = _pg_field(col, enum_labels) if connector == "postgresql" else _my_field(col, connector)
+    if got is None:
+        return None
+    node, conv = got
+    node = dict(node)
+    node["optional"] = bool(col.nullable)
+    node["field"] = col.name
+    return node, (lambda v: None if v is None else conv(v))
+
+
+def _reorder(node: dict) -> dict:
+    """JsonConverter's key order: type, fields/items, optional, name, version, doc, parameters, default, field."""
+    order = ("type", "fields", "items", "optional", "name", "version", "doc", "parameters", "default", "field")
+    return {k: node[k] for k in order if k in node}
+
+
+# --- envelope -----------------------------------------------------------------------------------
+def _source_schema(connector: str) -> dict:
+    def f(type_: str, name: str, optional: bool) -> dict:
+        return {"type": type_, "optional": optional, "field": name}
+
+    common = [
+        f("string", "version", False), f("string", "connector", False), f("string", "name", False),
+        f("int64", "ts_ms", False),
+        {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+         "parameters": {"allowed": _SNAPSHOT_ENUM}, "default": "false", "field": "snapshot"},
+        f("string", "db", False), f("string", "sequence", True), f("int64", "ts_us", True), f("int64", "ts_ns", True),
+    ]
+    if connector == "postgresql":
+        tail = [f("string", "schema", False), f("string", "table", False), f("int64", "txId", True),
+                f("int64", "lsn", True), f("int64", "xmin", True), f("string", "origin", True),
+                f("int64", "origin_lsn", True)]
+    else:
+        tail = [f("string", "table", True), f("int64", "server_id", False), f("string", "gtid", True),
+                f("string", "file", False), f("int64", "pos", False), f("int32", "row", False),
+                f("int64", "thread", True), f("string", "query", True)]
+    return {"type": "struct", "fields": common + tail, "optional": False,
+            "name": f"io.debezium.connector.{connector}.Source", "version": 1, "field": "source"}
+
+
+_TRANSACTION = {
+    "type": "struct",
+    "fields": [{"type": "string", "optional": False, "field": "id"},
+               {"type": "int64", "optional": False, "field": "total_order"},
+               {"type": "int64", "optional": False, "field": "data_collection_order"}],
+    "optional": True, "name": "event.block", "version": 1, "field": "transaction",
+}
+
+
+@dataclass
+class TableExport:
+    """One table's schemas and value converters, built once per schema."""
+
+    schema: TableSchema
+    opts: DebeziumOptions
+
+    def __post_init__(self) -> None:
+        self.connector = connector_of(self.schema, self.opts)
+        self.prefix = schema_prefix(self.schema.table, self.opts)
+        fields = []
+        self.columns: list[tuple[str, Conv]] = []
+        enums = json.loads(self.schema.extra.get("enum_labels") or "{}")
+        for col in self.schema.columns:
+            got = field_schema(col, self.connector, enums.get(col.name))
+            if got is not None:
+                fields.append(_reorder(got[0]))
+                self.columns.append((col.name, got[1]))
+        value = {"type": "struct", "fields": fields, "optional": True, "name": f"{self.prefix}.Value"}
+        self.envelope_schema = {
+            "type": "struct",
+            "fields": [value | {"field": "before"}, value | {"field": "after"}, _source_schema(self.connector),
+                       _TRANSACTION, {"type": "string", "optional": False, "field": "op"},
+                       {"type": "int64", "optional": True, "field": "ts_ms"},
+                       {"type": "int64", "optional": True, "field": "ts_us"},
+                       {"type": "int64", "optional": True, "field": "ts_ns"}],
+            "optional": False, "name": f"{self.prefix}.Envelope", "version": 2,
+        }
+        key_fields = [f for f in fields if f["field"] in self.schema.primary_key]
+        key_fields.sort(key=lambda f: self.schema.primary_key.index(f["field"]))
+        self.key_schema = {"type": "struct", "fields": [f | {"optional": False} for f in key_fields],
+                           "optional": False, "name": f"{self.prefix}.Key"}
+        self._key_convs = [(n, c) for n, c in self.columns if n in self.schema.primary_key]
+        self._key_convs.sort(key=lambda nc: self.schema.primary_key.index(nc[0]))
+
+    def image(self, row: dict | None) -> dict | None:
+        return None if row is None else {n: conv(row.get(n)) for n, conv in self.columns}
+
+    def key(self, key_values: list) -> dict:
+        return {"schema": self.key_schema,
+                "payload": {n: conv(v) for (n, conv), v in zip(self._key_convs, key_values, strict=True)}}
+
+    def source(self, event: dict, database: str) -> dict:
+        ts_ms = int(event["ts_ms"] or 0)
+        snapshot = "incremental" if event["op"] == "r" else "false"
+        meta = event.get("meta") or {}
+        common = {"version": self.opts.version, "connector": self.connector, "name": self.opts.topic_prefix,
+                  "ts_ms": ts_ms, "snapshot": snapshot, "db": database}
+        pos = Position.decode(event["position"])
+        t = self.schema.table
+        if self.connector == "postgresql":
+            lsn, commit, tx = meta.get("lsn"), meta.get("last_commit_lsn"), meta.get("tx")
+            seq = None if lsn is None else json.dumps([None if commit is None else str(commit), str(lsn)],
+                                                      separators=(",", ":"))
+            return common | {"sequence": seq, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": t.schema,
+                             "table": t.name, "txId": None if tx is None else int(tx), "lsn": lsn, "xmin": None,
+                             "origin": None, "origin_lsn": None}
+        streamed = snapshot == "false"
+        return common | {"sequence": None, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "table": t.name,
+                         "server_id": int(meta.get("server_id") or 0), "gtid": meta.get("tx"),
+                         "file": meta.get("file") or "", "pos": pos.minor if streamed else 0,
+                         "row": pos.index if streamed else 0, "thread": meta.get("thread"), "query": None}
+
+    def records(self, event: dict, database: str) -> list[dict]:
+        """The Kafka records (key document, value document or None) of one event."""
+        op = event["op"]
+        if op == "t" and not self.opts.truncates:
+            return []
+        ts_ms = int(event["ts_ms"] or 0)
+        value = {
+            "schema": self.envelope_schema,
+            "payload": {"before": self.image(event["before"]), "after": self.image(event["after"]),
+                        "source": self.source(event, database), "transaction": None, "op": op, "ts_ms": ts_ms,
+                        "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000},
+        }
+        key = None if op == "t" else self.key(json.loads(event["key"]))
+        out = [{"key": key, "value": value}]
+        if op == "d" and self.opts.tombstones:
+            out.append({"key": key, "value": None})
+        return out
+
+
+def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = None) -> Iterator[tuple[str, str, list]]:
+    """The records of one event-log file (sinks/event_log.py), in its order, as (position, key,
+    the event's records)."""
+    from .event_log import canonical_images, file_schema
+
+    schema, _ = file_schema(t)
+    if schema is None:
+        raise ConfigurationError("an event log file without its cdc.schema metadata (written before typed events): "
+                                 "re-run the apply or snapshot that wrote it to export it")
+    cache = exports if exports is not None else {}
+    exp = cache.get(schema.to_json())
+    if exp is None:
+        exp = cache[schema.to_json()] = TableExport(schema, opts)
+    before = canonical_images(t, "before", keep_nulls=True)
+    after = canonical_images(t, "after", keep_nulls=True)
+    src = t["source"].to_pylist()
+    for i, (op, key, ts) in enumerate(zip(t["op"].to_pylist(), t["key"].to_pylist(), t["ts_ms"].to_pylist(),
+                                          strict=True)):
+        event = {"op": op, "key": key, "ts_ms": ts, "before": before[i], "after": after[i],
+                 "position": src[i]["position"], "meta": src[i]}
+        yield src[i]["position"], key or "", exp.records(event, src[i]["db"])
+
+
+def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions) -> int:
+    """Every event of ``table`` in the event log, in (position, key) order, as Debezium JSON
+    lines at ``out`` (a location: local path or URI; written whole or not at all). One file is
+    converted at a time and the files merged by position. Returns the number of records."""
+    import heapq
+
+    from .. import storage
+    from ..storage.staged import read_table
+    from .event_log import table_dir
+
+    d = table_dir(data_dir, source, table)
+    exports: dict = {}
+
+    def one(name: str) -> Iterator[tuple[str, str, list]]:
+        yield from file_records(read_table(storage.join(d, name)), opts, exports=exports)
+
+    streams = [one(n) for n in storage.list_names(d, suffix=".parquet")]
+    n = 0
+    with storage.atomic_output(out) as (fs, tmp), fs.open_output_stream(tmp) as f:
+        for _, _, records in heapq.merge(*streams, key=lambda e: (e[0], e[1])):
+            for rec in records:
+                f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
+                n += 1
+    return n
