@@ -72,6 +72,10 @@ PG_COLUMNS = [
      {"scale": 2, "value": "BNI="}),  # trailing zeros stripped
     ("b", "boolean", "true", node("boolean", "b"), True),
     ("t", "text", "'héllo \"q\"'", node("string", "t"), 'héllo "q"'),
+    ("vc", "varchar(10)", "'abc'", node("string", "vc"), "abc"),
+    ("nm", "name", "'pg_name'", node("string", "nm"), "pg_name"),
+    ("o", "oid", "4294967295", node("int64", "o"), 4294967295),
+    ("dom", "{domain}", "7", node("int32", "dom"), 7),  # a domain: its base type
     ("ch", "char(5)", "'ab'", node("string", "ch"), "ab   "),  # PostgreSQL's blank padding kept
     ("by", "bytea", "'\\xdeadbeef'::bytea", node("bytes", "by"), "3q2+7w=="),
     ("d", "date", "'2024-01-15'", node("int32", "d", name="io.debezium.time.Date", version=1), 19737),
@@ -101,6 +105,10 @@ PG_COLUMNS = [
     ("x", "xml", "'<a>1</a>'", node("string", "x", name="io.debezium.data.Xml", version=1), "<a>1</a>"),
     ("ip", "inet", "'192.168.0.1/24'", node("string", "ip"), "192.168.0.1/24"),
     ("mac", "macaddr", "'08:00:2b:01:02:03'", node("string", "mac"), "08:00:2b:01:02:03"),
+    ("net", "cidr", "'10.0.0.0/8'", node("string", "net"), "10.0.0.0/8"),
+    ("mac8", "macaddr8", "'08:00:2b:01:02:03:04:05'", node("string", "mac8"), "08:00:2b:01:02:03:04:05"),
+    ("vb", "varbit(5)", "B'10'",
+     node("bytes", "vb", name="io.debezium.data.Bits", version=1, parameters={"length": "5"}), "Ag=="),
     ("bt", "bit(3)", "B'101'", node("bytes", "bt", name="io.debezium.data.Bits", version=1, parameters={"length": "3"}),
      "BQ=="),  # little-endian bytes of 0b101
     ("b1", "bit(1)", "B'1'", node("boolean", "b1"), True),
@@ -149,10 +157,11 @@ def pg_table(pg_uri, tmp_path):
     conn = psycopg2.connect(pg_uri)
     conn.autocommit = True
     cur = conn.cursor()
-    enum = f"mood_{u}"
+    enum, domain = f"mood_{u}", f"posint_{u}"
     cur.execute(f"CREATE TYPE {enum} AS ENUM ('happy', 'sad')")
+    cur.execute(f"CREATE DOMAIN {domain} AS integer CHECK (VALUE > 0)")
     t = TableName("public", f"dbz_{u}")
-    cols = ", ".join(f'"{c}" {ty.replace("{enum}", enum)}' for c, ty, *_ in PG_COLUMNS)
+    cols = ", ".join(f'"{c}" {ty.replace("{enum}", enum).replace("{domain}", domain)}' for c, ty, *_ in PG_COLUMNS)
     cur.execute(f'CREATE TABLE public."{t.name}" ("id" integer PRIMARY KEY, {cols})')
     d = get_dialect(ConnectionParams.from_uri(pg_uri), source=f"dbz{u}", tables=[t], watermark_table=f"wm_{u}")
     try:
@@ -163,6 +172,7 @@ def pg_table(pg_uri, tmp_path):
         d.close()
         cur.execute(f'DROP TABLE IF EXISTS public."{t.name}", cdc."wm_{u}"')
         cur.execute(f"DROP TYPE IF EXISTS {enum}")
+        cur.execute(f"DROP DOMAIN IF EXISTS {domain}")
         conn.close()
 
 
@@ -248,13 +258,18 @@ MY_COLUMNS = [
     ("c", "CHAR(3)", "'ab'", node("string", "c"), "ab"),
     ("vc", "VARCHAR(10)", "'héllo'", node("string", "vc"), "héllo"),
     ("tx", "TEXT", "'long text'", node("string", "tx"), "long text"),
+    ("mt", "MEDIUMTEXT", "'medium'", node("string", "mt"), "medium"),
+    ("bn", "BINARY(2)", "x'0102'", node("bytes", "bn"), "AQI="),
     ("bl", "BLOB", "x'00ff'", node("bytes", "bl"), "AP8="),
     ("vb", "VARBINARY(4)", "x'deadbeef'", node("bytes", "vb"), "3q2+7w=="),
     ("d", "DATE", "'2024-01-15'", node("int32", "d", name="io.debezium.time.Date", version=1), 19737),
     ("zd", "DATE", "'0000-00-00'", node("int32", "zd", name="io.debezium.time.Date", version=1), None),  # zero date
     ("tm", "TIME(6)", "'-838:59:59'", node("int64", "tm", name="io.debezium.time.MicroTime", version=1), -3020399000000),
+    ("tm0", "TIME", "'838:59:59'", node("int64", "tm0", name="io.debezium.time.MicroTime", version=1), 3020399000000),
     ("dt", "DATETIME", "'2018-06-20 06:37:03'", node("int64", "dt", name="io.debezium.time.Timestamp", version=1),
      1529476623000),
+    ("dt3", "DATETIME(3)", "'2024-01-15 10:30:00.123'",
+     node("int64", "dt3", name="io.debezium.time.Timestamp", version=1), 1705314600123),
     ("dt6", "DATETIME(6)", "'2024-01-15 10:30:00.123456'",
      node("int64", "dt6", name="io.debezium.time.MicroTimestamp", version=1), 1705314600123456),
     ("ts", "TIMESTAMP NULL", "'2018-06-20 13:37:03'",
