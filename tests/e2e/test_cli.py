@@ -73,6 +73,7 @@ def mirrored(uri, unique_name, tmp_path):
             "after": [encode_row(r) for r in rows],
             "ts_ms": [0] * n,
             "watermark": ["hw-test"] * n,
+            "origin": [None] * n,
             "snapshot": [True] * n,
             "batch": ["r-test"] * n,
         },
