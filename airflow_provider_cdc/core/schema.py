@@ -233,6 +233,16 @@ class TableSchema:
             raise ConfigurationError(f"table {self.table}: primary key column(s) {missing} not among columns {names}")
 
     @property
+    def connector(self) -> str | None:
+        """The kind of database the table is in, as Debezium names its connectors (postgresql,
+        mysql, mariadb), from what its dialect recorded; None when nothing says."""
+        if self.extra.get("connector"):
+            return str(self.extra["connector"])
+        if self.extra.get("flavour"):  # schemas staged before "connector" was recorded
+            return "mariadb" if "maria" in str(self.extra["flavour"]).lower() else "mysql"
+        return "postgresql" if "replica_identity" in self.extra else None
+
+    @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.columns)
 

@@ -705,7 +705,8 @@ class MySqlDialect(Dialect):
                 f"table {table} has no primary key; DBLog chunks and de-duplicates by primary key: add one "
                 f"(ALTER TABLE ... ADD PRIMARY KEY) or exclude the table"
             )
-        return TableSchema(table, tuple(cols), tuple(pk), {"flavour": self.flavour.name})
+        return TableSchema(table, tuple(cols), tuple(pk), {"flavour": self.flavour.name,
+                                                           "connector": "mariadb" if self.flavour.is_mariadb else "mysql"})
 
     def _json_check_columns(self, table: TableName) -> set[str]:
         """MariaDB's JSON is LONGTEXT plus a ``json_valid(`col`)`` CHECK constraint."""

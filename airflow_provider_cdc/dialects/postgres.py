@@ -651,7 +651,7 @@ class PostgresDialect(Dialect):
                 "NOT NULL column or a new identity column; or leave the table out of CDC"
             )
         self._ensure_published(table)
-        extra = {"replica_identity": _IDENT.get(ident, ident)}
+        extra = {"replica_identity": _IDENT.get(ident, ident), "connector": "postgresql"}
         if enums:
             extra["enum_labels"] = json.dumps(enums, ensure_ascii=False, sort_keys=True)
         return TableSchema(table, tuple(columns), pk, extra)

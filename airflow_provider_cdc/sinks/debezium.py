@@ -69,17 +69,13 @@ class DebeziumOptions:
 
 
 def connector_of(schema: TableSchema, opts: DebeziumOptions) -> str:
-    if opts.connector:
-        return opts.connector
-    flavour = schema.extra.get("flavour")
-    if flavour:
-        return "mariadb" if "maria" in str(flavour).lower() else "mysql"
-    if "replica_identity" in schema.extra:
-        return "postgresql"
-    raise ConfigurationError(
-        f"table {schema.table}: the event log does not say which database it came from; give the connector "
-        "(postgresql, mysql or mariadb)"
-    )
+    connector = opts.connector or schema.connector
+    if connector is None:
+        raise ConfigurationError(
+            f"table {schema.table}: the event log does not say which database it came from; give the connector "
+            "(postgresql, mysql or mariadb)"
+        )
+    return connector
 
 
 def _sanitise(name: str) -> str:

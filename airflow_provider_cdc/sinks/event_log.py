@@ -7,7 +7,7 @@ Each file is written to a temporary name and renamed: readers never see half a f
 
 Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
 mirror's types, sinks/arrow_types.py; null where the event has no such image, and a column
-the event did not carry reads null); ``source`` struct ``{db, schema, table, position,
+the event did not carry reads null); ``source`` struct ``{connector, db, schema, table, position,
 snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file}`` (the last six:
 where the source logged the change, null for snapshot rows); ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
 de-duplicate by (table, key, position) without reading rows.
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SOURCE_TYPE = pa.struct(
     [
+        ("connector", pa.string()),  # postgresql, mysql or mariadb (Debezium's names); null when unknown
         ("db", pa.string()),
         ("schema", pa.string()),
         ("table", pa.string()),
@@ -125,9 +126,10 @@ class EventLogSink(Sink):
             after, _ = json_rows_to_struct(schema, events["after"], as_text=as_text)
         src = pa.StructArray.from_arrays(
             [
-                pa.array([self.database] * n, pa.string()),
-                pa.array([table.schema] * n, pa.string()),
-                pa.array([table.name] * n, pa.string()),
+                pa.repeat(pa.scalar(schema.connector, pa.string()), n),
+                pa.repeat(pa.scalar(self.database, pa.string()), n),
+                pa.repeat(pa.scalar(table.schema, pa.string()), n),
+                pa.repeat(pa.scalar(table.name, pa.string()), n),
                 events["position"].combine_chunks(),
                 events["snapshot"].combine_chunks(),
                 events["watermark"].combine_chunks(),

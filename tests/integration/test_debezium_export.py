@@ -195,6 +195,7 @@ def test_postgres_changes_export_as_debezium_publishes_them(pg_table):
     assert write_event_log(data, d.source, t, database) == 4
     out = f"{data}/export/dbz.jsonl"
     assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
+    assert _event_log_connectors(data, d.source, t) == {"postgresql"}
     recs = _records(out)
     prefix = f"srv.public.{t.name}"
 
@@ -232,6 +233,15 @@ def test_postgres_changes_export_as_debezium_publishes_them(pg_table):
     later = updated["payload"]["source"]
     assert later["txId"] == insert_tx + 1 and int(json.loads(later["sequence"])[0]) == commits[0]
     assert created["payload"]["ts_ms"] == src["ts_ms"]  # commit time (Debezium's: its own clock)
+
+
+def _event_log_connectors(data: str, source: str, t: TableName) -> set:
+    import pyarrow.parquet as pq
+
+    from airflow_provider_cdc.sinks.event_log import table_dir
+
+    return {r["connector"] for f in Path(table_dir(data, source, t)).glob("*.parquet")
+            for r in pq.read_table(f)["source"].to_pylist()}
 
 
 def _positions(data: str, source: str, t: TableName) -> list[str]:
@@ -339,6 +349,7 @@ def test_mariadb_changes_export_as_debezium_publishes_them(my_table):
     assert write_event_log(data, d.source, t, t.schema) == 4
     out = f"{data}/export/dbz.jsonl"
     assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
+    assert _event_log_connectors(data, d.source, t) == {"mariadb"}
     recs = _records(out)
     prefix = f"srv.{t.schema}.{t.name}"
 

@@ -172,7 +172,7 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
     first = {f: pq.read_table(base / f).to_pylist() for f in files}
     rows = first["table=public.typed/c-1-3.parquet"]
     assert [r["source"]["position"] for r in rows] == [Position(1).encode(), Position(3).encode()]  # position order
-    assert rows[0]["source"] == {"db": "shop", "schema": "public", "table": "typed", "position": Position(1).encode(),
+    assert rows[0]["source"] == {"connector": None, "db": "shop", "schema": "public", "table": "typed", "position": Position(1).encode(),
                                  "snapshot": False, "watermark": None, "tx": None, "lsn": None, "last_commit_lsn": None,
                                  "server_id": None, "thread": None, "file": None}  # no origin staged for these
     assert rows[1]["op"] == "u" and rows[1]["before"] is None

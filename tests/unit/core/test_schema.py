@@ -179,3 +179,14 @@ def test_the_log_schema_keeps_every_column_ever_seen_with_its_newest_type():
     # a new primary key is taken as it is (the event log keys events by the current key)
     v3 = TableSchema(t, (Column("id", "int64"), Column("added", "date")), ("id", "added"))
     assert follow_log_schema(out, v3).primary_key == ("id", "added")
+
+
+def test_a_schema_names_its_connector_from_what_its_dialect_recorded():
+    t = TableName("s", "t")
+    cols, pk = (Column("id", "int64"),), ("id",)
+    assert TableSchema(t, cols, pk, {"connector": "mysql", "flavour": "mariadb"}).connector == "mysql"
+    # schemas staged before the dialects recorded it
+    assert TableSchema(t, cols, pk, {"flavour": "MariaDB"}).connector == "mariadb"
+    assert TableSchema(t, cols, pk, {"flavour": "mysql"}).connector == "mysql"
+    assert TableSchema(t, cols, pk, {"replica_identity": "default"}).connector == "postgresql"
+    assert TableSchema(t, cols, pk).connector is None
