@@ -500,27 +500,68 @@ def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = N
         yield src[i]["position"], key or "", exp.records(event, src[i]["db"])
 
 
-def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions) -> int:
+def _first_position(name: str) -> str:
+    """The first position of an event-log file from its name (``c-{first}-{last}``, ``r-{hw}-{id}``);
+    "" (open it first) for a name of another form."""
+    from ..core.position import ENCODED_LENGTH
+
+    parts = name.split("-")
+    first = parts[1] if len(parts) >= 3 else ""
+    return first if len(first) == ENCODED_LENGTH else ""
+
+
+def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions, *,
+                 batch_rows: int = 4096) -> int:
     """Every event of ``table`` in the event log, in (position, key) order, as Debezium JSON
-    lines at ``out`` (a location: local path or URI; written whole or not at all). One file is
-    converted at a time and the files merged by position. Returns the number of records."""
+    lines at ``out`` (a location: local path or URI; written whole or not at all). Returns the
+    number of records.
+
+    Streaming: files are read ``batch_rows`` rows at a time and merged by position, a file
+    opened only once the merge reaches its first position (files cover ranges that barely
+    overlap: a chunk's rows sit at its high watermark, inside one changelog batch), so memory
+    stays at a few batches whatever the table's size."""
     import heapq
+    import itertools
+
+    import pyarrow.parquet as pq
 
     from .. import storage
-    from ..storage.staged import read_table
     from .event_log import table_dir
 
     d = table_dir(data_dir, source, table)
     exports: dict = {}
 
-    def one(name: str) -> Iterator[tuple[str, str, list]]:
-        yield from file_records(read_table(storage.join(d, name)), opts, exports=exports)
+    def events(name: str) -> Iterator[tuple[str, str, list]]:
+        fs, path = storage.filesystem(storage.join(d, name))
+        with fs.open_input_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            meta = pf.schema_arrow.metadata
+            for batch in pf.iter_batches(batch_size=batch_rows):
+                yield from file_records(pa.Table.from_batches([batch]).replace_schema_metadata(meta), opts,
+                                        exports=exports)
 
-    streams = [one(n) for n in storage.list_names(d, suffix=".parquet")]
+    names = sorted(storage.list_names(d, suffix=".parquet"), key=lambda n: (_first_position(n), n))
+    waiting = iter(names)
+    pending = next(waiting, None)
+    heap: list = []
+    order = itertools.count()
+
+    def push(gen: Iterator) -> None:
+        head = next(gen, None)
+        if head is not None:
+            heapq.heappush(heap, (head[0], head[1], next(order), head[2], gen))
+
     n = 0
     with storage.atomic_output(out) as (fs, tmp), fs.open_output_stream(tmp) as f:
-        for _, _, records in heapq.merge(*streams, key=lambda e: (e[0], e[1])):
+        while heap or pending is not None:
+            while pending is not None and (not heap or _first_position(pending) <= heap[0][0]):
+                push(events(pending))
+                pending = next(waiting, None)
+            if not heap:
+                continue
+            _, _, _, records, gen = heapq.heappop(heap)
             for rec in records:
                 f.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode() + b"\n")
                 n += 1
+            push(gen)
     return n

@@ -414,17 +414,27 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
                 "after": None if after is None else encode_row(after), "ts_ms": 1000 + pos, "watermark": None,
                 "snapshot": op == "r", "batch": batch, **kw}
 
+    def p(i):
+        return Position(i, 0, 0).encode()
+
+    c = f"c-{p(20)}-{p(30)}"  # batches are named as the engines name them (position ranges)
     EventLogSink(data, "src", "shop").write(pa.Table.from_pylist([
-        ev(10, "r", 1, {"id": 1, "v": "x"}, "r-10-hw", watermark="hw"),
-        ev(20, "d", 1, None, "c-20-30") | {"before": encode_row({"id": 1})},
-        ev(30, "t", None, None, "c-20-30"),
+        ev(10, "r", 1, {"id": 1, "v": "x"}, f"r-{p(10)}-hw", watermark="hw"),
+        ev(20, "d", 1, None, c) | {"before": encode_row({"id": 1})},
+        ev(30, "t", None, None, c),
+        ev(25, "r", 2, {"id": 2, "v": "y"}, f"r-{p(25)}-hw2", watermark="hw2"),  # a chunk inside a changelog batch
     ], schema=EVENT_SCHEMA))
     out = str(tmp_path / "out" / "orders.jsonl")
     args = ["export-debezium", "--data-dir", data, "--source", "src", "--table", t.id, "--out", out]
     assert cli.run(args) == 0
-    assert "3 Debezium records" in capsys.readouterr().out
+    assert "4 Debezium records" in capsys.readouterr().out
     recs = _records(out)
-    assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["r", "d", None]  # t skipped, a tombstone
+    # position order across files; t skipped; a tombstone after the delete
+    assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["r", "d", None, "r"]
+    assert [r["key"]["payload"]["id"] for r in recs] == [1, 1, 1, 2]
+    # read a row at a time, files opened as the merge reaches them: the same records
+    assert export_table(data, "src", t, out + ".2", DebeziumOptions("src"), batch_rows=1) == 4
+    assert Path(out + ".2").read_text() == Path(out).read_text()
     read = recs[0]["value"]
     assert read["schema"]["name"] == "src.a_b__s___.orders.Envelope"  # each character outside [A-Za-z0-9._-]: "_"
     assert {k: read["payload"]["source"][k] for k in ("snapshot", "txId", "lsn", "sequence", "db", "schema")} == {
@@ -433,7 +443,7 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
 
     assert cli.run([*args, "--truncates", "--no-tombstones", "--topic-prefix", "lake"]) == 0
     recs = _records(out)
-    assert [r["value"]["payload"]["op"] for r in recs] == ["r", "d", "t"]
-    assert recs[2]["key"] is None and recs[2]["value"]["payload"]["before"] is None
-    assert recs[2]["value"]["payload"]["after"] is None and recs[0]["value"]["payload"]["source"]["name"] == "lake"
+    assert [r["value"]["payload"]["op"] for r in recs] == ["r", "d", "r", "t"]
+    assert recs[3]["key"] is None and recs[3]["value"]["payload"]["before"] is None
+    assert recs[3]["value"]["payload"]["after"] is None and recs[0]["value"]["payload"]["source"]["name"] == "lake"
     assert cli.run([*args, "--topic-prefix", "no spaces"]) == 2  # a clear error, nothing written
