@@ -217,7 +217,10 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
         node, conv = inner
         if enum_labels is not None:
             node = node | {"optional": False}  # Debezium's enum array elements are required
-        return _node("array", items=node), lambda v: None if v is None else [None if x is None else conv(x) for x in v]
+        def each(v: Any) -> Any:  # multi-dimensional arrays are nested lists: convert the leaves
+            return [None if x is None else (each(x) if isinstance(x, list) else conv(x)) for x in v]
+
+        return _node("array", items=node), each
     if enum_labels is not None and lt == "string":
         return _node("string", "io.debezium.data.Enum", 1, {"allowed": ",".join(enum_labels)}), _ident
     p = _precision(src)
