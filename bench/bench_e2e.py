@@ -246,6 +246,33 @@ def run_dag(dag_id: str, conf: dict | None, env: dict[str, str], log_dir: Path, 
     return DagRun(dag_id, took, log_path, s.airflow_peak * mb, s.spark_peak * mb, s.other_peak * mb, cpu, text)
 
 
+_EMPTY_DAG = """
+import pendulum
+from airflow.sdk import DAG, task
+
+with DAG("cdc_bench_empty", schedule=None, start_date=pendulum.datetime(2024, 1, 1, tz="UTC"), catchup=False):
+    @task
+    def step(i):
+        return i
+
+    prev = None
+    for i in range({tasks}):
+        t = step.override(task_id=f"step_{{i}}")(i)
+        if prev is not None:
+            prev >> t
+        prev = t
+"""
+
+
+def run_empty_dag(env: dict[str, str], log_dir: Path, tasks: int) -> DagRun:
+    """``airflow dags test`` of a DAG of ``tasks`` chained no-op tasks, in a DAG folder of its
+    own: Airflow's own cost of a run, the floor under our fixed cost of a round."""
+    folder = log_dir / "empty_dag"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "cdc_bench_empty.py").write_text(_EMPTY_DAG.format(tasks=tasks))
+    return run_dag("cdc_bench_empty", None, dict(env, AIRFLOW__CORE__DAGS_FOLDER=str(folder)), log_dir, "empty")
+
+
 # --------------------------------------------------------------------------- child probes
 _CHILD_PRELUDE = r"""
 import json, os, sys, time
@@ -596,6 +623,10 @@ def bench_source(src: Src, a: argparse.Namespace) -> dict[str, Any]:
     R["fixed_cost_spark_cpu_s"] = r.cpu_s
     R["fixed_spark_tasks"] = r.task_seconds()
     _say(f"{src.kind}: the same round through spark-submit: {r.seconds:.1f}s; tasks {R['fixed_spark_tasks']}")
+    # the baseline of the fixed cost: Airflow's own `dags test` of a DAG as long whose tasks do nothing
+    r = run_empty_dag(fx["env"], logs, len(R["fixed_tasks"]) or 6)
+    R["airflow_floor_s"] = r.seconds
+    _say(f"{src.kind}: airflow dags test of an empty {len(R['fixed_tasks']) or 6}-task DAG: {r.seconds:.1f}s")
 
     # --- snapshot, idle source
     idle = src.env("idle", [big])
@@ -829,6 +860,9 @@ def render(results: list[dict], a: argparse.Namespace, mach: dict, load_end: str
         row("writer TPS before / during / after", lambda r: f"{_f(r.get('tps_before'))} / {_f(r.get('tps_during'))} / {_f(r.get('tps_after'))}"),
         row("**write TPS drop while snapshotting**", lambda r: f"**{_f(None if r.get('tps_drop_pct') is None else r['tps_drop_pct'] + 0.0, '.1f')}%**"),
         row("**fixed cost of a round (1,000 rows)**", lambda r: f"**{r['fixed_cost_s']:.1f} s**"),
+        row("Airflow's own `dags test` of an empty DAG with as many tasks (s); fixed cost above it",
+            lambda r: "-" if r.get("airflow_floor_s") is None else
+            f"{r['airflow_floor_s']:.1f}; {r['fixed_cost_s'] - r['airflow_floor_s']:.1f} s"),
         row("client CPU s: raw dump / fixed-cost run / idle snapshot run", lambda r: f"{_f(r.get('raw_dump_cpu_s'), '.1f')} / {_f(r.get('fixed_cost_cpu_s'), '.1f')} / {_f(r.get('snap_idle_cpu_s'), '.1f')}"),
         row("tasks of the fixed-cost run (s)", lambda r: _tasks(r.get("fixed_tasks"))),
         row("tasks of the idle snapshot run (s)", lambda r: _tasks(r.get("snap_idle_tasks"))),
