@@ -92,3 +92,32 @@ def test_a_broken_bucket_count_is_a_clear_error_and_nothing_is_written(mirror):
     with pytest.raises(ConfigurationError, match=r"table property cdc\.buckets \('many'"):
         MirrorDeltaSink(mirror, SOURCE).write(pa.Table.from_pylist([ev(90, "u", 1, "x")], schema=EVENT_SCHEMA))
     assert read_mirror(mirror, SOURCE, T).to_pylist() == before
+
+
+def test_the_typed_event_log_reads_across_an_add_column_as_the_readme_says(tmp_path, spark):
+    """Event-log files written before and after an ADD COLUMN have different ``after`` structs;
+    Spark (mergeSchema), duckdb (union_by_name) and pyarrow (unified schema) read them as one."""
+    import duckdb
+    import pyarrow.dataset as ds
+
+    from airflow_provider_cdc.sinks.event_log import EventLogSink, table_dir
+    from airflow_provider_cdc.storage.layout import log_schema_path
+
+    data = str(tmp_path)
+    storage.write_text(log_schema_path(data, SOURCE, T), SCHEMA.to_json())
+    EventLogSink(data, SOURCE).write(pa.Table.from_pylist([ev(1, "c", 1, "a")], schema=EVENT_SCHEMA))
+    wider = TableSchema(T, (*SCHEMA.columns, Column("n", "int32")), ("id",))
+    storage.write_text(log_schema_path(data, SOURCE, T), wider.to_json())
+    row = ev(2, "c", 2) | {"after": encode_row({"id": 2, "v": "b", "n": 7})}
+    EventLogSink(data, SOURCE).write(pa.Table.from_pylist([row], schema=EVENT_SCHEMA))
+    folder = table_dir(data, SOURCE, T)
+    want = [(1, "a", None), (2, "b", 7)]
+
+    got = spark.read.option("mergeSchema", True).parquet(folder).select("after.id", "after.v", "after.n").collect()
+    assert sorted(tuple(r) for r in got) == want
+    got = duckdb.sql(f"SELECT after.id, after.v, after.n FROM read_parquet('{folder}/*.parquet', union_by_name=true)")
+    assert sorted(got.fetchall()) == want
+    files = sorted(glob.glob(os.path.join(folder, "*.parquet")))
+    unified = pa.unify_schemas([pq.read_schema(f) for f in files], promote_options="permissive")
+    t = ds.dataset(files, schema=unified, format="parquet").to_table()
+    assert sorted((r["id"], r["v"], r["n"]) for r in t["after"].to_pylist()) == want
