@@ -279,8 +279,18 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
 
             return check_log_retention(capture_result)
 
+        @task(task_id="mirror_schema_stops")
+        def mirror_schema_stops(apply_result: dict | None) -> None:
+            """Fail the run when the apply left tables whose mirror waits for a re-snapshot (a
+            schema change it cannot follow), naming them and what to do. A task of its own so
+            the apply succeeds and Airflow records the Asset events of the tables it applied."""
+            from airflow_provider_cdc.operators.spark_jobs import raise_schema_stops
+
+            raise_schema_stops(apply_result)
+
         now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
         check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)
         earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)
+        mirror_schema_stops(apply.output)  # after apply (its XCom), a leaf of its own
         log_retention(capture.output)  # after capture (its XCom), a leaf of its own
     return dag

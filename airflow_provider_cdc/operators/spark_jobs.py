@@ -239,6 +239,23 @@ class SnapshotMergeOperator(_CdcJobOperator):
                 s.close()
 
 
+def schema_stop_error(stopped: dict[str, str]) -> SchemaChangeError:
+    """The error that names the tables whose mirror waits for a re-snapshot, and what to do."""
+    return SchemaChangeError(
+        "the mirror of "
+        + "; ".join(f"table {t} waits for a re-snapshot: {why}" for t, why in sorted(stopped.items()))
+        + ". The event log has their changes; the other tables were applied. Snapshot each of these "
+        "tables whole (cdc_snapshot with action 'start') to rebuild its mirror with the new schema"
+    )
+
+
+def raise_schema_stops(apply_result: dict | None) -> None:
+    """The changelog DAG's ``mirror_schema_stops`` task: fail when the apply left tables waiting."""
+    stopped = (apply_result or {}).get("schema_stopped") or {}
+    if stopped:
+        raise schema_stop_error(stopped)
+
+
 class ChangelogApplyOperator(_CdcJobOperator):
     """Staged changelog segments past each sink's applied marker -> the sinks."""
 
@@ -257,14 +274,13 @@ class ChangelogApplyOperator(_CdcJobOperator):
         self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,
                                                                 skip={"mirror": set(stopped)}))
         if stopped:
-            # every other table was applied (the markers moved): only these wait
-            raise SchemaChangeError(
-                "the mirror of "
-                + "; ".join(f"table {t} waits for a re-snapshot: {why}" for t, why in sorted(stopped.items()))
-                + ". The event log has their changes; the other tables were applied. Snapshot each of these "
-                "tables whole (cdc_snapshot with action 'start') to rebuild its mirror with the new schema"
-            )
-        return summary
+            # every other table was applied (the markers moved) and its Asset events are emitted:
+            # this task succeeds so Airflow records them (it drops the outlet events of a failed
+            # task); the DAG's next task, mirror_schema_stops, fails the run naming these tables
+            self.log.error("%s", schema_stop_error(stopped))
+        out = dict(summary) if isinstance(summary, dict) else {}
+        out["schema_stopped"] = stopped
+        return out
 
     def input_rows(self) -> int:
         from ..pipeline.arrow_engine import pending_rows

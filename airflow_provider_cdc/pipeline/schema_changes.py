@@ -7,7 +7,8 @@ with the source's catalog (core.schema.evolve_schema):
   the mirror adds it (Delta schema evolution, sinks/mirror_delta.add_columns) at its next write;
 - DROP COLUMN: the staged schema keeps it; it reads null from then on;
 - a changed type or primary key: that table's mirror is marked to wait for a re-snapshot
-  (its events stay in the event log), the other tables go on, and the apply task fails
+  (its events stay in the event log), the other tables go on, and the run fails (the
+  changelog DAG's mirror_schema_stops task, after apply)
   naming it; the whole-table re-snapshot rebuilds the mirror with the new schema.
 
 No Airflow here: the capture operator calls :func:`follow_schema_changes`.

@@ -25,6 +25,7 @@ from tools import workload as w
 
 from .test_hostile_names import HostileSource, running
 from .test_snapshot_invariants import Pipeline
+from .test_sources_config import asset_events
 from .test_truncate import qt, run_sql
 
 pytestmark = pytest.mark.timeout(900)
@@ -115,6 +116,11 @@ class TwoTables(HostileSource):
             return verify_table(d, self.data_dir, self.source, t, chunk_rows=1000)
 
 
+def applied_events(source: str, table_id: str) -> list[dict]:
+    """The mirror Asset events the changelog's apply recorded for a table (their extra counts events)."""
+    return [e for e in asset_events(source, table_id) if "events" in e]
+
+
 @pytest.fixture(params=["pg", "mysql"])
 def two(request, unique_name, tmp_path, monkeypatch):
     uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
@@ -136,8 +142,12 @@ def test_a_type_change_stops_only_its_table_until_a_resnapshot_rebuilds_it(two):
            (f"UPDATE {p.qt(b)} SET v = -v WHERE id <= 10", ()),  # noqa: S608
            (f"INSERT INTO {p.qt(b)} (id, v) VALUES (%s, %s)", (500, 500))])  # noqa: S608
 
-    # the changelog fails loudly, naming table a; table b's changes are in its mirror
+    # the changelog fails loudly, naming table a; table b's changes are in its mirror, and its
+    # mirror Asset event is recorded (apply succeeds; the run fails in mirror_schema_stops)
+    applied = {t: len(applied_events(p.source, t.id)) for t in (a, b)}
     Pipeline.run(p, "cdc_changelog", expect="failed")
+    assert len(applied_events(p.source, b.id)) == applied[b] + 1
+    assert len(applied_events(p.source, a.id)) == applied[a]  # a's mirror did not change
     assert "changed type" in (schema_stopped(mirror_dir(p.data_dir, p.source, a)) or "")
     assert schema_stopped(mirror_dir(p.data_dir, p.source, b)) is None
     res_b = p.verify(b)
