@@ -8,8 +8,9 @@ Each file is written to a temporary name and renamed: readers never see half a f
 Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
 mirror's types, sinks/arrow_types.py; null where the event has no such image, and a column
 the event did not carry reads null); ``source`` struct ``{connector, db, schema, table, position,
-snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file}`` (the last six:
-where the source logged the change, null for snapshot rows); ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
+snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file, pos, row}`` (tx to
+file: where the source logged the change, null for snapshot rows; pos and row: the binlog
+offset and row of MariaDB/MySQL positions); ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
 de-duplicate by (table, key, position) without reading rows.
 
 Which columns: the table's log schema (capture follows it for every table it stages events
@@ -55,6 +56,9 @@ SOURCE_TYPE = pa.struct(
         ("server_id", pa.int64()),
         ("thread", pa.int64()),
         ("file", pa.string()),
+        # MariaDB/MySQL: the binlog offset of the rows event and the row in it (from position)
+        ("pos", pa.int64()),
+        ("row", pa.int32()),
     ]
 )
 #: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
@@ -88,6 +92,18 @@ def _origin_fields(events: pa.Table) -> list[pa.Array]:
     origin = events["origin"].combine_chunks() if n else pa.nulls(0, ORIGIN_TYPE)
     # a null origin (snapshot rows) reads null in every field
     return [pc.if_else(origin.is_valid(), origin.field(f.name), pa.scalar(None, f.type)) for f in ORIGIN_TYPE]
+
+
+def _binlog_fields(positions: pa.ChunkedArray | pa.Array, connector: str | None) -> list[pa.Array]:
+    """``pos`` and ``row`` of binlog sources: the middle and last part of each position
+    (core/position.py); null for other sources."""
+    from ..storage.staged import int64_array
+
+    n = len(positions)
+    if connector not in ("mysql", "mariadb"):
+        return [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32())]
+    texts = positions.to_pylist()
+    return [int64_array([int(p[16:32], 16) for p in texts]), int64_array([int(p[32:], 16) for p in texts]).cast(pa.int32())]
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
@@ -134,6 +150,7 @@ class EventLogSink(Sink):
                 events["snapshot"].combine_chunks(),
                 events["watermark"].combine_chunks(),
                 *_origin_fields(events),
+                *_binlog_fields(events["position"], schema.connector),
             ],
             fields=list(SOURCE_TYPE),
         )

@@ -244,6 +244,15 @@ def _event_log_connectors(data: str, source: str, t: TableName) -> set:
             for r in pq.read_table(f)["source"].to_pylist()}
 
 
+def _event_log_sources(data: str, source: str, t: TableName) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    from airflow_provider_cdc.sinks.event_log import table_dir
+
+    rows = [r for f in Path(table_dir(data, source, t)).glob("*.parquet") for r in pq.read_table(f)["source"].to_pylist()]
+    return sorted(rows, key=lambda r: r["position"])
+
+
 def _positions(data: str, source: str, t: TableName) -> list[str]:
     from airflow_provider_cdc.sinks.event_log import read_events
 
@@ -373,6 +382,8 @@ def test_mariadb_changes_export_as_debezium_publishes_them(my_table):
 
     src = created["payload"]["source"]
     pos = Position.decode(_positions(data, d.source, t)[0])
+    logged = _event_log_sources(data, d.source, t)[0]  # the event log's own source block
+    assert (logged["file"], logged["pos"], logged["row"], logged["tx"]) == (binlog_file, pos.minor, 0, gtid)
     assert src == {
         "version": DEBEZIUM_VERSION, "connector": "mariadb", "name": "srv", "ts_ms": src["ts_ms"], "snapshot": "false",
         "db": t.schema, "sequence": None, "ts_us": src["ts_ms"] * 1000, "ts_ns": src["ts_ms"] * 1_000_000,

@@ -174,7 +174,8 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
     assert [r["source"]["position"] for r in rows] == [Position(1).encode(), Position(3).encode()]  # position order
     assert rows[0]["source"] == {"connector": None, "db": "shop", "schema": "public", "table": "typed", "position": Position(1).encode(),
                                  "snapshot": False, "watermark": None, "tx": None, "lsn": None, "last_commit_lsn": None,
-                                 "server_id": None, "thread": None, "file": None}  # no origin staged for these
+                                 "server_id": None, "thread": None, "file": None,  # no origin staged for these
+                                 "pos": None, "row": None}  # not a binlog source
     assert rows[1]["op"] == "u" and rows[1]["before"] is None
     typed = pq.read_table(base / files[0])
     # before/after: structs of the table's typed columns (the mirror's types), the schema in the file
