@@ -41,7 +41,7 @@ import pyarrow.json as pa_json
 
 from ..core import temporal
 from ..core.errors import ConfigurationError
-from ..core.schema import TableSchema
+from ..core.schema import Column, TableSchema
 
 _DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 _SIMPLE = {
@@ -187,7 +187,8 @@ def _json_read_type(logical: str) -> pa.DataType | None:
     return pa.string()  # decimals, text, uuid, json, base64 binary, ISO dates, times and timestamps
 
 
-def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray) -> list[pa.Array] | None:
+def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray, *,
+                        all_fields: bool = False) -> list[pa.Array] | None:
     """Canonical row JSON texts (``after`` of events, no nulls) -> typed arrays in column
     order, parsed by pyarrow's C++ JSON reader instead of ``json.loads`` plus a Python
     conversion per value (the mirror write's bound: ~35 us a row for the demo table).
@@ -195,7 +196,9 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray) 
     Returns None when it cannot give exactly what :func:`rows_to_table` gives: a column
     without a vectorised form, or any value off its canonical JSON type (a ``"NaN"`` float,
     an out-of-range integer, a decimal that does not fit). The caller then takes the
-    per-row path, which is the reference and names the table and column of a bad value."""
+    per-row path, which is the reference and names the table and column of a bad value.
+    With ``all_fields``, also None when a row holds a column the schema lacks (a caller that
+    must keep every column takes the per-row path, which finds them)."""
     read_types = [_json_read_type(c.type) for c in schema.columns]
     if not len(texts) or texts.null_count or any(t is None for t in read_types):
         return None
@@ -209,10 +212,11 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray) 
             read_options=pa_json.ReadOptions(block_size=max(1 << 20, longest)),
             parse_options=pa_json.ParseOptions(
                 explicit_schema=pa.schema([pa.field(c.name, t) for c, t in zip(schema.columns, read_types, strict=True)]),
-                unexpected_field_behavior="ignore",  # as rows_to_table: only the schema's columns
+                # as rows_to_table: only the schema's columns (all_fields: see them, to refuse)
+                unexpected_field_behavior="infer" if all_fields else "ignore",
             ),
         )
-        if table.num_rows != len(lines):
+        if table.num_rows != len(lines) or (all_fields and table.num_columns > len(schema.columns)):
             return None
         out = []
         for col in schema.columns:
@@ -239,26 +243,30 @@ def _as_text(values: Sequence) -> pa.Array:
 
 def json_rows_to_struct(
     schema: TableSchema, texts: pa.Array | pa.ChunkedArray, *, as_text: Sequence[str] = ()
-) -> tuple[pa.StructArray, list[str]]:
+) -> tuple[pa.StructArray, list[str], list[str]]:
     """Canonical row JSON texts (null = no image) -> one struct array of the table's typed
     columns (:func:`arrow_type`), null where the text is null; a column absent from a row
     reads null. Returns it with the columns kept as canonical text instead: those holding a
     value their logical type cannot (an event from before a column changed type at the
-    source), which ``as_text`` names beforehand. Nothing is lost either way; the event log
-    records which columns are text."""
+    source), which ``as_text`` names beforehand, and the columns rows hold that the schema
+    lacks (appended to the struct as text, in first-seen order: a stale schema loses nothing).
+    The event log records which columns are text."""
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
     valid = pc.is_valid(texts)
     present = texts.filter(valid) if texts.null_count else texts
-    arrays = json_rows_to_arrays(schema, present) if len(present) and not as_text else None
-    forced, as_text = set(as_text), []
+    arrays = json_rows_to_arrays(schema, present, all_fields=True) if len(present) and not as_text else None
+    forced, as_text, extra = set(as_text), [], []
+    names = [c.name for c in schema.columns]
     if arrays is None:
         rows = [json.loads(t) for t in present.to_pylist()]
+        known = set(names)
+        extra = list(dict.fromkeys(k for r in rows for k in r if k not in known))
         arrays = []
-        for col in schema.columns:
+        for col in [*schema.columns, *(Column(n, "string") for n in extra)]:
             vals = [r.get(col.name) for r in rows]
             try:
-                if col.name in forced:
+                if col.name in forced or col.name in extra:
                     raise ConfigurationError("kept as text")
                 arrays.append(decode_column(vals, col.type))
             except ConfigurationError:
@@ -269,9 +277,9 @@ def json_rows_to_struct(
         idx = pc.subtract(pc.cumulative_sum(valid.cast(pa.int32())), pa.scalar(1, pa.int32()))
         idx = pc.if_else(valid, idx, pa.scalar(None, pa.int32()))
         arrays = [a.take(idx) for a in arrays]
-    fields = [pa.field(c.name, a.type) for c, a in zip(schema.columns, arrays, strict=True)]
+    fields = [pa.field(n, a.type) for n, a in zip([*names, *extra], arrays, strict=True)]
     mask = pc.invert(valid) if texts.null_count else None
-    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), as_text
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), as_text, extra
 
 
 # --- canonical values from typed columns (the inverse of the decoding above) ---------------------

@@ -121,25 +121,40 @@ class EventLogSink(Sink):
         self._log_schemas: dict[str, TableSchema | None] = {}
 
     def schema(self, table: TableName) -> TableSchema | None:
-        """The columns events of ``table`` are typed with (see the module docstring)."""
+        """The columns events of ``table`` are typed with (see the module docstring): its log
+        schema, plus any column of its staged schema the log schema lacks (a column added
+        while no change of the table was captured, which a snapshot's chunks already read)."""
         if table.id not in self._log_schemas:
             path = log_schema_path(self.data_dir, self.source, table)
             self._log_schemas[table.id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
-        return self._log_schemas[table.id] or self.staged.get(table.id)
+        logged, staged = self._log_schemas[table.id], self.staged.get(table.id)
+        if logged is None or staged is None:
+            return logged or staged
+        missing = tuple(c for c in staged.columns if c.name not in set(logged.column_names))
+        if not missing:
+            return logged
+        return TableSchema(logged.table, logged.columns + missing, logged.primary_key, dict(logged.extra))
 
     def envelope(self, events: pa.Table, table: TableName) -> pa.Table:
         n = events.num_rows
         schema = self.schema(table) or inferred_schema(table, events)
-        before, text_b = json_rows_to_struct(schema, events["before"])
-        after, text_a = json_rows_to_struct(schema, events["after"])
-        as_text = sorted(set(text_b) | set(text_a))
+        before, text_b, extra_b = json_rows_to_struct(schema, events["before"])
+        after, text_a, extra_a = json_rows_to_struct(schema, events["after"])
+        extra = list(dict.fromkeys([*extra_b, *extra_a]))
+        if extra:
+            log.warning("event log of %s: column(s) %s are in the events but not in the table's log schema; kept as "
+                        "canonical text in this file", table, extra)
+            schema = TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in extra),
+                                 schema.primary_key, dict(schema.extra))
+        as_text = sorted((set(text_b) | set(text_a)) - set(extra))
         if as_text:
             log.warning("event log of %s: column(s) %s hold values their type (%s) cannot, kept as canonical text "
                         "in this file (a column that changed type at the source?)", table, as_text,
                         ", ".join(schema.column(c).type for c in as_text))
-            # the same columns as text in both images, so one file has one type per column
-            before, _ = json_rows_to_struct(schema, events["before"], as_text=as_text)
-            after, _ = json_rows_to_struct(schema, events["after"], as_text=as_text)
+        if as_text or extra:
+            # the same columns, as text alike, in both images: one file has one type per column
+            before, _, _ = json_rows_to_struct(schema, events["before"], as_text=as_text)
+            after, _, _ = json_rows_to_struct(schema, events["after"], as_text=as_text)
         src = pa.StructArray.from_arrays(
             [
                 pa.repeat(pa.scalar(schema.connector, pa.string()), n),

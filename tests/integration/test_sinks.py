@@ -235,6 +235,31 @@ def test_event_log_types_events_with_the_log_schema_and_keeps_what_a_type_cannot
     assert ev_table.num_rows == 4 and sorted(ev_table["file"].to_pylist()) == ["c-1.parquet"] * 2 + ["c-3.parquet"] * 2
 
 
+def test_the_event_log_keeps_columns_its_log_schema_lacks(tmp_path):
+    """A column the staged schema has and the log schema not yet (added while no change of the
+    table was captured; a snapshot's chunks read it) is typed from the staged schema; a column
+    neither schema knows is kept as text, named in the file's metadata. Nothing in the events
+    is dropped."""
+    data = str(tmp_path)
+    logged = TableSchema(T, (Column("id", "int64"), Column("n", "int32")), ("id",))
+    staged = TableSchema(T, (*logged.columns, Column("added", "date")), ("id",))
+    stage_schema(data, staged)
+    Path(log_schema_path(data, SOURCE, T)).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_schema_path(data, SOURCE, T)).write_text(logged.to_json())
+    rows = [ev(1, "r", 1, {"id": 1, "n": 5, "added": "2024-01-02"}, batch="r-1", snapshot=True),
+            ev(2, "c", 2, {"id": 2, "n": 6, "added": "2024-01-03", "mystery": [1, "x"]}, batch="c-2")]
+    EventLogSink(data, SOURCE).write(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA))
+    folder = Path(events_dir(data, SOURCE)) / f"table={T.path_segment}"
+    snap = pq.read_table(folder / "r-1.parquet")
+    assert snap.schema.field("after").type == pa.struct([("id", pa.int64()), ("n", pa.int32()), ("added", pa.date32())])
+    assert canonical_images(snap, "after") == [{"id": 1, "n": 5, "added": "2024-01-02"}]
+    change = pq.read_table(folder / "c-2.parquet")
+    assert change.schema.field("after").type.field("mystery").type == pa.string()
+    schema, text = file_schema(change)
+    assert schema.column_names == ("id", "n", "added", "mystery") and text == []
+    assert canonical_images(change, "after") == [{"id": 2, "n": 6, "added": "2024-01-03", "mystery": '[1,"x"]'}]
+
+
 # --- Delta mirror ----------------------------------------------------------------------------
 def _random_history(rnd: random.Random, keys: int, n: int) -> list[dict]:
     out, pos = [], 10
