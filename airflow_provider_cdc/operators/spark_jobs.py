@@ -278,7 +278,8 @@ class ChangelogApplyOperator(_CdcJobOperator):
             # this task succeeds so Airflow records them (it drops the outlet events of a failed
             # task); the DAG's next task, mirror_schema_stops, fails the run naming these tables
             self.log.error("%s", schema_stop_error(stopped))
-        out = dict(summary) if isinstance(summary, dict) else {}
+        # the in-process engine's summary names itself; a spark-submit returns none
+        out = dict(summary) if isinstance(summary, dict) else {"engine": "spark"}
         out["schema_stopped"] = stopped
         return out
 

@@ -131,8 +131,8 @@ def task_result(run, task_id: str):
 
 
 def merge_engine(run, task_id: str) -> str:
-    """Which engine ran a merge/apply task: the in-process one returns its summary as XCom,
-    a spark-submit returns nothing."""
+    """Which engine ran a merge/apply task: the in-process one returns its summary as XCom;
+    after a spark-submit, merge returns nothing and apply {"engine": "spark", "schema_stopped": ...}."""
     value = task_result(run, task_id)
     return value["engine"] if isinstance(value, dict) else "spark"
 
