@@ -41,6 +41,12 @@ LOGICAL_TYPES = (
 _DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
 
+def decimal_params(logical: str) -> tuple[int, int] | None:
+    """(precision, scale) of a ``decimal(p,s)`` logical type; None for any other type."""
+    m = _DECIMAL_RE.match(logical)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def validate_logical_type(t: str) -> str:
     if t in LOGICAL_TYPES or _DECIMAL_RE.match(t):
         return t

@@ -30,7 +30,8 @@ from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
-from ..sinks.arrow_types import RowNormaliser, arrow_canonical, normalise_row, normalise_value  # noqa: F401 - re-exported
+from ..sinks.arrow_types import RowNormaliser, arrow_canonical
+from ..sinks.event_log import read_events as read_event_log
 
 DEFAULT_CHUNK_ROWS = 10_000
 EXAMPLES = 10
@@ -275,14 +276,6 @@ class EventLogReport:
             f"event log of {self.table}: {self.events} events over {self.keys} keys, "
             f"{self.duplicates} duplicate copies, {self.violation_count} violations"
         )
-
-
-def read_event_log(data_dir: str, source: str, table: TableName):
-    """The event log of one table (op, key, before, after as canonical JSON, position, file):
-    sinks.event_log.read_events."""
-    from ..sinks.event_log import read_events
-
-    return read_events(data_dir, source, table)
 
 
 def check_events(

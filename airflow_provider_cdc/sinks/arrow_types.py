@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
-import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -41,9 +40,8 @@ import pyarrow.json as pa_json
 
 from ..core import temporal
 from ..core.errors import ConfigurationError
-from ..core.schema import Column, TableSchema
+from ..core.schema import Column, TableSchema, decimal_params
 
-_DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 _SIMPLE = {
     "bool": pa.bool_(),
     "int16": pa.int16(),
@@ -73,10 +71,9 @@ META_COLUMNS = (KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN)
 def arrow_type(logical: str) -> pa.DataType:
     if logical in _SIMPLE:
         return _SIMPLE[logical]
-    m = _DECIMAL_RE.match(logical)
-    if m:
-        p, s = int(m.group(1)), int(m.group(2))
-        return pa.decimal128(p, s) if 0 < p <= 38 else pa.string()
+    ps = decimal_params(logical)
+    if ps:
+        return pa.decimal128(*ps) if 0 < ps[0] <= 38 else pa.string()
     if logical.startswith("array<"):
         return pa.string()
     raise ConfigurationError(f"no Arrow type for logical type {logical!r}")
@@ -234,13 +231,6 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray, 
         return None
 
 
-def _as_text(values: Sequence) -> pa.Array:
-    """Canonical values as their canonical text (strings as they are, others as compact JSON):
-    the lossless form of a column whose values its logical type cannot hold."""
-    return pa.array([v if v is None or isinstance(v, str) else json.dumps(v, separators=(",", ":"), ensure_ascii=False)
-                     for v in values], pa.string())
-
-
 def json_rows_to_struct(
     schema: TableSchema, texts: pa.Array | pa.ChunkedArray, *, as_text: Sequence[str] = ()
 ) -> tuple[pa.StructArray, list[str], list[str]]:
@@ -265,13 +255,16 @@ def json_rows_to_struct(
         arrays = []
         for col in [*schema.columns, *(Column(n, "string") for n in extra)]:
             vals = [r.get(col.name) for r in rows]
-            try:
-                if col.name in forced or col.name in extra:
-                    raise ConfigurationError("kept as text")
-                arrays.append(decode_column(vals, col.type))
-            except ConfigurationError:
-                arrays.append(_as_text(vals))
+            arr = None
+            if col.name not in forced and col.name not in extra:
+                try:
+                    arr = decode_column(vals, col.type)
+                except ConfigurationError:
+                    pass  # a value its type cannot hold: the column is kept as text
+            if arr is None:
+                arr = decode_column(vals, "string")  # canonical text: strings as they are, others as JSON
                 as_text.append(col.name)
+            arrays.append(arr)
     if texts.null_count:
         # back to one slot per input row: row i takes value number (valid rows before it)
         idx = pc.subtract(pc.cumulative_sum(valid.cast(pa.int32())), pa.scalar(1, pa.int32()))
@@ -338,10 +331,6 @@ def normalise_value(v: Any, logical: str) -> Any:
     if logical.startswith("array<"):
         return json.loads(v) if isinstance(v, str) else v
     return v  # string, uuid, json, time, unbounded decimal: canonical text already
-
-
-def normalise_row(schema: TableSchema, row: dict[str, Any]) -> dict[str, Any]:
-    return {c.name: normalise_value(row.get(c.name), c.type) for c in schema.columns}
 
 
 def _is_canonical_ts(v: Any, tz: bool) -> bool:

@@ -40,7 +40,7 @@ import pyarrow as pa
 from ..core import temporal
 from ..core.errors import ConfigurationError
 from ..core.position import Position
-from ..core.schema import Column, TableName, TableSchema
+from ..core.schema import Column, TableName, TableSchema, decimal_params
 
 #: the Debezium release whose format this is, written to ``source.version``
 DEBEZIUM_VERSION = "3.6.1.Final"
@@ -91,6 +91,8 @@ def schema_prefix(table: TableName, opts: DebeziumOptions) -> str:
 # --- per-column schema and value ---------------------------------------------------------------
 def _node(type_: str, name: str | None = None, version: int | None = None, parameters: dict | None = None,
           **extra: Any) -> dict:
+    """A schema node in JsonConverter's key order (type, fields/items, optional, name, version,
+    doc, parameters); field_schema sets ``optional`` in place and appends ``field``."""
     out: dict[str, Any] = {"type": type_}
     out.update(extra)
     out["optional"] = True
@@ -198,6 +200,13 @@ def _mysql_options(source_type: str) -> str:
 Conv = Callable[[Any], Any]
 
 
+def _decimal_field(logical: str) -> tuple[dict, Conv]:
+    """``decimal(p,s)``: Kafka Connect's Decimal (both databases, decimal.handling.mode=precise)."""
+    prec, scale = decimal_params(logical)
+    return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
+                  {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+
+
 def _ident(v: Any) -> Any:
     return v
 
@@ -230,11 +239,8 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
         return _node(lt), _ident
     if lt in ("float32", "float64"):
         return _node("float" if lt == "float32" else "double"), _ident
-    m = re.fullmatch(r"decimal\((\d+),(\d+)\)", lt)
-    if m:
-        prec, scale = int(m.group(1)), int(m.group(2))
-        return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
-                      {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+    if decimal_params(lt):
+        return _decimal_field(lt)
     if lt == "decimal":
         node = _node("struct", "io.debezium.data.VariableScaleDecimal", 1,
                      fields=[{"type": "int32", "optional": False, "field": "scale"},
@@ -317,11 +323,8 @@ def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
         return _node("int32", "io.debezium.time.Year", 1), _ident
     if lt in ("float32", "float64"):
         return _node("double" if lt == "float64" or "," in src else "float"), _ident
-    m = re.fullmatch(r"decimal\((\d+),(\d+)\)", lt)
-    if m:
-        prec, scale = int(m.group(1)), int(m.group(2))
-        return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
-                      {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+    if decimal_params(lt):
+        return _decimal_field(lt)
     if base == "enum":
         return _node("string", "io.debezium.data.Enum", 1, {"allowed": _mysql_options(src)}), _ident
     if base == "set":
@@ -357,12 +360,6 @@ def field_schema(col: Column, connector: str, enum_labels: list[str] | None = No
     node["optional"] = bool(col.nullable)
     node["field"] = col.name
     return node, (lambda v: None if v is None else conv(v))
-
-
-def _reorder(node: dict) -> dict:
-    """JsonConverter's key order: type, fields/items, optional, name, version, doc, parameters, default, field."""
-    order = ("type", "fields", "items", "optional", "name", "version", "doc", "parameters", "default", "field")
-    return {k: node[k] for k in order if k in node}
 
 
 # --- envelope -----------------------------------------------------------------------------------
@@ -414,7 +411,7 @@ class TableExport:
         for col in self.schema.columns:
             got = field_schema(col, self.connector, enums.get(col.name))
             if got is not None:
-                fields.append(_reorder(got[0]))
+                fields.append(got[0])
                 self.columns.append((col.name, got[1]))
         value = {"type": "struct", "fields": fields, "optional": True, "name": f"{self.prefix}.Value"}
         self.envelope_schema = {
@@ -426,12 +423,11 @@ class TableExport:
                        {"type": "int64", "optional": True, "field": "ts_ns"}],
             "optional": False, "name": f"{self.prefix}.Envelope", "version": 2,
         }
-        key_fields = [f for f in fields if f["field"] in self.schema.primary_key]
-        key_fields.sort(key=lambda f: self.schema.primary_key.index(f["field"]))
-        self.key_schema = {"type": "struct", "fields": [f | {"optional": False} for f in key_fields],
+        by_name = {f["field"]: (f, conv) for f, (_, conv) in zip(fields, self.columns, strict=True)}
+        keys = [by_name[k] for k in self.schema.primary_key if k in by_name]  # in primary-key order
+        self.key_schema = {"type": "struct", "fields": [f | {"optional": False} for f, _ in keys],
                            "optional": False, "name": f"{self.prefix}.Key"}
-        self._key_convs = [(n, c) for n, c in self.columns if n in self.schema.primary_key]
-        self._key_convs.sort(key=lambda nc: self.schema.primary_key.index(nc[0]))
+        self._key_convs = [(f["field"], conv) for f, conv in keys]
 
     def image(self, row: dict | None) -> dict | None:
         return None if row is None else {n: conv(row.get(n)) for n, conv in self.columns}

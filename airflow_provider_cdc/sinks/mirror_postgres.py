@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ConfigurationError
-from ..core.schema import TableName, TableSchema, decode_key, decode_row
+from ..core.schema import TableName, TableSchema, decimal_params, decode_key, decode_row
 from ..core.sqlnames import quote_pg
 from .arrow_types import DELETED_COLUMN, KEY_COLUMN, META_COLUMNS, POSITION_COLUMN
 from .base import SchemaCache, Sink
@@ -33,7 +32,6 @@ from .mirror_delta import newest_per_key
 
 log = logging.getLogger(__name__)
 
-_DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 _PG_TYPES = {
     "bool": "boolean",
     "int16": "smallint",
@@ -57,9 +55,9 @@ _PG_TYPES = {
 def pg_type(logical: str) -> str:
     if logical in _PG_TYPES:
         return _PG_TYPES[logical]
-    m = _DECIMAL_RE.match(logical)
-    if m:
-        return f"numeric({m.group(1)},{m.group(2)})"
+    ps = decimal_params(logical)
+    if ps:
+        return f"numeric({ps[0]},{ps[1]})"
     if logical.startswith("array<"):
         return "json"
     raise ConfigurationError(f"no PostgreSQL type for logical type {logical!r}")
