@@ -151,6 +151,35 @@ def _check_envelope_schema(value: dict, prefix: str, connector: str) -> None:
                                    "default": "false", "field": "snapshot"}
 
 
+def _export_and_check(d, t: TableName, data: str, database: str, connector: str, columns: list) -> tuple:
+    """Stage the captured changes (insert, update, delete of row 1; insert of a row of NULLs),
+    write the event log, export it, and check what both databases share: the records in order
+    with the tombstone, the key, the envelope, and every column's schema node and value of the
+    insert. Returns the value documents (created, updated, deleted, nulls)."""
+    stage_changelog(d, data)
+    assert write_event_log(data, d.source, t, database) == 4
+    out = f"{data}/export/dbz.jsonl"
+    assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
+    assert _event_log_connectors(data, d.source, t) == {connector}
+    recs = _records(out)
+    prefix = f"srv.{t.schema}.{t.name}"
+
+    key1 = {"schema": {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}],
+                       "optional": False, "name": f"{prefix}.Key"}, "payload": {"id": 1}}
+    assert [r["key"] for r in recs] == [key1, key1, key1, key1, key1 | {"payload": {"id": 2}}]
+    assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["c", "u", "d", None, "c"]  # a tombstone
+    created, updated, deleted, _, nulls = (r["value"] for r in recs)
+    for v in (created, updated, deleted, nulls):
+        _check_envelope_schema(v, prefix, connector)
+    value_fields = created["schema"]["fields"][1]["fields"]
+    assert value_fields == [{"type": "int32", "optional": False, "field": "id"}] + [c[3] for c in columns]
+    after = created["payload"]["after"]
+    assert list(after) == ["id"] + [c[0] for c in columns]  # every field, in column order
+    for col, sql_type, _, _, expected in columns:
+        assert after[col] == expected, f"{col} ({sql_type})"
+    return created, updated, deleted, nulls
+
+
 @pytest.fixture
 def pg_table(pg_uri, tmp_path):
     u = uuid.uuid4().hex[:10]
@@ -191,27 +220,7 @@ def test_postgres_changes_export_as_debezium_publishes_them(pg_table):
     cur.execute(f'INSERT INTO public."{t.name}" ("id") VALUES (2)')
     cur.execute("SELECT current_database()")
     database = cur.fetchone()[0]
-    stage_changelog(d, data)
-    assert write_event_log(data, d.source, t, database) == 4
-    out = f"{data}/export/dbz.jsonl"
-    assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
-    assert _event_log_connectors(data, d.source, t) == {"postgresql"}
-    recs = _records(out)
-    prefix = f"srv.public.{t.name}"
-
-    key1 = {"schema": {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}],
-                       "optional": False, "name": f"{prefix}.Key"}, "payload": {"id": 1}}
-    assert [r["key"] for r in recs] == [key1, key1, key1, key1, key1 | {"payload": {"id": 2}}]
-    assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["c", "u", "d", None, "c"]  # a tombstone
-    created, updated, deleted, _, nulls = (r["value"] for r in recs)
-    for v in (created, updated, deleted, nulls):
-        _check_envelope_schema(v, prefix, "postgresql")
-    value_fields = created["schema"]["fields"][1]["fields"]
-    assert value_fields == [{"type": "int32", "optional": False, "field": "id"}] + [c[3] for c in PG_COLUMNS]
-    after = created["payload"]["after"]
-    assert list(after) == ["id"] + [c[0] for c in PG_COLUMNS]  # every field, in column order
-    for col, sql_type, _, _, expected in PG_COLUMNS:
-        assert after[col] == expected, f"{col} ({sql_type})"
+    created, updated, deleted, nulls = _export_and_check(d, t, data, database, "postgresql", PG_COLUMNS)
     assert created["payload"]["before"] is None and created["payload"]["transaction"] is None
     # REPLICA IDENTITY DEFAULT: an update has no before-image; a delete's holds the key, the rest null
     assert updated["payload"]["before"] is None and updated["payload"]["after"]["t"] == "changed"
@@ -354,27 +363,8 @@ def test_mariadb_changes_export_as_debezium_publishes_them(my_table):
     cur.execute(f"UPDATE `{t.name}` SET `tx` = 'changed' WHERE `id` = 1")
     cur.execute(f"DELETE FROM `{t.name}` WHERE `id` = 1")
     cur.execute(f"INSERT INTO `{t.name}` (`id`) VALUES (2)")
-    stage_changelog(d, data)
-    assert write_event_log(data, d.source, t, t.schema) == 4
-    out = f"{data}/export/dbz.jsonl"
-    assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
-    assert _event_log_connectors(data, d.source, t) == {"mariadb"}
-    recs = _records(out)
-    prefix = f"srv.{t.schema}.{t.name}"
-
-    key1 = {"schema": {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}],
-                       "optional": False, "name": f"{prefix}.Key"}, "payload": {"id": 1}}
-    assert [r["key"] for r in recs] == [key1, key1, key1, key1, key1 | {"payload": {"id": 2}}]
-    assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["c", "u", "d", None, "c"]
-    created, updated, deleted, _, nulls = (r["value"] for r in recs)
-    for v in (created, updated, deleted, nulls):
-        _check_envelope_schema(v, prefix, "mariadb")
-    value_fields = created["schema"]["fields"][1]["fields"]
-    assert value_fields == [{"type": "int32", "optional": False, "field": "id"}] + [c[3] for c in MY_COLUMNS]
+    created, updated, deleted, nulls = _export_and_check(d, t, data, t.schema, "mariadb", MY_COLUMNS)
     after = created["payload"]["after"]
-    assert list(after) == ["id"] + [c[0] for c in MY_COLUMNS]
-    for col, sql_type, _, _, expected in MY_COLUMNS:
-        assert after[col] == expected, f"{col} ({sql_type})"
     # binlog_row_image FULL: the update's and the delete's before-images are whole rows
     assert updated["payload"]["before"] == after and updated["payload"]["after"] == after | {"tx": "changed"}
     assert deleted["payload"]["before"] == after | {"tx": "changed"} and deleted["payload"]["after"] is None
