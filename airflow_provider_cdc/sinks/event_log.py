@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..core.position import ENCODED_LENGTH
 from ..core.schema import Column, TableName, TableSchema
 from ..storage.layout import events_dir, log_schema_path
 from ..storage.staged import atomic_write_table
@@ -96,14 +97,25 @@ def _origin_fields(events: pa.Table) -> list[pa.Array]:
 
 def _binlog_fields(positions: pa.ChunkedArray | pa.Array, connector: str | None) -> list[pa.Array]:
     """``pos`` and ``row`` of binlog sources: the middle and last part of each position
-    (core/position.py); null for other sources."""
-    from ..storage.staged import int64_array
+    (core/position.py: fixed-width hex), decoded from the string buffer at once; null for
+    other sources."""
+    import numpy as np
 
     n = len(positions)
-    if connector not in ("mysql", "mariadb"):
+    if connector not in ("mysql", "mariadb") or n == 0:
         return [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32())]
-    texts = positions.to_pylist()
-    return [int64_array([int(p[16:32], 16) for p in texts]), int64_array([int(p[32:], 16) for p in texts]).cast(pa.int32())]
+    arr = positions.combine_chunks() if isinstance(positions, pa.ChunkedArray) else positions
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
+    chars = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(n, ENCODED_LENGTH)
+    digits = np.where(chars >= ord("a"), chars - (ord("a") - 10), chars - ord("0")).astype(np.uint64)
+
+    def number(first: int, last: int) -> np.ndarray:
+        shifts = np.arange(last - first - 1, -1, -1, dtype=np.uint64) * np.uint64(4)
+        return (digits[:, first:last] << shifts).sum(axis=1, dtype=np.uint64).astype(np.int64)
+
+    pos, row = number(16, 32), number(32, 40).astype(np.int32)
+    return [pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(pos)]),
+            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(row)])]
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
