@@ -540,6 +540,11 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
                                         exports=exports)
 
     names = sorted(storage.list_names(d, suffix=".parquet"), key=lambda n: (_first_position(n), n))
+    if not names:
+        raise ConfigurationError(
+            f"no event log for table {table} of source {source!r} at {d}: check the table name (schema.table), "
+            "the source and the data location; nothing was written"
+        )
     waiting = iter(names)
     pending = next(waiting, None)
     heap: list = []

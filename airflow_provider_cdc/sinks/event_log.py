@@ -142,7 +142,8 @@ class EventLogSink(Sink):
         logged, staged = self._log_schemas[table.id], self.staged.get(table.id)
         if logged is None or staged is None:
             return logged or staged
-        missing = tuple(c for c in staged.columns if c.name not in set(logged.column_names))
+        known = set(logged.column_names)
+        missing = tuple(c for c in staged.columns if c.name not in known)
         if not missing:
             return logged
         return TableSchema(logged.table, logged.columns + missing, logged.primary_key, dict(logged.extra))

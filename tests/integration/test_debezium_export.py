@@ -448,3 +448,6 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
     assert recs[3]["key"] is None and recs[3]["value"]["payload"]["before"] is None
     assert recs[3]["value"]["payload"]["after"] is None and recs[0]["value"]["payload"]["source"]["name"] == "lake"
     assert cli.run([*args, "--topic-prefix", "no spaces"]) == 2  # a clear error, nothing written
+    missing = str(tmp_path / "out" / "missing.jsonl")
+    assert cli.run(["export-debezium", "--data-dir", data, "--source", "src", "--table", "s.nope", "--out", missing]) == 2
+    assert "no event log for table s.nope" in capsys.readouterr().err and not Path(missing).exists()
