@@ -43,7 +43,7 @@ from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, schema_path
-from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, atomic_write_table, write_segment
+from airflow_provider_cdc.storage.staged import ChunkWriter, string_array, write_segment
 
 SOURCE = "bench"
 TABLE = TableName("public", "orders")
@@ -125,7 +125,9 @@ def build(data_dir: str, rows: int, events: int, n_chunks: int, seed: int) -> li
         keys = [encode_key([i]) for i in range(lo, hi)]
         afters = [encode_row(_row(i)) for i in range(lo, hi)]
         path = chunk_path(data_dir, SOURCE, TABLE, "bench", c, f"hw{c}")
-        atomic_write_table(pa.table({"key": keys, "after": afters}, schema=CHUNK_SCHEMA), path)
+        writer = ChunkWriter(SCHEMA)  # typed, as a chunk task stages it
+        writer.add(string_array(keys), string_array(afters))
+        writer.write(path)
         chunks.append(ChunkResult(SOURCE, TABLE.id, "bench", c, f"lw{c}", f"hw{c}", path, ChunkRange((lo,), (hi,)),
                                   None, (hi - 1,), hi - lo, True))
         log.append(WatermarkEvent(f"lw{c}", nxt()))
@@ -136,7 +138,7 @@ def build(data_dir: str, rows: int, events: int, n_chunks: int, seed: int) -> li
             log.append(ChangeEvent(TABLE.id, "u", encode_key([k]), nxt(), None, _row(k)))
     log.append(WatermarkEvent(f"hw{n_chunks - 1}", nxt()))
     for i in range(0, len(log), 10_000):
-        write_segment(log[i : i + 10_000], changelog_dir(data_dir, SOURCE), "cdc.watermark")
+        write_segment(log[i : i + 10_000], changelog_dir(data_dir, SOURCE), "cdc.watermark", {TABLE.id: SCHEMA})
     return chunks
 
 

@@ -346,7 +346,7 @@ def follow_log_schema(previous: TableSchema | None, current: TableSchema) -> Tab
     events from before the DROP hold its values), each with its newest type and source type,
     new columns appended; the primary key is the current one. Unlike :func:`evolve_schema` it
     never refuses a change: the event log keeps every event whatever the mirror can follow
-    (a value its column's newer type cannot hold is kept as text, sinks/arrow_types.py)."""
+    (a value its column's newer type cannot hold is kept as text, core/arrow_types.py)."""
     if previous is None:
         return current
     now = {c.name: c for c in current.columns}
@@ -354,3 +354,17 @@ def follow_log_schema(previous: TableSchema | None, current: TableSchema) -> Tab
     known = set(previous.column_names)
     cols += [c for c in current.columns if c.name not in known]
     return TableSchema(current.table, tuple(cols), current.primary_key, dict(current.extra))
+
+
+def log_typing_schema(logged: TableSchema | None, staged: TableSchema | None) -> TableSchema | None:
+    """The columns a table's changes are typed with in staging and the event log: its log
+    schema, plus any column of its staged schema the log schema lacks (a column added while
+    no change of the table was captured, which a snapshot's chunks already read); either
+    alone when the other is missing."""
+    if logged is None or staged is None:
+        return logged or staged
+    known = set(logged.column_names)
+    missing = tuple(c for c in staged.columns if c.name not in known)
+    if not missing:
+        return logged
+    return TableSchema(logged.table, logged.columns + missing, logged.primary_key, dict(logged.extra))

@@ -16,9 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import pyarrow as pa
-
-from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.events import LogEvent
 from ..core.planning import chunk_predicates, render_predicates
@@ -26,7 +23,7 @@ from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
-from ..storage.staged import CHUNK_SCHEMA, chunk_writer, string_array
+from ..storage.staged import ChunkWriter, string_array
 
 log = logging.getLogger(__name__)
 
@@ -264,25 +261,24 @@ class Dialect(ABC):
         where: str | None = None,
         upper_bound: Sequence | None = None,
     ) -> ChunkReadResult:
-        """DBLog step 2: stream the next chunk to a Parquet file at ``path`` (key, after)."""
+        """DBLog step 2: stream the next chunk to a typed Parquet file at ``path`` (storage/staged.py)."""
         sql, params = self.chunk_query(
             schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
         )
-        rows = 0
         last_key: tuple | None = None
         pk = schema.primary_key
-        with storage.atomic_output(path) as (fs, tmp), chunk_writer(tmp, fs) as writer:
-            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
-                keys, afters = [], []
-                for raw in batch:
-                    row = self.row_to_canonical(schema, raw)
-                    kv = tuple(row[k] for k in pk)
-                    keys.append(encode_key(kv))
-                    afters.append(encode_row(row))
-                    last_key = kv
-                del batch  # the driver rows: the batch's largest part, no longer needed
-                rows += len(keys)
-                writer.write_table(pa.Table.from_arrays([string_array(keys), string_array(afters)], schema=CHUNK_SCHEMA))
+        writer = ChunkWriter(schema)
+        for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
+            keys, afters = [], []
+            for raw in batch:
+                row = self.row_to_canonical(schema, raw)
+                kv = tuple(row[k] for k in pk)
+                keys.append(encode_key(kv))
+                afters.append(encode_row(row))
+                last_key = kv
+            del batch  # the driver rows: the batch's largest part, no longer needed
+            writer.add(string_array(keys), string_array(afters))
+        rows = writer.write(path)
         return ChunkReadResult(rows, last_key)
 
     @abstractmethod

@@ -59,7 +59,6 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from .. import storage
 from ..core import temporal
 from ..core.errors import ConfigurationError, SourceError, TableNotFoundError, WatermarkError
 from ..core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
@@ -794,9 +793,8 @@ class PostgresDialect(Dialect):
                 schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
             )
         import psycopg2
-        import pyarrow as pa
 
-        from ..storage.staged import CHUNK_SCHEMA, chunk_writer
+        from ..storage.staged import ChunkWriter
         from .pgcopy import ChunkAssembler, read_csv_batch
 
         sql, params = self.chunk_query(
@@ -812,45 +810,46 @@ class PostgresDialect(Dialect):
         buf = bytearray()  # COPY rows of the batch being filled (no object per row)
         batch_rows = max(1, self.copy_batch_rows)
 
-        with storage.atomic_output(path) as (fs, tmp), chunk_writer(tmp, fs) as writer:
+        writer = ChunkWriter(schema)
 
-            def flush() -> None:
-                if not state["pending"]:
-                    return
-                cols = read_csv_batch(buf, schema.column_names)
-                buf.clear()
-                state["pending"] = 0
-                key, after, last = asm.build(cols)
-                del cols
-                writer.write_table(pa.Table.from_arrays([key, after], schema=CHUNK_SCHEMA))
-                state["rows"] += len(key)
-                state["last"] = last
+        def flush() -> None:
+            if not state["pending"]:
+                return
+            cols = read_csv_batch(buf, schema.column_names)
+            buf.clear()
+            state["pending"] = 0
+            key, after, last = asm.build(cols)
+            del cols
+            writer.add(key, after)
+            state["rows"] += len(key)
+            state["last"] = last
 
-            class _Sink:  # psycopg2 writes one COPY row per call
-                def write(self, data: bytes) -> int:
-                    buf.extend(data)
-                    state["pending"] += 1
-                    if state["pending"] >= batch_rows:
-                        flush()
-                    return len(data)
+        class _Sink:  # psycopg2 writes one COPY row per call
+            def write(self, data: bytes) -> int:
+                buf.extend(data)
+                state["pending"] += 1
+                if state["pending"] >= batch_rows:
+                    flush()
+                return len(data)
 
-            conn = self._read_conn()
-            try:
-                with conn.cursor() as cur:
-                    copy_sql = (
-                        f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
-                    )
-                    cur.copy_expert(copy_sql, _Sink())
-                conn.commit()
-            except psycopg2.Error as exc:
-                self._reset_read_conn()
-                raise SourceError(
-                    f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
-                ) from exc
-            except BaseException:
-                self._reset_read_conn()
-                raise
-            flush()
+        conn = self._read_conn()
+        try:
+            with conn.cursor() as cur:
+                copy_sql = (
+                    f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
+                )
+                cur.copy_expert(copy_sql, _Sink())
+            conn.commit()
+        except psycopg2.Error as exc:
+            self._reset_read_conn()
+            raise SourceError(
+                f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
+            ) from exc
+        except BaseException:
+            self._reset_read_conn()
+            raise
+        flush()
+        writer.write(path)
         return ChunkReadResult(state["rows"], state["last"])
 
     def _reset_read_conn(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from .. import progress_store, settings, storage
+from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
 from ..core.planning import SnapshotRequest
@@ -56,7 +57,6 @@ from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
 )
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 from ..settings import FromSettings, sink_names
-from ..sinks.arrow_types import mirror_schema
 from ..storage.layout import plan_path, schema_path
 
 log = logging.getLogger(__name__)

@@ -37,9 +37,18 @@ from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.window import read_events, window_survivors
-from ..sinks.base import EVENT_SCHEMA, Sink, read_marker, write_marker
+from ..sinks.base import (
+    EVENT_SCHEMA,
+    Sink,
+    TableEvents,
+    join_table_events,
+    read_marker,
+    to_json_events,
+    typed_event_schema,
+    write_marker,
+)
 from ..storage.layout import changelog_dir as staged_changelog_dir
-from ..storage.staged import CHANGELOG_SCHEMA, list_segments
+from ..storage.staged import CHANGELOG_SCHEMA, SEGMENT_SCHEMA, list_segments, read_chunk, segment_images
 from .spark import common
 from .windows import DEFAULT_BATCH_ROWS, describe, locate_windows, window_groups
 
@@ -50,8 +59,9 @@ Segments = Sequence[tuple[Position, Position, str]]
 #: before/after images cost ~6 KB per event on the way into the mirror: 100,000 events in
 #: one batch took the worker to ~1 GB
 DEFAULT_APPLY_BATCH_ROWS = 20_000
-#: (segments, after, upto) -> table events of the segments in (after, upto], EVENT_SCHEMA
-EventReader = Callable[[Segments, Position | None, Position | None], pa.Table]
+#: (segments, after, upto) -> table events of the segments in (after, upto] (the in-process
+#: engine: a TableEvents per table; the Spark apply job: its own batch description)
+EventReader = Callable[[Segments, Position | None, Position | None], object]
 
 
 # --- reading staged files ----------------------------------------------------------------------
@@ -74,7 +84,7 @@ def segment_table(path: str, *, lower: str = "", after: Position | None = None, 
     """One staged segment's events with ``lower < position`` (its de-duplication bound,
     spark.common.segment_lower_bounds) and ``after < position <= upto``, in ``columns``
     (position always included)."""
-    cols = list(columns or CHANGELOG_SCHEMA.names)
+    cols = list(columns or SEGMENT_SCHEMA.names)
     if "position" not in cols:
         cols.insert(0, "position")
     t = _read_parquet(path, cols).cast(pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]))
@@ -104,7 +114,7 @@ def read_changelog(
 ) -> pa.Table:
     """Staged events with ``after < position <= upto`` without duplicates, as one Arrow table
     in segment order."""
-    cols = list(columns or CHANGELOG_SCHEMA.names)
+    cols = list(columns or SEGMENT_SCHEMA.names)
     if "position" not in cols:
         cols.insert(0, "position")
     parts = [segment_table(path, lower=lower, after=after, upto=upto, columns=cols)
@@ -112,25 +122,37 @@ def read_changelog(
     return pa.concat_tables(parts) if parts else pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).empty_table()
 
 
-def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> pa.Table:
-    """Table events (no watermarks) in ``(after, upto]`` as EVENT_SCHEMA rows, ``batch`` =
+def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> list[TableEvents]:
+    """Table events (no watermarks) in ``(after, upto]``, one TableEvents per table (images
+    typed at different positions joined, sinks/base.py join_table_events), ``batch`` =
     ``c-{first}-{last}`` of the segment that holds them."""
-    parts = [segment_events(unit) for unit in segment_units(segments, after, upto)]
-    return pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
+    return join_table_events(p for unit in segment_units(segments, after, upto) for p in segment_events(unit))
 
 
-def segment_events(unit: tuple) -> pa.Table:
-    """The table events of one staged segment (a :func:`segment_units` unit) as EVENT_SCHEMA
-    rows, ``batch`` = ``c-{first}-{last}`` of the segment. What one Spark task produces."""
+def segment_events(unit: tuple) -> list[TableEvents]:
+    """The table events of one staged segment (a :func:`segment_units` unit), a TableEvents
+    per table with the images as staged (typed), ``batch`` = ``c-{first}-{last}`` of the
+    segment. What one Spark task produces."""
     path, lower, after, upto = unit
-    t = segment_table(path, lower=lower, after=None if after is None else Position.decode(after),
-                      upto=None if upto is None else Position.decode(upto))
-    t = t.filter(pc.not_equal(t["op"], "w"))  # watermarks are not table events
-    n = t.num_rows
+    fs, p = storage.filesystem(path)
+    with fs.open_input_file(p) as fh:
+        t = pq.ParquetFile(fh).read()
+    pos = t["position"]
+    mask = pc.and_(pc.greater(pos, lower), pc.not_equal(t["op"], "w"))  # watermarks are not table events
+    if after is not None:
+        mask = pc.and_(mask, pc.greater(pos, after))
+    if upto is not None:
+        mask = pc.and_(mask, pc.less_equal(pos, upto))
+    t = t.filter(mask)
     name = path.rsplit("/", 1)[-1]
     batch = "c-" + name[len("seg-"):-len(".parquet")]
-    return pa.table([*(t[c] for c in CHANGELOG_SCHEMA.names), pa.repeat(pa.scalar(False), n),
-                     pa.repeat(pa.scalar(batch, pa.string()), n)], schema=EVENT_SCHEMA)
+    out = []
+    for table, schema, text, part in segment_images(t):
+        n = part.num_rows
+        extra = {"snapshot": pa.repeat(pa.scalar(False), n), "batch": pa.repeat(pa.scalar(batch, pa.string()), n)}
+        cols = [part[f.name] if f.name in part.column_names else extra[f.name] for f in EVENT_SCHEMA]
+        out.append(TableEvents(table, schema, tuple(text), pa.table(cols, schema=typed_event_schema(part["after"].type))))
+    return out
 
 
 def _segment_rows(path: str) -> int:
@@ -153,21 +175,24 @@ def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, chang
 
 
 # --- merge ---------------------------------------------------------------------------------------
-def window_events(w, changes: pa.Table) -> pa.Table:
+def window_events(w, changes: pa.Table) -> TableEvents:
     """The ``r`` events of one located chunk window (merge_job.ChunkWindow): the chunk's rows
     minus the keys of its table changed strictly between its watermarks; none at all when a
-    TRUNCATE of its table (``t``) lies between them."""
+    TRUNCATE of its table (``t``) lies between them. The after-images as the chunk staged
+    them (typed)."""
     if w.chunk.rows == 0:
-        return EVENT_SCHEMA.empty_table()
-    rows = _read_parquet(w.chunk.path, ["key", "after"])
+        return TableEvents(w.chunk.table, None, (), typed_event_schema(pa.struct([])).empty_table())
+    rows, schema, text = read_chunk(w.chunk.path, w.chunk.table)
     if rows.num_rows != w.chunk.rows:
         raise ConfigurationError(
             f"{describe(w.chunk)}: file {w.chunk.path} holds {rows.num_rows} rows but the chunk result says "
             f"{w.chunk.rows}; the file was replaced by another attempt: re-run the chunk task"
         )
     survivors = window_survivors(rows, changes, table=w.chunk.table, low=w.low, high=w.high)  # step 4
-    return read_events(survivors, EVENT_SCHEMA, table=w.chunk.table, high=w.high, high_ts_ms=w.high_ts_ms,
-                       watermark=w.chunk.high_watermark, batch=w.batch)  # step 5
+    events = read_events(survivors, typed_event_schema(rows.schema.field("after").type), table=w.chunk.table,
+                         high=w.high, high_ts_ms=w.high_ts_ms, watermark=w.chunk.high_watermark,
+                         batch=w.batch)  # step 5
+    return TableEvents(w.chunk.table, schema, tuple(text), events)
 
 
 def chunk_units(windows: Sequence, segments: Segments) -> list[tuple]:
@@ -180,22 +205,23 @@ def chunk_units(windows: Sequence, segments: Segments) -> list[tuple]:
     return units
 
 
-def chunk_events(unit: tuple) -> pa.Table:
+def chunk_events(unit: tuple) -> list[TableEvents]:
     """The ``r`` events of one chunk window (see :func:`chunk_units`), reading only its
     window's changes: every key changed there drops, whichever segment copy holds it."""
     w, segments = unit
     changes = read_changelog(segments, after=Position.decode(w.low), upto=Position.decode(w.high),
                              columns=["position", "table", "op", "key"])
-    return window_events(w, changes)
+    return [window_events(w, changes)]
 
 
 def merge_chunks(chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None) -> pa.Table:
-    """The round's ``r`` events (EVENT_SCHEMA), like merge_job.merge_chunks but in Arrow."""
+    """The round's ``r`` events in the canonical-JSON form (EVENT_SCHEMA), like
+    merge_job.merge_chunks but in Arrow: for checks against core's reference; a round's
+    write (:func:`merge_round`) hands the typed events to the sinks."""
     if windows is None:
         windows = locate_windows(None, chunks, changelog_dir)
     changes = _window_changes(windows, changelog_dir)
-    parts = [window_events(w, changes) for w in windows]
-    return pa.concat_tables(parts) if parts else EVENT_SCHEMA.empty_table()
+    return to_json_events(join_table_events(window_events(w, changes) for w in windows))
 
 
 def _window_changes(windows: Sequence, changelog_dir: str) -> pa.Table:
@@ -226,13 +252,14 @@ def merge_round(
     groups = window_groups(windows, max_batch_rows)
     for i, group in enumerate(groups, 1):
         t1 = time.monotonic()
-        events = pa.concat_tables([window_events(w, changes) for w in group])
+        events = join_table_events(window_events(w, changes) for w in group)
         t2 = time.monotonic()
         common.write_to_sinks(sinks, events)
         timings["merge_s"] += t2 - t1
         timings["sinks_s"] += time.monotonic() - t2
-        emitted += events.num_rows
-        log.info("merge group %d of %d: %d chunk(s), %d events written", i, len(groups), len(group), events.num_rows)
+        n = sum(e.num_rows for e in events)
+        emitted += n
+        log.info("merge group %d of %d: %d chunk(s), %d events written", i, len(groups), len(group), n)
     rows_in = sum(w.chunk.rows for w in windows)
     return {
         "engine": "local", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
@@ -257,10 +284,10 @@ def apply_segments(
         raise ConfigurationError(f"max_segments_per_batch must be >= 1, got {max_segments_per_batch}")
     if max_batch_rows < 1:
         raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
-    # the in-process engine's defaults: Arrow tables; the Spark apply job passes DataFrame ones
-    after_mark = after_mark or (lambda t, mark: t.filter(pc.greater(t["position"], mark.encode())))
+    # the in-process engine's defaults: TableEvents lists; the Spark apply job passes its own
+    after_mark = after_mark or (lambda ts, mark: [t.filter(pc.greater(t.events["position"], mark.encode())) for t in ts])
     write = write or _write_each
-    count = count or (lambda t: t.num_rows)
+    count = count or (lambda ts: sum(t.num_rows for t in ts))
     release = release or (lambda t: None)
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
@@ -302,7 +329,7 @@ def apply_segments(
             "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
 
 
-def _write_each(group: Sequence[Sink], events: pa.Table) -> None:
+def _write_each(group: Sequence[Sink], events: list[TableEvents]) -> None:
     for sink in group:
         sink.write(events)
 

@@ -47,11 +47,15 @@ def stage_changelog(
     paths: list[str] = []
     bounds: list[Position] = []  # first and last position of the run
     counts = [0, 0, None]  # events, watermarks, newest commit time (ms)
-    tables: set[str] = set()  # the tables this run staged events of (their log schemas follow)
+    # the tables this run staged events of: their log schemas followed once per run, before
+    # their first segment, which is typed with them (storage/staged.py)
+    schemas: dict = {}
 
     def stage(events: list[LogEvent]) -> None:
-        paths.append(write_segment(events, directory, dialect.watermark_table.id))
-        tables.update(e.table for e in events if not isinstance(e, WatermarkEvent))
+        new = {e.table for e in events if not isinstance(e, WatermarkEvent)} - schemas.keys()
+        if new:
+            schemas.update(follow_log_schemas(dialect, data_dir, dialect.source, new))
+        paths.append(write_segment(events, directory, dialect.watermark_table.id, schemas))
         if not bounds:
             bounds.append(events[0].position)
         bounds[1:] = [events[-1].position]
@@ -72,8 +76,6 @@ def stage_changelog(
             # re-read the same events (and maybe more), so it supersedes the orphan
             if f_path not in mine and f_first >= first and f_last <= last:
                 storage.delete(f_path)
-    # before the offset: an apply never meets a staged event whose table has no log schema
-    follow_log_schemas(dialect, data_dir, dialect.source, tables)
     dialect.commit_offset(batch.end_offset, data_dir)
     return CaptureResult(
         counts[0],

@@ -20,7 +20,7 @@ import logging
 
 from .. import storage
 from ..core.errors import CdcError, TableNotFoundError
-from ..core.schema import TableName, TableSchema, evolve_schema, follow_log_schema
+from ..core.schema import TableName, TableSchema, evolve_schema, follow_log_schema, log_typing_schema
 from ..dialects.base import Dialect
 from ..storage.layout import log_schema_path, mirror_dir, schema_path, schemas_dir
 
@@ -66,24 +66,32 @@ def read_log_schema(data_dir: str, source: str, table: TableName) -> TableSchema
     return TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
 
 
-def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) -> None:
+def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) -> dict[str, TableSchema | None]:
     """The log schema (storage/layout.py) of every table in ``table_ids`` followed to the
-    source's catalog now: capture calls it for the tables it staged events of, before it
-    commits its offset, so the apply that writes those events finds their columns. A table
-    that is gone or cannot be described keeps its last log schema (the event log falls back
-    to the staged schema, then to text columns, sinks/event_log.py)."""
+    source's catalog now: capture calls it for the tables of each segment before it writes
+    the segment (and so before it commits its offset), so the apply that writes those events
+    finds their columns. A table that is gone or cannot be described keeps its last log
+    schema. Returns table id -> the schema its staged images are typed with
+    (core/schema.py log_typing_schema: the log schema plus columns only the staged schema
+    has; None: never described, the images keep text columns)."""
+    out: dict[str, TableSchema | None] = {}
     for tid in sorted(table_ids):
         table = TableName.parse(tid)
         previous = read_log_schema(data_dir, source, table)
         current, problem = current_schema(dialect, table)
+        followed = previous
         if current is None:
             if problem:
                 log.warning("table %s: its columns cannot be described (%s); the event log keeps its last known "
                             "columns for it", table, problem)
-            continue
-        followed = follow_log_schema(previous, current)
-        if followed != previous:
-            storage.write_text(log_schema_path(data_dir, source, table), followed.to_json())
+        else:
+            followed = follow_log_schema(previous, current)
+            if followed != previous:
+                storage.write_text(log_schema_path(data_dir, source, table), followed.to_json())
+        spath = schema_path(data_dir, source, table)
+        staged = TableSchema.from_json(storage.read_text(spath)) if storage.exists(spath) else None
+        out[tid] = log_typing_schema(followed, staged)
+    return out
 
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:

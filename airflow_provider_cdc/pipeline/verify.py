@@ -3,7 +3,7 @@
 ``verify_table`` reads the source in primary-key chunks with the same keyset SQL the
 snapshot uses (``Dialect.chunk_query`` / ``stream_query``), canonicalises each row with
 the dialect's ``row_to_canonical``, and compares a digest per chunk with the digest of the
-mirror rows of the same keys. Mirror rows are typed (sinks/arrow_types.py); they are
+mirror rows of the same keys. Mirror rows are typed (core/arrow_types.py); they are
 turned back into canonical values here, per logical type, so both sides compare as the
 same canonical JSON. Only chunks whose digests differ are drilled into row by row. Keys
 the mirror has and no source chunk covered are extra rows. Keys are matched by their
@@ -26,11 +26,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.arrow_types import RowNormaliser, arrow_canonical
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
-from ..sinks.arrow_types import RowNormaliser, arrow_canonical
 from ..sinks.event_log import read_events as read_event_log
 
 DEFAULT_CHUNK_ROWS = 10_000
@@ -127,7 +127,7 @@ class MirrorIndex:
     """The mirror's live rows: canonical key -> (row number, digest), rows kept typed in Arrow."""
 
     def __init__(self, schema: TableSchema, table) -> None:
-        from ..sinks.arrow_types import KEY_COLUMN
+        from ..core.arrow_types import KEY_COLUMN
 
         self.schema = schema
         self.table = table

@@ -1,10 +1,14 @@
 """What every sink receives, and the applied-position markers of the apply job.
 
-A sink gets an Arrow table of events (:data:`EVENT_SCHEMA`): the staged changelog
-columns plus ``snapshot`` (True for ``r`` rows) and ``batch``, a deterministic name of the
-unit the events came from (the staged segment for log events, the chunk's high watermark
-for snapshot rows). Sinks are idempotent: writing the same batch again changes nothing
-(I3), so a retried Spark task may simply run again.
+A sink gets events a table at a time, typed (:class:`TableEvents`): the staged changelog
+columns (position, table, op, key, ts_ms, watermark, origin) plus ``snapshot`` (True for
+``r`` rows) and ``batch``, a deterministic name of the unit the events came from (the
+staged segment for log events, the chunk's high watermark for snapshot rows), and
+``before`` / ``after`` as structs of the table's typed columns, as staging holds them
+(core/arrow_types.py): no sink parses JSON. A sink also accepts the canonical-JSON form of
+events of any tables (:data:`EVENT_SCHEMA`, images as JSON text), for callers that build
+events by hand; :func:`table_events` types those once. Sinks are idempotent: writing the
+same batch again changes nothing (I3), so a retried Spark task may simply run again.
 
 Sinks are written from the Spark driver, one job at a time per table (Airflow pools and
 ``max_active_runs=1``): a single-writer design. The Delta mirror still retries a commit
@@ -17,11 +21,14 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import storage
+from ..core import arrow_types as at
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
@@ -30,18 +37,139 @@ from ..storage.staged import CHANGELOG_SCHEMA
 
 log = logging.getLogger(__name__)
 
-# the staged changelog columns, plus the snapshot flag and the batch that wrote the event
+# the staged changelog columns, plus the snapshot flag and the batch that wrote the event,
+# with images as canonical JSON text (the hand-built form; see TableEvents for the typed one)
 EVENT_SCHEMA = pa.schema([*CHANGELOG_SCHEMA, pa.field("snapshot", pa.bool_()), pa.field("batch", pa.string())])
 EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
+#: the columns of TableEvents.events other than the two images
+META_EVENT_FIELDS = [f for f in EVENT_SCHEMA if f.name not in ("before", "after")]
+
+
+def typed_event_schema(image: pa.DataType) -> pa.Schema:
+    """EVENT_SCHEMA's columns with ``before`` / ``after`` of type ``image`` (a struct)."""
+    return pa.schema([pa.field(f.name, image) if f.name in ("before", "after") else f for f in EVENT_SCHEMA])
+
+
+@dataclass(frozen=True)
+class TableEvents:
+    """Events of one table with typed images: ``events`` has EVENT_SCHEMA's columns, with
+    ``before`` and ``after`` structs of the columns of ``schema`` (the TableSchema they were
+    typed with; columns in ``text_columns`` hold canonical text instead)."""
+
+    table: str
+    schema: TableSchema | None
+    text_columns: tuple[str, ...]
+    events: pa.Table
+
+    @property
+    def num_rows(self) -> int:
+        return self.events.num_rows
+
+    def filter(self, mask) -> TableEvents:
+        return replace(self, events=self.events.filter(mask))
+
+    def with_events(self, events: pa.Table) -> TableEvents:
+        return replace(self, events=events)
+
+    def canonical(self, column: str, *, keep_nulls: bool = False) -> list[dict | None]:
+        """``before`` or ``after`` as canonical row dicts (core/arrow_types.canonical_rows)."""
+        return at.canonical_rows(self.events[column], self.schema, self.text_columns, keep_nulls=keep_nulls)
+
+
+Events = pa.Table | TableEvents | Sequence[TableEvents]
+
+
+def type_json_events(table: str, events: pa.Table, schema: TableSchema | None) -> TableEvents:
+    """Events of one table with canonical-JSON images (EVENT_SCHEMA) -> TableEvents, typed
+    with ``schema`` (None: text columns the rows name, :func:`inferred_schema`)."""
+    n = events.num_rows
+    have = set(events.column_names)  # a hand-built table may leave columns out: they read null
+    events = pa.table({f.name: events[f.name] if f.name in have else pa.nulls(n, f.type) for f in EVENT_SCHEMA})
+    schema = schema or at.inferred_schema(TableName.parse(table), events)
+    before, after, schema, text = at.type_images(schema, events["before"], events["after"])
+    cols = [before if f.name == "before" else after if f.name == "after" else events[f.name] for f in EVENT_SCHEMA]
+    return TableEvents(table, schema, tuple(text), pa.table(cols, schema=typed_event_schema(after.type)))
+
+
+def table_events(events: Events, schema_of: Callable[[str], TableSchema | None]) -> list[TableEvents]:
+    """What a sink was given, a table at a time and typed: TableEvents as they are; the
+    canonical-JSON form (EVENT_SCHEMA, any tables) grouped by table and typed with
+    ``schema_of(table)``."""
+    if isinstance(events, TableEvents):
+        return [events] if events.num_rows else []
+    if not isinstance(events, pa.Table):
+        return [e for e in events if e.num_rows]
+    if events.num_rows == 0:
+        return []
+    if pa.types.is_struct(events.schema.field("after").type):
+        raise TypeError("typed events come as TableEvents, which name their schema")
+    return [type_json_events(t, events.filter(pc.equal(events["table"], t)), schema_of(t))
+            for t in pc.unique(events["table"]).to_pylist()]
+
+
+def join_table_events(parts: Iterable[TableEvents]) -> list[TableEvents]:
+    """Parts of events (from several staged files or chunks), one TableEvents per table, in
+    first-seen order: images typed at different positions joined under every column's newest
+    type (core/arrow_types.unify_schemas); a column whose older values the newest type cannot
+    hold is canonical text."""
+    by_table: dict[str, list[TableEvents]] = {}
+    for p in parts:
+        if p.num_rows:
+            by_table.setdefault(p.table, []).append(p)
+    out = []
+    for table, ps in by_table.items():
+        if len(ps) == 1:
+            out.append(ps[0])
+            continue
+        schema, text = at.unify_schemas([(p.schema, p.text_columns) for p in ps])
+        if schema is None:
+            out.append(ps[0].with_events(pa.concat_tables([p.events for p in ps])))
+            continue
+        while True:
+            try:
+                tables = [_conformed(p, schema, text) for p in ps]
+                break
+            except ConfigurationError as exc:
+                bad = next((c for c in schema.column_names if f"column {c!r}" in str(exc) and c not in text), None)
+                if bad is None:
+                    raise
+                text = sorted({*text, bad})
+        out.append(TableEvents(table, schema, tuple(text), pa.concat_tables(tables)))
+    return out
+
+
+def _conformed(p: TableEvents, schema: TableSchema, text: Sequence[str]) -> pa.Table:
+    before = at.conform_images(p.events["before"], p.schema, p.text_columns, schema, text)
+    after = at.conform_images(p.events["after"], p.schema, p.text_columns, schema, text)
+    cols = [before if f.name == "before" else after if f.name == "after" else p.events[f.name] for f in EVENT_SCHEMA]
+    return pa.table(cols, schema=typed_event_schema(after.type))
+
+
+def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
+    """TableEvents -> the canonical-JSON form (EVENT_SCHEMA, images as canonical JSON text):
+    for a sink outside this package and for checks, never the hot path."""
+    from ..core.schema import encode_row
+    from ..storage.staged import string_array
+
+    tables = []
+    for p in parts:
+        if not p.num_rows:
+            continue
+        images = {c: string_array([None if r is None else encode_row(r) for r in p.canonical(c)])
+                  for c in ("before", "after")}
+        tables.append(pa.table([images[f.name] if f.name in images else p.events[f.name]
+                                for f in EVENT_SCHEMA], schema=EVENT_SCHEMA))
+    return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
 
 
 class Sink(ABC):
-    """Receives event batches; ``write`` must be idempotent per batch."""
+    """Receives event batches; ``write`` must be idempotent per batch. ``events``: one
+    table's TableEvents, a sequence of them, or the canonical-JSON form (EVENT_SCHEMA)."""
 
     name: str
 
     @abstractmethod
-    def write(self, events: pa.Table) -> None: ...
+    def write(self, events: Events) -> None: ...
 
     def close(self) -> None:  # noqa: B027 - optional
         pass

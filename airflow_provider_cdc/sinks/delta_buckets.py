@@ -39,8 +39,8 @@ from deltalake import DeltaTable
 from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from .. import storage
+from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.errors import ConfigurationError
-from .arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 
 log = logging.getLogger(__name__)
 

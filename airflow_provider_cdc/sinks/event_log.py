@@ -6,7 +6,7 @@ merged chunk), so a retried task rewrites the same files instead of adding copie
 Each file is written to a temporary name and renamed: readers never see half a file.
 
 Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
-mirror's types, sinks/arrow_types.py; null where the event has no such image, and a column
+mirror's types, core/arrow_types.py; null where the event has no such image, and a column
 the event did not carry reads null); ``source`` struct ``{connector, db, schema, table, position,
 snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file, pos, row}`` (tx to
 file: where the source logged the change, null for snapshot rows; pos and row: the binlog
@@ -25,19 +25,24 @@ differ in columns (ADD/DROP COLUMN); readers merge them by name (Spark ``mergeSc
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import storage
+from ..core.arrow_types import (
+    SCHEMA_META,
+    TEXT_COLUMNS_META,
+    canonical_rows,
+    images_metadata,
+    metadata_schema,
+)
 from ..core.position import ENCODED_LENGTH
-from ..core.schema import Column, TableName, TableSchema
+from ..core.schema import TableName, TableSchema, log_typing_schema
 from ..storage.layout import events_dir, log_schema_path
 from ..storage.staged import atomic_write_table
-from .arrow_types import json_rows_to_struct
-from .base import SchemaCache, Sink
+from .base import Events, SchemaCache, Sink, TableEvents, table_events
 
 log = logging.getLogger(__name__)
 
@@ -64,24 +69,7 @@ SOURCE_TYPE = pa.struct(
 )
 #: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
 ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
-SCHEMA_META = b"cdc.schema"
-TEXT_COLUMNS_META = b"cdc.text_columns"
-
-
-def inferred_schema(table: TableName, events: pa.Table) -> TableSchema:
-    """Text columns named by the rows themselves (a table with neither a log nor a staged
-    schema: its columns were never described). Every column is ``string``, so canonical values
-    are kept as their text."""
-    names: dict[str, None] = {}
-    key_cols: list[str] = []
-    for col in ("after", "before"):
-        for text in events[col].drop_null().to_pylist():
-            names.update(dict.fromkeys(json.loads(text)))
-    for text in events["key"].drop_null().to_pylist()[:1]:
-        key_cols = [f"key{i}" for i in range(len(json.loads(text)))]
-    cols = tuple(Column(n, "string") for n in names) or tuple(Column(k, "string") for k in key_cols) or (Column("key0", "string"),)
-    pk = tuple(c.name for c in cols[: max(1, len(key_cols))])
-    return TableSchema(table, cols, pk)
+__all__ = ["SCHEMA_META", "TEXT_COLUMNS_META", "EventLogSink", "canonical_images", "file_schema", "read_events"]
 
 
 def _origin_fields(events: pa.Table) -> list[pa.Array]:
@@ -139,38 +127,20 @@ class EventLogSink(Sink):
         if table.id not in self._log_schemas:
             path = log_schema_path(self.data_dir, self.source, table)
             self._log_schemas[table.id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
-        logged, staged = self._log_schemas[table.id], self.staged.get(table.id)
-        if logged is None or staged is None:
-            return logged or staged
-        known = set(logged.column_names)
-        missing = tuple(c for c in staged.columns if c.name not in known)
-        if not missing:
-            return logged
-        return TableSchema(logged.table, logged.columns + missing, logged.primary_key, dict(logged.extra))
+        return log_typing_schema(self._log_schemas[table.id], self.staged.get(table.id))
 
-    def envelope(self, events: pa.Table, table: TableName) -> pa.Table:
+    def envelope(self, te: TableEvents) -> pa.Table:
+        """One table's typed events (TableEvents) -> the event log's columns, the images as
+        staging typed them (the file names their schema and text columns)."""
+        events, schema, table = te.events, te.schema, TableName.parse(te.table)
         n = events.num_rows
-        schema = self.schema(table) or inferred_schema(table, events)
-        before, text_b, extra_b = json_rows_to_struct(schema, events["before"])
-        after, text_a, extra_a = json_rows_to_struct(schema, events["after"])
-        extra = list(dict.fromkeys([*extra_b, *extra_a]))
-        if extra:
-            log.warning("event log of %s: column(s) %s are in the events but not in the table's log schema; kept as "
-                        "canonical text in this file", table, extra)
-            schema = TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in extra),
-                                 schema.primary_key, dict(schema.extra))
-        as_text = sorted((set(text_b) | set(text_a)) - set(extra))
-        if as_text:
-            log.warning("event log of %s: column(s) %s hold values their type (%s) cannot, kept as canonical text "
-                        "in this file (a column that changed type at the source?)", table, as_text,
-                        ", ".join(schema.column(c).type for c in as_text))
-        if as_text or extra:
-            # the same columns, as text alike, in both images: one file has one type per column
-            before, _, _ = json_rows_to_struct(schema, events["before"], as_text=as_text)
-            after, _, _ = json_rows_to_struct(schema, events["after"], as_text=as_text)
+        connector = schema.connector if schema is not None else None
+        if te.text_columns:
+            log.warning("event log of %s: column(s) %s hold values their type cannot, kept as canonical text in this "
+                        "file (a column that changed type at the source?)", table, list(te.text_columns))
         src = pa.StructArray.from_arrays(
             [
-                pa.repeat(pa.scalar(schema.connector, pa.string()), n),
+                pa.repeat(pa.scalar(connector, pa.string()), n),
                 pa.repeat(pa.scalar(self.database, pa.string()), n),
                 pa.repeat(pa.scalar(table.schema, pa.string()), n),
                 pa.repeat(pa.scalar(table.name, pa.string()), n),
@@ -178,40 +148,33 @@ class EventLogSink(Sink):
                 events["snapshot"].combine_chunks(),
                 events["watermark"].combine_chunks(),
                 *_origin_fields(events),
-                *_binlog_fields(events["position"], schema.connector),
+                *_binlog_fields(events["position"], connector),
             ],
             fields=list(SOURCE_TYPE),
         )
-        out = pa.table([events["op"], events["key"], before, after, src, events["ts_ms"]], names=list(ENVELOPE_COLUMNS))
-        return out.replace_schema_metadata(
-            {SCHEMA_META: schema.to_json().encode(), TEXT_COLUMNS_META: json.dumps(as_text).encode()}
-        )
+        out = pa.table([events["op"], events["key"], events["before"], events["after"], src, events["ts_ms"]],
+                       names=list(ENVELOPE_COLUMNS))
+        return out.replace_schema_metadata(images_metadata(schema, te.text_columns) if schema is not None else None)
 
-    def write(self, events: pa.Table) -> None:
-        if events.num_rows == 0:
-            return
-        groups = events.group_by(["table", "batch"]).aggregate([]).to_pylist()
-        for g in groups:
-            part = events.filter(pc.and_(pc.equal(events["table"], g["table"]), pc.equal(events["batch"], g["batch"])))
-            # (position, key): the same file content whatever order the engine delivered the rows in
-            part = part.sort_by([("position", "ascending"), ("key", "ascending")])
-            table = TableName.parse(g["table"])
-            if self.fence is not None:
-                self.fence.check(g["table"])
-            path = storage.join(table_dir(self.data_dir, self.source, table), f"{g['batch']}.parquet")
-            atomic_write_table(self.envelope(part, table), path)
-            log.info("event log: %d events of %s -> %s", part.num_rows, table, path)
-
+    def write(self, events: Events) -> None:
+        for te in table_events(events, lambda t: self.schema(TableName.parse(t))):
+            table = TableName.parse(te.table)
+            for batch in pc.unique(te.events["batch"]).to_pylist():
+                part = te.events.filter(pc.equal(te.events["batch"], batch))
+                # (position, key): the same file content whatever order the engine delivered the rows in
+                part = part.sort_by([("position", "ascending"), ("key", "ascending")])
+                if self.fence is not None:
+                    self.fence.check(te.table)
+                path = storage.join(table_dir(self.data_dir, self.source, table), f"{batch}.parquet")
+                atomic_write_table(self.envelope(te.with_events(part)), path)
+                log.info("event log: %d events of %s -> %s", part.num_rows, table, path)
 
 
 # --- reading -------------------------------------------------------------------------------------
 def file_schema(t: pa.Table) -> tuple[TableSchema | None, list[str]]:
     """The schema an event log file was typed with and its text columns (module docstring);
     (None, []) for a file without them."""
-    meta = t.schema.metadata or {}
-    if SCHEMA_META not in meta:
-        return None, []
-    return TableSchema.from_json(meta[SCHEMA_META].decode()), json.loads(meta.get(TEXT_COLUMNS_META, b"[]"))
+    return metadata_schema(t.schema.metadata)
 
 
 def canonical_images(t: pa.Table, column: str, *, keep_nulls: bool = False) -> list[dict | None]:
@@ -219,20 +182,8 @@ def canonical_images(t: pa.Table, column: str, *, keep_nulls: bool = False) -> l
     column that is null left out (unless ``keep_nulls``): the typed struct cannot tell a
     column the event did not carry (added later, a key-only before-image) from a null, so
     neither is claimed."""
-    from .arrow_types import arrow_canonical
-
     schema, text = file_schema(t)
-    images = t[column].combine_chunks()
-    logical = {c.name: ("string" if c.name in text else c.type) for c in schema.columns} if schema else {}
-    names = [f.name for f in images.type]
-    cols = [arrow_canonical(images.field(i), logical.get(n, "string")) for i, n in enumerate(names)]
-    valid = images.is_valid().to_pylist()
-    if keep_nulls:
-        return [{n: col[i] for n, col in zip(names, cols, strict=True)} if valid[i] else None for i in range(len(images))]
-    return [
-        {n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
-        for i in range(len(images))
-    ]
+    return canonical_rows(t[column], schema, text, keep_nulls=keep_nulls)
 
 
 def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:

@@ -1,7 +1,7 @@
 """The mirror: current state per table in a Delta Lake table (delta-rs), with monotonic writes.
 
 One Delta table per source table at ``core.staging.mirror_dir``: the table's typed columns
-(sinks/arrow_types.py) plus ``__key`` (canonical key), ``__position`` (encoded position of
+(core/arrow_types.py) plus ``__key`` (canonical key), ``__position`` (encoded position of
 the event that wrote the row) and ``__deleted``.
 
 Why it converges whatever order the writers run in (the apply job and the merge job):
@@ -58,18 +58,18 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from .. import storage
-from ..core.errors import ConfigurationError, FencedError
-from ..core.schema import TableName, TableSchema, decode_key, decode_row
-from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
-from .arrow_types import (
+from ..core.arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,
     POSITION_COLUMN,
-    json_rows_to_arrays,
     mirror_schema,
     rows_to_table,
+    struct_columns,
 )
-from .base import SchemaCache, Sink
+from ..core.errors import ConfigurationError, FencedError
+from ..core.schema import TableName, TableSchema, decode_key
+from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
+from .base import Events, SchemaCache, Sink, TableEvents, table_events, type_json_events
 from .delta_buckets import (
     BUCKET_COLUMN,
     BUCKETS_PROPERTY,
@@ -125,39 +125,51 @@ def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:
     return ordered.filter(keep)
 
 
-def events_to_mirror_rows(schema: TableSchema, events: pa.Table) -> pa.Table:
-    """Events of one table (one per key) -> typed mirror rows, in event order; deletes become
-    tombstones. The after-images decode vectorised (:func:`json_rows_to_arrays`) when they
-    can; deletes, and batches the vectorised form cannot reproduce, row by row."""
-    is_delete = _combined(pc.equal(events["op"], "d"))
+def events_to_mirror_rows(schema: TableSchema, events: pa.Table | TableEvents) -> pa.Table:
+    """Events of one table (one per key) -> typed mirror rows of ``schema`` (the staged one),
+    in event order; deletes become tombstones holding their key columns. The images come
+    typed (TableEvents, as staging holds them) and are only re-typed where the mirror's
+    column differs (core/arrow_types.struct_columns); the canonical-JSON form is typed
+    first. A value a mirror column cannot hold raises ConfigurationError naming the table,
+    the column and the key."""
+    te = events if isinstance(events, TableEvents) else type_json_events(schema.table.id, events, schema)
+    ev = te.events
+    is_delete = _combined(pc.equal(ev["op"], "d"))
     n_delete = pc.sum(is_delete).as_py() or 0
-    live = events if n_delete == 0 else events.filter(pc.invert(is_delete))
-    arrays = json_rows_to_arrays(schema, live["after"]) if live.num_rows else None
-    if arrays is None:
-        return _mirror_rows_per_row(schema, events, is_delete)
-    out = _mirror_table(schema, arrays, live)
+    missing = pc.and_(pc.invert(is_delete), pc.is_null(_combined(ev["after"])))
+    if pc.any(missing).as_py():
+        i = pc.index(missing, True).as_py()
+        raise ConfigurationError(
+            f"table {schema.table}: {ev['op'][i].as_py()!r} event for key {ev['key'][i].as_py()} has no 'after' row")
+    try:
+        arrays = struct_columns(ev["after"], te.schema, te.text_columns, schema)
+    except ConfigurationError:
+        # the reference decoding of the canonical rows names the table, the column and the key
+        rows_to_table(schema, [r for r in te.canonical("after") if r is not None])
+        raise
     if n_delete:
-        out = pa.concat_tables([out, _mirror_rows_per_row(schema, events.filter(is_delete))])
-        # back to event order: live rows first, then deletes, each in their original order
-        order = pa.concat_arrays([pc.indices_nonzero(pc.invert(is_delete)), pc.indices_nonzero(is_delete)])
-        out = out.take(pc.sort_indices(order))
-    return out
+        keys = _delete_keys(schema, te, is_delete)
+        for i, col in enumerate(schema.columns):
+            if col.name in keys:
+                arrays[i] = pc.if_else(is_delete, keys[col.name], arrays[i])
+    return _mirror_table(schema, arrays, ev, is_delete)
 
 
-def _mirror_rows_per_row(schema: TableSchema, events: pa.Table, is_delete: pa.Array | None = None) -> pa.Table:
-    """The reference decoding: each event's JSON decoded in Python (keys of deletes)."""
-    ops = events["op"].to_pylist()
-    afters = events["after"].to_pylist()
-    keys = events["key"].to_pylist()
-    rows: list[dict | None] = []
-    for op, after, key in zip(ops, afters, keys, strict=True):
-        if op == "d":
-            rows.append(dict(zip(schema.primary_key, decode_key(key), strict=True)))
-        else:
-            if after is None:
-                raise ConfigurationError(f"table {schema.table}: {op!r} event for key {key} has no 'after' row")
-            rows.append(decode_row(after))
-    return _mirror_table(schema, rows_to_table(schema, rows), events, is_delete)
+def _delete_keys(schema: TableSchema, te: TableEvents, is_delete: pa.Array) -> dict[str, pa.Array]:
+    """The key columns of the deletes among ``te`` (other rows: null), typed as the mirror's:
+    from each delete's before-image, which holds the key (PostgreSQL's replica identity,
+    MariaDB's row image); a delete without one (hand-built events) decodes its canonical key."""
+    pk = schema.primary_key
+    key_schema = TableSchema(schema.table, tuple(schema.column(c) for c in pk), pk, dict(schema.extra))
+    before = _combined(te.events["before"])
+    names = {f.name for f in before.type}
+    no_image = pc.and_(is_delete, pc.is_null(before))
+    if all(c in names for c in pk) and not pc.any(no_image).as_py():
+        return dict(zip(pk, struct_columns(before, te.schema, te.text_columns, key_schema), strict=True))
+    keys = te.events["key"].to_pylist()
+    flags = is_delete.to_pylist()
+    rows = [dict(zip(pk, decode_key(k), strict=True)) if d else None for k, d in zip(keys, flags, strict=True)]
+    return dict(zip(pk, rows_to_table(key_schema, rows), strict=True))
 
 
 def _combined(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -208,15 +220,14 @@ class MirrorDeltaSink(Sink):
         self.fence = fence
         self.schema_stopped: dict[str, str] = {}  # tables whose events this sink skipped, and why
 
-    def write(self, events: pa.Table) -> None:
-        if events.num_rows == 0:
-            return
-        for table_id in pc.unique(events["table"]).to_pylist():
+    def write(self, events: Events) -> None:
+        for te in table_events(events, self.schemas.get):
+            table_id = te.table
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
                 continue
-            part = events.filter(pc.equal(events["table"], table_id))
+            part = te
             path = mirror_dir(self.data_dir, self.source, schema.table)
             stopped = schema_stopped(path)
             if stopped:
@@ -226,13 +237,13 @@ class MirrorDeltaSink(Sink):
                 self.schema_stopped[table_id] = stopped
                 continue
             epoch = None if self.fence is None else self.fence.epoch(table_id)
-            truncates = pc.equal(part["op"], "t")
+            truncates = pc.equal(part.events["op"], "t")
             if pc.any(truncates).as_py():
                 # a TRUNCATE: every row older than it is gone, rows of this batch included;
                 # the horizon it leaves keeps older writers (late chunks, replays) out
-                newest = pc.max(part.filter(truncates)["position"]).as_py()
+                newest = pc.max(part.events.filter(truncates)["position"]).as_py()
                 sweep(path, newest, mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
-                part = part.filter(pc.greater(part["position"], newest))
+                part = part.filter(pc.greater(part.events["position"], newest))
                 if part.num_rows == 0:
                     continue
             try:
@@ -244,7 +255,7 @@ class MirrorDeltaSink(Sink):
                 self.schema_stopped[table_id] = str(exc)
                 continue
             try:
-                rows = events_to_mirror_rows(schema, newest_per_key(part))
+                rows = events_to_mirror_rows(schema, part.with_events(newest_per_key(part.events)))
             except ConfigurationError as exc:
                 # a value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year
                 # 294247): on the changelog path only this table stops, the others go on; a

@@ -23,11 +23,11 @@ import logging
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, META_COLUMNS, POSITION_COLUMN
 from ..core.errors import ConfigurationError
-from ..core.schema import TableName, TableSchema, decimal_params, decode_key, decode_row
+from ..core.schema import TableName, TableSchema, decimal_params, decode_key
 from ..core.sqlnames import quote_pg
-from .arrow_types import DELETED_COLUMN, KEY_COLUMN, META_COLUMNS, POSITION_COLUMN
-from .base import SchemaCache, Sink
+from .base import Events, SchemaCache, Sink, TableEvents, table_events, type_json_events
 from .mirror_delta import newest_per_key
 
 log = logging.getLogger(__name__)
@@ -137,26 +137,25 @@ class MirrorPostgresSink(Sink):
             cur.execute(f"CREATE TABLE IF NOT EXISTS {self.target(schema.table)} ({', '.join(cols)})", ())
         self._ready.add(schema.table.id)
 
-    def write(self, events: pa.Table) -> None:
-        if events.num_rows == 0:
-            return
-        for table_id in pc.unique(events["table"]).to_pylist():
+    def write(self, events: Events) -> None:
+        for te in table_events(events, self.schemas.get):
+            table_id = te.table
             if self.fence is not None:
                 self.fence.check(table_id)
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("postgres mirror: no staged schema for %s; skipped", table_id)
                 continue
-            part = events.filter(pc.equal(events["table"], table_id))
-            truncates = pc.equal(part["op"], "t")
+            part = te
+            truncates = pc.equal(part.events["op"], "t")
             if pc.any(truncates).as_py():
                 # every row older than the TRUNCATE goes (no horizon here: see README, TRUNCATE)
-                newest = pc.max(part.filter(truncates)["position"]).as_py()
+                newest = pc.max(part.events.filter(truncates)["position"]).as_py()
                 self._delete_before(schema, newest)
-                part = part.filter(pc.greater(part["position"], newest))
+                part = part.filter(pc.greater(part.events["position"], newest))
                 if part.num_rows == 0:
                     continue
-            self.upsert(schema, newest_per_key(part))
+            self.upsert(schema, part.with_events(newest_per_key(part.events)))
 
     def _delete_before(self, schema: TableSchema, position: str) -> None:
         self.ensure_table(schema)
@@ -180,19 +179,23 @@ class MirrorPostgresSink(Sink):
         state["_ready"] = set()
         return state
 
-    def upsert(self, schema: TableSchema, events: pa.Table) -> int:
+    def upsert(self, schema: TableSchema, events: pa.Table | TableEvents) -> int:
+        """Events of one table (one per key; TableEvents, or the canonical-JSON form) upserted,
+        each row only over an older one."""
         from psycopg2.extras import execute_values
 
+        te = events if isinstance(events, TableEvents) else type_json_events(schema.table.id, events, schema)
         self.ensure_table(schema)
         names = [*schema.column_names, KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
         types = [c.type for c in schema.columns]
         rows = []
-        for ev in events.select(["op", "key", "after", "position"]).to_pylist():
+        afters = te.canonical("after")
+        for ev, after in zip(te.events.select(["op", "key", "position"]).to_pylist(), afters, strict=True):
             deleted = ev["op"] == "d"
             if deleted:
                 row = dict(zip(schema.primary_key, decode_key(ev["key"]), strict=True))
             else:
-                row = decode_row(ev["after"])
+                row = after
                 if row is None:
                     raise ConfigurationError(f"table {schema.table}: {ev['op']!r} event for key {ev['key']} has no 'after' row")
             rows.append((*[_text(row.get(c.name), c.type) for c in schema.columns], ev["key"], ev["position"], deleted))

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
-from .arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from .delta_buckets import BUCKET_COLUMN
 from .mirror_delta import _open, read_mirror
 

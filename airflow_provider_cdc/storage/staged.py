@@ -1,11 +1,28 @@
 """Parquet I/O for staged changelog segments and chunks (formats: storage/layout.py).
 
+Staging is typed: the rows are the table's typed columns (core/arrow_types.py), so no
+reader parses JSON.
+
+* A chunk file holds ``key`` (canonical key text) and ``after``, a struct of the table's
+  typed columns; its Parquet metadata names the TableSchema they were typed with and the
+  columns kept as canonical text (a value its type cannot hold).
+* A segment file holds the log columns of every event (:data:`SEGMENT_SCHEMA`: position,
+  table, op, key, ts_ms, watermark, origin) and, for the ``i``-th table with changes in
+  it, ``before_{i}`` / ``after_{i}``: structs of that table's typed columns, null on other
+  tables' rows. Its metadata (``cdc.tables``) lists the tables in order with the schema
+  each was typed with at capture time (the table's log schema: a schema per position, since
+  every segment carries its own) and its text columns.
+
+Files staged by earlier versions (``before``/``after`` canonical JSON text) still read:
+their images are typed on the way in, as text columns named by the rows.
+
 Files are written to a temporary name and renamed, so a reader never sees half a file
 and a retry that writes the same name replaces it whole.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -13,15 +30,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import storage
+from ..core import arrow_types as at
+from ..core.arrow_types import int64_array, string_array
 from ..core.events import ORIGIN_FIELDS, WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from ..core.position import Position
-from ..core.schema import decode_row, encode_row
+from ..core.schema import TableName, TableSchema, encode_row
 from .layout import parse_segment_name
 
 #: ChangeEvent.origin as staged (core/events.py ORIGIN_FIELDS)
 ORIGIN_TYPE = pa.struct([("tx", pa.string()), ("lsn", pa.int64()), ("last_commit_lsn", pa.int64()),
                          ("server_id", pa.int64()), ("thread", pa.int64()), ("file", pa.string())])
 assert tuple(f.name for f in ORIGIN_TYPE) == ORIGIN_FIELDS
+#: the staged changelog's columns with canonical-JSON images: the hand-built event form
+#: (sinks/base.py EVENT_SCHEMA) and the segment format of earlier versions
 CHANGELOG_SCHEMA = pa.schema(
     [
         ("position", pa.string()),
@@ -35,63 +56,67 @@ CHANGELOG_SCHEMA = pa.schema(
         ("origin", ORIGIN_TYPE),
     ]
 )
+#: the log columns of a staged segment (its typed images follow, per table: module docstring)
+SEGMENT_SCHEMA = pa.schema([f for f in CHANGELOG_SCHEMA if f.name not in ("before", "after")])
+#: a chunk file of earlier versions (``after``: canonical row JSON)
 CHUNK_SCHEMA = pa.schema([("key", pa.string()), ("after", pa.string())])
-#: ParquetWriter options of staged chunks: keys and rows are unique, so a dictionary
-#: page only costs memory and time before the writer falls back to plain encoding
+TABLES_META = b"cdc.tables"
 #: ParquetWriter options of staged chunks: keys and rows are unique, so a dictionary
 #: page only costs memory and time before the writer falls back to plain encoding
 CHUNK_PARQUET_OPTIONS: dict = {"use_dictionary": False}
 
 
-def chunk_writer(path: str, filesystem=None) -> pq.ParquetWriter:
-    """A ParquetWriter for a staged chunk (CHUNK_SCHEMA), one row group per written batch;
-    ``path`` inside ``filesystem`` (see storage.atomic_output)."""
-    return pq.ParquetWriter(path, CHUNK_SCHEMA, filesystem=filesystem, **CHUNK_PARQUET_OPTIONS)
+class ChunkWriter:
+    """A staged chunk, typed: add batches of canonical keys and after-row JSON texts
+    (``add``), then ``write`` the file at once. Each batch is typed as it comes (only its
+    typed columns are kept, a fraction of the text); a column that turns out to hold a value
+    its type cannot is canonical text in the whole file."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        self.schema = schema
+        self.parts: list[tuple[pa.Array, pa.StructArray, TableSchema, list[str]]] = []
+        self.rows = 0
+
+    def add(self, keys: pa.Array, afters: pa.Array) -> None:
+        _b, after, schema, text = at.type_images(self.schema, pa.nulls(len(afters), pa.string()), afters)
+        self.parts.append((keys, after, schema, text))
+        self.rows += len(keys)
+
+    def table(self) -> pa.Table:
+        if not self.parts:
+            return chunk_table(string_array([]), at.conform_images(pa.nulls(0, pa.struct([])), None, [],
+                                                                             self.schema), self.schema, [])
+        schema, text = at.unify_schemas([(p[2], p[3]) for p in self.parts])
+        if len(self.parts) == 1:
+            keys, after, schema, text = self.parts[0]
+            return chunk_table(keys, after, schema, text)
+        afters = [at.conform_images(a, s, t, schema, text) for _k, a, s, t in self.parts]
+        return chunk_table(pa.chunked_array([p[0] for p in self.parts]),
+                           pa.chunked_array(afters), schema, text)
+
+    def write(self, path: str) -> int:
+        """The chunk file at ``path`` (a location), whole or not at all; returns its rows."""
+        atomic_write_table(self.table(), path, **CHUNK_PARQUET_OPTIONS)
+        return self.rows
 
 
-def string_array(values: Sequence[str | None]) -> pa.Array:
-    """Python strings (None = null) -> an Arrow string array, built from buffers.
-
-    Why not ``pa.array(values)``: pyarrow imports pandas at its first conversion of Python
-    objects (``pa.array``, ``pa.scalar``, a Python value given to a compute kernel) when
-    pandas is installed, as it is next to Airflow: ~60 MB of RSS and seconds of import
-    in every chunk and capture task, for nothing. This builds the same array from one
-    UTF-8 buffer and its offsets."""
-    n = len(values)
-    validity = None
-    nulls = 0
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-        nulls = n - int(valid.sum())
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        values = ["" if v is None else v for v in values]
-    text = "".join(values)
-    if text.isascii():  # one byte per character: lengths without encoding each value
-        data = text.encode("ascii")
-        lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
-    else:
-        encoded = [v.encode("utf-8") for v in values]
-        data = b"".join(encoded)
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
-    del text
-    if len(data) >= 2**31:  # beyond 32-bit offsets: let pyarrow split it into chunks
-        return pa.chunked_array([pa.array(values, pa.string())]).combine_chunks()
-    offsets = np.zeros(n + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data), validity, nulls)
+def chunk_table(keys, after, schema: TableSchema, text_columns) -> pa.Table:
+    t = pa.table({"key": keys, "after": after})
+    return t.replace_schema_metadata(at.images_metadata(schema, text_columns))
 
 
-def int64_array(values: Sequence[int | None]) -> pa.Array:
-    """Python ints (None = null) -> an Arrow int64 array, without pa.array (see string_array)."""
-    n = len(values)
-    validity, nulls = None, 0
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-        nulls = n - int(valid.sum())
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
-        values = [0 if v is None else v for v in values]
-    buf = np.array(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), n, [validity, pa.py_buffer(buf)], nulls)
+def read_chunk(path: str, table: str) -> tuple[pa.Table, TableSchema | None, list[str]]:
+    """A staged chunk of ``table`` (its id): (``key`` and typed ``after``, the schema they were
+    typed with, the text columns). A chunk of an earlier version (JSON text) is typed on the
+    way in, as text columns the rows name."""
+    t = read_table(path)
+    if pa.types.is_string(t.schema.field("after").type):
+        schema = at.inferred_schema(TableName.parse(table), pa.table({"after": t["after"], "before": pa.nulls(
+            t.num_rows, pa.string()), "key": t["key"]}))
+        _b, after, schema, text = at.type_images(schema, pa.nulls(t.num_rows, pa.string()), t["after"])
+        return pa.table({"key": t["key"], "after": after}), schema, text
+    schema, text = at.metadata_schema(t.schema.metadata)
+    return t, schema, text
 
 
 def atomic_write_table(table: pa.Table, path: str, **kwargs) -> None:
@@ -106,7 +131,17 @@ def read_table(location: str, **kwargs) -> pa.Table:
     return pq.read_table(path, filesystem=fs, **kwargs)
 
 
-def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Table:
+def read_chunk_rows(path: str, table: str) -> list[tuple[str, dict]]:
+    """A staged chunk as (canonical key, canonical row) pairs in key order: for checks and
+    the reference merge (core.window.WindowChunk), never the hot path."""
+    t, schema, text = read_chunk(path, table)
+    return list(zip(t["key"].to_pylist(), at.canonical_rows(t["after"], schema, text, keep_nulls=True), strict=True))
+
+
+def events_to_table(events: Iterable[LogEvent], watermark_table: str, schemas=None) -> pa.Table:
+    """Events (position order) -> a typed segment table (module docstring). ``schemas``:
+    table id -> the TableSchema to type its images with (None or absent: text columns the
+    rows name)."""
     # one list per column, filled in a single pass (this runs once per captured event)
     pos: list = []
     tbl: list = []
@@ -136,9 +171,28 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str) -> pa.Tabl
             afters.append(None if ev.after is None else encode_row(ev.after))
             wms.append(ev.watermark)
             origins.append(ev.origin)
-    arrays = [string_array(c) for c in (pos, tbl, ops, keys, befores, afters)]
-    arrays += [int64_array(ts), string_array(wms), origin_array(origins)]
-    return pa.Table.from_arrays(arrays, schema=CHANGELOG_SCHEMA)
+    n = len(pos)
+    table_col = string_array(tbl)
+    arrays = [string_array(pos), table_col, string_array(ops), string_array(keys), int64_array(ts),
+              string_array(wms), origin_array(origins)]
+    fields = list(SEGMENT_SCHEMA)
+    meta = []
+    is_wm = np.fromiter((o == WATERMARK_OP for o in ops), dtype=np.bool_, count=n)
+    names = dict.fromkeys(t for t, w in zip(tbl, is_wm, strict=True) if not w)
+    before_all, after_all = string_array(befores), string_array(afters)
+    for i, table in enumerate(names):
+        mine = np.fromiter((t == table for t in tbl), dtype=np.bool_, count=n) & ~is_wm
+        idx = at.index_array(np.flatnonzero(mine))
+        part = pa.table({"before": before_all.take(idx), "after": after_all.take(idx), "key": string_array(keys).take(idx)})
+        schema = (schemas or {}).get(table) or at.inferred_schema(TableName.parse(table), part)
+        b, a, schema, text = at.type_images(schema, part["before"], part["after"])
+        # scatter back to one slot per event: row j takes value (rows of this table before j)
+        slot = np.cumsum(mine) - 1
+        take = at.index_array(np.where(mine, slot, 0), mine)
+        arrays += [b.take(take), a.take(take)]
+        fields += [pa.field(f"before_{i}", b.type), pa.field(f"after_{i}", a.type)]
+        meta.append({"table": table, "schema": json.loads(schema.to_json()), "text_columns": text})
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata={TABLES_META: json.dumps(meta).encode()}))
 
 
 def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
@@ -163,15 +217,60 @@ def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
     return pa.StructArray.from_arrays(children, fields=list(ORIGIN_TYPE), mask=mask)
 
 
-def write_segment(events: list[LogEvent], directory: str, watermark_table: str) -> str:
-    """Stage events (already in position order) as one segment named by its position range."""
+def write_segment(events: list[LogEvent], directory: str, watermark_table: str, schemas=None) -> str:
+    """Stage events (already in position order) as one segment named by its position range,
+    each table's images typed with ``schemas[table]`` (see :func:`events_to_table`)."""
     from .layout import segment_name
 
     if not events:
         raise ValueError("write_segment needs at least one event")
     path = storage.join(directory, segment_name(events[0].position, events[-1].position))
-    atomic_write_table(events_to_table(events, watermark_table), path)
+    atomic_write_table(events_to_table(events, watermark_table, schemas), path)
     return path
+
+
+def segment_tables(meta) -> list[tuple[str, TableSchema, list[str]]]:
+    """The tables of a typed segment (its schema metadata) in column order: (table id, schema,
+    text columns); [] for a segment of an earlier version."""
+    raw = (meta or {}).get(TABLES_META)
+    if raw is None:
+        return []
+    return [(m["table"], TableSchema.from_json(json.dumps(m["schema"])), list(m["text_columns"]))
+            for m in json.loads(raw)]
+
+
+def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str], pa.Table]]:
+    """A segment's rows (any subset of its rows, all its columns) a table at a time: (table
+    id, schema, text columns, the rows of that table with SEGMENT_SCHEMA's columns plus
+    ``before`` and ``after`` typed). Watermark rows are left out. A segment of an earlier
+    version (JSON images) is typed on the way in (text columns the rows name)."""
+    import pyarrow.compute as pc
+
+    out = []
+    tables = segment_tables(t.schema.metadata)
+    common = [c for c in SEGMENT_SCHEMA.names]
+    legacy = not tables and "after" in t.column_names
+    if legacy:
+        for table in pc.unique(t.filter(pc.not_equal(t["op"], WATERMARK_OP))["table"]).to_pylist():
+            part = t.filter(pc.and_(pc.equal(t["table"], table), pc.not_equal(t["op"], WATERMARK_OP)))
+            schema = at.inferred_schema(TableName.parse(table), part)
+            b, a, schema, text = at.type_images(schema, part["before"], part["after"])
+            out.append((table, schema, text, _with_images(part, common, b, a)))
+        return out
+    for i, (table, schema, text) in enumerate(tables):
+        part = t.filter(pc.equal(t["table"], table))
+        if part.num_rows == 0:
+            continue
+        b, a = (part[f"before_{i}"].combine_chunks(), part[f"after_{i}"].combine_chunks())
+        out.append((table, schema, text, _with_images(part, common, b, a)))
+    return out
+
+
+def _with_images(part: pa.Table, common: list[str], before, after) -> pa.Table:
+    cols = {c: (part[c] if c in part.column_names else pa.nulls(part.num_rows, SEGMENT_SCHEMA.field(c).type))
+            for c in common}
+    cols["before"], cols["after"] = before, after
+    return pa.table(cols)
 
 
 def list_segments(directory: str) -> list[tuple[Position, Position, str]]:
@@ -186,7 +285,9 @@ def list_segments(directory: str) -> list[tuple[Position, Position, str]]:
 def read_log_events(
     directory: str, after: Position | None = None, upto: Position | None = None
 ) -> Iterator[LogEvent]:
-    """Staged events with ``after < position <= upto``, in position order, duplicates removed."""
+    """Staged events with ``after < position <= upto``, in position order, duplicates removed,
+    their images as canonical rows (for checks and the reference engine; engines read the
+    typed columns)."""
     seen_last: Position | None = None
     for first, last, path in list_segments(directory):
         if after is not None and last <= after:
@@ -194,7 +295,16 @@ def read_log_events(
         if upto is not None and first > upto:
             break
         tbl = read_table(path)
-        for rec in tbl.to_pylist():
+        images: dict[int, tuple] = {}
+        for _table, schema, text, part in segment_images(tbl):
+            rows = (at.canonical_rows(part["before"], schema, text),
+                    at.canonical_rows(part["after"], schema, text, keep_nulls=True))
+            for j, p in enumerate(part["position"].to_pylist()):
+                images[p] = (rows[0][j], rows[1][j])
+        cols = ["position", "table", "op", "key", "ts_ms", "watermark"]
+        has_origin = "origin" in tbl.column_names
+        recs = tbl.select(cols + (["origin"] if has_origin else [])).to_pylist()
+        for rec in recs:
             pos = Position.decode(rec["position"])
             if (after is not None and pos <= after) or (upto is not None and pos > upto):
                 continue
@@ -205,8 +315,9 @@ def read_log_events(
                 yield WatermarkEvent(rec["watermark"], pos, rec["ts_ms"])
             else:
                 origin = rec.get("origin")
+                before, after_row = images.get(rec["position"], (None, None))
                 yield ChangeEvent(
-                    rec["table"], rec["op"], rec["key"], pos, decode_row(rec["before"]), decode_row(rec["after"]),
+                    rec["table"], rec["op"], rec["key"], pos, before, after_row,
                     rec["ts_ms"], origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
                 )
 

@@ -53,7 +53,7 @@ from airflow_provider_cdc.dialects.base import Dialect
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.snapshot import GapHooks, snapshot_chunk
 from airflow_provider_cdc.storage.layout import changelog_dir
-from airflow_provider_cdc.storage.staged import list_segments, read_log_events
+from airflow_provider_cdc.storage.staged import list_segments, read_chunk_rows, read_log_events
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class Ctx:
         schema = d.describe_table(table)
         path = f"{self.data_dir}/verify-{table.name}-{time.monotonic_ns()}.parquet"
         d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10**9, path=path)
-        return {r["key"]: decode_row(r["after"]) for r in pq.read_table(path).to_pylist()}
+        return dict(read_chunk_rows(path, table.id))
 
 
 def _is_duplicate_key(exc: BaseException) -> bool:
@@ -367,7 +367,7 @@ class DialectSuite(ABC):
         events = ctx.capture_all(d)
         chunks = [
             WindowChunk.from_result(
-                r, [(x["key"], decode_row(x["after"])) for x in pq.read_table(r.path).to_pylist()]
+                r, read_chunk_rows(r.path, r.table)
             )
             for r in results
         ]
@@ -613,7 +613,7 @@ class DialectSuite(ABC):
         while True:
             path = f"{ctx.data_dir}/ck-{n}.parquet"
             res = d.read_chunk(schema, FULL_RANGE, after_key=after, limit=10, path=path)
-            keys = [decode_key(r["key"]) for r in pq.read_table(path).to_pylist()]
+            keys = [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
             assert keys == sorted(keys)
             seen += keys
             n += 1
@@ -627,7 +627,7 @@ class DialectSuite(ABC):
         rng = ChunkRange((2, "k05"), (4, "k01"))
         path = f"{ctx.data_dir}/ck-range.parquet"
         d.read_chunk(schema, rng, after_key=None, limit=1000, path=path, where=f"{ctx.q('v')} % 2 = 0")
-        got = [decode_key(r["key"]) for r in pq.read_table(path).to_pylist()]
+        got = [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
         want = [(a, b) for a, b, v in sorted(data) if (2, "k05") <= (a, b) < (4, "k01") and v % 2 == 0]
         assert got == want and got
 
@@ -654,7 +654,7 @@ class DialectSuite(ABC):
         while True:
             path = f"{ctx.data_dir}/ub-{n}.parquet"
             res = d.read_chunk(schema, FULL_RANGE, after_key=after, limit=7, path=path, upper_bound=upper)
-            got += [decode_key(r["key"]) for r in pq.read_table(path).to_pylist()]
+            got += [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
             n += 1
             if res.rows < 7:
                 break

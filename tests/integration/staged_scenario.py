@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_provider_cdc import storage
+from airflow_provider_cdc.core.arrow_types import mirror_schema, rows_to_table
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
@@ -28,15 +29,9 @@ from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_a
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark import merge_job
 from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
-from airflow_provider_cdc.sinks.arrow_types import mirror_schema, rows_to_table
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, events_dir, schema_path
-from airflow_provider_cdc.storage.staged import (
-    CHUNK_SCHEMA,
-    atomic_write_table,
-    read_log_events,
-    write_segment,
-)
+from airflow_provider_cdc.storage.staged import ChunkWriter, read_log_events, write_segment
 
 SOURCE = "src"
 WM_TABLE = "cdc.watermark"
@@ -55,6 +50,8 @@ ITEMS_SCHEMA = TableSchema(
     ("id",),
 )
 OTHER_SCHEMA = TableSchema(OTHER, (Column("code", "string"), Column("n", "int32")), ("code",))
+#: the schemas staging types each table's images with (capture: the log schema; chunks: the staged one)
+SCHEMAS = {ITEMS.id: ITEMS_SCHEMA, OTHER.id: OTHER_SCHEMA}
 # shuffle partitions 3: not what the jobs would choose on local[2] (2 per core = 4), so a test
 # can tell that an explicit setting is kept
 SPARK_CONF = {"spark.sql.shuffle.partitions": "3", "spark.ui.enabled": "false", "spark.sql.session.timeZone": "UTC"}
@@ -101,9 +98,9 @@ class Stage:
     def chunk(self, table: TableName, seq: int, lw: str, hw: str, rows: list[dict], pk: str) -> ChunkResult:
         path = chunk_path(self.data_dir, SOURCE, table, "snap1", seq, hw)
         pairs = [(encode_key([r[pk]]), r) for r in rows]
-        atomic_write_table(
-            pa.table({"key": [k for k, _ in pairs], "after": [encode_row(r) for _, r in pairs]}, schema=CHUNK_SCHEMA), path
-        )
+        writer = ChunkWriter(SCHEMAS[table.id])  # typed, as a chunk task stages it
+        writer.add(pa.array([k for k, _ in pairs], pa.string()), pa.array([encode_row(r) for _, r in pairs], pa.string()))
+        writer.write(path)
         res = ChunkResult(SOURCE, table.id, "snap1", seq, lw, hw, path, ChunkRange(), None,
                           (rows[-1][pk],) if rows else None, len(rows), True)
         self.chunks.append(res)
@@ -116,7 +113,7 @@ class Stage:
         for a, b in zip(bounds, bounds[1:], strict=False):
             if b > a:
                 write_segment(self.log[max(0, a - (overlap if b == len(self.log) else 0)) : b],
-                              changelog_dir(self.data_dir, SOURCE), WM_TABLE)
+                              changelog_dir(self.data_dir, SOURCE), WM_TABLE, SCHEMAS)
 
     def round_file(self, chunks: list[ChunkResult] | None = None) -> str:
         p = storage.join(self.data_dir, f"round-{uuid.uuid4().hex[:6]}.json")

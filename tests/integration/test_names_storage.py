@@ -11,8 +11,8 @@ from deltalake import DeltaTable, write_deltalake
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.sinks.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror, upsert
 from airflow_provider_cdc.storage.layout import mirror_dir
 

@@ -27,6 +27,7 @@ from airflow_provider_cdc.pipeline.spark.common import application_path, spark_s
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, schema_path
 from airflow_provider_cdc.storage.staged import (
+    read_chunk_rows,
     read_log_events,
     write_segment,
 )
@@ -219,7 +220,7 @@ def test_merge_on_a_real_capture(spark, tmp_path, request, unique_name, dialect_
             d._query(f"DROP TABLE IF EXISTS {d.quote_table(d.watermark_table)}")
         finally:
             d.close()
-    stage_rows = {c.path: [(r["key"], json.loads(r["after"])) for r in pq.read_table(c.path).to_pylist()] for c in chunks}
+    stage_rows = {c.path: read_chunk_rows(c.path, c.table) for c in chunks}
     staged = list(read_log_events(changelog_dir(data_dir, source)))
     want = merge_window([WindowChunk.from_result(c, stage_rows[c.path]) for c in chunks], staged)
     got = merge_job.merge_chunks(spark, chunks, changelog_dir(data_dir, source))
@@ -281,7 +282,7 @@ def test_postgres_mirror_units_in_any_order_never_bring_back_truncated_rows(tmp_
     from airflow_provider_cdc.core.position import Position
     from airflow_provider_cdc.core.schema import Column, TableSchema, encode_row
     from airflow_provider_cdc.pipeline.spark.distributed import postgres_unit_writer
-    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, table_events
     from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
 
     table = TableName("public", f"tr_{unique_name}")
@@ -305,7 +306,8 @@ def test_postgres_mirror_units_in_any_order_never_bring_back_truncated_rows(tmp_
     try:
         sink.write(pa.Table.from_pylist([ev(0, "c", 9)], schema=EVENT_SCHEMA))  # a row from before
         sink.truncate_before(table.id, truncates[table.id])  # the driver's part
-        write = postgres_unit_writer(units, lambda u: pa.Table.from_pylist(u, schema=EVENT_SCHEMA), sink, truncates)
+        produce = lambda u: table_events(pa.Table.from_pylist(u, schema=EVENT_SCHEMA), sink.schemas.get)  # noqa: E731
+        write = postgres_unit_writer(units, produce, sink, truncates)
         counts = [b.to_pylist() for b in write([pa.record_batch({"unit": [1, 0]})])]  # newest unit first
         assert counts == [[{"rows": 1}], [{"rows": 0}]]
         assert sorted((r["id"], r["__deleted"]) for r in sink.read(table)) == [(3, False)]

@@ -11,11 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from airflow_provider_cdc.core.arrow_types import json_rows_to_arrays, mirror_schema, rows_to_table
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.position import Position
-from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
-from airflow_provider_cdc.sinks.arrow_types import json_rows_to_arrays, mirror_schema, rows_to_table
-from airflow_provider_cdc.sinks.mirror_delta import _mirror_rows_per_row, events_to_mirror_rows
+from airflow_provider_cdc.core.schema import (
+    Column,
+    TableName,
+    TableSchema,
+    decode_key,
+    decode_row,
+    encode_key,
+    encode_row,
+)
+from airflow_provider_cdc.sinks.mirror_delta import _mirror_table, events_to_mirror_rows
 
 pytestmark = pytest.mark.unit
 
@@ -135,7 +143,10 @@ def test_events_with_deletes_keep_event_order_and_match_the_reference():
     ])
     is_delete = pa.array([op == "d" for op in evs["op"].to_pylist()])
     got = events_to_mirror_rows(FAST, evs)
-    assert got.equals(_mirror_rows_per_row(FAST, evs, is_delete))
+    # the reference: each event's JSON decoded in Python, a delete's key columns from its key
+    rows = [dict(zip(FAST.primary_key, decode_key(k), strict=True)) if op == "d" else decode_row(a)
+            for op, k, a in zip(evs["op"].to_pylist(), evs["key"].to_pylist(), evs["after"].to_pylist(), strict=True)]
+    assert got.equals(_mirror_table(FAST, rows_to_table(FAST, rows), evs, is_delete))
     assert got.column("__key").to_pylist() == evs["key"].to_pylist()
     assert got.column("__deleted").to_pylist() == [False, True, False, False, True, False]
     assert got.column("id").to_pylist() == [5, 2, 7, 1, 9, 3]  # a tombstone keeps its key columns

@@ -43,14 +43,16 @@ from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.dialects.pgcopy import ChunkAssembler, read_csv_batch
 from airflow_provider_cdc.dialects.postgres import decoder
-from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, chunk_writer, events_to_table, string_array
+from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
+from airflow_provider_cdc.storage.staged import ChunkWriter, events_to_table, string_array
 types = ["int64", "string", "bool", "float64", "timestamptz", "uuid", "decimal(5,2)", "array<int32>", "binary", "json"]
 names = [f"c{i}" for i in range(len(types))]
 asm = ChunkAssembler(names, types, [decoder(t) for t in types], ["c0"])
 csv = bytearray(b'1,"x,y",t,1.5,2024-01-02 03:04:05+00,A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11,1.50,"{1,NULL}",\\x00ff,"{""a"": 1}"\n2,,,,,,,,,\n')
 key, after, last = asm.build(read_csv_batch(csv, names))
-with chunk_writer(sys.argv[1] + "/c.parquet") as w:
-    w.write_table(pa.Table.from_arrays([key, after], schema=CHUNK_SCHEMA))
+w = ChunkWriter(TableSchema(TableName("s", "t"), tuple(Column(n, t) for n, t in zip(names, types)), ("c0",)))
+w.add(key, after)
+w.write(sys.argv[1] + "/c.parquet")
 events_to_table([ChangeEvent("s.t", "u", "[1]", Position(1, 0, 0), {"a": 1}, {"a": 2}, 5),
                  WatermarkEvent("w", Position(1, 0, 1), 6)], "cdc.watermark")
 print("pandas" in sys.modules)

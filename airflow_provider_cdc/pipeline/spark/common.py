@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ...core.errors import ConfigurationError
 from ...core.position import Position
-from ...sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
+from ...sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Events, Sink
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def to_event_table(arrow: pa.Table) -> pa.Table:
     return arrow.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
 
 
-def write_to_sinks(sinks: Iterable[Sink], events: pa.Table) -> None:
+def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
     for sink in sinks:
         sink.write(events)
 

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from ... import storage
 from ...core import errors
 from ...core.errors import ConfigurationError
-from ...sinks.base import Sink
+from ...sinks.base import Sink, TableEvents
 from ...sinks.event_log import EventLogSink
 from ...sinks.mirror_delta import MirrorDeltaSink
 from ...sinks.mirror_postgres import MirrorPostgresSink
@@ -55,8 +55,8 @@ from . import common
 
 log = logging.getLogger(__name__)
 
-#: a unit's events (EVENT_SCHEMA), computed on an executor from the unit alone
-Producer = Callable[[object], pa.Table]
+#: a unit's events (a TableEvents per table, typed as staged), computed on an executor from the unit alone
+Producer = Callable[[object], list[TableEvents]]
 
 #: per unit and table: the events produced and the newest TRUNCATE among them
 UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncate", pa.string())])
@@ -115,15 +115,19 @@ def run(action: Callable[[], object]):
 
 
 def unit_events(spark, units: Sequence, produce: Producer):
-    """A DataFrame of every unit's events (EVENT_SCHEMA columns), produced on the executors."""
+    """A DataFrame of every unit's events in the canonical-JSON form (EVENT_SCHEMA columns),
+    produced on the executors: for a sink outside this package and for checks; the
+    package's sinks take the typed events on the executors."""
     ddl = common.spark_event_schema()
     if not units:
         return spark.createDataFrame([], ddl)
     return _units_df(spark, len(units)).mapInArrow(_on_executors(units, produce, _batches), ddl)
 
 
-def _batches(events: pa.Table):
-    return events.to_batches()
+def _batches(events: list[TableEvents]):
+    from airflow_provider_cdc.sinks.base import to_json_events
+
+    return to_json_events(events).to_batches()
 
 
 def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log: EventLogSink | None = None):
@@ -146,17 +150,21 @@ def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log:
     return run_units
 
 
-def unit_meta(events: pa.Table) -> pa.Table:
+def unit_meta(events: Sequence[TableEvents]) -> pa.Table:
     """Per table of ``events``: how many, and the newest TRUNCATE (null: none)."""
-    if events.num_rows == 0:
-        return UNIT_META.empty_table()
-    truncate = pc.if_else(pc.equal(events["op"], "t"), events["position"], pa.nulls(events.num_rows, pa.string()))
-    g = pa.table({"table": events["table"], "truncate": truncate}).group_by("table").aggregate(
-        [("table", "count"), ("truncate", "max")])
-    return pa.table([g["table"], g["table_count"].cast(pa.int64()), g["truncate_max"]], schema=UNIT_META)
+    tables, counts, truncates = [], [], []
+    for te in events:
+        if not te.num_rows:
+            continue
+        ev = te.events
+        tables.append(te.table)
+        counts.append(te.num_rows)
+        truncates.append(pc.max(ev.filter(pc.equal(ev["op"], "t"))["position"]).as_py())
+    return pa.table([pa.array(tables, pa.string()), pa.array(counts, pa.int64()), pa.array(truncates, pa.string())],
+                    schema=UNIT_META)
 
 
-def _meta_batches(events: pa.Table):
+def _meta_batches(events: Sequence[TableEvents]):
     return unit_meta(events).to_batches()
 
 
@@ -217,7 +225,7 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
                 truncates = {t: tr for t, (_n, tr) in meta.items()}
             out[sink.name] = write_postgres(spark, units, produce, sink, truncates)
             continue
-        log.warning("sink %s receives the events through the Spark driver", sink.name)
+        log.warning("sink %s receives the events through the Spark driver, as canonical JSON", sink.name)
         table = common.to_event_table(run(lambda: unit_events(spark, units, produce).toArrow()))
         sink.write(table)
         out[sink.name] = table.num_rows
@@ -234,20 +242,20 @@ def postgres_unit_writer(units: Sequence, produce: Producer, sink: MirrorPostgre
     """The executor side of :func:`write_postgres`: each unit's events, without those at or
     before their table's TRUNCATE (the driver has applied it), upserted by ``sink``."""
 
-    def past_truncates(events: pa.Table) -> pa.Table:
-        for table_id, newest in truncates.items():
-            if newest is not None:
-                older = pc.and_(pc.equal(events["table"], table_id), pc.less_equal(events["position"], newest))
-                events = events.filter(pc.invert(older))
-        return events
+    def past_truncates(events: Sequence[TableEvents]) -> list[TableEvents]:
+        out = []
+        for te in events:
+            newest = truncates.get(te.table)
+            out.append(te if newest is None else te.filter(pc.greater(te.events["position"], newest)))
+        return out
 
-    def write_unit(events: pa.Table):
+    def write_unit(events: Sequence[TableEvents]):
         events = past_truncates(events)
         try:
             sink.write(events)
         finally:
             sink.close()  # a connection per unit: none left open in a reused Python worker
-        yield pa.RecordBatch.from_pylist([{"rows": events.num_rows}], schema=_PG_COUNT)
+        yield pa.RecordBatch.from_pylist([{"rows": sum(te.num_rows for te in events)}], schema=_PG_COUNT)
 
     return _on_executors(units, produce, write_unit)
 
@@ -276,8 +284,8 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
     executors (and writes ``event_log``'s files on the way); the driver commits each table (a
     table whose commit conflicts is read and rewritten again). Returns the ``events``
     produced and the events ``applied`` to the mirror."""
+    from ...core.arrow_types import mirror_schema
     from ...sinks import mirror_delta as md
-    from ...sinks.arrow_types import mirror_schema
 
     plan: dict[str, tuple] = {}
     for table_id in sorted(truncates):
@@ -340,9 +348,9 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
 def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict, dict]:
     """Each table's current mirror version (files per bucket), checked against the merge's
     epoch, and the job description its executors get."""
+    from ...core.arrow_types import mirror_schema
     from ...sinks import delta_buckets as db
     from ...sinks import mirror_delta as md
-    from ...sinks.arrow_types import mirror_schema
 
     versions, jobs = {}, {}
     for table_id in tables:
@@ -375,13 +383,13 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     return run(lambda: df.groupBy("table", "bucket").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def mirror_blobs(events: pa.Table, jobs: dict[str, _TableJob]):
+def mirror_blobs(events: Sequence[TableEvents], jobs: dict[str, _TableJob]):
     """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
     typed mirror rows of each job table per bucket (newest per key), or an error row when a
     value cannot be held by its mirror column."""
+    from airflow_provider_cdc.core.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
     from airflow_provider_cdc.core.schema import TableSchema
-    from airflow_provider_cdc.sinks.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.sinks.delta_buckets import bucket_of
     from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
 
@@ -390,17 +398,19 @@ def mirror_blobs(events: pa.Table, jobs: dict[str, _TableJob]):
                                 pa.array([events], pa.int64()), pa.array([applied], pa.int64()),
                                 pa.array([payload], pa.binary()), pa.array([error], pa.string())], schema=_BLOBS)
 
-    for table_id in pc.unique(events["table"]).to_pylist():
-        part = events.filter(pc.equal(events["table"], table_id))
+    for part in events:
+        table_id = part.table
         produced = part.num_rows
+        if not produced:
+            continue
         job = jobs.get(table_id)
         if job is not None and job.truncate is not None:  # older than the table's TRUNCATE: swept already
-            part = part.filter(pc.greater(part["position"], job.truncate))
+            part = part.filter(pc.greater(part.events["position"], job.truncate))
         yield row(table_id, _COUNT_ROW, events=produced, applied=part.num_rows if job is not None else 0)
         if job is None or part.num_rows == 0:
             continue
         try:
-            rows = events_to_mirror_rows(TableSchema.from_json(job.table_schema), newest_per_key(part))
+            rows = events_to_mirror_rows(TableSchema.from_json(job.table_schema), part.with_events(newest_per_key(part.events)))
         except CE as exc:
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
@@ -419,8 +429,8 @@ def _rewrite_bucket(jobs, env, key, blobs):
     """On an executor: one bucket of one table, rewritten (the in-process engine's apply_rows),
     or the sums of the count rows, or the first error."""
     from airflow_provider_cdc import storage as st
+    from airflow_provider_cdc.core.arrow_types import KEY_COLUMN, POSITION_COLUMN
     from airflow_provider_cdc.sinks import delta_buckets as db
-    from airflow_provider_cdc.sinks.arrow_types import KEY_COLUMN, POSITION_COLUMN
     from airflow_provider_cdc.sinks.mirror_delta import newest
 
     st.use_environment(env)

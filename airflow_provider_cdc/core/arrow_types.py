@@ -38,9 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
-from ..core import temporal
-from ..core.errors import ConfigurationError
-from ..core.schema import Column, TableSchema, decimal_params
+from . import temporal
+from .errors import ConfigurationError
+from .schema import Column, TableSchema, decimal_params, follow_log_schema
 
 _SIMPLE = {
     "bool": pa.bool_(),
@@ -66,6 +66,80 @@ KEY_COLUMN = "__key"
 POSITION_COLUMN = "__position"
 DELETED_COLUMN = "__deleted"
 META_COLUMNS = (KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN)
+
+
+def string_array(values: Sequence[str | None]) -> pa.Array:
+    """Python strings (None = null) -> an Arrow string array, built from buffers.
+
+    Why not ``pa.array(values)``: pyarrow imports pandas at its first conversion of Python
+    objects (``pa.array``, ``pa.scalar``, a Python value given to a compute kernel) when
+    pandas is installed, as it is next to Airflow: ~60 MB of RSS and seconds of import
+    in every chunk and capture task, for nothing. This builds the same array from one
+    UTF-8 buffer and its offsets."""
+    n = len(values)
+    validity = None
+    nulls = 0
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+        nulls = n - int(valid.sum())
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        values = ["" if v is None else v for v in values]
+    text = "".join(values)
+    if text.isascii():  # one byte per character: lengths without encoding each value
+        data = text.encode("ascii")
+        lengths = np.fromiter(map(len, values), dtype=np.int64, count=n)
+    else:
+        encoded = [v.encode("utf-8") for v in values]
+        data = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n)
+    del text
+    if len(data) >= 2**31:  # beyond 32-bit offsets: let pyarrow split it into chunks
+        return pa.chunked_array([pa.array(values, pa.string())]).combine_chunks()
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data), validity, nulls)
+
+
+def int64_array(values: Sequence[int | None]) -> pa.Array:
+    """Python ints (None = null) -> an Arrow int64 array, without pa.array (see string_array)."""
+    n = len(values)
+    validity, nulls = None, 0
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+        nulls = n - int(valid.sum())
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        values = [0 if v is None else v for v in values]
+    buf = np.array(values, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), n, [validity, pa.py_buffer(buf)], nulls)
+
+
+def binary_array(values: Sequence[bytes | None]) -> pa.Array:
+    """Python bytes (None = null) -> an Arrow binary array from buffers (see :func:`string_array`)."""
+    n = len(values)
+    validity, nulls = None, 0
+    if None in values:
+        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+        nulls = n - int(valid.sum())
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+        values = [b"" if v is None else v for v in values]
+    data = b"".join(values)
+    if len(data) >= 2**31:
+        return pa.chunked_array([pa.array(values, pa.binary())]).combine_chunks()
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=n), out=offsets[1:])
+    return pa.BinaryArray.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+
+
+def index_array(ints: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A numpy int64 array (``valid``: False = null) -> an Arrow int64 array, without the
+    Python conversion that imports pandas (:func:`string_array`)."""
+    ints = np.ascontiguousarray(ints, dtype=np.int64)
+    n = len(ints)
+    if valid is None:
+        return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(ints)])
+    nulls = n - int(valid.sum())
+    return pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(np.packbits(valid, bitorder="little")), pa.py_buffer(ints)],
+                                 nulls)
 
 
 def arrow_type(logical: str) -> pa.DataType:
@@ -124,21 +198,59 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
         # ISO text -> typed by Arrow's own parser ("Z" suffix understood for timestamptz);
         # what it cannot parse (infinity, BC, 5-digit years, zero dates) as exact integers
         try:
-            return pa.array(values, pa.string()).cast(target)
+            texts = string_array(values) if all(v is None or type(v) is str for v in values) else pa.array(values, pa.string())
+            return texts.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             to_int = temporal.date_to_days if logical == "date" else temporal.ts_to_micros
             try:
-                ints = [None if v is None else to_int(v) for v in values]
-                return pa.array(ints, pa.int32() if logical == "date" else pa.int64()).view(target)
+                ints = int64_array([None if v is None else to_int(v) for v in values])
+                return (ints.cast(pa.int32()) if logical == "date" else ints).view(target)
             except (ValueError, OverflowError) as exc:
                 raise ConfigurationError(
                     f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 bits end in "
                     "year 294247): re-snapshot after correcting the value, or leave the table out of the mirror"
                 ) from exc
+    if pa.types.is_string(target):
+        return string_array([_decode(v, logical, target) for v in values])
+    if logical == "binary":
+        try:
+            return binary_array([_decode(v, logical, target) for v in values])
+        except (ValueError, TypeError) as exc:
+            raise ConfigurationError(f"cannot decode canonical {logical} values into {target}: {exc}") from exc
     try:
-        return pa.array([_decode(v, logical, target) for v in values], target)
+        decoded = [_decode(v, logical, target) for v in values]
+        arr = _from_buffers(decoded, target)
+        return pa.array(decoded, target) if arr is None else arr
     except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError, ArithmeticError) as exc:
         raise ConfigurationError(f"cannot decode canonical {logical} values into {target}: {exc}") from exc
+
+
+def _from_buffers(values: list, target: pa.DataType) -> pa.Array | None:
+    """Plain Python numbers, booleans and decimals -> ``target`` through numpy buffers and
+    Arrow casts (safe: a value that does not fit raises), without ``pa.array``'s Python
+    conversion, which imports pandas (:func:`string_array`); None when the values are of
+    another kind (then ``pa.array`` builds it)."""
+    n = len(values)
+    present = [v for v in values if v is not None]
+    valid = None
+    if len(present) != n:
+        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+    if pa.types.is_integer(target) and all(type(v) is int for v in present):
+        if any(v > 2**63 - 1 or v < -(2**63) for v in present):
+            return None
+        return index_array(np.array([0 if v is None else v for v in values], dtype=np.int64), valid).cast(target)
+    if pa.types.is_floating(target) and all(type(v) in (float, int) for v in present):
+        buf = np.array([0.0 if v is None else v for v in values], dtype=np.float64)
+        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        arr = pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(buf)], 0 if valid is None else n - int(valid.sum()))
+        return arr.cast(target, safe=False) if target != pa.float64() else arr
+    if pa.types.is_boolean(target) and all(type(v) is bool for v in present):
+        bits = pa.py_buffer(np.packbits(np.array([bool(v) for v in values], dtype=np.bool_), bitorder="little"))
+        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+        return pa.Array.from_buffers(pa.bool_(), n, [validity, bits], 0 if valid is None else n - int(valid.sum()))
+    if pa.types.is_decimal(target) and all(isinstance(v, (Decimal, str, int)) for v in present):
+        return string_array([None if v is None else str(v) for v in values]).cast(target)
+    return None
 
 
 def rows_to_table(schema: TableSchema, rows: Sequence[dict | None]) -> list[pa.Array]:
@@ -220,7 +332,7 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray, 
             arr = table.column(col.name).combine_chunks()
             target = arrow_type(col.type)
             if col.type == "binary":
-                arr = pa.array([None if v is None else base64.b64decode(v) for v in arr.to_pylist()], pa.binary())
+                arr = binary_array([None if v is None else base64.b64decode(v) for v in arr.to_pylist()])
             elif col.type == "float32":
                 arr = arr.cast(pa.float32(), safe=False)
             elif arr.type != target:
@@ -242,7 +354,7 @@ def json_rows_to_struct(
     lacks (appended to the struct as text, in first-seen order: a stale schema loses nothing).
     The event log records which columns are text."""
     if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
+        texts = texts.combine_chunks() if texts.num_chunks else string_array([])
     valid = pc.is_valid(texts)
     present = texts.filter(valid) if texts.null_count else texts
     arrays = json_rows_to_arrays(schema, present, all_fields=True) if len(present) and not as_text else None
@@ -267,8 +379,9 @@ def json_rows_to_struct(
             arrays.append(arr)
     if texts.null_count:
         # back to one slot per input row: row i takes value number (valid rows before it)
-        idx = pc.subtract(pc.cumulative_sum(valid.cast(pa.int32())), pa.scalar(1, pa.int32()))
-        idx = pc.if_else(valid, idx, pa.scalar(None, pa.int32()))
+        ok = np.unpackbits(np.frombuffer(valid.buffers()[1], dtype=np.uint8), bitorder="little")[
+            valid.offset: valid.offset + len(valid)].astype(np.bool_)
+        idx = index_array(np.cumsum(ok) - 1, ok)
         arrays = [a.take(idx) for a in arrays]
     fields = [pa.field(n, a.type) for n, a in zip([*names, *extra], arrays, strict=True)]
     mask = pc.invert(valid) if texts.null_count else None
@@ -364,7 +477,7 @@ class RowNormaliser:
 
 
 def arrow_canonical(arr, logical: str) -> list:
-    """A typed mirror column (sinks/arrow_types.py) -> canonical values, vectorised where
+    """A typed mirror column (core/arrow_types.py) -> canonical values, vectorised where
     Arrow can (timestamps, dates, decimals), the inverse of the sink's decoding."""
     t = arr.type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
@@ -387,10 +500,196 @@ def arrow_canonical(arr, logical: str) -> list:
         return [None if v is None else v + "Z" for v in vals] if logical == "timestamptz" else vals
     if pa.types.is_decimal(t):
         vals = pc.cast(arr, pa.string()).to_pylist()
-        return [None if v is None else int(v) for v in vals] if logical == "uint64" else vals
+        if logical == "uint64":
+            return [None if v is None else int(Decimal(v)) for v in vals]
+        # Arrow prints small magnitudes in scientific notation (-1E-10); canonical text is plain
+        return [v if v is None or "E" not in v else format(Decimal(v), "f") for v in vals]
     vals = arr.to_pylist()
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return [None if v is None else base64.b64encode(v).decode("ascii") for v in vals]
     if logical in ("float32", "float64") or logical.startswith("array<"):
         return [normalise_value(v, logical) for v in vals]
     return vals
+
+
+# --- typed images: the form staging, the engines and the sinks share -----------------------------
+#: Parquet metadata of a staged or event-log file whose images are typed: the TableSchema the
+#: images were typed with, and the columns kept as canonical text in that file
+SCHEMA_META = b"cdc.schema"
+TEXT_COLUMNS_META = b"cdc.text_columns"
+_JSON_SCALARS = frozenset({"bool", "int16", "int32", "int64", "uint64", "float32", "float64"})
+
+
+def type_images(
+    schema: TableSchema, before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArray
+) -> tuple[pa.StructArray, pa.StructArray, TableSchema, list[str]]:
+    """Canonical row JSON texts of one table's before- and after-images (null = no image) ->
+    two struct arrays of the same typed columns, the schema they were typed with and the columns
+    kept as canonical text. ``schema`` gives the columns and types; a column the rows hold
+    and the schema lacks is appended as ``string`` (a stale schema loses nothing); a column
+    holding a value its type cannot (an event from before a column changed type at the
+    source) is text in both images. This is the one place JSON images become typed: staging
+    writes typed files, so nothing downstream parses JSON."""
+    b, text_b, extra_b = json_rows_to_struct(schema, before)
+    a, text_a, extra_a = json_rows_to_struct(schema, after)
+    extra = list(dict.fromkeys([*extra_b, *extra_a]))
+    if extra:
+        schema = TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in extra),
+                             schema.primary_key, dict(schema.extra))
+    as_text = sorted((set(text_b) | set(text_a)) - set(extra))
+    if as_text or extra:
+        # the same columns, as text alike, in both images: one file has one type per column
+        b, _, _ = json_rows_to_struct(schema, before, as_text=as_text)
+        a, _, _ = json_rows_to_struct(schema, after, as_text=as_text)
+    return b, a, schema, as_text
+
+
+def images_metadata(schema: TableSchema, text_columns: Sequence[str]) -> dict[bytes, bytes]:
+    """The Parquet metadata naming what a file's typed images were typed with."""
+    return {SCHEMA_META: schema.to_json().encode(), TEXT_COLUMNS_META: json.dumps(sorted(text_columns)).encode()}
+
+
+def metadata_schema(meta: dict | None) -> tuple[TableSchema | None, list[str]]:
+    """(schema, text columns) from :func:`images_metadata`; (None, []) when absent."""
+    meta = meta or {}
+    if SCHEMA_META not in meta:
+        return None, []
+    return TableSchema.from_json(meta[SCHEMA_META].decode()), json.loads(meta.get(TEXT_COLUMNS_META, b"[]"))
+
+
+def _logicals(schema: TableSchema | None, text_columns: Sequence[str]) -> dict[str, str]:
+    text = set(text_columns)
+    return {c.name: ("string" if c.name in text else c.type) for c in schema.columns} if schema else {}
+
+
+def canonical_rows(images: pa.StructArray | pa.ChunkedArray, schema: TableSchema | None,
+                   text_columns: Sequence[str] = (), *, keep_nulls: bool = False) -> list[dict | None]:
+    """Typed images -> canonical row dicts (core/schema.py), null images -> None; a column
+    that is null is left out unless ``keep_nulls`` (the typed struct cannot tell a column the
+    event did not carry from a null). Text columns give their canonical text (as the event
+    log's readers always have; :func:`text_to_canonical` turns it back into a value)."""
+    if isinstance(images, pa.ChunkedArray):
+        images = images.combine_chunks() if images.num_chunks else pa.nulls(0, images.type)
+    logical = _logicals(schema, text_columns)
+    names = [f.name for f in images.type]
+    cols = [arrow_canonical(images.field(i), logical.get(n, "string")) for i, n in enumerate(names)]
+    valid = images.is_valid().to_pylist()
+    if keep_nulls:
+        return [{n: col[i] for n, col in zip(names, cols, strict=True)} if valid[i] else None for i in range(len(images))]
+    return [{n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
+            for i in range(len(images))]
+
+
+def text_to_canonical(text: str | None, logical: str) -> Any:
+    """A value kept as canonical text (:func:`decode_column` with ``"string"``: strings as they
+    are, other values as their JSON) -> the canonical value of ``logical``."""
+    if text is None:
+        return None
+    if logical in _JSON_SCALARS or logical.startswith("array<"):
+        if text in _SPECIAL_FLOATS:
+            return text
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+    return text
+
+
+def column_as(arr: pa.Array, have: str, want: str, *, name: str = "", table: Any = "") -> pa.Array:
+    """One typed column of logical type ``have`` (``"string"``: canonical text) as the typed
+    column of logical type ``want``; a value ``want`` cannot hold raises ConfigurationError
+    naming the table and column."""
+    target = arrow_type(want)
+    if have == want and arr.type == target:
+        return arr
+    if arr.type == target and (have != "string" or want in ("string", "uuid", "json", "time", "decimal")):
+        return arr
+    vals = arrow_canonical(arr, have)
+    if have == "string":
+        vals = [text_to_canonical(v, want) for v in vals]
+    try:
+        return decode_column(vals, want)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"table {table}, column {name!r}: {exc}") from exc
+
+
+def struct_columns(images: pa.StructArray | pa.ChunkedArray, have: TableSchema | None, text_columns: Sequence[str],
+                   want: TableSchema) -> list[pa.Array]:
+    """Typed images -> one array per column of ``want`` (its types, :func:`arrow_type`): a
+    column the images lack reads null, one they hold typed otherwise is converted
+    (:func:`column_as`), columns ``want`` lacks are left out."""
+    if isinstance(images, pa.ChunkedArray):
+        images = images.combine_chunks() if images.num_chunks else pa.nulls(0, images.type)
+    logical = _logicals(have, text_columns)
+    names = {f.name: i for i, f in enumerate(images.type)}
+    # a null image (a delete's after) reads null in every column
+    mask = images.is_valid() if images.null_count else None
+    out = []
+    for col in want.columns:
+        i = names.get(col.name)
+        if i is None:
+            out.append(pa.nulls(len(images), arrow_type(col.type)))
+            continue
+        arr = images.field(i)
+        if mask is not None:
+            arr = pc.if_else(mask, arr, pa.nulls(len(arr), arr.type))
+        out.append(column_as(arr, logical.get(col.name, "string"), col.type, name=col.name, table=want.table))
+    return out
+
+
+def conform_images(images: pa.StructArray | pa.ChunkedArray, have: TableSchema | None, text_columns: Sequence[str],
+                   want: TableSchema, want_text: Sequence[str] = ()) -> pa.StructArray:
+    """Typed images re-typed to ``want`` (and ``want_text`` as canonical text), the null
+    images kept: what joins images of one table typed at different positions into one array."""
+    if isinstance(images, pa.ChunkedArray):
+        images = images.combine_chunks() if images.num_chunks else pa.nulls(0, images.type)
+    text = set(want_text)
+    target = TableSchema(want.table, tuple(Column(c.name, "string" if c.name in text else c.type, c.source_type, True)
+                                           for c in want.columns), want.primary_key, dict(want.extra))
+    have_logical = _logicals(have, text_columns)
+    arrays = []
+    for col, tcol in zip(want.columns, target.columns, strict=True):
+        idx = images.type.get_field_index(col.name)
+        if idx < 0:
+            arrays.append(pa.nulls(len(images), arrow_type(tcol.type)))
+            continue
+        arr = images.field(idx)
+        h = have_logical.get(col.name, "string")
+        if tcol.type == "string" and h != "string":  # typed -> canonical text
+            arrays.append(decode_column(arrow_canonical(arr, h), "string"))
+        else:
+            arrays.append(column_as(arr, h, tcol.type, name=col.name, table=want.table))
+    fields = [pa.field(c.name, a.type) for c, a in zip(want.columns, arrays, strict=True)]
+    mask = pc.invert(images.is_valid()) if images.null_count else None
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
+
+
+def unify_schemas(parts: Sequence[tuple[TableSchema | None, Sequence[str]]]) -> tuple[TableSchema | None, list[str]]:
+    """The schema and text columns images of one table typed as ``parts`` (in position order)
+    are joined under: every column, newest type (core/schema.py follow_log_schema); a column
+    that is text in any part is text (:func:`conform_images` raises where an older part's
+    value does not fit the newest type: the caller then keeps that column as text too)."""
+    schema: TableSchema | None = None
+    text: set[str] = set()
+    for s, t in parts:
+        if s is None:
+            continue
+        text.update(t)
+        schema = follow_log_schema(schema, s)
+    return schema, sorted(text)
+
+
+def inferred_schema(table, events: pa.Table) -> TableSchema:
+    """Text columns named by the rows themselves (``before``/``after`` canonical JSON and
+    ``key`` of ``events``), for a table whose columns were never described: every column is
+    ``string``, so canonical values are kept as their text."""
+    names: dict[str, None] = {}
+    key_cols: list[str] = []
+    for col in ("after", "before"):
+        for text in events[col].drop_null().to_pylist():
+            names.update(dict.fromkeys(json.loads(text)))
+    for text in events["key"].drop_null().to_pylist()[:1]:
+        key_cols = [f"key{i}" for i in range(len(json.loads(text)))]
+    cols = tuple(Column(n, "string") for n in names) or tuple(Column(k, "string") for k in key_cols) or (Column("key0", "string"),)
+    pk = tuple(c.name for c in cols[: max(1, len(key_cols))])
+    return TableSchema(table, cols, pk)
