@@ -358,25 +358,11 @@ def json_rows_to_struct(
     valid = pc.is_valid(texts)
     present = texts.filter(valid) if texts.null_count else texts
     arrays = json_rows_to_arrays(schema, present, all_fields=True) if len(present) and not as_text else None
-    forced, as_text, extra = set(as_text), [], []
     names = [c.name for c in schema.columns]
     if arrays is None:
-        rows = [json.loads(t) for t in present.to_pylist()]
-        known = set(names)
-        extra = list(dict.fromkeys(k for r in rows for k in r if k not in known))
-        arrays = []
-        for col in [*schema.columns, *(Column(n, "string") for n in extra)]:
-            vals = [r.get(col.name) for r in rows]
-            arr = None
-            if col.name not in forced and col.name not in extra:
-                try:
-                    arr = decode_column(vals, col.type)
-                except ConfigurationError:
-                    pass  # a value its type cannot hold: the column is kept as text
-            if arr is None:
-                arr = decode_column(vals, "string")  # canonical text: strings as they are, others as JSON
-                as_text.append(col.name)
-            arrays.append(arr)
+        arrays, as_text, extra = _rows_to_arrays(schema, [json.loads(t) for t in present.to_pylist()], as_text)
+    else:
+        as_text, extra = [], []
     if texts.null_count:
         # back to one slot per input row: row i takes value number (valid rows before it)
         ok = np.unpackbits(np.frombuffer(valid.buffers()[1], dtype=np.uint8), bitorder="little")[
@@ -386,6 +372,48 @@ def json_rows_to_struct(
     fields = [pa.field(n, a.type) for n, a in zip([*names, *extra], arrays, strict=True)]
     mask = pc.invert(valid) if texts.null_count else None
     return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), as_text, extra
+
+
+def _rows_to_arrays(schema: TableSchema, rows: Sequence[dict], forced: Sequence[str] = ()) -> tuple[list[pa.Array], list[str], list[str]]:
+    """Canonical row dicts (no None) -> typed arrays of the schema's columns then of the
+    columns only the rows hold (text), with the text columns and those extra columns (see
+    :func:`json_rows_to_struct`)."""
+    forced = set(forced)
+    known = {c.name for c in schema.columns}
+    extra = list(dict.fromkeys(k for r in rows for k in r if k not in known))
+    arrays, as_text = [], []
+    for col in [*schema.columns, *(Column(n, "string") for n in extra)]:
+        vals = [r.get(col.name) for r in rows]
+        arr = None
+        if col.name not in forced and col.name not in extra:
+            try:
+                arr = decode_column(vals, col.type)
+            except ConfigurationError:
+                pass  # a value its type cannot hold: the column is kept as text
+        if arr is None:
+            arr = decode_column(vals, "string")  # canonical text: strings as they are, others as JSON
+            as_text.append(col.name)
+        arrays.append(arr)
+    return arrays, as_text, extra
+
+
+def rows_to_struct(
+    schema: TableSchema, rows: Sequence[dict | None], *, as_text: Sequence[str] = ()
+) -> tuple[pa.StructArray, list[str], list[str]]:
+    """:func:`json_rows_to_struct` for canonical row dicts (None = no image), as capture and
+    the generic chunk read hold them: typed a column at a time, no JSON text in between."""
+    n = len(rows)
+    ok = np.fromiter((r is not None for r in rows), dtype=np.bool_, count=n)
+    present = rows if ok.all() else [r for r in rows if r is not None]
+    arrays, text, extra = _rows_to_arrays(schema, present, as_text)
+    if not ok.all():
+        idx = index_array(np.cumsum(ok) - 1, ok)
+        arrays = [a.take(idx) for a in arrays]
+    names = [*(c.name for c in schema.columns), *extra]
+    fields = [pa.field(nm, a.type) for nm, a in zip(names, arrays, strict=True)]
+    mask = None if ok.all() else pa.Array.from_buffers(
+        pa.bool_(), n, [None, pa.py_buffer(np.packbits(~ok, bitorder="little"))])
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), text, extra
 
 
 # --- canonical values from typed columns (the inverse of the decoding above) ---------------------
@@ -521,17 +549,18 @@ _JSON_SCALARS = frozenset({"bool", "int16", "int32", "int64", "uint64", "float32
 
 
 def type_images(
-    schema: TableSchema, before: pa.Array | pa.ChunkedArray, after: pa.Array | pa.ChunkedArray
+    schema: TableSchema, before, after
 ) -> tuple[pa.StructArray, pa.StructArray, TableSchema, list[str]]:
-    """Canonical row JSON texts of one table's before- and after-images (null = no image) ->
+    """One table's before- and after-images, as canonical row JSON texts (an Arrow string
+    array, null = no image) or canonical row dicts (a list, None = no image) ->
     two struct arrays of the same typed columns, the schema they were typed with and the columns
     kept as canonical text. ``schema`` gives the columns and types; a column the rows hold
     and the schema lacks is appended as ``string`` (a stale schema loses nothing); a column
     holding a value its type cannot (an event from before a column changed type at the
-    source) is text in both images. This is the one place JSON images become typed: staging
+    source) is text in both images. This is the one place images become typed: staging
     writes typed files, so nothing downstream parses JSON."""
-    b, text_b, extra_b = json_rows_to_struct(schema, before)
-    a, text_a, extra_a = json_rows_to_struct(schema, after)
+    b, text_b, extra_b = _to_struct(schema, before)
+    a, text_a, extra_a = _to_struct(schema, after)
     extra = list(dict.fromkeys([*extra_b, *extra_a]))
     if extra:
         schema = TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in extra),
@@ -539,9 +568,15 @@ def type_images(
     as_text = sorted((set(text_b) | set(text_a)) - set(extra))
     if as_text or extra:
         # the same columns, as text alike, in both images: one file has one type per column
-        b, _, _ = json_rows_to_struct(schema, before, as_text=as_text)
-        a, _, _ = json_rows_to_struct(schema, after, as_text=as_text)
+        b, _, _ = _to_struct(schema, before, as_text=as_text)
+        a, _, _ = _to_struct(schema, after, as_text=as_text)
     return b, a, schema, as_text
+
+
+def _to_struct(schema: TableSchema, images, *, as_text: Sequence[str] = ()):
+    if isinstance(images, (pa.Array, pa.ChunkedArray)):
+        return json_rows_to_struct(schema, images, as_text=as_text)
+    return rows_to_struct(schema, images, as_text=as_text)
 
 
 def images_metadata(schema: TableSchema, text_columns: Sequence[str]) -> dict[bytes, bytes]:

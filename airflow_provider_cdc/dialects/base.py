@@ -22,7 +22,7 @@ from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.ranges import ChunkRange
-from ..core.schema import TableName, TableSchema, encode_key, encode_row
+from ..core.schema import TableName, TableSchema, encode_key
 from ..storage.staged import ChunkWriter, string_array
 
 log = logging.getLogger(__name__)
@@ -274,10 +274,10 @@ class Dialect(ABC):
                 row = self.row_to_canonical(schema, raw)
                 kv = tuple(row[k] for k in pk)
                 keys.append(encode_key(kv))
-                afters.append(encode_row(row))
+                afters.append(row)
                 last_key = kv
             del batch  # the driver rows: the batch's largest part, no longer needed
-            writer.add(string_array(keys), string_array(afters))
+            writer.add(string_array(keys), afters)
         rows = writer.write(path)
         return ChunkReadResult(rows, last_key)
 

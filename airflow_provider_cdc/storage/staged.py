@@ -34,7 +34,7 @@ from ..core import arrow_types as at
 from ..core.arrow_types import int64_array, string_array
 from ..core.events import ORIGIN_FIELDS, WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from ..core.position import Position
-from ..core.schema import TableName, TableSchema, encode_row
+from ..core.schema import TableName, TableSchema
 from .layout import parse_segment_name
 
 #: ChangeEvent.origin as staged (core/events.py ORIGIN_FIELDS)
@@ -67,8 +67,8 @@ CHUNK_PARQUET_OPTIONS: dict = {"use_dictionary": False}
 
 
 class ChunkWriter:
-    """A staged chunk, typed: add batches of canonical keys and after-row JSON texts
-    (``add``), then ``write`` the file at once. Each batch is typed as it comes (only its
+    """A staged chunk, typed: add batches of canonical keys and after-rows (``add``), then
+    ``write`` the file at once. Each batch is typed as it comes (only its
     typed columns are kept, a fraction of the text); a column that turns out to hold a value
     its type cannot is canonical text in the whole file."""
 
@@ -77,8 +77,9 @@ class ChunkWriter:
         self.parts: list[tuple[pa.Array, pa.StructArray, TableSchema, list[str]]] = []
         self.rows = 0
 
-    def add(self, keys: pa.Array, afters: pa.Array) -> None:
-        _b, after, schema, text = at.type_images(self.schema, pa.nulls(len(afters), pa.string()), afters)
+    def add(self, keys: pa.Array, afters) -> None:
+        """``afters``: canonical row JSON texts (an Arrow string array) or canonical row dicts."""
+        _b, after, schema, text = at.type_images(self.schema, [None] * len(afters), afters)
         self.parts.append((keys, after, schema, text))
         self.rows += len(keys)
 
@@ -142,53 +143,50 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str, schemas=No
     """Events (position order) -> a typed segment table (module docstring). ``schemas``:
     table id -> the TableSchema to type its images with (None or absent: text columns the
     rows name)."""
-    # one list per column, filled in a single pass (this runs once per captured event)
+    # one list per column, filled in a single pass (this runs once per captured event); the
+    # images per table, as the canonical dicts they are (typed a column at a time below)
     pos: list = []
     tbl: list = []
     ops: list = []
     keys: list = []
-    befores: list = []
-    afters: list = []
     ts: list = []
     wms: list = []
     origins: list = []
-    for ev in events:
+    images: dict[str, tuple[list, list, list]] = {}  # table -> (event indexes, befores, afters)
+    for i, ev in enumerate(events):
         pos.append(ev.position.encode())
         ts.append(ev.ts_ms)
         if isinstance(ev, WatermarkEvent):
             tbl.append(watermark_table)
             ops.append(WATERMARK_OP)
             keys.append(None)
-            befores.append(None)
-            afters.append(None)
             wms.append(ev.id)
             origins.append(None)
         else:
             tbl.append(ev.table)
             ops.append(ev.op)
             keys.append(ev.key)
-            befores.append(None if ev.before is None else encode_row(ev.before))
-            afters.append(None if ev.after is None else encode_row(ev.after))
             wms.append(ev.watermark)
             origins.append(ev.origin)
+            mine = images.get(ev.table)
+            if mine is None:
+                mine = images[ev.table] = ([], [], [])
+            mine[0].append(i)
+            mine[1].append(ev.before)
+            mine[2].append(ev.after)
     n = len(pos)
-    table_col = string_array(tbl)
-    arrays = [string_array(pos), table_col, string_array(ops), string_array(keys), int64_array(ts),
+    key_col = string_array(keys)
+    arrays = [string_array(pos), string_array(tbl), string_array(ops), key_col, int64_array(ts),
               string_array(wms), origin_array(origins)]
     fields = list(SEGMENT_SCHEMA)
     meta = []
-    is_wm = np.fromiter((o == WATERMARK_OP for o in ops), dtype=np.bool_, count=n)
-    names = dict.fromkeys(t for t, w in zip(tbl, is_wm, strict=True) if not w)
-    before_all, after_all = string_array(befores), string_array(afters)
-    for i, table in enumerate(names):
-        mine = np.fromiter((t == table for t in tbl), dtype=np.bool_, count=n) & ~is_wm
-        idx = at.index_array(np.flatnonzero(mine))
-        part = pa.table({"before": before_all.take(idx), "after": after_all.take(idx), "key": string_array(keys).take(idx)})
-        schema = (schemas or {}).get(table) or at.inferred_schema(TableName.parse(table), part)
-        b, a, schema, text = at.type_images(schema, part["before"], part["after"])
-        # scatter back to one slot per event: row j takes value (rows of this table before j)
-        slot = np.cumsum(mine) - 1
-        take = at.index_array(np.where(mine, slot, 0), mine)
+    for i, (table, (idx, befores, afters)) in enumerate(images.items()):
+        schema = (schemas or {}).get(table) or _inferred(table, keys[idx[0]], befores, afters)
+        b, a, schema, text = at.type_images(schema, befores, afters)
+        # scatter back to one slot per event: event j takes value (events of this table before j)
+        mine = np.zeros(n, dtype=np.bool_)
+        mine[idx] = True
+        take = at.index_array(np.where(mine, np.cumsum(mine) - 1, 0), mine)
         arrays += [b.take(take), a.take(take)]
         fields += [pa.field(f"before_{i}", b.type), pa.field(f"after_{i}", a.type)]
         meta.append({"table": table, "schema": json.loads(schema.to_json()), "text_columns": text})
@@ -215,6 +213,17 @@ def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
         missing = np.fromiter((o is None for o in origins), dtype=np.bool_, count=n)
         mask = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(missing, bitorder="little"))])
     return pa.StructArray.from_arrays(children, fields=list(ORIGIN_TYPE), mask=mask)
+
+
+def _inferred(table: str, key: str | None, befores: list, afters: list) -> TableSchema:
+    """Text columns the rows name, for a table staged without a schema (never described);
+    the first as many as the key has make the primary key (core/arrow_types.inferred_schema)."""
+    from ..core.schema import Column
+
+    names = dict.fromkeys(k for r in (*afters, *befores) if r is not None for k in r)
+    width = len(json.loads(key)) if key else 1
+    cols = tuple(Column(c, "string") for c in names) or tuple(Column(f"key{i}", "string") for i in range(width))
+    return TableSchema(TableName.parse(table), cols, tuple(c.name for c in cols[: max(1, width)]))
 
 
 def write_segment(events: list[LogEvent], directory: str, watermark_table: str, schemas=None) -> str:
