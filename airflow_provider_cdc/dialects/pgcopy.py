@@ -151,6 +151,67 @@ def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[
     return _per_value(decode)
 
 
+# --- typed columns straight from the server's text (the chunk path: no JSON in between) -----------
+def _typed_temporal(logical: str) -> Callable[[pa.Array], pa.Array | None]:
+    pattern = _TEMPORAL[logical][0]
+    target = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC")}.get(logical)
+
+    def build(arr: pa.Array) -> pa.Array | None:
+        m = pc.extract_regex(arr, pattern)
+        if m.null_count != arr.null_count:  # infinity, BC, 5-digit years...: the decoder handles them
+            return None
+        if logical == "time":  # canonical text, microseconds padded
+            frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
+            return pc.if_else(pc.is_null(arr), pa.nulls(len(arr), pa.string()), _join(m.field("t"), ".", frac))
+        return arr.cast(target)  # the server's ISO text: Arrow's own parser
+
+    return build
+
+
+def _typed_binary(arr: pa.Array) -> pa.Array | None:
+    from ..core.arrow_types import binary_array
+
+    vals = arr.to_pylist()
+    if any(v is not None and v[:2] != "\\x" for v in vals):
+        return None  # bytea_output = escape: the decoder
+    return binary_array([None if v is None else bytes.fromhex(v[2:]) for v in vals])
+
+
+def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:
+    """Text column -> the typed column of ``logical`` (core/arrow_types.arrow_type) by Arrow
+    kernels, or None where a value needs the decoder (infinities, BC dates, a NaN numeric...):
+    the caller then takes the reference path, canonical values through the decoder."""
+    from ..core.arrow_types import arrow_type
+
+    target = arrow_type(logical)
+    if logical in _INTS or logical in ("float32", "float64") or pa.types.is_decimal(target):
+        def cast(arr: pa.Array) -> pa.Array | None:
+            try:
+                # float32 rounds from the double, as Python's float() and the JSON path do
+                return arr.cast(pa.float64()).cast(target, safe=False) if logical == "float32" else arr.cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
+        return cast
+    if logical == "bool":
+        return lambda arr: pc.equal(arr, _lit("t"))
+    if logical in _STRINGS or (logical.startswith("decimal") and pa.types.is_string(target)):
+        return lambda arr: arr
+    if logical == "uuid":
+        return pc.utf8_lower
+    if logical == "binary":
+        return _typed_binary
+    if logical in _TEMPORAL:
+        build = _typed_temporal(logical)
+
+        def temporal(arr: pa.Array) -> pa.Array | None:
+            try:
+                return build(arr)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                return None
+        return temporal
+    return lambda arr: None
+
+
 def read_csv_batch(data: bytes | bytearray, names: Sequence[str]) -> list[pa.Array]:
     """COPY ... (FORMAT csv) output -> one string array per column (unquoted empty = NULL).
     ``data`` is read in place (no copy); a bytearray may be cleared once this returns."""
@@ -172,13 +233,16 @@ def read_csv_batch(data: bytes | bytearray, names: Sequence[str]) -> list[pa.Arr
 
 
 class ChunkAssembler:
-    """Builds (key, after) JSON columns for rows of one table schema."""
+    """Builds the key (canonical JSON) and the after-rows of one table schema: as JSON text
+    (:meth:`build`) or as typed columns (:meth:`build_typed`, what a chunk stages)."""
 
     def __init__(
         self, names: Sequence[str], logical: Sequence[str], decoders: Sequence[Callable], pk: Sequence[str]
     ):
         self.names = list(names)
+        self.logical = list(logical)
         self.builders = [fragment_builder(t, d) for t, d in zip(logical, decoders, strict=True)]
+        self.typed = [typed_builder(t) for t in logical]
         self.prefixes = [("{" if i == 0 else ",") + _ENCODE(n) + ":" for i, n in enumerate(self.names)]
         self.pk_idx = [self.names.index(k) for k in pk]
         self.decoders = list(decoders)
@@ -199,3 +263,32 @@ class ChunkAssembler:
         key = _join(*kparts)
         last = tuple(self.decoders[i](columns[i][-1].as_py()) for i in self.pk_idx)
         return key, after, last
+
+    def build_typed(self, columns: list[pa.Array]) -> tuple[pa.Array, list[pa.Array], list[str], tuple]:
+        """(key, one typed array per column, the columns kept as canonical text, last key).
+        A column Arrow's kernels cannot type takes the reference path: each value through the
+        decoder (as the changelog's), then core/arrow_types.decode_column; a value its type
+        cannot hold makes the column canonical text (as the generic chunk read does)."""
+        from ..core.arrow_types import decode_column
+        from ..core.errors import ConfigurationError
+
+        arrays, text = [], []
+        for name, logical, build, decode, col in zip(self.names, self.logical, self.typed, self.decoders, columns,
+                                                      strict=True):
+            arr = build(col)
+            if arr is None:
+                vals = [None if v is None else decode(v) for v in col.to_pylist()]
+                try:
+                    arr = decode_column(vals, logical)
+                except ConfigurationError:
+                    arr = decode_column(vals, "string")
+                    text.append(name)
+            arrays.append(arr)
+        kparts: list = ["["]
+        for j, i in enumerate(self.pk_idx):
+            if j:
+                kparts.append(",")
+            kparts.append(self.builders[i](columns[i]))
+        kparts.append("]")
+        last = tuple(self.decoders[i](columns[i][-1].as_py()) for i in self.pk_idx)
+        return _join(*kparts), arrays, text, last

@@ -818,9 +818,9 @@ class PostgresDialect(Dialect):
             cols = read_csv_batch(buf, schema.column_names)
             buf.clear()
             state["pending"] = 0
-            key, after, last = asm.build(cols)
+            key, typed, text, last = asm.build_typed(cols)
             del cols
-            writer.add(key, after)
+            writer.add_typed(key, typed, text)
             state["rows"] += len(key)
             state["last"] = last
 

@@ -77,6 +77,13 @@ class ChunkWriter:
         self.parts: list[tuple[pa.Array, pa.StructArray, TableSchema, list[str]]] = []
         self.rows = 0
 
+    def add_typed(self, keys: pa.Array, columns: Sequence[pa.Array], text_columns: Sequence[str] = ()) -> None:
+        """A batch already typed: one array per column of the schema (``text_columns``: those
+        holding canonical text instead)."""
+        fields = [pa.field(c.name, a.type) for c, a in zip(self.schema.columns, columns, strict=True)]
+        self.parts.append((keys, pa.StructArray.from_arrays(list(columns), fields=fields), self.schema, list(text_columns)))
+        self.rows += len(keys)
+
     def add(self, keys: pa.Array, afters) -> None:
         """``afters``: canonical row JSON texts (an Arrow string array) or canonical row dicts."""
         _b, after, schema, text = at.type_images(self.schema, [None] * len(afters), afters)
