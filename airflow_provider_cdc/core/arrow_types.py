@@ -639,6 +639,15 @@ def column_as(arr: pa.Array, have: str, want: str, *, name: str = "", table: Any
         return arr
     if arr.type == target and (have != "string" or want in ("string", "uuid", "json", "time", "decimal")):
         return arr
+    def numeric(t: pa.DataType) -> bool:
+        return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+    if have != "string" and numeric(arr.type) and numeric(target) and not (
+            pa.types.is_floating(arr.type) and not pa.types.is_floating(target)):
+        try:  # a widened or narrowed number: Arrow's safe cast (a value that does not fit raises)
+            return arr.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass  # the reference below names the table and column of a value that does not fit
     vals = arrow_canonical(arr, have)
     if have == "string":
         vals = [text_to_canonical(v, want) for v in vals]

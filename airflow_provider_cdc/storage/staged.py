@@ -264,7 +264,7 @@ def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str]
 
     out = []
     tables = segment_tables(t.schema.metadata)
-    common = [c for c in SEGMENT_SCHEMA.names]
+    common = list(SEGMENT_SCHEMA.names)
     legacy = not tables and "after" in t.column_names
     if legacy:
         for table in pc.unique(t.filter(pc.not_equal(t["op"], WATERMARK_OP))["table"]).to_pylist():
@@ -311,7 +311,7 @@ def read_log_events(
         if upto is not None and first > upto:
             break
         tbl = read_table(path)
-        images: dict[int, tuple] = {}
+        images: dict[str, tuple] = {}  # position -> (before, after) as canonical rows
         for _table, schema, text, part in segment_images(tbl):
             rows = (at.canonical_rows(part["before"], schema, text),
                     at.canonical_rows(part["after"], schema, text, keep_nulls=True))
