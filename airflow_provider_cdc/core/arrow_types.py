@@ -218,6 +218,10 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
         except (ValueError, TypeError) as exc:
             raise ConfigurationError(f"cannot decode canonical {logical} values into {target}: {exc}") from exc
     try:
+        # canonical numbers, booleans and decimal texts need no per-value step (the hot path)
+        arr = _from_buffers(values if isinstance(values, list) else list(values), target)
+        if arr is not None:
+            return arr
         decoded = [_decode(v, logical, target) for v in values]
         arr = _from_buffers(decoded, target)
         return pa.array(decoded, target) if arr is None else arr
