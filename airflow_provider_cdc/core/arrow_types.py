@@ -729,15 +729,19 @@ def unify_schemas(parts: Sequence[tuple[TableSchema | None, Sequence[str]]]) -> 
 
 def inferred_schema(table, events: pa.Table) -> TableSchema:
     """Text columns named by the rows themselves (``before``/``after`` canonical JSON and
-    ``key`` of ``events``), for a table whose columns were never described: every column is
-    ``string``, so canonical values are kept as their text."""
+    ``key`` of ``events``), for a table whose columns were never described (see
+    :func:`text_schema`)."""
     names: dict[str, None] = {}
-    key_cols: list[str] = []
     for col in ("after", "before"):
         for text in events[col].drop_null().to_pylist():
             names.update(dict.fromkeys(json.loads(text)))
-    for text in events["key"].drop_null().to_pylist()[:1]:
-        key_cols = [f"key{i}" for i in range(len(json.loads(text)))]
-    cols = tuple(Column(n, "string") for n in names) or tuple(Column(k, "string") for k in key_cols) or (Column("key0", "string"),)
-    pk = tuple(c.name for c in cols[: max(1, len(key_cols))])
-    return TableSchema(table, cols, pk)
+    first_key = next(iter(events["key"].drop_null().to_pylist()), None)
+    return text_schema(table, names, len(json.loads(first_key)) if first_key else 0)
+
+
+def text_schema(table, names, key_width: int) -> TableSchema:
+    """A schema of ``string`` columns ``names`` (canonical values kept as their text), the
+    first ``key_width`` (at least one) making the primary key; ``key0``... when no row named
+    a column."""
+    cols = tuple(Column(n, "string") for n in names) or tuple(Column(f"key{i}", "string") for i in range(max(1, key_width)))
+    return TableSchema(table, cols, tuple(c.name for c in cols[: max(1, key_width)]))

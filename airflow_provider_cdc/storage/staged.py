@@ -223,14 +223,9 @@ def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
 
 
 def _inferred(table: str, key: str | None, befores: list, afters: list) -> TableSchema:
-    """Text columns the rows name, for a table staged without a schema (never described);
-    the first as many as the key has make the primary key (core/arrow_types.inferred_schema)."""
-    from ..core.schema import Column
-
+    """Text columns the rows name, for a table staged without a schema (never described)."""
     names = dict.fromkeys(k for r in (*afters, *befores) if r is not None for k in r)
-    width = len(json.loads(key)) if key else 1
-    cols = tuple(Column(c, "string") for c in names) or tuple(Column(f"key{i}", "string") for i in range(width))
-    return TableSchema(TableName.parse(table), cols, tuple(c.name for c in cols[: max(1, width)]))
+    return at.text_schema(TableName.parse(table), names, len(json.loads(key)) if key else 0)
 
 
 def write_segment(events: list[LogEvent], directory: str, watermark_table: str, schemas=None) -> str:
