@@ -125,9 +125,8 @@ def build(data_dir: str, rows: int, events: int, n_chunks: int, seed: int) -> li
         keys = [encode_key([i]) for i in range(lo, hi)]
         afters = [encode_row(_row(i)) for i in range(lo, hi)]
         path = chunk_path(data_dir, SOURCE, TABLE, "bench", c, f"hw{c}")
-        writer = ChunkWriter(SCHEMA)  # typed, as a chunk task stages it
-        writer.add(string_array(keys), string_array(afters))
-        writer.write(path)
+        with ChunkWriter(SCHEMA, path) as writer:  # typed, as a chunk task stages it
+            writer.add(string_array(keys), string_array(afters))
         chunks.append(ChunkResult(SOURCE, TABLE.id, "bench", c, f"lw{c}", f"hw{c}", path, ChunkRange((lo,), (hi,)),
                                   None, (hi - 1,), hi - lo, True))
         log.append(WatermarkEvent(f"lw{c}", nxt()))

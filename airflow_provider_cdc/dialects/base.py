@@ -267,18 +267,18 @@ class Dialect(ABC):
         )
         last_key: tuple | None = None
         pk = schema.primary_key
-        writer = ChunkWriter(schema)
-        for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
-            keys, afters = [], []
-            for raw in batch:
-                row = self.row_to_canonical(schema, raw)
-                kv = tuple(row[k] for k in pk)
-                keys.append(encode_key(kv))
-                afters.append(row)
-                last_key = kv
-            del batch  # the driver rows: the batch's largest part, no longer needed
-            writer.add(string_array(keys), afters)
-        rows = writer.write(path)
+        with ChunkWriter(schema, path) as writer:
+            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
+                keys, afters = [], []
+                for raw in batch:
+                    row = self.row_to_canonical(schema, raw)
+                    kv = tuple(row[k] for k in pk)
+                    keys.append(encode_key(kv))
+                    afters.append(row)
+                    last_key = kv
+                del batch  # the driver rows: the batch's largest part, no longer needed
+                writer.add(string_array(keys), afters)
+        rows = writer.rows
         return ChunkReadResult(rows, last_key)
 
     @abstractmethod

@@ -1,19 +1,18 @@
-"""Fast PostgreSQL chunk reads: ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)`` into Arrow,
-canonical JSON built per column instead of per row.
+"""Fast PostgreSQL chunk reads: ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)`` into typed
+Arrow columns, a column at a time (what a staged chunk holds, storage/staged.py).
 
-Why: the generic chunk read (driver row -> dict of canonical values -> JSON) costs tens
-of microseconds of Python per row, ten times the server's own COPY. Here the server
-renders each value with its type's output function (the same text pgoutput sends and the
-generic path sees), pyarrow parses the CSV, and every column becomes an array of JSON
-fragments at once; rows are assembled with one vectorised string join.
+Why: the generic chunk read (driver row -> dict of canonical values -> typed columns) costs
+microseconds of Python per value. Here the server renders each value with its type's output
+function (the same text pgoutput sends and the generic path sees), pyarrow parses the CSV,
+and Arrow's kernels type each column at once (:func:`typed_builder`: casts with Arrow's own
+number and ISO-8601 parsers, a regex for ``time``, hex for bytea).
 
-Parity with the generic path (and so with the changelog): arrays and anything unusual
-(infinite or BC timestamps...) take ``encoder(decoder(text))``, the same decoder and
-JSON encoder as ``encode_row``. Integers (the server's text *is* the JSON), booleans,
-strings (JSON escaping with Arrow kernels; values with control characters go through the
-encoder), ISO timestamps/times (regex + padding kernels), floats (``repr``, as the
-encoder does) and bytea (hex -> base64) are specialised; unit tests and an integration
-test compare them with the generic path byte for byte.
+Parity with the generic path (and so with the changelog): a column holding anything
+unusual (infinite or BC timestamps, 5-digit years, a NaN numeric, arrays) takes the
+reference path, each value through the same decoder as the changelog's, then
+core/arrow_types.decode_column. The key stays canonical JSON, built from per-column JSON
+fragments (:func:`fragment_builder`: integers are the server's text, strings escaped with
+Arrow kernels). Unit tests and an integration test compare both with the generic path.
 """
 
 from __future__ import annotations
@@ -233,8 +232,8 @@ def read_csv_batch(data: bytes | bytearray, names: Sequence[str]) -> list[pa.Arr
 
 
 class ChunkAssembler:
-    """Builds the key (canonical JSON) and the after-rows of one table schema: as JSON text
-    (:meth:`build`) or as typed columns (:meth:`build_typed`, what a chunk stages)."""
+    """Builds the key (canonical JSON, from the fragments below) and the typed columns
+    (:meth:`build_typed`, what a chunk stages) of rows of one table schema."""
 
     def __init__(
         self, names: Sequence[str], logical: Sequence[str], decoders: Sequence[Callable], pk: Sequence[str]
@@ -243,26 +242,8 @@ class ChunkAssembler:
         self.logical = list(logical)
         self.builders = [fragment_builder(t, d) for t, d in zip(logical, decoders, strict=True)]
         self.typed = [typed_builder(t) for t in logical]
-        self.prefixes = [("{" if i == 0 else ",") + _ENCODE(n) + ":" for i, n in enumerate(self.names)]
         self.pk_idx = [self.names.index(k) for k in pk]
         self.decoders = list(decoders)
-
-    def build(self, columns: list[pa.Array]) -> tuple[pa.Array, pa.Array, tuple]:
-        frags = [b(c) for b, c in zip(self.builders, columns, strict=True)]
-        parts: list = []
-        for prefix, frag in zip(self.prefixes, frags, strict=True):
-            parts += [prefix, frag]
-        parts.append("}")
-        after = _join(*parts)
-        kparts: list = ["["]
-        for j, i in enumerate(self.pk_idx):
-            if j:
-                kparts.append(",")
-            kparts.append(frags[i])
-        kparts.append("]")
-        key = _join(*kparts)
-        last = tuple(self.decoders[i](columns[i][-1].as_py()) for i in self.pk_idx)
-        return key, after, last
 
     def build_typed(self, columns: list[pa.Array]) -> tuple[pa.Array, list[pa.Array], list[str], tuple]:
         """(key, one typed array per column, the columns kept as canonical text, last key).

@@ -810,46 +810,45 @@ class PostgresDialect(Dialect):
         buf = bytearray()  # COPY rows of the batch being filled (no object per row)
         batch_rows = max(1, self.copy_batch_rows)
 
-        writer = ChunkWriter(schema)
+        with ChunkWriter(schema, path) as writer:
 
-        def flush() -> None:
-            if not state["pending"]:
-                return
-            cols = read_csv_batch(buf, schema.column_names)
-            buf.clear()
-            state["pending"] = 0
-            key, typed, text, last = asm.build_typed(cols)
-            del cols
-            writer.add_typed(key, typed, text)
-            state["rows"] += len(key)
-            state["last"] = last
+            def flush() -> None:
+                if not state["pending"]:
+                    return
+                cols = read_csv_batch(buf, schema.column_names)
+                buf.clear()
+                state["pending"] = 0
+                key, typed, text, last = asm.build_typed(cols)
+                del cols
+                writer.add_typed(key, typed, text)
+                state["rows"] += len(key)
+                state["last"] = last
 
-        class _Sink:  # psycopg2 writes one COPY row per call
-            def write(self, data: bytes) -> int:
-                buf.extend(data)
-                state["pending"] += 1
-                if state["pending"] >= batch_rows:
-                    flush()
-                return len(data)
+            class _Sink:  # psycopg2 writes one COPY row per call
+                def write(self, data: bytes) -> int:
+                    buf.extend(data)
+                    state["pending"] += 1
+                    if state["pending"] >= batch_rows:
+                        flush()
+                    return len(data)
 
-        conn = self._read_conn()
-        try:
-            with conn.cursor() as cur:
-                copy_sql = (
-                    f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
-                )
-                cur.copy_expert(copy_sql, _Sink())
-            conn.commit()
-        except psycopg2.Error as exc:
-            self._reset_read_conn()
-            raise SourceError(
-                f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
-            ) from exc
-        except BaseException:
-            self._reset_read_conn()
-            raise
-        flush()
-        writer.write(path)
+            conn = self._read_conn()
+            try:
+                with conn.cursor() as cur:
+                    copy_sql = (
+                        f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
+                    )
+                    cur.copy_expert(copy_sql, _Sink())
+                conn.commit()
+            except psycopg2.Error as exc:
+                self._reset_read_conn()
+                raise SourceError(
+                    f"PostgreSQL rejected the chunk query: {_pg_message(exc)}\nSQL: {sql}"
+                ) from exc
+            except BaseException:
+                self._reset_read_conn()
+                raise
+            flush()
         return ChunkReadResult(state["rows"], state["last"])
 
     def _reset_read_conn(self) -> None:

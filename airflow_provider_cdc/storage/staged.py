@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import ExitStack
 
 import numpy as np
 import pyarrow as pa
@@ -67,45 +68,78 @@ CHUNK_PARQUET_OPTIONS: dict = {"use_dictionary": False}
 
 
 class ChunkWriter:
-    """A staged chunk, typed: add batches of canonical keys and after-rows (``add``), then
-    ``write`` the file at once. Each batch is typed as it comes (only its
-    typed columns are kept, a fraction of the text); a column that turns out to hold a value
-    its type cannot is canonical text in the whole file."""
+    """A staged chunk at ``path``, typed and streamed: ``with ChunkWriter(schema, path) as w``,
+    then ``w.add`` / ``w.add_typed`` batch after batch; each batch is typed as it comes and
+    written as a row group, so memory holds one batch, not the chunk. The file appears when
+    the block ends without an exception (storage.atomic_output).
 
-    def __init__(self, schema: TableSchema) -> None:
-        self.schema = schema
-        self.parts: list[tuple[pa.Array, pa.StructArray, TableSchema, list[str]]] = []
+    A batch with a value its column's type cannot hold (a NaN numeric) makes that column
+    canonical text in the whole file: the rows written so far are read back and rewritten
+    with the column as text (rare, and bounded by the chunk)."""
+
+    def __init__(self, schema: TableSchema, path: str) -> None:
+        self.schema, self.path = schema, path
         self.rows = 0
+        self._stack = ExitStack()
+        self._fs = self._tmp = None
+        self._writer: pq.ParquetWriter | None = None
+        self._seen: list[tuple[TableSchema, list[str]]] = []
+        self._typed: tuple[TableSchema, list[str]] | None = None  # what the file's columns hold now
+
+    def __enter__(self) -> ChunkWriter:
+        self._fs, self._tmp = self._stack.enter_context(storage.atomic_output(self.path))
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc_type is None and self._writer is None:  # no rows: an empty file of the declared columns
+                self._open(self.schema, [])
+            if self._writer is not None:
+                self._writer.close()
+        finally:
+            self._writer = None
+            closed = self._stack.__exit__(exc_type, exc, tb)
+        return bool(closed)
 
     def add_typed(self, keys: pa.Array, columns: Sequence[pa.Array], text_columns: Sequence[str] = ()) -> None:
         """A batch already typed: one array per column of the schema (``text_columns``: those
         holding canonical text instead)."""
         fields = [pa.field(c.name, a.type) for c, a in zip(self.schema.columns, columns, strict=True)]
-        self.parts.append((keys, pa.StructArray.from_arrays(list(columns), fields=fields), self.schema, list(text_columns)))
-        self.rows += len(keys)
+        self._write(keys, pa.StructArray.from_arrays(list(columns), fields=fields), self.schema, list(text_columns))
 
     def add(self, keys: pa.Array, afters) -> None:
         """``afters``: canonical row JSON texts (an Arrow string array) or canonical row dicts."""
         _b, after, schema, text = at.type_images(self.schema, [None] * len(afters), afters)
-        self.parts.append((keys, after, schema, text))
+        self._write(keys, after, schema, text)
+
+    def _open(self, schema: TableSchema, text: list[str]) -> None:
+        after = at.conform_images(pa.nulls(0, pa.struct([])), None, [], schema, text)
+        empty = chunk_table(string_array([]), after, schema, text)
+        self._writer = pq.ParquetWriter(self._tmp, empty.schema, filesystem=self._fs, **CHUNK_PARQUET_OPTIONS)
+        self._typed = (schema, list(text))
+
+    def _write(self, keys: pa.Array, after: pa.StructArray, schema: TableSchema, text: list[str]) -> None:
+        self._seen.append((schema, text))
+        union = at.unify_schemas(self._seen)
+        if self._writer is None:
+            self._open(*union)
+        elif union != self._typed:
+            self._retype(*union)
+        want_schema, want_text = self._typed
+        if (schema, sorted(text)) != (want_schema, sorted(want_text)):
+            after = at.conform_images(after, schema, text, want_schema, want_text)
+        self._writer.write_table(chunk_table(keys, after, want_schema, want_text))
         self.rows += len(keys)
 
-    def table(self) -> pa.Table:
-        if not self.parts:
-            return chunk_table(string_array([]), at.conform_images(pa.nulls(0, pa.struct([])), None, [],
-                                                                             self.schema), self.schema, [])
-        schema, text = at.unify_schemas([(p[2], p[3]) for p in self.parts])
-        if len(self.parts) == 1:
-            keys, after, schema, text = self.parts[0]
-            return chunk_table(keys, after, schema, text)
-        afters = [at.conform_images(a, s, t, schema, text) for _k, a, s, t in self.parts]
-        return chunk_table(pa.chunked_array([p[0] for p in self.parts]),
-                           pa.chunked_array(afters), schema, text)
-
-    def write(self, path: str) -> int:
-        """The chunk file at ``path`` (a location), whole or not at all; returns its rows."""
-        atomic_write_table(self.table(), path, **CHUNK_PARQUET_OPTIONS)
-        return self.rows
+    def _retype(self, schema: TableSchema, text: list[str]) -> None:
+        """The rows written so far, rewritten with the columns of ``schema`` / ``text``."""
+        self._writer.close()
+        old_schema, old_text = self._typed
+        written = pq.read_table(self._tmp, filesystem=self._fs)
+        self._open(schema, text)
+        if written.num_rows:
+            after = at.conform_images(written["after"], old_schema, old_text, schema, text)
+            self._writer.write_table(chunk_table(written["key"], after, schema, text))
 
 
 def chunk_table(keys, after, schema: TableSchema, text_columns) -> pa.Table:

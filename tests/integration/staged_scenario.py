@@ -98,9 +98,8 @@ class Stage:
     def chunk(self, table: TableName, seq: int, lw: str, hw: str, rows: list[dict], pk: str) -> ChunkResult:
         path = chunk_path(self.data_dir, SOURCE, table, "snap1", seq, hw)
         pairs = [(encode_key([r[pk]]), r) for r in rows]
-        writer = ChunkWriter(SCHEMAS[table.id])  # typed, as a chunk task stages it
-        writer.add(pa.array([k for k, _ in pairs], pa.string()), pa.array([encode_row(r) for _, r in pairs], pa.string()))
-        writer.write(path)
+        with ChunkWriter(SCHEMAS[table.id], path) as writer:  # typed, as a chunk task stages it
+            writer.add(pa.array([k for k, _ in pairs], pa.string()), pa.array([encode_row(r) for _, r in pairs], pa.string()))
         res = ChunkResult(SOURCE, table.id, "snap1", seq, lw, hw, path, ChunkRange(), None,
                           (rows[-1][pk],) if rows else None, len(rows), True)
         self.chunks.append(res)

@@ -49,10 +49,11 @@ types = ["int64", "string", "bool", "float64", "timestamptz", "uuid", "decimal(5
 names = [f"c{i}" for i in range(len(types))]
 asm = ChunkAssembler(names, types, [decoder(t) for t in types], ["c0"])
 csv = bytearray(b'1,"x,y",t,1.5,2024-01-02 03:04:05+00,A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11,1.50,"{1,NULL}",\\x00ff,"{""a"": 1}"\n2,,,,,,,,,\n')
-key, after, last = asm.build(read_csv_batch(csv, names))
-w = ChunkWriter(TableSchema(TableName("s", "t"), tuple(Column(n, t) for n, t in zip(names, types)), ("c0",)))
-w.add(key, after)
-w.write(sys.argv[1] + "/c.parquet")
+key, typed, text, last = asm.build_typed(read_csv_batch(csv, names))
+schema = TableSchema(TableName("s", "t"), tuple(Column(n, t) for n, t in zip(names, types)), ("c0",))
+with ChunkWriter(schema, sys.argv[1] + "/c.parquet") as w:
+    w.add_typed(key, typed, text)
+    w.add(string_array(["[3]"]), [{"c0": 3, "c1": "z"}])
 events_to_table([ChangeEvent("s.t", "u", "[1]", Position(1, 0, 0), {"a": 1}, {"a": 2}, 5),
                  WatermarkEvent("w", Position(1, 0, 1), 6)], "cdc.watermark")
 print("pandas" in sys.modules)

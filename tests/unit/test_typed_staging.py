@@ -73,14 +73,16 @@ def test_a_segment_holds_each_tables_typed_columns_and_the_schema_it_was_typed_w
 def test_a_chunk_is_typed_and_a_value_its_type_cannot_hold_makes_that_column_text_in_the_whole_file(tmp_path):
     path = str(tmp_path / "c.parquet")
     schema = TableSchema(A, (Column("id", "int64"), Column("price", "decimal(12,2)")), ("id",))
-    w = ChunkWriter(schema)
-    w.add(pa.array(["[1]"]), pa.array([encode_row({"id": 1, "price": "1.50"})]))
-    w.add(pa.array(["[2]"]), pa.array([encode_row({"id": 2, "price": "NaN"})]))  # numeric NaN: no decimal128 holds it
-    assert w.write(path) == 2
+    with ChunkWriter(schema, path) as w:  # one row group per batch: the first is written typed
+        w.add(pa.array(["[1]"]), pa.array([encode_row({"id": 1, "price": "1.50"})]))
+        w.add(pa.array(["[2]"]), [{"id": 2, "price": "NaN"}])  # numeric NaN: no decimal128 holds it
+        w.add(pa.array(["[3]"]), pa.array([encode_row({"id": 3, "price": "3.00"})]))
+    assert w.rows == 3
     t = pq.read_table(path)
     assert t.schema.field("after").type == pa.struct([("id", pa.int64()), ("price", pa.string())])
     assert at.metadata_schema(t.schema.metadata) == (schema, ["price"])
-    assert read_chunk_rows(path, A.id) == [("[1]", {"id": 1, "price": "1.50"}), ("[2]", {"id": 2, "price": "NaN"})]
+    assert read_chunk_rows(path, A.id) == [("[1]", {"id": 1, "price": "1.50"}), ("[2]", {"id": 2, "price": "NaN"}),
+                                           ("[3]", {"id": 3, "price": "3.00"})]
 
 
 def test_images_typed_at_different_positions_join_under_the_newest_columns():
@@ -118,10 +120,9 @@ def _stage_round(d: str) -> list[ChunkResult]:
     for s in (A_SCHEMA, B_SCHEMA):
         storage.write_text(schema_path(d, SOURCE, s.table), s.to_json())
     path = chunk_path(d, SOURCE, A, "snap", 1, "hw")
-    w = ChunkWriter(A_SCHEMA)
     ids = range(1, CHUNK_ROWS + 1)
-    w.add(pa.array([encode_key([i]) for i in ids]), pa.array([encode_row(a_row(i)) for i in ids]))
-    w.write(path)
+    with ChunkWriter(A_SCHEMA, path) as w:
+        w.add(pa.array([encode_key([i]) for i in ids]), pa.array([encode_row(a_row(i)) for i in ids]))
     log = [WatermarkEvent("lw", Position(10), 10), change(A, "u", [2], 11, a_row(2, 1), a_row(2)),
            WatermarkEvent("hw", Position(12), 12), change(A, "d", [3], 13, None, {"id": 3}),
            change(B, "c", ["x"], 14, {"code": "x", "n": 7})]
