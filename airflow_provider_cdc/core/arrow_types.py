@@ -68,6 +68,20 @@ DELETED_COLUMN = "__deleted"
 META_COLUMNS = (KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN)
 
 
+def _bitmap(mask: np.ndarray) -> pa.Buffer:
+    """A numpy bool array -> an Arrow bitmap buffer (validity, a struct's null mask)."""
+    return pa.py_buffer(np.packbits(mask, bitorder="little"))
+
+
+def _validity(values: Sequence) -> tuple[np.ndarray | None, pa.Buffer | None, int]:
+    """(which values are present, their validity bitmap, how many are null); (None, None, 0)
+    when none is null."""
+    if None not in values:
+        return None, None, 0
+    valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values))
+    return valid, _bitmap(valid), len(values) - int(valid.sum())
+
+
 def string_array(values: Sequence[str | None]) -> pa.Array:
     """Python strings (None = null) -> an Arrow string array, built from buffers.
 
@@ -77,12 +91,8 @@ def string_array(values: Sequence[str | None]) -> pa.Array:
     in every chunk and capture task, for nothing. This builds the same array from one
     UTF-8 buffer and its offsets."""
     n = len(values)
-    validity = None
-    nulls = 0
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-        nulls = n - int(valid.sum())
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    _, validity, nulls = _validity(values)
+    if nulls:
         values = ["" if v is None else v for v in values]
     text = "".join(values)
     if text.isascii():  # one byte per character: lengths without encoding each value
@@ -103,11 +113,8 @@ def string_array(values: Sequence[str | None]) -> pa.Array:
 def int64_array(values: Sequence[int | None]) -> pa.Array:
     """Python ints (None = null) -> an Arrow int64 array, without pa.array (see string_array)."""
     n = len(values)
-    validity, nulls = None, 0
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-        nulls = n - int(valid.sum())
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    _, validity, nulls = _validity(values)
+    if nulls:
         values = [0 if v is None else v for v in values]
     buf = np.array(values, dtype=np.int64)
     return pa.Array.from_buffers(pa.int64(), n, [validity, pa.py_buffer(buf)], nulls)
@@ -116,11 +123,8 @@ def int64_array(values: Sequence[int | None]) -> pa.Array:
 def binary_array(values: Sequence[bytes | None]) -> pa.Array:
     """Python bytes (None = null) -> an Arrow binary array from buffers (see :func:`string_array`)."""
     n = len(values)
-    validity, nulls = None, 0
-    if None in values:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
-        nulls = n - int(valid.sum())
-        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    _, validity, nulls = _validity(values)
+    if nulls:
         values = [b"" if v is None else v for v in values]
     data = b"".join(values)
     if len(data) >= 2**31:
@@ -137,9 +141,13 @@ def index_array(ints: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     n = len(ints)
     if valid is None:
         return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(ints)])
-    nulls = n - int(valid.sum())
-    return pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(np.packbits(valid, bitorder="little")), pa.py_buffer(ints)],
-                                 nulls)
+    return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(ints)], n - int(valid.sum()))
+
+
+def spread_index(present: np.ndarray) -> pa.Array:
+    """The ``take`` indices that spread values of the ``present`` slots back to one slot each:
+    slot i takes value number (present slots before i), null where not present."""
+    return index_array(np.cumsum(present) - 1, present)
 
 
 def arrow_type(logical: str) -> pa.DataType:
@@ -236,22 +244,18 @@ def _from_buffers(values: list, target: pa.DataType) -> pa.Array | None:
     another kind (then ``pa.array`` builds it)."""
     n = len(values)
     present = [v for v in values if v is not None]
-    valid = None
-    if len(present) != n:
-        valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=n)
+    valid, validity, nulls = _validity(values)
     if pa.types.is_integer(target) and all(type(v) is int for v in present):
         if any(v > 2**63 - 1 or v < -(2**63) for v in present):
             return None
         return index_array(np.array([0 if v is None else v for v in values], dtype=np.int64), valid).cast(target)
     if pa.types.is_floating(target) and all(type(v) in (float, int) for v in present):
         buf = np.array([0.0 if v is None else v for v in values], dtype=np.float64)
-        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        arr = pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(buf)], 0 if valid is None else n - int(valid.sum()))
+        arr = pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(buf)], nulls)
         return arr.cast(target, safe=False) if target != pa.float64() else arr
     if pa.types.is_boolean(target) and all(type(v) is bool for v in present):
-        bits = pa.py_buffer(np.packbits(np.array([bool(v) for v in values], dtype=np.bool_), bitorder="little"))
-        validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
-        return pa.Array.from_buffers(pa.bool_(), n, [validity, bits], 0 if valid is None else n - int(valid.sum()))
+        bits = _bitmap(np.array([bool(v) for v in values], dtype=np.bool_))
+        return pa.Array.from_buffers(pa.bool_(), n, [validity, bits], nulls)
     if pa.types.is_decimal(target) and all(isinstance(v, (Decimal, str, int)) for v in present):
         return string_array([None if v is None else str(v) for v in values]).cast(target)
     return None
@@ -367,15 +371,23 @@ def json_rows_to_struct(
         arrays, as_text, extra = _rows_to_arrays(schema, [json.loads(t) for t in present.to_pylist()], as_text)
     else:
         as_text, extra = [], []
-    if texts.null_count:
-        # back to one slot per input row: row i takes value number (valid rows before it)
+    ok = None
+    if texts.null_count:  # which rows have an image, from the bitmap (no Python conversion)
         ok = np.unpackbits(np.frombuffer(valid.buffers()[1], dtype=np.uint8), bitorder="little")[
             valid.offset: valid.offset + len(valid)].astype(np.bool_)
-        idx = index_array(np.cumsum(ok) - 1, ok)
+    return _struct(arrays, [*names, *extra], ok), as_text, extra
+
+
+def _struct(arrays: list[pa.Array], names: Sequence[str], present: np.ndarray | None) -> pa.StructArray:
+    """Arrays of the present images -> a struct with one slot per image, null where
+    ``present`` is False (None: every image is present)."""
+    mask = None
+    if present is not None and not present.all():
+        idx = spread_index(present)
         arrays = [a.take(idx) for a in arrays]
-    fields = [pa.field(n, a.type) for n, a in zip([*names, *extra], arrays, strict=True)]
-    mask = pc.invert(valid) if texts.null_count else None
-    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), as_text, extra
+        mask = pa.Array.from_buffers(pa.bool_(), len(present), [None, _bitmap(~present)])
+    fields = [pa.field(nm, a.type) for nm, a in zip(names, arrays, strict=True)]
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
 
 
 def _rows_to_arrays(schema: TableSchema, rows: Sequence[dict], forced: Sequence[str] = ()) -> tuple[list[pa.Array], list[str], list[str]]:
@@ -406,18 +418,9 @@ def rows_to_struct(
 ) -> tuple[pa.StructArray, list[str], list[str]]:
     """:func:`json_rows_to_struct` for canonical row dicts (None = no image), as capture and
     the generic chunk read hold them: typed a column at a time, no JSON text in between."""
-    n = len(rows)
-    ok = np.fromiter((r is not None for r in rows), dtype=np.bool_, count=n)
-    present = rows if ok.all() else [r for r in rows if r is not None]
-    arrays, text, extra = _rows_to_arrays(schema, present, as_text)
-    if not ok.all():
-        idx = index_array(np.cumsum(ok) - 1, ok)
-        arrays = [a.take(idx) for a in arrays]
-    names = [*(c.name for c in schema.columns), *extra]
-    fields = [pa.field(nm, a.type) for nm, a in zip(names, arrays, strict=True)]
-    mask = None if ok.all() else pa.Array.from_buffers(
-        pa.bool_(), n, [None, pa.py_buffer(np.packbits(~ok, bitorder="little"))])
-    return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask), text, extra
+    ok, _, nulls = _validity(rows)
+    arrays, text, extra = _rows_to_arrays(schema, [r for r in rows if r is not None] if nulls else rows, as_text)
+    return _struct(arrays, [*(c.name for c in schema.columns), *extra], ok), text, extra
 
 
 # --- canonical values from typed columns (the inverse of the decoding above) ---------------------
@@ -566,15 +569,28 @@ def type_images(
     b, text_b, extra_b = _to_struct(schema, before)
     a, text_a, extra_a = _to_struct(schema, after)
     extra = list(dict.fromkeys([*extra_b, *extra_a]))
-    if extra:
-        schema = TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in extra),
-                             schema.primary_key, dict(schema.extra))
+    schema = _with_text_columns(schema, extra)
     as_text = sorted((set(text_b) | set(text_a)) - set(extra))
     if as_text or extra:
         # the same columns, as text alike, in both images: one file has one type per column
         b, _, _ = _to_struct(schema, before, as_text=as_text)
         a, _, _ = _to_struct(schema, after, as_text=as_text)
     return b, a, schema, as_text
+
+
+def type_image(schema: TableSchema, images) -> tuple[pa.StructArray, TableSchema, list[str]]:
+    """:func:`type_images` for one image (a chunk's after-rows): its struct, the schema it
+    was typed with and its text columns."""
+    struct, text, extra = _to_struct(schema, images)
+    return struct, _with_text_columns(schema, extra), sorted(set(text) - set(extra))
+
+
+def _with_text_columns(schema: TableSchema, names: Sequence[str]) -> TableSchema:
+    """``schema`` with ``names`` appended as ``string`` columns (columns only the rows hold)."""
+    if not names:
+        return schema
+    return TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in names),
+                       schema.primary_key, dict(schema.extra))
 
 
 def _to_struct(schema: TableSchema, images, *, as_text: Sequence[str] = ()):

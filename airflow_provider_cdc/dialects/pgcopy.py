@@ -161,6 +161,7 @@ def _typed_temporal(logical: str) -> Callable[[pa.Array], pa.Array | None]:
             return None
         if logical == "time":  # canonical text, microseconds padded
             frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
+            # a null value's match is a null struct whose fields are not null: keep it null
             return pc.if_else(pc.is_null(arr), pa.nulls(len(arr), pa.string()), _join(m.field("t"), ".", frac))
         return arr.cast(target)  # the server's ISO text: Arrow's own parser
 

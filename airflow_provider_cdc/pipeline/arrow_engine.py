@@ -38,17 +38,24 @@ from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.window import read_events, window_survivors
 from ..sinks.base import (
-    EVENT_SCHEMA,
     Sink,
     TableEvents,
     join_table_events,
     read_marker,
     to_json_events,
     typed_event_schema,
+    typed_events_table,
     write_marker,
 )
 from ..storage.layout import changelog_dir as staged_changelog_dir
-from ..storage.staged import CHANGELOG_SCHEMA, SEGMENT_SCHEMA, list_segments, read_chunk, segment_images
+from ..storage.staged import (
+    CHANGELOG_SCHEMA,
+    SEGMENT_SCHEMA,
+    list_segments,
+    read_chunk,
+    read_table,
+    segment_images,
+)
 from .spark import common
 from .windows import DEFAULT_BATCH_ROWS, describe, locate_windows, window_groups
 
@@ -88,13 +95,19 @@ def segment_table(path: str, *, lower: str = "", after: Position | None = None, 
     if "position" not in cols:
         cols.insert(0, "position")
     t = _read_parquet(path, cols).cast(pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]))
-    pos = t["position"]
-    mask = pc.greater(pos, lower)
+    return t.filter(_in_range(t["position"], lower, None if after is None else after.encode(),
+                              None if upto is None else upto.encode()))
+
+
+def _in_range(positions, lower: str, after: str | None, upto: str | None):
+    """The mask of encoded ``positions`` with ``lower < p``, ``after < p`` and ``p <= upto``
+    (None: open)."""
+    mask = pc.greater(positions, lower)
     if after is not None:
-        mask = pc.and_(mask, pc.greater(pos, after.encode()))
+        mask = pc.and_(mask, pc.greater(positions, after))
     if upto is not None:
-        mask = pc.and_(mask, pc.less_equal(pos, upto.encode()))
-    return t.filter(mask)
+        mask = pc.and_(mask, pc.less_equal(positions, upto))
+    return mask
 
 
 def segment_units(segments: Segments, after: Position | None, upto: Position | None) -> list[tuple]:
@@ -134,24 +147,16 @@ def segment_events(unit: tuple) -> list[TableEvents]:
     per table with the images as staged (typed), ``batch`` = ``c-{first}-{last}`` of the
     segment. What one Spark task produces."""
     path, lower, after, upto = unit
-    fs, p = storage.filesystem(path)
-    with fs.open_input_file(p) as fh:
-        t = pq.ParquetFile(fh).read()
-    pos = t["position"]
-    mask = pc.and_(pc.greater(pos, lower), pc.not_equal(t["op"], "w"))  # watermarks are not table events
-    if after is not None:
-        mask = pc.and_(mask, pc.greater(pos, after))
-    if upto is not None:
-        mask = pc.and_(mask, pc.less_equal(pos, upto))
-    t = t.filter(mask)
+    t = read_table(path)  # every column: the log columns and each table's typed images
+    t = t.filter(_in_range(t["position"], lower, after, upto))  # segment_images leaves watermarks out
     name = path.rsplit("/", 1)[-1]
     batch = "c-" + name[len("seg-"):-len(".parquet")]
     out = []
     for table, schema, text, part in segment_images(t):
         n = part.num_rows
-        extra = {"snapshot": pa.repeat(pa.scalar(False), n), "batch": pa.repeat(pa.scalar(batch, pa.string()), n)}
-        cols = [part[f.name] if f.name in part.column_names else extra[f.name] for f in EVENT_SCHEMA]
-        out.append(TableEvents(table, schema, tuple(text), pa.table(cols, schema=typed_event_schema(part["after"].type))))
+        cols = {**{c: part[c] for c in part.column_names}, "snapshot": pa.repeat(pa.scalar(False), n),
+                "batch": pa.repeat(pa.scalar(batch, pa.string()), n)}
+        out.append(TableEvents(table, schema, tuple(text), typed_events_table(cols, part["before"], part["after"])))
     return out
 
 

@@ -50,6 +50,14 @@ def typed_event_schema(image: pa.DataType) -> pa.Schema:
     return pa.schema([pa.field(f.name, image) if f.name in ("before", "after") else f for f in EVENT_SCHEMA])
 
 
+def typed_events_table(columns, before, after) -> pa.Table:
+    """EVENT_SCHEMA's columns taken by name from ``columns`` (a table or a mapping), with the
+    typed ``before`` / ``after`` images instead of theirs: TableEvents.events."""
+    images = {"before": before, "after": after}
+    return pa.table([images[f.name] if f.name in images else columns[f.name] for f in EVENT_SCHEMA],
+                    schema=typed_event_schema(after.type))
+
+
 @dataclass(frozen=True)
 class TableEvents:
     """Events of one table with typed images: ``events`` has EVENT_SCHEMA's columns, with
@@ -87,8 +95,7 @@ def type_json_events(table: str, events: pa.Table, schema: TableSchema | None) -
     events = pa.table({f.name: events[f.name] if f.name in have else pa.nulls(n, f.type) for f in EVENT_SCHEMA})
     schema = schema or at.inferred_schema(TableName.parse(table), events)
     before, after, schema, text = at.type_images(schema, events["before"], events["after"])
-    cols = [before if f.name == "before" else after if f.name == "after" else events[f.name] for f in EVENT_SCHEMA]
-    return TableEvents(table, schema, tuple(text), pa.table(cols, schema=typed_event_schema(after.type)))
+    return TableEvents(table, schema, tuple(text), typed_events_table(events, before, after))
 
 
 def table_events(events: Events, schema_of: Callable[[str], TableSchema | None]) -> list[TableEvents]:
@@ -141,8 +148,7 @@ def join_table_events(parts: Iterable[TableEvents]) -> list[TableEvents]:
 def _conformed(p: TableEvents, schema: TableSchema, text: Sequence[str]) -> pa.Table:
     before = at.conform_images(p.events["before"], p.schema, p.text_columns, schema, text)
     after = at.conform_images(p.events["after"], p.schema, p.text_columns, schema, text)
-    cols = [before if f.name == "before" else after if f.name == "after" else p.events[f.name] for f in EVENT_SCHEMA]
-    return pa.table(cols, schema=typed_event_schema(after.type))
+    return typed_events_table(p.events, before, after)
 
 
 def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:

@@ -32,8 +32,6 @@ import pyarrow.compute as pc
 
 from .. import storage
 from ..core.arrow_types import (
-    SCHEMA_META,
-    TEXT_COLUMNS_META,
     canonical_rows,
     images_metadata,
     metadata_schema,
@@ -69,7 +67,6 @@ SOURCE_TYPE = pa.struct(
 )
 #: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
 ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
-__all__ = ["SCHEMA_META", "TEXT_COLUMNS_META", "EventLogSink", "canonical_images", "file_schema", "read_events"]
 
 
 def _origin_fields(events: pa.Table) -> list[pa.Array]:

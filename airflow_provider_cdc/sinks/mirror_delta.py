@@ -221,13 +221,12 @@ class MirrorDeltaSink(Sink):
         self.schema_stopped: dict[str, str] = {}  # tables whose events this sink skipped, and why
 
     def write(self, events: Events) -> None:
-        for te in table_events(events, self.schemas.get):
-            table_id = te.table
+        for part in table_events(events, self.schemas.get):
+            table_id = part.table
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
                 continue
-            part = te
             path = mirror_dir(self.data_dir, self.source, schema.table)
             stopped = schema_stopped(path)
             if stopped:

@@ -138,15 +138,14 @@ class MirrorPostgresSink(Sink):
         self._ready.add(schema.table.id)
 
     def write(self, events: Events) -> None:
-        for te in table_events(events, self.schemas.get):
-            table_id = te.table
+        for part in table_events(events, self.schemas.get):
+            table_id = part.table
             if self.fence is not None:
                 self.fence.check(table_id)
             schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
             if schema is None:
                 log.warning("postgres mirror: no staged schema for %s; skipped", table_id)
                 continue
-            part = te
             truncates = pc.equal(part.events["op"], "t")
             if pc.any(truncates).as_py():
                 # every row older than the TRUNCATE goes (no horizon here: see README, TRUNCATE)

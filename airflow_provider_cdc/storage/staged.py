@@ -83,7 +83,6 @@ class ChunkWriter:
         self._stack = ExitStack()
         self._fs = self._tmp = None
         self._writer: pq.ParquetWriter | None = None
-        self._seen: list[tuple[TableSchema, list[str]]] = []
         self._typed: tuple[TableSchema, list[str]] | None = None  # what the file's columns hold now
 
     def __enter__(self) -> ChunkWriter:
@@ -109,8 +108,7 @@ class ChunkWriter:
 
     def add(self, keys: pa.Array, afters) -> None:
         """``afters``: canonical row JSON texts (an Arrow string array) or canonical row dicts."""
-        _b, after, schema, text = at.type_images(self.schema, [None] * len(afters), afters)
-        self._write(keys, after, schema, text)
+        self._write(keys, *at.type_image(self.schema, afters))
 
     def _open(self, schema: TableSchema, text: list[str]) -> None:
         after = at.conform_images(pa.nulls(0, pa.struct([])), None, [], schema, text)
@@ -119,8 +117,7 @@ class ChunkWriter:
         self._typed = (schema, list(text))
 
     def _write(self, keys: pa.Array, after: pa.StructArray, schema: TableSchema, text: list[str]) -> None:
-        self._seen.append((schema, text))
-        union = at.unify_schemas(self._seen)
+        union = at.unify_schemas([self._typed, (schema, text)] if self._typed else [(schema, text)])
         if self._writer is None:
             self._open(*union)
         elif union != self._typed:
@@ -227,7 +224,7 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str, schemas=No
         # scatter back to one slot per event: event j takes value (events of this table before j)
         mine = np.zeros(n, dtype=np.bool_)
         mine[idx] = True
-        take = at.index_array(np.where(mine, np.cumsum(mine) - 1, 0), mine)
+        take = at.spread_index(mine)
         arrays += [b.take(take), a.take(take)]
         fields += [pa.field(f"before_{i}", b.type), pa.field(f"after_{i}", a.type)]
         meta.append({"table": table, "schema": json.loads(schema.to_json()), "text_columns": text})
