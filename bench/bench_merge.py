@@ -36,6 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_provider_cdc.core.arrow_types import string_array
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
@@ -43,7 +44,7 @@ from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, schema_path
-from airflow_provider_cdc.storage.staged import ChunkWriter, string_array, write_segment
+from airflow_provider_cdc.storage.staged import ChunkWriter, write_segment
 
 SOURCE = "bench"
 TABLE = TableName("public", "orders")

@@ -68,7 +68,7 @@ DELETED_COLUMN = "__deleted"
 META_COLUMNS = (KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN)
 
 
-def _bitmap(mask: np.ndarray) -> pa.Buffer:
+def bitmap(mask: np.ndarray) -> pa.Buffer:
     """A numpy bool array -> an Arrow bitmap buffer (validity, a struct's null mask)."""
     return pa.py_buffer(np.packbits(mask, bitorder="little"))
 
@@ -79,7 +79,7 @@ def _validity(values: Sequence) -> tuple[np.ndarray | None, pa.Buffer | None, in
     if None not in values:
         return None, None, 0
     valid = np.fromiter((v is not None for v in values), dtype=np.bool_, count=len(values))
-    return valid, _bitmap(valid), len(values) - int(valid.sum())
+    return valid, bitmap(valid), len(values) - int(valid.sum())
 
 
 def string_array(values: Sequence[str | None]) -> pa.Array:
@@ -141,7 +141,7 @@ def index_array(ints: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     n = len(ints)
     if valid is None:
         return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(ints)])
-    return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid), pa.py_buffer(ints)], n - int(valid.sum()))
+    return pa.Array.from_buffers(pa.int64(), n, [bitmap(valid), pa.py_buffer(ints)], n - int(valid.sum()))
 
 
 def spread_index(present: np.ndarray) -> pa.Array:
@@ -254,7 +254,7 @@ def _from_buffers(values: list, target: pa.DataType) -> pa.Array | None:
         arr = pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(buf)], nulls)
         return arr.cast(target, safe=False) if target != pa.float64() else arr
     if pa.types.is_boolean(target) and all(type(v) is bool for v in present):
-        bits = _bitmap(np.array([bool(v) for v in values], dtype=np.bool_))
+        bits = bitmap(np.array([bool(v) for v in values], dtype=np.bool_))
         return pa.Array.from_buffers(pa.bool_(), n, [validity, bits], nulls)
     if pa.types.is_decimal(target) and all(isinstance(v, (Decimal, str, int)) for v in present):
         return string_array([None if v is None else str(v) for v in values]).cast(target)
@@ -385,7 +385,7 @@ def _struct(arrays: list[pa.Array], names: Sequence[str], present: np.ndarray | 
     if present is not None and not present.all():
         idx = spread_index(present)
         arrays = [a.take(idx) for a in arrays]
-        mask = pa.Array.from_buffers(pa.bool_(), len(present), [None, _bitmap(~present)])
+        mask = pa.Array.from_buffers(pa.bool_(), len(present), [None, bitmap(~present)])
     fields = [pa.field(nm, a.type) for nm, a in zip(names, arrays, strict=True)]
     return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
 
@@ -726,6 +726,33 @@ def conform_images(images: pa.StructArray | pa.ChunkedArray, have: TableSchema |
     fields = [pa.field(c.name, a.type) for c, a in zip(want.columns, arrays, strict=True)]
     mask = pc.invert(images.is_valid()) if images.null_count else None
     return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
+
+
+def conform_parts(parts: Sequence[tuple], typing: TableSchema | None) -> tuple[list[tuple], TableSchema, list[str]]:
+    """Parts of one table's images, each ``(before, after, schema, text_columns)`` typed with
+    its own schema (the log described the columns anew between them, or a part was typed
+    elsewhere) -> each part's ``(before, after)`` under one schema, that schema and its text
+    columns. The schema is ``typing`` (the table's log schema; None: the parts' own, joined)
+    plus the columns only the parts hold, as text (as :func:`type_images` does for a stale
+    schema); a column some part holds with a value the schema's type cannot hold is text."""
+    base = typing if typing is not None else unify_schemas([(p[2], p[3]) for p in parts])[0]
+    known = set(base.column_names)
+    extra = list(dict.fromkeys(c.name for p in parts for c in p[2].columns if c.name not in known))
+    want = _with_text_columns(base, extra)
+    text = set().union(*(p[3] for p in parts)) - set(extra)
+    wl = {c.name: c.type for c in want.columns}
+    for before, after, have, have_text in parts:
+        for name, h in _logicals(have, have_text).items():
+            if name in text or name in extra or h == wl[name]:
+                continue
+            try:
+                for images in (before, after):
+                    column_as(images.field(name), h, wl[name], name=name, table=want.table)
+            except ConfigurationError:
+                text.add(name)  # an older value the newer type cannot hold: the column stays text
+    out = [(conform_images(b, have, t, want, sorted(text)), conform_images(a, have, t, want, sorted(text)))
+           for b, a, have, t in parts]
+    return out, want, sorted(text)
 
 
 def unify_schemas(parts: Sequence[tuple[TableSchema | None, Sequence[str]]]) -> tuple[TableSchema | None, list[str]]:

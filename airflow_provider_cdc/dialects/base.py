@@ -16,14 +16,16 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from ..core.arrow_types import string_array
 from ..core.errors import ConfigurationError
+from ..core.event_batch import EventBatch
 from ..core.events import LogEvent
 from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key
-from ..storage.staged import ChunkWriter, string_array
+from ..storage.staged import ChunkWriter
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class ChunkReadResult:
 
 @dataclass(frozen=True)
 class LogBatch:
-    events: list[LogEvent]  # in position order, whole transactions only
+    events: list[LogEvent] | EventBatch  # in position order, whole transactions only
     end_offset: str  # opaque: where the next read starts; safe to commit after staging
     start_offset: str
 
@@ -104,7 +106,7 @@ class LogRetention:
 
 
 #: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
-SegmentSink = Callable[[list[LogEvent]], None]
+SegmentSink = Callable[[list[LogEvent] | EventBatch], None]
 
 
 class Dialect(ABC):

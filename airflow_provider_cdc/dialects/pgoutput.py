@@ -35,7 +35,7 @@ class _Unchanged:
 UNCHANGED = _Unchanged()
 PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in ms since 1970-01-01
 
-_U32 = struct.Struct("!I")
+U32 = struct.Struct("!I")
 _U16 = struct.Struct("!H")
 _BEGIN = struct.Struct("!QqI")  # final (commit) lsn, commit ts (us since 2000), xid
 _COMMIT = struct.Struct("!BQQq")  # flags, commit lsn, end lsn, ts
@@ -123,7 +123,7 @@ def _tuple(buf: bytes, pos: int) -> tuple[list, int]:
     n = (buf[pos] << 8) | buf[pos + 1]
     pos += 2
     out: list = [None] * n
-    unpack = _U32.unpack_from
+    unpack = U32.unpack_from
     for i in range(n):
         kind = buf[pos]
         if kind == 0x74:  # 't'
@@ -151,13 +151,13 @@ def parse(buf: bytes) -> Message:
         _flags, lsn, end, ts = _COMMIT.unpack_from(buf, 1)
         return Commit(lsn, end, ts // 1000 + PG_EPOCH_MS)
     if kind == b"I":
-        (relid,) = _U32.unpack_from(buf, 1)
+        (relid,) = U32.unpack_from(buf, 1)
         if buf[5:6] != b"N":
             raise ProtocolError(f"Insert without new tuple: {buf[:8]!r}")
         new, _ = _tuple(buf, 6)
         return Insert(relid, new)
     if kind == b"U":
-        (relid,) = _U32.unpack_from(buf, 1)
+        (relid,) = U32.unpack_from(buf, 1)
         pos = 5
         old, old_kind = None, None
         marker = buf[pos : pos + 1]
@@ -170,14 +170,14 @@ def parse(buf: bytes) -> Message:
         new, _ = _tuple(buf, pos + 1)
         return Update(relid, old, old_kind, new)
     if kind == b"D":
-        (relid,) = _U32.unpack_from(buf, 1)
+        (relid,) = U32.unpack_from(buf, 1)
         old_kind = buf[5:6].decode()
         if old_kind not in ("K", "O"):
             raise ProtocolError(f"Delete without old tuple: {buf[:8]!r}")
         old, _ = _tuple(buf, 6)
         return Delete(relid, old, old_kind)
     if kind == b"R":
-        (relid,) = _U32.unpack_from(buf, 1)
+        (relid,) = U32.unpack_from(buf, 1)
         namespace, pos = _cstring(buf, 5)
         name, pos = _cstring(buf, pos)
         ident = chr(buf[pos])
@@ -192,10 +192,94 @@ def parse(buf: bytes) -> Message:
             cols.append(RelationColumn(col, oid, typmod, bool(flags & 1)))
         return Relation(relid, namespace or "pg_catalog", name, ident, tuple(cols))
     if kind == b"T":
-        (n,) = _U32.unpack_from(buf, 1)
+        (n,) = U32.unpack_from(buf, 1)
         options = buf[5]
         relids = struct.unpack_from(f"!{n}I", buf, 6)
         return Truncate(tuple(relids), bool(options & 1), bool(options & 2))
     if kind in (b"O", b"Y", b"M"):
         return Skipped(kind.decode())
     raise ProtocolError(f"unknown pgoutput message {kind!r} (protocol version 1 expected)")
+
+
+# --- many messages at once: tuple data as columns (dialects/pgbatch.py) ---------------------------
+class TupleColumns:
+    """The TupleData of ``n`` messages, parsed together: for column ``j``, ``kinds[j]`` is each
+    message's value kind (``t``, ``n``, ``u`` as bytes), ``starts[j]``/``lengths[j]`` where
+    its text lies in the buffer; ``end`` is where each message's tuple ends."""
+
+    __slots__ = ("buf", "kinds", "starts", "lengths", "end")
+
+    def __init__(self, buf, kinds, starts, lengths, end) -> None:
+        self.buf, self.kinds, self.starts, self.lengths, self.end = buf, kinds, starts, lengths, end
+
+    def text(self, j: int, rows=None):
+        """Column ``j`` as a string array (null where the value is not ``t``), of ``rows``
+        (indexes into the messages; None: all)."""
+
+        from ..core.arrow_types import bitmap
+
+        kinds, starts, lengths = self.kinds[j], self.starts[j], self.lengths[j]
+        if rows is not None:
+            kinds, starts, lengths = kinds[rows], starts[rows], lengths[rows]
+        return text_array(self.buf, starts, lengths, kinds == 0x74, bitmap)
+
+
+def text_array(buf, starts, lengths, valid, bitmap):
+    """Slices of ``buf`` (``starts``/``lengths``, numpy) -> an Arrow string array, null where
+    not ``valid``: the bytes are gathered once with numpy (no Python object per value) and
+    checked to be UTF-8, as the one-message parser's decode does."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(starts)
+    lengths = np.where(valid, lengths, 0)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total:
+        # byte k of value i sits at starts[i] + k: one gather index for all of them
+        idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
+        data = buf[idx]
+    else:
+        data = np.zeros(0, dtype=np.uint8)
+    nulls = n - int(np.count_nonzero(valid))
+    typ, off = (pa.string(), offsets.astype(np.int32)) if total < 2**31 else (pa.large_string(), offsets)
+    arr = pa.Array.from_buffers(typ, n, [bitmap(valid) if nulls else None, pa.py_buffer(off), pa.py_buffer(data)],
+                                nulls)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise ProtocolError(f"a column value is not valid UTF-8 ({exc})") from exc
+    return arr if typ == pa.string() else arr.cast(pa.string())
+
+
+def parse_tuples(buf, pos, ncols: int) -> TupleColumns:
+    """The TupleData starting at ``pos`` (numpy int64, one per message) of messages held in
+    ``buf`` (numpy uint8, with at least 4 bytes of padding after the last message), every
+    tuple of ``ncols`` columns (one relation): a column at a time over all messages."""
+    import numpy as np
+
+    n = len(pos)
+    got = (buf[pos].astype(np.int64) << 8) | buf[pos + 1]
+    if n and (got != ncols).any():
+        raise ProtocolError(f"a tuple has {int(got[got != ncols][0])} columns, its relation {ncols}")
+    p = pos + 2
+    kinds = np.empty((ncols, n), dtype=np.uint8)
+    starts = np.empty((ncols, n), dtype=np.int64)
+    lengths = np.zeros((ncols, n), dtype=np.int64)
+    limit = len(buf) - 4
+    for j in range(ncols):
+        k = buf[p]
+        is_t = k == 0x74
+        q = np.minimum(p + 1, limit)
+        ln = ((buf[q].astype(np.int64) << 24) | (buf[q + 1].astype(np.int64) << 16)
+              | (buf[q + 2].astype(np.int64) << 8) | buf[q + 3])
+        ln = np.where(is_t, ln, 0)
+        kinds[j], starts[j], lengths[j] = k, p + 5, ln
+        p = p + 1 + np.where(is_t, 4 + ln, 0)
+        unknown = (k != 0x74) & (k != 0x6E) & (k != 0x75)
+        if unknown.any():
+            raise ProtocolError(f"tuple value kind {chr(int(k[unknown][0]))!r} not supported (binary mode is not used)")
+        if (p > limit).any():
+            raise ProtocolError("a tuple runs past the end of its message")
+    return TupleColumns(buf, kinds, starts, lengths, p)

@@ -66,7 +66,7 @@ from ..core.position import Position, int_to_lsn, lsn_to_int
 from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key
 from ..core.sqlnames import quote_pg
-from . import pgoutput
+from . import pgbatch, pgoutput
 from .base import ChunkReadResult, ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
 
 log = logging.getLogger(__name__)
@@ -400,17 +400,23 @@ class _RelInfo:
     value_idx: int = -1  # watermark value column
     replica_identity: str = "d"
     problem: str | None = None  # set for kind "error": raised on the first change
+    logicals: tuple[str, ...] = ()
     table_id: str = ""
     key_names: tuple[str, ...] = ()
     conversions: tuple = ()  # (index, decoder) of columns whose text needs decoding
+    batch: pgbatch.Relation | None = None  # what the batch decode needs (kind "table")
 
     def __post_init__(self) -> None:
         self.table_id = self.table.id
         self.key_names = tuple(self.names[i] for i in self.key_idx)
         self.conversions = tuple((i, d) for i, d in enumerate(self.decoders) if d is not _identity)
+        if self.kind == "table":
+            self.batch = pgbatch.Relation(self.table, self.names, self.logicals, self.decoders, self.key_names,
+                                          self.replica_identity)
 
 
 _IDENT = {"d": "default", "n": "nothing", "f": "full", "i": "index"}
+_UNSET = Position(0)  # the position of an event made one at a time, until its segment is built
 
 
 class PostgresDialect(Dialect):
@@ -418,7 +424,9 @@ class PostgresDialect(Dialect):
     (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
     ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
     ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
-    (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory)."""
+    (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory),
+    ``capture_decode`` ("batch", default: pgoutput decoded a segment at a time, a column at a time;
+    "rows": a message at a time)."""
     lock_acquire_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
     lock_release_sql = "SELECT pg_advisory_unlock(hashtext(%s))"
 
@@ -452,6 +460,11 @@ class PostgresDialect(Dialect):
         # soon as it is built): the chunk step's peak memory grows by ~4-5 KB of RSS per batch row
         self.copy_batch_rows = int(o.get("copy_batch_rows", DEFAULT_COPY_BATCH_ROWS))
         self.fast_chunks = str(o.get("fast_chunks", True)).lower() not in ("false", "0", "no")
+        # "batch": a segment's row messages decoded together, a column at a time
+        # (dialects/pgbatch.py); "rows": one message at a time (the reference it is tested against)
+        self.capture_decode = str(o.get("capture_decode", "batch"))
+        if self.capture_decode not in ("batch", "rows"):
+            raise ConfigurationError(f"capture_decode must be 'batch' (default) or 'rows', got {self.capture_decode!r}")
         self._conn = None
         self._rconn = None
         self._repl = None  # (connection, cursor) of an open stream, kept from read_log to commit_offset
@@ -1147,7 +1160,8 @@ class PostgresDialect(Dialect):
         explicit = self.tables is not None and table in self.tables
         try:
             self._load_types([c.type_oid for c in rel.columns])
-            decs = tuple(decoder(logical_type(c.type_oid, c.typmod, self._type)) for c in rel.columns)
+            logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
+            decs = tuple(decoder(t) for t in logicals)
         except UnsupportedType as exc:
             problem = f"table {table} has a column of type {exc.type_name}, which CDC does not support"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
@@ -1164,6 +1178,7 @@ class PostgresDialect(Dialect):
             decs,
             tuple(names.index(k) for k in pk),
             replica_identity=rel.replica_identity,
+            logicals=logicals,
         )
 
     def _flush_lsn(self) -> int:
@@ -1180,80 +1195,63 @@ class PostgresDialect(Dialect):
         """Whole transactions from the slot's confirmed position up to the WAL flush
         position at the start of the call (or fewer, ending at a commit, once
         ``max_events`` is reached); segments go to ``on_segment`` at commits (see
-        :meth:`Dialect.read_log`). The stream stays open for :meth:`commit_offset`."""
+        :meth:`Dialect.read_log`), as EventBatches. The stream stays open for
+        :meth:`commit_offset`.
+
+        The loop keeps each row message's bytes (pgbatch.Segment); a segment is decoded when
+        it is complete, a relation and a column at a time. Watermark writes, TRUNCATEs and,
+        with ``capture_decode="rows"``, every row message become events one at a time."""
         start = lsn_to_int(offset)
         upto = self._flush_lsn()
         cur = self._open_stream(start)
         conn = self._repl[0]
         rels: dict[int, _RelInfo] = {}
         warned: set[TableName] = set()
-        events: list[LogEvent] = []
-        txn: list[LogEvent] = []
+        wm_table = self.watermark_table.id
+        seg = pgbatch.Segment(wm_table, self._toast_error)
         total = 0  # events of whole transactions read (max_events)
         seg_max = segment_max_events if on_segment is not None and segment_max_events else None
+        batched = self.capture_decode == "batch"
         in_txn = False
-        commit_lsn = ts_ms = 0
-        xid, last_commit = None, None  # the transaction's id; the commit before it (if this read saw it)
+        ts_ms = txn_start = 0
+        last_commit = None  # the commit before the transaction (if this read saw it)
         end = start
         last_activity = last_request = time.monotonic()
         last_wal_end, nudged = -1, False
-        parse, create = pgoutput.parse, Op.CREATE.value
+        parse, relid_of = pgoutput.parse, pgoutput.U32.unpack_from
 
-        def pos() -> Position:
-            return Position(commit_lsn, 0, len(txn))
+        def pos() -> Position:  # events made one at a time: their positions are set when the segment is built
+            return _UNSET
 
         while True:
             msg = cur.read_message()
             if msg is not None:
                 payload = msg.payload
                 kind = payload[0]
-                if kind == 73:  # Insert: the hot path, inlined
-                    m = parse(payload)
-                    info = rels[m.relid]
-                    if info.kind == "table":
-                        vals = m.new
-                        for i, d in info.conversions:  # only the columns whose text is not canonical
-                            v = vals[i]
-                            if v is not None:
-                                vals[i] = d(v)
-                        after = dict(zip(info.names, vals, strict=True))
-                        key = encode_key([vals[i] for i in info.key_idx])
-                        txn.append(
-                            ChangeEvent(
-                                info.table_id,
-                                create,
-                                key,
-                                Position(commit_lsn, 0, len(txn)),
-                                None,
-                                after,
-                                ts_ms,
-                                origin=(xid, msg.data_start, last_commit, None, None, None),
-                            )
-                        )
+                if kind == 73 or kind == 85 or kind == 68:  # Insert, Update, Delete: the hot path
+                    info = rels[relid_of(payload, 1)[0]]
+                    if info.batch is not None and batched:
+                        seg.row(info.batch, payload, msg.data_start)
                     else:
-                        self._other_change(info, m, pos, txn, ts_ms, warned)
-                elif kind in (85, 68):  # Update, Delete
-                    m = parse(payload)
-                    info = rels[m.relid]
-                    if info.kind == "table":
-                        self._row_events(info, m, pos, txn, ts_ms, (xid, msg.data_start, last_commit, None, None, None))
-                    else:
-                        self._other_change(info, m, pos, txn, ts_ms, warned)
+                        out: list[LogEvent] = []
+                        if info.batch is not None:
+                            self._row_events(info, parse(payload), pos, out, ts_ms)
+                        else:
+                            self._other_change(info, parse(payload), pos, out, ts_ms, warned)
+                        seg.events(out, msg.data_start)
                 elif kind == 66:  # Begin
                     m = parse(payload)
-                    in_txn, commit_lsn, ts_ms, txn = True, m.commit_lsn, m.ts_ms, []
-                    xid = str(m.xid)
+                    in_txn, ts_ms, txn_start = True, m.ts_ms, len(seg)
+                    seg.begin(m.commit_lsn, m.ts_ms, str(m.xid), last_commit)
                 elif kind == 67:  # Commit
                     m = parse(payload)
                     last_commit = m.commit_lsn  # Debezium's lastCommitLsn for the next transaction
                     in_txn = False
-                    events.extend(txn)
-                    total += len(txn)
-                    txn = []
+                    total += len(seg) - txn_start
                     end = max(end, m.end_lsn)
-                    if seg_max is not None and len(events) >= seg_max:
-                        on_segment(events)  # ends at this commit: whole transactions
-                        events = []
+                    if seg_max is not None and len(seg) >= seg_max:
+                        on_segment(seg.build())  # ends at this commit: whole transactions
+                        seg = pgbatch.Segment(wm_table, self._toast_error)
                     if max_events is not None and total >= max_events:
                         break
                 else:
@@ -1261,7 +1259,9 @@ class PostgresDialect(Dialect):
                     if isinstance(m, pgoutput.Relation):
                         rels[m.relid] = self._relinfo(m)
                     elif isinstance(m, pgoutput.Truncate):
-                        self._truncate(m, rels, pos, txn, ts_ms, (xid, msg.data_start, last_commit, None, None, None))
+                        out = []
+                        self._truncate(m, rels, pos, out, ts_ms)
+                        seg.events(out, msg.data_start)
                 last_activity = time.monotonic()
                 continue
             wal_end = cur.wal_end
@@ -1286,7 +1286,16 @@ class PostgresDialect(Dialect):
                 cur.send_feedback(reply=True, force=True)  # ask for a keepalive carrying the decoded position
                 last_request = now
             select.select([conn], [], [], 0.05)
-        return LogBatch(events, int_to_lsn(end), offset)
+        return LogBatch(seg.build() if len(seg) else [], int_to_lsn(end), offset)
+
+    def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
+        return SourceError(
+            f"table {rel.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
+            f"REPLICA IDENTITY {_IDENT.get(rel.replica_identity, rel.replica_identity).upper()}, the "
+            "changelog does not carry their values, so the full after-image cannot be built. Run "
+            f"ALTER TABLE {self.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
+            "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
+        )
 
     def _other_change(self, info: _RelInfo, m, pos, txn: list, ts_ms: int, warned: set) -> None:
         if info.kind == "watermark":
@@ -1357,13 +1366,7 @@ class PostgresDialect(Dialect):
             if m.old_kind != "O" or any(
                 m.old[i] is pgoutput.UNCHANGED for i, v in enumerate(new) if v is pgoutput.UNCHANGED
             ):
-                raise SourceError(
-                    f"table {info.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
-                    f"REPLICA IDENTITY {_IDENT.get(info.replica_identity, info.replica_identity).upper()}, the "
-                    "changelog does not carry their values, so the full after-image cannot be built. Run "
-                    f"ALTER TABLE {self.quote_table(info.table)} REPLICA IDENTITY FULL; this transaction cannot be "
-                    "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
-                )
+                raise self._toast_error(info.batch, missing)
             new = [m.old[i] if v is pgoutput.UNCHANGED else v for i, v in enumerate(new)]
         after = row(new)
         new_key = key(new)

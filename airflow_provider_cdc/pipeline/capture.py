@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .. import storage
-from ..core.events import LogEvent, WatermarkEvent
+from ..core.event_batch import EventBatch, events_to_batch
+from ..core.events import LogEvent
 from ..core.position import Position
 from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
 from ..storage.layout import changelog_dir
@@ -51,17 +52,20 @@ def stage_changelog(
     # their first segment, which is typed with them (storage/staged.py)
     schemas: dict = {}
 
-    def stage(events: list[LogEvent]) -> None:
-        new = {e.table for e in events if not isinstance(e, WatermarkEvent)} - schemas.keys()
+    def stage(events: list[LogEvent] | EventBatch) -> None:
+        batch = events if isinstance(events, EventBatch) else events_to_batch(events, dialect.watermark_table.id)
+        new = set(batch.tables) - schemas.keys()
         if new:
             schemas.update(follow_log_schemas(dialect, data_dir, dialect.source, new))
-        paths.append(write_segment(events, directory, dialect.watermark_table.id, schemas))
+        paths.append(write_segment(batch, directory, dialect.watermark_table.id, schemas))
         if not bounds:
-            bounds.append(events[0].position)
-        bounds[1:] = [events[-1].position]
-        counts[0] += len(events)
-        counts[1] += sum(1 for e in events if isinstance(e, WatermarkEvent))
-        counts[2] = max((e.ts_ms for e in events if e.ts_ms), default=counts[2])
+            bounds.append(batch.first)
+        bounds[1:] = [batch.last]
+        counts[0] += len(batch)
+        counts[1] += batch.watermarks
+        newest = batch.newest_ts_ms
+        if newest is not None:
+            counts[2] = max(newest, counts[2] or 0)
 
     batch = dialect.read_log(
         offset, max_events=max_events, segment_max_events=seg_max or None, on_segment=stage if seg_max else None

@@ -154,8 +154,8 @@ def _conformed(p: TableEvents, schema: TableSchema, text: Sequence[str]) -> pa.T
 def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
     """TableEvents -> the canonical-JSON form (EVENT_SCHEMA, images as canonical JSON text):
     for a sink outside this package and for checks, never the hot path."""
+    from ..core.arrow_types import string_array
     from ..core.schema import encode_row
-    from ..storage.staged import string_array
 
     tables = []
     for p in parts:

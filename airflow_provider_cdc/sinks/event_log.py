@@ -70,7 +70,7 @@ ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
 
 
 def _origin_fields(events: pa.Table) -> list[pa.Array]:
-    from ..storage.staged import ORIGIN_TYPE
+    from ..core.event_batch import ORIGIN_TYPE
 
     n = events.num_rows
     if "origin" not in events.column_names:

@@ -32,33 +32,18 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..core import arrow_types as at
-from ..core.arrow_types import int64_array, string_array
+from ..core.arrow_types import string_array
+from ..core.event_batch import SEGMENT_SCHEMA, EventBatch, events_to_batch
 from ..core.events import ORIGIN_FIELDS, WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
 from .layout import parse_segment_name
 
-#: ChangeEvent.origin as staged (core/events.py ORIGIN_FIELDS)
-ORIGIN_TYPE = pa.struct([("tx", pa.string()), ("lsn", pa.int64()), ("last_commit_lsn", pa.int64()),
-                         ("server_id", pa.int64()), ("thread", pa.int64()), ("file", pa.string())])
-assert tuple(f.name for f in ORIGIN_TYPE) == ORIGIN_FIELDS
 #: the staged changelog's columns with canonical-JSON images: the hand-built event form
 #: (sinks/base.py EVENT_SCHEMA) and the segment format of earlier versions
-CHANGELOG_SCHEMA = pa.schema(
-    [
-        ("position", pa.string()),
-        ("table", pa.string()),
-        ("op", pa.string()),
-        ("key", pa.string()),
-        ("before", pa.string()),
-        ("after", pa.string()),
-        ("ts_ms", pa.int64()),
-        ("watermark", pa.string()),
-        ("origin", ORIGIN_TYPE),
-    ]
-)
-#: the log columns of a staged segment (its typed images follow, per table: module docstring)
-SEGMENT_SCHEMA = pa.schema([f for f in CHANGELOG_SCHEMA if f.name not in ("before", "after")])
+CHANGELOG_SCHEMA = pa.schema([*(f for f in SEGMENT_SCHEMA if f.name not in ("ts_ms", "watermark", "origin")),
+                              ("before", pa.string()), ("after", pa.string()),
+                              *(f for f in SEGMENT_SCHEMA if f.name in ("ts_ms", "watermark", "origin"))])
 #: a chunk file of earlier versions (``after``: canonical row JSON)
 CHUNK_SCHEMA = pa.schema([("key", pa.string()), ("after", pa.string())])
 TABLES_META = b"cdc.tables"
@@ -181,76 +166,44 @@ def events_to_table(events: Iterable[LogEvent], watermark_table: str, schemas=No
     """Events (position order) -> a typed segment table (module docstring). ``schemas``:
     table id -> the TableSchema to type its images with (None or absent: text columns the
     rows name)."""
-    # one list per column, filled in a single pass (this runs once per captured event); the
-    # images per table, as the canonical dicts they are (typed a column at a time below)
-    pos: list = []
-    tbl: list = []
-    ops: list = []
-    keys: list = []
-    ts: list = []
-    wms: list = []
-    origins: list = []
-    images: dict[str, tuple[list, list, list]] = {}  # table -> (event indexes, befores, afters)
-    for i, ev in enumerate(events):
-        pos.append(ev.position.encode())
-        ts.append(ev.ts_ms)
-        if isinstance(ev, WatermarkEvent):
-            tbl.append(watermark_table)
-            ops.append(WATERMARK_OP)
-            keys.append(None)
-            wms.append(ev.id)
-            origins.append(None)
-        else:
-            tbl.append(ev.table)
-            ops.append(ev.op)
-            keys.append(ev.key)
-            wms.append(ev.watermark)
-            origins.append(ev.origin)
-            mine = images.get(ev.table)
-            if mine is None:
-                mine = images[ev.table] = ([], [], [])
-            mine[0].append(i)
-            mine[1].append(ev.before)
-            mine[2].append(ev.after)
-    n = len(pos)
-    key_col = string_array(keys)
-    arrays = [string_array(pos), string_array(tbl), string_array(ops), key_col, int64_array(ts),
-              string_array(wms), origin_array(origins)]
+    return batch_to_table(events_to_batch(list(events), watermark_table), schemas)
+
+
+def batch_to_table(batch: EventBatch, schemas=None) -> pa.Table:
+    """An EventBatch -> a typed segment table: each table's images under the schema
+    ``schemas[table]`` gives (its log schema; absent: the schema the images were typed with,
+    or text columns the rows name), one ``before_{i}``/``after_{i}`` pair per table."""
+    n = len(batch)
+    arrays = [batch.log.column(f.name).combine_chunks() for f in SEGMENT_SCHEMA]
     fields = list(SEGMENT_SCHEMA)
     meta = []
-    for i, (table, (idx, befores, afters)) in enumerate(images.items()):
-        schema = (schemas or {}).get(table) or _inferred(table, keys[idx[0]], befores, afters)
-        b, a, schema, text = at.type_images(schema, befores, afters)
-        # scatter back to one slot per event: event j takes value (events of this table before j)
-        mine = np.zeros(n, dtype=np.bool_)
-        mine[idx] = True
-        take = at.spread_index(mine)
+    keys = batch.log["key"]
+    for i, table in enumerate(batch.tables):
+        parts = [p for p in batch.parts if p.table == table and len(p.rows)]
+        rows = np.concatenate([p.rows for p in parts])
+        typing = (schemas or {}).get(table)
+        typed = []
+        for p in parts:
+            if p.typed:
+                typed.append((p.before, p.after, p.schema, list(p.text_columns)))
+            else:
+                schema = typing or _inferred(table, keys[int(p.rows[0])].as_py(), p.before, p.after)
+                b, a, schema, text = at.type_images(schema, p.before, p.after)
+                typed.append((b, a, schema, text))
+        if len(typed) == 1 and (typing is None or typed[0][2] == typing or not parts[0].typed):
+            b, a, schema, text = typed[0]
+        else:
+            conformed, schema, text = at.conform_parts(typed, typing)
+            b = pa.concat_arrays([c[0] for c in conformed])
+            a = pa.concat_arrays([c[1] for c in conformed])
+        # one slot per event: row r of the batch takes image number (its place among ``rows``)
+        where = np.full(n, -1, dtype=np.int64)
+        where[rows] = np.arange(len(rows), dtype=np.int64)
+        take = at.index_array(np.maximum(where, 0), where >= 0)
         arrays += [b.take(take), a.take(take)]
         fields += [pa.field(f"before_{i}", b.type), pa.field(f"after_{i}", a.type)]
         meta.append({"table": table, "schema": json.loads(schema.to_json()), "text_columns": text})
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata={TABLES_META: json.dumps(meta).encode()}))
-
-
-def origin_array(origins: Sequence[tuple | None]) -> pa.Array:
-    """ChangeEvent.origin tuples (None = unknown) -> the staged ``origin`` struct column, one
-    child array per field (built from columns, see :func:`string_array`)."""
-    n = len(origins)
-    if all(o is None for o in origins):
-        return pa.nulls(n, ORIGIN_TYPE)
-    cols = list(zip(*((o if o is not None else (None,) * len(ORIGIN_FIELDS)) for o in origins), strict=True))
-    children = []
-    for f, col in zip(ORIGIN_TYPE, cols, strict=True):
-        if all(v is None for v in col):
-            children.append(pa.nulls(n, f.type))
-        elif pa.types.is_string(f.type):
-            children.append(string_array([None if v is None else str(v) for v in col]))
-        else:
-            children.append(int64_array(col))
-    mask = None
-    if None in origins:
-        missing = np.fromiter((o is None for o in origins), dtype=np.bool_, count=n)
-        mask = pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(missing, bitorder="little"))])
-    return pa.StructArray.from_arrays(children, fields=list(ORIGIN_TYPE), mask=mask)
 
 
 def _inferred(table: str, key: str | None, befores: list, afters: list) -> TableSchema:
@@ -259,15 +212,17 @@ def _inferred(table: str, key: str | None, befores: list, afters: list) -> Table
     return at.text_schema(TableName.parse(table), names, len(json.loads(key)) if key else 0)
 
 
-def write_segment(events: list[LogEvent], directory: str, watermark_table: str, schemas=None) -> str:
-    """Stage events (already in position order) as one segment named by its position range,
-    each table's images typed with ``schemas[table]`` (see :func:`events_to_table`)."""
+def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark_table: str, schemas=None) -> str:
+    """Stage events (already in position order; LogEvents or an EventBatch) as one segment
+    named by its position range, each table's images typed with ``schemas[table]`` (see
+    :func:`batch_to_table`)."""
     from .layout import segment_name
 
-    if not events:
+    batch = events if isinstance(events, EventBatch) else events_to_batch(events, watermark_table)
+    if not len(batch):
         raise ValueError("write_segment needs at least one event")
-    path = storage.join(directory, segment_name(events[0].position, events[-1].position))
-    atomic_write_table(events_to_table(events, watermark_table, schemas), path)
+    path = storage.join(directory, segment_name(batch.first, batch.last))
+    atomic_write_table(batch_to_table(batch, schemas), path)
     return path
 
 

@@ -299,3 +299,36 @@ def test_typed_columns_from_copy_text_equal_the_decoders(logical, texts):
 def _same(a, b) -> bool:
     """Same type and values, NaN equal to NaN (Arrow's equals says no)."""
     return a.type == b.type and [repr(v) for v in a.to_pylist()] == [repr(v) for v in b.to_pylist()]
+
+
+def test_tuples_parsed_together_equal_one_message_at_a_time():
+    """pgoutput.parse_tuples (numpy over many messages) against the one-message parser, on
+    random tuples: text values of every length (empty, multi-byte UTF-8, 300 bytes), NULLs
+    and unchanged TOAST markers, messages of different sizes in one buffer."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(7)
+    words = ["", "a", "é✓🚀", "x" * 300, "tab\tnew\nline", "0"]
+    ncols, messages, expected = 5, [], []
+    for _ in range(200):
+        values = [rng.choice([None, pgoutput.UNCHANGED, *words]) for _ in range(ncols)]
+        messages.append(b"I" + struct.pack("!I", 7) + b"N" + _tuple(*values))
+        expected.append(pgoutput.parse(messages[-1]).new)
+    sizes = np.array([len(m) for m in messages])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    buf = np.frombuffer(b"".join(messages) + b"\0" * 8, dtype=np.uint8)
+    cols = pgoutput.parse_tuples(buf, starts + 6, ncols)
+    assert (cols.end == starts + sizes).all()
+    for j in range(ncols):
+        text = cols.text(j).to_pylist()
+        for i, row in enumerate(expected):
+            assert cols.kinds[j][i] == {None: ord("n"), pgoutput.UNCHANGED: ord("u")}.get(row[j], ord("t"))
+            assert text[i] == (row[j] if isinstance(row[j], str) else None)
+    with pytest.raises(pgoutput.ProtocolError, match="columns"):
+        pgoutput.parse_tuples(buf, starts + 6, ncols + 1)
+    bad = np.frombuffer(b"I" + struct.pack("!I", 7) + b"N" + struct.pack("!H", 1) + b"t" + struct.pack("!I", 2)
+                        + b"\xff\xfe" + b"\0" * 8, dtype=np.uint8)
+    with pytest.raises(pgoutput.ProtocolError, match="UTF-8"):
+        pgoutput.parse_tuples(bad, np.array([6]), 1).text(0)

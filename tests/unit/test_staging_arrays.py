@@ -9,7 +9,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from airflow_provider_cdc.storage.staged import int64_array, string_array
+from airflow_provider_cdc.core.arrow_types import int64_array, string_array
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,8 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.dialects.pgcopy import ChunkAssembler, read_csv_batch
 from airflow_provider_cdc.dialects.postgres import decoder
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
-from airflow_provider_cdc.storage.staged import ChunkWriter, events_to_table, string_array
+from airflow_provider_cdc.core.arrow_types import string_array
+from airflow_provider_cdc.storage.staged import ChunkWriter, events_to_table
 types = ["int64", "string", "bool", "float64", "timestamptz", "uuid", "decimal(5,2)", "array<int32>", "binary", "json"]
 names = [f"c{i}" for i in range(len(types))]
 asm = ChunkAssembler(names, types, [decoder(t) for t in types], ["c0"])
