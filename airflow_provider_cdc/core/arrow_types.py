@@ -134,6 +134,57 @@ def binary_array(values: Sequence[bytes | None]) -> pa.Array:
     return pa.BinaryArray.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
 
 
+def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n, bitorder="little")[offset:].astype(np.bool_)
+
+
+def validity_mask(arr: pa.Array) -> np.ndarray:
+    """Which values of ``arr`` are present, as numpy bools (from the validity bitmap:
+    ``to_numpy`` of a boolean array imports pandas, see :func:`string_array`)."""
+    n = len(arr)
+    if arr.null_count == 0:
+        return np.ones(n, dtype=np.bool_)
+    if arr.null_count == n or arr.buffers()[0] is None:
+        return np.zeros(n, dtype=np.bool_)
+    return _bits(arr.buffers()[0], arr.offset, n)
+
+
+def bools_to_numpy(arr: pa.Array) -> np.ndarray:
+    """A boolean array -> numpy bools, null -> False (see :func:`validity_mask`)."""
+    n = len(arr)
+    if arr.null_count == n:
+        return np.zeros(n, dtype=np.bool_)
+    values = _bits(arr.buffers()[1], arr.offset, n)
+    return values & validity_mask(arr) if arr.null_count else values
+
+
+def gather_slices(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Byte ranges of ``buf`` (numpy uint8; ``starts``/``lengths``, numpy int64) -> their bytes
+    end to end and the int64 offsets (n + 1) of each range in them: one numpy gather, no
+    Python object per range."""
+    n = len(starts)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if not total:
+        return np.zeros(0, dtype=np.uint8), offsets
+    # byte k of range i sits at starts[i] + k
+    return buf[np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)], offsets
+
+
+def slices_array(typ: pa.DataType, data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """Bytes and int64 offsets (:func:`gather_slices`) -> a string or binary array of ``typ``
+    (null where not ``valid``); the large variant and a cast back past 2 GiB."""
+    n = len(offsets) - 1
+    nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
+    large = int(offsets[-1]) >= 2**31
+    t = (pa.large_string() if pa.types.is_string(typ) else pa.large_binary()) if large else typ
+    arr = pa.Array.from_buffers(t, n, [bitmap(valid) if nulls else None,
+                                       pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                       pa.py_buffer(data)], nulls)
+    return arr.cast(typ) if large else arr
+
+
 def index_array(ints: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     """A numpy int64 array (``valid``: False = null) -> an Arrow int64 array, without the
     Python conversion that imports pandas (:func:`string_array`)."""

@@ -315,8 +315,9 @@ class Dialect(ABC):
         ``max_events`` stops the read at the first transaction boundary at or past that
         many events. With ``on_segment``, every time the events read since the last call
         reach ``segment_max_events`` at a transaction boundary, they are handed to
-        ``on_segment`` and dropped here (memory stays bounded by one segment plus one
-        transaction); the returned batch holds only the events after the last call."""
+        ``on_segment`` (LogEvents or an EventBatch) and dropped here (memory stays bounded by
+        one segment plus one transaction); the returned batch holds only the events after
+        the last call."""
 
     @abstractmethod
     def commit_offset(self, offset: str, data_dir: str) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..core.arrow_types import conform_images, index_array, int64_array, string_array
+from ..core.arrow_types import bools_to_numpy, conform_images, index_array, string_array, validity_mask
 from ..core.event_batch import ORIGIN_TYPE, SEGMENT_SCHEMA, EventBatch, ImagePart, encode_positions
 from ..core.events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
 from ..core.schema import Column, TableName, TableSchema
@@ -75,76 +75,113 @@ ToastError = Callable[[Relation, list[str]], Exception]
 class Segment:
     """The messages of one segment's whole transactions, kept as they came until :meth:`build`.
 
-    Every message that yields events takes one *slot* (in log order); its events are
-    numbered inside the slot (``sub``). A row message of a captured table keeps its bytes
-    (:meth:`row`); anything else comes as ready events (:meth:`events`)."""
+    Every message that may yield events takes one *slot*, its index in ``payloads`` (log
+    order); its events are numbered inside the slot (``sub``). Row messages (Insert, Update,
+    Delete of any relation) are only kept (:meth:`row`, inlined in the read loop as two list
+    appends); at :meth:`build` they are grouped by relation, those of captured tables decoded
+    together and the rest handed to ``other`` one at a time (the watermark table's writes, a
+    skipped table's changes). A message made into events at once (a TRUNCATE, or every row
+    message with ``capture_decode="rows"``) comes through :meth:`events`.
 
-    def __init__(self, watermark_table: str, toast_error: ToastError) -> None:
+    ``rels``: relid -> what the dialect knows of the relation (its ``batch`` attribute: a
+    :class:`Relation` for a captured table, None otherwise) when the segment starts;
+    :meth:`relation` records a relation described anew inside it, from that slot on."""
+
+    def __init__(self, watermark_table: str, toast_error: ToastError, rels: dict,
+                 other: Callable[[object, bytes], list[LogEvent]]) -> None:
         self.watermark_table = watermark_table
         self.toast_error = toast_error
-        self.txn_lsn: list[int] = []  # per transaction: commit LSN, commit time, xid, the commit before it
+        self.other = other
+        self.payloads: list[bytes] = []  # per slot: the message (a placeholder for ready events)
+        self.lsns: list[int] = []  # per slot: the message's WAL position
+        self.txn_first: list[int] = []  # per transaction: its first slot, commit LSN, time, xid, the commit before it
+        self.txn_lsn: list[int] = []
         self.txn_ts: list[int] = []
         self.txn_xid: list[str] = []
         self.txn_last: list[int | None] = []
-        self.slot_txn: list[int] = []  # per slot: its transaction, its message's WAL position
-        self.slot_lsn: list[int] = []
-        self.groups: list[tuple[Relation, list[bytes], list[int]]] = []  # (relation, payloads, slots)
-        self._open: dict[int, tuple[Relation, list[bytes], list[int]]] = {}  # id(relation) -> its group
+        self.relations: list[tuple[int, int, object]] = [(0, relid, info) for relid, info in rels.items()]
         self.ready: list[tuple[int, int, LogEvent]] = []  # (slot, sub, event): position set at build
-        self.count = 0  # events so far, counting a row message as one
+        self.extra = 0  # events beyond one per slot
 
     def __len__(self) -> int:
-        return self.count
+        """Events so far, counting a row message as one (a key change is two, a skipped
+        table's change none: the exact count is the built batch's length)."""
+        return len(self.payloads) + self.extra
 
     def begin(self, commit_lsn: int, ts_ms: int, xid: str, last_commit: int | None) -> None:
+        self.txn_first.append(len(self.payloads))
         self.txn_lsn.append(commit_lsn)
         self.txn_ts.append(ts_ms)
         self.txn_xid.append(xid)
         self.txn_last.append(last_commit)
 
-    def row(self, rel: Relation, payload: bytes, lsn: int) -> None:
-        """An Insert, Update or Delete message of a captured table."""
-        g = self._open.get(id(rel))
-        if g is None:
-            g = self._open[id(rel)] = (rel, [], [])
-            self.groups.append(g)
-        g[1].append(payload)
-        g[2].append(len(self.slot_txn))
-        self.slot_txn.append(len(self.txn_lsn) - 1)
-        self.slot_lsn.append(lsn)
-        self.count += 1
+    def row(self, payload: bytes, lsn: int) -> None:
+        """An Insert, Update or Delete message (the read loop appends these itself)."""
+        self.payloads.append(payload)
+        self.lsns.append(lsn)
+
+    def relation(self, relid: int, info: object) -> None:
+        """Relation ``relid`` is described as ``info`` from the next slot on."""
+        self.relations.append((len(self.payloads), relid, info))
 
     def events(self, events: Sequence[LogEvent], lsn: int) -> None:
         """Events made one at a time from one message (their positions are set at build)."""
         if not events:
             return
-        slot = len(self.slot_txn)
-        self.slot_txn.append(len(self.txn_lsn) - 1)
-        self.slot_lsn.append(lsn)
+        slot = len(self.payloads)
+        self.payloads.append(b"")
+        self.lsns.append(lsn)
         self.ready.extend((slot, sub, ev) for sub, ev in enumerate(events))
-        self.count += len(events)
+        self.extra += len(events) - 1
 
     # --- build ------------------------------------------------------------------------------
-    def build(self) -> EventBatch:
-        """The segment's events, in log order, as an EventBatch."""
+    def build(self) -> EventBatch | None:
+        """The segment's events, in log order, as an EventBatch (None: no events)."""
+        n = len(self.payloads)
+        sizes = np.fromiter(map(len, self.payloads), dtype=np.int64, count=n)
+        base = np.zeros(n, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=base[1:])
+        buf = np.frombuffer(b"".join(self.payloads) + b"\0" * 8, dtype=np.uint8)
+        kind = np.where(sizes > 0, buf[base], 0)
+        is_row = (kind == _I) | (kind == _U) | (kind == _D)
+        relid = np.zeros(n, dtype=np.int64)
+        rows = np.flatnonzero(is_row)
+        relid[rows] = pgoutput.be32(buf, base[rows] + 1)
+
         pieces = []  # (slots, subs, table ids, ops, keys, watermarks, image part or None)
-        for rel, payloads, slots in self.groups:
-            ev = decode_rows(rel, payloads, self.toast_error)
-            tid = rel.table.id
-            pieces.append((np.asarray(slots, dtype=np.int64)[ev.message], ev.sub, _repeat(tid, len(ev.sub)), ev.op,
-                           ev.key, pa.nulls(len(ev.sub), pa.string()),
-                           (tid, ev.before, ev.after, rel.schema, ev.text_columns)))
-        if self.ready:
-            r_slot = np.fromiter((s for s, _, _ in self.ready), dtype=np.int64, count=len(self.ready))
-            r_sub = np.fromiter((s for _, s, _ in self.ready), dtype=np.int64, count=len(self.ready))
-            evs = [e for _, _, e in self.ready]
+        ready = list(self.ready)
+        for rid in np.unique(relid[rows]).tolist():
+            versions = [(first, info) for first, r, info in self.relations if r == rid]
+            mine = rows[relid[rows] == rid]
+            version = np.searchsorted(np.asarray([f for f, _ in versions], dtype=np.int64), mine, side="right") - 1
+            if not versions or (version < 0).any():
+                raise pgoutput.ProtocolError(f"a change of relation {rid} before its Relation message")
+            for v in np.unique(version).tolist():
+                msgs = mine[version == v]
+                info = versions[v][1]
+                rel = info.batch
+                if rel is None:  # the watermark table, a table capture skips or fails on
+                    for m in msgs.tolist():
+                        ready.extend((m, sub, ev) for sub, ev in enumerate(self.other(info, self.payloads[m])))
+                    continue
+                ev = decode_rows(rel, buf, base[msgs], sizes[msgs], self.toast_error)
+                tid = rel.table.id
+                pieces.append((msgs[ev.message], ev.sub, _repeat(tid, len(ev.sub)), ev.op, ev.key,
+                               pa.nulls(len(ev.sub), pa.string()), (tid, ev.before, ev.after, rel.schema,
+                                                                   ev.text_columns)))
+        if ready:
+            r_slot = np.fromiter((s for s, _, _ in ready), dtype=np.int64, count=len(ready))
+            r_sub = np.fromiter((s for _, s, _ in ready), dtype=np.int64, count=len(ready))
+            evs = [e for _, _, e in ready]
             wm = [isinstance(e, WatermarkEvent) for e in evs]
             pieces.append((r_slot, r_sub,
                            string_array([self.watermark_table if w else e.table for w, e in zip(wm, evs, strict=True)]),
                            string_array([WATERMARK_OP if w else e.op for w, e in zip(wm, evs, strict=True)]),
                            string_array([None if w else e.key for w, e in zip(wm, evs, strict=True)]),
                            string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
-                           None))
+                           evs))
+        if not pieces:
+            return None
         slot = np.concatenate([p[0] for p in pieces])
         sub = np.concatenate([p[1] for p in pieces])
         order = np.lexsort((sub, slot))
@@ -152,18 +189,19 @@ class Segment:
         rank[order] = np.arange(len(order), dtype=np.int64)  # concatenated event -> its row in the batch
         take = index_array(order)
 
-        txn = np.asarray(self.slot_txn, dtype=np.int64)[slot[order]]
+        slot_sorted = slot[order]
+        txn = np.searchsorted(np.asarray(self.txn_first, dtype=np.int64), slot_sorted, side="right") - 1
         # the n-th event of its transaction: rows of one transaction are contiguous
         first_of_txn = np.searchsorted(txn, txn, side="left")
         index = np.arange(len(order), dtype=np.int64) - first_of_txn
         lsn = np.asarray(self.txn_lsn, dtype=np.uint64)[txn]
         position = encode_positions(lsn, np.zeros(len(order), dtype=np.uint64), index)
-        ts = int64_array(np.asarray(self.txn_ts, dtype=np.int64)[txn].tolist())
+        ts = index_array(np.asarray(self.txn_ts, dtype=np.int64)[txn])
         table = pa.concat_arrays([p[2] for p in pieces]).take(take)
         op = pa.concat_arrays([p[3] for p in pieces]).take(take)
         key = pa.concat_arrays([p[4] for p in pieces]).take(take)
         watermark = pa.concat_arrays([p[5] for p in pieces]).take(take)
-        origin = self._origin(slot[order], txn, pc.equal(op, pa.scalar(WATERMARK_OP)))
+        origin = self._origin(slot_sorted, txn, pc.equal(op, pa.scalar(WATERMARK_OP)))
         log = pa.Table.from_arrays([position, table, op, key, ts, watermark, origin], schema=SEGMENT_SCHEMA)
 
         parts: list[ImagePart] = []
@@ -171,22 +209,21 @@ class Segment:
         dicts: dict[str, tuple[list, list, list]] = {}
         for p in pieces:
             n = len(p[0])
-            if p[6] is not None:
+            if isinstance(p[6], tuple):
                 tid, before, after, schema, text = p[6]
                 parts.append(ImagePart(tid, rank[offset:offset + n], before, after, schema, tuple(text)))
             else:
-                for j, e in enumerate(self.ready):
-                    ev = e[2]
+                for j, ev in enumerate(p[6]):
                     if isinstance(ev, ChangeEvent):
                         mine = dicts.setdefault(ev.table, ([], [], []))
                         mine[0].append(int(rank[offset + j]))
                         mine[1].append(ev.before)
                         mine[2].append(ev.after)
             offset += n
-        for tid, (rows, befores, afters) in dicts.items():
-            order_rows = np.argsort(np.asarray(rows, dtype=np.int64), kind="stable")
-            parts.append(ImagePart(tid, np.asarray(rows, dtype=np.int64)[order_rows],
-                                   [befores[i] for i in order_rows], [afters[i] for i in order_rows]))
+        for tid, (rows_, befores, afters) in dicts.items():
+            by_row = np.argsort(np.asarray(rows_, dtype=np.int64), kind="stable")
+            parts.append(ImagePart(tid, np.asarray(rows_, dtype=np.int64)[by_row],
+                                   [befores[i] for i in by_row], [afters[i] for i in by_row]))
         return EventBatch(log, tuple(parts))
 
     def _origin(self, slots: np.ndarray, txn: np.ndarray, is_watermark: pa.Array) -> pa.Array:
@@ -194,7 +231,7 @@ class Segment:
         before its transaction (null for watermark rows)."""
         n = len(slots)
         xid = string_array(self.txn_xid).take(index_array(txn))
-        lsn = index_array(np.asarray(self.slot_lsn, dtype=np.int64)[slots])
+        lsn = index_array(np.asarray(self.lsns, dtype=np.int64)[slots])
         last = np.asarray([-1 if v is None else v for v in self.txn_last], dtype=np.int64)[txn]
         last_arr = index_array(np.maximum(last, 0), last >= 0)
         none_i = pa.nulls(n, pa.int64())
@@ -224,13 +261,11 @@ class RowEvents:
 _OPS = string_array([Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value])
 
 
-def decode_rows(rel: Relation, payloads: list[bytes], toast_error: ToastError) -> RowEvents:
-    """Insert/Update/Delete messages of one relation (in log order) -> their events."""
-    n = len(payloads)
-    sizes = np.fromiter(map(len, payloads), dtype=np.int64, count=n)
-    base = np.zeros(n, dtype=np.int64)
-    np.cumsum(sizes[:-1], out=base[1:])
-    buf = np.frombuffer(b"".join(payloads) + b"\0" * 8, dtype=np.uint8)
+def decode_rows(rel: Relation, buf: np.ndarray, base: np.ndarray, sizes: np.ndarray,
+                toast_error: ToastError) -> RowEvents:
+    """Insert/Update/Delete messages of one relation (in log order), at ``base`` (``sizes``
+    bytes each) in ``buf`` -> their events."""
+    n = len(base)
     kind = buf[base]
     ins, upd, dele = kind == _I, kind == _U, kind == _D
     if not (ins | upd | dele).all():
@@ -272,8 +307,7 @@ def decode_rows(rel: Relation, payloads: list[bytes], toast_error: ToastError) -
         diff = np.zeros(len(upd_old), dtype=np.bool_)
         for j in asm.pk_idx:
             a, b = old_cols[j].take(index_array(oi[upd_old])), new_cols[j].take(index_array(ni[upd_old]))
-            same = pc.fill_null(pc.equal(a, b), False).to_numpy(zero_copy_only=False) | (
-                a.is_null().to_numpy(zero_copy_only=False) & b.is_null().to_numpy(zero_copy_only=False))
+            same = bools_to_numpy(pc.equal(a, b)) | (~validity_mask(a) & ~validity_mask(b))
             diff |= ~same
         changed[upd_old] = diff
 

@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from functools import cache
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -168,13 +169,36 @@ def _typed_temporal(logical: str) -> Callable[[pa.Array], pa.Array | None]:
     return build
 
 
-def _typed_binary(arr: pa.Array) -> pa.Array | None:
-    from ..core.arrow_types import binary_array
+_HEX_VALUE = np.full(256, 255, dtype=np.uint8)  # hex digit -> its value (255: not a hex digit)
+for _i, _c in enumerate(b"0123456789abcdef"):
+    _HEX_VALUE[_c] = _HEX_VALUE[bytes([_c]).upper()[0]] = _i
 
-    vals = arr.to_pylist()
-    if any(v is not None and v[:2] != "\\x" for v in vals):
-        return None  # bytea_output = escape: the decoder
-    return binary_array([None if v is None else bytes.fromhex(v[2:]) for v in vals])
+
+def _typed_binary(arr: pa.Array) -> pa.Array | None:
+    """bytea's hex output (``\\x0aff``) -> binary, decoded with numpy over the whole column;
+    None when a value is in the escape format (bytea_output = escape: the decoder)."""
+    from ..core.arrow_types import gather_slices, slices_array, validity_mask
+
+    n = len(arr)
+    if arr.null_count == n:
+        return pa.nulls(n, pa.binary())
+    arr = arr.cast(pa.string()) if arr.type != pa.string() else arr
+    valid = validity_mask(arr)
+    bounds = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
+    starts, lengths = bounds[:-1] + 2, np.where(valid, bounds[1:] - bounds[:-1] - 2, 0)
+    prefix_at = bounds[:-1][valid]
+    if (lengths < 0).any() or (lengths % 2).any() or not (
+            (data[prefix_at] == 0x5C).all() and (data[prefix_at + 1] == 0x78).all()):  # "\\x"
+        return None
+    digits, _ = gather_slices(data, starts, lengths)
+    values = _HEX_VALUE[digits]
+    if (values == 255).any():
+        return None
+    out = (values[0::2] << 4) | values[1::2]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths // 2, out=offsets[1:])
+    return slices_array(pa.binary(), out, offsets, valid if arr.null_count else None)
 
 
 def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:

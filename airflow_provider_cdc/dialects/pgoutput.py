@@ -37,8 +37,8 @@ PG_EPOCH_MS = 946_684_800_000  # 2000-01-01 in ms since 1970-01-01
 
 U32 = struct.Struct("!I")
 _U16 = struct.Struct("!H")
-_BEGIN = struct.Struct("!QqI")  # final (commit) lsn, commit ts (us since 2000), xid
-_COMMIT = struct.Struct("!BQQq")  # flags, commit lsn, end lsn, ts
+BEGIN = struct.Struct("!QqI")  # final (commit) lsn, commit ts (us since 2000), xid
+COMMIT = struct.Struct("!BQQq")  # flags, commit lsn, end lsn, ts
 _REL_COL = struct.Struct("!B")
 
 
@@ -145,10 +145,10 @@ def parse(buf: bytes) -> Message:
     """One pgoutput message (the payload of an XLogData message)."""
     kind = buf[0:1]
     if kind == b"B":
-        lsn, ts, xid = _BEGIN.unpack_from(buf, 1)
+        lsn, ts, xid = BEGIN.unpack_from(buf, 1)
         return Begin(lsn, ts // 1000 + PG_EPOCH_MS, xid)
     if kind == b"C":
-        _flags, lsn, end, ts = _COMMIT.unpack_from(buf, 1)
+        _flags, lsn, end, ts = COMMIT.unpack_from(buf, 1)
         return Commit(lsn, end, ts // 1000 + PG_EPOCH_MS)
     if kind == b"I":
         (relid,) = U32.unpack_from(buf, 1)
@@ -216,41 +216,35 @@ class TupleColumns:
         """Column ``j`` as a string array (null where the value is not ``t``), of ``rows``
         (indexes into the messages; None: all)."""
 
-        from ..core.arrow_types import bitmap
-
         kinds, starts, lengths = self.kinds[j], self.starts[j], self.lengths[j]
         if rows is not None:
             kinds, starts, lengths = kinds[rows], starts[rows], lengths[rows]
-        return text_array(self.buf, starts, lengths, kinds == 0x74, bitmap)
+        return text_array(self.buf, starts, lengths, kinds == 0x74)
 
 
-def text_array(buf, starts, lengths, valid, bitmap):
+def text_array(buf, starts, lengths, valid):
     """Slices of ``buf`` (``starts``/``lengths``, numpy) -> an Arrow string array, null where
-    not ``valid``: the bytes are gathered once with numpy (no Python object per value) and
-    checked to be UTF-8, as the one-message parser's decode does."""
+    not ``valid``, checked to be UTF-8 as the one-message parser's decode does."""
     import numpy as np
     import pyarrow as pa
 
-    n = len(starts)
-    lengths = np.where(valid, lengths, 0)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total:
-        # byte k of value i sits at starts[i] + k: one gather index for all of them
-        idx = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
-        data = buf[idx]
-    else:
-        data = np.zeros(0, dtype=np.uint8)
-    nulls = n - int(np.count_nonzero(valid))
-    typ, off = (pa.string(), offsets.astype(np.int32)) if total < 2**31 else (pa.large_string(), offsets)
-    arr = pa.Array.from_buffers(typ, n, [bitmap(valid) if nulls else None, pa.py_buffer(off), pa.py_buffer(data)],
-                                nulls)
+    from ..core.arrow_types import gather_slices, slices_array
+
+    data, offsets = gather_slices(buf, starts, np.where(valid, lengths, 0))
+    arr = slices_array(pa.string(), data, offsets, valid)
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid as exc:
         raise ProtocolError(f"a column value is not valid UTF-8 ({exc})") from exc
-    return arr if typ == pa.string() else arr.cast(pa.string())
+    return arr
+
+
+def be32(buf, at):
+    """The big-endian unsigned 32-bit integers at offsets ``at`` of ``buf`` (numpy)."""
+    import numpy as np
+
+    return ((buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16)
+            | (buf[at + 2].astype(np.int64) << 8) | buf[at + 3])
 
 
 def parse_tuples(buf, pos, ncols: int) -> TupleColumns:
@@ -271,10 +265,7 @@ def parse_tuples(buf, pos, ncols: int) -> TupleColumns:
     for j in range(ncols):
         k = buf[p]
         is_t = k == 0x74
-        q = np.minimum(p + 1, limit)
-        ln = ((buf[q].astype(np.int64) << 24) | (buf[q + 1].astype(np.int64) << 16)
-              | (buf[q + 2].astype(np.int64) << 8) | buf[q + 3])
-        ln = np.where(is_t, ln, 0)
+        ln = np.where(is_t, be32(buf, np.minimum(p + 1, limit)), 0)
         kinds[j], starts[j], lengths[j] = k, p + 5, ln
         p = p + 1 + np.where(is_t, 4 + ln, 0)
         unknown = (k != 0x74) & (k != 0x6E) & (k != 0x75)

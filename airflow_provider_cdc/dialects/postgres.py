@@ -1208,7 +1208,21 @@ class PostgresDialect(Dialect):
         rels: dict[int, _RelInfo] = {}
         warned: set[TableName] = set()
         wm_table = self.watermark_table.id
-        seg = pgbatch.Segment(wm_table, self._toast_error)
+        parse = pgoutput.parse
+
+        def pos() -> Position:  # events made one at a time: their positions are set when the segment is built
+            return _UNSET
+
+        def other(info: _RelInfo, payload: bytes) -> list[LogEvent]:
+            out: list[LogEvent] = []
+            self._other_change(info, parse(payload), pos, out, 0, warned)
+            return out
+
+        def segment() -> pgbatch.Segment:
+            return pgbatch.Segment(wm_table, self._toast_error, rels, other)
+
+        seg = segment()
+        keep, keep_lsn = seg.payloads.append, seg.lsns.append
         total = 0  # events of whole transactions read (max_events)
         seg_max = segment_max_events if on_segment is not None and segment_max_events else None
         batched = self.capture_decode == "batch"
@@ -1218,21 +1232,19 @@ class PostgresDialect(Dialect):
         end = start
         last_activity = last_request = time.monotonic()
         last_wal_end, nudged = -1, False
-        parse, relid_of = pgoutput.parse, pgoutput.U32.unpack_from
-
-        def pos() -> Position:  # events made one at a time: their positions are set when the segment is built
-            return _UNSET
+        relid_of, begin_of, commit_of = pgoutput.U32.unpack_from, pgoutput.BEGIN.unpack_from, pgoutput.COMMIT.unpack_from
 
         while True:
             msg = cur.read_message()
             if msg is not None:
                 payload = msg.payload
                 kind = payload[0]
-                if kind == 73 or kind == 85 or kind == 68:  # Insert, Update, Delete: the hot path
-                    info = rels[relid_of(payload, 1)[0]]
-                    if info.batch is not None and batched:
-                        seg.row(info.batch, payload, msg.data_start)
+                if kind == 73 or kind == 85 or kind == 68:  # Insert, Update, Delete: kept, decoded with the segment
+                    if batched:
+                        keep(payload)
+                        keep_lsn(msg.data_start)
                     else:
+                        info = rels[relid_of(payload, 1)[0]]
                         out: list[LogEvent] = []
                         if info.batch is not None:
                             self._row_events(info, parse(payload), pos, out, ts_ms)
@@ -1240,24 +1252,27 @@ class PostgresDialect(Dialect):
                             self._other_change(info, parse(payload), pos, out, ts_ms, warned)
                         seg.events(out, msg.data_start)
                 elif kind == 66:  # Begin
-                    m = parse(payload)
-                    in_txn, ts_ms, txn_start = True, m.ts_ms, len(seg)
-                    seg.begin(m.commit_lsn, m.ts_ms, str(m.xid), last_commit)
+                    commit_lsn, ts_us, xid = begin_of(payload, 1)
+                    in_txn, ts_ms, txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(seg)
+                    seg.begin(commit_lsn, ts_ms, str(xid), last_commit)
                 elif kind == 67:  # Commit
-                    m = parse(payload)
-                    last_commit = m.commit_lsn  # Debezium's lastCommitLsn for the next transaction
+                    _flags, last_commit, end_lsn, _ts = commit_of(payload, 1)  # Debezium's lastCommitLsn next
                     in_txn = False
                     total += len(seg) - txn_start
-                    end = max(end, m.end_lsn)
+                    end = max(end, end_lsn)
                     if seg_max is not None and len(seg) >= seg_max:
-                        on_segment(seg.build())  # ends at this commit: whole transactions
-                        seg = pgbatch.Segment(wm_table, self._toast_error)
+                        built = seg.build()  # ends at this commit: whole transactions
+                        if built is not None:
+                            on_segment(built)
+                        seg = segment()
+                        keep, keep_lsn = seg.payloads.append, seg.lsns.append
                     if max_events is not None and total >= max_events:
                         break
                 else:
                     m = parse(payload)
                     if isinstance(m, pgoutput.Relation):
                         rels[m.relid] = self._relinfo(m)
+                        seg.relation(m.relid, rels[m.relid])
                     elif isinstance(m, pgoutput.Truncate):
                         out = []
                         self._truncate(m, rels, pos, out, ts_ms)
@@ -1286,7 +1301,7 @@ class PostgresDialect(Dialect):
                 cur.send_feedback(reply=True, force=True)  # ask for a keepalive carrying the decoded position
                 last_request = now
             select.select([conn], [], [], 0.05)
-        return LogBatch(seg.build() if len(seg) else [], int_to_lsn(end), offset)
+        return LogBatch(seg.build() or [], int_to_lsn(end), offset)
 
     def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
         return SourceError(

@@ -235,6 +235,8 @@ def test_chunk_assembler_rows_equal_the_decoders():
         ("float64", ["0.1", "1e+15", "-0", "NaN", "Infinity", "-Infinity", "1.7976931348623157e+308", None]),
         ("float32", ["1.1", "3.4028235e+38", "1e-45"]),
         ("binary", ["\\x", "\\x00ff10", None, "\\x" + "ab" * 100]),
+        ("binary", [None, "\\xDEADbeef", None]),
+        ("binary", [None, None]),
         ("date", ["2024-02-29", "infinity", None]),
         ("date", ["2024-02-29", "0044-03-15 BC", "12345-01-01", "-infinity"]),
         ("array<timestamptz>", ['{"2024-01-01 00:00:00+00",NULL}']),
@@ -269,6 +271,8 @@ def test_specialised_fragments_equal_the_encoder(logical, texts):
         ("bool", ["t", "f", None]),
         ("uuid", ["A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11", None]),
         ("binary", ["\\x", "\\x00ff10", None, "\\x" + "ab" * 100]),
+        ("binary", [None, "\\xDEADbeef", None]),
+        ("binary", [None, None]),
         ("date", ["2024-02-29", "infinity", None]),
         ("date", ["2024-02-29", "0044-03-15 BC", "12345-01-01", "-infinity"]),
         ("array<timestamptz>", ['{"2024-01-01 00:00:00+00",NULL}']),
@@ -332,3 +336,12 @@ def test_tuples_parsed_together_equal_one_message_at_a_time():
                         + b"\xff\xfe" + b"\0" * 8, dtype=np.uint8)
     with pytest.raises(pgoutput.ProtocolError, match="UTF-8"):
         pgoutput.parse_tuples(bad, np.array([6]), 1).text(0)
+
+
+@pytest.mark.parametrize("texts", [["\\x0", None], ["\\xzz"], ["abc"], ["\\x00", "\\000"]])
+def test_malformed_or_escape_format_bytea_takes_the_decoder(texts):
+    import pyarrow as pa
+
+    from airflow_provider_cdc.dialects.pgcopy import typed_builder
+
+    assert typed_builder("binary")(pa.array(texts, pa.string())) is None
