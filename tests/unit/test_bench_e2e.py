@@ -61,3 +61,7 @@ def test_render_verdicts_follow_the_figures():
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1:] == ["met", "**MISSED**"], line
     assert "| **ratio snapshot / raw dump, idle** | **0.60** | **0.40** |" in md
+    # 100 events in 10 s, of which 5 s a run with nothing to do costs: 20 events/s net, 0.2x the drain
+    assert "| changelog net of a run with ~nothing to do (events/s, ratio) | 20 (0.20) | 20 (0.20) |" in md
+    quick = dict(good, changelog_small_s=12.0)  # the run took less than an empty one: no net figure
+    assert "- (within the fixed cost)" in b.render([quick], a, mach, "load average: 1.00", "t")
