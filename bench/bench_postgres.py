@@ -10,7 +10,7 @@
 Each side runs ``--repeat`` times, interleaved, best time kept (the machine is shared);
 the ratios (ours / baseline throughput) are printed last.
 
-    python -m bench postgres [--rows 100000] [--chunk-size 50000] [--repeat 2]
+    python -m bench postgres [--rows 100000] [--chunk-size 50000] [--repeat 2] [--profile]
     python -m bench.bench_postgres --uri postgresql://postgres@127.0.0.1:55432/cdc_test
 """
 
@@ -42,6 +42,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=100_000, help="rows inserted (plus rows/2 updates)")
     ap.add_argument("--chunk-size", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--profile", action="store_true",
+                    help="one more capture of the same changes under cProfile: its top functions (what bounds it)")
     return ap.parse_args(argv)
 
 
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(f"  load: {time.perf_counter() - t0:.1f} s")
         # copies of the slot at the same position: one per capture repeat, one for the raw drain
-        for r in range(args.repeat + 1):
+        for r in range(args.repeat + 1 + int(args.profile)):
             name = f"{base.slot_name}_c{r}"
             cur.execute("SELECT pg_copy_logical_replication_slot(%s, %s)", (base.slot_name, name))
             slots.append(name)
@@ -163,6 +165,14 @@ def main(argv: list[str] | None = None) -> int:
             copy_rows = sink.rows
             copy_best = min(copy_best, time.perf_counter() - t)
 
+        if args.profile:  # the last copy but one (the raw drain reads the last)
+            from bench.bench_snapshot_steps import _profiled
+
+            with get_dialect(
+                params, source=source, watermark_table=f"wm_bench_{u}", tables=[tname], slot_name=slots[-2]
+            ) as d:
+                _res, prof = _profiled(True, stage_changelog, d, str(work / "cap-profile"))
+            print(f"  capture under cProfile (top functions by own time):\n{prof}")
         if events != raw_changes:
             print(f"  note: capture saw {events} events, the raw drain {raw_changes} row changes")
         cap_rate, raw_rate = events / cap_best, raw_changes / raw_best

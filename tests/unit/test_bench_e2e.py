@@ -63,5 +63,8 @@ def test_render_verdicts_follow_the_figures():
     assert "| **ratio snapshot / raw dump, idle** | **0.60** | **0.40** |" in md
     # 100 events in 10 s, of which 5 s a run with nothing to do costs: 20 events/s net, 0.2x the drain
     assert "| changelog net of a run with ~nothing to do (events/s, ratio) | 20 (0.20) | 20 (0.20) |" in md
+    assert "| the same round run after run in one warm process, `dag.test()` (s): first, then the best of the rest | - | - |" in md
+    warm = dict(good, fixed_cost_warm_s=[4.0, 1.5, 1.25])
+    assert "| 4.0, then 1.2 |" in b.render([warm], a, mach, "load average: 1.00", "t")
     quick = dict(good, changelog_small_s=12.0)  # the run took less than an empty one: no net figure
     assert "- (within the fixed cost)" in b.render([quick], a, mach, "load average: 1.00", "t")
