@@ -799,17 +799,49 @@ def _position_literal(text: str) -> str:
     return text
 
 
+def _live_dataset(data_dir: str, source: str, table: str | TableName):
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    dt = _open(mirror_dir(data_dir, source, t))
+    return None if dt is None else dt.to_pyarrow_dataset()
+
+
+_LIVE = pc.field(DELETED_COLUMN) == pa.scalar(False)
+
+
+def _keyed_columns(ds) -> list[str]:
+    """The table's columns and ``__key``: what a reader of live rows gets."""
+    return [n for n in ds.schema.names if n not in (DELETED_COLUMN, BUCKET_COLUMN, POSITION_COLUMN)]
+
+
 def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
     """Live rows of a mirror table (tombstones left out), typed; ``with_meta`` keeps ``__key``
     and ``__position``. An absent mirror reads as an empty table with no columns."""
-    t = table if isinstance(table, TableName) else TableName.parse(table)
-    dt = _open(mirror_dir(data_dir, source, t))
-    if dt is None:
+    ds = _live_dataset(data_dir, source, table)
+    if ds is None:
         return pa.table({})
-    data = dt.to_pyarrow_dataset().to_table(filter=pc.field(DELETED_COLUMN) == pa.scalar(False))
+    data = ds.to_table(filter=_LIVE)
     drop = [DELETED_COLUMN] if with_meta else [KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
     drop += [BUCKET_COLUMN] if BUCKET_COLUMN in data.column_names else []
     return data.sort_by([(KEY_COLUMN, "ascending")]).drop_columns(drop)
+
+
+def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
+                   batch_rows: int = 100_000) -> tuple[int, Iterable[pa.RecordBatch]]:
+    """Live rows of a mirror table with ``__key`` (tombstones left out), typed, a batch at a
+    time in no particular order, and how many there are: for readers of a table too large to
+    hold (verify). An absent mirror: ``(0, [])``."""
+    ds = _live_dataset(data_dir, source, table)
+    if ds is None:
+        return 0, []
+    return ds.count_rows(filter=_LIVE), ds.to_batches(columns=_keyed_columns(ds), filter=_LIVE, batch_size=batch_rows)
+
+
+def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Sequence[str]) -> pa.Table:
+    """The live mirror rows of these canonical keys, with ``__key`` (one scan, filtered)."""
+    ds = _live_dataset(data_dir, source, table)
+    if ds is None or not keys:
+        return pa.table({})
+    return ds.to_table(columns=_keyed_columns(ds), filter=_LIVE & pc.field(KEY_COLUMN).isin(list(keys)))
 
 
 def read_mirror_raw(data_dir: str, source: str, table: str | TableName) -> pa.Table:

@@ -50,7 +50,7 @@ def row(i: int, **over) -> dict:
     return r
 
 
-def mirror_of(rows: list[dict]) -> MirrorIndex:
+def mirror_of(rows: list[dict], **kw) -> MirrorIndex:
     events = pa.table(
         {
             "table": ["s.t"] * len(rows),
@@ -60,7 +60,7 @@ def mirror_of(rows: list[dict]) -> MirrorIndex:
             "after": [encode_row(r) for r in rows],
         }
     )
-    return MirrorIndex(SCHEMA, events_to_mirror_rows(SCHEMA, events))
+    return MirrorIndex(SCHEMA, events_to_mirror_rows(SCHEMA, events), **kw)
 
 
 def chunks(rows: list[dict], n: int):
@@ -162,3 +162,54 @@ def test_repair_of_rows_the_source_no_longer_has_is_the_whole_table():
     res = compare(SCHEMA, chunks(src, 10), mirror_of(src + [row(99)]))
     assert res.extra == 1 and res.repair_conf() == {"action": "start", "tables": ["s.t"]}
     assert compare(SCHEMA, chunks(src, 10), mirror_of(src)).repair_conf() is None
+
+
+def _found(res) -> tuple:
+    return (res.missing, res.extra, res.different, res.mismatched_chunks, res.rows_checked, res.source_rows,
+            res.mirror_rows, [(r.start, r.end) for r in res.repair_ranges], sorted(m.describe() for m in res.examples))
+
+
+def test_hash_partitions_find_what_one_partition_finds():
+    """A mirror larger than a partition is compared a hash partition at a time (both sides
+    spilled to scratch files): the same counts, chunks, repair ranges and examples."""
+    src = [row(i) for i in range(1, 60)]
+    mir = [r for r in src if r["id"] not in (5, 33)] + [row(99), row(100)]
+    mir = [row(r["id"], name="x") if r["id"] in (15, 44, 45) else r for r in mir]
+    whole = compare(SCHEMA, chunks(src, 10), mirror_of(mir))
+    assert (whole.missing, whole.extra, whole.different, whole.mismatched_chunks) == (2, 2, 3, 4)
+    for partition_rows in (7, 2, 1):
+        index = mirror_of(mir, partition_rows=partition_rows)
+        assert index.parts == -(-len(mir) // partition_rows)
+        assert _found(compare(SCHEMA, chunks(src, 10), index)) == _found(whole), partition_rows
+
+
+def test_the_mirror_is_read_a_batch_at_a_time_and_the_source_chunks_once():
+    """verify_table hands the mirror over as batches (never the whole table) and the source as
+    a generator of chunks: each is consumed once, and the rows of the examples are read again
+    through ``reread`` (only the chunk that holds them)."""
+    src = [row(i) for i in range(1, 31)]
+    rows = events_to_mirror_rows(SCHEMA, pa.table({
+        "table": ["s.t"] * 29, "op": ["u"] * 29,
+        "key": [encode_key([r["id"]]) for r in src if r["id"] != 17],
+        "position": [Position(i + 1).encode() for i in range(29)],
+        "after": [encode_row(r) for r in src if r["id"] != 17]}))
+    handed = []
+
+    def batches():
+        for b in rows.to_batches(max_chunksize=4):
+            handed.append(b.num_rows)
+            yield b
+
+    index = MirrorIndex(SCHEMA, batches(), count=rows.num_rows, partition_rows=10)
+    assert sum(handed) == 29 and max(handed) <= 4 and index.rows == 29 and index.parts == 3
+    reads = []
+
+    def reread(i, after):
+        reads.append((i, after))
+        return chunks(src, 10)[i]
+
+    res = compare(SCHEMA, iter(chunks(src, 10)), index, reread=reread)
+    assert (res.missing, res.mismatched_chunks) == (1, 1)
+    assert reads == [(1, (10,))]  # the second chunk, read on after key 10
+    assert res.examples[0].describe() == "key [17]: missing from the mirror"
+    assert res.examples[0].source["name"] == "n17 é"
