@@ -145,6 +145,7 @@ class TreeSampler:
         self.airflow_peak = 0
         self.spark_peak = 0
         self.other_peak = 0
+        self.samples: list[tuple[float, int, int]] = []  # (unix time, Airflow process RSS, Spark RSS)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -166,6 +167,7 @@ class TreeSampler:
                             other += ch.memory_info().rss
                     except (psutil.NoSuchProcess, psutil.AccessDenied):
                         continue
+                self.samples.append((time.time(), air, spark))
                 self.airflow_peak = max(self.airflow_peak, air)
                 self.spark_peak = max(self.spark_peak, spark)
                 self.other_peak = max(self.other_peak, other)
@@ -192,23 +194,52 @@ class DagRun:
     other_peak_mb: float
     cpu_s: float = 0.0  # user+sys CPU of the run's whole process tree (Airflow, spark-submit JVM, Python workers)
     text: str = field(repr=False, default="")
+    samples: list = field(repr=False, default_factory=list)  # TreeSampler.samples
 
-    def task_seconds(self) -> dict[str, float]:
-        """Seconds per task (mapped instances summed), from the ``[DAG TEST] starting`` /
-        ``end task`` lines of the run's log (``airflow dags test`` runs tasks one by one)."""
-        out: dict[str, float] = {}
-        started: dict[tuple[str, str], dt.datetime] = {}
+    def task_spans(self) -> list[tuple[str, float, float]]:
+        """(task id, start, end) of every task instance, unix times, from the ``[DAG TEST]
+        starting`` / ``end task`` lines of the run's log (``airflow dags test`` runs tasks one
+        by one; the log's times are UTC)."""
+        spans: list[tuple[str, float, float]] = []
+        started: dict[tuple[str, str], float] = {}
         pat = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z .*\[DAG TEST\] (starting|end task) task_id=(\w+) map_index=(-?\d+)")
         for line in self.text.splitlines():
             m = pat.match(line)
             if not m:
                 continue
-            ts = dt.datetime.fromisoformat(m.group(1))
+            ts = dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.UTC).timestamp()
             key = (m.group(3), m.group(4))
             if m.group(2) == "starting":
                 started[key] = ts
             elif key in started:
-                out[key[0]] = out.get(key[0], 0.0) + (ts - started.pop(key)).total_seconds()
+                spans.append((key[0], started.pop(key), ts))
+        return spans
+
+    def task_seconds(self) -> dict[str, float]:
+        """Seconds per task (mapped instances summed)."""
+        out: dict[str, float] = {}
+        for task, start, end in self.task_spans():
+            out[task] = out.get(task, 0.0) + end - start
+        return out
+
+    def task_memory(self) -> dict[str, dict[str, float]]:
+        """Per task kind, from the samples taken while its instances ran: the Airflow process's
+        peak RSS (MB; the tasks run inside it, so a task also holds what earlier ones left),
+        how far that peak rose above the RSS at the task's start, and the Spark processes'
+        peak (a spark-submit task's JVM, Python driver and workers)."""
+        out: dict[str, dict[str, float]] = {}
+        mb = 1 / 2**20
+        for task, start, end in self.task_spans():
+            during = [s for s in self.samples if start <= s[0] <= end]
+            before = [s for s in self.samples if s[0] <= start]
+            if not during:
+                continue
+            base = (before[-1] if before else during[0])[1]
+            peak = max(s[1] for s in during)
+            m = out.setdefault(task, {"airflow_peak_mb": 0.0, "rise_mb": 0.0, "spark_peak_mb": 0.0})
+            m["airflow_peak_mb"] = max(m["airflow_peak_mb"], peak * mb)
+            m["rise_mb"] = max(m["rise_mb"], (peak - base) * mb)
+            m["spark_peak_mb"] = max(m["spark_peak_mb"], max(s[2] for s in during) * mb)
         return out
 
     def merge_summary(self) -> dict | None:
@@ -243,7 +274,7 @@ def run_dag(dag_id: str, conf: dict | None, env: dict[str, str], log_dir: Path, 
         tail = "\n".join(text.splitlines()[-40:])
         raise DagRunError(f"`airflow dags test {dag_id}` failed (exit {rc}) after {took:.0f}s; log {log_path}\n{tail}")
     mb = 1 / 2**20
-    return DagRun(dag_id, took, log_path, s.airflow_peak * mb, s.spark_peak * mb, s.other_peak * mb, cpu, text)
+    return DagRun(dag_id, took, log_path, s.airflow_peak * mb, s.spark_peak * mb, s.other_peak * mb, cpu, text, s.samples)
 
 
 _EMPTY_DAG = """

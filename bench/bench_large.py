@@ -38,6 +38,7 @@ from bench.bench_e2e import (
     RESULTS,
     ROOT,
     Src,
+    TreeSampler,
     _rows_bytes,
     _say,
     machine,
@@ -59,14 +60,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _verify(src: Src, rec: dict, table) -> tuple[int, str, float]:
+def _verify(src: Src, rec: dict, table) -> tuple[int, str, float, float]:
     from tools.demo import airflow_bin
 
     cmd = [airflow_bin(), "cdc", "verify", "--conn-id", rec["env"]["CDC_SOURCE_CONN_ID"], "--table", table.id,
            "--data-dir", str(rec["data"]), "--source", rec["source"]]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, env=rec["env"], capture_output=True, text=True, cwd=ROOT, check=False, timeout=7200)
-    return proc.returncode, (proc.stdout + proc.stderr).strip(), time.monotonic() - t0
+    proc = subprocess.Popen(cmd, env=rec["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    with TreeSampler(proc.pid, interval=1.0) as s:
+        out, _ = proc.communicate(timeout=7200)
+    return proc.returncode, out.strip(), time.monotonic() - t0, s.airflow_peak / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         r = run_dag("cdc_snapshot", conf, rec["env"], work / "logs", "large", timeout=6 * 3600)
         R.update(snap_s=r.seconds, snap_rps=a.rows / r.seconds, snap_ratio=a.rows / r.seconds / R["raw_dump_rps"],
                  airflow_peak_mb=r.airflow_peak_mb, spark_peak_mb=r.spark_peak_mb, tasks=r.task_seconds(),
-                 merge=r.merge_summary(), snap_cpu_s=r.cpu_s)
+                 merge=r.merge_summary(), snap_cpu_s=r.cpu_s, task_memory=r.task_memory())
         _say(f"snapshot {r.seconds:.0f}s = {R['snap_rps']:,.0f} rows/s ({R['snap_ratio']:.2f}x the raw dump); "
              f"airflow peak {r.airflow_peak_mb:.0f} MB, spark peak {r.spark_peak_mb:.0f} MB; tasks {R['tasks']}")
 
@@ -112,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         R["chunk_x"] = (m["peak"] - m["rss_before"]) / (m["rows"] * R["row_bytes"])
         _say(f"chunk step of {m['rows']:,} rows: {R['chunk_peak_mb']:.0f} MB above its baseline ({R['chunk_x']:.1f}x)")
 
-        rc, out, took = _verify(src, rec, big)
-        R.update(verify_rc=rc, verify_s=took, verify_out=out[-2000:])
-        _say(f"verify exit {rc} in {took:.0f}s:\n{out[-1500:]}")
+        rc, out, took, peak = _verify(src, rec, big)
+        R.update(verify_rc=rc, verify_s=took, verify_out=out[-2000:], verify_peak_mb=peak)
+        _say(f"verify exit {rc} in {took:.0f}s, peak RSS {peak:,.0f} MB:\n{out[-1500:]}")
         R["load_end"] = uptime()
     finally:
         if not a.keep:
@@ -149,10 +152,14 @@ def render(R: dict, mach: dict, started: str) -> str:
         f"| merge engine and its job's own seconds | {(R.get('merge') or {}).get('engine', '?')}, "
         f"{(R.get('merge') or {}).get('job_seconds', (R.get('merge') or {}).get('seconds', '?'))} |",
         f"| peak RSS: Airflow process (plan, chunk tasks, sensor, commit) | {R.get('airflow_peak_mb', 0):,.0f} MB |",
+        *(f"| peak RSS while `{task}` ran: Airflow process (its rise during the task); Spark | "
+          f"{m['airflow_peak_mb']:,.0f} MB (+{m['rise_mb']:,.0f} MB); {m['spark_peak_mb']:,.0f} MB |"
+          for task, m in R.get("task_memory", {}).items()),
         f"| peak RSS: Spark (JVM + Python driver + workers) | {R.get('spark_peak_mb', 0):,.0f} MB |",
         f"| peak RSS: one chunk step of {R['chunk_size']:,} rows, above its baseline | "
         f"{R.get('chunk_peak_mb', 0):,.0f} MB ({R.get('chunk_x', 0):.1f}x the chunk's source size) |",
-        f"| `airflow cdc verify` | exit {R.get('verify_rc')} in {R.get('verify_s', 0):.0f} s |",
+        f"| `airflow cdc verify` | exit {R.get('verify_rc')} in {R.get('verify_s', 0):.0f} s, "
+        f"peak RSS {R.get('verify_peak_mb', 0):,.0f} MB |",
         "",
         "verify said:",
         "",

@@ -31,6 +31,23 @@ def test_task_seconds_sum_mapped_instances_and_merge_summary():
     assert run.merge_summary()["emitted"] == 9
 
 
+def test_task_memory_attributes_samples_to_the_task_that_ran():
+    import datetime as dt
+
+    def at(text: str) -> float:
+        return dt.datetime.fromisoformat(text).replace(tzinfo=dt.UTC).timestamp()
+
+    mb = 2**20
+    samples = [(at("2026-11-22T00:11:23"), 100 * mb, 0), (at("2026-11-22T00:11:25"), 150 * mb, 0),
+               (at("2026-11-22T00:11:27"), 400 * mb, 0), (at("2026-11-22T00:11:29.5"), 420 * mb, 9 * mb),
+               (at("2026-11-22T00:11:30"), 300 * mb, 0)]
+    run = b.DagRun("cdc_snapshot", 20.0, Path("x.log"), 1.0, 2.0, 0.0, 5.0, LOG, samples)
+    mem = run.task_memory()
+    assert mem["plan"] == {"airflow_peak_mb": 150.0, "rise_mb": 50.0, "spark_peak_mb": 0.0}
+    # two mapped instances: the larger peak and the larger rise (the second starts at 400 MB: +20)
+    assert mem["read_chunks"] == {"airflow_peak_mb": 420.0, "rise_mb": 250.0, "spark_peak_mb": 9.0}
+
+
 def _result(kind: str, *, ratio: float, drop: float, fixed: float, mem_x: float, cl_ratio: float = 0.1) -> dict:
     chunk_bytes = 1_000_000.0
     return {
