@@ -341,13 +341,28 @@ class _Found:
             self.chunks.update(np.unique(chunks.to_numpy()).tolist())
 
 
+def _pieces(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
+    """The batches gathered into tables of at least ``rows`` rows (the last may be smaller)."""
+    held: list[pa.RecordBatch] = []
+    n = 0
+    for b in batches:
+        held.append(b)
+        n += b.num_rows
+        if n >= rows:
+            yield pa.Table.from_batches(held)
+            held, n = [], 0
+    if held:
+        yield pa.Table.from_batches(held)
+
+
 def _compare_partition(mirror: pa.Table, source: Iterable[pa.RecordBatch], found: _Found) -> None:
-    """One hash partition: the mirror's (the build side, whole) against the source's, a batch
-    at a time; mirror rows no source row matched are extra."""
+    """One hash partition: the mirror's (the join's build side, whole) against the source's,
+    in pieces as large as the mirror's partition (each piece hashes the build side once: the
+    source's spill holds a small batch per chunk); mirror rows no source row matched are extra."""
     mirror = mirror.append_column("mrow", pa.array(np.arange(mirror.num_rows, dtype=np.int64)))
     matched = np.zeros(mirror.num_rows, dtype=bool)
-    for batch in source:
-        j = pa.Table.from_batches([batch]).join(mirror, keys="key", join_type="left outer")
+    for piece in _pieces(source, max(mirror.num_rows, 100_000)):
+        j = piece.join(mirror, keys="key", join_type="left outer")
         hit = pc.is_valid(j["mrow"])
         matched[j["mrow"].drop_null().to_numpy()] = True
         miss = j.filter(pc.invert(hit))
