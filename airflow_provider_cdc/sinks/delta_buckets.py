@@ -194,6 +194,23 @@ def apply_rows(current: pa.Table, new: pa.Table, horizon: str | None) -> pa.Tabl
     return pa.concat_tables([kept, taken.select(current.column_names).cast(current.schema)])
 
 
+def any_dropped(table_uri: str, paths: Iterable[str], *, before: str | None = None,
+                tombstones_upto: str | None = None) -> bool:
+    """Would :func:`drop_rows` remove a row of these files? Reads only the position (and
+    deleted) column, a row group at a time: memory does not follow the bucket's size."""
+    if before is None and tombstones_upto is None:
+        return False
+    cols = [POSITION_COLUMN] + ([DELETED_COLUMN] if tombstones_upto is not None else [])
+    for rel in paths:
+        fs, p = storage.filesystem(_location(table_uri, rel))
+        with fs.open_input_file(p) as fh:
+            f = pq.ParquetFile(fh)
+            for i in range(f.num_row_groups):
+                if drop_rows(f.read_row_group(i, columns=cols), before=before, tombstones_upto=tombstones_upto) is not None:
+                    return True
+    return False
+
+
 def drop_rows(current: pa.Table, *, before: str | None = None, tombstones_upto: str | None = None) -> pa.Table | None:
     """``current`` without rows older than ``before`` (any state) or tombstones at or
     before ``tombstones_upto``; None when nothing goes."""

@@ -71,6 +71,7 @@ from ..core.schema import TableName, TableSchema, decode_key
 from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
 from .base import Events, SchemaCache, Sink, TableEvents, table_events, type_json_events
 from .delta_buckets import (
+    any_dropped,
     BUCKET_COLUMN,
     BUCKETS_PROPERTY,
     DEFAULT_BUCKETS,
@@ -419,7 +420,10 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
 
 def _drop_everywhere(path: str, *, operation: str, **drop) -> int:
     """Rewrite every bucket without the rows ``drop_rows(**drop)`` removes (a bucket of
-    several files becomes one); returns how many rows went."""
+    several files becomes one); returns how many rows went. Only the buckets that change are
+    read whole: the others are told apart by their files' position and deleted columns, read
+    a row group at a time (a finished snapshot's convergence usually removes nothing, and
+    reading a large table whole would hold a bucket's rows in the worker)."""
     removed = [0]
 
     def read() -> MirrorVersion:
@@ -431,7 +435,10 @@ def _drop_everywhere(path: str, *, operation: str, **drop) -> int:
         removed[0] += 0 if out is None else current.num_rows - out.num_rows
         return out
 
-    _commit_rewrite(path, read, transform, operation=operation)
+    def changing(v: MirrorVersion) -> list[int]:
+        return [b for b, paths in v.files.items() if len(paths) > 1 or any_dropped(v.table_uri, paths, **drop)]
+
+    _commit_rewrite(path, read, transform, buckets=changing, operation=operation)
     return removed[0]
 
 
