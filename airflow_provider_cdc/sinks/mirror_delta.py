@@ -71,11 +71,11 @@ from ..core.schema import TableName, TableSchema, decode_key
 from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
 from .base import Events, SchemaCache, Sink, TableEvents, table_events, type_json_events
 from .delta_buckets import (
-    any_dropped,
     BUCKET_COLUMN,
     BUCKETS_PROPERTY,
     DEFAULT_BUCKETS,
     MirrorVersion,
+    any_dropped,
     apply_rows,
     bucket_of,
     commit,
