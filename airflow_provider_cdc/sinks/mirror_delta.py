@@ -848,7 +848,12 @@ def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Seq
     ds = _live_dataset(data_dir, source, table)
     if ds is None or not keys:
         return pa.table({})
-    return ds.to_table(columns=_keyed_columns(ds), filter=_LIVE & pc.field(KEY_COLUMN).isin(list(keys)))
+    wanted = pa.array(list(keys), pa.string())
+    # filtered a batch at a time here, not pushed down: the file statistics of __key are of
+    # another string type than the filter's, which the dataset cannot compare
+    parts = [b.filter(pc.is_in(b.column(KEY_COLUMN).cast(pa.string()), value_set=wanted))
+             for b in ds.to_batches(columns=_keyed_columns(ds), filter=_LIVE)]
+    return pa.Table.from_batches([p for p in parts if p.num_rows] or parts[:1]) if parts else pa.table({})
 
 
 def read_mirror_raw(data_dir: str, source: str, table: str | TableName) -> pa.Table:
