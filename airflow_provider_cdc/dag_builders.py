@@ -105,6 +105,34 @@ default the connection's ``segment_max_events`` extra or 20,000; 0 = one segment
 """
 
 
+def _data_only(overrides: Mapping[str, str]) -> dict[str, str]:
+    """A source's values as given: the tasks render their fields (data_dir, conn ids, tables,
+    Spark conf...) as Jinja templates, so a value holding ``{{ conn.x.password }}`` would
+    become a secret in a path or a log. Refused here too, for callers other than the sources
+    config's parser (which refuses them first, naming the file and key)."""
+    from .sources_config import refuse_templates
+
+    for var, value in overrides.items():
+        refuse_templates(value, f"{var} of the DAG's source")
+    return dict(overrides)
+
+
+def connection_options(conn_id: str) -> tuple[str, str, dict[str, Any]] | None:
+    """(dialect, server, CDC options of the extra) of Airflow connection ``conn_id``, for
+    sources_config.read_sources(connections=...): slot, publication and server_id names set
+    in connection extras are then checked for collisions between sources too. None when the
+    connection cannot be read here (then only the names derived from source names are)."""
+    from .hooks.cdc_source import CdcSourceHook
+
+    try:
+        hook = CdcSourceHook(conn_id)
+        params = hook.connection_params()
+        port = params.port or {"postgres": 5432, "mysql": 3306}.get(params.scheme, "")
+        return params.scheme, f"{params.host}:{port}/{params.database or ''}", hook.dialect_options()
+    except Exception:  # noqa: BLE001 - a connection the parser cannot see is checked when its tasks run
+        return None
+
+
 def _outlets(source: str, sinks: str, kinds: tuple[str, ...] = (EVENTS, MIRROR)) -> list:
     """The Asset aliases a writer of ``sinks`` emits its tables' Asset events through."""
     names = settings.sink_names(sinks)
@@ -115,7 +143,7 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
                  throttle: Mapping[str, Any] | None = None, tags: tuple[str, ...] = ()) -> DAG:
     """The snapshot DAG of one source. ``throttle``: default chunk_size / parallelism /
     delay_seconds of its snapshots (a run's conf wins)."""
-    overrides = dict(overrides or {})
+    overrides = _data_only(overrides or {})
     parse = settings.load(overrides=overrides)
     with DAG(
         dag_id=dag_id,
@@ -196,7 +224,7 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
 def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *,
                   tags: tuple[str, ...] = ()) -> DAG:
     """The changelog DAG of one source."""
-    overrides = dict(overrides or {})
+    overrides = _data_only(overrides or {})
     parse = settings.load(overrides=overrides)
     with DAG(
         dag_id=dag_id,

@@ -4,8 +4,12 @@ lag, one per source (``cdc_lag__{source}``, written by the capture task, read by
 Key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name encoder
 (core.schema.encode_path_segment): plain names stay as they are, any other character is
 ``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
-in its API URL. The value is core.progress.SnapshotProgress JSON (one table per Variable);
-it names its source and table, so nothing decodes the key.
+in its API URL. The key is injective (:func:`variable_key`): a source whose name holds
+``__`` or ends in ``_`` has its ``_`` escaped too, and so has a table id's leading ``_``, so
+``a__b`` + ``c.d`` and ``a`` + ``b__c.d`` get different keys. Such a source's progress
+stored under the older, ambiguous key is still read when it names this source and table,
+and moved to the new key by the next save. The value is core.progress.SnapshotProgress
+JSON (one table per Variable); it names its source and table, so nothing decodes the key.
 Inside a task the Task SDK's ``Variable`` is used (it talks to the API server); outside
 one (CLI, tests, scripts) the metadata database model is used.
 
@@ -34,7 +38,31 @@ RUNNING, PAUSED, STOPPED, DONE, FAILED = (
 
 
 def variable_key(source: str, table_id: str) -> str:
+    """The key of ``(source, table_id)``, one per pair: the source part never holds ``__`` nor
+    ends in ``_`` and the table part never starts with ``_``, so the first ``__`` after the
+    prefix is the separator. Names that already met that keep the key they always had."""
+    src = encode_path_segment(source, leading_dot_ok=True)
+    if "__" in src or src.endswith("_"):
+        src = src.replace("_", "~5F")  # "~5F" decodes to "_": still one name per encoding
+    table = encode_path_segment(table_id, leading_dot_ok=True)
+    if table.startswith("_"):
+        table = "~5F" + table[1:]
+    return f"{KEY_PREFIX}{src}__{table}"
+
+
+def legacy_variable_key(source: str, table_id: str) -> str:
+    """The key before :func:`variable_key` was injective (shared by ``a__b`` + ``c.d`` and
+    ``a`` + ``b__c.d``): read only when its value names ``source`` and ``table_id``."""
     return f"{KEY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__{encode_path_segment(table_id, leading_dot_ok=True)}"
+
+
+def _names(raw: str, source: str, table_id: str) -> bool:
+    """Whether a stored progress JSON is that of ``source`` and ``table_id`` alone."""
+    try:
+        value = json.loads(raw)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(value, dict) and value.get("source") == source and list(value.get("tables") or {}) == [table_id]
 
 
 def _in_task() -> bool:
@@ -66,11 +94,40 @@ def _set(key: str, value: str) -> None:
     DbVariable.set(key, value)
 
 
-def load_raw(source: str, table_id: str) -> str | None:
-    raw = _get(variable_key(source, table_id))
+def _delete(key: str) -> None:
+    if _in_task():
+        from airflow.sdk import Variable
+
+        Variable.delete(key)
+        return
+    from airflow.models.variable import Variable as DbVariable
+
+    DbVariable.delete(key)
+
+
+def _load(key: str) -> str | None:
+    raw = _get(key)
     if raw in (None, ""):
         return None
     return raw if isinstance(raw, str) else json.dumps(raw)
+
+
+def _legacy(source: str, table_id: str) -> tuple[str, str] | None:
+    """(key, value) of this table's progress under the older key, when that differs from
+    today's and holds this source's and table's progress (not another pair's of the same key)."""
+    key = legacy_variable_key(source, table_id)
+    if key == variable_key(source, table_id):
+        return None
+    raw = _load(key)
+    return (key, raw) if raw is not None and _names(raw, source, table_id) else None
+
+
+def load_raw(source: str, table_id: str) -> str | None:
+    raw = _load(variable_key(source, table_id))
+    if raw is None:
+        legacy = _legacy(source, table_id)
+        raw = None if legacy is None else legacy[1]
+    return raw
 
 
 def load(source: str, table_id: str) -> SnapshotProgress | None:
@@ -80,7 +137,11 @@ def load(source: str, table_id: str) -> SnapshotProgress | None:
 
 
 def save(source: str, table_id: str, progress: SnapshotProgress) -> None:
+    """Under today's key; a copy under the older key goes (the CLI would list it twice)."""
     _set(variable_key(source, table_id), progress.to_json())
+    legacy = _legacy(source, table_id)
+    if legacy is not None:
+        _delete(legacy[0])
 
 
 def status(source: str, table_id: str) -> str | None:

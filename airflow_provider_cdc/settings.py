@@ -222,6 +222,9 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         ) from None
     if not isinstance(spark_conf, dict):
         raise ConfigurationError(f"CDC_SPARK_CONF must be a JSON object of Spark settings, got {raw_conf!r}")
+    from .core.spark_settings import check_spark_conf
+
+    spark_conf = check_spark_conf(spark_conf)  # tuning only: it reaches spark-submit's --conf
     sinks = ",".join(sink_names(_raw(env, "CDC_SINKS") or DEFAULT_SINKS))
     if not sinks:
         raise ConfigurationError("CDC_SINKS must name at least one sink, e.g. 'events,mirror'")

@@ -26,6 +26,15 @@ fails at parse time with a message naming the file, the source and the key. Sett
 entry does not give are read from the environment when its tasks run, as for the
 one-source DAGs.
 
+The config is code: it chooses connections, data locations and Spark settings, so it must
+be as trusted as the DAG folder. Still, what it can do is bounded: ``spark_conf`` takes
+only Spark tuning (core/spark_settings.py), and no value may hold Jinja syntax (``{{``,
+``{%``, ``{#``): the operators render their fields as templates, so a ``data_dir`` of
+``{{ conn.x.password }}`` would put a secret in a path. Two sources that would share what
+a capture owns (staging folder, replication slot or publication, MySQL server_id) are
+refused, naming both; the slot, publication and server_id given in a connection's extra
+are compared when the caller can read connections (``connections``).
+
 No Airflow import: the DAG file, the CLI and the tests use it as it is.
 """
 
@@ -33,7 +42,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +75,11 @@ KEYS: dict[str, str] = {
 EXTRA_KEYS = ("throttle",)
 #: a source name: it becomes part of DAG ids (letters, digits, '_', '-', '.') and of paths
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+#: what starts a Jinja expression, statement or comment
+_JINJA = ("{{", "{%", "{#")
+#: conn_id -> (dialect name, server as host:port/database, the CDC options of the connection's
+#: extra), None when unknown
+ConnectionOptions = Callable[[str], "tuple[str, str, Mapping[str, Any]] | None"]
 
 
 @dataclass(frozen=True)
@@ -92,9 +106,32 @@ def _env_value(value: Any, where: str) -> str:
     raise ConfigurationError(f"{where}: a {type(value).__name__} is not a setting value")
 
 
-def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str, str] | None = None) -> list[SourceEntry]:
+def refuse_templates(value: Any, where: str) -> None:
+    """A ConfigurationError when ``value`` (or a string inside it) holds Jinja syntax: the
+    operators render their fields, and a config value must stay data (``{{ var.value.x }}``
+    or ``{{ conn.x.password }}`` would otherwise become a secret in a path, a log or a query)."""
+    if isinstance(value, str):
+        if any(mark in value for mark in _JINJA):
+            raise ConfigurationError(
+                f"{where}: holds Jinja template syntax ({', '.join(m for m in _JINJA if m in value)}); the "
+                "sources config is data and is never rendered as a template: write the value itself (a secret "
+                "belongs in an Airflow connection, named by its id)"
+            )
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            refuse_templates(k, where)
+            refuse_templates(v, f"{where}, {k!r}" if isinstance(k, str) else where)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            refuse_templates(v, where)
+
+
+def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str, str] | None = None,
+                  connections: ConnectionOptions | None = None) -> list[SourceEntry]:
     """The sources of a parsed config document, each checked (``ConfigurationError``
-    naming ``origin``, the source and the key)."""
+    naming ``origin``, the source and the key). ``connections`` reads a connection's dialect
+    options, so names given in connection extras are checked for collisions too (e.g.
+    dag_builders.connection_options; None: only the names derived from source names)."""
     if not isinstance(doc, Mapping):
         raise ConfigurationError(f"{origin}: must be a mapping with a 'sources' key, got {type(doc).__name__}")
     unknown = sorted(set(doc) - {"defaults", "sources"})
@@ -120,7 +157,56 @@ def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str
         if not isinstance(entry, Mapping):
             raise ConfigurationError(f"{origin}: source {name!r} must be a mapping of settings, got {type(entry).__name__}")
         out.append(_entry(name, {**defaults, **entry}, origin, env))
+    _refuse_shared_names(out, origin, connections)
     return out
+
+
+def _owned_names(entry: SourceEntry, connections: ConnectionOptions | None) -> list[tuple[str, tuple]]:
+    """(what, identity) of everything a capture of ``entry`` owns alone: its staging folder,
+    and (when its connection can be read, or by default) its slot, publication or server_id."""
+    s = entry.settings
+    owned = [("staging folder", (s.data_dir.rstrip("/"), s.source.casefold()))]
+    known = connections(s.conn_id) if connections is not None else None
+    if known is None:
+        return owned
+    dialect, server, options = known
+    cluster = server.partition("/")[0]  # slots and server ids are per server, publications per database
+    if dialect == "postgres":
+        from .dialects.postgres import default_object_name
+
+        default = default_object_name(s.source)
+        owned.append(("replication slot", (cluster, str(options.get("slot_name") or default))))
+        owned.append(("publication", (server, str(options.get("publication_name") or default))))
+    elif dialect == "mysql":
+        from .dialects.mysql import default_server_id
+
+        sid = options.get("server_id")
+        owned.append(("server_id", (cluster, int(sid) if sid is not None else default_server_id(s.source))))
+    return owned
+
+
+
+def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: ConnectionOptions | None) -> None:
+    """Two sources sharing a slot would each confirm it past the other's changes (lost
+    changes); sharing a staging folder (its offset and segments) or a server_id (the server
+    drops one of two readers with one id) is as bad: refused at parse time, naming both."""
+    claims: dict[tuple[str, tuple], str] = {}
+    for entry in entries:
+        for what, identity in _owned_names(entry, connections):
+            other = claims.setdefault((what, identity), entry.name)
+            if other == entry.name:
+                continue
+            if what == "staging folder":
+                raise ConfigurationError(
+                    f"{origin}: sources {other!r} and {entry.name!r} would share the staging folder "
+                    f"{identity[0]}/staging/{entry.name}: rename one of them"
+                )
+            option = "server_id" if what == "server_id" else f"{what.split()[-1]}_name"
+            raise ConfigurationError(
+                f"{origin}: sources {other!r} and {entry.name!r} would share the {what} {identity[1]!r} on "
+                f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its own (or none: "
+                "each source then gets one derived from its name)"
+            )
 
 
 def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, str] | None) -> SourceEntry:
@@ -128,6 +214,8 @@ def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, 
     unknown = sorted(set(values) - set(KEYS) - set(EXTRA_KEYS))
     if unknown:
         raise ConfigurationError(f"{where}: unknown key(s) {unknown}; known: {', '.join([*KEYS, *EXTRA_KEYS])}")
+    for key, value in values.items():
+        refuse_templates(value, f"{where}, key {key!r}")
     overrides = {"CDC_SOURCE": name}
     for key, var in KEYS.items():
         if key in values:
@@ -138,7 +226,9 @@ def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, 
     try:
         settings = load(env, overrides)
     except ConfigurationError as exc:
-        key = next((k for k, v in KEYS.items() if v in str(exc)), None)
+        # the variable the message is about: the first one it names
+        msg = str(exc)
+        key = min((k for k, v in KEYS.items() if v in msg), key=lambda k: msg.find(KEYS[k]), default=None)
         raise ConfigurationError(f"{where}{f', key {key!r}' if key else ''}: {exc}") from None
     throttle = values.get("throttle") or {}
     try:
@@ -148,9 +238,10 @@ def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, 
     return SourceEntry(name, overrides, settings, dict(throttle))
 
 
-def read_sources(location: str, env: Mapping[str, str] | None = None) -> list[SourceEntry]:
+def read_sources(location: str, env: Mapping[str, str] | None = None,
+                 connections: ConnectionOptions | None = None) -> list[SourceEntry]:
     """The sources of the config file at ``location`` (a path or URI; YAML, of which JSON
-    is a subset)."""
+    is a subset); ``connections``: see :func:`parse_sources`."""
     import yaml
 
     text = storage.read_text(location)
@@ -158,7 +249,7 @@ def read_sources(location: str, env: Mapping[str, str] | None = None) -> list[So
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"sources config {location}: not valid YAML or JSON: {exc}") from None
-    return parse_sources(doc, f"sources config {location}", env)
+    return parse_sources(doc, f"sources config {location}", env, connections)
 
 
 def sources_file(settings: Settings, dags_folder: str | None = None) -> str | None:

@@ -12,14 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow_provider_cdc import settings
-from airflow_provider_cdc.dag_builders import changelog_dag, snapshot_dag
+from airflow_provider_cdc.dag_builders import changelog_dag, connection_options, snapshot_dag
 from airflow_provider_cdc.sources_config import read_sources
 
 _GIVEN = settings.load().sources_file  # CDC_SOURCES_FILE, or [cdc] sources_file
 _CONFIG = _GIVEN or str(Path(__file__).with_name("cdc_sources.yaml"))
 
 if _GIVEN or Path(_CONFIG).exists():
-    for _entry in read_sources(_CONFIG):
+    # connections are read too, so two sources whose extras name one slot, publication or
+    # server_id are refused here, naming both (a connection this process cannot read is
+    # left out of that check)
+    for _entry in read_sources(_CONFIG, connections=connection_options):
         globals()[f"snapshot__{_entry.name}"] = snapshot_dag(
             f"cdc_snapshot__{_entry.name}", _entry.overrides, throttle=_entry.throttle, tags=(_entry.name,))
         globals()[f"changelog__{_entry.name}"] = changelog_dag(

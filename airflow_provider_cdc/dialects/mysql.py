@@ -545,7 +545,13 @@ class MySqlDialect(Dialect):
     staged as an event ``op = "t"`` at its binlog position, and the mirror drops every row of
     the table older than it; "fail": capture stops naming the statement; "skip": a warning)."""
 
+    def capture_lock_key(self, data_dir: str) -> str:
+        """What the capture lock protects: the staged offset file (the binlog is only read, and
+        the server keeps no per-reader state; readers are told apart by their server_id)."""
+        return f"offset.{self._offset_path(data_dir)}"
+
     name: ClassVar[str] = "mysql"
+    system_schemas: ClassVar[frozenset[str]] = SYSTEM_SCHEMAS
     # MariaDB's optimizer does not turn ``(a, b) > (?, ?)`` into an index range; the
     # expanded OR form is a range scan on both MariaDB and MySQL.
     row_value_keyset: ClassVar[bool] = False

@@ -384,10 +384,23 @@ _SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 DEFAULT_COPY_BATCH_ROWS = 2_000
 
 
+_HASHED_NAME_RE = re.compile(r"__[0-9a-f]{12}$")
+
+
 def default_object_name(source: str) -> str:
-    """``cdc_<source>`` folded to what a slot name allows (lowercase letters, digits, ``_``)."""
-    name = "cdc_" + re.sub(r"[^a-z0-9_]", "_", source.lower())
-    return name[:63]
+    """``cdc_<source>`` when that is a valid slot name (lowercase letters, digits, ``_``, at
+    most 63 characters), so existing slots keep their names. Any other source is folded to
+    what a slot name allows, cut short, and ends in ``__`` + 12 hex digits of a hash of the
+    exact source name: ``orders-eu`` and ``orders_eu`` no longer share a slot. A source whose
+    name already ends like such a hash is hashed too, so a kept name never equals a folded one."""
+    name = "cdc_" + source
+    if _SLOT_NAME_RE.match(name) and not _HASHED_NAME_RE.search(name):
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:12]
+    folded = "cdc_" + re.sub(r"[^a-z0-9_]", "_", source.lower())
+    return f"{folded[: 63 - 14]}__{digest}"
 
 
 @dataclass
@@ -427,10 +440,17 @@ class PostgresDialect(Dialect):
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory),
     ``capture_decode`` ("batch", default: pgoutput decoded a segment at a time, a column at a time;
     "rows": a message at a time)."""
-    lock_acquire_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
-    lock_release_sql = "SELECT pg_advisory_unlock(hashtext(%s))"
+    # 64 bits of the lock name's md5 (hashtext's 32 bits would make unrelated slots share a lock)
+    lock_acquire_sql = "SELECT pg_try_advisory_lock(('x' || left(md5(%s), 16))::bit(64)::bigint)"
+    lock_release_sql = "SELECT pg_advisory_unlock(('x' || left(md5(%s), 16))::bit(64)::bigint)"
+
+    def capture_lock_key(self, data_dir: str) -> str:
+        """What the capture lock protects: the slot (its confirmed position is the offset), so
+        two sources configured with one slot never confirm it past each other's changes."""
+        return f"slot.{self.slot_name}"
 
     name = "postgres"
+    system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
     row_value_keyset = True
     placeholder = "%s"
 

@@ -161,8 +161,9 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
 def _write_live_round(round_file: str, chunks) -> str:
     """The round without the chunks of stopped snapshots, next to the round file."""
     from .. import storage
+    from ..storage.layout import live_round_path
 
-    path = f"{round_file.removesuffix('.json')}.live.json"
+    path = live_round_path(round_file)
     storage.write_text(path, json.dumps([c.to_dict() for c in chunks]))
     return path
 

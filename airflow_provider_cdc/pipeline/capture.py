@@ -15,7 +15,7 @@ from ..core.position import Position
 from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
 from ..storage.layout import changelog_dir
 from ..storage.staged import list_segments, write_segment
-from .locks import capture_lock
+from .locks import capture_lock, lock_key
 from .schema_changes import follow_log_schemas, follow_schema_changes
 
 log = logging.getLogger(__name__)
@@ -151,10 +151,11 @@ def run_capture(
     source's lag after it (:func:`capture_lag`; None when the dialect cannot tell).
     """
     params = hook.connection_params()
-    with capture_lock(params, hook.source) as acquired:
+    source_dialect = hook.get_dialect()  # not connected yet: its options name the slot the lock keys on
+    with capture_lock(params, lock_key(source_dialect, data_dir)) as acquired:
         if not acquired:
             return None
-        with hook.get_dialect() as dialect:
+        with source_dialect as dialect:
             result = stage_changelog(dialect, data_dir, max_events=max_events, segment_max_events=segment_max_events)
             # after the events, so a column they carry is in the staged schema before apply runs
             stopped = follow_schema_changes(dialect, data_dir, hook.source)

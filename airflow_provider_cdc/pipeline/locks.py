@@ -4,9 +4,13 @@ Airflow's ``max_active_runs=1`` stops two runs of one DAG, but the snapshot DAG'
 may drain the changelog too, and a second deployment could point at the same source.
 Two captures at once would both read from the committed offset and race on the commit.
 So a capture holds a session-level lock on the source for its whole duration:
-PostgreSQL ``pg_try_advisory_lock(hashtext(name))``, MySQL/MariaDB ``GET_LOCK(name, 0)``.
-Both are released when the holding connection closes, so a killed worker cannot leave
-the lock behind (the server drops the session).
+PostgreSQL ``pg_try_advisory_lock`` (64 bits of the name's md5), MySQL/MariaDB
+``GET_LOCK(name, 0)``. Both are released when the holding connection closes, so a killed
+worker cannot leave the lock behind (the server drops the session).
+
+The lock is keyed by what it protects (:func:`lock_key`), not by the source's name: on
+PostgreSQL the replication slot (two sources configured with one slot would otherwise
+both confirm it past each other's changes), on MySQL/MariaDB the staged offset file.
 """
 
 from __future__ import annotations
@@ -16,25 +20,32 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..dialects import ConnectionParams, get_dialect
+from ..dialects import ConnectionParams, Dialect, get_dialect
 
 log = logging.getLogger(__name__)
 
 
-def lock_name(source: str) -> str:
-    """MySQL lock names are at most 64 characters: long source names are hashed."""
-    name = f"airflow_provider_cdc.capture.{source}"
+def lock_key(dialect: Dialect, data_dir: str) -> str:
+    """What a capture of ``dialect`` into ``data_dir`` must hold alone (the dialect's
+    ``capture_lock_key``: the slot, the offset file); the source's name for a dialect without one."""
+    key_of = getattr(dialect, "capture_lock_key", None)
+    return key_of(data_dir) if key_of is not None else f"source.{dialect.source}"
+
+
+def lock_name(key: str) -> str:
+    """MySQL lock names are at most 64 characters: long keys are hashed."""
+    name = f"airflow_provider_cdc.capture.{key}"
     if len(name) > 64:
-        name = "airflow_provider_cdc.capture." + hashlib.sha256(source.encode()).hexdigest()[:32]
+        name = "airflow_provider_cdc.capture." + hashlib.sha256(key.encode()).hexdigest()[:32]
     return name
 
 
 @contextmanager
-def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
-    """Yield True while this process holds the capture lock of ``source``; False if another
-    capture holds it (never waits: the caller skips this round or re-checks later)."""
-    name = lock_name(source)
-    dialect = get_dialect(params, source=source)  # one connection builder: TLS and extras kept
+def capture_lock(params: ConnectionParams, key: str) -> Iterator[bool]:
+    """Yield True while this process holds the capture lock ``key`` (:func:`lock_key`); False if
+    another capture holds it (never waits: the caller skips this round or re-checks later)."""
+    name = lock_name(key)
+    dialect = get_dialect(params)  # one connection builder: TLS and extras kept
     conn = dialect.open_session()
     acquire, release = dialect.lock_acquire_sql, dialect.lock_release_sql
     try:
@@ -42,7 +53,7 @@ def capture_lock(params: ConnectionParams, source: str) -> Iterator[bool]:
             cur.execute(acquire, (name,))
             got = bool(cur.fetchone()[0])
         if not got:
-            log.info("capture lock %r of source %r is held by another capture", name, source)
+            log.info("capture lock %r (%s) is held by another capture", name, key)
         try:
             yield got
         finally:

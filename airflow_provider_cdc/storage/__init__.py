@@ -18,6 +18,7 @@ Nothing else in the package uses ``Path`` or ``os.replace`` on data.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import uuid
@@ -217,6 +218,19 @@ def delete_dir(location: str) -> None:
         pass
 
 
+def _fsync(path: str) -> None:
+    """Flush a file's data, or a folder's entries, to the disk (POSIX: a folder opens read-only).
+    A file system that cannot fsync a folder (EINVAL) has nothing more to flush."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
     """Publish a file at ``location`` whole or not at all. Yields ``(filesystem, temporary
@@ -224,8 +238,13 @@ def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
     exception (see the module docstring)."""
     fs, path = filesystem(location)
     head, _, name = path.rpartition("/")
+    created: list[str] = []  # folders made here: each needs its parent's entry made durable
     if is_local(location):
         head, name = os.path.split(path)
+        folder = head
+        while folder and not os.path.isdir(folder):
+            created.append(folder)
+            folder = os.path.dirname(folder)
         os.makedirs(head, exist_ok=True)
         tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
     else:
@@ -233,12 +252,12 @@ def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
     try:
         yield fs, tmp
         if is_local(location):
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
             os.replace(tmp, path)
+            # the rename lives in the folder's entries: without this a power loss may undo
+            # it after the caller went on (e.g. confirmed the slot past the published segment)
+            for folder in [head, *(os.path.dirname(f) for f in created)]:
+                _fsync(folder or ".")
         else:
             fs.copy_file(tmp, path)  # the server creates the object complete
             fs.delete_file(tmp)

@@ -39,10 +39,8 @@ Outputs::
 
 from __future__ import annotations
 
-import re
-
 from ..core.position import Position
-from ..core.schema import TableName
+from ..core.schema import TableName, encode_path_segment
 
 CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark", "origin")
 CHUNK_COLUMNS = ("key", "after")
@@ -109,5 +107,13 @@ def mirror_dir(data_dir: str, source: str, table: TableName) -> str:
 
 
 def round_path(data_dir: str, source: str, run_id: str) -> str:
-    """The chunk results of one snapshot run's round (the merge's input), named by its run."""
-    return _join(staging_dir(data_dir, source), "rounds", f"{re.sub(r'[^A-Za-z0-9_.-]', '_', run_id)}.json")
+    """The chunk results of one snapshot run's round (the merge's input), named by its run
+    through the one name encoder, so two run ids (``x:1``, ``x+1``) never share a file."""
+    return _join(staging_dir(data_dir, source), "rounds", f"{encode_path_segment(run_id)}.json")
+
+
+def live_round_path(round_file: str) -> str:
+    """The round without the chunks of stopped snapshots, next to its round file. ``~live``
+    is no encoded run id's ending ("~" is only ever followed by hex digits or "~" there),
+    so a run named ``x.live`` cannot share it with run ``x``."""
+    return f"{round_file.removesuffix('.json')}~live.json"

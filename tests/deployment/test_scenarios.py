@@ -7,6 +7,7 @@ task runner gives itself (`airflow worker -- <task instance id>`).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -352,15 +353,19 @@ def test_sensor_waits_while_capture_lock_is_held(deployment):
     or deferred, whichever mode the DAG uses) and succeed once the lock is free, not fail the run."""
     import psycopg2
 
+    from airflow_provider_cdc.dialects.postgres import PostgresDialect
     from airflow_provider_cdc.pipeline.locks import lock_name
 
     dep, name = deployment, "sensor"
+    # the lock of the source's slot (locks.lock_key), taken as the capture takes it
+    slot = json.loads(dep.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"])["extra"]["slot_name"]
+    lock = lock_name(f"slot.{slot}")
     holder = psycopg2.connect(dep.pg_uri)
     holder.autocommit = True
     cur = holder.cursor()
     try:
         with writing(dep, name) as w:
-            cur.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock_name(CONN_ID),))
+            cur.execute(PostgresDialect.lock_acquire_sql, (lock,))
             assert cur.fetchone()[0], "the capture lock is held by something else"
             run = dep.trigger("cdc_snapshot", start_conf(dep, name, LOCAL_CONF), tag="start")
 
@@ -377,7 +382,7 @@ def test_sensor_waits_while_capture_lock_is_held(deployment):
             ti = dep.wait_ti("cdc_snapshot", run, "wait_high_watermarks",
                              {"running", "up_for_reschedule", "deferred"}, timeout=240, also=waiting)
             print(f"sensor {ti['state']} (try {ti['try_number']}) while the lock was held")
-            cur.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock_name(CONN_ID),))
+            cur.execute(PostgresDialect.lock_release_sql, (lock,))
             dep.wait_run("cdc_snapshot", run, timeout=300)
             assert status_of(dep, name) == "done", f"snapshot ended {status_of(dep, name)!r}"
             catch_up_and_verify(dep, name, w)

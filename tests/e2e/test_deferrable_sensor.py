@@ -39,7 +39,7 @@ from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
 from airflow_provider_cdc.pipeline.capture import stage_changelog
-from airflow_provider_cdc.pipeline.locks import capture_lock
+from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import list_segments
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
@@ -113,7 +113,7 @@ class CaptureLockHolder(threading.Thread):
 
     def run(self) -> None:
         try:
-            with capture_lock(self.params, self.source) as acquired:
+            with capture_lock(self.params, lock_key(self.dialect, self.data_dir)) as acquired:
                 self.acquired = acquired
                 self.locked.set()
                 if not acquired:

@@ -38,3 +38,21 @@ def test_a_crashed_holder_releases_the_lock(params, unique_name):
 
 def test_long_source_names_fit_mysql_lock_names():
     assert len(lock_name("x" * 200)) <= 64 and lock_name("x" * 200) != lock_name("y" * 200)
+
+
+def test_two_sources_configured_with_one_slot_share_its_lock(pg_uri, unique_name, tmp_path):
+    """The lock is keyed by the slot (locks.lock_key): two sources naming one slot never
+    capture at once, whatever their names and data locations."""
+    from airflow_provider_cdc.dialects import get_dialect
+    from airflow_provider_cdc.pipeline.locks import lock_key
+
+    params = ConnectionParams.from_uri(pg_uri)
+    a = get_dialect(params, source=f"a_{unique_name}", slot_name=f"cdc_s_{unique_name}")
+    b = get_dialect(params, source=f"b_{unique_name}", slot_name=f"cdc_s_{unique_name}")
+    c = get_dialect(params, source=f"c_{unique_name}")
+    with capture_lock(params, lock_key(a, str(tmp_path / "one"))) as first:
+        assert first is True
+        with capture_lock(params, lock_key(b, str(tmp_path / "two"))) as second:
+            assert second is False
+        with capture_lock(params, lock_key(c, str(tmp_path / "one"))) as other:
+            assert other is True

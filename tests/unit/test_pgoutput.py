@@ -142,7 +142,8 @@ def test_type_mapping():
 
 
 def test_default_slot_name_is_valid():
-    assert default_object_name("My-Source.1") == "cdc_my_source_1"
+    assert default_object_name("my_source_1") == "cdc_my_source_1"  # valid already: kept
+    assert default_object_name("My-Source.1").startswith("cdc_my_source_1__")  # folded: + a hash
     assert len(default_object_name("x" * 100)) == 63
 
 
