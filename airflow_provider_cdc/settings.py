@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.errors import ConfigurationError
-from .core.schema import split_table_list
+from .core.schema import TableName, split_table_list
 
 
 @dataclass(frozen=True)
@@ -50,13 +50,19 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_SOURCE", None, "staging name of the source (default: the connection id)", "shop"),
     Option("CDC_DATA_DIR", None, "staging and outputs: a folder or a URI (default $AIRFLOW_HOME/cdc-data; never "
            "the working directory)", "s3://lake/cdc"),
-    Option("CDC_TABLES", None, "tables a snapshot reads when its conf names none: a comma list, or a JSON list for "
-           "names holding commas", "public.orders,public.customers"),
+    Option("CDC_TABLES", None, "the capture scope: the only tables the changelog captures and a snapshot may read "
+           "(a run's conf can narrow it, never widen it), and those a snapshot reads when its conf names none; a comma "
+           "list, or a JSON list for names holding commas. Unset: nothing is captured", "public.orders,public.customers"),
+    Option("CDC_CAPTURE_ALL_TABLES", None, "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
+           "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica identity, "
+           "so it is refused while any exists; MariaDB/MySQL: every database of the server). System schemas never"),
     Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),
     Option("CDC_STORAGE_CONN_ID", None, "Airflow connection (type aws) with the object-storage endpoint and "
-           "credentials, exported to each task as the AWS_* variables (unset: the workers' AWS_* variables)"),
+           "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a spark-submit "
+           "(unset: the workers' AWS_* variables)"),
     Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits"),
-    Option("CDC_SPARK_CONF", "{}", "JSON object of Spark settings for those submits",
+    Option("CDC_SPARK_CONF", "{}", "JSON object of Spark settings for those submits: tuning only (memory, cores, "
+           "instances, dynamic allocation, shuffle and SQL tuning; core/spark_settings.py lists them)",
            '{"spark.executor.memory": "4g"}'),
     Option("CDC_LOCAL_MAX_ROWS", "100000", "rounds/batches up to this many rows run in the worker (0: always "
            "spark-submit)"),
@@ -187,6 +193,7 @@ class Settings:
     explicit_source: str | None = None  # CDC_SOURCE as given (None: each connection's own id)
     data_dir: str = field(default_factory=default_data_dir)
     tables: tuple[str, ...] = ()
+    capture_all_tables: bool = False
     sinks: str = DEFAULT_SINKS
     spark_conn_id: str = DEFAULT_SPARK_CONN_ID
     storage_conn_id: str | None = None
@@ -228,6 +235,19 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
     sinks = ",".join(sink_names(_raw(env, "CDC_SINKS") or DEFAULT_SINKS))
     if not sinks:
         raise ConfigurationError("CDC_SINKS must name at least one sink, e.g. 'events,mirror'")
+    all_raw = _raw(env, "CDC_CAPTURE_ALL_TABLES").lower()
+    if all_raw and all_raw not in _TRUE + _FALSE:
+        raise ConfigurationError(f"CDC_CAPTURE_ALL_TABLES must be true or false, got {_raw(env, 'CDC_CAPTURE_ALL_TABLES')!r}")
+    tables = tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES"))
+    for t in tables:
+        try:
+            TableName.parse(t)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"CDC_TABLES: {exc}") from None
+    if tables and all_raw in _TRUE:
+        raise ConfigurationError(
+            "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the other; unset one"
+        )
     deferrable_raw = _raw(env, "CDC_SENSOR_DEFERRABLE").lower()
     if deferrable_raw and deferrable_raw not in _TRUE + _FALSE:
         raise ConfigurationError(
@@ -246,7 +266,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         source=_raw(env, "CDC_SOURCE") or conn_id,
         explicit_source=_raw(env, "CDC_SOURCE") or None,
         data_dir=data_dir,
-        tables=tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES")),
+        tables=tables,
+        capture_all_tables=all_raw in _TRUE,
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
         storage_conn_id=_raw(env, "CDC_STORAGE_CONN_ID") or None,

@@ -530,7 +530,7 @@ class Src:
         publication, staging): runs never see each other's log or mirror."""
         conn_id = f"cdc_bench_{tag}"
         source = f"bench_{self.u}_{self.kind[:2]}_{tag}"
-        q = {"tables": ",".join(t.id for t in tables)}
+        q = {}
         if self.kind == "postgres":
             q.update(slot_name=source, publication_name=source)
         else:
@@ -538,7 +538,7 @@ class Src:
         sep = "&" if "?" in self.uri else "?"
         from urllib.parse import urlencode
 
-        conn_uri = self.uri + sep + urlencode(q)
+        conn_uri = self.uri + (sep + urlencode(q) if q else "")
         data = self.work / f"data-{self.kind}-{tag}"
         e = dict(os.environ)
         e.update({

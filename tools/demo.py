@@ -205,8 +205,8 @@ def main() -> int:
     source = CONN_ID
 
     # the environment the DAGs read (also inherited by `airflow dags test` subprocesses)
-    # the capture covers the demo table (a FOR TABLE publication; no superuser needed)
-    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = f"{uri}{'&' if '?' in uri else '?'}tables={table.id}"
+    # the capture scope is the demo table (CDC_TABLES below: a FOR TABLE publication)
+    os.environ[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = uri
     os.environ["CDC_CHANGELOG_SCHEDULE"] = "none"
     os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
     os.environ["CDC_SOURCE_CONN_ID"] = CONN_ID

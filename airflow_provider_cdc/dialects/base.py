@@ -132,6 +132,9 @@ class Dialect(ABC):
         self.source = source
         self.watermark_table = TableName(watermark_schema, watermark_table)
         self.options = options
+        # the capture scope (README "Security"): the tables a source captures, or every table
+        # of the database only on an explicit opt-in; neither: nothing is captured
+        self.all_tables = str(options.get("all_tables", False)).lower() in ("1", "true", "yes", "on")
         # driver rows fetched per batch of a generic chunk read: each batch becomes Python
         # objects, JSON and Arrow before it is written, so it sets the chunk step's peak
         self.fetch_batch_rows = int(options.get("fetch_batch_rows", DEFAULT_FETCH_BATCH_ROWS))
@@ -159,6 +162,68 @@ class Dialect(ABC):
         from ..core.filters import render_filter
 
         return render_filter(where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names)
+
+    # --- capture scope (README "Security") ---------------------------------------------
+    #: schemas of the server's own catalogs: never captured, never snapshotted
+    system_schemas: ClassVar[frozenset[str]] = frozenset()
+
+    def is_system_schema(self, schema: str) -> bool:
+        return schema.lower() in self.system_schemas
+
+    def scope_tables(self) -> tuple[TableName, ...] | None:
+        """The configured tables (None: not configured; every table only with ``all_tables``)."""
+        tables = getattr(self, "tables", None)
+        return None if tables is None else tuple(tables)
+
+    def require_capture_scope(self) -> None:
+        """Refuse to capture (or to create anything on the source) until a scope is configured:
+        a database-wide publication breaks UPDATE and DELETE on tables without a replica
+        identity, and a binlog read of every database copies what nobody chose to copy."""
+        tables = self.scope_tables()
+        if self.all_tables:
+            return
+        if not tables:
+            raise ConfigurationError(
+                f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
+                "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
+                "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
+                "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
+                "on any table without a replica identity)"
+            )
+        system = [t for t in tables if self.is_system_schema(t.schema)]
+        if system:
+            raise ConfigurationError(
+                f"source {self.source!r}: CDC_TABLES names system table(s) {', '.join(map(str, system))}; the "
+                f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: remove them"
+            )
+
+    def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
+        """A snapshot's tables (a DAG-run conf: untrusted) may narrow the capture scope, never
+        widen it. Each is checked before anything is written: not a system table, not the
+        watermark table, inside the scope, readable by the connection's role."""
+        self.require_capture_scope()
+        scope = self.scope_tables()
+        allowed = None if self.all_tables and not scope else set(scope or ())
+        for table in tables:
+            if self.is_system_schema(table.schema):
+                raise ConfigurationError(
+                    f"table {table} is in system schema {table.schema!r}: the server's catalogs are never "
+                    "snapshotted, whatever the conf or settings say"
+                )
+            if table == self.watermark_table:
+                raise ConfigurationError(f"table {table} is the watermark table of source {self.source!r}, not data")
+            if allowed is not None and table not in allowed:
+                raise ConfigurationError(
+                    f"table {table} is not captured by source {self.source!r} (CDC_TABLES, or the sources config's "
+                    f"'tables': {', '.join(sorted(map(str, allowed)))}): a snapshot may only read captured tables. "
+                    "An administrator allows it by adding it to that setting"
+                )
+            self.check_readable(table)
+
+    @abstractmethod
+    def check_readable(self, table: TableName) -> None:
+        """Raise SourceError naming the grant when the connection's role cannot SELECT ``table``
+        (a missing table is left to :meth:`describe_table`, which names it)."""
 
     # --- prerequisites and metadata ---------------------------------------------------
     @abstractmethod

@@ -62,6 +62,8 @@ _PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
     "write_timeout": int,
 }
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
+#: table / database / column access denied, command denied: a missing grant
+_ER_ACCESS_DENIED = frozenset({1142, 1044, 1143, 1227, 1045})
 _ER_MASTER_FATAL_ERROR_READING_BINLOG = 1236  # binlog file purged / position invalid
 
 
@@ -659,13 +661,63 @@ class MySqlDialect(Dialect):
         settings: dict[str, str | None] = {n: None for n in names}
         settings.update({name.lower(): value for name, value in rows})
         grants = [r[0] for r in self._query("SHOW GRANTS FOR CURRENT_USER()")]
-        problems = prerequisite_problems(settings, grants, self.flavour)
+        problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems()
         if problems:
             where = f"{self.params.host}:{self.params.port or 3306}"
             raise SourceError(
                 f"{self.flavour.name} server {where} (source {self.source!r}) cannot serve CDC:\n- "
                 + "\n- ".join(problems)
             )
+
+    def check_readable(self, table: TableName) -> None:
+        try:
+            self._query(f"SELECT 1 FROM {self.quote_table(table)} WHERE 1 = 0")  # noqa: S608
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
+                raise SourceError(
+                    f"user {self.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
+                    f"{self.quote_table(table)} TO {self.params.user!r}"
+                ) from None
+            if exc.args and exc.args[0] in (1049, 1146):  # unknown database / table: describe_table names it
+                return
+            raise
+
+    def privilege_problems(self) -> list[str]:
+        """The grants on the captured tables and the watermark table the user lacks, each as the
+        statement that gives it (the binlog privileges on *.* are checked from SHOW GRANTS)."""
+        problems = []
+        for table in sorted(self.tables or (), key=str):
+            try:
+                self.check_readable(table)
+            except SourceError as exc:
+                problems.append(str(exc))
+        wm, user = self.watermark_table, self.params.user
+        try:
+            self._query(f"SELECT `value` FROM {self.quote_table(wm)} WHERE 1 = 0")  # noqa: S608
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
+                problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {user!r} (the watermark table)")
+            elif exc.args and exc.args[0] in (1049, 1146) and not self._may_create(wm.schema):
+                problems.append(
+                    f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
+                    f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (README "
+                    "'Security', set-up 2)"
+                )
+        return problems
+
+    def _may_create(self, schema: str) -> bool:
+        """Whether SHOW GRANTS gives CREATE (or ALL) on ``schema``.* or *.* (no statement is tried)."""
+        for (line,) in self._query("SHOW GRANTS FOR CURRENT_USER()"):
+            m = _GRANT_RE.match(_text(line).strip())
+            if not m:
+                continue
+            on = m.group("on").replace("`", "")
+            if on not in ("*.*", f"{schema}.*"):
+                continue
+            privs = {re.sub(r"\s+", " ", p.strip().upper()) for p in m.group("privs").split(",")}
+            if privs & {"CREATE", "ALL", "ALL PRIVILEGES"}:
+                return True
+        return False
 
     def describe_table(self, table: TableName) -> TableSchema:
         rows = self._query(
@@ -733,14 +785,37 @@ class MySqlDialect(Dialect):
 
     # --- watermarks -------------------------------------------------------------------
     def ensure_watermark_table(self) -> None:
+        """DDL only when something is missing: CREATE ... IF NOT EXISTS still demands the CREATE
+        privilege, which a least-privilege user of a pre-created watermark table lacks."""
         wm = self.watermark_table
-        self._query(f"CREATE DATABASE IF NOT EXISTS {self.quote_ident(wm.schema)}")
-        self._query(
-            f"CREATE TABLE IF NOT EXISTS {self.quote_table(wm)} ("
-            "`id` TINYINT UNSIGNED NOT NULL PRIMARY KEY, `value` VARCHAR(64) NOT NULL"
-            ") ENGINE=InnoDB"
+        try:
+            if self._query(f"SELECT 1 FROM {self.quote_table(wm)} WHERE `id` = 1"):  # noqa: S608
+                return
+        except pymysql.err.MySQLError as exc:
+            if not (exc.args and exc.args[0] in (1049, 1146)):
+                raise self._grant_error(exc, f"GRANT SELECT, UPDATE ON {self.quote_table(wm)}") from None
+        try:
+            if not self._query("SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (wm.schema,)):
+                self._query(f"CREATE DATABASE IF NOT EXISTS {self.quote_ident(wm.schema)}")
+            self._query(
+                f"CREATE TABLE IF NOT EXISTS {self.quote_table(wm)} ("
+                "`id` TINYINT UNSIGNED NOT NULL PRIMARY KEY, `value` VARCHAR(64) NOT NULL"
+                ") ENGINE=InnoDB"
+            )
+            self._query(f"INSERT IGNORE INTO {self.quote_table(wm)} (`id`, `value`) VALUES (1, '')")  # noqa: S608
+        except pymysql.err.MySQLError as exc:
+            raise self._grant_error(
+                exc, f"GRANT CREATE, INSERT, SELECT, UPDATE ON {self.quote_ident(wm.schema)}.*",
+                "or have an administrator create the watermark table (README 'Security', set-up 2)") from None
+
+    def _grant_error(self, exc: Exception, grant: str, alternative: str = "") -> Exception:
+        """A permission error as a SourceError naming the grant; any other error as it is."""
+        if not (getattr(exc, "args", None) and exc.args[0] in _ER_ACCESS_DENIED):
+            return exc
+        return SourceError(
+            f"user {self.params.user!r} lacks a privilege ({exc.args[-1]}): {grant} TO {self.params.user!r}"
+            + (f", {alternative}" if alternative else "")
         )
-        self._query(f"INSERT IGNORE INTO {self.quote_table(wm)} (`id`, `value`) VALUES (1, '')")  # noqa: S608
 
     def write_watermark(self, watermark_id: str) -> None:
         """DBLog steps 1 and 3: autocommit, so the UPDATE is its own committed transaction."""
@@ -751,7 +826,11 @@ class MySqlDialect(Dialect):
                         f"UPDATE {self.quote_table(self.watermark_table)} SET `value` = %s WHERE `id` = 1",  # noqa: S608
                         (watermark_id,),
                     )
-                except pymysql.err.ProgrammingError as exc:
+                except pymysql.err.MySQLError as exc:
+                    if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
+                        raise self._grant_error(exc, f"GRANT SELECT, UPDATE ON {self.quote_table(self.watermark_table)}") from None
+                    if not isinstance(exc, pymysql.err.ProgrammingError):
+                        raise
                     raise WatermarkError(
                         f"watermark table {self.watermark_table} is missing ({exc.args[-1]}); run ensure_watermark_table()"
                     ) from exc
@@ -930,6 +1009,7 @@ class MySqlDialect(Dialect):
     def load_offset(self, data_dir: str) -> str:
         """The committed offset; when there is none yet, start at the current end of the
         binlog and commit that at once, so a later crash cannot skip what came between."""
+        self.require_capture_scope()
         p = self._offset_path(data_dir)
         if storage.exists(p):
             text = storage.read_text(p)
@@ -989,7 +1069,7 @@ class MySqlDialect(Dialect):
             )
 
     def _capture_table(self, schema: str, table: str) -> bool:
-        if self.tables is not None:
+        if self.tables:
             return TableName(schema, table) in self.tables
         # the watermark database holds every source's watermark tables: CDC's, not the user's
         return schema not in SYSTEM_SCHEMAS and schema != self.watermark_table.schema
@@ -1030,9 +1110,10 @@ class MySqlDialect(Dialect):
         self._check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
 
+        self.require_capture_scope()
         wm = self.watermark_table
         only_schemas = None
-        if self.tables is not None:
+        if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
         p = self.params
         _patch_binlog_zero_dates()

@@ -37,10 +37,15 @@ mirror drops every row of the table older than it (``on_truncate="event"``, the 
 ``"fail"`` stops capture instead and ``"skip"`` logs a warning and goes on (re-snapshot).
 
 Publication: ``publication_name`` (default ``cdc_<source>``) is created when missing,
-``FOR TABLE`` the option ``tables`` plus the watermark table, or ``FOR ALL TABLES`` when
-``tables`` is not given (needs superuser; then tables without a primary key or with an
-unsupported column type are skipped by capture with a warning, as no snapshot can
-cover them either). Slot: ``slot_name`` (default ``cdc_<source>``), plugin pgoutput.
+``FOR TABLE`` the option ``tables`` (the capture scope) plus the watermark table. Without
+``tables`` nothing is captured, unless ``all_tables`` opts in to ``FOR ALL TABLES`` (needs
+superuser, and is refused while any table lacks a replica identity: PostgreSQL would fail
+the applications' UPDATE and DELETE on it; tables without a primary key or with an
+unsupported column type are then skipped by capture with a warning). Nothing is created
+before every prerequisite holds, and nothing when an administrator created it already
+(README "Security"). Slot: ``slot_name`` (default ``cdc_<source>``, or, for a name that had
+to be folded to fit, that plus a hash of the exact name: see default_object_name), plugin
+pgoutput.
 """
 
 from __future__ import annotations
@@ -371,9 +376,9 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if not s.publication_exists and s.all_tables and not s.superuser:
         problems.append(
-            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: give the "
-            "dialect the option tables=[...] (a FOR TABLE publication needs only table ownership), or have a "
-            "superuser create the publication"
+            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: set CDC_TABLES "
+            "to the tables to capture instead (CDC_CAPTURE_ALL_TABLES unset), or have a superuser create the "
+            "publication"
         )
     return problems
 
@@ -434,7 +439,8 @@ _UNSET = Position(0)  # the position of an event made one at a time, until its s
 
 class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
-    (list of ``schema.table`` / TableName for the publication; default FOR ALL TABLES),
+    (the capture scope: list of ``schema.table`` / TableName for the publication; none: no
+    capture unless ``all_tables``, the opt-in to FOR ALL TABLES),
     ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
     ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory),
@@ -563,6 +569,9 @@ class PostgresDialect(Dialect):
         self._conn = self._rconn = None
 
     # --- identifiers ------------------------------------------------------------------
+    def is_system_schema(self, schema: str) -> bool:
+        return schema in self.system_schemas or schema.startswith("pg_")  # pg_* is reserved to the server
+
     def quote_ident(self, name: str) -> str:
         return quote_pg(name)  # every statement goes through %-formatting (core/sqlnames.py)
 
@@ -580,15 +589,118 @@ class PostgresDialect(Dialect):
             "FROM pg_roles r WHERE r.rolname = current_user",
             (self.slot_name, self.publication_name),
         )[0]
-        return PgSettings(*row, all_tables=self.tables is None)
+        return PgSettings(*row, all_tables=self.all_tables and not self.tables)
 
     def check_prerequisites(self) -> None:
-        problems = prerequisite_problems(self.read_settings(), self.slot_name)
+        settings = self.read_settings()
+        problems = prerequisite_problems(settings, self.slot_name)
+        problems += self.privilege_problems(settings)
         if problems:
             where = f"{self.params.host}:{self.params.port}/{self.params.database}"
             raise SourceError(
                 f"PostgreSQL at {where} is not ready for CDC:\n" + "\n".join(f"- {p}" for p in problems)
             )
+
+    def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
+        """Every grant the configured set-up lacks, each as the statement that gives it (README
+        "Security" lists both set-ups: the provider creates publication and watermark table, or
+        an administrator did, and the provider then needs no ownership and runs no DDL)."""
+        s = s or self.read_settings()
+        if s.superuser:
+            return []
+        role = self.quote_ident(s.user)
+        problems = []
+        db_create = self._query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
+        wm = self.watermark_table
+        wm_row = self._query(
+            "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
+            "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (wm.schema, wm.name),
+        )
+        if wm_row:
+            if not wm_row[0][2]:
+                problems.append(f"GRANT USAGE ON SCHEMA {self.quote_ident(wm.schema)} TO {role} (the watermark table's schema)")
+            if not (wm_row[0][0] and wm_row[0][1]):
+                problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {role} (the watermark table: "
+                                "DBLog's watermarks are UPDATEs of its one row)")
+        else:
+            nsp = self._query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
+                              (wm.schema,))
+            if (nsp and not nsp[0][0]) or (not nsp and not db_create):
+                what = f"SCHEMA {self.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.quote_ident(
+                    self.params.database or "postgres")
+                problems.append(f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
+                                f"{wm}, or have an administrator create it (README 'Security')")
+        scope = list(self.tables or [])
+        rows = {
+            TableName(sch, name): (sel, usage, owner)
+            for sch, name, sel, usage, owner in self._query(
+                "SELECT n.nspname, c.relname, has_table_privilege(c.oid, 'SELECT'), "
+                "has_schema_privilege(n.oid, 'USAGE'), pg_has_role(c.relowner, 'USAGE') "
+                "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                ([t.schema for t in scope] or [""], [t.name for t in scope] or [""]),
+            )
+        }
+        for t in scope:
+            sel, usage, _owner = rows.get(t, (True, True, True))  # a missing table is named by describe_table
+            if not usage:
+                problems.append(f"GRANT USAGE ON SCHEMA {self.quote_ident(t.schema)} TO {role}")
+            if not sel:
+                problems.append(f"GRANT SELECT ON {self.quote_table(t)} TO {role}")
+        pub = self._query(
+            "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s",
+            (self.publication_name,),
+        )
+        if pub and not pub[0][0] and scope:
+            published = {
+                TableName(a, b) for a, b in self._query(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))
+            }
+            missing = [t for t in [*scope, wm] if t not in published and (t in rows or t == wm)]
+            not_owned = [t for t in missing if t != wm and not rows[t][2]]
+            if missing and (not pub[0][1] or not_owned):
+                problems.append(
+                    f"publication {self.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
+                    "may not add them (PostgreSQL demands ownership of the publication and of each table): have an "
+                    f"administrator run ALTER PUBLICATION {self.quote_ident(self.publication_name)} ADD TABLE "
+                    f"{self._qlist(missing)}"
+                )
+        elif not pub and scope:
+            not_owned = [t for t in scope if t in rows and not rows[t][2]]
+            if not db_create or not_owned:
+                why = [] if db_create else [f"CREATE on database {self.params.database or 'postgres'!r}"]
+                if not_owned:
+                    why.append(f"ownership of {', '.join(map(str, not_owned))}")
+                problems.append(
+                    f"publication {self.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
+                    f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
+                    f"{self.quote_ident(self.publication_name)} FOR TABLE {self._qlist([*scope, wm])} WITH "
+                    "(publish_via_partition_root = true) (README 'Security', set-up 2)"
+                )
+        return problems
+
+    def check_readable(self, table: TableName) -> None:
+        row = self._query(
+            "SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'), current_user "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            (table.schema, table.name),
+        )
+        if row and not (row[0][0] and row[0][1]):
+            role = self.quote_ident(row[0][2])
+            grant = (f"GRANT USAGE ON SCHEMA {self.quote_ident(table.schema)} TO {role}" if not row[0][0]
+                     else f"GRANT SELECT ON {self.quote_table(table)} TO {role}")
+            raise SourceError(f"role {row[0][2]!r} may not read table {table}: {grant}")
+
+    def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
+        """Also: a table snapshotted while its changes are not published would lose the changes
+        inside its chunk windows, so each must be in the publication (added when the role may:
+        the scope, not the conf, chose it) before any watermark of the snapshot is written."""
+        super().check_snapshot_tables(tables)
+        for table in tables:
+            if self._relation(table) is not None:
+                self._ensure_published(table)
 
     # --- metadata ---------------------------------------------------------------------
     def _type(self, oid: int) -> PgType:
@@ -682,7 +794,6 @@ class PostgresDialect(Dialect):
                 f"(ALTER TABLE {self.quote_table(table)} ADD PRIMARY KEY (...)), e.g. on an existing unique "
                 "NOT NULL column or a new identity column; or leave the table out of CDC"
             )
-        self._ensure_published(table)
         extra = {"replica_identity": _IDENT.get(ident, ident), "connector": "postgresql"}
         if enums:
             extra["enum_labels"] = json.dumps(enums, ensure_ascii=False, sort_keys=True)
@@ -725,7 +836,8 @@ class PostgresDialect(Dialect):
             except SourceError as exc:
                 raise SourceError(
                     f"table {table} is not in publication {self.publication_name!r} and could not be added "
-                    f"({exc.__cause__ or exc}); add it (ALTER PUBLICATION ... ADD TABLE) or list it in option 'tables'"
+                    f"({exc.__cause__ or exc}): have an administrator run ALTER PUBLICATION "
+                    f"{self.quote_ident(self.publication_name)} ADD TABLE {self.quote_table(table)}"
                 ) from exc
 
     # --- watermarks ---------------------------------------------------------------------
@@ -747,9 +859,10 @@ class PostgresDialect(Dialect):
             except SourceError as exc:  # two sessions creating it at once: the loser retries
                 if attempt == 2 or not isinstance(exc.__cause__, psycopg2.IntegrityError):
                     raise
-        self._query(
-            f"INSERT INTO {self.quote_table(wm)} (id, value) VALUES (1, '') ON CONFLICT (id) DO NOTHING"  # noqa: S608
-        )
+        if not self._query(f"SELECT 1 FROM {self.quote_table(wm)} WHERE id = 1"):  # noqa: S608
+            self._query(
+                f"INSERT INTO {self.quote_table(wm)} (id, value) VALUES (1, '') ON CONFLICT (id) DO NOTHING"  # noqa: S608
+            )
         pub = self._query(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
@@ -988,9 +1101,10 @@ class PostgresDialect(Dialect):
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
         q = self.quote_ident(self.publication_name)
+        self.require_capture_scope()
         if not pub:
-            if self.tables is None:
-                self._warn_unidentified_tables()
+            if not self.tables:
+                self._refuse_unidentified_tables()
                 self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
             else:
                 for t in self.tables:
@@ -1003,10 +1117,11 @@ class PostgresDialect(Dialect):
         elif not pub[0][0]:
             self._add_to_publication(self._publication_tables())
 
-    def _warn_unidentified_tables(self) -> None:
+    def _refuse_unidentified_tables(self) -> None:
         """Once a FOR ALL TABLES publication exists, PostgreSQL refuses UPDATE and DELETE on
         tables without a replica identity (no primary key, REPLICA IDENTITY DEFAULT or
-        NOTHING): the applications writing them break. Say which tables those are."""
+        NOTHING): the applications writing them break. While any such table exists the
+        publication is not created; the error names them."""
         rows = self._query(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
@@ -1015,12 +1130,12 @@ class PostgresDialect(Dialect):
             "(SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) ORDER BY 1, 2 LIMIT 50"
         )
         if rows:
-            log.warning(
-                "creating publication %r FOR ALL TABLES: UPDATE and DELETE will fail on these tables, which have "
-                "no replica identity, until they get a primary key or REPLICA IDENTITY FULL (or use the option "
-                "tables=[...] instead): %s",
-                self.publication_name,
-                ", ".join(f"{a}.{b}" for a, b in rows),
+            raise ConfigurationError(
+                f"source {self.source!r} (CDC_CAPTURE_ALL_TABLES): not creating publication "  # noqa: S608 - a message, not SQL
+                f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse UPDATE and DELETE "
+                f"on these tables, which have no replica identity, and break the applications that write them: "
+                f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture instead, or give "
+                "those tables a primary key or REPLICA IDENTITY FULL first"
             )
 
     def _slot_row(self) -> tuple | None:
@@ -1040,9 +1155,9 @@ class PostgresDialect(Dialect):
 
     def load_offset(self, data_dir: str) -> str:
         """The slot's confirmed position; creates publication and slot on first use. A slot
-        that vanished after capture had staged segments means lost changes: error."""
-        self.ensure_watermark_table()
-        self.ensure_publication()
+        that vanished after capture had staged segments means lost changes: error. Every check
+        runs before anything is created on the source: a run that fails leaves it unchanged."""
+        self.require_capture_scope()
         row = self._slot_row()
         if row is None:
             from ..storage.layout import changelog_dir
@@ -1052,8 +1167,18 @@ class PostgresDialect(Dialect):
                 raise self._resnapshot_error(
                     "does not exist although changes were captured through it before"
                 )
+            self.check_prerequisites()
+        else:
+            self._check_slot(row)
+        self.ensure_watermark_table()
+        self.ensure_publication()
+        if row is None:
             self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
             row = self._slot_row()
+        self._check_slot(row)
+        return row[0]
+
+    def _check_slot(self, row: tuple) -> None:
         confirmed, wal_status, plugin, database, _active = row
         if plugin != "pgoutput":
             raise ConfigurationError(
@@ -1067,7 +1192,6 @@ class PostgresDialect(Dialect):
             raise self._resnapshot_error(
                 "was invalidated (the WAL it needed was removed, see max_slot_wal_keep_size)"
             )
-        return confirmed
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """The slot's lag (WAL written past its confirmed position) and, when
@@ -1177,7 +1301,9 @@ class PostgresDialect(Dialect):
         names = tuple(c.name for c in rel.columns)
         if table == self.watermark_table:
             return _RelInfo(table, "watermark", names, value_idx=names.index("value"))
-        explicit = self.tables is not None and table in self.tables
+        explicit = bool(self.tables) and table in self.tables
+        if self.tables and not explicit:  # a publication wider than the scope: not ours to copy
+            return _RelInfo(table, "skip", names, problem=f"table {table} is outside the capture scope")
         try:
             self._load_types([c.type_oid for c in rel.columns])
             logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
@@ -1338,7 +1464,7 @@ class PostgresDialect(Dialect):
                 txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
         elif info.kind == "error":
             raise SourceError(
-                f"{info.problem}. It is in option 'tables'; remove it there and from publication "
+                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from publication "
                 f"{self.publication_name!r}, or fix the table"
             )
         elif info.table not in warned:

@@ -5,17 +5,22 @@ Credentials come only from the Airflow connection (UI, secrets backend, or an
 ``AIRFLOW_CONN_CDC_SOURCE='postgresql://user:pw@host:5432/db?slot_name=cdc_slot'``).
 The connection type picks the dialect; the extra JSON carries CDC settings
 (``slot_name``, ``publication_name``, ``server_id``, ``watermark_schema``, ...).
+
+The capture scope (which tables) is not among them: it has one owner, the ``tables``
+setting (``CDC_TABLES``, a source's ``tables`` in the sources config), so the DAG author
+who picks the tables and the admin who keeps the connection cannot disagree; the hook
+hands it to the dialect. A connection extra ``tables`` is refused, saying where it goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseHook
 
 from ..core.errors import CdcError, ConfigurationError
-from ..core.schema import split_table_list
 from ..dialects.base import ConnectionParams, Dialect
 
 #: Airflow connection type -> dialect name (see dialects/__init__.py)
@@ -28,7 +33,10 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
 #: connection-extra keys that are CDC settings (dialect options), per dialect; every other
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
-_COMMON_OPTIONS = {"tables", "watermark_schema", "watermark_table", "segment_max_events", "fetch_batch_rows"}
+_COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", "fetch_batch_rows"}
+#: extra keys that are settings of the DAGs, not of the connection: refused with where they go
+_SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
+               "all_tables": "CDC_CAPTURE_ALL_TABLES"}
 CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
     "postgres": frozenset(
         {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows"}
@@ -71,11 +79,38 @@ class CdcSourceHook(BaseHook):
     hook_name = "CDC source (PostgreSQL, MySQL, MariaDB)"
 
     def __init__(
-        self, cdc_conn_id: str = default_conn_name, *, source: str | None = None, **kwargs: Any
+        self,
+        cdc_conn_id: str = default_conn_name,
+        *,
+        source: str | None = None,
+        tables: Sequence[str] | None = None,
+        all_tables: bool | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.cdc_conn_id = cdc_conn_id
         self.source = source or cdc_conn_id
+        # the capture scope; None: the settings' when a dialect is made (operators pass the
+        # settings of their source, sources config included)
+        self.tables = None if tables is None else tuple(tables)
+        self.all_tables = all_tables
+
+    @classmethod
+    def for_settings(cls, settings: Any, cdc_conn_id: str | None = None, source: str | None = None) -> CdcSourceHook:
+        """The hook of a source as its settings (settings.Settings) describe it, scope included."""
+        return cls(cdc_conn_id or settings.conn_id, source=source or None, tables=settings.tables,
+                   all_tables=settings.capture_all_tables)
+
+    def scope_options(self) -> dict[str, Any]:
+        """The dialect options of the capture scope: ``tables`` and ``all_tables``."""
+        tables, all_tables = self.tables, self.all_tables
+        if tables is None or all_tables is None:
+            from .. import settings
+
+            now = settings.load()
+            tables = now.tables if tables is None else tables
+            all_tables = now.capture_all_tables if all_tables is None else all_tables
+        return {"tables": list(tables) or None, "all_tables": bool(all_tables)}
 
     @cached_property
     def connection(self):
@@ -86,9 +121,14 @@ class CdcSourceHook(BaseHook):
         extra = dict(conn.extra_dejson or {})
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
         keys = CDC_OPTION_KEYS[name]
+        for key, setting in _SCOPE_KEYS.items():
+            if key in extra:
+                raise ConfigurationError(
+                    f"connection {self.cdc_conn_id!r} has extra {key!r}, which is not a connection setting: the tables "
+                    f"a source captures are set in one place, {setting}. Move it there and remove it from the "
+                    "connection"
+                )
         options = {k: v for k, v in extra.items() if k in keys}
-        if "tables" in options:  # a list, or "s.a,s.b" from a URI query string, or a JSON list
-            options["tables"] = split_table_list(options["tables"], f"connection {self.cdc_conn_id!r} extra 'tables'")
         driver = {k: v for k, v in extra.items() if k not in keys and k != "dialect"}
         return name, options, driver
 
@@ -116,7 +156,7 @@ class CdcSourceHook(BaseHook):
         from ..dialects import dialect_class
 
         params = self.connection_params()
-        kwargs = {**self.dialect_options(), **options}
+        kwargs = {**self.dialect_options(), **self.scope_options(), **options}
         return dialect_class(params.scheme)(params, source=source or self.source, **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:

@@ -13,7 +13,7 @@ from airflow.sdk import BaseOperator
 from ..hooks.cdc_source import CdcSourceHook
 from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.capture import run_capture
-from ..settings import FromSettings
+from ..settings import FromSettings, load
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,9 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
 
     @cached_property
     def hook(self) -> CdcSourceHook:
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
+        now = load(overrides=getattr(self, "cdc_overrides", None))
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
+                             all_tables=now.capture_all_tables)
 
     def execute(self, context: Any) -> dict[str, Any]:
         max_events = _opt_int(self.max_events)

@@ -56,7 +56,7 @@ from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     write_sidecar,
 )
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
-from ..settings import FromSettings, sink_names
+from ..settings import FromSettings, load, sink_names
 from ..storage.layout import plan_path, schema_path
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,27 @@ def parse_snapshot_conf(
         conf["ranges"] = kr
     request = SnapshotRequest.from_dict(conf)
     return SnapshotConf(action, request, given, None if delay is None else float(delay))
+
+
+def _check_scope(req: SnapshotConf, settings: Any) -> None:
+    """A conf (untrusted: anyone who may trigger the DAG writes it) may name only tables of the
+    capture scope, for every action; the dialect checks the rest (system schemas, grants)
+    when a snapshot starts. Raises before anything is written."""
+    scope = {TableName.parse(t).id for t in settings.tables}
+    if not scope:
+        if settings.capture_all_tables:
+            return
+        raise ConfigurationError(
+            "no capture scope: set CDC_TABLES (or the source's 'tables' in the sources config) to the tables this "
+            "source captures; a snapshot may only read those"
+        )
+    outside = [t for t in req.tables if t.id not in scope]
+    if outside:
+        raise ConfigurationError(
+            f"conf 'tables' names {', '.join(map(str, outside))}, outside the capture scope of this source "
+            f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(scope))}): a run's conf may narrow "
+            "the scope, never widen it. An administrator allows a table by adding it to that setting"
+        )
 
 
 def _iso_utc(value: Any) -> str | None:
@@ -231,7 +252,9 @@ class _SourceOperator(StorageConnectionMixin, BaseOperator):
 
     @cached_property
     def hook(self) -> CdcSourceHook:
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
+        now = load(overrides=getattr(self, "cdc_overrides", None))
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
+                             all_tables=now.capture_all_tables)
 
 
 # ----------------------------------------------------------------------- plan
@@ -279,6 +302,7 @@ class SnapshotPlanOperator(_SourceOperator):
         req = parse_snapshot_conf(  # before anything is written
             conf, self.default_tables, default_action="refresh" if scheduled else "start"
         )
+        _check_scope(req, load(overrides=self.cdc_overrides))  # also before anything is written
         self._context = context
         self._run_id = (context.get("run_id") if context else None) or getattr(dag_run, "run_id", None)
         self._logical_date = _iso_utc(
@@ -399,14 +423,10 @@ class SnapshotPlanOperator(_SourceOperator):
         plans = []
         with self.hook.get_dialect() as dialect:
             dialect.check_prerequisites()
-            captured = getattr(dialect, "tables", None)  # the connection's `tables` option, None = all
-            for table in tables:  # read-only: every table is checked before anything is written
-                if captured is not None and table not in set(captured):
-                    raise ConfigurationError(
-                        f"table {table} is not among the tables the changelog of connection {self.cdc_conn_id!r} "
-                        f"captures ({', '.join(sorted(str(t) for t in captured))}): its snapshot windows would miss "
-                        "concurrent changes. Add it to the connection extra 'tables'"
-                    )
+            # read-only: every table is checked before anything is written (a conf narrows the
+            # capture scope, never widens it; system and unreadable tables are refused, named)
+            dialect.check_snapshot_tables(tables)
+            for table in tables:
                 schema = dialect.describe_table(table)
                 if "mirror" in sink_names(self.sinks):
                     mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named

@@ -94,7 +94,9 @@ class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
 
     @cached_property
     def hook(self) -> CdcSourceHook:
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None)
+        now = load(overrides=getattr(self, "cdc_overrides", None))
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
+                             all_tables=now.capture_all_tables)
 
     def _watermark_ids(self) -> list[str]:
         return sorted({c["high_watermark"] for c in flatten_chunk_results(self.chunks)})

@@ -302,11 +302,11 @@ def deployment(pg_uri, mysql_uri):
         f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps({
             "conn_type": "postgres", "host": u.hostname, "port": u.port or 5432, "login": u.username or "postgres",
             **({"password": u.password} if u.password else {}), "schema": u.path.lstrip("/"),
-            "extra": {"slot_name": slot, "publication_name": slot, "tables": [f"public.{t}" for t in tables.values()]},
+            "extra": {"slot_name": slot, "publication_name": slot},
         }),
-        "AIRFLOW_CONN_CFG_PG": f"{pg_uri}?tables={config_tables['cfg_pg'][1].id}&slot_name={cfg_slot}"
-                               f"&publication_name={cfg_slot}",
-        "AIRFLOW_CONN_CFG_MY": f"{mysql_uri}?tables={config_tables['cfg_my'][1].id}",
+        "AIRFLOW_CONN_CFG_PG": f"{pg_uri}?slot_name={cfg_slot}&publication_name={cfg_slot}",
+        "AIRFLOW_CONN_CFG_MY": mysql_uri,
+        "CDC_TABLES": json.dumps([f"public.{t}" for t in tables.values()]),
         "CDC_SOURCE_CONN_ID": CONN_ID,
         "CDC_DATA_DIR": str(home / "data"),
         "CDC_CHANGELOG_SCHEDULE": CHANGELOG_SCHEDULE,

@@ -45,10 +45,11 @@ def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
                 "port": int(pg_uri.rsplit(":", 1)[1].split("/")[0]),
                 "login": "postgres",
                 "schema": pg_uri.rsplit("/", 1)[1],
-                "extra": {"slot_name": slot, "publication_name": slot, "tables": [f"public.{table}"]},
+                "extra": {"slot_name": slot, "publication_name": slot},
             }
         ),
     )
+    monkeypatch.setenv("CDC_TABLES", f"public.{table}")
     monkeypatch.setenv("CDC_SOURCE_CONN_ID", conn_id)
     monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("CDC_CHANGELOG_SCHEDULE", "none")

@@ -67,7 +67,7 @@ class HostileSource(Pipeline):
             "port": p.port,
             "login": p.username,
             "schema": p.path.lstrip("/"),
-            "extra": {"tables": [t.id for t in tables]},
+            "extra": {},
         }
         if self.scheme == "pg":
             conn["extra"].update(slot_name=f"cdc_e2e_{name}", publication_name=f"cdc_e2e_{name}")

@@ -47,9 +47,10 @@ class Pipeline:
         self.table = w.default_table(uri, f"e2e_{name}")
         self.tables = [self.table]  # what cleanup drops (subclasses hold several)
         self.mp = monkeypatch
-        # only this test's table: other tests' tables in the same database (unsupported
-        # types, TOASTed updates without REPLICA IDENTITY FULL) must not reach this capture
-        monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", f"{uri}?tables={self.table.id}")
+        # only this test's table (the capture scope, CDC_TABLES below): other tests' tables in the
+        # same database (unsupported types, TOASTed updates without REPLICA IDENTITY FULL) must
+        # not reach this capture
+        monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", uri)
         monkeypatch.setenv("CDC_SOURCE_CONN_ID", self.conn_id)
         monkeypatch.delenv("CDC_SOURCE", raising=False)
         monkeypatch.setenv("CDC_DATA_DIR", self.data_dir)

@@ -615,7 +615,7 @@ def test_capture_follows_a_binlog_rotation(make_dialect, admin, unique_name, tmp
 
 
 def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
-    d = make_dialect()
+    d = make_dialect(all_tables=True)
     data = str(tmp_path)
     d.commit_offset(BinlogOffset.of("binlog.000000", 4).to_json(), data)
     with pytest.raises(SourceError, match="(?i)re-snapshot"):
@@ -788,7 +788,7 @@ def _admin_conn(uri, *, autocommit):
 def test_capture_without_table_list_takes_every_user_table_with_a_key(
     mysql_uri, admin, unique_name, tmp_path
 ):
-    """Default ``tables=None``: every table outside the system schemas and the watermark
+    """The opt-in ``all_tables``: every table outside the system schemas and the watermark
     database; tables without a primary key are skipped (logged), never half-keyed."""
     t, nopk = f"all_{unique_name}", f"allnopk_{unique_name}"
     admin.execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY, g BLOB)")
@@ -797,6 +797,7 @@ def test_capture_without_table_list_takes_every_user_table_with_a_key(
         ConnectionParams.from_uri(mysql_uri),
         source=f"mysql_all_{unique_name}",
         watermark_table=f"wm_{unique_name}",
+        all_tables=True,
     )
     try:
         d.ensure_watermark_table()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cdc.core.errors import SourceError
+from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
 from airflow_provider_cdc.core.schema import TableName, decode_key
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
@@ -316,32 +316,44 @@ class TestPostgresDialect(DialectSuite):
         assert d.drop_slot() is False
         d.drop_publication()
 
-    def test_tables_with_unsupported_types_are_skipped_when_not_listed(self, ctx, caplog):
+    def test_a_publication_wider_than_the_scope_brings_only_the_scope(self, ctx, caplog):
+        """An administrator's publication may list more tables than CDC_TABLES: the others
+        (here one CDC could not even decode) are skipped, never copied."""
         t = ctx.create_table("ok", [("id", "int")], ["id"])
         geo = ctx.create_table("geo2", [("id", "int"), ("p", "point")], ["id"])
+        other = ctx.create_table("oth", [("id", "int")], ["id"])
         d = ctx.dialect([t])
         d.load_offset(ctx.data_dir)
-        ctx.execute(f"ALTER PUBLICATION {ctx.q(d.publication_name)} ADD TABLE {ctx.qt(geo)}")
+        ctx.execute(f"ALTER PUBLICATION {ctx.q(d.publication_name)} ADD TABLE {ctx.qt(geo)}, {ctx.qt(other)}")
         ctx.execute(f"INSERT INTO {ctx.qt(geo)} VALUES (1, '(1,2)')")
+        ctx.execute(f"INSERT INTO {ctx.qt(other)} VALUES (1)")
         ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
         events = ctx.capture_all(d)
         assert [e.table for e in events] == [t.id]
-        assert "point" in caplog.text
+        assert f"{other} is outside the capture scope" in caplog.text
 
     def test_missing_table_in_tables_option(self, ctx):
         d = ctx.dialect([TableName("public", f"nope_{ctx.unique}")])
         with pytest.raises(SourceError, match=f"nope_{ctx.unique}"):
             d.load_offset(ctx.data_dir)
 
-    def test_describing_an_unpublished_table_adds_it_to_the_publication(self, ctx):
+    def test_a_table_added_to_the_scope_is_published_when_its_snapshot_starts(self, ctx):
         t1 = ctx.create_table("pub1", [("id", "int")], ["id"])
         t2 = ctx.create_table("pub2", [("id", "int")], ["id"])
         d = ctx.dialect([t1])
         d.load_offset(ctx.data_dir)
         ctx.execute(f"INSERT INTO {ctx.qt(t2)} VALUES (1)")  # not published yet: not captured
-        d.describe_table(t2)  # a snapshot of t2 starts here
+        # a conf alone cannot add it: t2 is outside the scope, nothing changes on the source
+        with pytest.raises(ConfigurationError, match="not captured by source"):
+            d.check_snapshot_tables([t2])
+        d.describe_table(t2)  # describing runs no DDL
+        published = "SELECT count(*) FROM pg_publication_tables WHERE pubname = %s AND tablename = %s"
+        assert ctx.execute(published, (d.publication_name, t2.name)) == [(0,)]
+        wider = ctx.dialect([t1, t2])  # an administrator widened CDC_TABLES
+        wider.check_snapshot_tables([t2])  # a snapshot of t2 starts here
+        assert ctx.execute(published, (d.publication_name, t2.name)) == [(1,)]
         ctx.execute(f"INSERT INTO {ctx.qt(t2)} VALUES (2)")
-        assert [decode_key(e.key) for e in table_events(ctx.capture_all(d), t2)] == [(2,)]
+        assert [decode_key(e.key) for e in table_events(ctx.capture_all(wider), t2)] == [(2,)]
 
     def test_partitioned_table_changes_come_under_the_root_name(self, ctx):
         root = TableName("public", f"parts_{ctx.unique}")
@@ -428,6 +440,7 @@ class TestPostgresDialect(DialectSuite):
             d = PostgresDialect(
                 ConnectionParams(params.scheme, params.host, params.port, role, None, params.database),
                 source=ctx.source,
+                all_tables=True,
             )
             try:
                 with pytest.raises(SourceError) as err:
@@ -440,7 +453,7 @@ class TestPostgresDialect(DialectSuite):
             ctx.execute(f"DROP ROLE {ctx.q(role)}")
 
     def test_invalidated_slot_says_resnapshot(self, ctx, monkeypatch):
-        d = ctx.dialect([])
+        d = ctx.dialect([ctx.create_table("inv", [("id", "int")], ["id"])])
         d.load_offset(ctx.data_dir)
         real = d._slot_row
         # wal_status 'lost' needs max_slot_wal_keep_size exceeded on a server shared by

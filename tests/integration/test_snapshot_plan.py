@@ -30,9 +30,9 @@ def test_a_row_inserted_before_the_changelog_exists_is_below_the_upper_bound(
     p = urlsplit(pg_uri)
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{conn_id.upper()}",
-        f"postgresql://{p.username}@{p.hostname}:{p.port}{p.path}?tables=public.{table}"
-        f"&watermark_table=wm_{unique_name}",
+        f"postgresql://{p.username}@{p.hostname}:{p.port}{p.path}?watermark_table=wm_{unique_name}",
     )
+    monkeypatch.setenv("CDC_TABLES", f"public.{table}")
     admin = psycopg2.connect(pg_uri)
     admin.autocommit = True
     cur = admin.cursor()

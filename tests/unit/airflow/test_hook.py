@@ -84,3 +84,31 @@ def test_test_connection_reports_instead_of_raising(monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_BAD", "http://example.com")
     ok, message = CdcSourceHook("cdc_unit_bad").test_connection()
     assert ok is False and "not a CDC source" in message
+
+
+def test_the_capture_scope_has_one_owner_and_a_connection_extra_tables_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SCOPE", "postgresql://cdc@db.example/shop?tables=public.a")
+    with pytest.raises(ConfigurationError, match=r"extra 'tables'.*CDC_TABLES.*Move it there"):
+        CdcSourceHook("cdc_unit_scope").get_dialect()
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SCOPE", "postgresql://cdc@db.example/shop?all_tables=true")
+    with pytest.raises(ConfigurationError, match="CDC_CAPTURE_ALL_TABLES"):
+        CdcSourceHook("cdc_unit_scope").get_dialect()
+
+
+def test_the_dialect_gets_the_scope_of_the_settings_or_of_the_operator(monkeypatch):
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SCOPE", "postgresql://cdc@db.example/shop")
+    monkeypatch.setenv("CDC_TABLES", "public.a,public.b")
+    d = CdcSourceHook("cdc_unit_scope").get_dialect()  # no I/O until used
+    assert [t.id for t in d.tables] == ["public.a", "public.b"] and not d.all_tables
+    d = CdcSourceHook("cdc_unit_scope", tables=["s.x"], all_tables=False).get_dialect()
+    assert [t.id for t in d.tables] == ["s.x"]
+    monkeypatch.delenv("CDC_TABLES")
+    d = CdcSourceHook("cdc_unit_scope").get_dialect()
+    assert d.tables is None and not d.all_tables
+    with pytest.raises(ConfigurationError, match="has no capture scope: set CDC_TABLES"):
+        d.require_capture_scope()  # what capture and every snapshot start call first
+    monkeypatch.setenv("CDC_CAPTURE_ALL_TABLES", "true")
+    assert CdcSourceHook("cdc_unit_scope").get_dialect().all_tables
+    monkeypatch.setenv("CDC_TABLES", "public.a")
+    with pytest.raises(ConfigurationError, match="both set"):
+        CdcSourceHook("cdc_unit_scope").get_dialect()

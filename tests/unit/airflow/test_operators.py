@@ -37,6 +37,7 @@ def ctx(conf=None):
 
 
 def plan_op(tmp_path, **kw):
+    kw.setdefault("cdc_overrides", {"CDC_TABLES": T.id})  # the capture scope the confs below narrow
     return SnapshotPlanOperator(
         task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw
     )
@@ -111,13 +112,25 @@ def committed(
         ({"tables": ["public.t"], "delay_seconds": -1}, "delay_seconds"),
         ({"tables": ["public.t"], "chunksize": 10}, "unknown conf key"),
         ({}, "CDC_TABLES"),
+        # a conf narrows the capture scope (CDC_TABLES), never widens it: issue 31's report
+        ({"action": "start", "tables": ["pg_catalog.pg_authid", T.id]}, "pg_catalog.pg_authid, outside the capture"),
+        ({"tables": ["public.secrets"]}, "public.secrets, outside the capture scope"),
+        ({"action": "pause", "tables": ["mysql.user"]}, "mysql.user, outside the capture scope"),
+        ({"action": "stop", "tables": ["public.secrets"]}, "outside the capture scope"),
     ],
 )
 def test_bad_conf_is_rejected_before_anything_is_written(tmp_path, variables, conf, message):
+    scope = {"CDC_TABLES": T.id} if conf else {}  # {}: no conf tables and no CDC_TABLES
     with pytest.raises(ConfigurationError, match=message):
-        plan_op(tmp_path).execute(ctx(conf))
+        plan_op(tmp_path, cdc_overrides=scope).execute(ctx(conf))
     assert variables.writes == []
     assert not any(tmp_path.iterdir())
+
+
+def test_without_a_capture_scope_no_snapshot_runs_and_the_error_says_how_to_set_one(tmp_path, variables):
+    with pytest.raises(ConfigurationError, match="no capture scope: set CDC_TABLES"):
+        plan_op(tmp_path, cdc_overrides={}).execute(ctx({"tables": [T.id]}))
+    assert variables.writes == [] and not any(tmp_path.iterdir())
 
 
 def test_conf_defaults_and_shapes():

@@ -1,0 +1,132 @@
+"""The whole loop as a least-privilege role, through the real DAGs, on both databases, in both
+set-ups of README "Security": the provider creates publication and watermark table (set-up
+1), or an administrator did and the role may only read the captured table, write the
+watermark row and read the log (set-up 2).
+
+Capture, a snapshot under live writers and verify end at 0 mismatched. A conf naming a
+system table or a table outside the capture scope fails the plan: nothing is written for it
+(no Variable, no staged chunk, no event-log or mirror files) and the source is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from airflow_provider_cdc import progress_store
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from tools import workload as w
+
+from ..integration.test_least_privilege import my_run, my_setup, pg_run, pg_setup1_admin, pg_setup2_admin
+from .test_snapshot_invariants import ROWS, Pipeline
+
+pytestmark = pytest.mark.timeout(900)
+
+
+class LeastPrivilegePipeline(Pipeline):
+    """A Pipeline whose connection is a role with only set-up 2's grants; the test itself (the
+    application and the administrator) keeps the admin URI."""
+
+    def __init__(self, admin_uri: str, name: str, data_dir: Path, monkeypatch, setup: int) -> None:
+        super().__init__(admin_uri, name, data_dir, monkeypatch)
+        self.admin_uri = admin_uri
+        self.setup = setup
+        self.role = f"cdc_lp_{name}"
+        self.wm = f"wm_lp_{name}"
+        # set-up 1 on PostgreSQL: a schema of its own to create (CREATE on the database suffices)
+        self.wm_schema = f"cdc_lp_{name}" if self.scheme == "pg" and setup == 1 else "cdc"
+        p = urlsplit(admin_uri)
+        w.create_demo_table(admin_uri, self.table, ROWS)
+        qt = w.quote_table(ConnectionParams.from_uri(admin_uri), self.table)
+        conn = {"conn_type": "postgres" if self.scheme == "pg" else "mysql", "host": p.hostname, "port": p.port,
+                "login": self.role, "schema": p.path.lstrip("/"),
+                "extra": {"watermark_schema": self.wm_schema, "watermark_table": self.wm}}
+        if self.scheme == "pg":
+            pg_run(admin_uri, *(pg_setup2_admin(self.role, [qt], f"cdc.{self.wm}", self.source) if setup == 2
+                                else pg_setup1_admin(self.role, p.path.lstrip("/"), [qt])))
+            conn["extra"].update(slot_name=self.source, publication_name=self.source)
+        else:
+            conn["password"] = "pw"
+            admin = w.connect(admin_uri)
+            admin.autocommit(True)
+            my_run(admin, *my_setup(self.role, qt, f"`cdc`.`{self.wm}`", provider_creates=setup == 1))
+            admin.close()
+        monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", json.dumps(conn))
+        role_uri = admin_uri.replace(f"//{p.username}@", f"//{self.role}{':pw' if self.scheme != 'pg' else ''}@", 1)
+        self.uri = role_uri  # what verify and counts read with: the role
+
+    def cleanup(self) -> None:
+        from airflow.models.variable import Variable
+
+        try:
+            with self.dialect() as d:
+                if self.scheme == "pg":
+                    d.drop_slot()
+        finally:
+            self.uri = self.admin_uri
+            if self.scheme == "pg":  # the table goes back to the administrator before the role's things go
+                pg_run(self.admin_uri, f"DROP PUBLICATION IF EXISTS {self.source}",
+                       f"DROP TABLE IF EXISTS {self.wm_schema}.{self.wm}",
+                       f"ALTER TABLE {w.quote_table(ConnectionParams.from_uri(self.admin_uri), self.table)} OWNER TO "
+                       f"{urlsplit(self.admin_uri).username}",
+                       f"DROP OWNED BY {self.role}", f"DROP ROLE IF EXISTS {self.role}")
+            else:
+                admin = w.connect(self.admin_uri)
+                admin.autocommit(True)
+                my_run(admin, f"DROP TABLE IF EXISTS `cdc`.`{self.wm}`", f"DROP USER IF EXISTS '{self.role}'@'%'")
+                admin.close()
+            self.drop()
+            Variable.delete(progress_store.variable_key(self.source, self.table.id))
+
+
+def _pipeline(request, db: str, setup: int, unique_name, tmp_path, monkeypatch):
+    uri = request.getfixturevalue("pg_uri" if db == "pg" else "mysql_uri")
+    p = LeastPrivilegePipeline(uri, unique_name, tmp_path / "data", monkeypatch, setup)
+    request.addfinalizer(p.cleanup)
+    p.capture_now()
+    return p
+
+
+@pytest.fixture(params=["pg", "mysql"])
+def lp(request, unique_name, tmp_path, monkeypatch):
+    return _pipeline(request, request.param, 2, unique_name, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("setup", [1, 2])
+@pytest.mark.parametrize("db", ["pg", "mysql"])
+def test_the_least_privilege_role_runs_capture_a_snapshot_under_writers_and_verify(
+    request, db, setup, unique_name, tmp_path, monkeypatch
+):
+    p = _pipeline(request, db, setup, unique_name, tmp_path, monkeypatch)
+    with w.BackgroundWriter(p.admin_uri, p.table, threads=2, rate=100, seed=31) as writer:
+        p.snapshot()
+        time.sleep(0.5)
+    stats = writer.stats()
+    assert stats.committed > 0 and stats.errors == [], stats.errors
+    assert p.progress().status == "done"
+    p.catch_up()
+    p.assert_equal()
+
+
+def test_a_conf_cannot_widen_the_scope_to_a_system_table_or_another_table(lp):
+    p = lp
+    secrets = w.default_table(p.admin_uri, f"secrets_{p.role[-10:]}")
+    w.create_demo_table(p.admin_uri, secrets, 10)
+    system = "pg_catalog.pg_authid" if p.scheme == "pg" else "mysql.user"
+    try:
+        for tables in ([system], [secrets.id], [p.table.id, system]):
+            p.run("cdc_snapshot", {"action": "start", "tables": tables}, expect="failed")
+        for action in ("pause", "stop"):
+            p.run("cdc_snapshot", {"action": action, "tables": [secrets.id]}, expect="failed")
+    finally:
+        w.drop_table(p.admin_uri, secrets)
+    for t in (TableName.parse(system), secrets, p.table):
+        assert progress_store.load(p.source, t.id) is None
+    written = [f for f in Path(p.data_dir).rglob("*") if f.is_file()]
+    assert not [f for f in written if "chunk" in f.name or "/events/" in str(f) or "/mirror/" in str(f)], written
+    assert not [f for f in written if "pg_authid" in str(f) or "secrets_" in str(f)]
