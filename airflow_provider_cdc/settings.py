@@ -60,6 +60,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_STORAGE_CONN_ID", None, "Airflow connection (type aws) with the object-storage endpoint and "
            "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a spark-submit "
            "(unset: the workers' AWS_* variables)"),
+    Option("CDC_POSTGRES_SINK_CONN_ID", None, "Airflow connection (type postgres) of the 'postgres' sink's target "
+           "database; its password reaches a spark-submit only as a 0600 passfile, never on the command line",
+           "cdc_mirror_pg"),
+    Option("CDC_POSTGRES_SINK_SCHEMA", None, "target schema of the 'postgres' sink (default: cdc_{source})", "lake"),
     Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits"),
     Option("CDC_SPARK_CONF", "{}", "JSON object of Spark settings for those submits: tuning only (memory, cores, "
            "instances, dynamic allocation, shuffle and SQL tuning; core/spark_settings.py lists them)",
@@ -197,6 +201,8 @@ class Settings:
     sinks: str = DEFAULT_SINKS
     spark_conn_id: str = DEFAULT_SPARK_CONN_ID
     storage_conn_id: str | None = None
+    postgres_sink_conn_id: str | None = None
+    postgres_sink_schema: str | None = None
     spark_conf: dict = field(default_factory=dict)
     local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS
     max_parallel_chunks: int = DEFAULT_MAX_PARALLEL_CHUNKS
@@ -271,6 +277,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
         storage_conn_id=_raw(env, "CDC_STORAGE_CONN_ID") or None,
+        postgres_sink_conn_id=_raw(env, "CDC_POSTGRES_SINK_CONN_ID") or None,
+        postgres_sink_schema=_raw(env, "CDC_POSTGRES_SINK_SCHEMA") or None,
         spark_conf=spark_conf,
         local_max_rows=_int(env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS,
                             "a whole number >= 0 (0: always spark-submit)"),

@@ -1,9 +1,17 @@
 """Object-storage credentials from an Airflow connection (``CDC_STORAGE_CONN_ID``).
 
 storage/ takes S3 settings from the standard AWS environment variables and imports no
-Airflow. When the settings name a connection instead, the glue reads it when a task
-starts and exports it as those variables in the task's process, so the storage layer,
-deltalake and every spark-submit the task starts (they inherit the environment) use it.
+Airflow. When the settings name a connection instead, the glue resolves it where it is
+used and hands it to the storage layer explicitly, never through ``os.environ`` (shared
+with every thread and inherited by every child process):
+
+- a task: when it starts, for its own process (storage.use_settings; a task process runs
+  one task), so the storage layer and deltalake use it;
+- the triggerer, shared by every source's triggers: per poll, for that call only
+  (storage.scoped_settings, a ContextVar);
+- a spark-submit: a 0600 file in a private folder, deleted after the job, whose path is
+  the job's ``--storage-credentials`` (operators/spark_jobs.py).
+
 The fields follow the Amazon provider's ``aws`` connection: login = access key id,
 password = secret access key, extra ``endpoint_url``, ``region_name``,
 ``aws_session_token``. Nothing of it is written to XCom, a trigger's arguments or a log.
@@ -11,7 +19,6 @@ password = secret access key, extra ``endpoint_url``, ``region_name``,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,15 +52,23 @@ def storage_environment(conn_id: str) -> dict[str, str]:
     return env
 
 
-def apply_storage_connection(conn_id: str | None = None, overrides: Mapping[str, str] | None = None) -> None:
-    """Export the storage connection of the settings (the environment with ``overrides`` on
-    top), or ``conn_id``, to this process."""
+def storage_settings(conn_id: str | None = None, overrides: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The storage settings of connection ``conn_id``, or of the settings' CDC_STORAGE_CONN_ID
+    (the environment with ``overrides`` on top); None when no connection is named."""
     if conn_id is None:
         from .. import settings
 
         conn_id = settings.load(overrides=overrides).storage_conn_id
-    if conn_id:
-        os.environ.update(storage_environment(conn_id))
+    return storage_environment(conn_id) if conn_id else None
+
+
+def apply_storage_connection(conn_id: str | None = None, overrides: Mapping[str, str] | None = None) -> None:
+    """The storage connection of the settings (the environment with ``overrides`` on top), or
+    ``conn_id``, for the rest of this process: a task process, the CLI. Not in the triggerer
+    (storage_settings + storage.scoped_settings there). No connection: the environment's."""
+    from .. import storage
+
+    storage.use_settings(storage_settings(conn_id, overrides))
 
 
 class StorageConnectionMixin:

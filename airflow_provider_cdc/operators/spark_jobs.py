@@ -9,14 +9,24 @@ same job in the worker with pyarrow (airflow_provider_cdc/pipeline/arrow_engine.
 same sinks, same output files); above it they submit the Spark job as any
 SparkSubmitOperator would. ``local_max_rows=0`` always submits; the DAGs read it from
 ``CDC_LOCAL_MAX_ROWS``.
+
+Credentials (the 'postgres' sink's CDC_POSTGRES_SINK_CONN_ID, the storage's
+CDC_STORAGE_CONN_ID) are resolved in the worker when the task runs. In the worker they stay
+in its memory; a spark-submit gets them as 0600 files in a private folder (mkdtemp) that is
+removed when the job ends: a libpq passfile named by ``--pg-uri``'s ``passfile`` parameter,
+and ``--storage-credentials``. Only their paths are on its command line (visible to every
+user in ``ps``) and in the task log; nothing goes to the environment or the rendered fields.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -34,6 +44,53 @@ def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
     from ..settings import _int
 
     return _int(os.environ, "CDC_LOCAL_MAX_ROWS", default, "a whole number >= 0 (0: always spark-submit)")
+
+
+#: extras of a postgres connection that are libpq parameters (the others are the Postgres provider's own)
+_LIBPQ_EXTRAS = ("sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword", "application_name",
+                 "connect_timeout", "options", "keepalives", "keepalives_idle", "keepalives_interval",
+                 "keepalives_count", "target_session_attrs", "gssencmode", "channel_binding", "krbsrvname",
+                 "require_auth", "passfile", "service")
+
+
+def postgres_sink_params(conn_id: str) -> dict[str, str]:
+    """libpq parameters of the Airflow connection ``conn_id`` (CDC_POSTGRES_SINK_CONN_ID), the
+    password included: for this process only (sinks/mirror_postgres.py)."""
+    from airflow.sdk import BaseHook
+
+    from ..sinks.mirror_postgres import connection_parameters
+
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and the like, named
+        raise ConfigurationError(
+            f"CDC_POSTGRES_SINK_CONN_ID: Airflow connection {conn_id!r} cannot be read ({type(exc).__name__}); "
+            "create a connection of type postgres (host, port, schema = database, login, password) for the "
+            "'postgres' sink's target"
+        ) from None
+    if (conn.conn_type or "").lower() not in ("postgres", "postgresql"):
+        raise ConfigurationError(
+            f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the 'postgres' sink "
+            "needs a connection of type postgres"
+        )
+    extra = conn.extra_dejson if isinstance(conn.extra_dejson, dict) else {}
+    return connection_parameters({
+        "host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login, "password": conn.password,
+        **{k: extra[k] for k in _LIBPQ_EXTRAS if k in extra},
+    })
+
+
+def _write_private(path: str, text: str) -> str:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def _passfile_line(password: str) -> str:
+    """A libpq passfile line for any host, port, database and user: the file is named only by
+    this job's one connection (its ``passfile`` parameter), so the wildcards match nothing else."""
+    return "*:*:*:*:" + password.replace("\\", "\\\\").replace(":", "\\:") + "\n"
 
 
 class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
@@ -113,6 +170,51 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
     def run_local(self) -> dict:
         raise NotImplementedError
 
+    def _postgres_target(self) -> tuple[dict[str, str] | None, str | None]:
+        """The 'postgres' sink's connection (password included) and target schema, when it is a sink."""
+        if "postgres" not in sink_names(self.sinks):
+            return None, None
+        from ..settings import load
+
+        now = load(overrides=self.cdc_overrides)
+        if not now.postgres_sink_conn_id:
+            raise ConfigurationError(
+                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of an "
+                "Airflow connection of type postgres"
+            )
+        return postgres_sink_params(now.postgres_sink_conn_id), now.postgres_sink_schema
+
+    @contextmanager
+    def _submit_secrets(self) -> Iterator[list[str]]:
+        """The job arguments that hand credentials to a spark-submit (module docstring): paths
+        of 0600 files in a private folder, removed when the block ends."""
+        from .. import storage
+        from ..hooks.cdc_storage import storage_settings
+        from ..sinks.mirror_postgres import SECRET_PARAMETERS, public_dsn
+
+        pg, pg_schema = self._postgres_target()
+        given = storage_settings(overrides=self.cdc_overrides)
+        folder = tempfile.mkdtemp(prefix="cdc-submit-")  # mode 0700
+        try:
+            args: list[str] = []
+            if pg is not None:
+                if pg.get("sslpassword"):
+                    raise ConfigurationError(
+                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit without showing "
+                        "it; use a key file without a passphrase (mode 0600) or run the job in the worker "
+                        "(CDC_LOCAL_MAX_ROWS)"
+                    )
+                if pg.get("password"):
+                    pg["passfile"] = _write_private(os.path.join(folder, "pgpass"), _passfile_line(pg["password"]))
+                args += ["--pg-uri", public_dsn({k: v for k, v in pg.items() if k not in SECRET_PARAMETERS})]
+                if pg_schema:
+                    args += ["--pg-schema", pg_schema]
+            if given:
+                args += ["--storage-credentials", storage.write_credentials_file(folder, given)]
+            yield args
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     def execute(self, context: Any) -> dict | None:
         if not getattr(self, "_arguments_set", False):  # once, even if execute runs twice on one object
             self.application_args = [*self.job_arguments(), *(self.application_args or [])]
@@ -129,7 +231,13 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
             return summary
         self.log.info("%s: %d input rows > local_max_rows=%d: spark-submit %s", self.job, rows, self.local_max_rows,
                       self.application)
-        return super().execute(context)
+        given = self.application_args
+        with self._submit_secrets() as secret_args:
+            self.application_args = [*given, *secret_args]
+            try:
+                return super().execute(context)
+            finally:
+                self.application_args = given
 
     def _asset_kinds(self) -> list[str]:
         """The sinks this task emits Asset events for: those with an alias in its outlets."""
@@ -154,8 +262,9 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
     def _sinks(self, *, require_schema: bool, fence_tables=None):
         from ..pipeline.spark.common import build_sinks
 
+        pg, pg_schema = self._postgres_target()  # resolved here, in the worker: the password stays in it
         return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.database,
-                           pg_uri=None, pg_schema=None, require_schema=require_schema, fence_tables=fence_tables)
+                           pg_uri=pg, pg_schema=pg_schema, require_schema=require_schema, fence_tables=fence_tables)
 
 
 def _write_live_round(round_file: str, chunks) -> str:

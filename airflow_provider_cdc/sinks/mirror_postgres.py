@@ -13,12 +13,20 @@ so an older event (a late chunk row, a replayed batch) never overwrites a newer 
 deletes stay as tombstones until :meth:`MirrorPostgresSink.compact`. Values are bound as
 their canonical text and cast by PostgreSQL (``%s::numeric(12,2)``, ``decode(%s,'base64')``),
 which keeps precision and time zones exact; identifiers are always quoted.
+
+The target connection is libpq's: a URI or ``key=value`` string, or psycopg2.connect keywords.
+Its password stays in the process that was given it: a sink shipped to Spark executors
+carries the connection without it (:meth:`MirrorPostgresSink.__getstate__`), and each
+executor's libpq finds its own (``PGPASSWORD``, a ``passfile`` such as the one the operators
+write for a spark-submit, ``~/.pgpass``: the cluster's identity).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -67,7 +75,8 @@ def quote_ident(name: str) -> str:
     """core.sqlnames.quote_pg, refusing names PostgreSQL would truncate (two long tables must
     not share one mirror table). Statements here always pass parameters (``%%`` for ``%``)."""
     if isinstance(name, str) and len(name.encode()) > 63:
-        raise ConfigurationError(f"PostgreSQL identifier {name!r} is longer than 63 bytes; choose a shorter --pg-schema or table")
+        raise ConfigurationError(f"PostgreSQL identifier {name!r} is longer than 63 bytes; choose a shorter "
+                                 "CDC_POSTGRES_SINK_SCHEMA (--pg-schema) or table name")
     return quote_pg(name)
 
 
@@ -90,12 +99,44 @@ def _text(value, logical: str):
     return str(value)
 
 
+#: libpq parameters that are secrets: never shipped to executors, never on a command line
+SECRET_PARAMETERS = ("password", "sslpassword")
+
+
+def connection_parameters(conn: str | Mapping[str, object]) -> dict[str, str]:
+    """libpq parameters of a URI, a ``key=value`` string or a mapping (empty values left out)."""
+    if isinstance(conn, str):
+        from psycopg2.extensions import parse_dsn
+
+        try:
+            conn = parse_dsn(conn)
+        except Exception as exc:  # noqa: BLE001 - psycopg2's ProgrammingError: said without the text
+            raise ConfigurationError(f"the 'postgres' sink's connection string cannot be parsed ({type(exc).__name__})") from None
+    return {str(k): str(v) for k, v in conn.items() if v is not None and str(v) != ""}
+
+
+def public_dsn(params: Mapping[str, str]) -> str:
+    """``params`` as a libpq ``key=value`` string, refusing secrets: for a command line."""
+    secret = sorted(k for k in params if k in SECRET_PARAMETERS)
+    if secret:
+        raise ConfigurationError(
+            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a command line is "
+            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile parameter or "
+            "PGPASSFILE) or PGPASSWORD; the operators do this for CDC_POSTGRES_SINK_CONN_ID"
+        )
+
+    def quoted(v: str) -> str:
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+    return " ".join(f"{k}={quoted(v)}" for k, v in params.items())
+
+
 class MirrorPostgresSink(Sink):
     name = "postgres"
 
-    def __init__(self, uri: str, data_dir: str, source: str, *, target_schema: str | None = None,
-                 require_schema: bool = False, fence=None) -> None:
-        self.uri, self.source = uri, source
+    def __init__(self, conn: str | Mapping[str, object], data_dir: str, source: str, *,
+                 target_schema: str | None = None, require_schema: bool = False, fence=None) -> None:
+        self.params, self.source = connection_parameters(conn), source
         self.fence = fence  # a merge's MergeFence (sinks/mirror_delta.py): refuse once superseded
         self.target_schema = target_schema or f"cdc_{source}"
         self.schemas = SchemaCache(data_dir, source)
@@ -108,7 +149,10 @@ class MirrorPostgresSink(Sink):
         if self._conn is None or self._conn.closed:
             import psycopg2
 
-            self._conn = psycopg2.connect(self.uri)
+            params = dict(self.params)
+            if "passfile" in params and not os.path.isfile(params["passfile"]):
+                del params["passfile"]  # an executor on another host: its own PGPASSFILE, ~/.pgpass
+            self._conn = psycopg2.connect(**params)
         return self._conn
 
     def close(self) -> None:
@@ -172,8 +216,10 @@ class MirrorPostgresSink(Sink):
             self._delete_before(schema, position)
 
     def __getstate__(self) -> dict:
-        """Shipped to Spark executors without the driver's connection: each connects itself."""
+        """Shipped to Spark executors without the driver's connection and without the
+        password: each executor connects itself, with the credentials it finds (module docstring)."""
         state = dict(self.__dict__)
+        state["params"] = {k: v for k, v in self.params.items() if k not in SECRET_PARAMETERS}
         state["_conn"] = None
         state["_ready"] = set()
         return state

@@ -7,10 +7,15 @@ underneath: no Hadoop jars, the same code on a worker and on a Spark executor):
 - :func:`filesystem` resolves a location to ``(pyarrow FileSystem, path)``. S3 takes its
   endpoint and credentials from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
   ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``;
-  plain ``http://`` allowed for a local endpoint).
+  plain ``http://`` allowed for a local endpoint), unless settings were handed over
+  explicitly (:func:`settings`): for one call (:func:`scoped_settings`, a triggerer shared by
+  many sources) or for this process (:func:`use_settings`, a task, a Spark job). Either way
+  nothing is written to ``os.environ``, which every thread and child process would share.
 - :func:`atomic_output` publishes a file whole or not at all: written under a temporary name
-  and renamed on a file system (fsync first), copied into place by the server on an object
-  store (one object appears complete; a failed write leaves only the temporary, removed).
+  and renamed on a file system (the file fsynced first, its folder after: durable when it
+  returns, so a capture confirms its offset only past segments a crash cannot undo), copied
+  into place by the server on an object store (one object appears complete; a failed write
+  leaves only the temporary, removed).
 - :func:`delta_storage_options` gives deltalake the same settings.
 
 Nothing else in the package uses ``Path`` or ``os.replace`` on data.
@@ -22,8 +27,9 @@ import errno
 import os
 import posixpath
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from urllib.parse import urlsplit
 
@@ -79,28 +85,108 @@ def check_location(location: str, setting: str = "data location") -> str:
     return location
 
 
+#: where object storage is and how to talk to it: not secret, shipped to Spark executors
+PUBLIC_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
+                   "CDC_DELTA_S3_UNSAFE_RENAME")
+#: who may use it: resolved where used, never shipped in a closure, never exported
+SECRET_SETTINGS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: the environment variables object-storage access is configured by (module docstring)
-STORAGE_ENV = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-               "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "CDC_DELTA_S3_UNSAFE_RENAME")
+STORAGE_ENV = PUBLIC_SETTINGS + SECRET_SETTINGS
+
+_scoped: ContextVar[dict[str, str] | None] = ContextVar("cdc_storage_settings", default=None)
+_process: dict[str, str] | None = None  # this process's (use_settings)
+_credentials_file: str | None = None  # where this process read its credentials (use_settings)
 
 
-def environment() -> dict[str, str]:
-    """This process's storage settings, to hand to other processes (Spark executors)."""
-    return {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+def _clean(given: Mapping[str, str] | None) -> dict[str, str] | None:
+    if given is None:
+        return None
+    return {k: str(v) for k, v in given.items() if k in STORAGE_ENV and v}
 
 
-def use_environment(settings: dict[str, str]) -> None:
-    """Adopt storage settings handed over by :func:`environment` (in an executor)."""
-    for k, v in settings.items():
-        if k in STORAGE_ENV:
-            os.environ[k] = v
+def settings() -> dict[str, str]:
+    """The storage settings in effect here: those of the innermost :func:`scoped_settings`,
+    else this process's (:func:`use_settings`), over the environment's. Credentials go as a
+    group: when the settings handed over hold any, none of the environment's are mixed in
+    (one source's key never pairs with another identity's token)."""
+    given = _scoped.get()
+    if given is None:
+        given = _process
+    env = {k: os.environ[k] for k in STORAGE_ENV if os.environ.get(k)}
+    if given is None:
+        return env
+    out = {k: v for k, v in env.items() if k in PUBLIC_SETTINGS}
+    if not any(k in given for k in SECRET_SETTINGS):  # none given: this host's own identity
+        out.update({k: v for k, v in env.items() if k in SECRET_SETTINGS})
+    out.update(given)
+    return out
+
+
+@contextmanager
+def scoped_settings(given: Mapping[str, str] | None) -> Iterator[None]:
+    """Storage settings (``STORAGE_ENV`` names) for the calls inside the block only, in this
+    thread or task (a ContextVar: ``asyncio.to_thread`` carries it, other triggers never see it).
+    None: the environment's, whatever this process was given."""
+    token = _scoped.set(_clean(given) if given is not None else {})
+    try:
+        yield
+    finally:
+        _scoped.reset(token)
+
+
+def use_settings(given: Mapping[str, str] | None, *, credentials_file: str | None = None) -> None:
+    """Storage settings for the rest of this process (a task process, a Spark job's driver),
+    or None: the environment's again. ``credentials_file`` is the file they were read from
+    (:func:`read_credentials_file`): executors on this host read it too (:func:`executor_settings`)."""
+    global _process, _credentials_file
+    _process, _credentials_file = _clean(given), credentials_file if given is not None else None
+
+
+def write_credentials_file(directory: str, given: Mapping[str, str]) -> str:
+    """Settings written for a child process (a spark-submit): ``storage.json``, mode 0600, in
+    ``directory`` (private to this user: ``tempfile.mkdtemp``). Its path, not its content, is
+    what goes on a command line."""
+    import json
+
+    path = os.path.join(directory, "storage.json")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(_clean(given), f)
+    return path
+
+
+def read_credentials_file(path: str) -> dict[str, str]:
+    import json
+
+    with open(path) as f:
+        return _clean(json.load(f)) or {}
+
+
+def executor_settings() -> dict[str, str]:
+    """What Spark executors get of this process's storage settings: only the public ones
+    (endpoint, region, ...), and the path of the credentials file when there is one. An
+    executor takes its credentials from that file when it can read it (same host), else from
+    its own environment or identity (a cluster's): secrets never travel in a task closure."""
+    out = {k: v for k, v in settings().items() if k in PUBLIC_SETTINGS}
+    if _credentials_file and _scoped.get() is None:
+        out["credentials_file"] = _credentials_file
+    return out
+
+
+def use_executor_settings(shipped: Mapping[str, str]) -> None:
+    """On an executor: adopt :func:`executor_settings` of the driver (module docstring)."""
+    given = {k: v for k, v in shipped.items() if k in PUBLIC_SETTINGS}
+    path = shipped.get("credentials_file")
+    if path and os.path.isfile(path):
+        given.update({k: v for k, v in read_credentials_file(path).items() if k in SECRET_SETTINGS})
+    use_settings(given)
 
 
 def _s3_settings() -> tuple:
-    env = os.environ
-    return (env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or "", env.get("AWS_ACCESS_KEY_ID") or "",
-            env.get("AWS_SECRET_ACCESS_KEY") or "", env.get("AWS_SESSION_TOKEN") or "",
-            env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or "")
+    s = settings()
+    return (s.get("AWS_ENDPOINT_URL_S3") or s.get("AWS_ENDPOINT_URL") or "", s.get("AWS_ACCESS_KEY_ID") or "",
+            s.get("AWS_SECRET_ACCESS_KEY") or "", s.get("AWS_SESSION_TOKEN") or "",
+            s.get("AWS_REGION") or s.get("AWS_DEFAULT_REGION") or "")
 
 
 @lru_cache(maxsize=16)
@@ -147,7 +233,7 @@ def delta_storage_options(location: str) -> dict[str, str] | None:
     # on AWS since 2024 and on most compatible servers). A store without it can opt into
     # delta-rs's unsafe rename with CDC_DELTA_S3_UNSAFE_RENAME=true: then two writers racing
     # for one version can both "win", so run one writer per table at a time.
-    if os.environ.get("CDC_DELTA_S3_UNSAFE_RENAME", "").strip().lower() in ("1", "true", "yes"):
+    if settings().get("CDC_DELTA_S3_UNSAFE_RENAME", "").strip().lower() in ("1", "true", "yes"):
         opts["AWS_S3_ALLOW_UNSAFE_RENAME"] = "true"
     else:
         opts["AWS_CONDITIONAL_PUT"] = "etag"

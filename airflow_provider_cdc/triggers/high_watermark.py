@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from .. import storage
 from ..storage.layout import changelog_dir
 from ..storage.staged import staged_watermarks
 
@@ -73,17 +74,22 @@ class HighWatermarkTrigger(BaseTrigger):
             },
         )
 
+    def _missing(self, settings: dict[str, str] | None) -> list[str]:
+        """One poll, with this trigger's storage settings for this call only: the triggerer's
+        process is shared by every source's triggers, so nothing goes to its os.environ."""
+        with storage.scoped_settings(settings):
+            return missing_watermarks(self.data_dir, self.source, self.watermark_ids)
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         entered = time.time()
-        if self.storage_conn_id:
-            from ..hooks.cdc_storage import apply_storage_connection
-
-            await asyncio.to_thread(apply_storage_connection, self.storage_conn_id)
+        settings = None
         while True:
             try:
-                missing = await asyncio.to_thread(
-                    missing_watermarks, self.data_dir, self.source, self.watermark_ids
-                )
+                if self.storage_conn_id and settings is None:  # resolved here, once per deferral
+                    from ..hooks.cdc_storage import storage_settings
+
+                    settings = await asyncio.to_thread(storage_settings, self.storage_conn_id)
+                missing = await asyncio.to_thread(self._missing, settings)
             except Exception as exc:  # noqa: BLE001 - surfaced to the task, which raises it
                 yield TriggerEvent(
                     {

@@ -30,12 +30,14 @@ LIMITS = {"spark.driver.memory": "512m", "spark.driver.maxResultSize": "2m", "sp
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, s3_server):
     import shutil
 
     spark_class = shutil.which("spark-class")
     assert spark_class, "spark-class is not on PATH: run `source scripts/env.sh`"
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1")
+    # the workers' own identity: the driver ships them the storage's endpoint, never its keys
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
+               **s3_server["env"])
     port = _free_port()
     procs = []
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -170,9 +170,13 @@ def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
         sink.write(events)
 
 
-def build_sinks(names: str, *, data_dir: str, source: str, database: str | None, pg_uri: str | None,
-                pg_schema: str | None, require_schema: bool, fence_tables: Iterable | None = None) -> list[Sink]:
-    """The sinks named in ``names``. A snapshot merge passes ``fence_tables`` (the (table id,
+def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
+                pg_uri: str | Mapping[str, object] | None = None, pg_schema: str | None = None, require_schema: bool,
+                fence_tables: Iterable | None = None) -> list[Sink]:
+    """The sinks named in ``names``. ``pg_uri`` is the 'postgres' sink's target: a libpq URI or
+    ``key=value`` string, or psycopg2.connect keywords (the operators resolve
+    CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit
+    gets it without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
     snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
     on each of their mirrors before anything is read (refused if a snapshot was stopped), and
     every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_delta.py)."""
@@ -197,7 +201,11 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
             out.append(MirrorDeltaSink(data_dir, source, require_schema=require_schema, fence=fence))
         elif name == "postgres":
             if not pg_uri:
-                raise ConfigurationError("sink 'postgres' needs --pg-uri (the target PostgreSQL URI)")
+                raise ConfigurationError(
+                    "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of "
+                    "an Airflow connection of type postgres (a Spark job run by hand: --pg-uri without a password, "
+                    "which libpq then takes from PGPASSFILE or PGPASSWORD)"
+                )
             from ...sinks.mirror_postgres import MirrorPostgresSink
 
             out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema,
@@ -213,5 +221,27 @@ def add_common_arguments(parser) -> None:
     parser.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
     parser.add_argument("--database", default=None, help="source.db in the event envelope (default: --source)")
     parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")
-    parser.add_argument("--pg-uri", default=None, help="target PostgreSQL for the 'postgres' sink")
+    parser.add_argument("--pg-uri", default=None,
+                        help="target PostgreSQL of the 'postgres' sink: a libpq URI or key=value string WITHOUT a "
+                             "password (refused: a command line is public); libpq reads it from its passfile")
     parser.add_argument("--pg-schema", default=None, help="target schema of the 'postgres' sink (default cdc_{source})")
+    parser.add_argument("--storage-credentials", default=None,
+                        help="a 0600 JSON file of storage settings (AWS_*) for this job: its path, never its content, "
+                             "on the command line (the operators write it from CDC_STORAGE_CONN_ID)")
+
+
+def apply_job_arguments(args) -> None:
+    """What a job does with its secret-bearing arguments before anything else: adopt the
+    storage credentials file (this process only: storage.use_settings, nothing exported;
+    the executors on this host read the same file) and refuse a --pg-uri with a password."""
+    from ... import storage
+    from ...sinks.mirror_postgres import connection_parameters, public_dsn
+
+    if args.storage_credentials and not os.path.isfile(args.storage_credentials):
+        log.warning("storage credentials file %s is not on this host (a driver in cluster deploy mode): this "
+                    "host's own storage settings and identity are used", args.storage_credentials)
+    elif args.storage_credentials:
+        storage.use_settings(storage.read_credentials_file(args.storage_credentials),
+                             credentials_file=args.storage_credentials)
+    if args.pg_uri:
+        public_dsn(connection_parameters(args.pg_uri))  # raises on a password

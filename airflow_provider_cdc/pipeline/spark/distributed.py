@@ -6,7 +6,10 @@ chunk window for a merge (arrow_engine.chunk_units), one staged segment for an a
 in-process engine's code (``produce``: arrow_engine.chunk_events, core.window's DBLog
 steps 4-5 over the chunk's rows and its window's changes; or arrow_engine.segment_events,
 the same de-duplication of overlapping segments), reading the staged files itself through
-the storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars). So:
+the storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars). A closure
+carries the storage's public settings (endpoint, region) and never a credential: an executor
+takes those from the job's credentials file when it runs on the same host, else from its own
+environment or identity (storage.executor_settings). So:
 
 * the event log costs no shuffle: each unit's events are its own event-log files (a chunk's
   batch, or a segment's batch per table), written by the executor that produced them;
@@ -134,12 +137,12 @@ def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log:
     """The mapInArrow function of every unit job: on an executor, each unit of the slice is
     produced (``produce``), written to ``event_log`` when given, and turned into output
     batches by ``then(events)`` (a module-level function: pickled by reference)."""
-    env = storage.environment()  # the executors reach the storage the driver reaches
+    env = storage.executor_settings()  # where the storage is; never who may use it (no secret)
 
     def run_units(batches):
         from airflow_provider_cdc import storage as st
 
-        st.use_environment(env)
+        st.use_executor_settings(env)
         for b in batches:
             for i in b.column("unit").to_pylist():
                 events = produce(units[i])
@@ -373,7 +376,7 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     a few blobs per unit, not a JVM row per event. Each (table, bucket) is then rewritten on
     an executor. Returns the _RESULT rows, plus one count row (bucket _COUNT_ROW) per unit
     and table."""
-    env = storage.environment()
+    env = storage.executor_settings()
     keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), event_log)
 
     def write(key, blobs):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
@@ -433,7 +436,7 @@ def _rewrite_bucket(jobs, env, key, blobs):
     from airflow_provider_cdc.sinks import delta_buckets as db
     from airflow_provider_cdc.sinks.mirror_delta import newest
 
-    st.use_environment(env)
+    st.use_executor_settings(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
     out = {"table": [table_id], "bucket": [bucket], "events": [pc.sum(blobs["events"]).as_py() or 0],
            "applied": [pc.sum(blobs["applied"]).as_py() or 0], "path": [None], "size": [None], "rows": [None],

@@ -82,6 +82,7 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     common.configure_logging()
     args = _parse_arguments(argv)
+    common.apply_job_arguments(args)
     chunks = load_chunks(args.chunks)
     changelog = args.changelog_dir or staged_changelog_dir(args.data_dir, args.source)
     sinks = common.build_sinks(
