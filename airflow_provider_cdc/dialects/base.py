@@ -33,6 +33,22 @@ DEFAULT_FETCH_BATCH_ROWS = 2_000
 #: events per staged changelog segment (at ~3-5 KB per event in memory before staging,
 #: this bounds a capture's memory; 0 or None: one segment per capture run)
 DEFAULT_SEGMENT_MAX_EVENTS = 20_000
+#: bytes of log messages (as the source sent them) one segment may hold before a transaction
+#: larger than that is cut inside (see Dialect.read_log): memory follows this, never a transaction
+DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
+
+
+_SIZED = frozenset({bytes, str, bytearray, memoryview})
+
+
+def value_bytes(row: Sequence[Any]) -> int:
+    """The size a driver row's values take, as counted against ``batch_max_bytes``: the
+    length of every bytes and str value (numbers, dates: a few bytes, not counted)."""
+    n = 0
+    for v in row:
+        if v.__class__ in _SIZED:
+            n += len(v)
+    return n
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,9 @@ class Dialect(ABC):
         self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
         if self.segment_max_events < 0:
             raise ConfigurationError(f"segment_max_events must be >= 0 (0: no limit), got {seg!r}")
+        self.segment_max_bytes = int(options.get("segment_max_bytes", DEFAULT_SEGMENT_MAX_BYTES))
+        if self.segment_max_bytes < 1024:
+            raise ConfigurationError(f"segment_max_bytes must be >= 1024, got {self.segment_max_bytes!r}")
 
     # --- connections ------------------------------------------------------------------
     @abstractmethod
@@ -380,9 +399,13 @@ class Dialect(ABC):
         ``max_events`` stops the read at the first transaction boundary at or past that
         many events. With ``on_segment``, every time the events read since the last call
         reach ``segment_max_events`` at a transaction boundary, they are handed to
-        ``on_segment`` (LogEvents or an EventBatch) and dropped here (memory stays bounded by
-        one segment plus one transaction); the returned batch holds only the events after
-        the last call."""
+        ``on_segment`` (LogEvents or an EventBatch) and dropped here; the returned batch holds
+        only the events after the last call. A transaction that would make a segment pass
+        twice ``segment_max_events`` events or ``segment_max_bytes`` bytes of messages is cut
+        inside, so memory follows the segment, never the transaction: the log sends only
+        committed transactions, so their parts may be staged before they end (I6 holds as the
+        returned offset still ends at a transaction boundary: a capture killed between parts
+        reads the whole transaction again and rewrites the same parts)."""
 
     @abstractmethod
     def commit_offset(self, offset: str, data_dir: str) -> None:

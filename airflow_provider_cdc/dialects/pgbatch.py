@@ -99,6 +99,8 @@ class Segment:
         self.txn_ts: list[int] = []
         self.txn_xid: list[str] = []
         self.txn_last: list[int | None] = []
+        self.txn_base: list[int] = []  # per transaction: its events in earlier segments (one cut inside it)
+        self.open_txn_events = 0  # after build: the last transaction's events up to this segment's end
         self.relations: list[tuple[int, int, object]] = [(0, relid, info) for relid, info in rels.items()]
         self.ready: list[tuple[int, int, LogEvent]] = []  # (slot, sub, event): position set at build
         self.extra = 0  # events beyond one per slot
@@ -108,12 +110,16 @@ class Segment:
         table's change none: the exact count is the built batch's length)."""
         return len(self.payloads) + self.extra
 
-    def begin(self, commit_lsn: int, ts_ms: int, xid: str, last_commit: int | None) -> None:
+    def begin(self, commit_lsn: int, ts_ms: int, xid: str, last_commit: int | None, base: int = 0) -> None:
+        """A transaction starts at the next slot; ``base``: its events already in earlier
+        segments (a transaction too large for one segment continues here), so the positions
+        inside it go on from there."""
         self.txn_first.append(len(self.payloads))
         self.txn_lsn.append(commit_lsn)
         self.txn_ts.append(ts_ms)
         self.txn_xid.append(xid)
         self.txn_last.append(last_commit)
+        self.txn_base.append(base)
 
     def row(self, payload: bytes, lsn: int) -> None:
         """An Insert, Update or Delete message (the read loop appends these itself)."""
@@ -181,6 +187,7 @@ class Segment:
                            string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
                            evs))
         if not pieces:
+            self.open_txn_events = self.txn_base[-1] if self.txn_base else 0
             return None
         slot = np.concatenate([p[0] for p in pieces])
         sub = np.concatenate([p[1] for p in pieces])
@@ -193,7 +200,10 @@ class Segment:
         txn = np.searchsorted(np.asarray(self.txn_first, dtype=np.int64), slot_sorted, side="right") - 1
         # the n-th event of its transaction: rows of one transaction are contiguous
         first_of_txn = np.searchsorted(txn, txn, side="left")
-        index = np.arange(len(order), dtype=np.int64) - first_of_txn
+        base = np.asarray(self.txn_base, dtype=np.int64)
+        index = np.arange(len(order), dtype=np.int64) - first_of_txn + base[txn]
+        last = len(self.txn_first) - 1
+        self.open_txn_events = int(base[last] + np.count_nonzero(txn == last)) if last >= 0 else 0
         lsn = np.asarray(self.txn_lsn, dtype=np.uint64)[txn]
         position = encode_positions(lsn, np.zeros(len(order), dtype=np.uint64), index)
         ts = index_array(np.asarray(self.txn_ts, dtype=np.int64)[txn])

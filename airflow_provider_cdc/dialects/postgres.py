@@ -1346,7 +1346,13 @@ class PostgresDialect(Dialect):
 
         The loop keeps each row message's bytes (pgbatch.Segment); a segment is decoded when
         it is complete, a relation and a column at a time. Watermark writes, TRUNCATEs and,
-        with ``capture_decode="rows"``, every row message become events one at a time."""
+        with ``capture_decode="rows"``, every row message become events one at a time.
+
+        A transaction larger than a segment (twice ``segment_max_events`` messages, or
+        ``segment_max_bytes`` bytes of them) is staged in parts as it arrives: pgoutput sends a
+        transaction only once it committed (never an aborted one, nor a rolled-back
+        subtransaction's changes), so its parts are final; the offset still only moves to a
+        commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
         start = lsn_to_int(offset)
         upto = self._flush_lsn()
         cur = self._open_stream(start)
@@ -1371,6 +1377,11 @@ class PostgresDialect(Dialect):
         keep, keep_lsn = seg.payloads.append, seg.lsns.append
         total = 0  # events of whole transactions read (max_events)
         seg_max = segment_max_events if on_segment is not None and segment_max_events else None
+        # a cut inside a transaction: past twice the segment's events, or its bytes
+        cut_messages = 2 * seg_max if seg_max is not None else None
+        cut_bytes = self.segment_max_bytes if seg_max is not None else None
+        seg_bytes = 0
+        txn_begin: tuple = ()  # the open transaction's Begin: (commit LSN, time, xid, commit before)
         batched = self.capture_decode == "batch"
         in_txn = False
         ts_ms = txn_start = 0
@@ -1397,21 +1408,36 @@ class PostgresDialect(Dialect):
                         else:
                             self._other_change(info, parse(payload), pos, out, ts_ms, warned)
                         seg.events(out, msg.data_start)
+                    if cut_messages is not None:
+                        seg_bytes += len(payload)
+                        if seg_bytes >= cut_bytes or len(seg.payloads) >= cut_messages:
+                            # a transaction too large for one segment: stage what it has so far
+                            total += len(seg) - txn_start
+                            built = seg.build()
+                            if built is not None:
+                                on_segment(built)
+                            base = seg.open_txn_events
+                            seg = segment()
+                            keep, keep_lsn = seg.payloads.append, seg.lsns.append
+                            seg.begin(*txn_begin, base=base)
+                            txn_start, seg_bytes = 0, 0
                 elif kind == 66:  # Begin
                     commit_lsn, ts_us, xid = begin_of(payload, 1)
                     in_txn, ts_ms, txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(seg)
-                    seg.begin(commit_lsn, ts_ms, str(xid), last_commit)
+                    txn_begin = (commit_lsn, ts_ms, str(xid), last_commit)
+                    seg.begin(*txn_begin)
                 elif kind == 67:  # Commit
                     _flags, last_commit, end_lsn, _ts = commit_of(payload, 1)  # Debezium's lastCommitLsn next
                     in_txn = False
                     total += len(seg) - txn_start
                     end = max(end, end_lsn)
                     if seg_max is not None and len(seg) >= seg_max:
-                        built = seg.build()  # ends at this commit: whole transactions
+                        built = seg.build()  # ends at this commit
                         if built is not None:
                             on_segment(built)
                         seg = segment()
                         keep, keep_lsn = seg.payloads.append, seg.lsns.append
+                        seg_bytes = 0
                     if max_events is not None and total >= max_events:
                         break
                 else:

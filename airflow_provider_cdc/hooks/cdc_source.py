@@ -33,7 +33,8 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
 #: connection-extra keys that are CDC settings (dialect options), per dialect; every other
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
-_COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", "fetch_batch_rows"}
+_COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", "segment_max_bytes", "fetch_batch_rows",
+                   "batch_max_bytes"}
 #: extra keys that are settings of the DAGs, not of the connection: refused with where they go
 _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
                "all_tables": "CDC_CAPTURE_ALL_TABLES"}
