@@ -30,6 +30,11 @@ from ..storage.staged import ChunkWriter
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_BATCH_ROWS = 2_000
+#: bytes of values one chunk batch may hold before it is typed and written (the driver rows
+#: of a generic chunk read, the COPY text of a PostgreSQL one), next to the row count
+#: (``fetch_batch_rows`` / ``copy_batch_rows``): a batch of rows holding large values is
+#: flushed early, so a chunk step's memory follows the values, not rows x the largest value
+DEFAULT_BATCH_MAX_BYTES = 64 * 1024 * 1024
 #: events per staged changelog segment (at ~3-5 KB per event in memory before staging,
 #: this bounds a capture's memory; 0 or None: one segment per capture run)
 DEFAULT_SEGMENT_MAX_EVENTS = 20_000
@@ -134,6 +139,9 @@ class Dialect(ABC):
     #: lock (pipeline/locks.py); released by the server when the session ends
     lock_acquire_sql: ClassVar[str]
     lock_release_sql: ClassVar[str]
+    #: :meth:`stream_query` takes ``max_bytes`` (a batch ends once its rows' values reach it,
+    #: :func:`value_bytes`): the generic chunk read then bounds its batches in bytes too
+    stream_max_bytes: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -154,6 +162,11 @@ class Dialect(ABC):
         # driver rows fetched per batch of a generic chunk read: each batch becomes Python
         # objects, JSON and Arrow before it is written, so it sets the chunk step's peak
         self.fetch_batch_rows = int(options.get("fetch_batch_rows", DEFAULT_FETCH_BATCH_ROWS))
+        # ... and bytes of values per batch (a generic read through a dialect whose
+        # stream_query takes ``max_bytes``; PostgreSQL's COPY chunk read)
+        self.batch_max_bytes = int(options.get("batch_max_bytes", DEFAULT_BATCH_MAX_BYTES))
+        if self.batch_max_bytes < 1:
+            raise ConfigurationError(f"batch_max_bytes must be >= 1, got {options.get('batch_max_bytes')!r}")
         seg = options.get("segment_max_events", DEFAULT_SEGMENT_MAX_EVENTS)
         self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
         if self.segment_max_events < 0:
@@ -266,7 +279,9 @@ class Dialect(ABC):
     @abstractmethod
     def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000) -> Iterator[list[tuple]]:
         """Run a SELECT as a fresh statement (non-stale) and yield driver rows in batches,
-        never holding the whole result in memory."""
+        never holding the whole result in memory. A dialect with :attr:`stream_max_bytes`
+        also takes ``max_bytes``: a batch ends at ``batch_size`` rows or once its rows'
+        :func:`value_bytes` reach ``max_bytes``, whichever comes first."""
 
     @abstractmethod
     def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
@@ -354,7 +369,8 @@ class Dialect(ABC):
         last_key: tuple | None = None
         pk = schema.primary_key
         with ChunkWriter(schema, path) as writer:
-            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows)):
+            bound = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
+            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows), **bound):
                 keys, afters = [], []
                 for raw in batch:
                     row = self.row_to_canonical(schema, raw)
@@ -362,7 +378,8 @@ class Dialect(ABC):
                     keys.append(encode_key(kv))
                     afters.append(row)
                     last_key = kv
-                del batch  # the driver rows: the batch's largest part, no longer needed
+                # the driver rows (the loop's last one too): the batch's largest part, no longer needed
+                del batch, raw
                 writer.add(string_array(keys), afters)
         rows = writer.rows
         return ChunkReadResult(rows, last_key)

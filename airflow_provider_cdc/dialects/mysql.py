@@ -44,7 +44,7 @@ from ..core.ranges import ChunkRange
 from ..core.schema import Column, TableName, TableSchema, encode_key, split_table_list
 from ..core.sqlnames import quote_mysql
 from ..storage.layout import changelog_dir
-from .base import ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
+from .base import ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink, value_bytes
 
 log = logging.getLogger(__name__)
 
@@ -502,6 +502,28 @@ def _text_or_b64(v: Any) -> Any:
     return v
 
 
+def _bounded_batches(cur: Any, batch_size: int, max_bytes: int) -> Iterator[list[tuple]]:
+    """Rows of an unbuffered cursor in batches of at most ``batch_size`` rows, each ending
+    once its values reach ``max_bytes`` (the row that reaches it included)."""
+    fetchone = cur.fetchone
+    while True:
+        rows: list[tuple] = []
+        size = 0
+        row = None
+        while len(rows) < batch_size and size < max_bytes:
+            row = fetchone()
+            if row is None:
+                break
+            rows.append(row)
+            size += value_bytes(row)
+        if rows:
+            box = [rows]
+            del rows
+            yield box.pop()  # no reference left here: the caller may free the batch
+        if row is None:
+            return
+
+
 # --------------------------------------------------------------------------- offsets
 
 
@@ -868,11 +890,15 @@ class MySqlDialect(Dialect):
             sql = f"SELECT {widened} FROM " + sql[len(prefix) :]  # noqa: S608
         return sql, params
 
+    stream_max_bytes = True
+
     def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None
     ) -> Iterator[list[tuple]]:
         """A fresh autocommit statement on its own connection with an unbuffered cursor:
-        InnoDB gives it a read view taken when it starts, after the low watermark committed."""
+        InnoDB gives it a read view taken when it starts, after the low watermark committed.
+        ``max_bytes``: a batch also ends once its rows' values (:func:`value_bytes`) reach it,
+        so rows of large values come a few at a time (the cursor reads a row at a time)."""
         conn = self._connect(cursorclass=pymysql.cursors.SSCursor)
         try:
             with conn.cursor() as cur:
@@ -880,6 +906,9 @@ class MySqlDialect(Dialect):
                     cur.execute(sql, list(params))
                 except pymysql.err.MySQLError as exc:
                     raise SourceError(f"the source rejected the chunk query ({exc.args[-1]}): {sql}") from exc
+                if max_bytes:
+                    yield from _bounded_batches(cur, batch_size, max_bytes)
+                    return
                 while True:
                     box = [list(cur.fetchmany(batch_size))]
                     if not box[0]:

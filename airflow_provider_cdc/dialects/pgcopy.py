@@ -174,8 +174,15 @@ for _i, _c in enumerate(b"0123456789abcdef"):
     _HEX_VALUE[_c] = _HEX_VALUE[bytes([_c]).upper()[0]] = _i
 
 
+#: hex digits decoded at a time by :func:`_typed_binary`: its temporaries (the digits, their
+#: values) stay a few MB however large the values are
+HEX_BLOCK_BYTES = 8 << 20
+
+
 def _typed_binary(arr: pa.Array) -> pa.Array | None:
-    """bytea's hex output (``\\x0aff``) -> binary, decoded with numpy over the whole column;
+    """bytea's hex output (``\\x0aff``) -> binary, decoded with numpy over runs of values of
+    at most :data:`HEX_BLOCK_BYTES` hex digits (a larger value alone, in parts), written into
+    one output buffer: memory is the output plus a bounded block, whatever the value sizes;
     None when a value is in the escape format (bytea_output = escape: the decoder)."""
     from ..core.arrow_types import gather_slices, slices_array, validity_mask
 
@@ -191,14 +198,38 @@ def _typed_binary(arr: pa.Array) -> pa.Array | None:
     if (lengths < 0).any() or (lengths % 2).any() or not (
             (data[prefix_at] == 0x5C).all() and (data[prefix_at + 1] == 0x78).all()):  # "\\x"
         return None
-    digits, _ = gather_slices(data, starts, lengths)
-    values = _HEX_VALUE[digits]
-    if (values == 255).any():
-        return None
-    out = (values[0::2] << 4) | values[1::2]
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths // 2, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    hex_at = np.zeros(n + 1, dtype=np.int64)  # where each value's digits start in the digit stream
+    np.cumsum(lengths, out=hex_at[1:])
+    i = 0
+    while i < n:
+        # values i..j-1: at most HEX_BLOCK_BYTES digits, or value i alone (then in parts)
+        j = max(i + 1, int(np.searchsorted(hex_at, hex_at[i] + HEX_BLOCK_BYTES, side="right")) - 1)
+        j = min(j, n)
+        if j == i + 1 and lengths[i] > HEX_BLOCK_BYTES:
+            s, o = int(starts[i]), int(offsets[i])
+            for k in range(0, int(lengths[i]), HEX_BLOCK_BYTES):
+                m = min(HEX_BLOCK_BYTES, int(lengths[i]) - k)
+                if not _unhex_into(data[s + k:s + k + m], out[o + k // 2:o + (k + m) // 2]):
+                    return None
+        else:
+            digits, _ = gather_slices(data, starts[i:j], lengths[i:j])
+            if not _unhex_into(digits, out[int(offsets[i]):int(offsets[j])]):
+                return None
+        i = j
     return slices_array(pa.binary(), out, offsets, valid if arr.null_count else None)
+
+
+def _unhex_into(digits: np.ndarray, out: np.ndarray) -> bool:
+    """Hex digits (numpy uint8, an even count) -> their bytes in ``out``; False on a non-hex digit."""
+    values = _HEX_VALUE[digits]
+    if (values == 255).any():
+        return False
+    np.left_shift(values[0::2], 4, out=out)
+    out |= values[1::2]
+    return True
 
 
 def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:

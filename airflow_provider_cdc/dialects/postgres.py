@@ -954,7 +954,7 @@ class PostgresDialect(Dialect):
         )
         state = {"rows": 0, "last": None, "pending": 0}
         buf = bytearray()  # COPY rows of the batch being filled (no object per row)
-        batch_rows = max(1, self.copy_batch_rows)
+        batch_rows, batch_bytes = max(1, self.copy_batch_rows), self.batch_max_bytes
 
         with ChunkWriter(schema, path) as writer:
 
@@ -974,7 +974,7 @@ class PostgresDialect(Dialect):
                 def write(self, data: bytes) -> int:
                     buf.extend(data)
                     state["pending"] += 1
-                    if state["pending"] >= batch_rows:
+                    if state["pending"] >= batch_rows or len(buf) >= batch_bytes:
                         flush()
                     return len(data)
 

@@ -98,7 +98,8 @@ class ChunkWriter:
     def _open(self, schema: TableSchema, text: list[str]) -> None:
         after = at.conform_images(pa.nulls(0, pa.struct([])), None, [], schema, text)
         empty = chunk_table(string_array([]), after, schema, text)
-        self._writer = pq.ParquetWriter(self._tmp, empty.schema, filesystem=self._fs, **CHUNK_PARQUET_OPTIONS)
+        self._writer = pq.ParquetWriter(self._tmp, empty.schema, filesystem=self._fs, **CHUNK_PARQUET_OPTIONS,
+                                        write_statistics=at.statistics_columns(empty.schema, ("key",)))
         self._typed = (schema, list(text))
 
     def _write(self, keys: pa.Array, after: pa.StructArray, schema: TableSchema, text: list[str]) -> None:
@@ -222,7 +223,9 @@ def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark
     if not len(batch):
         raise ValueError("write_segment needs at least one event")
     path = storage.join(directory, segment_name(batch.first, batch.last))
-    atomic_write_table(batch_to_table(batch, schemas), path)
+    table = batch_to_table(batch, schemas)
+    # no min/max statistics of row values: they copy a large value several times
+    atomic_write_table(table, path, write_statistics=at.statistics_columns(table.schema, SEGMENT_SCHEMA.names))
     return path
 
 
