@@ -22,15 +22,20 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import gzip
+import hashlib
 import json
 import logging
 import math
+import os
 import re
+import shutil
 import struct
+import tempfile
 import threading
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pymysql
@@ -592,6 +597,12 @@ class MySqlDialect(Dialect):
                 f"on_truncate must be 'event' (default: stage it, the mirror drops the table's older rows), "
                 f"'fail' or 'skip', got {self.on_truncate!r}"
             )
+        # a binlog event whose changes capture cannot read (statement-logged DML, an XA COMMIT of
+        # a prepare never read, compressed or incident events): "fail" stops naming it; "skip",
+        # set for one run once the tables it changed are re-snapshotted, warns and passes it
+        self.on_unreadable = self.options.get("on_unreadable", "fail")
+        if self.on_unreadable not in ("fail", "skip"):
+            raise ConfigurationError(f"on_unreadable must be 'fail' (default) or 'skip', got {self.on_unreadable!r}")
         tables = self.options.get("tables")
         if isinstance(tables, str):  # "db.a,db.b" or a JSON list
             tables = split_table_list(tables, "dialect option 'tables'")
@@ -1039,6 +1050,7 @@ class MySqlDialect(Dialect):
         """The committed offset; when there is none yet, start at the current end of the
         binlog and commit that at once, so a later crash cannot skip what came between."""
         self.require_capture_scope()
+        self.__dict__["_data_dir"] = data_dir  # prepared XA transactions wait under its changelog folder
         p = self._offset_path(data_dir)
         if storage.exists(p):
             text = storage.read_text(p)
@@ -1046,13 +1058,18 @@ class MySqlDialect(Dialect):
             return text
         end = self.binlog_end()
         text = end.to_json(gtid=self._gtid())
+        # XA transactions prepared before a fresh start were never read: none may match a later commit
+        storage.delete_dir(storage.join(changelog_dir(data_dir, self.source), XA_DIR))
         self.commit_offset(text, data_dir)
         return text
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
-        """Atomic (storage.atomic_output): a reader sees the old or the new offset."""
+        """Atomic (storage.atomic_output): a reader sees the old or the new offset. Then the
+        staged XA transactions committed or rolled back before it are deleted."""
         BinlogOffset.from_json(offset)
         storage.write_text(self._offset_path(data_dir), offset)
+        self.__dict__["_data_dir"] = data_dir
+        self._xa_cleanup(offset)
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """Binlog bytes written past ``offset``, and the age after which the server purges a
@@ -1111,20 +1128,44 @@ class MySqlDialect(Dialect):
         segment_max_events: int | None = None,
         on_segment: SegmentSink | None = None,
     ) -> LogBatch:
-        """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS), whole
-        transactions only: the returned end offset is just after the last XID / COMMIT /
-        DDL included, never inside a transaction. Segments go to ``on_segment`` at those
-        boundaries (see :meth:`Dialect.read_log`)."""
+        """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS). The
+        returned end offset is always at a group end (after an XID, COMMIT, ROLLBACK, DDL or XA
+        PREPARE), never inside a transaction (I6).
+
+        Segments go to ``on_segment`` at a group end once ``segment_max_events`` events or
+        ``segment_max_bytes`` bytes of rows events are read, and inside a group at twice the
+        events or at the bytes: the binlog holds only committed groups, so a group's parts may
+        be staged before it ends, and memory follows the segment, not the transaction (I11).
+        The cuts depend only on the events read from ``offset``: a capture killed between parts
+        rereads from the same offset and rewrites the same segment names.
+
+        A group that may still drop events at its end is held (:class:`_HeldGroup`: in memory
+        up to the same bound, then in part files) instead of streamed: a MariaDB group not
+        flagged transactional (it changed a non-transactional table: at ``ROLLBACK`` or
+        ``ROLLBACK TO SAVEPOINT`` only those tables' changes stand), every MySQL group (its GTID
+        event does not say), and an XA transaction: at ``XA PREPARE`` its events are written
+        under ``<changelog dir>/_xa/`` before the offset may pass it, and they are staged at
+        its ``XA COMMIT`` with the commit's position, where the change becomes visible (I1), or
+        dropped at ``XA ROLLBACK``, in this run or a later one. Events whose changes cannot be
+        read are refused (:meth:`_refuse`), never skipped silently."""
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import (
+            ExecuteLoadQueryEvent,
             FormatDescriptionEvent,
             GtidEvent,
             MariadbGtidEvent,
+            NotImplementedEvent,
             QueryEvent,
             RotateEvent,
+            XAPrepareEvent,
             XidEvent,
         )
-        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            PartialUpdateRowsEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
 
         start = BinlogOffset.from_json(offset)
         end = self.binlog_end()
@@ -1138,6 +1179,7 @@ class MySqlDialect(Dialect):
             return LogBatch([], offset, offset)
         self._check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
+        self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
 
         self.require_capture_scope()
         wm = self.watermark_table
@@ -1160,36 +1202,122 @@ class MySqlDialect(Dialect):
             resume_stream=True,
             log_file=start.file,
             log_pos=start.pos,
+            # NotImplementedEvent: every event type the reader does not decode comes here, so
+            # the ones that carry changes (compressed, incident, LOAD) are refused, not dropped
             only_events=[
                 WriteRowsEvent,
                 UpdateRowsEvent,
                 DeleteRowsEvent,
+                PartialUpdateRowsEvent,
                 XidEvent,
                 QueryEvent,
                 RotateEvent,
                 MariadbGtidEvent,
                 GtidEvent,
                 FormatDescriptionEvent,
+                XAPrepareEvent,
+                ExecuteLoadQueryEvent,
+                NotImplementedEvent,
             ],
             only_schemas=only_schemas,
             enable_logging=False,
         )
-        out: list[LogEvent] = []
-        pending: list[LogEvent] = []
-        total = 0  # events of whole transactions read (max_events)
         seg_max = segment_max_events if on_segment is not None and segment_max_events else None
+        inside_max = 2 * seg_max if seg_max is not None else None  # a cut inside a group
+        max_bytes = self.segment_max_bytes
+        hold_max = inside_max or 2 * (self.segment_max_events or 20_000)  # held events in memory
+        scratch = _Scratch()
+        out: list[LogEvent] = []
+        seg_bytes = 0  # rows-event bytes of the events in ``out``
+        total = 0  # events of whole groups read (max_events)
+        group_count = 0  # events the open group put in ``out``
+        group_mark = 0  # where the open group's events start in ``out``
+        in_group = False
+        held: _HeldGroup | None = None  # the open group is held (None: streamed into ``out``)
+        group_start: tuple[int, int] | None = None  # (file index, offset) of its GTID event
         committed = start
         current_file = start.file
         skipped: set[str] = set()
         in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
         group_gtid = committed_gtid = None  # GTID of the last whole group (for the record)
         thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
+
+        def flush() -> None:
+            nonlocal out, seg_bytes, group_mark
+            if out:
+                on_segment(out)
+                out = []
+            seg_bytes, group_mark = 0, 0
+
+        def emit(events: list[LogEvent], nbytes: int) -> None:
+            nonlocal seg_bytes, group_count
+            group_count += len(events)
+            if inside_max is None:
+                out.extend(events)
+                return
+            i = 0
+            while len(out) + len(events) - i > inside_max:
+                # the segment would pass twice its events inside a group: stage it full, go on
+                room = inside_max - len(out)
+                out.extend(events[i:i + room])
+                i += room
+                flush()
+            out.extend(events[i:] if i else events)
+            seg_bytes += nbytes
+            if seg_bytes >= max_bytes:
+                flush()
+
+        def add(events: list[LogEvent], nbytes: int) -> None:
+            if held is None:
+                emit(events, nbytes)
+            else:
+                held.add(events, nbytes)
+
+        def begin_group(where: str, hold: bool, xa: bool = False) -> None:
+            nonlocal in_group, held, group_count, group_mark
+            if in_group:
+                self._unclosed_group(where, group_count + (held.count if held else 0))
+                close_open_group()
+            in_group, group_count, group_mark = True, 0, len(out)
+            held = _HeldGroup(self, hold_max, max_bytes, scratch, group_start) if hold or xa else None
+            if xa:
+                held.make_xa(self._xa_root())
+
+        def close_open_group() -> None:
+            """Forget a group that did not end (its events are not part of the returned batch)."""
+            nonlocal in_group, held
+            if held is not None:
+                held.discard()
+            elif group_mark < len(out):
+                del out[group_mark:]
+            in_group, held = False, None
+
+        def end_group(ev_end: BinlogOffset, how: str = "commit") -> bool:
+            """``how``: commit (its events stand), rollback (only non-transactional tables'
+            changes stand), prepared (an XA PREPARE: its events were persisted by the caller)."""
+            nonlocal in_group, held, total, committed, committed_gtid, in_txn, group_count
+            if held is not None:
+                if how != "prepared":
+                    for events, nbytes in held.drain(rollback=how == "rollback"):
+                        emit(events, nbytes)
+                    held.discard()
+            total += group_count
+            in_group, held, in_txn, group_count = False, None, False, 0
+            committed, committed_gtid = ev_end, group_gtid
+            if seg_max is not None and (len(out) >= seg_max or seg_bytes >= max_bytes):
+                flush()  # ends at this group's end
+            return max_events is not None and total >= max_events
+
         try:
             for ev in stream:
+                # the reader's packet and event point at each other: a cycle per event that only
+                # the cyclic GC frees, late in a process of many objects (memory would follow the
+                # transaction); cut it so each event is freed when the next one is read
+                ev.packet.event = None
                 if isinstance(ev, RotateEvent):
                     current_file = ev.next_binlog
                     nxt = BinlogOffset.of(ev.next_binlog, ev.position)
-                    if not pending and committed < nxt <= end:
+                    if not in_group and committed < nxt <= end:
                         committed = nxt
                     continue
                 if isinstance(ev, FormatDescriptionEvent):
@@ -1197,43 +1325,114 @@ class MySqlDialect(Dialect):
                 ev_end = BinlogOffset.of(current_file, ev.packet.log_pos)
                 if ev_end > end:
                     break  # written after this read began: the next capture takes it
-                ends_group = False
-                if isinstance(ev, MariadbGtidEvent):
-                    # a MariaDB group starts here; FL_STANDALONE (1): one statement, no BEGIN
-                    pending, in_txn, group_gtid, thread = [], not (ev.flags & 1), ev.gtid, None
-                elif isinstance(ev, GtidEvent):
-                    pending, in_txn, group_gtid, thread = [], False, ev.gtid, None  # MySQL: BEGIN follows unless DDL
-                elif isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                ev_start = ev.packet.log_pos - ev.packet.event_size
+                where = f"{current_file}:{ev_start}"
+                stop = False
+                if isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                    if isinstance(ev, PartialUpdateRowsEvent):
+                        table = TableName(ev.schema, ev.table)
+                        self._refuse(
+                            f"a partial JSON rows event (binlog_row_value_options = PARTIAL_JSON) of table {table} "
+                            f"at {where}: its rows lack the whole after image. Make binlog_row_value_options empty "
+                            "and re-snapshot the table"
+                        )
+                        continue
                     origin = (group_gtid, None, None, ev.packet.server_id, thread, current_file)
-                    pending.extend(self._row_events(ev, current_file, wm, skipped, origin))
+                    events = self._row_events(ev, current_file, wm, skipped, origin)
+                    if events:
+                        add(events, ev.packet.event_size)
+                elif isinstance(ev, MariadbGtidEvent):
+                    # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
+                    # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
+                    # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
+                    group_start = (binlog_file_index(current_file), ev_start)
+                    standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
+                    begin_group(where, hold=not (standalone or ev.flags & 4), xa=xa)
+                    in_txn, group_gtid, thread = not standalone, ev.gtid, None
+                elif isinstance(ev, GtidEvent):
+                    group_start = (binlog_file_index(current_file), ev_start)
+                    begin_group(where, hold=True)  # MySQL: BEGIN follows unless DDL; whether it may roll back is unknown
+                    in_txn, group_gtid, thread = False, ev.gtid, None
                 elif isinstance(ev, XidEvent):
-                    ends_group = True  # InnoDB commit
-                elif isinstance(ev, QueryEvent):
-                    text = _query_text(ev.query).strip().upper()
+                    stop = end_group(ev_end)  # InnoDB commit
+                elif isinstance(ev, XAPrepareEvent):
+                    if ev.one_phase:  # MySQL's XA COMMIT ... ONE PHASE: the group commits here
+                        stop = end_group(ev_end)
+                    else:
+                        xid = _Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
+                        if held is None or not held.xa:
+                            self._refuse(f"XA PREPARE of {xid} at {where} ends a group this capture did not hold "
+                                         "as an XA transaction; its changes would be lost")
+                            held = None
+                        else:
+                            held.persist(self._xa_manifest(xid, held.start), xid, where)
+                        stop = end_group(ev_end, "prepared")
+                elif isinstance(ev, QueryEvent | ExecuteLoadQueryEvent):
+                    # ExecuteLoadQueryEvent (a LOAD DATA logged as a statement) keeps no readable text
+                    raw = _query_text(getattr(ev, "query", "LOAD DATA (statement-based)")).strip()
+                    text = raw.upper()
                     if text == "BEGIN" or text.startswith("XA START"):
                         in_txn = True
                         thread = ev.slave_proxy_id  # the connection that ran the transaction
+                        if text.startswith("XA START") and held is not None:
+                            held.make_xa(self._xa_root())  # MySQL logs XA START; MariaDB flags the GTID
                     elif text in ("COMMIT", "ROLLBACK"):
-                        ends_group = True  # end of a group with non-transactional changes
+                        # the end of a group with non-transactional changes; after ROLLBACK only
+                        # those stand (the server logs the rolled-back ones too)
+                        stop = end_group(ev_end, "rollback" if text == "ROLLBACK" else "commit")
+                    elif text.startswith("SAVEPOINT"):
+                        if held is not None:
+                            held.savepoint(_savepoint_name(raw))
+                    elif text.startswith("ROLLBACK TO"):
+                        if held is not None:
+                            held.rollback_to(_savepoint_name(raw))
+                        elif group_count:
+                            self._refuse(f"{raw!r} at {where} rolls back part of a group already staged as "
+                                         "committed (a MariaDB group flagged transactional)")
+                    elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
+                        commit = text.startswith("XA COMMIT")
+                        if held is not None and held.xa and held.count:
+                            # XA COMMIT ... ONE PHASE written as a statement of its own group
+                            stop = end_group(ev_end, "commit" if commit else "rollback")
+                        else:
+                            xid = _Xid.parse(raw)
+                            if xid is None:
+                                self._refuse(f"cannot read the transaction id of {raw!r} at {where}")
+                            elif commit:
+                                for events, nbytes in self._xa_commit(xid, current_file, ev_start, ev_end, where):
+                                    emit(events, nbytes)
+                            else:
+                                self._xa_forget(xid, current_file, ev_start, ev_end)
+                            stop = end_group(ev_end)
+                    elif text.startswith("XA "):
+                        pass  # XA END (MySQL, MariaDB): inside the XA group
+                    elif _STATEMENT_DML_RE.match(raw) or isinstance(ev, ExecuteLoadQueryEvent):
+                        if isinstance(ev, ExecuteLoadQueryEvent) or self._may_touch_captured(raw):
+                            self._refuse(
+                                f"the statement {raw[:200]!r} at {where} was logged as a statement (the writer's "
+                                "session had binlog_format STATEMENT or MIXED): the rows it changed are not in the "
+                                "binlog. Make every writer use binlog_format=ROW and re-snapshot the tables it changed"
+                            )
+                        if not in_txn:
+                            stop = end_group(ev_end)
                     elif not in_txn:
                         # DDL and other standalone statements are groups of their own;
                         # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
-                        ends_group = True
                         self._binlog_converters.clear()  # DDL may change a table's columns
                         if text.startswith("TRUNCATE"):
                             origin = (group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, current_file)
-                            pending.extend(self._truncate(ev, current_file, origin))
-                if ends_group:
-                    out.extend(pending)
-                    total += len(pending)
-                    pending, in_txn = [], False
-                    committed, committed_gtid = ev_end, group_gtid
-                    if seg_max is not None and len(out) >= seg_max:
-                        on_segment(out)  # ends at this group's end: whole transactions
-                        out = []
-                    if max_events is not None and total >= max_events:
-                        break
-                if ev_end == end:
+                            add(self._truncate(ev, current_file, origin), 0)
+                        stop = end_group(ev_end)
+                elif isinstance(ev, NotImplementedEvent):
+                    kind = ev.packet.event_type
+                    if kind == _ANONYMOUS_GTID:  # MySQL without GTIDs: a group starts here
+                        group_start = (binlog_file_index(current_file), ev_start)
+                        begin_group(where, hold=True)
+                        in_txn, thread = False, None
+                    elif kind in _UNREADABLE_EVENTS:
+                        self._refuse(f"{_UNREADABLE_EVENTS[kind]} at {where} (event type {kind}): capture cannot "
+                                     "read the changes it carries")
+                if stop or ev_end == end:
                     break
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
@@ -1244,10 +1443,141 @@ class MySqlDialect(Dialect):
             raise
         finally:
             stream.close()
+            if in_group:
+                close_open_group()  # the read ended inside a group: the next capture reads it whole
+            scratch.close()
         if committed == start:
             return LogBatch(out, offset, offset)
         extra = {"gtid": committed_gtid} if committed_gtid else {}
         return LogBatch(out, committed.to_json(**extra), offset)
+
+    # --- held groups and XA -------------------------------------------------------------
+    def _refuse(self, what: str) -> None:
+        """A binlog event whose changes capture cannot read: stop (on_unreadable="fail", the
+        default) or, once the tables it changed are re-snapshotted, warn and pass it ("skip")."""
+        msg = f"source {self.source!r}: {what}"
+        if self.on_unreadable == "skip":
+            log.warning("%s; passed because on_unreadable='skip': re-snapshot the tables it changed", msg)
+            return
+        raise SourceError(
+            f"{msg}. After re-snapshotting the tables it changed, set the dialect option on_unreadable='skip' "
+            "for one capture run to pass this point"
+        )
+
+    def _unclosed_group(self, where: str, events: int) -> None:
+        """A new group began while one was open: nothing the reader knows ends groups that way."""
+        if events:
+            self._refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
+                         f"or XA PREPARE) before the group at {where}")
+
+    def _may_touch_captured(self, sql: str) -> bool:
+        """Whether a statement's text names a captured table (every statement when capturing
+        every table): a cheap, conservative test for a statement-logged change."""
+        if not self.tables:
+            return True
+        low = sql.lower()
+        return any(t.name.lower() in low for t in self.tables)
+
+    def _transactional(self, event: LogEvent) -> bool:
+        """Whether the event's table rolls back with its transaction (its engine's
+        TRANSACTIONS in information_schema), looked up once per table and run."""
+        table = event.table if isinstance(event, ChangeEvent) else self.watermark_table.id
+        cache = self.__dict__.setdefault("_engines", {})
+        hit = cache.get(table)
+        if hit is None:
+            name = TableName.parse(table)
+            rows = self._query(
+                "SELECT e.TRANSACTIONS FROM information_schema.TABLES t JOIN information_schema.ENGINES e "
+                "ON e.ENGINE = t.ENGINE WHERE t.TABLE_SCHEMA = %s AND t.TABLE_NAME = %s",
+                (name.schema, name.name),
+            )
+            if not rows:
+                raise SourceError(
+                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and whether "
+                    "its engine is transactional cannot be read (the table no longer exists), so capture cannot tell "
+                    "which of them stand. Re-snapshot the table and reset the capture offset (delete "
+                    f"{OFFSET_FILE} in the changelog staging dir)"
+                )
+            hit = cache[table] = str(rows[0][0]).upper() == "YES"
+        return hit
+
+    def _xa_root(self) -> str:
+        """Where prepared XA transactions wait for their XA COMMIT: ``<changelog dir>/_xa``
+        once load_offset or commit_offset named the data dir, else a folder of this process
+        (a prepare and a commit read by this dialect object still meet there)."""
+        data_dir = self.__dict__.get("_data_dir")
+        if data_dir is not None:
+            return storage.join(changelog_dir(data_dir, self.source), XA_DIR)
+        tmp = self.__dict__.get("_xa_tmp")
+        if tmp is None:
+            import tempfile
+
+            tmp = self.__dict__["_xa_tmp"] = tempfile.mkdtemp(prefix="cdc-mysql-xa-")
+            log.warning("source %r: read_log without a data dir: prepared XA transactions are kept in %s, "
+                        "which does not outlive this process", self.source, tmp)
+        return tmp
+
+    def _xa_manifest(self, xid: _Xid, start: tuple[int, int]) -> str:
+        return storage.join(self._xa_root(), f"x-{xid.key}.{start[0]:08d}-{start[1]:012d}.json")
+
+    def _xa_prepared(self, xid: _Xid, file_index: int, pos: int) -> list[tuple[tuple[int, int], str]]:
+        """The manifests of ``xid`` prepared before (file_index, pos), oldest first."""
+        root, prefix = self._xa_root(), f"x-{xid.key}."
+        found = []
+        for name in storage.list_names(root, suffix=".json"):
+            if name.startswith(prefix):
+                idx, _, off = name[len(prefix):-len(".json")].partition("-")
+                at = (int(idx), int(off))
+                if at < (file_index, pos):
+                    found.append((at, storage.join(root, name)))
+        return sorted(found)
+
+    def _xa_done(self, manifests: list[str], ev_end: BinlogOffset) -> None:
+        """Delete these manifests and their parts once the offset passes ``ev_end`` (commit_offset)."""
+        self.__dict__.setdefault("_xa_resolved", []).append((ev_end, manifests))
+
+    def _xa_commit(self, xid: _Xid, file: str, pos: int, ev_end: BinlogOffset, where: str
+                   ) -> Iterator[tuple[list[LogEvent], int]]:
+        """The events of the XA transaction ``xid`` (its latest prepare before this commit),
+        placed at the commit's position in their order."""
+        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        if not prepared:
+            self._refuse(
+                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came before the "
+                f"capture's first offset, or {self._xa_root()} lost it): its changes are not staged"
+            )
+            return
+        self._xa_done([m for _, m in prepared], ev_end)
+        group = _HeldGroup.load(self, prepared[-1][1])
+        log.info("source %r: XA transaction %s committed at %s: %d event(s) staged at the commit's position",
+                 self.source, xid, where, group.count)
+        yield from group.drain(rollback=False, at=(binlog_file_index(file), pos))
+
+    def _xa_forget(self, xid: _Xid, file: str, pos: int, ev_end: BinlogOffset) -> None:
+        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        if prepared:
+            self._xa_done([m for _, m in prepared], ev_end)
+
+    def _xa_cleanup(self, offset: str) -> None:
+        """Drop the staged XA transactions resolved before ``offset`` (just committed)."""
+        resolved = self.__dict__.get("_xa_resolved")
+        if not resolved:
+            return
+        upto = BinlogOffset.from_json(offset)
+        keep = []
+        for ev_end, manifests in resolved:
+            if ev_end > upto:
+                keep.append((ev_end, manifests))
+                continue
+            for m in manifests:
+                try:
+                    parts = json.loads(storage.read_text(m)).get("dir")
+                except FileNotFoundError:
+                    continue
+                if parts:
+                    storage.delete_dir(storage.join(storage.parent(m), parts))
+                storage.delete(m)
+        self.__dict__["_xa_resolved"] = keep
 
     @property
     def _binlog_converters(self) -> dict:
@@ -1388,6 +1718,231 @@ def parse_truncate(sql: str, default_schema: str | None) -> TableName | None:
     if not default_schema:
         return None
     return TableName(default_schema, _unquote(m.group("a")))
+
+
+
+# --------------------------------------------------------------------------- held groups and XA
+
+#: the folder under the changelog staging folder where prepared XA transactions wait
+XA_DIR = "_xa"
+_ANONYMOUS_GTID = 0x22  # MySQL without GTIDs: the event that starts a group
+#: event types the reader does not decode whose changes would be lost if passed over
+_UNREADABLE_EVENTS: dict[int, str] = {
+    **{t: "a LOAD DATA event of statement-based logging" for t in (0x06, 0x08, 0x09, 0x0A, 0x0B, 0x0C)},
+    **{t: "a pre-GA rows event" for t in (0x14, 0x15, 0x16)},
+    0x1A: "an INCIDENT event: the server recorded that changes may be missing from the binlog (for "
+          "example a non-transactional write that could not be logged)",
+    0x28: "a compressed transaction (MySQL binlog_transaction_compression = ON: SET GLOBAL "
+          "binlog_transaction_compression = OFF)",
+    **{t: "a compressed event (MariaDB log_bin_compress = ON: SET GLOBAL log_bin_compress = OFF)"
+       for t in range(0xA5, 0xAC)},
+}
+#: a change logged as a statement (the writer's session not in binlog_format=ROW)
+_STATEMENT_DML_RE = re.compile(r"^(?:/\*.*?\*/\s*)*(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+(?:DATA|XML))\b",
+                               re.IGNORECASE | re.DOTALL)
+_XID_PART = r"\s*(?:X'([0-9A-Fa-f]*)'|'((?:[^']|'')*)')\s*"
+_XA_END_RE = re.compile(
+    rf"^XA\s+(?:COMMIT|ROLLBACK){_XID_PART}(?:,{_XID_PART}(?:,\s*(\d+)\s*)?)?(?:ONE\s+PHASE\s*)?;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+@dataclass(frozen=True)
+class _Xid:
+    """An XA transaction id: formatID, gtrid and bqual (what XA RECOVER shows)."""
+
+    format_id: int
+    gtrid: bytes
+    bqual: bytes
+
+    @property
+    def key(self) -> str:
+        """A file-name-safe form, the same for every event naming this id."""
+        raw = f"{self.format_id}-{self.gtrid.hex()}-{self.bqual.hex()}"
+        return raw if len(raw) <= 120 else "h" + hashlib.sha256(raw.encode()).hexdigest()
+
+    def __str__(self) -> str:
+        def lit(b: bytes) -> str:
+            try:
+                t = b.decode("ascii")
+                if t.isprintable():
+                    return "'" + t.replace("'", "''") + "'"
+            except UnicodeDecodeError:
+                pass
+            return f"X'{b.hex()}'"
+
+        parts = [lit(self.gtrid)]
+        if self.bqual or self.format_id != 1:
+            parts.append(lit(self.bqual))
+        if self.format_id != 1:
+            parts.append(str(self.format_id))
+        return "XA transaction " + ",".join(parts)
+
+    @classmethod
+    def parse(cls, sql: str) -> _Xid | None:
+        """The id of ``XA COMMIT|ROLLBACK X'..',X'..',n`` (the binlog's form) or quoted text."""
+        m = _XA_END_RE.match(sql)
+        if m is None:
+            return None
+
+        def val(hexa: str | None, text: str | None) -> bytes:
+            return bytes.fromhex(hexa) if hexa is not None else (text or "").replace("''", "'").encode("utf-8")
+
+        return cls(int(m.group(5) or 1), val(m.group(1), m.group(2)), val(m.group(3), m.group(4)))
+
+
+def _savepoint_name(sql: str) -> str:
+    """``SAVEPOINT `a` `` / ``ROLLBACK TO [SAVEPOINT] `a` `` -> ``a`` (case-insensitive, as the server)."""
+    name = re.sub(r"^(?:SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?)\s+", "", sql.strip(), flags=re.I)
+    return _unquote(name.strip().rstrip(";").strip()).lower()
+
+
+def _event_json(e: LogEvent) -> str:
+    if isinstance(e, WatermarkEvent):
+        return json.dumps(["w", e.id, e.position.encode(), e.ts_ms])
+    return json.dumps(["c", e.table, e.op, e.key, e.position.encode(), e.before, e.after, e.ts_ms, e.origin],
+                      ensure_ascii=False)
+
+
+def _event_from_json(line: str) -> LogEvent:
+    r = json.loads(line)
+    if r[0] == "w":
+        return WatermarkEvent(r[1], Position.decode(r[2]), r[3])
+    return ChangeEvent(r[1], r[2], r[3], Position.decode(r[4]), r[5], r[6], r[7],
+                       origin=None if r[8] is None else tuple(r[8]))
+
+
+class _Scratch:
+    """A local folder for the parts of held groups of one read, removed when the read ends."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+
+    def folder(self, name: str) -> str:
+        if self.path is None:
+            self.path = tempfile.mkdtemp(prefix="cdc-mysql-held-")
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+
+class _HeldGroup:
+    """The events of a binlog group that may not be staged before the group ends: one that may
+    still roll back changes (``ROLLBACK``, ``ROLLBACK TO SAVEPOINT``), or an XA transaction
+    until its ``XA COMMIT``. In memory up to ``max_events`` events or ``max_bytes`` bytes of
+    rows events, then in gzipped JSON-lines part files (I11): local scratch, or for XA a folder
+    under the changelog staging folder, written durably before the offset may pass the
+    prepare (I6). Rolled-back ranges are kept as event index ranges and applied when the
+    events are read back, so they work on parts already on disk."""
+
+    def __init__(self, dialect: MySqlDialect, max_events: int, max_bytes: int, scratch: _Scratch | None,
+                 start: tuple[int, int] | None) -> None:
+        self.dialect, self.max_events, self.max_bytes, self.scratch = dialect, max_events, max_bytes, scratch
+        self.start = start or (0, 0)  # (file index, offset) of the group's first event: names its folder
+        self.events: list[LogEvent] = []
+        self.bytes = 0
+        self.count = 0  # events added, spilled ones included
+        self.parts: list[tuple[str, int]] = []  # part file names in ``dir`` and their rows-event bytes
+        self.dir: str | None = None
+        self.xa = False
+        self.savepoints: dict[str, int] = {}
+        self.drops: list[tuple[int, int]] = []  # [start, end) event ranges rolled back to a savepoint
+
+    def _name(self) -> str:
+        return f"g-{self.start[0]:08d}-{self.start[1]:012d}"
+
+    def make_xa(self, root: str) -> None:
+        """Hold this group as an XA transaction: its parts go to ``root`` (durable)."""
+        if self.xa:
+            return
+        if self.parts:
+            raise SourceError(f"source {self.dialect.source!r}: XA START after {self.count} events of its group")
+        self.xa, self.dir = True, storage.join(root, self._name())
+
+    def add(self, events: list[LogEvent], nbytes: int) -> None:
+        self.events.extend(events)
+        self.count += len(events)
+        self.bytes += nbytes
+        if len(self.events) >= self.max_events or self.bytes >= self.max_bytes:
+            self.spill()
+
+    def spill(self) -> None:
+        if not self.events:
+            return
+        if self.dir is None:
+            self.dir = self.scratch.folder(self._name())
+        name = f"part-{len(self.parts):06d}.jsonl-gz"  # no ".gz": pyarrow streams would (de)compress by name
+        payload = "\n".join(map(_event_json, self.events)).encode("utf-8")
+        storage.write_bytes(storage.join(self.dir, name), gzip.compress(payload, compresslevel=1))
+        self.parts.append((name, self.bytes))
+        self.events, self.bytes = [], 0
+
+    def savepoint(self, name: str) -> None:
+        self.savepoints[name] = self.count
+
+    def rollback_to(self, name: str) -> None:
+        start = self.savepoints.get(name)
+        if start is None:
+            self.dialect._refuse(f"ROLLBACK TO SAVEPOINT {name} without its SAVEPOINT in the same binlog group "
+                                 f"(group at {self._name()})")
+            return
+        if start < self.count:
+            self.drops.append((start, self.count))
+
+    def persist(self, manifest: str, xid: _Xid, where: str) -> None:
+        """XA PREPARE: every event in part files, then the manifest naming them (I6)."""
+        self.spill()
+        meta = {"xid": str(xid), "prepare": where, "dir": storage.basename(self.dir) if self.parts else None,
+                "parts": self.parts, "drops": self.drops, "count": self.count}
+        storage.write_text(manifest, json.dumps(meta))
+
+    @classmethod
+    def load(cls, dialect: MySqlDialect, manifest: str) -> _HeldGroup:
+        meta = json.loads(storage.read_text(manifest))
+        group = cls(dialect, 0, 0, None, None)
+        group.xa = True
+        group.dir = storage.join(storage.parent(manifest), meta["dir"]) if meta.get("dir") else None
+        group.parts = [(n, int(b)) for n, b in meta["parts"]]
+        group.drops = [(int(a), int(b)) for a, b in meta["drops"]]
+        group.count = int(meta["count"])
+        return group
+
+    def _chunks(self) -> Iterator[tuple[list[LogEvent], int]]:
+        for name, nbytes in self.parts:
+            data = gzip.decompress(storage.read_bytes(storage.join(self.dir, name))).decode("utf-8")
+            yield [_event_from_json(line) for line in data.split("\n") if line], nbytes
+        if self.events:
+            yield self.events, self.bytes
+
+    def drain(self, *, rollback: bool, at: tuple[int, int] | None = None
+              ) -> Iterator[tuple[list[LogEvent], int]]:
+        """The events that stand, part by part: all but the transactional tables' changes of
+        rolled-back ranges (every change when ``rollback``). ``at``: (file index, offset) of an
+        XA COMMIT, which becomes their position, numbered in order."""
+        check = rollback or bool(self.drops)
+        transactional = self.dialect._transactional
+        i = n = 0
+        for events, nbytes in self._chunks():
+            if check:
+                kept = []
+                for e in events:
+                    if not ((rollback or any(a <= i < b for a, b in self.drops)) and transactional(e)):
+                        kept.append(e)
+                    i += 1
+                events = kept
+            if at is not None:
+                events = [replace(e, position=Position(at[0], at[1], n + j)) for j, e in enumerate(events)]
+            n += len(events)
+            if events:
+                yield events, nbytes
+
+    def discard(self) -> None:
+        if self.parts and self.dir is not None:
+            storage.delete_dir(self.dir)
+        self.events, self.parts = [], []
 
 
 def _query_text(q: Any) -> str:
