@@ -26,8 +26,8 @@ test-deployment: setup
 	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
 # BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table and
-# the Spark engine's rounds on a standalone cluster
-BENCH ?= e2e merge
+# the Spark engine's rounds on a standalone cluster, and the capture's memory against transaction and value size
+BENCH ?= e2e merge capture_memory
 bench: setup
 	@$(ENV) python -m bench $(BENCH) $(BENCH_ARGS)
 

@@ -2,7 +2,10 @@
 
 * capture: ``stage_changelog(MySqlDialect)`` (binlog decode, canonical values, staged Parquet
   segment, offset commit) against a raw mysql-replication drain of the same binlog
-  range that only touches every row's decoded values;
+  range that only touches every row's decoded values, and against a C decoder of that
+  range: ``mariadb-binlog --read-from-remote-server --start-position --stop-position
+  --verbose`` (every row image decoded; output to a file, counted after the timing; the
+  password through MYSQL_PWD, never on the command line);
 * chunk read: ``read_chunk()`` (keyset pages, canonical values, Parquet) against one
   plain streaming ``SELECT * ... ORDER BY pk`` of the same rows through an unbuffered cursor.
 
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import subprocess
 import tempfile
 import time
 import uuid
@@ -127,6 +132,68 @@ def _raw_drain(p: ConnectionParams, start: BinlogOffset, end: BinlogOffset, sche
     return n
 
 
+def c_decoder_binary() -> str | None:
+    """The C binlog decoder of the server's client tools (``mariadb-binlog``, or MySQL's
+    ``mysqlbinlog``), or None when neither is installed."""
+    return shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
+
+
+def binlog_files(cur, start: BinlogOffset, end: BinlogOffset) -> list[str]:
+    """The binlog files from ``start``'s to ``end``'s, in order (SHOW BINARY LOGS)."""
+    cur.execute("SHOW BINARY LOGS")
+    names = [r[0] for r in cur.fetchall()]
+    return [f for f in names if start.index <= BinlogOffset.of(f, 4).index <= end.index]
+
+
+def c_decoder_command(binary: str, p: ConnectionParams, files: list[str], start: BinlogOffset,
+                      end: BinlogOffset) -> list[str]:
+    """``mariadb-binlog --read-from-remote-server`` of exactly ``start``..``end`` (the
+    start position applies to the first file, the stop position to the last), ``--verbose``:
+    every row image decoded into its values (pseudo-SQL), the work the capture's decode
+    does. No password here: it goes through MYSQL_PWD (:func:`c_decoder_env`)."""
+    return [
+        binary,
+        "--read-from-remote-server",
+        f"--host={p.host}",
+        f"--port={p.port or 3306}",
+        f"--user={p.user or 'root'}",
+        f"--start-position={start.pos}",
+        f"--stop-position={end.pos}",
+        "--verbose",
+        *files,
+    ]
+
+
+def c_decoder_env(p: ConnectionParams) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "MYSQL_PWD"}
+    if p.password:
+        env["MYSQL_PWD"] = p.password
+    return env
+
+
+def row_lines(table: TableName) -> re.Pattern[bytes]:
+    """The ``--verbose`` lines that start one row change of ``table``."""
+    q = re.escape(f"`{table.schema}`.`{table.name}`".encode())
+    return re.compile(rb"^### (?:INSERT INTO|UPDATE|DELETE FROM) " + q + rb"$", re.MULTILINE)
+
+
+def _c_decoder_drain(binary: str, p: ConnectionParams, cur, start: BinlogOffset, end: BinlogOffset,
+                     table: TableName, out: Path) -> tuple[int, float]:
+    """(row changes of ``table`` decoded, seconds) of the C decoder over the binlog range
+    (it decodes every table's rows there, as the capture reads them); its output goes to a
+    file, counted after the timing."""
+    cmd = c_decoder_command(binary, p, binlog_files(cur, start, end), start, end)
+    with out.open("wb") as f:
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, env=c_decoder_env(p), check=False)
+        took = time.perf_counter() - t
+    if proc.returncode:
+        raise RuntimeError(f"{binary} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-2000:]}")
+    rows = len(row_lines(table).findall(out.read_bytes()))
+    out.unlink()
+    return rows, took
+
+
 def _plain_select(p: ConnectionParams, table: str, batch: int = 10_000) -> int:
     conn = _connect(p, cursorclass=pymysql.cursors.SSCursor)
     n = 0
@@ -170,12 +237,19 @@ def main(argv: list[str] | None = None) -> int:
             f"  load: {time.perf_counter() - t0:.1f} s; binlog range {start.file}:{start.pos} .. {end.file}:{end.pos}"
         )
 
-        cap_best = raw_best = chunk_best = sel_best = float("inf")
-        events = raw_rows = chunk_rows = sel_rows = 0
+        cap_best = raw_best = chunk_best = sel_best = c_best = float("inf")
+        events = raw_rows = chunk_rows = sel_rows = c_rows = 0
+        c_bin = c_decoder_binary()
+        if c_bin is None:
+            print("  C decoder baseline: neither mariadb-binlog nor mysqlbinlog is installed; skipped")
         for r in range(args.repeat):
             t = time.perf_counter()
             raw_rows = _raw_drain(params, start, end, db, tname.name)
             raw_best = min(raw_best, time.perf_counter() - t)
+
+            if c_bin is not None:
+                c_rows, took = _c_decoder_drain(c_bin, params, cur, start, end, tname, work / "c-decoder.out")
+                c_best = min(c_best, took)
 
             data = work / f"cap-{r}"
             dialect.commit_offset(start.to_json(), str(data))
@@ -225,7 +299,15 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  plain streaming SELECT, same rows:                {sel_rows} rows in {sel_best:.2f} s = {sel_rate:,.0f} rows/s"
         )
+        if c_bin is not None:
+            c_rate = c_rows / c_best
+            print(
+                f"  C decoder ({os.path.basename(c_bin)} --read-from-remote-server --verbose), same range:"
+                f" {c_rows} rows in {c_best:.2f} s = {c_rate:,.0f} rows/s"
+            )
         print(f"RATIO capture/raw_drain = {cap_rate / raw_rate:.2f}")
+        if c_bin is not None:
+            print(f"RATIO capture/c_decoder = {cap_rate / c_rate:.2f}  (target >= 0.5)")
         print(f"RATIO chunk_read/plain_select = {chunk_rate / sel_rate:.2f}")
         return 0
     finally:

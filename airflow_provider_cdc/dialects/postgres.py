@@ -1352,7 +1352,11 @@ class PostgresDialect(Dialect):
         ``segment_max_bytes`` bytes of them) is staged in parts as it arrives: pgoutput sends a
         transaction only once it committed (never an aborted one, nor a rolled-back
         subtransaction's changes), so its parts are final; the offset still only moves to a
-        commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
+        commit. Positions inside it go on across parts (``Segment.begin(base=...)``).
+
+        (Decoding and staging a segment in a second thread while this one reads on was
+        measured slower, 0.58-0.41x against 0.61-0.62x of the raw drain: the read loop and the
+        decode both hold the GIL most of the time.)"""
         start = lsn_to_int(offset)
         upto = self._flush_lsn()
         cur = self._open_stream(start)
@@ -1416,7 +1420,7 @@ class PostgresDialect(Dialect):
                             built = seg.build()
                             if built is not None:
                                 on_segment(built)
-                            base = seg.open_txn_events
+                            base = seg.open_txn_events  # its events number the next part's
                             seg = segment()
                             keep, keep_lsn = seg.payloads.append, seg.lsns.append
                             seg.begin(*txn_begin, base=base)
