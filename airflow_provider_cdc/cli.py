@@ -197,11 +197,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def open_dialect(conn_id: str, source: str):
-    """The source dialect from the Airflow connection (CdcSourceHook)."""
+def open_dialect(conn_id: str, source: str, settings=None):
+    """The source dialect from the Airflow connection (CdcSourceHook), with the capture scope
+    of ``settings`` (a source of the sources config; None: the environment's)."""
     from .hooks.cdc_source import CdcSourceHook
 
-    return CdcSourceHook(conn_id, source=source).get_dialect(source=source)
+    if settings is None:
+        return CdcSourceHook(conn_id, source=source).get_dialect(source=source)
+    return CdcSourceHook(conn_id, source=source, tables=settings.tables,
+                         all_tables=settings.capture_all_tables).get_dialect(source=source)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -229,7 +233,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     table = TableName.parse(args.table)
     source = args.source or args.conn_id
-    with open_dialect(args.conn_id, source) as dialect:
+    with open_dialect(args.conn_id, source, now) as dialect:
         res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
         pk = dialect.describe_table(table).primary_key if args.events else ()
     events = check_event_log(args.data_dir, source, table, primary_key=pk) if args.events else None

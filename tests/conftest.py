@@ -20,6 +20,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, parts[1]))
 
 
+@pytest.fixture(autouse=True)
+def _storage_settings_of_this_test_only():
+    """A task run in this process (dag.test) hands its storage connection to the storage layer
+    for the rest of the process, as a worker's task process does: the next test starts without."""
+    yield
+    from airflow_provider_cdc import storage
+
+    storage.use_settings(None)
+
+
 def _unavailable(what: str, uri: str, exc: BaseException):
     # setup.sh keeps services.sh's error when the private databases did not start.
     log = Path(os.environ.get("CDC_LOCAL_DIR", ROOT / ".cdc-local")) / "services-start.log"

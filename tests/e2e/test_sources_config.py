@@ -37,6 +37,12 @@ class ConfigPipeline(Pipeline):
             monkeypatch.delenv(var, raising=False)
         monkeypatch.setenv("CDC_DATA_DIR", str(decoy))  # what the tasks would use without the config
 
+    def dialect(self):
+        """The test's own dialect: the capture scope is the config's, not in the environment."""
+        from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
+
+        return CdcSourceHook(self.conn_id, tables=[self.table.id], all_tables=False).get_dialect(source=self.source)
+
     def entry(self) -> dict:
         return {"conn_id": self.conn_id, "tables": [self.table.id], "data_dir": self.data_dir,
                 "changelog_schedule": None, "throttle": {"chunk_size": 200, "parallelism": 2}}

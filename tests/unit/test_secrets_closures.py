@@ -25,6 +25,7 @@ GIVEN = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_SESSION
 def clean_storage(monkeypatch):
     for k in storage.STORAGE_ENV:
         monkeypatch.delenv(k, raising=False)
+    storage.use_settings(None)  # an earlier test of this process may have handed settings over
     yield
     storage.use_settings(None)
 
