@@ -147,6 +147,17 @@ REQUIRED_SETTINGS = {
 _GRANT_RE = re.compile(r"^GRANT (?P<privs>.+?) ON (?P<on>\S+) TO ", re.IGNORECASE)
 
 
+def held_privileges(grants: Iterable[str], on: Iterable[str]) -> set[str]:
+    """The privileges (upper case, spaces folded) that lines of ``SHOW GRANTS`` give on any of
+    ``on`` (``*.*``, ``db.*``; backticks ignored)."""
+    targets, held = set(on), set()
+    for line in grants:
+        m = _GRANT_RE.match(line.strip())
+        if m and m.group("on").replace("`", "") in targets:
+            held.update(re.sub(r"\s+", " ", p.strip().upper()) for p in m.group("privs").split(","))
+    return held
+
+
 def prerequisite_problems(
     settings: dict[str, str | None], grants: Iterable[str], flavour: Flavour
 ) -> list[str]:
@@ -166,13 +177,7 @@ def prerequisite_problems(
             problems.append(
                 f"{var} is {got!r}, must be {want} (compressed binlog events cannot be read): {fix}"
             )
-    held: set[str] = set()
-    for line in grants:
-        m = _GRANT_RE.match(line.strip())
-        if not m or m.group("on").replace("`", "") != "*.*":
-            continue
-        for p in m.group("privs").split(","):
-            held.add(re.sub(r"\s+", " ", p.strip().upper()))
+    held = held_privileges(grants, ("*.*",))
     if "ALL PRIVILEGES" not in held and "ALL" not in held:
         missing = [" or ".join(group) for group in flavour.privileges if not held.intersection(group)]
         if missing:
@@ -694,7 +699,7 @@ class MySqlDialect(Dialect):
         settings: dict[str, str | None] = {n: None for n in names}
         settings.update({name.lower(): value for name, value in rows})
         grants = [r[0] for r in self._query("SHOW GRANTS FOR CURRENT_USER()")]
-        problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems()
+        problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems(grants)
         if problems:
             where = f"{self.params.host}:{self.params.port or 3306}"
             raise SourceError(
@@ -715,9 +720,9 @@ class MySqlDialect(Dialect):
                 return
             raise
 
-    def privilege_problems(self) -> list[str]:
+    def privilege_problems(self, grants: Sequence[str]) -> list[str]:
         """The grants on the captured tables and the watermark table the user lacks, each as the
-        statement that gives it (the binlog privileges on *.* are checked from SHOW GRANTS)."""
+        statement that gives it; ``grants``: the lines of SHOW GRANTS that check_prerequisites read."""
         problems = []
         for table in sorted(self.tables or (), key=str):
             try:
@@ -730,27 +735,14 @@ class MySqlDialect(Dialect):
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
                 problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {user!r} (the watermark table)")
-            elif exc.args and exc.args[0] in (1049, 1146) and not self._may_create(wm.schema):
+            elif exc.args and exc.args[0] in (1049, 1146) and not held_privileges(grants, ("*.*", f"{wm.schema}.*")) & {
+                    "CREATE", "ALL", "ALL PRIVILEGES"}:
                 problems.append(
                     f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
                     f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (README "
                     "'Security', set-up 2)"
                 )
         return problems
-
-    def _may_create(self, schema: str) -> bool:
-        """Whether SHOW GRANTS gives CREATE (or ALL) on ``schema``.* or *.* (no statement is tried)."""
-        for (line,) in self._query("SHOW GRANTS FOR CURRENT_USER()"):
-            m = _GRANT_RE.match(_text(line).strip())
-            if not m:
-                continue
-            on = m.group("on").replace("`", "")
-            if on not in ("*.*", f"{schema}.*"):
-                continue
-            privs = {re.sub(r"\s+", " ", p.strip().upper()) for p in m.group("privs").split(",")}
-            if privs & {"CREATE", "ALL", "ALL PRIVILEGES"}:
-                return True
-        return False
 
     def describe_table(self, table: TableName) -> TableSchema:
         rows = self._query(
