@@ -96,6 +96,9 @@ class LogBatch:
     events: list[LogEvent] | EventBatch  # in position order, whole transactions only
     end_offset: str  # opaque: where the next read starts; safe to commit after staging
     start_offset: str
+    #: the read stopped short of the end it aimed at (a step bound or ``max_events``): after
+    #: staging and committing, read again from ``end_offset``
+    more: bool = False
 
 
 @dataclass(frozen=True)

@@ -88,8 +88,9 @@ class Segment:
     :meth:`relation` records a relation described anew inside it, from that slot on."""
 
     def __init__(self, watermark_table: str, toast_error: ToastError, rels: dict,
-                 other: Callable[[object, bytes], list[LogEvent]]) -> None:
+                 other: Callable[[object, bytes], list[LogEvent]], header: int = 0) -> None:
         self.watermark_table = watermark_table
+        self.header = header  # bytes before the message in each kept payload (a COPY row's header)
         self.toast_error = toast_error
         self.other = other
         self.payloads: list[bytes] = []  # per slot: the message (a placeholder for ready events)
@@ -143,11 +144,13 @@ class Segment:
     # --- build ------------------------------------------------------------------------------
     def build(self) -> EventBatch | None:
         """The segment's events, in log order, as an EventBatch (None: no events)."""
-        n = len(self.payloads)
+        n, h = len(self.payloads), self.header
         sizes = np.fromiter(map(len, self.payloads), dtype=np.int64, count=n)
         base = np.zeros(n, dtype=np.int64)
         np.cumsum(sizes[:-1], out=base[1:])
-        buf = np.frombuffer(b"".join(self.payloads) + b"\0" * 8, dtype=np.uint8)
+        buf = np.frombuffer(b"".join([*self.payloads, b"\0" * (8 + h)]), dtype=np.uint8)  # one copy
+        base += h  # each message's first byte (a placeholder's: padding)
+        sizes = np.maximum(sizes - h, 0)
         kind = np.where(sizes > 0, buf[base], 0)
         is_row = (kind == _I) | (kind == _U) | (kind == _D)
         relid = np.zeros(n, dtype=np.int64)
@@ -168,7 +171,7 @@ class Segment:
                 rel = info.batch
                 if rel is None:  # the watermark table, a table capture skips or fails on
                     for m in msgs.tolist():
-                        ready.extend((m, sub, ev) for sub, ev in enumerate(self.other(info, self.payloads[m])))
+                        ready.extend((m, sub, ev) for sub, ev in enumerate(self.other(info, self.payloads[m][h:])))
                     continue
                 ev = decode_rows(rel, buf, base[msgs], sizes[msgs], self.toast_error)
                 tid = rel.table.id

@@ -55,7 +55,6 @@ import binascii
 import json
 import logging
 import re
-import select
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -63,6 +62,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
+
+import numpy as np
 
 from ..core import temporal
 from ..core.errors import ConfigurationError, SourceError, TableNotFoundError, WatermarkError
@@ -387,6 +388,7 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
 
 _SLOT_NAME_RE = re.compile(r"^[a-z0-9_]{1,63}$")
 DEFAULT_COPY_BATCH_ROWS = 2_000
+DEFAULT_CAPTURE_STEP_MESSAGES = 500_000
 
 
 _HASHED_NAME_RE = re.compile(r"__[0-9a-f]{12}$")
@@ -441,7 +443,9 @@ class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (the capture scope: list of ``schema.table`` / TableName for the publication; none: no
     capture unless ``all_tables``, the opt-in to FOR ALL TABLES),
-    ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds without progress, default 600),
+    ``on_truncate`` ("event" | "fail" | "skip"), ``read_timeout`` (seconds the server may take to
+    decode one read step, default 600), ``capture_step_messages`` (messages per read step,
+    default 500,000; see :meth:`PostgresDialect.read_log`),
     ``fast_chunks`` (default True: chunk reads through COPY and Arrow), ``copy_batch_rows``
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory),
     ``capture_decode`` ("batch", default: pgoutput decoded a segment at a time, a column at a time;
@@ -481,7 +485,12 @@ class PostgresDialect(Dialect):
                 f"on_truncate must be 'event' (default: stage it, the mirror drops the table's older rows), "
                 f"'fail' or 'skip', got {self.on_truncate!r}"
             )
-        self.read_timeout = float(o.get("read_timeout", 600))  # seconds without progress
+        self.read_timeout = float(o.get("read_timeout", 600))  # seconds one read step may take on the server
+        self.capture_step_messages = int(o.get("capture_step_messages", DEFAULT_CAPTURE_STEP_MESSAGES))
+        if self.capture_step_messages < 1:
+            raise ConfigurationError(
+                f"capture_step_messages must be a whole number >= 1, got {self.capture_step_messages!r}"
+            )
         # rows per Arrow batch of a COPY chunk read (each batch goes to the Parquet file as
         # soon as it is built): the chunk step's peak memory grows by ~4-5 KB of RSS per batch row
         self.copy_batch_rows = int(o.get("copy_batch_rows", DEFAULT_COPY_BATCH_ROWS))
@@ -493,7 +502,7 @@ class PostgresDialect(Dialect):
             raise ConfigurationError(f"capture_decode must be 'batch' (default) or 'rows', got {self.capture_decode!r}")
         self._conn = None
         self._rconn = None
-        self._repl = None  # (connection, cursor) of an open stream, kept from read_log to commit_offset
+        self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
         self._types: dict[int, PgType] = {}
         self._pk_cache: dict[int, tuple[str, ...] | None] = {}
         self._decoders_cache: dict = {}
@@ -562,7 +571,6 @@ class PostgresDialect(Dialect):
             raise SourceError(f"PostgreSQL rejected a statement: {_pg_message(exc)}\nSQL: {sql}") from exc
 
     def close(self) -> None:
-        self._close_stream()
         for c in (self._conn, self._rconn):
             if c is not None and not c.closed:
                 c.close()
@@ -1227,7 +1235,6 @@ class PostgresDialect(Dialect):
         stream still holds it. Returns False when it did not exist."""
         import psycopg2
 
-        self._close_stream()
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -1249,53 +1256,6 @@ class PostgresDialect(Dialect):
         self._query(f"DROP PUBLICATION IF EXISTS {self.quote_ident(self.publication_name)}")
 
     # --- changelog: reading --------------------------------------------------------------
-    def _close_stream(self) -> None:
-        if self._repl is not None:
-            conn, _cur = self._repl
-            self._repl = None
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken stream
-                pass
-
-    def _open_stream(self, start_lsn: int):
-        import psycopg2
-        import psycopg2.extras
-
-        self._close_stream()
-        deadline = time.monotonic() + 15
-        while True:
-            conn = self._new_connection(connection_factory=psycopg2.extras.LogicalReplicationConnection)
-            cur = conn.cursor()
-            try:
-                # built here, not by cursor.start_replication(): psycopg2 quotes option
-                # values as Latin-1 and mangles non-ASCII publication names
-                pubs = self.quote_ident(self.publication_name).replace("'", "''")
-                cur.start_replication_expert(
-                    f'START_REPLICATION SLOT "{self.slot_name}" LOGICAL {int_to_lsn(start_lsn)} '
-                    f"(\"proto_version\" '1', \"publication_names\" '{pubs}')",
-                    decode=False,
-                )
-                self._repl = (conn, cur)
-                return cur
-            except psycopg2.Error as exc:
-                conn.close()
-                msg = _pg_message(exc)
-                if isinstance(exc, psycopg2.errors.ObjectInUse) and time.monotonic() < deadline:
-                    time.sleep(0.2)  # a stream that just closed still holds the slot for a moment
-                    continue
-                if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
-                    raise self._resnapshot_error("does not exist") from exc
-                if (
-                    "invalidated" in msg
-                    or "can no longer get changes" in msg
-                    or "has already been removed" in msg
-                ):
-                    raise self._resnapshot_error("was invalidated (the WAL it needed was removed)") from exc
-                raise SourceError(
-                    f"cannot start logical replication from slot {self.slot_name!r}: {msg}"
-                ) from exc
-
     def _relinfo(self, rel: pgoutput.Relation) -> _RelInfo:
         table = TableName(rel.namespace, rel.name)
         names = tuple(c.name for c in rel.columns)
@@ -1338,146 +1298,83 @@ class PostgresDialect(Dialect):
         segment_max_events: int | None = None,
         on_segment: SegmentSink | None = None,
     ) -> LogBatch:
-        """Whole transactions from the slot's confirmed position up to the WAL flush
-        position at the start of the call (or fewer, ending at a commit, once
-        ``max_events`` is reached); segments go to ``on_segment`` at commits (see
-        :meth:`Dialect.read_log`), as EventBatches. The stream stays open for
-        :meth:`commit_offset`.
+        """Whole transactions from the slot's confirmed position up to the WAL flush position
+        when the run's first read started (or fewer: one *step*, see below; or ending at a
+        commit once ``max_events`` is reached); segments go to ``on_segment`` at commits (see
+        :meth:`Dialect.read_log`), as EventBatches.
 
-        The loop keeps each row message's bytes (pgbatch.Segment); a segment is decoded when
-        it is complete, a relation and a column at a time. Watermark writes, TRUNCATEs and,
-        with ``capture_decode="rows"``, every row message become events one at a time.
+        The slot is read as one byte stream: ``COPY (SELECT lsn, data FROM
+        pg_logical_slot_peek_binary_changes(...)) TO STDOUT (FORMAT binary)``. The server
+        decodes the WAL as fast as its own SQL interface does (the replication protocol flushes
+        one network write per message and measured slower than this process), and this process
+        handles the stream a block of messages at a time (:class:`_SlotRead`): row messages are
+        only kept, and decoded a segment at a time (pgbatch); Begin, Commit, Relation and
+        TRUNCATE are handled one at a time. Peeking moves nothing: the slot is confirmed by
+        :meth:`commit_offset` (``pg_replication_slot_advance``) after the caller staged the
+        batch (I6).
+
+        A read is one step of at most ``capture_step_messages`` messages (the server keeps a
+        step's decoded messages in a tuplestore, spilled to its temporary files past
+        ``work_mem``; a single transaction larger than that comes whole): when it stops there,
+        ``LogBatch.more`` is set and the next call on this dialect (after the caller committed)
+        reads on towards the same end.
 
         A transaction larger than a segment (twice ``segment_max_events`` messages, or
         ``segment_max_bytes`` bytes of them) is staged in parts as it arrives: pgoutput sends a
         transaction only once it committed (never an aborted one, nor a rolled-back
         subtransaction's changes), so its parts are final; the offset still only moves to a
-        commit. Positions inside it go on across parts (``Segment.begin(base=...)``).
-
-        (Decoding and staging a segment in a second thread while this one reads on was
-        measured slower, 0.58-0.41x against 0.61-0.62x of the raw drain: the read loop and the
-        decode both hold the GIL most of the time.)"""
+        commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
         start = lsn_to_int(offset)
-        upto = self._flush_lsn()
-        cur = self._open_stream(start)
-        conn = self._repl[0]
-        rels: dict[int, _RelInfo] = {}
-        warned: set[TableName] = set()
-        wm_table = self.watermark_table.id
-        parse = pgoutput.parse
+        upto, self._read_upto = (self._flush_lsn() if self._read_upto is None else self._read_upto), None
+        if start >= upto:  # the end this run aims at is reached
+            return LogBatch([], offset, offset)
+        step = self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
+        reader = _SlotRead(self, start, max_events, segment_max_events if on_segment is not None else None,
+                           on_segment)
+        messages = self._peek(upto, step, reader)
+        batch = reader.finish(upto, messages >= step)
+        self._read_upto = upto if batch.more else None
+        return batch
 
-        def pos() -> Position:  # events made one at a time: their positions are set when the segment is built
-            return _UNSET
+    def _peek(self, upto: int, step: int, reader: _SlotRead) -> int:
+        """COPY the slot's decoded messages up to ``upto`` (at most ``step``, rounded up to a
+        whole transaction) into ``reader``; the number of messages the server sent."""
+        import psycopg2
 
-        def other(info: _RelInfo, payload: bytes) -> list[LogEvent]:
-            out: list[LogEvent] = []
-            self._other_change(info, parse(payload), pos, out, 0, warned)
-            return out
-
-        def segment() -> pgbatch.Segment:
-            return pgbatch.Segment(wm_table, self._toast_error, rels, other)
-
-        seg = segment()
-        keep, keep_lsn = seg.payloads.append, seg.lsns.append
-        total = 0  # events of whole transactions read (max_events)
-        seg_max = segment_max_events if on_segment is not None and segment_max_events else None
-        # a cut inside a transaction: past twice the segment's events, or its bytes
-        cut_messages = 2 * seg_max if seg_max is not None else None
-        cut_bytes = self.segment_max_bytes if seg_max is not None else None
-        seg_bytes = 0
-        txn_begin: tuple = ()  # the open transaction's Begin: (commit LSN, time, xid, commit before)
-        batched = self.capture_decode == "batch"
-        in_txn = False
-        ts_ms = txn_start = 0
-        last_commit = None  # the commit before the transaction (if this read saw it)
-        end = start
-        last_activity = last_request = time.monotonic()
-        last_wal_end, nudged = -1, False
-        relid_of, begin_of, commit_of = pgoutput.U32.unpack_from, pgoutput.BEGIN.unpack_from, pgoutput.COMMIT.unpack_from
-
+        sql = (
+            "COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+            "'proto_version', '1', 'publication_names', %s)) TO STDOUT (FORMAT binary)"
+        )
+        params = (self.slot_name, int_to_lsn(upto), int(step), self.quote_ident(self.publication_name))
+        deadline = time.monotonic() + 15
         while True:
-            msg = cur.read_message()
-            if msg is not None:
-                payload = msg.payload
-                kind = payload[0]
-                if kind == 73 or kind == 85 or kind == 68:  # Insert, Update, Delete: kept, decoded with the segment
-                    if batched:
-                        keep(payload)
-                        keep_lsn(msg.data_start)
-                    else:
-                        info = rels[relid_of(payload, 1)[0]]
-                        out: list[LogEvent] = []
-                        if info.batch is not None:
-                            self._row_events(info, parse(payload), pos, out, ts_ms)
-                        else:
-                            self._other_change(info, parse(payload), pos, out, ts_ms, warned)
-                        seg.events(out, msg.data_start)
-                    if cut_messages is not None:
-                        seg_bytes += len(payload)
-                        if seg_bytes >= cut_bytes or len(seg.payloads) >= cut_messages:
-                            # a transaction too large for one segment: stage what it has so far
-                            total += len(seg) - txn_start
-                            built = seg.build()
-                            if built is not None:
-                                on_segment(built)
-                            base = seg.open_txn_events  # its events number the next part's
-                            seg = segment()
-                            keep, keep_lsn = seg.payloads.append, seg.lsns.append
-                            seg.begin(*txn_begin, base=base)
-                            txn_start, seg_bytes = 0, 0
-                elif kind == 66:  # Begin
-                    commit_lsn, ts_us, xid = begin_of(payload, 1)
-                    in_txn, ts_ms, txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(seg)
-                    txn_begin = (commit_lsn, ts_ms, str(xid), last_commit)
-                    seg.begin(*txn_begin)
-                elif kind == 67:  # Commit
-                    _flags, last_commit, end_lsn, _ts = commit_of(payload, 1)  # Debezium's lastCommitLsn next
-                    in_txn = False
-                    total += len(seg) - txn_start
-                    end = max(end, end_lsn)
-                    if seg_max is not None and len(seg) >= seg_max:
-                        built = seg.build()  # ends at this commit
-                        if built is not None:
-                            on_segment(built)
-                        seg = segment()
-                        keep, keep_lsn = seg.payloads.append, seg.lsns.append
-                        seg_bytes = 0
-                    if max_events is not None and total >= max_events:
-                        break
-                else:
-                    m = parse(payload)
-                    if isinstance(m, pgoutput.Relation):
-                        rels[m.relid] = self._relinfo(m)
-                        seg.relation(m.relid, rels[m.relid])
-                    elif isinstance(m, pgoutput.Truncate):
-                        out = []
-                        self._truncate(m, rels, pos, out, ts_ms)
-                        seg.events(out, msg.data_start)
-                last_activity = time.monotonic()
-                continue
-            wal_end = cur.wal_end
-            now = time.monotonic()
-            if not in_txn and wal_end >= upto:
-                end = max(end, wal_end)
-                break
-            if wal_end != last_wal_end:
-                last_wal_end, last_activity = wal_end, now
-            elif not nudged and now - last_activity > 2.0 and not in_txn:
-                # The server decoded everything but its last record ends short of ``upto``
-                # (e.g. WAL flushed up to a page boundary): one tiny WAL record moves it past.
-                self._query("SELECT pg_logical_emit_message(false, 'airflow_provider_cdc', 'capture')")
-                nudged = True
-            if now - last_activity > self.read_timeout:
-                raise SourceError(
-                    f"capture from slot {self.slot_name!r} made no progress for {self.read_timeout:.0f}s before "
-                    f"reaching the WAL position {int_to_lsn(upto)} (reached {int_to_lsn(wal_end)}); is the server "
-                    "overloaded? Raise the dialect option read_timeout if it is just slow"
-                )
-            if now - last_request > 0.05:
-                cur.send_feedback(reply=True, force=True)  # ask for a keepalive carrying the decoded position
-                last_request = now
-            select.select([conn], [], [], 0.05)
-        return LogBatch(seg.build() or [], int_to_lsn(end), offset)
+            conn = self._new_connection()
+            try:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute("SET statement_timeout = %s", (max(1, int(self.read_timeout * 1000)),))
+                    cur.copy_expert(cur.mogrify(sql, params).decode(), reader)
+                reader.flush()
+                return reader.messages
+            except psycopg2.Error as exc:
+                msg = _pg_message(exc)
+                if isinstance(exc, psycopg2.errors.QueryCanceled):
+                    raise SourceError(
+                        f"reading replication slot {self.slot_name!r} took longer than read_timeout "
+                        f"({self.read_timeout:.0f} s) for one step of {step} messages: raise the option "
+                        "read_timeout, or lower capture_step_messages"
+                    ) from exc
+                if isinstance(exc, psycopg2.errors.ObjectInUse) and time.monotonic() < deadline and not reader.messages:
+                    time.sleep(0.2)  # a reader that just stopped still holds the slot for a moment
+                    continue
+                if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
+                    raise self._resnapshot_error("does not exist") from exc
+                if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
+                    raise self._resnapshot_error("was invalidated (the WAL it needed was removed)") from exc
+                raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
+            finally:
+                conn.close()
+
 
     def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
         return SourceError(
@@ -1599,48 +1496,230 @@ class PostgresDialect(Dialect):
         )
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
-        """I6: confirm the slot up to ``offset`` only now that the batch is staged."""
+        """I6: confirm the slot up to ``offset`` only now that the batch is staged
+        (``pg_replication_slot_advance``: it reads the WAL without decoding the changes)."""
         import psycopg2
 
         lsn = lsn_to_int(offset)
-        try:
-            if self._repl is not None:
-                conn, cur = self._repl
-                try:
-                    cur.send_feedback(write_lsn=lsn, flush_lsn=lsn, force=True)
-                    if self._wait_confirmed(lsn, 10.0):
-                        return
-                except psycopg2.Error as exc:
-                    log.warning("confirming through the stream failed (%s); advancing the slot instead", exc)
-            self._close_stream()
-            row = self._slot_row()
-            if row is None:
-                raise self._resnapshot_error("does not exist")
-            if row[0] is not None and lsn_to_int(row[0]) >= lsn:
+        row = self._slot_row()
+        if row is None:
+            raise self._resnapshot_error("does not exist")
+        if row[0] is not None and lsn_to_int(row[0]) >= lsn:
+            return
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                with self.conn.cursor() as c:
+                    c.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot_name, offset))
                 return
-            deadline = time.monotonic() + 15
-            while True:
-                try:
-                    with self.conn.cursor() as c:
-                        c.execute(
-                            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot_name, offset)
-                        )
-                    return
-                except psycopg2.errors.ObjectInUse:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
-        finally:
-            self._close_stream()
+            except psycopg2.errors.ObjectInUse:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
-    def _wait_confirmed(self, lsn: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            row = self._slot_row()
-            if row is not None and row[0] is not None and lsn_to_int(row[0]) >= lsn:
-                return True
-            time.sleep(0.01)
-        return False
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_TRAILER = b"\xff\xff"
+#: a binary COPY row of (lsn, data): field count (2 bytes), 8 (4), the LSN (8), the data's length (4)
+_ROW_HEAD = 18
+_BLOCK_BYTES = 8 << 20  # COPY rows kept before they are handled
+
+
+def _unset() -> Position:  # events made one at a time: their positions are set when the segment is built
+    return _UNSET
+
+
+class _SlotRead:
+    """One :meth:`PostgresDialect.read_log`: the binary COPY rows of a peek of the slot ->
+    segments. ``write`` is called by psycopg2 once per row (one pgoutput message) and only
+    keeps it; every ``_BLOCK_BYTES`` the block is handled: its messages' kinds and LSNs are
+    read with numpy, runs of row messages go to the segment as they are (decoded when it is
+    built), and the few others (Begin, Commit, Relation, TRUNCATE) are handled one at a time."""
+
+    def __init__(self, dialect: PostgresDialect, start: int, max_events: int | None, seg_max: int | None,
+                 on_segment: SegmentSink | None) -> None:
+        self.d = dialect
+        self.offset = int_to_lsn(start)
+        self.max_events = max_events
+        self.seg_max = seg_max or None
+        self.on_segment = on_segment
+        # a cut inside a transaction: past twice the segment's events, or its bytes
+        self.cut_messages = 2 * self.seg_max if self.seg_max is not None else None
+        self.cut_bytes = dialect.segment_max_bytes if self.seg_max is not None else None
+        self.rows: list[bytes] = []
+        self.nbytes = 0
+        self.messages = 0  # rows the server sent
+        self.header = True  # the COPY header is still ahead
+        self.done = False  # max_events reached at a commit: the rest of the stream is not read on
+        self.rels: dict[int, _RelInfo] = {}
+        self.warned: set[TableName] = set()
+        self.batched = dialect.capture_decode == "batch"
+        self.total = 0  # events of whole transactions read (max_events)
+        self.seg_bytes = 0
+        self.txn_begin: tuple = ()  # the open transaction's Begin: (commit LSN, time, xid, commit before)
+        self.in_txn = False
+        self.ts_ms = self.txn_start = 0
+        self.last_commit = None  # the commit before the transaction (if this read saw it)
+        self.end = start
+        self.seg = self._segment()
+
+    # --- psycopg2's side ------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.rows.append(data)
+        self.nbytes += len(data)
+        if self.nbytes >= _BLOCK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.rows, self.nbytes = self.rows, [], 0
+        if self.header and rows:
+            first = rows[0]
+            if not first.startswith(_COPY_SIGNATURE) or len(first) < 19:
+                raise pgoutput.ProtocolError("the slot's COPY stream does not start with a binary COPY header")
+            skip = 19 + int.from_bytes(first[15:19], "big")
+            rows[0] = first[skip:]
+            if not rows[0]:
+                rows.pop(0)
+            self.header = False
+        if rows and rows[-1] == _COPY_TRAILER:
+            rows.pop()
+        if not rows or self.done:
+            return
+        self.messages += len(rows)
+        self._block(rows)
+
+    # --- a block of messages ---------------------------------------------------------------
+    def _segment(self) -> pgbatch.Segment:
+        d = self.d
+
+        def other(info: _RelInfo, payload: bytes) -> list[LogEvent]:
+            out: list[LogEvent] = []
+            d._other_change(info, pgoutput.parse(payload), _unset, out, 0, self.warned)
+            return out
+
+        return pgbatch.Segment(d.watermark_table.id, d._toast_error, self.rels, other, header=_ROW_HEAD)
+
+    def _block(self, rows: list[bytes]) -> None:
+        n = len(rows)
+        sizes = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        if (sizes <= _ROW_HEAD).any():
+            raise pgoutput.ProtocolError("a row of the slot's COPY stream is shorter than its header")
+        psize = sizes - _ROW_HEAD
+        rows_head = rows
+        if int(sizes.sum()) > 4096 * n:  # large messages: a copy of their headers only, not of the block
+            sizes = np.full(n, _ROW_HEAD + 1, dtype=np.int64)
+            rows_head = [r[:_ROW_HEAD + 1] for r in rows]
+        base = np.zeros(n, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=base[1:])
+        buf = np.frombuffer(b"".join(rows_head), dtype=np.uint8)
+        if (buf[base + 1] != 2).any() or (buf[base] != 0).any():
+            raise pgoutput.ProtocolError("a row of the slot's COPY stream does not hold two fields")
+        lsn = buf[base[:, None] + np.arange(6, 14)].view(">u8").ravel().astype(np.int64)
+        kind = buf[base + _ROW_HEAD]
+        ctrl = np.flatnonzero((kind != 0x49) & (kind != 0x55) & (kind != 0x44)).tolist()  # not Insert/Update/Delete
+        i = 0
+        for c in ctrl + [n]:
+            if c > i:
+                self._rows(rows, lsn, psize, i, c)
+            if c == n or self.done:
+                break
+            self._control(rows[c][_ROW_HEAD:], int(lsn[c]))
+            if self.done:
+                break
+            i = c + 1
+
+    def _rows(self, rows: list[bytes], lsn: np.ndarray, psize: np.ndarray, i: int, j: int) -> None:
+        """Row messages ``i:j`` of the block, in log order."""
+        if not self.batched:
+            for m in range(i, j):
+                self._row_at_a_time(rows[m][_ROW_HEAD:], int(lsn[m]))
+            return
+        if self.cut_messages is None:
+            self.seg.payloads.extend(rows[i:j])
+            self.seg.lsns.extend(lsn[i:j].tolist())
+            return
+        cum = np.cumsum(psize[i:j])  # the run's bytes up to and including each message
+        at = 0  # messages of the run kept so far
+        kept = 0  # their bytes
+        while at < j - i:
+            # the first message after which the segment reaches its cut (as a message at a time would)
+            by_count = at + max(self.cut_messages - len(self.seg.payloads) - 1, 0)
+            by_bytes = max(int(np.searchsorted(cum, self.cut_bytes - self.seg_bytes + kept, side="left")), at)
+            k = min(by_count, by_bytes)
+            if k >= j - i:
+                self.seg.payloads.extend(rows[i + at:j])
+                self.seg.lsns.extend(lsn[i + at:j].tolist())
+                self.seg_bytes += int(cum[-1]) - kept
+                return
+            self.seg.payloads.extend(rows[i + at:i + k + 1])
+            self.seg.lsns.extend(lsn[i + at:i + k + 1].tolist())
+            at, kept = k + 1, int(cum[k])
+            self._cut()
+
+    def _row_at_a_time(self, payload: bytes, lsn: int) -> None:
+        """The reference decode (``capture_decode="rows"``): one row message's events now."""
+        info = self.rels[pgoutput.U32.unpack_from(payload, 1)[0]]
+        out: list[LogEvent] = []
+        if info.batch is not None:
+            self.d._row_events(info, pgoutput.parse(payload), _unset, out, self.ts_ms)
+        else:
+            self.d._other_change(info, pgoutput.parse(payload), _unset, out, self.ts_ms, self.warned)
+        self.seg.events(out, lsn)
+        if self.cut_messages is not None:
+            self.seg_bytes += len(payload)
+            if self.seg_bytes >= self.cut_bytes or len(self.seg.payloads) >= self.cut_messages:
+                self._cut()
+
+    def _cut(self) -> None:
+        """A transaction too large for one segment: stage what it has so far."""
+        self.total += len(self.seg) - self.txn_start
+        built = self.seg.build()
+        if built is not None:
+            self.on_segment(built)
+        base = self.seg.open_txn_events  # its events number the next part's
+        self.seg = self._segment()
+        self.seg.begin(*self.txn_begin, base=base)
+        self.txn_start, self.seg_bytes = 0, 0
+
+    def _control(self, payload: bytes, lsn: int) -> None:
+        kind = payload[0]
+        if kind == 66:  # Begin
+            commit_lsn, ts_us, xid = pgoutput.BEGIN.unpack_from(payload, 1)
+            self.in_txn, self.ts_ms, self.txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(self.seg)
+            self.txn_begin = (commit_lsn, self.ts_ms, str(xid), self.last_commit)
+            self.seg.begin(*self.txn_begin)
+        elif kind == 67:  # Commit
+            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(payload, 1)  # Debezium's lastCommitLsn next
+            self.in_txn = False
+            self.total += len(self.seg) - self.txn_start
+            self.end = max(self.end, end_lsn)
+            if self.seg_max is not None and len(self.seg) >= self.seg_max:
+                built = self.seg.build()  # ends at this commit
+                if built is not None:
+                    self.on_segment(built)
+                self.seg = self._segment()
+                self.seg_bytes = 0
+            if self.max_events is not None and self.total >= self.max_events:
+                self.done = True
+        else:
+            m = pgoutput.parse(payload)
+            if isinstance(m, pgoutput.Relation):
+                self.rels[m.relid] = self.d._relinfo(m)
+                self.seg.relation(m.relid, self.rels[m.relid])
+            elif isinstance(m, pgoutput.Truncate):
+                out: list[LogEvent] = []
+                self.d._truncate(m, self.rels, _unset, out, self.ts_ms)
+                self.seg.events(out, lsn)
+
+    def finish(self, upto: int, limited: bool) -> LogBatch:
+        """The batch after the stream ended: ``limited``, the server stopped at the step's
+        message bound (so the end it aimed at may not be reached)."""
+        if self.in_txn and not self.done:
+            raise pgoutput.ProtocolError("the slot's changes ended inside a transaction")
+        more = self.done or limited
+        if not more:
+            self.end = max(self.end, upto)  # every transaction committed before ``upto`` is read
+        return LogBatch(self.seg.build() or [], int_to_lsn(self.end), self.offset, more=more)
 
 
 def _to_db(logical: str, value: Any) -> Any:

@@ -40,7 +40,8 @@ _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sourc
                "all_tables": "CDC_CAPTURE_ALL_TABLES"}
 CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
     "postgres": frozenset(
-        {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows"}
+        {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
+         "capture_step_messages"}
     ),
     "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate"}),
 }

@@ -37,16 +37,17 @@ def stage_changelog(
     """Drain the changelog to staging, streaming: a segment is written every
     ``segment_max_events`` events (default: the dialect option, 20,000; 0 = one
     segment per run), each ending at a transaction boundary and named by its position
-    range. I6: the offset is committed once, after every segment of the run is durably
-    written; a capture that dies before re-reads the whole run from the old offset,
-    rewriting the same segment names (the cuts depend only on the start offset and
-    the segment size), and any other segment inside the run's range is removed."""
+    range. I6: the offset is committed after every segment of a read is durably written (a
+    run is one read, or several bounded ones when the dialect reads in steps, see
+    ``LogBatch.more``); a capture that dies before re-reads from the old offset, rewriting
+    the same segment names (the cuts depend only on the start offset and the segment
+    size), and any other segment inside the read's range is removed."""
     t0 = time.monotonic()
     directory = changelog_dir(data_dir, dialect.source)
     seg_max = dialect.segment_max_events if segment_max_events is None else int(segment_max_events)
     offset = dialect.load_offset(data_dir)
     paths: list[str] = []
-    bounds: list[Position] = []  # first and last position of the run
+    spans: list[tuple[Position, Position]] = []  # first and last position of each staged segment
     counts = [0, 0, None]  # events, watermarks, newest commit time (ms)
     # the tables this run staged events of: their log schemas followed once per run, before
     # their first segment, which is typed with them (storage/staged.py)
@@ -58,35 +59,42 @@ def stage_changelog(
         if new:
             schemas.update(follow_log_schemas(dialect, data_dir, dialect.source, new))
         paths.append(write_segment(batch, directory, dialect.watermark_table.id, schemas))
-        if not bounds:
-            bounds.append(batch.first)
-        bounds[1:] = [batch.last]
+        spans.append((batch.first, batch.last))
         counts[0] += len(batch)
         counts[1] += batch.watermarks
         newest = batch.newest_ts_ms
         if newest is not None:
             counts[2] = max(newest, counts[2] or 0)
 
-    batch = dialect.read_log(
-        offset, max_events=max_events, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
-    )
-    if batch.events:
-        stage(batch.events)
-    if paths:
-        first, last = bounds[0], bounds[-1]
-        mine = set(paths)
-        for f_first, f_last, f_path in list_segments(directory):
-            # a segment left by a capture that crashed before committing: this run
-            # re-read the same events (and maybe more), so it supersedes the orphan
-            if f_path not in mine and f_first >= first and f_last <= last:
-                storage.delete(f_path)
-    dialect.commit_offset(batch.end_offset, data_dir)
+    start_offset = offset
+    while True:
+        # one read of the dialect (a PostgreSQL read is one bounded step: ``more`` says there is
+        # more up to the end the run aims at), staged, then committed before the next
+        mark = len(paths)
+        remaining = None if max_events is None else max_events - counts[0]
+        batch = dialect.read_log(
+            offset, max_events=remaining, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
+        )
+        if batch.events:
+            stage(batch.events)
+        if len(paths) > mark:
+            first, last = spans[mark][0], spans[-1][1]
+            mine = set(paths[mark:])
+            for f_first, f_last, f_path in list_segments(directory):
+                # a segment left by a capture that crashed before committing: this read
+                # re-read the same events (and maybe more), so it supersedes the orphan
+                if f_path not in mine and f_first >= first and f_last <= last:
+                    storage.delete(f_path)
+        dialect.commit_offset(batch.end_offset, data_dir)
+        offset = batch.end_offset
+        if not batch.more or (max_events is not None and counts[0] >= max_events):
+            break
     return CaptureResult(
         counts[0],
         counts[1],
         paths[-1] if paths else None,
-        batch.start_offset,
-        batch.end_offset,
+        start_offset,
+        offset,
         time.monotonic() - t0,
         tuple(paths),
         counts[2],

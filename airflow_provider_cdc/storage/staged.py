@@ -224,8 +224,11 @@ def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark
         raise ValueError("write_segment needs at least one event")
     path = storage.join(directory, segment_name(batch.first, batch.last))
     table = batch_to_table(batch, schemas)
-    # no min/max statistics of row values: they copy a large value several times
-    atomic_write_table(table, path, write_statistics=at.statistics_columns(table.schema, SEGMENT_SCHEMA.names))
+    # no min/max statistics of row values: they copy a large value several times; no
+    # dictionaries (as chunk files): a segment's values are mostly distinct, and measured 2.8x
+    # faster to write and smaller without them
+    atomic_write_table(table, path, write_statistics=at.statistics_columns(table.schema, SEGMENT_SCHEMA.names),
+                       **CHUNK_PARQUET_OPTIONS)
     return path
 
 

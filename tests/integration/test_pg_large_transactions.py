@@ -157,3 +157,53 @@ def test_a_capture_killed_between_parts_of_a_transaction_resumes_with_nothing_lo
     keys = [r[3] for r in events]
     assert len(keys) == ROWS and len(set(keys)) == ROWS  # every change once: 0 missing, 0 twice
     assert len({r[0] for r in events}) == ROWS
+
+
+def _updates_in_transactions(pg_uri: str, table: TableName, transactions: int, rows: int) -> None:
+    with closing(psycopg2.connect(pg_uri)) as c:
+        cur = c.cursor()
+        for i in range(transactions):
+            cur.execute(f"UPDATE \"{table.name}\" SET v = 's' || id WHERE id > %s AND id <= %s",
+                        (i * rows, (i + 1) * rows))
+            c.commit()
+
+
+def test_a_run_reads_the_slot_in_bounded_steps_each_staged_then_confirmed(pg_uri, big, monkeypatch):
+    """A read is one step of at most capture_step_messages messages (whole transactions): a
+    run stages and confirms step after step, and a capture killed after a step was confirmed
+    goes on from there with every change once."""
+    table, dialect = big
+    d, data = dialect("steps", segment_max_events=100, capture_step_messages=50)
+    stage_changelog(d, data)
+    _updates_in_transactions(pg_uri, table, 30, 10)  # 12 messages each: Begin, 10 rows, Commit
+    confirmed: list[str] = []
+    real = d.commit_offset
+
+    def confirm_then_die_at_the_third(offset, data_dir):
+        if len(confirmed) == 2:
+            raise OSError("injected: the worker died before confirming the third step")
+        real(offset, data_dir)
+        confirmed.append(offset)
+
+    monkeypatch.setattr(d, "commit_offset", confirm_then_die_at_the_third)
+    with pytest.raises(OSError, match="injected"):
+        stage_changelog(d, data)
+    assert d.load_offset(data) == confirmed[-1]  # two steps confirmed, the third re-read next time
+    monkeypatch.setattr(d, "commit_offset", real)
+    rest = stage_changelog(d, data)
+    events = [r for r in staged(data, d.source)[0] if r[1] == table.id]
+    keys = [r[3] for r in events]
+    assert len(keys) == 300 and len(set(keys)) == 300  # 0 missing, 0 twice
+    # steps of 50 messages end at the transaction that reaches 50: 5 transactions (50 events) each
+    assert 0 < rest.events <= 300 - 2 * 50
+    assert stage_changelog(d, data).events == 0
+
+
+def test_max_events_bounds_the_step_and_ends_the_run_at_a_commit(pg_uri, big):
+    table, dialect = big
+    d, data = dialect("maxev", segment_max_events=100)
+    stage_changelog(d, data)
+    _updates_in_transactions(pg_uri, table, 10, 10)
+    first = stage_changelog(d, data, max_events=25)
+    assert 25 <= first.events < 100 and first.events % 10 == 0  # whole transactions, stopped past 25
+    assert first.events + stage_changelog(d, data).events == 100
