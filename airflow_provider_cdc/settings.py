@@ -80,6 +80,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
     Option("CDC_MIRROR_RETENTION_HOURS", "168", "hours unreferenced mirror files stay for readers of older "
            "versions before vacuum removes them (at least 1)"),
+    Option("CDC_STAGING_RETENTION_HOURS", "72", "hours staged segments and finished snapshots' chunk folders stay "
+           "after nothing else holds them (every sink applied them, no open snapshot needs them), for replays and "
+           "late readers; at least 1, or 'never' to keep staging forever"),
     Option("CDC_CAPTURE_MAX_EVENTS", None, "cap on the events of one capture (unset: unbounded)"),
     Option("CDC_CAPTURE_SEGMENT_MAX_EVENTS", None, "events per staged segment (the connection's segment_max_events "
            "extra, else 20000; 0: one segment per capture)"),
@@ -214,6 +217,7 @@ class Settings:
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 168.0
+    staging_retention_hours: float | None = 72.0  # None: staging is kept forever
     sources_file: str | None = None
 
 
@@ -294,6 +298,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
                                         "a whole number >= 0 (0: one segment per capture)"),
         mirror_retention_hours=_retention_hours(env),
+        staging_retention_hours=_staging_retention_hours(env),
         sources_file=_raw(env, "CDC_SOURCES_FILE") or None,
     )
 
@@ -310,6 +315,24 @@ def _retention_hours(env: Mapping[str, str]) -> float:
         raise ConfigurationError(
             f"CDC_MIRROR_RETENTION_HOURS must be a number of hours >= 1 (files younger than that may belong to a "
             f"writer still in flight), got {raw!r}"
+        )
+    return hours
+
+
+def _staging_retention_hours(env: Mapping[str, str]) -> float | None:
+    raw = _raw(env, "CDC_STAGING_RETENTION_HOURS")
+    if not raw:
+        return 72.0
+    if raw.strip().lower() == "never":
+        return None
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = float("nan")
+    if not hours >= 1 or hours == float("inf"):
+        raise ConfigurationError(
+            "CDC_STAGING_RETENTION_HOURS must be a number of hours >= 1 (a reader that listed a segment may still be "
+            f"reading it) or 'never', got {raw!r}"
         )
     return hours
 

@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         cap_rate, raw_rate = events / cap_best, raw_changes / raw_best
         chunk_rate, copy_rate = chunk_rows / chunk_best, copy_rows / copy_best
         print(
-            f"  capture (pgoutput stream + canonical + Parquet + confirm): {events} events in {cap_best:.2f} s = {cap_rate:,.0f} ev/s"
+            f"  capture (COPY of the slot + canonical + Parquet + confirm): {events} events in {cap_best:.2f} s = {cap_rate:,.0f} ev/s"
         )
         print(
             f"  raw drain pg_logical_slot_peek_binary_changes, same slot: {raw_changes} changes in {raw_best:.2f} s = {raw_rate:,.0f} ev/s"

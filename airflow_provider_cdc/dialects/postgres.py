@@ -1169,9 +1169,10 @@ class PostgresDialect(Dialect):
         row = self._slot_row()
         if row is None:
             from ..storage.layout import changelog_dir
-            from ..storage.staged import list_segments
+            from ..storage.segment_index import changelog_used
 
-            if list_segments(changelog_dir(data_dir, self.source)):
+            # (segments, or the index that outlives the segments staging retention removed)
+            if changelog_used(changelog_dir(data_dir, self.source)):
                 raise self._resnapshot_error(
                     "does not exist although changes were captured through it before"
                 )

@@ -13,7 +13,8 @@ from airflow.sdk import BaseOperator
 from ..hooks.cdc_source import CdcSourceHook
 from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.capture import run_capture
-from ..settings import FromSettings, load
+from ..pipeline.retention import RetentionPolicy
+from ..settings import FromSettings, load, sink_names
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,8 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         max_events = _opt_int(self.max_events)
         done = run_capture(
-            self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events)
+            self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events),
+            retention=self._retention(),
         )
         if done is None:
             msg = f"another capture of source {self.hook.source!r} holds the capture lock; nothing captured this run"
@@ -99,6 +101,23 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
             "log_holder": None if lag is None else lag.holder,
             "retention_risk": None if lag is None else lag.risk,
         }
+
+
+    def _retention(self) -> RetentionPolicy | None:
+        """Staging retention after the capture: the sinks' markers and the snapshots' stored
+        progress hold what they still need (pipeline/retention.py)."""
+        now = load(overrides=getattr(self, "cdc_overrides", None))
+        if now.staging_retention_hours is None:
+            return None
+        from .. import progress_store
+
+        source = self.hook.source
+
+        def snapshot_of(table_id: str) -> tuple[str, str] | None:
+            p = progress_store.load(source, table_id)
+            return None if p is None else (p.snapshot_id, str(p.status))
+
+        return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)
 
 
 def _emit_lag_metrics(lag) -> None:

@@ -172,10 +172,12 @@ def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, chang
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
     markers = [read_marker(data_dir, source, s) for s in sink_names]
     start = None if not markers or any(m is None for m in markers) else min(markers)
+    from ..storage.segment_index import staged_segments
+
     total = 0
-    for _first, last, path in list_segments(changelog):
-        if start is None or last > start:
-            total += _segment_rows(path)
+    for s in staged_segments(changelog):  # rows from the index; a segment it does not name, from its footer
+        if start is None or s.last > start:
+            total += s.info.rows if s.info is not None else _segment_rows(s.path)
     return total
 
 

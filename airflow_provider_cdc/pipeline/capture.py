@@ -14,8 +14,10 @@ from ..core.events import LogEvent
 from ..core.position import Position
 from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
 from ..storage.layout import changelog_dir
+from ..storage.segment_index import refresh_index
 from ..storage.staged import list_segments, write_segment
 from .locks import capture_lock, lock_key
+from .retention import PruneResult, RetentionPolicy, prune_staging
 from .schema_changes import follow_log_schemas, follow_schema_changes
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,19 @@ def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, dr
     return Lag(source, reading.holder, reading.lag_bytes, seconds, risk)
 
 
+def maintain_staging(data_dir: str, source: str, retention: RetentionPolicy | None) -> PruneResult | None:
+    """(Under the capture lock.) The segment index refreshed, then staging retention; never
+    raises: the capture before it has committed already."""
+    try:
+        if retention is None:
+            refresh_index(changelog_dir(data_dir, source))
+            return None
+        return prune_staging(data_dir, source, retention)
+    except Exception:  # noqa: BLE001 - maintenance: the next run tries again
+        log.warning("source %r: the staged changelog's index or retention failed this run", source, exc_info=True)
+        return None
+
+
 def run_capture(
     hook: SourceHandle,
     data_dir: str,
@@ -149,6 +164,7 @@ def run_capture(
     max_events: int | None = None,
     segment_max_events: int | None = None,
     min_headroom: float = DEFAULT_MIN_HEADROOM,
+    retention: RetentionPolicy | None = None,
 ) -> tuple[CaptureResult, Lag | None] | None:
     """One capture under the source's capture lock; None when another capture holds it.
 
@@ -157,6 +173,10 @@ def run_capture(
     20,000) and commits the offset after the last one, so a capture killed anywhere
     re-delivers its events on the next run and loses nothing (I6). Returns the result and the
     source's lag after it (:func:`capture_lag`; None when the dialect cannot tell).
+
+    Still under the lock, the staged changelog's index is brought up to date and, with a
+    ``retention`` policy, staging retention removes what nothing holds (pipeline/retention.py);
+    a failure there is logged and leaves the capture's result standing.
     """
     params = hook.connection_params()
     source_dialect = hook.get_dialect()  # not connected yet: its options name the slot the lock keys on
@@ -168,6 +188,7 @@ def run_capture(
             # after the events, so a column they carry is in the staged schema before apply runs
             stopped = follow_schema_changes(dialect, data_dir, hook.source)
             reading = dialect.log_retention(result.end_offset)
+        maintain_staging(data_dir, hook.source, retention)
     drained = max_events is None or result.events < max_events
     lag = None if reading is None else capture_lag(hook.source, reading, result, drained=drained,
                                                    min_headroom=min_headroom)

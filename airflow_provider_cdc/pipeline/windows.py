@@ -15,7 +15,7 @@ from .. import storage
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, NotReadyError, WatermarkError
 from ..core.position import Position
-from ..storage.staged import find_watermarks, list_segments
+from ..storage.staged import staged_watermarks
 
 #: chunk rows per sink write, in both engines: what the Spark driver collects at once. 500,000
 #: rows of the bench's demo table overflowed spark-submit's default 1 GB driver heap (toArrow)
@@ -72,7 +72,7 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     if not chunks:
         return []
     ids = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
-    found = find_watermarks(list_segments(changelog_dir), ids)
+    found = staged_watermarks(changelog_dir, ids)
     windows, missing = [], []
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)

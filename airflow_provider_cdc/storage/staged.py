@@ -351,12 +351,20 @@ def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Ite
 
 
 def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) -> dict[str, tuple[str, int]]:
-    """:func:`find_watermarks` over the segments staged in ``changelog`` now. A segment that
-    disappears between the listing and the read (a concurrent capture replaced an orphan)
-    makes it list again."""
+    """:func:`find_watermarks` over the segments staged in ``changelog`` now: from the index
+    (storage/segment_index.py) for the segments it describes, opening only the others. A
+    segment that disappears between the listing and the read (a concurrent capture replaced an
+    orphan) makes it list again."""
+    from .segment_index import find_in_index, staged_segments
+
+    wanted = set(ids)
     for attempt in range(attempts):
         try:
-            return find_watermarks(list_segments(changelog), ids)
+            found, unknown = find_in_index(staged_segments(changelog), wanted)
+            for wid, hit in find_watermarks(unknown, wanted).items():
+                if wid not in found or hit[0] < found[wid][0]:
+                    found[wid] = hit
+            return found
         except FileNotFoundError:
             if attempt == attempts - 1:
                 raise

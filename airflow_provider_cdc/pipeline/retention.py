@@ -1,0 +1,198 @@
+"""Staging retention: staged segments and snapshot folders go once nothing needs them.
+
+A staged segment is removed only when all of these have passed it:
+- every configured sink's applied-position marker (a sink that applied nothing yet holds all);
+- every open snapshot (running, paused, or failed and resumable, as its stored progress says):
+  it holds from the first of its converge watermark and the low watermarks of its committed,
+  unmerged chunks, and every segment staged since its plan was written (chunks in flight have
+  no sidecar yet);
+- the replay horizon (``CDC_STAGING_RETENTION_HOURS``): nothing staged more recently goes.
+Segments go oldest first and the first one held stops the sweep, so what is left is one
+contiguous range of the log. A snapshot's folder (plan, chunks, sidecars) goes when the
+snapshot is not open and nothing in it changed for the horizon.
+
+Runs under the capture lock, after a capture (pipeline/capture.run_capture): the segment index
+(storage/segment_index.py) has one writer at a time. Airflow-free: the stored progress of a
+table's snapshot comes in as a function.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+
+from .. import storage
+from ..core.position import Position
+from ..sinks.base import read_marker
+from ..storage.layout import changelog_dir, staging_dir
+from ..storage.segment_index import StagedSegment, find_in_index, refresh_index, write_index
+
+log = logging.getLogger(__name__)
+
+#: the statuses of a snapshot that may still merge chunks (core/progress.Status)
+OPEN_STATUSES = frozenset({"running", "paused", "failed"})
+#: table id -> (snapshot id, status) of its stored snapshot progress (None: never snapshotted)
+SnapshotLookup = Callable[[str], "tuple[str, str] | None"]
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    horizon_seconds: float
+    sinks: tuple[str, ...]
+    snapshot_of: SnapshotLookup = field(compare=False, default=lambda _table_id: None)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Keeps every segment whose last position is at or past ``position``, or past ``after``,
+    and every segment staged at or after ``since`` (seconds since the epoch)."""
+
+    reason: str
+    position: Position | None = None
+    after: Position | None = None
+    since: float | None = None
+    everything: bool = False
+
+    def holds(self, s: StagedSegment) -> bool:
+        if self.everything:
+            return True
+        if self.position is not None and s.last >= self.position:
+            return True
+        if self.after is not None and s.last > self.after:
+            return True
+        return self.since is not None and s.info is not None and s.info.staged_at >= self.since
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    segments_deleted: int
+    bytes_deleted: int
+    segments_kept: int
+    bytes_kept: int
+    snapshots_deleted: int
+    held_by: str | None  # why the oldest segment left was kept (None: nothing left)
+
+    def describe(self) -> str:
+        return (f"staging retention removed {self.segments_deleted} segment(s) ({self.bytes_deleted:,} bytes) and "
+                f"{self.snapshots_deleted} snapshot folder(s); {self.segments_kept} segment(s) "
+                f"({self.bytes_kept:,} bytes) kept" + (f", the oldest held by {self.held_by}" if self.held_by else ""))
+
+
+def _snapshot_folders(data_dir: str, source: str) -> list[tuple[str, str, str]]:
+    """(table folder, snapshot id, snapshot folder) of every snapshot staged for ``source``."""
+    root = storage.join(staging_dir(data_dir, source), "chunks")
+    out = []
+    for t in storage.list_dir(root):
+        if t.type != pafs.FileType.Directory:
+            continue
+        tdir = storage.join(root, t.base_name)
+        for s in storage.list_dir(tdir):
+            if not s.base_name.startswith("."):
+                out.append((t.base_name, s.base_name, storage.join(tdir, s.base_name)))
+    return out
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        return json.loads(storage.read_text(path))
+    except (OSError, ValueError):
+        return None
+
+
+def _newest_mtime(folder: str) -> float | None:
+    times = [i.mtime.timestamp() for i in storage.list_dir(folder) if i.mtime is not None]
+    return max(times) if times else None
+
+
+def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup,
+                   segments: Sequence[StagedSegment]) -> tuple[list[Hold], list[tuple[str, str]]]:
+    """The holds of the open snapshots, and the (snapshot id, folder) of the others."""
+    holds, closed = [], []
+    for _table_dir, sid, folder in _snapshot_folders(data_dir, source):
+        plan = _read_json(storage.join(folder, "plan.json"))
+        if plan is None or "table" not in plan:
+            # a plan being written, or a folder this version does not know: the horizon decides
+            closed.append((sid, folder))
+            continue
+        table_id = str(plan["table"])
+        stored = snapshot_of(table_id)
+        if stored is None or stored[0] != sid or str(stored[1]) not in OPEN_STATUSES:
+            closed.append((sid, folder))
+            continue
+        label = f"the {stored[1]} snapshot {sid} of table {table_id}"
+        ids = {plan["converge_watermark"]} if plan.get("converge_watermark") else set()
+        for name in storage.list_names(folder, suffix=".parquet.json"):
+            side = _read_json(storage.join(folder, name))
+            if side is not None and not side.get("merged"):
+                ids.add(side["result"]["low_watermark"])
+        found, unknown = find_in_index(segments, ids)
+        if unknown:  # refresh_index describes every segment first; this only guards a misuse
+            return [Hold("segments the index does not describe", everything=True)], []
+        positions = [Position.decode(hit[0]) for hit in found.values()]
+        plan_time = _newest_plan_time(folder)
+        # an id not staged yet is later than every staged segment: it holds nothing here
+        holds.append(Hold(label, position=min(positions) if positions else None,
+                          since=plan_time if plan_time is not None else 0.0))
+    return holds, closed
+
+
+def _newest_plan_time(folder: str) -> float | None:
+    for i in storage.list_dir(folder):
+        if i.base_name == "plan.json" and i.mtime is not None:
+            return i.mtime.timestamp()
+    return None
+
+
+def staging_holds(data_dir: str, source: str, policy: RetentionPolicy, segments: Sequence[StagedSegment],
+                  now: float) -> tuple[list[Hold], list[tuple[str, str]]]:
+    holds = [Hold(f"the replay horizon ({policy.horizon_seconds / 3600:g} h)", since=now - policy.horizon_seconds)]
+    for sink in policy.sinks:
+        mark = read_marker(data_dir, source, sink)
+        if mark is None:
+            holds.append(Hold(f"sink {sink!r}, which has applied nothing yet", everything=True))
+        else:
+            holds.append(Hold(f"sink {sink!r} (applied up to {mark})", after=mark))
+    snap, closed = snapshot_holds(data_dir, source, policy.snapshot_of, segments)
+    return holds + snap, closed
+
+
+def prune_staging(data_dir: str, source: str, policy: RetentionPolicy, *, now: float | None = None,
+                  before_delete: Callable[[StagedSegment], None] | None = None) -> PruneResult:
+    """(Under the capture lock.) Remove what nothing holds; the segment index is rewritten
+    without the removed segments. ``before_delete``: a test's hook between deciding and deleting."""
+    now = time.time() if now is None else now
+    changelog = changelog_dir(data_dir, source)
+    segments = refresh_index(changelog)
+    holds, closed = staging_holds(data_dir, source, policy, segments, now)
+    gone: list[StagedSegment] = []
+    held_by = None
+    for s in segments:  # oldest first; the first held one stops the sweep
+        holder = next((h for h in holds if h.holds(s)), None)
+        if holder is not None:
+            held_by = holder.reason
+            break
+        gone.append(s)
+    for s in gone:
+        if before_delete is not None:
+            before_delete(s)
+        storage.delete(s.path)
+    if gone:
+        names = {s.name for s in gone}
+        write_index(changelog, {s.name: s.info for s in segments if s.name not in names and s.info is not None})
+    deleted_snapshots = 0
+    for sid, folder in closed:
+        newest = _newest_mtime(folder)
+        if newest is not None and newest < now - policy.horizon_seconds:
+            storage.delete_dir(folder)
+            deleted_snapshots += 1
+            log.info("staging retention: removed the folder of snapshot %s (%s)", sid, folder)
+    kept = [s for s in segments if s not in gone]
+    result = PruneResult(len(gone), sum(s.info.bytes for s in gone if s.info), len(kept),
+                         sum(s.info.bytes for s in kept if s.info), deleted_snapshots, held_by if kept else None)
+    log.info("%s", result.describe())
+    return result

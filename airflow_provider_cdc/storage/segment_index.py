@@ -1,0 +1,167 @@
+"""The staged changelog's index: what readers need of each segment without opening it.
+
+``_index.json`` in the changelog folder holds, per segment file name, its rows, bytes, when it
+was staged and the first position of each watermark id it holds. Readers (the high-watermark
+sensor's poke, the merge's window lookup, the apply's pending count) list the folder's segment
+names and take the rest from the index, so a poke reads one small file instead of every
+segment ever staged (the listing itself stays short because staging retention removes what
+nothing needs: pipeline/retention.py).
+
+The index is a cache, never the truth. A segment the index does not name (a capture that died
+before writing it, a pipeline older than the index) is opened as before, and an entry whose
+file is gone is ignored. Segment names encode their position range and a segment re-written
+under the same name holds the same events (capture's cuts are deterministic), so an entry never
+goes stale for its name. It is written only under the capture lock (capture and retention run
+there), so it has one writer at a time, and it is replaced whole (storage.write_text).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow.fs as pafs
+
+from .. import storage
+from ..core.position import Position
+from .layout import parse_segment_name
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "_index.json"
+_VERSION = 1
+
+
+@dataclass(frozen=True)
+class SegmentInfo:
+    rows: int
+    bytes: int
+    staged_at: float  # seconds since the epoch (when the index first saw it, for older files)
+    watermarks: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (encoded position, ts_ms)
+
+    def to_json(self) -> dict:
+        return {"rows": self.rows, "bytes": self.bytes, "staged_at": self.staged_at,
+                "watermarks": {k: list(v) for k, v in self.watermarks.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> SegmentInfo:
+        return cls(int(d["rows"]), int(d["bytes"]), float(d["staged_at"]),
+                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d.get("watermarks", {}).items()})
+
+
+@dataclass(frozen=True)
+class StagedSegment:
+    first: Position
+    last: Position
+    path: str
+    info: SegmentInfo | None  # None: the index does not name it (yet)
+
+    @property
+    def name(self) -> str:
+        return storage.basename(self.path)
+
+
+def index_path(changelog: str) -> str:
+    return storage.join(changelog, INDEX_NAME)
+
+
+def read_index(changelog: str) -> dict[str, SegmentInfo]:
+    """name -> SegmentInfo; empty when there is no index or it cannot be read (then every
+    segment is opened, as before the index existed)."""
+    try:
+        raw = storage.read_text(index_path(changelog))
+    except OSError:  # FileNotFoundError locally; object stores may say it otherwise
+        if not storage.exists(index_path(changelog)):
+            return {}
+        raise
+    try:
+        doc = json.loads(raw)
+        return {name: SegmentInfo.from_json(d) for name, d in doc["segments"].items()}
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        log.warning("the staged changelog's index %s cannot be read (%s): every segment is opened instead",
+                    index_path(changelog), exc)
+        return {}
+
+
+def write_index(changelog: str, infos: dict[str, SegmentInfo]) -> None:
+    storage.write_text(index_path(changelog), json.dumps(
+        {"version": _VERSION, "segments": {n: i.to_json() for n, i in sorted(infos.items())}},
+        separators=(",", ":")))
+
+
+def staged_segments(changelog: str) -> list[StagedSegment]:
+    """The segments in ``changelog`` now, in position order, each with what the index says of it."""
+    index = read_index(changelog)
+    out = []
+    for info in storage.list_dir(changelog):
+        name = info.base_name
+        if name.startswith("seg-") and name.endswith(".parquet") and info.type == pafs.FileType.File:
+            first, last = parse_segment_name(name)
+            out.append(StagedSegment(first, last, storage.join(changelog, name), index.get(name)))
+    return sorted(out, key=lambda s: (s.first, s.last, s.path))
+
+
+def changelog_used(changelog: str) -> bool:
+    """Whether a capture ever staged anything here (a segment, or the index that outlives the
+    segments retention removed)."""
+    return storage.exists(index_path(changelog)) or bool(staged_segments(changelog))
+
+
+def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInfo:
+    """Open one segment: its row count (footer), size and watermark rows."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    fs, p = storage.filesystem(path)
+    size = fs.get_file_info(p).size or 0
+    with fs.open_input_file(p) as fh:
+        pf = pq.ParquetFile(fh)
+        rows = pf.metadata.num_rows
+        t = pf.read(columns=["position", "op", "watermark", "ts_ms"])
+    t = t.filter(pc.equal(t["op"], "w"))
+    marks: dict[str, tuple[str, int]] = {}
+    for pos, wid, ts in zip(*(t[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
+        if wid is not None and (wid not in marks or pos < marks[wid][0]):
+            marks[wid] = (pos, ts or 0)
+    return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks)
+
+
+def refresh_index(changelog: str, *, drop: Iterable[str] = ()) -> list[StagedSegment]:
+    """(Under the capture lock.) Describe the segments the index does not name yet, leave out
+    the names that are gone (and ``drop``), write the index back when it changed; the segments
+    with their infos."""
+    segments = staged_segments(changelog)
+    gone = set(drop)
+    out, changed = [], False
+    for s in segments:
+        if s.name in gone:
+            changed = True
+            continue
+        if s.info is None:
+            s = StagedSegment(s.first, s.last, s.path, describe_segment(s.path))
+            changed = True
+        out.append(s)
+    old = read_index(changelog)
+    if changed or set(old) != {s.name for s in out}:
+        write_index(changelog, {s.name: s.info for s in out})
+    return out
+
+
+def find_in_index(segments: Sequence[StagedSegment], ids: Iterable[str]) -> tuple[dict[str, tuple[str, int]], list]:
+    """The first staged write of each id the index knows of, and the segments it does not
+    describe (to open): ``(found, unknown)``."""
+    wanted = set(ids)
+    found: dict[str, tuple[str, int]] = {}
+    unknown = []
+    for s in segments:
+        if s.info is None:
+            unknown.append((s.first, s.last, s.path))
+            continue
+        for wid in wanted.intersection(s.info.watermarks):
+            hit = s.info.watermarks[wid]
+            if wid not in found or hit[0] < found[wid][0]:
+                found[wid] = hit
+    return found, unknown
