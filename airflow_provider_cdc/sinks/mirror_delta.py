@@ -282,12 +282,49 @@ def _set_properties(dt: DeltaTable, props: dict[str, str]) -> None:
 STATS_PROPERTIES = {"delta.dataSkippingStatsColumns": f"{KEY_COLUMN},{POSITION_COLUMN}"}
 
 
+#: The Delta log stays bounded: a checkpoint every 100 commits (a reader loads the newest
+#: checkpoint and at most that many commits after it) and, at each checkpoint, log entries older
+#: than the log retention removed (delta-rs's post-commit hooks, which every commit runs). The
+#: remove actions vacuum needs stay in the checkpoints for the deleted-file retention, which is
+#: the mirror's retention (vacuum's horizon), so no replaced file outlives the log that names it.
+CHECKPOINT_INTERVAL = 100
+
+
+def log_properties(retention_hours: float) -> dict[str, str]:
+    hours = max(1, math.ceil(retention_hours))
+    return {
+        "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
+        "delta.enableExpiredLogCleanup": "true",
+        "delta.logRetentionDuration": f"interval {max(hours, 48)} hours",
+        "delta.deletedFileRetentionDuration": f"interval {hours} hours",
+    }
+
+
+def ensure_log_properties(path: str, retention_hours: float) -> bool:
+    """Set :func:`log_properties` on an existing mirror (made by a version without them, or
+    with another retention); one commit, only when something differs. True when it committed."""
+    dt = _open(path)
+    if dt is None:
+        return False
+    want = log_properties(retention_hours)
+    have = _properties(dt)
+    if all(have.get(k) == v for k, v in want.items()):
+        return False
+    try:
+        _set_properties(dt, want)
+    except CommitFailedError as exc:  # the next round tries again
+        log.warning("mirror %s: setting the Delta log properties postponed after a commit conflict (%s)", path, exc)
+        return False
+    return True
+
+
 def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -> tuple[DeltaTable, bool]:
     """Create the Delta table at ``path`` (True), partitioned into key-hash buckets
     (sinks/delta_buckets.py), or open it when another writer created it first (False)."""
     storage.makedirs(path)
     table_schema = pa.schema([*schema, pa.field(BUCKET_COLUMN, pa.int32(), False)])
-    config = {**STATS_PROPERTIES, BUCKETS_PROPERTY: str(DEFAULT_BUCKETS), **(props or {})}
+    config = {**STATS_PROPERTIES, **log_properties(DEFAULT_RETENTION_HOURS), BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
+              **(props or {})}
     try:
         return DeltaTable.create(
             path, table_schema, mode="error", partition_by=[BUCKET_COLUMN], configuration=config,
@@ -733,7 +770,11 @@ def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
     # the retention also covers writers in flight: a file written but not committed yet is
     # as young as its writer, so it is never older than the retention (keep it >= 1 h)
     try:
-        gone = dt.vacuum(retention_hours=math.ceil(retention_hours), enforce_retention_duration=False, dry_run=False)
+        hours = math.ceil(retention_hours)
+        # a dry run first: a vacuum commits twice (START, END) even when it removes nothing
+        if not dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=True):
+            return 0
+        gone = dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
     except CommitFailedError as exc:  # an optimisation: a concurrent commit only postpones it
         log.warning("mirror %s: vacuum postponed after a commit conflict (%s)", path, exc)
         return 0
@@ -789,14 +830,19 @@ def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str 
 
     applied = read_marker(data_dir, source, "mirror")
     removed: dict[str, int] = {}
-    if applied is None:
-        return removed
     for table in mirror_tables(data_dir, source):
-        if status_of(table.id) in ACTIVE_SNAPSHOT:
+        path = mirror_dir(data_dir, source, table)
+        # every table, every round: the Delta log's bounds set, and the files merges replaced
+        # (not only deletes) vacuumed once past the retention
+        ensure_log_properties(path, retention_hours)
+        if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT:
+            vacuum(path, retention_hours)
             continue
         if tombstone_count(data_dir, source, table):
             removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode(),
                                         retention_hours=retention_hours)
+        else:
+            vacuum(path, retention_hours)
     return removed
 
 

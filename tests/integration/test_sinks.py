@@ -448,3 +448,47 @@ def test_postgres_mirror_older_event_never_overwrites(tmp_path, pg_uri, pg_targe
         assert row["name"] == typed_row(3, 5)["name"] and row["__position"] == Position(50).encode()
     finally:
         sink.close()
+
+
+# --- the Delta log stays bounded (issue 33) ----------------------------------------------------
+def test_the_delta_log_is_checkpointed_and_old_entries_go_while_the_mirror_reads_the_same(tmp_path, monkeypatch):
+    """Every mirror gets a checkpoint interval and a log retention: a reader loads the newest
+    checkpoint and the commits after it, and log entries past the retention go at the next
+    checkpoint. Shown with an interval of 5 and on a mirror made without the properties
+    (an earlier version's), which compact_inactive brings up to date."""
+    import os
+    import time
+
+    from deltalake import DeltaTable
+
+    from airflow_provider_cdc.sinks import mirror_delta
+    from airflow_provider_cdc.sinks.base import write_marker
+
+    monkeypatch.setattr(mirror_delta, "CHECKPOINT_INTERVAL", 5)
+    d = str(tmp_path)
+    stage_schema(d, TYPED)
+    sink = MirrorDeltaSink(d, SOURCE)
+    path = mirror_dir(d, SOURCE, T)
+    sink.write(pa.Table.from_pylist([ev(1, "c", 1, typed_row(1))], schema=EVENT_SCHEMA))
+    dt = DeltaTable(path)
+    for key in ("delta.checkpointInterval", "delta.logRetentionDuration", "delta.deletedFileRetentionDuration"):
+        dt.alter.set_table_properties({key: ""}, raise_if_not_exists=False)  # as an earlier version left it
+    assert DeltaTable(path).metadata().configuration.get("delta.checkpointInterval") == ""
+    write_marker(d, SOURCE, "mirror", Position(1))
+    mirror_delta.compact_inactive(d, SOURCE, lambda _tid: None, retention_hours=1)
+    conf = DeltaTable(path).metadata().configuration
+    assert conf["delta.checkpointInterval"] == "5" and conf["delta.logRetentionDuration"] == "interval 48 hours"
+    assert conf["delta.deletedFileRetentionDuration"] == "interval 1 hours"
+    for i in range(2, 14):
+        sink.write(pa.Table.from_pylist([ev(i, "c", i, typed_row(i))], schema=EVENT_SCHEMA))
+    log_dir = Path(path) / "_delta_log"
+    last = json.loads((log_dir / "_last_checkpoint").read_text())["version"]
+    assert last >= 9 and list(log_dir.glob("*.checkpoint.parquet"))
+    old = time.time() - 3 * 24 * 3600  # every entry so far older than the log retention
+    for f in log_dir.iterdir():
+        os.utime(f, (old, old))
+    for i in range(14, 20):
+        sink.write(pa.Table.from_pylist([ev(i, "c", i, typed_row(i))], schema=EVENT_SCHEMA))
+    assert not (log_dir / f"{0:020d}.json").exists()  # cleaned at a checkpoint past the retention
+    assert sorted(r["id"] for r in read_mirror(d, SOURCE, T).to_pylist()) == list(range(1, 20))
+    assert DeltaTable(path).metadata().configuration.get("cdc.buckets")  # the package's own properties stay
