@@ -26,8 +26,9 @@ test-deployment: setup
 	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
 # BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table and
-# the Spark engine's rounds on a standalone cluster, and the capture's memory against transaction and value size
-BENCH ?= e2e merge capture_memory
+# the Spark engine's rounds on a standalone cluster, the capture's memory against transaction and value size,
+# and 200 changelog rounds back to back (what grows with the pipeline's age)
+BENCH ?= e2e merge capture_memory soak
 bench: setup
 	@$(ENV) python -m bench $(BENCH) $(BENCH_ARGS)
 
