@@ -288,14 +288,23 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
         def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
             """Tombstones of deletes the mirror has applied go, for every table whose snapshot
             cannot merge chunks any more (not running, paused or failed). Stopped snapshots count
-            as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py)."""
+            as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py).
+            Every mirror is vacuumed, and the event log's applied small files are merged."""
             from airflow_provider_cdc import progress_store, settings
             from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
             from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
 
             apply_storage_connection(overrides=overrides)
-            return compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
-                                    retention_hours=settings.load(overrides=overrides).mirror_retention_hours)
+            now = settings.load(overrides=overrides)
+            removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
+                                       retention_hours=now.mirror_retention_hours)
+            if "events" in settings.sink_names(now.sinks):
+                # the event log's small changelog files it has applied, merged (sinks/event_log.py)
+                from airflow_provider_cdc.sinks.base import read_marker
+                from airflow_provider_cdc.sinks.event_log import compact_event_log
+
+                compact_event_log(data_dir, source, read_marker(data_dir, source, "events"))
+            return removed
 
         @task(task_id="log_retention")
         def log_retention(capture_result: dict | None) -> str:

@@ -6,7 +6,7 @@ inserts, updates and deletes from ``tools.workload.BackgroundWriter`` while this
 ``--rounds`` rounds of: write a watermark on the source, capture (``run_capture`` with staging
 retention, ``--horizon-seconds``), apply to the event log and the Delta mirror in process
 (``arrow_engine.apply_changelog``), the changelog DAG's ``compact_tombstones`` step
-(``compact_inactive``), and a high-watermark sensor's poke for the round's watermark
+(``compact_inactive``, ``compact_event_log``), and a high-watermark sensor's poke for the round's watermark
 (``staged_watermarks``). At each report round it prints the round time and the poke time
 (means over the last rounds), the staged segments and bytes, the event-log files, the Delta
 log (files in ``_delta_log``, commits since the last checkpoint) and the ratio of each to its
@@ -35,6 +35,8 @@ from airflow_provider_cdc.pipeline.capture import run_capture
 from airflow_provider_cdc.pipeline.retention import RetentionPolicy
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
+from airflow_provider_cdc.sinks.base import read_marker
+from airflow_provider_cdc.sinks.event_log import compact_event_log, live_files, table_dir
 from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, mirror_dir, schema_path
 from airflow_provider_cdc.storage.segment_index import staged_segments
@@ -143,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
             run_capture(handle, data, retention=policy)
             apply_changelog(data, source, sinks)
             compact_inactive(data, source, lambda _tid: None, retention_hours=args.mirror_retention_hours)
+            compact_event_log(data, source, read_marker(data, source, "events"),
+                              grace_seconds=args.horizon_seconds)
             round_times.append(time.perf_counter() - t0)
             t1 = time.perf_counter()
             if mark not in staged_watermarks(changelog_dir(data, source), [mark]):
@@ -152,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             if r in report:
                 segs = staged_segments(changelog_dir(data, source))
                 ev_files, _ = _files(events_dir(data, source), ".parquet")
+                ev_live = len(live_files(storage.list_names(table_dir(data, source, table), suffix=".parquet")))
                 log_files, since_cp = _delta_log(mirror_dir(data, source, table))
                 row = {
                     "round": r,
@@ -160,13 +165,14 @@ def main(argv: list[str] | None = None) -> int:
                     "staged": len(segs),
                     "staged_mb": sum(s.info.bytes for s in segs if s.info) / 1e6,
                     "event_files": ev_files,
+                    "event_live": ev_live,
                     "delta_log_files": log_files,
                     "since_checkpoint": since_cp,
                 }
                 first = first or row
                 rows_out.append(row)
                 print(f"  round {r}: round {row['round_s']:.2f} s, poke {row['poke_ms']:.1f} ms, "
-                      f"{row['staged']} staged segments ({row['staged_mb']:.1f} MB), {ev_files} event-log files, "
+                      f"{row['staged']} staged segments ({row['staged_mb']:.1f} MB), {ev_files} event-log files ({ev_live} live), "
                       f"{log_files} Delta log files ({since_cp} commits since the checkpoint)", flush=True)
         stats = writer.stop()
         writer = None
@@ -177,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         result = verify_table(dialect, data, source, table)
         print(f"  writer: {stats}", flush=True)
         print(f"  verify: {result.summary()}", flush=True)
-        keys = ("round_s", "poke_ms", "staged", "staged_mb", "event_files", "delta_log_files", "since_checkpoint")
+        keys = ("round_s", "poke_ms", "staged", "staged_mb", "event_files", "event_live", "delta_log_files",
+                "since_checkpoint")
         print("\n| round | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1))
         for row in rows_out:
             cells = [f"{row[k]:.3g} ({row[k] / first[k]:.2f}x)" if first[k] else f"{row[k]:.3g}" for k in keys]

@@ -525,7 +525,7 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
     import pyarrow.parquet as pq
 
     from .. import storage
-    from .event_log import table_dir
+    from .event_log import live_files, table_dir
 
     d = table_dir(data_dir, source, table)
     exports: dict = {}
@@ -539,7 +539,8 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
                 yield from file_records(pa.Table.from_batches([batch]).replace_schema_metadata(meta), opts,
                                         exports=exports)
 
-    names = sorted(storage.list_names(d, suffix=".parquet"), key=lambda n: (_first_position(n), n))
+    # files merged into a larger one (event_log.compact_table) hold its events twice: left out
+    names = sorted(live_files(storage.list_names(d, suffix=".parquet")), key=lambda n: (_first_position(n), n))
     if not names:
         raise ConfigurationError(
             f"no event log for table {table} of source {source!r} at {d}: check the table name (schema.table), "

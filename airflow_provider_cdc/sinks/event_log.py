@@ -192,7 +192,7 @@ def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:
 
     d = table_dir(data_dir, source, table)
     parts = []
-    for name in storage.list_names(d, suffix=".parquet"):
+    for name in live_files(storage.list_names(d, suffix=".parquet")):
         t = read_table(storage.join(d, name))
         images = {c: [None if r is None else encode_row(r) for r in canonical_images(t, c)] for c in ("before", "after")}
         parts.append(pa.table({
@@ -204,3 +204,137 @@ def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:
     if not parts:
         return pa.table({n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")})
     return pa.concat_tables(parts)
+
+
+# --- compaction ----------------------------------------------------------------------------------
+#: a changelog file holding fewer bytes than this is small: runs of them are merged
+COMPACT_TARGET_BYTES = 32 * 1024 * 1024
+#: a run of small files is merged once it holds this many files or reaches the target size
+COMPACT_MIN_FILES = 50
+#: how long files merged into a larger one stay (readers that listed them before may still open them)
+COMPACT_GRACE_SECONDS = 3600.0
+
+
+def _changelog_range(name: str) -> tuple[str, str] | None:
+    """(first, last) encoded positions of a changelog file ``c-{first}-{last}.parquet``."""
+    stem = name.removesuffix(".parquet")
+    parts = stem.split("-")
+    if len(parts) == 3 and parts[0] == "c" and len(parts[1]) == len(parts[2]) == ENCODED_LENGTH:
+        return parts[1], parts[2]
+    return None
+
+
+def superseded(names: list[str]) -> dict[str, str]:
+    """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
+    deletion: name -> the file that holds their events (its range covers theirs)."""
+    ranges = sorted(((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
+                    key=lambda x: (x[0], _neg(x[1])))
+    out: dict[str, str] = {}
+    cover: tuple[str, str] | None = None  # the widest range seen so far: (last, name)
+    for _first, last, name in ranges:
+        if cover is not None and last <= cover[0]:
+            out[name] = cover[1]
+        elif cover is None or last > cover[0]:
+            cover = (last, name)
+    return out
+
+
+def _neg(hex_text: str) -> str:
+    """A key that sorts hex text descending."""
+    return hex_text.translate(str.maketrans("0123456789abcdef", "fedcba9876543210"))
+
+
+def live_files(names: list[str]) -> list[str]:
+    """The event-log files a reader takes: every file but those merged into a larger one
+    (they hold the same events; they stay for a while for readers that listed them)."""
+    gone = superseded(names)
+    return [n for n in names if n not in gone]
+
+
+def compact_table(folder: str, applied: str, *, target_bytes: int = COMPACT_TARGET_BYTES,
+                  min_files: int = COMPACT_MIN_FILES, grace_seconds: float = COMPACT_GRACE_SECONDS,
+                  now: float | None = None) -> tuple[int, int]:
+    """Merge runs of small changelog files of one table's folder that the event log has applied
+    (last position <= ``applied``, an encoded position: apply never writes those again, since a
+    replay only rewrites batches past the marker) into one file per run, then remove merged
+    files older than ``grace_seconds``. Snapshot files (``r-``) are left as they are.
+
+    A run holds consecutive files typed alike (the same ``cdc.schema`` and text columns: a
+    schema change starts a new run) and is merged once it reaches ``target_bytes`` or
+    ``min_files`` files. The merged file is ``c-{first}-{last}`` of the run, sorted by (position,
+    key) like every file, with the run's metadata: readers see the same events in the same
+    order. It is written before anything is removed; until the inputs go, readers skip them
+    (:func:`live_files`). Returns (files merged, files removed)."""
+    import time
+
+    import pyarrow.parquet as pq
+
+    from ..storage.staged import read_table
+
+    now = time.time() if now is None else now
+    infos = {i.base_name: i for i in storage.list_dir(folder) if i.base_name.endswith(".parquet")
+             and not i.base_name.startswith(".")}
+    removed = 0
+    for name, holder in superseded(sorted(infos)).items():
+        mtime = infos[holder].mtime
+        if mtime is not None and mtime.timestamp() < now - grace_seconds:
+            storage.delete(storage.join(folder, name))
+            removed += 1
+    live = [n for n in live_files(sorted(infos)) if (r := _changelog_range(n)) is not None and r[1] <= applied]
+    live.sort(key=lambda n: _changelog_range(n))
+    runs: list[list[str]] = []
+    run: list[str] = []
+    run_meta = None
+    run_bytes = 0
+
+    def close() -> None:
+        if len(run) >= 2 and (len(run) >= min_files or run_bytes >= target_bytes):
+            runs.append(list(run))
+
+    for name in live:
+        size = infos[name].size or 0
+        if size >= target_bytes:  # large already: ends the run
+            close()
+            run, run_meta, run_bytes = [], None, 0
+            continue
+        path = storage.join(folder, name)
+        fs, p = storage.filesystem(path)
+        with fs.open_input_file(p) as fh:
+            meta = pq.ParquetFile(fh).schema_arrow.metadata
+        if run and meta != run_meta:
+            close()
+            run, run_bytes = [], 0
+        run.append(name)
+        run_meta, run_bytes = meta, run_bytes + size
+        if run_bytes >= target_bytes:
+            close()
+            run, run_meta, run_bytes = [], None, 0
+    close()
+    merged = 0
+    for names in runs:
+        tables = [read_table(storage.join(folder, n)) for n in names]
+        t = pa.concat_tables(tables)
+        order = pc.sort_indices(pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
+                                sort_keys=[("p", "ascending"), ("k", "ascending")])
+        t = t.take(order).replace_schema_metadata(tables[0].schema.metadata)
+        first, last = _changelog_range(names[0])[0], _changelog_range(names[-1])[1]
+        atomic_write_table(t, storage.join(folder, f"c-{first}-{last}.parquet"))
+        merged += len(names)
+        log.info("event log %s: %d files merged into c-%s-%s (%d events)", folder, len(names), first, last,
+                 t.num_rows)
+    return merged, removed
+
+
+def compact_event_log(data_dir: str, source: str, applied, **kwargs) -> dict[str, tuple[int, int]]:
+    """:func:`compact_table` for every table's folder of ``source``'s event log, up to
+    ``applied`` (the event log's applied marker, a Position; None: nothing is merged, merged
+    files past their grace still go). Returns (files merged, files removed) per folder."""
+    root = events_dir(data_dir, source)
+    bound = applied.encode() if applied is not None else ""
+    out = {}
+    for name in storage.list_names(root, files_only=False):
+        if name.startswith("table="):
+            res = compact_table(storage.join(root, name), bound, **kwargs)
+            if any(res):
+                out[name] = res
+    return out

@@ -1,0 +1,114 @@
+"""Event-log compaction (issue 33): runs of small changelog files the event log has applied are
+merged into one file per run, and the readers (the Debezium export, read_events) see the same
+events in the same order before, during (merged file and its inputs side by side) and after."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from airflow_provider_cdc.core.position import Position
+from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.sinks.debezium import DebeziumOptions, export_table
+from airflow_provider_cdc.sinks.event_log import (
+    EventLogSink,
+    compact_event_log,
+    compact_table,
+    live_files,
+    read_events,
+    table_dir,
+)
+from airflow_provider_cdc.storage.layout import schema_path
+
+pytestmark = pytest.mark.integration
+
+T = TableName("public", "orders")
+SCHEMA = TableSchema(T, (Column("id", "int64", "bigint", False), Column("v", "string", "text")), ("id",))
+WIDER = TableSchema(T, (*SCHEMA.columns, Column("w", "int32", "integer")), ("id",))
+
+
+def p(i: int) -> str:
+    return Position(i, 0, 0).encode()
+
+
+def stage_schema(data: str, schema: TableSchema) -> None:
+    Path(schema_path(data, "src", T)).parent.mkdir(parents=True, exist_ok=True)
+    Path(schema_path(data, "src", T)).write_text(schema.to_json())
+
+
+def write_batches(data: str, batches: range, schema: TableSchema = SCHEMA) -> None:
+    """One changelog file per batch b: positions 10b+1..10b+3 (an insert, an update, a delete
+    of key b), named as the apply names them."""
+    stage_schema(data, schema)
+    sink = EventLogSink(data, "src", "shop")
+    for b in batches:
+        row = {"id": b, "v": f"v{b}"} | ({"w": b} if schema is WIDER else {})
+        rows = [
+            {"position": p(10 * b + 1), "op": "c", "after": encode_row(row), "before": None},
+            {"position": p(10 * b + 2), "op": "u", "after": encode_row(row | {"v": "u"}), "before": encode_row(row)},
+            {"position": p(10 * b + 3), "op": "d", "after": None, "before": encode_row(row | {"v": "u"})},
+        ]
+        sink.write(pa.Table.from_pylist([
+            r | {"table": T.id, "key": encode_key([b]), "ts_ms": 1, "watermark": None, "snapshot": False,
+                 "batch": f"c-{p(10 * b + 1)}-{p(10 * b + 3)}"} for r in rows], schema=EVENT_SCHEMA))
+
+
+def exported(data: str, tmp_path, tag: str) -> str:
+    out = str(tmp_path / f"{tag}.jsonl")
+    export_table(data, "src", T, out, DebeziumOptions("src", connector="postgresql"))
+    return Path(out).read_text()
+
+
+def events(data: str) -> list:
+    t = read_events(data, "src", T).drop_columns(["file"])
+    return sorted(zip(*(t[c].to_pylist() for c in t.column_names), strict=True))
+
+
+def test_applied_runs_merge_and_readers_see_the_same_events_before_during_and_after(tmp_path):
+    data = str(tmp_path / "d")
+    write_batches(data, range(1, 13))
+    folder = table_dir(data, "src", T)
+    before_export, before_events = exported(data, tmp_path, "before"), events(data)
+    applied = Position(10 * 10 + 3)  # the event log applied batches 1..10; 11 and 12 are past its marker
+    merged, removed = compact_table(folder, applied.encode(), min_files=4)
+    names = sorted(n.name for n in Path(folder).iterdir())
+    assert merged == 10 and removed == 0 and len(names) == 13  # inputs stay for their grace period
+    assert live_files(names) == [f"c-{p(11)}-{p(103)}.parquet", f"c-{p(111)}-{p(113)}.parquet",
+                                 f"c-{p(121)}-{p(123)}.parquet"]
+    assert exported(data, tmp_path, "during") == before_export and events(data) == before_events
+    import time
+
+    merged, removed = compact_table(folder, applied.encode(), min_files=4, now=time.time() + 7200)
+    assert merged == 0 and removed == 10 and len(list(Path(folder).iterdir())) == 3
+    assert exported(data, tmp_path, "after") == before_export and events(data) == before_events
+
+
+def test_a_schema_change_starts_a_new_run_and_short_runs_wait(tmp_path):
+    data = str(tmp_path / "d")
+    write_batches(data, range(1, 6))
+    write_batches(data, range(6, 9), WIDER)  # ADD COLUMN w: files typed with another schema
+    folder = table_dir(data, "src", T)
+    before = exported(data, tmp_path, "before")
+    merged, _ = compact_table(folder, p(10 ** 6), min_files=3)
+    assert merged == 8
+    assert live_files(sorted(n.name for n in Path(folder).iterdir())) == [
+        f"c-{p(11)}-{p(53)}.parquet", f"c-{p(61)}-{p(83)}.parquet"]
+    assert exported(data, tmp_path, "after") == before
+    write_batches(data, range(9, 10), WIDER)  # one more small file: a run of 2 < min_files waits
+    assert compact_event_log(data, "src", Position(10 ** 6), min_files=3) == {}
+    write_batches(data, range(10, 11), WIDER)  # a merged file under the target joins the next run
+    expected = exported(data, tmp_path, "expected")
+    assert compact_event_log(data, "src", Position(10 ** 6), min_files=3) == {"table=public.orders": (3, 0)}
+    assert live_files(sorted(n.name for n in Path(folder).iterdir()))[-1] == f"c-{p(61)}-{p(103)}.parquet"
+    assert exported(data, tmp_path, "later") == expected
+
+
+def test_nothing_past_the_applied_marker_or_without_one_is_merged(tmp_path):
+    data = str(tmp_path / "d")
+    write_batches(data, range(1, 8))
+    assert compact_event_log(data, "src", None, min_files=2) == {}
+    assert compact_event_log(data, "src", Position(10 * 1 + 3), min_files=2) == {}  # one file applied: no run
+    assert len(list(Path(table_dir(data, "src", T)).iterdir())) == 7
