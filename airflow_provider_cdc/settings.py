@@ -303,38 +303,31 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
     )
 
 
-def _retention_hours(env: Mapping[str, str]) -> float:
-    raw = _raw(env, "CDC_MIRROR_RETENTION_HOURS")
+def _hours(env: Mapping[str, str], name: str, default: float, why: str, *, never: bool = False) -> float | None:
+    """A number of hours >= 1 (``why``: the reason for the minimum), or None for ``never``."""
+    raw = _raw(env, name)
     if not raw:
-        return 168.0
-    try:
-        hours = float(raw)
-    except ValueError:
-        hours = float("nan")
-    if not hours >= 1 or hours == float("inf"):
-        raise ConfigurationError(
-            f"CDC_MIRROR_RETENTION_HOURS must be a number of hours >= 1 (files younger than that may belong to a "
-            f"writer still in flight), got {raw!r}"
-        )
-    return hours
-
-
-def _staging_retention_hours(env: Mapping[str, str]) -> float | None:
-    raw = _raw(env, "CDC_STAGING_RETENTION_HOURS")
-    if not raw:
-        return 72.0
-    if raw.strip().lower() == "never":
+        return default
+    if never and raw.strip().lower() == "never":
         return None
     try:
         hours = float(raw)
     except ValueError:
         hours = float("nan")
     if not hours >= 1 or hours == float("inf"):
-        raise ConfigurationError(
-            "CDC_STAGING_RETENTION_HOURS must be a number of hours >= 1 (a reader that listed a segment may still be "
-            f"reading it) or 'never', got {raw!r}"
-        )
+        alternative = " or 'never'" if never else ""
+        raise ConfigurationError(f"{name} must be a number of hours >= 1 ({why}){alternative}, got {raw!r}")
     return hours
+
+
+def _retention_hours(env: Mapping[str, str]) -> float:
+    return _hours(env, "CDC_MIRROR_RETENTION_HOURS", 168.0,
+                  "files younger than that may belong to a writer still in flight")
+
+
+def _staging_retention_hours(env: Mapping[str, str]) -> float | None:
+    return _hours(env, "CDC_STAGING_RETENTION_HOURS", 72.0, "a reader that listed a segment may still be reading it",
+                  never=True)
 
 
 class FromSettings:

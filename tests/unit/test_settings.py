@@ -145,3 +145,15 @@ def test_every_setting_is_in_the_provider_config_the_readme_and_the_loader():
     from airflow.configuration import conf
 
     assert conf.get("cdc", "spark_conf") == "{}"  # the default as Airflow renders it
+
+
+def test_staging_retention_hours_default_never_and_bad_values_named():
+    from airflow_provider_cdc.core.errors import ConfigurationError
+    from airflow_provider_cdc.settings import load
+
+    assert load({}).staging_retention_hours == 72.0
+    assert load({"CDC_STAGING_RETENTION_HOURS": "never"}).staging_retention_hours is None
+    assert load({"CDC_STAGING_RETENTION_HOURS": "24"}).staging_retention_hours == 24.0
+    for bad in ("0.5", "-1", "inf", "soon"):
+        with pytest.raises(ConfigurationError, match="CDC_STAGING_RETENTION_HOURS must be a number of hours >= 1"):
+            load({"CDC_STAGING_RETENTION_HOURS": bad})
