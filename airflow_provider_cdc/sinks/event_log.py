@@ -275,9 +275,14 @@ def compact_table(folder: str, applied: str, *, target_bytes: int = COMPACT_TARG
     infos = {i.base_name: i for i in storage.list_dir(folder) if i.base_name.endswith(".parquet")
              and not i.base_name.startswith(".")}
     removed = 0
-    for name, holder in superseded(sorted(infos)).items():
-        mtime = infos[holder].mtime
-        if mtime is not None and mtime.timestamp() < now - grace_seconds:
+    ranges = {n: r for n in infos if (r := _changelog_range(n)) is not None}
+    for name in superseded(sorted(infos)):
+        # gone once the first file that held its events is older than the grace: a later merge
+        # rewrites the covering file again and again, so the newest cover says nothing
+        first, last = ranges[name]
+        covers = [infos[o].mtime.timestamp() for o, (a, b) in ranges.items()
+                  if o != name and a <= first and b >= last and infos[o].mtime is not None]
+        if covers and min(covers) < now - grace_seconds:
             storage.delete(storage.join(folder, name))
             removed += 1
     live = [n for n in live_files(sorted(infos)) if (r := _changelog_range(n)) is not None and r[1] <= applied]

@@ -112,3 +112,27 @@ def test_nothing_past_the_applied_marker_or_without_one_is_merged(tmp_path):
     assert compact_event_log(data, "src", None, min_files=2) == {}
     assert compact_event_log(data, "src", Position(10 * 1 + 3), min_files=2) == {}  # one file applied: no run
     assert len(list(Path(table_dir(data, "src", T)).iterdir())) == 7
+
+
+def test_merged_inputs_go_after_the_grace_of_their_first_merge_however_often_it_is_merged_again(tmp_path):
+    """A merged file under the target is merged again with the next run, so the newest file
+    covering an input is always young: the input goes once the first file that held its events
+    is older than the grace, not never."""
+    import os
+    import time
+
+    data = str(tmp_path / "d")
+    write_batches(data, range(1, 5))
+    folder = Path(table_dir(data, "src", T))
+    compact_table(str(folder), p(10 ** 6), min_files=2)
+    first_merge = folder / f"c-{p(11)}-{p(43)}.parquet"
+    now = time.time()
+    os.utime(first_merge, (now - 1000, now - 1000))  # merged long ago
+    write_batches(data, range(5, 7))
+    compact_table(str(folder), p(10 ** 6), min_files=2)  # merged again with the new files, just now
+    assert (folder / f"c-{p(11)}-{p(63)}.parquet").exists()
+    merged, removed = compact_table(str(folder), p(10 ** 6), min_files=2, grace_seconds=500, now=now)
+    left = sorted(n.name for n in folder.iterdir())
+    assert removed == 4  # batches 1-4: their first merge is 1000 s old
+    assert first_merge.name in left  # its own cover is young: it stays for readers that listed it
+    assert f"c-{p(51)}-{p(53)}.parquet" in left and f"c-{p(61)}-{p(63)}.parquet" in left
