@@ -712,14 +712,14 @@ class SnapshotCommitOperator(_SourceOperator):
         from ..sinks.base import read_marker
         from ..sinks.mirror_delta import compact, sweep
         from ..storage.layout import changelog_dir, mirror_dir
-        from ..storage.staged import find_watermarks, list_segments
+        from ..storage.staged import staged_watermarks
 
         table = TableName.parse(tid)
         converged: dict[str, Any] = {}
         if sid is not None:  # (a no-op without a Delta mirror)
             mark = read_plan(self.data_dir, source, table, sid).get("converge_watermark")
             if mark:
-                found = find_watermarks(list_segments(changelog_dir(self.data_dir, source)), [mark])
+                found = staged_watermarks(changelog_dir(self.data_dir, source), [mark])
                 if mark in found:
                     gone = sweep(mirror_dir(self.data_dir, source, table), found[mark][0],
                                  reason=f"snapshot {sid} convergence")

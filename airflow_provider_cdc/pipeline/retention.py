@@ -5,7 +5,8 @@ A staged segment is removed only when all of these have passed it:
 - every open snapshot (running, paused, or failed and resumable, as its stored progress says):
   it holds from the first of its converge watermark and the low watermarks of its committed,
   unmerged chunks, and every segment staged since its plan was written (chunks in flight have
-  no sidecar yet);
+  no sidecar yet); a snapshot done within the horizon holds its converge watermark (its commit,
+  or a retry of it, sweeps the mirror from there after the status is stored);
 - the replay horizon (``CDC_STAGING_RETENTION_HOURS``): nothing staged more recently goes.
 Segments go oldest first and the first one held stops the sweep, so what is left is one
 contiguous range of the log. A snapshot's folder (plan, chunks, sidecars) goes when the
@@ -36,8 +37,9 @@ log = logging.getLogger(__name__)
 
 #: the statuses of a snapshot that may still merge chunks (core/progress.Status)
 OPEN_STATUSES = frozenset({"running", "paused", "failed"})
-#: table id -> (snapshot id, status) of its stored snapshot progress (None: never snapshotted)
-SnapshotLookup = Callable[[str], "tuple[str, str] | None"]
+#: table id -> (snapshot id, status, seconds since the epoch of its last change) of its
+#: stored snapshot progress (None: never snapshotted)
+SnapshotLookup = Callable[[str], "tuple[str, str, float | None] | None"]
 
 
 @dataclass(frozen=True)
@@ -97,11 +99,28 @@ def _snapshot_folders(data_dir: str, source: str) -> list[tuple[str, str, str]]:
     return out
 
 
+class _Unreadable(Exception):
+    """A plan or sidecar that exists but cannot be read now: retention keeps everything."""
+
+
 def _read_json(path: str) -> dict | None:
+    """The document at ``path``; None when there is none. Any other failure (a storage
+    error, a damaged file) raises _Unreadable: what cannot be read cannot be released."""
     try:
-        return json.loads(storage.read_text(path))
-    except (OSError, ValueError):
+        raw = storage.read_text(path)
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        if not storage.exists(path):
+            return None
+        raise _Unreadable(f"{path}: {exc}") from exc
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise _Unreadable(f"{path}: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise _Unreadable(f"{path}: not a JSON object")
+    return doc
 
 
 def _newest_mtime(folder: str) -> float | None:
@@ -109,9 +128,18 @@ def _newest_mtime(folder: str) -> float | None:
     return max(times) if times else None
 
 
-def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup,
-                   segments: Sequence[StagedSegment]) -> tuple[list[Hold], list[tuple[str, str]]]:
-    """The holds of the open snapshots, and the (snapshot id, folder) of the others."""
+def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segments: Sequence[StagedSegment],
+                   *, now: float, horizon: float) -> tuple[list[Hold], list[tuple[str, str]]]:
+    """The holds of the open snapshots (and of those done within the horizon), and the
+    (snapshot id, folder) of the others."""
+    try:
+        return _snapshot_holds(data_dir, source, snapshot_of, segments, now, horizon)
+    except (_Unreadable, KeyError, TypeError) as exc:
+        return [Hold(f"a snapshot file that cannot be read ({exc}); fix or remove it", everything=True)], []
+
+
+def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segments: Sequence[StagedSegment],
+                    now: float, horizon: float) -> tuple[list[Hold], list[tuple[str, str]]]:
     holds, closed = [], []
     for _table_dir, sid, folder in _snapshot_folders(data_dir, source):
         plan = _read_json(storage.join(folder, "plan.json"))
@@ -121,10 +149,21 @@ def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup,
             continue
         table_id = str(plan["table"])
         stored = snapshot_of(table_id)
-        if stored is None or stored[0] != sid or str(stored[1]) not in OPEN_STATUSES:
+        status = None if stored is None else str(stored[1])
+        changed = None if stored is None or len(stored) < 3 else stored[2]
+        # a snapshot done within the horizon: its commit (or a retry of it) still reads its
+        # converge watermark to sweep the mirror, after the status was stored
+        just_done = status == "done" and changed is not None and changed >= now - horizon
+        if stored is None or stored[0] != sid or (status not in OPEN_STATUSES and not just_done):
             closed.append((sid, folder))
             continue
-        label = f"the {stored[1]} snapshot {sid} of table {table_id}"
+        label = f"the {status} snapshot {sid} of table {table_id}"
+        if just_done:
+            mark = plan.get("converge_watermark")
+            found, _ = find_in_index(segments, [mark] if mark else [])
+            if mark in found:
+                holds.append(Hold(label + " (its convergence)", position=Position.decode(found[mark][0])))
+            continue
         ids = {plan["converge_watermark"]} if plan.get("converge_watermark") else set()
         for name in storage.list_names(folder, suffix=".parquet.json"):
             side = _read_json(storage.join(folder, name))
@@ -157,7 +196,8 @@ def staging_holds(data_dir: str, source: str, policy: RetentionPolicy, segments:
             holds.append(Hold(f"sink {sink!r}, which has applied nothing yet", everything=True))
         else:
             holds.append(Hold(f"sink {sink!r} (applied up to {mark})", after=mark))
-    snap, closed = snapshot_holds(data_dir, source, policy.snapshot_of, segments)
+    snap, closed = snapshot_holds(data_dir, source, policy.snapshot_of, segments, now=now,
+                                  horizon=policy.horizon_seconds)
     return holds + snap, closed
 
 

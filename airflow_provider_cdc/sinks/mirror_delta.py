@@ -285,8 +285,8 @@ STATS_PROPERTIES = {"delta.dataSkippingStatsColumns": f"{KEY_COLUMN},{POSITION_C
 #: The Delta log stays bounded: a checkpoint every 100 commits (a reader loads the newest
 #: checkpoint and at most that many commits after it) and, at each checkpoint, log entries older
 #: than the log retention removed (delta-rs's post-commit hooks, which every commit runs). The
-#: remove actions vacuum needs stay in the checkpoints for the deleted-file retention, which is
-#: the mirror's retention (vacuum's horizon), so no replaced file outlives the log that names it.
+#: remove actions vacuum needs stay in the checkpoints for the deleted-file retention, twice the
+#: mirror's retention (vacuum's horizon), so no replaced file outlives the log that names it.
 CHECKPOINT_INTERVAL = 100
 
 
@@ -296,7 +296,9 @@ def log_properties(retention_hours: float) -> dict[str, str]:
         "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
         "delta.enableExpiredLogCleanup": "true",
         "delta.logRetentionDuration": f"interval {max(hours, 48)} hours",
-        "delta.deletedFileRetentionDuration": f"interval {hours} hours",
+        # twice vacuum's horizon: a checkpoint drops a remove once it is older than this, and lite
+        # vacuum only sees the removes the log still holds, so it must see each one past the horizon
+        "delta.deletedFileRetentionDuration": f"interval {2 * hours} hours",
     }
 
 

@@ -229,3 +229,38 @@ def test_retention_runs_after_every_capture_and_rewrites_the_index_without_what_
     index = json.loads(storage.read_text(storage.join(changelog_dir(data, SOURCE), INDEX_NAME)))
     assert index["segments"] == {}
     assert segment_index.read_index(changelog_dir(data, SOURCE)) == {}
+
+
+def test_a_snapshot_file_that_cannot_be_read_holds_everything(tmp_path):
+    """An open snapshot whose plan or sidecar cannot be read must not lose its hold: nothing
+    goes until it can be read, and the log says which file."""
+    data = str(tmp_path)
+    stage(data, 3)
+    mark(data, 2)
+    folder = open_snapshot(data, "20260101T000000-ffff", converge="lw1")
+    resumed(folder)
+    storage.write_text(storage.join(folder, "chunk-000000-x.parquet.json"), "{damaged")
+    stored = {TABLE.id: ("20260101T000000-ffff", "running")}
+    r = prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == [0, 1, 2] and "cannot be read" in r.held_by and "chunk-000000-x" in r.held_by
+    storage.write_text(storage.join(folder, "chunk-000000-x.parquet.json"),
+                       json.dumps({"result": {"low_watermark": "lw2"}, "range_index": 0, "merged": False}))
+    resumed(folder)
+    prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == [1, 2]  # readable again: held from the converge watermark lw1
+
+
+def test_a_snapshot_done_within_the_horizon_holds_its_converge_watermark_for_its_commit(tmp_path):
+    """The commit stores `done` before it sweeps the mirror from the converge watermark (and a
+    retried commit sweeps again): the watermark's segment stays for the horizon after `done`."""
+    data = str(tmp_path)
+    stage(data, 4)
+    mark(data, 3)
+    folder = open_snapshot(data, "20260101T000000-gggg", converge="lw2")
+    resumed(folder)
+    stored = {TABLE.id: ("20260101T000000-gggg", "done", later(1.5))}  # done half an hour before `now`
+    r = prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == [2, 3] and "its convergence" in r.held_by
+    stored[TABLE.id] = ("20260101T000000-gggg", "done", later(0.5))  # done more than the horizon ago
+    prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == []
