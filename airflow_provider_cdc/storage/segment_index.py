@@ -94,7 +94,10 @@ def write_index(changelog: str, infos: dict[str, SegmentInfo]) -> None:
 
 def staged_segments(changelog: str) -> list[StagedSegment]:
     """The segments in ``changelog`` now, in position order, each with what the index says of it."""
-    index = read_index(changelog)
+    return _listed(changelog, read_index(changelog))
+
+
+def _listed(changelog: str, index: dict[str, SegmentInfo]) -> list[StagedSegment]:
     out = []
     for info in storage.list_dir(changelog):
         name = info.base_name
@@ -121,33 +124,30 @@ def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInf
         pf = pq.ParquetFile(fh)
         rows = pf.metadata.num_rows
         t = pf.read(columns=["position", "op", "watermark", "ts_ms"])
-    t = t.filter(pc.equal(t["op"], "w"))
-    marks: dict[str, tuple[str, int]] = {}
-    for pos, wid, ts in zip(*(t[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
-        if wid is not None and (wid not in marks or pos < marks[wid][0]):
-            marks[wid] = (pos, ts or 0)
+    marks = first_writes(t.filter(pc.equal(t["op"], "w")))
     return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks)
 
 
-def refresh_index(changelog: str, *, drop: Iterable[str] = ()) -> list[StagedSegment]:
+def first_writes(watermark_rows, found: dict[str, tuple[str, int]] | None = None) -> dict[str, tuple[str, int]]:
+    """id -> (encoded position, ts_ms) of the first write of each watermark among ``watermark_rows``
+    (a table of position, watermark, ts_ms), added to ``found``."""
+    found = {} if found is None else found
+    cols = (watermark_rows[c].to_pylist() for c in ("position", "watermark", "ts_ms"))
+    for pos, wid, ts in zip(*cols, strict=True):
+        if wid is not None and (wid not in found or pos < found[wid][0]):
+            found[wid] = (pos, ts or 0)
+    return found
+
+
+def refresh_index(changelog: str) -> list[StagedSegment]:
     """(Under the capture lock.) Describe the segments the index does not name yet, leave out
-    the names that are gone (and ``drop``), write the index back when it changed; the segments
-    with their infos."""
-    segments = staged_segments(changelog)
-    gone = set(drop)
-    out, changed = [], False
-    for s in segments:
-        if s.name in gone:
-            changed = True
-            continue
-        if s.info is None:
-            s = StagedSegment(s.first, s.last, s.path, describe_segment(s.path))
-            changed = True
-        out.append(s)
-    old = read_index(changelog)
-    if changed or set(old) != {s.name for s in out}:
-        write_index(changelog, {s.name: s.info for s in out})
-    return out
+    the names that are gone, write the index back when it changed; the segments with their infos."""
+    index = read_index(changelog)
+    segments = [s if s.info is not None else StagedSegment(s.first, s.last, s.path, describe_segment(s.path))
+                for s in _listed(changelog, index)]
+    if set(index) != {s.name for s in segments}:
+        write_index(changelog, {s.name: s.info for s in segments})
+    return segments
 
 
 def find_in_index(segments: Sequence[StagedSegment], ids: Iterable[str]) -> tuple[dict[str, tuple[str, int]], list]:

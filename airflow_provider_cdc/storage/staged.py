@@ -343,11 +343,9 @@ def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Ite
         columns=["position", "watermark", "ts_ms"],
         filter=(pc.field("op") == "w") & pc.field("watermark").isin(wanted),
     )
-    found: dict[str, tuple[str, int]] = {}
-    for pos, wid, ts in zip(*(table[c].to_pylist() for c in ("position", "watermark", "ts_ms")), strict=True):
-        if wid not in found or pos < found[wid][0]:
-            found[wid] = (pos, ts or 0)
-    return found
+    from .segment_index import first_writes
+
+    return first_writes(table)
 
 
 def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) -> dict[str, tuple[str, int]]:
