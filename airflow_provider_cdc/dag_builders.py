@@ -286,9 +286,11 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
         # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
         @task(task_id="compact_tombstones", trigger_rule="none_failed", multiple_outputs=False)
         def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
-            """Tombstones of deletes the mirror has applied go, for every table whose snapshot
-            cannot merge chunks any more (not running, paused or failed). Stopped snapshots count
-            as finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py).
+            """The mirrors' background compaction: change files folded into their buckets'
+            base within the round's budget, buckets split past their unit, and tombstones of
+            deletes the mirror has applied removed for every table whose snapshot cannot merge
+            chunks any more (not running, paused or failed). Stopped snapshots count as
+            finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py).
             Every mirror is vacuumed, and the event log's applied small files are merged."""
             from airflow_provider_cdc import progress_store, settings
             from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
@@ -297,7 +299,8 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             apply_storage_connection(overrides=overrides)
             now = settings.load(overrides=overrides)
             removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
-                                       retention_hours=now.mirror_retention_hours)
+                                       retention_hours=now.mirror_retention_hours,
+                                       budget_rows=now.mirror_compact_budget_rows)
             if "events" in settings.sink_names(now.sinks):
                 # the event log's small changelog files it has applied, merged (sinks/event_log.py)
                 from airflow_provider_cdc.sinks.base import read_marker

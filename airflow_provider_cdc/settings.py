@@ -80,6 +80,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
     Option("CDC_MIRROR_RETENTION_HOURS", "168", "hours unreferenced mirror files stay for readers of older "
            "versions before vacuum removes them (at least 1)"),
+    Option("CDC_MIRROR_COMPACT_BUDGET_ROWS", "4000000", "stored rows one changelog round's background compaction "
+           "may rewrite per mirror table (the due buckets with most change first; at least 1)"),
     Option("CDC_STAGING_RETENTION_HOURS", "72", "hours staged segments and finished snapshots' chunk folders stay "
            "after nothing else holds them (every sink applied them, no open snapshot needs them), for replays and "
            "late readers; at least 1, or 'never' to keep staging forever"),
@@ -217,6 +219,7 @@ class Settings:
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 168.0
+    mirror_compact_budget_rows: int = 4_000_000
     staging_retention_hours: float | None = 72.0  # None: staging is kept forever
     sources_file: str | None = None
 
@@ -298,6 +301,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
                                         "a whole number >= 0 (0: one segment per capture)"),
         mirror_retention_hours=_retention_hours(env),
+        mirror_compact_budget_rows=_int(env, "CDC_MIRROR_COMPACT_BUDGET_ROWS", 4_000_000, "a whole number of rows >= 1",
+                                        minimum=1),
         staging_retention_hours=_staging_retention_hours(env),
         sources_file=_raw(env, "CDC_SOURCES_FILE") or None,
     )

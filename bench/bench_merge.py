@@ -12,7 +12,7 @@ merge + apply rows/s against the plain copy. Every spark-submit's driver peak RS
 spark-submit JVM and its Python driver, sampled every 0.2 s) is printed; with ``--cluster``
 the jobs run on a standalone cluster of two 1-core workers started for the run, so that
 figure is the driver alone (in local mode the executors live in the driver's JVM).
-The round is repeated for each size: the driver's peak must stay flat. Also measured, without Spark: the mirror's bucket rewrite against whole-table
+The round is repeated for each size: the driver's peak must stay flat. Also measured, without Spark: the mirror's upsert (merge-on-read change files) against whole-table
 read-modify-write for one batch of updates.
 
     python -m bench merge [--sizes 1000000,5000000] [--events 50000] [--chunks 20] [--no-mirror]
@@ -178,7 +178,8 @@ def _run(cmd: list[str], tag: str | None) -> tuple[float, dict | None]:
 
 
 def mirror_methods(rows: int, updates: int, seed: int) -> dict:
-    """The mirror's bucket rewrite (upsert) vs whole-table read-modify-write, one batch of updates."""
+    """The mirror's upsert (change files appended to the buckets it touches) vs whole-table
+    read-modify-write, one batch of updates."""
     from deltalake import DeltaTable, write_deltalake
 
     from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"driver peak of the merge job by round size: {peaks}")
     mm = mirror_methods(min(a.mirror_rows, sizes[0]), a.events, a.seed)
     print(f"mirror write of {min(a.events, a.mirror_rows)} updates into {min(a.mirror_rows, sizes[0])} rows: "
-          f"bucket rewrite {mm['merge_s']:.2f} s, whole-table read-modify-write {mm['rmw_s']:.2f} s "
+          f"upsert {mm['merge_s']:.2f} s, whole-table read-modify-write {mm['rmw_s']:.2f} s "
           f"(time ratio {mm['merge_s'] / mm['rmw_s']:.2f})")
     print("BENCH_MERGE " + json.dumps({"sizes": results, "mirror_methods": mm}))
     return 0

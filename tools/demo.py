@@ -166,12 +166,12 @@ def how_to_read(data_dir: str, source: str, table: TableName) -> str:
 Where the outputs are
   staged changelog : {changelog_dir(data_dir, source)}/seg-<first>-<last>.parquet
   event log        : {ev}/*.parquet   (Debezium envelope: op, key, typed before/after structs, source{{position,...}}, ts_ms)
-  mirror           : {mir}   (Delta Lake; __deleted rows are tombstones)
+  mirror           : {mir}   (Delta Lake, merge-on-read: newest __position per __key, then drop __deleted)
 
 How to read them (venv python; `source scripts/env.sh` first)
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, count(*) FROM '{ev}/*.parquet' GROUP BY op\\"))"
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, source.position, after.amount FROM read_parquet('{ev}/*.parquet', union_by_name=true) WHERE key = '[42]' ORDER BY source.position\\"))"
-  deltalake: python -c "import pyarrow.dataset as ds; from deltalake import DeltaTable; print(DeltaTable('{mir}').to_pyarrow_dataset().to_table(filter=ds.field('__deleted') == False).num_rows, 'live rows')"
+  deltalake: python -c "from deltalake import DeltaTable, QueryBuilder; print(QueryBuilder().register('t', DeltaTable('{mir}')).execute('SELECT count(*) AS live_rows FROM (SELECT __deleted, row_number() OVER (PARTITION BY __key ORDER BY __position DESC) AS n FROM t) WHERE n = 1 AND NOT __deleted').read_all())"
   pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_delta import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
   status   : airflow-cdc status
   verify   : airflow-cdc verify --conn-id {source} --table {table.id} --data-dir {data_dir} --events

@@ -708,9 +708,11 @@ class SnapshotCommitOperator(_SourceOperator):
         events, drift): they go, behind a horizon (sinks.mirror_delta.sweep). Then tombstones
         up to what the mirror has applied go. Safe against any writer still in flight (the
         horizon fence in sinks/mirror_delta.py), idempotent and retried on commit conflicts;
-        a snapshot started after this reads its chunks later than those deletes."""
+        a snapshot started after this reads its chunks later than those deletes. The
+        compaction is the changelog rounds' one, within their budget: a large snapshot's
+        buckets are folded over the next rounds, not all in this task."""
         from ..sinks.base import read_marker
-        from ..sinks.mirror_delta import compact, sweep
+        from ..sinks.mirror_delta import compact_buckets, sweep, vacuum
         from ..storage.layout import changelog_dir, mirror_dir
         from ..storage.staged import staged_watermarks
 
@@ -731,8 +733,11 @@ class SnapshotCommitOperator(_SourceOperator):
                                 "no longer has (if any) stay", tid, mark, sid)
         applied = read_marker(self.data_dir, source, "mirror")
         if applied is not None:
-            removed = compact(self.data_dir, source, tid, upto_position=applied.encode(),
-                              retention_hours=settings.load(overrides=self.cdc_overrides).mirror_retention_hours)
+            now = settings.load(overrides=self.cdc_overrides)
+            path = mirror_dir(self.data_dir, source, table)
+            removed = compact_buckets(path, tombstones_upto=applied.encode(),
+                                      budget_rows=now.mirror_compact_budget_rows)["tombstones"]
+            vacuum(path, now.mirror_retention_hours)
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
         return converged
 

@@ -1,24 +1,29 @@
-"""The mirror's storage primitive: copy-on-write of key-hash buckets of a Delta table.
+"""The mirror's storage: key-hash buckets of a Delta table, each a base file plus change files.
 
-A mirror table is partitioned by ``__bucket`` = crc32(``__key``) mod the table's bucket
-count (property ``cdc.buckets``). A write reads the version it starts from, rewrites only
-the buckets its rows fall in (each into one new file: old rows and new rows combined in
-Arrow), and commits the new files and the removal of the old ones in one Delta commit
-(``DeltaTable.create_write_transaction``). The files can be written anywhere (the worker,
-Spark executors through pyarrow.fs); only the commit, which carries file metadata, needs
-the table. So the cost of a write follows the buckets it touches, not the table, and
-small files never pile up: a bucket is one file after every rewrite.
+Layout (docs/DESIGN.md, "The mirror"). A row lives in the bucket of its canonical key
+(``__bucket``, a Delta partition). A bucket is a node of a binary tree over crc32(key):
+``cdc.buckets`` = N roots (level 0, ``crc mod N``), and a node splits into two children at
+the next level (``crc mod 2N``, ``crc mod 4N``...) when compaction finds it over the size
+unit. Node ids number the levels one after another (level l starts at N·(2^l - 1)), so the
+N roots keep the ids a mirror had before buckets could split: an existing 8-bucket mirror
+is a tree of 8 unsplit roots, and grows in place. Which nodes are leaves is read from the
+files of a version: a node with files below it is split. Every version has files only in
+leaves (a split replaces a node's files by its children's in one commit).
+
+Merge-on-read. A write appends one *change* file (``chg-*``) per bucket it touches, with
+its rows reduced to the newest per key: its cost follows the changed rows, not the table.
+A bucket's rows are therefore versions; the live row of a key is its row with the highest
+``__position`` (:func:`resolve`), dropped when that row is a tombstone. Compaction rewrites
+a bucket's files into one *base* file (``part-*``) of resolved rows, in the background and
+within a budget, and splits a bucket that outgrew the unit.
 
 Serialisation: every commit carries the application transaction ``cdc-mirror`` at the
 next version. Delta refuses a commit whose application transaction another commit
 advanced since its read version ("Concurrent transaction failed"), and one made after a
 metadata change ("Metadata changed since last commit"): so two writers of one table never
-both commit on the same read version, whatever buckets they touch, and a fence change
-(sinks/mirror_delta.py: merge epoch, compaction horizon) always makes the writer re-read
-and re-check. The loser deletes the files it wrote and tries again.
-
-A table created before buckets (no ``__bucket`` partition) is one bucket: writes rewrite
-all of it, with the same commit protocol.
+both commit on the same read version, and a fence change (sinks/mirror_delta.py) or a
+split always makes the writer re-read and re-check. The loser deletes its files and
+tries again. A table created before buckets (no ``__bucket`` partition) is one bucket.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -58,37 +63,128 @@ def check_buckets(n: int, setting: str = "buckets") -> int:
     return n
 
 
+def crc_of(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """crc32 of each canonical key's UTF-8 bytes (the same in every process and engine,
+    unlike Python's salted ``hash``). A per-key loop, measured against a numpy hash over the
+    Arrow buffers (polynomial, ``reduceat``): 0.16 s against 0.57 s for 1M keys; pyarrow
+    has no hash kernel."""
+    values = keys.to_pylist()
+    return np.fromiter((zlib.crc32(k.encode("utf-8")) for k in values), dtype=np.uint64, count=len(values))
+
+
 def bucket_of(keys: pa.Array | pa.ChunkedArray, buckets: int) -> pa.Array:
-    """The bucket of each canonical key: crc32 of its UTF-8 bytes, mod ``buckets`` (the same
-    in every process and engine, unlike Python's salted ``hash``). A per-key loop, measured
-    against a numpy hash over the Arrow buffers (polynomial, ``reduceat``): 0.16 s against
-    0.57 s for 1M keys; pyarrow has no hash kernel."""
+    """The root bucket of each canonical key: crc32 mod ``buckets`` (also the partitions of
+    verify's spill files)."""
     if buckets == 1:
         return pa.array(np.zeros(len(keys), dtype=np.int32))
-    values = keys.to_pylist()
-    out = np.fromiter((zlib.crc32(k.encode("utf-8")) % buckets for k in values), dtype=np.int32, count=len(values))
-    return pa.array(out)
+    return pa.array((crc_of(keys) % buckets).astype(np.int32))
+
+
+def level_of(node: int, roots: int) -> int:
+    """The tree level of bucket ``node`` (module docstring): level l holds ids
+    N·(2^l - 1) .. N·(2^(l+1) - 1) - 1."""
+    level = 0
+    while node >= roots * (2 ** (level + 1) - 1):
+        level += 1
+    return level
+
+
+def node_id(level: int, residue: int, roots: int) -> int:
+    return roots * (2**level - 1) + residue
+
+
+def parent_of(node: int, roots: int) -> int | None:
+    level = level_of(node, roots)
+    if level == 0:
+        return None
+    residue = node - node_id(level, 0, roots)
+    return node_id(level - 1, residue % (roots * 2 ** (level - 1)), roots)
+
+
+def children_of(node: int, roots: int) -> tuple[int, int]:
+    level = level_of(node, roots)
+    residue = node - node_id(level, 0, roots)
+    return node_id(level + 1, residue, roots), node_id(level + 1, residue + roots * 2**level, roots)
+
+
+def split_nodes(nodes: Iterable[int], roots: int) -> frozenset[int]:
+    """The split (inner) nodes of a tree whose leaves with files are ``nodes``: their ancestors."""
+    inner: set[int] = set()
+    for n in nodes:
+        p = parent_of(n, roots)
+        while p is not None and p not in inner:
+            inner.add(p)
+            p = parent_of(p, roots)
+    return frozenset(inner)
+
+
+def node_of(crc: np.ndarray, roots: int, inner: Iterable[int] = ()) -> np.ndarray:
+    """The leaf bucket of each key hash ``crc`` (:func:`crc_of`) in the tree whose split
+    nodes are ``inner``."""
+    ids = (crc % roots).astype(np.int64)
+    inner_arr = np.fromiter(inner, dtype=np.int64)
+    if inner_arr.size == 0:
+        return ids.astype(np.int32)
+    active = np.isin(ids, inner_arr)
+    level = 0
+    while active.any():
+        level += 1
+        where = np.flatnonzero(active)
+        ids[where] = roots * (2**level - 1) + (crc[where] % (roots * 2**level)).astype(np.int64)
+        active[where] = np.isin(ids[where], inner_arr)
+    return ids.astype(np.int32)
+
+
+def nodes_of_keys(keys: pa.Array | pa.ChunkedArray, roots: int, inner: Iterable[int] = ()) -> pa.Array:
+    """The leaf bucket of each canonical key."""
+    if roots == 1 and not inner:
+        return pa.array(np.zeros(len(keys), dtype=np.int32))
+    return pa.array(node_of(crc_of(keys), roots, inner))
+
+
+#: file name prefixes: compaction's resolved base files (and every file written before
+#: merge-on-read) and the change files writes append
+BASE_PREFIX, CHANGE_PREFIX = "part-", "chg-"
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    path: str  # relative to the table root
+    size: int
+    rows: int | None  # from the Delta statistics (None: not recorded)
+    change: bool  # a change file (not yet compacted into the bucket's base)
 
 
 @dataclass(frozen=True)
 class MirrorVersion:
-    """What a writer read: the table at one version, its data files by bucket, its columns
-    (without the bucket column), properties and the writers' transaction version."""
+    """What a writer read: the table at one version, its data files by bucket (leaf node),
+    its columns (without the bucket column), properties and the writers' transaction
+    version."""
 
     dt: DeltaTable
     location: str  # the table's location as the package names it (dt.table_uri may be %-encoded)
     version: int
-    buckets: int
+    buckets: int  # the roots, N
     bucketed: bool
     files: Mapping[int, tuple[str, ...]]  # bucket -> file paths relative to the table root
     sizes: Mapping[str, int]
     schema: pa.Schema
     props: Mapping[str, str]
     txn: int
+    info: Mapping[str, FileInfo] = field(default_factory=dict)
 
     @property
     def table_uri(self) -> str:
         return self.location
+
+    @property
+    def inner(self) -> frozenset[int]:
+        """The split buckets: those with files below them."""
+        return split_nodes((b for b, f in self.files.items() if f), self.buckets) if self.bucketed else frozenset()
+
+    def nodes_of(self, keys: pa.Array | pa.ChunkedArray) -> pa.Array:
+        """The bucket each key's rows live in, in this version."""
+        return nodes_of_keys(keys, self.buckets if self.bucketed else 1, self.inner)
 
 
 def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
@@ -102,16 +198,24 @@ def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     actions = pa.table(dt.get_add_actions(flatten=True))
     files: dict[int, list[str]] = {b: [] for b in range(buckets)}
     sizes: dict[str, int] = {}
+    info: dict[str, FileInfo] = {}
     if actions.num_rows:
         paths = actions["path"].to_pylist()
         sizes = dict(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
+        counts = actions["num_records"].to_pylist() if "num_records" in actions.column_names else [None] * len(paths)
         col = f"partition.{BUCKET_COLUMN}"
         owners = actions[col].to_pylist() if bucketed and col in actions.column_names else [0] * len(paths)
-        for p, b in zip(paths, owners, strict=True):
+        for p, b, n in zip(paths, owners, counts, strict=True):
             files.setdefault(int(b), []).append(p)
+            info[p] = FileInfo(p, int(sizes[p]), None if n is None else int(n),
+                               p.rsplit("/", 1)[-1].startswith(CHANGE_PREFIX))
     schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
-    return MirrorVersion(dt, location, dt.version(), buckets, bucketed, {b: tuple(sorted(f)) for b, f in files.items()},
-                         sizes, schema, props, int(dt.transaction_version(WRITER_APP_ID) or 0))
+    # base files first, then change files oldest first (names carry the write time): the
+    # order resolve() breaks ties of equal positions in
+    order = {p: (info[p].change, p.rsplit("/", 1)[-1]) for p in info}
+    return MirrorVersion(dt, location, dt.version(), buckets, bucketed,
+                         {b: tuple(sorted(f, key=order.__getitem__)) for b, f in files.items()},
+                         sizes, schema, props, int(dt.transaction_version(WRITER_APP_ID) or 0), info)
 
 
 def _location(table_uri: str, relative: str) -> str:
@@ -130,15 +234,24 @@ def read_bucket(table_uri: str, paths: Iterable[str], schema: pa.Schema) -> pa.T
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
-def write_bucket_file(table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True) -> AddAction:
-    """One new data file of ``bucket`` (not visible until committed); its AddAction."""
-    rel = f"{BUCKET_COLUMN}={bucket}/part-{uuid.uuid4().hex}.parquet" if bucketed else f"part-{uuid.uuid4().hex}.parquet"
+def write_bucket_file(table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True,
+                      change: bool = False) -> AddAction:
+    """One new data file of ``bucket`` (not visible until committed): a base file of
+    resolved rows, or a ``change`` file (named by its write time, so a bucket's change files
+    sort oldest first). Its AddAction, with the row count and the position range as Delta
+    statistics."""
+    name = (f"{CHANGE_PREFIX}{int(time.time() * 1000):013d}-" if change else BASE_PREFIX) + f"{uuid.uuid4().hex}.parquet"
+    rel = f"{BUCKET_COLUMN}={bucket}/{name}" if bucketed else name
     location = _location(table_uri, rel)
     storage.makedirs(storage.parent(location))
     fs, p = storage.filesystem(location)
     pq.write_table(rows, p, filesystem=fs)
     size = fs.get_file_info(p).size
-    stats = {"numRecords": rows.num_rows}
+    stats: dict = {"numRecords": rows.num_rows}
+    if rows.num_rows and POSITION_COLUMN in rows.column_names:
+        lo, hi = pc.min_max(rows[POSITION_COLUMN]).values()
+        stats.update(minValues={POSITION_COLUMN: lo.as_py()}, maxValues={POSITION_COLUMN: hi.as_py()},
+                     nullCount={POSITION_COLUMN: 0})
     return AddAction(rel, int(size), {BUCKET_COLUMN: str(bucket)} if bucketed else {}, int(time.time() * 1000),
                      True, json.dumps(stats))
 
@@ -171,27 +284,55 @@ def commit(v: MirrorVersion, adds: list[AddAction], removed: Iterable[str], *, o
     )
 
 
-def apply_rows(current: pa.Table, new: pa.Table, horizon: str | None) -> pa.Table | None:
-    """Mirror rows of one bucket after ``new`` (one row per key) is applied to ``current``:
-    a row replaces the stored row of its key only with a newer ``__position``; a key not
-    stored is inserted only when newer than the compaction ``horizon`` (older ones replay
-    writes a compacted tombstone superseded). None when nothing changes."""
-    if new.num_rows == 0:
-        return None
-    idx = pc.index_in(new[KEY_COLUMN], value_set=current[KEY_COLUMN].combine_chunks()) if current.num_rows else \
+def resolve(rows: pa.Table) -> pa.Table:
+    """The current row of each key among a bucket's row versions: the one with the highest
+    ``__position`` (a tombstone included); of equal positions the one read last. Sorted by
+    ``__key``."""
+    if rows.num_rows <= 1:
+        return rows
+    ordered = rows.sort_by([(KEY_COLUMN, "ascending"), (POSITION_COLUMN, "ascending")])  # stable
+    n = ordered.num_rows
+    col = ordered[KEY_COLUMN].combine_chunks()
+    keep = pa.concat_arrays([pc.invert(pc.equal(col.slice(0, n - 1), col.slice(1))), pa.array([True])])
+    return ordered.filter(keep)
+
+
+def live(rows: pa.Table) -> pa.Table:
+    """Resolved rows without tombstones."""
+    return rows.filter(pc.invert(rows[DELETED_COLUMN]))
+
+
+def admit(new: pa.Table, horizon: str | None, current: Callable[[], pa.Table]) -> pa.Table:
+    """The rows of ``new`` (one per key, one bucket) a write may append, fenced by the
+    compaction ``horizon``: a row newer than it always (the reader's newest-position rule
+    keeps a stale one from winning); a row at or before it only when it updates a stored
+    row of its key that is older (else it replays a write that a compacted tombstone
+    superseded, and must not bring the key back). ``current()`` (the bucket's resolved
+    ``__key, __position, __deleted``) is read only when such a row is there."""
+    if new.num_rows == 0 or horizon is None:
+        return new
+    old = pc.less_equal(new[POSITION_COLUMN], horizon)
+    if not pc.any(old).as_py():
+        return new
+    cur = current()
+    idx = pc.index_in(new[KEY_COLUMN], value_set=cur[KEY_COLUMN].combine_chunks()) if cur.num_rows else \
         pa.nulls(new.num_rows, pa.int32())
-    matched = pc.is_valid(idx)
-    new_pos = new[POSITION_COLUMN]
-    stored_pos = pc.take(current[POSITION_COLUMN], idx) if current.num_rows else pa.nulls(new.num_rows, pa.string())
-    newer = pc.fill_null(pc.greater(new_pos, stored_pos), False)
-    fresh = pc.invert(matched) if horizon is None else pc.and_(pc.invert(matched), pc.greater(new_pos, horizon))
-    accept = pc.or_(pc.and_(matched, newer), fresh)
-    if not pc.any(accept).as_py():
-        return None
-    taken = new.filter(accept)
-    replaced = pc.is_in(current[KEY_COLUMN], value_set=taken[KEY_COLUMN].combine_chunks())
-    kept = current.filter(pc.invert(replaced))
-    return pa.concat_tables([kept, taken.select(current.column_names).cast(current.schema)])
+    stored_pos = pc.take(cur[POSITION_COLUMN], idx) if cur.num_rows else pa.nulls(new.num_rows, pa.string())
+    updates = pc.fill_null(pc.greater(new[POSITION_COLUMN], stored_pos), False)
+    return new.filter(pc.or_(pc.invert(old), updates))
+
+
+def read_resolved_keys(table_uri: str, paths: Iterable[str]) -> pa.Table:
+    """A bucket's resolved ``__key, __position, __deleted`` (three columns, not the rows)."""
+    cols = [KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
+    parts = []
+    for rel in paths:
+        fs, p = storage.filesystem(_location(table_uri, rel))
+        parts.append(pq.read_table(p, filesystem=fs, columns=cols))
+    if not parts:
+        return pa.schema([(KEY_COLUMN, pa.string()), (POSITION_COLUMN, pa.string()),
+                          (DELETED_COLUMN, pa.bool_())]).empty_table()
+    return resolve(pa.concat_tables(parts, promote_options="permissive"))
 
 
 def any_dropped(table_uri: str, paths: Iterable[str], *, before: str | None = None,

@@ -15,13 +15,13 @@ Why it converges whatever order the writers run in (the apply job and the merge 
   pass the high watermark of a chunk that a live snapshot has still to merge;
 * within one batch the events are first reduced to the newest per key.
 
-Storage (sinks/delta_buckets.py): the table is partitioned into key-hash buckets; a write
-rewrites only the buckets its rows fall in (copy-on-write, one file per bucket), and
-commits the new files with the removal of the old ones in one commit that every other
-writer of the table conflicts with. Before buckets the mirror used Delta MERGE, whose cost
-followed the files a batch touched but left a new small file per merge (63 -> 133 MB after
-three small merges of a 300k-row table, all visible to plain readers until a vacuum);
-now the files a batch writes are the buckets it touched, whichever process writes them.
+Storage (sinks/delta_buckets.py): the table is partitioned into key-hash buckets that split
+as the table grows, each a resolved base file plus the change files writes append
+(merge-on-read): a write costs what it changes, and :func:`compact_buckets` folds change
+files into the base in the background, within a budget per round. Readers take the newest
+position per key, then drop tombstones (:func:`current_batches`, sinks/mirror_readers.py).
+Before merge-on-read a write rewrote every bucket it touched (copy-on-write): a round of
+4,000 random updates rewrote 99.9% of a 4M-row mirror.
 
 Fencing (who may commit; shared/DESIGN.md, Fencing). Two values live in the Delta table's
 own properties, so every check is part of the version a commit is based on, and Delta's
@@ -50,11 +50,13 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from .. import storage
@@ -75,14 +77,20 @@ from .delta_buckets import (
     BUCKETS_PROPERTY,
     DEFAULT_BUCKETS,
     MirrorVersion,
+    admit,
     any_dropped,
-    apply_rows,
-    bucket_of,
+    children_of,
     commit,
+    crc_of,
     discard,
     drop_rows,
+    level_of,
+    node_id,
+    node_of,
     read_bucket,
+    read_resolved_keys,
     read_version,
+    resolve,
     write_bucket_file,
 )
 
@@ -350,24 +358,73 @@ def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.table(cols, schema=schema)
 
 
+#: the size unit of a bucket (rows): compaction splits a bucket that outgrows it, so what one
+#: task holds while compacting or reading a bucket does not follow the table
+DEFAULT_BUCKET_ROWS = 1_000_000
+#: rows one maintenance round may rewrite per table (the due buckets with most change first)
+DEFAULT_COMPACT_BUDGET_ROWS = 4_000_000
+#: a bucket is due for compaction when its change rows reach this share of its base rows, it
+#: holds this many change files, or it is this small (cheap to keep tidy)
+CHANGE_SHARE, CHANGE_FILES, SMALL_BUCKET_ROWS = 0.1, 8, 100_000
+
+
+BUCKET_ROWS_PROPERTY = "cdc.bucket_rows"
+
+
+def bucket_unit(v: MirrorVersion) -> int:
+    """The mirror's size unit: table property ``cdc.bucket_rows`` (set it to change it), or
+    DEFAULT_BUCKET_ROWS."""
+    raw = v.props.get(BUCKET_ROWS_PROPERTY, "")
+    if raw.isdigit() and int(raw) >= 1:
+        return int(raw)
+    if raw:
+        raise ConfigurationError(f"mirror {v.location}: table property {BUCKET_ROWS_PROPERTY} must be a whole number "
+                                 f"of rows >= 1, got {raw!r}; set it again or remove it")
+    return DEFAULT_BUCKET_ROWS
+
+
+def _rows(v: MirrorVersion, paths: Iterable[str]) -> int:
+    """Rows of these files by their statistics (an unrecorded count estimated from the size)."""
+    return sum(v.info[p].rows if v.info.get(p) and v.info[p].rows is not None else v.sizes.get(p, 0) // 32
+               for p in paths)
+
+
+def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None) -> list:
+    """``rows`` (resolved) as base files of ``bucket``, or of its descendants when more than
+    ``unit`` rows (the bucket splits; only a bucketed table can)."""
+    if unit is None or not v.bucketed or rows.num_rows <= unit:
+        return [write_bucket_file(v.table_uri, bucket, rows, bucketed=v.bucketed)] if rows.num_rows else []
+    level = level_of(bucket, v.buckets)
+    crc = crc_of(rows[KEY_COLUMN])
+    child = node_of(crc, v.buckets * 2 ** (level + 1)) + node_id(level + 1, 0, v.buckets)
+    adds = []
+    for c in children_of(bucket, v.buckets):
+        adds += _write_split(v, c, rows.filter(pa.array(child == c)), unit)
+    return adds
+
+
 def rewrite_buckets(
-    v: MirrorVersion, transform: Callable[[int, pa.Table], pa.Table | None], buckets: Iterable[int] | None = None
+    v: MirrorVersion, transform: Callable[[int, pa.Table], pa.Table | None], buckets: Iterable[int] | None = None,
+    *, unit: int | None = -1,
 ) -> tuple[list, list[str]]:
-    """Run ``transform(bucket, rows)`` over the buckets of ``v`` (all, or ``buckets``) and
-    write a new file for each bucket it changes (None: unchanged). Returns the AddActions
-    and the paths they replace, for :func:`delta_buckets.commit`."""
+    """Run ``transform(bucket, rows)`` over the buckets of ``v`` (all, or ``buckets``): it
+    gets the bucket's stored row versions and returns its new resolved rows (None:
+    unchanged). A bucket it changes, or of several files, is written as one base file (or
+    split, past ``unit`` rows). Returns the AddActions and the paths they replace, for
+    :func:`delta_buckets.commit`."""
+    unit = bucket_unit(v) if unit == -1 else unit
     adds: list = []
     removed: list[str] = []
     try:
         for b in sorted(v.files if buckets is None else set(buckets)):
             paths = v.files.get(b, ())
-            out = transform(b, read_bucket(v.table_uri, paths, v.schema))
-            if out is None and len(paths) <= 1:
+            rows = read_bucket(v.table_uri, paths, v.schema)
+            out = transform(b, rows)
+            if out is None and len(paths) <= 1 and (unit is None or rows.num_rows <= unit):
                 continue
-            if out is None:  # several files (a table written before buckets): one again
-                out = read_bucket(v.table_uri, paths, v.schema)
-            if out.num_rows:  # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
-                adds.append(write_bucket_file(v.table_uri, b, out, bucketed=v.bucketed))
+            if out is None:  # several files (change files, or a table written before buckets): one again
+                out = resolve(rows)
+            adds += _write_split(v, b, out, unit)  # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
             removed.extend(paths)
     except BaseException:
         discard(v.table_uri, adds)
@@ -375,11 +432,12 @@ def rewrite_buckets(
     return adds, removed
 
 
-def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str) -> MirrorVersion:
+def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str,
+                    unit: int | None = -1) -> MirrorVersion:
     """Read, rewrite, commit; on a commit conflict discard the files and start over."""
     for attempt in range(_COMMIT_RETRIES):
         v = read()
-        adds, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets)
+        adds, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets, unit=unit)
         try:
             commit(v, adds, removed, operation=operation)
             return v
@@ -389,6 +447,133 @@ def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, 
                 raise
             _backoff(attempt)  # another writer committed first: re-read the fences and rewrite
     raise AssertionError("unreachable")
+
+
+def _spread(path: str, budget_rows: int | None = None) -> int:
+    """Split the buckets whose stored rows exceed twice the unit (rows appended while nothing
+    compacted them, a large snapshot's merges) into as many descendants as it takes, a file
+    at a time: each file's rows become change files of the descendants, so no step holds more
+    than one file. The largest go first, within ``budget_rows`` stored rows (at least one
+    bucket). The descendants are compacted as usual. Returns the buckets spread."""
+    for attempt in range(_COMMIT_RETRIES):
+        v = read_version(_delta(path), path)
+        if not v.bucketed:
+            return 0
+        unit = bucket_unit(v)
+        big = {b: _rows(v, f) for b, f in v.files.items() if f and _rows(v, f) > 2 * unit}
+        if not big:
+            return 0
+        spent = 0
+        for b, n in sorted(big.items(), key=lambda item: -item[1]):
+            if spent and budget_rows is not None and spent + n > budget_rows:
+                del big[b]
+            else:
+                spent += n
+        adds: list = []
+        removed: list[str] = []
+        try:
+            for b, n in sorted(big.items()):
+                depth = max(1, math.ceil(math.log2(n / unit)))
+                level = level_of(b, v.buckets)
+                below = v.buckets * 2 ** (level + depth)
+                for rel in v.files[b]:
+                    rows = read_bucket(v.table_uri, [rel], v.schema)
+                    node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
+                    for c in np.unique(node).tolist():
+                        adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)), change=True))
+                    removed.append(rel)
+            commit(v, adds, removed, operation="split")
+        except CommitFailedError:
+            discard(v.table_uri, adds)
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)
+            continue
+        except BaseException:
+            discard(v.table_uri, adds)
+            raise
+        log.info("mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit)
+        return len(big)
+    raise AssertionError("unreachable")
+
+
+def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int]:
+    """The buckets background compaction should rewrite now, most change first, within
+    ``budget_rows`` stored rows (at least one bucket): a bucket with change files once they
+    reach CHANGE_SHARE of its base rows or CHANGE_FILES files, or while it is small; a
+    bucket of several base files (written before merge-on-read); one over ``unit`` rows."""
+    unit = bucket_unit(v)
+    scored = []
+    for b, paths in v.files.items():
+        if not paths:
+            continue
+        change = [p for p in paths if v.info.get(p) and v.info[p].change]
+        base_rows, change_rows = _rows(v, [p for p in paths if p not in change]), _rows(v, change)
+        total = base_rows + change_rows
+        due = (len(paths) > 1 and not change) or (total > unit and v.bucketed) or (change and (
+            total <= SMALL_BUCKET_ROWS or len(change) >= CHANGE_FILES or change_rows >= CHANGE_SHARE * base_rows))
+        if due:
+            scored.append((-(change_rows / max(1, base_rows)), -len(paths), b, total))
+    picked, spent = [], 0
+    for _score, _files, b, total in sorted(scored):
+        if picked and budget_rows is not None and spent + total > budget_rows:
+            break
+        picked.append(b)
+        spent += total
+    return picked
+
+
+def compact_buckets(path: str, *, tombstones_upto: str | None = None, budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
+    """Background compaction of the mirror at ``path``: oversized buckets are spread below
+    ``unit``, then the due buckets (:func:`due_buckets`, or with ``everything`` each bucket
+    of several files or over the unit, or with tombstones to remove) are rewritten as resolved base files, their
+    tombstones at or before ``tombstones_upto`` removed behind the horizon (raised first,
+    module docstring). Returns counts: buckets rewritten, tombstones removed, buckets split."""
+    out = {"buckets": 0, "tombstones": 0, "split": 0}
+    if _open(path) is None:
+        return out
+    out["split"] = _spread(path, budget_rows)
+    v = read_version(_delta(path), path)
+    if everything:
+        picks = [b for b, paths in v.files.items()
+                 if len(paths) > 1 or _rows(v, paths) > bucket_unit(v)
+                 or any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+    else:
+        picks = due_buckets(v, budget_rows=budget_rows)
+        if tombstones_upto is not None:  # small buckets whose base holds removable tombstones: cheap to check
+            picks += [b for b, paths in v.files.items() if paths and b not in picks
+                      and _rows(v, paths) <= SMALL_BUCKET_ROWS
+                      and any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+    if not picks:
+        return out
+    target = None
+    if tombstones_upto is not None:
+        newest = None
+        for b in picks:  # the newest current tombstone at or before the bound among them
+            keys = read_resolved_keys(v.table_uri, v.files.get(b, ()))
+            gone = keys.filter(pc.and_(keys[DELETED_COLUMN], pc.less_equal(keys[POSITION_COLUMN], tombstones_upto)))
+            top = pc.max(gone[POSITION_COLUMN]).as_py() if gone.num_rows else None
+            newest = top if newest is None or (top is not None and top > newest) else newest
+        if newest is not None:
+            target = _raise_horizon(path, newest)
+    removed = [0]
+
+    def read() -> MirrorVersion:
+        removed[0] = 0
+        return read_version(_delta(path), path)
+
+    def transform(_b: int, current: pa.Table) -> pa.Table | None:
+        rows = resolve(current)
+        out_ = drop_rows(rows, tombstones_upto=target) if target is not None else None
+        removed[0] += 0 if out_ is None else rows.num_rows - out_.num_rows
+        return rows if out_ is None else out_
+
+    _commit_rewrite(path, read, transform, buckets=lambda v_: [b for b in picks if v_.files.get(b)],
+                    operation="compact")
+    out.update(buckets=len(picks), tombstones=removed[0])
+    log.info("mirror %s: %d bucket(s) compacted, %d tombstone(s) removed, %d split", path, len(picks), removed[0],
+             out["split"])
+    return out
 
 
 def _check_epoch(path: str, props: Mapping[str, str], epoch: int | None) -> None:
@@ -401,39 +586,42 @@ def _check_epoch(path: str, props: Mapping[str, str], epoch: int | None) -> None
 
 
 def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
-    """Apply mirror rows (one per key) to the Delta table at ``path`` with the position
-    guard, rewriting only the buckets they fall in (creates the table if absent), fenced:
-    rows at or before the compaction horizon only update, never insert, and with an
-    ``epoch`` the commit happens only while that merge epoch is the table's own (else
-    :class:`FencedError`, nothing written)."""
-    counts = {"num_source_rows": rows.num_rows, "num_buckets_rewritten": 0}
-
-    def read() -> MirrorVersion:
+    """Apply mirror rows (one per key) to the Delta table at ``path``: one change file per
+    bucket they fall in, appended (creates the table if absent); readers take the newest
+    position per key. Fenced: rows at or before the compaction horizon only update live
+    rows, never insert (:func:`delta_buckets.admit`), and with an ``epoch`` the commit
+    happens only while that merge epoch is the table's own (else :class:`FencedError`,
+    nothing written)."""
+    counts = {"num_source_rows": rows.num_rows, "num_buckets_written": 0}
+    for attempt in range(_COMMIT_RETRIES):
         dt = _open(path) or _create(path, rows.schema)[0]
         v = read_version(add_columns(dt, rows.schema), path)
         _check_epoch(path, v.props, epoch)
         horizon = v.props.get(HORIZON_PROPERTY)
-        if horizon is not None:
-            old = pc.sum(pc.less_equal(rows[POSITION_COLUMN].cast(pa.string()), horizon)).as_py() or 0
-            if old:
-                log.info("mirror %s: %d row(s) at or before the compaction horizon %s may only update live rows "
-                         "(replays of writes a compacted tombstone superseded)", path, old, horizon)
-        state["new"] = conform(rows, v.schema)
-        state["bucket"] = bucket_of(state["new"][KEY_COLUMN], v.buckets)
-        state["horizon"] = horizon
-        return v
-
-    def transform(b: int, current: pa.Table) -> pa.Table | None:
-        part = state["new"].filter(pc.equal(state["bucket"], b))
-        return apply_rows(current, part, state["horizon"])
-
-    state: dict = {}
-    v = _commit_rewrite(path, read, transform, buckets=lambda _v: pc.unique(state["bucket"]).to_pylist(),
-                        operation="upsert")
-    counts["num_buckets_rewritten"] = len(pc.unique(state["bucket"]))
-    log.info("mirror %s: %d row(s) applied to %d of %d bucket(s) at version %d", path, rows.num_rows,
-             counts["num_buckets_rewritten"], v.buckets, v.version + 1)
-    return counts
+        new = conform(rows, v.schema)
+        nodes = v.nodes_of(new[KEY_COLUMN])
+        adds: list = []
+        try:
+            for b in pc.unique(nodes).to_pylist():
+                part = admit(new.filter(pc.equal(nodes, b)), horizon,
+                             lambda v=v, b=b: read_resolved_keys(v.table_uri, v.files.get(b, ())))
+                if part.num_rows:
+                    adds.append(write_bucket_file(v.table_uri, b, part, bucketed=v.bucketed, change=True))
+            commit(v, adds, (), operation="upsert")
+        except CommitFailedError:
+            discard(v.table_uri, adds)
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)  # another writer committed first: re-read the fences and the buckets
+            continue
+        except BaseException:
+            discard(v.table_uri, adds)
+            raise
+        counts["num_buckets_written"] = len(adds)
+        log.info("mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d", path, rows.num_rows,
+                 len(adds), len(v.files), v.version + 1)
+        return counts
+    raise AssertionError("unreachable")
 
 
 def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, reason: str = "sweep") -> int:
@@ -457,28 +645,42 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
     return removed
 
 
-def _drop_everywhere(path: str, *, operation: str, **drop) -> int:
-    """Rewrite every bucket without the rows ``drop_rows(**drop)`` removes (a bucket of
-    several files becomes one); returns how many rows went. Only the buckets that change are
-    read whole: the others are told apart by their files' position and deleted columns, read
-    a row group at a time (a finished snapshot's convergence usually removes nothing, and
-    reading a large table whole would hold a bucket's rows in the worker)."""
-    removed = [0]
-
-    def read() -> MirrorVersion:
-        removed[0] = 0
-        return read_version(_delta(path), path)
-
-    def transform(_b: int, current: pa.Table) -> pa.Table | None:
-        out = drop_rows(current, **drop)
-        removed[0] += 0 if out is None else current.num_rows - out.num_rows
-        return out
-
-    def changing(v: MirrorVersion) -> list[int]:
-        return [b for b, paths in v.files.items() if len(paths) > 1 or any_dropped(v.table_uri, paths, **drop)]
-
-    _commit_rewrite(path, read, transform, buckets=changing, operation=operation)
-    return removed[0]
+def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
+    """Remove every stored row version older than ``before`` (live or tombstone), a file at a
+    time: a file holding such a row is written again without it (a change file stays a change
+    file), the others are not touched; returns how many rows went. Per file is exact here,
+    with no need to resolve a bucket: a key keeps exactly its versions at or after the bound.
+    Which files hold such a row is told by their position column alone, read a row group at a
+    time (a finished snapshot's convergence usually removes nothing)."""
+    for attempt in range(_COMMIT_RETRIES):
+        v = read_version(_delta(path), path)
+        adds: list = []
+        removed: list[str] = []
+        gone = 0
+        try:
+            for b, paths in sorted(v.files.items()):
+                for rel in paths:
+                    if not any_dropped(v.table_uri, [rel], before=before):
+                        continue
+                    rows = read_bucket(v.table_uri, [rel], v.schema)
+                    kept = drop_rows(rows, before=before)
+                    kept = rows if kept is None else kept
+                    gone += rows.num_rows - kept.num_rows
+                    if kept.num_rows:
+                        adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed,
+                                                      change=bool(v.info.get(rel) and v.info[rel].change)))
+                    removed.append(rel)
+            commit(v, adds, removed, operation=operation)
+            return gone
+        except CommitFailedError:
+            discard(v.table_uri, adds)
+            if attempt == _COMMIT_RETRIES - 1:
+                raise
+            _backoff(attempt)
+        except BaseException:
+            discard(v.table_uri, adds)
+            raise
+    raise AssertionError("unreachable")
 
 
 def _raise_horizon(path: str, bound: str) -> str:
@@ -728,9 +930,10 @@ DEFAULT_RETENTION_HOURS = 168.0
 
 def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None,
             retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
-    """Remove tombstones (all, or those at or before ``upto_position``), then compact small
-    files and vacuum files no version younger than ``retention_hours`` references. Returns
-    the number of tombstones removed.
+    """Compact every bucket of the mirror that is not one resolved base file, removing its
+    tombstones (all, or those at or before ``upto_position``), then vacuum files no version
+    younger than ``retention_hours`` references. Returns the number of tombstones removed.
+    Used when a snapshot finishes; rounds use the budgeted :func:`compact_buckets`.
 
     Safe at any time, against any writer in flight: it first commits the horizon (the
     newest position of the tombstones it removes) and then deletes them; a writer that read
@@ -738,20 +941,10 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
     retried on commit conflicts."""
     t = table if isinstance(table, TableName) else TableName.parse(table)
     path = mirror_dir(data_dir, source, t)
-    bound = None if upto_position is None else _position_literal(upto_position)
-    removed = 0
-    dt = _open(path)
-    if dt is None:
+    bound = "f" * 40 if upto_position is None else _position_literal(upto_position)
+    if _open(path) is None:
         return 0
-    # constant column names; the bound was checked to be 40 hex digits (_position_literal)
-    where = f"{DELETED_COLUMN}" + ("" if bound is None else f" AND {POSITION_COLUMN} <= '{bound}'")
-    sql = f"SELECT max({POSITION_COLUMN}) AS newest FROM t WHERE {where}"  # noqa: S608
-    found = pa.table(QueryBuilder().register("t", dt).execute(sql).read_all())
-    if found.num_rows and found["newest"][0].as_py() is not None:
-        target = _raise_horizon(path, str(found["newest"][0].as_py()))
-        removed = _drop_everywhere(path, operation="compact", tombstones_upto=target)
-    else:  # no tombstone to remove: only buckets of several files become one (small files)
-        _drop_everywhere(path, operation="compact")
+    removed = compact_buckets(path, tombstones_upto=bound, everything=True)["tombstones"]
     vacuum(path, retention_hours)
     if removed:
         log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))
@@ -806,14 +999,13 @@ def mirror_tables(data_dir: str, source: str) -> list[TableName]:
 
 
 def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
-    """How many delete tombstones the mirror of ``table`` holds (cheap: a filtered count)."""
-    t = table if isinstance(table, TableName) else TableName.parse(table)
-    dt = _open(mirror_dir(data_dir, source, t))
-    if dt is None:
+    """How many keys of the mirror of ``table`` are deleted but still held as tombstones (a
+    bucket at a time)."""
+    v = _version(data_dir, source, table)
+    if v is None:
         return 0
-    sql = f"SELECT count(*) AS n FROM t WHERE {DELETED_COLUMN}"  # noqa: S608 - a constant column name
-    found = QueryBuilder().register("t", dt).execute(sql).read_all()
-    return int(pa.table(found)["n"][0].as_py())
+    return sum(pc.sum(read_resolved_keys(v.table_uri, paths)[DELETED_COLUMN]).as_py() or 0
+               for paths in v.files.values() if paths)
 
 
 #: snapshot statuses under which a table's chunks may still be merged: no compaction then
@@ -821,9 +1013,13 @@ ACTIVE_SNAPSHOT = ("running", "paused", "failed")
 
 
 def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None], *,
-                     retention_hours: float = DEFAULT_RETENTION_HOURS) -> dict[str, int]:
-    """Compact the tombstones of every mirror table whose snapshot is not active, up to the
-    position the mirror has applied. Returns removed tombstones per table.
+                     retention_hours: float = DEFAULT_RETENTION_HOURS,
+                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS) -> dict[str, int]:
+    """A changelog round's maintenance of every mirror table: the Delta log's bounds set, the
+    due buckets compacted within ``budget_rows`` (:func:`compact_buckets`), and unreferenced
+    files vacuumed once past the retention. Tombstones go only from tables whose snapshot is
+    not active, up to the position the mirror has applied. Returns removed tombstones per
+    table.
 
     The applied position is read BEFORE the snapshot statuses: a snapshot that starts after
     the check reads its chunks after that position, so its chunk rows are newer than the
@@ -834,17 +1030,16 @@ def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str 
     removed: dict[str, int] = {}
     for table in mirror_tables(data_dir, source):
         path = mirror_dir(data_dir, source, table)
-        # every table, every round: the Delta log's bounds set, and the files merges replaced
-        # (not only deletes) vacuumed once past the retention
         ensure_log_properties(path, retention_hours)
-        if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT:
-            vacuum(path, retention_hours)
-            continue
-        if tombstone_count(data_dir, source, table):
-            removed[table.id] = compact(data_dir, source, table, upto_position=applied.encode(),
-                                        retention_hours=retention_hours)
-        else:
-            vacuum(path, retention_hours)
+        upto = None if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT else applied.encode()
+        try:
+            got = compact_buckets(path, tombstones_upto=upto, budget_rows=budget_rows)
+        except CommitFailedError as exc:  # a writer kept committing first: the next round goes on
+            log.warning("mirror %s: compaction postponed after commit conflicts (%s)", path, exc)
+            got = {"tombstones": 0}
+        if got["tombstones"]:
+            removed[table.id] = got["tombstones"]
+        vacuum(path, retention_hours)
     return removed
 
 
@@ -854,61 +1049,113 @@ def _position_literal(text: str) -> str:
     return text
 
 
-def _live_dataset(data_dir: str, source: str, table: str | TableName):
+def _version(data_dir: str, source: str, table: str | TableName) -> MirrorVersion | None:
     t = table if isinstance(table, TableName) else TableName.parse(table)
-    dt = _open(mirror_dir(data_dir, source, t))
-    return None if dt is None else dt.to_pyarrow_dataset()
+    path = mirror_dir(data_dir, source, t)
+    dt = _open(path)
+    return None if dt is None else read_version(dt, path)
 
 
-_LIVE = pc.field(DELETED_COLUMN) == pa.scalar(False)
-
-
-def _keyed_columns(ds) -> list[str]:
+def _keyed_columns(schema: pa.Schema) -> list[str]:
     """The table's columns and ``__key``: what a reader of live rows gets."""
-    return [n for n in ds.schema.names if n not in (DELETED_COLUMN, BUCKET_COLUMN, POSITION_COLUMN)]
+    return [n for n in schema.names if n not in (DELETED_COLUMN, BUCKET_COLUMN, POSITION_COLUMN)]
+
+
+def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Sequence[str] | None = None,
+                    tombstones: bool = False) -> Iterator[pa.RecordBatch]:
+    """The current rows of the mirror version ``v`` (live only, or with ``tombstones``), a
+    bucket at a time (memory: one bucket, bounded by the unit): a bucket of one file is
+    streamed as stored (one file never holds a key twice), a bucket with change files is
+    resolved first (the newest position per key wins)."""
+    cols = list(columns or v.schema.names)
+    need = list(dict.fromkeys([*cols, DELETED_COLUMN]))
+    for b in sorted(v.files):
+        paths = v.files[b]
+        if not paths:
+            continue
+        if len(paths) == 1:
+            fs, p = storage.filesystem(storage.join(v.table_uri, *paths[0].split("/")))
+            with fs.open_input_file(p) as fh:
+                f = pq.ParquetFile(fh)
+                present = [c for c in need if c in f.schema_arrow.names]
+                for batch in f.iter_batches(batch_size=batch_rows, columns=present):
+                    t = _fill(pa.Table.from_batches([batch]), v.schema, need)
+                    if not tombstones:
+                        t = t.filter(pc.invert(t[DELETED_COLUMN]))
+                    yield from t.select(cols).to_batches()
+            continue
+        rows = resolve(read_bucket(v.table_uri, paths, v.schema))
+        if not tombstones:
+            rows = rows.filter(pc.invert(rows[DELETED_COLUMN]))
+        yield from rows.select(cols).to_batches(max_chunksize=batch_rows)
+
+
+def _fill(t: pa.Table, schema: pa.Schema, names: Sequence[str]) -> pa.Table:
+    """``t`` with the columns ``names`` of ``schema``: one a file predates reads null."""
+    return pa.table([t[n].cast(schema.field(n).type) if n in t.column_names else pa.nulls(t.num_rows, schema.field(n).type)
+                     for n in names], schema=pa.schema([schema.field(n) for n in names]))
 
 
 def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
-    """Live rows of a mirror table (tombstones left out), typed; ``with_meta`` keeps ``__key``
-    and ``__position``. An absent mirror reads as an empty table with no columns."""
-    ds = _live_dataset(data_dir, source, table)
-    if ds is None:
+    """Live rows of a mirror table (tombstones and superseded versions left out), typed,
+    sorted by ``__key``; ``with_meta`` keeps ``__key`` and ``__position``. An absent mirror
+    reads as an empty table with no columns."""
+    v = _version(data_dir, source, table)
+    if v is None:
         return pa.table({})
-    data = ds.to_table(filter=_LIVE)
-    drop = [DELETED_COLUMN] if with_meta else [KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
-    drop += [BUCKET_COLUMN] if BUCKET_COLUMN in data.column_names else []
-    return data.sort_by([(KEY_COLUMN, "ascending")]).drop_columns(drop)
+    cols = [n for n in v.schema.names if n != DELETED_COLUMN and (with_meta or n not in (KEY_COLUMN, POSITION_COLUMN))]
+    keyed = list(dict.fromkeys([*cols, KEY_COLUMN]))
+    parts = list(current_batches(v, columns=keyed))
+    want = pa.schema([v.schema.field(n) for n in keyed])
+    data = pa.Table.from_batches(parts, schema=want) if parts else want.empty_table()
+    return data.sort_by([(KEY_COLUMN, "ascending")]).select(cols)
 
 
 def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
                    batch_rows: int = 100_000) -> tuple[int, Iterable[pa.RecordBatch]]:
-    """Live rows of a mirror table with ``__key`` (tombstones left out), typed, a batch at a
-    time in no particular order, and how many there are: for readers of a table too large to
-    hold (verify). An absent mirror: ``(0, [])``."""
-    ds = _live_dataset(data_dir, source, table)
-    if ds is None:
+    """Live rows of a mirror table with ``__key``, typed, a batch at a time in no particular
+    order (a bucket held at a time), and at most how many there are (the stored rows, read
+    from the Delta statistics): for readers of a table too large to hold (verify). An absent
+    mirror: ``(0, [])``."""
+    v = _version(data_dir, source, table)
+    if v is None:
         return 0, []
-    return ds.count_rows(filter=_LIVE), ds.to_batches(columns=_keyed_columns(ds), filter=_LIVE, batch_size=batch_rows)
+    return _rows(v, [p for f in v.files.values() for p in f]), \
+        current_batches(v, batch_rows=batch_rows, columns=_keyed_columns(v.schema))
 
 
 def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Sequence[str]) -> pa.Table:
-    """The live mirror rows of these canonical keys, with ``__key`` (one scan, filtered)."""
-    ds = _live_dataset(data_dir, source, table)
-    if ds is None or not keys:
+    """The live mirror rows of these canonical keys, with ``__key`` (one scan of their
+    buckets, filtered)."""
+    v = _version(data_dir, source, table)
+    if v is None or not keys:
         return pa.table({})
     wanted = pa.array(list(keys), pa.string())
-    # filtered a batch at a time here, not pushed down: the file statistics of __key are of
-    # another string type than the filter's, which the dataset cannot compare
-    parts = [b.filter(pc.is_in(b.column(KEY_COLUMN).cast(pa.string()), value_set=wanted))
-             for b in ds.to_batches(columns=_keyed_columns(ds), filter=_LIVE)]
-    return pa.Table.from_batches([p for p in parts if p.num_rows] or parts[:1]) if parts else pa.table({})
+    nodes = v.nodes_of(wanted)
+    parts = []
+    for b in pc.unique(nodes).to_pylist():
+        rows = read_bucket(v.table_uri, v.files.get(b, ()), v.schema)
+        rows = rows.filter(pc.is_in(rows[KEY_COLUMN].cast(pa.string()), value_set=wanted))
+        rows = resolve(rows)
+        parts.append(rows.filter(pc.invert(rows[DELETED_COLUMN])).select(_keyed_columns(v.schema)))
+    return pa.concat_tables(parts) if parts else pa.table({})
 
 
 def read_mirror_raw(data_dir: str, source: str, table: str | TableName) -> pa.Table:
-    """Every stored row including tombstones (tests and diagnostics)."""
+    """The current row of every key, tombstones included, with its position, sorted by key:
+    the mirror's logical state (tests and diagnostics). :func:`read_mirror_files` has the
+    stored row versions."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return pa.table({})
+    parts = list(current_batches(v, tombstones=True))
+    data = pa.Table.from_batches(parts, schema=v.schema) if parts else v.schema.empty_table()
+    return data.sort_by([(KEY_COLUMN, "ascending")])
+
+
+def read_mirror_files(data_dir: str, source: str, table: str | TableName) -> pa.Table:
+    """Every stored row version, superseded ones and tombstones included, with its bucket:
+    what a plain Delta reader sees."""
     t = table if isinstance(table, TableName) else TableName.parse(table)
     dt = _open(mirror_dir(data_dir, source, t))
-    if dt is None:
-        return pa.table({})
-    data = dt.to_pyarrow_dataset().to_table().sort_by([(KEY_COLUMN, "ascending")])
-    return data.drop_columns([BUCKET_COLUMN]) if BUCKET_COLUMN in data.column_names else data
+    return pa.table({}) if dt is None else dt.to_pyarrow_dataset().to_table()

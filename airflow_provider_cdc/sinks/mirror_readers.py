@@ -2,9 +2,13 @@
 
 A mirror is a Delta table whose rows carry ``__key``, ``__position`` and ``__deleted``
 (tombstones of deletes, kept while a snapshot of the table may still bring an older row).
-Its folder also holds files of older versions until vacuum removes them, so a plain glob
-of ``*.parquet`` reads rows twice, and tombstones as rows. Every reader here takes the
-*current* file list from the Delta log and drops tombstones:
+It is merge-on-read (sinks/delta_buckets.py): a key changed since its bucket was last
+compacted has several row versions, and its live row is the one with the highest
+``__position``, unless that one is a tombstone. Its folder also holds files of older
+Delta versions until vacuum removes them, so a plain glob of ``*.parquet`` reads rows
+twice. Every reader here takes the *current* file list from the Delta log, keeps the
+newest version of each key and then drops tombstones (in that order: filtering tombstones
+first would bring a deleted key's older version back):
 
 - :func:`live_files`: the data files of the current version (URIs);
 - :func:`read_spark`: a Spark DataFrame (no Delta jars: ``spark.read.parquet`` of those
@@ -47,8 +51,13 @@ def read_spark(spark: Any, data_dir: str, source: str, table: str | TableName, *
     files = live_files(data_dir, source, table)
     if not files:
         return spark.createDataFrame([], "__empty string").drop("__empty")
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
     df = spark.read.parquet(*files)  # Spark may read the bucket folders as a column: dropped too
-    return df.where(~df[DELETED_COLUMN]).drop(*_drop(meta), BUCKET_COLUMN)
+    newest = Window.partitionBy(KEY_COLUMN).orderBy(F.col(POSITION_COLUMN).desc())
+    df = df.withColumn("__rank", F.row_number().over(newest))
+    return df.where((F.col("__rank") == 1) & ~df[DELETED_COLUMN]).drop("__rank", *_drop(meta), BUCKET_COLUMN)
 
 
 def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
@@ -59,7 +68,8 @@ def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *,
     keep = ", ".join('"' + c.replace('"', '""') + '"' for c in _drop(meta))
     # file URIs and column names are bound or quoted, never pasted as SQL text
     rel = con.read_parquet(files, hive_partitioning=False)
-    return rel.filter(f'NOT "{DELETED_COLUMN}"').select(f"* EXCLUDE ({keep})")
+    newest = rel.select(f'*, row_number() OVER (PARTITION BY "{KEY_COLUMN}" ORDER BY "{POSITION_COLUMN}" DESC) AS __rank')
+    return newest.filter(f'__rank = 1 AND NOT "{DELETED_COLUMN}"').select(f"* EXCLUDE ({keep}, __rank)")
 
 
 def read_pandas(data_dir: str, source: str, table: str | TableName, *, meta: bool = False):

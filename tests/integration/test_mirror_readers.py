@@ -89,8 +89,13 @@ def test_a_broken_bucket_count_is_a_clear_error_and_nothing_is_written(mirror):
     path = mirror_dir(mirror, SOURCE, T)
     before = read_mirror(mirror, SOURCE, T).to_pylist()
     _set_properties(_delta(path), {"cdc.buckets": "many"})
+    version = _delta(path).version()
     with pytest.raises(ConfigurationError, match=r"table property cdc\.buckets \('many'"):
         MirrorDeltaSink(mirror, SOURCE).write(pa.Table.from_pylist([ev(90, "u", 1, "x")], schema=EVENT_SCHEMA))
+    with pytest.raises(ConfigurationError, match=r"table property cdc\.buckets \('many'"):
+        read_mirror(mirror, SOURCE, T)  # a reader needs the bucket tree too, and says so
+    assert _delta(path).version() == version
+    _set_properties(_delta(path), {"cdc.buckets": "8"})
     assert read_mirror(mirror, SOURCE, T).to_pylist() == before
 
 

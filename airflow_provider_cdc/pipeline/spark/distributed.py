@@ -15,9 +15,9 @@ environment or identity (storage.executor_settings). So:
   batch, or a segment's batch per table), written by the executor that produced them;
 * the Delta mirror costs one shuffle: the map side decodes each unit's events into typed
   mirror rows (newest per key) and ships them per (table, key-hash bucket) as Arrow IPC
-  blobs; each bucket of each table is then rewritten on an executor with the in-process
-  engine's apply_rows (:func:`write_mirror`, one job for every table of the round); only
-  counts and file metadata come back, which the driver commits, once per table, fenced by
+  blobs; each bucket of each table then gets one change file per slice of units
+  (UNITS_PER_SLICE) from an executor, as the in-process engine's upsert writes it (:func:`write_mirror`, one job for every table of the
+  round; merge-on-read, sinks/delta_buckets.py); only counts and file metadata come back, which the driver commits, once per table, fenced by
   the merge epoch and serialised with every other writer of the table.
 
 A merge knows its tables and holds no TRUNCATE: one job writes both. An apply first writes
@@ -66,8 +66,12 @@ UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncat
 #: what the mirror job's map side ships per (table, bucket): typed mirror rows as Arrow IPC
 #: blobs of at most _BLOB_ROWS rows; bucket _COUNT_ROW rows count a unit's events of a table
 #: (all of them, and those past its TRUNCATE the mirror applies), _ERROR_ROW ones carry an error
-_BLOBS = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
-                    ("payload", pa.binary()), ("error", pa.string())])
+_BLOBS = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("slice", pa.int32()), ("events", pa.int64()),
+                    ("applied", pa.int64()), ("payload", pa.binary()), ("error", pa.string())])
+#: units whose rows one executor group takes per bucket (a slice): a group's memory follows a
+#: slice of the round (chunks of 50,000 rows: under a million rows), not the round; each
+#: slice of a bucket is its own change file (merge-on-read resolves across them)
+UNITS_PER_SLICE = 16
 _COUNT_ROW, _ERROR_ROW = -2, -1
 
 
@@ -77,7 +81,8 @@ class _TableJob(NamedTuple):
     location: str
     files: dict  # bucket -> the current files
     schema: pa.Schema  # the mirror's Arrow schema
-    buckets: int
+    buckets: int  # the roots of the bucket tree (sinks/delta_buckets.py)
+    inner: tuple  # its split buckets
     bucketed: bool
     horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
     table_schema: str  # TableSchema JSON
@@ -86,7 +91,7 @@ _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
 _RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
                      ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("removed", pa.string()),
-                     ("error", pa.string())])
+                     ("error", pa.string()), ("stats", pa.string())])
 
 
 # --- the units on the executors -----------------------------------------------------------------
@@ -133,10 +138,12 @@ def _batches(events: list[TableEvents]):
     return to_json_events(events).to_batches()
 
 
-def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log: EventLogSink | None = None):
+def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log: EventLogSink | None = None, *,
+                  with_unit: bool = False):
     """The mapInArrow function of every unit job: on an executor, each unit of the slice is
     produced (``produce``), written to ``event_log`` when given, and turned into output
-    batches by ``then(events)`` (a module-level function: pickled by reference)."""
+    batches by ``then(events)`` (``then(events, unit_index)`` ``with_unit``; a module-level
+    function: pickled by reference)."""
     env = storage.executor_settings()  # where the storage is; never who may use it (no secret)
 
     def run_units(batches):
@@ -148,7 +155,7 @@ def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log:
                 events = produce(units[i])
                 if event_log is not None:
                     event_log.write(events)
-                yield from then(events)
+                yield from (then(events, i) if with_unit else then(events))
 
     return run_units
 
@@ -363,8 +370,8 @@ def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict,
         v = db.read_version(md.add_columns(dt, mschema), path)
         md._check_epoch(path, v.props, epoch)
         versions[table_id] = v
-        jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema, v.buckets,
-                                   v.bucketed, v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
+        jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
+                                   v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed, v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
     return versions, jobs
 
 
@@ -377,27 +384,28 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     an executor. Returns the _RESULT rows, plus one count row (bucket _COUNT_ROW) per unit
     and table."""
     env = storage.executor_settings()
-    keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), event_log)
+    keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), event_log, with_unit=True)
 
     def write(key, blobs):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
         return _rewrite_bucket(jobs, env, key, blobs)
 
     df = _units_df(spark, len(units)).mapInArrow(keyed, _schema(_BLOBS))
-    return run(lambda: df.groupBy("table", "bucket").applyInArrow(write, _schema(_RESULT)).collect())
+    return run(lambda: df.groupBy("table", "bucket", "slice").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def mirror_blobs(events: Sequence[TableEvents], jobs: dict[str, _TableJob]):
+def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict[str, _TableJob]):
     """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
-    typed mirror rows of each job table per bucket (newest per key), or an error row when a
-    value cannot be held by its mirror column."""
+    typed mirror rows of each job table per bucket (newest per key) in the unit's slice, or an
+    error row when a value cannot be held by its mirror column."""
     from airflow_provider_cdc.core.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
     from airflow_provider_cdc.core.schema import TableSchema
-    from airflow_provider_cdc.sinks.delta_buckets import bucket_of
+    from airflow_provider_cdc.sinks.delta_buckets import nodes_of_keys
     from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
 
     def row(table_id, bucket, events=0, applied=0, payload=None, error=None):
         return pa.record_batch([pa.array([table_id], pa.string()), pa.array([bucket], pa.int32()),
+                                pa.array([unit // UNITS_PER_SLICE], pa.int32()),
                                 pa.array([events], pa.int64()), pa.array([applied], pa.int64()),
                                 pa.array([payload], pa.binary()), pa.array([error], pa.string())], schema=_BLOBS)
 
@@ -418,7 +426,7 @@ def mirror_blobs(events: Sequence[TableEvents], jobs: dict[str, _TableJob]):
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
         rows = conform(rows, job.schema)
-        buckets = bucket_of(rows[KEY_COLUMN], job.buckets)
+        buckets = nodes_of_keys(rows[KEY_COLUMN], job.buckets, job.inner)
         for bucket in pc.unique(buckets).to_pylist():
             sub = rows.filter(pc.equal(buckets, bucket))
             for start in range(0, sub.num_rows, _BLOB_ROWS):
@@ -429,8 +437,9 @@ def mirror_blobs(events: Sequence[TableEvents], jobs: dict[str, _TableJob]):
 
 
 def _rewrite_bucket(jobs, env, key, blobs):
-    """On an executor: one bucket of one table, rewritten (the in-process engine's apply_rows),
-    or the sums of the count rows, or the first error."""
+    """On an executor: the rows of one bucket of one table, appended as a change file (the
+    in-process engine's upsert; memory follows the round's rows, not the bucket), or the sums
+    of the count rows, or the first error."""
     from airflow_provider_cdc import storage as st
     from airflow_provider_cdc.core.arrow_types import KEY_COLUMN, POSITION_COLUMN
     from airflow_provider_cdc.sinks import delta_buckets as db
@@ -440,21 +449,20 @@ def _rewrite_bucket(jobs, env, key, blobs):
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
     out = {"table": [table_id], "bucket": [bucket], "events": [pc.sum(blobs["events"]).as_py() or 0],
            "applied": [pc.sum(blobs["applied"]).as_py() or 0], "path": [None], "size": [None], "rows": [None],
-           "removed": [None], "error": [None]}
+           "removed": [None], "error": [None], "stats": [None]}
     if bucket == _ERROR_ROW:
         out["error"] = [blobs["error"][0].as_py()]
     if bucket < 0:
         return pa.table(out, schema=_RESULT)
     job = jobs[table_id]
     parts = [pa.ipc.open_stream(p.as_buffer()).read_all() for p in blobs["payload"]]  # no copy to bytes
-    rows = newest(pa.concat_tables(parts), [KEY_COLUMN], POSITION_COLUMN)  # units may share keys (segments)
+    rows = newest(pa.concat_tables(parts), [KEY_COLUMN], POSITION_COLUMN)  # units of a slice may share keys
     paths = job.files.get(bucket, [])
-    new = db.apply_rows(db.read_bucket(job.location, paths, job.schema), rows, job.horizon)
-    if new is not None:
-        out["removed"] = [json.dumps(list(paths))]
-        if new.num_rows:
-            add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed)
-            out.update(path=[add.path], size=[add.size], rows=[new.num_rows])
+    new = db.admit(rows, job.horizon, lambda: db.read_resolved_keys(job.location, paths))
+    out["removed"] = ["[]"]
+    if new.num_rows:
+        add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed, change=True)
+        out.update(path=[add.path], size=[add.size], rows=[new.num_rows], stats=[add.stats])
     return pa.table(out, schema=_RESULT)
 
 
@@ -473,6 +481,8 @@ def _commit_table(path: str, v, rows: list) -> tuple[str | None, bool]:
     if not rows:
         return None, False
     removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
+    if not adds and not removed:
+        return None, False
     try:
         db.commit(v, adds, removed, operation="upsert")
     except CommitFailedError:
@@ -489,4 +499,4 @@ def _add_action(row, bucketed: bool):
     from ...sinks.delta_buckets import BUCKET_COLUMN
 
     return AddAction(row["path"], int(row["size"]), {BUCKET_COLUMN: str(row["bucket"])} if bucketed else {},
-                     int(time.time() * 1000), True, json.dumps({"numRecords": int(row["rows"])}))
+                     int(time.time() * 1000), True, row["stats"] or json.dumps({"numRecords": int(row["rows"])}))

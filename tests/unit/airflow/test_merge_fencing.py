@@ -97,13 +97,13 @@ def test_a_retried_commit_of_a_done_snapshot_still_compacts(tmp_path, variables,
     op = SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=d, source="src", cdc_conn_id="unused"
     )
-    real_compact = mirror_delta.compact
+    real_compact = mirror_delta.compact_buckets
 
     def conflict_once(*args, **kwargs):
-        monkeypatch.setattr(mirror_delta, "compact", real_compact)
+        monkeypatch.setattr(mirror_delta, "compact_buckets", real_compact)
         raise CommitFailedError("a concurrent commit won")
 
-    monkeypatch.setattr(mirror_delta, "compact", conflict_once)
+    monkeypatch.setattr(mirror_delta, "compact_buckets", conflict_once)
     with pytest.raises(CommitFailedError):
         op.execute({})  # `done` is stored, then compaction fails
     assert progress_store.status("src", T.id) == "done" and tombstone_count(d, "src", T) == 1

@@ -1,0 +1,300 @@
+"""The mirror's merge-on-read layout (sinks/delta_buckets.py): writes append change files whose
+cost follows the changes, readers take the newest version per key, background compaction folds
+and splits buckets within a budget, a mirror written by the copy-on-write code migrates in
+place, and every reader returns the live rows while compaction runs. A hypothesis state
+machine drives writes, late rows, replays, compactions and unit changes against a model."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from airflow_provider_cdc import storage
+from airflow_provider_cdc.core.position import Position
+from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.sinks import delta_buckets as db
+from airflow_provider_cdc.sinks import mirror_delta as md
+from airflow_provider_cdc.sinks import mirror_readers
+from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
+
+pytestmark = pytest.mark.integration
+
+SOURCE = "src"
+T = TableName("public", "items")
+SCHEMA = TableSchema(T, (Column("id", "int64"), Column("v", "string")), ("id",))
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "mirror_v1"
+
+
+def ev(pos: int, op: str, key: int, value: str | None = None) -> dict:
+    return {
+        "position": Position(pos).encode(), "table": T.id, "op": op, "key": encode_key([key]), "before": None,
+        "after": None if op == "d" else encode_row({"id": key, "v": value}), "ts_ms": pos, "watermark": None,
+        "snapshot": op == "r", "batch": f"b{pos}",
+    }
+
+
+def write(data_dir: str, events: list[dict]) -> None:
+    md.MirrorDeltaSink(data_dir, SOURCE).write(pa.Table.from_pylist(events, schema=EVENT_SCHEMA))
+
+
+def live(data_dir: str) -> dict[int, str]:
+    return {r["id"]: r["v"] for r in md.read_mirror(data_dir, SOURCE, T).to_pylist()}
+
+
+def version(data_dir: str) -> db.MirrorVersion:
+    path = mirror_dir(data_dir, SOURCE, T)
+    return db.read_version(md._delta(path), path)
+
+
+def set_unit(data_dir: str, rows: int) -> None:
+    md._set_properties(md._delta(mirror_dir(data_dir, SOURCE, T)), {md.BUCKET_ROWS_PROPERTY: str(rows)})
+
+
+def check_layout(v: db.MirrorVersion) -> None:
+    """Files only in leaves, and no file holds a key twice."""
+    with_files = {b for b, f in v.files.items() if f}
+    assert not (with_files & v.inner), f"files in split buckets {sorted(with_files & v.inner)}"
+    for paths in v.files.values():
+        for p in paths:
+            keys = db.read_bucket(v.table_uri, [p], v.schema)[md.KEY_COLUMN]
+            assert len(keys) == len(set(keys.to_pylist())), p
+
+
+def every_reader(data_dir: str) -> list[dict[int, str]]:
+    import duckdb
+
+    count, batches = md.mirror_batches(data_dir, SOURCE, T, batch_rows=7)
+    streamed = {r["id"]: r["v"] for b in batches for r in b.to_pylist()}
+    assert count >= len(streamed)
+    keys = [encode_key([k]) for k in range(0, 1100)]
+    by_key = {r["id"]: r["v"] for r in md.mirror_rows_of(data_dir, SOURCE, T, keys).to_pylist()}
+    duck = dict(mirror_readers.read_duckdb(duckdb.connect(), data_dir, SOURCE, T).fetchall())
+    pandas = dict(zip(*[mirror_readers.read_pandas(data_dir, SOURCE, T)[c].tolist() for c in ("id", "v")], strict=True))
+    return [live(data_dir), streamed, by_key, duck, pandas]
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> str:
+    d = str(tmp_path)
+    storage.write_text(schema_path(d, SOURCE, T), SCHEMA.to_json())
+    return d
+
+
+def test_a_write_appends_change_files_whose_bytes_follow_the_changes(data_dir):
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}" * 20) for i in range(20_000)])
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
+    before = version(data_dir)
+    assert not any(i.change for i in before.info.values())
+    table_bytes = sum(before.sizes.values())
+    write(data_dir, [ev(100_000 + i, "u", i * 97 % 20_000, "changed") for i in range(40)])
+    after = version(data_dir)
+    new = set(after.sizes) - set(before.sizes)
+    assert set(before.sizes) <= set(after.sizes), "a write removed (rewrote) a stored file"
+    assert new and all(after.info[p].change for p in new)
+    assert sum(after.sizes[p] for p in new) < 0.05 * table_bytes
+    got = live(data_dir)
+    assert len(got) == 20_000 and sum(v == "changed" for v in got.values()) == 40
+    # plain Delta readers see the superseded versions until compaction folds them
+    assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_040
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
+    assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_000 and live(data_dir) == got
+
+
+def test_a_row_at_or_before_the_horizon_only_updates(data_dir):
+    write(data_dir, [ev(1, "c", 1, "a"), ev(2, "c", 2, "b"), ev(5, "d", 1)])
+    assert md.compact(data_dir, SOURCE, T) == 1  # the tombstone of 1 goes, the horizon is its position
+    assert md.horizon(data_dir, SOURCE, T) == Position(5).encode()
+    write(data_dir, [ev(1, "c", 1, "a"), ev(4, "u", 2, "late update"), ev(3, "r", 3, "old insert")])
+    assert live(data_dir) == {2: "late update"}  # 1 not resurrected, 3 not inserted, 2 updated
+    write(data_dir, [ev(6, "c", 3, "new")])
+    assert live(data_dir) == {2: "late update", 3: "new"}
+
+
+def test_compaction_splits_a_bucket_past_the_unit_and_writes_follow_the_split(data_dir):
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}") for i in range(400)])
+    set_unit(data_dir, 20)
+    path = mirror_dir(data_dir, SOURCE, T)
+    # one round spreads the oversized buckets a file at a time, then compacts within its budget
+    got = md.compact_buckets(path, budget_rows=None)
+    assert got["split"] == 8
+    while md.due_buckets(version(data_dir)):
+        md.compact_buckets(path, budget_rows=None)
+    v = version(data_dir)
+    check_layout(v)
+    assert max(db.level_of(b, v.buckets) for b, f in v.files.items() if f) == 2  # 50 rows a root: 4 of ~13
+    assert all(v.info[p].rows <= 20 for f in v.files.values() for p in f)
+    write(data_dir, [ev(1000 + i, "u", i, f"w{i}") for i in range(0, 400, 3)] + [ev(2000, "d", 7)])
+    check_layout(version(data_dir))
+    expect = {i: (f"w{i}" if i % 3 == 0 else f"v{i}") for i in range(400) if i != 7}
+    assert all(r == expect for r in every_reader(data_dir))
+
+
+def test_the_budget_bounds_a_rounds_compaction_and_the_most_changed_go_first(data_dir):
+    write(data_dir, [ev(1 + i, "c", i, "v") for i in range(2_000)])
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)  # single change files become base
+    root = {b: db.bucket_of(pa.array([encode_key([i])]), 8)[0].as_py() for b, i in ((i, i) for i in range(2_000))}
+    heavy = root[0]
+    keys = [i for i in range(2_000) if root[i] == heavy][:200] + [i for i in range(2_000) if root[i] != heavy][:30:3]
+    write(data_dir, [ev(10_000 + n, "u", k, "x") for n, k in enumerate(keys)])
+    v = version(data_dir)
+    per = max(v.info[p].rows for f in v.files.values() for p in f if not v.info[p].change)
+    md.SMALL_BUCKET_ROWS, small = 0, md.SMALL_BUCKET_ROWS
+    try:
+        assert md.due_buckets(v, budget_rows=per + 1)[0] == heavy
+        out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=per + 1)
+    finally:
+        md.SMALL_BUCKET_ROWS = small
+    assert out["buckets"] == 1
+    after = version(data_dir)
+    assert not any(after.info[p].change for p in after.files[heavy])
+    assert sum(1 for f in after.files.values() for p in f if after.info[p].change) == len({root[k] for k in keys}) - 1
+    assert sum(v == "x" for v in live(data_dir).values()) == len(keys)
+
+
+def test_a_mirror_written_before_merge_on_read_migrates_in_place(data_dir):
+    """tests/fixtures/mirror_v1 was written by the copy-on-write code (tests/fixtures/make_mirror_v1.py)."""
+    path = mirror_dir(data_dir, SOURCE, T)
+    shutil.copytree(FIXTURE, path)
+    expect = {i: f"v{i}" for i in range(400)}
+    expect.update({i: f"u{i}" for i in range(0, 400, 7)})
+    for i in range(3, 400, 11):
+        expect.pop(i)
+    old = version(data_dir)
+    assert old.buckets == 8 and not old.inner and not any(i.change for i in old.info.values())
+    assert all(r == expect for r in every_reader(data_dir))
+    write(data_dir, [ev(5000 + i, "u", i, f"n{i}") for i in range(0, 400, 5)] + [ev(6000, "c", 1000, "new")])
+    expect.update({i: f"n{i}" for i in range(0, 400, 5)}, **{})
+    expect[1000] = "new"
+    assert all(r == expect for r in every_reader(data_dir))
+    set_unit(data_dir, 30)
+    while md.due_buckets(version(data_dir)):
+        md.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None)
+    v = version(data_dir)
+    check_layout(v)
+    assert v.inner and v.version > old.version and md.tombstone_count(data_dir, SOURCE, T) == 0
+    assert all(r == expect for r in every_reader(data_dir))
+
+
+def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monkeypatch):
+    """A write lands between compaction's read and its commit (forced through the commit): the
+    readers are right at that point, compaction's commit conflicts, it reads again and folds
+    the write in, and nothing is lost."""
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}") for i in range(50)])
+    write(data_dir, [ev(100 + i, "u", i, f"w{i}") for i in range(0, 50, 2)] + [ev(200, "d", 3)])
+    expect = {i: (f"w{i}" if i % 2 == 0 else f"v{i}") for i in range(50) if i != 3}
+    seen, real_commit = [], db.commit
+
+    def commit_after_a_write(v, adds, removed, *, operation):
+        if operation == "compact" and not seen:
+            assert all(r == expect for r in every_reader(data_dir))  # compaction's files are not visible yet
+            write(data_dir, [ev(300, "u", 1, "during"), ev(301, "d", 4)])
+            expect[1] = "during"
+            expect.pop(4)
+            seen.append(v.version)
+            assert all(r == expect for r in every_reader(data_dir))
+        return real_commit(v, adds, removed, operation=operation)
+
+    monkeypatch.setattr(md, "commit", commit_after_a_write)
+    out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=Position(250).encode(), budget_rows=None)
+    assert seen and out["buckets"] >= 1
+    v = version(data_dir)
+    assert v.version > seen[0] + 1  # the write, then compaction's retry
+    check_layout(v)
+    assert all(r == expect for r in every_reader(data_dir))
+
+
+class MirrorMachine(RuleBasedStateMachine):
+    """Writes (new positions), late snapshot rows (newer than the horizon), replays of earlier
+    batches, budgeted and full compactions and changes of the unit, in any order: the live
+    rows always equal the model's, and the layout stays valid."""
+
+    @initialize()
+    def start(self):
+        self.dir = tempfile.mkdtemp(prefix="mirror-machine-")
+        storage.write_text(schema_path(self.dir, SOURCE, T), SCHEMA.to_json())
+        self.pos = 10
+        self.state: dict[int, tuple[int, str | None]] = {}  # key -> (position, value; None: deleted)
+        self.batches: list[list[dict]] = []
+
+    def teardown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _apply(self, events: list[dict]) -> None:
+        h = md.horizon(self.dir, SOURCE, T)
+        for e in events:
+            k, p = int(e["key"][1:-1]), Position.decode(e["position"]).major
+            stored = self.state.get(k)
+            if (stored is not None and p > stored[0]) or (stored is None and (h is None or e["position"] > h)):
+                self.state[k] = (p, None if e["op"] == "d" else f"{e['op']}{p}")
+        write(self.dir, events)
+
+    @rule(changes=st.lists(st.tuples(st.integers(0, 40), st.sampled_from("cud")), min_size=1, max_size=12))
+    def changes(self, changes):
+        batch, seen = [], set()
+        for k, op in changes:
+            if k in seen:
+                continue
+            seen.add(k)
+            self.pos += 1
+            batch.append(ev(self.pos, op, k, f"{op}{self.pos}"))
+        self.batches.append(batch)
+        self._apply(batch)
+
+    @rule(key=st.integers(0, 40), back=st.integers(1, 5))
+    def late_row(self, key, back):
+        h = md.horizon(self.dir, SOURCE, T)
+        low = 0 if h is None else Position.decode(h).major
+        p = max(low + 1, self.pos - back)
+        if p >= self.pos:
+            return
+        self._apply([ev(p, "r", key, f"r{p}")])
+
+    @rule(i=st.integers(0, 100))
+    def replay(self, i):
+        if self.batches:
+            self._apply(self.batches[i % len(self.batches)])
+
+    @rule(budget=st.sampled_from([None, 10, 60]), bound=st.booleans())
+    def compact_round(self, budget, bound):
+        upto = Position(self.pos).encode() if bound else None
+        md.compact_buckets(mirror_dir(self.dir, SOURCE, T), tombstones_upto=upto, budget_rows=budget)
+        self._forget_removed()
+
+    @rule()
+    def compact_all(self):
+        md.compact(self.dir, SOURCE, T)
+        self._forget_removed()
+
+    @rule(unit=st.sampled_from([3, 8, 1000]))
+    def unit(self, unit):
+        if md._open(mirror_dir(self.dir, SOURCE, T)) is not None:
+            set_unit(self.dir, unit)
+
+    def _forget_removed(self):
+        """Tombstones compaction removed: the key is absent now (the horizon keeps it out)."""
+        if md._open(mirror_dir(self.dir, SOURCE, T)) is None:
+            return
+        stored = {r["id"] for r in md.read_mirror_raw(self.dir, SOURCE, T).to_pylist()}
+        for k in [k for k, (_p, v) in self.state.items() if v is None and k not in stored]:
+            del self.state[k]
+
+    @invariant()
+    def matches_the_model(self):
+        if md._open(mirror_dir(self.dir, SOURCE, T)) is None:
+            return
+        expect = {k: v for k, (_p, v) in self.state.items() if v is not None}
+        assert live(self.dir) == expect
+        check_layout(version(self.dir))
+
+
+TestMirrorMachine = MirrorMachine.TestCase
+TestMirrorMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
+                                      suppress_health_check=[HealthCheck.too_slow])
