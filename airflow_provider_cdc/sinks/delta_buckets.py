@@ -222,25 +222,47 @@ def _location(table_uri: str, relative: str) -> str:
     return storage.join(table_uri, *relative.split("/"))
 
 
-def read_bucket(table_uri: str, paths: Iterable[str], schema: pa.Schema) -> pa.Table:
+def read_bucket(table_uri: str, paths: Iterable[str], schema: pa.Schema, *,
+                part: tuple[int, int] | None = None) -> pa.Table:
     """The rows of a bucket's files, in ``schema`` (columns added since a file was written
-    read as null)."""
+    read as null); with ``part`` = (i, n) only the rows whose key hash is i mod n (each
+    file's key column read first, so a file is held only as that part)."""
     parts = []
     for rel in paths:
         fs, p = storage.filesystem(_location(table_uri, rel))
-        t = pq.read_table(p, filesystem=fs)
+        if part is None:
+            t = pq.read_table(p, filesystem=fs)
+        else:
+            with fs.open_input_file(p) as fh:
+                f = pq.ParquetFile(fh)
+                pieces = []
+                for batch in f.iter_batches(batch_size=65_536):
+                    mask = crc_of(batch.column(KEY_COLUMN)) % part[1] == part[0]
+                    if mask.any():
+                        pieces.append(pa.Table.from_batches([batch]).filter(pa.array(mask)))
+                t = pa.concat_tables(pieces) if pieces else f.schema_arrow.empty_table()
         cols = [t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in schema]
         parts.append(pa.table(cols, schema=schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()
 
 
+def change_version(path: str) -> int | None:
+    """The commit version a change file was first written for (its name), None for a base file."""
+    name = path.rsplit("/", 1)[-1]
+    if not name.startswith(CHANGE_PREFIX):
+        return None
+    digits = name[len(CHANGE_PREFIX):].split("-", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
 def write_bucket_file(table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True,
-                      change: bool = False) -> AddAction:
+                      change: int | None = None) -> AddAction:
     """One new data file of ``bucket`` (not visible until committed): a base file of
-    resolved rows, or a ``change`` file (named by its write time, so a bucket's change files
-    sort oldest first). Its AddAction, with the row count and the position range as Delta
+    resolved rows, or with ``change`` a change file of that commit version (its name carries
+    it, so a bucket's change files sort in commit order: resolve() keeps the first of equal
+    positions). Its AddAction, with the row count and the position range as Delta
     statistics."""
-    name = (f"{CHANGE_PREFIX}{int(time.time() * 1000):013d}-" if change else BASE_PREFIX) + f"{uuid.uuid4().hex}.parquet"
+    name = (f"{CHANGE_PREFIX}{change:020d}-" if change is not None else BASE_PREFIX) + f"{uuid.uuid4().hex}.parquet"
     rel = f"{BUCKET_COLUMN}={bucket}/{name}" if bucketed else name
     location = _location(table_uri, rel)
     storage.makedirs(storage.parent(location))
@@ -285,15 +307,16 @@ def commit(v: MirrorVersion, adds: list[AddAction], removed: Iterable[str], *, o
 
 
 def resolve(rows: pa.Table) -> pa.Table:
-    """The current row of each key among a bucket's row versions: the one with the highest
-    ``__position`` (a tombstone included); of equal positions the one read last. Sorted by
-    ``__key``."""
+    """The current row of each key among a bucket's row versions (read base first, then change
+    files in commit order): the one with the highest ``__position`` (a tombstone included);
+    of equal positions the one written first, as a stored row was replaced only by a strictly
+    newer one. Sorted by ``__key``."""
     if rows.num_rows <= 1:
         return rows
-    ordered = rows.sort_by([(KEY_COLUMN, "ascending"), (POSITION_COLUMN, "ascending")])  # stable
+    ordered = rows.sort_by([(KEY_COLUMN, "ascending"), (POSITION_COLUMN, "descending")])  # stable: ties keep read order
     n = ordered.num_rows
     col = ordered[KEY_COLUMN].combine_chunks()
-    keep = pa.concat_arrays([pc.invert(pc.equal(col.slice(0, n - 1), col.slice(1))), pa.array([True])])
+    keep = pa.concat_arrays([pa.array([True]), pc.invert(pc.equal(col.slice(1), col.slice(0, n - 1)))])
     return ordered.filter(keep)
 
 

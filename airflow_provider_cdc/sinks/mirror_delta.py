@@ -79,6 +79,7 @@ from .delta_buckets import (
     MirrorVersion,
     admit,
     any_dropped,
+    change_version,
     children_of,
     commit,
     crc_of,
@@ -476,11 +477,13 @@ def _spread(path: str, budget_rows: int | None = None) -> int:
                 depth = max(1, math.ceil(math.log2(n / unit)))
                 level = level_of(b, v.buckets)
                 below = v.buckets * 2 ** (level + depth)
-                for rel in v.files[b]:
+                for rel in v.files[b]:  # base first, then change files in commit order: kept so
                     rows = read_bucket(v.table_uri, [rel], v.schema)
                     node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
+                    version = change_version(rel)
                     for c in np.unique(node).tolist():
-                        adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)), change=True))
+                        adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)),
+                                                      change=0 if version is None else version))
                     removed.append(rel)
             commit(v, adds, removed, operation="split")
         except CommitFailedError:
@@ -606,7 +609,7 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
                 part = admit(new.filter(pc.equal(nodes, b)), horizon,
                              lambda v=v, b=b: read_resolved_keys(v.table_uri, v.files.get(b, ())))
                 if part.num_rows:
-                    adds.append(write_bucket_file(v.table_uri, b, part, bucketed=v.bucketed, change=True))
+                    adds.append(write_bucket_file(v.table_uri, b, part, bucketed=v.bucketed, change=v.version + 1))
             commit(v, adds, (), operation="upsert")
         except CommitFailedError:
             discard(v.table_uri, adds)
@@ -668,7 +671,7 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
                     gone += rows.num_rows - kept.num_rows
                     if kept.num_rows:
                         adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed,
-                                                      change=bool(v.info.get(rel) and v.info[rel].change)))
+                                                      change=change_version(rel)))
                     removed.append(rel)
             commit(v, adds, removed, operation=operation)
             return gone
@@ -1066,7 +1069,9 @@ def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Seq
     """The current rows of the mirror version ``v`` (live only, or with ``tombstones``), a
     bucket at a time (memory: one bucket, bounded by the unit): a bucket of one file is
     streamed as stored (one file never holds a key twice), a bucket with change files is
-    resolved first (the newest position per key wins)."""
+    resolved first (the newest position per key wins); a bucket that grew past twice the unit
+    before compaction spread it is resolved in parts of about a unit, by key hash, one pass
+    over its files each."""
     cols = list(columns or v.schema.names)
     need = list(dict.fromkeys([*cols, DELETED_COLUMN]))
     for b in sorted(v.files):
@@ -1084,10 +1089,14 @@ def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Seq
                         t = t.filter(pc.invert(t[DELETED_COLUMN]))
                     yield from t.select(cols).to_batches()
             continue
-        rows = resolve(read_bucket(v.table_uri, paths, v.schema))
-        if not tombstones:
-            rows = rows.filter(pc.invert(rows[DELETED_COLUMN]))
-        yield from rows.select(cols).to_batches(max_chunksize=batch_rows)
+        stored = _rows(v, paths)
+        parts = max(1, math.ceil(stored / bucket_unit(v))) if stored > 2 * bucket_unit(v) else 1
+        for part in range(parts):  # a bucket past twice the unit (compaction behind): a unit at a time
+            rows = read_bucket(v.table_uri, paths, v.schema, part=(part, parts) if parts > 1 else None)
+            rows = resolve(rows)
+            if not tombstones:
+                rows = rows.filter(pc.invert(rows[DELETED_COLUMN]))
+            yield from rows.select(cols).to_batches(max_chunksize=batch_rows)
 
 
 def _fill(t: pa.Table, schema: pa.Schema, names: Sequence[str]) -> pa.Table:

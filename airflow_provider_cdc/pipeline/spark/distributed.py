@@ -87,6 +87,7 @@ class _TableJob(NamedTuple):
     horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
     table_schema: str  # TableSchema JSON
     truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
+    version: int  # the version read: the change files are written for the next one
 _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
 _RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
@@ -371,7 +372,8 @@ def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict,
         md._check_epoch(path, v.props, epoch)
         versions[table_id] = v
         jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
-                                   v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed, v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t)
+                                   v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
+                                   v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t, v.version)
     return versions, jobs
 
 
@@ -461,7 +463,7 @@ def _rewrite_bucket(jobs, env, key, blobs):
     new = db.admit(rows, job.horizon, lambda: db.read_resolved_keys(job.location, paths))
     out["removed"] = ["[]"]
     if new.num_rows:
-        add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed, change=True)
+        add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed, change=job.version + 1)
         out.update(path=[add.path], size=[add.size], rows=[new.num_rows], stats=[add.stats])
     return pa.table(out, schema=_RESULT)
 
