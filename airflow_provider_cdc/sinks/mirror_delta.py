@@ -433,21 +433,42 @@ def rewrite_buckets(
     return adds, removed
 
 
-def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str,
-                    unit: int | None = -1) -> MirrorVersion:
-    """Read, rewrite, commit; on a commit conflict discard the files and start over."""
+def _commit_with_retries(path: str, build: Callable[[list], tuple[MirrorVersion, Iterable[str], object]], *,
+                         operation: str):
+    """The one optimistic commit of every mirror writer: ``build(adds)`` reads a version,
+    writes its new files (appending their AddActions to ``adds``) and returns the version,
+    the paths the files replace and a result; they are committed on top of that version. On
+    a commit conflict (another writer committed first) the files are deleted and ``build``
+    runs again on a fresh read, so the fences and the bucket tree are checked again; on any
+    other error the files are deleted and the error raised. Returns the result."""
     for attempt in range(_COMMIT_RETRIES):
-        v = read()
-        adds, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets, unit=unit)
+        adds: list = []
         try:
+            v, removed, result = build(adds)
             commit(v, adds, removed, operation=operation)
-            return v
+            return result
         except CommitFailedError:
-            discard(v.table_uri, adds)
+            discard(path, adds)
             if attempt == _COMMIT_RETRIES - 1:
                 raise
-            _backoff(attempt)  # another writer committed first: re-read the fences and rewrite
+            _backoff(attempt)
+        except BaseException:
+            discard(path, adds)
+            raise
     raise AssertionError("unreachable")
+
+
+def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str,
+                    unit: int | None = -1) -> MirrorVersion:
+    """Read, rewrite the buckets (:func:`rewrite_buckets`), commit, with retries."""
+
+    def build(adds: list):
+        v = read()
+        new, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets, unit=unit)
+        adds.extend(new)
+        return v, removed, v
+
+    return _commit_with_retries(path, build, operation=operation)
 
 
 def _spread(path: str, budget_rows: int | None = None) -> int:
@@ -456,48 +477,37 @@ def _spread(path: str, budget_rows: int | None = None) -> int:
     at a time: each file's rows become change files of the descendants, so no step holds more
     than one file. The largest go first, within ``budget_rows`` stored rows (at least one
     bucket). The descendants are compacted as usual. Returns the buckets spread."""
-    for attempt in range(_COMMIT_RETRIES):
+
+    def build(adds: list):
         v = read_version(_delta(path), path)
         if not v.bucketed:
-            return 0
+            return v, [], 0
         unit = bucket_unit(v)
         big = {b: _rows(v, f) for b, f in v.files.items() if f and _rows(v, f) > 2 * unit}
-        if not big:
-            return 0
         spent = 0
         for b, n in sorted(big.items(), key=lambda item: -item[1]):
             if spent and budget_rows is not None and spent + n > budget_rows:
                 del big[b]
             else:
                 spent += n
-        adds: list = []
         removed: list[str] = []
-        try:
-            for b, n in sorted(big.items()):
-                depth = max(1, math.ceil(math.log2(n / unit)))
-                level = level_of(b, v.buckets)
-                below = v.buckets * 2 ** (level + depth)
-                for rel in v.files[b]:  # base first, then change files in commit order: kept so
-                    rows = read_bucket(v.table_uri, [rel], v.schema)
-                    node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
-                    version = change_version(rel)
-                    for c in np.unique(node).tolist():
-                        adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)),
-                                                      change=0 if version is None else version))
-                    removed.append(rel)
-            commit(v, adds, removed, operation="split")
-        except CommitFailedError:
-            discard(v.table_uri, adds)
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
-            continue
-        except BaseException:
-            discard(v.table_uri, adds)
-            raise
-        log.info("mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit)
-        return len(big)
-    raise AssertionError("unreachable")
+        for b, n in sorted(big.items()):
+            depth = max(1, math.ceil(math.log2(n / unit)))
+            level = level_of(b, v.buckets)
+            below = v.buckets * 2 ** (level + depth)
+            for rel in v.files[b]:  # base first, then change files in commit order: kept so
+                rows = read_bucket(v.table_uri, [rel], v.schema)
+                node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
+                version = change_version(rel)
+                for c in np.unique(node).tolist():
+                    adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)),
+                                                  change=0 if version is None else version))
+                removed.append(rel)
+        if big:
+            log.info("mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit)
+        return v, removed, len(big)
+
+    return _commit_with_retries(path, build, operation="split")
 
 
 def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int]:
@@ -595,36 +605,24 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     rows, never insert (:func:`delta_buckets.admit`), and with an ``epoch`` the commit
     happens only while that merge epoch is the table's own (else :class:`FencedError`,
     nothing written)."""
-    counts = {"num_source_rows": rows.num_rows, "num_buckets_written": 0}
-    for attempt in range(_COMMIT_RETRIES):
+    def build(adds: list):
         dt = _open(path) or _create(path, rows.schema)[0]
         v = read_version(add_columns(dt, rows.schema), path)
         _check_epoch(path, v.props, epoch)
         horizon = v.props.get(HORIZON_PROPERTY)
         new = conform(rows, v.schema)
         nodes = v.nodes_of(new[KEY_COLUMN])
-        adds: list = []
-        try:
-            for b in pc.unique(nodes).to_pylist():
-                part = admit(new.filter(pc.equal(nodes, b)), horizon,
-                             lambda v=v, b=b: read_resolved_keys(v.table_uri, v.files.get(b, ())))
-                if part.num_rows:
-                    adds.append(write_bucket_file(v.table_uri, b, part, bucketed=v.bucketed, change=v.version + 1))
-            commit(v, adds, (), operation="upsert")
-        except CommitFailedError:
-            discard(v.table_uri, adds)
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)  # another writer committed first: re-read the fences and the buckets
-            continue
-        except BaseException:
-            discard(v.table_uri, adds)
-            raise
-        counts["num_buckets_written"] = len(adds)
-        log.info("mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d", path, rows.num_rows,
-                 len(adds), len(v.files), v.version + 1)
-        return counts
-    raise AssertionError("unreachable")
+        for b in pc.unique(nodes).to_pylist():
+            part = admit(new.filter(pc.equal(nodes, b)), horizon,
+                         lambda v=v, b=b: read_resolved_keys(v.table_uri, v.files.get(b, ())))
+            if part.num_rows:
+                adds.append(write_bucket_file(v.table_uri, b, part, bucketed=v.bucketed, change=v.version + 1))
+        return v, (), (v, len(adds))
+
+    v, written = _commit_with_retries(path, build, operation="upsert")
+    log.info("mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d", path, rows.num_rows, written,
+             len(v.files), v.version + 1)
+    return {"num_source_rows": rows.num_rows, "num_buckets_written": written}
 
 
 def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, reason: str = "sweep") -> int:
@@ -651,39 +649,29 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
 def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
     """Remove every stored row version older than ``before`` (live or tombstone), a file at a
     time: a file holding such a row is written again without it (a change file stays a change
-    file), the others are not touched; returns how many rows went. Per file is exact here,
-    with no need to resolve a bucket: a key keeps exactly its versions at or after the bound.
-    Which files hold such a row is told by their position column alone, read a row group at a
-    time (a finished snapshot's convergence usually removes nothing)."""
-    for attempt in range(_COMMIT_RETRIES):
+    file of its version), the others are not touched; returns how many rows went. Per file is
+    exact here, with no need to resolve a bucket: a key keeps exactly its versions at or after
+    the bound. Which files hold such a row is told by their position column alone, read a row
+    group at a time (a finished snapshot's convergence usually removes nothing)."""
+
+    def build(adds: list):
         v = read_version(_delta(path), path)
-        adds: list = []
         removed: list[str] = []
         gone = 0
-        try:
-            for b, paths in sorted(v.files.items()):
-                for rel in paths:
-                    if not any_dropped(v.table_uri, [rel], before=before):
-                        continue
-                    rows = read_bucket(v.table_uri, [rel], v.schema)
-                    kept = drop_rows(rows, before=before)
-                    kept = rows if kept is None else kept
-                    gone += rows.num_rows - kept.num_rows
-                    if kept.num_rows:
-                        adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed,
-                                                      change=change_version(rel)))
-                    removed.append(rel)
-            commit(v, adds, removed, operation=operation)
-            return gone
-        except CommitFailedError:
-            discard(v.table_uri, adds)
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
-        except BaseException:
-            discard(v.table_uri, adds)
-            raise
-    raise AssertionError("unreachable")
+        for b, paths in sorted(v.files.items()):
+            for rel in paths:
+                if not any_dropped(v.table_uri, [rel], before=before):
+                    continue
+                rows = read_bucket(v.table_uri, [rel], v.schema)
+                kept = drop_rows(rows, before=before)
+                kept = rows if kept is None else kept
+                gone += rows.num_rows - kept.num_rows
+                if kept.num_rows:
+                    adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed, change=change_version(rel)))
+                removed.append(rel)
+        return v, removed, gone
+
+    return _commit_with_retries(path, build, operation=operation)
 
 
 def _raise_horizon(path: str, bound: str) -> str:
