@@ -425,7 +425,8 @@ def rewrite_buckets(
                 continue
             if out is None:  # several files (change files, or a table written before buckets): one again
                 out = resolve(rows)
-            adds += _write_split(v, b, out, unit)  # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
+            # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
+            adds += _write_split(v, b, out, unit)
             removed.extend(paths)
     except BaseException:
         discard(v.table_uri, adds)
@@ -536,12 +537,14 @@ def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int
     return picked
 
 
-def compact_buckets(path: str, *, tombstones_upto: str | None = None, budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
+def compact_buckets(path: str, *, tombstones_upto: str | None = None,
+                    budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
     """Background compaction of the mirror at ``path``: oversized buckets are spread below
-    ``unit``, then the due buckets (:func:`due_buckets`, or with ``everything`` each bucket
-    of several files or over the unit, or with tombstones to remove) are rewritten as resolved base files, their
-    tombstones at or before ``tombstones_upto`` removed behind the horizon (raised first,
-    module docstring). Returns counts: buckets rewritten, tombstones removed, buckets split."""
+    the unit, then the due buckets (:func:`due_buckets`; with ``everything`` each bucket of
+    several files or over the unit, or with tombstones to remove) are rewritten as resolved
+    base files, their tombstones at or before ``tombstones_upto`` removed behind the horizon
+    (raised first, module docstring). Returns counts: buckets rewritten, tombstones removed,
+    buckets split."""
     out = {"buckets": 0, "tombstones": 0, "split": 0}
     if _open(path) is None:
         return out
@@ -667,7 +670,8 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
                 kept = rows if kept is None else kept
                 gone += rows.num_rows - kept.num_rows
                 if kept.num_rows:
-                    adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed, change=change_version(rel)))
+                    adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed,
+                                                  change=change_version(rel)))
                 removed.append(rel)
         return v, removed, gone
 
@@ -1089,8 +1093,9 @@ def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Seq
 
 def _fill(t: pa.Table, schema: pa.Schema, names: Sequence[str]) -> pa.Table:
     """``t`` with the columns ``names`` of ``schema``: one a file predates reads null."""
-    return pa.table([t[n].cast(schema.field(n).type) if n in t.column_names else pa.nulls(t.num_rows, schema.field(n).type)
-                     for n in names], schema=pa.schema([schema.field(n) for n in names]))
+    fields = [schema.field(n) for n in names]
+    return pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in fields],
+                    schema=pa.schema(fields))
 
 
 def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:

@@ -16,9 +16,11 @@ environment or identity (storage.executor_settings). So:
 * the Delta mirror costs one shuffle: the map side decodes each unit's events into typed
   mirror rows (newest per key) and ships them per (table, key-hash bucket) as Arrow IPC
   blobs; each bucket of each table then gets one change file per slice of units
-  (UNITS_PER_SLICE) from an executor, as the in-process engine's upsert writes it (:func:`write_mirror`, one job for every table of the
-  round; merge-on-read, sinks/delta_buckets.py); only counts and file metadata come back, which the driver commits, once per table, fenced by
-  the merge epoch and serialised with every other writer of the table.
+  (UNITS_PER_SLICE) from an executor, as the in-process engine's upsert writes it
+  (:func:`write_mirror`, one job for every table of the round; merge-on-read,
+  sinks/delta_buckets.py); only counts and file metadata come back, which the driver
+  commits, once per table, fenced by the merge epoch and serialised with every other
+  writer of the table.
 
 A merge knows its tables and holds no TRUNCATE: one job writes both. An apply first writes
 the event log (:func:`log_units`, which also counts each table's events and TRUNCATEs: the
