@@ -33,7 +33,7 @@ import logging
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -241,9 +241,19 @@ def read_bucket(table_uri: str, paths: Iterable[str], schema: pa.Schema, *,
                     if mask.any():
                         pieces.append(pa.Table.from_batches([batch]).filter(pa.array(mask)))
                 t = pa.concat_tables(pieces) if pieces else f.schema_arrow.empty_table()
-        cols = [t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in schema]
-        parts.append(pa.table(cols, schema=schema))
+        parts.append(conform(t.select([c for c in t.column_names if c in schema.names]), schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``rows`` in the table's columns: a column the rows lack (dropped at the source, kept
+    in the mirror, or added after a file was written) is null."""
+    extra = set(rows.column_names) - set(schema.names)
+    if extra:
+        raise ConfigurationError(f"mirror rows have column(s) {sorted(extra)} the table lacks")
+    cols = [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+            for f in schema]
+    return pa.table(cols, schema=schema)
 
 
 def change_version(path: str) -> int | None:
@@ -306,18 +316,31 @@ def commit(v: MirrorVersion, adds: list[AddAction], removed: Iterable[str], *, o
     )
 
 
+def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:
+    """The row with the highest ``position`` for each value of the ``keys`` columns (sorted
+    by them), of equal positions the first in ``t``: events by (table, key), or mirror rows
+    by ``__key`` (``__position``)."""
+    if t.num_rows <= 1:
+        return t
+    # stable: rows of equal keys and position keep their order
+    ordered = t.sort_by([*((k, "ascending") for k in keys), (position, "descending")])
+    # first row of each run of equal keys: ordered input makes this a vectorised mask
+    n = ordered.num_rows
+    same_prev = None
+    for k in keys:
+        col = ordered[k].combine_chunks()
+        eq = pc.equal(col.slice(1), col.slice(0, n - 1))
+        same_prev = eq if same_prev is None else pc.and_(same_prev, eq)
+    keep = pa.concat_arrays([pa.array([True]), pc.invert(same_prev)])
+    return ordered.filter(keep)
+
+
 def resolve(rows: pa.Table) -> pa.Table:
     """The current row of each key among a bucket's row versions (read base first, then change
     files in commit order): the one with the highest ``__position`` (a tombstone included);
     of equal positions the one written first, as a stored row was replaced only by a strictly
     newer one. Sorted by ``__key``."""
-    if rows.num_rows <= 1:
-        return rows
-    ordered = rows.sort_by([(KEY_COLUMN, "ascending"), (POSITION_COLUMN, "descending")])  # stable: ties keep read order
-    n = ordered.num_rows
-    col = ordered[KEY_COLUMN].combine_chunks()
-    keep = pa.concat_arrays([pa.array([True]), pc.invert(pc.equal(col.slice(1), col.slice(0, n - 1)))])
-    return ordered.filter(keep)
+    return newest(rows, [KEY_COLUMN], POSITION_COLUMN)
 
 
 def live(rows: pa.Table) -> pa.Table:

@@ -82,10 +82,13 @@ from .delta_buckets import (
     change_version,
     children_of,
     commit,
+    conform,
     crc_of,
     discard,
     drop_rows,
     level_of,
+    live,
+    newest,
     node_id,
     node_of,
     read_bucket,
@@ -116,23 +119,6 @@ def _backoff(attempt: int) -> None:
 def newest_per_key(events: pa.Table) -> pa.Table:
     """Keep only the event with the highest position for each (table, key)."""
     return newest(events, ["table", "key"], "position")
-
-
-def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:
-    """The row with the highest ``position`` for each value of the ``keys`` columns (sorted
-    by them): events by (table, key), or mirror rows by ``__key`` (``__position``)."""
-    if t.num_rows <= 1:
-        return t
-    ordered = t.sort_by([*((k, "ascending") for k in keys), (position, "ascending")])
-    # last row of each run of equal keys: ordered input makes this a vectorised mask
-    n = ordered.num_rows
-    same_next = None
-    for k in keys:
-        col = ordered[k].combine_chunks()
-        eq = pc.equal(col.slice(0, n - 1), col.slice(1))
-        same_next = eq if same_next is None else pc.and_(same_next, eq)
-    keep = pa.concat_arrays([pc.invert(same_next), pa.array([True])])
-    return ordered.filter(keep)
 
 
 def events_to_mirror_rows(schema: TableSchema, events: pa.Table | TableEvents) -> pa.Table:
@@ -348,17 +334,6 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
         return dt, False
 
 
-def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``rows`` in the table's columns: a column the rows lack (dropped at the source, kept
-    in the mirror) is null."""
-    extra = set(rows.column_names) - set(schema.names)
-    if extra:
-        raise ConfigurationError(f"mirror rows have column(s) {sorted(extra)} the table lacks")
-    cols = [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-            for f in schema]
-    return pa.table(cols, schema=schema)
-
-
 #: the size unit of a bucket (rows): compaction splits a bucket that outgrows it, so what one
 #: task holds while compacting or reading a bucket does not follow the table
 DEFAULT_BUCKET_ROWS = 1_000_000
@@ -386,8 +361,7 @@ def bucket_unit(v: MirrorVersion) -> int:
 
 def _rows(v: MirrorVersion, paths: Iterable[str]) -> int:
     """Rows of these files by their statistics (an unrecorded count estimated from the size)."""
-    return sum(v.info[p].rows if v.info.get(p) and v.info[p].rows is not None else v.sizes.get(p, 0) // 32
-               for p in paths)
+    return sum(v.info[p].rows if v.info[p].rows is not None else v.sizes[p] // 32 for p in paths)
 
 
 def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None) -> list:
@@ -521,7 +495,7 @@ def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int
     for b, paths in v.files.items():
         if not paths:
             continue
-        change = [p for p in paths if v.info.get(p) and v.info[p].change]
+        change = [p for p in paths if v.info[p].change]
         base_rows, change_rows = _rows(v, [p for p in paths if p not in change]), _rows(v, change)
         total = base_rows + change_rows
         due = (len(paths) > 1 and not change) or (total > unit and v.bucketed) or (change and (
@@ -1076,26 +1050,15 @@ def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Seq
                 f = pq.ParquetFile(fh)
                 present = [c for c in need if c in f.schema_arrow.names]
                 for batch in f.iter_batches(batch_size=batch_rows, columns=present):
-                    t = _fill(pa.Table.from_batches([batch]), v.schema, need)
-                    if not tombstones:
-                        t = t.filter(pc.invert(t[DELETED_COLUMN]))
-                    yield from t.select(cols).to_batches()
+                    t = conform(pa.Table.from_batches([batch]), pa.schema([v.schema.field(n) for n in need]))
+                    yield from (t if tombstones else live(t)).select(cols).to_batches()
             continue
         stored = _rows(v, paths)
         parts = max(1, math.ceil(stored / bucket_unit(v))) if stored > 2 * bucket_unit(v) else 1
         for part in range(parts):  # a bucket past twice the unit (compaction behind): a unit at a time
             rows = read_bucket(v.table_uri, paths, v.schema, part=(part, parts) if parts > 1 else None)
             rows = resolve(rows)
-            if not tombstones:
-                rows = rows.filter(pc.invert(rows[DELETED_COLUMN]))
-            yield from rows.select(cols).to_batches(max_chunksize=batch_rows)
-
-
-def _fill(t: pa.Table, schema: pa.Schema, names: Sequence[str]) -> pa.Table:
-    """``t`` with the columns ``names`` of ``schema``: one a file predates reads null."""
-    fields = [schema.field(n) for n in names]
-    return pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type) for f in fields],
-                    schema=pa.schema(fields))
+            yield from (rows if tombstones else live(rows)).select(cols).to_batches(max_chunksize=batch_rows)
 
 
 def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
@@ -1138,8 +1101,7 @@ def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Seq
     for b in pc.unique(nodes).to_pylist():
         rows = read_bucket(v.table_uri, v.files.get(b, ()), v.schema)
         rows = rows.filter(pc.is_in(rows[KEY_COLUMN].cast(pa.string()), value_set=wanted))
-        rows = resolve(rows)
-        parts.append(rows.filter(pc.invert(rows[DELETED_COLUMN])).select(_keyed_columns(v.schema)))
+        parts.append(live(resolve(rows)).select(_keyed_columns(v.schema)))
     return pa.concat_tables(parts) if parts else pa.table({})
 
 

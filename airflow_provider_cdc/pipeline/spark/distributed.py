@@ -445,9 +445,7 @@ def _rewrite_bucket(jobs, env, key, blobs):
     in-process engine's upsert; memory follows the round's rows, not the bucket), or the sums
     of the count rows, or the first error."""
     from airflow_provider_cdc import storage as st
-    from airflow_provider_cdc.core.arrow_types import KEY_COLUMN, POSITION_COLUMN
     from airflow_provider_cdc.sinks import delta_buckets as db
-    from airflow_provider_cdc.sinks.mirror_delta import newest
 
     st.use_executor_settings(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
@@ -460,7 +458,7 @@ def _rewrite_bucket(jobs, env, key, blobs):
         return pa.table(out, schema=_RESULT)
     job = jobs[table_id]
     parts = [pa.ipc.open_stream(p.as_buffer()).read_all() for p in blobs["payload"]]  # no copy to bytes
-    rows = newest(pa.concat_tables(parts), [KEY_COLUMN], POSITION_COLUMN)  # units of a slice may share keys
+    rows = db.resolve(pa.concat_tables(parts))  # units of a slice may share keys
     paths = job.files.get(bucket, [])
     new = db.admit(rows, job.horizon, lambda: db.read_resolved_keys(job.location, paths))
     out["removed"] = ["[]"]
