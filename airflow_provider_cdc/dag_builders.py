@@ -300,7 +300,8 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             now = settings.load(overrides=overrides)
             removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
                                        retention_hours=now.mirror_retention_hours,
-                                       budget_rows=now.mirror_compact_budget_rows)
+                                       budget_rows=now.mirror_compact_budget_rows,
+                                       log_retention_hours=now.mirror_log_retention_hours)
             if "events" in settings.sink_names(now.sinks):
                 # the event log's small changelog files it has applied, merged (sinks/event_log.py)
                 from airflow_provider_cdc.sinks.base import read_marker

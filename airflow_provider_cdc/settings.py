@@ -80,6 +80,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
     Option("CDC_MIRROR_RETENTION_HOURS", "168", "hours unreferenced mirror files stay for readers of older "
            "versions before vacuum removes them (at least 1)"),
+    Option("CDC_MIRROR_LOG_RETENTION_HOURS", "48", "hours a mirror's Delta log keeps commits a checkpoint "
+           "already covers (how far back a reader can time-travel; fractions allowed, at least 0.01)"),
     Option("CDC_MIRROR_COMPACT_BUDGET_ROWS", "4000000", "stored rows one changelog round's background compaction "
            "may rewrite per mirror table (the due buckets with most change first; at least 1)"),
     Option("CDC_STAGING_RETENTION_HOURS", "72", "hours staged segments and finished snapshots' chunk folders stay "
@@ -219,6 +221,7 @@ class Settings:
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 168.0
+    mirror_log_retention_hours: float = 48.0
     mirror_compact_budget_rows: int = 4_000_000
     staging_retention_hours: float | None = 72.0  # None: staging is kept forever
     sources_file: str | None = None
@@ -301,6 +304,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
                                         "a whole number >= 0 (0: one segment per capture)"),
         mirror_retention_hours=_retention_hours(env),
+        mirror_log_retention_hours=_log_retention_hours(env),
         mirror_compact_budget_rows=_int(env, "CDC_MIRROR_COMPACT_BUDGET_ROWS", 4_000_000, "a whole number of rows >= 1",
                                         minimum=1),
         staging_retention_hours=_staging_retention_hours(env),
@@ -328,6 +332,21 @@ def _hours(env: Mapping[str, str], name: str, default: float, why: str, *, never
 def _retention_hours(env: Mapping[str, str]) -> float:
     return _hours(env, "CDC_MIRROR_RETENTION_HOURS", 168.0,
                   "files younger than that may belong to a writer still in flight")
+
+
+def _log_retention_hours(env: Mapping[str, str]) -> float:
+    """Any positive number of hours, not below 36 seconds: commits a checkpoint covers are
+    only history (a reader loads the newest checkpoint), so no writer needs them kept."""
+    name, raw = "CDC_MIRROR_LOG_RETENTION_HOURS", _raw(env, "CDC_MIRROR_LOG_RETENTION_HOURS")
+    if not raw:
+        return 48.0
+    try:
+        hours = float(raw)
+    except ValueError:
+        hours = float("nan")
+    if not hours >= 0.01 or hours == float("inf"):
+        raise ConfigurationError(f"{name} must be a number of hours >= 0.01, got {raw!r}")
+    return hours
 
 
 def _staging_retention_hours(env: Mapping[str, str]) -> float | None:

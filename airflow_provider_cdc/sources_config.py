@@ -73,6 +73,8 @@ KEYS: dict[str, str] = {
     "capture_max_events": "CDC_CAPTURE_MAX_EVENTS",
     "capture_segment_max_events": "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
     "mirror_retention_hours": "CDC_MIRROR_RETENTION_HOURS",
+    "mirror_log_retention_hours": "CDC_MIRROR_LOG_RETENTION_HOURS",
+    "mirror_compact_budget_rows": "CDC_MIRROR_COMPACT_BUDGET_ROWS",
 }
 #: entry keys that are not settings
 EXTRA_KEYS = ("throttle",)

@@ -9,8 +9,9 @@ retention, ``--horizon-seconds``), apply to the event log and the Delta mirror i
 (``compact_inactive``, ``compact_event_log``), and a high-watermark sensor's poke for the round's watermark
 (``staged_watermarks``). At each report round it prints the round time and the poke time
 (means over the last rounds), the staged segments and bytes, the event-log files, the Delta
-log (files in ``_delta_log``, commits since the last checkpoint) and the ratio of each to its
-value at the first report. At the end the writer stops, one more round catches up and
+log (files in ``_delta_log`` and commits since the last checkpoint, each also as its peak over
+the last 100 rounds: checkpoints make both a sawtooth) and the ratio of each to its value at the
+first report; ``--log-retention-seconds`` scales the Delta log's retention to the soak. At the end the writer stops, one more round catches up and
 ``verify_table`` compares the mirror with the source row for row.
 
     python -m bench soak [--rounds 200] [--report 20,50,100,200] [--rows 20000] [--tps 40]
@@ -63,6 +64,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tps", type=float, default=40.0, help="background writer transactions per second")
     ap.add_argument("--horizon-seconds", type=float, default=30.0, help="staging retention's replay horizon")
     ap.add_argument("--mirror-retention-hours", type=float, default=1.0)
+    ap.add_argument("--log-retention-seconds", type=float, default=60.0,
+                    help="the mirror's Delta log retention (CDC_MIRROR_LOG_RETENTION_HOURS, here in seconds)")
     return ap.parse_args(argv)
 
 
@@ -136,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         sinks = build_sinks("events,mirror", data_dir=data, source=source, database=None, require_schema=False)
         round_times: list[float] = []
         pokes: list[float] = []
+        log_seen: list[tuple[int, int]] = []  # (files, commits since the checkpoint) after each round
         rows_out: list[dict] = []
         first: dict | None = None
         for r in range(1, args.rounds + 1):
@@ -144,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             run_capture(handle, data, retention=policy)
             apply_changelog(data, source, sinks)
-            compact_inactive(data, source, lambda _tid: None, retention_hours=args.mirror_retention_hours)
+            compact_inactive(data, source, lambda _tid: None, retention_hours=args.mirror_retention_hours,
+                             log_retention_hours=args.log_retention_seconds / 3600)
             compact_event_log(data, source, read_marker(data, source, "events"),
                               grace_seconds=args.horizon_seconds)
             round_times.append(time.perf_counter() - t0)
@@ -153,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  round {r}: the round's watermark is not staged", flush=True)
                 return 1
             pokes.append(time.perf_counter() - t1)
+            log_seen.append(_delta_log(mirror_dir(data, source, table)))
             if r in report:
                 segs = staged_segments(changelog_dir(data, source))
                 ev_files, _ = _files(events_dir(data, source), ".parquet")
                 ev_live = len(live_files(storage.list_names(table_dir(data, source, table), suffix=".parquet")))
-                log_files, since_cp = _delta_log(mirror_dir(data, source, table))
+                log_files, since_cp = log_seen[-1]
+                window = log_seen[-100:]  # the checkpoint's sawtooth: the most over the last 100 rounds
                 row = {
                     "round": r,
                     "round_s": statistics.mean(round_times[-20:]),
@@ -167,13 +174,16 @@ def main(argv: list[str] | None = None) -> int:
                     "event_files": ev_files,
                     "event_live": ev_live,
                     "delta_log_files": log_files,
+                    "delta_log_peak": max(f for f, _ in window),
                     "since_checkpoint": since_cp,
+                    "checkpoint_age_peak": max(c for _, c in window),
                 }
                 first = first or row
                 rows_out.append(row)
                 print(f"  round {r}: round {row['round_s']:.2f} s, poke {row['poke_ms']:.1f} ms, "
                       f"{row['staged']} staged segments ({row['staged_mb']:.1f} MB), {ev_files} event-log files ({ev_live} live), "
-                      f"{log_files} Delta log files ({since_cp} commits since the checkpoint)", flush=True)
+                      f"{log_files} Delta log files (peak {row['delta_log_peak']} over the last 100 rounds), "
+                      f"{since_cp} commits since the checkpoint (peak {row['checkpoint_age_peak']})", flush=True)
         stats = writer.stop()
         writer = None
         run_capture(handle, data, retention=policy)
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  writer: {stats}", flush=True)
         print(f"  verify: {result.summary()}", flush=True)
         keys = ("round_s", "poke_ms", "staged", "staged_mb", "event_files", "event_live", "delta_log_files",
-                "since_checkpoint")
+                "delta_log_peak", "since_checkpoint", "checkpoint_age_peak")
         print("\n| round | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1))
         for row in rows_out:
             cells = [f"{row[k]:.3g} ({row[k] / first[k]:.2f}x)" if first[k] else f"{row[k]:.3g}" for k in keys]

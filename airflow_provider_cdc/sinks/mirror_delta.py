@@ -278,32 +278,36 @@ STATS_PROPERTIES = {"delta.dataSkippingStatsColumns": f"{KEY_COLUMN},{POSITION_C
 
 
 #: The Delta log stays bounded: a checkpoint every 100 commits (a reader loads the newest
-#: checkpoint and at most that many commits after it) and, at each checkpoint, log entries older
-#: than the log retention removed (delta-rs's post-commit hooks, which every commit runs). The
-#: remove actions vacuum needs stay in the checkpoints for the deleted-file retention, twice the
-#: mirror's retention (vacuum's horizon), so no replaced file outlives the log that names it.
+#: checkpoint and at most that many commits after it) and, at each checkpoint, commits older
+#: than the log retention removed (delta-rs's post-commit hooks, which every commit runs): the
+#: log holds about (commits an hour x log retention) + 100 entries whatever the pipeline's age.
+#: The remove actions vacuum needs stay in the checkpoints for the deleted-file retention, twice
+#: the mirror's retention (vacuum's horizon), so no replaced file outlives the log that names it.
 CHECKPOINT_INTERVAL = 100
+DEFAULT_LOG_RETENTION_HOURS = 48.0
 
 
-def log_properties(retention_hours: float) -> dict[str, str]:
+def log_properties(retention_hours: float, log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> dict[str, str]:
     hours = max(1, math.ceil(retention_hours))
     return {
         "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
         "delta.enableExpiredLogCleanup": "true",
-        "delta.logRetentionDuration": f"interval {max(hours, 48)} hours",
+        # in seconds, so a soak of minutes can show the bound (CDC_MIRROR_LOG_RETENTION_HOURS)
+        "delta.logRetentionDuration": f"interval {max(36, round(log_retention_hours * 3600))} seconds",
         # twice vacuum's horizon: a checkpoint drops a remove once it is older than this, and lite
         # vacuum only sees the removes the log still holds, so it must see each one past the horizon
         "delta.deletedFileRetentionDuration": f"interval {2 * hours} hours",
     }
 
 
-def ensure_log_properties(path: str, retention_hours: float) -> bool:
+def ensure_log_properties(path: str, retention_hours: float,
+                          log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> bool:
     """Set :func:`log_properties` on an existing mirror (made by a version without them, or
     with another retention); one commit, only when something differs. True when it committed."""
     dt = _open(path)
     if dt is None:
         return False
-    want = log_properties(retention_hours)
+    want = log_properties(retention_hours, log_retention_hours)
     have = _properties(dt)
     if all(have.get(k) == v for k, v in want.items()):
         return False
@@ -983,7 +987,8 @@ ACTIVE_SNAPSHOT = ("running", "paused", "failed")
 
 def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None], *,
                      retention_hours: float = DEFAULT_RETENTION_HOURS,
-                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS) -> dict[str, int]:
+                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS,
+                     log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> dict[str, int]:
     """A changelog round's maintenance of every mirror table: the Delta log's bounds set, the
     due buckets compacted within ``budget_rows`` (:func:`compact_buckets`), and unreferenced
     files vacuumed once past the retention. Tombstones go only from tables whose snapshot is
@@ -999,7 +1004,7 @@ def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str 
     removed: dict[str, int] = {}
     for table in mirror_tables(data_dir, source):
         path = mirror_dir(data_dir, source, table)
-        ensure_log_properties(path, retention_hours)
+        ensure_log_properties(path, retention_hours, log_retention_hours)
         upto = None if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT else applied.encode()
         try:
             got = compact_buckets(path, tombstones_upto=upto, budget_rows=budget_rows)

@@ -477,7 +477,7 @@ def test_the_delta_log_is_checkpointed_and_old_entries_go_while_the_mirror_reads
     write_marker(d, SOURCE, "mirror", Position(1))
     mirror_delta.compact_inactive(d, SOURCE, lambda _tid: None, retention_hours=1)
     conf = DeltaTable(path).metadata().configuration
-    assert conf["delta.checkpointInterval"] == "5" and conf["delta.logRetentionDuration"] == "interval 48 hours"
+    assert conf["delta.checkpointInterval"] == "5" and conf["delta.logRetentionDuration"] == "interval 172800 seconds"
     assert conf["delta.deletedFileRetentionDuration"] == "interval 2 hours"  # twice vacuum's horizon
     for i in range(2, 14):
         sink.write(pa.Table.from_pylist([ev(i, "c", i, typed_row(i))], schema=EVENT_SCHEMA))
