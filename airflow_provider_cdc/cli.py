@@ -242,7 +242,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     triggered = None
     if repair is not None and args.repair:
         try:
-            triggered = trigger_repair(args.snapshot_dag or "cdc_snapshot", source, table.id, repair)
+            triggered = trigger_repair(args.snapshot_dag or "cdc_snapshot", source, table.id, repair, args.data_dir)
         except Exception as exc:  # noqa: BLE001 - a StateError or an Airflow error, said as it is
             print(f"error: cannot trigger the repair snapshot: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -317,7 +317,7 @@ def _config_source(name: str, now):
     return find_source(name, now, dags_folder)
 
 
-def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict) -> str:
+def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir: str) -> str:
     """Trigger ``dag_id`` with a repair conf; returns the run id. Refused while the table has
     a running, paused or failed snapshot (the plan would refuse the start anyway)."""
     from airflow.api.common.trigger_dag import trigger_dag
@@ -326,7 +326,7 @@ def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict) -> str:
     from . import progress_store
     from .core.errors import StateError
 
-    current = progress_store.load(source, table_id)
+    current = progress_store.load(source, table_id, data_dir)
     if current is not None and str(current.status) in ("running", "paused", "failed"):
         raise StateError(f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
                          f"{source!r}: let it finish (or stop it), then verify again")

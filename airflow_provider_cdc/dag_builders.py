@@ -52,7 +52,7 @@ wait_high_watermarks (drains the changelog itself when cdc_changelog is not runn
 merge (DBLog steps 4-5, writes the event log and the mirror: spark-submit, or in the
 worker when the round has at most CDC_LOCAL_MAX_ROWS rows) -> commit.
 
-Pausing: the ``pause`` action (or ``airflow-cdc``/the Variable) stops chunk tasks before
+Pausing: the ``pause`` action (or ``airflow-cdc``) stops chunk tasks before
 their next chunk; pausing the DAG in Airflow stops new tasks from being scheduled (and
 running chunk tasks stop too where the API server reports the pause). Chunks read so far
 are merged and kept; ``resume`` continues after the last committed chunk.
@@ -298,7 +298,7 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
 
             apply_storage_connection(overrides=overrides)
             now = settings.load(overrides=overrides)
-            removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id),
+            removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id, data_dir),
                                        retention_hours=now.mirror_retention_hours,
                                        budget_rows=now.mirror_compact_budget_rows,
                                        log_retention_hours=now.mirror_log_retention_hours)

@@ -1,32 +1,42 @@
-"""Snapshot progress in Airflow Variables: one per (source, table); and each source's capture
-lag, one per source (``cdc_lag__{source}``, written by the capture task, read by ``status``).
+"""Snapshot progress for the Airflow glue: the authority in the data directory
+(pipeline/progress_store.py: one register a table, compare-and-set), published as one Airflow
+Variable per (source, table) for Airflow's UI and ``airflow cdc status``; and each source's
+capture lag, one Variable per source (``cdc_lag__{source}``, written by the capture task).
 
-Key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name encoder
-(core.schema.encode_path_segment): plain names stay as they are, any other character is
-``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
+Every change goes through :func:`update` (read, change, compare-and-set, again on a
+conflict), whoever makes it: the plan and commit steps, a chunk task that sees its DAG
+paused, a failure callback, the CLI. Every decision (may a chunk read on, is a merge's
+snapshot stopped, may compaction drop tombstones) reads the authority (:func:`load`). The
+Variable is written after each change with what the authority holds then; it is a view
+and may trail the authority by a moment (its JSON carries ``"copy": 1``). A progress an
+earlier version stored only in the Variable (no such mark) is adopted by the authority at its
+first read (version 1); a copy never is, so removing a data directory starts its sources over.
+
+Variable key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name
+encoder (core.schema.encode_path_segment): plain names stay as they are, any other character
+is ``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
 in its API URL. The key is injective (:func:`variable_key`): a source whose name holds
 ``__`` or ends in ``_`` has its ``_`` escaped too, and so has a table id's leading ``_``, so
 ``a__b`` + ``c.d`` and ``a`` + ``b__c.d`` get different keys. Such a source's progress
-stored under the older, ambiguous key is still read when it names this source and table,
-and moved to the new key by the next save. The value is core.progress.SnapshotProgress
-JSON (one table per Variable); it names its source and table, so nothing decodes the key.
-Inside a task the Task SDK's ``Variable`` is used (it talks to the API server); outside
-one (CLI, tests, scripts) the metadata database model is used.
-
-Writers: the plan step (start/pause/resume/stop) and the commit step. Chunk tasks only
-read it (between chunks, to see pause/stop), so parallel chunk tasks never race on a
-read-modify-write; their per-chunk state lives in sidecar files next to the chunks, and
-the commit step records merged chunks here (SnapshotProgress.record_chunk is idempotent).
+stored under the older, ambiguous key is still read when it names this source and table.
+The value is core.progress.SnapshotProgress JSON (one table per Variable); it names its
+source and table, so nothing decodes the key. Inside a task the Task SDK's ``Variable`` is
+used (it talks to the API server); outside one (CLI, tests, scripts) the metadata database.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
+from .pipeline.progress_store import Change, ConflictError, RegisterProgressStore, Versioned
+from .pipeline.progress_store import update as _update
 
 KEY_PREFIX = "cdc_snapshot__"
+#: marks a published copy: never adopted as the authority (an earlier version's value lacks it)
+COPY_FIELD = "copy"
 LAG_PREFIX = "cdc_lag__"
 RUNNING, PAUSED, STOPPED, DONE, FAILED = (
     Status.RUNNING,
@@ -122,7 +132,8 @@ def _legacy(source: str, table_id: str) -> tuple[str, str] | None:
     return (key, raw) if raw is not None and _names(raw, source, table_id) else None
 
 
-def load_raw(source: str, table_id: str) -> str | None:
+def _published(source: str, table_id: str) -> str | None:
+    """The Variable's copy (today's key, else the older one when it names this pair)."""
     raw = _load(variable_key(source, table_id))
     if raw is None:
         legacy = _legacy(source, table_id)
@@ -130,41 +141,80 @@ def load_raw(source: str, table_id: str) -> str | None:
     return raw
 
 
-def load(source: str, table_id: str) -> SnapshotProgress | None:
+def store(data_dir: str) -> RegisterProgressStore:
+    return RegisterProgressStore(data_dir)
+
+
+def read(source: str, table_id: str, data_dir: str) -> Versioned:
+    """The authority's progress and version; a progress only an earlier version's Variable
+    holds is adopted first (written as version 1 unless another reader adopted it first)."""
+    s = store(data_dir)
+    current = s.read(source, table_id)
+    if current.version:
+        return current
+    raw = _published(source, table_id)
+    if raw is None or COPY_FIELD in json.loads(raw):  # a copy outlives its authority (a data dir removed)
+        return current
+    try:
+        s.write(source, table_id, SnapshotProgress.from_json(raw), 0)
+    except ConflictError:
+        pass
+    return s.read(source, table_id)
+
+
+def load(source: str, table_id: str, data_dir: str) -> SnapshotProgress | None:
     """The stored progress, or None when this table was never snapshotted."""
-    raw = load_raw(source, table_id)
-    return None if raw is None else SnapshotProgress.from_json(raw)
+    return read(source, table_id, data_dir).progress
 
 
-def save(source: str, table_id: str, progress: SnapshotProgress) -> None:
-    """Under today's key; a copy under the older key goes (the CLI would list it twice)."""
-    _set(variable_key(source, table_id), progress.to_json())
+def load_raw(source: str, table_id: str, data_dir: str) -> str | None:
+    p = load(source, table_id, data_dir)
+    return None if p is None else p.to_json()
+
+
+def update(source: str, table_id: str, data_dir: str, change: Change, *,
+           between: Callable[[], None] | None = None) -> SnapshotProgress | None:
+    """Apply ``change`` with compare-and-set (pipeline.progress_store.update), then publish
+    what it wrote. Returns the progress after the change."""
+    read(source, table_id, data_dir)  # adopt a Variable-held progress before changing it
+    return _update(store(data_dir), source, table_id, change, between=between,
+                   written=lambda p: publish(source, table_id, p))
+
+
+def publish(source: str, table_id: str, progress: SnapshotProgress) -> None:
+    """Write ``progress`` to the Variable (a copy under the older key goes: the CLI would list
+    it twice). A view for Airflow's UI and the CLI: never read to decide anything, and two
+    writers publishing at once may leave it one change behind until the next."""
+    value = json.loads(progress.to_json())
+    value[COPY_FIELD] = 1
+    _set(variable_key(source, table_id), json.dumps(value, separators=(",", ":"), ensure_ascii=False))
     legacy = _legacy(source, table_id)
     if legacy is not None:
         _delete(legacy[0])
 
 
-def status(source: str, table_id: str) -> str | None:
-    p = load(source, table_id)
+def status(source: str, table_id: str, data_dir: str) -> str | None:
+    p = load(source, table_id, data_dir)
     return None if p is None else str(p.status)
 
 
-def request(source: str, table_id: str, action: str) -> SnapshotProgress:
+def request(source: str, table_id: str, action: str, data_dir: str, *,
+            between: Callable[[], None] | None = None) -> SnapshotProgress:
     """Pause, resume or stop from outside a DAG run (CLI, tests): running chunk tasks see
     a pause or stop before their next chunk. Invalid transitions raise StateError."""
     from .core.errors import ConfigurationError, StateError
 
-    p = load(source, table_id)
-    if p is None:
-        raise StateError(
-            f"no snapshot of table {table_id} from source {source!r} to {action}; start one first"
-        )
-    verbs = {"pause": p.pause, "resume": p.resume, "stop": p.stop}
+    verbs = ("pause", "resume", "stop")
     if action not in verbs:
         raise ConfigurationError(f"snapshot action {action!r} unknown here; use one of {', '.join(verbs)}")
-    verbs[action]()
-    save(source, table_id, p)
-    return p
+
+    def change(p: SnapshotProgress | None) -> SnapshotProgress:
+        if p is None:
+            raise StateError(f"no snapshot of table {table_id} from source {source!r} to {action}; start one first")
+        getattr(p, action)()
+        return p
+
+    return update(source, table_id, data_dir, change, between=between)
 
 
 # --- capture lag -----------------------------------------------------------------------------

@@ -318,7 +318,7 @@ class SnapshotProgress:
         try:
             d = json.loads(text)
         except (TypeError, ValueError) as exc:
-            raise StateError(f"snapshot progress is not JSON ({exc}); delete the Variable to start over") from exc
+            raise StateError(f"snapshot progress is not JSON ({exc}); move the snapshot register (control/ in the data directory) away to start over") from exc
         version = d.get("version") if isinstance(d, dict) else None
         if version == VERSION:
             return cls._from_v2(d)
@@ -326,7 +326,7 @@ class SnapshotProgress:
             return cls._from_v1(d)
         raise StateError(
             f"snapshot progress has version {version!r}; this provider reads versions 1 to {VERSION}. "
-            "Upgrade airflow-provider-cdc, or delete the Variable to start a new snapshot"
+            "Upgrade airflow-provider-cdc, or move the snapshot register (control/ in the data directory) away to start a new snapshot"
         )
 
     @classmethod

@@ -2,7 +2,7 @@
 
 DBLog keeps the source healthy by pacing chunks; an operator must be able to slow a
 running snapshot down (or speed it up) without restarting it. The DAG reads these
-settings (e.g. from the progress Variable or the DAG-run conf) before each round, so a
+settings (e.g. from the plan or the DAG-run conf) before each round, so a
 change applies from the next round on; chunks in flight finish with the old values.
 """
 

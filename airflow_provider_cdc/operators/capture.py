@@ -114,7 +114,7 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
         source = self.hook.source
 
         def snapshot_of(table_id: str) -> tuple[str, str, float | None] | None:
-            p = progress_store.load(source, table_id)
+            p = progress_store.load(source, table_id, self.data_dir)
             return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
 
         return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)

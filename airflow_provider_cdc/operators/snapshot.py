@@ -4,8 +4,10 @@ range), commit (progress after the merge).
 A snapshot DAG run is a bounded job: plan -> chunk tasks mapped over the planned ranges
 -> high-watermark sensor -> Spark merge -> commit. State that must survive a failure:
 
-* the Airflow Variable per (source, table) (``progress_store``): status and the plan;
-  written only by plan and commit, read by the chunk tasks between chunks (pause/stop);
+* the snapshot's progress (``progress_store``: one register per (source, table) in the data
+  directory, changed only through its compare-and-set update, shown as a Variable): written
+  by plan and commit, by a chunk task that finds its DAG paused and by the failure callback,
+  read by the chunk tasks between chunks (pause/stop);
 * a JSON sidecar next to every staged chunk, written after its high watermark: the
   chunk is *committed*. A retried or resumed chunk task continues after the last
   committed chunk of its range (I4); chunk files without a sidecar belong to a failed
@@ -170,30 +172,48 @@ def _dag_is_paused(context: Any) -> bool:
         return False
 
 
-def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str) -> bool:
+def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: str) -> bool:
     """The DAG was paused under a running chunk task: the snapshot moves to ``paused``, so
     its status matches what Airflow shows, and ``resume`` (after unpausing) continues it.
-    Returns True when this call paused it (parallel chunk tasks may race to do so)."""
-    p = progress_store.load(source, table_id)
-    if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
+    Returns True when this call paused it (parallel chunk tasks may race to do so; a stop
+    or failure stored meanwhile stays: the pause applies to a running snapshot only)."""
+    paused = []
+
+    def change(p: SnapshotProgress | None) -> SnapshotProgress | None:
+        paused.clear()
+        if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
+            return None
+        p.pause()
+        paused.append(True)
+        return p
+
+    progress_store.update(source, table_id, data_dir, change)
+    if not paused:
         return False
-    p.pause()
-    progress_store.save(source, table_id, p)
     log.info("table %s: snapshot %s paused because the DAG was paused; resume it after unpausing", table_id,
              snapshot_id)
     return True
 
 
-def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str) -> list[str]:
+def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, data_dir: str) -> list[str]:
     """Move the given (table, snapshot id) pairs that are still current and running or
-    paused to ``failed`` with ``error``. Returns the tables it changed."""
+    paused to ``failed`` with ``error`` (one that was done or stopped meanwhile stays so).
+    Returns the tables it changed."""
     changed = []
     for table_id, snapshot_id in sorted(set(snapshots)):
-        p = progress_store.load(source, table_id)
-        if p is None or p.snapshot_id != snapshot_id or p.status not in (RUNNING, PAUSED):
+        failed = []
+
+        def change(p: SnapshotProgress | None, snapshot_id: str = snapshot_id, failed: list = failed):
+            failed.clear()
+            if p is None or p.snapshot_id != snapshot_id or p.status not in (RUNNING, PAUSED):
+                return None
+            p.fail(error)
+            failed.append(True)
+            return p
+
+        progress_store.update(source, table_id, data_dir, change)
+        if not failed:
             continue
-        p.fail(error)
-        progress_store.save(source, table_id, p)
         changed.append(table_id)
         log.error("table %s: snapshot %s failed: %s", table_id, snapshot_id, error)
     return changed
@@ -221,10 +241,11 @@ def record_snapshot_failure(context: Any) -> None:
     if not snapshots:
         return
     hook = getattr(task, "hook", None)
-    source = getattr(hook, "source", None) or getattr(task, "source", None) or settings.load(
-        overrides=getattr(task, "cdc_overrides", None)).source
+    now = settings.load(overrides=getattr(task, "cdc_overrides", None))
+    source = getattr(hook, "source", None) or getattr(task, "source", None) or now.source
+    data_dir = getattr(task, "data_dir", None) or now.data_dir
     error = f"task {ti.task_id} failed: {context.get('exception') or 'unknown error'}"
-    mark_failed(source, snapshots, error)
+    mark_failed(source, snapshots, error, data_dir)
 
 
 class _SourceOperator(StorageConnectionMixin, BaseOperator):
@@ -263,7 +284,7 @@ class SnapshotPlanOperator(_SourceOperator):
 
     ``start``: describe the tables, stage their schemas, take the max key as the upper
     bound, plan ranges, store the plan next to the chunks and the progress (running) in
-    the Variable. ``resume``: continue every range after its last committed chunk (with
+    the progress store. ``resume``: continue every range after its last committed chunk (with
     the throttle of this conf). ``pause``/``stop``: change the status only (running chunk
     tasks stop before their next chunk) and return no work.
     """
@@ -309,7 +330,7 @@ class SnapshotPlanOperator(_SourceOperator):
             (context.get("logical_date") if context else None) or getattr(dag_run, "logical_date", None)
         )
         source = self.hook.source
-        stored = {t.id: progress_store.load(source, t.id) for t in req.tables}
+        stored = {t.id: progress_store.load(source, t.id, self.data_dir) for t in req.tables}
         log.info("snapshot %s of %s on source %r", req.action, ", ".join(stored), source)
         if req.action in ("pause", "stop"):
             return self._pause_or_stop(req, stored)
@@ -320,7 +341,7 @@ class SnapshotPlanOperator(_SourceOperator):
                         f"table {tid} has a {p.status} snapshot {p.snapshot_id} on source {source!r}; "
                         "resume it with action=resume, or stop it first with action=stop"
                     )
-            return self._start(req, req.tables)
+            return self._start(req, req.tables, stored)
         if req.action == "refresh":
             fresh = [
                 t for t in req.tables
@@ -336,7 +357,7 @@ class SnapshotPlanOperator(_SourceOperator):
             }
             work = []
             for t in fresh:  # each keeps the chunk settings of the snapshot before it
-                work += self._start(self._inherit(req, t, stored[t.id]), [t])
+                work += self._start(self._inherit(req, t, stored[t.id]), [t], stored)
             return work + self._resume(req, going)
         return self._resume(req, stored)
 
@@ -401,8 +422,14 @@ class SnapshotPlanOperator(_SourceOperator):
                 changed[tid] = p
             else:
                 log.info("table %s: snapshot %s is already %s", tid, p.snapshot_id, p.status)
-        for tid, p in changed.items():
-            progress_store.save(self.hook.source, tid, p)
+        for tid in changed:
+            def change(q: SnapshotProgress | None, tid: str = tid) -> SnapshotProgress:
+                if q is None:
+                    raise StateError(f"table {tid}: its snapshot was removed meanwhile; nothing to {req.action}")
+                q.pause() if req.action == "pause" else q.stop()
+                return q
+
+            p = progress_store.update(self.hook.source, tid, self.data_dir, change)
             if p.status == STOPPED:
                 # the stopped snapshot's merge in flight must not commit another batch
                 from ..sinks.mirror_delta import fence_out_merges
@@ -417,7 +444,8 @@ class SnapshotPlanOperator(_SourceOperator):
             )
         return []
 
-    def _start(self, req: SnapshotConf, tables: Sequence[TableName]) -> list[dict]:
+    def _start(self, req: SnapshotConf, tables: Sequence[TableName],
+               stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         source = self.hook.source
         request = req.request
         plans = []
@@ -475,7 +503,20 @@ class SnapshotPlanOperator(_SourceOperator):
             storage.write_text(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
             started = SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
             started.owner, started.logical_date = self._run_id, self._logical_date
-            progress_store.save(source, table.id, started)
+            read_as = stored.get(table.id)
+
+            def claim(q: SnapshotProgress | None, started: SnapshotProgress = started, read_as=read_as,
+                      table: TableName = table) -> SnapshotProgress:
+                # another plan run (or a resume) got to this table since this one read it: it wins
+                if (q is not None and q.status in (RUNNING, PAUSED, FAILED)) or (
+                        (q is None) != (read_as is None) or (q is not None and q.snapshot_id != read_as.snapshot_id)):
+                    raise StateError(
+                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ({q.status if q else 'none'}) "
+                        f"was stored by another run while this one planned; this run starts no snapshot of it"
+                    )
+                return started
+
+            progress_store.update(source, table.id, self.data_dir, claim)
             log.info(
                 "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d",
                 table.id,
@@ -523,11 +564,18 @@ class SnapshotPlanOperator(_SourceOperator):
                 st = range_state(sidecars, i, plan.get("upper_bound"))
                 if not st.exhausted or st.unmerged:
                     todo.append(i)
-            p.resume()
-            if not todo and p.table(tid).done:
-                p.finish()
-            p.owner = self._run_id or p.owner
-            progress_store.save(source, tid, p)
+            def change(q: SnapshotProgress | None, sid: str = p.snapshot_id, tid: str = tid,
+                       done_reading: bool = not todo) -> SnapshotProgress:
+                if q is None or q.snapshot_id != sid:
+                    raise StateError(f"table {tid}: snapshot {sid} was replaced by another run meanwhile; "
+                                     "this run resumes nothing of it")
+                q.resume()
+                if done_reading and q.table(tid).done:
+                    q.finish()
+                q.owner = self._run_id or q.owner
+                return q
+
+            progress_store.update(source, tid, self.data_dir, change)
             log.info(
                 "table %s: resuming snapshot %s, %d of %d range(s) left",
                 tid,
@@ -588,7 +636,7 @@ class SnapshotChunkOperator(_SourceOperator):
     _ran_while_paused = False
 
     def _should_stop(self, context: Any, table_id: str, snapshot_id: str) -> str | None:
-        p = progress_store.load(self.hook.source, table_id)
+        p = progress_store.load(self.hook.source, table_id, self.data_dir)
         if p is None or p.snapshot_id != snapshot_id:
             return f"snapshot {snapshot_id} of {table_id} is no longer the current one"
         if not p.may_read:
@@ -601,7 +649,7 @@ class SnapshotChunkOperator(_SourceOperator):
         # it runs stops it.
         if self.check_dag_paused and not self._ran_while_paused and _dag_is_paused(context):
             # the snapshot's status says so too (`airflow-cdc status`); resume continues it
-            pause_for_dag_pause(self.hook.source, table_id, snapshot_id)
+            pause_for_dag_pause(self.hook.source, table_id, snapshot_id, self.data_dir)
             return "the DAG was paused"
         return None
 
@@ -691,7 +739,7 @@ class SnapshotChunkOperator(_SourceOperator):
 # ---------------------------------------------------------------------- commit
 class SnapshotCommitOperator(_SourceOperator):
     """After the merge wrote the round: mark its chunks merged and record them in the
-    progress Variable; a snapshot whose ranges are all read and merged is done.
+    snapshot's progress; a snapshot whose ranges are all read and merged is done.
     Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk)."""
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "cdc_conn_id", "source")
@@ -760,7 +808,7 @@ class SnapshotCommitOperator(_SourceOperator):
         summary = {}
         done: dict[str, dict[str, Any]] = {}  # tables whose snapshot finished here: a mirror Asset event each
         for (tid, sid), count in touched.items():
-            p = progress_store.load(source, tid)
+            p = progress_store.load(source, tid, self.data_dir)
             if p is None or p.snapshot_id != sid:
                 log.info(
                     "table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid
@@ -780,24 +828,26 @@ class SnapshotCommitOperator(_SourceOperator):
                 summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
                 continue
             sidecars = read_sidecars(self.data_dir, source, TableName.parse(tid), sid)
-            recorded = 0
-            for s in sidecars:  # seq order = keyset order inside each range
-                if s["merged"]:
-                    recorded += p.record_chunk(ChunkResult.from_dict(s["result"]))
-            fresh = progress_store.load(source, tid)  # a pause/stop may have landed meanwhile: keep it
-            if (
-                fresh is not None
-                and fresh.snapshot_id == sid
-                and fresh.status != p.status
-                and fresh.status in (PAUSED, STOPPED)
-            ):
-                p.pause() if fresh.status == PAUSED else p.stop()
-            if fresh is not None and fresh.snapshot_id == sid:
-                p.owner = fresh.owner  # a run that took the snapshot over meanwhile keeps it
-            finished = p.status == RUNNING and p.table(tid).done
-            if finished:
-                p.finish()
-            progress_store.save(source, tid, p)
+            outcome = {"recorded": 0, "finished": False}
+
+            def record(q: SnapshotProgress | None, sid: str = sid, tid: str = tid, sidecars=sidecars,
+                       outcome: dict = outcome) -> SnapshotProgress | None:
+                # applied to what is stored now: a pause, stop or takeover that landed meanwhile stays
+                outcome.update(recorded=0, finished=False)
+                if q is None or q.snapshot_id != sid or q.status in (STOPPED, DONE):
+                    return None
+                for s in sidecars:  # seq order = keyset order inside each range
+                    if s["merged"]:
+                        outcome["recorded"] += q.record_chunk(ChunkResult.from_dict(s["result"]))
+                if q.status == RUNNING and q.table(tid).done:
+                    q.finish()
+                    outcome["finished"] = True
+                return q
+
+            p = progress_store.update(source, tid, self.data_dir, record)
+            if p is None or p.snapshot_id != sid:
+                continue
+            recorded, finished = outcome["recorded"], outcome["finished"]
             if finished:
                 done[tid] = {"snapshot_id": sid, "snapshot_done": True, "rows": p.table(tid).rows,
                              **self._compact(source, tid, sid)}

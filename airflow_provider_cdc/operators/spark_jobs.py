@@ -298,7 +298,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
 
         dead = set()
         for key in {(c.table, c.snapshot_id) for c in chunks}:
-            p = progress_store.load(self.source, key[0])
+            p = progress_store.load(self.source, key[0], self.data_dir)
             if p is None or p.snapshot_id != key[1] or p.status == progress_store.STOPPED:
                 dead.add(key)
         return dead

@@ -7,9 +7,9 @@
 * the chunk commits: a JSON sidecar next to every staged chunk, written after its high
   watermark, is the one record that a chunk is done (and later, merged). A retried or
   resumed chunk task continues after the last committed chunk of its range
-  (:func:`range_state`, I4). The progress Variable (progress_store) holds the status and a
-  summary that the commit task derives from these sidecars; it never decides where a range
-  continues.
+  (:func:`range_state`, I4). The snapshot's progress (pipeline/progress_store.py) holds the
+  status and a summary that the commit task derives from these sidecars; it never decides
+  where a range continues.
 
 The chunk step's ``gap_hooks`` lets a test force a
 write into exactly the gap after the low watermark or before the high watermark.

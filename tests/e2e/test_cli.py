@@ -143,8 +143,9 @@ def test_status_prints_each_tables_progress(unique_name, entry):
     done = SnapshotProgress.start(source, "snap-2", {"public.items": [ChunkRange()]}, now=1000.0)
     done.record_chunk(ChunkResult(source, "public.items", "snap-2", 0, "lw", "hw", "p", ChunkRange(), None, (9,), 10, True))
     done.finish()
-    progress_store.save(source, "public.orders", running)
-    progress_store.save(source, "public.items", done)
+    # the status command shows what the tasks publish to the Variables (the authority's copy)
+    progress_store.publish(source, "public.orders", running)
+    progress_store.publish(source, "public.items", done)
     progress_store.save_lag(source, {"bytes": 123456, "seconds": 7.0, "holder": "replication slot 's'",
                                      "risk": "slot near its limit; capture more often", "at": 1000.0})
     try:

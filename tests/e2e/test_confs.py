@@ -34,7 +34,7 @@ def snap(p: Pipeline, expect: str = "success", **conf):
 
 
 def _nothing_written(p: Pipeline) -> None:
-    assert progress_store.load(p.source, p.table.id) is None
+    assert progress_store.load(p.source, p.table.id, p.data_dir) is None
     assert not [x for x in Path(p.data_dir).rglob("chunk-*.parquet")]
 
 

@@ -162,7 +162,7 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     assert run.state == "success", f"cdc_snapshot ended {run.state}"
     assert merge_engine(run, "merge") == engine
 
-    progress = progress_store.load(src["conn_id"], table_id)
+    progress = progress_store.load(src["conn_id"], table_id, src["data_dir"])
     assert progress is not None and progress.status == "done", progress
     assert progress.table(table_id).chunks >= 2  # parallelism 2: two ranges, each read to its end
 

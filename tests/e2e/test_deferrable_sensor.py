@@ -182,7 +182,7 @@ def test_deferred_sensor_completes_the_snapshot(pg_source, unique_name, capture,
         assert holder.captured is None and segments
         assert ended["trigger_event"] == "pending"
 
-    progress = progress_store.load(src["conn_id"], table_id)
+    progress = progress_store.load(src["conn_id"], table_id, src["data_dir"])
     assert progress is not None and progress.status == "done", progress
     expected = source_rows(src["uri"], src["table"])
     got = mirror_rows(src["data_dir"], src["conn_id"], src["table"])

@@ -186,7 +186,7 @@ def test_hostile_table_schema_and_column_names_round_trip_through_the_dags(hosti
     p = hostile
     p.run("cdc_snapshot", {"action": "start", "tables": [t.id for t in p.tables], "chunk_size": 50, "parallelism": 2})
     for t in p.tables:
-        prog = progress_store.load(p.source, t.id)
+        prog = progress_store.load(p.source, t.id, p.data_dir)
         assert prog is not None and prog.status == "done", (t, prog)
     p.change()
     p.catch_up()

@@ -147,7 +147,7 @@ def test_edge_values_and_keys_round_trip_through_the_dags(values_source):
     p = values_source
     p.run("cdc_snapshot", {"action": "start", "tables": [t.id for t in p.tables], "chunk_size": 7, "parallelism": 2})
     for t in p.tables:
-        prog = progress_store.load(p.source, t.id)
+        prog = progress_store.load(p.source, t.id, p.data_dir)
         assert prog is not None and prog.status == "done", (t, prog)
         res = _verify(p, t)
         assert res.ok, f"{t} after the snapshot: {res.summary()}: {[m.describe() for m in res.examples]}"

@@ -126,7 +126,7 @@ def test_a_conf_cannot_widen_the_scope_to_a_system_table_or_another_table(lp):
     finally:
         w.drop_table(p.admin_uri, secrets)
     for t in (TableName.parse(system), secrets, p.table):
-        assert progress_store.load(p.source, t.id) is None
+        assert progress_store.load(p.source, t.id, p.data_dir) is None
     written = [f for f in Path(p.data_dir).rglob("*") if f.is_file()]
     assert not [f for f in written if "chunk" in f.name or "/events/" in str(f) or "/mirror/" in str(f)], written
     assert not [f for f in written if "pg_authid" in str(f) or "secrets_" in str(f)]

@@ -107,7 +107,7 @@ class Pipeline:
         raise AssertionError(f"catch-up watermark {marker} not staged and applied after {max_runs} cdc_changelog runs")
 
     def progress(self):
-        return progress_store.load(self.source, self.table.id)
+        return progress_store.load(self.source, self.table.id, self.data_dir)
 
     def assert_equal(self) -> None:
         """I2 and I1: verify reports 0 mismatches, the event log has no violation."""
@@ -224,7 +224,7 @@ def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capt
 
 def test_pause_mid_snapshot_then_resume(pipeline):
     p = pipeline
-    calls = p.on_chunk(3, lambda: progress_store.request(p.source, p.table.id, "pause"))
+    calls = p.on_chunk(3, lambda: progress_store.request(p.source, p.table.id, "pause", p.data_dir))
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=5):
         p.snapshot()
         assert p.progress().status == "paused"
@@ -244,7 +244,7 @@ def test_pause_mid_snapshot_then_resume(pipeline):
 
 def test_stop_then_start_over(pipeline):
     p = pipeline
-    p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "stop"))
+    p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "stop", p.data_dir))
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=9):
         p.snapshot()
         first = p.progress()
@@ -282,7 +282,7 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
         state["groups"] += 1
         if state["groups"] != 1:
             return
-        progress_store.request(p.source, p.table.id, "stop")
+        progress_store.request(p.source, p.table.id, "stop", p.data_dir)
         fence_out_merges(p.data_dir, p.source, p.table)
         params = w.ConnectionParams.from_uri(p.uri)
         conn = w.connect(params)
@@ -295,7 +295,7 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
         apply_sinks = common.build_sinks("events,mirror", data_dir=p.data_dir, source=p.source, database=None,
                                          pg_uri=None, pg_schema=None, require_schema=False)
         local_jobs.apply_changelog(p.data_dir, p.source, apply_sinks)
-        state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: progress_store.status(p.source, t))
+        state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: progress_store.status(p.source, t, p.data_dir))
 
     p.mp.setattr(common, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
     p.snapshot()

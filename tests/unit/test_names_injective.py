@@ -146,25 +146,27 @@ def _progress(source: str, table: str):
     return SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]})
 
 
-def test_progress_under_the_old_key_is_read_and_moved_when_it_is_ours(variables):
+def test_progress_under_the_old_key_is_read_and_moved_when_it_is_ours(variables, tmp_path):
     from airflow_provider_cdc import progress_store as ps
 
+    d = str(tmp_path)
     old = ps.legacy_variable_key("a__b", "c.d")
     assert old != ps.variable_key("a__b", "c.d")
     variables[old] = _progress("a__b", "c.d").to_json()
-    assert ps.load("a__b", "c.d").source == "a__b"  # not orphaned
-    ps.save("a__b", "c.d", ps.load("a__b", "c.d"))
+    assert ps.load("a__b", "c.d", d).source == "a__b"  # not orphaned: adopted by the authority
+    ps.request("a__b", "c.d", "pause", d)  # published under today's key
     assert old not in variables and ps.variable_key("a__b", "c.d") in variables  # moved, not listed twice
 
 
-def test_the_old_key_of_another_pair_is_not_read(variables):
+def test_the_old_key_of_another_pair_is_not_read(variables, tmp_path):
     """``a`` + ``b__c.d`` had the same old key as ``a__b`` + ``c.d``: its progress is not ours."""
     from airflow_provider_cdc import progress_store as ps
 
+    d = str(tmp_path)
     variables[ps.legacy_variable_key("a", "b__c.d")] = _progress("a", "b__c.d").to_json()
-    assert ps.load("a__b", "c.d") is None
-    ps.save("a__b", "c.d", _progress("a__b", "c.d"))
-    assert ps.load("a", "b__c.d").source == "a"  # left alone
+    assert ps.load("a__b", "c.d", d) is None
+    ps.update("a__b", "c.d", d, lambda _q: _progress("a__b", "c.d"))
+    assert ps.load("a", "b__c.d", d).source == "a"  # left alone
     assert json.loads(variables[ps.variable_key("a__b", "c.d")])["source"] == "a__b"
 
 

@@ -31,11 +31,11 @@ from .test_operators import SEQ_STRIDE, committed, progress
 T = TableName("public", "orders")
 
 
-def start(status: str = "running", snapshot_id: str = "S1") -> None:
+def start(d: str, status: str = "running", snapshot_id: str = "S1") -> None:
     p = SnapshotProgress.start("src", snapshot_id, {T.id: [FULL_RANGE]})
     if status == "stopped":
         p.stop()
-    progress_store.save("src", T.id, p)
+    progress_store.update("src", T.id, d, lambda _q: p)
 
 
 def merge_op(tmp_path, chunks) -> SnapshotMergeOperator:
@@ -46,7 +46,7 @@ def merge_op(tmp_path, chunks) -> SnapshotMergeOperator:
 
 @pytest.mark.parametrize("how", ["stopped", "replaced"])
 def test_merge_leaves_out_a_stopped_or_replaced_snapshot(tmp_path, variables, monkeypatch, how):
-    start("stopped" if how == "stopped" else "running", "S1" if how == "stopped" else "S2")
+    start(str(tmp_path), "stopped" if how == "stopped" else "running", "S1" if how == "stopped" else "S2")
     op = merge_op(tmp_path, [committed(tmp_path, 0, 0, 9, 10, False)])
     monkeypatch.setattr(op, "run_local", lambda: pytest.fail("a dead snapshot's round was merged"))
     with pytest.raises(AirflowSkipException, match="stopped or replaced"):
@@ -54,11 +54,11 @@ def test_merge_leaves_out_a_stopped_or_replaced_snapshot(tmp_path, variables, mo
 
 
 def test_a_stop_that_fences_the_merge_out_ends_it_skipped(tmp_path, variables, monkeypatch):
-    start()
+    start(str(tmp_path))
     op = merge_op(tmp_path, [committed(tmp_path, 0, 0, 9, 10, False)])
 
     def stopped_while_merging():
-        progress_store.request("src", T.id, "stop")
+        progress_store.request("src", T.id, "stop", str(tmp_path))
         raise FencedError("this merge holds epoch 1 but the table's is '2'")
 
     monkeypatch.setattr(op, "run_local", stopped_while_merging)
@@ -67,7 +67,7 @@ def test_a_stop_that_fences_the_merge_out_ends_it_skipped(tmp_path, variables, m
 
 
 def test_a_merge_fenced_by_a_newer_attempt_fails(tmp_path, variables, monkeypatch):
-    start()
+    start(str(tmp_path))
     op = merge_op(tmp_path, [committed(tmp_path, 0, 0, 9, 10, False)])
 
     def fenced():
@@ -106,6 +106,6 @@ def test_a_retried_commit_of_a_done_snapshot_still_compacts(tmp_path, variables,
     monkeypatch.setattr(mirror_delta, "compact_buckets", conflict_once)
     with pytest.raises(CommitFailedError):
         op.execute({})  # `done` is stored, then compaction fails
-    assert progress_store.status("src", T.id) == "done" and tombstone_count(d, "src", T) == 1
+    assert progress_store.status("src", T.id, d) == "done" and tombstone_count(d, "src", T) == 1
     assert op.execute({})[T.id]["status"] == "done"  # the retry
     assert tombstone_count(d, "src", T) == 0 and horizon(d, "src", T) == Position(3).encode()

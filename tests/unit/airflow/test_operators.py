@@ -52,7 +52,7 @@ def progress(tmp_path, status="running", upper=(100,)):
     {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[
         status
     ]()
-    progress_store.save("src", T.id, p)
+    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
     plan = {
         "table": T.id,
         "snapshot_id": "S1",
@@ -146,14 +146,14 @@ def test_conf_defaults_and_shapes():
 def test_pause_then_resume_keeps_progress(tmp_path, variables):
     progress(tmp_path)
     assert plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]})) == []
-    assert progress_store.status("src", T.id) == "paused"
+    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"
     committed(tmp_path, 0, 0, 9, 10, False, merged=True)
     committed(tmp_path, 1, 0, 19, 10, False, after=9)
     committed(tmp_path, SEQ_STRIDE, 1, None, 0, True, merged=True)  # range 1 read and merged
     work = plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id], "chunk_size": 25}))
     assert [w["range_index"] for w in work] == [0]
     assert work[0]["chunk_size"] == 25 and work[0]["snapshot_id"] == "S1"
-    assert progress_store.status("src", T.id) == "running"
+    assert progress_store.status("src", T.id, str(tmp_path)) == "running"
 
 
 def test_invalid_transitions_are_clear_errors(tmp_path, variables):
@@ -166,7 +166,7 @@ def test_invalid_transitions_are_clear_errors(tmp_path, variables):
     with pytest.raises(StateError, match="action=resume, or stop it first"):
         plan_op(tmp_path).execute(ctx({"action": "start", "tables": [T.id]}))
     assert plan_op(tmp_path).execute(ctx({"action": "stop", "tables": [T.id]})) == []
-    assert progress_store.status("src", T.id) == "stopped"
+    assert progress_store.status("src", T.id, str(tmp_path)) == "stopped"
 
 
 def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, variables):
@@ -240,7 +240,7 @@ def test_commit_keeps_a_paused_snapshot_paused(tmp_path, variables):
         task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     ).execute({})
     assert out[T.id]["status"] == "paused"
-    assert progress_store.load("src", T.id).rows == 10
+    assert progress_store.load("src", T.id, str(tmp_path)).rows == 10
 
 
 def test_operators_do_no_io_in_init(tmp_path):
@@ -271,46 +271,49 @@ def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_pat
     assert op._should_stop({"ti": ti}, T.id, "S1") is None
     ti.paused = True  # paused while the task runs
     assert op._should_stop({"ti": ti}, T.id, "S1") == "the DAG was paused"
-    assert progress_store.status("src", T.id) == "paused"  # the snapshot's status shows the DAG pause
-    assert progress_store.request("src", T.id, "resume").status == "running"  # and resume continues it
+    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"  # the snapshot's status shows the DAG pause
+    assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"  # and resume continues it
     op._ran_while_paused = True  # started on a paused DAG on purpose (dag.test, tasks test)
     assert op._should_stop({"ti": ti}, T.id, "S1") is None
     assert "no longer the current one" in op._should_stop({"ti": ti}, T.id, "S0")
-    progress_store.request("src", T.id, "pause")
+    progress_store.request("src", T.id, "pause", str(tmp_path))
     assert op._should_stop({"ti": ti}, T.id, "S1") == "snapshot S1 of public.orders is paused"
 
 
 def test_control_from_outside_a_dag_run(tmp_path, variables):
     with pytest.raises(StateError, match="start one first"):
-        progress_store.request("src", T.id, "pause")
+        progress_store.request("src", T.id, "pause", str(tmp_path))
     progress(tmp_path)
-    assert progress_store.request("src", T.id, "pause").status == "paused"
-    assert progress_store.request("src", T.id, "resume").status == "running"
-    assert progress_store.request("src", T.id, "stop").status == "stopped"
+    assert progress_store.request("src", T.id, "pause", str(tmp_path)).status == "paused"
+    assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"
+    assert progress_store.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
     with pytest.raises(StateError, match="stopped"):
-        progress_store.request("src", T.id, "resume")
+        progress_store.request("src", T.id, "resume", str(tmp_path))
     with pytest.raises(ConfigurationError, match="use one of pause, resume, stop"):
-        progress_store.request("src", T.id, "restart")
+        progress_store.request("src", T.id, "restart", str(tmp_path))
 
 
 def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monkeypatch):
+    """The pause is written between the commit's read and its write: the commit's write
+    conflicts, and its change is applied again to the paused snapshot (no lost update)."""
     progress(tmp_path)
     a = committed(tmp_path, 0, 0, 9, 10, False)
-    real_load, calls = progress_store.load, []
+    real_update, landed = progress_store.update, []
 
-    def load_then_pause(source, table_id):  # the pause run writes between commit's load and save
-        p = real_load(source, table_id)
-        calls.append(1)
-        if len(calls) == 1:
-            progress_store.request(source, table_id, "pause")
-        return p
+    def pause_lands_between(source, table_id, data_dir, change, **kw):
+        def between():
+            if not landed:  # once (the pause's own update passes through here too)
+                landed.append("pause")
+                progress_store.request(source, table_id, "pause", data_dir)
+        return real_update(source, table_id, data_dir, change, between=between)
 
-    monkeypatch.setattr(progress_store, "load", load_then_pause)
+    monkeypatch.setattr(progress_store, "update", pause_lands_between)
     SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     ).execute({})
-    stored = real_load("src", T.id)
-    assert stored.status == "paused" and stored.rows == 10
+    stored = progress_store.read("src", T.id, str(tmp_path))
+    assert landed and stored.progress.status == "paused" and stored.progress.rows == 10
+    assert stored.version == 3  # the start, the pause, the commit's second attempt
 
 
 def test_scheduled_runs_refresh_continue_and_leave_paused_alone(tmp_path, variables):
@@ -320,10 +323,10 @@ def test_scheduled_runs_refresh_continue_and_leave_paused_alone(tmp_path, variab
     committed(tmp_path, 0, 0, 49, 50, True, merged=True)
     scheduled = {"dag_run": SimpleNamespace(conf={}, run_type="scheduled"), "ti": None}
     work = plan_op(tmp_path, default_tables=T.id).execute(scheduled)
-    assert [w["range_index"] for w in work] == [1] and progress_store.status("src", T.id) == "running"
-    progress_store.request("src", T.id, "pause")
+    assert [w["range_index"] for w in work] == [1] and progress_store.status("src", T.id, str(tmp_path)) == "running"
+    progress_store.request("src", T.id, "pause", str(tmp_path))
     assert plan_op(tmp_path, default_tables=T.id).execute(scheduled) == []
-    assert progress_store.status("src", T.id) == "paused"
+    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"
 
 
 class FailingTI:
@@ -347,15 +350,15 @@ def test_a_task_that_fails_for_good_marks_the_runs_snapshot_failed_and_resume_co
     op = plan_op(tmp_path)
     work = [{"table": T.id, "snapshot_id": "S1", "range_index": 0}, {"table": T.id, "snapshot_id": "S1"}]
     record_snapshot_failure({"ti": FailingTI(work), "task": op, "exception": RuntimeError("disk full")})
-    p = progress_store.load("src", T.id)
+    p = progress_store.load("src", T.id, str(tmp_path))
     assert p.status == "failed" and p.error == "task merge failed: disk full"
     # an older snapshot's run failing later does not touch the current one, nor a final state
     record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S0"}]), "task": op,
                              "exception": RuntimeError("old")})
-    assert progress_store.load("src", T.id).error == "task merge failed: disk full"
+    assert progress_store.load("src", T.id, str(tmp_path)).error == "task merge failed: disk full"
     # resume (after fixing the cause) works from failed
     plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id]}))
-    p = progress_store.load("src", T.id)
+    p = progress_store.load("src", T.id, str(tmp_path))
     assert p.status == "running" and p.error is None
 
 
@@ -365,7 +368,7 @@ def test_the_failure_callback_leaves_done_and_stopped_snapshots_alone(tmp_path, 
     progress(tmp_path, "stopped")
     record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S1"}]), "task": plan_op(tmp_path),
                              "exception": RuntimeError("late")})
-    assert progress_store.load("src", T.id).status == "stopped"
+    assert progress_store.load("src", T.id, str(tmp_path)).status == "stopped"
 
 
 def test_the_snapshot_dag_marks_failures_on_every_task():
@@ -392,12 +395,12 @@ def test_backfill_and_scheduled_runs_refresh_once_per_logical_date(tmp_path, var
     an older one starts no other snapshot (its plan returns no work, the progress is unchanged)."""
     p = progress(tmp_path)
     p.status, p.logical_date, p.owner = "done", "2026-11-20T00:00:00+00:00", "scheduled__2026-11-20"
-    progress_store.save("src", T.id, p)
-    before = progress_store.load_raw("src", T.id)
+    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
+    before = progress_store.load_raw("src", T.id, str(tmp_path))
     for run_type, ld in [("backfill", "2026-11-20T00:00:00+00:00"), ("scheduled", "2026-11-19T00:00:00+00:00"),
                          ("backfill", "2026-11-01T00:00:00")]:
         assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx(run_type, ld, f"{run_type}__{ld}")) == []
-    assert progress_store.load_raw("src", T.id) == before
+    assert progress_store.load_raw("src", T.id, str(tmp_path)) == before
     op = plan_op(tmp_path, default_tables=T.id)
     op.execute(run_ctx("backfill", "2026-11-19T00:00:00+00:00", "b"))  # sets the run facts
     assert not op._due(T.id, p)
@@ -438,16 +441,16 @@ class RunStateTI:
 def test_a_run_never_reads_a_snapshot_another_live_run_owns(tmp_path, variables):
     p = progress(tmp_path)  # running, owned by run A
     p.owner = "A"
-    progress_store.save("src", T.id, p)
+    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
     ti = RunStateTI({"A": "running"})
     assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti)) == []
     assert plan_op(tmp_path).execute(run_ctx("manual", None, "C", ti, {"action": "resume", "tables": [T.id]})) == []
-    assert progress_store.load("src", T.id).owner == "A"
+    assert progress_store.load("src", T.id, str(tmp_path)).owner == "A"
     # a chunk task of run B stops before reading: A owns the snapshot
     chunk = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
     assert "read by DAG run A" in chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1")
     # once A has ended, the next run takes the snapshot over and continues it
     ti.states["A"] = "failed"
     work = plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti))
-    assert [w["range_index"] for w in work] == [0, 1] and progress_store.load("src", T.id).owner == "B"
+    assert [w["range_index"] for w in work] == [0, 1] and progress_store.load("src", T.id, str(tmp_path)).owner == "B"
     assert chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1") is None

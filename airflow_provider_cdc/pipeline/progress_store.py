@@ -1,0 +1,138 @@
+"""The one authority for a snapshot's state: a store of SnapshotProgress per (source, table)
+with compare-and-set, and the one way to change it (:func:`update`).
+
+Every writer (plan, commit, a chunk task that sees its DAG paused, a failure callback, the
+CLI) changes a snapshot through :func:`update`: read the progress and its version, apply the
+change to it, write it back only if the version is still the one read; on a conflict, read
+again and apply the change again to what the other writer left. So a stop saved between a
+chunk task's read and its write is never overwritten by that task's pause: the pause is
+applied to the stopped snapshot and refused there (``stopped`` is final), and the task sees
+that. A change is a function of the current state, never a state computed earlier.
+
+Two stores: :class:`RegisterProgressStore` (the data directory, one versioned register a
+table, storage/register.py: compare-and-set on a file system and on object stores) is what
+the package uses; :class:`MemoryProgressStore` is the reference the model tests compare it
+with. No Airflow here: the Variables the provider publishes for Airflow's UI are a copy
+(progress_store.py at the package top), never read to decide anything.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from ..core.errors import StateError
+from ..core.progress import SnapshotProgress
+from ..core.schema import TableName
+from ..storage import join
+from ..storage.register import ConflictError, Register
+
+__all__ = ["ConflictError", "MemoryProgressStore", "ProgressStore", "RegisterProgressStore", "Versioned",
+           "progress_location", "update"]
+
+#: attempts of one update before it gives up (each conflict means another writer got through)
+UPDATE_ATTEMPTS = 50
+
+
+class Versioned(NamedTuple):
+    progress: SnapshotProgress | None  # None: this table has no snapshot (version 0)
+    version: int
+
+
+class ProgressStore(Protocol):
+    def read(self, source: str, table_id: str) -> Versioned: ...
+
+    def write(self, source: str, table_id: str, progress: SnapshotProgress, expect: int) -> int:
+        """Store ``progress`` if the stored version is still ``expect``; the new version.
+        :class:`ConflictError` otherwise, and nothing is written."""
+        ...
+
+
+#: a change: the current progress (None: none yet) -> the new one, or None to leave it as is.
+#: It may raise (StateError for a transition the current state refuses): nothing is written.
+Change = Callable[[SnapshotProgress | None], SnapshotProgress | None]
+
+
+def update(store: ProgressStore, source: str, table_id: str, change: Change, *,
+           attempts: int = UPDATE_ATTEMPTS, between: Callable[[], None] | None = None,
+           written: Callable[[SnapshotProgress], None] | None = None) -> SnapshotProgress | None:
+    """Apply ``change`` to the current progress of ``(source, table_id)`` with compare-and-set,
+    again on a fresh read after each conflict. Returns the progress stored after it (the
+    current one when the change left it as is). ``between`` runs between the read and the
+    write (tests force interleavings there); ``written`` after a write."""
+    for attempt in range(attempts):
+        current = store.read(source, table_id)
+        # the change gets its own copy: a retry must start from what is stored, not a half-changed object
+        mine = None if current.progress is None else SnapshotProgress.from_json(current.progress.to_json())
+        new = change(mine)
+        if new is None:
+            return current.progress
+        if between is not None:
+            between()
+        try:
+            store.write(source, table_id, new, current.version)
+        except ConflictError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(min(0.5, 0.005 * 2 ** min(attempt, 7)) * random.random())  # noqa: S311 - jitter only
+            continue
+        if written is not None:
+            written(new)
+        return new
+    raise AssertionError("unreachable")
+
+
+class MemoryProgressStore:
+    """The reference: a dict under a lock, the version a counter per key."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[tuple[str, str], tuple[str, int]] = {}
+
+    def read(self, source: str, table_id: str) -> Versioned:
+        with self._lock:
+            raw, version = self._data.get((source, table_id), (None, 0))
+        return Versioned(None if raw is None else SnapshotProgress.from_json(raw), version)
+
+    def write(self, source: str, table_id: str, progress: SnapshotProgress, expect: int) -> int:
+        _check_names(source, table_id, progress)
+        with self._lock:
+            have = self._data.get((source, table_id), (None, 0))[1]
+            if have != expect:
+                raise ConflictError(f"progress of {table_id} ({source}) is at version {have}, not {expect}")
+            self._data[(source, table_id)] = (progress.to_json(), expect + 1)
+            return expect + 1
+
+
+def progress_location(data_dir: str, source: str, table_id: str) -> str:
+    """``{data_dir}/control/{source}/snapshots/{table.path_segment}``: outside ``staging``,
+    which retention prunes, and outside ``output``, which consumers read."""
+    return join(data_dir, "control", source, "snapshots", TableName.parse(table_id).path_segment)
+
+
+class RegisterProgressStore:
+    """The package's store: one register (storage/register.py) a table, in the data directory."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+
+    def read(self, source: str, table_id: str) -> Versioned:
+        raw, version = Register(progress_location(self.data_dir, source, table_id)).read()
+        if raw is None:
+            return Versioned(None, version)
+        progress = SnapshotProgress.from_json(raw)
+        _check_names(source, table_id, progress)
+        return Versioned(progress, version)
+
+    def write(self, source: str, table_id: str, progress: SnapshotProgress, expect: int) -> int:
+        _check_names(source, table_id, progress)
+        return Register(progress_location(self.data_dir, source, table_id)).write(progress.to_json(), expect)
+
+
+def _check_names(source: str, table_id: str, progress: SnapshotProgress) -> None:
+    if progress.source != source or list(progress.tables) != [table_id]:
+        raise StateError(f"progress of source {progress.source!r} tables {sorted(progress.tables)} cannot be stored "
+                         f"as that of table {table_id} of source {source!r}")

@@ -1,0 +1,131 @@
+"""Every writer of a snapshot's status against every other, with the other's write forced
+between this one's read and its write (the interleaving a load-modify-save would lose), on
+the real progress store (the register in the data directory). The two-plan-runs case needs
+a source: tests/e2e/test_status_writers.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from airflow_provider_cdc import progress_store
+from airflow_provider_cdc.operators.snapshot import (
+    SnapshotCommitOperator,
+    SnapshotPlanOperator,
+    mark_failed,
+    pause_for_dag_pause,
+)
+
+from .test_operators import SEQ_STRIDE, T, committed, ctx, progress
+
+
+@pytest.fixture
+def interleave(monkeypatch):
+    """``interleave(action)``: the next update of the progress runs ``action()`` once, after
+    its read and before its write (the writer under test then conflicts and reads again)."""
+    real = progress_store.update
+    pending: list = []
+
+    def update(source, table_id, data_dir, change, **kw):
+        def between():
+            if pending:
+                pending.pop()()  # popped first: the action's own update passes through here too
+        return real(source, table_id, data_dir, change, between=between)
+
+    monkeypatch.setattr(progress_store, "update", update)
+    return pending.append
+
+
+def stored(tmp_path):
+    return progress_store.read("src", T.id, str(tmp_path))
+
+
+def test_a_stop_that_lands_while_a_chunk_task_pauses_for_the_dag_pause_stays(tmp_path, variables, interleave):
+    progress(tmp_path)
+    interleave(lambda: progress_store.request("src", T.id, "stop", str(tmp_path)))
+    assert pause_for_dag_pause("src", T.id, "S1", str(tmp_path)) is False
+    assert stored(tmp_path).progress.status == "stopped"
+
+
+def test_a_pause_that_lands_while_a_stop_is_written_is_stopped_over(tmp_path, variables, interleave):
+    progress(tmp_path)
+    interleave(lambda: pause_for_dag_pause("src", T.id, "S1", str(tmp_path)))
+    assert progress_store.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
+    assert stored(tmp_path).version == 3  # start, the pause, the stop on top of it
+
+
+def test_a_failure_callback_does_not_undo_a_commit_that_finished_meanwhile(tmp_path, variables, interleave):
+    progress(tmp_path)
+    a = committed(tmp_path, 0, 0, 49, 50, True)
+    b = committed(tmp_path, SEQ_STRIDE, 1, 100, 51, True)
+    commit = SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=str(tmp_path),
+                                    source="src", cdc_conn_id="unused")
+    interleave(lambda: commit.execute({}))
+    assert mark_failed("src", [(T.id, "S1")], "task merge failed: late", str(tmp_path)) == []
+    got = stored(tmp_path).progress
+    assert got.status == "done" and got.error is None and got.rows == 101
+
+
+def test_a_commit_keeps_a_failure_that_landed_meanwhile_and_still_records_its_chunks(tmp_path, variables,
+                                                                                     interleave):
+    progress(tmp_path)
+    a = committed(tmp_path, 0, 0, 49, 50, True)
+    b = committed(tmp_path, SEQ_STRIDE, 1, 100, 51, True)
+    interleave(lambda: mark_failed("src", [(T.id, "S1")], "task chunk failed: disk full", str(tmp_path)))
+    SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=str(tmp_path),
+                           source="src", cdc_conn_id="unused").execute({})
+    got = stored(tmp_path).progress
+    assert got.status == "failed" and got.error == "task chunk failed: disk full"
+    assert got.rows == 101 and got.table(T.id).done  # merged chunks are recorded; resume then finishes it
+    assert plan_resume(tmp_path) == [] and stored(tmp_path).progress.status == "done"
+
+
+def plan_resume(tmp_path):
+    return SnapshotPlanOperator(task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src",
+                                cdc_overrides={"CDC_TABLES": T.id}).execute(ctx({"action": "resume", "tables": [T.id]}))
+
+
+def test_a_retried_commit_racing_its_first_attempt_records_each_chunk_once(tmp_path, variables, interleave):
+    progress(tmp_path)
+    a = committed(tmp_path, 0, 0, 9, 10, False)
+    b = committed(tmp_path, 1, 0, 19, 10, False, after=9)
+
+    def op():
+        return SnapshotCommitOperator(task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=str(tmp_path),
+                                      source="src", cdc_conn_id="unused")
+
+    interleave(lambda: op().execute({}))  # the zombie first attempt writes between the retry's read and write
+    out = op().execute({})
+    got = stored(tmp_path)
+    assert out[T.id]["rows"] == 20 and got.progress.rows == 20 and got.progress.chunks == 2
+    assert got.progress.status == "running"
+    assert got.version == 3  # start, the first attempt, the retry's write on top of it (recording nothing new)
+
+
+def test_the_variable_is_a_copy_written_after_the_authority(tmp_path, variables):
+    p = progress(tmp_path)
+    key = progress_store.variable_key("src", T.id)
+    copy = json.loads(variables.store[key])
+    assert copy.pop("copy") == 1 and json.dumps(copy, separators=(",", ":"), ensure_ascii=False) == p.to_json()
+    progress_store.request("src", T.id, "pause", str(tmp_path))
+    assert '"status":"paused"' in variables.store[key]
+    variables.store[key] = variables.store[key].replace('"paused"', '"running"')  # a stale or edited copy
+    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"  # decisions read the authority
+    shutil.rmtree(tmp_path / "control")  # the authority removed (a data dir deleted): its copy is not adopted
+    assert progress_store.load("src", T.id, str(tmp_path)) is None
+
+
+def test_a_progress_only_an_earlier_version_stored_in_the_variable_is_adopted(tmp_path, variables):
+    from airflow_provider_cdc.core.progress import SnapshotProgress
+
+    from .test_operators import RANGES
+
+    old = SnapshotProgress.start("src", "S0", {T.id: RANGES}, {T.id: (100,)})
+    old.pause()
+    variables.store[progress_store.variable_key("src", T.id)] = old.to_json()  # written by the Variable store
+    got = stored(tmp_path)
+    assert got.version == 1 and got.progress.to_json() == old.to_json()
+    assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"
+    assert stored(tmp_path).version == 2
