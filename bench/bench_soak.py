@@ -9,8 +9,8 @@ retention, ``--horizon-seconds``), apply to the event log and the Delta mirror i
 (``compact_inactive``, ``compact_event_log``), and a high-watermark sensor's poke for the round's watermark
 (``staged_watermarks``). At each report round it prints the round time and the poke time
 (means over the last rounds), the staged segments and bytes, the event-log files, the Delta
-log (files in ``_delta_log`` and commits since the last checkpoint, each also as its peak over
-the last 100 rounds: checkpoints make both a sawtooth) and the ratio of each to its value at the
+log (files in ``_delta_log`` and commits since the last checkpoint; these and the event-log
+files also as their peak over the last 100 rounds: checkpoints and merges make them sawtooths) and the ratio of each to its value at the
 first report; ``--log-retention-seconds`` scales the Delta log's retention to the soak. At the end the writer stops, one more round catches up and
 ``verify_table`` compares the mirror with the source row for row.
 
@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         round_times: list[float] = []
         pokes: list[float] = []
         log_seen: list[tuple[int, int]] = []  # (files, commits since the checkpoint) after each round
+        ev_seen: list[tuple[int, int]] = []  # (event-log files, live ones) after each round
         rows_out: list[dict] = []
         first: dict | None = None
         for r in range(1, args.rounds + 1):
@@ -159,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             pokes.append(time.perf_counter() - t1)
             log_seen.append(_delta_log(mirror_dir(data, source, table)))
+            ev_seen.append((_files(events_dir(data, source), ".parquet")[0],
+                            len(live_files(storage.list_names(table_dir(data, source, table), suffix=".parquet")))))
             if r in report:
                 segs = staged_segments(changelog_dir(data, source))
-                ev_files, _ = _files(events_dir(data, source), ".parquet")
-                ev_live = len(live_files(storage.list_names(table_dir(data, source, table), suffix=".parquet")))
+                ev_files, ev_live = ev_seen[-1]
                 log_files, since_cp = log_seen[-1]
                 window = log_seen[-100:]  # the checkpoint's sawtooth: the most over the last 100 rounds
                 row = {
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
                     "staged_mb": sum(s.info.bytes for s in segs if s.info) / 1e6,
                     "event_files": ev_files,
                     "event_live": ev_live,
+                    # merges make the event log a sawtooth too: small files pile up to a run, then go
+                    "event_files_peak": max(f for f, _ in ev_seen[-100:]),
+                    "event_live_peak": max(n for _, n in ev_seen[-100:]),
                     "delta_log_files": log_files,
                     "delta_log_peak": max(f for f, _ in window),
                     "since_checkpoint": since_cp,
@@ -193,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         result = verify_table(dialect, data, source, table)
         print(f"  writer: {stats}", flush=True)
         print(f"  verify: {result.summary()}", flush=True)
-        keys = ("round_s", "poke_ms", "staged", "staged_mb", "event_files", "event_live", "delta_log_files",
-                "delta_log_peak", "since_checkpoint", "checkpoint_age_peak")
+        keys = ("round_s", "poke_ms", "staged", "staged_mb", "event_files", "event_files_peak", "event_live",
+                "event_live_peak", "delta_log_files", "delta_log_peak", "since_checkpoint", "checkpoint_age_peak")
         print("\n| round | " + " | ".join(keys) + " |\n|" + "---|" * (len(keys) + 1))
         for row in rows_out:
             cells = [f"{row[k]:.3g} ({row[k] / first[k]:.2f}x)" if first[k] else f"{row[k]:.3g}" for k in keys]
