@@ -100,7 +100,8 @@ from .delta_buckets import (
 
 log = logging.getLogger(__name__)
 
-_COMMIT_RETRIES = 12
+#: attempts of one optimistic commit (:func:`commit_attempts`)
+COMMIT_RETRIES = 12
 #: table properties that fence writers (module docstring)
 HORIZON_PROPERTY = "cdc.compacted_upto"
 EPOCH_PROPERTY = "cdc.merge_epoch"
@@ -114,6 +115,19 @@ _STOPPED_KEPT = 20
 
 def _backoff(attempt: int) -> None:
     time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+
+
+def commit_attempts(what: str) -> Iterator[int]:
+    """The one retry loop of every mirror writer (the engines' apply and merge, compaction,
+    the horizon, epoch claims, a rebuild): each attempt reads, builds and commits on top of
+    what it read; the caller leaves the loop once its commit went through. Yields 0, 1, ...
+    with a growing, jittered pause before each retry; after the last attempt
+    CommitFailedError says that other writers kept committing first."""
+    for attempt in range(COMMIT_RETRIES):
+        if attempt:
+            _backoff(attempt - 1)
+        yield attempt
+    raise CommitFailedError(f"{what}: other writers kept committing first, {COMMIT_RETRIES} attempts")
 
 
 def newest_per_key(events: pa.Table) -> pa.Table:
@@ -319,6 +333,11 @@ def ensure_log_properties(path: str, retention_hours: float,
     return True
 
 
+def open_mirror(path: str) -> DeltaTable | None:
+    """The mirror's Delta table at ``path``, or None when there is none yet."""
+    return _open(path)
+
+
 def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -> tuple[DeltaTable, bool]:
     """Create the Delta table at ``path`` (True), partitioned into key-hash buckets
     (sinks/delta_buckets.py), or open it when another writer created it first (False)."""
@@ -420,7 +439,7 @@ def _commit_with_retries(path: str, build: Callable[[list], tuple[MirrorVersion,
     a commit conflict (another writer committed first) the files are deleted and ``build``
     runs again on a fresh read, so the fences and the bucket tree are checked again; on any
     other error the files are deleted and the error raised. Returns the result."""
-    for attempt in range(_COMMIT_RETRIES):
+    for _attempt in commit_attempts(f"mirror {path}: {operation}"):
         adds: list = []
         try:
             v, removed, result = build(adds)
@@ -428,9 +447,6 @@ def _commit_with_retries(path: str, build: Callable[[list], tuple[MirrorVersion,
             return result
         except CommitFailedError:
             discard(path, adds)
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
         except BaseException:
             discard(path, adds)
             raise
@@ -579,6 +595,17 @@ def _check_epoch(path: str, props: Mapping[str, str], epoch: int | None) -> None
         )
 
 
+def open_for_write(path: str, schema: pa.Schema, epoch: int | None = None) -> MirrorVersion:
+    """The preamble of every write of new rows (both engines): the mirror at ``path`` (created
+    with ``schema`` when absent), its new columns added, its current version read, and the
+    writer's merge ``epoch`` checked against the table's (:class:`FencedError` when fenced
+    out)."""
+    dt = _open(path) or _create(path, schema)[0]
+    v = read_version(add_columns(dt, schema), path)
+    _check_epoch(path, v.props, epoch)
+    return v
+
+
 def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     """Apply mirror rows (one per key) to the Delta table at ``path``: one change file per
     bucket they fall in, appended (creates the table if absent); readers take the newest
@@ -587,9 +614,7 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     happens only while that merge epoch is the table's own (else :class:`FencedError`,
     nothing written)."""
     def build(adds: list):
-        dt = _open(path) or _create(path, rows.schema)[0]
-        v = read_version(add_columns(dt, rows.schema), path)
-        _check_epoch(path, v.props, epoch)
+        v = open_for_write(path, rows.schema, epoch)
         horizon = v.props.get(HORIZON_PROPERTY)
         new = conform(rows, v.schema)
         nodes = v.nodes_of(new[KEY_COLUMN])
@@ -659,7 +684,7 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
 def _raise_horizon(path: str, bound: str) -> str:
     """Commit the compaction horizon ``bound`` (unless it is already at or past it): from the
     next commit on, no writer inserts a row at or before it. Returns the horizon now."""
-    for attempt in range(_COMMIT_RETRIES):
+    for _attempt in commit_attempts(f"mirror {path}: the compaction horizon"):
         dt = _delta(path)
         current = _properties(dt).get(HORIZON_PROPERTY)
         if current is not None and current >= bound:
@@ -668,9 +693,7 @@ def _raise_horizon(path: str, bound: str) -> str:
             _set_properties(dt, {HORIZON_PROPERTY: bound})
             return bound
         except CommitFailedError:
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
+            continue
     raise AssertionError("unreachable")
 
 
@@ -759,7 +782,7 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
     from .delta_buckets import WRITER_APP_ID
 
     bucketed = pa.schema([*schema, pa.field(BUCKET_COLUMN, pa.int32(), False)])
-    for attempt in range(_COMMIT_RETRIES):
+    for _attempt in commit_attempts(f"mirror {path}: rebuild"):
         v = read_version(_delta(path), path)
         try:  # one commit: no rows, the new columns, in buckets; a writer in flight conflicts
             write_deltalake(path, bucketed.empty_table(), mode="overwrite", schema_mode="overwrite",
@@ -768,9 +791,7 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
                                 max_commit_retries=0, app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1)]))
             break
         except CommitFailedError:
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
+            continue
     if BUCKETS_PROPERTY not in _properties(_delta(path)):
         _set_properties(_delta(path), {BUCKETS_PROPERTY: str(DEFAULT_BUCKETS)})
     _set_properties(_delta(path), {SCHEMA_STOP_PROPERTY: ""})
@@ -804,7 +825,7 @@ def claim_epoch(
     merge task's own check and this claim still wins. ``stop`` (a snapshot id) records that
     snapshot as stopped in the same commit."""
     wanted = set(snapshots)
-    for attempt in range(_COMMIT_RETRIES):
+    for _attempt in commit_attempts(f"mirror {path}: a merge epoch"):
         dt = _open(path)
         if dt is None:
             if schema is None:
@@ -829,9 +850,7 @@ def claim_epoch(
             _set_properties(dt, update)
             return epoch
         except CommitFailedError:
-            if attempt == _COMMIT_RETRIES - 1:
-                raise
-            _backoff(attempt)
+            continue
     raise AssertionError("unreachable")
 
 

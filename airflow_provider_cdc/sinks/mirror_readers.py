@@ -28,7 +28,7 @@ from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
 from .delta_buckets import BUCKET_COLUMN
-from .mirror_delta import _open, read_mirror
+from .mirror_delta import open_mirror, read_mirror
 
 
 def _table(table: str | TableName) -> TableName:
@@ -37,7 +37,7 @@ def _table(table: str | TableName) -> TableName:
 
 def live_files(data_dir: str, source: str, table: str | TableName) -> list[str]:
     """URIs of the data files the mirror's current version is made of (empty: no mirror)."""
-    dt = _open(mirror_dir(data_dir, source, _table(table)))
+    dt = open_mirror(mirror_dir(data_dir, source, _table(table)))
     return [] if dt is None else list(dt.file_uris())
 
 

@@ -319,7 +319,7 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
         plan[table_id] = (path, schema, epoch, newest_t)
     counts = {"events": 0, "applied": 0}
     pending = sorted(plan)
-    for attempt in range(md._COMMIT_RETRIES):
+    for attempt in md.commit_attempts(f"mirror commit of {', '.join(pending)}"):
         if not pending and (attempt or event_log is None):
             break
         t0 = time.monotonic()
@@ -348,13 +348,9 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
                 counts["applied"] += applied[table_id]
         log.info("mirror: %d table(s) rewritten on the executors in %.1f s (%d to retry)", len(pending) - len(conflicted),
                  time.monotonic() - t0, len(conflicted))
-        if conflicted and attempt == md._COMMIT_RETRIES - 1:
-            from deltalake.exceptions import CommitFailedError
-
-            raise CommitFailedError(f"mirror commit of {', '.join(conflicted)} kept conflicting with other writers")
-        if conflicted:
-            md._backoff(attempt)
         pending = conflicted
+        if not pending:
+            break
     return counts
 
 
@@ -362,16 +358,12 @@ def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict,
     """Each table's current mirror version (files per bucket), checked against the merge's
     epoch, and the job description its executors get."""
     from ...core.arrow_types import mirror_schema
-    from ...sinks import delta_buckets as db
     from ...sinks import mirror_delta as md
 
     versions, jobs = {}, {}
     for table_id in tables:
         path, schema, epoch, newest_t = plan[table_id]
-        mschema = mirror_schema(schema)
-        dt = md._open(path) or md._create(path, mschema)[0]
-        v = db.read_version(md.add_columns(dt, mschema), path)
-        md._check_epoch(path, v.props, epoch)
+        v = md.open_for_write(path, mirror_schema(schema), epoch)
         versions[table_id] = v
         jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
                                    v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
