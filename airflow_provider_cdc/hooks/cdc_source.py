@@ -22,6 +22,9 @@ from airflow.sdk import BaseHook
 
 from ..core.errors import CdcError, ConfigurationError
 from ..dialects.base import ConnectionParams, Dialect
+from ..settings import FromSettings
+from ..settings import load as load_settings
+from .cdc_storage import StorageConnectionMixin
 
 #: Airflow connection type -> dialect name (see dialects/__init__.py)
 CONN_TYPE_DIALECTS: dict[str, str] = {
@@ -172,3 +175,29 @@ class CdcSourceHook(BaseHook):
         except Exception as exc:  # noqa: BLE001 - a driver error is reported, not raised, by contract
             return False, f"{type(exc).__name__}: {exc}"
         return True, f"connection {self.cdc_conn_id!r} is ready for CDC"
+
+
+class CdcSourceMixin(StorageConnectionMixin):
+    """The source parameters of every task of the package, declared once: ``data_dir``,
+    ``cdc_conn_id`` and ``source`` (not given, None: the setting read when the task runs,
+    CDC_DATA_DIR, CDC_SOURCE_CONN_ID, CDC_SOURCE, with ``cdc_overrides`` on top) and the
+    source's :attr:`hook`. Put it before the Airflow base class. A mapped operator's class
+    names these keywords in its own ``__init__`` as well: ``partial()`` checks keywords against
+    the signatures of BaseOperator subclasses only."""
+
+    data_dir = FromSettings("data_dir")
+    cdc_conn_id = FromSettings("conn_id")
+    source = FromSettings("explicit_source")
+
+    def __init__(self, *, data_dir: str | None = None, cdc_conn_id: str | None = None, source: str | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.data_dir = data_dir
+        self.cdc_conn_id = cdc_conn_id
+        self.source = source
+
+    @cached_property
+    def hook(self) -> CdcSourceHook:
+        now = load_settings(overrides=getattr(self, "cdc_overrides", None))
+        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
+                             all_tables=now.capture_all_tables)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from ..hooks.cdc_source import CdcSourceHook
-from ..hooks.cdc_storage import StorageConnectionMixin
+from ..hooks.cdc_source import CdcSourceMixin
 from ..pipeline.capture import run_capture
 from ..pipeline.retention import RetentionPolicy
 from ..settings import FromSettings, load, sink_names
@@ -19,7 +17,7 @@ from ..settings import FromSettings, load, sink_names
 log = logging.getLogger(__name__)
 
 
-class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
+class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
     """Drain the changelog of one source to ``{data_dir}/staging/{source}/changelog``.
 
     Returns the CaptureResult as a dict (XCom). When another capture of the same source
@@ -32,37 +30,21 @@ class ChangelogCaptureOperator(StorageConnectionMixin, BaseOperator):
     template_fields: Sequence[str] = ("cdc_conn_id", "data_dir", "source", "max_events", "segment_max_events")
     ui_color = "#c9e4ff"
     # not given: the settings when the task runs (settings.py)
-    data_dir = FromSettings("data_dir")
-    cdc_conn_id = FromSettings("conn_id")
-    source = FromSettings("explicit_source")
     max_events = FromSettings("capture_max_events")
     segment_max_events = FromSettings("capture_segment_max_events")
 
     def __init__(
         self,
         *,
-        data_dir: str | None = None,
-        cdc_conn_id: str | None = None,
-        source: str | None = None,
         max_events: int | None = None,
         segment_max_events: int | None = None,
         skip_if_locked: bool = True,
-        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
-        **kwargs: Any,
+        **kwargs: Any,  # data_dir, cdc_conn_id, source, cdc_overrides (CdcSourceMixin)
     ) -> None:
-        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
-        self.cdc_conn_id = cdc_conn_id
-        self.data_dir = data_dir
-        self.source = source
+        super().__init__(**kwargs)
         self.max_events = max_events
         self.segment_max_events = segment_max_events
         self.skip_if_locked = skip_if_locked
-
-    @cached_property
-    def hook(self) -> CdcSourceHook:
-        now = load(overrides=getattr(self, "cdc_overrides", None))
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
-                             all_tables=now.capture_all_tables)
 
     def execute(self, context: Any) -> dict[str, Any]:
         max_events = _opt_int(self.max_events)

@@ -24,7 +24,6 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
@@ -38,22 +37,21 @@ from ..core.progress import SnapshotProgress
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import Throttle
-from ..hooks.cdc_source import CdcSourceHook
-from ..hooks.cdc_storage import StorageConnectionMixin
+from ..hooks.cdc_source import CdcSourceMixin
 from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     SEQ_STRIDE,
     RangeState,
-    _check_advanced,
-    _mirror_needs_rebuild,
-    _partial,
-    _reconcile_mirror,
+    check_advanced,
+    is_partial,
     key_reached,
     min_key,
+    mirror_needs_rebuild,
     new_snapshot_id,
     plan_table_ranges,
     range_state,
     read_plan,
     read_sidecars,
+    reconcile_mirror,
     sidecar_path,
     write_sidecar,
 )
@@ -248,34 +246,14 @@ def record_snapshot_failure(context: Any) -> None:
     mark_failed(source, snapshots, error, data_dir)
 
 
-class _SourceOperator(StorageConnectionMixin, BaseOperator):
-    """Shared parameters: the source connection and the data directory. Not given (None),
-    each is the setting read when the task runs (settings.py: CDC_DATA_DIR,
-    CDC_SOURCE_CONN_ID, CDC_SOURCE)."""
+class _SourceOperator(CdcSourceMixin, BaseOperator):
+    """The snapshot's operators: the source parameters of every task (CdcSourceMixin), named
+    again here because the chunk task is mapped (CdcSourceMixin's docstring)."""
 
-    data_dir = FromSettings("data_dir")
-    cdc_conn_id = FromSettings("conn_id")
-    source = FromSettings("explicit_source")
-
-    def __init__(
-        self,
-        *,
-        data_dir: str | None = None,
-        cdc_conn_id: str | None = None,
-        source: str | None = None,
-        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
-        self.data_dir = data_dir
-        self.cdc_conn_id = cdc_conn_id
-        self.source = source
-
-    @cached_property
-    def hook(self) -> CdcSourceHook:
-        now = load(overrides=getattr(self, "cdc_overrides", None))
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
-                             all_tables=now.capture_all_tables)
+    def __init__(self, *, data_dir: str | None = None, cdc_conn_id: str | None = None, source: str | None = None,
+                 cdc_overrides: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(data_dir=data_dir, cdc_conn_id=cdc_conn_id, source=source, cdc_overrides=cdc_overrides,
+                         **kwargs)
 
 
 # ----------------------------------------------------------------------- plan
@@ -459,8 +437,8 @@ class SnapshotPlanOperator(_SourceOperator):
                 if "mirror" in sink_names(self.sinks):
                     mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named
                 ranges = plan_table_ranges(dialect, schema, request)
-                why = _mirror_needs_rebuild(self.data_dir, source, schema)
-                if why and _partial(request, table):
+                why = mirror_needs_rebuild(self.data_dir, source, schema)
+                if why and is_partial(request, table):
                     raise ConfigurationError(
                         f"table {table}: its mirror cannot take the source's current schema ({why}); snapshot the "
                         "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
@@ -491,14 +469,14 @@ class SnapshotPlanOperator(_SourceOperator):
                 "where": request.where_for(table),
                 # whole-table snapshots only: one limited by keys, ranges or a filter does not
                 # re-emit the rows outside what it read, so it cannot tell ghosts from them
-                "converge_watermark": None if _partial(request, table) else converge_mark,
+                "converge_watermark": None if is_partial(request, table) else converge_mark,
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
             }
             # the mirror takes the table's current schema: new columns added, or (a changed
             # type, a stop after a schema change) rebuilt empty for this snapshot to fill
-            _reconcile_mirror(self.data_dir, source, schema, whole_table=not _partial(request, table))
+            reconcile_mirror(self.data_dir, source, schema, whole_table=not is_partial(request, table))
             storage.write_text(schema_path(self.data_dir, source, table), schema.to_json())
             storage.write_text(plan_path(self.data_dir, source, table, sid), json.dumps(plan))
             started = SnapshotProgress.start(source, sid, {table.id: ranges}, {table.id: upper})
@@ -706,7 +684,7 @@ class SnapshotChunkOperator(_SourceOperator):
                     upper_bound=upper,
                 )
                 if res.rows and after_key is not None and res.last_key is not None:
-                    _check_advanced(dialect, schema, label, after_key, res.last_key)
+                    check_advanced(dialect, schema, label, after_key, res.last_key)
                 if not res.exhausted and key_reached(res.last_key, upper):
                     # past the snapshot's upper bound: later rows reach the sinks through the changelog
                     res = replace(res, exhausted=True)

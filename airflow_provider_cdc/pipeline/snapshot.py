@@ -225,21 +225,21 @@ def new_snapshot_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
 
 
-def _mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
+def mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
     from ..sinks.mirror_delta import needs_rebuild
     from ..storage.layout import mirror_dir
 
     return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
 
 
-def _reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
+def reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
     from ..sinks.mirror_delta import reconcile_schema
     from ..storage.layout import mirror_dir
 
     return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
 
 
-def _check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
+def check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
     """Every chunk ends at a key strictly after the previous chunk's last key (keyset reads
     under the snapshot's fixed upper bound): so a range ends, whatever the filter or the data.
     A chunk that did not advance is a bug, stopped here rather than read forever."""
@@ -255,6 +255,6 @@ def _check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Se
         )
 
 
-def _partial(request: SnapshotRequest, table: TableName) -> bool:
+def is_partial(request: SnapshotRequest, table: TableName) -> bool:
     """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
     return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)

@@ -12,16 +12,14 @@ import logging
 import os
 from collections.abc import Sequence
 from datetime import timedelta
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
 from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this module's API for DAGs
 from ..core.errors import NotReadyError
-from ..hooks.cdc_source import CdcSourceHook
-from ..hooks.cdc_storage import StorageConnectionMixin
-from ..settings import DEFAULT_POKE_INTERVAL, FromSettings, load
+from ..hooks.cdc_source import CdcSourceMixin
+from ..settings import DEFAULT_POKE_INTERVAL, load
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
@@ -55,7 +53,7 @@ def poke_interval_from_env(default: float = DEFAULT_POKE_INTERVAL) -> float:
     return _seconds(os.environ, "CDC_SENSOR_POKE_INTERVAL", default)
 
 
-class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
+class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
     """Succeeds when every high watermark of ``chunks`` is staged.
 
     :param chunks: ChunkResult dicts (usually the XCom of the mapped chunk task).
@@ -66,37 +64,19 @@ class HighWatermarkSensor(StorageConnectionMixin, BaseSensorOperator):
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "source", "cdc_conn_id")
     ui_color = "#fff2b3"
-    # not given: the settings when the task runs (settings.py)
-    data_dir = FromSettings("data_dir")
-    cdc_conn_id = FromSettings("conn_id")
-    source = FromSettings("explicit_source")
-
     def __init__(
         self,
         *,
         chunks: Any,
-        data_dir: str | None = None,
-        cdc_conn_id: str | None = None,
-        source: str | None = None,
         drain: bool = True,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
-        cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
-        **kwargs: Any,
+        **kwargs: Any,  # data_dir, cdc_conn_id, source, cdc_overrides (CdcSourceMixin)
     ) -> None:
         kwargs.setdefault("poke_interval", 5)
-        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
+        super().__init__(**kwargs)
         self.chunks = chunks
-        self.data_dir = data_dir
-        self.cdc_conn_id = cdc_conn_id
-        self.source = source
         self.drain = drain
         self.deferrable = deferrable
-
-    @cached_property
-    def hook(self) -> CdcSourceHook:
-        now = load(overrides=getattr(self, "cdc_overrides", None))
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
-                             all_tables=now.capture_all_tables)
 
     def _watermark_ids(self) -> list[str]:
         return sorted({c["high_watermark"] for c in flatten_chunk_results(self.chunks)})
