@@ -22,7 +22,7 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,11 +32,9 @@ from .. import progress_store, settings, storage
 from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError, StateError
-from ..core.planning import SnapshotRequest
 from ..core.progress import SnapshotProgress
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
-from ..core.throttle import Throttle
 from ..hooks.cdc_source import CdcSourceMixin
 from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     SEQ_STRIDE,
@@ -55,94 +53,12 @@ from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
     sidecar_path,
     write_sidecar,
 )
+from ..pipeline.snapshot_conf import ACTIONS, CONF_KEYS, SnapshotConf, check_scope, parse_snapshot_conf  # noqa: F401
 from ..progress_store import DONE, FAILED, PAUSED, RUNNING, STOPPED
 from ..settings import FromSettings, load, sink_names
 from ..storage.layout import plan_path, schema_path
 
 log = logging.getLogger(__name__)
-
-#: refresh (the default of scheduled runs): start tables that are done, stopped or new,
-#: continue running or failed ones, leave paused ones paused
-ACTIONS = ("start", "pause", "resume", "stop", "refresh")
-
-
-# --------------------------------------------------------------------------- conf
-#: conf keys of the DAG run: the control action and throttle on top of core's SnapshotRequest
-#: fields (``key_ranges`` is the conf name of the request's ``ranges``)
-CONF_KEYS = ("action", "tables", "key_ranges", "keys", "where", "chunk_size", "parallelism", "delay_seconds")
-
-
-@dataclass(frozen=True)
-class SnapshotConf:
-    """A validated DAG-run conf (a Debezium-style signal): the action plus core's request."""
-
-    action: str
-    request: SnapshotRequest
-    given: frozenset[str] = frozenset()  # conf keys present (resume keeps stored values for the rest)
-    delay_seconds: float | None = None
-
-    @property
-    def tables(self) -> tuple[TableName, ...]:
-        return self.request.tables
-
-
-def parse_snapshot_conf(
-    conf: dict | None, default_tables: Sequence[str] | str | None = None, default_action: str = "start"
-) -> SnapshotConf:
-    """Validate a DAG-run conf. Raises ConfigurationError naming the bad setting; nothing
-    has been written when it raises."""
-    if conf is not None and not isinstance(conf, dict):
-        raise ConfigurationError(f"DAG-run conf must be a JSON object, got {type(conf).__name__}")
-    conf = dict(conf or {})
-    unknown = sorted(set(conf) - set(CONF_KEYS))
-    if unknown:
-        raise ConfigurationError(f"unknown conf key(s) {unknown}; known: {', '.join(CONF_KEYS)}")
-    action = conf.pop("action", default_action)
-    if action not in ACTIONS:
-        raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
-    delay = conf.pop("delay_seconds", None)
-    if delay is not None:
-        delay = Throttle(delay_seconds=delay).delay_seconds  # validated by core (clear error)
-    given = frozenset(conf) | ({"delay_seconds"} if delay is not None else frozenset())
-    if conf.get("tables") is None:
-        tables = default_tables
-        if isinstance(tables, str):
-            tables = [t.strip() for t in tables.split(",") if t.strip()]
-        if not tables:
-            raise ConfigurationError(
-                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
-            )
-        conf["tables"] = list(tables)
-    kr = conf.pop("key_ranges", None)
-    if kr is not None:
-        if isinstance(kr, list):  # one list of ranges for every table
-            tids = conf["tables"] if isinstance(conf["tables"], list) else [conf["tables"]]
-            kr = {t: kr for t in tids}
-        conf["ranges"] = kr
-    request = SnapshotRequest.from_dict(conf)
-    return SnapshotConf(action, request, given, None if delay is None else float(delay))
-
-
-def _check_scope(req: SnapshotConf, settings: Any) -> None:
-    """A conf (untrusted: anyone who may trigger the DAG writes it) may name only tables of the
-    capture scope, for every action; the dialect checks the rest (system schemas, grants)
-    when a snapshot starts. Raises before anything is written."""
-    scope = {TableName.parse(t).id for t in settings.tables}
-    if not scope:
-        if settings.capture_all_tables:
-            return
-        raise ConfigurationError(
-            "no capture scope: set CDC_TABLES (or the source's 'tables' in the sources config) to the tables this "
-            "source captures; a snapshot may only read those"
-        )
-    outside = [t for t in req.tables if t.id not in scope]
-    if outside:
-        raise ConfigurationError(
-            f"conf 'tables' names {', '.join(map(str, outside))}, outside the capture scope of this source "
-            f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(scope))}): a run's conf may narrow "
-            "the scope, never widen it. An administrator allows a table by adding it to that setting"
-        )
-
 
 def _iso_utc(value: Any) -> str | None:
     """A run's logical date as an ISO string in UTC (None: the run has none)."""
@@ -301,7 +217,7 @@ class SnapshotPlanOperator(_SourceOperator):
         req = parse_snapshot_conf(  # before anything is written
             conf, self.default_tables, default_action="refresh" if scheduled else "start"
         )
-        _check_scope(req, load(overrides=self.cdc_overrides))  # also before anything is written
+        check_scope(req, load(overrides=self.cdc_overrides))  # also before anything is written
         self._context = context
         self._run_id = (context.get("run_id") if context else None) or getattr(dag_run, "run_id", None)
         self._logical_date = _iso_utc(
