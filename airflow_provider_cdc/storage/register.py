@@ -63,11 +63,13 @@ class Register:
             dt = self._open()
             if dt is None:
                 return None, 0
-            uris = dt.file_uris()
-            if len(uris) != 1:
-                raise StateError(f"register {self.location} holds {len(uris)} files at version {dt.version()}, not 1; "
+            # relative paths joined onto the location as given: file_uris() percent-encodes the
+            # location (a data dir named "data dir é" is not at "data%20dir%20%C3%A9")
+            rels = pa.table(dt.get_add_actions(flatten=True))["path"].to_pylist()
+            if len(rels) != 1:
+                raise StateError(f"register {self.location} holds {len(rels)} files at version {dt.version()}, not 1; "
                                  "it was written by something else: move it away to start over")
-            fs, path = filesystem(uris[0])
+            fs, path = filesystem(join(self.location, *rels[0].split("/")))
             try:
                 values = pq.read_table(path, filesystem=fs, columns=["value"])["value"]
             except FileNotFoundError:  # a writer replaced it after we listed it: read again
@@ -114,7 +116,7 @@ class Register:
             _quiet_delete(target)
             raise
         for p in old["path"]:  # readers of the version before retry (read())
-            _quiet_delete(join(self.location, p))
+            _quiet_delete(join(self.location, *p.split("/")))
         return expect + 1
 
 

@@ -47,6 +47,13 @@ def test_a_register_writes_only_on_top_of_the_version_it_read(tmp_path):
     assert len([p for p in (tmp_path / "reg").iterdir() if p.suffix == ".parquet"]) == 1
 
 
+def test_a_register_under_a_hostile_folder_name(tmp_path):
+    """file_uris() percent-encodes the location: the register reads by the path it was given."""
+    r = Register(str(tmp_path / "data dir é" / "reg"))
+    assert r.write("a", 0) == 1 and r.write("b", 1) == 2
+    assert r.read() == ("b", 2)
+
+
 def test_concurrent_updates_lose_nothing(tmp_path):
     store = RegisterProgressStore(str(tmp_path))
     store.write(SRC, TID, started(), 0)
