@@ -141,25 +141,34 @@ def _published(source: str, table_id: str) -> str | None:
     return raw
 
 
+class _AdoptingStore(RegisterProgressStore):
+    """The register, which adopts at its first read a progress that an earlier version kept
+    only in the Variable (written as version 1 unless another reader adopted it first)."""
+
+    def read(self, source: str, table_id: str) -> Versioned:
+        current = super().read(source, table_id)
+        if current.version:
+            return current
+        raw = _published(source, table_id)
+        if raw is None:
+            return current
+        progress = SnapshotProgress.from_json(raw)  # a value that is not JSON: a StateError that says so
+        if COPY_FIELD in json.loads(raw):  # a copy outlives its authority (a data dir removed): not adopted
+            return current
+        try:
+            super().write(source, table_id, progress, 0)
+        except ConflictError:
+            pass
+        return super().read(source, table_id)
+
+
 def store(data_dir: str) -> RegisterProgressStore:
-    return RegisterProgressStore(data_dir)
+    return _AdoptingStore(data_dir)
 
 
 def read(source: str, table_id: str, data_dir: str) -> Versioned:
-    """The authority's progress and version; a progress only an earlier version's Variable
-    holds is adopted first (written as version 1 unless another reader adopted it first)."""
-    s = store(data_dir)
-    current = s.read(source, table_id)
-    if current.version:
-        return current
-    raw = _published(source, table_id)
-    if raw is None or COPY_FIELD in json.loads(raw):  # a copy outlives its authority (a data dir removed)
-        return current
-    try:
-        s.write(source, table_id, SnapshotProgress.from_json(raw), 0)
-    except ConflictError:
-        pass
-    return s.read(source, table_id)
+    """The authority's progress and version (a Variable-held progress adopted first)."""
+    return store(data_dir).read(source, table_id)
 
 
 def load(source: str, table_id: str, data_dir: str) -> SnapshotProgress | None:
@@ -176,7 +185,6 @@ def update(source: str, table_id: str, data_dir: str, change: Change, *,
            between: Callable[[], None] | None = None) -> SnapshotProgress | None:
     """Apply ``change`` with compare-and-set (pipeline.progress_store.update), then publish
     what it wrote. Returns the progress after the change."""
-    read(source, table_id, data_dir)  # adopt a Variable-held progress before changing it
     return _update(store(data_dir), source, table_id, change, between=between,
                    written=lambda p: publish(source, table_id, p))
 
