@@ -31,8 +31,7 @@ from collections.abc import Callable
 
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
-from .pipeline.progress_store import Change, ConflictError, RegisterProgressStore, Versioned
-from .pipeline.progress_store import update as _update
+from .pipeline.progress_store import Change, ConflictError, RegisterProgressStore, SourceProgress, Versioned
 
 KEY_PREFIX = "cdc_snapshot__"
 #: marks a published copy: never adopted as the authority (an earlier version's value lacks it)
@@ -166,6 +165,11 @@ def store(data_dir: str) -> RegisterProgressStore:
     return _AdoptingStore(data_dir)
 
 
+def for_source(source: str, data_dir: str) -> SourceProgress:
+    """The snapshots of ``source``: the authority in ``data_dir``, each write published."""
+    return SourceProgress(store(data_dir), source, published=lambda table_id, p: publish(source, table_id, p))
+
+
 def read(source: str, table_id: str, data_dir: str) -> Versioned:
     """The authority's progress and version (a Variable-held progress adopted first)."""
     return store(data_dir).read(source, table_id)
@@ -185,8 +189,7 @@ def update(source: str, table_id: str, data_dir: str, change: Change, *,
            between: Callable[[], None] | None = None) -> SnapshotProgress | None:
     """Apply ``change`` with compare-and-set (pipeline.progress_store.update), then publish
     what it wrote. Returns the progress after the change."""
-    return _update(store(data_dir), source, table_id, change, between=between,
-                   written=lambda p: publish(source, table_id, p))
+    return for_source(source, data_dir).update(table_id, change, between=between)
 
 
 def publish(source: str, table_id: str, progress: SnapshotProgress) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import functools
 import gzip
 import hashlib
 import json
@@ -266,7 +267,7 @@ _ZERO_TEXT_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d):(\d\d)(?
 def _zero_dates_as_text(fn: Callable[[Any], Any], logical: str) -> Callable[[Any], Any]:
     """Zero and partial dates ('0000-00-00', '2020-00-00', '2020-05-00 10:00:00') name no
     day, so no datetime holds them: pymysql returns them as text, and the binlog reader (with
-    :func:`_patch_binlog_zero_dates`) too. They keep that text in canonical form, so two of
+    :class:`_ZeroDateRows`) too. They keep that text in canonical form, so two of
     them stay two keys and a change of one is seen; the mirror stores them losslessly
     (core/temporal.py)."""
 
@@ -286,17 +287,18 @@ def _zero_dates_as_text(fn: Callable[[Any], Any], logical: str) -> Callable[[Any
     return conv
 
 
-def _patch_binlog_zero_dates() -> None:
+class _ZeroDateRows:
     """mysql-replication decodes zero and partial DATE / DATETIME values to None, which would
-    turn '2020-00-00' into NULL on the changelog path only. Decode them to the server's text
-    instead (the bits hold year, month and day exactly); valid dates are unchanged."""
-    from pymysqlreplication import row_event
+    turn '2020-00-00' into NULL on the changelog path only. Rows events of this package's
+    streams are of subclasses with this mixin first (:func:`_own_rows`), whose date readers
+    decode such values to the server's text (the bits hold year, month and day exactly);
+    valid dates are unchanged. The library itself is left as it is for every other user in
+    the process. The method names are the ones RowsEvent's row decoder calls (its private,
+    name-mangled readers), so a subclass's method is found first."""
 
-    cls = row_event.RowsEvent
-    if getattr(cls, "_cdc_zero_dates", False):
-        return
+    packet: Any
 
-    def read_date(self):
+    def _RowsEvent__read_date(self):  # noqa: N802 - the name RowsEvent calls
         time = self.packet.read_uint24()
         year, month, day = (time >> 9) & ((1 << 15) - 1), (time >> 5) & 15, time & 31
         try:
@@ -304,7 +306,7 @@ def _patch_binlog_zero_dates() -> None:
         except ValueError:
             return f"{year:04d}-{month:02d}-{day:02d}"
 
-    def read_datetime2(self, column):
+    def _RowsEvent__read_datetime2(self, column):  # noqa: N802
         data = self.packet.read_int_be_by_size(5)
         part = self._RowsEvent__read_binary_slice
         year, month = divmod(part(data, 1, 17, 40), 13)
@@ -316,7 +318,7 @@ def _patch_binlog_zero_dates() -> None:
             return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}.{us:06d}"
         return self._RowsEvent__add_fsp_to_time(t, column)
 
-    def read_datetime(self):
+    def _RowsEvent__read_datetime(self):  # noqa: N802
         value = self.packet.read_uint64()
         day_part, clock = divmod(value, 1_000_000)
         year, rest = divmod(day_part, 10_000)
@@ -328,10 +330,22 @@ def _patch_binlog_zero_dates() -> None:
         except ValueError:
             return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
 
-    cls._RowsEvent__read_date = read_date
-    cls._RowsEvent__read_datetime2 = read_datetime2
-    cls._RowsEvent__read_datetime = read_datetime
-    cls._cdc_zero_dates = True
+
+@functools.cache
+def _rows_subclasses() -> dict[type, type]:
+    from pymysqlreplication.row_event import DeleteRowsEvent, PartialUpdateRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+    return {c: type(c.__name__, (_ZeroDateRows, c), {"__module__": __name__})
+            for c in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent)}
+
+
+def _own_rows(ev: Any) -> Any:
+    """A rows event as the :class:`_ZeroDateRows` subclass of its class, before its rows are
+    decoded (the library decodes them at the first read of ``rows``); other events as they are."""
+    sub = _rows_subclasses().get(type(ev))
+    if sub is not None:
+        ev.__class__ = sub
+    return ev
 
 
 def _json_text(v: Any) -> str:
@@ -1179,7 +1193,6 @@ class MySqlDialect(Dialect):
         if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
         p = self.params
-        _patch_binlog_zero_dates()
         stream = BinLogStreamReader(
             connection_settings={
                 "host": p.host,
@@ -1301,7 +1314,7 @@ class MySqlDialect(Dialect):
             return max_events is not None and total >= max_events
 
         try:
-            for ev in stream:
+            for ev in map(_own_rows, stream):
                 # the reader's packet and event point at each other: a cycle per event that only
                 # the cyclic GC frees, late in a process of many objects (memory would follow the
                 # transaction); cut it so each event is freed when the next one is read

@@ -22,6 +22,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from ..core.errors import StateError
@@ -30,8 +31,8 @@ from ..core.schema import TableName
 from ..storage import join
 from ..storage.register import ConflictError, Register
 
-__all__ = ["ConflictError", "MemoryProgressStore", "ProgressStore", "RegisterProgressStore", "Versioned",
-           "progress_location", "update"]
+__all__ = ["ConflictError", "MemoryProgressStore", "ProgressStore", "RegisterProgressStore", "SourceProgress",
+           "Versioned", "progress_location", "update"]
 
 #: attempts of one update before it gives up (each conflict means another writer got through)
 UPDATE_ATTEMPTS = 50
@@ -83,6 +84,26 @@ def update(store: ProgressStore, source: str, table_id: str, change: Change, *,
             written(new)
         return new
     raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True)
+class SourceProgress:
+    """The snapshots of one source as their writers see them: :meth:`load` to decide, and
+    :meth:`update` (compare-and-set) to change. ``published(table_id, progress)`` runs after
+    each write (the glue copies the progress to a Variable there; never read back)."""
+
+    store: ProgressStore
+    source: str
+    published: Callable[[str, SnapshotProgress], None] | None = None
+
+    def load(self, table_id: str) -> SnapshotProgress | None:
+        return self.store.read(self.source, table_id).progress
+
+    def update(self, table_id: str, change: Change, *,
+               between: Callable[[], None] | None = None) -> SnapshotProgress | None:
+        published = self.published
+        written = None if published is None else (lambda p: published(table_id, p))
+        return update(self.store, self.source, table_id, change, between=between, written=written)
 
 
 class MemoryProgressStore:

@@ -12,6 +12,7 @@ import pytest
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.core.errors import StateError
 from airflow_provider_cdc.operators.snapshot import SnapshotPlanOperator
+from airflow_provider_cdc.pipeline import progress_store as authority
 from tools import workload as w
 
 from .test_snapshot_invariants import ROWS, Pipeline
@@ -28,16 +29,16 @@ def test_two_plan_runs_starting_one_table_store_one_snapshot(pg_uri, unique_name
     w.create_demo_table(pg_uri, p.table, ROWS)
     try:
         p.capture_now()
-        real, won = progress_store.update, {}
+        real, won = authority.update, {}
 
-        def update(source, table_id, data_dir, change, **kw):
+        def update(store, source, table_id, change, **kw):
             def between():
                 if "work" not in won:  # once: run B plans and stores its snapshot here
                     won["work"] = []
                     won["work"] = plan(p, "run-B")
-            return real(source, table_id, data_dir, change, between=between)
+            return real(store, source, table_id, change, between=between, written=kw.get("written"))
 
-        monkeypatch.setattr(progress_store, "update", update)
+        monkeypatch.setattr(authority, "update", update)
         with pytest.raises(StateError, match="stored by another run while this one planned"):
             plan(p, "run-A")
         stored = progress_store.load(p.source, p.table.id, p.data_dir)

@@ -511,6 +511,11 @@ def test_zero_and_partial_dates_keep_their_text_both_ways(make_dialect, mysql_ur
             after = decode_key(keys[1])
             (rest,) = list(d.stream_query(*d.chunk_query(schema, ChunkRange(), after_key=after, limit=10)))
             assert sorted(r[1] for r in rest) == [2, 3, 4]
+            # done by subclassing the package's own events: the library stays as it is for others
+            from pymysqlreplication import row_event
+
+            assert row_event.RowsEvent._RowsEvent__read_date.__module__ == row_event.__name__
+            assert not any(k.startswith("_RowsEvent__") for k in vars(row_event.WriteRowsEvent))
         finally:
             cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
 

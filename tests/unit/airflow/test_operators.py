@@ -16,18 +16,22 @@ from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
 from airflow_provider_cdc.operators.snapshot import (
-    SEQ_STRIDE,
     SnapshotChunkOperator,
     SnapshotCommitOperator,
     SnapshotPlanOperator,
+    _dag_is_paused,
+)
+from airflow_provider_cdc.pipeline import progress_store as authority
+from airflow_provider_cdc.pipeline.snapshot import (
+    SEQ_STRIDE,
     key_reached,
-    parse_snapshot_conf,
-    plan_path,
     range_state,
     read_sidecars,
     write_sidecar,
 )
-from airflow_provider_cdc.storage.layout import chunk_path
+from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
+from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController
+from airflow_provider_cdc.storage.layout import chunk_path, plan_path
 
 T = TableName("public", "orders")
 
@@ -268,16 +272,19 @@ def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_pat
         task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     )
     ti = FakeTI(paused=False)
-    assert op._should_stop({"ti": ti}, T.id, "S1") is None
+    ctl = op.controller({"ti": ti})
+    stop = ctl.chunk_gate(T.id, "S1", lambda: _dag_is_paused({"ti": ti}))
+    assert stop() is None
     ti.paused = True  # paused while the task runs
-    assert op._should_stop({"ti": ti}, T.id, "S1") == "the DAG was paused"
+    assert stop() == "the DAG was paused"
     assert progress_store.status("src", T.id, str(tmp_path)) == "paused"  # the snapshot's status shows the DAG pause
     assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"  # and resume continues it
-    op._ran_while_paused = True  # started on a paused DAG on purpose (dag.test, tasks test)
-    assert op._should_stop({"ti": ti}, T.id, "S1") is None
-    assert "no longer the current one" in op._should_stop({"ti": ti}, T.id, "S0")
+    # started on a paused DAG on purpose (dag.test, tasks test)
+    stop = ctl.chunk_gate(T.id, "S1", lambda: _dag_is_paused({"ti": ti}))
+    assert stop() is None
+    assert "no longer the current one" in ctl.chunk_gate(T.id, "S0", lambda: True)()
     progress_store.request("src", T.id, "pause", str(tmp_path))
-    assert op._should_stop({"ti": ti}, T.id, "S1") == "snapshot S1 of public.orders is paused"
+    assert stop() == "snapshot S1 of public.orders is paused"
 
 
 def test_control_from_outside_a_dag_run(tmp_path, variables):
@@ -298,16 +305,16 @@ def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monk
     conflicts, and its change is applied again to the paused snapshot (no lost update)."""
     progress(tmp_path)
     a = committed(tmp_path, 0, 0, 9, 10, False)
-    real_update, landed = progress_store.update, []
+    real_update, landed = authority.update, []
 
-    def pause_lands_between(source, table_id, data_dir, change, **kw):
+    def pause_lands_between(store, source, table_id, change, **kw):
         def between():
             if not landed:  # once (the pause's own update passes through here too)
                 landed.append("pause")
-                progress_store.request(source, table_id, "pause", data_dir)
-        return real_update(source, table_id, data_dir, change, between=between)
+                progress_store.request(source, table_id, "pause", str(tmp_path))
+        return real_update(store, source, table_id, change, between=between, written=kw.get("written"))
 
-    monkeypatch.setattr(progress_store, "update", pause_lands_between)
+    monkeypatch.setattr(authority, "update", pause_lands_between)
     SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     ).execute({})
@@ -401,22 +408,23 @@ def test_backfill_and_scheduled_runs_refresh_once_per_logical_date(tmp_path, var
                          ("backfill", "2026-11-01T00:00:00")]:
         assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx(run_type, ld, f"{run_type}__{ld}")) == []
     assert progress_store.load_raw("src", T.id, str(tmp_path)) == before
-    op = plan_op(tmp_path, default_tables=T.id)
-    op.execute(run_ctx("backfill", "2026-11-19T00:00:00+00:00", "b"))  # sets the run facts
-    assert not op._due(T.id, p)
-    op._logical_date = "2026-11-21T00:00:00+00:00"
-    assert op._due(T.id, p)  # a later date refreshes
+
+    def due(logical_date):
+        return SnapshotController(source="src", data_dir=str(tmp_path), connect=None,
+                                  progress=progress_store.for_source("src", str(tmp_path)),
+                                  logical_date=logical_date)._due(T.id, p)
+
+    assert not due("2026-11-19T00:00:00+00:00")
+    assert due("2026-11-21T00:00:00+00:00")  # a later date refreshes
 
 
 def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, variables):
-    from airflow_provider_cdc.operators.snapshot import parse_snapshot_conf
-
     p = progress(tmp_path)  # its plan: chunk_size 10, parallelism 2, delay 0
     path = plan_path(str(tmp_path), "src", T, "S1")
     plan = json.loads(storage.read_text(path))
     plan.update(where="amount > 5", delay_seconds=0.5)
     storage.write_text(path, json.dumps(plan))
-    op = plan_op(tmp_path)
+    op = plan_op(tmp_path).controller({})
     kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
     assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (
         10, 2, "amount > 5", 0.5)
@@ -448,9 +456,9 @@ def test_a_run_never_reads_a_snapshot_another_live_run_owns(tmp_path, variables)
     assert progress_store.load("src", T.id, str(tmp_path)).owner == "A"
     # a chunk task of run B stops before reading: A owns the snapshot
     chunk = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
-    assert "read by DAG run A" in chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1")
+    assert "read by DAG run A" in chunk.controller({"ti": None, "run_id": "B"}).stop_reason(T.id, "S1")
     # once A has ended, the next run takes the snapshot over and continues it
     ti.states["A"] = "failed"
     work = plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti))
     assert [w["range_index"] for w in work] == [0, 1] and progress_store.load("src", T.id, str(tmp_path)).owner == "B"
-    assert chunk._should_stop({"ti": None, "run_id": "B"}, T.id, "S1") is None
+    assert chunk.controller({"ti": None, "run_id": "B"}).stop_reason(T.id, "S1") is None

@@ -17,24 +17,27 @@ from airflow_provider_cdc.operators.snapshot import (
     mark_failed,
     pause_for_dag_pause,
 )
+from airflow_provider_cdc.pipeline import progress_store as authority
+from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
 
-from .test_operators import SEQ_STRIDE, T, committed, ctx, progress
+from .test_operators import T, committed, ctx, progress
 
 
 @pytest.fixture
 def interleave(monkeypatch):
-    """``interleave(action)``: the next update of the progress runs ``action()`` once, after
+    """``interleave(action)``: the next update of the progress (every writer's goes through
+    pipeline.progress_store.update) runs ``action()`` once, after
     its read and before its write (the writer under test then conflicts and reads again)."""
-    real = progress_store.update
+    real = authority.update
     pending: list = []
 
-    def update(source, table_id, data_dir, change, **kw):
+    def update(store, source, table_id, change, **kw):
         def between():
             if pending:
                 pending.pop()()  # popped first: the action's own update passes through here too
-        return real(source, table_id, data_dir, change, between=between)
+        return real(store, source, table_id, change, between=between, written=kw.get("written"))
 
-    monkeypatch.setattr(progress_store, "update", update)
+    monkeypatch.setattr(authority, "update", update)
     return pending.append
 
 
