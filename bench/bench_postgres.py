@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             copy_best = min(copy_best, time.perf_counter() - t)
 
         if args.profile:  # the last copy but one (the raw drain reads the last)
-            from bench.bench_snapshot_steps import _profiled
+            from bench.profiling import profiled
 
             with get_dialect(
                 params, source=source, watermark_table=f"wm_bench_{u}", tables=[tname], slot_name=slots[-2]
             ) as d:
-                _res, prof = _profiled(True, stage_changelog, d, str(work / "cap-profile"))
+                _res, prof = profiled(True, stage_changelog, d, str(work / "cap-profile"))
             print(f"  capture under cProfile (top functions by own time):\n{prof}")
         if events != raw_changes:
             print(f"  note: capture saw {events} events, the raw drain {raw_changes} row changes")

@@ -20,10 +20,7 @@ functions of the chunk and merge steps (the per-row Python work that bounds them
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
-import pstats
 import shutil
 import tempfile
 import time
@@ -32,19 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_cdc.pipeline.capture import stage_changelog
+from bench.profiling import profiled
 
 DEFAULT_PG = "postgresql://postgres@127.0.0.1:55432/postgres"
 DEFAULT_MY = "mysql://root@127.0.0.1:53306/cdc_test"
-
-
-def _profiled(enabled: bool, fn, *args, **kwargs) -> tuple[Any, str]:
-    if not enabled:
-        return fn(*args, **kwargs), ""
-    prof = cProfile.Profile()
-    result = prof.runcall(fn, *args, **kwargs)
-    out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
-    return result, out.getvalue()
 
 
 def read_all_chunks(d, schema, *, data_dir: str, chunk_size: int) -> list:
@@ -93,7 +81,7 @@ def bench_one(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
         p.write_text(schema.to_json())
 
         t0 = time.perf_counter()
-        chunks, R["chunk_profile"] = _profiled(a.profile, read_all_chunks, d, schema, data_dir=data_dir,
+        chunks, R["chunk_profile"] = profiled(a.profile, read_all_chunks, d, schema, data_dir=data_dir,
                                                chunk_size=a.chunk_size)
         R["chunk_s"] = time.perf_counter() - t0
         R["chunks"] = len(chunks)
@@ -110,7 +98,7 @@ def bench_one(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
             moved = [c.__class__(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
                                     "path": c.path.replace(data_dir, out, 1)}) for c in chunks]
             t0 = time.perf_counter()
-            summary, prof = _profiled(a.profile and label == "merge", merge_round, moved, data_dir=out, source=source,
+            summary, prof = profiled(a.profile and label == "merge", merge_round, moved, data_dir=out, source=source,
                                       sinks=built)
             R[f"{label}_s"] = time.perf_counter() - t0
             if prof:

@@ -36,14 +36,14 @@ from ..core.errors import ConfigurationError, SchemaChangeError
 from ..hooks.cdc_storage import StorageConnectionMixin
 from ..pipeline.committed import round_tables
 from ..pipeline.spark.common import application_path
-from ..settings import DEFAULT_LOCAL_MAX_ROWS, FromSettings, sink_names
+from ..settings import FromSettings, sink_names
 
 
-def local_max_rows_from_env(default: int = DEFAULT_LOCAL_MAX_ROWS) -> int:
+def local_max_rows_from_env() -> int:
     """``CDC_LOCAL_MAX_ROWS``, parsed by settings.py (the one place settings are read)."""
-    from ..settings import _int
+    from ..settings import load
 
-    return _int(os.environ, "CDC_LOCAL_MAX_ROWS", default, "a whole number >= 0 (0: always spark-submit)")
+    return load().local_max_rows
 
 
 #: extras of a postgres connection that are libpq parameters (the others are the Postgres provider's own)

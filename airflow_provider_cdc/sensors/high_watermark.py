@@ -9,7 +9,6 @@ running; if the changelog DAG is capturing, the lock is taken and the sensor jus
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -19,7 +18,7 @@ from airflow.sdk import BaseSensorOperator, conf
 from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this module's API for DAGs
 from ..core.errors import NotReadyError
 from ..hooks.cdc_source import CdcSourceMixin
-from ..settings import DEFAULT_POKE_INTERVAL, load
+from ..settings import load
 from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
@@ -46,11 +45,9 @@ def deferrable_from_env() -> bool | None:
     return load().sensor_deferrable
 
 
-def poke_interval_from_env(default: float = DEFAULT_POKE_INTERVAL) -> float:
+def poke_interval_from_env() -> float:
     """``CDC_SENSOR_POKE_INTERVAL``: seconds between the sensor's checks, a number > 0."""
-    from ..settings import _seconds
-
-    return _seconds(os.environ, "CDC_SENSOR_POKE_INTERVAL", default)
+    return load().sensor_poke_interval
 
 
 class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):

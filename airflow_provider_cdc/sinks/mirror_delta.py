@@ -20,10 +20,8 @@ as the table grows, each a resolved base file plus the change files writes appen
 (merge-on-read): a write costs what it changes, and :func:`compact_buckets` folds change
 files into the base in the background, within a budget per round. Readers take the newest
 position per key, then drop tombstones (:func:`current_batches`, sinks/mirror_readers.py).
-Before merge-on-read a write rewrote every bucket it touched (copy-on-write): a round of
-4,000 random updates rewrote 99.9% of a 4M-row mirror.
 
-Fencing (who may commit; shared/DESIGN.md, Fencing). Two values live in the Delta table's
+Fencing (who may commit; docs/DESIGN.md, Fencing). Two values live in the Delta table's
 own properties, so every check is part of the version a commit is based on, and Delta's
 optimistic concurrency turns a concurrent change of them into a commit conflict (the
 writer re-reads them and checks again; delta-rs refuses a commit whose read version saw

@@ -1,4 +1,4 @@
-"""Fencing of the mirror's writers (shared/DESIGN.md, Fencing; I7 no resurrection).
+"""Fencing of the mirror's writers (docs/DESIGN.md, Fencing; I7 no resurrection).
 
 Real Delta tables on local disk; the interleavings a scheduler produces (a stop while a
 merge writes, a retry beside its zombie, compaction between two batches of a merge) are

@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
-from airflow_provider_cdc.dialects.postgres import _SLOT_NAME_RE, default_object_name
+from airflow_provider_cdc.dialects.postgres import SLOT_NAME_RE, default_object_name
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +40,7 @@ def test_derived_names_are_valid_and_distinct():
     alphabet = ["a", "A", "_", "-", ".", "1", "é"]
     names = ["".join(p) for n in (1, 2, 3) for p in itertools.product(alphabet, repeat=n)] + ["x" * 100, "X" * 100]
     slots = [default_object_name(n) for n in names]
-    assert all(_SLOT_NAME_RE.match(s) for s in slots)
+    assert all(SLOT_NAME_RE.match(s) for s in slots)
     assert len(set(slots)) == len(names)
 
 

@@ -10,15 +10,15 @@ import struct
 import pytest
 
 from airflow_provider_cdc.core.errors import SourceError
-from airflow_provider_cdc.dialects import pgoutput
 from airflow_provider_cdc.dialects.postgres import (
     PgType,
     UnsupportedType,
-    _numeric_type,
     decoder,
     default_object_name,
     logical_type,
+    numeric_type,
     parse_array,
+    pgoutput,
 )
 
 
@@ -138,7 +138,7 @@ def test_type_mapping():
     assert lt(8, (6 << 16 | 2) + 4) == "array<decimal(6,2)>"
     with pytest.raises(UnsupportedType, match="point"):
         lt(6)
-    assert _numeric_type(((5 << 16) | (0x7FF & -2)) + 4) == "decimal"  # negative scale (PG 15)
+    assert numeric_type(((5 << 16) | (0x7FF & -2)) + 4) == "decimal"  # negative scale (PG 15)
 
 
 def test_default_slot_name_is_valid():
@@ -170,7 +170,7 @@ def test_vectorised_json_strings_equal_the_encoder():
 
     import pyarrow as pa
 
-    from airflow_provider_cdc.dialects.pgcopy import json_strings
+    from airflow_provider_cdc.dialects.postgres.pgcopy import json_strings
 
     enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     clean = [v for v in TRICKY if not any(ord(ch) < 32 for ch in v)] + [None]
@@ -190,7 +190,7 @@ def test_chunk_assembler_rows_equal_the_decoders():
 
     from airflow_provider_cdc.core.arrow_types import decode_column
     from airflow_provider_cdc.core.schema import encode_key
-    from airflow_provider_cdc.dialects.pgcopy import ChunkAssembler
+    from airflow_provider_cdc.dialects.postgres.pgcopy import ChunkAssembler
 
     names = ["id", 'we"ird', "b", "f", "t", "u", "n", "a"]
     types = ["int64", "string", "bool", "float64", "timestamptz", "uuid", "decimal(5,2)", "array<int32>"]
@@ -248,7 +248,7 @@ def test_specialised_fragments_equal_the_encoder(logical, texts):
 
     import pyarrow as pa
 
-    from airflow_provider_cdc.dialects.pgcopy import fragment_builder
+    from airflow_provider_cdc.dialects.postgres.pgcopy import fragment_builder
 
     enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
     dec = decoder(logical)
@@ -286,7 +286,7 @@ def test_typed_columns_from_copy_text_equal_the_decoders(logical, texts):
 
     from airflow_provider_cdc.core.arrow_types import decode_column
     from airflow_provider_cdc.core.errors import ConfigurationError
-    from airflow_provider_cdc.dialects.pgcopy import typed_builder
+    from airflow_provider_cdc.dialects.postgres.pgcopy import typed_builder
 
     dec = decoder(logical)
     got = typed_builder(logical)(pa.array(texts, pa.string()))
@@ -343,6 +343,6 @@ def test_tuples_parsed_together_equal_one_message_at_a_time():
 def test_malformed_or_escape_format_bytea_takes_the_decoder(texts):
     import pyarrow as pa
 
-    from airflow_provider_cdc.dialects.pgcopy import typed_builder
+    from airflow_provider_cdc.dialects.postgres.pgcopy import typed_builder
 
     assert typed_builder("binary")(pa.array(texts, pa.string())) is None

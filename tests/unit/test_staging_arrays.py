@@ -41,7 +41,7 @@ import sys
 import pyarrow as pa
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position
-from airflow_provider_cdc.dialects.pgcopy import ChunkAssembler, read_csv_batch
+from airflow_provider_cdc.dialects.postgres.pgcopy import ChunkAssembler, read_csv_batch
 from airflow_provider_cdc.dialects.postgres import decoder
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
 from airflow_provider_cdc.core.arrow_types import string_array

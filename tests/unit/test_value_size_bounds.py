@@ -17,9 +17,10 @@ from airflow_provider_cdc.core.arrow_types import gather_slices, slices_array
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect, pgcopy
+from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.dialects.base import DEFAULT_BATCH_MAX_BYTES, value_bytes
-from airflow_provider_cdc.dialects.mysql import _bounded_batches
+from airflow_provider_cdc.dialects.mysql import bounded_batches
+from airflow_provider_cdc.dialects.postgres import pgcopy
 
 MB = 2**20
 
@@ -171,11 +172,11 @@ def test_value_bytes_counts_text_and_bytes_only():
 def test_bounded_batches_end_at_the_byte_bound_or_the_row_count():
     big = b"x" * (8 * MB)
     rows = [(i, big) for i in range(5)] + [(i, "s") for i in range(5, 9)]
-    sizes = [len(b) for b in _bounded_batches(_Cursor(rows), 1000, 20 * MB)]
+    sizes = [len(b) for b in bounded_batches(_Cursor(rows), 1000, 20 * MB)]
     assert sizes == [3, 2 + 4]  # 24 MB with the third row; then 16 MB and the small rows to the end
-    assert [len(b) for b in _bounded_batches(_Cursor(rows), 2, 20 * MB)] == [2, 2, 2, 2, 1]
-    assert [len(b) for b in _bounded_batches(_Cursor(rows), 1000, 1)] == [1] * 5 + [1] * 4
-    assert list(_bounded_batches(_Cursor([]), 10, 10)) == []
+    assert [len(b) for b in bounded_batches(_Cursor(rows), 2, 20 * MB)] == [2, 2, 2, 2, 1]
+    assert [len(b) for b in bounded_batches(_Cursor(rows), 1000, 1)] == [1] * 5 + [1] * 4
+    assert list(bounded_batches(_Cursor([]), 10, 10)) == []
 
 
 class _FakeConn:

@@ -11,12 +11,12 @@ from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.operators.spark_jobs import (
-    DEFAULT_LOCAL_MAX_ROWS,
     ChangelogApplyOperator,
     SnapshotMergeOperator,
     local_max_rows_from_env,
 )
 from airflow_provider_cdc.pipeline.spark.common import application_path
+from airflow_provider_cdc.settings import DEFAULT_LOCAL_MAX_ROWS
 
 
 def chunk(seq: int, rows: int) -> dict:

@@ -1,7 +1,7 @@
 """core/ must import nothing from Airflow, Spark or a database driver, even indirectly.
 
 pyarrow is allowed: Arrow is the data model of the one DBLog window (core/window.py), which
-every engine calls on Arrow tables (shared/DESIGN.md, Package layout)."""
+every engine calls on Arrow tables (docs/DESIGN.md, Layout)."""
 
 import subprocess
 import sys

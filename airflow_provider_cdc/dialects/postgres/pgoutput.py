@@ -228,7 +228,7 @@ def text_array(buf, starts, lengths, valid):
     import numpy as np
     import pyarrow as pa
 
-    from ..core.arrow_types import gather_slices, slices_array
+    from ...core.arrow_types import gather_slices, slices_array
 
     data, offsets = gather_slices(buf, starts, np.where(valid, lengths, 0))
     arr = slices_array(pa.string(), data, offsets, valid)

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..core.arrow_types import bools_to_numpy, conform_images, index_array, string_array, validity_mask
-from ..core.event_batch import ORIGIN_TYPE, SEGMENT_SCHEMA, EventBatch, ImagePart, encode_positions
-from ..core.events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
-from ..core.schema import Column, TableName, TableSchema
+from ...core.arrow_types import bools_to_numpy, conform_images, index_array, string_array, validity_mask
+from ...core.event_batch import ORIGIN_TYPE, SEGMENT_SCHEMA, EventBatch, ImagePart, encode_positions
+from ...core.events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
+from ...core.schema import Column, TableName, TableSchema
 from . import pgoutput
 from .pgcopy import ChunkAssembler
 
@@ -371,7 +371,7 @@ def _fill_unchanged(rel: Relation, new: pgoutput.TupleColumns, old: pgoutput.Tup
 
 
 def _type(logical: str) -> pa.DataType:
-    from ..core.arrow_types import arrow_type
+    from ...core.arrow_types import arrow_type
 
     return arrow_type(logical)
 

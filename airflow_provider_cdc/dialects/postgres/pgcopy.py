@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from ..core.arrow_types import string_array
+from ...core.arrow_types import string_array
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -184,7 +184,7 @@ def _typed_binary(arr: pa.Array) -> pa.Array | None:
     at most :data:`HEX_BLOCK_BYTES` hex digits (a larger value alone, in parts), written into
     one output buffer: memory is the output plus a bounded block, whatever the value sizes;
     None when a value is in the escape format (bytea_output = escape: the decoder)."""
-    from ..core.arrow_types import gather_slices, slices_array, validity_mask
+    from ...core.arrow_types import gather_slices, slices_array, validity_mask
 
     n = len(arr)
     if arr.null_count == n:
@@ -236,7 +236,7 @@ def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:
     """Text column -> the typed column of ``logical`` (core/arrow_types.arrow_type) by Arrow
     kernels, or None where a value needs the decoder (infinities, BC dates, a NaN numeric...):
     the caller then takes the reference path, canonical values through the decoder."""
-    from ..core.arrow_types import arrow_type
+    from ...core.arrow_types import arrow_type
 
     target = arrow_type(logical)
     if logical in _INTS or logical in ("float32", "float64") or pa.types.is_decimal(target):
@@ -306,8 +306,8 @@ class ChunkAssembler:
         A column Arrow's kernels cannot type takes the reference path: each value through the
         decoder (as the changelog's), then core/arrow_types.decode_column; a value its type
         cannot hold makes the column canonical text (as the generic chunk read does)."""
-        from ..core.arrow_types import decode_column
-        from ..core.errors import ConfigurationError
+        from ...core.arrow_types import decode_column
+        from ...core.errors import ConfigurationError
 
         arrays, text = [], []
         for name, logical, build, decode, col in zip(self.names, self.logical, self.typed, self.decoders, columns,

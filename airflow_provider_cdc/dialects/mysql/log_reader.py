@@ -1,0 +1,632 @@
+"""The binlog: rows events read up to the current end, whole transactions only, a large one
+held in bounded parts (spilled to files) until its end; TRUNCATE and statements refused or
+staged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pymysql
+import pymysql.cursors
+
+from ...core.errors import SourceError, StateError
+from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
+from ...core.position import Position, binlog_file_index
+from ...core.schema import TableName, encode_key
+from ..base import LogBatch, SegmentSink
+from .held import HeldGroup, Scratch, Xid, savepoint_name
+from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
+from .prerequisites import SYSTEM_SCHEMAS
+from .types import IDENTIFIER, TEXT_CODES, binlog_converter, query_text, text_or_b64, unquote
+
+log = logging.getLogger(__name__)
+
+
+class _ZeroDateRows:
+    """mysql-replication decodes zero and partial DATE / DATETIME values to None, which would
+    turn '2020-00-00' into NULL on the changelog path only. Rows events of this package's
+    streams are of subclasses with this mixin first (:func:`_own_rows`), whose date readers
+    decode such values to the server's text (the bits hold year, month and day exactly);
+    valid dates are unchanged. The library itself is left as it is for every other user in
+    the process. The method names are the ones RowsEvent's row decoder calls (its private,
+    name-mangled readers), so a subclass's method is found first."""
+
+    packet: Any
+
+    def _RowsEvent__read_date(self):  # noqa: N802 - the name RowsEvent calls
+        time = self.packet.read_uint24()
+        year, month, day = (time >> 9) & ((1 << 15) - 1), (time >> 5) & 15, time & 31
+        try:
+            return dt.date(year, month, day)
+        except ValueError:
+            return f"{year:04d}-{month:02d}-{day:02d}"
+
+    def _RowsEvent__read_datetime2(self, column):  # noqa: N802
+        data = self.packet.read_int_be_by_size(5)
+        part = self._RowsEvent__read_binary_slice
+        year, month = divmod(part(data, 1, 17, 40), 13)
+        day, hour, minute, second = part(data, 18, 5, 40), part(data, 23, 5, 40), part(data, 28, 6, 40), part(data, 34, 6, 40)
+        try:
+            t = dt.datetime(year, month, day, hour, minute, second)
+        except ValueError:
+            us = self._RowsEvent__read_fsp(column)
+            return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}.{us:06d}"
+        return self._RowsEvent__add_fsp_to_time(t, column)
+
+    def _RowsEvent__read_datetime(self):  # noqa: N802
+        value = self.packet.read_uint64()
+        day_part, clock = divmod(value, 1_000_000)
+        year, rest = divmod(day_part, 10_000)
+        month, day = divmod(rest, 100)
+        hour, rest = divmod(clock, 10_000)
+        minute, second = divmod(rest, 100)
+        try:
+            return dt.datetime(year, month, day, hour, minute, second)
+        except ValueError:
+            return f"{year:04d}-{month:02d}-{day:02d} {hour:02d}:{minute:02d}:{second:02d}"
+
+
+@functools.cache
+def _rows_subclasses() -> dict[type, type]:
+    from pymysqlreplication.row_event import (
+        DeleteRowsEvent,
+        PartialUpdateRowsEvent,
+        UpdateRowsEvent,
+        WriteRowsEvent,
+    )
+
+    return {c: type(c.__name__, (_ZeroDateRows, c), {"__module__": __name__})
+            for c in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent)}
+
+
+def _own_rows(ev: Any) -> Any:
+    """A rows event as the :class:`_ZeroDateRows` subclass of its class, before its rows are
+    decoded (the library decodes them at the first read of ``rows``); other events as they are."""
+    sub = _rows_subclasses().get(type(ev))
+    if sub is not None:
+        ev.__class__ = sub
+    return ev
+_TRUNCATE_RE = re.compile(
+    rf"^\s*TRUNCATE\s+(?:TABLE\s+)?(?P<a>{IDENTIFIER})(?:\s*\.\s*(?P<b>{IDENTIFIER}))?\s*(?:(?:WAIT\s+\d+|NOWAIT)\s*)?;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def parse_truncate(sql: str, default_schema: str | None) -> TableName | None:
+    """The table of ``TRUNCATE [TABLE] [db.]t [WAIT n|NOWAIT]`` (backquoted names with
+    doubled backticks, or bare ones), or None when the statement is not that shape."""
+    m = _TRUNCATE_RE.match(sql)
+    if m is None:
+        return None
+    if m.group("b") is not None:
+        return TableName(unquote(m.group("a")), unquote(m.group("b")))
+    if not default_schema:
+        return None
+    return TableName(default_schema, unquote(m.group("a")))
+_ANONYMOUS_GTID = 0x22  # MySQL without GTIDs: the event that starts a group
+#: event types the reader does not decode whose changes would be lost if passed over
+_UNREADABLE_EVENTS: dict[int, str] = {
+    **{t: "a LOAD DATA event of statement-based logging" for t in (0x06, 0x08, 0x09, 0x0A, 0x0B, 0x0C)},
+    **{t: "a pre-GA rows event" for t in (0x14, 0x15, 0x16)},
+    0x1A: "an INCIDENT event: the server recorded that changes may be missing from the binlog (for "
+          "example a non-transactional write that could not be logged)",
+    0x28: "a compressed transaction (MySQL binlog_transaction_compression = ON: SET GLOBAL "
+          "binlog_transaction_compression = OFF)",
+    **{t: "a compressed event (MariaDB log_bin_compress = ON: SET GLOBAL log_bin_compress = OFF)"
+       for t in range(0xA5, 0xAC)},
+}
+#: a change logged as a statement (the writer's session not in binlog_format=ROW)
+_STATEMENT_DML_RE = re.compile(r"^(?:/\*.*?\*/\s*)*(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+(?:DATA|XML))\b",
+                               re.IGNORECASE | re.DOTALL)
+
+
+class MyLogReader:
+    """Read the binlog into the segment sink."""
+
+    def _capture_table(self, schema: str, table: str) -> bool:
+        if self.tables:
+            return TableName(schema, table) in self.tables
+        # the watermark database holds every source's watermark tables: CDC's, not the user's
+        return schema not in SYSTEM_SCHEMAS and schema != self.watermark_table.schema
+
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
+        """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS). The
+        returned end offset is always at a group end (after an XID, COMMIT, ROLLBACK, DDL or XA
+        PREPARE), never inside a transaction (I6).
+
+        Segments go to ``on_segment`` at a group end once ``segment_max_events`` events or
+        ``segment_max_bytes`` bytes of rows events are read, and inside a group at twice the
+        events or at the bytes: the binlog holds only committed groups, so a group's parts may
+        be staged before it ends, and memory follows the segment, not the transaction (I11).
+        The cuts depend only on the events read from ``offset``: a capture killed between parts
+        rereads from the same offset and rewrites the same segment names.
+
+        A group that may still drop events at its end is held (:class:`HeldGroup`: in memory
+        up to the same bound, then in part files) instead of streamed: a MariaDB group not
+        flagged transactional (it changed a non-transactional table: at ``ROLLBACK`` or
+        ``ROLLBACK TO SAVEPOINT`` only those tables' changes stand), every MySQL group (its GTID
+        event does not say), and an XA transaction: at ``XA PREPARE`` its events are written
+        under ``<changelog dir>/_xa/`` before the offset may pass it, and they are staged at
+        its ``XA COMMIT`` with the commit's position, where the change becomes visible (I1), or
+        dropped at ``XA ROLLBACK``, in this run or a later one. Events whose changes cannot be
+        read are refused (:meth:`_refuse`), never skipped silently."""
+        from pymysqlreplication import BinLogStreamReader
+        from pymysqlreplication.event import (
+            ExecuteLoadQueryEvent,
+            FormatDescriptionEvent,
+            GtidEvent,
+            MariadbGtidEvent,
+            NotImplementedEvent,
+            QueryEvent,
+            RotateEvent,
+            XAPrepareEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            PartialUpdateRowsEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
+
+        start = BinlogOffset.from_json(offset)
+        end = self.binlog_end()
+        if start > end:
+            raise StateError(
+                f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
+                f"({end.file}:{end.pos}); the offset belongs to another server or the binlog was reset. "
+                f"Re-snapshot and delete {OFFSET_FILE}."
+            )
+        if start == end:
+            return LogBatch([], offset, offset)
+        self._check_not_purged(start)
+        self._binlog_converters.clear()  # table ids are per binlog session
+        self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
+
+        self.require_capture_scope()
+        wm = self.watermark_table
+        only_schemas = None
+        if self.tables:
+            only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
+        p = self.params
+        stream = BinLogStreamReader(
+            connection_settings={
+                "host": p.host,
+                "port": p.port or 3306,
+                "user": p.user or "root",
+                "passwd": p.password or "",
+                "charset": "utf8mb4",
+                **self._driver_settings(),
+            },
+            server_id=self.server_id,
+            blocking=False,
+            resume_stream=True,
+            log_file=start.file,
+            log_pos=start.pos,
+            # NotImplementedEvent: every event type the reader does not decode comes here, so
+            # the ones that carry changes (compressed, incident, LOAD) are refused, not dropped
+            only_events=[
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+                PartialUpdateRowsEvent,
+                XidEvent,
+                QueryEvent,
+                RotateEvent,
+                MariadbGtidEvent,
+                GtidEvent,
+                FormatDescriptionEvent,
+                XAPrepareEvent,
+                ExecuteLoadQueryEvent,
+                NotImplementedEvent,
+            ],
+            only_schemas=only_schemas,
+            enable_logging=False,
+        )
+        seg_max = segment_max_events if on_segment is not None and segment_max_events else None
+        inside_max = 2 * seg_max if seg_max is not None else None  # a cut inside a group
+        max_bytes = self.segment_max_bytes
+        hold_max = inside_max or 2 * (self.segment_max_events or 20_000)  # held events in memory
+        scratch = Scratch()
+        out: list[LogEvent] = []
+        seg_bytes = 0  # rows-event bytes of the events in ``out``
+        total = 0  # events of whole groups read (max_events)
+        group_count = 0  # events the open group put in ``out``
+        group_mark = 0  # where the open group's events start in ``out``
+        in_group = False
+        held: HeldGroup | None = None  # the open group is held (None: streamed into ``out``)
+        group_start: tuple[int, int] | None = None  # (file index, offset) of its GTID event
+        committed = start
+        current_file = start.file
+        skipped: set[str] = set()
+        in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
+        group_gtid = committed_gtid = None  # GTID of the last whole group (for the record)
+        thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
+
+        def flush() -> None:
+            nonlocal out, seg_bytes, group_mark
+            if out:
+                on_segment(out)
+                out = []
+            seg_bytes, group_mark = 0, 0
+
+        def emit(events: list[LogEvent], nbytes: int) -> None:
+            nonlocal seg_bytes, group_count
+            group_count += len(events)
+            if inside_max is None:
+                out.extend(events)
+                return
+            i = 0
+            while len(out) + len(events) - i > inside_max:
+                # the segment would pass twice its events inside a group: stage it full, go on
+                room = inside_max - len(out)
+                out.extend(events[i:i + room])
+                i += room
+                flush()
+            out.extend(events[i:] if i else events)
+            seg_bytes += nbytes
+            if seg_bytes >= max_bytes:
+                flush()
+
+        def add(events: list[LogEvent], nbytes: int) -> None:
+            if held is None:
+                emit(events, nbytes)
+            else:
+                held.add(events, nbytes)
+
+        def begin_group(where: str, hold: bool, xa: bool = False) -> None:
+            nonlocal in_group, held, group_count, group_mark
+            if in_group:
+                self._unclosed_group(where, group_count + (held.count if held else 0))
+                close_open_group()
+            in_group, group_count, group_mark = True, 0, len(out)
+            held = HeldGroup(self, hold_max, max_bytes, scratch, group_start) if hold or xa else None
+            if xa:
+                held.make_xa(self._xa_root())
+
+        def close_open_group() -> None:
+            """Forget a group that did not end (its events are not part of the returned batch)."""
+            nonlocal in_group, held
+            if held is not None:
+                held.discard()
+            elif group_mark < len(out):
+                del out[group_mark:]
+            in_group, held = False, None
+
+        def end_group(ev_end: BinlogOffset, how: str = "commit") -> bool:
+            """``how``: commit (its events stand), rollback (only non-transactional tables'
+            changes stand), prepared (an XA PREPARE: its events were persisted by the caller)."""
+            nonlocal in_group, held, total, committed, committed_gtid, in_txn, group_count
+            if held is not None:
+                if how != "prepared":
+                    for events, nbytes in held.drain(rollback=how == "rollback"):
+                        emit(events, nbytes)
+                    held.discard()
+            total += group_count
+            in_group, held, in_txn, group_count = False, None, False, 0
+            committed, committed_gtid = ev_end, group_gtid
+            if seg_max is not None and (len(out) >= seg_max or seg_bytes >= max_bytes):
+                flush()  # ends at this group's end
+            return max_events is not None and total >= max_events
+
+        try:
+            for ev in map(_own_rows, stream):
+                # the reader's packet and event point at each other: a cycle per event that only
+                # the cyclic GC frees, late in a process of many objects (memory would follow the
+                # transaction); cut it so each event is freed when the next one is read
+                ev.packet.event = None
+                if isinstance(ev, RotateEvent):
+                    current_file = ev.next_binlog
+                    nxt = BinlogOffset.of(ev.next_binlog, ev.position)
+                    if not in_group and committed < nxt <= end:
+                        committed = nxt
+                    continue
+                if isinstance(ev, FormatDescriptionEvent):
+                    continue
+                ev_end = BinlogOffset.of(current_file, ev.packet.log_pos)
+                if ev_end > end:
+                    break  # written after this read began: the next capture takes it
+                ev_start = ev.packet.log_pos - ev.packet.event_size
+                where = f"{current_file}:{ev_start}"
+                stop = False
+                if isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
+                    if isinstance(ev, PartialUpdateRowsEvent):
+                        table = TableName(ev.schema, ev.table)
+                        self._refuse(
+                            f"a partial JSON rows event (binlog_row_value_options = PARTIAL_JSON) of table {table} "
+                            f"at {where}: its rows lack the whole after image. Make binlog_row_value_options empty "
+                            "and re-snapshot the table"
+                        )
+                        continue
+                    origin = (group_gtid, None, None, ev.packet.server_id, thread, current_file)
+                    events = self._row_events(ev, current_file, wm, skipped, origin)
+                    if events:
+                        add(events, ev.packet.event_size)
+                elif isinstance(ev, MariadbGtidEvent):
+                    # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
+                    # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
+                    # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
+                    group_start = (binlog_file_index(current_file), ev_start)
+                    standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
+                    begin_group(where, hold=not (standalone or ev.flags & 4), xa=xa)
+                    in_txn, group_gtid, thread = not standalone, ev.gtid, None
+                elif isinstance(ev, GtidEvent):
+                    group_start = (binlog_file_index(current_file), ev_start)
+                    begin_group(where, hold=True)  # MySQL: BEGIN follows unless DDL; whether it may roll back is unknown
+                    in_txn, group_gtid, thread = False, ev.gtid, None
+                elif isinstance(ev, XidEvent):
+                    stop = end_group(ev_end)  # InnoDB commit
+                elif isinstance(ev, XAPrepareEvent):
+                    if ev.one_phase:  # MySQL's XA COMMIT ... ONE PHASE: the group commits here
+                        stop = end_group(ev_end)
+                    else:
+                        xid = Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
+                        if held is None or not held.xa:
+                            self._refuse(f"XA PREPARE of {xid} at {where} ends a group this capture did not hold "
+                                         "as an XA transaction; its changes would be lost")
+                            held = None
+                        else:
+                            held.persist(self._xa_manifest(xid, held.start), xid, where)
+                        stop = end_group(ev_end, "prepared")
+                elif isinstance(ev, QueryEvent | ExecuteLoadQueryEvent):
+                    # ExecuteLoadQueryEvent (a LOAD DATA logged as a statement) keeps no readable text
+                    raw = query_text(getattr(ev, "query", "LOAD DATA (statement-based)")).strip()
+                    text = raw.upper()
+                    if text == "BEGIN" or text.startswith("XA START"):
+                        in_txn = True
+                        thread = ev.slave_proxy_id  # the connection that ran the transaction
+                        if text.startswith("XA START") and held is not None:
+                            held.make_xa(self._xa_root())  # MySQL logs XA START; MariaDB flags the GTID
+                    elif text in ("COMMIT", "ROLLBACK"):
+                        # the end of a group with non-transactional changes; after ROLLBACK only
+                        # those stand (the server logs the rolled-back ones too)
+                        stop = end_group(ev_end, "rollback" if text == "ROLLBACK" else "commit")
+                    elif text.startswith("SAVEPOINT"):
+                        if held is not None:
+                            held.savepoint(savepoint_name(raw))
+                    elif text.startswith("ROLLBACK TO"):
+                        if held is not None:
+                            held.rollback_to(savepoint_name(raw))
+                        elif group_count:
+                            self._refuse(f"{raw!r} at {where} rolls back part of a group already staged as "
+                                         "committed (a MariaDB group flagged transactional)")
+                    elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
+                        commit = text.startswith("XA COMMIT")
+                        if held is not None and held.xa and held.count:
+                            # XA COMMIT ... ONE PHASE written as a statement of its own group
+                            stop = end_group(ev_end, "commit" if commit else "rollback")
+                        else:
+                            xid = Xid.parse(raw)
+                            if xid is None:
+                                self._refuse(f"cannot read the transaction id of {raw!r} at {where}")
+                            elif commit:
+                                for events, nbytes in self._xa_commit(xid, current_file, ev_start, ev_end, where):
+                                    emit(events, nbytes)
+                            else:
+                                self._xa_forget(xid, current_file, ev_start, ev_end)
+                            stop = end_group(ev_end)
+                    elif text.startswith("XA "):
+                        pass  # XA END (MySQL, MariaDB): inside the XA group
+                    elif _STATEMENT_DML_RE.match(raw) or isinstance(ev, ExecuteLoadQueryEvent):
+                        if isinstance(ev, ExecuteLoadQueryEvent) or self._may_touch_captured(raw):
+                            self._refuse(
+                                f"the statement {raw[:200]!r} at {where} was logged as a statement (the writer's "
+                                "session had binlog_format STATEMENT or MIXED): the rows it changed are not in the "
+                                "binlog. Make every writer use binlog_format=ROW and re-snapshot the tables it changed"
+                            )
+                        if not in_txn:
+                            stop = end_group(ev_end)
+                    elif not in_txn:
+                        # DDL and other standalone statements are groups of their own;
+                        # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
+                        self._binlog_converters.clear()  # DDL may change a table's columns
+                        if text.startswith("TRUNCATE"):
+                            origin = (group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, current_file)
+                            add(self._truncate(ev, current_file, origin), 0)
+                        stop = end_group(ev_end)
+                elif isinstance(ev, NotImplementedEvent):
+                    kind = ev.packet.event_type
+                    if kind == _ANONYMOUS_GTID:  # MySQL without GTIDs: a group starts here
+                        group_start = (binlog_file_index(current_file), ev_start)
+                        begin_group(where, hold=True)
+                        in_txn, thread = False, None
+                    elif kind in _UNREADABLE_EVENTS:
+                        self._refuse(f"{_UNREADABLE_EVENTS[kind]} at {where} (event type {kind}): capture cannot "
+                                     "read the changes it carries")
+                if stop or ev_end == end:
+                    break
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
+                raise SourceError(
+                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:{start.pos} "
+                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete {OFFSET_FILE}"
+                ) from exc
+            raise
+        finally:
+            stream.close()
+            if in_group:
+                close_open_group()  # the read ended inside a group: the next capture reads it whole
+            scratch.close()
+        if committed == start:
+            return LogBatch(out, offset, offset)
+        extra = {"gtid": committed_gtid} if committed_gtid else {}
+        return LogBatch(out, committed.to_json(**extra), offset)
+
+    # --- held groups and XA -------------------------------------------------------------
+    def _refuse(self, what: str) -> None:
+        """A binlog event whose changes capture cannot read: stop (on_unreadable="fail", the
+        default) or, once the tables it changed are re-snapshotted, warn and pass it ("skip")."""
+        msg = f"source {self.source!r}: {what}"
+        if self.on_unreadable == "skip":
+            log.warning("%s; passed because on_unreadable='skip': re-snapshot the tables it changed", msg)
+            return
+        raise SourceError(
+            f"{msg}. After re-snapshotting the tables it changed, set the dialect option on_unreadable='skip' "
+            "for one capture run to pass this point"
+        )
+
+    def _unclosed_group(self, where: str, events: int) -> None:
+        """A new group began while one was open: nothing the reader knows ends groups that way."""
+        if events:
+            self._refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
+                         f"or XA PREPARE) before the group at {where}")
+
+    def _may_touch_captured(self, sql: str) -> bool:
+        """Whether a statement's text names a captured table (every statement when capturing
+        every table): a cheap, conservative test for a statement-logged change."""
+        if not self.tables:
+            return True
+        low = sql.lower()
+        return any(t.name.lower() in low for t in self.tables)
+
+    def _transactional(self, event: LogEvent) -> bool:
+        """Whether the event's table rolls back with its transaction (its engine's
+        TRANSACTIONS in information_schema), looked up once per table and run."""
+        table = event.table if isinstance(event, ChangeEvent) else self.watermark_table.id
+        cache = self.__dict__.setdefault("_engines", {})
+        hit = cache.get(table)
+        if hit is None:
+            name = TableName.parse(table)
+            rows = self._query(
+                "SELECT e.TRANSACTIONS FROM information_schema.TABLES t JOIN information_schema.ENGINES e "
+                "ON e.ENGINE = t.ENGINE WHERE t.TABLE_SCHEMA = %s AND t.TABLE_NAME = %s",
+                (name.schema, name.name),
+            )
+            if not rows:
+                raise SourceError(
+                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and whether "
+                    "its engine is transactional cannot be read (the table no longer exists), so capture cannot tell "
+                    "which of them stand. Re-snapshot the table and reset the capture offset (delete "
+                    f"{OFFSET_FILE} in the changelog staging dir)"
+                )
+            hit = cache[table] = str(rows[0][0]).upper() == "YES"
+        return hit
+
+    @property
+    def _binlog_converters(self) -> dict:
+        d = self.__dict__.get("_binlog_conv")
+        if d is None:
+            d = self.__dict__["_binlog_conv"] = {}
+        return d
+
+    def _table_converters(self, ev: Any) -> tuple[dict[str, Callable[[Any], Any]], tuple[str, ...]] | None:
+        table = ev.table_map[ev.table_id]
+        key = (ev.table_id, ev.schema, ev.table)
+        hit = self._binlog_converters.get(key)
+        if hit is not None:
+            return hit
+        pk = table.primary_key
+        pk_cols = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        convs: dict[str, Callable[[Any], Any] | None] = {}
+        for c in table.columns:
+            conv = binlog_converter(c)
+            # the reader already gives canonical ints and decoded text: skip the call
+            if conv is int or (conv is text_or_b64 and c.type in TEXT_CODES):
+                conv = None
+            convs[c.name] = conv
+        hit = self._binlog_converters[key] = (convs, pk_cols)
+        return hit
+
+    def _truncate(self, ev: Any, file: str, origin: tuple | None = None) -> list[LogEvent]:
+        """A TRUNCATE statement (row-less in the binlog): a ``t`` event for its table when
+        captured (on_truncate="event"); "fail" raises, "skip" warns."""
+        sql = query_text(ev.query)
+        where = f"{file}:{ev.packet.log_pos}"
+        table = parse_truncate(sql, query_text(ev.schema) if ev.schema else None)
+        if table is None:
+            raise SourceError(
+                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} truncates; "
+                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to let capture "
+                "pass this point"
+            )
+        if table == self.watermark_table or not self._capture_table(table.schema, table.name):
+            return []
+        if self.on_truncate == "skip":
+            log.warning("source %r: TRUNCATE of %s at %s skipped (on_truncate='skip'); re-snapshot it",
+                        self.source, table, where)
+            return []
+        if self.on_truncate == "fail":
+            raise SourceError(
+                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and on_truncate='fail'. "
+                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let capture pass"
+            )
+        start_pos = ev.packet.log_pos - ev.packet.event_size
+        log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
+        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position.binlog(file, start_pos, 0), None, None,
+                            int(ev.timestamp) * 1000, origin=origin)]
+
+    def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str],
+                    origin: tuple | None = None) -> list[LogEvent]:
+        from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+        start_pos = ev.packet.log_pos - ev.packet.event_size
+        file_index = binlog_file_index(file)
+        ts_ms = int(ev.timestamp) * 1000
+        if ev.schema == wm.schema and ev.table == wm.name:
+            if not isinstance(ev, UpdateRowsEvent):
+                return []
+            return [
+                WatermarkEvent(str(r["after_values"]["value"]), Position.binlog(file, start_pos, i), ts_ms)
+                for i, r in enumerate(ev.rows)
+            ]
+        if not self._capture_table(ev.schema, ev.table):
+            return []
+        table_id = TableName(ev.schema, ev.table).id
+        convs, pk = self._table_converters(ev)
+        if not pk:
+            if self.tables is not None:
+                raise SourceError(
+                    f"table {table_id} has no primary key in the binlog's row metadata; add one"
+                )
+            if table_id not in skipped:
+                log.warning("capture skips table %s: it has no primary key", table_id)
+                skipped.add(table_id)
+            return []
+
+        def canon(values: dict, none_sources: dict | None) -> dict:
+            row = {name: v if v is None or (c := convs[name]) is None else c(v) for name, v in values.items()}
+            if none_sources:  # an empty SET decodes as None: tell it from NULL
+                for name, why in none_sources.items():
+                    if why == "empty set":
+                        row[name] = ""
+            return row
+
+        events: list[LogEvent] = []
+        for r in ev.rows:
+            # the index is the event's number inside the rows event (one per row, two
+            # for a key-changing update), so every staged event has its own position
+            if isinstance(ev, WriteRowsEvent):
+                after = canon(r["values"], r.get("none_sources"))
+                pairs = [(Op.CREATE, None, after)]
+            elif isinstance(ev, DeleteRowsEvent):
+                pairs = [(Op.DELETE, canon(r["values"], r.get("none_sources")), None)]
+            else:
+                before = canon(r["before_values"], r.get("before_none_sources"))
+                after = canon(r["after_values"], r.get("after_none_sources"))
+                if [before[k] for k in pk] == [after[k] for k in pk]:
+                    pairs = [(Op.UPDATE, before, after)]
+                else:
+                    # a key change is a delete of the old key and an insert of the new one,
+                    # so the window's per-key de-duplication sees both keys
+                    pairs = [(Op.DELETE, before, None), (Op.CREATE, None, after)]
+            for op, before, after in pairs:
+                keyrow = after if after is not None else before
+                pos = Position(file_index, start_pos, len(events))
+                events.append(
+                    ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms,
+                                origin=origin)
+                )
+        return events

@@ -1,0 +1,193 @@
+"""What a MySQL or MariaDB source must have: the server flavour, binlog settings and the
+role's grants.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pymysql
+import pymysql.cursors
+
+from ...core.errors import SourceError
+from ...core.schema import TableName
+
+SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
+#: table / database / column access denied, command denied: a missing grant
+_ER_ACCESS_DENIED = frozenset({1142, 1044, 1143, 1227, 1045})
+
+
+# --------------------------------------------------------------------------- flavours
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """Everything that differs between MariaDB and MySQL, in one place."""
+
+    name: str
+    is_mariadb: bool
+    #: statement giving the current binlog file and position (MySQL 8.4 removed SHOW MASTER STATUS)
+    status_sql: str
+    #: GTID state after the last write, for the record in offsets (not used to resume)
+    gtid_sql: str
+    #: e.g. MariaDB ``0-1-42`` (domain-server-sequence), MySQL ``3E11FA47-...:1-42``
+    gtid_format: str
+    #: groups of privileges; each group needs one of its names (aliases across versions)
+    privileges: tuple[tuple[str, ...], ...]
+    grant_hint: str
+    #: server-specific settings that must have a value when the server has them:
+    #: compressed binlog events are not decoded by mysql-replication
+    optional_settings: tuple[tuple[str, str, str], ...] = ()
+
+
+MARIADB = Flavour(
+    name="mariadb",
+    is_mariadb=True,
+    status_sql="SHOW MASTER STATUS",
+    gtid_sql="SELECT @@global.gtid_binlog_pos",
+    gtid_format="domain-server-sequence",
+    privileges=(("REPLICATION SLAVE",), ("BINLOG MONITOR", "REPLICATION CLIENT", "SUPER")),
+    grant_hint="GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO <user>",
+    optional_settings=(("log_bin_compress", "OFF", "SET GLOBAL log_bin_compress = OFF"),),
+)
+MYSQL_80 = Flavour(
+    name="mysql",
+    is_mariadb=False,
+    status_sql="SHOW MASTER STATUS",
+    gtid_sql="SELECT @@global.gtid_executed",
+    gtid_format="source_uuid:interval",
+    privileges=(("REPLICATION SLAVE",), ("REPLICATION CLIENT", "SUPER")),
+    grant_hint="GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO <user>",
+    optional_settings=(
+        ("binlog_transaction_compression", "OFF", "SET GLOBAL binlog_transaction_compression = OFF"),
+    ),
+)
+MYSQL_84 = Flavour(**{**MYSQL_80.__dict__, "status_sql": "SHOW BINARY LOG STATUS"})
+
+
+def flavour_for(version: str) -> Flavour:
+    """``SELECT VERSION()`` -> flavour. MySQL gained SHOW BINARY LOG STATUS in 8.2."""
+    if "mariadb" in version.lower():
+        return MARIADB
+    m = re.match(r"(\d+)\.(\d+)", version)
+    major, minor = (int(m.group(1)), int(m.group(2))) if m else (8, 0)
+    return MYSQL_84 if (major, minor) >= (8, 2) else MYSQL_80
+
+
+# --------------------------------------------------------------------------- prerequisites
+
+REQUIRED_SETTINGS = {
+    "log_bin": ("ON", "start the server with --log-bin (needs a restart)"),
+    "binlog_format": ("ROW", "SET GLOBAL binlog_format = 'ROW' and binlog_format=ROW in the server config"),
+    "binlog_row_image": (
+        "FULL",
+        "SET GLOBAL binlog_row_image = 'FULL' and binlog_row_image=FULL in the server config",
+    ),
+    "binlog_row_metadata": (
+        "FULL",
+        "SET GLOBAL binlog_row_metadata = 'FULL' and binlog_row_metadata=FULL in the server config "
+        "(it applies to events written after it is set; needs MariaDB >= 10.5 or MySQL >= 8.0.14)",
+    ),
+}
+_GRANT_RE = re.compile(r"^GRANT (?P<privs>.+?) ON (?P<on>\S+) TO ", re.IGNORECASE)
+
+
+def held_privileges(grants: Iterable[str], on: Iterable[str]) -> set[str]:
+    """The privileges (upper case, spaces folded) that lines of ``SHOW GRANTS`` give on any of
+    ``on`` (``*.*``, ``db.*``; backticks ignored)."""
+    targets, held = set(on), set()
+    for line in grants:
+        m = _GRANT_RE.match(line.strip())
+        if m and m.group("on").replace("`", "") in targets:
+            held.update(re.sub(r"\s+", " ", p.strip().upper()) for p in m.group("privs").split(","))
+    return held
+
+
+def prerequisite_problems(
+    settings: dict[str, str | None], grants: Iterable[str], flavour: Flavour
+) -> list[str]:
+    """Every unmet CDC prerequisite with its fix. ``settings`` maps variable name (lower
+    case) to its value (None = the server does not have it); ``grants`` are the lines of
+    ``SHOW GRANTS FOR CURRENT_USER()``. Pure, so every branch is testable with values."""
+    problems = []
+    for var, (want, fix) in REQUIRED_SETTINGS.items():
+        got = settings.get(var)
+        if got is None:
+            problems.append(f"{var} is not a variable of this server (want {want}): {fix}")
+        elif str(got).upper() != want:
+            problems.append(f"{var} is {got!r}, must be {want}: {fix}")
+    for var, want, fix in flavour.optional_settings:
+        got = settings.get(var)
+        if got is not None and str(got).upper() != want:
+            problems.append(
+                f"{var} is {got!r}, must be {want} (compressed binlog events cannot be read): {fix}"
+            )
+    held = held_privileges(grants, ("*.*",))
+    if "ALL PRIVILEGES" not in held and "ALL" not in held:
+        missing = [" or ".join(group) for group in flavour.privileges if not held.intersection(group)]
+        if missing:
+            problems.append(
+                f"the connection user lacks privilege(s) {', '.join(missing)} on *.*: {flavour.grant_hint}"
+            )
+    return problems
+
+
+class MyPrerequisites:
+    """Checks of the source, read-only: nothing is created before every one holds."""
+
+    # --- prerequisites and metadata ---------------------------------------------------
+    def check_prerequisites(self) -> None:
+        names = [*REQUIRED_SETTINGS, *(v for v, _, _ in self.flavour.optional_settings)]
+        # SHOW (not information_schema.GLOBAL_VARIABLES, which MySQL 8 removed) works on both
+        rows = self._query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
+        )
+        settings: dict[str, str | None] = {n: None for n in names}
+        settings.update({name.lower(): value for name, value in rows})
+        grants = [r[0] for r in self._query("SHOW GRANTS FOR CURRENT_USER()")]
+        problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems(grants)
+        if problems:
+            where = f"{self.params.host}:{self.params.port or 3306}"
+            raise SourceError(
+                f"{self.flavour.name} server {where} (source {self.source!r}) cannot serve CDC:\n- "
+                + "\n- ".join(problems)
+            )
+
+    def check_readable(self, table: TableName) -> None:
+        try:
+            self._query(f"SELECT 1 FROM {self.quote_table(table)} WHERE 1 = 0")  # noqa: S608
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
+                raise SourceError(
+                    f"user {self.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
+                    f"{self.quote_table(table)} TO {self.params.user!r}"
+                ) from None
+            if exc.args and exc.args[0] in (1049, 1146):  # unknown database / table: describe_table names it
+                return
+            raise
+
+    def privilege_problems(self, grants: Sequence[str]) -> list[str]:
+        """The grants on the captured tables and the watermark table the user lacks, each as the
+        statement that gives it; ``grants``: the lines of SHOW GRANTS that check_prerequisites read."""
+        problems = []
+        for table in sorted(self.tables or (), key=str):
+            try:
+                self.check_readable(table)
+            except SourceError as exc:
+                problems.append(str(exc))
+        wm, user = self.watermark_table, self.params.user
+        try:
+            self._query(f"SELECT `value` FROM {self.quote_table(wm)} WHERE 1 = 0")  # noqa: S608
+        except pymysql.err.MySQLError as exc:
+            if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
+                problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {user!r} (the watermark table)")
+            elif exc.args and exc.args[0] in (1049, 1146) and not held_privileges(grants, ("*.*", f"{wm.schema}.*")) & {
+                    "CREATE", "ALL", "ALL PRIVILEGES"}:
+                problems.append(
+                    f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
+                    f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (README "
+                    "'Security', set-up 2)"
+                )
+        return problems

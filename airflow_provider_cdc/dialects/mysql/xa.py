@@ -1,0 +1,100 @@
+"""XA transactions: a prepared one's events persisted under the staging folder until its
+XA COMMIT (staged then) or XA ROLLBACK (dropped), across captures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+from ... import storage
+from ...core.events import LogEvent
+from ...core.position import binlog_file_index
+from ...storage.layout import changelog_dir
+from .held import XA_DIR, HeldGroup, Xid
+from .offsets import BinlogOffset
+
+log = logging.getLogger(__name__)
+
+
+class MyXa:
+    """Prepared XA transactions, kept until they end."""
+
+    def _xa_root(self) -> str:
+        """Where prepared XA transactions wait for their XA COMMIT: ``<changelog dir>/_xa``
+        once load_offset or commit_offset named the data dir, else a folder of this process
+        (a prepare and a commit read by this dialect object still meet there)."""
+        data_dir = self.__dict__.get("_data_dir")
+        if data_dir is not None:
+            return storage.join(changelog_dir(data_dir, self.source), XA_DIR)
+        tmp = self.__dict__.get("_xa_tmp")
+        if tmp is None:
+            import tempfile
+
+            tmp = self.__dict__["_xa_tmp"] = tempfile.mkdtemp(prefix="cdc-mysql-xa-")
+            log.warning("source %r: read_log without a data dir: prepared XA transactions are kept in %s, "
+                        "which does not outlive this process", self.source, tmp)
+        return tmp
+
+    def _xa_manifest(self, xid: Xid, start: tuple[int, int]) -> str:
+        return storage.join(self._xa_root(), f"x-{xid.key}.{start[0]:08d}-{start[1]:012d}.json")
+
+    def _xa_prepared(self, xid: Xid, file_index: int, pos: int) -> list[tuple[tuple[int, int], str]]:
+        """The manifests of ``xid`` prepared before (file_index, pos), oldest first."""
+        root, prefix = self._xa_root(), f"x-{xid.key}."
+        found = []
+        for name in storage.list_names(root, suffix=".json"):
+            if name.startswith(prefix):
+                idx, _, off = name[len(prefix):-len(".json")].partition("-")
+                at = (int(idx), int(off))
+                if at < (file_index, pos):
+                    found.append((at, storage.join(root, name)))
+        return sorted(found)
+
+    def _xa_done(self, manifests: list[str], ev_end: BinlogOffset) -> None:
+        """Delete these manifests and their parts once the offset passes ``ev_end`` (commit_offset)."""
+        self.__dict__.setdefault("_xa_resolved", []).append((ev_end, manifests))
+
+    def _xa_commit(self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset, where: str
+                   ) -> Iterator[tuple[list[LogEvent], int]]:
+        """The events of the XA transaction ``xid`` (its latest prepare before this commit),
+        placed at the commit's position in their order."""
+        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        if not prepared:
+            self._refuse(
+                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came before the "
+                f"capture's first offset, or {self._xa_root()} lost it): its changes are not staged"
+            )
+            return
+        self._xa_done([m for _, m in prepared], ev_end)
+        group = HeldGroup.load(self, prepared[-1][1])
+        log.info("source %r: XA transaction %s committed at %s: %d event(s) staged at the commit's position",
+                 self.source, xid, where, group.count)
+        yield from group.drain(rollback=False, at=(binlog_file_index(file), pos))
+
+    def _xa_forget(self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset) -> None:
+        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        if prepared:
+            self._xa_done([m for _, m in prepared], ev_end)
+
+    def _xa_cleanup(self, offset: str) -> None:
+        """Drop the staged XA transactions resolved before ``offset`` (just committed)."""
+        resolved = self.__dict__.get("_xa_resolved")
+        if not resolved:
+            return
+        upto = BinlogOffset.from_json(offset)
+        keep = []
+        for ev_end, manifests in resolved:
+            if ev_end > upto:
+                keep.append((ev_end, manifests))
+                continue
+            for m in manifests:
+                try:
+                    parts = json.loads(storage.read_text(m)).get("dir")
+                except FileNotFoundError:
+                    continue
+                if parts:
+                    storage.delete_dir(storage.join(storage.parent(m), parts))
+                storage.delete(m)
+        self.__dict__["_xa_resolved"] = keep

@@ -1,0 +1,211 @@
+"""Chunk reads: a keyset SELECT streamed through COPY into Parquet, key bounds and samples.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from ...core.errors import SourceError
+from ...core.ranges import ChunkRange
+from ...core.schema import TableSchema
+from ..base import ChunkReadResult
+from .types import decoder, identity, pg_message, to_db
+
+DEFAULT_COPY_BATCH_ROWS = 2_000
+
+
+class PgChunkReader:
+    """Read chunks and keys (on a connection of their own, REPEATABLE READ per chunk)."""
+
+    # --- chunks -----------------------------------------------------------------------
+    def stream_query(
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000
+    ) -> Iterator[list[tuple]]:
+        """A server-side (named) cursor declared after the call: a fresh READ COMMITTED
+        snapshot that sees everything committed before it, fetched ``batch_size`` rows
+        at a time. Values come back as their text (see module docstring)."""
+        import psycopg2
+
+        conn = self._read_conn()
+        done = False
+        try:
+            with conn.cursor(name=f"cdc_{uuid.uuid4().hex}") as cur:
+                cur.itersize = batch_size
+                try:
+                    cur.execute(sql, tuple(params))
+                    while True:
+                        box = [cur.fetchmany(batch_size)]
+                        if not box[0]:
+                            break
+                        yield box.pop()  # no reference left here: the caller may free the batch
+                except psycopg2.Error as exc:
+                    raise SourceError(
+                        f"PostgreSQL rejected the chunk query: {pg_message(exc)}\nSQL: {sql}"
+                    ) from exc
+            done = True
+        finally:
+            try:
+                if done:
+                    conn.commit()
+                else:
+                    conn.rollback()
+            except psycopg2.Error:
+                conn.close()
+
+    def read_chunk(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key: Sequence | None,
+        limit: int,
+        path: str,
+        where: str | None = None,
+        upper_bound: Sequence | None = None,
+    ) -> ChunkReadResult:
+        """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
+        column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
+        several times faster). Option ``fast_chunks=False`` uses the generic path. The
+        COPY is a fresh READ COMMITTED statement, run after the low watermark committed."""
+        if not self.fast_chunks:
+            return super().read_chunk(
+                schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
+            )
+        import psycopg2
+
+        from ...storage.staged import ChunkWriter
+        from .pgcopy import ChunkAssembler, read_csv_batch
+
+        sql, params = self.chunk_query(
+            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
+        )
+        asm = ChunkAssembler(
+            schema.column_names,
+            [c.type for c in schema.columns],
+            [decoder(c.type) for c in schema.columns],
+            schema.primary_key,
+        )
+        state = {"rows": 0, "last": None, "pending": 0}
+        buf = bytearray()  # COPY rows of the batch being filled (no object per row)
+        batch_rows, batch_bytes = max(1, self.copy_batch_rows), self.batch_max_bytes
+
+        with ChunkWriter(schema, path) as writer:
+
+            def flush() -> None:
+                if not state["pending"]:
+                    return
+                cols = read_csv_batch(buf, schema.column_names)
+                buf.clear()
+                state["pending"] = 0
+                key, typed, text, last = asm.build_typed(cols)
+                del cols
+                writer.add_typed(key, typed, text)
+                state["rows"] += len(key)
+                state["last"] = last
+
+            class _Sink:  # psycopg2 writes one COPY row per call
+                def write(self, data: bytes) -> int:
+                    buf.extend(data)
+                    state["pending"] += 1
+                    if state["pending"] >= batch_rows or len(buf) >= batch_bytes:
+                        flush()
+                    return len(data)
+
+            conn = self._read_conn()
+            try:
+                with conn.cursor() as cur:
+                    copy_sql = (
+                        f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
+                    )
+                    cur.copy_expert(copy_sql, _Sink())
+                conn.commit()
+            except psycopg2.Error as exc:
+                self._reset_read_conn()
+                raise SourceError(
+                    f"PostgreSQL rejected the chunk query: {pg_message(exc)}\nSQL: {sql}"
+                ) from exc
+            except BaseException:
+                self._reset_read_conn()
+                raise
+            flush()
+        return ChunkReadResult(state["rows"], state["last"])
+
+    def _reset_read_conn(self) -> None:
+        c, self._rconn = self._rconn, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - discarding a broken connection
+                pass
+
+    def _decoders(self, schema: TableSchema) -> tuple:
+        if schema is self._last_schema:  # the hot path: rows of one chunk
+            return self._last_decoders
+        key = (schema.table, schema.columns)
+        decs = self._decoders_cache.get(key)
+        if decs is None:
+            decs = tuple((c.name, decoder(c.type)) for c in schema.columns)
+            self._decoders_cache[key] = decs
+        self._last_schema, self._last_decoders = schema, decs
+        return decs
+
+    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
+        return {
+            name: (v if v is None or dec is identity else dec(v))
+            for (name, dec), v in zip(self._decoders(schema), row, strict=True)
+        }
+
+    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
+        """Canonical -> bound value. Text literals are typed by the column they are compared
+        with, so most values bind as strings (floats too: ``1.1`` as a numeric literal
+        would not equal the float4 1.1)."""
+        if value is None:
+            return None
+        t = schema.column(column).type
+        return to_db(t, value)
+
+    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+        pk = [self.quote_ident(k) for k in schema.primary_key]
+        sql = f"SELECT {', '.join(pk)} FROM {self.quote_table(schema.table)}"  # noqa: S608
+        params: list = []
+        if where:
+            cond, params = self.render_filter(where, schema)
+            sql += f" WHERE {cond}"
+        sql += " ORDER BY " + ", ".join(f"{k} DESC" for k in pk) + " LIMIT 1"
+        return next(iter(self._key_rows(schema, sql, params)), None)
+
+    def _key_rows(self, schema: TableSchema, sql: str, params: Sequence[Any]) -> list[tuple]:
+        decs = [decoder(schema.column(k).type) for k in schema.primary_key]
+        out = []
+        for batch in self.stream_query(sql, params):
+            for row in batch:
+                out.append(tuple(None if v is None else d(v) for d, v in zip(decs, row, strict=True)))
+        return out
+
+    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
+        """TABLESAMPLE SYSTEM reads a few random pages (about 4 x ``count`` of them), not the
+        table; the sorted sample is then thinned to ``count`` evenly spaced keys."""
+        if count <= 0:
+            return []
+        rel = self._relation(schema.table)
+        if rel is None:
+            raise SourceError(f"table {schema.table} not found")
+        pages = self._query(  # every partition of a partitioned table (or the table itself)
+            # pg_partition_tree() has no rows for a plain table: then the table's own size
+            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)), 0), "
+            "pg_relation_size(%s::oid)) / current_setting('block_size')::bigint)::bigint",
+            (rel[0], rel[0]),
+        )[0][0]
+        if not pages:
+            return []
+        pct = min(100.0, 100.0 * max(4 * count, 8) / pages)
+        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
+        sql = f"SELECT {pk} FROM {self.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) REPEATABLE (7) ORDER BY {pk}"  # noqa: S608
+        keys = self._key_rows(schema, sql, [pct])
+        if len(keys) <= count:
+            return keys
+        step = len(keys) / count
+        # in the database's order (Python cannot order NaN, infinities or BC dates like it)
+        return [keys[i] for i in sorted({int(i * step + step / 2) for i in range(count)})]

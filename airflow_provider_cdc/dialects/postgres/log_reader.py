@@ -1,0 +1,494 @@
+"""The logical stream: pgoutput messages read up to the current end, decoded a block of
+rows at a time into segments (pgbatch), bounded by events and bytes per segment.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...core.errors import SourceError
+from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
+from ...core.position import Position, int_to_lsn, lsn_to_int
+from ...core.schema import TableName, encode_key
+from ..base import Dialect, LogBatch, SegmentSink
+from . import pgbatch, pgoutput
+from .types import REPLICA_IDENTITY, UnsupportedType, decoder, identity, logical_type, pg_message
+
+log = logging.getLogger(__name__)
+DEFAULT_CAPTURE_STEP_MESSAGES = 500_000
+
+
+@dataclass
+class _RelInfo:
+    table: TableName
+    kind: str  # "table", "watermark", "skip", "error"
+    names: tuple[str, ...] = ()
+    decoders: tuple = ()
+    key_idx: tuple[int, ...] = ()
+    value_idx: int = -1  # watermark value column
+    replica_identity: str = "d"
+    problem: str | None = None  # set for kind "error": raised on the first change
+    logicals: tuple[str, ...] = ()
+    table_id: str = ""
+    key_names: tuple[str, ...] = ()
+    conversions: tuple = ()  # (index, decoder) of columns whose text needs decoding
+    batch: pgbatch.Relation | None = None  # what the batch decode needs (kind "table")
+
+    def __post_init__(self) -> None:
+        self.table_id = self.table.id
+        self.key_names = tuple(self.names[i] for i in self.key_idx)
+        self.conversions = tuple((i, d) for i, d in enumerate(self.decoders) if d is not identity)
+        if self.kind == "table":
+            self.batch = pgbatch.Relation(self.table, self.names, self.logicals, self.decoders, self.key_names,
+                                          self.replica_identity)
+_UNSET = Position(0)  # the position of an event made one at a time, until its segment is built
+
+
+_COPY_SIGNATURE = b"PGCOPY\n\xff\r\n\x00"
+_COPY_TRAILER = b"\xff\xff"
+#: a binary COPY row of (lsn, data): field count (2 bytes), 8 (4), the LSN (8), the data's length (4)
+_ROW_HEAD = 18
+_BLOCK_BYTES = 8 << 20  # COPY rows kept before they are handled
+
+
+def _unset() -> Position:  # events made one at a time: their positions are set when the segment is built
+    return _UNSET
+
+
+class _SlotRead:
+    """One :meth:`PostgresDialect.read_log`: the binary COPY rows of a peek of the slot ->
+    segments. ``write`` is called by psycopg2 once per row (one pgoutput message) and only
+    keeps it; every ``_BLOCK_BYTES`` the block is handled: its messages' kinds and LSNs are
+    read with numpy, runs of row messages go to the segment as they are (decoded when it is
+    built), and the few others (Begin, Commit, Relation, TRUNCATE) are handled one at a time."""
+
+    def __init__(self, dialect: Dialect, start: int, max_events: int | None, seg_max: int | None,
+                 on_segment: SegmentSink | None) -> None:
+        self.d = dialect
+        self.offset = int_to_lsn(start)
+        self.max_events = max_events
+        self.seg_max = seg_max or None
+        self.on_segment = on_segment
+        # a cut inside a transaction: past twice the segment's events, or its bytes
+        self.cut_messages = 2 * self.seg_max if self.seg_max is not None else None
+        self.cut_bytes = dialect.segment_max_bytes if self.seg_max is not None else None
+        self.rows: list[bytes] = []
+        self.nbytes = 0
+        self.messages = 0  # rows the server sent
+        self.header = True  # the COPY header is still ahead
+        self.done = False  # max_events reached at a commit: the rest of the stream is not read on
+        self.rels: dict[int, _RelInfo] = {}
+        self.warned: set[TableName] = set()
+        self.batched = dialect.capture_decode == "batch"
+        self.total = 0  # events of whole transactions read (max_events)
+        self.seg_bytes = 0
+        self.txn_begin: tuple = ()  # the open transaction's Begin: (commit LSN, time, xid, commit before)
+        self.in_txn = False
+        self.ts_ms = self.txn_start = 0
+        self.last_commit = None  # the commit before the transaction (if this read saw it)
+        self.end = start
+        self.seg = self._segment()
+
+    # --- psycopg2's side ------------------------------------------------------------------
+    def write(self, data: bytes) -> None:
+        self.rows.append(data)
+        self.nbytes += len(data)
+        if self.nbytes >= _BLOCK_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        rows, self.rows, self.nbytes = self.rows, [], 0
+        if self.header and rows:
+            first = rows[0]
+            if not first.startswith(_COPY_SIGNATURE) or len(first) < 19:
+                raise pgoutput.ProtocolError("the slot's COPY stream does not start with a binary COPY header")
+            skip = 19 + int.from_bytes(first[15:19], "big")
+            rows[0] = first[skip:]
+            if not rows[0]:
+                rows.pop(0)
+            self.header = False
+        if rows and rows[-1] == _COPY_TRAILER:
+            rows.pop()
+        if not rows or self.done:
+            return
+        self.messages += len(rows)
+        self._block(rows)
+
+    # --- a block of messages ---------------------------------------------------------------
+    def _segment(self) -> pgbatch.Segment:
+        d = self.d
+
+        def other(info: _RelInfo, payload: bytes) -> list[LogEvent]:
+            out: list[LogEvent] = []
+            d._other_change(info, pgoutput.parse(payload), _unset, out, 0, self.warned)
+            return out
+
+        return pgbatch.Segment(d.watermark_table.id, d._toast_error, self.rels, other, header=_ROW_HEAD)
+
+    def _block(self, rows: list[bytes]) -> None:
+        n = len(rows)
+        sizes = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+        if (sizes <= _ROW_HEAD).any():
+            raise pgoutput.ProtocolError("a row of the slot's COPY stream is shorter than its header")
+        psize = sizes - _ROW_HEAD
+        rows_head = rows
+        if int(sizes.sum()) > 4096 * n:  # large messages: a copy of their headers only, not of the block
+            sizes = np.full(n, _ROW_HEAD + 1, dtype=np.int64)
+            rows_head = [r[:_ROW_HEAD + 1] for r in rows]
+        base = np.zeros(n, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=base[1:])
+        buf = np.frombuffer(b"".join(rows_head), dtype=np.uint8)
+        if (buf[base + 1] != 2).any() or (buf[base] != 0).any():
+            raise pgoutput.ProtocolError("a row of the slot's COPY stream does not hold two fields")
+        lsn = buf[base[:, None] + np.arange(6, 14)].view(">u8").ravel().astype(np.int64)
+        kind = buf[base + _ROW_HEAD]
+        ctrl = np.flatnonzero((kind != 0x49) & (kind != 0x55) & (kind != 0x44)).tolist()  # not Insert/Update/Delete
+        i = 0
+        for c in ctrl + [n]:
+            if c > i:
+                self._rows(rows, lsn, psize, i, c)
+            if c == n or self.done:
+                break
+            self._control(rows[c][_ROW_HEAD:], int(lsn[c]))
+            if self.done:
+                break
+            i = c + 1
+
+    def _rows(self, rows: list[bytes], lsn: np.ndarray, psize: np.ndarray, i: int, j: int) -> None:
+        """Row messages ``i:j`` of the block, in log order."""
+        if not self.batched:
+            for m in range(i, j):
+                self._row_at_a_time(rows[m][_ROW_HEAD:], int(lsn[m]))
+            return
+        if self.cut_messages is None:
+            self.seg.payloads.extend(rows[i:j])
+            self.seg.lsns.extend(lsn[i:j].tolist())
+            return
+        cum = np.cumsum(psize[i:j])  # the run's bytes up to and including each message
+        at = 0  # messages of the run kept so far
+        kept = 0  # their bytes
+        while at < j - i:
+            # the first message after which the segment reaches its cut (as a message at a time would)
+            by_count = at + max(self.cut_messages - len(self.seg.payloads) - 1, 0)
+            by_bytes = max(int(np.searchsorted(cum, self.cut_bytes - self.seg_bytes + kept, side="left")), at)
+            k = min(by_count, by_bytes)
+            if k >= j - i:
+                self.seg.payloads.extend(rows[i + at:j])
+                self.seg.lsns.extend(lsn[i + at:j].tolist())
+                self.seg_bytes += int(cum[-1]) - kept
+                return
+            self.seg.payloads.extend(rows[i + at:i + k + 1])
+            self.seg.lsns.extend(lsn[i + at:i + k + 1].tolist())
+            at, kept = k + 1, int(cum[k])
+            self._cut()
+
+    def _row_at_a_time(self, payload: bytes, lsn: int) -> None:
+        """The reference decode (``capture_decode="rows"``): one row message's events now."""
+        info = self.rels[pgoutput.U32.unpack_from(payload, 1)[0]]
+        out: list[LogEvent] = []
+        if info.batch is not None:
+            self.d._row_events(info, pgoutput.parse(payload), _unset, out, self.ts_ms)
+        else:
+            self.d._other_change(info, pgoutput.parse(payload), _unset, out, self.ts_ms, self.warned)
+        self.seg.events(out, lsn)
+        if self.cut_messages is not None:
+            self.seg_bytes += len(payload)
+            if self.seg_bytes >= self.cut_bytes or len(self.seg.payloads) >= self.cut_messages:
+                self._cut()
+
+    def _cut(self) -> None:
+        """A transaction too large for one segment: stage what it has so far."""
+        self.total += len(self.seg) - self.txn_start
+        built = self.seg.build()
+        if built is not None:
+            self.on_segment(built)
+        base = self.seg.open_txn_events  # its events number the next part's
+        self.seg = self._segment()
+        self.seg.begin(*self.txn_begin, base=base)
+        self.txn_start, self.seg_bytes = 0, 0
+
+    def _control(self, payload: bytes, lsn: int) -> None:
+        kind = payload[0]
+        if kind == 66:  # Begin
+            commit_lsn, ts_us, xid = pgoutput.BEGIN.unpack_from(payload, 1)
+            self.in_txn, self.ts_ms, self.txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(self.seg)
+            self.txn_begin = (commit_lsn, self.ts_ms, str(xid), self.last_commit)
+            self.seg.begin(*self.txn_begin)
+        elif kind == 67:  # Commit
+            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(payload, 1)  # Debezium's lastCommitLsn next
+            self.in_txn = False
+            self.total += len(self.seg) - self.txn_start
+            self.end = max(self.end, end_lsn)
+            if self.seg_max is not None and len(self.seg) >= self.seg_max:
+                built = self.seg.build()  # ends at this commit
+                if built is not None:
+                    self.on_segment(built)
+                self.seg = self._segment()
+                self.seg_bytes = 0
+            if self.max_events is not None and self.total >= self.max_events:
+                self.done = True
+        else:
+            m = pgoutput.parse(payload)
+            if isinstance(m, pgoutput.Relation):
+                self.rels[m.relid] = self.d._relinfo(m)
+                self.seg.relation(m.relid, self.rels[m.relid])
+            elif isinstance(m, pgoutput.Truncate):
+                out: list[LogEvent] = []
+                self.d._truncate(m, self.rels, _unset, out, self.ts_ms)
+                self.seg.events(out, lsn)
+
+    def finish(self, upto: int, limited: bool) -> LogBatch:
+        """The batch after the stream ended: ``limited``, the server stopped at the step's
+        message bound (so the end it aimed at may not be reached)."""
+        if self.in_txn and not self.done:
+            raise pgoutput.ProtocolError("the slot's changes ended inside a transaction")
+        more = self.done or limited
+        if not more:
+            self.end = max(self.end, upto)  # every transaction committed before ``upto`` is read
+        return LogBatch(self.seg.build() or [], int_to_lsn(self.end), self.offset, more=more)
+
+
+class PgLogReader:
+    """Read the slot's stream into the segment sink, whole transactions only."""
+
+    # --- changelog: reading --------------------------------------------------------------
+    def _relinfo(self, rel: pgoutput.Relation) -> _RelInfo:
+        table = TableName(rel.namespace, rel.name)
+        names = tuple(c.name for c in rel.columns)
+        if table == self.watermark_table:
+            return _RelInfo(table, "watermark", names, value_idx=names.index("value"))
+        explicit = bool(self.tables) and table in self.tables
+        if self.tables and not explicit:  # a publication wider than the scope: not ours to copy
+            return _RelInfo(table, "skip", names, problem=f"table {table} is outside the capture scope")
+        try:
+            self._load_types([c.type_oid for c in rel.columns])
+            logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
+            decs = tuple(decoder(t) for t in logicals)
+        except UnsupportedType as exc:
+            problem = f"table {table} has a column of type {exc.type_name}, which CDC does not support"
+            return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
+        pk = self._primary_key(rel.relid)
+        if pk is None and rel.replica_identity == "d":
+            pk = tuple(c.name for c in rel.columns if c.is_key) or None
+        if not pk or any(k not in names for k in pk):
+            problem = f"table {table} has no primary key, so its changes cannot be keyed"
+            return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
+        return _RelInfo(
+            table,
+            "table",
+            names,
+            decs,
+            tuple(names.index(k) for k in pk),
+            replica_identity=rel.replica_identity,
+            logicals=logicals,
+        )
+
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
+        """Whole transactions from the slot's confirmed position up to the WAL flush position
+        when the run's first read started (or fewer: one *step*, see below; or ending at a
+        commit once ``max_events`` is reached); segments go to ``on_segment`` at commits (see
+        :meth:`Dialect.read_log`), as EventBatches.
+
+        The slot is read as one byte stream: ``COPY (SELECT lsn, data FROM
+        pg_logical_slot_peek_binary_changes(...)) TO STDOUT (FORMAT binary)``. The server
+        decodes the WAL as fast as its own SQL interface does (the replication protocol flushes
+        one network write per message and measured slower than this process), and this process
+        handles the stream a block of messages at a time (:class:`_SlotRead`): row messages are
+        only kept, and decoded a segment at a time (pgbatch); Begin, Commit, Relation and
+        TRUNCATE are handled one at a time. Peeking moves nothing: the slot is confirmed by
+        :meth:`commit_offset` (``pg_replication_slot_advance``) after the caller staged the
+        batch (I6).
+
+        A read is one step of at most ``capture_step_messages`` messages (the server keeps a
+        step's decoded messages in a tuplestore, spilled to its temporary files past
+        ``work_mem``; a single transaction larger than that comes whole): when it stops there,
+        ``LogBatch.more`` is set and the next call on this dialect (after the caller committed)
+        reads on towards the same end.
+
+        A transaction larger than a segment (twice ``segment_max_events`` messages, or
+        ``segment_max_bytes`` bytes of them) is staged in parts as it arrives: pgoutput sends a
+        transaction only once it committed (never an aborted one, nor a rolled-back
+        subtransaction's changes), so its parts are final; the offset still only moves to a
+        commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
+        start = lsn_to_int(offset)
+        upto, self._read_upto = (self._flush_lsn() if self._read_upto is None else self._read_upto), None
+        if start >= upto:  # the end this run aims at is reached
+            return LogBatch([], offset, offset)
+        step = self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
+        reader = _SlotRead(self, start, max_events, segment_max_events if on_segment is not None else None,
+                           on_segment)
+        messages = self._peek(upto, step, reader)
+        batch = reader.finish(upto, messages >= step)
+        self._read_upto = upto if batch.more else None
+        return batch
+
+    def _peek(self, upto: int, step: int, reader: _SlotRead) -> int:
+        """COPY the slot's decoded messages up to ``upto`` (at most ``step``, rounded up to a
+        whole transaction) into ``reader``; the number of messages the server sent."""
+        import psycopg2
+
+        sql = (
+            "COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+            "'proto_version', '1', 'publication_names', %s)) TO STDOUT (FORMAT binary)"
+        )
+        params = (self.slot_name, int_to_lsn(upto), int(step), self.quote_ident(self.publication_name))
+        deadline = time.monotonic() + 15
+        while True:
+            conn = self._new_connection()
+            try:
+                conn.autocommit = True
+                with conn.cursor() as cur:
+                    cur.execute("SET statement_timeout = %s", (max(1, int(self.read_timeout * 1000)),))
+                    cur.copy_expert(cur.mogrify(sql, params).decode(), reader)
+                reader.flush()
+                return reader.messages
+            except psycopg2.Error as exc:
+                msg = pg_message(exc)
+                if isinstance(exc, psycopg2.errors.QueryCanceled):
+                    raise SourceError(
+                        f"reading replication slot {self.slot_name!r} took longer than read_timeout "
+                        f"({self.read_timeout:.0f} s) for one step of {step} messages: raise the option "
+                        "read_timeout, or lower capture_step_messages"
+                    ) from exc
+                if isinstance(exc, psycopg2.errors.ObjectInUse) and time.monotonic() < deadline and not reader.messages:
+                    time.sleep(0.2)  # a reader that just stopped still holds the slot for a moment
+                    continue
+                if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
+                    raise self._resnapshot_error("does not exist") from exc
+                if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
+                    raise self._resnapshot_error("was invalidated (the WAL it needed was removed)") from exc
+                raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
+            finally:
+                conn.close()
+
+
+    def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
+        return SourceError(
+            f"table {rel.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
+            f"REPLICA IDENTITY {REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
+            "changelog does not carry their values, so the full after-image cannot be built. Run "
+            f"ALTER TABLE {self.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
+            "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
+        )
+
+    def _other_change(self, info: _RelInfo, m, pos, txn: list, ts_ms: int, warned: set) -> None:
+        if info.kind == "watermark":
+            if isinstance(m, pgoutput.Update):
+                txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
+        elif info.kind == "error":
+            raise SourceError(
+                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from publication "
+                f"{self.publication_name!r}, or fix the table"
+            )
+        elif info.table not in warned:
+            warned.add(info.table)
+            log.warning("capture skips changes of %s: %s", info.table, info.problem)
+
+    def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int,
+                    origin: tuple | None = None) -> None:
+        tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
+
+        conversions = info.conversions
+
+        def row(values: list) -> dict:
+            vals = list(values)
+            for i, d in conversions:
+                v = vals[i]
+                if v is not None:
+                    vals[i] = d(v)
+            return dict(zip(names, vals, strict=True))
+
+        def key(values: list) -> list:
+            return [values[i] for i in key_idx]
+
+        if isinstance(m, pgoutput.Insert):
+            after = row(m.new)
+            txn.append(
+                ChangeEvent(
+                    tid,
+                    Op.CREATE.value,
+                    encode_key([after[names[i]] for i in key_idx]),
+                    pos(),
+                    None,
+                    after,
+                    ts_ms,
+                    origin=origin,
+                )
+            )
+            return
+        if isinstance(m, pgoutput.Delete):
+            if m.old_kind == "O":
+                before = row(m.old)
+            else:
+                before = {names[i]: decs[i](m.old[i]) if m.old[i] is not None else None for i in key_idx}
+            txn.append(
+                ChangeEvent(
+                    tid,
+                    Op.DELETE.value,
+                    encode_key([before[names[i]] for i in key_idx]),
+                    pos(),
+                    before,
+                    None,
+                    ts_ms,
+                    origin=origin,
+                )
+            )
+            return
+        new = list(m.new)
+        if any(v is pgoutput.UNCHANGED for v in new):
+            missing = [names[i] for i, v in enumerate(new) if v is pgoutput.UNCHANGED]
+            if m.old_kind != "O" or any(
+                m.old[i] is pgoutput.UNCHANGED for i, v in enumerate(new) if v is pgoutput.UNCHANGED
+            ):
+                raise self._toast_error(info.batch, missing)
+            new = [m.old[i] if v is pgoutput.UNCHANGED else v for i, v in enumerate(new)]
+        after = row(new)
+        new_key = key(new)
+        before = None
+        old_key = new_key
+        if m.old is not None:
+            if m.old_kind == "O":
+                before = row(m.old)
+            else:
+                before = {names[i]: None if m.old[i] is None else decs[i](m.old[i]) for i in key_idx}
+            old_key = key(m.old)
+        k_new = encode_key([after[names[i]] for i in key_idx])
+        if old_key != new_key:
+            k_old = encode_key([before[names[i]] for i in key_idx])
+            txn.append(ChangeEvent(tid, Op.DELETE.value, k_old, pos(), before, None, ts_ms, origin=origin))
+            txn.append(ChangeEvent(tid, Op.CREATE.value, k_new, pos(), None, after, ts_ms, origin=origin))
+        else:
+            txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms, origin=origin))
+
+    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int,
+                  origin: tuple | None = None) -> None:
+        """One Truncate message may name several tables (TRUNCATE a, b; CASCADE): a ``t``
+        event for each captured one, at its place in the transaction."""
+        hit = [rels[r].table for r in m.relids if r in rels and rels[r].kind in ("table", "error")]
+        if not hit:
+            return
+        if self.on_truncate == "event":
+            for table in hit:
+                log.info("capture: TRUNCATE of %s staged as a 't' event", table)
+                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin))
+            return
+        if self.on_truncate == "skip":
+            log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)
+            return
+        raise SourceError(
+            f"TRUNCATE of {', '.join(map(str, hit))} is in the changelog; it removes rows without row events, so "
+            "the mirror cannot follow it. Re-snapshot these tables, and set the dialect option on_truncate='skip' "
+            "to let capture pass this point"
+        )
