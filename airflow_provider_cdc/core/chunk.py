@@ -24,6 +24,9 @@ class ChunkResult:
     last_key: tuple | None  # last key read; None when the chunk was empty
     rows: int
     exhausted: bool  # True when the range has no rows after last_key (fewer than chunk_size read)
+    #: PostgreSQL: the snapshot the chunk's SELECT read (core/visibility.py): the window also
+    #: drops keys of transactions before it that this snapshot did not see
+    visibility: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

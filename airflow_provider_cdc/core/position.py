@@ -81,3 +81,35 @@ def binlog_file_index(name: str) -> int:
     if not suffix.isdigit():
         raise ValueError(f"not a binlog file name: {name!r} (want e.g. 'binlog.000042')")
     return int(suffix)
+
+
+#: the prefix of a watermark id that names a log position instead of a watermark row: under the
+#: ``log`` watermark strategy (docs/DESIGN.md, "Watermarks without writes") a chunk's window is
+#: bounded by positions read from the source, so nothing is written to it
+POSITION_MARK = "pos-"
+
+
+def position_mark(position: Position, ts_ms: int) -> str:
+    """The watermark id of ``position`` (``ts_ms``: when the source was there, for the rows
+    emitted at it): ``pos-<encoded position>-<ts_ms>``."""
+    return f"{POSITION_MARK}{position.encode()}-{int(ts_ms)}"
+
+
+def marked_position(watermark_id: str) -> tuple[Position, int] | None:
+    """(position, ts_ms) of a position mark; None for any other watermark id."""
+    if not watermark_id.startswith(POSITION_MARK):
+        return None
+    body = watermark_id[len(POSITION_MARK):]
+    enc, _, ts = body.partition("-")
+    if len(enc) != ENCODED_LENGTH or not ts.isdigit():
+        raise ValueError(f"not a position mark: {watermark_id!r}")
+    return Position.decode(enc), int(ts)
+
+
+def just_before(position: Position) -> Position:
+    """The greatest position below ``position`` (as the three numbers were one integer)."""
+    n = (position.major << 96) | (position.minor << 32) | position.index
+    if n == 0:
+        raise ValueError("no position is before the zero position")
+    n -= 1
+    return Position(n >> 96, (n >> 32) & _MAX64, n & _MAX32)

@@ -31,7 +31,7 @@ window is closed could miss a conflicting change, so never emit early.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -41,7 +41,8 @@ import pyarrow.compute as pc
 
 from .errors import NotReadyError, WatermarkError
 from .events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
-from .position import Position
+from .position import Position, just_before, marked_position
+from .visibility import PgSnapshot, first_invisible
 
 Rows = Mapping[str, dict] | Iterable[tuple[str, dict]]
 
@@ -62,11 +63,15 @@ class WindowChunk:
     high_watermark: str
     rows: Rows
     name: str = ""
+    #: PostgreSQL: the snapshot the chunk read (core/visibility.py); the window then also drops the
+    #: keys of every transaction before its high watermark that this snapshot did not see
+    visibility: str | None = None
 
     @classmethod
     def from_result(cls, result: Any, rows: Rows) -> WindowChunk:
         """From a :class:`core.chunk.ChunkResult` (or anything with its fields) and its rows."""
-        return cls(result.table, result.low_watermark, result.high_watermark, rows, f"seq {result.seq} ({result.path})")
+        return cls(result.table, result.low_watermark, result.high_watermark, rows, f"seq {result.seq} ({result.path})",
+                   getattr(result, "visibility", None))
 
     @property
     def label(self) -> str:
@@ -142,7 +147,10 @@ def locate_watermarks(log_events: Iterable[LogEvent], ids: Iterable[str]) -> dic
 
 
 def _locate(log_events: Iterable[LogEvent], wanted: set[str]) -> dict[str, WatermarkHit]:
-    found: dict[str, WatermarkHit] = {}
+    # a position mark names its place itself; that the log given covers it is the caller's check
+    found: dict[str, WatermarkHit] = {
+        i: WatermarkHit(*hit) for i in wanted if (hit := marked_position(i)) is not None
+    }
     for ev in log_events:
         if type(ev) is WatermarkEvent and ev.id in wanted:
             prev = found.get(ev.id)
@@ -167,12 +175,26 @@ def _window(chunk: WindowChunk, found: Mapping[str, WatermarkHit]) -> tuple[Wate
             "the chunk's low watermark (was a segment removed or the capture started after the chunk?). "
             "Re-read this chunk"
         )
-    if not lw.position < hw.position:
+    if not (lw.position < hw.position or (lw.position == hw.position and marked_position(chunk.low_watermark))):
         raise WatermarkError(
             f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high watermark "
             f"{chunk.high_watermark!r} at {hw.position}; the watermark ids are mixed up. Re-read this chunk"
         )
     return lw, hw
+
+
+def lowered_low(visibility: str | None, low: str, high: str, log: Callable[[str], tuple]) -> str:
+    """The low end of a chunk's window once the transactions its snapshot did not see are in it:
+    ``low``, or just before the first event below ``high`` of a transaction that ``visibility``
+    (core/visibility.py) does not see, when that is earlier. ``log(high)``: the staged
+    (position, tx) arrays that may hold such events. Every engine's window starts here."""
+    if not visibility:
+        return low
+    positions, txs = log(high)
+    first = first_invisible(positions, txs, PgSnapshot.parse(visibility), high)
+    if first is None or first > low:
+        return low
+    return just_before(Position.decode(first)).encode()
 
 
 def merge_window(chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]) -> list[ChangeEvent]:
@@ -228,13 +250,16 @@ def _step4(
         "table": pa.array([ev.table for ev in change_events], pa.string()),
         "op": pa.array([ev.op for ev in change_events], pa.string()),
         "key": pa.array([ev.key for ev in change_events], pa.string()),
+        "tx": pa.array([ev.origin[0] if ev.origin else None for ev in change_events], pa.string()),
     })
     rows_of: list[Mapping[str, dict]] = []
     gone_of: list[set[str]] = []
     for chunk, (lw, hw) in zip(chunks, windows, strict=True):
         rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
         keys = pa.table({"key": pa.array(list(rows), pa.string())})
-        kept = window_survivors(keys, changes, table=chunk.table, low=lw.position.encode(), high=hw.position.encode())
+        low = lowered_low(chunk.visibility, lw.position.encode(), hw.position.encode(),
+                          lambda before: (changes["position"], changes["tx"]))
+        kept = window_survivors(keys, changes, table=chunk.table, low=low, high=hw.position.encode())
         rows_of.append(rows)
         gone_of.append(set(rows) - set(kept["key"].to_pylist()) if kept.num_rows != len(rows) else set())
     return windows, rows_of, gone_of

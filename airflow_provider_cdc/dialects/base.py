@@ -10,6 +10,7 @@ commit the offset.
 from __future__ import annotations
 
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from ..core.event_batch import EventBatch
 from ..core.events import LogEvent
 from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
-from ..core.position import Position
+from ..core.position import Position, position_mark
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key
 from ..storage.staged import ChunkWriter
@@ -30,6 +31,7 @@ from ..storage.staged import ChunkWriter
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_BATCH_ROWS = 2_000
+WATERMARK_STRATEGIES = ("table", "log")
 #: bytes of values one chunk batch may hold before it is typed and written (the driver rows
 #: of a generic chunk read, the COPY text of a PostgreSQL one), next to the row count
 #: (``fetch_batch_rows`` / ``copy_batch_rows``): a batch of rows holding large values is
@@ -89,6 +91,20 @@ class ConnectionParams:
 class ChunkReadResult:
     rows: int
     last_key: tuple | None  # canonical key values of the last row, None if no rows
+    #: watermark strategy "log": the position mark (core.position.position_mark) of the
+    #: snapshot the SELECT read, which both bounds of the chunk's window are
+    snapshot_mark: str | None = None
+    #: PostgreSQL: the snapshot the SELECT read (core/visibility.py)
+    visibility: str | None = None
+
+
+@dataclass(frozen=True)
+class ReadSnapshot:
+    """What a chunk read records of the snapshot its SELECT read (``stream_query``'s
+    ``snapshot`` list): its position mark (strategy "log") and, on PostgreSQL, its visibility."""
+
+    mark: str | None
+    visibility: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,17 @@ class Dialect(ABC):
         self.segment_max_bytes = int(options.get("segment_max_bytes", DEFAULT_SEGMENT_MAX_BYTES))
         if self.segment_max_bytes < 1024:
             raise ConfigurationError(f"segment_max_bytes must be >= 1024, got {self.segment_max_bytes!r}")
+        # how a chunk's window is bounded (docs/DESIGN.md, "Watermarks without writes"): "table"
+        # writes watermark rows (DBLog), "log" writes nothing and reads positions instead
+        self.watermark_strategy = str(options.get("watermark_strategy") or "table").strip().lower()
+        if self.watermark_strategy not in WATERMARK_STRATEGIES:
+            raise ConfigurationError(
+                f"source {source!r}: watermark_strategy must be one of {', '.join(WATERMARK_STRATEGIES)}, got "
+                f"{options.get('watermark_strategy')!r}")
+        if self.watermark_strategy not in self.watermark_strategies:
+            raise ConfigurationError(
+                f"source {source!r}: watermark_strategy {self.watermark_strategy!r} is not available for "
+                f"{type(self).__name__} yet ({self.log_watermarks_missing}); use 'table'")
 
     # --- connections ------------------------------------------------------------------
     @abstractmethod
@@ -271,6 +298,40 @@ class Dialect(ABC):
         primary key, or an unsupported column type (named)."""
 
     # --- watermarks (DBLog steps 1 and 3) ---------------------------------------------
+    #: the strategies this database supports, and why "log" is not among them where it is not
+    watermark_strategies: ClassVar[tuple[str, ...]] = ("table",)
+    log_watermarks_missing: ClassVar[str] = ""
+    #: a chunk read records its snapshot's visibility (PostgreSQL: commit order is not visibility order)
+    records_visibility: ClassVar[bool] = False
+
+    @property
+    def writes_watermarks(self) -> bool:
+        return self.watermark_strategy == "table"
+
+    def prepare_watermarks(self) -> None:
+        """What the strategy needs before a snapshot: the watermark table ("table"), nothing ("log")."""
+        if self.writes_watermarks:
+            self.ensure_watermark_table()
+
+    def mark(self, watermark_id: str) -> str:
+        """A point in the log that everything committed before it precedes: the watermark row
+        written as ``watermark_id`` ("table"), or the log's current end as a position mark ("log").
+        Returns the id to look it up by in the staged changelog."""
+        if self.writes_watermarks:
+            self.write_watermark(watermark_id)
+            return watermark_id
+        return position_mark(self.current_position(), int(time.time() * 1000))
+
+    def visibility(self) -> str | None:
+        """Which transactions a snapshot taken now sees, where commit order is not visibility
+        order (PostgreSQL: core/visibility.py); None where it is."""
+        return None
+
+    def offset_position(self, offset: str) -> Position | None:
+        """The position an offset stands at (everything before it is in a read that ended
+        there), where the log's offsets name one; None otherwise."""
+        return None
+
     @abstractmethod
     def ensure_watermark_table(self) -> None: ...
 
@@ -371,8 +432,11 @@ class Dialect(ABC):
         )
         last_key: tuple | None = None
         pk = schema.primary_key
+        snapshot: list[ReadSnapshot] = []
         with ChunkWriter(schema, path) as writer:
             bound = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
+            if not self.writes_watermarks or self.records_visibility:
+                bound["snapshot"] = snapshot
             for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows), **bound):
                 keys, afters = [], []
                 for raw in batch:
@@ -385,7 +449,8 @@ class Dialect(ABC):
                 del batch, raw
                 writer.add(string_array(keys), afters)
         rows = writer.rows
-        return ChunkReadResult(rows, last_key)
+        seen = snapshot[0] if snapshot else ReadSnapshot(None)
+        return ChunkReadResult(rows, last_key, seen.mark, seen.visibility)
 
     @abstractmethod
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:

@@ -37,7 +37,7 @@ CONN_TYPE_DIALECTS: dict[str, str] = {
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
 _COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", "segment_max_bytes", "fetch_batch_rows",
-                   "batch_max_bytes"}
+                   "batch_max_bytes", "watermark_strategy"}
 #: extra keys that are settings of the DAGs, not of the connection: refused with where they go
 _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
                "all_tables": "CDC_CAPTURE_ALL_TABLES"}

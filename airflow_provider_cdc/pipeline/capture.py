@@ -14,7 +14,7 @@ from ..core.events import LogEvent
 from ..core.position import Position
 from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
 from ..storage.layout import changelog_dir
-from ..storage.segment_index import refresh_index
+from ..storage.segment_index import record_through, refresh_index
 from ..storage.staged import list_segments, write_segment
 from .locks import capture_lock, lock_key
 from .retention import PruneResult, RetentionPolicy, prune_staging
@@ -88,6 +88,9 @@ def stage_changelog(
                 if f_path not in mine and f_first >= first and f_last <= last:
                     storage.delete(f_path)
         dialect.commit_offset(batch.end_offset, data_dir)
+        through = dialect.offset_position(batch.end_offset)
+        if through is not None:  # position marks up to here are found (watermark strategy "log")
+            record_through(directory, through, int(time.time() * 1000))
         offset = batch.end_offset
         if not batch.more or (max_events is not None and counts[0] >= max_events):
             break

@@ -22,13 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow.fs as pafs
 
 from .. import storage
-from ..core.position import Position
+from ..core.position import Position, marked_position
 from ..sinks.base import read_marker
 from ..storage.layout import changelog_dir, staging_dir
 from ..storage.segment_index import StagedSegment, find_in_index, refresh_index, write_index
@@ -160,7 +160,7 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
         label = f"the {status} snapshot {sid} of table {table_id}"
         if just_done:
             mark = plan.get("converge_watermark")
-            found, _ = find_in_index(segments, [mark] if mark else [])
+            found, _ = _find(segments, [mark] if mark else [])
             if mark in found:
                 holds.append(Hold(label + " (its convergence)", position=Position.decode(found[mark][0])))
             continue
@@ -169,7 +169,7 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
             side = _read_json(storage.join(folder, name))
             if side is not None and not side.get("merged"):
                 ids.add(side["result"]["low_watermark"])
-        found, unknown = find_in_index(segments, ids)
+        found, unknown = _find(segments, ids)
         if unknown:  # refresh_index describes every segment first; this only guards a misuse
             return [Hold("segments the index does not describe", everything=True)], []
         positions = [Position.decode(hit[0]) for hit in found.values()]
@@ -178,6 +178,14 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
         holds.append(Hold(label, position=min(positions) if positions else None,
                           since=plan_time if plan_time is not None else 0.0))
     return holds, closed
+
+
+def _find(segments: Sequence[StagedSegment], ids: Iterable[str]) -> tuple[dict[str, tuple[str, int]], list]:
+    """find_in_index, with position marks (watermark strategy "log") at the position they name."""
+    ids = set(ids)
+    marks = {i: (p.encode(), ts) for i in ids if (hit := marked_position(i)) is not None for p, ts in [hit]}
+    found, unknown = find_in_index(segments, ids - marks.keys())
+    return {**found, **marks}, unknown
 
 
 def _newest_plan_time(folder: str) -> float | None:

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.errors import StateError
+from ..core.errors import StateError, WatermarkError
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.ranges import FULL_RANGE, ChunkRange
@@ -69,7 +69,8 @@ def snapshot_chunk(
     hooks = gap_hooks or GapHooks()
     low, high = str(uuid.uuid4()), str(uuid.uuid4())
     path = chunk_path(data_dir, dialect.source, schema.table, snapshot_id, seq, high)
-    dialect.write_watermark(low)  # step 1
+    if dialect.writes_watermarks:
+        dialect.write_watermark(low)  # step 1
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
     res = dialect.read_chunk(  # step 2
@@ -77,7 +78,13 @@ def snapshot_chunk(
     )
     if hooks.before_high_watermark:
         hooks.before_high_watermark()
-    dialect.write_watermark(high)  # step 3
+    if dialect.writes_watermarks:
+        dialect.write_watermark(high)  # step 3
+    elif res.snapshot_mark is None:
+        raise WatermarkError(f"{dialect.source}: the chunk read of {schema.table} reported no snapshot position "
+                             "(watermark strategy 'log')")
+    else:  # "log": the position of the snapshot the SELECT read bounds the window on both sides
+        low = high = res.snapshot_mark
     return ChunkResult(
         source=dialect.source,
         table=schema.table.id,
@@ -91,6 +98,7 @@ def snapshot_chunk(
         last_key=res.last_key,
         rows=res.rows,
         exhausted=res.rows < chunk_size,
+        visibility=res.visibility,
     )
 
 

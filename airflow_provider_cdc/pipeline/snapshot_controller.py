@@ -255,7 +255,7 @@ class SnapshotController:
                         "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
                     )
                 plans.append((table, schema, ranges))
-            dialect.ensure_watermark_table()
+            dialect.prepare_watermarks()
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
@@ -264,8 +264,10 @@ class SnapshotController:
             # this mark (a chunk at its high watermark) or changed after it (a row above the
             # bound was inserted after the bound was read), so mirror rows older than the mark
             # are ghosts (commit step).
-            converge_mark = f"converge-{uuid.uuid4().hex}"
-            dialect.write_watermark(converge_mark)
+            converge_mark = dialect.mark(f"converge-{uuid.uuid4().hex}")
+            # where commit order is not visibility order (PostgreSQL), a change committed before
+            # the mark may still be unseen by the chunks: the sweep then starts before it
+            converge_visibility = dialect.visibility()
             # The upper bound only after that: a row inserted above the max key is then
             # in the changelog for sure. Read before the changelog existed, a row inserted
             # in between would be in neither the chunks (above the bound) nor the log.
@@ -283,6 +285,7 @@ class SnapshotController:
                 # whole-table snapshots only: one limited by keys, ranges or a filter does not
                 # re-emit the rows outside what it read, so it cannot tell ghosts from them
                 "converge_watermark": None if partial else converge_mark,
+                "converge_visibility": None if partial else converge_visibility,
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
@@ -528,20 +531,27 @@ class SnapshotController:
         mirror has applied go, within the changelog rounds' compaction budget (a large
         snapshot's buckets are folded over the next rounds). Idempotent; a no-op without a
         Delta mirror."""
+        from ..core.visibility import PgSnapshot
+        from ..core.window import lowered_low
         from ..sinks.base import read_marker
         from ..sinks.mirror_delta import compact_buckets, sweep, vacuum
-        from ..storage.staged import staged_watermarks
+        from ..storage.staged import staged_transactions, staged_watermarks
 
         table = TableName.parse(tid)
         converged: dict[str, Any] = {}
         if sid is not None:
-            mark = steps.read_plan(self.data_dir, self.source, table, sid).get("converge_watermark")
+            plan = steps.read_plan(self.data_dir, self.source, table, sid)
+            mark = plan.get("converge_watermark")
             if mark:
-                found = staged_watermarks(changelog_dir(self.data_dir, self.source), [mark])
+                changelog = changelog_dir(self.data_dir, self.source)
+                found = staged_watermarks(changelog, [mark])
                 if mark in found:
-                    gone = sweep(mirror_dir(self.data_dir, self.source, table), found[mark][0],
+                    vis, at = plan.get("converge_visibility"), found[mark][0]
+                    at = lowered_low(vis, at, at, lambda before: staged_transactions(
+                        changelog, before, PgSnapshot.parse(vis).xmin & 0xFFFFFFFF))
+                    gone = sweep(mirror_dir(self.data_dir, self.source, table), at,
                                  reason=f"snapshot {sid} convergence")
-                    converged = {"converged_at": found[mark][0], "swept_rows": gone}
+                    converged = {"converged_at": at, "swept_rows": gone}
                     log.info("table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
                              tid, sid, gone)
                 else:

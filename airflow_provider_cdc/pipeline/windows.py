@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from .. import storage
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, NotReadyError, WatermarkError
-from ..core.position import Position
-from ..storage.staged import staged_watermarks
+from ..core.position import Position, marked_position
+from ..core.visibility import PgSnapshot
+from ..core.window import lowered_low
+from ..storage.staged import staged_transactions, staged_watermarks
 
 #: chunk rows per sink write, in both engines: what the Spark driver collects at once. 500,000
 #: rows of the bench's demo table overflowed spark-submit's default 1 GB driver heap (toArrow)
@@ -86,12 +88,14 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
                 f"{c.low_watermark!r} is not; the staged changelog at {changelog_dir} must start before the chunk's "
                 "low watermark (was a segment removed?). Re-read this chunk"
             )
-        if lo[0] >= hi[0]:
+        if lo[0] > hi[0] or (lo[0] == hi[0] and marked_position(c.low_watermark) is None):
             raise WatermarkError(
                 f"{describe(c)}: low watermark at {Position.decode(lo[0])} is not before the high watermark at "
                 f"{Position.decode(hi[0])}; the watermark ids are mixed up. Re-read this chunk"
             )
-        windows.append(ChunkWindow(i, c, lo[0], hi[0], int(hi[1] or 0)))
+        low = lowered_low(c.visibility, lo[0], hi[0], lambda before, c=c: staged_transactions(
+            changelog_dir, before, PgSnapshot.parse(c.visibility).xmin & 0xFFFFFFFF))
+        windows.append(ChunkWindow(i, c, low, hi[0], int(hi[1] or 0)))
     if missing:
         raise NotReadyError(
             f"{len(missing)} chunk(s) of the round have a high watermark that is not in the staged changelog at "

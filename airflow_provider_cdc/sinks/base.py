@@ -225,6 +225,15 @@ def write_marker(data_dir: str, source: str, sink_name: str, position: Position)
 
 
 def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")) -> bool:
-    """Whether every one of ``sinks`` has applied the staged changelog up to ``position``."""
+    """Whether every one of ``sinks`` has applied the staged changelog up to ``position``. A
+    position past every staged event (a position mark of an idle log) is reached once every
+    staged event before it is applied."""
+    from ..storage.layout import changelog_dir
+    from ..storage.staged import list_segments
+
     marks = [read_marker(data_dir, source, s) for s in sinks]
-    return all(m is not None and m >= position for m in marks)
+    if any(m is None for m in marks):
+        return False
+    before = [last for first, last, _ in list_segments(changelog_dir(data_dir, source)) if first <= position]
+    need = min(position, max(before)) if before else None
+    return need is None or all(m >= need for m in marks)

@@ -32,6 +32,8 @@ from .layout import parse_segment_name
 log = logging.getLogger(__name__)
 
 INDEX_NAME = "_index.json"
+#: how far the staged changelog is complete: every transaction before this position is staged
+THROUGH_NAME = "_through.json"
 _VERSION = 1
 
 
@@ -41,15 +43,23 @@ class SegmentInfo:
     bytes: int
     staged_at: float  # seconds since the epoch (when the index first saw it, for older files)
     watermarks: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (encoded position, ts_ms)
+    #: the smallest and largest numeric transaction id (PostgreSQL xid) of its events (None: it has
+    #: none) when ``xids_known``; an entry older than this field does not know (core/visibility.py
+    #: looks segments up by it)
+    xids: tuple[int, int] | None = None
+    xids_known: bool = False
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "bytes": self.bytes, "staged_at": self.staged_at,
-                "watermarks": {k: list(v) for k, v in self.watermarks.items()}}
+                "watermarks": {k: list(v) for k, v in self.watermarks.items()},
+                **({"xids": None if self.xids is None else list(self.xids)} if self.xids_known else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> SegmentInfo:
+        xids = d.get("xids")
         return cls(int(d["rows"]), int(d["bytes"]), float(d["staged_at"]),
-                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d.get("watermarks", {}).items()})
+                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d.get("watermarks", {}).items()},
+                   None if xids is None else (int(xids[0]), int(xids[1])), "xids" in d)
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,29 @@ def write_index(changelog: str, infos: dict[str, SegmentInfo]) -> None:
         separators=(",", ":")))
 
 
+def record_through(changelog: str, position: Position, ts_ms: int) -> None:
+    """(Under the capture lock, after a read's segments are staged.) Every transaction of the
+    log before ``position`` is staged: position marks up to it are found (staged.py). Never
+    moves back."""
+    current = staged_through(changelog)
+    if current is not None and current[0] >= position:
+        return
+    storage.write_text(storage.join(changelog, THROUGH_NAME),
+                       json.dumps({"position": position.encode(), "ts_ms": int(ts_ms)}))
+
+
+def staged_through(changelog: str) -> tuple[Position, int] | None:
+    """(position, when recorded in ms) of :func:`record_through`; None before any."""
+    path = storage.join(changelog, THROUGH_NAME)
+    try:
+        doc = json.loads(storage.read_text(path))
+    except OSError:
+        if not storage.exists(path):
+            return None
+        raise
+    return Position.decode(doc["position"]), int(doc["ts_ms"])
+
+
 def staged_segments(changelog: str) -> list[StagedSegment]:
     """The segments in ``changelog`` now, in position order, each with what the index says of it."""
     return _listed(changelog, read_index(changelog))
@@ -123,9 +156,22 @@ def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInf
     with fs.open_input_file(p) as fh:
         pf = pq.ParquetFile(fh)
         rows = pf.metadata.num_rows
-        t = pf.read(columns=["position", "op", "watermark", "ts_ms"])
+        t = pf.read(columns=["position", "op", "watermark", "ts_ms", "origin"])
     marks = first_writes(t.filter(pc.equal(t["op"], "w")))
-    return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks)
+    return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks,
+                       xid_range(pc.struct_field(t["origin"], "tx")), True)
+
+
+def xid_range(txs) -> tuple[int, int] | None:
+    """(min, max) of the numeric transaction ids among ``txs`` (staged ``origin.tx``); None: none."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    digits = txs.filter(pc.fill_null(pc.utf8_is_digit(txs), False))
+    if len(digits) == 0:
+        return None
+    mm = pc.min_max(pc.cast(digits, pa.int64()))
+    return int(mm["min"].as_py()), int(mm["max"].as_py())
 
 
 def first_writes(watermark_rows, found: dict[str, tuple[str, int]] | None = None) -> dict[str, tuple[str, int]]:

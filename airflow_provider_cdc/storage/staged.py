@@ -353,9 +353,16 @@ def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) 
     (storage/segment_index.py) for the segments it describes, opening only the others. A
     segment that disappears between the listing and the read (a concurrent capture replaced an
     orphan) makes it list again."""
-    from .segment_index import find_in_index, staged_segments
+    from ..core.position import marked_position
+    from .segment_index import find_in_index, staged_segments, staged_through
 
     wanted = set(ids)
+    marks = {i: hit for i in wanted if (hit := marked_position(i)) is not None}
+    if marks:  # a position mark is staged once the changelog is complete through its position
+        wanted -= marks.keys()
+        through = staged_through(changelog)
+        covered = {i: (p.encode(), ts) for i, (p, ts) in marks.items() if through is not None and through[0] >= p}
+        return {**(staged_watermarks(changelog, wanted, attempts=attempts) if wanted else {}), **covered}
     for attempt in range(attempts):
         try:
             found, unknown = find_in_index(staged_segments(changelog), wanted)
@@ -367,6 +374,39 @@ def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) 
             if attempt == attempts - 1:
                 raise
     return {}
+
+
+def staged_transactions(changelog: str, before: str, since_xid: int) -> tuple:
+    """(position, origin.tx) arrays of the staged events below the encoded position ``before`` in
+    the segments that may hold a transaction with a 32-bit xid at or after ``since_xid`` (modulo
+    2^32: the index's xid ranges rule the others out; a segment the index does not describe is
+    read). What a window needs to find the transactions its chunk's snapshot did not see
+    (core/visibility.py): with no long transaction open, the last few segments."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from .segment_index import staged_segments
+
+    def older(x: int) -> bool:  # ``x`` precedes since_xid in xid order
+        return 0 < ((since_xid - x) & 0xFFFFFFFF) <= 1 << 31
+
+    positions, txs = [], []
+    for s in staged_segments(changelog):
+        if s.first.encode() >= before:
+            continue
+        known = s.info is not None and s.info.xids_known
+        xids = s.info.xids if known else None
+        if known and (xids is None or (xids[0] <= xids[1] and older(xids[1]))):
+            continue  # no numeric xid, or every one older than the snapshot's oldest running one
+        fs, p = storage.filesystem(s.path)
+        with fs.open_input_file(p) as fh:
+            t = pq.read_table(fh, columns=["position", "origin"])
+        positions.append(t["position"].combine_chunks())
+        txs.append(pc.struct_field(t["origin"], "tx").combine_chunks())
+    if not positions:
+        return pa.array([], pa.string()), pa.array([], pa.string())
+    return pa.concat_arrays(positions), pa.concat_arrays(txs)
 
 
 def staged_watermark_position(data_dir: str, source: str, watermark_id: str) -> Position | None:

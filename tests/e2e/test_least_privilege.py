@@ -47,14 +47,24 @@ class LeastPrivilegePipeline(Pipeline):
                 "login": self.role, "schema": p.path.lstrip("/"),
                 "extra": {"watermark_schema": self.wm_schema, "watermark_table": self.wm}}
         if self.scheme == "pg":
-            pg_run(admin_uri, *(pg_setup2_admin(self.role, [qt], f"cdc.{self.wm}", self.source) if setup == 2
-                                else pg_setup1_admin(self.role, p.path.lstrip("/"), [qt])))
+            if setup == 0:  # read-only: watermark strategy "log", no watermark table, no write grant
+                pg_run(admin_uri, f"CREATE ROLE {self.role} LOGIN REPLICATION",
+                       f"CREATE PUBLICATION {self.source} FOR TABLE {qt} WITH (publish_via_partition_root = true)",
+                       f"GRANT USAGE ON SCHEMA public TO {self.role}", f"GRANT SELECT ON {qt} TO {self.role}")
+                conn["extra"]["watermark_strategy"] = "log"
+            else:
+                pg_run(admin_uri, *(pg_setup2_admin(self.role, [qt], f"cdc.{self.wm}", self.source) if setup == 2
+                                    else pg_setup1_admin(self.role, p.path.lstrip("/"), [qt])))
             conn["extra"].update(slot_name=self.source, publication_name=self.source)
         else:
             conn["password"] = "pw"
             admin = w.connect(admin_uri)
             admin.autocommit(True)
-            my_run(admin, *my_setup(self.role, qt, f"`cdc`.`{self.wm}`", provider_creates=setup == 1))
+            if setup == 0:  # read-only: watermark strategy "log", no write grant anywhere
+                my_run(admin, *my_setup(self.role, qt, "", provider_creates=True)[:3])
+                conn["extra"]["watermark_strategy"] = "log"
+            else:
+                my_run(admin, *my_setup(self.role, qt, f"`cdc`.`{self.wm}`", provider_creates=setup == 1))
             admin.close()
         monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", json.dumps(conn))
         role_uri = admin_uri.replace(f"//{p.username}@", f"//{self.role}{':pw' if self.scheme != 'pg' else ''}@", 1)
@@ -111,6 +121,47 @@ def test_the_least_privilege_role_runs_capture_a_snapshot_under_writers_and_veri
     assert p.progress().status == "done"
     p.catch_up()
     p.assert_equal()
+
+
+@pytest.mark.parametrize("db", ["pg", "mysql"])
+def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(request, db, unique_name, tmp_path,
+                                                                                  monkeypatch):
+    """Watermark strategy "log": the role may read the table and the log, nothing else (no write
+    grant anywhere); capture, a snapshot under live writers and verify end at 0 mismatched, and the
+    source holds nothing of the provider's (no watermark table, no rows)."""
+    p = _pipeline(request, db, 0, unique_name, tmp_path, monkeypatch)
+    admin = w.connect(p.admin_uri)
+    try:
+        with admin.cursor() as cur:
+            if db == "pg":
+                cur.execute("SELECT count(*) FROM information_schema.table_privileges WHERE grantee = %s AND "
+                            "privilege_type <> 'SELECT'", (p.role,))
+                assert cur.fetchone()[0] == 0
+                cur.execute("SELECT rolsuper, rolcreatedb, rolcreaterole FROM pg_roles WHERE rolname = %s", (p.role,))
+                assert cur.fetchone() == (False, False, False)
+                cur.execute("SELECT count(*) FROM pg_database WHERE has_database_privilege(%s, oid, 'CREATE')",
+                            (p.role,))
+                assert cur.fetchone()[0] == 0
+            else:
+                cur.execute(f"SHOW GRANTS FOR '{p.role}'@'%'")
+                grants = " ".join(r[0] for r in cur.fetchall()).upper()
+                for write in ("INSERT", "UPDATE", "DELETE", "CREATE", "ALL PRIVILEGES"):
+                    assert write not in grants, grants
+        admin.commit()
+        with w.BackgroundWriter(p.admin_uri, p.table, threads=2, rate=100, seed=37) as writer:
+            p.snapshot()
+            time.sleep(0.5)
+        stats = writer.stats()
+        assert stats.committed > 0 and stats.errors == [], stats.errors
+        assert p.progress().status == "done"
+        p.catch_up()
+        p.assert_equal()
+        with admin.cursor() as cur:
+            cur.execute("SELECT table_schema, table_name FROM information_schema.tables WHERE table_name = %s",
+                        (p.wm,))
+            assert list(cur.fetchall()) == [], "a watermark table was created"
+    finally:
+        admin.close()
 
 
 def test_a_conf_cannot_widen_the_scope_to_a_system_table_or_another_table(lp):

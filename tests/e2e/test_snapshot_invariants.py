@@ -95,10 +95,10 @@ class Pipeline:
             stage_changelog(d, self.data_dir)
 
     def catch_up(self, max_runs: int = 4) -> None:
-        """Write a watermark and run cdc_changelog until it is staged and applied to both sinks."""
-        marker = f"e2e-catchup-{uuid.uuid4()}"
+        """Mark the log's end (a watermark row, or its position under watermark strategy "log") and
+        run cdc_changelog until the mark is staged and applied to both sinks."""
         with self.dialect() as d:
-            d.write_watermark(marker)
+            marker = d.mark(f"e2e-catchup-{uuid.uuid4()}")
         for _ in range(max_runs):
             self.run("cdc_changelog")
             pos = staged_watermark_position(self.data_dir, self.source, marker)

@@ -86,9 +86,10 @@ class Ctx:
     def watermark_table(self) -> str:
         return f"wm_{self.unique}"
 
-    def dialect(self, tables: list[TableName] | None = None) -> Dialect:
+    def dialect(self, tables: list[TableName] | None = None, **options: Any) -> Dialect:
         d = self.suite.make_dialect(
-            self.uri, source=self.source, tables=list(tables or []), watermark_table=self.watermark_table
+            self.uri, source=self.source, tables=list(tables or []), watermark_table=self.watermark_table,
+            **options,
         )
         self.dialects.append(d)
         return d
@@ -152,8 +153,11 @@ class DialectSuite(ABC):
 
     @abstractmethod
     def make_dialect(
-        self, uri: str, *, source: str, tables: list[TableName], watermark_table: str
+        self, uri: str, *, source: str, tables: list[TableName], watermark_table: str, **options: Any
     ) -> Dialect: ...
+
+    #: the watermark strategies (dialect option ``watermark_strategy``) this database supports
+    watermark_strategies: tuple[str, ...] = ("table",)
 
     @abstractmethod
     def connect(self, uri: str, *, autocommit: bool) -> Any: ...
@@ -274,10 +278,31 @@ class DialectSuite(ABC):
 
     # --- the DBLog window under concurrent writes -------------------------------------
     def test_chunks_under_concurrent_writes_merge_to_the_source(self, ctx):
+        results, reads = self._chunks_under_concurrent_writes(ctx)
+        assert len(reads) < sum(r.rows for r in results), "forced in-window writes must drop keys"
+
+    def test_chunks_without_writes_under_concurrent_writes_merge_to_the_source(self, ctx):
+        """Watermark strategy "log": each chunk's window is the position of the snapshot its
+        SELECT read; nothing is written to the source (no watermark table is created)."""
+        if "log" not in self.watermark_strategies:
+            with pytest.raises(ConfigurationError, match="watermark_strategy 'log' is not available"):
+                ctx.dialect([], watermark_strategy="log")
+            return
+        results, reads = self._chunks_under_concurrent_writes(ctx, watermark_strategy="log")
+        assert all(r.low_watermark == r.high_watermark and r.low_watermark.startswith("pos-") for r in results)
+        if not ctx.dialects[0].records_visibility:  # MariaDB: the snapshot is the window, nothing is dropped
+            assert len(reads) == sum(r.rows for r in results)
+        wm = ctx.dialects[0].watermark_table
+        assert not ctx.execute(self.table_exists_sql, (wm.schema, wm.name)), "a watermark table was created"
+
+    #: (schema, table) -> a row when the table exists
+    table_exists_sql = "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = %s"
+
+    def _chunks_under_concurrent_writes(self, ctx, **options):
         rows = 400
         t = self._kv_table(ctx, rows)
-        d = ctx.dialect([t])
-        d.ensure_watermark_table()
+        d = ctx.dialect([t], **options)
+        d.prepare_watermarks()
         d.load_offset(ctx.data_dir)  # capture starts before the snapshot
         schema = d.describe_table(t)
         qt, qid, qv, qn = ctx.qt(t), ctx.q("id"), ctx.q("v"), ctx.q("n")
@@ -372,10 +397,10 @@ class DialectSuite(ABC):
             for r in results
         ]
         reads = merge_window(chunks, events)
-        assert len(reads) < sum(r.rows for r in results), "forced in-window writes must drop keys"
         state = mirror_apply({}, table_events(events, t))
         mirror_apply(state, reads)
         assert mirror_rows(state, t.id) == ctx.source_rows(d, t)
+        return results, reads
 
     # --- I6: crash between staging and confirming -------------------------------------
     def test_capture_crash_before_commit_redelivers_and_loses_nothing(self, ctx, monkeypatch):

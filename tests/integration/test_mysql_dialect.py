@@ -718,6 +718,7 @@ from tests.integration.dialect_suite import DialectSuite, ParityCase  # noqa: E4
 
 class TestMySqlDialect(DialectSuite):
     """The shared dialect suite on MariaDB 10.11."""
+    watermark_strategies = ("table", "log")  # "log" on MariaDB: consistent-snapshot positions
 
     table_schema = DB
     sql_types = {"int": "INT", "text": "VARCHAR(255)"}
@@ -726,9 +727,9 @@ class TestMySqlDialect(DialectSuite):
     def source_uri(self, mysql_uri):
         return mysql_uri
 
-    def make_dialect(self, uri, *, source, tables, watermark_table):
+    def make_dialect(self, uri, *, source, tables, watermark_table, **options):
         return get_dialect(
-            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table
+            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table, **options
         )
 
     def connect(self, uri, *, autocommit):

@@ -25,6 +25,7 @@ def _connect(uri: str, *, autocommit: bool):
 
 
 class TestPostgresDialect(DialectSuite):
+    watermark_strategies = ("table", "log")  # "log": the chunk snapshot's visibility bounds the window
     table_schema = "public"
     sql_types = {"int": "integer", "text": "text"}
 
@@ -32,9 +33,9 @@ class TestPostgresDialect(DialectSuite):
     def source_uri(self, pg_uri):
         return pg_uri
 
-    def make_dialect(self, uri, *, source, tables, watermark_table):
+    def make_dialect(self, uri, *, source, tables, watermark_table, **options):
         return get_dialect(
-            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table
+            ConnectionParams.from_uri(uri), source=source, tables=tables, watermark_table=watermark_table, **options
         )
 
     def connect(self, uri, *, autocommit):
@@ -589,4 +590,90 @@ def test_max_events_stops_at_a_commit_and_the_rest_follows(pg_uri, unique_name, 
         d.drop_publication()
         d.close()
         admin.cursor().execute(f'DROP TABLE "{t.name}", "cdc"."wm_{unique_name}"')
+        admin.close()
+
+
+@pytest.mark.parametrize("strategy", ["table", "log"])
+def test_a_change_committed_but_not_yet_visible_when_the_chunk_reads_is_not_lost(pg_uri, unique_name, tmp_path,
+                                                                                strategy):
+    """The closest reproduction PostgreSQL allows of a transaction held between its commit record
+    and its visibility: ``synchronous_standby_names`` names a standby that never answers, so a
+    COMMIT under ``synchronous_commit = on`` writes (and flushes) its commit record, then waits,
+    still invisible to every snapshot, while the slot already decodes it. A chunk read then holds
+    the old row although the change precedes its low watermark (or its log position). The
+    window reaches back to it because the chunk recorded its snapshot; without that the mirror
+    would move back in time, which the test shows too."""
+    import dataclasses
+    import threading
+    import time
+
+    from airflow_provider_cdc.core.ranges import FULL_RANGE
+    from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+    from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
+    from airflow_provider_cdc.pipeline.windows import locate_windows
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
+
+    t = TableName("public", f"held_{unique_name}")
+    admin = _connect(pg_uri, autocommit=True)
+    cur = admin.cursor()
+    cur.execute(f'CREATE TABLE {t.schema}."{t.name}" (id int PRIMARY KEY, v text)')
+    cur.execute(f'INSERT INTO {t.schema}."{t.name}" VALUES (1, \'old\'), (2, \'old\'), (3, \'old\')')
+    data = str(tmp_path / "data")
+    d = get_dialect(ConnectionParams.from_uri(pg_uri), source=f"held_{unique_name}", tables=[t],
+                    watermark_table=f"wm_{unique_name}", slot_name=f"held_{unique_name}",
+                    publication_name=f"held_{unique_name}", watermark_strategy=strategy)
+    held = threading.Thread()
+    try:
+        d.prepare_watermarks()
+        d.load_offset(data)
+        cur.execute("ALTER SYSTEM SET synchronous_commit = 'local'")  # every other session commits as before
+        cur.execute("ALTER SYSTEM SET synchronous_standby_names = 'cdc_test_standby_that_never_answers'")
+        cur.execute("SELECT pg_reload_conf()")
+        writer = _connect(pg_uri, autocommit=False)
+        wcur = writer.cursor()
+        wcur.execute("SET synchronous_commit = on")
+        wcur.execute(f'UPDATE {t.schema}."{t.name}" SET v = \'new\' WHERE id = 2')
+        wcur.execute("SELECT pg_backend_pid()")
+        pid = wcur.fetchone()[0]
+        held = threading.Thread(target=writer.commit)
+        held.start()
+        for _ in range(500):  # its commit record is written; it waits for the standby
+            cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
+            if cur.fetchone()[0] == "SyncRep":
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the writer never waited for the synchronous standby")
+        schema = d.describe_table(t)
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="s", seq=0, chunk_size=10)
+        rows = dict(read_chunk_rows(res.path, res.table))
+        assert rows['[2]']["v"] == "old"  # the reproduction: the change is committed in the WAL, not visible
+        assert res.visibility is not None
+        stage_changelog(d, data)
+        events = list(read_log_events(changelog_dir(data, d.source)))
+        change = [e for e in table_events(events, t) if e.key == "[2]"]
+        assert change and change[0].after["v"] == "new"  # the slot decoded it meanwhile
+
+        def mirror(result):
+            reads = merge_window([WindowChunk.from_result(result, rows)], events)
+            state = mirror_apply({}, table_events(events, t))
+            return mirror_rows(mirror_apply(state, reads), t.id)
+
+        assert mirror(res)["[2]"]["v"] == "new"
+        assert mirror(dataclasses.replace(res, visibility=None))["[2]"]["v"] == "old"  # what it would be blind
+        # the engines' window (staged segments, their index) reaches back to it as well
+        (w,) = locate_windows(None, [res], changelog_dir(data, d.source))
+        assert w.low < change[0].position.encode() < w.high
+    finally:
+        cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        cur.execute("ALTER SYSTEM RESET synchronous_commit")
+        cur.execute("SELECT pg_reload_conf()")
+        if held.is_alive():
+            held.join(30)
+        d.drop_slot()
+        d.drop_publication()
+        d.close()
+        cur.execute(f'DROP TABLE IF EXISTS {t.schema}."{t.name}"')
+        cur.execute(f'DROP TABLE IF EXISTS cdc."wm_{unique_name}"')
         admin.close()

@@ -8,6 +8,7 @@ import base64
 import datetime as dt
 import decimal
 import struct
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -15,9 +16,10 @@ import pymysql
 import pymysql.cursors
 
 from ...core.errors import SourceError
+from ...core.position import Position, position_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
-from ..base import value_bytes
+from ..base import ReadSnapshot, value_bytes
 from .types import json_text, select_converter
 
 
@@ -75,15 +77,20 @@ class MyChunkReader:
         return sql, params
 
     def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None,
+        snapshot: list | None = None,
     ) -> Iterator[list[tuple]]:
         """A fresh autocommit statement on its own connection with an unbuffered cursor:
         InnoDB gives it a read view taken when it starts, after the low watermark committed.
         ``max_bytes``: a batch also ends once its rows' values (:func:`value_bytes`) reach it,
-        so rows of large values come a few at a time (the cursor reads a row at a time)."""
+        so rows of large values come a few at a time (the cursor reads a row at a time).
+        ``snapshot`` (watermark strategy "log"): the SELECT reads a consistent snapshot whose
+        binlog position (its position mark) is appended to the list first."""
         conn = self._connect(cursorclass=pymysql.cursors.SSCursor)
         try:
             with conn.cursor() as cur:
+                if snapshot is not None:
+                    snapshot.append(ReadSnapshot(self._consistent_snapshot(cur)))
                 try:
                     cur.execute(sql, list(params))
                 except pymysql.err.MySQLError as exc:
@@ -98,6 +105,29 @@ class MyChunkReader:
                     yield box.pop()  # no reference left here: the caller may free the batch
         finally:
             conn.close()
+
+    def _consistent_snapshot(self, cur: Any) -> str:
+        """Start a read-only REPEATABLE READ transaction WITH CONSISTENT SNAPSHOT and return the
+        position mark of the binlog position it corresponds to. MariaDB takes the snapshot in
+        step with its ordered commits and reports that position (``binlog_snapshot_file`` /
+        ``binlog_snapshot_position``): every transaction before it in the binlog is in the
+        snapshot and none after it, so the chunk's window is empty (docs/DESIGN.md,
+        "Watermarks without writes")."""
+        try:
+            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            cur.execute("SHOW SESSION STATUS LIKE 'binlog\\_snapshot\\_%'")
+            status = {str(k).lower(): v for k, v in cur.fetchall()}
+        except pymysql.err.MySQLError as exc:
+            raise SourceError(f"source {self.source!r}: could not start a consistent snapshot ({exc.args[-1]})") from exc
+        file, pos = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
+        if not file or pos in (None, ""):
+            raise SourceError(
+                f"source {self.source!r}: the server reports no binlog position for a consistent snapshot "
+                f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary logging on. "
+                "Use watermark_strategy 'table' on this server"
+            )
+        return position_mark(Position.binlog(file, int(pos), 0), int(time.time() * 1000))
 
     def _select_converters(self, schema: TableSchema) -> list[tuple[str, Callable[[Any], Any] | None]]:
         """Per-column converters, cached per schema object (looked up once per row)."""

@@ -40,21 +40,25 @@ _PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
 
 
 def default_server_id(source: str) -> int:
+    """A replication server id derived from the source name: stable across runs (one
+    capture per source at a time) and unlikely to collide with real replicas' small ids."""
     return 1_000_000 + zlib.crc32(f"airflow-provider-cdc:{source}".encode()) % 3_000_000_000
 
 
 class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyOffsets, MyLogReader, MyXa, Dialect):
-    """A replication server id derived from the source name: stable across runs (one
-    capture per source at a time) and unlikely to collide with real replicas' small ids."""
-    lock_acquire_sql = "SELECT GET_LOCK(%s, 0)"
-    lock_release_sql = "SELECT RELEASE_LOCK(%s)"
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
     a primary key outside the system schemas and the watermark database), ``connect_timeout``,
     ``on_truncate`` ("event" (default): a TRUNCATE TABLE statement of a captured table is
     staged as an event ``op = "t"`` at its binlog position, and the mirror drops every row of
-    the table older than it; "fail": capture stops naming the statement; "skip": a warning)."""
+    the table older than it; "fail": capture stops naming the statement; "skip": a warning),
+    ``watermark_strategy`` ("table" (default): watermark rows; "log": MariaDB only, nothing
+    written, each chunk read in a consistent snapshot at a binlog position)."""
+
+    lock_acquire_sql = "SELECT GET_LOCK(%s, 0)"
+    lock_release_sql = "SELECT RELEASE_LOCK(%s)"
+    watermark_strategies: ClassVar[tuple[str, ...]] = ("table", "log")
 
     def capture_lock_key(self, data_dir: str) -> str:
         """What the capture lock protects: the staged offset file (the binlog is only read, and

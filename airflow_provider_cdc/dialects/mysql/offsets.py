@@ -54,6 +54,11 @@ class BinlogOffset:
 class MyOffsets:
     """The offset file, the binlog's end, and its retention."""
 
+    def offset_position(self, offset: str) -> Position:
+        """A committed offset is a transaction boundary: every event before it was read."""
+        o = BinlogOffset.from_json(offset)
+        return Position.binlog(o.index, o.pos, 0)
+
     # --- changelog --------------------------------------------------------------------
     def binlog_end(self) -> BinlogOffset:
         """The current end of the binlog (file and position), always a transaction boundary."""

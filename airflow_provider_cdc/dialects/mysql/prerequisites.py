@@ -177,6 +177,12 @@ class MyPrerequisites:
                 self.check_readable(table)
             except SourceError as exc:
                 problems.append(str(exc))
+        if not self.writes_watermarks:  # watermark strategy "log": no watermark table, a MariaDB snapshot position
+            if self.flavour.name != "mariadb":
+                problems.append(
+                    f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
+                    f"this server is {self.flavour.name}: use watermark_strategy 'table'")
+            return problems
         wm, user = self.watermark_table, self.params.user
         try:
             self._query(f"SELECT `value` FROM {self.quote_table(wm)} WHERE 1 = 0")  # noqa: S608

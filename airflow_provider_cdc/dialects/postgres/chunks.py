@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...core.errors import SourceError
+from ...core.position import Position, just_before, position_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
-from ..base import ChunkReadResult
+from ..base import ChunkReadResult, ReadSnapshot
 from .types import decoder, identity, pg_message, to_db
 
 DEFAULT_COPY_BATCH_ROWS = 2_000
@@ -21,16 +23,20 @@ class PgChunkReader:
 
     # --- chunks -----------------------------------------------------------------------
     def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, snapshot: list | None = None
     ) -> Iterator[list[tuple]]:
-        """A server-side (named) cursor declared after the call: a fresh READ COMMITTED
-        snapshot that sees everything committed before it, fetched ``batch_size`` rows
-        at a time. Values come back as their text (see module docstring)."""
+        """A server-side (named) cursor declared after the call, in a transaction of its own: a
+        fresh snapshot that sees everything visible before it, fetched ``batch_size`` rows at a
+        time. Values come back as their text (see module docstring). ``snapshot``: the
+        snapshot the query reads is recorded there first (:meth:`_read_snapshot`)."""
         import psycopg2
 
         conn = self._read_conn()
         done = False
         try:
+            if snapshot is not None:
+                with conn.cursor() as cur:
+                    snapshot.append(self._read_snapshot(cur))
             with conn.cursor(name=f"cdc_{uuid.uuid4().hex}") as cur:
                 cur.itersize = batch_size
                 try:
@@ -68,7 +74,8 @@ class PgChunkReader:
         """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
         column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
         several times faster). Option ``fast_chunks=False`` uses the generic path. The
-        COPY is a fresh READ COMMITTED statement, run after the low watermark committed."""
+        COPY runs in a transaction of its own begun after the low watermark committed, whose
+        snapshot is recorded first (:meth:`_read_snapshot`)."""
         if not self.fast_chunks:
             return super().read_chunk(
                 schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
@@ -116,6 +123,7 @@ class PgChunkReader:
             conn = self._read_conn()
             try:
                 with conn.cursor() as cur:
+                    seen = self._read_snapshot(cur)
                     copy_sql = (
                         f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
                     )
@@ -130,7 +138,21 @@ class PgChunkReader:
                 self._reset_read_conn()
                 raise
             flush()
-        return ChunkReadResult(state["rows"], state["last"])
+        return ChunkReadResult(state["rows"], state["last"], seen.mark, seen.visibility)
+
+    def _read_snapshot(self, cur: Any) -> ReadSnapshot:
+        """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
+        chunk's SELECT then reads, and records it (``pg_current_snapshot()``: which transactions it
+        sees) with the WAL insert position after it. Under watermark strategy "log" that position
+        bounds the window: every transaction whose commit record lies before it is in the staged
+        changelog before the chunk's rows and is checked against the snapshot (dropped from the
+        chunk when the snapshot did not see it); every one after it comes after the rows."""
+        cur.execute("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
+        visibility, lsn = cur.fetchone()
+        mark = None
+        if not self.writes_watermarks:
+            mark = position_mark(just_before(Position.pg(lsn)), int(time.time() * 1000))
+        return ReadSnapshot(mark, visibility)
 
     def _reset_read_conn(self) -> None:
         c, self._rconn = self._rconn, None

@@ -41,6 +41,8 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         two sources configured with one slot never confirm it past each other's changes."""
         return f"slot.{self.slot_name}"
 
+    watermark_strategies = ("table", "log")
+    records_visibility = True
     name = "postgres"
     system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
     row_value_keyset = True
@@ -131,12 +133,13 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         return self._conn
 
     def _read_conn(self):
-        """Connection for chunk reads: READ COMMITTED, every value returned as its text."""
+        """Connection for chunk reads: REPEATABLE READ (a chunk's snapshot is recorded by its first
+        statement and read by the next, core/visibility.py), every value returned as its text."""
         if self._rconn is None or self._rconn.closed:
             import psycopg2.extensions as ext
 
             c = self._new_connection()
-            c.set_session(isolation_level=ext.ISOLATION_LEVEL_READ_COMMITTED, readonly=True, autocommit=False)
+            c.set_session(isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True, autocommit=False)
             oids = tuple(set(ext.string_types) | set(getattr(ext, "binary_types", {})))
             ext.register_type(ext.new_type(oids, "CDC_RAW_TEXT", lambda value, cur: value), c)
             self._rconn = c

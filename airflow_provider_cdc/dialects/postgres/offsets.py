@@ -22,7 +22,7 @@ class PgOffsets:
         return Position.pg(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
 
     def _publication_tables(self) -> list[TableName]:
-        return [*(self.tables or []), self.watermark_table]
+        return [*(self.tables or []), *([self.watermark_table] if self.writes_watermarks else [])]
 
     def _add_to_publication(self, tables: Sequence[TableName]) -> None:
         have = {
@@ -113,7 +113,7 @@ class PgOffsets:
             self.check_prerequisites()
         else:
             self._check_slot(row)
-        self.ensure_watermark_table()
+        self.prepare_watermarks()
         self.ensure_publication()
         if row is None:
             self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
@@ -192,6 +192,14 @@ class PgOffsets:
 
     def _flush_lsn(self) -> int:
         return lsn_to_int(self._query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+
+    def visibility(self) -> str:
+        return self._query("SELECT pg_current_snapshot()::text")[0][0]
+
+    def offset_position(self, offset: str) -> Position:
+        """A read ends at the flush position it aimed at: every transaction whose commit record
+        ends before it was read (a record the flush had not reached yet is not)."""
+        return Position.pg(offset)
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """I6: confirm the slot up to ``offset`` only now that the batch is staged

@@ -134,7 +134,8 @@ class PgPrerequisites:
         problems = []
         db_create = self._query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
         wm = self.watermark_table
-        wm_row = self._query(
+        wms = [wm] if self.writes_watermarks else []  # watermark strategy "log": no watermark table
+        wm_row = [] if not wms else self._query(
             "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
             "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
@@ -146,7 +147,7 @@ class PgPrerequisites:
             if not (wm_row[0][0] and wm_row[0][1]):
                 problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {role} (the watermark table: "
                                 "DBLog's watermarks are UPDATEs of its one row)")
-        else:
+        elif wms:
             nsp = self._query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
                               (wm.schema,))
             if (nsp and not nsp[0][0]) or (not nsp and not db_create):
@@ -180,8 +181,8 @@ class PgPrerequisites:
                 TableName(a, b) for a, b in self._query(
                     "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))
             }
-            missing = [t for t in [*scope, wm] if t not in published and (t in rows or t == wm)]
-            not_owned = [t for t in missing if t != wm and not rows[t][2]]
+            missing = [t for t in [*scope, *wms] if t not in published and (t in rows or t in wms)]
+            not_owned = [t for t in missing if t not in wms and not rows[t][2]]
             if missing and (not pub[0][1] or not_owned):
                 problems.append(
                     f"publication {self.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
@@ -198,7 +199,7 @@ class PgPrerequisites:
                 problems.append(
                     f"publication {self.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
                     f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
-                    f"{self.quote_ident(self.publication_name)} FOR TABLE {self._qlist([*scope, wm])} WITH "
+                    f"{self.quote_ident(self.publication_name)} FOR TABLE {self._qlist([*scope, *wms])} WITH "
                     "(publish_via_partition_root = true) (README 'Security', set-up 2)"
                 )
         return problems

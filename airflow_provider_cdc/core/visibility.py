@@ -1,0 +1,78 @@
+"""Which transactions a PostgreSQL snapshot sees (docs/DESIGN.md, "Watermarks without writes").
+
+On a PostgreSQL primary the order of commit records in the WAL is not the order in which
+transactions become visible: a transaction writes its commit record, then (after its flush,
+and after a synchronous standby confirmed it) leaves the set of running transactions. A chunk
+SELECT can therefore miss a change whose commit record lies before the chunk's low watermark.
+The chunk records the snapshot it read (``pg_current_snapshot()``, text ``xmin:xmax:xip,...``
+of 64-bit xids); the window then also drops every key of a transaction before it that this
+snapshot does not see. The log names each transaction by its top-level xid (pgoutput's Begin,
+32 bits), which is what the snapshot's running list holds too; changes made in
+subtransactions are decoded under their top-level transaction, so they are covered with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_MASK = (1 << 32) - 1
+
+
+@dataclass(frozen=True)
+class PgSnapshot:
+    """``pg_current_snapshot()``: every xid below ``xmin`` is finished, ``xmax`` and above not
+    yet finished when it was taken, ``xip`` the ones in between still running."""
+
+    xmin: int
+    xmax: int
+    xip: frozenset[int]
+
+    @classmethod
+    def parse(cls, text: str) -> PgSnapshot:
+        try:
+            xmin, xmax, xip = text.split(":")
+            snap = cls(int(xmin), int(xmax), frozenset(int(x) for x in xip.split(",") if x))
+        except ValueError:
+            raise ValueError(f"not a PostgreSQL snapshot: {text!r} (want 'xmin:xmax:xip,...')") from None
+        if not snap.xmin <= snap.xmax or any(not snap.xmin <= x < snap.xmax for x in snap.xip):
+            raise ValueError(f"not a PostgreSQL snapshot: {text!r} (xmin <= xip < xmax)")
+        return snap
+
+    def full(self, xids: np.ndarray) -> np.ndarray:
+        """32-bit xids of the log widened to 64 bits: the value nearest to ``xmax`` (the ones a
+        snapshot can still be asked about lie within 2^31 of it)."""
+        base = np.int64(self.xmax & ~_MASK)
+        out = base + xids.astype(np.int64)
+        out = np.where(out > self.xmax + (1 << 31), out - (1 << 32), out)
+        return np.where(out <= self.xmax - (1 << 31), out + (1 << 32), out)
+
+    def invisible(self, xids: np.ndarray) -> np.ndarray:
+        """Mask of the 32-bit top-level xids whose transactions this snapshot does not see."""
+        full = self.full(xids)
+        running = np.isin(full, np.fromiter(self.xip, dtype=np.int64, count=len(self.xip)))
+        return (full >= self.xmax) | running
+
+    def visible(self, xid: int) -> bool:
+        return not bool(self.invisible(np.asarray([xid & _MASK], dtype=np.int64))[0])
+
+
+def first_invisible(positions: pa.Array, txs: pa.Array, snapshot: PgSnapshot, before: str) -> str | None:
+    """The smallest encoded position below ``before`` of an event whose transaction (``txs``:
+    the staged ``origin.tx``, the xid as text) ``snapshot`` does not see; None when there is none.
+    Events without a numeric xid (watermark rows, other databases) are never such events."""
+    if len(positions) == 0:
+        return None
+    keep = pc.and_(pc.less(positions, pa.scalar(before, pa.string())), pc.utf8_is_digit(txs))
+    keep = pc.fill_null(keep, False)
+    positions, txs = positions.filter(keep), txs.filter(keep)
+    if len(positions) == 0:
+        return None
+    xids = np.asarray(pc.cast(txs, pa.int64()).to_numpy(zero_copy_only=False), dtype=np.int64) & _MASK
+    mask = snapshot.invisible(xids)
+    if not mask.any():
+        return None
+    return pc.min(positions.filter(pa.array(mask))).as_py()
