@@ -112,8 +112,11 @@ def lp(request, unique_name, tmp_path, monkeypatch):
 def test_the_least_privilege_role_runs_capture_a_snapshot_under_writers_and_verify(
     request, db, setup, unique_name, tmp_path, monkeypatch
 ):
-    p = _pipeline(request, db, setup, unique_name, tmp_path, monkeypatch)
-    with w.BackgroundWriter(p.admin_uri, p.table, threads=2, rate=100, seed=31) as writer:
+    _snapshot_under_writers_and_verify(_pipeline(request, db, setup, unique_name, tmp_path, monkeypatch), seed=31)
+
+
+def _snapshot_under_writers_and_verify(p: LeastPrivilegePipeline, seed: int) -> None:
+    with w.BackgroundWriter(p.admin_uri, p.table, threads=2, rate=100, seed=seed) as writer:
         p.snapshot()
         time.sleep(0.5)
     stats = writer.stats()
@@ -148,14 +151,7 @@ def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(
                 for write in ("INSERT", "UPDATE", "DELETE", "CREATE", "ALL PRIVILEGES"):
                     assert write not in grants, grants
         admin.commit()
-        with w.BackgroundWriter(p.admin_uri, p.table, threads=2, rate=100, seed=37) as writer:
-            p.snapshot()
-            time.sleep(0.5)
-        stats = writer.stats()
-        assert stats.committed > 0 and stats.errors == [], stats.errors
-        assert p.progress().status == "done"
-        p.catch_up()
-        p.assert_equal()
+        _snapshot_under_writers_and_verify(p, seed=37)
         with admin.cursor() as cur:
             cur.execute("SELECT table_schema, table_name FROM information_schema.tables WHERE table_name = %s",
                         (p.wm,))
