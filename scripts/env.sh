@@ -13,4 +13,4 @@ export AIRFLOW_CONN_SPARK_DEFAULT='{"conn_type": "spark", "host": "local[2]"}'
 export SPARK_LOCAL_IP=127.0.0.1
 export CDC_DATA_DIR="${CDC_DATA_DIR:-$_CDC_ROOT/.cdc-local/data}"
 eval "$("$_CDC_ROOT/scripts/services.sh" env)"
-export CDC_TEST_PG_URI CDC_TEST_MYSQL_URI
+export CDC_TEST_PG_URI CDC_TEST_MYSQL_URI CDC_TEST_PG_STANDBY_URI CDC_TEST_MYSQL_REPLICA_URI

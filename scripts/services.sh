@@ -6,7 +6,8 @@
 #   scripts/services.sh status
 #   scripts/services.sh env     # prints export lines with the connection URIs
 #
-# PostgreSQL runs with wal_level=logical; MariaDB with a ROW/FULL/FULL binlog. Both live
+# PostgreSQL runs with wal_level=logical, with a streaming-replication hot standby; MariaDB with
+# a ROW/FULL/FULL binlog, with a replica that logs what it applies (log_slave_updates). All live
 # under $CDC_LOCAL_DIR (default: <project>/.cdc-local, git-ignored), on their own ports and
 # sockets, so they never touch a system server. Users with their own servers skip this and
 # set CDC_TEST_PG_URI / CDC_TEST_MYSQL_URI instead (see README).
@@ -16,6 +17,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCAL="${CDC_LOCAL_DIR:-$ROOT/.cdc-local}"
 PG_PORT="${CDC_PG_PORT:-55432}"
 MY_PORT="${CDC_MYSQL_PORT:-53306}"
+PG_STANDBY_PORT="${CDC_PG_STANDBY_PORT:-$((PG_PORT + 1))}"
+MY_REPLICA_PORT="${CDC_MYSQL_REPLICA_PORT:-$((MY_PORT + 1))}"
 PG_BIN="${CDC_PG_BIN:-}"
 # Where Debian's packages are looked for besides PATH; tests point it at an empty folder
 # to play a machine without the packages.
@@ -135,7 +138,29 @@ EOF
   say "PostgreSQL started on 127.0.0.1:$PG_PORT (wal_level=logical)"
 }
 
+pg_standby_running() { [[ -f "$PG_DIR/standby/postmaster.pid" ]] && run_as_pg "$(find_pg_bin)/pg_ctl" -D "$PG_DIR/standby" status >/dev/null 2>&1; }
+
+start_pg_standby() {
+  # A hot standby of the private primary by streaming replication: chunks may be read there.
+  local bin; bin="$(find_pg_bin)"
+  if pg_standby_running; then say "PostgreSQL standby already running on port $PG_STANDBY_PORT"; return; fi
+  port_busy "$PG_STANDBY_PORT" && die "port $PG_STANDBY_PORT is in use by another process; free it or set CDC_PG_STANDBY_PORT"
+  if [[ ! -f "$PG_DIR/standby/PG_VERSION" ]]; then
+    say "pg_basebackup $PG_DIR/standby"
+    rm -rf "$PG_DIR/standby"
+    run_as_pg "$bin/pg_basebackup" -h 127.0.0.1 -p "$PG_PORT" -U postgres -D "$PG_DIR/standby" -R -X stream -c fast \
+      >"$PG_DIR/basebackup.log" 2>&1 || { cat "$PG_DIR/basebackup.log" >&2; die "pg_basebackup failed (log: $PG_DIR/basebackup.log)"; }
+    echo "hot_standby = on" >>"$PG_DIR/standby/postgresql.conf"
+  fi
+  run_as_pg "$bin/pg_ctl" -D "$PG_DIR/standby" -l "$PG_DIR/standby.log" -o "-p $PG_STANDBY_PORT" -w -t 60 start >/dev/null \
+    || { tail -20 "$PG_DIR/standby.log" >&2; die "PostgreSQL standby did not start (log: $PG_DIR/standby.log)"; }
+  say "PostgreSQL hot standby started on 127.0.0.1:$PG_STANDBY_PORT"
+}
+
 stop_pg() {
+  if [[ -n "$(find_pg_bin)" ]] && pg_standby_running; then
+    run_as_pg "$(find_pg_bin)/pg_ctl" -D "$PG_DIR/standby" -m fast -w stop >/dev/null && say "PostgreSQL standby stopped"
+  fi
   local bin; bin="$(find_pg_bin)"
   if [[ -n "$bin" ]] && pg_running; then
     run_as_pg "$bin/pg_ctl" -D "$PG_DIR/data" -m fast -w stop >/dev/null && say "PostgreSQL stopped"
@@ -185,7 +210,54 @@ start_mariadb() {
   say "MariaDB started on 127.0.0.1:$MY_PORT (binlog ROW, row image FULL, row metadata FULL)"
 }
 
+MY_REPLICA_DIR="$LOCAL/mariadb-replica"
+my_replica_pid() { [[ -f "$MY_REPLICA_DIR/mariadbd.pid" ]] && cat "$MY_REPLICA_DIR/mariadbd.pid" 2>/dev/null || true; }
+my_replica_running() { local p; p="$(my_replica_pid)"; [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; }
+my_replica_client() {
+  "$(command -v mariadb || command -v mysql)" --no-defaults -uroot -h127.0.0.1 -P"$MY_REPLICA_PORT" --protocol=tcp "$@"
+}
+
+start_mariadb_replica() {
+  # A replica of the private MariaDB (GTID, log_slave_updates): a source may be read there entirely.
+  local mariadbd; mariadbd="$(find_mariadbd)"
+  if my_replica_running; then say "MariaDB replica already running on port $MY_REPLICA_PORT"; return; fi
+  port_busy "$MY_REPLICA_PORT" && die "port $MY_REPLICA_PORT is in use by another process; free it or set CDC_MYSQL_REPLICA_PORT"
+  mkdir -p "$MY_REPLICA_DIR"
+  local fresh=0
+  if [[ ! -d "$MY_REPLICA_DIR/data/mysql" ]]; then
+    fresh=1
+    "$(command -v mariadb-install-db || echo "$SYS/usr/bin/mariadb-install-db")" --no-defaults --datadir="$MY_REPLICA_DIR/data" \
+      --user="$(id -un)" --auth-root-authentication-method=normal --skip-test-db >"$MY_REPLICA_DIR/install.log" 2>&1 \
+      || { cat "$MY_REPLICA_DIR/install.log" >&2; die "mariadb-install-db (replica) failed"; }
+  fi
+  setsid "$mariadbd" --no-defaults --datadir="$MY_REPLICA_DIR/data" --port="$MY_REPLICA_PORT" \
+    --bind-address=127.0.0.1 --socket="$MY_REPLICA_DIR/mariadb.sock" --pid-file="$MY_REPLICA_DIR/mariadbd.pid" \
+    --log-error="$MY_REPLICA_DIR/error.log" --log-bin="$MY_REPLICA_DIR/data/binlog" --binlog-format=ROW \
+    --binlog-row-image=FULL --binlog-row-metadata=FULL --server-id=2 --log-slave-updates=ON --user="$(id -un)" \
+    --max-connections=300 --innodb-flush-log-at-trx-commit=2 --sync-binlog=0 \
+    --default-time-zone=+00:00 --character-set-server=utf8mb4 --collation-server=utf8mb4_unicode_ci \
+    </dev/null >/dev/null 2>&1 &
+  local i
+  for i in $(seq 1 120); do my_replica_client -e "SELECT 1" >/dev/null 2>&1 && break; sleep 0.5; done
+  my_replica_client -e "SELECT 1" >/dev/null 2>&1 || { tail -20 "$MY_REPLICA_DIR/error.log" >&2; die "MariaDB replica did not start"; }
+  if ((fresh)); then
+    # from the primary's current GTID position: the replica starts with what the primary has now
+    local pos; pos="$(my_client -N -e "SELECT @@gtid_binlog_pos")"
+    my_client -N -e "SHOW DATABASES" | grep -vxE "information_schema|mysql|performance_schema|sys" | while read -r db; do
+      "$(command -v mariadb-dump || command -v mysqldump)" --no-defaults -uroot -h127.0.0.1 -P"$MY_PORT" --protocol=tcp \
+        --single-transaction --databases "$db" | my_replica_client
+    done
+    my_replica_client -e "SET GLOBAL gtid_slave_pos = '$pos'; CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT=$MY_PORT, MASTER_USER='root', MASTER_USE_GTID=slave_pos; START SLAVE;"
+  fi
+  say "MariaDB replica started on 127.0.0.1:$MY_REPLICA_PORT (of 127.0.0.1:$MY_PORT, GTID, log_slave_updates)"
+}
+
 stop_mariadb() {
+  if my_replica_running; then
+    local rp; rp="$(my_replica_pid)"; kill "$rp"
+    local j; for j in $(seq 1 60); do kill -0 "$rp" 2>/dev/null || break; sleep 0.5; done
+    say "MariaDB replica stopped"
+  fi
   if my_running; then
     local p; p="$(my_pid)"
     kill "$p"
@@ -205,6 +277,8 @@ own_my() { [[ -n "${CDC_TEST_MYSQL_URI:-}" && "$CDC_TEST_MYSQL_URI" != "$LOCAL_M
 print_env() {
   echo "export CDC_TEST_PG_URI='${CDC_TEST_PG_URI:-$LOCAL_PG_URI}'"
   echo "export CDC_TEST_MYSQL_URI='${CDC_TEST_MYSQL_URI:-$LOCAL_MY_URI}'"
+  echo "export CDC_TEST_PG_STANDBY_URI='${CDC_TEST_PG_STANDBY_URI:-postgresql://postgres@127.0.0.1:$PG_STANDBY_PORT/cdc_test}'"
+  echo "export CDC_TEST_MYSQL_REPLICA_URI='${CDC_TEST_MYSQL_REPLICA_URI:-mysql://root@127.0.0.1:$MY_REPLICA_PORT/cdc_test}'"
 }
 
 start_all() {
@@ -212,13 +286,15 @@ start_all() {
   if own_pg; then say "CDC_TEST_PG_URI is set to your own server; not starting a private PostgreSQL"; else want+=(pg); fi
   if own_my; then say "CDC_TEST_MYSQL_URI is set to your own server; not starting a private MariaDB"; else want+=(mariadb); fi
   need_packages "${want[@]}"
-  if [[ " ${want[*]} " == *" pg "* ]]; then start_pg; fi
-  if [[ " ${want[*]} " == *" mariadb "* ]]; then start_mariadb; fi
+  if [[ " ${want[*]} " == *" pg "* ]]; then start_pg; start_pg_standby; fi
+  if [[ " ${want[*]} " == *" mariadb "* ]]; then start_mariadb; start_mariadb_replica; fi
 }
 
 status() {
   if pg_running; then echo "postgresql: running on 127.0.0.1:$(pg_actual_port) ($PG_DIR)"; else echo "postgresql: stopped"; fi
   if my_running; then echo "mariadb: running on 127.0.0.1:$MY_PORT ($MY_DIR)"; else echo "mariadb: stopped"; fi
+  if pg_standby_running; then echo "postgresql standby: running on 127.0.0.1:$PG_STANDBY_PORT"; else echo "postgresql standby: stopped"; fi
+  if my_replica_running; then echo "mariadb replica: running on 127.0.0.1:$MY_REPLICA_PORT"; else echo "mariadb replica: stopped"; fi
 }
 
 case "${1:-}" in

@@ -57,6 +57,47 @@ def pg_uri() -> str:
 
 
 @pytest.fixture(scope="session")
+def pg_standby_uri(pg_uri) -> str:
+    """The private primary's hot standby (scripts/services.sh), streaming."""
+    uri = os.environ.get("CDC_TEST_PG_STANDBY_URI", "postgresql://postgres@127.0.0.1:55433/cdc_test")
+    try:
+        import psycopg2
+
+        with psycopg2.connect(uri, connect_timeout=5) as c, c.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver)")
+            recovering, status = cur.fetchone()
+        c.close()
+        if not recovering or status != "streaming":
+            raise RuntimeError(f"not a streaming standby (in recovery: {recovering}, receiver: {status})")
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable("the PostgreSQL hot standby", uri, exc)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def mysql_replica_uri(mysql_uri) -> str:
+    """The private MariaDB's replica (scripts/services.sh), replicating."""
+    uri = os.environ.get("CDC_TEST_MYSQL_REPLICA_URI", "mysql://root@127.0.0.1:53307/cdc_test")
+    try:
+        from urllib.parse import urlsplit
+
+        import pymysql
+
+        p = urlsplit(uri)
+        c = pymysql.connect(host=p.hostname, port=p.port or 3306, user=p.username or "root",
+                            password=p.password or "", connect_timeout=5, cursorclass=pymysql.cursors.DictCursor)
+        with c.cursor() as cur:
+            cur.execute("SHOW SLAVE STATUS")
+            st = cur.fetchone() or {}
+        c.close()
+        if st.get("Slave_IO_Running") != "Yes" or st.get("Slave_SQL_Running") != "Yes":
+            raise RuntimeError(f"not replicating: {st.get('Last_IO_Error') or st.get('Last_SQL_Error') or st}")
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable("the MariaDB replica", uri, exc)
+    return uri
+
+
+@pytest.fixture(scope="session")
 def mysql_uri() -> str:
     uri = os.environ.get("CDC_TEST_MYSQL_URI", "mysql://root@127.0.0.1:53306/cdc_test")
     try:

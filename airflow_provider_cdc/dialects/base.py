@@ -322,6 +322,11 @@ class Dialect(ABC):
             return watermark_id
         return position_mark(self.current_position(), int(time.time() * 1000))
 
+    def replica_lag(self) -> tuple[int, float] | None:
+        """(bytes, seconds) the replica that chunks are read from is behind the source; None when
+        chunks are read from the source itself."""
+        return None
+
     def visibility(self) -> str | None:
         """Which transactions a snapshot taken now sees, where commit order is not visibility
         order (PostgreSQL: core/visibility.py); None where it is."""

@@ -44,7 +44,7 @@ _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sourc
 CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
     "postgres": frozenset(
         {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
-         "capture_step_messages"}
+         "capture_step_messages", "chunk_conn_id", "max_replica_lag_seconds"}
     ),
     "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate"}),
 }
@@ -121,8 +121,8 @@ class CdcSourceHook(BaseHook):
     def connection(self):
         return self.get_connection(self.cdc_conn_id)
 
-    def _split_extra(self) -> tuple[str, dict[str, Any], dict[str, Any]]:
-        conn = self.connection
+    def _split_extra(self, conn: Any = None) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        conn = conn or self.connection
         extra = dict(conn.extra_dejson or {})
         name = dialect_name_for(conn.conn_type, extra, self.cdc_conn_id)
         keys = CDC_OPTION_KEYS[name]
@@ -137,10 +137,11 @@ class CdcSourceHook(BaseHook):
         driver = {k: v for k, v in extra.items() if k not in keys and k != "dialect"}
         return name, options, driver
 
-    def connection_params(self) -> ConnectionParams:
-        """Host, port, credentials and driver settings; CDC settings are dialect options."""
-        conn = self.connection
-        name, _options, driver = self._split_extra()
+    def connection_params(self, conn_id: str | None = None) -> ConnectionParams:
+        """Host, port, credentials and driver settings (of this hook's connection, or of
+        ``conn_id``, a standby's); CDC settings are dialect options."""
+        conn = self.connection if conn_id is None else self.get_connection(conn_id)
+        name, _options, driver = self._split_extra(conn)
         return ConnectionParams(
             scheme=name,
             host=conn.host or "127.0.0.1",
@@ -162,6 +163,9 @@ class CdcSourceHook(BaseHook):
 
         params = self.connection_params()
         kwargs = {**self.dialect_options(), **self.scope_options(), **options}
+        chunk_conn_id = kwargs.pop("chunk_conn_id", None)
+        if chunk_conn_id:  # chunks read from a hot standby (its own Airflow connection)
+            kwargs["read_params"] = self.connection_params(str(chunk_conn_id))
         return dialect_class(params.scheme)(params, source=source or self.source, **kwargs)
 
     def test_connection(self) -> tuple[bool, str]:

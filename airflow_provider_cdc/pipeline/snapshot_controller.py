@@ -396,6 +396,38 @@ class SnapshotController:
 
         return stop
 
+    def _await_replica(self, dialect: Dialect, table_id: str, snapshot_id: str, label: str,
+                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+                       ) -> str | None:
+        """Chunks read from a replica: its lag is logged before each chunk and throttles the
+        snapshot (it waits while the replica is more than half its bound behind); a replica still
+        beyond ``max_replica_lag_seconds`` after that long pauses the snapshot (resume continues
+        it). Returns why it paused, None to read on."""
+        bound = float(getattr(dialect, "max_replica_lag_seconds", 300))
+        start = clock()
+        while True:
+            lag = dialect.replica_lag()
+            if lag is None:
+                return None
+            behind, seconds = lag
+            log.info("%s: the replica is %d bytes, %.1f s behind the source", label, behind, seconds)
+            if seconds <= bound / 2:
+                return None
+            if clock() - start >= bound:
+                break
+            sleep(min(5.0, bound / 10))
+        why = (f"the replica chunks are read from is {seconds:.0f} s behind the source, beyond "
+               f"max_replica_lag_seconds={bound:g}; the snapshot is paused: resume it once the replica has caught up")
+
+        def change(p: SnapshotProgress | None) -> SnapshotProgress | None:
+            if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
+                return None
+            p.pause()
+            return p
+
+        self.progress.update(table_id, change)
+        return why
+
     def read_range(self, work: dict, *, dag_paused: Callable[[], bool] = lambda: False) -> list[dict]:
         """Read one planned range (a work item) chunk by chunk, each between a fresh pair of
         watermarks, after its last committed chunk (retry, resume). Stops before the next
@@ -432,6 +464,10 @@ class SnapshotController:
                     if reason:
                         log.info("%s: stopping before chunk %d: %s", label, n + 1, reason)
                         break
+                reason = self._await_replica(dialect, table.id, snapshot_id, label)
+                if reason:
+                    log.warning("%s: stopping before chunk %d: %s", label, n + 1, reason)
+                    break
                 # each chunk reads the table's columns as they are now: an ADD or DROP COLUMN
                 # while the snapshot runs neither fails it nor leaves a column behind (a DROP
                 # between this and the SELECT fails the task once; its retry reads on)

@@ -457,6 +457,10 @@ class DialectSuite(ABC):
         reads = merge_window(chunks, events)
         state = mirror_apply({}, table_events(events, t))
         mirror_apply(state, reads)
+        deadline = time.monotonic() + 60
+        while (lag := d.replica_lag()) is not None and lag[0] > 0:  # chunks from a replica: compare caught up
+            assert time.monotonic() < deadline, f"the replica did not catch up: {lag}"
+            time.sleep(0.05)
         assert mirror_rows(state, t.id) == ctx.source_rows(d, t)
         return results, reads
 

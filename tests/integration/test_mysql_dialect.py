@@ -854,3 +854,101 @@ def test_truncate_is_staged_as_an_event_for_captured_tables_only(make_dialect, a
     finally:
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.{qt}")
         admin.execute(f"DROP TABLE IF EXISTS `{DB}`.`{other}`")
+
+
+def test_a_source_read_entirely_from_a_replica_snapshots_under_writers_on_the_primary(
+        mysql_uri, mysql_replica_uri, unique_name, tmp_path):
+    """MariaDB: the source's connection names a replica that logs what it applies
+    (log_slave_updates): chunks in consistent snapshots at the replica's binlog positions, capture
+    from the replica's binlog, nothing on the primary but the application's writes. The merged
+    chunks equal the table on the primary once the replica has caught up."""
+    import random
+    import threading
+    import time
+
+    from airflow_provider_cdc.core.ranges import FULL_RANGE
+    from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+    from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
+
+    from .dialect_suite import table_events
+
+    t = TableName(DB, f"rep_{unique_name}")
+    primary = _admin_conn(mysql_uri, autocommit=True)
+    pc = primary.cursor()
+    pc.execute(f"CREATE TABLE `{DB}`.`{t.name}` (id INT PRIMARY KEY, v VARCHAR(40), n INT)")
+    pc.executemany(f"INSERT INTO `{DB}`.`{t.name}` VALUES (%s, %s, %s)", [(i, f"v{i}", i) for i in range(1, 401)])
+    data = str(tmp_path / "data")
+    d = get_dialect(ConnectionParams.from_uri(mysql_replica_uri), source=f"rep_{unique_name}", tables=[t],
+                    watermark_strategy="log")
+    stop, errors = threading.Event(), []
+
+    def writer(seed: int) -> None:
+        rnd = random.Random(seed)
+        c = _admin_conn(mysql_uri, autocommit=True)
+        try:
+            cur = c.cursor()
+            while not stop.is_set():
+                k = rnd.randint(1, 450)
+                if rnd.random() < 0.6:
+                    cur.execute(f"UPDATE `{DB}`.`{t.name}` SET v = %s, n = n + 1 WHERE id = %s", (f"u{rnd.random()}", k))
+                elif rnd.random() < 0.5:
+                    cur.execute(f"DELETE FROM `{DB}`.`{t.name}` WHERE id = %s", (k,))
+                else:
+                    cur.execute(f"INSERT IGNORE INTO `{DB}`.`{t.name}` VALUES (%s, 'i', 0)", (k,))
+                time.sleep(0.001)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+        finally:
+            c.close()
+
+    def caught_up() -> None:
+        pc.execute("SELECT @@gtid_binlog_pos")
+        want = pc.fetchone()[0]
+        rc = _admin_conn(mysql_replica_uri, autocommit=True)
+        try:
+            for _ in range(600):
+                rcur = rc.cursor()
+                rcur.execute("SELECT @@gtid_slave_pos")
+                if rcur.fetchone()[0] == want:
+                    return
+                time.sleep(0.05)
+            pytest.fail(f"the replica did not reach {want}")
+        finally:
+            rc.close()
+
+    try:
+        caught_up()
+        d.load_offset(data)
+        threads = [threading.Thread(target=writer, args=(s,)) for s in range(2)]
+        for th in threads:
+            th.start()
+        schema, results, after, seq = d.describe_table(t), [], None, 0
+        try:
+            while True:
+                res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="rep", seq=seq, chunk_size=40,
+                                     after_key=after)
+                results.append(res)
+                seq += 1
+                if res.exhausted:
+                    break
+                after = res.last_key
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        assert not errors, errors
+        caught_up()
+        stage_changelog(d, data)
+        events = list(read_log_events(changelog_dir(data, d.source)))
+        chunks = [WindowChunk.from_result(r, read_chunk_rows(r.path, r.table)) for r in results]
+        state = mirror_apply({}, table_events(events, t))
+        mirror_apply(state, merge_window(chunks, events))
+        pc.execute(f"SELECT id, v, n FROM `{DB}`.`{t.name}` ORDER BY id")
+        on_primary = {f"[{i}]": {"id": i, "v": v, "n": n} for i, v, n in pc.fetchall()}
+        assert mirror_rows(state, t.id) == on_primary and len(results) > 5
+    finally:
+        d.close()
+        pc.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t.name}`")
+        primary.close()

@@ -4,14 +4,20 @@ key changes, truncate)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
+from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName, decode_key
+from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.dialects.postgres import PgSettings, PostgresDialect, prerequisite_problems
 from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
+from airflow_provider_cdc.storage.staged import read_chunk_rows
 
 from .dialect_suite import DialectSuite, ParityCase, table_events
 
@@ -32,6 +38,51 @@ class TestPostgresDialect(DialectSuite):
     @pytest.fixture
     def source_uri(self, pg_uri):
         return pg_uri
+
+    def test_a_standby_behind_the_low_watermark_cannot_move_the_mirror_back(self, ctx, pg_standby_uri):
+        """Replay paused on the standby: a change committed on the primary before the chunk's low
+        watermark is not visible where the chunk reads. The chunk's snapshot says so, and the
+        window drops the key; without that check the older row would win."""
+        t = self._kv_table(ctx, 5)
+        d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri))
+        d.prepare_watermarks()
+        d.load_offset(ctx.data_dir)
+        standby = _connect(pg_standby_uri, autocommit=True)
+        try:
+            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+            ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
+            res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
+                                 chunk_size=10)
+        finally:
+            standby.cursor().execute("SELECT pg_wal_replay_resume()")
+            standby.close()
+        rows = dict(read_chunk_rows(res.path, res.table))
+        assert rows["[3]"]["v"] == "v3"  # read where the change was not replayed yet
+        events = ctx.capture_all(d)
+
+        def mirror(result):
+            state = mirror_apply({}, table_events(events, t))
+            return mirror_rows(mirror_apply(state, merge_window([WindowChunk.from_result(result, rows)], events)), t.id)
+
+        assert mirror(res)["[3]"]["v"] == "new"
+        assert mirror(dataclasses.replace(res, visibility=None))["[3]"]["v"] == "v3"
+
+    @pytest.mark.parametrize("strategy", ["table", "log"])
+    def test_chunks_read_from_the_hot_standby_under_writers_on_the_primary_merge_to_the_source(
+            self, ctx, pg_standby_uri, strategy):
+        """Chunks come from a streaming hot standby (its replay position and its own snapshot
+        bound each window); capture and any watermark stay on the primary; writers hit the primary.
+        The merged chunks equal the table, and every chunk was read in recovery."""
+        standby = ConnectionParams.from_uri(pg_standby_uri)
+        results, _reads = self._chunks_under_concurrent_writes(ctx, watermark_strategy=strategy, read_params=standby)
+        d = ctx.dialects[0]
+        with d._read_conn().cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery()")
+            assert cur.fetchone()[0] == "t"  # (the chunk connection returns every value as its text)
+        d._read_conn().rollback()
+        assert all(r.visibility for r in results)
+        behind, seconds = d.replica_lag()
+        assert behind >= 0 and seconds >= 0
 
     def make_dialect(self, uri, *, source, tables, watermark_table, **options):
         return get_dialect(

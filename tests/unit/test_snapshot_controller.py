@@ -103,3 +103,35 @@ def test_commit_records_each_merged_chunk_once_and_finishes(setup, tmp_path):
     assert summary[T.id] == {"status": "done", "rows": 101, "chunks": 2}
     assert done[T.id]["snapshot_done"] is True and done[T.id]["rows"] == 101
     assert progress.load(T.id).status == "done"
+
+
+class LaggingReplica:
+    """What the chunk loop asks of a dialect whose chunks come from a replica: its lag."""
+
+    max_replica_lag_seconds = 60.0
+
+    def __init__(self, lags):
+        self.lags = list(lags)
+
+    def replica_lag(self):
+        return self.lags.pop(0) if len(self.lags) > 1 else self.lags[0]
+
+
+def test_replica_lag_throttles_the_chunk_loop_and_pauses_the_snapshot_beyond_its_bound(setup):
+    progress, _plan, make = setup
+    now, slept = [0.0], []
+
+    def sleep(s):
+        slept.append(s)
+        now[0] += s
+
+    ctl = make()
+    # 40 s behind (more than half the bound): wait; then caught up: read on
+    assert ctl._await_replica(LaggingReplica([(10_000, 40.0), (0, 0.0)]), T.id, "S1", "t", lambda: now[0],
+                              sleep) is None
+    assert slept == [5.0] and progress.load(T.id).status == "running"
+    # still beyond the bound after waiting that long: the snapshot pauses, saying why
+    why = ctl._await_replica(LaggingReplica([(10_000_000, 90.0)]), T.id, "S1", "t", lambda: now[0], sleep)
+    assert "90 s behind" in why and "max_replica_lag_seconds=60" in why
+    assert progress.load(T.id).status == "paused"
+    assert ctl._await_replica(LaggingReplica([None]), T.id, "S1", "t") is None  # chunks from the source itself

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...core.errors import SourceError
-from ...core.position import Position, just_before, position_mark
+from ...core.position import Position, just_before, lsn_to_int, position_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ..base import ChunkReadResult, ReadSnapshot
@@ -143,16 +143,42 @@ class PgChunkReader:
     def _read_snapshot(self, cur: Any) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
         chunk's SELECT then reads, and records it (``pg_current_snapshot()``: which transactions it
-        sees) with the WAL insert position after it. Under watermark strategy "log" that position
-        bounds the window: every transaction whose commit record lies before it is in the staged
-        changelog before the chunk's rows and is checked against the snapshot (dropped from the
-        chunk when the snapshot did not see it); every one after it comes after the rows."""
-        cur.execute("SELECT pg_current_snapshot()::text, pg_current_wal_insert_lsn()::text")
+        sees) with the WAL insert position after it (on a hot standby: its replay position, where
+        transactions become visible as their commit records are replayed). Under watermark
+        strategy "log" that position bounds the window: every transaction whose commit record lies
+        before it is in the staged changelog before the chunk's rows and is checked against the
+        snapshot (dropped from the chunk when the snapshot did not see it); every one after it comes
+        after the rows. The snapshot check also makes a standby that lags behind the primary's
+        watermarks safe: what it had not replayed yet is dropped from the chunk, not overwritten."""
+        cur.execute("SELECT pg_current_snapshot()::text, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+                    "ELSE pg_current_wal_insert_lsn() END::text")
         visibility, lsn = cur.fetchone()
         mark = None
         if not self.writes_watermarks:
             mark = position_mark(just_before(Position.pg(lsn)), int(time.time() * 1000))
         return ReadSnapshot(mark, visibility)
+
+    def replica_lag(self) -> tuple[int, float] | None:
+        """(bytes, seconds) the standby chunks are read from is behind the primary; None when
+        chunks are read from the primary. Seconds: since the last transaction it replayed, 0
+        when it has replayed everything the primary has written."""
+        if self.read_params is None:
+            return None
+        primary = lsn_to_int(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
+        conn = self._new_connection(self.read_params)
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
+                            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
+                recovering, replay, seconds = cur.fetchone()
+        finally:
+            conn.close()
+        if not recovering:
+            raise SourceError(f"source {self.source!r}: the chunk connection is not a hot standby (it is not in "
+                              "recovery); name a standby of the source, or remove chunk_conn_id")
+        behind = max(0, primary - lsn_to_int(replay or "0/0"))
+        return behind, (float(seconds or 0.0) if behind else 0.0)
 
     def _reset_read_conn(self) -> None:
         c, self._rconn = self._rconn, None

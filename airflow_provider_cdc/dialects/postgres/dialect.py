@@ -84,6 +84,10 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         self.capture_decode = str(o.get("capture_decode", "batch"))
         if self.capture_decode not in ("batch", "rows"):
             raise ConfigurationError(f"capture_decode must be 'batch' (default) or 'rows', got {self.capture_decode!r}")
+        # chunks from a hot standby: its connection (the glue resolves the connection extra
+        # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
+        self.read_params: ConnectionParams | None = o.get("read_params")
+        self.max_replica_lag_seconds = float(o.get("max_replica_lag_seconds", 300))
         self._conn = None
         self._rconn = None
         self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
@@ -95,8 +99,8 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         self._watermark_ready = False
 
     # --- connections ------------------------------------------------------------------
-    def _connect_kwargs(self) -> dict[str, Any]:
-        p = self.params
+    def _connect_kwargs(self, params: ConnectionParams | None = None) -> dict[str, Any]:
+        p = params or self.params
         kw: dict[str, Any] = dict(p.extra)
         kw.update(host=p.host, port=p.port or 5432, dbname=p.database or "postgres")
         if p.user:
@@ -108,15 +112,15 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         kw.setdefault("connect_timeout", 10)
         return kw
 
-    def _new_connection(self, **extra: Any):
+    def _new_connection(self, params: ConnectionParams | None = None, **extra: Any):
         import psycopg2
 
+        p = params or self.params
         try:
-            return psycopg2.connect(**self._connect_kwargs(), **extra)
+            return psycopg2.connect(**self._connect_kwargs(p), **extra)
         except psycopg2.OperationalError as exc:
             raise SourceError(
-                f"cannot connect to PostgreSQL at {self.params.host}:{self.params.port}/{self.params.database}: "
-                f"{str(exc).strip()}"
+                f"cannot connect to PostgreSQL at {p.host}:{p.port}/{p.database}: {str(exc).strip()}"
             ) from exc
 
     def open_session(self):
@@ -138,7 +142,7 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         if self._rconn is None or self._rconn.closed:
             import psycopg2.extensions as ext
 
-            c = self._new_connection()
+            c = self._new_connection(self.read_params)
             c.set_session(isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True, autocommit=False)
             oids = tuple(set(ext.string_types) | set(getattr(ext, "binary_types", {})))
             ext.register_type(ext.new_type(oids, "CDC_RAW_TEXT", lambda value, cur: value), c)
