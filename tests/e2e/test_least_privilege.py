@@ -32,8 +32,10 @@ class LeastPrivilegePipeline(Pipeline):
     """A Pipeline whose connection is a role with only set-up 2's grants; the test itself (the
     application and the administrator) keeps the admin URI."""
 
-    def __init__(self, admin_uri: str, name: str, data_dir: Path, monkeypatch, setup: int) -> None:
+    def __init__(self, admin_uri: str, name: str, data_dir: Path, monkeypatch, setup: int,
+                 replica_uri: str | None = None) -> None:
         super().__init__(admin_uri, name, data_dir, monkeypatch)
+        self.replica_uri = replica_uri
         self.admin_uri = admin_uri
         self.setup = setup
         self.role = f"cdc_lp_{name}"
@@ -66,9 +68,44 @@ class LeastPrivilegePipeline(Pipeline):
             else:
                 my_run(admin, *my_setup(self.role, qt, f"`cdc`.`{self.wm}`", provider_creates=setup == 1))
             admin.close()
+        if replica_uri is not None:  # the role's grants reach the replica through replication
+            r = urlsplit(replica_uri)
+            if self.scheme == "pg":  # chunks from the hot standby, named by a connection of its own
+                standby = {**conn, "port": r.port, "extra": {}}
+                monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}_STANDBY", json.dumps(standby))
+                conn["extra"]["chunk_conn_id"] = f"{self.conn_id}_standby"
+            else:  # the whole source is the replica: chunks and its own binlog
+                conn["port"] = r.port
         monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", json.dumps(conn))
         role_uri = admin_uri.replace(f"//{p.username}@", f"//{self.role}{':pw' if self.scheme != 'pg' else ''}@", 1)
         self.uri = role_uri  # what verify and counts read with: the role
+
+    def catch_up(self, max_runs: int = 4) -> None:
+        self.replica_caught_up()  # the writers stopped: the replica applies the rest first
+        super().catch_up(max_runs)
+
+    def replica_caught_up(self, seconds: float = 60) -> None:
+        if self.replica_uri is None:
+            return
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.scheme == "pg":
+                with self.dialect() as d:
+                    done = d.replica_lag()[0] == 0
+            else:
+                admin, rep = w.connect(self.admin_uri), w.connect(self.replica_uri)
+                try:
+                    with admin.cursor() as a, rep.cursor() as r:
+                        a.execute("SELECT @@gtid_binlog_pos")
+                        r.execute("SELECT @@gtid_slave_pos")
+                        done = a.fetchone()[0] == r.fetchone()[0]
+                finally:
+                    admin.close()
+                    rep.close()
+            if done:
+                return
+            assert time.monotonic() < deadline, "the replica did not catch up with the primary"
+            time.sleep(0.05)
 
     def cleanup(self) -> None:
         from airflow.models.variable import Variable
@@ -94,9 +131,10 @@ class LeastPrivilegePipeline(Pipeline):
             Variable.delete(progress_store.variable_key(self.source, self.table.id))
 
 
-def _pipeline(request, db: str, setup: int, unique_name, tmp_path, monkeypatch):
+def _pipeline(request, db: str, setup: int, unique_name, tmp_path, monkeypatch, replica: bool = False):
     uri = request.getfixturevalue("pg_uri" if db == "pg" else "mysql_uri")
-    p = LeastPrivilegePipeline(uri, unique_name, tmp_path / "data", monkeypatch, setup)
+    replica_uri = request.getfixturevalue("pg_standby_uri" if db == "pg" else "mysql_replica_uri") if replica else None
+    p = LeastPrivilegePipeline(uri, unique_name, tmp_path / "data", monkeypatch, setup, replica_uri)
     request.addfinalizer(p.cleanup)
     p.capture_now()
     return p
@@ -126,13 +164,16 @@ def _snapshot_under_writers_and_verify(p: LeastPrivilegePipeline, seed: int) -> 
     p.assert_equal()
 
 
+@pytest.mark.parametrize("replica", [False, True], ids=["primary", "replica"])
 @pytest.mark.parametrize("db", ["pg", "mysql"])
-def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(request, db, unique_name, tmp_path,
-                                                                                  monkeypatch):
+def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(request, db, replica, unique_name,
+                                                                                  tmp_path, monkeypatch):
     """Watermark strategy "log": the role may read the table and the log, nothing else (no write
-    grant anywhere); capture, a snapshot under live writers and verify end at 0 mismatched, and the
-    source holds nothing of the provider's (no watermark table, no rows)."""
-    p = _pipeline(request, db, 0, unique_name, tmp_path, monkeypatch)
+    grant anywhere); capture, a snapshot under live writers on the primary and verify end at 0
+    mismatched, and the source holds nothing of the provider's (no watermark table, no rows). With
+    ``replica``, chunks come from the PostgreSQL hot standby (capture stays on the primary), or the
+    whole MariaDB source is its replica."""
+    p = _pipeline(request, db, 0, unique_name, tmp_path, monkeypatch, replica)
     admin = w.connect(p.admin_uri)
     try:
         with admin.cursor() as cur:
