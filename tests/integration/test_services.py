@@ -39,7 +39,8 @@ def local_dir():
 
 def _env(local_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
-    env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()))
+    env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()),
+               CDC_PG_STANDBY_PORT=str(_free_port()), CDC_MYSQL_REPLICA_PORT=str(_free_port()))
     env.update(extra)
     return env
 
@@ -141,6 +142,10 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"postgresql://postgres@127.0.0.1:{pg_port}/cdc_test" in first.stdout
         assert f"mysql://root@127.0.0.1:{my_port}/cdc_test" in first.stdout
         assert "PostgreSQL started" in first.stderr and "MariaDB started" in first.stderr
+        assert "PostgreSQL hot standby started" in first.stderr and "MariaDB replica started" in first.stderr
+        standby_port, replica_port = int(env["CDC_PG_STANDBY_PORT"]), int(env["CDC_MYSQL_REPLICA_PORT"])
+        assert f"postgresql://postgres@127.0.0.1:{standby_port}/cdc_test" in first.stdout
+        assert f"mysql://root@127.0.0.1:{replica_port}/cdc_test" in first.stdout
 
         # The fresh servers are CDC-ready.
         with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/cdc_test") as c, c.cursor() as cur:
@@ -153,6 +158,21 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
                 assert cur.fetchone() == (1, "ROW", "FULL", "FULL")
         finally:
             my.close()
+        # ... and so are their standby (streaming, in recovery) and replica (replicating, logging it)
+        with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{standby_port}/cdc_test") as c, c.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver)")
+            assert cur.fetchone() == (True, "streaming")
+        rep = pymysql.connect(host="127.0.0.1", port=replica_port, user="root",
+                              cursorclass=pymysql.cursors.DictCursor)
+        try:
+            with rep.cursor() as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                st = cur.fetchone()
+                assert (st["Slave_IO_Running"], st["Slave_SQL_Running"]) == ("Yes", "Yes"), st
+                cur.execute("SELECT @@log_bin, @@log_slave_updates, @@binlog_format")
+                assert tuple(cur.fetchone().values()) == (1, 1, "ROW")
+        finally:
+            rep.close()
 
         second = _run(["start"], env, timeout=60)
         assert second.returncode == 0, second.stderr
@@ -163,6 +183,8 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         status = _run(["status"], env)
         assert f"postgresql: running on 127.0.0.1:{pg_port}" in status.stdout
         assert f"mariadb: running on 127.0.0.1:{my_port}" in status.stdout
+        assert f"postgresql standby: running on 127.0.0.1:{standby_port}" in status.stdout
+        assert f"mariadb replica: running on 127.0.0.1:{replica_port}" in status.stdout
     finally:
         stop = _run(["stop"], env)
         pg_link = local_dir / "pg"
@@ -171,7 +193,9 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
             shutil.rmtree(pg_target, ignore_errors=True)
     assert stop.returncode == 0, stop.stderr
     assert "PostgreSQL stopped" in stop.stderr and "MariaDB stopped" in stop.stderr
-    assert _run(["status"], env).stdout == "postgresql: stopped\nmariadb: stopped\n"
+    assert "PostgreSQL standby stopped" in stop.stderr and "MariaDB replica stopped" in stop.stderr
+    assert _run(["status"], env).stdout == (
+        "postgresql: stopped\nmariadb: stopped\npostgresql standby: stopped\nmariadb replica: stopped\n")
     if private:
         assert pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."), pg_target
     # The suite's own instances are still up.
