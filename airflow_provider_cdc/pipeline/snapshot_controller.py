@@ -567,11 +567,11 @@ class SnapshotController:
         mirror has applied go, within the changelog rounds' compaction budget (a large
         snapshot's buckets are folded over the next rounds). Idempotent; a no-op without a
         Delta mirror."""
-        from ..core.visibility import PgSnapshot
         from ..core.window import lowered_low
         from ..sinks.base import read_marker
         from ..sinks.mirror_delta import compact_buckets, sweep, vacuum
-        from ..storage.staged import staged_transactions, staged_watermarks
+        from ..storage.staged import staged_watermarks
+        from .windows import staged_log
 
         table = TableName.parse(tid)
         converged: dict[str, Any] = {}
@@ -583,8 +583,7 @@ class SnapshotController:
                 found = staged_watermarks(changelog, [mark])
                 if mark in found:
                     vis, at = plan.get("converge_visibility"), found[mark][0]
-                    at = lowered_low(vis, at, at, lambda before: staged_transactions(
-                        changelog, before, PgSnapshot.parse(vis).xmin & 0xFFFFFFFF))
+                    at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
                     gone = sweep(mirror_dir(self.data_dir, self.source, table), at,
                                  reason=f"snapshot {sid} convergence")
                     converged = {"converged_at": at, "swept_rows": gone}

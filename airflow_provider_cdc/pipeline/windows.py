@@ -67,6 +67,21 @@ def _unique_chunks(chunks: Sequence[ChunkResult | dict]) -> list[ChunkResult]:
     return list(out.values())
 
 
+def staged_log(changelog_dir: str, visibilities: Sequence[str | None], upto: str):
+    """``lowered_low``'s log for any number of chunk snapshots, read from the staged changelog
+    once (on first use): the events below ``upto`` in the segments that may hold a transaction
+    newer than the oldest of the snapshots' xmin (storage.staged.staged_transactions)."""
+    snaps = [PgSnapshot.parse(v) for v in visibilities if v]
+    read: list = []
+
+    def log(_before: str):
+        if not read:
+            read.append(staged_transactions(changelog_dir, upto, min(s.xmin for s in snaps) & 0xFFFFFFFF))
+        return read[0]
+
+    return log
+
+
 def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str) -> list[ChunkWindow]:
     """Find each chunk's lw/hw positions; NotReadyError if any is not staged yet.
     (``spark`` is unused: the lookup reads only watermark rows, on the driver.)"""
@@ -76,6 +91,8 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     ids = {c.low_watermark for c in chunks} | {c.high_watermark for c in chunks}
     found = staged_watermarks(changelog_dir, ids)
     windows, missing = [], []
+    highs = [found[c.high_watermark][0] for c in chunks if c.high_watermark in found]
+    log = staged_log(changelog_dir, [c.visibility for c in chunks], max(highs, default=""))
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
         if hi is None:
@@ -93,8 +110,7 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
                 f"{describe(c)}: low watermark at {Position.decode(lo[0])} is not before the high watermark at "
                 f"{Position.decode(hi[0])}; the watermark ids are mixed up. Re-read this chunk"
             )
-        low = lowered_low(c.visibility, lo[0], hi[0], lambda before, c=c: staged_transactions(
-            changelog_dir, before, PgSnapshot.parse(c.visibility).xmin & 0xFFFFFFFF))
+        low = lowered_low(c.visibility, lo[0], hi[0], log)  # one read of the log for the whole round
         windows.append(ChunkWindow(i, c, low, hi[0], int(hi[1] or 0)))
     if missing:
         raise NotReadyError(

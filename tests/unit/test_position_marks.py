@@ -66,3 +66,11 @@ def test_the_strategy_option_is_checked_where_the_source_is_built():
     assert get_dialect(mysql, source="s", watermark_strategy="LOG").writes_watermarks is False
     pg = get_dialect(ConnectionParams.from_uri("postgresql://u@127.0.0.1:1/db"), source="s", watermark_strategy="log")
     assert pg.writes_watermarks is False and pg.records_visibility
+
+
+def test_a_bad_replica_lag_bound_is_refused_naming_it():
+    pg = ConnectionParams.from_uri("postgresql://u@127.0.0.1:1/db")
+    for bad in ("soon", 0, -5, "inf"):
+        with pytest.raises(ConfigurationError, match="max_replica_lag_seconds must be a number of seconds > 0"):
+            get_dialect(pg, source="s", max_replica_lag_seconds=bad)
+    assert get_dialect(pg, source="s", max_replica_lag_seconds="30").max_replica_lag_seconds == 30.0

@@ -87,7 +87,13 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         # chunks from a hot standby: its connection (the glue resolves the connection extra
         # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
         self.read_params: ConnectionParams | None = o.get("read_params")
-        self.max_replica_lag_seconds = float(o.get("max_replica_lag_seconds", 300))
+        try:
+            self.max_replica_lag_seconds = float(o.get("max_replica_lag_seconds", 300))
+        except (TypeError, ValueError):
+            self.max_replica_lag_seconds = -1.0
+        if not 0 < self.max_replica_lag_seconds < float("inf"):
+            raise ConfigurationError(f"source {self.source!r}: max_replica_lag_seconds must be a number of seconds > 0, "
+                                     f"got {o.get('max_replica_lag_seconds')!r}")
         self._conn = None
         self._rconn = None
         self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
