@@ -186,6 +186,15 @@ class Dialect(ABC):
         self.batch_max_bytes = int(options.get("batch_max_bytes", DEFAULT_BATCH_MAX_BYTES))
         if self.batch_max_bytes < 1:
             raise ConfigurationError(f"batch_max_bytes must be >= 1, got {options.get('batch_max_bytes')!r}")
+        # chunks read from a replica (PostgreSQL: a hot standby named by ``chunk_conn_id``; MariaDB:
+        # a source that is itself a replica): one further behind than this pauses the snapshot
+        try:
+            self.max_replica_lag_seconds = float(options.get("max_replica_lag_seconds", 300))
+        except (TypeError, ValueError):
+            self.max_replica_lag_seconds = -1.0
+        if not 0 < self.max_replica_lag_seconds < float("inf"):
+            raise ConfigurationError(f"source {source!r}: max_replica_lag_seconds must be a number of seconds > 0, "
+                                     f"got {options.get('max_replica_lag_seconds')!r}")
         seg = options.get("segment_max_events", DEFAULT_SEGMENT_MAX_EVENTS)
         self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
         if self.segment_max_events < 0:
@@ -320,11 +329,21 @@ class Dialect(ABC):
         if self.writes_watermarks:
             self.write_watermark(watermark_id)
             return watermark_id
-        return position_mark(self.current_position(), int(time.time() * 1000))
+        return position_mark(self.mark_position(), int(time.time() * 1000))
+
+    def mark_position(self) -> Position:
+        """Where a position mark taken now sits ("log"): no later than the mark of any chunk read
+        after it, so a chunk never lands before the convergence mark of its own snapshot."""
+        return self.current_position()
+
+    def read_no_older_than(self, position: Position) -> None:
+        """Chunks read from here on see at least everything before ``position`` (a replica waits
+        until it has replayed that far); a source read directly always does."""
+        return None
 
     def replica_lag(self) -> tuple[int, float] | None:
-        """(bytes, seconds) the replica that chunks are read from is behind the source; None when
-        chunks are read from the source itself."""
+        """(bytes, seconds) the replica that chunks are read from is behind its primary (seconds
+        infinite while it does not replicate); None when chunks are read from a primary."""
         return None
 
     def visibility(self) -> str | None:

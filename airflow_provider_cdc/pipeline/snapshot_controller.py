@@ -26,6 +26,7 @@ from .. import storage
 from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
+from ..core.position import marked_position
 from ..core.progress import SnapshotProgress, Status
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
@@ -416,8 +417,9 @@ class SnapshotController:
             if clock() - start >= bound:
                 break
             sleep(min(5.0, bound / 10))
-        why = (f"the replica chunks are read from is {seconds:.0f} s behind the source, beyond "
-               f"max_replica_lag_seconds={bound:g}; the snapshot is paused: resume it once the replica has caught up")
+        behind_text = ("has stopped replicating (its SQL or I/O thread is not running)" if seconds == float("inf")
+                       else f"is {seconds:.0f} s behind the source, beyond max_replica_lag_seconds={bound:g}")
+        why = f"the replica chunks are read from {behind_text}; the snapshot is paused: resume it once the replica has caught up"
 
         def change(p: SnapshotProgress | None) -> SnapshotProgress | None:
             if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
@@ -457,7 +459,13 @@ class SnapshotController:
         rows_total, n, t0, rows_run = st.rows, st.chunks, time.monotonic(), 0
         if st.chunks:
             log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
+        # under watermark strategy "log" a chunk's mark must not be older than the snapshot's
+        # convergence mark, or convergence would sweep its rows away: a replica first replays that far
+        floor = marked_position(steps.read_plan(self.data_dir, self.source, table, snapshot_id).get("converge_watermark")
+                                or "")
         with self.connect() as dialect:
+            if floor is not None:
+                dialect.read_no_older_than(floor[0])
             while True:
                 if n > st.chunks:
                     reason = stop()

@@ -231,9 +231,9 @@ def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Se
     from ..storage.layout import changelog_dir
     from ..storage.staged import list_segments
 
-    marks = [read_marker(data_dir, source, s) for s in sinks]
-    if any(m is None for m in marks):
-        return False
     before = [last for first, last, _ in list_segments(changelog_dir(data_dir, source)) if first <= position]
-    need = min(position, max(before)) if before else None
-    return need is None or all(m >= need for m in marks)
+    if not before:  # no staged event up to it: nothing to apply (a sink may not have run yet)
+        return True
+    need = min(position, max(before))
+    marks = [read_marker(data_dir, source, s) for s in sinks]
+    return all(m is not None and m >= need for m in marks)

@@ -24,7 +24,7 @@ from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
 from .test_hostile_names import HostileSource, running
-from .test_snapshot_invariants import Pipeline
+from .test_snapshot_invariants import BOTH_STRATEGIES, Pipeline
 from .test_sources_config import asset_events
 from .test_truncate import qt, run_sql
 
@@ -65,6 +65,7 @@ def test_add_and_drop_column_during_capture_reach_the_mirror(pipeline):
     assert after and '"extra":"inserted"' in after[-1]["after"].replace(" ", "")
 
 
+@BOTH_STRATEGIES
 def test_add_and_drop_column_while_the_snapshot_runs(pipeline):
     p = pipeline
     fired = p.on_chunk(3, lambda: run_sql(p, _add_and_drop(p), one_transaction=False))
@@ -74,6 +75,7 @@ def test_add_and_drop_column_while_the_snapshot_runs(pipeline):
     _check(p)
 
 
+@BOTH_STRATEGIES
 def test_a_type_change_while_the_snapshot_runs_stops_it_until_it_starts_again(pipeline):
     p = pipeline
     alter = (f"ALTER TABLE {qt(p)} ALTER COLUMN amount TYPE text" if p.scheme == "pg"

@@ -18,6 +18,8 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.dialects import dialect_class
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
@@ -28,6 +30,9 @@ from airflow_provider_cdc.sinks.base import applied_everywhere
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.storage.staged import staged_watermark_position
 from tools import workload as w
+
+#: the watermark strategies a test of the snapshot's promises runs under (conftest ``strategy``)
+BOTH_STRATEGIES = pytest.mark.parametrize("strategy", ["table", "log"])
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 3000
@@ -203,6 +208,7 @@ class Pipeline:
 
 
 
+@BOTH_STRATEGIES
 def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capture(pipeline):
     """Writers on 3 connections during the snapshot; the 3rd chunk SELECT dies mid-stream and its
     task is retried; then the catch-up capture dies before its commit and is retried."""
@@ -222,6 +228,7 @@ def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capt
     p.assert_equal()
 
 
+@BOTH_STRATEGIES
 def test_pause_mid_snapshot_then_resume(pipeline):
     p = pipeline
     calls = p.on_chunk(3, lambda: progress_store.request(p.source, p.table.id, "pause", p.data_dir))
@@ -242,6 +249,7 @@ def test_pause_mid_snapshot_then_resume(pipeline):
     p.assert_equal()
 
 
+@BOTH_STRATEGIES
 def test_stop_then_start_over(pipeline):
     p = pipeline
     p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "stop", p.data_dir))

@@ -22,7 +22,7 @@ from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
-from .test_snapshot_invariants import Pipeline
+from .test_snapshot_invariants import BOTH_STRATEGIES, Pipeline
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -71,6 +71,7 @@ def test_truncate_during_capture_is_an_event_and_the_mirror_follows(pipeline):
     assert ops.count("t") == 1, "the TRUNCATE reached the event log as one 't' event"
 
 
+@BOTH_STRATEGIES
 def test_truncate_between_chunks_of_a_running_snapshot_converges(pipeline):
     p = pipeline
     fired = p.on_chunk(3, lambda: run_sql(p, [f"TRUNCATE TABLE {qt(p)}", insert(p, 70_001, 40)],

@@ -9,6 +9,7 @@ import dataclasses
 import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
+from airflow_provider_cdc.core.position import marked_position
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName, decode_key
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
@@ -66,6 +67,34 @@ class TestPostgresDialect(DialectSuite):
 
         assert mirror(res)["[3]"]["v"] == "new"
         assert mirror(dataclasses.replace(res, visibility=None))["[3]"]["v"] == "v3"
+
+    def test_a_standby_chunk_is_never_older_than_its_snapshots_convergence_mark(self, ctx, pg_standby_uri):
+        """Watermark strategy "log", replay paused on the standby: a chunk read there would record
+        a mark older than the snapshot's convergence mark (taken on the primary after a write),
+        and convergence would then sweep its rows away. The chunk waits for replay instead: past
+        max_replica_lag_seconds it fails naming the standby; once replay resumes its mark is at or
+        after the convergence mark."""
+        t = self._kv_table(ctx, 5)
+        d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy="log",
+                        max_replica_lag_seconds=1)
+        d.load_offset(ctx.data_dir)
+        standby = _connect(pg_standby_uri, autocommit=True)
+        try:
+            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+            ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
+            converge = marked_position(d.mark("converge"))[0]
+            d.read_no_older_than(converge)
+            with pytest.raises(SourceError, match="has not replayed up to the snapshot's start.*max_replica_lag_seconds"):
+                snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
+                               chunk_size=10)
+        finally:
+            standby.cursor().execute("SELECT pg_wal_replay_resume()")
+            standby.close()
+        d.max_replica_lag_seconds = 60
+        res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
+                             chunk_size=10)
+        assert marked_position(res.high_watermark)[0] >= converge
+        assert dict(read_chunk_rows(res.path, res.table))["[3]"]["v"] == "new"
 
     @pytest.mark.parametrize("strategy", ["table", "log"])
     def test_chunks_read_from_the_hot_standby_under_writers_on_the_primary_merge_to_the_source(

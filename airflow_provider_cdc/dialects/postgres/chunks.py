@@ -35,6 +35,7 @@ class PgChunkReader:
         done = False
         try:
             if snapshot is not None:
+                self._await_read_floor(conn)
                 with conn.cursor() as cur:
                     snapshot.append(self._read_snapshot(cur))
             with conn.cursor(name=f"cdc_{uuid.uuid4().hex}") as cur:
@@ -122,6 +123,7 @@ class PgChunkReader:
 
             conn = self._read_conn()
             try:
+                self._await_read_floor(conn)
                 with conn.cursor() as cur:
                     seen = self._read_snapshot(cur)
                     copy_sql = (
@@ -139,6 +141,32 @@ class PgChunkReader:
                 raise
             flush()
         return ChunkReadResult(state["rows"], state["last"], seen.mark, seen.visibility)
+
+    def read_no_older_than(self, position: Position) -> None:
+        self._read_floor = position
+
+    def _await_read_floor(self, conn: Any) -> None:
+        """Chunks from a hot standby: before a chunk's transaction, wait until the standby has
+        replayed up to the floor (:meth:`read_no_older_than`, the snapshot's convergence mark) so
+        that the chunk's own mark is not older than it; at most ``max_replica_lag_seconds``."""
+        if self.read_params is None or self._read_floor is None:
+            return
+        deadline = time.monotonic() + self.max_replica_lag_seconds
+        while True:
+            with conn.cursor() as cur:
+                cur.execute("SELECT pg_last_wal_replay_lsn()::text")
+                replay = cur.fetchone()[0]
+            conn.rollback()  # the chunk's REPEATABLE READ snapshot is taken by a transaction of its own
+            if replay is not None and just_before(Position.pg(replay)) >= self._read_floor:
+                self._read_floor = None  # replay only moves on
+                return
+            if time.monotonic() >= deadline:
+                raise SourceError(
+                    f"source {self.source!r}: the hot standby chunks are read from has not replayed up to the "
+                    f"snapshot's start ({self._read_floor.encode()}; replayed {replay}) within "
+                    f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; the task retries: check the "
+                    "standby's replication")
+            time.sleep(0.02)
 
     def _read_snapshot(self, cur: Any) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the

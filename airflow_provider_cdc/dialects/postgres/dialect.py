@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...core.errors import ConfigurationError, SourceError
+from ...core.position import Position
 from ...core.schema import TableName, TableSchema
 from ...core.sqlnames import quote_pg
 from ..base import ConnectionParams, Dialect
@@ -87,15 +88,9 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         # chunks from a hot standby: its connection (the glue resolves the connection extra
         # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
         self.read_params: ConnectionParams | None = o.get("read_params")
-        try:
-            self.max_replica_lag_seconds = float(o.get("max_replica_lag_seconds", 300))
-        except (TypeError, ValueError):
-            self.max_replica_lag_seconds = -1.0
-        if not 0 < self.max_replica_lag_seconds < float("inf"):
-            raise ConfigurationError(f"source {self.source!r}: max_replica_lag_seconds must be a number of seconds > 0, "
-                                     f"got {o.get('max_replica_lag_seconds')!r}")
         self._conn = None
         self._rconn = None
+        self._read_floor: Position | None = None  # chunks from a standby: no older than this
         self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
         self._types: dict[int, PgType] = {}
         self._pk_cache: dict[int, tuple[str, ...] | None] = {}

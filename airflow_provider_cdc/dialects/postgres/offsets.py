@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from ...core.errors import ConfigurationError, SourceError
-from ...core.position import Position, lsn_to_int
+from ...core.position import Position, just_before, lsn_to_int
 from ...core.schema import TableName
 from ..base import LogRetention
 from .types import pg_message
@@ -20,6 +20,12 @@ class PgOffsets:
     # --- changelog: slot and publication --------------------------------------------------
     def current_position(self) -> Position:
         return Position.pg(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
+
+    def mark_position(self) -> Position:
+        """Just before the WAL insert position, where a chunk read now records itself
+        (chunks.py ``_read_snapshot``): on an idle server a chunk read after a mark sits at the
+        mark, not before it."""
+        return just_before(Position.pg(self._query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
 
     def _publication_tables(self) -> list[TableName]:
         return [*(self.tables or []), *([self.watermark_table] if self.writes_watermarks else [])]
