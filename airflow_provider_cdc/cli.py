@@ -163,6 +163,11 @@ def describe_lag(lag: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
     text = (f"capture lag {lag.get('bytes', 0):,} bytes, {lag.get('seconds') or 0:,.0f} s behind the log "
             f"({lag.get('holder')}), read {when}")
+    replica = lag.get("replica")
+    if isinstance(replica, dict):
+        from .pipeline.capture import describe_replica_lag
+
+        text += f"; {describe_replica_lag(int(replica.get('bytes') or 0), replica.get('seconds'))}"
     return text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
 
 

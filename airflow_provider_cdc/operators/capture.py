@@ -66,8 +66,7 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             _emit_lag_metrics(lag)
             from .. import progress_store
 
-            progress_store.save_lag(lag.source, {"bytes": lag.bytes, "seconds": round(lag.seconds, 3),
-                                                 "holder": lag.holder, "risk": lag.risk, "at": round(time.time(), 3)})
+            progress_store.save_lag(lag.source, lag.record(time.time()))
         return {
             "source": self.hook.source,
             "events": result.events,
@@ -113,6 +112,8 @@ def _emit_lag_metrics(lag) -> None:
     gauge("cdc.capture.lag_bytes", lag.bytes, tags=tags)
     gauge("cdc.capture.lag_seconds", lag.seconds, tags=tags)
     gauge("cdc.capture.retention_at_risk", 1 if lag.risk else 0, tags=tags)
+    if lag.replica is not None:  # -1: the replica does not replicate
+        gauge("cdc.replica.lag_seconds", -1 if lag.replica[1] == float("inf") else lag.replica[1], tags=tags)
 
 
 def check_log_retention(capture_result: dict | None) -> str:

@@ -119,14 +119,34 @@ class Lag:
     bytes: int  # log written past the committed offset
     seconds: float  # age of the oldest change not captured yet (0: the run read to the end of the log)
     risk: str | None  # why the source may soon drop log the capture needs, and what to do (None: fine)
+    # (bytes, seconds) the replica chunks are read from is behind its primary (Dialect.replica_lag)
+    replica: tuple[int, float] | None = None
 
     def describe(self) -> str:
         return (f"source {self.source!r}: {self.bytes:,} bytes and {self.seconds:,.0f} s behind ({self.holder})"
+                + (f"; {describe_replica_lag(*self.replica)}" if self.replica else "")
                 + (f"; AT RISK: {self.risk}" if self.risk else ""))
+
+    def record(self, at: float) -> dict:
+        """The JSON the capture task stores for ``airflow cdc status`` (progress_store.save_lag)."""
+        out = {"bytes": self.bytes, "seconds": round(self.seconds, 3), "holder": self.holder, "risk": self.risk,
+               "at": round(at, 3)}
+        if self.replica is not None:
+            behind, seconds = self.replica
+            out["replica"] = {"bytes": behind, "seconds": None if seconds == float("inf") else round(seconds, 3)}
+        return out
+
+
+def describe_replica_lag(behind: int, seconds: float | None) -> str:
+    """The replica lag in words; ``seconds`` None or infinite: it does not replicate."""
+    if seconds is None or seconds == float("inf"):
+        return "the replica chunks are read from is not replicating"
+    return f"the replica chunks are read from is {behind:,} bytes, {seconds:,.0f} s behind its primary"
 
 
 def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, drained: bool,
-                min_headroom: float = DEFAULT_MIN_HEADROOM, now_ms: int | None = None) -> Lag:
+                min_headroom: float = DEFAULT_MIN_HEADROOM, now_ms: int | None = None,
+                replica: tuple[int, float] | None = None) -> Lag:
     """The lag after a capture run and the retention risk. ``drained``: the run read to the end
     of the log (not stopped by ``max_events``): nothing older than now is left behind.
     At risk: the log is lost already, or less than ``min_headroom`` of the source's size limit
@@ -144,7 +164,17 @@ def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, dr
     elif reading.limit_seconds and seconds > (1 - min_headroom) * reading.limit_seconds:
         risk = (f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
                 f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next change; {reading.fix}")
-    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk)
+    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk, replica)
+
+
+def replica_lag(dialect: Dialect) -> tuple[int, float] | None:
+    """The replica lag shown with the capture's (``airflow cdc status``); a replica that cannot
+    be asked is logged, not a failed capture: its snapshot chunks fail on their own."""
+    try:
+        return dialect.replica_lag()
+    except Exception as exc:  # noqa: BLE001 - shown, never in the way of the capture
+        log.warning("source %r: the replica lag could not be read: %s", dialect.source, exc)
+        return None
 
 
 def maintain_staging(data_dir: str, source: str, retention: RetentionPolicy | None) -> PruneResult | None:
@@ -191,10 +221,11 @@ def run_capture(
             # after the events, so a column they carry is in the staged schema before apply runs
             stopped = follow_schema_changes(dialect, data_dir, hook.source)
             reading = dialect.log_retention(result.end_offset)
+            replica = replica_lag(dialect)
         maintain_staging(data_dir, hook.source, retention)
     drained = max_events is None or result.events < max_events
     lag = None if reading is None else capture_lag(hook.source, reading, result, drained=drained,
-                                                   min_headroom=min_headroom)
+                                                   min_headroom=min_headroom, replica=replica)
     for tid, why in sorted(stopped.items()):
         log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
     rate = result.events / result.seconds if result.seconds > 0 else 0.0

@@ -64,6 +64,8 @@ class LeastPrivilegePipeline(Pipeline):
             admin.autocommit(True)
             if setup == 0:  # read-only: watermark strategy "log", no write grant anywhere
                 my_run(admin, *my_setup(self.role, qt, "", provider_creates=True)[:3])
+                if replica_uri is not None:  # README "Chunks from a replica": to show the replica's lag
+                    my_run(admin, f"GRANT SLAVE MONITOR ON *.* TO '{self.role}'@'%'")
                 conn["extra"]["watermark_strategy"] = "log"
             else:
                 my_run(admin, *my_setup(self.role, qt, f"`cdc`.`{self.wm}`", provider_creates=setup == 1))
@@ -193,6 +195,12 @@ def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(
                     assert write not in grants, grants
         admin.commit()
         _snapshot_under_writers_and_verify(p, seed=37)
+        # the capture's lag reading, as `airflow cdc status` shows it, carries the replica's
+        replica_lag = progress_store.load_lags(p.source)[p.source].get("replica")
+        if replica:
+            assert replica_lag is not None and replica_lag["seconds"] is not None and replica_lag["seconds"] >= 0
+        else:
+            assert replica_lag is None
         with admin.cursor() as cur:
             cur.execute("SELECT table_schema, table_name FROM information_schema.tables WHERE table_name = %s",
                         (p.wm,))

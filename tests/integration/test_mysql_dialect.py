@@ -952,3 +952,37 @@ def test_a_source_read_entirely_from_a_replica_snapshots_under_writers_on_the_pr
         d.close()
         pc.execute(f"DROP TABLE IF EXISTS `{DB}`.`{t.name}`")
         primary.close()
+
+
+def test_the_replica_lag_of_a_source_on_a_replica_is_read_and_a_stopped_replica_says_so(
+        mysql_uri, mysql_replica_uri, unique_name):
+    """A MariaDB source that is a replica reports how far it is behind its primary (the capture
+    shows it, the snapshot throttles on it); with its SQL thread stopped the lag is infinite (the
+    snapshot pauses), and it is finite again once replication runs. On the primary: None."""
+    import time
+
+    t = f"lag_{unique_name}"
+    primary = _admin_conn(mysql_uri, autocommit=True)
+    replica = _admin_conn(mysql_replica_uri, autocommit=True)
+    assert get_dialect(ConnectionParams.from_uri(mysql_uri), source=f"lagp_{unique_name}").replica_lag() is None
+    d = get_dialect(ConnectionParams.from_uri(mysql_replica_uri), source=f"lag_{unique_name}")
+    try:
+        behind, seconds = d.replica_lag()
+        assert behind >= 0 and 0 <= seconds < float("inf")
+        replica.cursor().execute("STOP SLAVE SQL_THREAD")
+        try:
+            primary.cursor().execute(f"CREATE TABLE `{DB}`.`{t}` (id INT PRIMARY KEY)")
+            primary.cursor().execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1), (2)")
+            assert d.replica_lag()[1] == float("inf")
+        finally:
+            replica.cursor().execute("START SLAVE SQL_THREAD")
+        for _ in range(600):
+            if d.replica_lag()[1] < float("inf"):
+                break
+            time.sleep(0.05)
+        assert d.replica_lag()[1] < float("inf")
+    finally:
+        d.close()
+        primary.cursor().execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
+        primary.close()
+        replica.close()

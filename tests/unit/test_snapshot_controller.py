@@ -135,3 +135,15 @@ def test_replica_lag_throttles_the_chunk_loop_and_pauses_the_snapshot_beyond_its
     assert "90 s behind" in why and "max_replica_lag_seconds=60" in why
     assert progress.load(T.id).status == "paused"
     assert ctl._await_replica(LaggingReplica([None]), T.id, "S1", "t") is None  # chunks from the source itself
+
+
+def test_a_replica_that_stopped_replicating_pauses_the_snapshot_saying_so(setup):
+    progress, _plan, make = setup
+    now = [0.0]
+
+    def sleep(s):
+        now[0] += s
+
+    why = make()._await_replica(LaggingReplica([(0, float("inf"))]), T.id, "S1", "t", lambda: now[0], sleep)
+    assert "stopped replicating" in why and "resume" in why
+    assert progress.load(T.id).status == "paused"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import decimal
+import logging
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,6 +22,8 @@ from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ..base import ReadSnapshot, value_bytes
 from .types import json_text, select_converter
+
+log = logging.getLogger(__name__)
 
 
 def bounded_batches(cur: Any, batch_size: int, max_bytes: int) -> Iterator[list[tuple]]:
@@ -128,6 +131,35 @@ class MyChunkReader:
                 "Use watermark_strategy 'table' on this server"
             )
         return position_mark(Position.binlog(file, int(pos), 0), int(time.time() * 1000))
+
+    def replica_lag(self) -> tuple[int, float] | None:
+        """(bytes, seconds) this source is behind its primary when it is itself a replica (chunks
+        and capture both read it), from ``SHOW SLAVE STATUS`` (needs ``SLAVE MONITOR``, MySQL
+        ``REPLICATION CLIENT``); None when it is not a replica or the role may not ask. Bytes:
+        what the replica has received of the primary's current binlog file and not applied yet
+        (a lower bound once it is a file or more behind); seconds: ``Seconds_Behind_Master``,
+        infinite while replication is stopped."""
+        if self._replica_status_denied:
+            return None
+        try:
+            with self._lock, self.conn.cursor(pymysql.cursors.DictCursor) as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                row = cur.fetchone()
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (1227, 1045):  # access denied: not asked again
+                self._replica_status_denied = True
+                log.info("source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
+                         "to see it (%s)", self.source, exc)
+                return None
+            raise
+        if row is None:
+            return None
+        seconds = row.get("Seconds_Behind_Master")
+        read, done = int(row.get("Read_Master_Log_Pos") or 0), int(row.get("Exec_Master_Log_Pos") or 0)
+        behind = max(0, read - done) if row.get("Master_Log_File") == row.get("Relay_Master_Log_File") else read
+        if seconds is None:  # the SQL or IO thread is not running: it does not catch up
+            return behind, float("inf")
+        return behind, float(seconds)
 
     def _select_converters(self, schema: TableSchema) -> list[tuple[str, Callable[[Any], Any] | None]]:
         """Per-column converters, cached per schema object (looked up once per row)."""

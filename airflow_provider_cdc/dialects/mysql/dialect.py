@@ -101,6 +101,7 @@ class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyOf
         self._flavour: Flavour | None = None
         self._lock = threading.RLock()
         self._converters: dict[int, tuple[TableSchema, list]] = {}
+        self._replica_status_denied = False  # SHOW SLAVE STATUS refused once: replica lag is not shown
 
     # --- connections ------------------------------------------------------------------
     def _driver_settings(self) -> dict[str, Any]:
