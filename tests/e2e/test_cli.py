@@ -167,6 +167,15 @@ def test_status_prints_each_tables_progress(unique_name, entry):
             ("public.items", "done", 10), ("public.orders", "running", 234)
         ]
         assert items[0]["source_lag"]["bytes"] == 123456 and items[1]["source_lag"]["holder"] == "replication slot 's'"
+        # chunks read from a replica: the capture records its lag too, and status says it
+        progress_store.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
+                                         "at": 1000.0, "replica": {"bytes": 2048, "seconds": 42.0}})
+        r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
+        assert "; the replica chunks are read from is 2,048 bytes, 42 s behind its primary" in r.stdout, r.stdout
+        progress_store.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
+                                         "at": 1000.0, "replica": {"bytes": 0, "seconds": None}})
+        r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
+        assert "the replica chunks are read from is not replicating" in r.stdout, r.stdout
         r = run_cli(entry, "status", "--source", f"{source}_none", env=dict(os.environ))
         assert r.returncode == 0 and "no snapshots recorded" in r.stdout
     finally:
