@@ -5,6 +5,7 @@
                        [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
     airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
                        [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
+                       [--form keyvalue|value] [--database NAME]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -72,7 +73,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="the Debezium connector to imitate (default: the database the events came from)")
     x.add_argument("--no-tombstones", action="store_true", help="no null-value record after each delete "
                                                                 "(Debezium's tombstones.on.delete=false)")
-    x.add_argument("--truncates", action="store_true", help="also TRUNCATE records (Debezium skips them by default)")
+    x.add_argument("--truncates", action="store_true", help="also TRUNCATE records (Debezium skips them by default; "
+                                                             "Flink's debezium-json cannot read them)")
+    x.add_argument("--form", choices=["keyvalue", "value"], default="keyvalue",
+                   help="keyvalue: {\"key\", \"value\"} per line, as Kafka records; value: the value document alone "
+                        "per line, as Flink's debezium-json and file readers take it (no tombstones)")
+    x.add_argument("--database", default=None, help="PostgreSQL: source.db (default: the database capture recorded)")
     return p
 
 
@@ -301,9 +307,15 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
     data_dir = args.data_dir or now.data_dir
     table = TableName.parse(args.table)
     opts = DebeziumOptions(args.topic_prefix or source, connector=args.connector, tombstones=not args.no_tombstones,
-                           truncates=args.truncates)
-    n = export_table(data_dir, source, table, args.out, opts)
+                           truncates=args.truncates, form=args.form, database=args.database)
+    skipped: list[str] = []
+    n = export_table(data_dir, source, table, args.out, opts, skipped_truncates=skipped)
     print(f"{table.id}: {n} Debezium records -> {args.out}")
+    if skipped:
+        print(f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position {skipped[0]}), as "
+              "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this export keeps "
+              "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a consumer "
+              "that reads op 't' (README \"Consuming the Debezium JSON\")", file=sys.stderr)
     return EXIT_OK
 
 

@@ -162,7 +162,24 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
     # the job's command-line arguments, from the rendered fields
     def job_arguments(self) -> list[str]:
         args = ["--data-dir", self.data_dir, "--source", self.source, "--sinks", self.sinks]
-        return args + (["--database", self.database] if self.database else [])
+        database = self.source_database()
+        return args + (["--database", database] if database else [])
+
+    def source_database(self) -> str | None:
+        """``source.db`` of the events this job writes: the ``database`` argument, else the
+        database the source's connection names (Debezium's ``source.db``), else None (the
+        source's name)."""
+        if self.database:
+            return self.database
+        from airflow.sdk import BaseHook
+
+        from ..settings import load
+
+        try:
+            return BaseHook.get_connection(load(overrides=self.cdc_overrides).conn_id).schema or None
+        except Exception:  # noqa: BLE001 - a connection not found here: the source's name, as before
+            self.log.info("the source connection is not readable here: events name the source, not its database")
+            return None
 
     def input_rows(self) -> int:
         raise NotImplementedError
@@ -263,7 +280,7 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
         from ..pipeline.spark.common import build_sinks
 
         pg, pg_schema = self._postgres_target()  # resolved here, in the worker: the password stays in it
-        return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.database,
+        return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.source_database(),
                            pg_uri=pg, pg_schema=pg_schema, require_schema=require_schema, fence_tables=fence_tables)
 
 

@@ -11,7 +11,9 @@ transaction, op, ts_ms, ts_us, ts_ns``; schema names are ``<topic prefix>.<schem
 database>.<table>.Value|Key|Envelope``. One record is one JSON line, ``{"key": <key document>,
 "value": <value document or null>}``: the JsonConverter's output for the Kafka record's key
 and value (a tombstone after each delete has a null value; a TRUNCATE, when not skipped, a
-null key).
+null key); or, in the "value" form, the value document alone (Flink's ``debezium-json``).
+Every document is valid against its own schema: a zero date in a required field (a key, a NOT
+NULL column) takes a non-null number (:func:`zero_date_days`) where Debezium would write null.
 
 Where Debezium's own output depends on things the event log does not hold, the export says
 what it writes instead (README, "Debezium JSON"): ``source.txId``/``lsn``/``sequence``
@@ -45,6 +47,7 @@ from ..core.schema import Column, TableName, TableSchema, decimal_params
 #: the Debezium release whose format this is, written to ``source.version``
 DEBEZIUM_VERSION = "3.6.1.Final"
 CONNECTORS = ("postgresql", "mysql", "mariadb")
+FORMS = ("keyvalue", "value")
 _SNAPSHOT_ENUM = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
 #: pgjdbc's ±infinity for timestamps, as Debezium emits them (microseconds)
 _PG_TS_INFINITY_US = (9223372036825200000, -9223372036832400000)
@@ -57,8 +60,16 @@ class DebeziumOptions:
     version: str = DEBEZIUM_VERSION
     tombstones: bool = True  # a null-value record after each delete (tombstones.on.delete)
     truncates: bool = False  # TRUNCATE records (Debezium skips them by default: skipped.operations=t)
+    # "keyvalue": {"key": ..., "value": ...} per line (Kafka records); "value": the value document
+    # alone per line (what Flink's debezium-json and most file readers take; no tombstones)
+    form: str = "keyvalue"
+    # source.db: PostgreSQL's database name (default: the event log's, which capture takes from the
+    # connection); MySQL/MariaDB: always the table's database, as Debezium writes it
+    database: str | None = None
 
     def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ConfigurationError(f"Debezium export form {self.form!r}: one of {', '.join(FORMS)}")
         if not self.topic_prefix or not re.fullmatch(r"[A-Za-z0-9._-]+", self.topic_prefix):
             raise ConfigurationError(
                 f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' (Debezium's "
@@ -295,15 +306,36 @@ def _zero_date(v: str) -> bool:
     return v[5:7] == "00" or v[8:10] == "00" or v.startswith("0000-")
 
 
-def _my_date(v: str) -> int | None:
-    return None if _zero_date(v) else temporal.date_to_days(v)
+#: a zero date in a required field (README "Consuming the Debezium JSON"): day numbers from here
+#: up, all below any real date (0001-01-01 is day -719,162), one per (year, month, day) and in
+#: their order, so distinct zero-date keys stay distinct
+ZERO_DATE_DAYS = -5_200_000
+_DAY_US = 86_400_000_000
 
 
-def _my_ts(v: str, unit: int) -> int | None:
-    return None if _zero_date(v) else temporal.ts_to_micros(v) // unit
+def zero_date_days(v: str) -> int:
+    """``YYYY-MM-DD...`` with a zero part -> ``-5,200,000 + Y*416 + M*32 + D`` (M <= 12, D <= 31 <
+    32: no two dates share a number; 9999-12-31 gives -1,040,001)."""
+    return ZERO_DATE_DAYS + int(v[0:4]) * 416 + int(v[5:7]) * 32 + int(v[8:10])
+
+
+def _my_date(v: str, required: bool) -> int | None:
+    if _zero_date(v):
+        return zero_date_days(v) if required else None
+    return temporal.date_to_days(v)
+
+
+def _my_ts(v: str, unit: int, required: bool) -> int | None:
+    if _zero_date(v):  # the zero day's number, plus the time of day the value carries
+        if not required:
+            return None
+        clock = v[11:].rstrip("Z") or "00:00:00"  # canonical "YYYY-MM-DDTHH:MM:SS.ffffff"
+        return (zero_date_days(v) * _DAY_US + _time_micros(clock)) // unit
+    return temporal.ts_to_micros(v) // unit
 
 
 def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
+    required = not col.nullable  # a zero date there takes its non-null number, not Debezium's null
     src = col.source_type.lower()
     lt = col.type
     base = re.split(r"[(\s]", src, maxsplit=1)[0]
@@ -336,16 +368,19 @@ def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
             return _node("string"), _ident
         return _node("string", "io.debezium.data.Json", 1), _ident
     if lt == "date":
-        return _node("int32", "io.debezium.time.Date", 1), _my_date
+        return _node("int32", "io.debezium.time.Date", 1), lambda v: _my_date(v, required)
     if lt == "time":
         return _node("int64", "io.debezium.time.MicroTime", 1), _time_micros
     if lt == "timestamp":
         if p is None or p <= 3:
-            return _node("int64", "io.debezium.time.Timestamp", 1), lambda v: _my_ts(v, 1000)
-        return _node("int64", "io.debezium.time.MicroTimestamp", 1), lambda v: _my_ts(v, 1)
+            return _node("int64", "io.debezium.time.Timestamp", 1), lambda v: _my_ts(v, 1000, required)
+        return _node("int64", "io.debezium.time.MicroTimestamp", 1), lambda v: _my_ts(v, 1, required)
     if lt == "timestamptz":
+        # the only zero TIMESTAMP is all zeros; required, it is the epoch, which no TIMESTAMP holds
+        # (their range starts at 1970-01-01 00:00:01 UTC)
+        zero = _zoned_timestamp("1970-01-01T00:00:00Z", p or 0) if required else None
         return (_node("string", "io.debezium.time.ZonedTimestamp", 1),
-                lambda v: None if _zero_date(v) else _zoned_timestamp(v, p or 0))
+                lambda v: zero if _zero_date(v) else _zoned_timestamp(v, p or 0))
     return _node("string"), _ident
 
 
@@ -440,10 +475,14 @@ class TableExport:
         ts_ms = int(event["ts_ms"] or 0)
         snapshot = "incremental" if event["op"] == "r" else "false"
         meta = event.get("meta") or {}
+        t = self.schema.table
+        if self.connector != "postgresql":
+            database = t.schema  # MySQL's db is the table's database
+        elif self.opts.database:
+            database = self.opts.database
         common = {"version": self.opts.version, "connector": self.connector, "name": self.opts.topic_prefix,
                   "ts_ms": ts_ms, "snapshot": snapshot, "db": database}
         pos = Position.decode(event["position"])
-        t = self.schema.table
         if self.connector == "postgresql":
             lsn, commit, tx = meta.get("lsn"), meta.get("last_commit_lsn"), meta.get("tx")
             seq = None if lsn is None else json.dumps([None if commit is None else str(commit), str(lsn)],
@@ -458,7 +497,8 @@ class TableExport:
                          "row": pos.index if streamed else 0, "thread": meta.get("thread"), "query": None}
 
     def records(self, event: dict, database: str) -> list[dict]:
-        """The Kafka records (key document, value document or None) of one event."""
+        """The Kafka records (key document, value document or None) of one event; in the
+        "value" form each is the value document alone (no tombstones)."""
         op = event["op"]
         if op == "t" and not self.opts.truncates:
             return []
@@ -469,6 +509,8 @@ class TableExport:
                         "source": self.source(event, database), "transaction": None, "op": op, "ts_ms": ts_ms,
                         "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000},
         }
+        if self.opts.form == "value":
+            return [value]
         key = None if op == "t" else self.key(json.loads(event["key"]))
         out = [{"key": key, "value": value}]
         if op == "d" and self.opts.tombstones:
@@ -476,9 +518,10 @@ class TableExport:
         return out
 
 
-def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = None) -> Iterator[tuple[str, str, list]]:
+def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = None,
+                 skipped: list | None = None) -> Iterator[tuple[str, str, list]]:
     """The records of one event-log file (sinks/event_log.py), in its order, as (position, key,
-    the event's records)."""
+    the event's records). ``skipped`` collects the positions of TRUNCATEs left out."""
     from .event_log import canonical_images, file_schema
 
     schema, _ = file_schema(t)
@@ -496,6 +539,8 @@ def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = N
                                           strict=True)):
         event = {"op": op, "key": key, "ts_ms": ts, "before": before[i], "after": after[i],
                  "position": src[i]["position"], "meta": src[i]}
+        if op == "t" and not opts.truncates and skipped is not None:
+            skipped.append(src[i]["position"])
         yield src[i]["position"], key or "", exp.records(event, src[i]["db"])
 
 
@@ -510,10 +555,11 @@ def _first_position(name: str) -> str:
 
 
 def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions, *,
-                 batch_rows: int = 4096) -> int:
+                 batch_rows: int = 4096, skipped_truncates: list | None = None) -> int:
     """Every event of ``table`` in the event log, in (position, key) order, as Debezium JSON
     lines at ``out`` (a location: local path or URI; written whole or not at all). Returns the
-    number of records.
+    number of records; ``skipped_truncates`` collects the positions of TRUNCATEs left out
+    (without ``opts.truncates``), which a consumer rebuilding the table never learns of.
 
     Streaming: files are read ``batch_rows`` rows at a time and merged by position, a file
     opened only once the merge reaches its first position (files cover ranges that barely
@@ -537,7 +583,7 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
             meta = pf.schema_arrow.metadata
             for batch in pf.iter_batches(batch_size=batch_rows):
                 yield from file_records(pa.Table.from_batches([batch]).replace_schema_metadata(meta), opts,
-                                        exports=exports)
+                                        exports=exports, skipped=skipped_truncates)
 
     # files merged into a larger one (event_log.compact_table) hold its events twice: left out
     names = sorted(live_files(storage.list_names(d, suffix=".parquet")), key=lambda n: (_first_position(n), n))

@@ -151,6 +151,45 @@ def _check_envelope_schema(value: dict, prefix: str, connector: str) -> None:
                                    "default": "false", "field": "snapshot"}
 
 
+_JSON_TYPES = {"int8": int, "int16": int, "int32": int, "int64": int, "float": (int, float), "double": (int, float),
+               "boolean": bool, "string": str, "bytes": str}
+_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
+
+
+def conforms(schema: dict, value, path: str = "") -> list[str]:
+    """What Kafka Connect's JsonConverter (and Flink's NOT NULL enforcer) would reject in
+    ``value`` under ``schema``: a null in a required field, a value of the wrong JSON type, an
+    integer out of its type's range, a struct with other fields than its schema's."""
+    where = path or "<root>"
+    if value is None:
+        return [] if schema.get("optional") else [f"{where}: null in a required field"]
+    t = schema["type"]
+    if t == "struct":
+        if not isinstance(value, dict):
+            return [f"{where}: {type(value).__name__} for a struct"]
+        names = [f["field"] for f in schema["fields"]]
+        bad = [f"{where}: fields {sorted(value)} != schema's {sorted(names)}"] if sorted(value) != sorted(names) else []
+        return bad + [e for f in schema["fields"] for e in conforms(f, value.get(f["field"]), f"{path}.{f['field']}")]
+    if t == "array":
+        if not isinstance(value, list):
+            return [f"{where}: {type(value).__name__} for an array"]
+        return [e for i, v in enumerate(value) for e in conforms(schema["items"], v, f"{path}[{i}]")]
+    if t in ("float", "double") and value in ("NaN", "Infinity", "-Infinity"):
+        return []  # Jackson's quoted non-numeric numbers, as JsonConverter writes them
+    if not isinstance(value, _JSON_TYPES[t]) or (t != "boolean" and isinstance(value, bool)):
+        return [f"{where}: {value!r} is not a {t}"]
+    if t in _INT_BITS and not -(1 << (_INT_BITS[t] - 1)) <= value < 1 << (_INT_BITS[t] - 1):
+        return [f"{where}: {value} out of range for {t}"]
+    return []
+
+
+def assert_conforms(doc: dict | None) -> None:
+    """A JsonConverter document (schema and payload) valid against its own schema."""
+    if doc is not None:
+        errors = conforms(doc["schema"], doc["payload"])
+        assert errors == [], errors
+
+
 def _export_and_check(d, t: TableName, data: str, database: str, connector: str, columns: list) -> tuple:
     """Stage the captured changes (insert, update, delete of row 1; insert of a row of NULLs),
     write the event log, export it, and check what both databases share: the records in order
@@ -162,6 +201,9 @@ def _export_and_check(d, t: TableName, data: str, database: str, connector: str,
     assert export_table(data, d.source, t, out, DebeziumOptions("srv")) == 5
     assert _event_log_connectors(data, d.source, t) == {connector}
     recs = _records(out)
+    for r in recs:
+        assert_conforms(r["key"])
+        assert_conforms(r["value"])
     prefix = f"srv.{t.schema}.{t.name}"
 
     key1 = {"schema": {"type": "struct", "fields": [{"type": "int32", "optional": False, "field": "id"}],
@@ -451,3 +493,108 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
     missing = str(tmp_path / "out" / "missing.jsonl")
     assert cli.run(["export-debezium", "--data-dir", data, "--source", "src", "--table", "s.nope", "--out", missing]) == 2
     assert "no event log for table s.nope" in capsys.readouterr().err and not Path(missing).exists()
+
+
+def test_zero_dates_in_required_fields_take_distinct_non_null_numbers():
+    """A zero date is null in an optional field (Debezium's own behaviour) but a documented
+    number in a required one (a key, a NOT NULL column): below any real date, one per date, so
+    distinct zero-date keys stay distinct and every record is valid against its schema."""
+    from airflow_provider_cdc.core.schema import Column
+    from airflow_provider_cdc.sinks.debezium import ZERO_DATE_DAYS, field_schema, zero_date_days
+
+    zeros = ["0000-00-00", "2024-00-00", "2024-05-00", "0000-01-01", "2024-01-00", "2023-00-31", "9999-12-00"]
+    assert len({zero_date_days(z) for z in zeros}) == len(zeros)
+    assert all(ZERO_DATE_DAYS <= z < -719_162 for z in map(zero_date_days, zeros))  # 0001-01-01 is day -719,162
+    assert sorted(zeros) == sorted(zeros, key=zero_date_days) and ZERO_DATE_DAYS > -(1 << 31)  # ordered; an int32
+    _, date = field_schema(Column("d", "date", "date", False), "mariadb")
+    _, opt = field_schema(Column("d", "date", "date", True), "mariadb")
+    assert date("2024-05-00") == zero_date_days("2024-05-00") and opt("2024-05-00") is None
+    assert date("2024-01-15") == 19737  # real dates unchanged
+    _, dt6 = field_schema(Column("t", "timestamp", "datetime(6)", False), "mariadb")
+    _, dt = field_schema(Column("t", "timestamp", "datetime", False), "mariadb")
+    a, b = dt6("2024-00-00T10:00:00.000001"), dt6("2024-00-00T10:00:00.000000")
+    assert a == b + 1 and a < -(10 ** 17) and dt("2024-00-00T10:00:00.000000") == b // 1000
+    assert dt6("2024-00-00T00:00:00.000000") < dt6("2024-00-00T23:59:59.999999") < dt6("2024-00-01T00:00:00.000000")
+    _, ts = field_schema(Column("t", "timestamptz", "timestamp", False), "mariadb")
+    assert ts("0000-00-00T00:00:00.000000Z") == "1970-01-01T00:00:00Z"  # no real TIMESTAMP is the epoch itself
+
+
+def test_mariadb_zero_date_keys_export_as_valid_distinct_value_documents(mysql_uri, tmp_path):
+    """Four distinct zero-date primary keys and a real one, exported in the "value" form (one
+    value document per line, as Flink's debezium-json reads it): every document is valid against
+    its schema, the five keys stay five, source.db is the table's database."""
+    u = uuid.uuid4().hex[:10]
+    conn = _my_conn(mysql_uri)
+    cur = conn.cursor()
+    cur.execute("SELECT DATABASE()")
+    t = TableName(cur.fetchone()[0], f"dbz_zero_{u}")
+    cur.execute(f"CREATE TABLE `{t.name}` (`d` DATE NOT NULL PRIMARY KEY, `dt` DATETIME NOT NULL, `v` INT)")
+    d = get_dialect(ConnectionParams.from_uri(mysql_uri), source=f"dbz{u}", tables=[t], watermark_table=f"wm_{u}")
+    data = str(tmp_path / "data")
+    try:
+        d.load_offset(data)
+        cur.execute("SET SESSION sql_mode = ''")
+        dates = ["0000-00-00", "2024-00-00", "2024-05-00", "0000-01-01", "2024-01-15"]
+        cur.executemany(f"INSERT INTO `{t.name}` VALUES (%s, %s, 1)", [(x, f"{x} 10:00:00") for x in dates])
+        cur.execute(f"UPDATE `{t.name}` SET `v` = 2 WHERE `d` = '2024-00-00'")
+        stage_changelog(d, data)
+        assert write_event_log(data, d.source, t, "not-the-database") == 6
+        out = f"{data}/export/values.jsonl"
+        assert export_table(data, d.source, t, out, DebeziumOptions("srv", form="value")) == 6
+        docs = _records(out)
+        for doc in docs:
+            assert set(doc) == {"schema", "payload"}  # a value document alone, no key wrapper
+            assert_conforms(doc)
+            assert doc["payload"]["source"]["db"] == t.schema
+        keys = [doc["payload"]["after"]["d"] for doc in docs]
+        assert len(set(keys[:5])) == 5 and keys[5] == keys[1] and 19737 in keys
+    finally:
+        d.close()
+        cur.execute(f"DROP TABLE IF EXISTS `{t.name}`")
+        conn.close()
+
+
+def test_a_skipped_truncate_is_said_and_the_value_form_has_no_tombstones(tmp_path, capsys):
+    """Without --truncates (Debezium's default) the export says how many TRUNCATEs it left out,
+    since a consumer rebuilding the table from it keeps the rows they removed; the value form
+    writes one value document per event (a delete has no tombstone); PostgreSQL's source.db is
+    the database capture recorded, or --database."""
+    import pyarrow as pa
+
+    from airflow_provider_cdc import cli
+    from airflow_provider_cdc.core.schema import Column, TableSchema, encode_key, encode_row
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.event_log import EventLogSink
+    from airflow_provider_cdc.storage.layout import schema_path
+
+    data = str(tmp_path / "data")
+    t = TableName("public", "orders")
+    schema = TableSchema(t, (Column("id", "int64", "bigint", False),), ("id",), {"connector": "postgresql"})
+    Path(schema_path(data, "src", t)).parent.mkdir(parents=True)
+    Path(schema_path(data, "src", t)).write_text(schema.to_json())
+    p = [Position(i, 0, 0).encode() for i in range(4)]
+
+    def ev(i, op, key):
+        return {"position": p[i], "table": t.id, "op": op, "key": None if key is None else encode_key([key]),
+                "before": encode_row({"id": key}) if op == "d" else None,
+                "after": encode_row({"id": key}) if op == "c" else None, "ts_ms": 1000, "watermark": None,
+                "snapshot": False, "batch": f"c-{p[1]}-{p[3]}"}
+
+    EventLogSink(data, "src", "shop").write(pa.Table.from_pylist(
+        [ev(1, "c", 1), ev(2, "d", 1), ev(3, "t", None)], schema=EVENT_SCHEMA))
+    out = str(tmp_path / "values.jsonl")
+    args = ["export-debezium", "--data-dir", data, "--source", "src", "--table", t.id, "--out", out, "--form", "value",
+            "--connector", "postgresql"]
+    assert cli.run(args) == 0
+    err = capsys.readouterr().err
+    assert f"1 TRUNCATE(s) of table {t.id} left out (first at position {p[3]})" in err and "--truncates" in err
+    docs = _records(out)
+    assert [doc["payload"]["op"] for doc in docs] == ["c", "d"]
+    assert {doc["payload"]["source"]["db"] for doc in docs} == {"shop"}
+    assert cli.run([*args, "--database", "postgres", "--truncates"]) == 0
+    assert "left out" not in capsys.readouterr().err
+    docs = _records(out)
+    assert [doc["payload"]["op"] for doc in docs] == ["c", "d", "t"]
+    assert {doc["payload"]["source"]["db"] for doc in docs} == {"postgres"}
+    with pytest.raises(ConfigurationError, match="form"):
+        DebeziumOptions("srv", form="lines")
