@@ -32,9 +32,11 @@ US_PER_DAY = 86_400_000_000
 
 
 def days_from_civil(y: int, m: int, d: int) -> int:
-    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm; his
+    ``(y >= 0 ? y : y - 399) / 400`` emulates floor division with C's truncating one, which
+    Python's ``//`` already is: kept, it moved dates before March of year 0 by a day)."""
     y -= m <= 2
-    era = (y if y >= 0 else y - 399) // 400
+    era = y // 400
     yoe = y - era * 400
     doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
     doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
@@ -43,7 +45,7 @@ def days_from_civil(y: int, m: int, d: int) -> int:
 
 def civil_from_days(z: int) -> tuple[int, int, int]:
     z += 719468
-    era = (z if z >= 0 else z - 146096) // 146097
+    era = z // 146097  # floor division (see days_from_civil)
     doe = z - era * 146097
     yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
     y = yoe + era * 400
