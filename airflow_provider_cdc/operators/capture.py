@@ -84,6 +84,25 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         }
 
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any):
+        """OpenLineage (lineage.py): the captured tables in (those with a staged schema), the
+        staged changelog out."""
+        from .. import storage
+        from ..core.schema import TableName
+        from ..lineage import tables_lineage
+        from ..storage.layout import changelog_dir, schema_path, schemas_dir
+
+        source = self.hook.source
+        tables = self.hook.tables
+        if tables is None:  # every table of the database: those capture has staged a schema of
+            folder = schemas_dir(self.data_dir, source)
+            names = storage.list_names(folder, suffix=".json") if storage.exists(folder) else []
+            tables = [t for n in names if (t := TableName.from_path_segment(n[: -len(".json")])) is not None]
+        tables = [t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables]
+        tables = [t for t in tables if storage.exists(schema_path(self.data_dir, source, t))]
+        return tables_lineage(self.hook.connection_params(), self.data_dir, source, tables,
+                              staging=changelog_dir(self.data_dir, source), staging_is_output=True)
+
     def _retention(self) -> RetentionPolicy | None:
         """Staging retention after the capture: the sinks' markers and the snapshots' stored
         progress hold what they still need (pipeline/retention.py)."""

@@ -184,6 +184,18 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
     def input_rows(self) -> int:
         raise NotImplementedError
 
+    def _lineage(self, tables, staging: str):
+        """OpenLineage (lineage.py): the source tables and ``staging`` in, their event log and
+        mirror out."""
+        from ..core.schema import TableName
+        from ..hooks.cdc_source import CdcSourceHook
+        from ..lineage import tables_lineage
+        from ..settings import load
+
+        params = CdcSourceHook(load(overrides=self.cdc_overrides).conn_id).connection_params()
+        return tables_lineage(params, self.data_dir, self.source, [TableName.parse(t) for t in tables],
+                              staging=staging, staging_is_output=False, sinks=sink_names(self.sinks))
+
     def run_local(self) -> dict:
         raise NotImplementedError
 
@@ -346,6 +358,12 @@ class SnapshotMergeOperator(_CdcJobOperator):
         self._emit_assets(context, lambda kinds: round_tables(self._chunks(), self.data_dir, self.source, kinds))
         return summary
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any):
+        """The round's tables and the staged chunks in; their event log and mirror out."""
+        from ..storage.layout import staging_dir
+
+        return self._lineage({c.table for c in self._chunks()}, staging_dir(self.data_dir, self.source))
+
     def _chunks(self):
         from ..pipeline.windows import load_chunks
 
@@ -389,9 +407,13 @@ class ChangelogApplyOperator(_CdcJobOperator):
     job = "apply"
 
     def execute(self, context: Any) -> dict | None:
+        from ..lineage import LOCATION_SINKS, available
         from ..pipeline.committed import applied_tables, markers
 
         before = markers(self.data_dir, self.source, self._asset_kinds())
+        if available():  # what this apply covers, for its OpenLineage event
+            self._lineage_before = markers(self.data_dir, self.source,
+                                           [s for s in sink_names(self.sinks) if s in LOCATION_SINKS])
         summary = super().execute(context)
         stopped = {}
         if "mirror" in sink_names(self.sinks):
@@ -409,6 +431,17 @@ class ChangelogApplyOperator(_CdcJobOperator):
         out = dict(summary) if isinstance(summary, dict) else {"engine": "spark"}
         out["schema_stopped"] = stopped
         return out
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any):
+        """The tables this apply wrote changes of and the staged changelog in; their event log
+        and mirror out."""
+        from ..pipeline.committed import applied_tables
+        from ..storage.layout import changelog_dir
+
+        before = getattr(self, "_lineage_before", None)
+        covered = applied_tables(self.data_dir, self.source, before) if before else {}
+        tables = {tid for per in covered.values() for tid in per}
+        return self._lineage(tables, changelog_dir(self.data_dir, self.source))
 
     def input_rows(self) -> int:
         from ..pipeline.arrow_engine import pending_rows
