@@ -25,6 +25,9 @@ test-e2e: setup
 test-deployment: setup
 	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
+test-consumer: setup
+	@$(ENV) python -m pytest tests -m consumer $(PYTEST_ARGS)
+
 # BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table and
 # the Spark engine's rounds on a standalone cluster, the capture's memory against transaction and value size,
 # and 200 changelog rounds back to back (what grows with the pipeline's age)
