@@ -83,64 +83,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # --- status -------------------------------------------------------------------------------
-def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
-    """(source, table id, progress dict) of every snapshot Variable, sorted."""
-    from .progress_store import KEY_PREFIX, stored_values
-
-    out = []
-    for key, val in stored_values(KEY_PREFIX):
-        try:
-            progress = json.loads(val) if val else {}
-        except json.JSONDecodeError:
-            progress = {"status": "unreadable", "raw": val}
-        # the value names its source and its one table; the key is encoded (progress_store)
-        tables = list(progress.get("tables") or {}) if isinstance(progress, dict) else []
-        if isinstance(progress, dict) and progress.get("source") and len(tables) == 1:
-            src, table_id = str(progress["source"]), tables[0]
-        else:
-            src, sep, table_id = key[len(KEY_PREFIX) :].partition("__")
-            if not sep:
-                continue
-        if source is not None and src != source:
-            continue
-        out.append((src, table_id, progress))
-    return sorted(out, key=lambda t: (t[0], t[1]))
-
-
-def progress_summary(table_id: str, p: dict[str, Any]) -> dict[str, Any]:
-    """The figures a person wants from a stored progress JSON (core.progress.SnapshotProgress);
-    a value this version cannot parse is shown by its status alone."""
-    from .core.progress import SnapshotProgress
-
-    try:
-        sp = SnapshotProgress.from_json(json.dumps(p))
-    except Exception:  # noqa: BLE001 - an unknown layout still shows its status
-        return {"status": str(p.get("status", "unreadable")), "snapshot_id": p.get("snapshot_id")}
-    tp = sp.tables.get(table_id) or next(iter(sp.tables.values()), None)
-    out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error,
-                           "run": sp.owner, "logical_date": sp.logical_date}
-    if tp is not None:
-        out.update(
-            ranges_done=sum(1 for r in tp.ranges if r.done),
-            ranges=len(tp.ranges),
-            rows=tp.rows,
-            chunks=tp.chunks,
-            rows_per_second=round(sp.rows_per_second(), 1),
-            next_keys=[None if w.after_key is None else list(w.after_key) for w in tp.remaining()],
-        )
-    if sp.updated_at:
-        out["updated_at"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(sp.updated_at)) + "Z"
-    return out
-
-
-def snapshot_dag_paused(dag_id: str = "cdc_snapshot") -> bool:
-    """Whether the snapshot DAG is paused in Airflow (False when it is not known there)."""
-    from airflow.models.dag import DagModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        paused = session.query(DagModel.is_paused).filter(DagModel.dag_id == dag_id).scalar()
-    return bool(paused)
+# what status shows is read by status.py, which the UI page reads too: one source of truth
+from .status import list_progress, progress_summary, snapshot_dag_paused  # noqa: E402, F401
 
 
 def describe_progress(summary: dict[str, Any]) -> str:
@@ -152,6 +96,11 @@ def describe_progress(summary: dict[str, Any]) -> str:
     if "ranges" in summary:
         parts.append(f"ranges done {summary['ranges_done']}/{summary['ranges']}")
         parts.append(f"{summary['rows']} rows in {summary['chunks']} chunks ({summary['rows_per_second']:.0f} rows/s)")
+        if "rows_read" in summary:  # read by the running chunk tasks, not merged yet
+            parts.append(f"{summary['rows_read']} rows in {summary['chunks_read']} chunks read")
+        if summary["status"] == "running" and summary.get("fraction") is not None:
+            left = summary.get("seconds_left")
+            parts.append(f"{summary['fraction']:.0%} read" + ("" if left is None else f", ~{left:,} s left"))
         if summary["status"] != "done" and summary["next_keys"]:
             parts.append("continues after " + ", ".join("start" if k is None else json.dumps(k) for k in summary["next_keys"]))
     if summary.get("snapshot_id"):
@@ -163,6 +112,17 @@ def describe_progress(summary: dict[str, Any]) -> str:
     if summary.get("error"):
         parts.append(f"error: {summary['error']}")
     return ", ".join(parts)
+
+
+def _data_dir_of(source: str) -> str | None:
+    """The source's data location (its own in the sources config), for what its chunk tasks
+    have read; None when the settings cannot tell."""
+    from .status import source_setup
+
+    try:
+        return source_setup(source)[1]
+    except Exception:  # noqa: BLE001 - status still shows the register's figures
+        return None
 
 
 def describe_lag(lag: dict[str, Any]) -> str:
@@ -185,7 +145,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     dag_paused = bool(items) and snapshot_dag_paused()
     summaries = {}
     for s, t, p in items:
-        summary = progress_summary(t, p)
+        summary = progress_summary(t, p, data_dir=_data_dir_of(s))
         summary["dag_paused"] = dag_paused and summary["status"] == "running"
         summaries[(s, t)] = summary
     if args.json:
@@ -257,6 +217,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         except Exception as exc:  # noqa: BLE001 - a StateError or an Airflow error, said as it is
             print(f"error: cannot trigger the repair snapshot: {exc}", file=sys.stderr)
             return EXIT_ERROR
+    _record_verify(source, table.id, res, events, failed, triggered)
     if args.json:
         out: dict[str, Any] = res.to_dict()
         if events is not None:
@@ -291,6 +252,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
+def _record_verify(source: str, table_id: str, res, events, failed: bool, repair_run: str | None) -> None:
+    """The verify's result for the UI page (progress_store.save_verify); a metadata database
+    that cannot be written is said, not a failed verify."""
+    from . import progress_store
+
+    keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "repair_conf")
+    doc = {k: v for k, v in res.to_dict().items() if k in keep}
+    doc.update(ok=not failed, at=round(time.time(), 3), repair_run=repair_run,
+               event_violations=None if events is None else events.violation_count)
+    try:
+        progress_store.save_verify(source, table_id, doc)
+    except Exception as exc:  # noqa: BLE001 - the verify itself is done; only its record is lost
+        print(f"warning: the verify's result was not recorded for the CDC page: {exc}", file=sys.stderr)
+
+
 def cmd_export_debezium(args: argparse.Namespace) -> int:
     from . import settings
     from .sinks.debezium import DebeziumOptions, export_table
@@ -320,18 +296,9 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
 
 
 def _config_source(name: str, now):
-    """Source ``name`` of the sources config (sources_config.py: CDC_SOURCES_FILE, or
-    cdc_sources.yaml in Airflow's DAG folder), or None."""
-    from .sources_config import find_source
+    from .status import config_source
 
-    dags_folder = None
-    try:
-        from airflow.configuration import conf
-
-        dags_folder = conf.get("core", "dags_folder", fallback=None)
-    except Exception:  # noqa: BLE001 - outside an Airflow installation: no DAG folder to look in
-        pass
-    return find_source(name, now, dags_folder)
+    return config_source(name, now)
 
 
 def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir: str) -> str:

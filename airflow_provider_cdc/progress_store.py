@@ -27,6 +27,7 @@ used (it talks to the API server); outside one (CLI, tests, scripts) the metadat
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from .core.progress import SnapshotProgress, Status
@@ -233,9 +234,54 @@ def lag_key(source: str) -> str:
     return f"{LAG_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}"
 
 
+#: the lag history kept with the last reading (for the UI's chart): this long, at most this many
+LAG_HISTORY_SECONDS = 24 * 3600
+LAG_HISTORY_POINTS = 720
+
+
 def save_lag(source: str, lag: dict) -> None:
-    """The capture's last lag reading of ``source`` (JSON: source, bytes, seconds, holder, risk, at)."""
-    _set(lag_key(source), json.dumps({"source": source, **lag}, sort_keys=True))
+    """The capture's last lag reading of ``source`` (JSON: source, bytes, seconds, holder, risk,
+    at, replica) and the readings of the last day before it (``history``: [at, bytes, seconds],
+    at most LAG_HISTORY_POINTS, so the Variable stays small however long the pipeline runs).
+    Only the source's capture writes it, under its capture lock."""
+    key = lag_key(source)
+    history: list = []
+    try:
+        old = json.loads(_get(key) or "{}")
+        history = [h for h in old.get("history") or [] if isinstance(h, list) and len(h) == 3]
+    except (TypeError, ValueError, AttributeError):
+        history = []
+    at = float(lag.get("at") or time.time())
+    history.append([round(at, 3), int(lag.get("bytes") or 0), float(lag.get("seconds") or 0.0)])
+    history = [h for h in history if h[0] >= at - LAG_HISTORY_SECONDS][-LAG_HISTORY_POINTS:]
+    _set(key, json.dumps({"source": source, **lag, "history": history}, sort_keys=True))
+
+
+# --- the last verify of each table ---------------------------------------------------------------
+VERIFY_PREFIX = "cdc_verify__"
+
+
+def verify_key(source: str, table_id: str) -> str:
+    return (f"{VERIFY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__"
+            f"{encode_path_segment(table_id, leading_dot_ok=True)}")
+
+
+def save_verify(source: str, table_id: str, result: dict) -> None:
+    """The last ``airflow cdc verify`` of a table (JSON: ok, counts, repair conf, at), for the UI."""
+    _set(verify_key(source, table_id), json.dumps({"source": source, "table": table_id, **result}, sort_keys=True))
+
+
+def load_verifies(source: str | None = None) -> dict[tuple[str, str], dict]:
+    """(source, table id) -> the last verify's result (outside tasks: CLI, UI)."""
+    out = {}
+    for _key, val in stored_values(VERIFY_PREFIX):
+        try:
+            doc = json.loads(val)
+        except (TypeError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and doc.get("source") and doc.get("table") and source in (None, doc["source"]):
+            out[(doc["source"], doc["table"])] = doc
+    return out
 
 
 def stored_values(prefix: str) -> list[tuple[str, str]]:

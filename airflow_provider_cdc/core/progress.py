@@ -77,6 +77,19 @@ class WorkItem(NamedTuple):
     after_key: tuple | None
 
 
+def range_fraction(rng: ChunkRange, key: Sequence | None, upper: Sequence | None) -> float | None:
+    """Share of a range read up to ``key``, by its first key column when that is a number
+    (progress logs and the UI page only); None when it cannot tell."""
+    if key is None:
+        return None
+    lo = rng.start[0] if rng.start else 0
+    hi = rng.end[0] if rng.end else (upper[0] if upper else None)
+    k = key[0]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lo, hi, k)) or hi <= lo:
+        return None
+    return min(max((k - lo) / (hi - lo), 0.0), 1.0)
+
+
 @dataclass
 class RangeState:
     range: ChunkRange
@@ -108,6 +121,19 @@ class TableProgress:
         if self.started_at is None or self.updated_at is None or self.updated_at <= self.started_at:
             return 0.0
         return self.rows / (self.updated_at - self.started_at)
+
+    def fraction_done(self) -> float | None:
+        """Share of the table read: done ranges whole, a range not started as nothing, the others
+        by :func:`range_fraction`; None when a started range's share cannot be told."""
+        if not self.ranges:
+            return None
+        parts = []
+        for r in self.ranges:
+            f = 1.0 if r.done else (0.0 if r.last_key is None else range_fraction(r.range, r.last_key, self.upper_bound))
+            if f is None:
+                return None
+            parts.append(f)
+        return sum(parts) / len(parts)
 
     def remaining(self) -> list[WorkItem]:
         return [WorkItem(self.table, r.range, r.last_key) for r in self.ranges if not r.done]
@@ -279,10 +305,15 @@ class SnapshotProgress:
     def chunks(self) -> int:
         return sum(t.chunks for t in self.tables.values())
 
-    def rows_per_second(self, *, now: float | None = None) -> float:
+    def active_for(self, *, now: float | None = None) -> float:
+        """Seconds spent running so far (pauses excluded)."""
         active = self.active_seconds
         if self.status == Status.RUNNING and self.running_since is not None:
             active += max(0.0, _now(now) - self.running_since)
+        return active
+
+    def rows_per_second(self, *, now: float | None = None) -> float:
+        active = self.active_for(now=now)
         return self.rows / active if active > 0 else 0.0
 
     # --- JSON ----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
 from ..core.position import marked_position
-from ..core.progress import SnapshotProgress, Status
+from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..dialects.base import Dialect
@@ -84,18 +84,6 @@ def mark_failed(progress: SourceProgress, snapshots: Iterable[tuple[str, str]], 
             changed.append(table_id)
             log.error("table %s: snapshot %s failed: %s", table_id, snapshot_id, error)
     return changed
-
-
-def _fraction(rng: ChunkRange, key: Sequence | None, upper: Sequence | None) -> float | None:
-    """Share of a numeric key range already read (for progress logs only)."""
-    if key is None:
-        return None
-    lo = rng.start[0] if rng.start else 0
-    hi = rng.end[0] if rng.end else (upper[0] if upper else None)
-    k = key[0]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (lo, hi, k)) or hi <= lo:
-        return None
-    return min(max((k - lo) / (hi - lo), 0.0), 1.0)
 
 
 def work_items(plan: dict, indexes: Iterable[int]) -> list[dict]:
@@ -496,7 +484,7 @@ class SnapshotController:
                 if res.last_key is not None:
                     after_key = res.last_key
                 elapsed = time.monotonic() - t0
-                frac = 1.0 if res.exhausted else _fraction(rng, after_key, upper)
+                frac = 1.0 if res.exhausted else range_fraction(rng, after_key, upper)
                 log.info("%s: chunk %d of %s (%s), %d rows, %d rows in range, %.0f rows/s", label, n,
                          f"~{max(n, math.ceil(n / frac))}" if frac else "?", f"{frac:.0%}" if frac is not None else "?%",
                          res.rows, rows_total, rows_run / elapsed if elapsed > 0 else 0.0)

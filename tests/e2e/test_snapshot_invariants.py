@@ -201,6 +201,8 @@ class Pipeline:
             self.drop()
             for t in self.tables:
                 Variable.delete(progress_store.variable_key(self.source, t.id))
+                Variable.delete(progress_store.verify_key(self.source, t.id))
+            Variable.delete(progress_store.lag_key(self.source))
 
     def drop(self) -> None:
         w.drop_table(self.uri, self.table)
