@@ -38,6 +38,18 @@ if [[ ! -f "$STAMP" ]]; then
   rm -f "$VENV"/.installed-*; touch "$STAMP"
 fi
 
+# The browser of the UI tests: Debian's chromium and its chromedriver (nothing is downloaded at
+# test time). Missing and not root: the browser tests fail naming them.
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    say "installing Debian's chromium and chromium-driver (the CDC page's browser tests)"
+    apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null \
+      || say "WARNING: chromium/chromium-driver did not install: the browser tests will fail"
+  else
+    say "WARNING: chromium and chromedriver are missing: sudo apt-get install chromium chromium-driver"
+  fi
+fi
+
 # Databases: when they cannot start, say why loudly and go on (unit tests still run; the
 # database tests skip, quoting this log) — except in CI, where they must run.
 SERVICES_LOG="${CDC_LOCAL_DIR:-$ROOT/.cdc-local}/services-start.log"

@@ -33,10 +33,13 @@ LAYERS = {
     "sources_config": 4,  # many sources' settings: the settings of each
     "hooks": 5,
     "assets": 5,
+    "lineage": 5,  # the operators' OpenLineage datasets
+    "status": 5,  # what `airflow cdc status` and the UI page read
     "triggers": 6,
     "sensors": 7,  # a sensor runs the pipeline's capture itself when asked to
     "operators": 7,
     "cli": 8,
+    "ui": 8,  # the CDC page: an Airflow plugin over status
     "dag_builders": 8,
     "__init__": 8,
 }

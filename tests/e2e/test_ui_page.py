@@ -1,0 +1,278 @@
+"""The CDC page in Airflow's UI (airflow_provider_cdc/ui), in a real ``airflow api-server`` with
+the plugin, driven by headless Chromium (Debian's ``chromium`` through its ``chromedriver``;
+nothing is downloaded). The api-server shares this test process's Airflow metadata database, so
+the page shows what the real tasks write: a snapshot running under dag.test(), photographed
+from inside its third chunk, the capture lag and its chart, a verify started from the page.
+
+Users of Airflow's simple auth manager: ``admin``, ``user`` (may trigger DAGs) and ``viewer``
+(may only read). Screenshots of each state go to ``.cdc-local/artifacts/ui/`` (CDC_UI_ARTIFACTS)
+and the README shows them (docs/ui/).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_cdc import progress_store
+
+pytestmark = pytest.mark.timeout(900)
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = Path(os.environ.get("CDC_UI_ARTIFACTS", ROOT / ".cdc-local" / "artifacts" / "ui"))
+PASSWORDS = {"admin": "admin-pw-1", "user": "user-pw-1", "viewer": "viewer-pw-1"}
+
+
+class ApiServer:
+    def __init__(self, tmp: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        pw = tmp / "passwords.json"
+        pw.write_text(json.dumps(PASSWORDS))
+        env = dict(os.environ)
+        env.update({
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,user:user,viewer:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(pw),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            "AIRFLOW__API__BASE_URL": self.base,
+        })
+        self.log = tmp / "api-server.log"
+        self.proc = subprocess.Popen(
+            [shutil.which("airflow") or str(Path(sys.executable).with_name("airflow")), "api-server", "--port",
+             str(self.port), "--host", "127.0.0.1", "--workers", "1"],
+            env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while True:
+            assert self.proc.poll() is None, f"the api-server exited:\n{self.log.read_text()[-4000:]}"
+            try:
+                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=5):
+                    break
+            except Exception:  # noqa: BLE001 - not up yet
+                assert time.monotonic() < deadline, f"the api-server did not answer:\n{self.log.read_text()[-4000:]}"
+                time.sleep(0.5)
+
+    def token(self, user: str) -> str:
+        req = urllib.request.Request(f"{self.base}/auth/token", method="POST",
+                                     data=json.dumps({"username": user, "password": PASSWORDS[user]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())["access_token"]
+
+    def request(self, method: str, path: str, *, user: str | None, data: bytes | None = None,
+                headers: dict | None = None) -> tuple[int, bytes, dict]:
+        h = dict(headers or {})
+        if user:
+            h["Authorization"] = f"Bearer {self.token(user)}"
+        req = urllib.request.Request(f"{self.base}{path}", method=method, data=data, headers=h)
+        opener = urllib.request.build_opener(_NoRedirect)
+        try:
+            with opener.open(req, timeout=60) as r:
+                return r.status, r.read(), dict(r.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(), dict(exc.headers)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+class Browser:
+    """Headless Debian chromium through its chromedriver, at a laptop's window size."""
+
+    def __init__(self, server: ApiServer) -> None:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+
+        chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+        assert chromium and driver, "Debian's chromium and chromium-driver are needed (scripts/setup.sh installs them)"
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1366,900",
+                    "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking"):
+            opts.add_argument(arg)
+        self.server = server
+        self.driver = webdriver.Chrome(service=Service(driver), options=opts)
+        self.driver.set_page_load_timeout(60)
+
+    def login(self, user: str) -> None:
+        self.driver.delete_all_cookies()
+        self.driver.get(f"{self.server.base}/api/v2/monitor/health")
+        self.driver.add_cookie({"name": "_token", "value": self.server.token(user), "path": "/"})
+
+    def open_page(self, source: str | None = None):
+        """The page as the UI shows it: Browse -> CDC, in its frame (``source``: that source's
+        page, deep-linked)."""
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support import expected_conditions as ec
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        self.driver.switch_to.default_content()
+        self.driver.get(f"{self.server.base}/plugin/cdc" + ("" if source is None else f"/cdc/?source={source}"))
+        WebDriverWait(self.driver, 60).until(ec.frame_to_be_available_and_switch_to_it((By.CSS_SELECTOR,
+                                                                                        "iframe[title='CDC']")))
+        WebDriverWait(self.driver, 60).until(ec.presence_of_element_located((By.TAG_NAME, "h1")))
+        return self.driver
+
+    def shot(self, name: str) -> Path:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.driver.switch_to.default_content()
+        path = ARTIFACTS / f"{name}.png"
+        self.driver.save_screenshot(str(path))
+        return path
+
+    def close(self) -> None:
+        self.driver.quit()
+
+
+@pytest.fixture
+def ui(pipeline, tmp_path):
+    """A real api-server with the plugin (on this process's metadata database and environment,
+    the pipeline's source included) and a browser."""
+    server = ApiServer(tmp_path)
+    browser = None
+    try:
+        browser = Browser(server)
+        yield server, browser
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
+
+
+def _text(driver) -> str:
+    return driver.find_element("tag name", "body").text
+
+
+def _flash(driver) -> str:
+    """The message the page shows after an action (the form's POST redirects back to it)."""
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, 60).until(ec.presence_of_element_located(("css selector", "p.flash"))).text
+
+
+@pytest.mark.parametrize("pipeline", ["pg"], indirect=True)
+def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_a_user(pipeline, ui):
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    p = pipeline
+    server, browser = ui
+    for _ in range(3):  # lag readings for the chart: capture runs
+        p.run("cdc_changelog")
+    seen: dict = {}
+
+    def photograph_while_running():  # inside the chunk task, between its 3rd chunk and its commit
+        browser.login("user")
+        d = browser.open_page(p.source)
+        seen["running"] = _text(d)
+        seen["progressbar"] = d.find_element("css selector", f"tr[data-table='{p.table.id}'] [role=progressbar]"
+                                             ).get_attribute("aria-valuenow")
+        seen["buttons"] = [b.text for b in d.find_elements("css selector", f"tr[data-table='{p.table.id}'] button")]
+        browser.shot("running-snapshot")
+
+    p.on_chunk(3, photograph_while_running)
+    p.snapshot()
+    text = seen["running"]
+    assert f"Source {p.source}" in text and p.table.id in text
+    # the 3rd chunk is read, its commit record not written yet: two chunks committed
+    assert "RUNNING" in text and "chunks 2" in text and "rows 400 of ~" in text and "rows/s" in text, text
+    assert "0 rows merged" in text  # read by the running chunk task, merged by the round after it
+    assert "time left" in text and "key ranges done 0/2" in text
+    assert 0 < int(seen["progressbar"]) < 100
+    assert seen["buttons"] == ["pause", "stop", "verify"]
+    assert "Capture lag:" in text and "Log held by: replication slot" in text and "Log retention: ok" in text
+
+    # done: the lag chart (an SVG with its figures in text) and a verify started from the page
+    d = browser.open_page(p.source)
+    assert d.find_element("css selector", "svg[role=img]").get_attribute("aria-label").startswith("capture lag in seconds")
+    assert "DONE" in _text(d)
+    d.find_element("css selector", f"tr[data-table='{p.table.id}'] button[aria-label^='verify']").click()
+    assert "verify of" in (msg := _flash(d)) and "started" in msg, msg
+    deadline = time.monotonic() + 180
+    while progress_store.load_verifies(p.source).get((p.source, p.table.id)) is None:
+        assert time.monotonic() < deadline, "the verify started from the page recorded no result"
+        time.sleep(1)
+    d = browser.open_page(p.source)
+    assert "OK" in _text(d) and "3,000 rows checked, 0 mismatched" in _text(d), _text(d)
+    browser.shot("verified")
+
+    # an action the page triggers is the snapshot DAG's own run, with that action's conf
+    before = {r.run_id for r in _runs("cdc_snapshot")}
+    status, body, _ = server.request("POST", "/cdc/action", user="user",
+                                     data=f"source={p.source}&table={p.table.id}&action=stop".encode(),
+                                     headers={"Content-Type": "application/x-www-form-urlencoded",
+                                              "Accept": "application/json", "Origin": server.base})
+    assert status == 200, body
+    new = [r for r in _runs("cdc_snapshot") if r.run_id not in before]
+    try:
+        assert [(r.conf, r.triggering_user_name) for r in new] == [({"action": "stop", "tables": [p.table.id]}, "user")]
+    finally:
+        with create_session() as session:
+            session.query(DagRun).filter(DagRun.run_id.in_([r.run_id for r in new])).delete(synchronize_session=False)
+
+
+def _runs(dag_id: str):
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        runs = session.query(DagRun).filter(DagRun.dag_id == dag_id).all()
+        session.expunge_all()
+        return runs
+
+
+@pytest.mark.parametrize("pipeline", ["mysql"], indirect=True)
+def test_a_viewer_reads_the_page_but_every_action_is_refused_and_no_session_is_sent_to_login(pipeline, ui):
+    p = pipeline
+    server, browser = ui
+    p.run("cdc_changelog")
+    p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "pause", p.data_dir))
+    p.snapshot()
+    assert p.progress().status == "paused"
+    browser.login("viewer")
+    d = browser.open_page(p.source)
+    row = d.find_element("css selector", f"tr[data-table='{p.table.id}']")
+    assert "PAUSED" in row.text and "read only" in row.text and row.find_elements("css selector", "button") == []
+    browser.shot("viewer-paused")
+    form = f"source={p.source}&table={p.table.id}&action=resume".encode()
+    headers = {"Content-Type": "application/x-www-form-urlencoded", "Origin": server.base}
+    status, body, _ = server.request("POST", "/cdc/action", user="viewer", data=form, headers=headers)
+    assert status == 403 and b"needs the right to trigger DAG cdc_snapshot" in body, body
+    # a user who may trigger, but from another site's form: refused too
+    status, body, _ = server.request("POST", "/cdc/action", user="user", data=form,
+                                     headers={**headers, "Origin": "http://evil.example"})
+    assert status == 403, body
+    # no session: a browser goes to Airflow's login, a script gets 401; the JSON view needs one too
+    status, _, h = server.request("GET", "/cdc/", user=None, headers={"Accept": "text/html"})
+    assert status in (302, 307) and "/auth/login" in h.get("location", h.get("Location", ""))
+    assert server.request("GET", "/cdc/api/status", user=None)[0] == 401
+    status, body, _ = server.request("GET", f"/cdc/api/status?source={p.source}", user="viewer")
+    doc = json.loads(body)
+    assert status == 200 and doc["can_act"] == {p.source: False}
+    [src] = [s for s in doc["sources"] if s["source"] == p.source]
+    assert [t["snapshot"]["status"] for t in src["tables"] if t["table"] == p.table.id] == ["paused"]

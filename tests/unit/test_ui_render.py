@@ -1,0 +1,60 @@
+"""The CDC page's HTML (ui/page.py) from a status overview: hostile names and errors are
+escaped, states are words (not colour alone), the actions follow the status and the right."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+from airflow_provider_cdc.ui.page import lag_chart, render
+
+EVIL = "<script>alert(1)</script>'\"&"
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+def _overview(status: str, **snap) -> list[dict]:
+    return [{"source": EVIL, "snapshot_dag": "cdc_snapshot", "applied": {"mirror": {"position": "0/1", "at": 1.0}},
+             "lag": {"bytes": 10, "seconds": 2.0, "holder": EVIL, "risk": None, "at": 5.0,
+                     "history": [[1.0, 0, 0.0], [2.0, 5, 4.0], [3.0, 10, 2.0]]},
+             "tables": [{"table": f"s.{EVIL}", "verify": None, "mirror": None,
+                         "snapshot": {"status": status, "snapshot_id": "S", "error": EVIL if status == "failed" else None,
+                                      "ranges": 2, "ranges_done": 1, "rows": 10, "chunks": 1, "rows_per_second": 5.0,
+                                      "fraction": 0.5, "ranges_list": [], **snap}}]}]
+
+
+def test_untrusted_names_and_errors_are_escaped_everywhere():
+    html = render(_overview("failed"), user=EVIL, can_act={EVIL: True})
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    p = _Tags()
+    p.feed(html)
+    assert [t for t, _ in p.tags if t == "script"] == []
+    hidden = {a["name"]: a["value"] for t, a in p.tags if t == "input" and a.get("type") == "hidden" and a["name"] != "action"}
+    assert hidden == {"source": EVIL, "table": f"s.{EVIL}"}  # attribute values round-trip exactly
+
+
+def test_actions_follow_the_status_and_the_users_right():
+    def buttons(status: str, can_act: bool) -> list[str]:
+        p = _Tags()
+        p.feed(render(_overview(status), user="u", can_act={EVIL: can_act}))
+        return [a["value"] for t, a in p.tags if t == "input" and a.get("name") == "action"]
+
+    assert buttons("running", True) == ["pause", "stop", "verify"]
+    assert buttons("paused", True) == ["resume", "stop", "verify"]
+    assert buttons("done", True) == ["verify"]
+    assert buttons("running", False) == []
+
+
+def test_states_and_figures_are_words_and_the_chart_says_its_range():
+    html = render(_overview("running", seconds_left=125, rows_planned=20), user="u", can_act={})
+    assert ">running<" in html and "50% read" in html and "rows 10 of ~20" in html and "time left 2 min 05 s" in html
+    assert "aria-valuenow='50'" in html
+    chart = lag_chart([[0.0, 0, 0.0], [3600.0, 10, 30.0]])
+    assert "role='img'" in chart and "at most 30 s" in chart and "30 s</text>" in chart
+    assert "Not enough lag readings" in lag_chart([[0.0, 0, 0.0]])
