@@ -145,15 +145,18 @@ def _trigger(dag_id: str, action: str, table: str, user_name: str) -> str:
 def _start_verify(source: str, table: str) -> str:
     """``airflow-cdc verify`` for the table, in the background; it records its result, which
     the page then shows."""
-    exe = shutil.which("airflow-cdc") or str(Path(sys.executable).with_name("airflow-cdc"))
     from ..settings import load
+    from ..status import config_source
 
+    exe = shutil.which("airflow-cdc") or str(Path(sys.executable).with_name("airflow-cdc"))
     logs = Path(os.environ.get("AIRFLOW_HOME", ".")) / "logs" / "cdc_verify"
     logs.mkdir(parents=True, exist_ok=True)
     out = logs / f"{quote(source, safe='')}__{quote(table, safe='')}.log"
     args = [exe, "verify", "--source", source, "--table", table]
-    if load().explicit_source is None and not os.environ.get("CDC_SOURCE_CONN_ID"):
-        args += ["--conn-id", source]
+    now = load()
+    if config_source(source, now) is None:  # (a source of the sources config brings its own connection)
+        # the environment's source uses its connection; any other source is named by its connection id
+        args += ["--conn-id", now.conn_id if (now.explicit_source or now.conn_id) == source else source]
     with open(out, "ab") as f:
         subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # noqa: S603
                          start_new_session=True)

@@ -55,12 +55,22 @@ def _duration(seconds: float | None) -> str:
     return f"{h} h {m:02d} min" if h else f"{m} min {s:02d} s" if m else f"{s} s"
 
 
-def lag_chart(history: list, *, width: int = 560, height: int = 120) -> str:
-    """The capture lag in seconds over the readings kept (the last day), as an inline SVG line
-    with its axis figures in text; a table of the readings sits behind it."""
-    pts = [(float(h[0]), float(h[2])) for h in history if isinstance(h, list) and len(h) == 3]
+def lag_charts(history: list) -> str:
+    """The lag in seconds and in bytes over the readings kept (the last day), side by side."""
+    if len([h for h in history if isinstance(h, list) and len(h) == 3]) < 2:
+        return "<p class='meta'>Not enough lag readings for a chart yet (one per capture run).</p>"
+    return (f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div style='flex:1 1 360px'>{lag_chart(history)}</div>"
+            f"<div style='flex:1 1 360px'>{lag_chart(history, unit='bytes')}</div></div>")
+
+
+def lag_chart(history: list, *, unit: str = "s", width: int = 560, height: int = 120) -> str:
+    """The capture lag in seconds (``unit`` "s") or bytes over the readings kept, as an inline
+    SVG line with its axis figures in text; a table of the readings sits behind it."""
+    col = 2 if unit == "s" else 1
+    pts = [(float(h[0]), float(h[col])) for h in history if isinstance(h, list) and len(h) == 3]
     if len(pts) < 2:
         return "<p class='meta'>Not enough lag readings for a chart yet (one per capture run).</p>"
+    what = "seconds" if unit == "s" else "bytes"
     t0, t1 = pts[0][0], pts[-1][0]
     top = max(max(v for _, v in pts), 1.0)
     span = max(t1 - t0, 1.0)
@@ -71,15 +81,22 @@ def lag_chart(history: list, *, width: int = 560, height: int = 120) -> str:
 
     line = " ".join(xy(t, v) for t, v in pts)
     return (
-        f"<svg role='img' aria-label='capture lag in seconds from {_t(t0)} to {_t(t1)}, at most {top:,.0f} s' "
+        f"<svg role='img' aria-label='capture lag in {what} from {_t(t0)} to {_t(t1)}, at most {top:,.0f} {unit}' "
         f"width='100%' viewBox='0 0 {width} {height}' preserveAspectRatio='none' style='max-width:{width}px'>"
         f"<line x1='{left}' y1='{pad}' x2='{left}' y2='{height - pad}' stroke='#667'/>"
         f"<line x1='{left}' y1='{height - pad}' x2='{width - 6}' y2='{height - pad}' stroke='#667'/>"
-        f"<text x='2' y='{pad + 4}'>{top:,.0f} s</text><text x='2' y='{height - pad}'>0 s</text>"
+        f"<text x='2' y='{pad + 4}'>{_short(top)} {unit}</text><text x='2' y='{height - pad}'>0 {unit}</text>"
         f"<text x='{left}' y='{height - 2}'>{escape(_t(t0))}</text>"
         f"<text x='{width - 130}' y='{height - 2}'>{escape(_t(t1))}</text>"
         f"<polyline fill='none' stroke='#3b5bdb' stroke-width='2' points='{line}'/></svg>"
     )
+
+
+def _short(v: float) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= limit:
+            return f"{v / limit:,.1f}{suffix}"
+    return f"{v:,.0f}"
 
 
 def _lag_table(history: list) -> str:
@@ -111,7 +128,7 @@ def _source_block(src: dict) -> str:
         parts.append(f"<div><strong>Applied to {escape(sink)}:</strong> through {escape(str(a.get('position')))}, "
                      f"{_t(a.get('at'))}</div>")
     history = lag.get("history") or []
-    parts += [lag_chart(history), _lag_table(history) if history else "", "</div>"]
+    parts += [lag_charts(history), _lag_table(history) if history else "", "</div>"]
     return "".join(parts)
 
 

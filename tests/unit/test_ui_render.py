@@ -57,4 +57,7 @@ def test_states_and_figures_are_words_and_the_chart_says_its_range():
     assert "aria-valuenow='50'" in html
     chart = lag_chart([[0.0, 0, 0.0], [3600.0, 10, 30.0]])
     assert "role='img'" in chart and "at most 30 s" in chart and "30 s</text>" in chart
+    chart = lag_chart([[0.0, 0, 0.0], [3600.0, 2_500_000, 30.0]], unit="bytes")
+    assert "capture lag in bytes" in chart and "2.5M bytes</text>" in chart
+    assert html.count("<svg") == 2  # seconds and bytes
     assert "Not enough lag readings" in lag_chart([[0.0, 0, 0.0]])
