@@ -143,9 +143,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     items = list_progress(args.source)
     lags = load_lags(args.source)
     dag_paused = bool(items) and snapshot_dag_paused()
-    summaries = {}
+    summaries, data_dirs = {}, {}
     for s, t, p in items:
-        summary = progress_summary(t, p, data_dir=_data_dir_of(s))
+        if s not in data_dirs:
+            data_dirs[s] = _data_dir_of(s)
+        summary = progress_summary(t, p, data_dir=data_dirs[s])
         summary["dag_paused"] = dag_paused and summary["status"] == "running"
         summaries[(s, t)] = summary
     if args.json:

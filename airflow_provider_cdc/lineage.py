@@ -12,8 +12,8 @@ Datasets are named by OpenLineage's naming conventions:
 Outputs (event log, mirror) carry their schema and a column lineage facet: each column comes
 unchanged (IDENTITY) from the source table's column of the same name.
 
-Without the OpenLineage provider installed nothing here is imported and the operators report
-nothing.
+Without the OpenLineage provider, or with it switched off (no transport configured), nothing
+here is imported and the operators collect nothing for it.
 """
 
 from __future__ import annotations
@@ -118,13 +118,13 @@ def operator_lineage(inputs: list, outputs: list):
 
 
 def available() -> bool:
-    """Whether the OpenLineage provider is installed (the operators report nothing without it)."""
+    """Whether OpenLineage is on: its provider installed and a transport configured (else the
+    listener never asks, and the operators collect nothing for it)."""
     try:
-        import airflow.providers.openlineage  # noqa: F401
-        import openlineage.client  # noqa: F401
+        from airflow.providers.openlineage.conf import is_disabled
     except ImportError:
         return False
-    return True
+    return not is_disabled()
 
 
 def tables_lineage(params: ConnectionParams, data_dir: str, source: str, tables: Iterable[TableName], *,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -135,12 +136,13 @@ def config_source(name: str, now):
     return find_source(name, now, dags_folder)
 
 
-def source_setup(source: str) -> tuple[str, str]:
+def source_setup(source: str, now=None) -> tuple[str, str]:
     """(snapshot DAG id, data location) of ``source``: its own from the sources config, else the
-    environment's (``cdc_snapshot``, CDC_DATA_DIR)."""
+    environment's (``cdc_snapshot``, CDC_DATA_DIR). ``now``: the settings, loaded once by a caller
+    that asks for many sources."""
     from . import settings
 
-    now = settings.load()
+    now = now or settings.load()
     entry = config_source(source, now)
     if entry is not None:
         return f"cdc_snapshot__{entry.name}", entry.settings.data_dir
@@ -177,21 +179,25 @@ def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     return {"version": v.version, "stored_rows": _rows(v, [p for paths in v.files.values() for p in paths])}
 
 
-def overview(source: str | None = None, *, sources: list[str] | None = None) -> list[dict[str, Any]]:
-    """Per source (``source`` alone, or those of ``sources``): its capture lag with its last
+def overview(source: str | None = None, *,
+             include: Callable[[str, str], bool] = lambda _source, _dag_id: True) -> list[dict[str, Any]]:
+    """Per source (``source`` alone, or every one with something recorded, those ``include(source,
+    snapshot DAG id)`` keeps, asked before anything of it is read): its capture lag with its last
     day's history, its snapshot DAG, and per table the snapshot's progress (as ``airflow cdc
     status`` has it, with the share done and the time left), the last verify and the mirror."""
+    from . import settings
     from .progress_store import load_lags, load_verifies
 
     items = list_progress(source)
     lags = load_lags(source)
     verifies = load_verifies(source)
     names = sorted({s for s, _t, _p in items} | set(lags) | {s for s, _t in verifies})
-    if sources is not None:
-        names = [n for n in names if n in sources]
+    now = settings.load()
     out = []
     for name in names:
-        dag_id, data_dir = source_setup(name)
+        dag_id, data_dir = source_setup(name, now)
+        if not include(name, dag_id):
+            continue
         tables = sorted({t for s, t, _p in items if s == name} | {t for s, t in verifies if s == name})
         progress = {t: p for s, t, p in items if s == name}
         rows = []

@@ -392,7 +392,7 @@ class SnapshotController:
         snapshot (it waits while the replica is more than half its bound behind); a replica still
         beyond ``max_replica_lag_seconds`` after that long pauses the snapshot (resume continues
         it). Returns why it paused, None to read on."""
-        bound = float(getattr(dialect, "max_replica_lag_seconds", 300))
+        bound = dialect.max_replica_lag_seconds
         start = clock()
         while True:
             lag = dialect.replica_lag()

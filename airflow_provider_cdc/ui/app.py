@@ -72,7 +72,7 @@ def _may(user: Any, dag_id: str, *, act: bool) -> bool:
 def _visible(user: Any, source: str | None = None) -> tuple[list[dict], dict[str, bool]]:
     from ..status import overview
 
-    sources = [s for s in overview(source) if _may(user, s["snapshot_dag"], act=False)]
+    sources = overview(source, include=lambda _name, dag_id: _may(user, dag_id, act=False))
     return sources, {s["source"]: _may(user, s["snapshot_dag"], act=True) for s in sources}
 
 

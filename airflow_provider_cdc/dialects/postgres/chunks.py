@@ -153,10 +153,7 @@ class PgChunkReader:
             return
         deadline = time.monotonic() + self.max_replica_lag_seconds
         while True:
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_last_wal_replay_lsn()::text")
-                replay = cur.fetchone()[0]
-            conn.rollback()  # the chunk's REPEATABLE READ snapshot is taken by a transaction of its own
+            replay = self._standby_row(conn, "SELECT pg_last_wal_replay_lsn()::text")[0]
             if replay is not None and just_before(Position.pg(replay)) >= self._read_floor:
                 self._read_floor = None  # replay only moves on
                 return
@@ -167,6 +164,16 @@ class PgChunkReader:
                     f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; the task retries: check the "
                     "standby's replication")
             time.sleep(0.02)
+
+    def _standby_row(self, conn: Any, sql: str) -> tuple:
+        """One row from the chunk connection between chunks, in a transaction of its own (a
+        chunk's REPEATABLE READ snapshot is taken by the next one)."""
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql)
+                return cur.fetchone()
+        finally:
+            conn.rollback()
 
     def _read_snapshot(self, cur: Any) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
@@ -193,16 +200,10 @@ class PgChunkReader:
         if self.read_params is None:
             return None
         primary = lsn_to_int(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
-        conn = self._new_connection(self.read_params)
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cur:
-                cur.execute("SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
-                            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
-                recovering, replay, seconds = cur.fetchone()
-        finally:
-            conn.close()
-        if not recovering:
+        recovering, replay, seconds = self._standby_row(
+            self._read_conn(), "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
+            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
+        if recovering in (False, "f"):  # (the chunk connection returns every value as its text)
             raise SourceError(f"source {self.source!r}: the chunk connection is not a hot standby (it is not in "
                               "recovery); name a standby of the source, or remove chunk_conn_id")
         behind = max(0, primary - lsn_to_int(replay or "0/0"))
