@@ -9,6 +9,14 @@ of 64-bit xids); the window then also drops every key of a transaction before it
 snapshot does not see. The log names each transaction by its top-level xid (pgoutput's Begin,
 32 bits), which is what the snapshot's running list holds too; changes made in
 subtransactions are decoded under their top-level transaction, so they are covered with it.
+
+A hot standby is different: ``pg_current_snapshot()`` there lists no running xid at all (a
+standby's snapshot keeps every running xid among its subtransactions, which the function does
+not report), so a transaction the standby knew as running, below the snapshot's xmax, would
+pass for seen. On a standby a transaction becomes visible when its commit record is replayed,
+so a chunk read there records instead the replay position read before its snapshot was taken
+(:class:`ReplayedBefore`): every commit record before it was replayed, and seen; every one at or
+after it may not have been, and the window reaches back to it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 _MASK = (1 << 32) - 1
+#: the text form of :class:`ReplayedBefore`: ``replayed-before:<LSN>``
+REPLAYED_BEFORE = "replayed-before:"
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,35 @@ class PgSnapshot:
 
     def visible(self, xid: int) -> bool:
         return not bool(self.invisible(np.asarray([xid & _MASK], dtype=np.int64))[0])
+
+
+@dataclass(frozen=True)
+class ReplayedBefore:
+    """A hot standby's snapshot: it sees every transaction whose commit record starts before
+    ``lsn`` (the replay position read before it was taken), and of the later ones any or none."""
+
+    lsn: int
+
+    @classmethod
+    def parse(cls, text: str) -> ReplayedBefore:
+        from .position import lsn_to_int
+
+        if not text.startswith(REPLAYED_BEFORE):
+            raise ValueError(f"not a standby's replay position: {text!r} (want '{REPLAYED_BEFORE}<LSN>')")
+        lsn = lsn_to_int(text[len(REPLAYED_BEFORE):])
+        if lsn <= 0:
+            raise ValueError(f"not a standby's replay position: {text!r} (the LSN must be above 0/0)")
+        return cls(lsn)
+
+    @classmethod
+    def text(cls, lsn: str) -> str:
+        cls.parse(REPLAYED_BEFORE + lsn)  # checked here, not in a window hours later
+        return REPLAYED_BEFORE + lsn
+
+
+def parse_visibility(text: str) -> PgSnapshot | ReplayedBefore:
+    """A chunk's recorded visibility: a primary's snapshot or a standby's replay position."""
+    return ReplayedBefore.parse(text) if text.startswith(REPLAYED_BEFORE) else PgSnapshot.parse(text)
 
 
 def first_invisible(positions: pa.Array, txs: pa.Array, snapshot: PgSnapshot, before: str) -> str | None:

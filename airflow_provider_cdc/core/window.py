@@ -42,7 +42,7 @@ import pyarrow.compute as pc
 from .errors import NotReadyError, WatermarkError
 from .events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
 from .position import Position, just_before, marked_position
-from .visibility import PgSnapshot, first_invisible
+from .visibility import ReplayedBefore, first_invisible, parse_visibility
 
 Rows = Mapping[str, dict] | Iterable[tuple[str, dict]]
 
@@ -190,8 +190,11 @@ def lowered_low(visibility: str | None, low: str, high: str, log: Callable[[str]
     (position, tx) arrays that may hold such events. Every engine's window starts here."""
     if not visibility:
         return low
+    seen = parse_visibility(visibility)
+    if isinstance(seen, ReplayedBefore):  # a standby's chunk: every commit from the replay position on
+        return min(low, just_before(Position.pg(seen.lsn)).encode())
     positions, txs = log(high)
-    first = first_invisible(positions, txs, PgSnapshot.parse(visibility), high)
+    first = first_invisible(positions, txs, seen, high)
     if first is None or first > low:
         return low
     return just_before(Position.decode(first)).encode()

@@ -15,7 +15,7 @@ from .. import storage
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, NotReadyError, WatermarkError
 from ..core.position import Position, marked_position
-from ..core.visibility import PgSnapshot
+from ..core.visibility import PgSnapshot, parse_visibility
 from ..core.window import lowered_low
 from ..storage.staged import staged_transactions, staged_watermarks
 
@@ -71,7 +71,7 @@ def staged_log(changelog_dir: str, visibilities: Sequence[str | None], upto: str
     """``lowered_low``'s log for any number of chunk snapshots, read from the staged changelog
     once (on first use): the events below ``upto`` in the segments that may hold a transaction
     newer than the oldest of the snapshots' xmin (storage.staged.staged_transactions)."""
-    snaps = [PgSnapshot.parse(v) for v in visibilities if v]
+    snaps = [s for s in (parse_visibility(v) for v in visibilities if v) if isinstance(s, PgSnapshot)]
     read: list = []
 
     def log(_before: str):

@@ -5,6 +5,7 @@ key changes, truncate)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -67,6 +68,68 @@ class TestPostgresDialect(DialectSuite):
 
         assert mirror(res)["[3]"]["v"] == "new"
         assert mirror(dataclasses.replace(res, visibility=None))["[3]"]["v"] == "v3"
+
+    @pytest.mark.parametrize("strategy", ["table", "log"])
+    def test_a_transaction_the_standby_knew_as_running_and_replayed_mid_chunk_is_dropped(
+            self, ctx, pg_standby_uri, strategy):
+        """The interleaving CI once hit under writers, forced: a transaction A the standby knows as
+        running (its UPDATE replayed, a later xid committed, so A is below the snapshot's xmax)
+        commits on the primary while replay is paused, before the chunk (under ``table``: before its
+        low watermark). The chunk's snapshot on the standby does not see A; A's commit is replayed
+        between the snapshot and the position read after it. A standby's ``pg_current_snapshot()``
+        lists no running xid at all (it keeps them all as subtransactions), so only the replay
+        position read before the snapshot can say A was not seen: the window drops A's key."""
+        t = self._kv_table(ctx, 5)
+        d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy=strategy)
+        d.prepare_watermarks()
+        d.load_offset(ctx.data_dir)
+        primary = _connect(ctx.uri, autocommit=False)
+        standby = _connect(pg_standby_uri, autocommit=True)
+
+        def replayed_to_primary() -> None:
+            target = ctx.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0]
+            deadline = time.monotonic() + 30
+            with standby.cursor() as c:
+                while True:
+                    c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
+                    if c.fetchone()[0]:
+                        return
+                    assert time.monotonic() < deadline, "the standby did not replay"
+                    time.sleep(0.01)
+
+        def resume() -> None:
+            standby.cursor().execute("SELECT pg_wal_replay_resume()")
+            replayed_to_primary()
+
+        try:
+            with primary.cursor() as c:  # A: running, its xid known to the standby once replayed
+                c.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
+            ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'later' WHERE {ctx.q('id')} = 5")  # a newer xid
+            replayed_to_primary()
+            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+            primary.commit()  # A commits; the standby does not replay it yet
+            d.read_snapshot_hook = resume  # ... until the chunk's snapshot is taken
+            res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
+                                 chunk_size=10)
+        finally:
+            d.read_snapshot_hook = None
+            standby.cursor().execute("SELECT pg_wal_replay_resume()")
+            standby.close()
+            primary.close()
+        rows = dict(read_chunk_rows(res.path, res.table))
+        assert rows["[3]"]["v"] == "v3"  # the chunk did not see A
+        events = ctx.capture_all(d)
+        (a,) = [e for e in table_events(events, t) if e.key == "[3]"]
+        low = marked_position(res.low_watermark)
+        low_at = low[0] if low else next(e.position for e in events if getattr(e, "id", None) == res.low_watermark)
+        assert a.position < low_at  # A lies before the chunk's window: only the snapshot check can catch it
+
+        def mirror(result):
+            state = mirror_apply({}, table_events(events, t))
+            return mirror_rows(mirror_apply(state, merge_window([WindowChunk.from_result(result, rows)], events)), t.id)
+
+        assert mirror(res)["[3]"]["v"] == "new"
+        assert mirror(dataclasses.replace(res, visibility=None))["[3]"]["v"] == "v3"  # the window alone misses A
 
     def test_a_standby_chunk_is_never_older_than_its_snapshots_convergence_mark(self, ctx, pg_standby_uri):
         """Watermark strategy "log", replay paused on the standby: a chunk read there would record

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...core.errors import SourceError
 from ...core.position import Position, just_before, lsn_to_int, position_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
+from ...core.visibility import ReplayedBefore
 from ..base import ChunkReadResult, ReadSnapshot
 from .types import decoder, identity, pg_message, to_db
 
@@ -20,6 +21,10 @@ DEFAULT_COPY_BATCH_ROWS = 2_000
 
 class PgChunkReader:
     """Read chunks and keys (on a connection of their own, REPEATABLE READ per chunk)."""
+
+    #: tests only: called in a chunk's transaction between taking its snapshot and reading the
+    #: position after it (an interleaving no real part produces on demand)
+    read_snapshot_hook: Callable[[], None] | None = None
 
     # --- chunks -----------------------------------------------------------------------
     def stream_query(
@@ -35,9 +40,9 @@ class PgChunkReader:
         done = False
         try:
             if snapshot is not None:
-                self._await_read_floor(conn)
+                replayed = self._replayed_before_snapshot(conn)
                 with conn.cursor() as cur:
-                    snapshot.append(self._read_snapshot(cur))
+                    snapshot.append(self._read_snapshot(cur, replayed))
             with conn.cursor(name=f"cdc_{uuid.uuid4().hex}") as cur:
                 cur.itersize = batch_size
                 try:
@@ -123,9 +128,9 @@ class PgChunkReader:
 
             conn = self._read_conn()
             try:
-                self._await_read_floor(conn)
+                replayed = self._replayed_before_snapshot(conn)
                 with conn.cursor() as cur:
-                    seen = self._read_snapshot(cur)
+                    seen = self._read_snapshot(cur, replayed)
                     copy_sql = (
                         f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
                     )
@@ -145,18 +150,20 @@ class PgChunkReader:
     def read_no_older_than(self, position: Position) -> None:
         self._read_floor = position
 
-    def _await_read_floor(self, conn: Any) -> None:
-        """Chunks from a hot standby: before a chunk's transaction, wait until the standby has
-        replayed up to the floor (:meth:`read_no_older_than`, the snapshot's convergence mark) so
-        that the chunk's own mark is not older than it; at most ``max_replica_lag_seconds``."""
-        if self.read_params is None or self._read_floor is None:
-            return
+    def _replayed_before_snapshot(self, conn: Any) -> str | None:
+        """Chunks from a hot standby: its replay position, read in a transaction of its own before
+        the chunk's (whose snapshot then sees every commit record before it: core/visibility.py,
+        ReplayedBefore); None when chunks are read from the primary. First waits until the standby
+        has replayed up to the floor (:meth:`read_no_older_than`, the snapshot's convergence mark)
+        so that the chunk's own mark is not older than it; at most ``max_replica_lag_seconds``."""
+        if self.read_params is None:
+            return None
         deadline = time.monotonic() + self.max_replica_lag_seconds
         while True:
             replay = self._standby_row(conn, "SELECT pg_last_wal_replay_lsn()::text")[0]
-            if replay is not None and just_before(Position.pg(replay)) >= self._read_floor:
+            if replay is not None and (self._read_floor is None or just_before(Position.pg(replay)) >= self._read_floor):
                 self._read_floor = None  # replay only moves on
-                return
+                return replay
             if time.monotonic() >= deadline:
                 raise SourceError(
                     f"source {self.source!r}: the hot standby chunks are read from has not replayed up to the "
@@ -175,19 +182,30 @@ class PgChunkReader:
         finally:
             conn.rollback()
 
-    def _read_snapshot(self, cur: Any) -> ReadSnapshot:
+    def _read_snapshot(self, cur: Any, replayed: str | None) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
-        chunk's SELECT then reads, and records it (``pg_current_snapshot()``: which transactions it
-        sees) with the WAL insert position after it (on a hot standby: its replay position, where
+        chunk's SELECT then reads, and records which transactions it sees: on a primary
+        ``pg_current_snapshot()``; on a hot standby ``replayed``, the replay position read before
+        it (core/visibility.py: a standby's snapshot lists no running xid). The next statement reads
+        the position after it: the WAL insert position (on a standby its replay position, where
         transactions become visible as their commit records are replayed). Under watermark
         strategy "log" that position bounds the window: every transaction whose commit record lies
-        before it is in the staged changelog before the chunk's rows and is checked against the
-        snapshot (dropped from the chunk when the snapshot did not see it); every one after it comes
-        after the rows. The snapshot check also makes a standby that lags behind the primary's
-        watermarks safe: what it had not replayed yet is dropped from the chunk, not overwritten."""
-        cur.execute("SELECT pg_current_snapshot()::text, CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
+        before it is in the staged changelog before the chunk's rows and is checked against what
+        the snapshot saw (dropped from the chunk when it did not see it); every one after it comes
+        after the rows. The same check makes a standby that lags behind the primary's watermarks
+        safe: what it had not replayed yet is dropped from the chunk, not written over newer rows."""
+        cur.execute("SELECT pg_current_snapshot()::text, pg_is_in_recovery()")
+        visibility, recovering = cur.fetchone()
+        if recovering in (True, "t"):  # (the chunk connection returns every value as its text)
+            if replayed is None:
+                raise SourceError(f"source {self.source!r}: the source's own connection is a hot standby; capture "
+                                  "needs the primary (name the standby as chunk_conn_id)")
+            visibility = ReplayedBefore.text(replayed)
+        if self.read_snapshot_hook is not None:
+            self.read_snapshot_hook()
+        cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
                     "ELSE pg_current_wal_insert_lsn() END::text")
-        visibility, lsn = cur.fetchone()
+        lsn = cur.fetchone()[0]
         mark = None
         if not self.writes_watermarks:
             mark = position_mark(just_before(Position.pg(lsn)), int(time.time() * 1000))

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position, just_before
-from airflow_provider_cdc.core.visibility import PgSnapshot, first_invisible
-from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+from airflow_provider_cdc.core.visibility import PgSnapshot, ReplayedBefore, first_invisible, parse_visibility
+from airflow_provider_cdc.core.window import WindowChunk, lowered_low, merge_window, mirror_apply, mirror_rows
 
 T = "public.t"
 
@@ -76,3 +76,24 @@ def test_just_before_is_the_greatest_smaller_position():
     assert just_before(Position(5, 3, 1)) == Position(5, 3, 0)
     with pytest.raises(ValueError):
         just_before(Position(0, 0, 0))
+
+
+def test_a_standby_chunk_window_reaches_back_to_the_replay_position_read_before_its_snapshot():
+    """A hot standby's ``pg_current_snapshot()`` lists no running xid (it keeps them all as
+    subtransactions): "720:740:" would pass transaction 728, still running there, for seen. The
+    replay position read before the snapshot (LSN 3 here) says what it saw: every commit record
+    before it; the window reaches back to it, and 728's key is dropped from the chunk."""
+    log = [ev(2, 1, 10, 700), ev(3, 2, 21, 728), WatermarkEvent("lw", Position(5, 0, 0), 0),
+           WatermarkEvent("hw", Position(8, 0, 0), 0), ev(9, 3, 31, 731)]
+    chunk = {"[1]": {"id": 1, "v": 10}, "[2]": {"id": 2, "v": 20}, "[3]": {"id": 3, "v": 30}}
+    standby_snapshot = merge_window([WindowChunk(T, "lw", "hw", chunk, visibility="720:740:")], log)
+    replayed = merge_window([WindowChunk(T, "lw", "hw", chunk, visibility=ReplayedBefore.text("0/3"))], log)
+    assert [e.key for e in standby_snapshot] == ["[1]", "[2]", "[3]"]  # the stale row would win
+    assert [e.key for e in replayed] == ["[1]", "[3]"]
+    assert lowered_low(ReplayedBefore.text("0/3"), "z", "z", None) == just_before(Position(3)).encode()
+    assert lowered_low(ReplayedBefore.text("0/9"), Position(5).encode(), "z", None) == Position(5).encode()
+    assert parse_visibility("100:110:105") == PgSnapshot(100, 110, frozenset({105}))
+    assert parse_visibility("replayed-before:1/0") == ReplayedBefore(1 << 32)
+    for bad in ("replayed-before:", "replayed-before:0/0", "replayed-before:x"):
+        with pytest.raises(ValueError, match="replay position|LSN"):
+            parse_visibility(bad)
