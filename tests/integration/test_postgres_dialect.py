@@ -131,6 +131,18 @@ class TestPostgresDialect(DialectSuite):
         assert mirror(res)["[3]"]["v"] == "new"
         assert mirror(dataclasses.replace(res, visibility=None))["[3]"]["v"] == "v3"  # the window alone misses A
 
+    def test_a_chunk_connection_that_is_not_a_standby_is_refused_by_name(self, ctx):
+        """chunk_conn_id naming the primary (or any server not in recovery): the chunk and the lag
+        check both fail saying so, before a row is read."""
+        t = self._kv_table(ctx, 3)
+        d = ctx.dialect([t], read_params=ConnectionParams.from_uri(ctx.uri), watermark_strategy="log")
+        d.load_offset(ctx.data_dir)
+        with pytest.raises(SourceError, match="chunk connection is not a hot standby.*chunk_conn_id"):
+            snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
+                           chunk_size=10)
+        with pytest.raises(SourceError, match="chunk connection is not a hot standby"):
+            d.replica_lag()
+
     def test_a_standby_chunk_is_never_older_than_its_snapshots_convergence_mark(self, ctx, pg_standby_uri):
         """Watermark strategy "log", replay paused on the standby: a chunk read there would record
         a mark older than the snapshot's convergence mark (taken on the primary after a write),

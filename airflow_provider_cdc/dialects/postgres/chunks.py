@@ -161,7 +161,9 @@ class PgChunkReader:
         deadline = time.monotonic() + self.max_replica_lag_seconds
         while True:
             replay = self._standby_row(conn, "SELECT pg_last_wal_replay_lsn()::text")[0]
-            if replay is not None and (self._read_floor is None or just_before(Position.pg(replay)) >= self._read_floor):
+            if replay is None:  # (only in recovery is there a replay position)
+                raise SourceError(self._not_a_standby)
+            if self._read_floor is None or just_before(Position.pg(replay)) >= self._read_floor:
                 self._read_floor = None  # replay only moves on
                 return replay
             if time.monotonic() >= deadline:
@@ -171,6 +173,11 @@ class PgChunkReader:
                     f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; the task retries: check the "
                     "standby's replication")
             time.sleep(0.02)
+
+    @property
+    def _not_a_standby(self) -> str:
+        return (f"source {self.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
+                "standby of the source, or remove chunk_conn_id")
 
     def _standby_row(self, conn: Any, sql: str) -> tuple:
         """One row from the chunk connection between chunks, in a transaction of its own (a
@@ -222,8 +229,7 @@ class PgChunkReader:
             self._read_conn(), "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
             "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
         if recovering in (False, "f"):  # (the chunk connection returns every value as its text)
-            raise SourceError(f"source {self.source!r}: the chunk connection is not a hot standby (it is not in "
-                              "recovery); name a standby of the source, or remove chunk_conn_id")
+            raise SourceError(self._not_a_standby)
         behind = max(0, primary - lsn_to_int(replay or "0/0"))
         return behind, (float(seconds or 0.0) if behind else 0.0)
 
