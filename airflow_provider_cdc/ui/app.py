@@ -29,7 +29,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .page import render
+from .page import refresh_seconds, render
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,14 @@ def _readable_or_403(user: Any, source: str | None = None) -> tuple[list[dict], 
 
 
 @app.get("/", response_class=HTMLResponse)
-async def index(request: Request, msg: str | None = None, source: str | None = None) -> HTMLResponse:
-    """The page: every source the user may read, or ``?source=NAME`` alone."""
+async def index(request: Request, msg: str | None = None, source: str | None = None,
+                refresh: int | None = None) -> HTMLResponse:
+    """The page: every source the user may read, or ``?source=NAME`` alone; it reloads itself
+    every ``?refresh=N`` seconds (default 60, 0: never)."""
     user = await _user(request)
     sources, can_act = await run_in_threadpool(_readable_or_403, user, source or None)
-    return HTMLResponse(render(sources, user=user.get_name(), can_act=can_act, flash=msg, only=source or None))
+    return HTMLResponse(render(sources, user=user.get_name(), can_act=can_act, flash=msg, only=source or None,
+                               refresh=refresh_seconds(refresh)))
 
 
 @app.get("/api/status")

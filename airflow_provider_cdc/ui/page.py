@@ -222,12 +222,34 @@ def _index(sources: list[dict]) -> str:
     return f"<nav aria-label='sources'><ul>{''.join(items)}</ul></nav>"
 
 
+#: seconds between the page's own reloads unless ``?refresh=N`` says otherwise (0: never)
+DEFAULT_REFRESH_SECONDS = 60
+
+
+def refresh_seconds(asked: int | None) -> int:
+    """``?refresh=N``: 0 turns reloading off; anything else is kept within 10 s .. 1 h."""
+    if asked is None:
+        return DEFAULT_REFRESH_SECONDS
+    return 0 if asked <= 0 else min(max(asked, 10), 3600)
+
+
+def _url(only: str | None, refresh: int | None) -> str:
+    """The page's own address (relative): one source's or all, with its refresh setting."""
+    query = ([f"source={quote(only, safe='')}"] if only else []) + (
+        [] if refresh is None or refresh == DEFAULT_REFRESH_SECONDS else [f"refresh={refresh}"])
+    return "./" + ("?" + "&".join(query) if query else "")
+
+
 def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: str | None = None,
-           now: float | None = None, only: str | None = None) -> str:
+           now: float | None = None, only: str | None = None, refresh: int = DEFAULT_REFRESH_SECONDS) -> str:
     """The whole page: one section per source the user may read (``sources``; ``only``: the
-    page of that one source), actions where ``can_act[source]``."""
+    page of that one source), actions where ``can_act[source]``. ``refresh``: the page reloads
+    itself every that many seconds (a meta refresh, no script; without the action's message)."""
+    again = ("reloads itself every " + _duration(refresh) + f" (<a href='{escape(_url(only, 0), True)}'>stop reloading</a>)"
+             if refresh else f"reload the page to refresh (<a href='{escape(_url(only, None), True)}'>reload every "
+             f"{_duration(DEFAULT_REFRESH_SECONDS)}</a>)")
     body = [f"<h1>CDC</h1><div class='meta'>Signed in as {escape(user)}; shown {_t(now or time.time())}; "
-            "reload the page to refresh. The same state as <code>airflow cdc status</code>.</div>"]
+            f"{again}. The same state as <code>airflow cdc status</code>.</div>"]
     if flash:
         body.append(f"<p class='flash' role='status'>{escape(flash)}</p>")
     if only:
@@ -247,6 +269,8 @@ def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: s
             body.append("<div class='scroll'><table><tr><th>table</th><th>snapshot</th><th>progress</th>"
                         f"<th>last verify</th><th>mirror</th><th>actions</th></tr>{rows}</table></div>")
         body.append("</section>")
+    reload = (f"<meta http-equiv='refresh' content='{refresh}; url={escape(_url(only, refresh), True)}'>"
+              if refresh else "")
     return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-            "<meta name='viewport' content='width=device-width, initial-scale=1'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'>{reload}"
             f"<title>CDC</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")

@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -213,6 +214,9 @@ def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_
     assert "DONE" in _text(d)
     d.find_element("css selector", f"tr[data-table='{p.table.id}'] button[aria-label^='verify']").click()
     assert "verify of" in (msg := _flash(d)) and "started" in msg, msg
+    # the page reloads itself (no script) to the source's page without the action's message
+    reload = d.find_element("css selector", "meta[http-equiv=refresh]").get_attribute("content")
+    assert reload == f"60; url=./?source={quote(p.source, safe='')}", reload
     deadline = time.monotonic() + 180
     while progress_store.load_verifies(p.source).get((p.source, p.table.id)) is None:
         assert time.monotonic() < deadline, "the verify started from the page recorded no result"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from airflow_provider_cdc.ui.page import lag_chart, render
+from airflow_provider_cdc.ui.page import lag_chart, refresh_seconds, render
 
 EVIL = "<script>alert(1)</script>'\"&"
 
@@ -61,3 +61,19 @@ def test_states_and_figures_are_words_and_the_chart_says_its_range():
     assert "capture lag in bytes" in chart and "2.5M bytes</text>" in chart
     assert html.count("<svg") == 2  # seconds and bytes
     assert "Not enough lag readings" in lag_chart([[0.0, 0, 0.0]])
+
+
+def test_the_page_reloads_itself_without_script_and_without_the_actions_message():
+    """A snapshot runs for hours: the page reloads itself (a meta refresh to its own address,
+    the one source it shows, never the message of an action just done); ``?refresh=0`` stops it."""
+    def meta(html: str) -> list[str]:
+        p = _Tags()
+        p.feed(html)
+        return [a["content"] for t, a in p.tags if t == "meta" and a.get("http-equiv") == "refresh"]
+
+    html = render(_overview("running"), user="u", can_act={}, flash="pause queued", only=EVIL, refresh=60)
+    assert meta(html) == ["60; url=./?source=%3Cscript%3Ealert%281%29%3C%2Fscript%3E%27%22%26"]
+    assert "reloads itself every 1 min 00 s" in html and "<script" not in html
+    assert meta(render(_overview("running"), user="u", can_act={}, refresh=0)) == []
+    assert meta(render(_overview("running"), user="u", can_act={}, refresh=30)) == ["30; url=./?refresh=30"]
+    assert [refresh_seconds(x) for x in (None, 0, -5, 3, 45, 10**6)] == [60, 0, 0, 10, 45, 3600]
