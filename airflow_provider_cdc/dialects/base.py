@@ -336,6 +336,11 @@ class Dialect(ABC):
         after it, so a chunk never lands before the convergence mark of its own snapshot."""
         return self.current_position()
 
+    def read_floor(self) -> Position | None:
+        """Where a snapshot planned now needs its chunks to see at least everything before (see
+        :meth:`read_no_older_than`): None when chunks are read where the log is captured."""
+        return None
+
     def read_no_older_than(self, position: Position) -> None:
         """Chunks read from here on see at least everything before ``position`` (a replica waits
         until it has replayed that far); a source read directly always does."""

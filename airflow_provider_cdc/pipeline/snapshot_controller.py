@@ -26,7 +26,7 @@ from .. import storage
 from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
-from ..core.position import marked_position
+from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
@@ -102,6 +102,16 @@ def work_items(plan: dict, indexes: Iterable[int]) -> list[dict]:
         }
         for i in indexes
     ]
+
+
+def read_floor(plan: dict) -> Position | None:
+    """How far a replica that chunks are read from must have replayed before a chunk of the
+    snapshot ``plan`` (None: no such bound): past the plan's ``read_floor`` (the changelog's start
+    lies before it) and, under watermark strategy "log", past the convergence mark (a chunk's
+    mark older than it would have its rows swept away by convergence)."""
+    marks = [marked_position(plan.get("converge_watermark") or ""),
+             (Position.decode(plan["read_floor"]), 0) if plan.get("read_floor") else None]
+    return max((m[0] for m in marks if m is not None), default=None)
 
 
 class SnapshotController:
@@ -257,6 +267,10 @@ class SnapshotController:
             # where commit order is not visibility order (PostgreSQL), a change committed before
             # the mark may still be unseen by the chunks: the sweep then starts before it
             converge_visibility = dialect.visibility()
+            # chunks read from a replica first see everything before this (it follows the mark
+            # and the changelog's start): a replica behind the changelog's start would read rows
+            # older than any change the log holds for them
+            read_floor = dialect.read_floor()
             # The upper bound only after that: a row inserted above the max key is then
             # in the changelog for sure. Read before the changelog existed, a row inserted
             # in between would be in neither the chunks (above the bound) nor the log.
@@ -275,6 +289,7 @@ class SnapshotController:
                 # re-emit the rows outside what it read, so it cannot tell ghosts from them
                 "converge_watermark": None if partial else converge_mark,
                 "converge_visibility": None if partial else converge_visibility,
+                "read_floor": None if read_floor is None else read_floor.encode(),
                 "chunk_size": request.chunk_size,
                 "parallelism": request.parallelism,
                 "delay_seconds": req.delay_seconds or 0.0,
@@ -447,13 +462,10 @@ class SnapshotController:
         rows_total, n, t0, rows_run = st.rows, st.chunks, time.monotonic(), 0
         if st.chunks:
             log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
-        # under watermark strategy "log" a chunk's mark must not be older than the snapshot's
-        # convergence mark, or convergence would sweep its rows away: a replica first replays that far
-        floor = marked_position(steps.read_plan(self.data_dir, self.source, table, snapshot_id).get("converge_watermark")
-                                or "")
+        floor = read_floor(steps.read_plan(self.data_dir, self.source, table, snapshot_id))
         with self.connect() as dialect:
             if floor is not None:
-                dialect.read_no_older_than(floor[0])
+                dialect.read_no_older_than(floor)
             while True:
                 if n > st.chunks:
                     reason = stop()

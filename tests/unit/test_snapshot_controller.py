@@ -147,3 +147,15 @@ def test_a_replica_that_stopped_replicating_pauses_the_snapshot_saying_so(setup)
     why = make()._await_replica(LaggingReplica([(0, float("inf"))]), T.id, "S1", "t", lambda: now[0], sleep)
     assert "stopped replicating" in why and "resume" in why
     assert progress.load(T.id).status == "paused"
+
+
+def test_chunks_from_a_replica_wait_for_the_later_of_the_plans_read_floor_and_convergence_mark():
+    from airflow_provider_cdc.core.position import Position, position_mark
+    from airflow_provider_cdc.pipeline.snapshot_controller import read_floor
+
+    early, late = Position(100, 0, 0), Position(200, 0, 0)
+    assert read_floor({"converge_watermark": position_mark(early, 1), "read_floor": late.encode()}) == late
+    assert read_floor({"converge_watermark": position_mark(late, 1), "read_floor": early.encode()}) == late
+    assert read_floor({"converge_watermark": "a-table-watermark-id", "read_floor": early.encode()}) == early
+    assert read_floor({"converge_watermark": None, "read_floor": None}) is None
+    assert read_floor({"converge_watermark": position_mark(early, 1)}) == early  # a plan from before read_floor

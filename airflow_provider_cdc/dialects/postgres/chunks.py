@@ -147,6 +147,12 @@ class PgChunkReader:
             flush()
         return ChunkReadResult(state["rows"], state["last"], seen.mark, seen.visibility)
 
+    def read_floor(self) -> Position | None:
+        """Chunks from a hot standby: the primary's position now (after the slot exists and after
+        any convergence mark): a standby that has not replayed that far may miss changes older
+        than the slot, which no window could then drop."""
+        return None if self.read_params is None else self.mark_position()
+
     def read_no_older_than(self, position: Position) -> None:
         self._read_floor = position
 
