@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from .. import storage
-from ..core.position import Position, marked_position
+from ..core.position import Position, just_before, marked_position
+from ..core.visibility import REPLAYED_BEFORE, ReplayedBefore
 from ..sinks.base import read_marker
 from ..storage.layout import changelog_dir, staging_dir
 from ..storage.segment_index import StagedSegment, find_in_index, refresh_index, write_index
@@ -165,14 +166,18 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
                 holds.append(Hold(label + " (its convergence)", position=Position.decode(found[mark][0])))
             continue
         ids = {plan["converge_watermark"]} if plan.get("converge_watermark") else set()
+        reach: list[Position] = []  # where a chunk read on a standby reaches back to (core/visibility.py)
         for name in storage.list_names(folder, suffix=".parquet.json"):
             side = _read_json(storage.join(folder, name))
             if side is not None and not side.get("merged"):
                 ids.add(side["result"]["low_watermark"])
+                seen = side["result"].get("visibility")
+                if seen and seen.startswith(REPLAYED_BEFORE):
+                    reach.append(just_before(Position.pg(ReplayedBefore.parse(seen).lsn)))
         found, unknown = _find(segments, ids)
         if unknown:  # refresh_index describes every segment first; this only guards a misuse
             return [Hold("segments the index does not describe", everything=True)], []
-        positions = [Position.decode(hit[0]) for hit in found.values()]
+        positions = [Position.decode(hit[0]) for hit in found.values()] + reach
         plan_time = _newest_plan_time(folder)
         # an id not staged yet is later than every staged segment: it holds nothing here
         holds.append(Hold(label, position=min(positions) if positions else None,

@@ -271,6 +271,8 @@ class SnapshotController:
             # and the changelog's start): a replica behind the changelog's start would read rows
             # older than any change the log holds for them
             read_floor = dialect.read_floor()
+            if read_floor is not None:  # the upper bounds below are read there too
+                dialect.read_no_older_than(read_floor)
             # The upper bound only after that: a row inserted above the max key is then
             # in the changelog for sure. Read before the changelog existed, a row inserted
             # in between would be in neither the chunks (above the bound) nor the log.

@@ -153,6 +153,8 @@ class TestPostgresDialect(DialectSuite):
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
                 snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
                                chunk_size=10)
+            with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
+                d.max_key(d.describe_table(t))  # the plan's upper bound is read there too
         finally:
             standby.cursor().execute("SELECT pg_wal_replay_resume()")
             standby.close()

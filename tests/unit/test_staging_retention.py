@@ -192,6 +192,26 @@ def test_an_unmerged_chunk_holds_from_its_low_watermark_and_a_new_plan_holds_wha
     assert names(data) == [5] and "snapshot 20260101T000000-bbbb" in r.held_by
 
 
+def test_an_unmerged_standby_chunk_holds_from_where_its_window_reaches_back_to(tmp_path):
+    """A chunk read on a hot standby recorded the replay position read before its snapshot
+    (core/visibility.py): its window starts there, before its low watermark, and so does its hold."""
+    data = str(tmp_path)
+    stage(data, 5)
+    mark(data, 4)
+    folder = open_snapshot(data, "20260101T000000-cccc", converge=None, unmerged_lw="lw3")
+    side = storage.join(folder, "chunk-000000-x.parquet.json")
+    storage.write_text(side, json.dumps({"result": {"low_watermark": "lw3", "visibility": "replayed-before:0/C"},
+                                         "range_index": 0, "merged": False}))  # 0/C: position 12, in segment 1
+    resumed(folder)
+    stored = {TABLE.id: ("20260101T000000-cccc", "running")}
+    prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == [1, 2, 3, 4]
+    storage.write_text(side, json.dumps({"result": {"low_watermark": "lw3", "visibility": "100:110:105"},
+                                         "range_index": 0, "merged": False}))  # a primary's snapshot: from lw3
+    prune_staging(data, SOURCE, policy(snapshots=stored), now=later())
+    assert names(data) == [3, 4]
+
+
 def stage_after(data_dir: str, i: int) -> str:
     return write_segment([WatermarkEvent(f"lw{i}", Position(10 * i + 1))], changelog_dir(data_dir, SOURCE),
                          "cdc.watermark")

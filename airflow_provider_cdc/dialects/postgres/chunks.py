@@ -39,8 +39,8 @@ class PgChunkReader:
         conn = self._read_conn()
         done = False
         try:
+            replayed = self._replayed_before_snapshot(conn)  # (a standby: not older than the floor)
             if snapshot is not None:
-                replayed = self._replayed_before_snapshot(conn)
                 with conn.cursor() as cur:
                     snapshot.append(self._read_snapshot(cur, replayed))
             with conn.cursor(name=f"cdc_{uuid.uuid4().hex}") as cur:
@@ -169,8 +169,8 @@ class PgChunkReader:
             replay = self._standby_row(conn, "SELECT pg_last_wal_replay_lsn()::text")[0]
             if replay is None:  # (only in recovery is there a replay position)
                 raise SourceError(self._not_a_standby)
+            # (the floor stays: a reconnect may reach another standby, not as far on)
             if self._read_floor is None or just_before(Position.pg(replay)) >= self._read_floor:
-                self._read_floor = None  # replay only moves on
                 return replay
             if time.monotonic() >= deadline:
                 raise SourceError(
@@ -209,6 +209,8 @@ class PgChunkReader:
         safe: what it had not replayed yet is dropped from the chunk, not written over newer rows."""
         cur.execute("SELECT pg_current_snapshot()::text, pg_is_in_recovery()")
         visibility, recovering = cur.fetchone()
+        if self.read_params is not None and recovering not in (True, "t"):  # promoted since it was asked
+            raise SourceError(self._not_a_standby)
         if recovering in (True, "t"):  # (the chunk connection returns every value as its text)
             if replayed is None:
                 raise SourceError(f"source {self.source!r}: the source's own connection is a hot standby; capture "
