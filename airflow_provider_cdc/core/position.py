@@ -106,6 +106,33 @@ def marked_position(watermark_id: str) -> tuple[Position, int] | None:
     return Position.decode(enc), int(ts)
 
 
+#: PostgreSQL's WAL page headers (MAXALIGNed XLogPageHeaderData / XLogLongPageHeaderData): a
+#: page starts with the short one, a segment's first page with the long one
+PG_PAGE_HEADER, PG_SEGMENT_HEADER = 24, 40
+
+
+def next_record_start(end_lsn: int, block_size: int, segment_size: int) -> int:
+    """PostgreSQL: where the WAL record after one that ends at ``end_lsn`` starts. Flush and replay
+    positions are record ends; the insert position is such a start: past the page header when
+    the end falls on a page boundary. Every record that starts before the one is before the
+    other too, so positions compare the same once taken as starts (an idle server whose WAL
+    ends on a page boundary otherwise never reaches its own insert position)."""
+    if end_lsn % block_size:
+        return end_lsn
+    return end_lsn + (PG_SEGMENT_HEADER if end_lsn % segment_size == 0 else PG_PAGE_HEADER)
+
+
+def standby_mark(replayed: int, received: int | None, block_size: int, segment_size: int) -> Position:
+    """The position a chunk read on a PostgreSQL hot standby lands at, from the replay and receive
+    positions read right after its snapshot. A record's redo (a commit made visible) is done
+    before the replay position moves past it, so a snapshot may already see the commit whose
+    record starts at the replay position: when the standby holds WAL past it (received beyond,
+    or not known), that record's events sort before the mark, not after the chunk's rows."""
+    start = next_record_start(replayed, block_size, segment_size)
+    in_redo = received is None or received > replayed
+    return just_before(Position.pg(start + 1 if in_redo else start))
+
+
 def just_before(position: Position) -> Position:
     """The greatest position below ``position`` (as the three numbers were one integer)."""
     n = (position.major << 96) | (position.minor << 32) | position.index

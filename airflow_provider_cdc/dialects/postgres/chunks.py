@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...core.errors import SourceError
-from ...core.position import Position, just_before, lsn_to_int, position_mark
+from ...core.position import Position, just_before, lsn_to_int, next_record_start, position_mark, standby_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
@@ -170,7 +170,8 @@ class PgChunkReader:
             if replay is None:  # (only in recovery is there a replay position)
                 raise SourceError(self._not_a_standby)
             # (the floor stays: a reconnect may reach another standby, not as far on)
-            if self._read_floor is None or just_before(Position.pg(replay)) >= self._read_floor:
+            if self._read_floor is None or just_before(Position.pg(
+                    next_record_start(lsn_to_int(replay), *self.wal_geometry()))) >= self._read_floor:
                 return replay
             if time.monotonic() >= deadline:
                 raise SourceError(
@@ -218,12 +219,17 @@ class PgChunkReader:
             visibility = ReplayedBefore.text(replayed)
         if self.read_snapshot_hook is not None:
             self.read_snapshot_hook()
-        cur.execute("SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() "
-                    "ELSE pg_current_wal_insert_lsn() END::text")
-        lsn = cur.fetchone()[0]
+        if recovering in (True, "t"):
+            cur.execute("SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text")
+            replay, received = cur.fetchone()
+            at = standby_mark(lsn_to_int(replay), None if received is None else lsn_to_int(received),
+                              *self.wal_geometry())
+        else:
+            cur.execute("SELECT pg_current_wal_insert_lsn()::text")
+            at = just_before(Position.pg(cur.fetchone()[0]))
         mark = None
         if not self.writes_watermarks:
-            mark = position_mark(just_before(Position.pg(lsn)), int(time.time() * 1000))
+            mark = position_mark(at, int(time.time() * 1000))
         return ReadSnapshot(mark, visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from ...core.errors import ConfigurationError, SourceError
-from ...core.position import Position, just_before, lsn_to_int
+from ...core.position import Position, just_before, lsn_to_int, next_record_start
 from ...core.schema import TableName
 from ..base import LogRetention
 from .types import pg_message
@@ -204,8 +204,19 @@ class PgOffsets:
 
     def offset_position(self, offset: str) -> Position:
         """A read ends at the flush position it aimed at: every transaction whose commit record
-        ends before it was read (a record the flush had not reached yet is not)."""
-        return Position.pg(offset)
+        ends before it was read (a record the flush had not reached yet is not). Taken as the
+        start of the next record (core/position.py ``next_record_start``), so that a mark at the
+        insert position of a server idle on a page boundary is reached."""
+        return Position.pg(next_record_start(lsn_to_int(offset), *self.wal_geometry()))
+
+    def wal_geometry(self) -> tuple[int, int]:
+        """(wal_block_size, wal_segment_size) in bytes, read once."""
+        geo = getattr(self, "_wal_geo", None)
+        if geo is None:
+            row = self._query("SELECT current_setting('wal_block_size')::bigint, "
+                              "pg_size_bytes(current_setting('wal_segment_size'))::bigint")[0]
+            geo = self._wal_geo = (int(row[0]), int(row[1]))
+        return geo
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """I6: confirm the slot up to ``offset`` only now that the batch is staged

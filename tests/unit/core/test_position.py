@@ -63,3 +63,29 @@ def test_binlog_positions():
     with pytest.raises(ValueError, match="not a binlog file name"):
         binlog_file_index("binlog")
     assert str(Position(255, 16, 3)) == "FF/10/3"
+
+
+def test_a_wal_record_end_on_a_page_boundary_is_taken_as_the_next_records_start():
+    """PostgreSQL's insert position at a page boundary lies past the page header; flush and
+    replay positions do not. Taken as starts, an idle server's own insert position is reached."""
+    from airflow_provider_cdc.core.position import next_record_start
+
+    block, seg = 8192, 16 << 20
+    assert next_record_start(8192 * 3 + 48, block, seg) == 8192 * 3 + 48  # inside a page: itself
+    assert next_record_start(8192 * 3, block, seg) == 8192 * 3 + 24  # a page's short header
+    assert next_record_start(seg * 2, block, seg) == seg * 2 + 40  # a segment's long header
+
+
+def test_a_standby_chunk_lands_after_the_record_whose_redo_may_be_done():
+    """Replay moves past a record only after its redo: with WAL received beyond the replay
+    position, the commit that starts there may already be visible to the chunk, so its events
+    must sort before the chunk's rows; with nothing beyond, the mark is the insert position's."""
+    from airflow_provider_cdc.core.position import just_before, standby_mark
+
+    block, seg = 8192, 16 << 20
+    h = 8192 * 5 + 200
+    commit = Position.pg(h, 0)  # the events of a commit record starting at the replay position
+    assert standby_mark(h, h + 120, block, seg) > Position.pg(h, 7) > commit
+    assert standby_mark(h, None, block, seg) > commit  # not known: as if received
+    assert standby_mark(h, h, block, seg) == just_before(commit) < commit  # fully replayed
+    assert standby_mark(8192 * 6, 8192 * 6 + 500, block, seg) > Position.pg(8192 * 6 + 24)  # past a page header
