@@ -4,6 +4,7 @@ key changes, truncate)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -32,6 +33,18 @@ def _connect(uri: str, *, autocommit: bool):
     return c
 
 
+@contextlib.contextmanager
+def _replay_paused(standby_uri: str):
+    """WAL replay paused on the standby for the block (resumed whatever happens)."""
+    standby = _connect(standby_uri, autocommit=True)
+    try:
+        standby.cursor().execute("SELECT pg_wal_replay_pause()")
+        yield standby
+    finally:
+        standby.cursor().execute("SELECT pg_wal_replay_resume()")
+        standby.close()
+
+
 class TestPostgresDialect(DialectSuite):
     watermark_strategies = ("table", "log")  # "log": the chunk snapshot's visibility bounds the window
     table_schema = "public"
@@ -49,15 +62,10 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri))
         d.prepare_watermarks()
         d.load_offset(ctx.data_dir)
-        standby = _connect(pg_standby_uri, autocommit=True)
-        try:
-            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+        with _replay_paused(pg_standby_uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
                                  chunk_size=10)
-        finally:
-            standby.cursor().execute("SELECT pg_wal_replay_resume()")
-            standby.close()
         rows = dict(read_chunk_rows(res.path, res.table))
         assert rows["[3]"]["v"] == "v3"  # read where the change was not replayed yet
         events = ctx.capture_all(d)
@@ -141,9 +149,7 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy=strategy,
                         max_replica_lag_seconds=1)
         d.prepare_watermarks()
-        standby = _connect(pg_standby_uri, autocommit=True)
-        try:
-            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+        with _replay_paused(pg_standby_uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             d.load_offset(ctx.data_dir)  # capture starts after the change
             floor = d.read_floor()
@@ -155,9 +161,6 @@ class TestPostgresDialect(DialectSuite):
                                chunk_size=10)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
                 d.max_key(d.describe_table(t))  # the plan's upper bound is read there too
-        finally:
-            standby.cursor().execute("SELECT pg_wal_replay_resume()")
-            standby.close()
         d.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=2,
                              chunk_size=10)
@@ -193,18 +196,13 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy="log",
                         max_replica_lag_seconds=1)
         d.load_offset(ctx.data_dir)
-        standby = _connect(pg_standby_uri, autocommit=True)
-        try:
-            standby.cursor().execute("SELECT pg_wal_replay_pause()")
+        with _replay_paused(pg_standby_uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             converge = marked_position(d.mark("converge"))[0]
             d.read_no_older_than(converge)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start.*max_replica_lag_seconds"):
                 snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
                                chunk_size=10)
-        finally:
-            standby.cursor().execute("SELECT pg_wal_replay_resume()")
-            standby.close()
         d.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
                              chunk_size=10)
