@@ -986,3 +986,33 @@ def test_the_replica_lag_of_a_source_on_a_replica_is_read_and_a_stopped_replica_
         primary.cursor().execute(f"DROP TABLE IF EXISTS `{DB}`.`{t}`")
         primary.close()
         replica.close()
+
+
+def test_a_replica_source_must_log_what_it_applies(mysql_uri, mysql_replica_uri, unique_name):
+    """A source that is a replica is captured from its own binlog: with log_slave_updates OFF it
+    would hold none of the primary's changes, and the start refuses it, naming the setting and
+    the primary. The private replica runs with it ON and passes; OFF needs a restart, so that
+    answer is injected into the real check (the rest of the check is the server's)."""
+    d = get_dialect(ConnectionParams.from_uri(mysql_replica_uri), source=f"rp_{unique_name}")
+    p = get_dialect(ConnectionParams.from_uri(mysql_uri), source=f"rpp_{unique_name}")
+    try:
+        assert d.replica_problems() == [] and d.replica_of() is not None
+        for dialect in (d, p):
+            dialect._query = _with_log_slave_updates_off(dialect._query)
+        with pytest.raises(SourceError, match=r"is a replica \(of 127\.0\.0\.1:\d+\) and log_slave_updates is OFF.*"
+                                              r"log_slave_updates=ON"):
+            d.check_prerequisites()
+        assert p.replica_problems() == []  # a primary: nothing to log
+    finally:
+        d.close()
+        p.close()
+
+
+def _with_log_slave_updates_off(query):
+    def answer(sql, params=()):
+        rows = query(sql, params)
+        if not sql.startswith("SHOW GLOBAL VARIABLES"):
+            return rows
+        return [(n, "OFF" if n.lower() in ("log_slave_updates", "log_replica_updates") else v) for n, v in rows]
+
+    return answer

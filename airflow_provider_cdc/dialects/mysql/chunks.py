@@ -21,6 +21,7 @@ from ...core.position import Position, position_mark
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ..base import ReadSnapshot, value_bytes
+from .prerequisites import ReplicaStatusDenied
 from .types import json_text, select_converter
 
 log = logging.getLogger(__name__)
@@ -142,16 +143,12 @@ class MyChunkReader:
         if self._replica_status_denied:
             return None
         try:
-            with self._lock, self.conn.cursor(pymysql.cursors.DictCursor) as cur:
-                cur.execute("SHOW SLAVE STATUS")
-                row = cur.fetchone()
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] in (1227, 1045):  # access denied: not asked again
-                self._replica_status_denied = True
-                log.info("source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
-                         "to see it (%s)", self.source, exc)
-                return None
-            raise
+            row = self.slave_status()
+        except ReplicaStatusDenied as exc:  # not asked again
+            self._replica_status_denied = True
+            log.info("source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
+                     "to see it (%s)", self.source, exc)
+            return None
         if row is None:
             return None
         seconds = row.get("Seconds_Behind_Master")

@@ -4,6 +4,7 @@ role's grants.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ import pymysql.cursors
 
 from ...core.errors import SourceError
 from ...core.schema import TableName
+
+log = logging.getLogger(__name__)
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 #: table / database / column access denied, command denied: a missing grant
@@ -134,6 +137,10 @@ def prerequisite_problems(
     return problems
 
 
+class ReplicaStatusDenied(Exception):
+    """The role may not run SHOW SLAVE STATUS (it needs SLAVE MONITOR; MySQL REPLICATION CLIENT)."""
+
+
 class MyPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
@@ -148,12 +155,56 @@ class MyPrerequisites:
         settings.update({name.lower(): value for name, value in rows})
         grants = [r[0] for r in self._query("SHOW GRANTS FOR CURRENT_USER()")]
         problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems(grants)
+        problems += self.replica_problems()
         if problems:
             where = f"{self.params.host}:{self.params.port or 3306}"
             raise SourceError(
                 f"{self.flavour.name} server {where} (source {self.source!r}) cannot serve CDC:\n- "
                 + "\n- ".join(problems)
             )
+
+    def replica_problems(self) -> list[str]:
+        """A source that is itself a replica is captured from its own binlog, which holds what it
+        applies from its primary only with ``log_slave_updates`` (MySQL: ``log_replica_updates``);
+        without it capture there would see none of the primary's changes. Whether the server is
+        a replica is ``SHOW SLAVE STATUS``'s (``SLAVE MONITOR``; MySQL ``REPLICATION CLIENT``); a
+        role that may not ask is warned once, not refused."""
+        rows = self._query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_slave_updates', 'log_replica_updates')")
+        if any(str(v).upper() in ("ON", "1") for _, v in rows):
+            return []
+        if self.flavour.name == "mariadb" and not self._query("SELECT @@global.gtid_slave_pos")[0][0]:
+            return []  # it never applied a primary's transaction (readable without SLAVE MONITOR)
+        of = self.replica_of()
+        if of is None:
+            return []
+        return [f"this server is a replica (of {of}) and log_slave_updates is OFF: what it applies from its primary "
+                "is not in its own binlog, so capture here would see none of the primary's changes. Set "
+                "log_slave_updates=ON in the replica's server config (needs a restart), or point the source at the "
+                "primary"]
+
+    def replica_of(self) -> str | None:
+        """``host:port`` of the primary this server replicates from; None when it does not (or
+        the role may not ask: see :meth:`replica_problems`)."""
+        try:
+            row = self.slave_status()
+        except ReplicaStatusDenied as exc:
+            log.warning("source %r: cannot tell whether the server is a replica (SHOW SLAVE STATUS: %s); if it is, "
+                        "it must run with log_slave_updates=ON. GRANT SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
+                        "to have this checked", self.source, exc)
+            return None
+        return None if row is None else f"{row.get('Master_Host')}:{row.get('Master_Port')}"
+
+    def slave_status(self) -> dict | None:
+        """``SHOW SLAVE STATUS``'s row; None when the server is not a replica. Raises
+        :class:`ReplicaStatusDenied` when the role may not ask."""
+        try:
+            with self._lock, self.conn.cursor(pymysql.cursors.DictCursor) as cur:
+                cur.execute("SHOW SLAVE STATUS")
+                return cur.fetchone()
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (1227, 1045):
+                raise ReplicaStatusDenied(str(exc)) from exc
+            raise
 
     def check_readable(self, table: TableName) -> None:
         try:
