@@ -27,6 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .position import Position, just_before, lsn_to_int
+
 _MASK = (1 << 32) - 1
 #: the text form of :class:`ReplayedBefore`: ``replayed-before:<LSN>``
 REPLAYED_BEFORE = "replayed-before:"
@@ -77,10 +79,13 @@ class ReplayedBefore:
 
     lsn: int
 
+    @property
+    def window_floor(self) -> Position:
+        """Where the chunk's window starts: just before the first commit it may not have seen."""
+        return just_before(Position.pg(self.lsn))
+
     @classmethod
     def parse(cls, text: str) -> ReplayedBefore:
-        from .position import lsn_to_int
-
         if not text.startswith(REPLAYED_BEFORE):
             raise ValueError(f"not a standby's replay position: {text!r} (want '{REPLAYED_BEFORE}<LSN>')")
         lsn = lsn_to_int(text[len(REPLAYED_BEFORE):])

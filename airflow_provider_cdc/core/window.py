@@ -192,7 +192,7 @@ def lowered_low(visibility: str | None, low: str, high: str, log: Callable[[str]
         return low
     seen = parse_visibility(visibility)
     if isinstance(seen, ReplayedBefore):  # a standby's chunk: every commit from the replay position on
-        return min(low, just_before(Position.pg(seen.lsn)).encode())
+        return min(low, seen.window_floor.encode())
     positions, txs = log(high)
     first = first_invisible(positions, txs, seen, high)
     if first is None or first > low:

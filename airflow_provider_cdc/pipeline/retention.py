@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from .. import storage
-from ..core.position import Position, just_before, marked_position
+from ..core.position import Position, marked_position
 from ..core.visibility import REPLAYED_BEFORE, ReplayedBefore
 from ..sinks.base import read_marker
 from ..storage.layout import changelog_dir, staging_dir
@@ -171,9 +171,9 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
             side = _read_json(storage.join(folder, name))
             if side is not None and not side.get("merged"):
                 ids.add(side["result"]["low_watermark"])
-                seen = side["result"].get("visibility")
-                if seen and seen.startswith(REPLAYED_BEFORE):
-                    reach.append(just_before(Position.pg(ReplayedBefore.parse(seen).lsn)))
+                seen = side["result"].get("visibility") or ""
+                if seen.startswith(REPLAYED_BEFORE):
+                    reach.append(ReplayedBefore.parse(seen).window_floor)
         found, unknown = _find(segments, ids)
         if unknown:  # refresh_index describes every segment first; this only guards a misuse
             return [Hold("segments the index does not describe", everything=True)], []

@@ -109,9 +109,11 @@ def read_floor(plan: dict) -> Position | None:
     snapshot ``plan`` (None: no such bound): past the plan's ``read_floor`` (the changelog's start
     lies before it) and, under watermark strategy "log", past the convergence mark (a chunk's
     mark older than it would have its rows swept away by convergence)."""
-    marks = [marked_position(plan.get("converge_watermark") or ""),
-             (Position.decode(plan["read_floor"]), 0) if plan.get("read_floor") else None]
-    return max((m[0] for m in marks if m is not None), default=None)
+    mark = marked_position(plan.get("converge_watermark") or "")
+    floors = [mark[0]] if mark else []
+    if plan.get("read_floor"):
+        floors.append(Position.decode(plan["read_floor"]))
+    return max(floors, default=None)
 
 
 class SnapshotController:

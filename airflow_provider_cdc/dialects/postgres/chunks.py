@@ -210,16 +210,17 @@ class PgChunkReader:
         safe: what it had not replayed yet is dropped from the chunk, not written over newer rows."""
         cur.execute("SELECT pg_current_snapshot()::text, pg_is_in_recovery()")
         visibility, recovering = cur.fetchone()
-        if self.read_params is not None and recovering not in (True, "t"):  # promoted since it was asked
+        standby = recovering in (True, "t")  # (the chunk connection returns every value as its text)
+        if self.read_params is not None and not standby:  # promoted since it was asked
             raise SourceError(self._not_a_standby)
-        if recovering in (True, "t"):  # (the chunk connection returns every value as its text)
+        if standby:
             if replayed is None:
                 raise SourceError(f"source {self.source!r}: the source's own connection is a hot standby; capture "
                                   "needs the primary (name the standby as chunk_conn_id)")
             visibility = ReplayedBefore.text(replayed)
         if self.read_snapshot_hook is not None:
             self.read_snapshot_hook()
-        if recovering in (True, "t"):
+        if standby:
             cur.execute("SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text")
             replay, received = cur.fetchone()
             at = standby_mark(lsn_to_int(replay), None if received is None else lsn_to_int(received),
