@@ -177,8 +177,7 @@ def open_dialect(conn_id: str, source: str, settings=None):
 
     if settings is None:
         return CdcSourceHook(conn_id, source=source).get_dialect(source=source)
-    return CdcSourceHook(conn_id, source=source, tables=settings.tables,
-                         all_tables=settings.capture_all_tables).get_dialect(source=source)
+    return CdcSourceHook.for_settings(settings, conn_id, source).get_dialect(source=source)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core.errors import ConfigurationError
-from .core.schema import TableName, split_table_list
+from .core.schema import TableName, parse_key_columns, split_table_list
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_CAPTURE_ALL_TABLES", None, "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
            "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica identity, "
            "so it is refused while any exists; MariaDB/MySQL: every database of the server). System schemas never"),
+    Option("CDC_KEY_COLUMNS", None, "the key of scope tables without a primary key: the columns of a unique index "
+           "on NOT NULL columns, per table (Debezium's message.key.columns). PostgreSQL takes a table's REPLICA "
+           "IDENTITY USING INDEX by itself; under REPLICA IDENTITY FULL name the key here. A JSON object, or "
+           "'schema.table:col1,col2;schema.other:col'", '{"public.events": ["event_uid"]}'),
     Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),
     Option("CDC_STORAGE_CONN_ID", None, "Airflow connection (type aws) with the object-storage endpoint and "
            "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a spark-submit "
@@ -205,6 +209,7 @@ class Settings:
     data_dir: str = field(default_factory=default_data_dir)
     tables: tuple[str, ...] = ()
     capture_all_tables: bool = False
+    key_columns: dict = field(default_factory=dict)  # table text -> key columns (CDC_KEY_COLUMNS)
     sinks: str = DEFAULT_SINKS
     spark_conn_id: str = DEFAULT_SPARK_CONN_ID
     storage_conn_id: str | None = None
@@ -264,6 +269,12 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         raise ConfigurationError(
             "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the other; unset one"
         )
+    key_columns = parse_key_columns(_raw(env, "CDC_KEY_COLUMNS"), "CDC_KEY_COLUMNS")
+    for t in key_columns:
+        try:
+            TableName.parse(t)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"CDC_KEY_COLUMNS: {exc}") from None
     deferrable_raw = _raw(env, "CDC_SENSOR_DEFERRABLE").lower()
     if deferrable_raw and deferrable_raw not in _TRUE + _FALSE:
         raise ConfigurationError(
@@ -284,6 +295,7 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         data_dir=data_dir,
         tables=tables,
         capture_all_tables=all_raw in _TRUE,
+        key_columns=key_columns,
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
         storage_conn_id=_raw(env, "CDC_STORAGE_CONN_ID") or None,

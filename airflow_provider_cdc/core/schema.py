@@ -135,6 +135,50 @@ def split_table_list(value: object, setting: str) -> list[str]:
     return list(value)
 
 
+def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]:
+    """The key of tables without a primary key (Debezium's ``message.key.columns``): a mapping
+    table -> columns, given as a JSON object (``{"s.events": ["uid"]}``: any names) or as
+    ``s.events:uid;s.lines:order_id,line_no`` (names without ``:``, ``;`` or ``,``). Table
+    names stay text, as in :func:`split_table_list`."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ConfigurationError(f"{setting}: not a JSON object of table -> key columns ({e}): {text!r}") from None
+        else:
+            out: dict[str, list[str]] = {}
+            for part in (p.strip() for p in text.split(";")):
+                if not part:
+                    continue
+                table, sep, cols = part.rpartition(":")
+                if not sep or not table.strip():
+                    raise ConfigurationError(
+                        f"{setting}: {part!r} is not 'schema.table:column[,column...]'; separate tables with ';', "
+                        'or give a JSON object such as {"public.events": ["event_uid"]}'
+                    )
+                out[table.strip()] = [c.strip() for c in cols.split(",")]
+            value = out
+    if not isinstance(value, Mapping):
+        raise ConfigurationError(f"{setting} must map tables to their key columns, got {value!r}")
+    result: dict[str, tuple[str, ...]] = {}
+    for table, cols in value.items():
+        if isinstance(cols, str):
+            cols = [cols]
+        if (not isinstance(table, str) or not table or not isinstance(cols, list | tuple) or not cols
+                or not all(isinstance(c, str) and c for c in cols)):
+            raise ConfigurationError(
+                f"{setting}: table {table!r} needs a non-empty list of column names, got {cols!r}"
+            )
+        if len(set(cols)) != len(cols):
+            raise ConfigurationError(f"{setting}: table {table!r} names a key column twice: {list(cols)!r}")
+        result[table] = tuple(cols)
+    return result
+
+
 def _quote_id_part(part: str) -> str:
     return '"' + part.replace('"', '""') + '"'
 

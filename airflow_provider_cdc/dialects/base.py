@@ -25,7 +25,7 @@ from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position, position_mark
 from ..core.ranges import ChunkRange
-from ..core.schema import TableName, TableSchema, encode_key
+from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
 from ..storage.staged import ChunkWriter
 
 log = logging.getLogger(__name__)
@@ -148,6 +148,10 @@ class LogRetention:
 #: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
 SegmentSink = Callable[[list[LogEvent] | EventBatch], None]
 
+#: what a replica's read floor stands for (:meth:`Dialect.read_no_older_than`), said when it is not reached
+READ_FLOOR_SNAPSHOT = "the snapshot's start"
+READ_FLOOR_MIRROR = "what the mirror has applied"
+
 
 class Dialect(ABC):
     name: ClassVar[str]
@@ -178,6 +182,11 @@ class Dialect(ABC):
         # the capture scope (README "Security"): the tables a source captures, or every table
         # of the database only on an explicit opt-in; neither: nothing is captured
         self.all_tables = str(options.get("all_tables", False)).lower() in ("1", "true", "yes", "on")
+        # the key of scope tables without a primary key (CDC_KEY_COLUMNS), by table
+        self.key_columns: dict[TableName, tuple[str, ...]] = {
+            t if isinstance(t, TableName) else TableName.parse(str(t), self.default_schema): tuple(cols)
+            for t, cols in parse_key_columns(options.get("key_columns"), "CDC_KEY_COLUMNS").items()
+        }
         # driver rows fetched per batch of a generic chunk read: each batch becomes Python
         # objects, JSON and Arrow before it is written, so it sets the chunk step's peak
         self.fetch_batch_rows = int(options.get("fetch_batch_rows", DEFAULT_FETCH_BATCH_ROWS))
@@ -237,6 +246,8 @@ class Dialect(ABC):
     # --- capture scope (README "Security") ---------------------------------------------
     #: schemas of the server's own catalogs: never captured, never snapshotted
     system_schemas: ClassVar[frozenset[str]] = frozenset()
+    #: the schema of a table named without one (None: a schema must be given)
+    default_schema: ClassVar[str | None] = None
 
     def is_system_schema(self, schema: str) -> bool:
         return schema.lower() in self.system_schemas
@@ -267,6 +278,30 @@ class Dialect(ABC):
                 f"source {self.source!r}: CDC_TABLES names system table(s) {', '.join(map(str, system))}; the "
                 f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: remove them"
             )
+        outside = sorted(t for t in self.key_columns if t not in set(tables))
+        if outside:
+            raise ConfigurationError(
+                f"source {self.source!r}: CDC_KEY_COLUMNS names {', '.join(map(str, outside))}, which CDC_TABLES does "
+                "not capture: add the table to CDC_TABLES, or remove it from CDC_KEY_COLUMNS (names are case-sensitive)"
+            )
+
+    def refuse_uncapturable(self, tables: Sequence[TableName]) -> None:
+        """Before anything is created or published: every table of the scope has a key the log
+        carries (PostgreSQL: one its UPDATEs and DELETEs publish; a table without one would break
+        the applications that update it once published). Otherwise the whole scope is refused,
+        naming each such table and the statements that would fix it."""
+        problems = self.scope_problems(tables)
+        if problems:
+            raise ConfigurationError(
+                f"source {self.source!r}: CDC_TABLES names table(s) that cannot be captured; nothing was created or "
+                "published on the source:\n" + "\n".join(f"- {p}" for p in problems)
+                + "\nor remove them from CDC_TABLES"
+            )
+
+    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
+        """Why each of ``tables`` cannot be captured, one sentence each with its fix (missing
+        tables are left to the checks that name them)."""
+        return []
 
     def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
         """A snapshot's tables (a DAG-run conf: untrusted) may narrow the capture scope, never
@@ -341,9 +376,12 @@ class Dialect(ABC):
         :meth:`read_no_older_than`): None when chunks are read where the log is captured."""
         return None
 
-    def read_no_older_than(self, position: Position) -> None:
-        """Chunks read from here on see at least everything before ``position`` (a replica waits
-        until it has replayed that far); a source read directly always does."""
+    def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
+        """Chunks (and every other read of rows: verify's) read from here on see at least
+        everything before ``position`` (a replica waits until it has replayed that far, at most
+        ``max_replica_lag_seconds``, then fails saying it has not replayed up to ``why``); a
+        source read directly always does, and so does a MariaDB source that is itself a replica:
+        its own binlog, which capture reads, holds only what it has applied."""
         return None
 
     def replica_lag(self) -> tuple[int, float] | None:

@@ -14,7 +14,7 @@ hands it to the dialect. A connection extra ``tables`` is refused, saying where 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -40,7 +40,8 @@ _COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", 
                    "batch_max_bytes", "watermark_strategy"}
 #: extra keys that are settings of the DAGs, not of the connection: refused with where they go
 _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
-               "all_tables": "CDC_CAPTURE_ALL_TABLES"}
+               "all_tables": "CDC_CAPTURE_ALL_TABLES",
+               "key_columns": "CDC_KEY_COLUMNS (or the 'key_columns' of the source in the sources config)"}
 CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
     "postgres": frozenset(
         {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
@@ -90,6 +91,7 @@ class CdcSourceHook(BaseHook):
         source: str | None = None,
         tables: Sequence[str] | None = None,
         all_tables: bool | None = None,
+        key_columns: Mapping[str, Sequence[str]] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -99,23 +101,26 @@ class CdcSourceHook(BaseHook):
         # settings of their source, sources config included)
         self.tables = None if tables is None else tuple(tables)
         self.all_tables = all_tables
+        self.key_columns = None if key_columns is None else dict(key_columns)
 
     @classmethod
     def for_settings(cls, settings: Any, cdc_conn_id: str | None = None, source: str | None = None) -> CdcSourceHook:
         """The hook of a source as its settings (settings.Settings) describe it, scope included."""
         return cls(cdc_conn_id or settings.conn_id, source=source or None, tables=settings.tables,
-                   all_tables=settings.capture_all_tables)
+                   all_tables=settings.capture_all_tables, key_columns=settings.key_columns)
 
     def scope_options(self) -> dict[str, Any]:
-        """The dialect options of the capture scope: ``tables`` and ``all_tables``."""
-        tables, all_tables = self.tables, self.all_tables
-        if tables is None or all_tables is None:
+        """The dialect options of the capture scope: ``tables``, ``all_tables`` and the
+        ``key_columns`` of its tables without a primary key."""
+        tables, all_tables, keys = self.tables, self.all_tables, self.key_columns
+        if tables is None or all_tables is None or keys is None:
             from .. import settings
 
             now = settings.load()
             tables = now.tables if tables is None else tables
             all_tables = now.capture_all_tables if all_tables is None else all_tables
-        return {"tables": list(tables) or None, "all_tables": bool(all_tables)}
+            keys = now.key_columns if keys is None else keys
+        return {"tables": list(tables) or None, "all_tables": bool(all_tables), "key_columns": dict(keys)}
 
     @cached_property
     def connection(self):
@@ -203,5 +208,4 @@ class CdcSourceMixin(StorageConnectionMixin):
     @cached_property
     def hook(self) -> CdcSourceHook:
         now = load_settings(overrides=getattr(self, "cdc_overrides", None))
-        return CdcSourceHook(self.cdc_conn_id, source=self.source or None, tables=now.tables,
-                             all_tables=now.capture_all_tables)
+        return CdcSourceHook.for_settings(now, self.cdc_conn_id, self.source)

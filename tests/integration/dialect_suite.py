@@ -356,9 +356,9 @@ class DialectSuite(ABC):
     #: (schema, table) -> a row when the table exists
     table_exists_sql = "SELECT 1 FROM information_schema.tables WHERE table_schema = %s AND table_name = %s"
 
-    def _chunks_under_concurrent_writes(self, ctx, **options):
+    def _chunks_under_concurrent_writes(self, ctx, table: TableName | None = None, **options):
         rows = 400
-        t = self._kv_table(ctx, rows)
+        t = table or self._kv_table(ctx, rows)
         d = ctx.dialect([t], **options)
         d.prepare_watermarks()
         d.load_offset(ctx.data_dir)  # capture starts before the snapshot
@@ -463,6 +463,71 @@ class DialectSuite(ABC):
             time.sleep(0.05)
         assert mirror_rows(state, t.id) == ctx.source_rows(d, t)
         return results, reads
+
+    # --- tables without a primary key -------------------------------------------------
+    def unique_keyed_options(self, ctx: Ctx, table: TableName, variant: str) -> dict[str, Any]:
+        """Make ``table`` (no primary key; a unique index on its NOT NULL ``id``) capturable the
+        way ``variant`` says, returning the dialect options that go with it: ``key_columns``
+        (the key named in CDC_KEY_COLUMNS) or ``identity_index`` (PostgreSQL's REPLICA IDENTITY
+        USING INDEX, no setting). A dialect without that way skips."""
+        if variant != "key_columns":
+            pytest.skip(f"{variant}: PostgreSQL only")
+        return {"key_columns": {table.id: ["id"]}}
+
+    def _unique_keyed_table(self, ctx: Ctx, rows: int) -> TableName:
+        t = ctx.create_table("uk", [("id", "int NOT NULL"), ("v", "text"), ("n", "int")], None)
+        ctx.execute(f"CREATE UNIQUE INDEX {ctx.q('ux_' + ctx.unique)} ON {ctx.qt(t)} ({ctx.q('id')})")
+        if rows:
+            ctx.execute(
+                f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES "
+                + ", ".join(["(%s, %s, %s)"] * rows),
+                [x for i in range(1, rows + 1) for x in (i, f"v{i}", i * 10)],
+            )
+        return t
+
+    @pytest.mark.parametrize("variant", ["key_columns", "identity_index"])
+    def test_a_table_keyed_by_a_unique_index_snapshots_under_writers_to_the_source(self, ctx, variant):
+        """No primary key, a unique index on NOT NULL columns: chunked, windowed and mirrored by
+        that key while writers update, delete and re-insert; the mirror equals the source."""
+        t = self._unique_keyed_table(ctx, 400)
+        options = self.unique_keyed_options(ctx, t, variant)
+        results, reads = self._chunks_under_concurrent_writes(ctx, t, **options)
+        assert ctx.dialects[0].describe_table(t).primary_key == ("id",)
+        assert len(reads) < sum(r.rows for r in results), "forced in-window writes must drop keys"
+
+    def test_a_table_without_any_key_is_refused_before_anything_is_created(self, ctx):
+        """A scope naming a table with no key the log carries: capture refuses to start, naming
+        the table and the statements that would make it capturable, and creates nothing on the
+        source; the application's UPDATE and DELETE on it still work."""
+        t = ctx.create_table("nokey", [("id", "int"), ("v", "text")], None)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1, 'a'), (2, 'b')")
+        d = ctx.dialect([t])
+        before = self.source_objects(ctx, d)
+        with pytest.raises(ConfigurationError) as err:
+            d.load_offset(ctx.data_dir)
+        text = str(err.value)
+        assert str(t) in text and "ALTER TABLE" in text and "CDC_TABLES" in text, text
+        assert self.source_objects(ctx, d) == before
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'c' WHERE {ctx.q('id')} = 1")
+        ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE {ctx.q('id')} = 2")
+        assert ctx.execute(f"SELECT {ctx.q('id')}, {ctx.q('v')} FROM {ctx.qt(t)}") == [(1, "c")]
+        with pytest.raises(SourceError, match="ALTER TABLE"):
+            d.describe_table(t)
+
+    def test_key_columns_that_no_unique_index_covers_are_refused_by_name(self, ctx):
+        t = self._unique_keyed_table(ctx, 0)
+        options = self.unique_keyed_options(ctx, t, "key_columns")
+        options["key_columns"] = {t.id: ["v"]}
+        d = ctx.dialect([t], **options)
+        with pytest.raises(ConfigurationError, match=r"no unique index on exactly the CDC_KEY_COLUMNS \['v'\]"):
+            d.load_offset(ctx.data_dir)
+        outside = ctx.dialect([t], key_columns={f"{t.schema}.elsewhere": ["id"]})
+        with pytest.raises(ConfigurationError, match="CDC_KEY_COLUMNS names .*elsewhere.* which CDC_TABLES does not"):
+            outside.load_offset(ctx.data_dir)
+
+    def source_objects(self, ctx: Ctx, d: Dialect) -> list:
+        """What capture would create on the source for ``d`` (a dialect adds its own)."""
+        return ctx.execute(self.table_exists_sql, (d.watermark_table.schema, d.watermark_table.name))
 
     # --- I6: crash between staging and confirming -------------------------------------
     def test_capture_crash_before_commit_redelivers_and_loses_nothing(self, ctx, monkeypatch):

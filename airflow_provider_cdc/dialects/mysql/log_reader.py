@@ -529,7 +529,9 @@ class MyLogReader:
         if hit is not None:
             return hit
         pk = table.primary_key
-        pk_cols = (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        # a table without a primary key is keyed by its CDC_KEY_COLUMNS (the binlog has whole rows)
+        pk_cols = self.key_columns.get(TableName(ev.schema, ev.table)) or (
+            (pk,) if isinstance(pk, str) and pk else tuple(pk or ()))
         convs: dict[str, Callable[[Any], Any] | None] = {}
         for c in table.columns:
             conv = binlog_converter(c)

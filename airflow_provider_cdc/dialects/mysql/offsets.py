@@ -87,6 +87,7 @@ class MyOffsets:
         """The committed offset; when there is none yet, start at the current end of the
         binlog and commit that at once, so a later crash cannot skip what came between."""
         self.require_capture_scope()
+        self.refuse_uncapturable(sorted(self.tables or ()))
         self.__dict__["_data_dir"] = data_dir  # prepared XA transactions wait under its changelog folder
         p = self._offset_path(data_dir)
         if storage.exists(p):

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ...core.errors import SourceError, TableNotFoundError
 from ...core.schema import Column, TableName, TableSchema
 from .types import REPLICA_IDENTITY, SUPPORTED_TYPES, PgType, UnsupportedType, logical_type
+
+
+@dataclass(frozen=True)
+class UniqueIndex:
+    name: str
+    primary: bool
+    identity: bool  # the table's REPLICA IDENTITY USING INDEX
+    columns: tuple[str, ...]
+    nullable: tuple[str, ...]  # those of the columns that allow NULL
 
 
 class PgCatalog:
@@ -45,17 +55,96 @@ class PgCatalog:
         )
         return (rows[0][0], rows[0][1]) if rows else None
 
-    def _primary_key(self, relid: int) -> tuple[str, ...] | None:
-        if relid not in self._pk_cache:
-            rows = self._query(
-                "SELECT a.attname FROM pg_index i "
-                "CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
-                "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
-                "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord",
-                (relid,),
-            )
-            self._pk_cache[relid] = tuple(r[0] for r in rows) or None
-        return self._pk_cache[relid]
+    def _unique_indexes(self, relid: int) -> list[UniqueIndex]:
+        """The table's unique indexes a key can be read from (valid, no predicate, no
+        expressions), primary key first, then the replica identity's index."""
+        rows = self._query(
+            "SELECT ic.relname, i.indisprimary, i.indisreplident, "
+            "ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+            "      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "      WHERE k.ord <= i.indnkeyatts ORDER BY k.ord), "
+            "ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
+            "      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "      WHERE k.ord <= i.indnkeyatts AND NOT a.attnotnull ORDER BY k.ord) "
+            "FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
+            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL "
+            "ORDER BY NOT i.indisprimary, NOT i.indisreplident, ic.relname",
+            (relid,),
+        )
+        return [UniqueIndex(name, primary, identity, tuple(cols), tuple(nullable))
+                for name, primary, identity, cols, nullable in rows]
+
+    def _table_key(self, table: TableName, relid: int, ident: str) -> tuple[tuple[str, ...] | None, str]:
+        """The columns that key ``table``'s rows in chunks, windows and the mirror, or None and
+        why not, with the statements that would make it capturable. Only a key the log carries
+        for every UPDATE and DELETE will do: the primary key under REPLICA IDENTITY DEFAULT, the
+        identity's index under USING INDEX, or under FULL (whole old rows) the primary key or
+        the unique NOT NULL columns named in CDC_KEY_COLUMNS. Anything else would also make
+        PostgreSQL refuse the application's UPDATE and DELETE once the table is published."""
+        hit = self._pk_cache.get((relid, ident))
+        if hit is not None:
+            return hit
+        idx = self._unique_indexes(relid)
+        pk = next((x for x in idx if x.primary), None)
+        want = self.key_columns.get(table)
+        qt = self.quote_table(table)
+        usable = [x for x in idx if not x.nullable]
+        example = json.dumps({table.id: list(usable[0].columns)}, ensure_ascii=False) if usable else ""
+        full = (f"ALTER TABLE {qt} REPLICA IDENTITY FULL and name its key in CDC_KEY_COLUMNS "
+                f"(e.g. {example})" if usable else
+                f"ALTER TABLE {qt} ADD PRIMARY KEY (...) on columns that identify a row")
+        fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY USING INDEX {self.quote_ident(usable[0].name)}"]
+                 if usable else []) + [full]
+        key: tuple[str, ...] | None = None
+        if ident == "n":
+            why = "has REPLICA IDENTITY NOTHING, so once published PostgreSQL refuses every UPDATE and DELETE on it"
+            fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY DEFAULT"] if pk else []) + fixes
+        elif ident == "d":
+            key = pk.columns if pk else None
+            why = ("has no primary key and REPLICA IDENTITY DEFAULT, so once published PostgreSQL refuses every "
+                   "UPDATE and DELETE on it")
+        elif ident == "i":
+            ri = next((x for x in idx if x.identity), None)
+            key = ri.columns if ri else None
+            why = "has REPLICA IDENTITY USING INDEX, but that index no longer exists (the table publishes no key)"
+        else:  # "f": the log carries whole old rows, any unique NOT NULL key will do
+            key = want or (pk.columns if pk else None)
+            why = ("has REPLICA IDENTITY FULL but no primary key, and CDC_KEY_COLUMNS names none of its unique "
+                   "indexes: name its key there" + (f", e.g. {example}"
+                                                    if usable else " after creating a unique index on NOT NULL columns"))
+            fixes = []
+        if key and want and ident == "f":
+            match = [x for x in idx if sorted(x.columns) == sorted(want)]
+            if not match:
+                key, why = None, (f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (without a "
+                                  "predicate or expressions), so they need not identify a row")
+                fixes = [f"CREATE UNIQUE INDEX ON {qt} ({', '.join(map(self.quote_ident, want))})"]
+            elif match[0].nullable:
+                key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {list(match[0].nullable)!r} "
+                                  "allow NULL, which a unique index does not make unique")
+                fixes = [f"ALTER TABLE {qt} ALTER COLUMN {self.quote_ident(c)} SET NOT NULL" for c in match[0].nullable]
+        elif key and want and sorted(want) != sorted(key):
+            kind = {"d": "its primary key", "i": "its REPLICA IDENTITY index"}[ident]
+            key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but its UPDATEs and DELETEs carry {kind} only, "
+                              "so a change of those columns would go unseen")
+            fixes = [f"ALTER TABLE {qt} REPLICA IDENTITY FULL (the log then carries whole old rows)",
+                     f"remove {table} from CDC_KEY_COLUMNS"]
+        out = (key, "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why)
+        self._pk_cache[(relid, ident)] = out
+        return out
+
+    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
+        """Why each of ``tables`` cannot be captured (no usable key; on PostgreSQL that is also
+        a table the publication would break for its applications). Missing tables are left to
+        the checks that name them."""
+        problems = []
+        for t in tables:
+            rel = self._relation(t)
+            if rel is not None:
+                key, why = self._table_key(t, *rel)
+                if key is None:
+                    problems.append(f"table {t} {why}")
+        return problems
 
     def describe_table(self, table: TableName) -> TableSchema:
         rel = self._relation(table)
@@ -98,13 +187,11 @@ class PgCatalog:
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
         enums = self._enum_labels({c[0]: c[1] for c in cols})
-        pk = self._primary_key(relid)
+        pk, why = self._table_key(table, relid, ident)
         if not pk:
             raise SourceError(
-                f"table {table} has no primary key. DBLog reads chunks in primary-key order and matches "
-                f"changelog events by key, so it needs one. Options: add a primary key "
-                f"(ALTER TABLE {self.quote_table(table)} ADD PRIMARY KEY (...)), e.g. on an existing unique "
-                "NOT NULL column or a new identity column; or leave the table out of CDC"
+                f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by key, so "
+                "it needs a key the log carries; or leave the table out of CDC"
             )
         extra = {"replica_identity": REPLICA_IDENTITY.get(ident, ident), "connector": "postgresql"}
         if enums:

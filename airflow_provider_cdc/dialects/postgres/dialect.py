@@ -46,6 +46,7 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
     records_visibility = True
     name = "postgres"
     system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+    default_schema = "public"
     row_value_keyset = True
     placeholder = "%s"
 
@@ -93,7 +94,7 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         self._read_floor: Position | None = None  # chunks from a standby: no older than this
         self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
         self._types: dict[int, PgType] = {}
-        self._pk_cache: dict[int, tuple[str, ...] | None] = {}
+        self._pk_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> _table_key
         self._decoders_cache: dict = {}
         self._last_schema: TableSchema | None = None
         self._last_decoders: tuple = ()

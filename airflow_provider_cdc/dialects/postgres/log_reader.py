@@ -272,11 +272,9 @@ class PgLogReader:
         except UnsupportedType as exc:
             problem = f"table {table} has a column of type {exc.type_name}, which CDC does not support"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
-        pk = self._primary_key(rel.relid)
-        if pk is None and rel.replica_identity == "d":
-            pk = tuple(c.name for c in rel.columns if c.is_key) or None
+        pk, why = self._table_key(table, rel.relid, rel.replica_identity)
         if not pk or any(k not in names for k in pk):
-            problem = f"table {table} has no primary key, so its changes cannot be keyed"
+            problem = f"table {table} {why or 'has a key column the publication does not carry'}, so its changes cannot be keyed"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         return _RelInfo(
             table,

@@ -50,6 +50,7 @@ class PgOffsets:
         )
         q = self.quote_ident(self.publication_name)
         self.require_capture_scope()
+        self.refuse_uncapturable(self.tables or ())
         if not pub:
             if not self.tables:
                 self._refuse_unidentified_tables()
@@ -106,6 +107,7 @@ class PgOffsets:
         that vanished after capture had staged segments means lost changes: error. Every check
         runs before anything is created on the source: a run that fails leaves it unchanged."""
         self.require_capture_scope()
+        self.refuse_uncapturable(self.tables or ())
         row = self._slot_row()
         if row is None:
             from ...storage.layout import changelog_dir

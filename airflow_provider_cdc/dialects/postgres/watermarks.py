@@ -18,6 +18,7 @@ class PgWatermarks:
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
         if pub and not pub[0][0]:
+            self.refuse_uncapturable([table])
             try:
                 self._add_to_publication([table])
             except SourceError as exc:
