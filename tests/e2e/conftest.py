@@ -29,11 +29,16 @@ def connection_json(uri: str, **extra) -> str:
     return json.dumps(conn)
 
 
+#: the servers ``pipeline`` runs on: PostgreSQL 15 and MariaDB for every test; a test of the core
+#: promises adds PostgreSQL 18 (test_snapshot_invariants.WITH_PG18)
+PIPELINE_SERVERS = {"pg": "pg_uri", "mysql": "mysql_uri", "pg18": "pg18_uri"}
+
+
 @pytest.fixture(params=["pg", "mysql"])
 def pipeline(request, strategy, unique_name, tmp_path, monkeypatch):
     """One source and one demo table of ROWS rows, on each database; its changelog exists.
     Under ``strategy`` "log" nothing is written to the source for its watermarks."""
-    uri = request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
+    uri = request.getfixturevalue(PIPELINE_SERVERS[request.param])
     p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
     wm = f"wm_{unique_name}"  # a watermark table of its own, which "log" must never create
     if strategy != "table":

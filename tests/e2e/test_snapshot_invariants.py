@@ -33,6 +33,9 @@ from tools import workload as w
 
 #: the watermark strategies a test of the snapshot's promises runs under (conftest ``strategy``)
 BOTH_STRATEGIES = pytest.mark.parametrize("strategy", ["table", "log"])
+#: the e2e core (snapshot under writers, capture, verify) on PostgreSQL 15, PostgreSQL 18 and
+#: MariaDB (conftest ``pipeline``; the other tests run on 15 and MariaDB only, to keep CI short)
+WITH_PG18 = pytest.mark.parametrize("pipeline", ["pg", "pg18", "mysql"], indirect=True)
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 3000
@@ -211,6 +214,7 @@ class Pipeline:
 
 
 @BOTH_STRATEGIES
+@WITH_PG18
 def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capture(pipeline):
     """Writers on 3 connections during the snapshot; the 3rd chunk SELECT dies mid-stream and its
     task is retried; then the catch-up capture dies before its commit and is retried."""
