@@ -414,16 +414,38 @@ def source_chunks(dialect, schema: TableSchema, chunk_rows: int, *, after: tuple
         after = tuple(json.loads(chunk[-1][0]))
 
 
+def mirror_position(data_dir: str, source: str, table: TableName) -> Position | None:
+    """The newest position the mirror of ``table`` reflects: how far it has applied the staged
+    changelog (its sink marker, every table of the source) or the newest row it stores (a chunk
+    row may sit past the marker), whichever is later; None when it has neither."""
+    from ..sinks.base import read_marker
+    from ..sinks.mirror_delta import newest_position
+
+    newest = newest_position(data_dir, source, table)
+    found = [read_marker(data_dir, source, "mirror"), None if newest is None else Position.decode(newest)]
+    found = [p for p in found if p is not None]
+    return max(found) if found else None
+
+
 def verify_table(
     dialect, data_dir: str, source: str, table: TableName, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
     examples: int = EXAMPLES, partition_rows: int = PARTITION_ROWS,
 ) -> VerifyResult:
     """Compare the mirror of ``table`` with the source the dialect reads (I2). Memory follows
     ``partition_rows``, not the table: the mirror is read a batch at a time and both sides'
-    digests wait in hash partitions on local scratch disk."""
+    digests wait in hash partitions on local scratch disk.
+
+    Rows read from a replica (PostgreSQL: a hot standby named by ``chunk_conn_id``) are read only
+    once it has replayed past :func:`mirror_position` (at most ``max_replica_lag_seconds``, then
+    the verify fails naming the standby and how far behind it is): a replica behind the mirror
+    would show its lag as mismatches."""
+    from ..dialects.base import READ_FLOOR_MIRROR
     from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
 
     schema = dialect.describe_table(table)
+    floor = mirror_position(data_dir, source, table)
+    if floor is not None:
+        dialect.read_no_older_than(floor, READ_FLOOR_MIRROR)
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
         mirror = MirrorIndex(schema, batches, count=count, folder=folder, partition_rows=partition_rows,

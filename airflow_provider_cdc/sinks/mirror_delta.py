@@ -1111,6 +1111,27 @@ def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
         current_batches(v, batch_rows=batch_rows, columns=_keyed_columns(v.schema))
 
 
+def newest_position(data_dir: str, source: str, table: str | TableName) -> str | None:
+    """The newest encoded position any stored row of a mirror table carries (live rows, chunk
+    rows, tombstones, superseded versions alike), from the files' Delta statistics; a file
+    without them has its position column read. None: no mirror or no rows."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return None
+    actions = pa.table(v.dt.get_add_actions(flatten=True))
+    col = f"max.{POSITION_COLUMN}"
+    tops = actions[col].to_pylist() if col in actions.column_names else [None] * actions.num_rows
+    newest = None
+    for path, top in zip(actions["path"].to_pylist() if actions.num_rows else [], tops, strict=True):
+        if top is None:
+            fs, p = storage.filesystem(storage.join(v.table_uri, *path.split("/")))
+            with fs.open_input_file(p) as fh:
+                top = pc.max(pq.read_table(fh, columns=[POSITION_COLUMN])[POSITION_COLUMN]).as_py()
+        if top is not None and (newest is None or top > newest):
+            newest = top
+    return newest
+
+
 def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Sequence[str]) -> pa.Table:
     """The live mirror rows of these canonical keys, with ``__key`` (one scan of their
     buckets, filtered)."""

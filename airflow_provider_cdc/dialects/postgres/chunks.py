@@ -9,14 +9,28 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...core.errors import SourceError
-from ...core.position import Position, just_before, lsn_to_int, next_record_start, position_mark, standby_mark
+from ...core.position import (
+    Position,
+    int_to_lsn,
+    just_before,
+    lsn_to_int,
+    next_record_start,
+    position_mark,
+    standby_mark,
+)
 from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
-from ..base import ChunkReadResult, ReadSnapshot
+from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot
 from .types import decoder, identity, pg_message, to_db
 
 DEFAULT_COPY_BATCH_ROWS = 2_000
+#: what to do when a standby did not reach a read floor in time, by what the floor stands for
+WAIT_ADVICE = {
+    READ_FLOOR_SNAPSHOT: "the task retries: check the standby's replication",
+    READ_FLOOR_MIRROR: "check the standby's replication (or raise max_replica_lag_seconds) and verify again: a "
+                       "standby behind the mirror would show its lag as mismatches",
+}
 
 
 class PgChunkReader:
@@ -153,15 +167,18 @@ class PgChunkReader:
         than the slot, which no window could then drop."""
         return None if self.read_params is None else self.mark_position()
 
-    def read_no_older_than(self, position: Position) -> None:
+    def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
         self._read_floor = position
+        self._read_floor_why = why
 
     def _replayed_before_snapshot(self, conn: Any) -> str | None:
         """Chunks from a hot standby: its replay position, read in a transaction of its own before
         the chunk's (whose snapshot then sees every commit record before it: core/visibility.py,
         ReplayedBefore); None when chunks are read from the primary. First waits until the standby
-        has replayed up to the floor (:meth:`read_no_older_than`, the snapshot's convergence mark)
-        so that the chunk's own mark is not older than it; at most ``max_replica_lag_seconds``."""
+        has replayed up to the floor (:meth:`read_no_older_than`: the snapshot's read floor or
+        convergence mark, so that the chunk's own mark is not older than it; for verify, what the
+        mirror has applied); at most ``max_replica_lag_seconds``, then fails saying how far behind
+        the standby is."""
         if self.read_params is None:
             return None
         deadline = time.monotonic() + self.max_replica_lag_seconds
@@ -174,12 +191,31 @@ class PgChunkReader:
                     next_record_start(lsn_to_int(replay), *self.wal_geometry()))) >= self._read_floor:
                 return replay
             if time.monotonic() >= deadline:
-                raise SourceError(
-                    f"source {self.source!r}: the hot standby chunks are read from has not replayed up to the "
-                    f"snapshot's start ({self._read_floor.encode()}; replayed {replay}) within "
-                    f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; the task retries: check the "
-                    "standby's replication")
+                raise SourceError(self._behind_the_floor(conn, replay))
             time.sleep(0.02)
+
+    def _behind_the_floor(self, conn: Any, replay: str) -> str:
+        """Why a read waited out ``max_replica_lag_seconds``: which standby, how far behind the
+        floor, whether its replay is paused, and what to do."""
+        why = getattr(self, "_read_floor_why", READ_FLOOR_SNAPSHOT)
+        floor = self._read_floor
+        behind = max(0, floor.major - lsn_to_int(replay))
+        state = ""
+        try:
+            paused, seconds = self._standby_row(
+                conn, "SELECT pg_is_wal_replay_paused(), extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
+            if paused in (True, "t"):
+                state += ", its replay is paused (pg_wal_replay_resume())"
+            if seconds is not None:
+                state += f", its last replayed transaction committed {float(seconds):,.0f} s ago"
+        except Exception:  # noqa: BLE001 - the error below says what is known
+            pass
+        p = self.read_params
+        advice = WAIT_ADVICE.get(why, WAIT_ADVICE[READ_FLOOR_SNAPSHOT])
+        return (f"source {self.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, the "
+                f"connection extra chunk_conn_id) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
+                f"replayed {replay}, {behind:,} bytes behind it{state}) within "
+                f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}")
 
     @property
     def _not_a_standby(self) -> str:
