@@ -12,6 +12,7 @@ Small tables (a few thousand rows, 200-row chunks) keep a scenario to a few Spar
 
 from __future__ import annotations
 
+import json
 import runpy
 import time
 import uuid
@@ -22,6 +23,7 @@ import pytest
 
 from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.dialects import dialect_class
+from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.pipeline.capture import stage_changelog
@@ -322,3 +324,35 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
     p.catch_up()
     p.assert_equal()  # no deleted row came back (unfenced: 1,400 of 1,500 deleted rows came back)
     assert groups_of_the_stopped_merge == 1, "the stopped snapshot's merge must not write another group"
+
+
+def test_a_table_keyed_by_a_unique_index_snapshots_under_writers_and_verifies(pipeline):
+    """No primary key: a unique index on NOT NULL ``id`` keys the table, named in
+    CDC_KEY_COLUMNS (PostgreSQL: under REPLICA IDENTITY FULL). Snapshot through the DAGs under
+    writers, catch up, verify 0 mismatched and an event log without violations."""
+    p = pipeline
+    params = ConnectionParams.from_uri(p.uri)
+    t, ux = w.quote_table(params, p.table), w.quote_ident(params, f"ux_{p.table.name}")
+    conn = w.connect(params)
+    try:
+        with conn.cursor() as cur:
+            if p.scheme == "pg":
+                cur.execute("SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'p'", (t,))
+                cur.execute(f"ALTER TABLE {t} DROP CONSTRAINT {w.quote_ident(params, cur.fetchone()[0])}")
+                cur.execute(f"CREATE UNIQUE INDEX {ux} ON {t} (id)")
+            else:
+                cur.execute(f"ALTER TABLE {t} DROP PRIMARY KEY, ADD UNIQUE KEY {ux} (id)")
+        conn.commit()
+    finally:
+        conn.close()
+    p.mp.setenv("CDC_KEY_COLUMNS", json.dumps({p.table.id: ["id"]}))
+    with p.dialect() as d:
+        assert d.describe_table(p.table).primary_key == ("id",)
+    with w.BackgroundWriter(p.uri, p.table, threads=2, rate=150, seed=5) as writer:
+        p.snapshot()
+        time.sleep(0.5)
+    stats = writer.stats()
+    assert stats.committed > 0 and stats.errors == [], stats.errors
+    assert p.progress().status == "done"
+    p.catch_up()
+    p.assert_equal()
