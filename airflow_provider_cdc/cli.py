@@ -1,6 +1,7 @@
 """``airflow cdc`` (or ``airflow-cdc``): snapshot status and mirror verification from the command line.
 
-    airflow cdc status [--source NAME] [--json]
+    airflow cdc status [--source NAME] [--json] [--live]
+    airflow cdc status --source NAME --caught-up-to POSITION [--json]
     airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
                        [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
     airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
@@ -10,6 +11,10 @@
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
 in :func:`_parser`.
+
+``status --caught-up-to`` exits 0 once the event log and the mirror have every change the source
+committed before POSITION (its log position at a moment: ``SELECT pg_current_wal_lsn()``, or
+``SHOW MASTER STATUS``'s ``file:position``), 1 while they do not yet.
 
 ``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
 violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
@@ -43,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
                                        "(from the Airflow Variables)")
     st.add_argument("--source", help="only this source (default: all)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--live", action="store_true",
+                    help="also read each source's current log position from its server (its connection) and say "
+                         "how far the applied changes are behind it")
+    st.add_argument("--caught-up-to", default=None, metavar="POSITION",
+                    help="with --source: exit 0 when every change committed before POSITION (PostgreSQL: an LSN, "
+                         "SELECT pg_current_wal_lsn(); MariaDB: file:offset of SHOW MASTER STATUS) is in the event "
+                         "log and the mirror, 1 when not yet")
 
     v = sub.add_parser("verify", help="compare the mirror with the source by chunked checksums")
     v.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID or cdc_source)")
@@ -84,7 +96,15 @@ def _parser() -> argparse.ArgumentParser:
 
 # --- status -------------------------------------------------------------------------------
 # what status shows is read by status.py, which the UI page reads too: one source of truth
-from .status import list_progress, progress_summary, snapshot_dag_paused  # noqa: E402, F401
+from .status import (  # noqa: E402, F401
+    binlog_file_of,
+    caught_up,
+    list_progress,
+    native_position,
+    parse_position,
+    progress_summary,
+    snapshot_dag_paused,
+)
 
 
 def describe_progress(summary: dict[str, Any]) -> str:
@@ -137,9 +157,60 @@ def describe_lag(lag: dict[str, Any]) -> str:
     return text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
 
 
+def describe_caught_up(c: dict[str, Any]) -> str:
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.get("staged_at") or 0)) + "Z"
+    text = (f"caught up to {c['caught_up_to']}: every change committed before it is applied (the staged "
+            f"changelog reached {c['staged_through']} at {when})")
+    if c.get("server_position"):
+        behind = c.get("behind_bytes")
+        text += f"; the server is at {c['server_position']}" + (
+            ", nothing more to apply" if c.get("caught_up") else
+            f", {behind:,} bytes further" if behind is not None else ", further on")
+    elif c.get("server_error"):
+        text += f"; the server's position could not be read: {c['server_error']}"
+    return text
+
+
+def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[str, Any] | None:
+    """status.caught_up of ``source`` and, ``live``, its server's position now (None: unknown)."""
+    if data_dir is None:
+        return None
+    try:
+        c = caught_up(data_dir, source)
+    except Exception:  # noqa: BLE001 - staging unreadable: status still shows the rest
+        return None
+    if c is None or not live:
+        return c
+    from .core.position import Position
+
+    try:
+        conn_id, settings = _source_connection(source, now)
+        with open_dialect(conn_id, source, settings) as dialect:
+            server = dialect.current_position()
+            upto = Position.decode(c["position"])
+            behind = dialect.log_bytes_between(upto, server)
+        c.update(server_position=native_position(server, binlog_file_of(data_dir, source)),
+                 server_encoded=server.encode(), behind_bytes=behind, caught_up=upto >= server)
+    except Exception as exc:  # noqa: BLE001 - an unreachable source is said on its line, not a failed status
+        c["server_error"] = f"{type(exc).__name__}: {exc}"
+    return c
+
+
+def _source_connection(source: str, now):
+    """(connection id, settings) of ``source``: its entry of the sources config, else the
+    environment's (CDC_SOURCE_CONN_ID when it is that source, else a connection of its name)."""
+    entry = _config_source(source, now)
+    if entry is not None:
+        return entry.settings.conn_id, entry.settings
+    return (now.conn_id if source == now.source else source), now
+
+
 def cmd_status(args: argparse.Namespace) -> int:
+    from . import settings
     from .progress_store import load_lags
 
+    if args.caught_up_to is not None:
+        return _status_caught_up_to(args)
     items = list_progress(args.source)
     lags = load_lags(args.source)
     dag_paused = bool(items) and snapshot_dag_paused()
@@ -150,10 +221,18 @@ def cmd_status(args: argparse.Namespace) -> int:
         summary = progress_summary(t, p, data_dir=data_dirs[s])
         summary["dag_paused"] = dag_paused and summary["status"] == "running"
         summaries[(s, t)] = summary
+    now = settings.load() if args.live else None
+    sources = sorted({s for s, _t, _p in items} | set(lags) | ({args.source} if args.source else set()))
+    caught = {}
+    for s in sources:
+        if s not in data_dirs:
+            data_dirs[s] = _data_dir_of(s)
+        caught[s] = _caught_up_of(s, data_dirs[s], args.live, now)
     if args.json:
         print(
             json.dumps(
-                [{"source": s, "table": t, **summaries[(s, t)], "progress": p, "source_lag": lags.get(s)}
+                [{"source": s, "table": t, **summaries[(s, t)], "progress": p, "source_lag": lags.get(s),
+                  "source_caught_up": caught.get(s)}
                  for s, t, p in items],
                 indent=2,
                 sort_keys=True,
@@ -162,12 +241,47 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not items:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
-    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in lags] + [1])
+    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in sources] + [1])
     for s, t, _p in items:
         print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
     for s, lag in lags.items():
         print(f"{s:<{width}}  {describe_lag(lag)}")
+    for s in sources:
+        if caught[s] is not None:
+            print(f"{s:<{width}}  {describe_caught_up(caught[s])}")
     return EXIT_OK
+
+
+def _status_caught_up_to(args: argparse.Namespace) -> int:
+    """``status --source S --caught-up-to POSITION``: whether every change S committed before
+    POSITION is in the event log and the mirror (exit 0) or not yet (1)."""
+    from .core.position import Position
+
+    if not args.source:
+        print("error: --caught-up-to needs --source (whose log the position is in)", file=sys.stderr)
+        return EXIT_ERROR
+    data_dir = _data_dir_of(args.source)
+    if data_dir is None:
+        print(f"error: the data location of source {args.source!r} is not known (settings)", file=sys.stderr)
+        return EXIT_ERROR
+    binlog = binlog_file_of(data_dir, args.source)
+    target = parse_position(args.caught_up_to, binlog)
+    c = caught_up(data_dir, args.source)
+    done = c is not None and Position.decode(c["position"]) >= target
+    want = native_position(target, binlog)
+    if args.json:
+        print(json.dumps({"source": args.source, "target": want, "target_encoded": target.encode(), **(c or {}),
+                          "caught_up": done}, indent=2, sort_keys=True))
+    elif c is None:
+        print(f"{args.source}: not yet: no capture has recorded how far the changelog is staged")
+    elif done:
+        print(f"{args.source}: caught up: every change committed before {want} is applied "
+              f"(caught up to {c['caught_up_to']})")
+    else:
+        print(f"{args.source}: not yet: caught up to {c['caught_up_to']}, before {want}"
+              + (f" ({c['pending_segments']} staged segment(s) to apply)" if c["pending_segments"] else
+                 " (the changelog is not captured that far yet)"))
+    return EXIT_OK if done else EXIT_MISMATCH
 
 
 def open_dialect(conn_id: str, source: str, settings=None):

@@ -165,6 +165,84 @@ def applied(data_dir: str, source: str) -> dict[str, dict]:
     return out
 
 
+def binlog_file_of(data_dir: str, source: str) -> str | None:
+    """A MariaDB/MySQL source's binlog file of its committed capture offset (its binlog's name);
+    None for any other source, or before its first capture."""
+    from . import storage
+    from .core.errors import CdcError
+    from .dialects.mysql.offsets import OFFSET_FILE, BinlogOffset
+    from .storage.layout import changelog_dir
+
+    try:
+        return BinlogOffset.from_json(storage.read_text(storage.join(changelog_dir(data_dir, source), OFFSET_FILE))).file
+    except (OSError, CdcError):
+        return None
+
+
+def native_position(position, binlog_file: str | None = None) -> str:
+    """A position as the server writes it: a PostgreSQL LSN (``0/3000148``), or with
+    ``binlog_file`` (any file of the source's binlog) MariaDB's ``file:offset``."""
+    from .core.position import int_to_lsn
+
+    if binlog_file is None:
+        return int_to_lsn(position.major)
+    base, _, digits = binlog_file.rpartition(".")
+    return f"{base}.{position.major:0{len(digits)}d}:{position.minor}"
+
+
+def parse_position(text: str, binlog_file: str | None = None):
+    """A position given on the command line: PostgreSQL's LSN (``SELECT pg_current_wal_lsn()``),
+    MariaDB's ``file:offset`` (``SHOW MASTER STATUS``'s File and Position), or an encoded
+    position (40 hex digits, as ``--json`` prints). ``binlog_file``: the source is MariaDB/MySQL
+    (None: PostgreSQL); a form of the other database is refused."""
+    from .core.errors import ConfigurationError
+    from .core.position import ENCODED_LENGTH, Position
+
+    text = text.strip()
+    if len(text) == ENCODED_LENGTH and all(c in "0123456789abcdef" for c in text):
+        return Position.decode(text)
+    name, colon, offset = text.rpartition(":")
+    if colon and offset.isdigit() and "." in name:
+        if binlog_file is None:
+            raise ConfigurationError(f"{text!r} is a binlog position, but the source is PostgreSQL: give an LSN "
+                                     "(SELECT pg_current_wal_lsn())")
+        return Position.binlog(name, int(offset))
+    try:
+        lsn = Position.pg(text)
+    except ValueError:
+        raise ConfigurationError(f"not a position: {text!r} (PostgreSQL: an LSN such as 0/3000148; MariaDB: "
+                                 "file:offset such as binlog.000002:1234; or 40 hex digits)") from None
+    if binlog_file is not None:
+        raise ConfigurationError(f"{text!r} is a PostgreSQL LSN, but the source reads a binlog: give file:offset "
+                                 "(SHOW MASTER STATUS)")
+    return lsn
+
+
+def caught_up(data_dir: str, source: str) -> dict | None:
+    """How far the outputs (event log and mirror) have every change of ``source``: every
+    transaction committed at a position before ``caught_up_to`` is applied. That is where the
+    staged changelog is complete (capture records it after each read: under watermark strategy
+    "log" too, where no watermark is written that one could wait for), or, earlier, the first
+    staged change a sink has not applied yet. None before the first capture recorded it."""
+    from .sinks.base import read_marker
+    from .storage.layout import changelog_dir
+    from .storage.segment_index import staged_through
+    from .storage.staged import list_segments
+
+    changelog = changelog_dir(data_dir, source)
+    through = staged_through(changelog)
+    if through is None:
+        return None
+    marks = [m for m in (read_marker(data_dir, source, s) for s in ("events", "mirror")) if m is not None]
+    applied = min(marks) if marks else None
+    pending = [first for first, last, _ in list_segments(changelog) if applied is None or last > applied]
+    upto = min([through[0], *pending])
+    binlog = binlog_file_of(data_dir, source)
+    return {"caught_up_to": native_position(upto, binlog), "position": upto.encode(),
+            "staged_through": native_position(through[0], binlog), "staged_at": through[1] / 1000,
+            "pending_segments": len(pending)}
+
+
 def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     """The mirror's Delta version and the rows its files hold by their statistics (live rows,
     tombstones and superseded versions before compaction); None without a mirror."""

@@ -399,6 +399,11 @@ class Dialect(ABC):
         there), where the log's offsets name one; None otherwise."""
         return None
 
+    def log_bytes_between(self, start: Position, end: Position) -> int | None:
+        """Bytes of log the server wrote from ``start`` to ``end`` (0 when ``end`` is not after
+        it); None where that is not known."""
+        return None
+
     @abstractmethod
     def ensure_watermark_table(self) -> None: ...
 

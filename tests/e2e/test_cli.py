@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,3 +202,68 @@ def test_airflow_cdc_parses_what_airflow_cdc_parses():
         want = {a.dest: (a.option_strings, a.default, a.required) for a in ours[command.name]._actions if a.dest != "help"}
         got = {a.dest: (a.option_strings, a.default, a.required) for a in airflow_side._actions if a.dest != "help"}
         assert got == want, command.name
+
+
+@pytest.mark.parametrize("db", ["pg", "mysql"])
+def test_status_says_when_the_mirror_has_caught_up_to_a_moment_without_a_watermark(request, db, unique_name,
+                                                                                    tmp_path, monkeypatch):
+    """Watermark strategy "log" (nothing may be written to the source, so no watermark to wait
+    for): read the server's position at a moment, then poll ``status --caught-up-to`` until every
+    change committed before it is in the event log and the mirror (README "Status")."""
+    from .conftest import connection_json
+    from .test_snapshot_invariants import Pipeline
+
+    uri = request.getfixturevalue("pg_uri" if db == "pg" else "mysql_uri")
+    p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
+    monkeypatch.setenv(f"AIRFLOW_CONN_{p.conn_id.upper()}", connection_json(uri, watermark_strategy="log"))
+    w.create_demo_table(uri, p.table, 100)
+    cli = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "airflow_provider_cdc.cli"]
+
+    def status(*args: str) -> subprocess.CompletedProcess:
+        return run_cli(cli, "status", "--source", p.source, *args, env=dict(os.environ))
+
+    try:
+        p.capture_now()
+        params = ConnectionParams.from_uri(uri)
+        conn = w.connect(uri)
+        try:
+            cur = conn.cursor()
+            cur.execute(f"UPDATE {w.quote_table(params, p.table)} SET {w.quote_ident(params, 'note')} = 'moved' "
+                        f"WHERE {w.quote_ident(params, 'id')} <= 10")
+            conn.commit()
+            # the moment: the server's log position now (every commit above lies before it)
+            cur.execute("SELECT pg_current_wal_lsn()::text" if db == "pg" else "SHOW MASTER STATUS")
+            row = cur.fetchone()
+            target = row[0] if db == "pg" else f"{row[0]}:{row[1]}"
+            conn.commit()
+        finally:
+            conn.close()
+
+        r = status("--caught-up-to", target)
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "not yet: caught up to " in r.stdout and f"before {target} (the changelog is not captured that far " \
+               "yet)" in r.stdout, r.stdout
+        p.capture_now()  # staged, not applied
+        r = status("--caught-up-to", target)
+        assert r.returncode == 1 and "staged segment(s) to apply" in r.stdout, r.stdout + r.stderr
+        p.run("cdc_changelog")  # capture and apply
+        r = status("--caught-up-to", target)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{p.source}: caught up: every change committed before {target} is applied" in r.stdout, r.stdout
+        r = status("--caught-up-to", target, "--json")
+        doc = json.loads(r.stdout)
+        assert (doc["caught_up"], doc["target"]) == (True, target) and doc["position"] >= doc["target_encoded"], doc
+
+        # the same, compared with the server's position now (it reads the source)
+        r = status("--live")
+        assert r.returncode == 0, r.stderr
+        (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith(p.source) and "caught up to" in ln]
+        assert "every change committed before it is applied" in line and "; the server is at " in line, line
+        assert ("nothing more to apply" in line) or re.search(r"[\d,]+ bytes further", line), line
+
+        other = "binlog.000001:4" if db == "pg" else "0/3000148"
+        r = status("--caught-up-to", other)
+        assert r.returncode == 2 and ("the source is PostgreSQL" if db == "pg" else "reads a binlog") in r.stderr, \
+            r.stdout + r.stderr
+    finally:
+        p.cleanup()

@@ -51,6 +51,18 @@ class BinlogOffset:
             ) from exc
 
 
+def binlog_bytes(files: list[tuple[str, int]], start: Position, end: Position) -> int:
+    """Bytes of the binlog ``files`` ((name, size) as SHOW BINARY LOGS lists them) from ``start``
+    to ``end`` (positions: file index, offset)."""
+    total = 0
+    for name, size in files:
+        index = binlog_file_index(name)
+        if start.major <= index <= end.major:
+            upto = end.minor if index == end.major else size
+            total += max(0, upto - (start.minor if index == start.major else 0))
+    return total
+
+
 class MyOffsets:
     """The offset file, the binlog's end, and its retention."""
 
@@ -117,15 +129,8 @@ class MyOffsets:
         start = BinlogOffset.from_json(offset)
         files = [(r[0], int(r[1])) for r in self._query("SHOW BINARY LOGS")]
         end = self.binlog_end()
-        names = [f for f, _ in files]
-        lost = start.file not in names
-        lag = 0
-        if not lost:
-            for name, size in files[names.index(start.file):]:
-                if binlog_file_index(name) > end.index:
-                    break
-                upto = end.pos if name == end.file else size
-                lag += max(0, upto - (start.pos if name == start.file else 0))
+        lost = start.file not in [f for f, _ in files]
+        lag = 0 if lost else binlog_bytes(files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos))
         expire, setting = None, "binlog_expire_logs_seconds"
         for name, scale in (("binlog_expire_logs_seconds", 1), ("expire_logs_days", 86400)):
             try:
@@ -141,6 +146,12 @@ class MyOffsets:
             fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once the file "
                 f"is purged the captured tables need a re-snapshot and a new capture offset",
         )
+
+    def log_bytes_between(self, start: Position, end: Position) -> int:
+        """Binlog bytes from ``start`` to ``end`` (files purged since count as nothing)."""
+        if end <= start:
+            return 0
+        return binlog_bytes([(r[0], int(r[1])) for r in self._query("SHOW BINARY LOGS")], start, end)
 
     def _check_not_purged(self, start: BinlogOffset) -> None:
         files = [r[0] for r in self._query("SHOW BINARY LOGS")]

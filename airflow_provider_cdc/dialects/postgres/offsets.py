@@ -211,6 +211,10 @@ class PgOffsets:
         insert position of a server idle on a page boundary is reached."""
         return Position.pg(next_record_start(lsn_to_int(offset), *self.wal_geometry()))
 
+    def log_bytes_between(self, start: Position, end: Position) -> int:
+        """WAL bytes between two positions (their LSNs)."""
+        return max(0, end.major - start.major)
+
     def wal_geometry(self) -> tuple[int, int]:
         """(wal_block_size, wal_segment_size) in bytes, read once."""
         geo = getattr(self, "_wal_geo", None)
