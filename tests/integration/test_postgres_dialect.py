@@ -371,6 +371,35 @@ class TestPostgresDialect(DialectSuite):
             == []
         )
 
+    def test_generated_columns_stay_out_of_chunks_and_the_log(self, ctx):
+        """Chunks and capture leave generated columns out: stored ones, and on PostgreSQL 18 its
+        default, virtual ones. 18 can publish stored ones (``publish_generated_columns = stored``):
+        capture then refuses the table and names the statement, rather than mirror rows that
+        differ by the way they came (a chunk's without the column, the log's with it)."""
+        pg18 = ctx.execute("SELECT current_setting('server_version_num')::int")[0][0] >= 180000
+        virtual = f", {ctx.q('g')} int GENERATED ALWAYS AS (id * 2) VIRTUAL" if pg18 else ""
+        t = TableName(self.table_schema, f"gen_{ctx.unique}")
+        ctx.execute(f"CREATE TABLE {ctx.qt(t)} ({ctx.q('id')} int PRIMARY KEY, {ctx.q('v')} text, "
+                    f"{ctx.q('s')} int GENERATED ALWAYS AS (id * 3) STORED{virtual})")
+        ctx.tables.append(t)
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        assert [c.name for c in d.describe_table(t).columns] == ["id", "v"]
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} (id, v) VALUES (1, 'a'), (2, 'b')")
+        ctx.execute(f"UPDATE {ctx.qt(t)} SET v = 'c' WHERE id = 1")
+        assert ctx.source_rows(d, t) == {"[1]": {"id": 1, "v": "c"}, "[2]": {"id": 2, "v": "b"}}
+        events = table_events(ctx.capture_all(d), t)
+        assert [(e.op, e.after) for e in events] == [
+            ("c", {"id": 1, "v": "a"}), ("c", {"id": 2, "v": "b"}), ("u", {"id": 1, "v": "c"})]
+        if not pg18:
+            return
+        ctx.execute(f"ALTER PUBLICATION {ctx.q(d.publication_name)} SET (publish_generated_columns = stored)")
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} (id, v) VALUES (3, 'x')")
+        with pytest.raises(SourceError, match=r"publishes generated column\(s\) s of table .*"
+                                              r"SET \(publish_generated_columns = none\)"):
+            ctx.capture_all(d)
+
     def test_describe_reports_types_and_replica_identity(self, ctx):
         t = ctx.create_table("ri", [("id", "bigint"), ("n", "numeric(10,3)"), ("big", "text")], ["id"])
         d = ctx.dialect([t])

@@ -265,6 +265,17 @@ class PgLogReader:
         explicit = bool(self.tables) and table in self.tables
         if self.tables and not explicit:  # a publication wider than the scope: not ours to copy
             return _RelInfo(table, "skip", names, problem=f"table {table} is outside the capture scope")
+        generated = self._published_generated_columns(rel)
+        if generated:
+            q = self.quote_ident(self.publication_name)
+            problem = (
+                f"publication {self.publication_name!r} publishes generated column(s) {', '.join(generated)} of table "
+                f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming them), which "
+                "chunks never read: the mirror's rows would differ by the way they came. "
+                f"Run ALTER PUBLICATION {q} SET (publish_generated_columns = none) and leave them out of its column "
+                "list"
+            )
+            return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         try:
             self._load_types([c.type_oid for c in rel.columns])
             logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
@@ -285,6 +296,18 @@ class PgLogReader:
             replica_identity=rel.replica_identity,
             logicals=logicals,
         )
+
+    def _published_generated_columns(self, rel: pgoutput.Relation) -> list[str]:
+        """The generated columns among those the Relation message carries. Before PostgreSQL 18
+        a publication never carries one; 18 publishes stored ones when the publication says
+        ``publish_generated_columns = stored`` or names them in its column list (virtual ones
+        never). describe_table and the chunk reads leave generated columns out."""
+        if self.conn.server_version < 180000:
+            return []
+        generated = {r[0] for r in self._query(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+            "AND attgenerated <> ''", (rel.relid,))}
+        return [c.name for c in rel.columns if c.name in generated]
 
     def read_log(
         self,
