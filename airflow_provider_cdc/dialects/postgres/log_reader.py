@@ -360,6 +360,11 @@ class PgLogReader:
         whole transaction) into ``reader``; the number of messages the server sent."""
         import psycopg2
 
+        # Protocol 1 on every server (13 to 18): versions 2 to 4 (PostgreSQL 14, 15, 16) add only
+        # streaming of transactions in progress, two-phase commits and parallel streaming, each
+        # sent only when asked for ('streaming', 'two_phase'). Capture stages committed
+        # transactions only, so it asks for none, and then 18 sends byte for byte the same
+        # messages under 1, 2, 3 and 4 (checked there).
         sql = (
             "COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
             "'proto_version', '1', 'publication_names', %s)) TO STDOUT (FORMAT binary)"
