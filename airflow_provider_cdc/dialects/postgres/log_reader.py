@@ -5,6 +5,7 @@ rows at a time into segments (pgbatch), bounded by events and bytes per segment.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,29 @@ _COPY_TRAILER = b"\xff\xff"
 #: a binary COPY row of (lsn, data): field count (2 bytes), 8 (4), the LSN (8), the data's length (4)
 _ROW_HEAD = 18
 _BLOCK_BYTES = 8 << 20  # COPY rows kept before they are handled
+
+
+#: why a server invalidated a slot: PostgreSQL 17+ names it (pg_replication_slots.invalidation_reason,
+#: and the DETAIL of a read of the slot: 'invalidated due to "idle_timeout"'), older ones do not
+_INVALIDATED_BECAUSE = {
+    "wal_removed": "the WAL it needed was removed, see max_slot_wal_keep_size",
+    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the capture "
+                    "more often than that, or raise the setting (0 turns it off)",
+    "rows_removed": "catalog rows it needed were vacuumed away",
+    "wal_level_insufficient": "wal_level was lowered below logical",
+}
+
+
+def slot_invalidated_why(reason: str | None) -> str:
+    """``was invalidated (...)`` for a slot ``reason`` (invalidation_reason, PostgreSQL 17+; None
+    before: then it was the WAL, the only reason those servers invalidate a logical slot for)."""
+    because = _INVALIDATED_BECAUSE.get(reason or "wal_removed", f"reason {reason!r}")
+    return f"was invalidated ({because})"
+
+
+def _invalidation_reason(message: str) -> str | None:
+    m = re.search(r'invalidated due to "([a-z_]+)"', message)
+    return m.group(1) if m else None
 
 
 def _unset() -> Position:  # events made one at a time: their positions are set when the segment is built
@@ -394,7 +418,7 @@ class PgLogReader:
                 if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
                     raise self._resnapshot_error("does not exist") from exc
                 if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
-                    raise self._resnapshot_error("was invalidated (the WAL it needed was removed)") from exc
+                    raise self._resnapshot_error(slot_invalidated_why(_invalidation_reason(msg))) from exc
                 raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
             finally:
                 conn.close()
