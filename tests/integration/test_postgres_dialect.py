@@ -401,6 +401,26 @@ class TestPostgresDialect(DialectSuite):
                                               r"SET \(publish_generated_columns = none\)"):
             ctx.capture_all(d)
 
+    @pytest.mark.parametrize("narrowing", ["column_list", "row_filter"])
+    def test_a_publication_that_carries_part_of_a_table_is_refused_by_capture(self, ctx, narrowing):
+        """An administrator's publication (PostgreSQL 15+) with a column list or a row filter: the
+        log then carries NULL for the other columns, or no change at all of the other rows, while
+        chunks read the whole table. Capture refuses the table and says how to publish it whole;
+        it staged the NULLs as values before."""
+        t = ctx.create_table("part", [("id", "int"), ("v", "text"), ("w", "text")], ["id"])
+        pub = f"pub_{ctx.unique}"
+        spec = f"{ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')})" if narrowing == "column_list" else \
+            f"{ctx.qt(t)} WHERE ({ctx.q('id')} > 1)"
+        ctx.execute(f"CREATE PUBLICATION {ctx.q(pub)} FOR TABLE {spec}")
+        d = ctx.dialect([t], publication_name=pub)
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1, 'a', 'x'), (2, 'b', 'y')")
+        what = "its column list leaves out w" if narrowing == "column_list" else r"only the rows WHERE \(id > 1\)"
+        with pytest.raises(SourceError, match=f"publication '{pub}' carries .*{what}.* of table {t}.*"
+                                              f"ALTER PUBLICATION .* DROP TABLE .*; ALTER PUBLICATION .* ADD TABLE"):
+            ctx.capture_all(d)
+
     def test_describe_reports_types_and_replica_identity(self, ctx):
         t = ctx.create_table("ri", [("id", "bigint"), ("n", "numeric(10,3)"), ("big", "text")], ["id"])
         d = ctx.dialect([t])

@@ -300,6 +300,15 @@ class PgLogReader:
                 "list"
             )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
+        narrowed = self._publication_narrowing(rel)
+        if narrowed:
+            q, qt = self.quote_ident(self.publication_name), self.quote_table(table)
+            problem = (
+                f"publication {self.publication_name!r} carries {narrowed} of table {table}, while chunks read all of "
+                "it: the mirror would keep values and rows the log never updates. Publish the whole table: "
+                f"ALTER PUBLICATION {q} DROP TABLE {qt}; ALTER PUBLICATION {q} ADD TABLE {qt}"
+            )
+            return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         try:
             self._load_types([c.type_oid for c in rel.columns])
             logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
@@ -332,6 +341,30 @@ class PgLogReader:
             "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
             "AND attgenerated <> ''", (rel.relid,))}
         return [c.name for c in rel.columns if c.name in generated]
+
+    def _publication_narrowing(self, rel: pgoutput.Relation) -> str | None:
+        """What a publication made by an administrator leaves out of the table (PostgreSQL 15+):
+        its column list (the log then carries NULL for the other columns) or its row filter
+        (changes to other rows are not in the log at all); None when it carries the whole table."""
+        if self.conn.server_version < 150000:
+            return None
+        rows = self._query(
+            "SELECT pt.rowfilter, ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid "
+            "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL (pt.attnames)) "
+            "FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
+            "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
+            "WHERE pt.pubname = %s AND pt.schemaname = %s AND pt.tablename = %s",
+            (self.publication_name, rel.namespace, rel.name),
+        )
+        if not rows:
+            return None
+        rowfilter, left_out = rows[0]
+        what = []
+        if left_out:
+            what.append(f"only some columns (its column list leaves out {', '.join(left_out)})")
+        if rowfilter:
+            what.append(f"only the rows WHERE {rowfilter}")
+        return " and ".join(what) or None
 
     def read_log(
         self,
