@@ -18,6 +18,12 @@ class RetentionError(SourceError):
     near max_slot_wal_keep_size, a binlog file near its expiry."""
 
 
+class SourceChangedError(SourceError):
+    """The server behind a source is not the one capture read before (a failover, a restore,
+    a slot that did not follow) and nothing proves its log continues the captured one (I14):
+    capture stops until a resync (airflow-cdc resync) records the gap and repairs what differs."""
+
+
 class TableNotFoundError(SourceError):
     """The source has no such table (or the user cannot see it)."""
 

@@ -65,6 +65,9 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
             if tables is None
             else [t if isinstance(t, TableName) else TableName.parse(str(t), "public") for t in tables]
         )
+        # PostgreSQL 17+: the slot is created as a failover slot, so that a standby with
+        # sync_replication_slots carries it through a promotion (offsets.py ``_create_slot``)
+        self.failover_slot = str(o.get("failover_slot", True)).lower() not in ("false", "0", "no", "off")
         self.on_truncate = o.get("on_truncate", "event")
         if self.on_truncate not in ("event", "fail", "skip"):
             raise ConfigurationError(

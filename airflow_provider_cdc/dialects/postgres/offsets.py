@@ -4,14 +4,18 @@ confirmed position and the WAL the slot holds back.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
-from ...core.errors import ConfigurationError, SourceError
-from ...core.position import Position, just_before, lsn_to_int, next_record_start
+from ...core.errors import ConfigurationError, SourceChangedError, SourceError
+from ...core.position import Position, int_to_lsn, just_before, lsn_to_int, next_record_start
 from ...core.schema import TableName
+from ...storage.source_server import read_server, resync_pending, write_server
 from ..base import LogRetention
 from .types import pg_message
+
+log = logging.getLogger(__name__)
 
 
 class PgOffsets:
@@ -88,33 +92,41 @@ class PgOffsets:
             )
 
     def _slot_row(self) -> tuple | None:
+        failover = "failover" if self.server_version >= 170000 else "false"
         rows = self._query(
-            "SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active FROM pg_replication_slots "
-            "WHERE slot_name = %s",
+            f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, {failover} "  # noqa: S608 - a column name
+            "FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
         )
         return rows[0] if rows else None
 
     def _resnapshot_error(self, why: str) -> SourceError:
-        return SourceError(
-            f"replication slot {self.slot_name!r} {why}: changes since the last capture are lost. "
-            "A re-snapshot is needed: drop the slot (drop_slot()) and the staged changelog of source "
-            f"{self.source!r}, then start capture again and re-snapshot every captured table"
+        return SourceChangedError(
+            f"replication slot {self.slot_name!r} {why}: changes since the last capture may be lost. "
+            + self._resync_hint()
         )
 
     def load_offset(self, data_dir: str) -> str:
-        """The slot's confirmed position; creates publication and slot on first use. A slot
-        that vanished after capture had staged segments means lost changes: error. Every check
-        runs before anything is created on the source: a run that fails leaves it unchanged."""
+        """The slot's confirmed position; creates publication and slot on first use. The server
+        must be the one capture read before, or a promoted standby the slot followed (I14,
+        :meth:`_check_continuity`); a slot that vanished after capture had staged segments means
+        lost changes: error. Every check runs before anything is created on the source: a run
+        that fails leaves it unchanged."""
+        from ...storage.layout import changelog_dir
+
         self.require_capture_scope()
         self.refuse_uncapturable(self.tables or ())
+        directory = changelog_dir(data_dir, self.source)
+        server = self.server_identity()
+        known = read_server(directory)
         row = self._slot_row()
+        if known is not None:
+            self._check_continuity(known, server, row, directory)
         if row is None:
-            from ...storage.layout import changelog_dir
             from ...storage.segment_index import changelog_used
 
             # (segments, or the index that outlives the segments staging retention removed)
-            if changelog_used(changelog_dir(data_dir, self.source)):
+            if changelog_used(directory) and not resync_pending(directory):
                 raise self._resnapshot_error(
                     "does not exist although changes were captured through it before"
                 )
@@ -124,13 +136,157 @@ class PgOffsets:
         self.prepare_watermarks()
         self.ensure_publication()
         if row is None:
-            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
+            self._create_slot()
             row = self._slot_row()
         self._check_slot(row)
+        if row[5]:
+            self._check_standby_slots()
+        server["failover"] = bool(row[5])
+        if server != known:
+            write_server(directory, server)
         return row[0]
 
+    # --- the server behind the source (I14) ------------------------------------------------
+    def server_identity(self) -> dict:
+        """Which server this is: its system identifier (the same on a primary and the standbys
+        cloned from it, another after a restore into a new cluster) and its timeline (a promotion
+        starts a new one)."""
+        sysid, recovering = self._query(
+            "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()")[0]
+        timeline = None if recovering else int(
+            self._query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
+        return {"system_identifier": sysid, "timeline": timeline}
+
+    def _create_slot(self) -> None:
+        """The slot, as a failover slot where the server has them (PostgreSQL 17+, unless the
+        connection extra ``failover_slot`` is false): a standby with ``sync_replication_slots``
+        keeps a copy, and capture goes on from it after that standby is promoted."""
+        if self.server_version >= 170000 and self.failover_slot:
+            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
+                        (self.slot_name,))
+            standbys, held = self._query(
+                "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('synchronized_standby_slots')")[0]
+            if standbys and not held:
+                log.warning(
+                    "source %r: failover slot %r created, but synchronized_standby_slots is empty while %d standby(s) "
+                    "stream from this server: capture may read changes a standby has not received yet, and after that "
+                    "standby is promoted capture stops (those changes are not on it) instead of going on. Set "
+                    "synchronized_standby_slots to the standbys' physical slots", self.source, self.slot_name, standbys)
+        else:
+            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
+
+    def _check_standby_slots(self) -> None:
+        """Logical decoding of a failover slot waits until every physical slot named in
+        ``synchronized_standby_slots`` has received the WAL it decodes. A name without a slot
+        (typically on a promoted standby that kept its old primary's setting) or a lost slot
+        makes every read wait until read_timeout: said at once instead."""
+        rows = self._query(
+            "SELECT n, s.wal_status, s.active FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), "
+            "',')) AS u(raw) CROSS JOIN LATERAL trim(u.raw) AS n LEFT JOIN pg_replication_slots s "
+            "ON s.slot_name = n AND s.slot_type = 'physical' WHERE n <> '' AND n <> '*'")
+        missing = [n for n, status, _active in rows if status is None or status == "lost"]
+        if missing:
+            raise SourceError(
+                f"source {self.source!r}: synchronized_standby_slots on PostgreSQL at {self.params.host}:"
+                f"{self.params.port} names {', '.join(map(repr, missing))}, which is not a usable physical slot here, "
+                f"and decoding failover slot {self.slot_name!r} waits for every slot named there: capture would wait "
+                "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or '' without "
+                "standbys) and reload the configuration (after a promotion, the old primary's setting is often kept)")
+        idle = [n for n, _status, active in rows if active is False]
+        if idle:
+            log.warning("source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: capture waits "
+                        "until they receive the WAL it decodes", self.source, ", ".join(idle))
+
+    @property
+    def server_version(self) -> int:
+        v = self.__dict__.get("_server_version")
+        if v is None:
+            v = self.__dict__["_server_version"] = int(self._query("SELECT current_setting('server_version_num')")[0][0])
+        return v
+
+    def _check_continuity(self, known: dict, server: dict, row: tuple | None, directory: str) -> None:
+        """I14: capture goes on only from a position proven to continue the captured log. The
+        same server: nothing to prove. A promoted standby (same system identifier, a new
+        timeline): only when the slot followed it (a synchronized failover slot) and everything
+        capture staged lies before the point where the new timeline forked from the old one, so
+        each staged change is on this server at the same position; otherwise SourceChangedError."""
+        where = f"PostgreSQL at {self.params.host}:{self.params.port}"
+        if resync_pending(directory):
+            return
+        if known.get("system_identifier") != server["system_identifier"]:
+            raise SourceChangedError(
+                f"source {self.source!r}: {where} is not the server capture read before (system identifier "
+                f"{known.get('system_identifier')} before, {server['system_identifier']} now: a restore, or another "
+                f"cluster). Nothing proves its log continues the captured one, so capture stops. {self._resync_hint()}")
+        before, now = known.get("timeline"), server["timeline"]
+        if before is None or now is None or before == now:
+            return
+        promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
+        if row is None:
+            why = (f"PostgreSQL {self.server_version // 10000} has no failover slots (17 and newer do)"
+                   if self.server_version < 170000 else
+                   "it was not a synchronized failover slot on that standby (the standby needs sync_replication_slots "
+                   "= on, hot_standby_feedback = on and a primary_slot_name)")
+            raise SourceChangedError(
+                f"source {self.source!r}: {promoted} and replication slot {self.slot_name!r} did not follow it: {why}. "
+                f"The changes between the last capture and the promotion may be lost. {self._resync_hint()}")
+        from ...storage.segment_index import staged_through
+
+        fork = self._fork_point(before, now)
+        through = staged_through(directory)
+        staged = through[0] if through else None
+        if fork is None:
+            raise SourceChangedError(
+                f"source {self.source!r}: {promoted}, and the point where timeline {now} forked from {before} cannot be "
+                "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that the changes capture "
+                f"staged are on this server. {self._resync_hint()}")
+        fork_pos = Position.pg(next_record_start(fork, *self.wal_geometry()))
+        if staged is not None and staged > fork_pos:
+            raise SourceChangedError(
+                f"source {self.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had staged changes up to "
+                f"{staged.encode()}, past that point: some of them are not on this server (set "
+                "synchronized_standby_slots on the primary so that logical decoding waits for the standby). "
+                f"{self._resync_hint()}")
+        log.warning("source %r: %s at %s; capture goes on from failover slot %r, which followed it (confirmed %s, "
+                    "staged through %s)", self.source, promoted, int_to_lsn(fork), self.slot_name, row[0],
+                    staged.encode() if staged else "nothing")
+
+    def _fork_point(self, old_timeline: int, new_timeline: int) -> int | None:
+        """Where timeline ``old_timeline`` ends in this server's history (the timeline history
+        file, read with TIMELINE_HISTORY over a replication connection: the role has REPLICATION)."""
+        import psycopg2
+        import psycopg2.extras
+
+        kw = self._connect_kwargs()
+        kw.pop("options", None)
+        try:
+            conn = psycopg2.connect(**kw, connection_factory=psycopg2.extras.PhysicalReplicationConnection)
+        except psycopg2.Error as exc:
+            log.warning("source %r: no replication connection for TIMELINE_HISTORY: %s", self.source, pg_message(exc))
+            return None
+        try:
+            with conn.cursor() as cur:
+                cur.execute(f"TIMELINE_HISTORY {int(new_timeline)}")
+                _name, content = cur.fetchone()
+        except psycopg2.Error as exc:
+            log.warning("source %r: TIMELINE_HISTORY %d failed: %s", self.source, new_timeline, pg_message(exc))
+            return None
+        finally:
+            conn.close()
+        text = bytes(content).decode() if not isinstance(content, str) else content
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) == old_timeline:
+                return lsn_to_int(parts[1])
+        return None
+
+    def _resync_hint(self) -> str:
+        return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
+                "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
+                "differ; README 'Failover')")
+
     def _check_slot(self, row: tuple) -> None:
-        confirmed, wal_status, plugin, database, _active = row
+        confirmed, wal_status, plugin, database, _active, _failover = row
         if plugin != "pgoutput":
             raise ConfigurationError(
                 f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give another slot_name"

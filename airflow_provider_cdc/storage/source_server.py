@@ -1,0 +1,60 @@
+"""Which server the staged changelog was read from, and the gaps a failover left (I14).
+
+``_server.json`` in the changelog folder: the identity of the server capture last read (for
+PostgreSQL its system identifier and timeline, and whether the slot is a failover slot). A
+capture compares it with the server it reaches before reading anything.
+
+``_gaps.json`` in the changelog folder, copied to ``_gaps.json`` in the source's event-log
+folder for consumers: one entry per gap, oldest first. ``state`` is ``resyncing`` from
+``airflow-cdc resync`` until capture has started anew on the new server (capture may then create
+a new slot although changes were captured before), then ``open`` until every captured table was
+verified and repaired, then ``closed``. ``from`` is how far the old log was staged, ``to`` where
+the new one starts: changes committed between them may be missing from the event log.
+Written only under the capture lock.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .. import storage
+
+SERVER_NAME = "_server.json"
+GAPS_NAME = "_gaps.json"
+
+
+def read_server(changelog: str) -> dict | None:
+    path = storage.join(changelog, SERVER_NAME)
+    try:
+        return json.loads(storage.read_text(path))
+    except OSError:
+        if not storage.exists(path):
+            return None
+        raise
+
+
+def write_server(changelog: str, server: dict) -> None:
+    storage.write_text(storage.join(changelog, SERVER_NAME), json.dumps(server, sort_keys=True))
+
+
+def read_gaps(changelog: str) -> list[dict]:
+    path = storage.join(changelog, GAPS_NAME)
+    try:
+        return list(json.loads(storage.read_text(path)))
+    except OSError:
+        if not storage.exists(path):
+            return []
+        raise
+
+
+def write_gaps(changelog: str, gaps: list[dict], events_dir: str | None = None) -> None:
+    """The gaps, in the changelog folder and (``events_dir``) beside the event log."""
+    text = json.dumps(gaps, sort_keys=True, indent=1)
+    storage.write_text(storage.join(changelog, GAPS_NAME), text)
+    if events_dir is not None:
+        storage.write_text(storage.join(events_dir, GAPS_NAME), text)
+
+
+def resync_pending(changelog: str) -> bool:
+    """A resync was started and capture has not started anew yet."""
+    return any(g.get("state") == "resyncing" for g in read_gaps(changelog))

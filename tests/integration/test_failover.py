@@ -1,0 +1,200 @@
+"""A failover of the source (I14), on private primary/standby pairs these tests start and
+promote (tests/pg_cluster.py): capture goes on from a position proven to continue the old log,
+or stops naming what happened.
+
+- PostgreSQL 18 with a failover slot, promoted mid-snapshot under writers: the slot followed the
+  standby; capture and the snapshot go on from where they were, and the mirror equals the source.
+- PostgreSQL 15 promoted: its slot did not follow; capture stops with SourceChangedError saying
+  so, and nothing is created on the new primary.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import pytest
+
+from airflow_provider_cdc.core.errors import SourceChangedError, SourceError
+from airflow_provider_cdc.core.ranges import FULL_RANGE
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+from airflow_provider_cdc.dialects import get_dialect
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
+from airflow_provider_cdc.storage.layout import changelog_dir
+from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
+from tests.pg_cluster import Cluster, pg_bin
+
+from .dialect_suite import table_events
+
+ROWS = 400
+CHUNK = 25
+TABLE = TableName("public", "orders")
+
+
+def _cluster(major: int, failover: bool):
+    if pg_bin(major) is None:
+        pytest.fail(f"PostgreSQL {major} server binaries are missing (scripts/services.sh installs them)")
+    c = Cluster(major, failover=failover).start()
+    c.primary.sql(f"CREATE TABLE {TABLE.schema}.{TABLE.name} (id int PRIMARY KEY, v text, n int)")
+    c.primary.sql(f"INSERT INTO {TABLE.schema}.{TABLE.name} SELECT g, 'v' || g, g FROM generate_series(1, %s) g",
+                  (ROWS,))
+    return c
+
+
+@pytest.fixture
+def pg18_pair():
+    c = _cluster(18, failover=True)
+    yield c
+    c.remove()
+
+
+@pytest.fixture
+def pg15_pair():
+    c = _cluster(15, failover=False)
+    yield c
+    c.remove()
+
+
+def _dialect(uri: str):
+    return get_dialect(ConnectionParams.from_uri(uri), source="shop", tables=[TABLE])
+
+
+class Writers:
+    """Writers on the current primary throughout; a failover's connection errors are retried
+    against whichever server is the primary then, as an application's pool does."""
+
+    def __init__(self, uri: str, threads: int = 2) -> None:
+        self.uri = uri
+        self.stop = threading.Event()
+        self.committed = 0
+        self.threads = [threading.Thread(target=self._run, args=(s,), daemon=True) for s in range(threads)]
+
+    def _run(self, seed: int) -> None:
+        import psycopg2
+
+        rnd = random.Random(seed)
+        conn = None
+        while not self.stop.is_set():
+            try:
+                if conn is None:
+                    conn = psycopg2.connect(self.uri, connect_timeout=2)
+                with conn.cursor() as cur:
+                    k = rnd.randint(1, ROWS + 50)
+                    op = rnd.random()
+                    if op < 0.6:
+                        cur.execute("UPDATE orders SET v = %s, n = n + 1 WHERE id = %s", (f"u{seed}-{rnd.random()}", k))
+                    elif op < 0.8:
+                        cur.execute("DELETE FROM orders WHERE id = %s", (k,))
+                    else:
+                        cur.execute("INSERT INTO orders VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET v = 'ins'",
+                                    (k, f"i{seed}", k))
+                conn.commit()
+                self.committed += 1
+                time.sleep(0.002)
+            except psycopg2.Error:
+                # the primary went away (or a read-only standby answered): reconnect to self.uri
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.05)
+        if conn is not None:
+            conn.close()
+
+    def __enter__(self) -> Writers:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def _chunks(d, data_dir: str, after, seq: int, count: int) -> tuple[list, object, bool]:
+    schema = d.describe_table(TABLE)
+    results = []
+    for _ in range(count):
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
+                             chunk_size=CHUNK, after_key=after)
+        results.append(res)
+        seq += 1
+        if seq % 3 == 0:
+            stage_changelog(d, data_dir)
+        if res.exhausted:
+            return results, None, True
+        after = res.last_key
+    return results, after, False
+
+
+def test_a_failover_slot_carries_capture_and_the_snapshot_through_a_promotion(pg18_pair, tmp_path, caplog):
+    c = pg18_pair
+    data_dir = str(tmp_path / "data")
+    d = _dialect(c.primary.uri)
+    d.load_offset(data_dir)
+    assert c.primary.sql("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (d.slot_name,)) == [(True,)]
+    with Writers(c.primary.uri) as writers:
+        results, after, done = _chunks(d, data_dir, None, 0, 6)
+        assert not done
+        stage_changelog(d, data_dir)
+        # the standby's copy of the slot is synchronized and persistent before the promotion
+        c.wait(lambda: (stage_changelog(d, data_dir), c.slot_synced(d.slot_name))[1], "the failover slot is synced")
+        d.close()
+        c.fail_over()  # mid-snapshot, writers running
+        writers.uri = c.standby.uri
+        before = writers.committed
+        c.wait(lambda: writers.committed > before + 20, "the writers go on on the new primary")
+        d2 = _dialect(c.standby.uri)
+        # a promoted server that kept its old primary's synchronized_standby_slots would make
+        # every read of the failover slot wait: refused at once, naming the setting
+        c.standby.sql("ALTER SYSTEM SET synchronized_standby_slots = 'standby1'")
+        c.standby.sql("SELECT pg_reload_conf()")
+        c.wait(lambda: c.standby.sql("SHOW synchronized_standby_slots") == [("standby1",)], "the setting applies")
+        with pytest.raises(SourceError, match="synchronized_standby_slots .* names 'standby1'"):
+            stage_changelog(d2, data_dir)
+        c.standby.sql("ALTER SYSTEM SET synchronized_standby_slots = ''")
+        c.standby.sql("SELECT pg_reload_conf()")
+        c.wait(lambda: c.standby.sql("SHOW synchronized_standby_slots") == [("",)], "the setting applies")
+        with caplog.at_level(logging.WARNING):
+            stage_changelog(d2, data_dir)  # capture goes on from the synchronized slot
+        assert "capture goes on from failover slot" in caplog.text
+        more, _after, done = _chunks(d2, data_dir, after, len(results), 100)
+        assert done
+        results += more
+    stage_changelog(d2, data_dir)
+    events = list(read_log_events(changelog_dir(data_dir, "shop")))
+    chunks = [WindowChunk.from_result(r, read_chunk_rows(r.path, r.table)) for r in results]
+    reads = merge_window(chunks, events)
+    state = mirror_apply({}, table_events(events, TABLE))
+    mirror_apply(state, reads)
+    source = {str(r[0]): r for r in c.standby.sql("SELECT id, v, n FROM orders")}
+    mirror = mirror_rows(state, TABLE.id)
+    assert len(mirror) == len(source) > 0
+    assert {tuple(v[k] for k in ("id", "v", "n")) for v in mirror.values()} == set(source.values())
+    d2.drop_slot()
+    d2.close()
+
+
+def test_a_promoted_standby_without_the_slot_stops_capture_by_name(pg15_pair, tmp_path):
+    c = pg15_pair
+    data_dir = str(tmp_path / "data")
+    d = _dialect(c.primary.uri)
+    d.load_offset(data_dir)
+    c.primary.sql("UPDATE orders SET v = 'captured' WHERE id = 1")
+    stage_changelog(d, data_dir)
+    d.close()
+    c.primary.sql("UPDATE orders SET v = 'maybe lost' WHERE id = 2")
+    c.fail_over()
+    d2 = _dialect(c.standby.uri)
+    with pytest.raises(SourceChangedError) as err:
+        stage_changelog(d2, data_dir)
+    text = str(err.value)
+    assert "promoted from a standby (timeline 1 -> 2)" in text and d2.slot_name in text, text
+    assert "airflow-cdc resync" in text and "PostgreSQL 15 has no failover slots" in text, text
+    assert c.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
+    d2.close()
