@@ -4,6 +4,7 @@
     airflow cdc status --source NAME --caught-up-to POSITION [--json]
     airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
                        [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
+    airflow cdc resync [--conn-id ID] [--source NAME] [--data-dir DIR]
     airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
                        [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
                        [--form keyvalue|value] [--database NAME]
@@ -72,6 +73,13 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--snapshot-dag", default=None,
                    help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
                         "cdc_snapshot__<source>)")
+    r = sub.add_parser("resync", help="after a failover capture could not follow (SourceChangedError): record the "
+                                      "gap, start capture anew on the server the source reaches now; then verify "
+                                      "--repair each table")
+    r.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID)")
+    r.add_argument("--source", help="source name (default: the connection id); a source of the sources config brings "
+                                    "its connection and data location")
+    r.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
     x = sub.add_parser("export-debezium", help="write a table's event log as Debezium JSON records (JSON lines of "
                                                "key and value documents, JsonConverter with schemas)")
     x.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
@@ -294,6 +302,32 @@ def open_dialect(conn_id: str, source: str, settings=None):
     return CdcSourceHook.for_settings(settings, conn_id, source).get_dialect(source=source)
 
 
+def cmd_resync(args: argparse.Namespace) -> int:
+    from . import settings
+    from .pipeline.resync import resync
+
+    try:
+        now = settings.load()
+        entry = _config_source(args.source, now) if args.source else None
+        if entry is not None:
+            now = entry.settings
+        data_dir = args.data_dir or now.data_dir
+        conn_id = args.conn_id or now.conn_id
+        source = args.source or now.explicit_source or conn_id
+        with open_dialect(conn_id, source, now) as dialect:
+            gap = resync(dialect, data_dir)
+            tables = [str(t) for t in sorted(dialect.scope_tables() or ())]
+    except CdcError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"source {source!r}: resynced. Capture starts anew at {gap['to']}; changes after {gap['from']} and before "
+          "it may be missing (recorded as a gap beside the event log, _gaps.json).")
+    print("next: let cdc_changelog run once, then verify and repair each captured table:")
+    for t in tables:
+        print(f"  airflow-cdc verify --conn-id {conn_id} --source {source} --table {t} --repair")
+    return EXIT_OK
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from . import settings
     from .pipeline.verify import check_event_log, verify_table
@@ -446,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-COMMANDS = {"status": cmd_status, "verify": cmd_verify, "export-debezium": cmd_export_debezium}
+COMMANDS = {"status": cmd_status, "verify": cmd_verify, "resync": cmd_resync, "export-debezium": cmd_export_debezium}
 
 
 def run(argv: list[str] | None = None) -> int:

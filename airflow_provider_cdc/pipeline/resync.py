@@ -1,0 +1,71 @@
+"""Resync after a failover that capture could not follow (I14): record the gap, start capture
+anew on the server the source reaches now, and leave the repair to verify, which re-reads only
+the key ranges whose rows differ. Costs what changed, not a re-snapshot."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from ..core.errors import SourceChangedError, StateError
+from ..dialects.base import Dialect
+from ..storage.layout import changelog_dir, events_dir
+from ..storage.segment_index import staged_through
+from ..storage.source_server import read_gaps, read_server, write_gaps
+from .locks import capture_lock, lock_key
+
+log = logging.getLogger(__name__)
+
+
+def resync(dialect: Dialect, data_dir: str) -> dict:
+    """Start capture anew after :class:`SourceChangedError`; returns the gap recorded.
+
+    Under the capture lock: the reason capture stopped is asked again (a source capture can
+    still follow is refused, nothing changes), the gap is recorded from how far the old log was
+    staged, a slot of the source's name left on the new server is dropped (it does not continue
+    the captured log), and capture starts on the new server. The gap's ``to`` is where the new
+    log starts; changes committed before it and after ``from`` may be missing until every
+    captured table is verified and repaired (``airflow-cdc verify --repair``)."""
+    directory = changelog_dir(data_dir, dialect.source)
+    with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
+        if not acquired:
+            raise StateError(f"source {dialect.source!r}: a capture holds the capture lock; pause the changelog DAG "
+                             "(or wait for its run to end) and resync again")
+        try:
+            dialect.load_offset(data_dir)
+        except SourceChangedError as exc:
+            reason = str(exc)
+        else:
+            raise StateError(f"source {dialect.source!r}: capture can go on from where it stands on this server, so "
+                             "there is nothing to resync")
+        before = read_server(directory)
+        server = dialect.server_identity()  # (only PostgreSQL raises SourceChangedError so far)
+        if before is not None and before.get("system_identifier") != server.get("system_identifier"):
+            raise StateError(
+                f"source {dialect.source!r}: the server is another cluster (system identifier "
+                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), whose log positions "
+                "do not continue the captured ones, so the event log and the mirror could not order its changes after "
+                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, then start capture "
+                "and snapshot every captured table")
+        through = staged_through(directory)
+        now = dialect.current_position()
+        if through is not None and now <= through[0]:
+            raise StateError(
+                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what capture staged from the "
+                f"old one ({through[0].encode()}): positions would collide. Wait until the server has written more WAL "
+                "than that (any writes do), then resync again")
+        gap = {"id": uuid.uuid4().hex, "state": "resyncing", "reason": reason,
+               "from": through[0].encode() if through else None, "detected_ms": int(time.time() * 1000),
+               "server_before": before}
+        gaps = [*read_gaps(directory), gap]
+        write_gaps(directory, gaps)
+        drop = getattr(dialect, "drop_slot", None)
+        if drop is not None:
+            drop()  # a slot of this name here did not continue the captured log
+        start = dialect.offset_position(dialect.load_offset(data_dir))
+        gap.update(state="open", to=start.encode() if start is not None else None, server_after=read_server(directory))
+        write_gaps(directory, gaps, events_dir(data_dir, dialect.source))
+        log.warning("source %r: resynced: capture starts anew at %s; changes after %s may be missing until every "
+                    "captured table is verified and repaired", dialect.source, gap["to"], gap["from"])
+        return gap
