@@ -13,6 +13,7 @@ from ...core.position import Position, int_to_lsn, just_before, lsn_to_int, next
 from ...core.schema import TableName
 from ...storage.source_server import read_server, resync_pending, write_server
 from ..base import LogRetention
+from .log_reader import slot_invalidated_why
 from .types import pg_message
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,10 @@ class PgOffsets:
             )
 
     def _slot_row(self) -> tuple | None:
-        failover = "failover" if self.server_version >= 170000 else "false"
+        v17 = self.server_version >= 170000  # (columns failover and invalidation_reason)
         rows = self._query(
-            f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, {failover} "  # noqa: S608 - a column name
-            "FROM pg_replication_slots WHERE slot_name = %s",
+            f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, "  # noqa: S608 - column names
+            f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
         )
         return rows[0] if rows else None
@@ -286,7 +287,7 @@ class PgOffsets:
                 "differ; README 'Failover')")
 
     def _check_slot(self, row: tuple) -> None:
-        confirmed, wal_status, plugin, database, _active, _failover = row
+        confirmed, wal_status, plugin, database, _active, _failover, invalidated = row
         if plugin != "pgoutput":
             raise ConfigurationError(
                 f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give another slot_name"
@@ -295,10 +296,9 @@ class PgOffsets:
             raise ConfigurationError(
                 f"replication slot {self.slot_name!r} belongs to database {database!r}: give another slot_name"
             )
-        if wal_status == "lost" or confirmed is None:
-            raise self._resnapshot_error(
-                "was invalidated (the WAL it needed was removed, see max_slot_wal_keep_size)"
-            )
+        if wal_status == "lost" or confirmed is None or invalidated is not None:
+            # (PostgreSQL 17+ says why: the WAL, idle_replication_slot_timeout on 18, wal_level...)
+            raise self._resnapshot_error(slot_invalidated_why(invalidated))
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """The slot's lag (WAL written past its confirmed position) and, when
