@@ -1,4 +1,10 @@
-"""A failover capture cannot follow, through the DAGs and the CLI (I14): PostgreSQL 15 (no
+"""A failover of the source through the DAGs and the CLI (I14).
+
+PostgreSQL 18 with a synchronized failover slot, promoted in the middle of a cdc_snapshot run
+under writers: the snapshot goes on from its last chunk and capture from the slot, no row is read
+twice, verify 0 mismatched and the event log consistent.
+
+A failover capture cannot follow: PostgreSQL 15 (no
 failover slots) promoted after changes committed on the old primary were replicated but never
 captured. cdc_changelog stops naming what happened; ``airflow-cdc resync`` records the gap and
 starts capture anew on the new primary; verify --repair re-reads only the key ranges whose rows
@@ -13,6 +19,7 @@ import json
 import pytest
 
 from airflow_provider_cdc.cli import run as cli_run
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.storage.layout import events_dir
 from airflow_provider_cdc.storage.source_server import read_gaps
 from tests.pg_cluster import Cluster, pg_bin
@@ -22,19 +29,67 @@ from .test_repair import _json_out, _triggered_conf
 from .test_snapshot_invariants import ROWS, Pipeline
 
 
-@pytest.fixture
-def promoted_pipeline(unique_name, tmp_path, monkeypatch):
-    if pg_bin(15) is None:
-        pytest.fail("PostgreSQL 15 server binaries are missing (scripts/services.sh installs them)")
-    cluster = Cluster(15).start()
+def _pair_pipeline(major: int, unique_name, tmp_path, monkeypatch):
+    if pg_bin(major) is None:
+        pytest.fail(f"PostgreSQL {major} server binaries are missing (scripts/services.sh installs them)")
+    cluster = Cluster(major, failover=major >= 17).start()
     p = Pipeline(cluster.primary.uri, unique_name, tmp_path / "data", monkeypatch)
     w.create_demo_table(p.uri, p.table, ROWS)
     p.capture_now()
+    return p, cluster
+
+
+@pytest.fixture
+def promoted_pipeline(unique_name, tmp_path, monkeypatch):
+    p, cluster = _pair_pipeline(15, unique_name, tmp_path, monkeypatch)
     yield p, cluster
     try:
         p.cleanup()
     finally:
         cluster.remove()
+
+
+@pytest.fixture
+def failover_pipeline(unique_name, tmp_path, monkeypatch):
+    p, cluster = _pair_pipeline(18, unique_name, tmp_path, monkeypatch)
+    yield p, cluster
+    try:
+        p.cleanup()
+    finally:
+        cluster.remove()
+
+
+def test_a_failover_slot_carries_a_snapshot_run_through_a_promotion(failover_pipeline):
+    p, cluster = failover_pipeline
+    mix = {"update": 50, "multi": 10, "insert": 25, "delete": 15}
+    writers = [w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=21, mix=mix).start()]
+
+    def fail_over() -> None:
+        """After the 3rd chunk: the failover slot is synchronized, the primary stops, the standby
+        is promoted, the connection (as DNS or the admin would) and the writers move to it."""
+        with p.dialect() as d:
+            cluster.wait(lambda: (stage_changelog(d, p.data_dir), cluster.slot_synced(d.slot_name))[1],
+                         "the failover slot is synchronized on the standby")
+        writers[-1].stop()
+        cluster.fail_over()
+        p.uri = cluster.standby.uri
+        p.mp.setenv(f"AIRFLOW_CONN_{p.conn_id.upper()}", p.uri)
+        writers.append(w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=22, mix=mix).start())
+
+    calls = p.on_chunk(3, fail_over)
+    try:
+        p.snapshot()
+    finally:
+        writers[-1].stop()
+    assert len(writers) == 2, "the promotion must have happened mid-snapshot"
+    for writer in writers:
+        stats = writer.stats()
+        assert stats.committed > 0 and stats.errors == [], stats.errors
+    progress = p.progress()
+    assert progress.status == "done", progress.to_json()
+    assert len(calls["after_keys"]) == len({k for k in calls["after_keys"]}), "a chunk was read twice"
+    p.catch_up()
+    p.assert_equal()
 
 
 def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(promoted_pipeline, capsys):
