@@ -182,12 +182,13 @@ def binlog_file_of(data_dir: str, source: str) -> str | None:
 def native_position(position, binlog_file: str | None = None) -> str:
     """A position as the server writes it: a PostgreSQL LSN (``0/3000148``), or with
     ``binlog_file`` (any file of the source's binlog) MariaDB's ``file:offset``."""
-    from .core.position import int_to_lsn
+    from .core.position import binlog_epoch, int_to_lsn
 
     if binlog_file is None:
         return int_to_lsn(position.major)
     base, _, digits = binlog_file.rpartition(".")
-    return f"{base}.{position.major:0{len(digits)}d}:{position.minor}"
+    index = binlog_epoch(position.major)[1]  # (the epoch above it counts failovers capture followed)
+    return f"{base}.{index:0{len(digits)}d}:{position.minor}"
 
 
 def parse_position(text: str, binlog_file: str | None = None):

@@ -5,8 +5,11 @@ A position is three unsigned integers ``(major, minor, index)``:
 * PostgreSQL: ``(commit LSN, 0, index of the change inside its transaction)``. LSNs are
   not unique (BEGIN shares its first change's LSN), so the commit LSN plus the order
   inside the transaction is the total order of committed changes.
-* MySQL/MariaDB: ``(binlog file index, offset of the rows event, row index inside the event)``.
-  The binlog is written in commit order, so file + offset is commit order.
+* MySQL/MariaDB: ``(epoch << 32 | binlog file index, offset of the rows event, row index inside
+  the event)``. The binlog is written in commit order, so file + offset is commit order. The
+  epoch (0 until then) counts the servers capture followed through a failover (I14): a promoted
+  replica numbers its binlog files on its own, so its positions carry the next epoch and sort
+  after every position of the server before.
 
 ``encode()`` gives a fixed-width lowercase hex string (16 + 16 + 8 digits) whose string
 order equals the tuple order, so Parquet columns, Spark joins and file names compare
@@ -51,9 +54,9 @@ class Position:
 
     # --- MySQL / MariaDB --------------------------------------------------------------
     @classmethod
-    def binlog(cls, file_name_or_index: str | int, offset: int, row: int = 0) -> Position:
+    def binlog(cls, file_name_or_index: str | int, offset: int, row: int = 0, epoch: int = 0) -> Position:
         idx = binlog_file_index(file_name_or_index) if isinstance(file_name_or_index, str) else file_name_or_index
-        return cls(idx, offset, row)
+        return cls(binlog_major(idx, epoch), offset, row)
 
     def __str__(self) -> str:  # readable in logs
         return f"{self.major:X}/{self.minor:X}/{self.index}"
@@ -73,6 +76,22 @@ def lsn_to_int(lsn: str) -> int:
 
 def int_to_lsn(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+#: MySQL/MariaDB: a position's major is ``epoch << BINLOG_EPOCH_SHIFT | binlog file index``
+BINLOG_EPOCH_SHIFT = 32
+
+
+def binlog_major(file_index: int, epoch: int = 0) -> int:
+    """The major of a binlog position: the file index in the low 32 bits, the server's epoch above."""
+    if not 0 <= file_index <= _MAX32 or epoch < 0:
+        raise ValueError(f"binlog file index {file_index} or epoch {epoch} out of range")
+    return (epoch << BINLOG_EPOCH_SHIFT) | file_index
+
+
+def binlog_epoch(major: int) -> tuple[int, int]:
+    """(epoch, file index) of a binlog position's major."""
+    return major >> BINLOG_EPOCH_SHIFT, major & _MAX32
 
 
 def binlog_file_index(name: str) -> int:
