@@ -69,6 +69,9 @@ def snapshot_chunk(
     hooks = gap_hooks or GapHooks()
     low, high = str(uuid.uuid4()), str(uuid.uuid4())
     path = chunk_path(data_dir, dialect.source, schema.table, snapshot_id, seq, high)
+    bind = getattr(dialect, "bind_data_dir", None)
+    if bind is not None:  # MariaDB: the committed offset gives the epoch of the chunk's log position
+        bind(data_dir)
     if dialect.writes_watermarks:
         dialect.write_watermark(low)  # step 1
     if hooks.after_low_watermark:

@@ -122,6 +122,8 @@ class MyChunkReader:
             cur.execute("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
             cur.execute("SHOW SESSION STATUS LIKE 'binlog\\_snapshot\\_%'")
             status = {str(k).lower(): v for k, v in cur.fetchall()}
+            cur.execute("SELECT @@server_id")
+            server_id = int(cur.fetchall()[0][0])
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"source {self.source!r}: could not start a consistent snapshot ({exc.args[-1]})") from exc
         file, pos = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
@@ -131,7 +133,9 @@ class MyChunkReader:
                 f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary logging on. "
                 "Use watermark_strategy 'table' on this server"
             )
-        return position_mark(Position.binlog(file, int(pos), 0), int(time.time() * 1000))
+        # the epoch of the server capture reads (failover.py): a chunk of another server waits for capture
+        epoch = self._chunk_epoch(server_id)
+        return position_mark(Position.binlog(file, int(pos), 0, epoch), int(time.time() * 1000))
 
     def replica_lag(self) -> tuple[int, float] | None:
         """(bytes, seconds) this source is behind its primary when it is itself a replica (chunks

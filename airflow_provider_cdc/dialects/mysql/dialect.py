@@ -1,6 +1,7 @@
 """MySQL and MariaDB as a source: the dialect class, its connections and flavour (docs/DESIGN.md,
 "MySQL and MariaDB"). Each capability is a mixin in its own module: prerequisites, catalog,
-watermarks, chunks, offsets (binlog coordinates), log_reader (the binlog), xa.
+watermarks, chunks, offsets (binlog coordinates), failover (another server behind the source),
+log_reader (the binlog), xa.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ...core.sqlnames import quote_mysql
 from ..base import ConnectionParams, Dialect
 from .catalog import MyCatalog
 from .chunks import MyChunkReader
+from .failover import MyFailover
 from .log_reader import MyLogReader
 from .offsets import MyOffsets
 from .prerequisites import SYSTEM_SCHEMAS, Flavour, MyPrerequisites, flavour_for
@@ -45,7 +47,8 @@ def default_server_id(source: str) -> int:
     return 1_000_000 + zlib.crc32(f"airflow-provider-cdc:{source}".encode()) % 3_000_000_000
 
 
-class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyOffsets, MyLogReader, MyXa, Dialect):
+class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyOffsets, MyFailover, MyLogReader, MyXa,
+                   Dialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with

@@ -10,6 +10,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pymysql
@@ -17,9 +18,10 @@ import pymysql.cursors
 
 from ...core.errors import SourceError, StateError
 from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
-from ...core.position import Position, binlog_file_index
+from ...core.position import Position, binlog_file_index, binlog_major
 from ...core.schema import TableName, encode_key
 from ..base import LogBatch, SegmentSink
+from .failover import GtidState
 from .held import HeldGroup, Scratch, Xid, savepoint_name
 from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .prerequisites import SYSTEM_SCHEMAS
@@ -183,7 +185,7 @@ class MyLogReader:
         )
 
         start = BinlogOffset.from_json(offset)
-        end = self.binlog_end()
+        end = self.binlog_end(start.epoch)
         if start > end:
             raise StateError(
                 f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
@@ -194,6 +196,8 @@ class MyLogReader:
             return LogBatch([], offset, offset)
         self._check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
+        self.__dict__["_read_epoch"] = start.epoch  # positions read carry the offset's epoch
+        gtids = GtidState.parse(start.gtid) if self.flavour.is_mariadb else None  # at ``committed``
         self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
 
         self.require_capture_scope()
@@ -201,16 +205,8 @@ class MyLogReader:
         only_schemas = None
         if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
-        p = self.params
         stream = BinLogStreamReader(
-            connection_settings={
-                "host": p.host,
-                "port": p.port or 3306,
-                "user": p.user or "root",
-                "passwd": p.password or "",
-                "charset": "utf8mb4",
-                **self._driver_settings(),
-            },
+            connection_settings=self._stream_settings(),
             server_id=self.server_id,
             blocking=False,
             resume_stream=True,
@@ -309,7 +305,7 @@ class MyLogReader:
         def end_group(ev_end: BinlogOffset, how: str = "commit") -> bool:
             """``how``: commit (its events stand), rollback (only non-transactional tables'
             changes stand), prepared (an XA PREPARE: its events were persisted by the caller)."""
-            nonlocal in_group, held, total, committed, committed_gtid, in_txn, group_count
+            nonlocal in_group, held, total, committed, committed_gtid, in_txn, group_count, gtids
             if held is not None:
                 if how != "prepared":
                     for events, nbytes in held.drain(rollback=how == "rollback"):
@@ -318,6 +314,8 @@ class MyLogReader:
             total += group_count
             in_group, held, in_txn, group_count = False, None, False, 0
             committed, committed_gtid = ev_end, group_gtid
+            if gtids is not None and group_gtid:
+                gtids = gtids.after(group_gtid)
             if seg_max is not None and (len(out) >= seg_max or seg_bytes >= max_bytes):
                 flush()  # ends at this group's end
             return max_events is not None and total >= max_events
@@ -330,13 +328,13 @@ class MyLogReader:
                 ev.packet.event = None
                 if isinstance(ev, RotateEvent):
                     current_file = ev.next_binlog
-                    nxt = BinlogOffset.of(ev.next_binlog, ev.position)
+                    nxt = start.at(ev.next_binlog, ev.position)
                     if not in_group and committed < nxt <= end:
                         committed = nxt
                     continue
                 if isinstance(ev, FormatDescriptionEvent):
                     continue
-                ev_end = BinlogOffset.of(current_file, ev.packet.log_pos)
+                ev_end = start.at(current_file, ev.packet.log_pos)
                 if ev_end > end:
                     break  # written after this read began: the next capture takes it
                 ev_start = ev.packet.log_pos - ev.packet.event_size
@@ -359,12 +357,12 @@ class MyLogReader:
                     # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
                     # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
                     # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
-                    group_start = (binlog_file_index(current_file), ev_start)
+                    group_start = (self._binlog_major(current_file), ev_start)
                     standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
                     begin_group(where, hold=not (standalone or ev.flags & 4), xa=xa)
                     in_txn, group_gtid, thread = not standalone, ev.gtid, None
                 elif isinstance(ev, GtidEvent):
-                    group_start = (binlog_file_index(current_file), ev_start)
+                    group_start = (self._binlog_major(current_file), ev_start)
                     begin_group(where, hold=True)  # MySQL: BEGIN follows unless DDL; whether it may roll back is unknown
                     in_txn, group_gtid, thread = False, ev.gtid, None
                 elif isinstance(ev, XidEvent):
@@ -440,7 +438,7 @@ class MyLogReader:
                 elif isinstance(ev, NotImplementedEvent):
                     kind = ev.packet.event_type
                     if kind == _ANONYMOUS_GTID:  # MySQL without GTIDs: a group starts here
-                        group_start = (binlog_file_index(current_file), ev_start)
+                        group_start = (self._binlog_major(current_file), ev_start)
                         begin_group(where, hold=True)
                         in_txn, thread = False, None
                     elif kind in _UNREADABLE_EVENTS:
@@ -462,10 +460,22 @@ class MyLogReader:
             scratch.close()
         if committed == start:
             return LogBatch(out, offset, offset)
-        extra = {"gtid": committed_gtid} if committed_gtid else {}
-        return LogBatch(out, committed.to_json(**extra), offset)
+        # MariaDB: the GTID position at the offset (per domain its last group), which a promoted
+        # replica must hold for capture to follow it; MySQL: the last group's GTID, for the record
+        gtid = str(gtids) if gtids is not None else committed_gtid
+        return LogBatch(out, replace(committed, gtid=gtid or None).to_json(), offset)
 
     # --- held groups and XA -------------------------------------------------------------
+    def _stream_settings(self) -> dict[str, Any]:
+        p = self.params
+        return {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
+                "charset": "utf8mb4", **self._driver_settings()}
+
+    def _binlog_major(self, file: str) -> int:
+        """The major of positions in binlog ``file`` of the server read now (its epoch above the
+        file index, core/position.py)."""
+        return binlog_major(binlog_file_index(file), self.__dict__.get("_read_epoch", 0))
+
     def _refuse(self, what: str) -> None:
         """A binlog event whose changes capture cannot read: stop (on_unreadable="fail", the
         default) or, once the tables it changed are re-snapshotted, warn and pass it ("skip")."""
@@ -567,7 +577,7 @@ class MyLogReader:
             )
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
-        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position.binlog(file, start_pos, 0), None, None,
+        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self._binlog_major(file), start_pos, 0), None, None,
                             int(ev.timestamp) * 1000, origin=origin)]
 
     def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str],
@@ -575,13 +585,13 @@ class MyLogReader:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
-        file_index = binlog_file_index(file)
+        file_index = self._binlog_major(file)
         ts_ms = int(ev.timestamp) * 1000
         if ev.schema == wm.schema and ev.table == wm.name:
             if not isinstance(ev, UpdateRowsEvent):
                 return []
             return [
-                WatermarkEvent(str(r["after_values"]["value"]), Position.binlog(file, start_pos, i), ts_ms)
+                WatermarkEvent(str(r["after_values"]["value"]), Position(file_index, start_pos, i), ts_ms)
                 for i, r in enumerate(ev.rows)
             ]
         if not self._capture_table(ev.schema, ev.table):

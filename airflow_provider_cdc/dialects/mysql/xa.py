@@ -10,7 +10,6 @@ from collections.abc import Iterator
 
 from ... import storage
 from ...core.events import LogEvent
-from ...core.position import binlog_file_index
 from ...storage.layout import changelog_dir
 from .held import XA_DIR, HeldGroup, Xid
 from .offsets import BinlogOffset
@@ -40,15 +39,17 @@ class MyXa:
     def _xa_manifest(self, xid: Xid, start: tuple[int, int]) -> str:
         return storage.join(self._xa_root(), f"x-{xid.key}.{start[0]:08d}-{start[1]:012d}.json")
 
-    def _xa_prepared(self, xid: Xid, file_index: int, pos: int) -> list[tuple[tuple[int, int], str]]:
-        """The manifests of ``xid`` prepared before (file_index, pos), oldest first."""
+    def _xa_prepared(self, xid: Xid, major: int, pos: int) -> list[tuple[tuple[int, int], str]]:
+        """The manifests of ``xid`` prepared before (major, pos), oldest first (a position's major:
+        the file index with the server's epoch above it, so a prepare read on the server before a
+        failover is found at its commit on the promoted replica)."""
         root, prefix = self._xa_root(), f"x-{xid.key}."
         found = []
         for name in storage.list_names(root, suffix=".json"):
             if name.startswith(prefix):
                 idx, _, off = name[len(prefix):-len(".json")].partition("-")
                 at = (int(idx), int(off))
-                if at < (file_index, pos):
+                if at < (major, pos):
                     found.append((at, storage.join(root, name)))
         return sorted(found)
 
@@ -60,7 +61,7 @@ class MyXa:
                    ) -> Iterator[tuple[list[LogEvent], int]]:
         """The events of the XA transaction ``xid`` (its latest prepare before this commit),
         placed at the commit's position in their order."""
-        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        prepared = self._xa_prepared(xid, self._binlog_major(file), pos)
         if not prepared:
             self._refuse(
                 f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came before the "
@@ -71,10 +72,10 @@ class MyXa:
         group = HeldGroup.load(self, prepared[-1][1])
         log.info("source %r: XA transaction %s committed at %s: %d event(s) staged at the commit's position",
                  self.source, xid, where, group.count)
-        yield from group.drain(rollback=False, at=(binlog_file_index(file), pos))
+        yield from group.drain(rollback=False, at=(self._binlog_major(file), pos))
 
     def _xa_forget(self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset) -> None:
-        prepared = self._xa_prepared(xid, binlog_file_index(file), pos)
+        prepared = self._xa_prepared(xid, self._binlog_major(file), pos)
         if prepared:
             self._xa_done([m for _, m in prepared], ev_end)
 
