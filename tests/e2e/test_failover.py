@@ -40,27 +40,24 @@ def _pair_pipeline(major: int, unique_name, tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def promoted_pipeline(unique_name, tmp_path, monkeypatch):
-    p, cluster = _pair_pipeline(15, unique_name, tmp_path, monkeypatch)
-    yield p, cluster
-    try:
-        p.cleanup()
-    finally:
-        cluster.remove()
+def pair_pipeline(unique_name, tmp_path, monkeypatch):
+    """``make(major)``: a Pipeline on the primary of a pair of its own (removed afterwards)."""
+    made = []
+
+    def make(major: int):
+        made.append(_pair_pipeline(major, unique_name, tmp_path, monkeypatch))
+        return made[-1]
+
+    yield make
+    for p, cluster in made:
+        try:
+            p.cleanup()
+        finally:
+            cluster.remove()
 
 
-@pytest.fixture
-def failover_pipeline(unique_name, tmp_path, monkeypatch):
-    p, cluster = _pair_pipeline(18, unique_name, tmp_path, monkeypatch)
-    yield p, cluster
-    try:
-        p.cleanup()
-    finally:
-        cluster.remove()
-
-
-def test_a_failover_slot_carries_a_snapshot_run_through_a_promotion(failover_pipeline):
-    p, cluster = failover_pipeline
+def test_a_failover_slot_carries_a_snapshot_run_through_a_promotion(pair_pipeline):
+    p, cluster = pair_pipeline(18)
     mix = {"update": 50, "multi": 10, "insert": 25, "delete": 15}
     writers = [w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=21, mix=mix).start()]
 
@@ -92,8 +89,8 @@ def test_a_failover_slot_carries_a_snapshot_run_through_a_promotion(failover_pip
     p.assert_equal()
 
 
-def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(promoted_pipeline, capsys):
-    p, cluster = promoted_pipeline
+def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pair_pipeline, capsys):
+    p, cluster = pair_pipeline(15)
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=3, mix={"update": 70, "insert": 30}):
         p.snapshot()
     p.catch_up()

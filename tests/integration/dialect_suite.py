@@ -194,13 +194,18 @@ class DialectSuite(ABC):
 
     def _kv_table(self, ctx: Ctx, rows: int, base: str = "t") -> TableName:
         t = ctx.create_table(base, [("id", "int"), ("v", "text"), ("n", "int")], ["id"])
+        self._kv_rows(ctx, t, rows)
+        return t
+
+    @staticmethod
+    def _kv_rows(ctx: Ctx, t: TableName, rows: int) -> None:
+        """Rows 1..``rows`` of an (id, v, n) table."""
         if rows:
             ctx.execute(
                 f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES "
                 + ", ".join(["(%s, %s, %s)"] * rows),
                 [x for i in range(1, rows + 1) for x in (i, f"v{i}", i * 10)],
             )
-        return t
 
     # --- watermarks -------------------------------------------------------------------
     def test_watermarks_appear_in_commit_order_among_concurrent_transactions(self, ctx):
@@ -477,12 +482,7 @@ class DialectSuite(ABC):
     def _unique_keyed_table(self, ctx: Ctx, rows: int) -> TableName:
         t = ctx.create_table("uk", [("id", "int NOT NULL"), ("v", "text"), ("n", "int")], None)
         ctx.execute(f"CREATE UNIQUE INDEX {ctx.q('ux_' + ctx.unique)} ON {ctx.qt(t)} ({ctx.q('id')})")
-        if rows:
-            ctx.execute(
-                f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}) VALUES "
-                + ", ".join(["(%s, %s, %s)"] * rows),
-                [x for i in range(1, rows + 1) for x in (i, f"v{i}", i * 10)],
-            )
+        self._kv_rows(ctx, t, rows)
         return t
 
     @pytest.mark.parametrize("variant", ["key_columns", "identity_index"])
