@@ -15,6 +15,7 @@ class Op(StrEnum):
     DELETE = "d"
     READ = "r"  # a snapshot row, emitted at its chunk's high watermark
     TRUNCATE = "t"  # every row of the table older than this position is gone (key, before, after: null)
+    GAP = "g"  # event log only: changes before this position may be missing (a resync after a failover)
 
 
 WATERMARK_OP = "w"  # staged-changelog rows that are watermark writes, not table changes

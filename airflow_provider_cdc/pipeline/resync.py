@@ -9,6 +9,7 @@ import time
 import uuid
 
 from ..core.errors import SourceChangedError, StateError
+from ..core.events import Op
 from ..dialects.base import Dialect
 from ..storage.layout import changelog_dir, events_dir
 from ..storage.segment_index import staged_through
@@ -16,6 +17,7 @@ from ..storage.source_server import read_gaps, read_server, write_gaps
 from .locks import capture_lock, lock_key
 
 log = logging.getLogger(__name__)
+
 
 
 def resync(dialect: Dialect, data_dir: str) -> dict:
@@ -66,6 +68,25 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
         start = dialect.offset_position(dialect.load_offset(data_dir))
         gap.update(state="open", to=start.encode() if start is not None else None, server_after=read_server(directory))
         write_gaps(directory, gaps, events_dir(data_dir, dialect.source))
+        _gap_events(dialect, data_dir, gap)
         log.warning("source %r: resynced: capture starts anew at %s; changes after %s may be missing until every "
                     "captured table is verified and repaired", dialect.source, gap["to"], gap["from"])
         return gap
+
+
+def _gap_events(dialect: Dialect, data_dir: str, gap: dict) -> None:
+    """One ``op = "g"`` event per captured table in the event log, at the position where the new
+    log starts: consumers reading the log see the gap where it is (no key, no images; the
+    reason and both ends are in _gaps.json beside it). Written once per gap (the file is named
+    by it, so a retry rewrites it)."""
+    import pyarrow as pa
+
+    from ..sinks.base import EVENT_SCHEMA
+    from ..sinks.event_log import EventLogSink
+
+    tables = sorted(dialect.scope_tables() or ())
+    if not tables or gap.get("to") is None:
+        return
+    rows = [{"position": gap["to"], "table": t.id, "op": Op.GAP.value, "ts_ms": gap["detected_ms"], "snapshot": False,
+             "batch": f"g-{gap['to']}-{gap['id'][:12]}"} for t in tables]
+    EventLogSink(data_dir, dialect.source).write(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA))

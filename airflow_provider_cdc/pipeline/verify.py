@@ -536,6 +536,8 @@ def check_event_tuples(
         if ev[2] == "t":
             truncates.append(ev[1])
             continue
+        if ev[2] == "g":  # a gap (resync): its ends are in ``gaps``
+            continue
         lst = per_key.get(ev[0])
         if lst is None:
             per_key[ev[0]] = [ev]

@@ -500,7 +500,7 @@ class TableExport:
         """The Kafka records (key document, value document or None) of one event; in the
         "value" form each is the value document alone (no tombstones)."""
         op = event["op"]
-        if op == "t" and not self.opts.truncates:
+        if (op == "t" and not self.opts.truncates) or op == "g":  # (Debezium has no gap record)
             return []
         ts_ms = int(event["ts_ms"] or 0)
         value = {

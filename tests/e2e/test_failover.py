@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 
+import pyarrow.compute as pc
 import pytest
 
 from airflow_provider_cdc.cli import run as cli_run
 from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.sinks.event_log import read_events
 from airflow_provider_cdc.storage.layout import events_dir
 from airflow_provider_cdc.storage.source_server import read_gaps
 from tests.pg_cluster import Cluster, pg_bin
@@ -113,6 +115,9 @@ def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pa
     assert cli_run(resync) == 2  # capture goes on now: nothing left to resync
     (gap,) = read_gaps(events_dir(p.data_dir, p.source))
     assert gap["state"] == "open" and "did not follow" in gap["reason"] and gap["from"] < gap["to"], gap
+    events = read_events(p.data_dir, p.source, p.table)
+    gaps = events.filter(pc.equal(events["op"], "g")).to_pylist()
+    assert [(e["position"], e["key"]) for e in gaps] == [(gap["to"], None)]  # where consumers read
 
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=4, mix={"update": 70, "insert": 30}):
         p.catch_up()
@@ -130,3 +135,8 @@ def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pa
     assert 0 < reread < total / 2, (reread, total)
     p.catch_up()
     p.assert_equal()  # verify 0 mismatched; the event log holds no violation across the gap
+    out = str(p.data_dir) + "/export.jsonl"
+    assert cli_run(["export-debezium", "--table", p.table.id, "--source", p.source, "--data-dir", p.data_dir,
+                    "--out", out, "--form", "value"]) == 0
+    with open(out) as f:
+        assert {json.loads(line)["payload"]["op"] for line in f} <= {"c", "u", "d", "r"}  # no gap record
