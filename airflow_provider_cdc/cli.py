@@ -105,6 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 # --- status -------------------------------------------------------------------------------
 # what status shows is read by status.py, which the UI page reads too: one source of truth
 from .status import (  # noqa: E402, F401
+    binlog_epoch_of,
     binlog_file_of,
     caught_up,
     list_progress,
@@ -194,6 +195,9 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
     try:
         conn_id, settings = _source_connection(source, now)
         with open_dialect(conn_id, source, settings) as dialect:
+            bind = getattr(dialect, "bind_data_dir", None)  # MariaDB: the epoch of the server read now
+            if bind is not None:
+                bind(data_dir)
             server = dialect.current_position()
             upto = Position.decode(c["position"])
             behind = dialect.log_bytes_between(upto, server)
@@ -273,7 +277,7 @@ def _status_caught_up_to(args: argparse.Namespace) -> int:
         print(f"error: the data location of source {args.source!r} is not known (settings)", file=sys.stderr)
         return EXIT_ERROR
     binlog = binlog_file_of(data_dir, args.source)
-    target = parse_position(args.caught_up_to, binlog)
+    target = parse_position(args.caught_up_to, binlog, binlog_epoch_of(data_dir, args.source))
     c = caught_up(data_dir, args.source)
     done = c is not None and Position.decode(c["position"]) >= target
     want = native_position(target, binlog)

@@ -165,18 +165,30 @@ def applied(data_dir: str, source: str) -> dict[str, dict]:
     return out
 
 
-def binlog_file_of(data_dir: str, source: str) -> str | None:
-    """A MariaDB/MySQL source's binlog file of its committed capture offset (its binlog's name);
-    None for any other source, or before its first capture."""
+def _binlog_offset_of(data_dir: str, source: str):
     from . import storage
     from .core.errors import CdcError
     from .dialects.mysql.offsets import OFFSET_FILE, BinlogOffset
     from .storage.layout import changelog_dir
 
     try:
-        return BinlogOffset.from_json(storage.read_text(storage.join(changelog_dir(data_dir, source), OFFSET_FILE))).file
+        return BinlogOffset.from_json(storage.read_text(storage.join(changelog_dir(data_dir, source), OFFSET_FILE)))
     except (OSError, CdcError):
         return None
+
+
+def binlog_file_of(data_dir: str, source: str) -> str | None:
+    """A MariaDB/MySQL source's binlog file of its committed capture offset (its binlog's name);
+    None for any other source, or before its first capture."""
+    offset = _binlog_offset_of(data_dir, source)
+    return None if offset is None else offset.file
+
+
+def binlog_epoch_of(data_dir: str, source: str) -> int:
+    """The epoch of the server a MariaDB/MySQL source's capture reads now (0 before a failover):
+    a ``file:offset`` given on the command line is in that server's binlog."""
+    offset = _binlog_offset_of(data_dir, source)
+    return 0 if offset is None else offset.epoch
 
 
 def native_position(position, binlog_file: str | None = None) -> str:
@@ -191,11 +203,12 @@ def native_position(position, binlog_file: str | None = None) -> str:
     return f"{base}.{index:0{len(digits)}d}:{position.minor}"
 
 
-def parse_position(text: str, binlog_file: str | None = None):
+def parse_position(text: str, binlog_file: str | None = None, epoch: int = 0):
     """A position given on the command line: PostgreSQL's LSN (``SELECT pg_current_wal_lsn()``),
     MariaDB's ``file:offset`` (``SHOW MASTER STATUS``'s File and Position), or an encoded
     position (40 hex digits, as ``--json`` prints). ``binlog_file``: the source is MariaDB/MySQL
-    (None: PostgreSQL); a form of the other database is refused."""
+    (None: PostgreSQL); a form of the other database is refused. ``epoch``: of the server capture
+    reads now (binlog_epoch_of), whose binlog a ``file:offset`` is in."""
     from .core.errors import ConfigurationError
     from .core.position import ENCODED_LENGTH, Position
 
@@ -207,7 +220,7 @@ def parse_position(text: str, binlog_file: str | None = None):
         if binlog_file is None:
             raise ConfigurationError(f"{text!r} is a binlog position, but the source is PostgreSQL: give an LSN "
                                      "(SELECT pg_current_wal_lsn())")
-        return Position.binlog(name, int(offset))
+        return Position.binlog(name, int(offset), epoch=epoch)
     try:
         lsn = Position.pg(text)
     except ValueError:

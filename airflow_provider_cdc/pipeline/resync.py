@@ -42,7 +42,7 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
             raise StateError(f"source {dialect.source!r}: capture can go on from where it stands on this server, so "
                              "there is nothing to resync")
         before = read_server(directory)
-        server = dialect.server_identity()  # (only PostgreSQL raises SourceChangedError so far)
+        server = dialect.server_identity()
         if before is not None and before.get("system_identifier") != server.get("system_identifier"):
             raise StateError(
                 f"source {dialect.source!r}: the server is another cluster (system identifier "
