@@ -178,8 +178,10 @@ class PgChunkReader:
         has replayed up to the floor (:meth:`read_no_older_than`: the snapshot's read floor or
         convergence mark, so that the chunk's own mark is not older than it; for verify, what the
         mirror has applied); at most ``max_replica_lag_seconds``, then fails saying how far behind
-        the standby is."""
-        if self.read_params is None:
+        the standby is. A source whose own connection is a hot standby (capture from a standby,
+        PostgreSQL 16+) reads its chunks there under the same rules, with no floor of its own: its
+        slot decodes only what that standby replayed."""
+        if not self._chunks_on_standby:
             return None
         deadline = time.monotonic() + self.max_replica_lag_seconds
         while True:
@@ -193,6 +195,12 @@ class PgChunkReader:
             if time.monotonic() >= deadline:
                 raise SourceError(self._behind_the_floor(conn, replay))
             time.sleep(0.02)
+
+    @property
+    def _chunks_on_standby(self) -> bool:
+        """Chunks are read on a hot standby: the one chunk_conn_id names, or the source's own
+        server when that is a standby (offsets.py ``on_standby``)."""
+        return self.read_params is not None or self.on_standby
 
     def _behind_the_floor(self, conn: Any, replay: str) -> str:
         """Why a read waited out ``max_replica_lag_seconds``: which standby, how far behind the
@@ -210,15 +218,19 @@ class PgChunkReader:
                 state += f", its last replayed transaction committed {float(seconds):,.0f} s ago"
         except Exception:  # noqa: BLE001 - the error below says what is known
             pass
-        p = self.read_params
+        p = self.read_params or self.params
+        which = "the connection extra chunk_conn_id" if self.read_params is not None else "the source's connection"
         advice = WAIT_ADVICE.get(why, WAIT_ADVICE[READ_FLOOR_SNAPSHOT])
-        return (f"source {self.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, the "
-                f"connection extra chunk_conn_id) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
+        return (f"source {self.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, "
+                f"{which}) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
                 f"replayed {replay}, {behind:,} bytes behind it{state}) within "
                 f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}")
 
     @property
     def _not_a_standby(self) -> str:
+        if self.read_params is None:
+            return (f"source {self.source!r}: the source's server was a hot standby when this run started and is not "
+                    "in recovery any more (promoted): the task retries, reading it as a primary")
         return (f"source {self.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
                 "standby of the source, or remove chunk_conn_id")
 
@@ -250,9 +262,9 @@ class PgChunkReader:
         if self.read_params is not None and not standby:  # promoted since it was asked
             raise SourceError(self._not_a_standby)
         if standby:
-            if replayed is None:
-                raise SourceError(f"source {self.source!r}: the source's own connection is a hot standby; capture "
-                                  "needs the primary (name the standby as chunk_conn_id)")
+            if replayed is None:  # (read as a primary's when the run started)
+                raise SourceError(f"source {self.source!r}: the source's connection reached a hot standby in the "
+                                  "middle of a run that started on a primary: the task retries")
             visibility = ReplayedBefore.text(replayed)
         if self.read_snapshot_hook is not None:
             self.read_snapshot_hook()

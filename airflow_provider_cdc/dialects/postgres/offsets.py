@@ -24,13 +24,36 @@ class PgOffsets:
 
     # --- changelog: slot and publication --------------------------------------------------
     def current_position(self) -> Position:
-        return Position.pg(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
+        """The end of the log capture can read: the WAL written (a primary), or replayed (a hot
+        standby the source captures from: what its slot can decode)."""
+        return Position.pg(self._query(f"SELECT {self._wal_end_sql('pg_current_wal_lsn')}::text")[0][0])
 
     def mark_position(self) -> Position:
         """Just before the WAL insert position, where a chunk read now records itself
         (chunks.py ``_read_snapshot``): on an idle server a chunk read after a mark sits at the
-        mark, not before it."""
+        mark, not before it. On a hot standby the source captures from: just before the start of
+        the record after its replay position, where a chunk read there later lands or after it
+        (``standby_mark``), and which capture passes once it read what the standby replayed."""
+        if self.on_standby:
+            replay = lsn_to_int(self._query("SELECT pg_last_wal_replay_lsn()::text")[0][0])
+            return just_before(Position.pg(next_record_start(replay, *self.wal_geometry())))
         return just_before(Position.pg(self._query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
+
+    def _wal_end_sql(self, primary_function: str) -> str:
+        """``primary_function()`` (pg_current_wal_lsn, _flush_lsn...), or on a hot standby, where
+        those fail in recovery, ``pg_last_wal_replay_lsn()``: the WAL its slots can decode."""
+        return "pg_last_wal_replay_lsn()" if self.on_standby else f"{primary_function}()"
+
+    @property
+    def on_standby(self) -> bool:
+        """The source's own connection is a hot standby (PostgreSQL 16+ decodes logically there):
+        capture's slot is on it, chunks are read there under a standby's rules (core/visibility.py
+        ReplayedBefore), nothing is written. Read once per dialect (and again by each
+        :meth:`load_offset`, through :meth:`server_identity`)."""
+        v = self.__dict__.get("_on_standby")
+        if v is None:
+            v = self.__dict__["_on_standby"] = bool(self._query("SELECT pg_is_in_recovery()")[0][0])
+        return v
 
     def _publication_tables(self) -> list[TableName]:
         return [*(self.tables or []), *([self.watermark_table] if self.writes_watermarks else [])]
@@ -56,6 +79,11 @@ class PgOffsets:
         q = self.quote_ident(self.publication_name)
         self.require_capture_scope()
         self.refuse_uncapturable(self.tables or ())
+        if self.on_standby:
+            problem = self.standby_publication_problem()
+            if problem:
+                raise ConfigurationError(f"source {self.source!r}: {problem}")
+            return
         if not pub:
             if not self.tables:
                 self._refuse_unidentified_tables()
@@ -70,6 +98,30 @@ class PgOffsets:
                 )
         elif not pub[0][0]:
             self._add_to_publication(self._publication_tables())
+
+    def standby_publication_problem(self, tables: Sequence[TableName] | None = None) -> str | None:
+        """A hot standby cannot create or alter a publication (it is read-only; the publication
+        comes from the primary in the WAL): what is missing, as the statement an administrator
+        runs on the primary; None when the publication carries ``tables`` (default: the scope)."""
+        q = self.quote_ident(self.publication_name)
+        where = f"PostgreSQL at {self.params.host}:{self.params.port} is a hot standby"
+        pub = self._query("SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,))
+        wanted = list(self.tables or []) if tables is None else list(tables)
+        if not pub:
+            what = f"FOR TABLE {self._qlist(wanted)}" if wanted else "FOR ALL TABLES"
+            return (f"{where}, where publication {self.publication_name!r} cannot be created (a standby is read-only; "
+                    f"publications come from the primary through the WAL). Run on the primary: CREATE PUBLICATION {q} "
+                    f"{what} WITH (publish_via_partition_root = true); then capture again once the standby replayed it")
+        if pub[0][0] or not wanted:
+            return None
+        have = {TableName(a, b) for a, b in self._query(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))}
+        missing = [t for t in wanted if t not in have]
+        if not missing:
+            return None
+        return (f"{where}, where publication {self.publication_name!r} cannot be altered, and it lacks "
+                f"{', '.join(map(str, missing))}. Run on the primary: ALTER PUBLICATION {q} ADD TABLE "
+                f"{self._qlist(missing)}")
 
     def _refuse_unidentified_tables(self) -> None:
         """Once a FOR ALL TABLES publication exists, PostgreSQL refuses UPDATE and DELETE on
@@ -154,15 +206,26 @@ class PgOffsets:
         starts a new one)."""
         sysid, recovering = self._query(
             "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()")[0]
-        timeline = None if recovering else int(
-            self._query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
+        self.__dict__["_on_standby"] = bool(recovering)
+        if recovering:
+            # (pg_walfile_name fails in recovery) the timeline the standby receives, or, while its
+            # WAL receiver is not running, the one of its last restartpoint
+            timeline = self._query(
+                "SELECT coalesce((SELECT received_tli FROM pg_stat_wal_receiver), "
+                "(SELECT timeline_id FROM pg_control_checkpoint()))")[0][0]
+            timeline = None if timeline is None else int(timeline)
+        else:
+            timeline = int(self._query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
         return {"system_identifier": sysid, "timeline": timeline}
 
     def _create_slot(self) -> None:
         """The slot, as a failover slot where the server has them (PostgreSQL 17+, unless the
         connection extra ``failover_slot`` is false): a standby with ``sync_replication_slots``
-        keeps a copy, and capture goes on from it after that standby is promoted."""
-        if self.server_version >= 170000 and self.failover_slot:
+        keeps a copy, and capture goes on from it after that standby is promoted. On a hot
+        standby (PostgreSQL 16+) a plain slot: :meth:`_create_standby_slot`."""
+        if self.on_standby:
+            self._create_standby_slot()
+        elif self.server_version >= 170000 and self.failover_slot:
             self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
                         (self.slot_name,))
             standbys, held = self._query(
@@ -175,6 +238,40 @@ class PgOffsets:
                     "synchronized_standby_slots to the standbys' physical slots", self.source, self.slot_name, standbys)
         else:
             self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
+
+    def _create_standby_slot(self) -> None:
+        """The slot on the hot standby the source captures from. The standby builds its starting
+        point from a running-transactions record of the primary, so creation waits for the next
+        one: the primary logs one every 15 s while it writes WAL, none while it is idle
+        (``SELECT pg_log_standby_snapshot()`` on the primary logs one at once). Bounded by
+        ``read_timeout``, then says so. (A slot created on a standby cannot be a failover slot.)"""
+        import psycopg2
+
+        where = f"the hot standby at {self.params.host}:{self.params.port}"
+        log.info("source %r: creating replication slot %r on %s: it waits for the primary's next running-transactions "
+                 "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on the primary "
+                 "logs one now)", self.source, self.slot_name, where)
+        conn = self._new_connection()
+        try:
+            conn.autocommit = True
+            with conn.cursor() as cur:
+                cur.execute("SET statement_timeout = %s", (max(1, int(self.read_timeout * 1000)),))
+                cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
+        except psycopg2.errors.QueryCanceled as exc:
+            raise SourceError(
+                f"source {self.source!r}: creating replication slot {self.slot_name!r} on {where} waited longer than "
+                f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the primary. The "
+                "primary logs one every 15 s while it writes WAL, none while it is idle: run SELECT "
+                "pg_log_standby_snapshot() on the primary (PostgreSQL 16+), or capture again once it writes") from exc
+        except psycopg2.Error as exc:
+            msg = pg_message(exc)
+            fix = (" Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then restart it)"
+                   if "wal_level" in msg else "")
+            raise SourceError(
+                f"source {self.source!r}: cannot create replication slot {self.slot_name!r} on {where}: {msg}.{fix}"
+            ) from exc
+        finally:
+            conn.close()
 
     def _check_standby_slots(self) -> None:
         """Logical decoding of a failover slot waits until every physical slot named in
@@ -311,7 +408,8 @@ class PgOffsets:
         record (up to ~15 s of activity later), so it stays near zero for a while after a
         capture that caught up. ``wal_status = lost`` is reported as it is."""
         rows = self._query(
-            "SELECT wal_status, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, "
+            f"SELECT wal_status, pg_wal_lsn_diff({self._wal_end_sql('pg_current_wal_lsn')}, "  # noqa: S608 - a function
+            "confirmed_flush_lsn)::bigint, "
             "(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size') "
             "FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
@@ -355,9 +453,16 @@ class PgOffsets:
         self._query(f"DROP PUBLICATION IF EXISTS {self.quote_ident(self.publication_name)}")
 
     def _flush_lsn(self) -> int:
-        return lsn_to_int(self._query("SELECT pg_current_wal_flush_lsn()::text")[0][0])
+        """Where a read of the slot ends: the WAL flushed (a primary), or replayed (a standby)."""
+        return lsn_to_int(self._query(f"SELECT {self._wal_end_sql('pg_current_wal_flush_lsn')}::text")[0][0])
 
-    def visibility(self) -> str:
+    def visibility(self) -> str | None:
+        """A primary's snapshot now (commit order is not visibility order there). None on a hot
+        standby the source captures from: a transaction becomes visible there when its commit
+        record is replayed, in log order, so every chunk read after a mark sees each commit
+        before it (and its pg_current_snapshot() lists no running xid: core/visibility.py)."""
+        if self.on_standby:
+            return None
         return self._query("SELECT pg_current_snapshot()::text")[0][0]
 
     def offset_position(self, offset: str) -> Position:

@@ -13,6 +13,7 @@ from ...core.schema import TableName
 
 APPLICATION_NAME = "airflow-provider-cdc"
 MIN_SERVER_VERSION = 130000  # pg_replication_slots.wal_status
+STANDBY_DECODING_VERSION = 160000  # logical decoding on a hot standby
 
 
 # --- prerequisites (a pure check, testable with any settings row) -------------------------
@@ -31,6 +32,8 @@ class PgSettings:
     server_version_num: int
     publication_exists: bool
     all_tables: bool  # the dialect would create FOR ALL TABLES
+    in_recovery: bool = False  # a hot standby (capture from a standby: PostgreSQL 16+)
+    hot_standby_feedback: bool = True
 
 
 def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
@@ -40,10 +43,24 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         problems.append(
             f"server version {s.server_version_num} is too old: PostgreSQL 13 or newer is required"
         )
+    if s.in_recovery and s.server_version_num < STANDBY_DECODING_VERSION:
+        problems.append(
+            f"this server is a hot standby, and PostgreSQL {s.server_version_num // 10000} cannot decode logically on "
+            "a standby (16 and newer can): point the source's connection at the primary, and name the standby as "
+            "chunk_conn_id to read chunks there"
+        )
     if s.wal_level != "logical":
         problems.append(
             f"wal_level is {s.wal_level!r}: run ALTER SYSTEM SET wal_level = logical (or set it in "
             "postgresql.conf) and restart the server"
+            + (" (on this hot standby and on its primary: decoding on a standby needs both)" if s.in_recovery else "")
+        )
+    if s.in_recovery and not s.hot_standby_feedback:
+        problems.append(
+            "hot_standby_feedback is off on this hot standby: the primary's vacuum would then remove catalog rows the "
+            "slot still needs, and the standby invalidates the slot (rows_removed). Run on the standby: ALTER SYSTEM "
+            "SET hot_standby_feedback = on; SELECT pg_reload_conf() (and give it a physical slot on the primary, "
+            "primary_slot_name, so the feedback outlives a reconnect)"
         )
     if not (s.replication_role or s.superuser):
         problems.append(
@@ -64,7 +81,7 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         problems.append(
             "max_wal_senders is 0: set it to at least 1 (capture streams through a WAL sender) and restart"
         )
-    if not s.publication_exists and s.all_tables and not s.superuser:
+    if not s.publication_exists and s.all_tables and not s.superuser and not s.in_recovery:
         problems.append(
             f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: set CDC_TABLES "
             "to the tables to capture instead (CDC_CAPTURE_ALL_TABLES unset), or have a superuser create the "
@@ -107,16 +124,27 @@ class PgPrerequisites:
             "current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_replication_slots), "
             "EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s), current_user, "
             "r.rolreplication, r.rolsuper, current_setting('server_version_num')::int, "
-            "EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s) "
+            "EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s), "
+            "pg_is_in_recovery(), current_setting('hot_standby_feedback')::bool "
             "FROM pg_roles r WHERE r.rolname = current_user",
             (self.slot_name, self.publication_name),
         )[0]
-        return PgSettings(*row, all_tables=self.all_tables and not self.tables)
+        return PgSettings(*row[:10], all_tables=self.all_tables and not self.tables, in_recovery=bool(row[10]),
+                          hot_standby_feedback=bool(row[11]))
 
     def check_prerequisites(self) -> None:
+        """Every unmet prerequisite at once. On a hot standby (capture from a standby,
+        PostgreSQL 16+) also: nothing may be written there (watermark_strategy 'log'), and the
+        publication must already carry the scope (it is created on the primary)."""
         settings = self.read_settings()
         problems = prerequisite_problems(settings, self.slot_name)
         problems += self.privilege_problems(settings)
+        if settings.in_recovery:
+            if self.writes_watermarks:
+                problems.append(self.standby_watermark_problem)
+            pub = self.standby_publication_problem()
+            if pub:
+                problems.append(pub)
         if problems:
             where = f"{self.params.host}:{self.params.port}/{self.params.database}"
             raise SourceError(
@@ -176,7 +204,9 @@ class PgPrerequisites:
             "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s",
             (self.publication_name,),
         )
-        if pub and not pub[0][0] and scope:
+        if s.in_recovery:
+            pass  # a standby's publication is the primary's: check_prerequisites names what it lacks
+        elif pub and not pub[0][0] and scope:
             published = {
                 TableName(a, b) for a, b in self._query(
                     "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))

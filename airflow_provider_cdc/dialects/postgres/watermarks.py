@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...core.errors import SourceError, WatermarkError
+from ...core.errors import ConfigurationError, SourceError, WatermarkError
 from ...core.schema import TableName
 
 
@@ -13,7 +13,14 @@ class PgWatermarks:
     def _ensure_published(self, table: TableName) -> None:
         """A table snapshotted while its changes are not published would lose the changes
         inside its chunk windows: when our publication exists and lists tables, add it
-        (before any watermark of the snapshot is written)."""
+        (before any watermark of the snapshot is written). On a hot standby nothing can be added:
+        a table the publication lacks is refused with the statement to run on the primary."""
+        if self.on_standby:
+            self.refuse_uncapturable([table])
+            problem = self.standby_publication_problem([table])
+            if problem:
+                raise SourceError(f"source {self.source!r}: {problem}")
+            return
         pub = self._query(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
@@ -28,10 +35,19 @@ class PgWatermarks:
                     f"{self.quote_ident(self.publication_name)} ADD TABLE {self.quote_table(table)}"
                 ) from exc
 
+    @property
+    def standby_watermark_problem(self) -> str:
+        return ("watermark_strategy 'table' writes watermark rows, and PostgreSQL at "
+                f"{self.params.host}:{self.params.port} is a hot standby, which cannot be written. Set "
+                "watermark_strategy to 'log' (positions read around each chunk, nothing written), or point the "
+                "source's connection at the primary")
+
     # --- watermarks ---------------------------------------------------------------------
     def ensure_watermark_table(self) -> None:
         import psycopg2
 
+        if self.on_standby:
+            raise ConfigurationError(f"source {self.source!r}: {self.standby_watermark_problem}")
         wm = self.watermark_table
         # DDL only when something is missing: CREATE ... IF NOT EXISTS still demands the
         # CREATE privilege, which a least-privilege CDC user may not have once it exists

@@ -1,0 +1,172 @@
+"""Capture from a hot standby (PostgreSQL 16+, issue 44): a source whose connection is a standby
+of the primary, with watermark_strategy "log", creates and reads its logical slot on the standby
+and reads its chunks there, so the primary serves nothing but its WAL stream.
+
+On a private PostgreSQL 18 pair (tests/pg_cluster.py; its standby has hot_standby_feedback=on):
+writers on the primary throughout a snapshot in chunks and the capture beside it, all through the
+standby; the mirror equals the primary's rows once the standby caught up, and the primary has no
+slot but the standby's physical one, no watermark table and no publication but the one the
+administrator made. Refused by name on a standby: watermark_strategy "table" (a standby cannot be
+written) and a publication that does not exist yet (created on the primary, not there).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from airflow_provider_cdc.core.errors import CdcError
+from airflow_provider_cdc.core.ranges import FULL_RANGE
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
+from airflow_provider_cdc.dialects import get_dialect
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.pipeline.capture import stage_changelog
+from airflow_provider_cdc.pipeline.snapshot import GapHooks, snapshot_chunk
+from airflow_provider_cdc.storage.layout import changelog_dir
+from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
+from tests.pg_cluster import Cluster, pg_bin
+
+from .dialect_suite import table_events
+from .test_failover import Writers
+
+ROWS = 400
+CHUNK = 25
+TABLE = TableName("public", "orders")
+PUBLICATION = "cdc_shop"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    if pg_bin(18) is None:
+        pytest.fail("PostgreSQL 18 server binaries are missing (scripts/services.sh installs them)")
+    c = Cluster(18).start()
+    try:
+        c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
+        c.primary.sql("INSERT INTO public.orders SELECT g, 'v' || g, g FROM generate_series(1, %s) g", (ROWS,))
+        # set-up of a standby source: the administrator creates the publication on the primary
+        c.primary.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE public.orders WITH (publish_via_partition_root = true)")
+        c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_publication_tables WHERE pubname = %s",
+                                     (PUBLICATION,)) == [(1,)], "the standby replayed the publication")
+        yield c
+    finally:
+        c.remove()
+
+
+def _dialect(uri: str, **options):
+    options.setdefault("watermark_strategy", "log")
+    return get_dialect(ConnectionParams.from_uri(uri), source="shop", tables=[TABLE], **options)
+
+
+def _caught_up(c: Cluster) -> None:
+    """The standby replayed everything the primary wrote so far."""
+    target = c.primary.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+    c.wait(lambda: c.standby.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)) == [(True,)],
+           "the standby replayed the primary's WAL")
+
+
+def _logical_slots(server) -> list[tuple]:
+    return server.sql("SELECT slot_name, slot_type FROM pg_replication_slots ORDER BY 1")
+
+
+def _nothing_written(c: Cluster) -> None:
+    assert _logical_slots(c.primary) == [("standby1", "physical")]
+    for srv in (c.primary, c.standby):
+        assert srv.sql("SELECT count(*) FROM pg_class WHERE relname = 'watermark'") == [(0,)]
+        assert srv.sql("SELECT pubname FROM pg_publication") == [(PUBLICATION,)]
+
+
+def test_table_watermarks_on_a_standby_are_refused_by_name(pair, tmp_path):
+    d = _dialect(pair.standby.uri, watermark_strategy="table", slot_name="cdc_refused")
+    with pytest.raises(CdcError) as err:
+        d.load_offset(str(tmp_path / "data"))
+    text = str(err.value)
+    assert "watermark_strategy 'table'" in text and "hot standby" in text and "'log'" in text, text
+    with pytest.raises(CdcError, match="watermark_strategy 'table'"):
+        d.ensure_watermark_table()  # (a snapshot's first watermark)
+    d.close()
+    assert pair.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
+    _nothing_written(pair)
+
+
+def test_a_missing_publication_is_refused_with_the_statement_for_the_primary(pair, tmp_path):
+    d = _dialect(pair.standby.uri, slot_name="cdc_refused", publication_name="cdc_nopub")
+    with pytest.raises(CdcError) as err:
+        d.load_offset(str(tmp_path / "data"))
+    text = str(err.value)
+    assert "hot standby" in text and 'Run on the primary: CREATE PUBLICATION "cdc_nopub" FOR TABLE "public"."orders"' in text, text
+    d.close()
+    assert pair.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
+    _nothing_written(pair)
+
+
+def test_capture_and_chunks_from_the_standby_mirror_the_primary(pair, tmp_path):
+    c = pair
+    data_dir = str(tmp_path / "data")
+    d = _dialect(c.standby.uri, publication_name=PUBLICATION)
+    assert d.on_standby
+    d.check_prerequisites()
+    # the standby's slot starts at the primary's next running-transactions record: logged at
+    # once here (the primary would log one within 15 s of writing WAL)
+    stop = threading.Event()
+
+    def nudge() -> None:
+        while not stop.is_set():
+            c.primary.sql("SELECT pg_log_standby_snapshot()")
+            stop.wait(0.5)
+
+    nudger = threading.Thread(target=nudge, daemon=True)
+    nudger.start()
+    try:
+        t0 = time.monotonic()
+        start = d.load_offset(data_dir)
+        created = time.monotonic() - t0
+    finally:
+        stop.set()
+        nudger.join()
+    assert _logical_slots(c.standby) == [("cdc_shop", "logical")], created
+    _nothing_written(c)
+    schema = d.describe_table(TABLE)
+    forced: list[int] = []
+
+    def force_write_in_window() -> None:  # a change on the primary to a key of the chunk being read
+        k = len(forced) * CHUNK + 7
+        forced.append(k)
+        c.primary.sql("UPDATE orders SET v = %s WHERE id = %s", (f"forced-{k}", k))
+
+    results, after, seq = [], None, 0
+    with Writers(c.primary.uri) as writers:
+        while True:
+            res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
+                                 chunk_size=CHUNK, after_key=after,
+                                 gap_hooks=GapHooks(after_low_watermark=force_write_in_window))
+            assert res.visibility and res.visibility.startswith("replayed-before:"), res.visibility
+            results.append(res)
+            seq += 1
+            if seq % 3 == 0:
+                stage_changelog(d, data_dir)  # capture beside the snapshot, on the standby
+            if res.exhausted:
+                break
+            after = res.last_key
+    assert writers.committed > 50 and len(results) > 10
+    _caught_up(c)
+    stage_changelog(d, data_dir)
+    events = list(read_log_events(changelog_dir(data_dir, "shop")))
+    chunks = [WindowChunk.from_result(r, read_chunk_rows(r.path, r.table)) for r in results]
+    reads = merge_window(chunks, events)
+    state = mirror_apply({}, table_events(events, TABLE))
+    mirror_apply(state, reads)
+    source = {r[0]: r for r in c.primary.sql("SELECT id, v, n FROM orders")}
+    mirror = {v["id"]: tuple(v[k] for k in ("id", "v", "n")) for v in mirror_rows(state, TABLE.id).values()}
+    assert len(mirror) == len(source) > 0
+    assert mirror == source
+    # the slot advanced on the standby (I6: after the staging), and capture reads no lag left
+    assert c.standby.sql("SELECT confirmed_flush_lsn > %s::pg_lsn FROM pg_replication_slots WHERE slot_name = "
+                         "'cdc_shop'", (start,)) == [(True,)]
+    retention = d.log_retention("")
+    assert retention is not None and not retention.lost
+    _nothing_written(c)
+    d.drop_slot()
+    d.close()
