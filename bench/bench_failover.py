@@ -6,6 +6,8 @@ the mirror, and rows re-read to get the mirror equal to the source again, per ca
 - ``resync``: PostgreSQL 15 (no failover slots), promoted after ``--gap-seconds`` of writes that
   were replicated but never captured. Capture stops (SourceChangedError), ``resync`` starts it
   anew, verify finds what differs and a snapshot of only those key ranges repairs it.
+- ``mariadb``: MariaDB with a GTID replica (log_slave_updates) promoted: capture follows it from
+  its GTID position in the next epoch; no row is re-read.
 
 Each case runs on a primary/standby pair of its own (tests/pg_cluster.py), a table of ``--rows``
 rows snapshotted into a Delta mirror first, writers at ``--rate`` transactions/s (updates and
@@ -14,7 +16,7 @@ whichever server is the primary. The figures are seconds on this machine and row
 re-read are also given as a share of the table.
 
     python -m bench failover [--rows 100000] [--rate 50] [--gap-seconds 1] [--verify-chunk-rows 1000]
-                             [--cases slot,resync]
+                             [--cases slot,resync,mariadb]
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from airflow_provider_cdc.pipeline.verify import verify_table
 from airflow_provider_cdc.sinks.event_log import EventLogSink
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, mirror_rows_of
 from airflow_provider_cdc.storage.layout import schema_path
+from tests import mariadb_cluster
 from tests.pg_cluster import Cluster
 
 SOURCE = "bench"
@@ -49,19 +52,20 @@ MARKER = -1  # the key the new primary's first change writes
 
 
 class Writer:
-    def __init__(self, uri: str, rows: int, rate: float) -> None:
-        self.uri, self.rows, self.rate = uri, rows, rate
+    """Updates and inserts at ``rate`` on the current primary (``server``), reconnecting to
+    whichever server that is after a failover."""
+
+    def __init__(self, server, rows: int, rate: float) -> None:
+        self.server, self.rows, self.rate = server, rows, rate
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        import psycopg2
-
         rnd, conn, next_id = random.Random(7), None, self.rows + 1
         while not self.stop.is_set():
             try:
                 if conn is None:
-                    conn = psycopg2.connect(self.uri, connect_timeout=2)
+                    conn = _connect(self.server)
                 with conn.cursor() as cur:
                     if rnd.random() < 0.8:
                         cur.execute("UPDATE orders SET v = %s, n = n + 1 WHERE id = %s",
@@ -70,17 +74,65 @@ class Writer:
                         cur.execute("INSERT INTO orders VALUES (%s, 'new', 0)", (next_id,))
                         next_id += 1
                 conn.commit()
-            except psycopg2.Error:
+            except Exception:  # noqa: BLE001 - the primary went away: reconnect to self.server
                 if conn is not None:
-                    conn.close()
+                    try:
+                        conn.close()
+                    except Exception:  # noqa: BLE001 - already gone
+                        pass
                 conn = None
             time.sleep(1 / self.rate)
         if conn is not None:
             conn.close()
 
 
-def _dialect(uri: str):
-    return get_dialect(ConnectionParams.from_uri(uri), source=SOURCE, tables=[TABLE])
+def _connect(server):
+    if isinstance(server, mariadb_cluster.Server):
+        return server.connect()
+    import psycopg2
+
+    return psycopg2.connect(server.uri, connect_timeout=2)
+
+
+class _Pair:
+    """A primary and the server a failover promotes, of either database."""
+
+    def __init__(self, case: str) -> None:
+        self.case = case
+        if case == "mariadb":
+            self.cluster = mariadb_cluster.Cluster().start()
+            self.old, self.new, self.table = self.cluster.primary, self.cluster.replica, TableName("cdc_test", "orders")
+        else:
+            self.cluster = Cluster(18 if case == "slot" else 15, failover=case == "slot").start()
+            self.old, self.new, self.table = self.cluster.primary, self.cluster.standby, TABLE
+        self.database = "MariaDB" if case == "mariadb" else f"PostgreSQL {18 if case == 'slot' else 15}"
+
+    def load(self, rows: int) -> None:
+        self.old.sql("CREATE TABLE orders (id int PRIMARY KEY, v text, n int)")
+        if self.case == "mariadb":
+            self.old.sql(f"INSERT INTO orders SELECT seq, CONCAT('v', seq), seq FROM seq_1_to_{int(rows)}")  # noqa: S608 - an int
+            self.cluster.wait_replica()
+        else:
+            self.old.sql("INSERT INTO orders SELECT g, 'v' || g, g FROM generate_series(1, %s) g", (rows,))
+
+    def ready(self, d, data_dir: str) -> None:
+        """What must hold before the promotion: the failover slot is synchronized (slot), or the
+        replica has applied everything (mariadb)."""
+        if self.case == "slot":
+            self.cluster.wait(lambda: (stage_changelog(d, data_dir), self.cluster.slot_synced(d.slot_name))[1],
+                              "the failover slot is synced")
+        elif self.case == "mariadb":
+            self.cluster.wait_replica()
+
+    def fail_over(self) -> None:
+        if self.case == "mariadb":
+            self.cluster.promote()
+        else:
+            self.cluster.fail_over()
+
+
+def _dialect(uri: str, table: TableName = TABLE):
+    return get_dialect(ConnectionParams.from_uri(uri), source=SOURCE, tables=[table])
 
 
 def _sinks(data_dir: str) -> list:
@@ -89,8 +141,9 @@ def _sinks(data_dir: str) -> list:
 
 def _snapshot(d, data_dir: str, rng=FULL_RANGE, snapshot_id: str = "snap") -> int:
     """Chunks over ``rng``, captured and merged into the mirror; returns the rows read."""
-    schema = d.describe_table(TABLE)
-    storage.write_text(schema_path(data_dir, SOURCE, TABLE), schema.to_json())
+    table = d.scope_tables()[0]
+    schema = d.describe_table(table)
+    storage.write_text(schema_path(data_dir, SOURCE, table), schema.to_json())
     results, after, seq = [], None, 0
     while True:
         res = snapshot_chunk(d, schema, rng, data_dir=data_dir, snapshot_id=snapshot_id, seq=seq, chunk_size=CHUNK,
@@ -111,38 +164,35 @@ def _until_marker_applied(d, data_dir: str, timeout: float = 120) -> None:
     while time.monotonic() < deadline:
         stage_changelog(d, data_dir)
         arrow_engine.apply_changelog(data_dir, SOURCE, _sinks(data_dir))
-        if mirror_rows_of(data_dir, SOURCE, TABLE, [key]).num_rows:
+        if mirror_rows_of(data_dir, SOURCE, d.scope_tables()[0], [key]).num_rows:
             return
     raise AssertionError("the new primary's first change never reached the mirror")
 
 
 def run_case(case: str, args) -> dict:
-    major = 18 if case == "slot" else 15
-    cluster = Cluster(major, failover=case == "slot").start()
+    pair = _Pair(case)
     data_dir = tempfile.mkdtemp(prefix=f"bench-failover-{case}-")
     try:
-        p = cluster.primary
-        p.sql("CREATE TABLE orders (id int PRIMARY KEY, v text, n int)")
-        p.sql("INSERT INTO orders SELECT g, 'v' || g, g FROM generate_series(1, %s) g", (args.rows,))
-        d = _dialect(p.uri)
+        pair.load(args.rows)
+        table = pair.table
+        d = _dialect(pair.old.uri, table)
+        d.prepare_watermarks()
         d.load_offset(data_dir)
-        writer = Writer(p.uri, args.rows, args.rate)
+        writer = Writer(pair.old, args.rows, args.rate)
         writer.thread.start()
         try:
             _snapshot(d, data_dir)
             stage_changelog(d, data_dir)
             arrow_engine.apply_changelog(data_dir, SOURCE, _sinks(data_dir))
-            if case == "slot":
-                cluster.wait(lambda: (stage_changelog(d, data_dir), cluster.slot_synced(d.slot_name))[1],
-                             "the failover slot is synced")
-            else:
+            pair.ready(d, data_dir)
+            if case == "resync":
                 time.sleep(args.gap_seconds)  # written, replicated, never captured
             d.close()
             t0 = time.monotonic()
-            cluster.fail_over()
+            pair.fail_over()
             promoted = time.monotonic()
-            writer.uri = cluster.standby.uri
-            d2 = _dialect(cluster.standby.uri)
+            writer.server = pair.new
+            d2 = _dialect(pair.new.uri, table)
             reread = 0
             if case == "resync":
                 try:
@@ -151,7 +201,7 @@ def run_case(case: str, args) -> dict:
                 except SourceChangedError:
                     pass
                 resync(d2, data_dir)  # (a change committed before this is in the gap: the repair brings it)
-            cluster.standby.sql("INSERT INTO orders VALUES (%s, 'first on the new primary', 0)", (MARKER,))
+            pair.new.sql("INSERT INTO orders VALUES (%s, 'first on the new primary', 0)", (MARKER,))
             _until_marker_applied(d2, data_dir)
             first_applied = time.monotonic()
         finally:
@@ -159,7 +209,7 @@ def run_case(case: str, args) -> dict:
             writer.thread.join()
         stage_changelog(d2, data_dir)
         arrow_engine.apply_changelog(data_dir, SOURCE, _sinks(data_dir))
-        res = verify_table(d2, data_dir, SOURCE, TABLE, chunk_rows=args.verify_chunk_rows)
+        res = verify_table(d2, data_dir, SOURCE, table, chunk_rows=args.verify_chunk_rows)
         ranges = len(res.repair_ranges)
         if not res.ok:
             conf = res.repair_conf()
@@ -169,12 +219,13 @@ def run_case(case: str, args) -> dict:
             else:
                 reread += _snapshot(d2, data_dir, snapshot_id="repair")
         consistent = time.monotonic()
-        again = verify_table(d2, data_dir, SOURCE, TABLE, chunk_rows=args.verify_chunk_rows)
+        again = verify_table(d2, data_dir, SOURCE, table, chunk_rows=args.verify_chunk_rows)
         total = again.source_rows
-        d2.drop_slot()
+        if case != "mariadb":
+            d2.drop_slot()
         d2.close()
         return {
-            "case": case, "postgresql": major, "rows": total,
+            "case": case, "database": pair.database, "rows": total,
             "promotion_s": round(promoted - t0, 2),
             "promotion_to_first_change_applied_s": round(first_applied - promoted, 2),
             "mismatched_after_catch_up": res.mismatched, "repair_ranges": ranges,
@@ -183,7 +234,7 @@ def run_case(case: str, args) -> dict:
             "verify_after_repair_mismatched": again.mismatched,
         }
     finally:
-        cluster.remove()
+        pair.cluster.remove()
         storage.delete_dir(data_dir)
 
 
@@ -193,7 +244,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rate", type=float, default=50.0, help="writer transactions/s")
     ap.add_argument("--gap-seconds", type=float, default=1.0, help="resync: seconds of writes never captured")
     ap.add_argument("--verify-chunk-rows", type=int, default=1000)
-    ap.add_argument("--cases", default="slot,resync")
+    ap.add_argument("--cases", default="slot,resync,mariadb")
     args = ap.parse_args(argv)
     failed = 0
     for case in args.cases.split(","):
