@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -23,6 +24,7 @@ from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.dialects.postgres.prerequisites import prerequisite_problems
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.snapshot import GapHooks, snapshot_chunk
 from airflow_provider_cdc.storage.layout import changelog_dir
@@ -170,3 +172,51 @@ def test_capture_and_chunks_from_the_standby_mirror_the_primary(pair, tmp_path):
     _nothing_written(c)
     d.drop_slot()
     d.close()
+
+
+def test_the_standby_prerequisites_are_named(pair):
+    d = _dialect(pair.standby.uri, publication_name=PUBLICATION)
+    pair.standby.sql("ALTER SYSTEM SET hot_standby_feedback = off")
+    pair.standby.sql("SELECT pg_reload_conf()")
+    try:
+        pair.wait(lambda: pair.standby.sql("SHOW hot_standby_feedback") == [("off",)], "the setting applies")
+        with pytest.raises(CdcError, match="hot_standby_feedback is off on this hot standby"):
+            d.check_prerequisites()
+    finally:
+        pair.standby.sql("ALTER SYSTEM SET hot_standby_feedback = on")
+        pair.standby.sql("SELECT pg_reload_conf()")
+        pair.wait(lambda: pair.standby.sql("SHOW hot_standby_feedback") == [("on",)], "the setting applies")
+    settings = d.read_settings()
+    assert settings.in_recovery and settings.hot_standby_feedback
+    d.check_prerequisites()
+    d.close()
+    # PostgreSQL 15 (Debian's) cannot decode on a standby: said, with the way that works there
+    old = replace(settings, server_version_num=150014)
+    assert any("PostgreSQL 15 cannot decode logically on a standby" in p and "chunk_conn_id" in p
+               for p in prerequisite_problems(old, "cdc_shop"))
+
+
+def test_a_synchronized_failover_slot_on_the_standby_is_refused_by_name(tmp_path):
+    if pg_bin(18) is None:
+        pytest.fail("PostgreSQL 18 server binaries are missing (scripts/services.sh installs them)")
+    c = Cluster(18, failover=True).start()
+    try:
+        c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
+        on_primary = _dialect(c.primary.uri)
+        on_primary.load_offset(str(tmp_path / "primary"))  # a failover slot, synchronized to the standby
+        data = str(tmp_path / "primary")
+
+        def synced() -> bool:  # (the standby's copy persists once the slot moved on after its creation)
+            c.primary.sql("INSERT INTO public.orders SELECT coalesce(max(id), 0) + 1, 'x', 0 FROM public.orders")
+            stage_changelog(on_primary, data)
+            return c.slot_synced(on_primary.slot_name)
+
+        c.wait(synced, "the failover slot is synced")
+        d = _dialect(c.standby.uri)
+        with pytest.raises(CdcError, match="failover slot, synchronized here .* another slot_name"):
+            d.load_offset(str(tmp_path / "standby"))
+        d.close()
+        on_primary.drop_slot()
+        on_primary.close()
+    finally:
+        c.remove()

@@ -396,6 +396,13 @@ class PgOffsets:
         if wal_status == "lost" or confirmed is None or invalidated is not None:
             # (PostgreSQL 17+ says why: the WAL, idle_replication_slot_timeout on 18, wal_level...)
             raise self._resnapshot_error(slot_invalidated_why(invalidated))
+        if self.on_standby and self.server_version >= 170000 and self._query(
+                "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)) == [(True,)]:
+            raise ConfigurationError(
+                f"source {self.source!r}: replication slot {self.slot_name!r} on the hot standby at {self.params.host}:"
+                f"{self.params.port} is the primary's failover slot, synchronized here (sync_replication_slots): "
+                "nothing may decode it on the standby. Give this source another slot_name (capture then creates its "
+                "own slot on the standby), or point its connection at the primary")
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """The slot's lag (WAL written past its confirmed position) and, when
