@@ -104,6 +104,19 @@ def test_a_missing_publication_is_refused_with_the_statement_for_the_primary(pai
     _nothing_written(pair)
 
 
+def test_a_slot_creation_that_waits_for_the_primary_says_so(pair, tmp_path):
+    """Creation on a standby waits for the primary's next running-transactions record; bounded by
+    read_timeout (1 ms here, nothing nudges the primary), the error names what to run there."""
+    d = _dialect(pair.standby.uri, slot_name="cdc_waits", publication_name=PUBLICATION, read_timeout=0.001)
+    with pytest.raises(CdcError) as err:
+        d.load_offset(str(tmp_path / "data"))
+    text = str(err.value)
+    assert "running-transactions record from the primary" in text and "pg_log_standby_snapshot()" in text, text
+    d.close()
+    assert pair.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
+    _nothing_written(pair)
+
+
 def test_capture_and_chunks_from_the_standby_mirror_the_primary(pair, tmp_path):
     c = pair
     data_dir = str(tmp_path / "data")
