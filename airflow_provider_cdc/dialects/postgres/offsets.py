@@ -431,7 +431,8 @@ class PgOffsets:
             limit_bytes=limit, safe_bytes=None if limit is None else max(0, limit - lag),
             setting="max_slot_wal_keep_size",
             fix="run the capture more often (the changelog DAG's schedule), or raise max_slot_wal_keep_size; "
-                "a slot already lost needs drop_slot() and a re-snapshot of the captured tables",
+                "a slot already lost needs airflow-cdc resync, which starts capture anew and repairs only what "
+                "differs (README 'Failover')",
         )
 
     def drop_slot(self, timeout: float = 10.0) -> bool:
