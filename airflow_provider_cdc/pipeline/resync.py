@@ -66,7 +66,8 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
         if drop is not None:
             drop()  # a slot of this name here did not continue the captured log
         start = dialect.offset_position(dialect.load_offset(data_dir))
-        gap.update(state="open", to=start.encode() if start is not None else None, server_after=read_server(directory))
+        gap.update(state="open", to=start.encode() if start is not None else None, server_after=read_server(directory),
+                   tables=[t.id for t in sorted(dialect.scope_tables() or ())])
         write_gaps(directory, gaps, events_dir(data_dir, dialect.source))
         _gap_events(dialect, data_dir, gap)
         log.warning("source %r: resynced: capture starts anew at %s; changes after %s may be missing until every "
@@ -90,3 +91,20 @@ def _gap_events(dialect: Dialect, data_dir: str, gap: dict) -> None:
     rows = [{"position": gap["to"], "table": t.id, "op": Op.GAP.value, "ts_ms": gap["detected_ms"], "snapshot": False,
              "batch": f"g-{gap['to']}-{gap['id'][:12]}"} for t in tables]
     EventLogSink(data_dir, dialect.source).write(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA))
+
+
+def verified_after_gap(dialect: Dialect, data_dir: str, table_id: str) -> list[dict]:
+    """A verify found ``table_id`` equal to the source: note it in the open gaps (closing those
+    whose tables are all verified since). Under the capture lock; a capture holding it now just
+    means the note waits for the next verify. Returns the gaps closed."""
+    directory = changelog_dir(data_dir, dialect.source)
+    from ..storage.source_server import open_gaps, record_verified
+
+    if not open_gaps(directory):
+        return []
+    with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
+        if not acquired:
+            log.warning("source %r: a capture holds the capture lock: the gap is noted as verified for %s at the "
+                        "next verify", dialect.source, table_id)
+            return []
+        return record_verified(directory, events_dir(data_dir, dialect.source), table_id, int(time.time() * 1000))

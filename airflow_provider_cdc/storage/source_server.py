@@ -8,9 +8,10 @@ capture compares it with the server it reaches before reading anything.
 folder for consumers: one entry per gap, oldest first. ``state`` is ``resyncing`` from
 ``airflow-cdc resync`` until capture has started anew on the new server (capture may then create
 a new slot although changes were captured before), then ``open`` until every captured table was
-verified and repaired, then ``closed``. ``from`` is how far the old log was staged, ``to`` where
-the new one starts: changes committed between them may be missing from the event log.
-Written only under the capture lock.
+verified and repaired (``tables``: the captured tables; ``verified``: table -> when a verify found
+it equal to the source after the gap), then ``closed``. ``from`` is how far the old log was
+staged, ``to`` where the new one starts: changes committed between them may be missing from the
+event log. Written only under the capture lock.
 """
 
 from __future__ import annotations
@@ -58,3 +59,26 @@ def write_gaps(changelog: str, gaps: list[dict], events_dir: str | None = None) 
 def resync_pending(changelog: str) -> bool:
     """A resync was started and capture has not started anew yet."""
     return any(g.get("state") == "resyncing" for g in read_gaps(changelog))
+
+
+def open_gaps(changelog: str) -> list[dict]:
+    return [g for g in read_gaps(changelog) if g.get("state") in ("resyncing", "open")]
+
+
+def record_verified(changelog: str, events_dir: str, table_id: str, at_ms: int) -> list[dict]:
+    """(Under the capture lock.) A verify found ``table_id`` equal to the source: every open gap
+    notes it, and a gap whose captured tables are all verified since is closed. Returns the gaps
+    closed now."""
+    gaps = read_gaps(changelog)
+    closed, changed = [], False
+    for g in gaps:
+        if g.get("state") != "open" or table_id not in g.get("tables", [table_id]):
+            continue
+        g.setdefault("verified", {})[table_id] = at_ms
+        changed = True
+        if set(g.get("tables", [])) <= set(g["verified"]):
+            g["state"] = "closed"
+            closed.append(g)
+    if changed:
+        write_gaps(changelog, gaps, events_dir)
+    return closed

@@ -115,6 +115,9 @@ def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pa
     assert cli_run(resync) == 2  # capture goes on now: nothing left to resync
     (gap,) = read_gaps(events_dir(p.data_dir, p.source))
     assert gap["state"] == "open" and "did not follow" in gap["reason"] and gap["from"] < gap["to"], gap
+    assert gap["tables"] == [p.table.id]
+    assert cli_run(["status", "--source", p.source]) == 0
+    assert f"gap (open): changes between {gap['from']} and {gap['to']}" in capsys.readouterr().out
     events = read_events(p.data_dir, p.source, p.table)
     gaps = events.filter(pc.equal(events["op"], "g")).to_pylist()
     assert [(e["position"], e["key"]) for e in gaps] == [(gap["to"], None)]  # where consumers read
@@ -135,6 +138,14 @@ def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pa
     assert 0 < reread < total / 2, (reread, total)
     p.catch_up()
     p.assert_equal()  # verify 0 mismatched; the event log holds no violation across the gap
+    assert read_gaps(events_dir(p.data_dir, p.source))[0]["state"] == "open"  # (no verify through the CLI yet)
+    verify_again = [a for a in verify if a != "--repair"]
+    assert cli_run(verify_again) == 0  # equal since the gap: it closes (every captured table verified)
+    (gap,) = read_gaps(events_dir(p.data_dir, p.source))
+    assert gap["state"] == "closed" and set(gap["verified"]) == {p.table.id}, gap
+    capsys.readouterr()
+    assert cli_run(["status", "--source", p.source]) == 0
+    assert "gap (" not in capsys.readouterr().out
     out = str(p.data_dir) + "/export.jsonl"
     assert cli_run(["export-debezium", "--table", p.table.id, "--source", p.source, "--data-dir", p.data_dir,
                     "--out", out, "--form", "value"]) == 0
