@@ -138,6 +138,25 @@ def _is_duplicate_key(exc: BaseException) -> bool:
     return "duplicate key" in text or "duplicate entry" in text
 
 
+def chunks_with_capture(d: Dialect, table: TableName, data_dir: str, after, seq: int, count: int,
+                        chunk_size: int) -> tuple[list, object, bool]:
+    """Up to ``count`` chunks of ``table`` from ``after`` (chunk numbers from ``seq``), a capture
+    every third one as in production; (results, the key to go on after, exhausted)."""
+    schema = d.describe_table(table)
+    results = []
+    for _ in range(count):
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
+                             chunk_size=chunk_size, after_key=after)
+        results.append(res)
+        seq += 1
+        if seq % 3 == 0:
+            stage_changelog(d, data_dir)
+        if res.exhausted:
+            return results, None, True
+        after = res.last_key
+    return results, after, False
+
+
 def table_events(events: list, table: TableName) -> list[ChangeEvent]:
     return [e for e in events if isinstance(e, ChangeEvent) and e.table == table.id]
 

@@ -18,18 +18,16 @@ import time
 import pytest
 
 from airflow_provider_cdc.core.errors import SourceChangedError, SourceError
-from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.pipeline.capture import stage_changelog
-from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
 from tests.pg_cluster import Cluster, pg_bin
 
-from .dialect_suite import table_events
+from .dialect_suite import chunks_with_capture, table_events
 
 ROWS = 400
 CHUNK = 25
@@ -117,19 +115,7 @@ class Writers:
 
 
 def _chunks(d, data_dir: str, after, seq: int, count: int) -> tuple[list, object, bool]:
-    schema = d.describe_table(TABLE)
-    results = []
-    for _ in range(count):
-        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
-                             chunk_size=CHUNK, after_key=after)
-        results.append(res)
-        seq += 1
-        if seq % 3 == 0:
-            stage_changelog(d, data_dir)
-        if res.exhausted:
-            return results, None, True
-        after = res.last_key
-    return results, after, False
+    return chunks_with_capture(d, TABLE, data_dir, after, seq, count, CHUNK)
 
 
 def test_a_failover_slot_carries_capture_and_the_snapshot_through_a_promotion(pg18_pair, tmp_path, caplog):

@@ -22,7 +22,6 @@ import pytest
 
 from airflow_provider_cdc.core.errors import SourceChangedError, SourceError
 from airflow_provider_cdc.core.position import binlog_epoch
-from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
@@ -30,14 +29,13 @@ from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.dialects.mysql import BinlogOffset
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.resync import resync
-from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.pipeline.verify import check_event_log
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.source_server import read_gaps, read_server
 from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
 from tests.mariadb_cluster import Cluster, Server, _free_port, mariadbd, wait
 
-from .dialect_suite import table_events
+from .dialect_suite import chunks_with_capture, table_events
 from .event_log_helpers import write_event_log
 
 ROWS = 400
@@ -117,19 +115,7 @@ class Writers:
 
 
 def _chunks(d, data_dir: str, after, seq: int, count: int) -> tuple[list, object, bool]:
-    schema = d.describe_table(TABLE)
-    results = []
-    for _ in range(count):
-        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
-                             chunk_size=CHUNK, after_key=after)
-        results.append(res)
-        seq += 1
-        if seq % 3 == 0:
-            stage_changelog(d, data_dir)
-        if res.exhausted:
-            return results, None, True
-        after = res.last_key
-    return results, after, False
+    return chunks_with_capture(d, TABLE, data_dir, after, seq, count, CHUNK)
 
 
 def _offset(data_dir: str) -> BinlogOffset:
