@@ -298,6 +298,12 @@ class Dialect(ABC):
                 + "\nor remove them from CDC_TABLES"
             )
 
+    def _resync_hint(self) -> str:
+        """What a SourceChangedError (I14) tells the user to do."""
+        return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
+                "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
+                "differ; README 'Failover')")
+
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         """Why each of ``tables`` cannot be captured, one sentence each with its fix (missing
         tables are left to the checks that name them)."""

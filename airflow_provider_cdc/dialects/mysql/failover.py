@@ -122,11 +122,6 @@ class MyFailover:
         if read_server(directory) != identity:
             write_server(directory, identity)
 
-    def _resync_hint(self) -> str:
-        return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
-                "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
-                "differ; README 'Failover')")
-
     def _follow_failover(self, old: BinlogOffset, server: int, directory: str) -> BinlogOffset:
         """I14: the committed offset ``old`` was read on another server. Capture goes on here only
         from the GTID position ``old`` recorded: this server's binlog must hold that group (the

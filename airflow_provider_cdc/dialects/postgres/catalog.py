@@ -81,7 +81,7 @@ class PgCatalog:
         identity's index under USING INDEX, or under FULL (whole old rows) the primary key or
         the unique NOT NULL columns named in CDC_KEY_COLUMNS. Anything else would also make
         PostgreSQL refuse the application's UPDATE and DELETE once the table is published."""
-        hit = self._pk_cache.get((relid, ident))
+        hit = self._key_cache.get((relid, ident))
         if hit is not None:
             return hit
         idx = self._unique_indexes(relid)
@@ -130,7 +130,7 @@ class PgCatalog:
             fixes = [f"ALTER TABLE {qt} REPLICA IDENTITY FULL (the log then carries whole old rows)",
                      f"remove {table} from CDC_KEY_COLUMNS"]
         out = (key, "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why)
-        self._pk_cache[(relid, ident)] = out
+        self._key_cache[(relid, ident)] = out
         return out
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:

@@ -97,7 +97,7 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         self._read_floor: Position | None = None  # chunks from a standby: no older than this
         self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
         self._types: dict[int, PgType] = {}
-        self._pk_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> _table_key
+        self._key_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> _table_key
         self._decoders_cache: dict = {}
         self._last_schema: TableSchema | None = None
         self._last_decoders: tuple = ()

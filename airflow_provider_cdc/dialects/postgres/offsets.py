@@ -77,8 +77,7 @@ class PgOffsets:
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
         q = self.quote_ident(self.publication_name)
-        self.require_capture_scope()
-        self.refuse_uncapturable(self.tables or ())
+        self.require_capture_scope()  # (load_offset, its caller, refused uncapturable tables before any DDL)
         if self.on_standby:
             problem = self.standby_publication_problem()
             if problem:
@@ -297,10 +296,8 @@ class PgOffsets:
 
     @property
     def server_version(self) -> int:
-        v = self.__dict__.get("_server_version")
-        if v is None:
-            v = self.__dict__["_server_version"] = int(self._query("SELECT current_setting('server_version_num')")[0][0])
-        return v
+        """server_version_num, as psycopg2 read it at connect (no query)."""
+        return self.conn.server_version
 
     def _check_continuity(self, known: dict, server: dict, row: tuple | None, directory: str) -> None:
         """I14: capture goes on only from a position proven to continue the captured log. The
@@ -308,17 +305,18 @@ class PgOffsets:
         timeline): only when the slot followed it (a synchronized failover slot) and everything
         capture staged lies before the point where the new timeline forked from the old one, so
         each staged change is on this server at the same position; otherwise SourceChangedError."""
-        where = f"PostgreSQL at {self.params.host}:{self.params.port}"
+        same_system = known.get("system_identifier") == server["system_identifier"]
+        before, now = known.get("timeline"), server["timeline"]
+        if same_system and (before is None or now is None or before == now):
+            return  # (every capture of an unchanged server stops here, without reading the gaps)
         if resync_pending(directory):
             return
-        if known.get("system_identifier") != server["system_identifier"]:
+        where = f"PostgreSQL at {self.params.host}:{self.params.port}"
+        if not same_system:
             raise SourceChangedError(
                 f"source {self.source!r}: {where} is not the server capture read before (system identifier "
                 f"{known.get('system_identifier')} before, {server['system_identifier']} now: a restore, or another "
                 f"cluster). Nothing proves its log continues the captured one, so capture stops. {self._resync_hint()}")
-        before, now = known.get("timeline"), server["timeline"]
-        if before is None or now is None or before == now:
-            return
         promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
         if row is None:
             why = (f"PostgreSQL {self.server_version // 10000} has no failover slots (17 and newer do)"
@@ -377,11 +375,6 @@ class PgOffsets:
             if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) == old_timeline:
                 return lsn_to_int(parts[1])
         return None
-
-    def _resync_hint(self) -> str:
-        return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
-                "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
-                "differ; README 'Failover')")
 
     def _check_slot(self, row: tuple) -> None:
         confirmed, wal_status, plugin, database, _active, _failover, invalidated = row

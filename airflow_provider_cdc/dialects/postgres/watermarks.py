@@ -15,8 +15,8 @@ class PgWatermarks:
         inside its chunk windows: when our publication exists and lists tables, add it
         (before any watermark of the snapshot is written). On a hot standby nothing can be added:
         a table the publication lacks is refused with the statement to run on the primary."""
+        self.refuse_uncapturable([table])
         if self.on_standby:
-            self.refuse_uncapturable([table])
             problem = self.standby_publication_problem([table])
             if problem:
                 raise SourceError(f"source {self.source!r}: {problem}")
@@ -25,7 +25,6 @@ class PgWatermarks:
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
         if pub and not pub[0][0]:
-            self.refuse_uncapturable([table])
             try:
                 self._add_to_publication([table])
             except SourceError as exc:
