@@ -74,3 +74,11 @@ def test_a_bad_replica_lag_bound_is_refused_naming_it():
         with pytest.raises(ConfigurationError, match="max_replica_lag_seconds must be a number of seconds > 0"):
             get_dialect(pg, source="s", max_replica_lag_seconds=bad)
     assert get_dialect(pg, source="s", max_replica_lag_seconds="30").max_replica_lag_seconds == 30.0
+
+
+def test_a_bad_failover_slot_option_is_refused_naming_it():
+    pg = ConnectionParams.from_uri("postgresql://u@127.0.0.1:1/db")
+    with pytest.raises(ConfigurationError, match="failover_slot must be true or false, got 'flase'"):
+        get_dialect(pg, source="s", failover_slot="flase")
+    assert get_dialect(pg, source="s", failover_slot="false").failover_slot is False
+    assert get_dialect(pg, source="s").failover_slot is True

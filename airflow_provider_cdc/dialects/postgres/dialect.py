@@ -67,7 +67,11 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         )
         # PostgreSQL 17+: the slot is created as a failover slot, so that a standby with
         # sync_replication_slots carries it through a promotion (offsets.py ``_create_slot``)
-        self.failover_slot = str(o.get("failover_slot", True)).lower() not in ("false", "0", "no", "off")
+        failover = str(o.get("failover_slot", True)).strip().lower()
+        if failover not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ConfigurationError(f"source {self.source!r}: connection extra failover_slot must be true or false, got "
+                                     f"{o.get('failover_slot')!r}")
+        self.failover_slot = failover in ("true", "1", "yes", "on")
         self.on_truncate = o.get("on_truncate", "event")
         if self.on_truncate not in ("event", "fail", "skip"):
             raise ConfigurationError(
