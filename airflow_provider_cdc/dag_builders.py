@@ -26,7 +26,11 @@ from .operators.snapshot import (
     SnapshotPlanOperator,
     record_snapshot_failure,
 )
-from .operators.spark_jobs import ChangelogApplyOperator, SnapshotMergeOperator
+from .operators.spark_jobs import (
+    ChangelogApplyOperator,
+    SnapshotMergeOperator,
+    SnapshotMergeWhileReadingOperator,
+)
 from .sensors.high_watermark import HighWatermarkSensor
 
 SNAPSHOT_DOC = """cdc_snapshot: DBLog watermark snapshot of source tables, one bounded job per DAG run.
@@ -47,7 +51,9 @@ Other keys: ``key_ranges`` (only these key ranges), ``where`` (filter condition)
 message naming the setting, before anything is written.
 
 plan -> read_chunks (mapped over the planned key ranges; each range chunk by chunk:
-low watermark, SELECT, high watermark) -> round (the chunk list as a file) ->
+low watermark, SELECT, high watermark), and beside them merge_while_reading (merges and
+commits chunks whose high watermark is staged while later ones are read, in batches of at
+least CDC_MERGE_WHILE_READING_ROWS rows) -> round (the chunk list as a file) ->
 wait_high_watermarks (drains the changelog itself when cdc_changelog is not running) ->
 merge (DBLog steps 4-5, writes the event log and the mirror: spark-submit, or in the
 worker when the round has at most CDC_LOCAL_MAX_ROWS rows) -> commit.
@@ -189,7 +195,18 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
             storage.write_text(path, json.dumps(flat))
             return path
 
+        # merges committed chunks while later ones are read (DBLog needs only each chunk's own
+        # high watermark); the round's merge below takes what is left
+        early = SnapshotMergeWhileReadingOperator(
+            task_id="merge_while_reading",
+            work=plan.output,
+            conn_id=parse.spark_conn_id,
+            conf=parse.spark_conf,
+            retries=0,  # an optimisation: what it leaves, the round's merge takes
+            **given,
+        )
         round_file = write_round(chunks.output)
+        early >> round_file
 
         wait = HighWatermarkSensor(
             task_id="wait_high_watermarks",

@@ -74,6 +74,8 @@ OPTIONS: tuple[Option, ...] = (
            '{"spark.executor.memory": "4g"}'),
     Option("CDC_LOCAL_MAX_ROWS", "100000", "rounds/batches up to this many rows run in the worker (0: always "
            "spark-submit)"),
+    Option("CDC_MERGE_WHILE_READING_ROWS", "2000000", "committed chunk rows (high watermark staged) that start a "
+           "merge while later chunks are still read (0: merge only after reading)"),
     Option("CDC_MAX_PARALLEL_CHUNKS", "4", "chunk tasks at once per snapshot run"),
     Option("CDC_SENSOR_DEFERRABLE", None, "true: the high-watermark sensor waits in the triggerer (unset: "
            "Airflow's [operators] default_deferrable)"),
@@ -142,6 +144,9 @@ DEFAULT_CONN_ID = "cdc_source"
 DEFAULT_SINKS = "events,mirror"
 DEFAULT_SPARK_CONN_ID = "spark_default"
 DEFAULT_LOCAL_MAX_ROWS = 100_000
+#: committed chunk rows whose high watermark is staged that start a merge while later chunks
+#: are read (the snapshot DAG's merge_while_reading task; 0: merge only after reading)
+DEFAULT_MERGE_WHILE_READING_ROWS = 2_000_000
 DEFAULT_MAX_PARALLEL_CHUNKS = 4
 DEFAULT_POKE_INTERVAL = 5.0
 DEFAULT_SENSOR_TIMEOUT = 6 * 3600.0
@@ -217,6 +222,7 @@ class Settings:
     postgres_sink_schema: str | None = None
     spark_conf: dict = field(default_factory=dict)
     local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS
+    merge_while_reading_rows: int = DEFAULT_MERGE_WHILE_READING_ROWS
     max_parallel_chunks: int = DEFAULT_MAX_PARALLEL_CHUNKS
     sensor_deferrable: bool | None = None
     sensor_poke_interval: float = DEFAULT_POKE_INTERVAL
@@ -304,6 +310,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         spark_conf=spark_conf,
         local_max_rows=_int(env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS,
                             "a whole number >= 0 (0: always spark-submit)"),
+        merge_while_reading_rows=_int(env, "CDC_MERGE_WHILE_READING_ROWS", DEFAULT_MERGE_WHILE_READING_ROWS,
+                                      "a whole number of rows >= 0 (0: merge only after the chunks are read)"),
         max_parallel_chunks=_int(env, "CDC_MAX_PARALLEL_CHUNKS", DEFAULT_MAX_PARALLEL_CHUNKS,
                                  "a whole number >= 1", minimum=1),
         sensor_deferrable=(deferrable_raw in _TRUE) if deferrable_raw else None,

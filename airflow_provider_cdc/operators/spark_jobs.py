@@ -336,8 +336,17 @@ class SnapshotMergeOperator(_CdcJobOperator):
         from airflow.sdk.exceptions import AirflowSkipException
 
         from ..core.errors import FencedError
+        from ..pipeline.merge_while_reading import not_merged
 
         chunks = self._chunks()
+        left = not_merged(chunks)
+        if len(left) < len(chunks):  # the merge_while_reading task merged the others (and committed them)
+            self.log.info("merge: %d of %d chunk(s) of this round were merged while reading; %d left",
+                          len(chunks) - len(left), len(chunks), len(left))
+            if not left:
+                return {"engine": "none", "chunks": 0, "merged_while_reading": len(chunks)}
+            chunks = left
+            self.round_file = _write_live_round(str(self.round_file), chunks)
         dead = self._dead_snapshots(chunks)
         if dead:
             live = [c for c in chunks if (c.table, c.snapshot_id) not in dead]
@@ -382,6 +391,146 @@ class SnapshotMergeOperator(_CdcJobOperator):
         finally:
             for s in sinks:
                 s.close()
+
+
+#: task states of a chunk task that is reading or about to read again
+_READING_STATES = frozenset({"running", "queued", "up_for_retry", "up_for_reschedule", "restarting", "deferred"})
+
+
+class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
+    """Merges a snapshot run's chunks while its chunk tasks still read them
+    (pipeline/merge_while_reading.py): whenever ``min_rows`` committed chunk rows have their
+    high watermark staged, one merge (spark-submit, or in this worker for small inputs) writes
+    them to the sinks and a commit marks them merged. It ends once no chunk task of the run is
+    reading; the round's own merge takes what is left. An optimisation only: a failure here is
+    logged and leaves its chunks to the round's merge, which retries as it always did.
+
+    :param work: the plan task's work items (the snapshots and ranges of this run).
+    :param min_rows: ready rows that start a merge (``CDC_MERGE_WHILE_READING_ROWS``; 0: never).
+    :param reader_task_id: the chunk task whose instances of this run are watched.
+    :param cdc_conn_id: the source connection, for the captures that stage high watermarks.
+    """
+
+    template_fields: Sequence[str] = (*SnapshotMergeOperator.template_fields, "work")
+    min_rows = FromSettings("merge_while_reading_rows")
+    poke_interval = FromSettings("sensor_poke_interval")
+
+    def __init__(self, *, work: Any, min_rows: int | None = None, reader_task_id: str = "read_chunks",
+                 cdc_conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(round_file="", **kwargs)
+        self.work, self.min_rows, self.reader_task_id = work, min_rows, reader_task_id
+        self.cdc_conn_id = cdc_conn_id
+        self.poke_interval = None
+
+    def _work_items(self) -> list[dict]:
+        from ..core.chunk import flatten_chunk_results
+
+        return [w for w in flatten_chunk_results(self.work) if isinstance(w, dict)]
+
+    def _readers(self, context: Any) -> bool | None:
+        """Whether a chunk task of this run is reading (or queued or retrying); None when
+        Airflow cannot say."""
+        ti = (context or {}).get("ti")
+        get_states = getattr(ti, "get_task_states", None)
+        if get_states is None:
+            return None
+        try:
+            states = get_states(dag_id=ti.dag_id, task_ids=[self.reader_task_id], run_ids=[ti.run_id])
+        except Exception as exc:  # noqa: BLE001 - not served where the task runs: decide from storage
+            self.log.debug("could not read the chunk tasks' states: %s", exc)
+            return None
+        found = [str(getattr(v, "value", v)).lower() for per in (states or {}).values() for v in per.values()]
+        return any(s in _READING_STATES for s in found)
+
+    def _drain(self) -> None:
+        """A capture under the source's lock (another capture running: nothing to do)."""
+        from ..hooks.cdc_source import CdcSourceHook
+        from ..pipeline.capture import run_capture
+        from ..settings import load
+
+        now = load(overrides=self.cdc_overrides)
+        hook = CdcSourceHook.for_settings(now, self.cdc_conn_id, self.source)
+        if run_capture(hook, self.data_dir) is None:
+            self.log.info("the changelog of %r is being captured elsewhere; waiting for it", self.source)
+
+    def _commit(self, chunks: list[dict]) -> None:
+        from .. import progress_store
+        from ..pipeline.snapshot_controller import SnapshotController
+        from ..settings import load
+
+        now = load(overrides=self.cdc_overrides)
+
+        def no_source():  # a commit never reads the source
+            raise RuntimeError("merge_while_reading does not connect to the source")
+
+        SnapshotController(source=self.source, data_dir=self.data_dir,
+                           progress=progress_store.for_source(self.source, self.data_dir), connect=no_source,
+                           sinks=sink_names(self.sinks), compact_budget_rows=now.mirror_compact_budget_rows,
+                           retention_hours=now.mirror_retention_hours).commit(chunks, finish=False)
+
+    def execute(self, context: Any) -> dict:
+        work = self._work_items()
+        summary: dict[str, Any] = {"batches": 0, "chunks": 0, "rows": 0}
+        if not work or not self.min_rows:
+            self.log.info("nothing to merge while reading (%s)", "no work items" if not work else "min_rows is 0")
+            return summary
+        try:
+            self._merge_while_reading(context, work, summary)
+        except Exception:  # noqa: BLE001 - an optimisation: the round's merge takes every chunk left
+            self.log.exception("merging while reading stopped; the round's merge takes the chunks left")
+        self.log.info("merged while reading: %s", summary)
+        return summary
+
+    def _merge_while_reading(self, context: Any, work: list[dict], summary: dict[str, Any]) -> None:
+        import time
+
+        from .. import storage
+        from ..core.chunk import ChunkResult
+        from ..pipeline import merge_while_reading as mwr
+        from ..storage.layout import round_path
+
+        run_id = (context or {}).get("run_id") or "run"
+        base_args = list(self.application_args or [])
+        idle = 0
+        while True:
+            readers = self._readers(context)
+            if readers is None:
+                self.log.info("Airflow cannot say here whether the chunk tasks still read; the round's merge "
+                              "takes every chunk")
+                return
+            if not readers:
+                # none reading: what is committed is the round's merge's (which finishes the
+                # snapshot and announces it). Twice, a second apart: chunk tasks scheduled with
+                # this one may not be queued yet at the first look
+                idle += 1
+                if idle >= 2:
+                    return
+                time.sleep(1.0)
+                continue
+            idle = 0
+            unmerged = mwr.committed_unmerged(self.data_dir, self.source, work)
+            dead = self._dead_snapshots([ChunkResult.from_dict(c) for c in unmerged])
+            unmerged = [c for c in unmerged if (c["table"], c["snapshot_id"]) not in dead]
+            if mwr.worth_merging(sum(c["rows"] for c in unmerged), self.min_rows):
+                ready, missing = mwr.ready(self.data_dir, self.source, unmerged)
+                if missing:
+                    self._drain()
+                    ready, missing = mwr.ready(self.data_dir, self.source, unmerged)
+                ready_rows = sum(c["rows"] for c in ready)
+                if mwr.worth_merging(ready_rows, self.min_rows):
+                    n = summary["batches"] + 1
+                    self.round_file = round_path(self.data_dir, self.source, f"{run_id}~early{n}")
+                    storage.write_text(self.round_file, json.dumps(ready))
+                    self.log.info("merging %d chunk(s), %d rows, while chunks are read (batch %d; %d chunk(s) "
+                                  "wait for their high watermark)", len(ready), ready_rows, n, missing)
+                    # each batch its own --chunks (the job's arguments are set once per execute)
+                    self.application_args, self._arguments_set = list(base_args), False
+                    SnapshotMergeOperator.execute(self, context)
+                    self._commit(ready)
+                    summary.update(batches=n, chunks=summary["chunks"] + len(ready),
+                                   rows=summary["rows"] + ready_rows)
+                    continue
+            time.sleep(float(self.poke_interval))
 
 
 def schema_stop_error(stopped: dict[str, str]) -> SchemaChangeError:

@@ -511,12 +511,13 @@ class SnapshotController:
         return results
 
     # ------------------------------------------------------------------ commit
-    def commit(self, chunks: Any) -> tuple[dict[str, dict], dict[str, dict]]:
+    def commit(self, chunks: Any, *, finish: bool = True) -> tuple[dict[str, dict], dict[str, dict]]:
         """After the merge wrote the round: mark its chunks merged and record them in the
         snapshot's progress; a snapshot whose ranges are all read and merged is done, then
         converged and compacted. Idempotent: a retried commit records nothing twice
         (SnapshotProgress.record_chunk). Returns (summary per table, tables finished here
-        with what a notification of them says)."""
+        with what a notification of them says). ``finish=False`` (a merge while reading)
+        records only: the round's commit finishes the snapshot and announces it."""
         touched: dict[tuple[str, str], int] = {}
         for c in flatten_chunk_results(chunks):
             sc = steps.sidecar_path(c["path"])
@@ -537,7 +538,7 @@ class SnapshotController:
             if p.status in (STOPPED, DONE):
                 log.info("table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged", tid, sid, p.status,
                          count)
-                if p.status == DONE:  # a retry after `done` was stored: compaction is not skipped
+                if p.status == DONE and finish:  # a retry after `done` was stored: compaction is not skipped
                     self.converge_and_compact(tid, sid)
                 tp = p.table(tid)
                 summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
@@ -554,7 +555,7 @@ class SnapshotController:
                 for s in sidecars:  # seq order = keyset order inside each range
                     if s["merged"]:
                         outcome["recorded"] += q.record_chunk(ChunkResult.from_dict(s["result"]))
-                if q.status == RUNNING and q.table(tid).done:
+                if finish and q.status == RUNNING and q.table(tid).done:
                     q.finish()
                     outcome["finished"] = True
                 return q

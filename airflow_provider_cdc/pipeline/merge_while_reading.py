@@ -1,0 +1,75 @@
+"""Merging a snapshot's committed chunks while its later chunks are still read.
+
+DBLog's window only needs each chunk's own high watermark: a chunk whose sidecar is written
+(committed) and whose high watermark is staged can be merged at once, whatever the other
+chunks of its range are doing. The snapshot DAG's ``merge_while_reading`` task uses this to
+run Spark merges beside the chunk tasks; the round's own merge then takes only what is left.
+Everything here reads storage only (no Airflow, no Spark): which chunks are committed and not
+merged, and which of them are ready.
+
+A chunk is merged once: the early merge's commit marks its sidecar merged, and the round's
+merge drops chunks whose sidecar says so (:func:`not_merged`). The two never run at once (the
+round waits for the early merge task).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+
+from .. import storage
+from ..core.schema import TableName
+from ..storage.layout import changelog_dir
+from ..storage.staged import staged_watermarks
+from . import snapshot as steps
+
+log = logging.getLogger(__name__)
+
+
+def snapshots_of(work_items: Iterable[dict]) -> list[tuple[str, str]]:
+    """(table id, snapshot id) of a plan's work items, in a stable order."""
+    return sorted({(w["table"], w["snapshot_id"]) for w in work_items or () if isinstance(w, dict)})
+
+
+def committed_unmerged(data_dir: str, source: str, work_items: Iterable[dict]) -> list[dict]:
+    """ChunkResult dicts of the work items' snapshots that are committed (a sidecar) and not
+    merged, in seq order per snapshot."""
+    out: list[dict] = []
+    for table_id, snapshot_id in snapshots_of(work_items):
+        table = TableName.parse(table_id)
+        out += [s["result"] for s in steps.read_sidecars(data_dir, source, table, snapshot_id) if not s["merged"]]
+    return out
+
+
+def ready(data_dir: str, source: str, chunks: Sequence[dict]) -> tuple[list[dict], int]:
+    """The chunks whose high watermark (and low, which precedes it) is staged, and how many
+    are not. A chunk is ready on its own: the others' windows do not matter."""
+    if not chunks:
+        return [], 0
+    found = staged_watermarks(changelog_dir(data_dir, source), {c["high_watermark"] for c in chunks})
+    done = [c for c in chunks if c["high_watermark"] in found]
+    return done, len(chunks) - len(done)
+
+
+def not_merged(chunks: Sequence) -> list:
+    """The chunks (ChunkResult objects or dicts) whose sidecar does not say merged: what a
+    round's merge still has to write after an early merge took the rest. A chunk without a
+    sidecar stays (the merge's own checks name it)."""
+    out = []
+    for c in chunks:
+        path = c["path"] if isinstance(c, dict) else c.path
+        sc = steps.sidecar_path(path)
+        try:
+            merged = json.loads(storage.read_text(sc)).get("merged", False) if storage.exists(sc) else False
+        except (OSError, ValueError):
+            merged = False
+        if not merged:
+            out.append(c)
+    return out
+
+
+def worth_merging(ready_rows: int, min_rows: int) -> bool:
+    """An early merge pays a spark-submit's fixed cost: start one only for ``min_rows`` ready
+    rows or more (0 disables merging while reading)."""
+    return min_rows > 0 and ready_rows >= min_rows
