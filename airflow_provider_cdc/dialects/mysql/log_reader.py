@@ -25,6 +25,7 @@ from .failover import GtidState
 from .held import HeldGroup, Scratch, Xid, savepoint_name
 from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .prerequisites import SYSTEM_SCHEMAS
+from .rows_walker import EventBuffer, RowsRun, TableWalker, decoder_mode
 from .types import IDENTIFIER, TEXT_CODES, binlog_converter, query_text, text_or_b64, unquote
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ class MyLogReader:
         self.__dict__["_read_epoch"] = start.epoch  # positions read carry the offset's epoch
         gtids = GtidState.parse(start.gtid) if self.flavour.is_mariadb else None  # at ``committed``
         self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
+        # rows events of captured tables: the compiled walker (rows_walker.py) or mysql-replication's reader
+        self.__dict__["_rows_mode"] = decoder_mode(self.options.get("rows_decoder"))
 
         self.require_capture_scope()
         wm = self.watermark_table
@@ -237,7 +240,8 @@ class MyLogReader:
         max_bytes = self.segment_max_bytes
         hold_max = inside_max or 2 * (self.segment_max_events or 20_000)  # held events in memory
         scratch = Scratch()
-        out: list[LogEvent] = []
+        # the segment's events: LogEvents and runs of the compiled walker's rows (rows_walker.py)
+        out = EventBuffer()
         seg_bytes = 0  # rows-event bytes of the events in ``out``
         total = 0  # events of whole groups read (max_events)
         group_count = 0  # events the open group put in ``out``
@@ -253,13 +257,12 @@ class MyLogReader:
         thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
 
         def flush() -> None:
-            nonlocal out, seg_bytes, group_mark
+            nonlocal seg_bytes, group_mark
             if out:
-                on_segment(out)
-                out = []
+                on_segment(out.take(wm.id))
             seg_bytes, group_mark = 0, 0
 
-        def emit(events: list[LogEvent], nbytes: int) -> None:
+        def emit(events: list[LogEvent] | RowsRun, nbytes: int) -> None:
             nonlocal seg_bytes, group_count
             group_count += len(events)
             if inside_max is None:
@@ -277,10 +280,12 @@ class MyLogReader:
             if seg_bytes >= max_bytes:
                 flush()
 
-        def add(events: list[LogEvent], nbytes: int) -> None:
+        def add(events: list[LogEvent] | RowsRun, nbytes: int) -> None:
             if held is None:
                 emit(events, nbytes)
             else:
+                if isinstance(events, RowsRun):  # a held group keeps ChangeEvents (it may spill them to files)
+                    events = events.events(wm.id)
                 held.add(events, nbytes)
 
         def begin_group(where: str, hold: bool, xa: bool = False) -> None:
@@ -299,7 +304,7 @@ class MyLogReader:
             if held is not None:
                 held.discard()
             elif group_mark < len(out):
-                del out[group_mark:]
+                out.truncate(group_mark)
             in_group, held = False, None
 
         def end_group(ev_end: BinlogOffset, how: str = "commit") -> bool:
@@ -459,11 +464,11 @@ class MyLogReader:
                 close_open_group()  # the read ended inside a group: the next capture reads it whole
             scratch.close()
         if committed == start:
-            return LogBatch(out, offset, offset)
+            return LogBatch(out.take(wm.id), offset, offset)
         # MariaDB: the GTID position at the offset (per domain its last group), which a promoted
         # replica must hold for capture to follow it; MySQL: the last group's GTID, for the record
         gtid = str(gtids) if gtids is not None else committed_gtid
-        return LogBatch(out, replace(committed, gtid=gtid or None).to_json(), offset)
+        return LogBatch(out.take(wm.id), replace(committed, gtid=gtid or None).to_json(), offset)
 
     # --- held groups and XA -------------------------------------------------------------
     def _stream_settings(self) -> dict[str, Any]:
@@ -580,8 +585,25 @@ class MyLogReader:
         return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self._binlog_major(file), start_pos, 0), None, None,
                             int(ev.timestamp) * 1000, origin=origin)]
 
+    def _rows_walker(self, ev: Any, pk: tuple[str, ...]) -> TableWalker | None:
+        """The compiled walker of the rows event's table map (None: the pure-Python reader
+        decodes it), built once per table map and read, and cleared with the converters."""
+        if self.__dict__.get("_rows_mode", "python") != "compiled":
+            return None
+        key = ("walker", ev.table_id, ev.schema, ev.table)
+        cache = self._binlog_converters
+        if key in cache:
+            return cache[key]
+        table = TableName(ev.schema, ev.table)
+        got = TableWalker.of(table, ev.table_map[ev.table_id].columns, pk)
+        if isinstance(got, str):
+            log.info("table %s: its rows are read by the pure-Python reader (%s)", table, got)
+            got = None
+        cache[key] = got
+        return got
+
     def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str],
-                    origin: tuple | None = None) -> list[LogEvent]:
+                    origin: tuple | None = None) -> list[LogEvent] | RowsRun:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
@@ -607,6 +629,12 @@ class MyLogReader:
                 log.warning("capture skips table %s: it has no primary key", table_id)
                 skipped.add(table_id)
             return []
+        walker = self._rows_walker(ev, pk)
+        if walker is not None:
+            kind = 0 if isinstance(ev, WriteRowsEvent) else (2 if isinstance(ev, DeleteRowsEvent) else 1)
+            run = walker.run(ev, file_index, start_pos, ts_ms, origin, kind)
+            if run is not None:
+                return run
 
         def canon(values: dict, none_sources: dict | None) -> dict:
             row = {name: v if v is None or (c := convs[name]) is None else c(v) for name, v in values.items()}
