@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .core.errors import ConfigurationError
 from .core.schema import TableName, parse_key_columns, split_table_list
+from .core.throttle import ChunkSizing
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_MERGE_WHILE_READING_ROWS", "2000000", "committed chunk rows (high watermark staged) that start a "
            "merge while later chunks are still read (0: merge only after reading)"),
     Option("CDC_MAX_PARALLEL_CHUNKS", "4", "chunk tasks at once per snapshot run"),
+    Option("CDC_CHUNK_TARGET_SECONDS", "1", "adaptive chunk size: seconds a snapshot chunk (watermarks, SELECT, "
+           "staging) aims to take; each chunk of a range is sized from those before it (at most 2x the last one, "
+           "any smaller). Used unless chunk_size is given in the run's conf or the DAG's throttle (then every chunk "
+           "has that many rows; conf chunk_size 'auto' asks for the adaptive size)"),
+    Option("CDC_CHUNK_TARGET_MB", "32", "adaptive chunk size: megabytes a staged chunk's rows aim to take "
+           "(uncompressed; at most the source's batch_max_bytes); caps the size even below CDC_CHUNK_MIN_ROWS, so "
+           "wide rows give fewer rows per chunk"),
+    Option("CDC_CHUNK_MIN_ROWS", "100", "adaptive chunk size: fewest rows the duration target may ask for"),
+    Option("CDC_CHUNK_MAX_ROWS", "1000000", "adaptive chunk size: most rows a chunk may ask for"),
     Option("CDC_SENSOR_DEFERRABLE", None, "true: the high-watermark sensor waits in the triggerer (unset: "
            "Airflow's [operators] default_deferrable)"),
     Option("CDC_SENSOR_POKE_INTERVAL", "5", "seconds between the high-watermark sensor's checks"),
@@ -224,6 +234,7 @@ class Settings:
     local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS
     merge_while_reading_rows: int = DEFAULT_MERGE_WHILE_READING_ROWS
     max_parallel_chunks: int = DEFAULT_MAX_PARALLEL_CHUNKS
+    chunk_sizing: ChunkSizing = field(default_factory=ChunkSizing)  # CDC_CHUNK_TARGET_SECONDS, ...
     sensor_deferrable: bool | None = None
     sensor_poke_interval: float = DEFAULT_POKE_INTERVAL
     sensor_timeout: float = DEFAULT_SENSOR_TIMEOUT
@@ -314,6 +325,10 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
                                       "a whole number of rows >= 0 (0: merge only after the chunks are read)"),
         max_parallel_chunks=_int(env, "CDC_MAX_PARALLEL_CHUNKS", DEFAULT_MAX_PARALLEL_CHUNKS,
                                  "a whole number >= 1", minimum=1),
+        chunk_sizing=ChunkSizing.parse({"target_seconds": _raw(env, "CDC_CHUNK_TARGET_SECONDS"),
+                                        "target_mb": _raw(env, "CDC_CHUNK_TARGET_MB"),
+                                        "min_rows": _raw(env, "CDC_CHUNK_MIN_ROWS"),
+                                        "max_rows": _raw(env, "CDC_CHUNK_MAX_ROWS")}),
         sensor_deferrable=(deferrable_raw in _TRUE) if deferrable_raw else None,
         sensor_poke_interval=_seconds(env, "CDC_SENSOR_POKE_INTERVAL", DEFAULT_POKE_INTERVAL),
         sensor_timeout=_seconds(env, "CDC_SENSOR_TIMEOUT", DEFAULT_SENSOR_TIMEOUT),

@@ -21,7 +21,8 @@
 The keys of an entry are the settings of settings.py without their ``CDC_`` prefix, in
 lower case (``data_dir`` is ``CDC_DATA_DIR``): ``KEYS`` lists them. ``throttle`` is the
 default chunk size, parallelism and delay of the source's snapshots (a run's conf still
-wins). Values are checked by the same code as the environment variables; a bad value
+wins; a ``chunk_size`` here fixes the rows per chunk, without it chunks size themselves by
+``chunk_target_seconds`` / ``chunk_target_mb``). Values are checked by the same code as the environment variables; a bad value
 fails at parse time with a message naming the file, the source and the key. Settings an
 entry does not give are read from the environment when its tasks run, as for the
 one-source DAGs.
@@ -66,6 +67,10 @@ KEYS: dict[str, str] = {
     "spark_conf": "CDC_SPARK_CONF",
     "local_max_rows": "CDC_LOCAL_MAX_ROWS",
     "max_parallel_chunks": "CDC_MAX_PARALLEL_CHUNKS",
+    "chunk_target_seconds": "CDC_CHUNK_TARGET_SECONDS",
+    "chunk_target_mb": "CDC_CHUNK_TARGET_MB",
+    "chunk_min_rows": "CDC_CHUNK_MIN_ROWS",
+    "chunk_max_rows": "CDC_CHUNK_MAX_ROWS",
     "sensor_deferrable": "CDC_SENSOR_DEFERRABLE",
     "sensor_poke_interval": "CDC_SENSOR_POKE_INTERVAL",
     "sensor_timeout": "CDC_SENSOR_TIMEOUT",

@@ -34,8 +34,8 @@ from typing import Any
 from .errors import ConfigurationError
 from .ranges import FULL_RANGE, ChunkRange, keyset_condition, keyset_params
 from .schema import TableName, TableSchema
+from .throttle import chunk_size_value
 
-MAX_CHUNK_SIZE = 10_000_000
 MAX_PARALLELISM = 256
 KEYSET_OPS = (">", ">=", "<", "<=")
 
@@ -148,7 +148,8 @@ class SnapshotRequest:
     keys: Mapping[str, tuple[tuple, ...]] = field(default_factory=dict)
     ranges: Mapping[str, tuple[ChunkRange, ...]] = field(default_factory=dict)
     where: str | Mapping[str, str] | None = None
-    chunk_size: int = 10_000
+    #: rows per chunk: a number fixes it; None (conf ``"auto"`` or absent) adapts it (core/throttle.py)
+    chunk_size: int | None = None
     parallelism: int = 1
 
     def __post_init__(self) -> None:
@@ -160,7 +161,7 @@ class SnapshotRequest:
         if dups:
             raise ConfigurationError(f"snapshot request names table(s) {dups} more than once")
         object.__setattr__(self, "tables", tables)
-        _int_setting("chunk_size", self.chunk_size, 1, MAX_CHUNK_SIZE)
+        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size))
         _int_setting("parallelism", self.parallelism, 1, MAX_PARALLELISM)
         keys = {t: tuple(tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in ks) for t, ks in dict(self.keys).items()}
         ranges = {t: tuple(r if isinstance(r, ChunkRange) else _range_from(r, t) for r in rs) for t, rs in dict(self.ranges).items()}

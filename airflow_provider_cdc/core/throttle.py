@@ -1,9 +1,14 @@
-"""Throttling settings of a snapshot, read again before every round.
+"""Throttling settings of a snapshot, read again before every round, and the chunk size.
 
 DBLog keeps the source healthy by pacing chunks; an operator must be able to slow a
 running snapshot down (or speed it up) without restarting it. The DAG reads these
 settings (e.g. from the plan or the DAG-run conf) before each round, so a
 change applies from the next round on; chunks in flight finish with the old values.
+
+A chunk's row count is fixed when a run's conf or the DAG's throttle gives ``chunk_size``;
+otherwise (``None``, or ``"auto"``) it adapts (:class:`ChunkSizer`): each chunk of a range is
+sized from the ones read before it so that it takes about ``target_seconds`` and stages about
+``target_bytes``, so sparse, skewed and wide tables give chunks of similar cost.
 """
 
 from __future__ import annotations
@@ -17,19 +22,37 @@ from .errors import ConfigurationError
 MAX_CHUNK_SIZE = 10_000_000
 MAX_PARALLELISM = 256
 MAX_DELAY_SECONDS = 86_400.0
+#: the conf and throttle value of ``chunk_size`` that asks for the adaptive size explicitly
+#: (e.g. to override a DAG throttle's fixed size for one run)
+AUTO = "auto"
+
+
+def chunk_size_value(value: Any, setting: str = "chunk_size") -> int | None:
+    """A ``chunk_size`` as given (a conf, a throttle): a row count fixes the size; ``None`` or
+    ``"auto"`` means adaptive (None). Anything else is a ConfigurationError naming ``setting``."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE:
+        raise ConfigurationError(
+            f"{setting} must be a whole number from 1 to {MAX_CHUNK_SIZE} (a fixed row count per chunk) or "
+            f"{AUTO!r} (sized by CDC_CHUNK_TARGET_SECONDS / CDC_CHUNK_TARGET_MB), got {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True, slots=True)
 class Throttle:
-    chunk_size: int = 10_000  # rows per chunk SELECT
+    chunk_size: int | None = None  # rows per chunk SELECT; None: adaptive (ChunkSizer)
     delay_seconds: float = 0.0  # pause between rounds
     parallelism: int = 1  # chunks per round (disjoint ranges, read in parallel)
 
     def __post_init__(self) -> None:
-        for name, hi in (("chunk_size", MAX_CHUNK_SIZE), ("parallelism", MAX_PARALLELISM)):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
-                raise ConfigurationError(f"throttle setting {name} must be a whole number from 1 to {hi}, got {v!r}")
+        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size"))
+        v = self.parallelism
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PARALLELISM:
+            raise ConfigurationError(
+                f"throttle setting parallelism must be a whole number from 1 to {MAX_PARALLELISM}, got {v!r}"
+            )
         d = self.delay_seconds
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= MAX_DELAY_SECONDS:
             raise ConfigurationError(
@@ -56,3 +79,162 @@ class Throttle:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# --------------------------------------------------------------------- adaptive chunk size
+MB = 1024 * 1024
+#: rows of a range's first adaptive chunk (the fixed default of earlier versions), within the bounds
+DEFAULT_START_ROWS = 10_000
+#: a chunk asks at most this many times the rows of the one before: one fast chunk (a cached
+#: page, an idle moment) does not make a huge next one. Shrinking has no limit.
+MAX_GROWTH = 2.0
+#: weight of the newest chunk's per-row cost when it is below the estimate (costs that rise
+#: apply at once, so the chunk after the start of a wide or slow region is small already)
+SMOOTHING = 0.5
+#: setting -> its variable (settings.py), for the messages
+SIZING_VARS = {"target_seconds": "CDC_CHUNK_TARGET_SECONDS", "target_mb": "CDC_CHUNK_TARGET_MB",
+               "min_rows": "CDC_CHUNK_MIN_ROWS", "max_rows": "CDC_CHUNK_MAX_ROWS"}
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSizing:
+    """Targets and bounds of the adaptive chunk size (CDC_CHUNK_TARGET_SECONDS and the others,
+    settings.py). ``min_rows``/``max_rows`` bound the size the duration asks for; the bytes
+    target caps it even below ``min_rows`` (never below one row): the staged chunk, which the
+    merge reads, stays near ``target_bytes`` whatever the width of the rows."""
+
+    target_seconds: float = 1.0
+    target_bytes: int = 32 * MB
+    min_rows: int = 100
+    max_rows: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        t = self.target_seconds
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 3600:
+            raise ConfigurationError(f"{SIZING_VARS['target_seconds']} must be a number of seconds from 0.01 to "
+                                     f"3600 (a chunk's duration to aim at), got {t!r}")
+        object.__setattr__(self, "target_seconds", float(t))
+        b = self.target_bytes
+        if isinstance(b, bool) or not isinstance(b, int) or not 1024 <= b <= 64 * 1024 * MB:
+            raise ConfigurationError(f"{SIZING_VARS['target_mb']} must be a number of megabytes from 0.001 to "
+                                     f"65536 (a staged chunk's size to aim at), got {b / MB!r} MB")
+        for name in ("min_rows", "max_rows"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CHUNK_SIZE:
+                raise ConfigurationError(f"{SIZING_VARS[name]} must be a whole number of rows from 1 to "
+                                         f"{MAX_CHUNK_SIZE}, got {v!r}")
+        if self.min_rows > self.max_rows:
+            raise ConfigurationError(f"{SIZING_VARS['min_rows']} ({self.min_rows}) must not exceed "
+                                     f"{SIZING_VARS['max_rows']} ({self.max_rows})")
+
+    @classmethod
+    def parse(cls, texts: Mapping[str, str | None]) -> ChunkSizing:
+        """From the settings' text (keys of :data:`SIZING_VARS`; empty or missing: the default).
+        A value that is not a number is a ConfigurationError naming its variable."""
+        unknown = sorted(set(texts) - set(SIZING_VARS))
+        if unknown:
+            raise ConfigurationError(f"unknown chunk sizing setting(s) {unknown}; known: {list(SIZING_VARS)}")
+        kwargs: dict[str, Any] = {}
+        for key, raw in texts.items():
+            raw = (raw or "").strip()
+            if not raw:
+                continue
+            try:
+                value = float(raw) if key in ("target_seconds", "target_mb") else int(raw)
+            except ValueError:
+                raise ConfigurationError(f"{SIZING_VARS[key]} must be a number, got {raw!r}") from None
+            if key == "target_mb":
+                if not 0 < value < float("inf"):
+                    raise ConfigurationError(f"{SIZING_VARS[key]} must be a number of megabytes > 0, got {raw!r}")
+                kwargs["target_bytes"] = int(value * MB)
+            else:
+                kwargs[key] = value
+        return cls(**kwargs)
+
+    def bounded(self, rows: int) -> int:
+        return max(self.min_rows, min(self.max_rows, int(rows)))
+
+
+class ChunkSizer:
+    """The row count of each chunk of one range: fixed (``fixed``), or chosen from the chunks
+    read before it in the range (pure: the caller measures and passes each chunk's rows,
+    seconds and staged bytes to :meth:`observe`).
+
+    Per-row costs (seconds, bytes) are estimated from the chunks read: a cost above the
+    estimate replaces it, one below it moves it by :data:`SMOOTHING`. The next size is what
+    meets both targets at that cost, at most :data:`MAX_GROWTH` times the last size, within
+    ``min_rows``..``max_rows``; the bytes target caps it below ``min_rows`` too. ``size`` is
+    the next chunk's row count, ``reason`` says what chose it: ``fixed``, ``start``,
+    ``duration``, ``bytes``, ``growth cap``, ``min rows`` or ``max rows``."""
+
+    def __init__(self, sizing: ChunkSizing | None = None, *, fixed: int | None = None,
+                 start: int | None = None, target_bytes_cap: int | None = None) -> None:
+        self.sizing = sizing or ChunkSizing()
+        self.fixed = fixed
+        #: the bytes target in use: the setting's, or less (a source whose batches hold fewer bytes)
+        self.target_bytes = min(self.sizing.target_bytes, target_bytes_cap or self.sizing.target_bytes)
+        self._seconds_per_row: float | None = None
+        self._bytes_per_row: float | None = None
+        if fixed is not None:
+            self.size, self.reason = fixed, "fixed"
+        else:
+            self.size, self.reason = self.sizing.bounded(start or DEFAULT_START_ROWS), "start"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.fixed is None
+
+    def observe(self, rows: int, seconds: float, nbytes: int | None) -> int:
+        """The chunk just read held ``rows`` rows, took ``seconds`` and staged ``nbytes``
+        (None: unknown). Returns the next chunk's row count (also ``self.size``)."""
+        if self.fixed is not None or rows <= 0:
+            return self.size
+        self._seconds_per_row = _estimate(self._seconds_per_row, max(0.0, float(seconds)) / rows)
+        if nbytes is not None:
+            self._bytes_per_row = _estimate(self._bytes_per_row, max(0, int(nbytes)) / rows)
+        s, last = self.sizing, max(self.size, rows)
+        want, reason = _rows_for(s.target_seconds, self._seconds_per_row), "duration"
+        if want > last * MAX_GROWTH:
+            want, reason = last * MAX_GROWTH, "growth cap"
+        if want > s.max_rows:
+            want, reason = s.max_rows, "max rows"
+        if want < s.min_rows:
+            want, reason = s.min_rows, "min rows"
+        by_bytes = _rows_for(self.target_bytes, self._bytes_per_row)
+        if by_bytes < want:
+            want, reason = by_bytes, "bytes"
+        self.size, self.reason = max(1, int(want * (1 + 1e-9))), reason  # floor, but 99,999.99... is 100,000
+        return self.size
+
+    def describe(self) -> str:
+        """The next size and why, for the chunk's log line."""
+        if self.fixed is not None:
+            return f"{self.size:,} rows (fixed chunk_size)"
+        s = self.sizing
+        why = {
+            "start": "start",
+            "duration": f"duration target {s.target_seconds:g} s",
+            "bytes": f"bytes target {size_text(self.target_bytes)}",
+            "growth cap": f"growth cap {MAX_GROWTH:g}x",
+            "min rows": f"bound {SIZING_VARS['min_rows']}={s.min_rows:,}",
+            "max rows": f"bound {SIZING_VARS['max_rows']}={s.max_rows:,}",
+        }[self.reason]
+        return f"{self.size:,} rows ({why})"
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes for a log line: ``512 B``, ``32 KB``, ``1.5 MB``."""
+    for unit, scale in (("MB", MB), ("KB", 1024)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def _estimate(old: float | None, new: float) -> float:
+    if old is None or new >= old:
+        return new
+    return old + SMOOTHING * (new - old)
+
+
+def _rows_for(target: float, per_row: float | None) -> float:
+    return float("inf") if not per_row else target / per_row

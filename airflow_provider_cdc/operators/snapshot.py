@@ -139,7 +139,7 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
             source=source, data_dir=self.data_dir, progress=progress_store.for_source(source, self.data_dir),
             connect=self.hook.get_dialect, sinks=sink_names(sinks or now.sinks),
             compact_budget_rows=now.mirror_compact_budget_rows, retention_hours=now.mirror_retention_hours,
-            run_id=run_id or (context or {}).get("run_id"), **kwargs)
+            chunk_sizing=now.chunk_sizing, run_id=run_id or (context or {}).get("run_id"), **kwargs)
 
 
 # ----------------------------------------------------------------------- plan

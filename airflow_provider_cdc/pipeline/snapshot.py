@@ -105,6 +105,23 @@ def snapshot_chunk(
     )
 
 
+def staged_bytes(chunk_parquet: str) -> int | None:
+    """The bytes a staged chunk's rows take uncompressed (its row groups' sizes in the Parquet
+    footer, one small read): what the adaptive chunk size holds to its bytes target, the same
+    for any compression. None when the footer cannot be read (the chunk is committed already;
+    only its size is unknown, and the next chunk is sized by its duration)."""
+    import pyarrow.parquet as pq
+
+    try:
+        fs, path = storage.filesystem(chunk_parquet)
+        with fs.open_input_file(path) as f:
+            meta = pq.ParquetFile(f).metadata
+        return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    except (OSError, ValueError) as exc:  # pyarrow's errors derive from these
+        log.warning("could not read the size of staged chunk %s: %s", chunk_parquet, exc)
+        return None
+
+
 # --------------------------------------------------------------------- sidecars
 def sidecar_path(chunk_parquet: str) -> str:
     return chunk_parquet + ".json"

@@ -30,6 +30,7 @@ from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
+from ..core.throttle import ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
 from ..storage.layout import changelog_dir, mirror_dir, plan_path, schema_path
 from . import snapshot as steps
@@ -97,7 +98,7 @@ def work_items(plan: dict, indexes: Iterable[int]) -> list[dict]:
             "range": plan["ranges"][i],
             "upper_bound": plan.get("upper_bound"),
             "where": plan.get("where"),
-            "chunk_size": plan["chunk_size"],
+            "chunk_size": plan.get("chunk_size"),  # None: adaptive (core/throttle.py ChunkSizer)
             "delay_seconds": plan.get("delay_seconds") or 0.0,
         }
         for i in indexes
@@ -123,13 +124,15 @@ class SnapshotController:
     sinks the snapshot feeds ("mirror": its limits are checked at plan); a finished
     snapshot's mirror is compacted within ``compact_budget_rows`` and vacuumed after
     ``retention_hours``; ``owner_alive(p)`` says whether another run that still runs reads
-    snapshot ``p`` (the orchestrator knows).
+    snapshot ``p`` (the orchestrator knows); ``chunk_sizing``: the targets and bounds of the
+    adaptive chunk size (CDC_CHUNK_TARGET_SECONDS and the others), ``clock`` times each chunk.
     """
 
     def __init__(self, *, source: str, data_dir: str, progress: SourceProgress,
                  connect: Callable[[], AbstractContextManager[Dialect]], sinks: Sequence[str] = ("mirror",),
                  compact_budget_rows: int = 4_000_000, retention_hours: float = 168.0, run_id: str | None = None, logical_date: str | None = None,
-                 owner_alive: Callable[[SnapshotProgress], bool] = lambda p: False) -> None:
+                 owner_alive: Callable[[SnapshotProgress], bool] = lambda p: False,
+                 chunk_sizing: ChunkSizing | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if progress.source != source:
             raise StateError(f"the progress of source {progress.source!r} cannot serve source {source!r}")
         self.source, self.data_dir, self.progress = source, data_dir, progress
@@ -137,6 +140,7 @@ class SnapshotController:
         self.compact_budget_rows, self.retention_hours = compact_budget_rows, retention_hours
         self.run_id, self.logical_date = run_id, logical_date
         self._owner_alive = owner_alive
+        self.chunk_sizing, self.clock = chunk_sizing or ChunkSizing(), clock
 
     # ------------------------------------------------------------------ lifecycle
     def apply(self, req: SnapshotConf) -> list[dict]:
@@ -319,8 +323,8 @@ class SnapshotController:
                 return started
 
             self.progress.update(table.id, claim)
-            log.info("table %s: snapshot %s planned %d range(s) up to key %s, chunk size %d", table.id, sid,
-                     len(ranges), upper, plan["chunk_size"])
+            log.info("table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s", table.id, sid,
+                     len(ranges), upper, "adaptive" if plan["chunk_size"] is None else f"{plan['chunk_size']:,} (fixed)")
             work += work_items(plan, range(len(ranges)))
         return work
 
@@ -442,15 +446,21 @@ class SnapshotController:
         watermarks, after its last committed chunk (retry, resume). Stops before the next
         chunk when the snapshot is no longer live (:meth:`stop_reason`) or ``dag_paused()``
         turns true while it runs (the snapshot is then paused too). Returns the ChunkResult
-        dicts of the range not merged yet (this run's and earlier ones')."""
+        dicts of the range not merged yet (this run's and earlier ones').
+
+        The work item's ``chunk_size`` fixes each chunk's rows; None sizes each chunk from the
+        ones read before it (:class:`ChunkSizer`: ``self.chunk_sizing``'s duration and bytes
+        targets), starting from the last committed chunk of the range on a retry or resume."""
         from .schema_changes import chunk_schema
 
         table = TableName.parse(work["table"])
         snapshot_id, ri = work["snapshot_id"], int(work["range_index"])
         rng = ChunkRange.from_json(json.dumps(work["range"]))
         upper = work.get("upper_bound")
-        chunk_size, delay = int(work["chunk_size"]), float(work.get("delay_seconds") or 0)
-        st = steps.range_state(steps.read_sidecars(self.data_dir, self.source, table, snapshot_id), ri, upper)
+        fixed = None if work.get("chunk_size") is None else int(work["chunk_size"])
+        delay = float(work.get("delay_seconds") or 0)
+        sidecars = steps.read_sidecars(self.data_dir, self.source, table, snapshot_id)
+        st = steps.range_state(sidecars, ri, upper)
         results = list(st.unmerged)
         label = f"{table} range {ri + 1}/{work['ranges_total']}"
         if st.exhausted:
@@ -470,6 +480,11 @@ class SnapshotController:
         with self.connect() as dialect:
             if floor is not None:
                 dialect.read_no_older_than(floor)
+            # a retry or resume goes on with the size its last committed chunk had (the range
+            # continues after that chunk's key whatever its size): no restart from the default
+            last = [s["result"]["rows"] for s in sidecars if s["range_index"] == ri][-1:]
+            sizer = ChunkSizer(self.chunk_sizing, fixed=fixed, start=last[0] if last else None,
+                               target_bytes_cap=getattr(dialect, "batch_max_bytes", None))
             while True:
                 if n > st.chunks:
                     reason = stop()
@@ -484,9 +499,11 @@ class SnapshotController:
                 # while the snapshot runs neither fails it nor leaves a column behind (a DROP
                 # between this and the SELECT fails the task once; its retry reads on)
                 schema = chunk_schema(dialect, self.data_dir, self.source, staged)
+                size, started = sizer.size, self.clock()
                 res = steps.snapshot_chunk(dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id,
-                                           seq=seq, chunk_size=chunk_size, after_key=after_key,
+                                           seq=seq, chunk_size=size, after_key=after_key,
                                            where=work.get("where"), upper_bound=upper)
+                took = self.clock() - started
                 if res.rows and after_key is not None and res.last_key is not None:
                     steps.check_advanced(dialect, schema, label, after_key, res.last_key)
                 if not res.exhausted and steps.key_reached(res.last_key, upper):
@@ -501,9 +518,15 @@ class SnapshotController:
                     after_key = res.last_key
                 elapsed = time.monotonic() - t0
                 frac = 1.0 if res.exhausted else range_fraction(rng, after_key, upper)
-                log.info("%s: chunk %d of %s (%s), %d rows, %d rows in range, %.0f rows/s", label, n,
-                         f"~{max(n, math.ceil(n / frac))}" if frac else "?", f"{frac:.0%}" if frac is not None else "?%",
-                         res.rows, rows_total, rows_run / elapsed if elapsed > 0 else 0.0)
+                staged_bytes = steps.staged_bytes(res.path) if sizer.adaptive else None
+                if not res.exhausted:
+                    sizer.observe(res.rows, took, staged_bytes)
+                log.info("%s: chunk %d of %s (%s), %d of %d rows%s in %.2f s, %d rows in range, %.0f rows/s%s",
+                         label, n, f"~{max(n, math.ceil(n / frac))}" if frac else "?",
+                         f"{frac:.0%}" if frac is not None else "?%", res.rows, size,
+                         "" if staged_bytes is None else f", {size_text(staged_bytes)}", took, rows_total,
+                         rows_run / elapsed if elapsed > 0 else 0.0,
+                         "" if res.exhausted else f"; next chunk {sizer.describe()}")
                 if res.exhausted:
                     break
                 if delay:

@@ -128,7 +128,10 @@ def test_request_from_dict_round_trip():
 
 def test_request_defaults_and_scalars():
     r = SnapshotRequest.from_dict({"tables": "t", "keys": {"t": [3, 4, 9]}, "where": "x > 1"}, default_schema="public")
-    assert r.tables == (TableName("public", "t"),) and r.chunk_size == 10_000 and r.parallelism == 1
+    # no chunk_size: adaptive (None); a number fixes it; "auto" asks for adaptive explicitly
+    assert r.tables == (TableName("public", "t"),) and r.chunk_size is None and r.parallelism == 1
+    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": 500}).chunk_size == 500
+    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": "auto"}).chunk_size is None
     assert r.requested_ranges("public.t") == (ChunkRange((3,), (5,)), ChunkRange((9,), (10,)))
     assert r.where_for("public.t") == "x > 1"
     assert SnapshotRequest.from_dict({"tables": ["a.b"]}).requested_ranges("a.b") == (FULL_RANGE,)
@@ -139,8 +142,9 @@ def test_request_defaults_and_scalars():
     [
         ({"tables": []}, "names no tables"),
         ({"tables": ["a.b", "a.b"]}, r"table\(s\) \['a.b'\] more than once"),
-        ({"tables": ["a.b"], "chunk_size": 0}, "chunk_size must be from 1"),
+        ({"tables": ["a.b"], "chunk_size": 0}, "chunk_size must be a whole number from 1 to 10000000 .* or 'auto'"),
         ({"tables": ["a.b"], "chunk_size": "100"}, "chunk_size must be a whole number"),
+        ({"tables": ["a.b"], "chunk_size": "fast"}, "chunk_size must be a whole number .* or 'auto'"),
         ({"tables": ["a.b"], "parallelism": 1000}, "parallelism must be from 1 to 256"),
         ({"tables": ["a.b"], "chunksize": 5}, r"unknown snapshot setting\(s\) \['chunksize'\]"),
         ({"tables": ["a.b"], "keys": {"a.c": [[1]]}}, r"keys given for table\(s\) \['a.c'\]"),
