@@ -27,6 +27,19 @@ if [[ ! -x "$VENV/bin/pip" ]]; then  # (a venv made without ensurepip has python
     fi
   fi
 fi
+# The compiled binlog rows walker (airflow_provider_cdc/dialects/mysql/_rows.c) is built by the install
+# with the machine's C compiler and Python headers: install them where missing. Without them the
+# install still succeeds and MariaDB/MySQL capture uses its pure-Python reader (slower).
+has_headers() { "$VENV/bin/python" -c 'import os, sys, sysconfig; sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; }
+if ! command -v "${CC:-gcc}" >/dev/null || ! has_headers; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    say "installing gcc and the Python headers (the compiled binlog rows walker)"
+    apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends gcc libc6-dev python3-dev >/dev/null \
+      || say "WARNING: gcc/python3-dev did not install: MariaDB/MySQL capture will use its pure-Python reader"
+  else
+    say "WARNING: no C compiler or Python headers: sudo apt-get install gcc python3-dev (else MariaDB/MySQL capture uses its pure-Python reader)"
+  fi
+fi
 if [[ ! -f "$STAMP" ]]; then
   say "installing the package and its dependencies into $VENV (first run: ~2 min)"
   LOG="$VENV/pip-install.log"
@@ -36,6 +49,20 @@ if [[ ! -f "$STAMP" ]]; then
   "$VENV/bin/python" -c "import airflow_provider_cdc, airflow, pyspark, psycopg2, pymysql, pymysqlreplication, deltalake" \
     || { echo "setup.sh: ERROR: dependencies did not install; see pip output above" >&2; exit 1; }
   rm -f "$VENV"/.installed-*; touch "$STAMP"
+fi
+# An install older than the walker's source (the stamp does not follow it): rebuild it in place,
+# beside the source as the editable install puts it, renamed in whole (a running process keeps its copy).
+WALKER=airflow_provider_cdc/dialects/mysql/_rows
+BUILT=$(find "${WALKER%/*}" -maxdepth 1 -name '_rows.*.so' | head -1)
+if [[ -z "$BUILT" || "$WALKER.c" -nt "$BUILT" ]]; then
+  TMPB=$(mktemp -d)
+  if "$VENV/bin/python" setup.py -q build_ext --build-lib "$TMPB" --build-temp "$TMPB/tmp" >"$VENV/build-walker.log" 2>&1 \
+      && NEW=$(find "$TMPB/${WALKER%/*}" -maxdepth 1 -name '_rows.*.so' 2>/dev/null | head -1) && [[ -n "$NEW" ]]; then
+    cp "$NEW" "$WALKER.so.new" && mv -f "$WALKER.so.new" "${WALKER%/*}/${NEW##*/}"
+  else
+    say "WARNING: the compiled binlog rows walker was not built (log: $VENV/build-walker.log): MariaDB/MySQL capture uses its pure-Python reader"
+  fi
+  rm -rf "$TMPB"
 fi
 
 # The browser of the UI tests: Debian's chromium and its chromedriver (nothing is downloaded at
