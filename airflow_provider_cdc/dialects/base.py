@@ -48,6 +48,27 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 _SIZED = frozenset({bytes, str, bytearray, memoryview})
 
 
+#: verify's digest forms (pipeline/verify.py): the text each logical type's value becomes, the
+#: same in the source's SQL (the dialects) and over the mirror's typed Arrow columns (duckdb):
+#:
+#: - int16/32/64, uint64: the integer in decimal; bool: ``t`` / ``f``
+#: - float32/float64: the IEEE 754 bits read as a signed 32/64-bit integer, in decimal
+#: - decimal(p,s): the number with exactly s fraction digits; decimal: the source's exact text
+#: - string, uuid, json: the text (UTF-8); binary: lowercase hex; time: ``[-]HH:MM:SS.ffffff``
+#: - date: days since 1970-01-01, timestamp/timestamptz: microseconds since 1970-01-01 UTC,
+#:   infinities and zero dates encoded as core/temporal.py encodes them
+#:
+#: A row's text is its columns' pieces in column order: ``N`` for NULL, else the text and
+#: ``,`` (``<byte length>:<text>`` for the SIZED types, whose text may hold anything), so two
+#: different rows never make the same text. Its digest: the first 64 bits of md5(row text),
+#: big-endian; a key range's digest: the row count and the XOR of its rows' digests. Types
+#: without a form (arrays; MariaDB's FLOAT and DOUBLE, whose text the server prints its own
+#: way) make verify compare that table's rows in Python.
+DIGEST_SIZED = frozenset({"string", "uuid", "json"})
+DIGEST_NULL = "N"
+
+
+
 def value_bytes(row: Sequence[Any]) -> int:
     """The size a driver row's values take, as counted against ``batch_max_bytes``: the
     length of every bytes and str value (numbers, dates: a few bytes, not counted)."""
@@ -416,6 +437,45 @@ class Dialect(ABC):
     @abstractmethod
     def write_watermark(self, watermark_id: str) -> None:
         """UPDATE the one watermark row to ``watermark_id`` in its own committed transaction."""
+
+    # --- verify's range digests (pipeline/verify.py) ------------------------------------
+    def digest_problems(self, schema: TableSchema) -> list[str]:
+        """Why the source cannot compute verify's digests of ``schema`` (a column whose type has
+        no digest form here, named with its type; a server setting), one reason each; empty:
+        :meth:`range_digest_query` serves the table. A dialect without digests names every
+        column: verify then compares rows in Python, never a weaker check."""
+        return [f"{self.name} computes no digests"]
+
+    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+        """One aggregate over the rows whose key is after ``after_key`` and at most ``upto_key``
+        (None: unbounded), compared by the database: ``(row count, XOR of the rows' digests)``
+        (:data:`DIGEST_FORMS`)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no digests")
+
+    def key_boundary_query(self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None,
+                           offset: int) -> tuple[str, list[Any]]:
+        """The key ``offset`` keys past the first one after ``after_key`` (not past ``upto_key``),
+        in the database's own order: the keyset chunk SELECT of the key columns with an OFFSET, so
+        range bounds follow the source's collation, never Python's order."""
+        sql, params = self.chunk_query(schema, ChunkRange(None, None), after_key=after_key, limit=1,
+                                       columns=schema.primary_key, upper_bound=upto_key)
+        return f"{sql} OFFSET {self.placeholder}", [*params, int(offset)]
+
+    def digest_where(self, schema: TableSchema, after_key: Sequence | None,
+                     upto_key: Sequence | None) -> tuple[str, list[Any]]:
+        """`` WHERE ..`` (or "") of a digest range, from the one keyset predicate builder."""
+        preds = chunk_predicates(schema.primary_key, ChunkRange(None, None), after_key=after_key,
+                                 upper_bound=upto_key)
+        cond, params = render_predicates(preds, self.quote_ident, row_values=self.row_value_keyset,
+                                         placeholder=self.placeholder,
+                                         convert=lambda c, v: self.to_db_value(schema, c, v))
+        return (f" WHERE {cond}" if cond else ""), params
+
+    def digest_session(self) -> Any:
+        """A connection of its own for verify's range queries (one per worker thread), on the
+        server chunks are read from."""
+        return self.open_session()
 
     # --- chunks (DBLog step 2) ----------------------------------------------------------
     @abstractmethod

@@ -20,6 +20,7 @@ from ...core.sqlnames import quote_mysql
 from ..base import ConnectionParams, Dialect
 from .catalog import MyCatalog
 from .chunks import MyChunkReader
+from .digest import MyDigest
 from .failover import MyFailover
 from .log_reader import MyLogReader
 from .offsets import MyOffsets
@@ -47,8 +48,8 @@ def default_server_id(source: str) -> int:
     return 1_000_000 + zlib.crc32(f"airflow-provider-cdc:{source}".encode()) % 3_000_000_000
 
 
-class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyOffsets, MyFailover, MyLogReader, MyXa,
-                   Dialect):
+class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyDigest, MyOffsets, MyFailover, MyLogReader,
+                   MyXa, Dialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with

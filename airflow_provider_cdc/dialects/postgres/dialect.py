@@ -15,6 +15,7 @@ from ...core.sqlnames import quote_pg
 from ..base import ConnectionParams, Dialect
 from .catalog import PgCatalog
 from .chunks import DEFAULT_COPY_BATCH_ROWS, PgChunkReader
+from .digest import PgDigest
 from .log_reader import DEFAULT_CAPTURE_STEP_MESSAGES, PgLogReader
 from .offsets import PgOffsets
 from .prerequisites import APPLICATION_NAME, SLOT_NAME_RE, PgPrerequisites, default_object_name
@@ -22,7 +23,8 @@ from .types import SESSION_OPTIONS, PgType, pg_message
 from .watermarks import PgWatermarks
 
 
-class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, PgOffsets, PgLogReader, Dialect):
+class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, PgDigest, PgOffsets, PgLogReader,
+                      Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (the capture scope: list of ``schema.table`` / TableName for the publication; none: no
     capture unless ``all_tables``, the opt-in to FOR ALL TABLES),
