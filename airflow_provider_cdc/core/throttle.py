@@ -88,9 +88,11 @@ DEFAULT_START_ROWS = 10_000
 #: a chunk asks at most this many times the rows of the one before: one fast chunk (a cached
 #: page, an idle moment) does not make a huge next one. Shrinking has no limit.
 MAX_GROWTH = 2.0
-#: weight of the newest chunk's per-row cost when it is below the estimate (costs that rise
-#: apply at once, so the chunk after the start of a wide or slow region is small already)
-SMOOTHING = 0.5
+#: weight of the newest chunk's per-row cost in the estimate: one chunk slowed down by a busy
+#: moment moves the next size only part of the way, and the size follows a real change within
+#: two or three chunks. Bytes per row that rise apply at once (a wide region's second chunk
+#: is sized for its rows already: the bytes target bounds what a chunk stages).
+SMOOTHING = 0.6
 #: setting -> its variable (settings.py), for the messages
 SIZING_VARS = {"target_seconds": "CDC_CHUNK_TARGET_SECONDS", "target_mb": "CDC_CHUNK_TARGET_MB",
                "min_rows": "CDC_CHUNK_MIN_ROWS", "max_rows": "CDC_CHUNK_MAX_ROWS"}
@@ -160,8 +162,8 @@ class ChunkSizer:
     read before it in the range (pure: the caller measures and passes each chunk's rows,
     seconds and staged bytes to :meth:`observe`).
 
-    Per-row costs (seconds, bytes) are estimated from the chunks read: a cost above the
-    estimate replaces it, one below it moves it by :data:`SMOOTHING`. The next size is what
+    Per-row costs (seconds, bytes) are estimated from the chunks read, moving by
+    :data:`SMOOTHING` towards each new one (bytes that rise: at once). The next size is what
     meets both targets at that cost, at most :data:`MAX_GROWTH` times the last size, within
     ``min_rows``..``max_rows``; the bytes target caps it below ``min_rows`` too. ``size`` is
     the next chunk's row count, ``reason`` says what chose it: ``fixed``, ``start``,
@@ -191,7 +193,7 @@ class ChunkSizer:
             return self.size
         self._seconds_per_row = _estimate(self._seconds_per_row, max(0.0, float(seconds)) / rows)
         if nbytes is not None:
-            self._bytes_per_row = _estimate(self._bytes_per_row, max(0, int(nbytes)) / rows)
+            self._bytes_per_row = _estimate(self._bytes_per_row, max(0, int(nbytes)) / rows, rise_at_once=True)
         s, last = self.sizing, max(self.size, rows)
         want, reason = _rows_for(s.target_seconds, self._seconds_per_row), "duration"
         if want > last * MAX_GROWTH:
@@ -230,8 +232,8 @@ def size_text(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def _estimate(old: float | None, new: float) -> float:
-    if old is None or new >= old:
+def _estimate(old: float | None, new: float, rise_at_once: bool = False) -> float:
+    if old is None or (rise_at_once and new >= old):
         return new
     return old + SMOOTHING * (new - old)
 
