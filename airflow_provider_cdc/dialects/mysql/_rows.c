@@ -102,6 +102,44 @@ static inline uint64_t be(const unsigned char *p, int n) {
 
 static inline int fsp_bytes(int fsp) { return (fsp + 1) / 2; }
 
+/* ``n`` digits of v, zero-padded (v < 10^n); returns the end */
+static inline char *digits(char *o, uint64_t v, int n) {
+    for (int i = n - 1; i >= 0; i--) { o[i] = (char)('0' + v % 10); v /= 10; }
+    return o + n;
+}
+
+/* v in decimal (Python's str(int)); returns the end */
+static inline char *utoa(char *o, uint64_t v) {
+    char t[20];
+    int n = 0;
+    do { t[n++] = (char)('0' + v % 10); v /= 10; } while (v);
+    while (n) *o++ = t[--n];
+    return o;
+}
+
+static inline char *itoa64(char *o, int64_t v) {
+    if (v < 0) { *o++ = '-'; return utoa(o, (uint64_t)0 - (uint64_t)v); }
+    return utoa(o, (uint64_t)v);
+}
+
+/* at least ``n`` digits, as f"{v:0{n}d}" */
+static inline char *padded(char *o, uint64_t v, int n) {
+    uint64_t lim = 1;
+    for (int i = 0; i < n; i++) lim *= 10;
+    return v < lim ? digits(o, v, n) : utoa(o, v);
+}
+
+/* YYYY-MM-DD */
+static inline char *ymd(char *o, uint64_t y, unsigned m, unsigned d) {
+    o = padded(o, y, 4); *o++ = '-'; o = padded(o, m, 2); *o++ = '-'; return padded(o, d, 2);
+}
+
+/* HH:MM:SS.ffffff (hours: at least two digits) */
+static inline char *hmsf(char *o, uint64_t h, unsigned mi, unsigned s, uint64_t us) {
+    o = padded(o, h, 2); *o++ = ':'; o = padded(o, mi, 2); *o++ = ':'; o = padded(o, s, 2); *o++ = '.';
+    return padded(o, us, 6);
+}
+
 /* the fraction of DATETIME2/TIMESTAMP2 as microseconds (mysql-replication's __read_fsp) */
 static inline long fsp_micros(const unsigned char *p, int fsp) {
     int n = fsp_bytes(fsp);
@@ -133,27 +171,27 @@ static int decimal_text(const unsigned char *p, int prec, int scale, Buf *out) {
     if (negative)
         for (Py_ssize_t i = 0; i < size; i++) tmp[i] ^= 0xFF;
     int intg = prec - scale, intg0 = intg / 9, intg0x = intg % 9, frac0 = scale / 9, frac0x = scale % 9;
-    char digits[200];
+    char digits[220];
     int nd = 0;
     const unsigned char *q = tmp;
     if (intg0x) {
         int n = dig2bytes[intg0x];
-        nd += sprintf(digits + nd, "%0*llu", intg0x, (unsigned long long)be(q, n));
+        nd = (int)(padded(digits + nd, be(q, n), intg0x) - digits);
         q += n;
     }
-    for (int i = 0; i < intg0; i++, q += 4) nd += sprintf(digits + nd, "%09llu", (unsigned long long)be(q, 4));
+    for (int i = 0; i < intg0; i++, q += 4) nd = (int)(padded(digits + nd, be(q, 4), 9) - digits);
     int start = 0;
     while (start < nd - 1 && digits[start] == '0') start++;
     if (nd == 0) { digits[0] = '0'; nd = 1; }
     if (negative && buf_byte(out, '-') < 0) return -1;
     if (buf_put(out, digits + start, nd - start) < 0) return -1;
     if (scale) {
-        char frac[200];
+        char frac[220];
         int nf = 0;
-        for (int i = 0; i < frac0; i++, q += 4) nf += sprintf(frac + nf, "%09llu", (unsigned long long)be(q, 4));
+        for (int i = 0; i < frac0; i++, q += 4) nf = (int)(padded(frac + nf, be(q, 4), 9) - frac);
         if (frac0x) {
             int n = dig2bytes[frac0x];
-            nf += sprintf(frac + nf, "%0*llu", frac0x, (unsigned long long)be(q, n));
+            nf = (int)(padded(frac + nf, be(q, n), frac0x) - frac);
         }
         if (buf_byte(out, '.') < 0 || buf_put(out, frac, nf) < 0) return -1;
     }
@@ -231,12 +269,11 @@ static int put_len(Buf *lens, Py_ssize_t n) {
     return buf_put(lens, &v, 4);
 }
 
-/* One value at p (at most end): appended to the column's buffers, and to ``key`` (JSON)
- * when ``key`` is not NULL. Returns the bytes it took, -1 on error. */
-static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end, Buf *key) {
-    Py_ssize_t avail = end - p;
-    char text[96];
-    int tn;
+/* One value at p (at most end), appended to the column's buffers. Returns the bytes it took,
+ * -1 on error. */
+static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end) {
+    Py_ssize_t avail = end - p, took;
+    char text[96], *o = text;
 #define NEED(n) do { if ((Py_ssize_t)(n) > avail) return fail("a row image runs past the end of its event"); } while (0)
     switch (c->code) {
     case K_INT: {
@@ -246,37 +283,24 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
         int64_t v;
         if (!c->b && w < 8 && (u & (1ULL << (8 * w - 1)))) v = (int64_t)(u - (1ULL << (8 * w)));
         else v = (int64_t)u;
-        if (buf_put(&c->data, &v, 8) < 0) return -1;
-        if (key) {
-            tn = c->b ? sprintf(text, "%llu", (unsigned long long)u) : sprintf(text, "%lld", (long long)v);
-            if (buf_put(key, text, tn) < 0) return -1;
-        }
-        return w;
+        return buf_put(&c->data, &v, 8) < 0 ? -1 : w;
     }
     case K_YEAR: {
         NEED(1);
-        int64_t v = p[0] ? p[0] + 1900 : 0;
-        if (buf_put(&c->data, &v, 8) < 0) return -1;
-        if (key) { tn = sprintf(text, "%lld", (long long)v); if (buf_put(key, text, tn) < 0) return -1; }
-        return 1;
+        int64_t v = p[0] ? p[0] + 1900 : 0;  /* YEAR 0000 is stored as 0 */
+        return buf_put(&c->data, &v, 8) < 0 ? -1 : 1;
     }
     case K_FLOAT:
         NEED(4);
-        if (key) return fail("a FLOAT key column");
-        if (buf_put(&c->data, p, 4) < 0) return -1;
-        return 4;
+        return buf_put(&c->data, p, 4) < 0 ? -1 : 4;
     case K_DOUBLE:
         NEED(8);
-        if (key) return fail("a DOUBLE key column");
-        if (buf_put(&c->data, p, 8) < 0) return -1;
-        return 8;
+        return buf_put(&c->data, p, 8) < 0 ? -1 : 8;
     case K_DECIMAL: {
         Py_ssize_t size = decimal_size(c->a, c->b);
         NEED(size);
         Py_ssize_t at = c->data.len;
-        if (decimal_text(p, c->a, c->b, &c->data) < 0) return -1;
-        if (put_len(&c->lens, c->data.len - at) < 0) return -1;
-        if (key && json_string(key, c->data.p + at, c->data.len - at) < 0) return -1;
+        if (decimal_text(p, c->a, c->b, &c->data) < 0 || put_len(&c->lens, c->data.len - at) < 0) return -1;
         return size;
     }
     case K_BIT: {
@@ -286,9 +310,7 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
         if (bits % 8) first &= (unsigned char)((1 << (bits % 8)) - 1);
         uint64_t u = first;
         for (int i = 1; i < n; i++) u = (u << 8) | p[i];
-        if (buf_put(&c->data, &u, 8) < 0) return -1;
-        if (key) { tn = sprintf(text, "%llu", (unsigned long long)u); if (buf_put(key, text, tn) < 0) return -1; }
-        return n;
+        return buf_put(&c->data, &u, 8) < 0 ? -1 : n;
     }
     case K_STR: {
         int lb = c->a;
@@ -303,21 +325,13 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
             memset(c->data.p + c->data.len, 0, pad);
             c->data.len += pad;
         }
-        if (put_len(&c->lens, c->data.len - at) < 0) return -1;
-        if (key) {
-            if (c->c) {
-                if (buf_byte(key, '"') < 0 || base64(key, (unsigned char *)c->data.p + at, c->data.len - at) < 0
-                    || buf_byte(key, '"') < 0) return -1;
-            } else if (json_string(key, c->data.p + at, c->data.len - at) < 0) return -1;
-        }
-        return lb + (Py_ssize_t)n;
+        return put_len(&c->lens, c->data.len - at) < 0 ? -1 : lb + (Py_ssize_t)n;
     }
     case K_ENUM: {
         NEED(c->a);
         uint64_t i = le(p, c->a);
         if (i >= (uint64_t)c->nnames) return fail("an ENUM index beyond the column's values");
         if (buf_put(&c->data, c->names[i], c->name_len[i]) < 0 || put_len(&c->lens, c->name_len[i]) < 0) return -1;
-        if (key && json_string(key, c->names[i], c->name_len[i]) < 0) return -1;
         return c->a;
     }
     case K_SET: {
@@ -331,51 +345,53 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
             if (buf_put(&c->data, c->names[i], c->name_len[i]) < 0) return -1;
             first = 0;
         }
-        if (put_len(&c->lens, c->data.len - at) < 0) return -1;
-        if (key && json_string(key, c->data.p + at, c->data.len - at) < 0) return -1;
-        return c->a;
+        return put_len(&c->lens, c->data.len - at) < 0 ? -1 : c->a;
     }
-    case K_DATE: {
+    case K_DATE: {  /* the day, month and year bits as the server's text, also of zero and partial dates */
         NEED(3);
         uint32_t v = (uint32_t)le(p, 3);
-        tn = sprintf(text, "%04u-%02u-%02u", (v >> 9) & 0x7FFF, (v >> 5) & 15, v & 31);
+        o = ymd(o, (v >> 9) & 0x7FFF, (v >> 5) & 15, v & 31);
+        took = 3;
         break;
     }
     case K_DATETIME2: {
-        int n = 5 + fsp_bytes(c->a);
-        NEED(n);
+        took = 5 + fsp_bytes(c->a);
+        NEED(took);
         uint64_t v = be(p, 5);
         unsigned ym = (unsigned)((v >> 22) & 0x1FFFF);
-        unsigned day = (v >> 17) & 31, hour = (v >> 12) & 31, minute = (v >> 6) & 63, second = v & 63;
         long us = fsp_micros(p + 5, c->a);
-        tn = sprintf(text, "%04u-%02u-%02uT%02u:%02u:%02u.%06ld", ym / 13, ym % 13, day, hour, minute, second, us);
-        if (buf_put(&c->data, text, tn) < 0 || put_len(&c->lens, tn) < 0) return -1;
-        if (key && json_string(key, text, tn) < 0) return -1;
-        return n;
+        if (us < 0) return fail("a negative DATETIME fraction");
+        o = ymd(o, ym / 13, ym % 13, (v >> 17) & 31);
+        *o++ = 'T';
+        o = hmsf(o, (v >> 12) & 31, (v >> 6) & 63, v & 63, (uint64_t)us);
+        break;
     }
     case K_TIMESTAMP2: {
-        int n = 4 + fsp_bytes(c->a);
-        NEED(n);
+        took = 4 + fsp_bytes(c->a);
+        NEED(took);
         int64_t secs = (int32_t)be(p, 4);
         long us = fsp_micros(p + 4, c->a);
-        if (secs == 0 && us <= 0) {
-            tn = sprintf(text, "0000-00-00T00:00:00.000000Z");
+        if (us < 0) return fail("a negative TIMESTAMP fraction");
+        if (secs == 0 && us == 0) {  /* epoch 0 is the zero timestamp (1970-01-01 00:00:00 UTC is outside the range) */
+            memcpy(o, "0000-00-00T00:00:00.000000", 26);
+            o += 26;
         } else {
             int64_t days = secs >= 0 ? secs / 86400 : -((-secs + 86399) / 86400);
             int64_t rem = secs - days * 86400, y;
             unsigned m, d;
             civil(days, &y, &m, &d);
-            if (us < 0) return fail("a negative TIMESTAMP fraction");
-            tn = sprintf(text, "%04lld-%02u-%02uT%02u:%02u:%02u.%06ldZ", (long long)y, m, d, (unsigned)(rem / 3600),
-                         (unsigned)(rem % 3600 / 60), (unsigned)(rem % 60), us);
+            if (y < 1) return fail("a TIMESTAMP before year 1");
+            o = ymd(o, (uint64_t)y, m, d);
+            *o++ = 'T';
+            o = hmsf(o, (uint64_t)(rem / 3600), (unsigned)(rem % 3600 / 60), (unsigned)(rem % 60), (uint64_t)us);
         }
-        if (buf_put(&c->data, text, tn) < 0 || put_len(&c->lens, tn) < 0) return -1;
-        if (key && json_string(key, text, tn) < 0) return -1;
-        return n;
+        *o++ = 'Z';
+        break;
     }
-    case K_TIME2: {
-        int fsp = c->a, n = 3 + fsp_bytes(fsp);
-        NEED(n);
+    case K_TIME2: {  /* MySQL's my_time_packed_from_binary, then TIME_from_longlong_time_packed */
+        int fsp = c->a;
+        took = 3 + fsp_bytes(fsp);
+        NEED(took);
         int64_t packed;
         int64_t intpart = (int64_t)be(p, 3) - 0x800000;
         if (fsp == 1 || fsp == 2) {
@@ -391,39 +407,35 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
         } else {
             packed = intpart * (1LL << 24);
         }
-        int neg = packed < 0;
-        if (neg) packed = -packed;
-        int64_t hms = packed >> 24, frac = packed % (1LL << 24);
-        tn = sprintf(text, "%s%02u:%02u:%02u.%06lld", neg ? "-" : "", (unsigned)((hms >> 12) % (1 << 10)),
-                     (unsigned)((hms >> 6) % (1 << 6)), (unsigned)(hms % (1 << 6)), (long long)frac);
-        if (buf_put(&c->data, text, tn) < 0 || put_len(&c->lens, tn) < 0) return -1;
-        if (key && json_string(key, text, tn) < 0) return -1;
-        return n;
+        if (packed < 0) { *o++ = '-'; packed = -packed; }
+        int64_t hms = packed >> 24;
+        o = hmsf(o, (uint64_t)((hms >> 12) % (1 << 10)), (unsigned)((hms >> 6) % (1 << 6)), (unsigned)(hms % (1 << 6)),
+                 (uint64_t)(packed % (1LL << 24)));
+        break;
     }
     default:
         return fail("a column type the walker does not know");
     }
-    /* K_DATE */
-    if (buf_put(&c->data, text, tn) < 0 || put_len(&c->lens, tn) < 0) return -1;
-    if (key && json_string(key, text, tn) < 0) return -1;
-    return 3;
 #undef NEED
+    /* the temporal types: canonical text */
+    Py_ssize_t tn = o - text;
+    if (buf_put(&c->data, text, tn) < 0 || put_len(&c->lens, tn) < 0) return -1;
+    return took;
 }
 
 static inline int fixed_width(int code) {
     return code == K_INT || code == K_YEAR || code == K_BIT || code == K_FLOAT || code == K_DOUBLE;
 }
 
-static int null_value(Col *c, Buf *key) {
+static int null_value(Col *c) {
     if (fixed_width(c->code)) {
         static const char zero[8] = {0};
-        if (buf_put(&c->data, zero, c->code == K_FLOAT ? 4 : 8) < 0) return -1;
-    } else if (put_len(&c->lens, 0) < 0) return -1;
-    if (key && buf_put(key, "null", 4) < 0) return -1;
-    return 0;
+        return buf_put(&c->data, zero, c->code == K_FLOAT ? 4 : 8);
+    }
+    return put_len(&c->lens, 0);
 }
 
-static PyObject *decode(PyObject *self, PyObject *args) {
+static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer view;
     Py_ssize_t start, end;
     int kind;
@@ -481,21 +493,19 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             if (stop - p < nullbytes) { fail("a row image runs past the end of its event"); goto done; }
             const unsigned char *nulls = p;
             p += nullbytes;
-            /* values first, in column order; key text built after, in key order */
-            Py_ssize_t *kstart = NULL;
+            /* values first, in column order; the key after, in key order */
             for (Py_ssize_t i = 0; i < ncols; i++) {
                 Col *c = &cols[i];
                 int isnull = (nulls[i / 8] >> (i % 8)) & 1;
                 if (buf_byte(&c->valid, (char)!isnull) < 0) goto done;
                 if (isnull) {
-                    if (null_value(c, NULL) < 0) goto done;
+                    if (null_value(c) < 0) goto done;
                     continue;
                 }
-                Py_ssize_t took = value(c, p, stop, NULL);
+                Py_ssize_t took = value(c, p, stop);
                 if (took < 0) goto done;
                 p += took;
             }
-            (void)kstart;
             /* the key: re-read the key columns' decoded values from the column buffers */
             if (buf_byte(key, '[') < 0) goto done;
             for (Py_ssize_t k = 0; k < nkeys; k++) {
@@ -503,14 +513,13 @@ static PyObject *decode(PyObject *self, PyObject *args) {
                 if (k && buf_byte(key, ',') < 0) goto done;
                 if (!c->valid.p[c->valid.len - 1]) { if (buf_put(key, "null", 4) < 0) goto done; continue; }
                 char text[40];
-                int tn;
                 switch (c->code) {
                 case K_INT: case K_YEAR: case K_BIT: {
                     int64_t v;
                     memcpy(&v, c->data.p + c->data.len - 8, 8);
                     int uns = c->code == K_BIT || (c->code == K_INT && c->b);
-                    tn = uns ? sprintf(text, "%llu", (unsigned long long)v) : sprintf(text, "%lld", (long long)v);
-                    if (buf_put(key, text, tn) < 0) goto done;
+                    char *e = uns ? utoa(text, (uint64_t)v) : itoa64(text, v);
+                    if (buf_put(key, text, e - text) < 0) goto done;
                     break;
                 }
                 case K_FLOAT: case K_DOUBLE:
@@ -594,6 +603,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_rows", "The compiled binlog rows walker.", -1, methods};
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_rows", "The compiled binlog rows walker.", -1, methods, NULL, NULL, NULL, NULL,
+};
 
 PyMODINIT_FUNC PyInit__rows(void) { return PyModule_Create(&module); }

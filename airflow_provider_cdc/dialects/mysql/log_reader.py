@@ -472,9 +472,18 @@ class MyLogReader:
 
     # --- held groups and XA -------------------------------------------------------------
     def _stream_settings(self) -> dict[str, Any]:
+        from pymysql.constants import CLIENT
+
         p = self.params
-        return {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
-                "charset": "utf8mb4", **self._driver_settings()}
+        settings = {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
+                    "charset": "utf8mb4", **self._driver_settings()}
+        # Without TLS settings pymysql tries TLS if the server offers it, and builds a default SSL
+        # context for that on every connection (~20 ms: the system's CA store), offered or not. When
+        # this dialect's own connection found no TLS on the server, the stream's two connections
+        # would fall back to plain text anyway: skip building it (a fixed cost of every capture).
+        if not any(k.startswith("ssl") for k in settings) and not self.conn.server_capabilities & CLIENT.SSL:
+            settings["ssl_disabled"] = True
+        return settings
 
     def _binlog_major(self, file: str) -> int:
         """The major of positions in binlog ``file`` of the server read now (its epoch above the

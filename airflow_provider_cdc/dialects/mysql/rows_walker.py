@@ -351,7 +351,10 @@ def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
     tcode = {t: i for i, t in enumerate(table_names)}
     table = at.string_array(table_names).take(at.index_array(
         np.fromiter((tcode[r.walker.table_id] for r in runs), dtype=np.int64, count=len(runs))[run_of]))
-    opcode = np.concatenate([np.frombuffer(r.ops, dtype=np.uint8)[r.lo:r.hi] for r in runs]).astype(np.int64)
+    if all(r.lo == 0 and r.hi == len(r.ops) for r in runs):
+        opcode = np.frombuffer(b"".join(r.ops for r in runs), dtype=np.uint8).astype(np.int64)
+    else:
+        opcode = np.concatenate([np.frombuffer(r.ops, dtype=np.uint8)[r.lo:r.hi] for r in runs]).astype(np.int64)
     op = _OPS.take(at.index_array(opcode))
     key = _strings([(r.key_data, r.key_lengths, r.lo, r.hi) for r in runs], pa.string())
     ts = at.index_array(np.fromiter((r.ts_ms for r in runs), dtype=np.int64, count=len(runs))[run_of])
@@ -365,7 +368,8 @@ def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
     for k, r in enumerate(runs):
         walkers.setdefault(id(r.walker), []).append(k)
     for ks in walkers.values():
-        parts.append(_typed_part([runs[k] for k in ks], [run_rows[run_of == k] for k in ks]))
+        rows = np.concatenate([run_rows[starts[k]:starts[k] + counts[k]] for k in ks])
+        parts.append(_typed_part([runs[k] for k in ks], rows))
 
     if not loose:
         return EventBatch(run_log, tuple(parts))
@@ -381,8 +385,8 @@ def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
     return EventBatch(log, tuple(parts))
 
 
-def _typed_part(runs: list[RowsRun], rows: list[np.ndarray]) -> ImagePart:
-    """The images of ``runs`` (one table map) as one typed ImagePart; ``rows``: each run's
+def _typed_part(runs: list[RowsRun], rows: np.ndarray) -> ImagePart:
+    """The images of ``runs`` (one table map) as one typed ImagePart; ``rows``: the runs'
     events' rows in the batch."""
     w = runs[0].walker
     n_images = sum(r.images for r in runs)
@@ -394,16 +398,28 @@ def _typed_part(runs: list[RowsRun], rows: list[np.ndarray]) -> ImagePart:
         arrays.append(_column([r.columns[j] for r in runs], spec, logical, n_images, w, j))
     struct = pa.StructArray.from_arrays(arrays, fields=[pa.field(nm, a.type) for nm, a in zip(w.names, arrays,
                                                                                                  strict=True)])
-    b_idx = np.concatenate([np.frombuffer(r.before, dtype=np.int32)[r.lo:r.hi].astype(np.int64) + np.where(
-        np.frombuffer(r.before, dtype=np.int32)[r.lo:r.hi] >= 0, base[k], 0) for k, r in enumerate(runs)])
-    a_idx = np.concatenate([np.frombuffer(r.after, dtype=np.int32)[r.lo:r.hi].astype(np.int64) + np.where(
-        np.frombuffer(r.after, dtype=np.int32)[r.lo:r.hi] >= 0, base[k], 0) for k, r in enumerate(runs)])
-    return ImagePart(w.table_id, np.concatenate(rows), _take(struct, b_idx), _take(struct, a_idx), w.schema, ())
+    # each event's image numbers, from the run's own to the part's (-1: none)
+    run_base = np.repeat(base, np.fromiter((len(r) for r in runs), dtype=np.int64, count=len(runs)))
+    b_idx, a_idx = (_image_numbers(runs, which, run_base) for which in ("before", "after"))
+    return ImagePart(w.table_id, rows, _take(struct, b_idx), _take(struct, a_idx), w.schema, ())
+
+
+def _image_numbers(runs: list[RowsRun], which: str, run_base: np.ndarray) -> np.ndarray:
+    whole = all(r.lo == 0 and r.hi * 4 == len(getattr(r, which)) for r in runs)
+    if whole:
+        idx = np.frombuffer(b"".join(getattr(r, which) for r in runs), dtype=np.int32).astype(np.int64)
+    else:
+        idx = np.concatenate([np.frombuffer(getattr(r, which), dtype=np.int32)[r.lo:r.hi] for r in runs]).astype(np.int64)
+    return np.where(idx >= 0, idx + run_base, -1)
 
 
 def _take(arr: pa.Array, idx: np.ndarray) -> pa.Array:
     """Rows ``idx`` of ``arr`` (-1: null)."""
     valid = idx >= 0
+    if not valid.any():  # the before-images of inserts, the after-images of deletes
+        return pa.nulls(len(idx), arr.type)
+    if len(idx) == len(arr) and valid.all() and (idx == np.arange(len(idx))).all():  # every image, in order
+        return arr
     return arr.take(at.index_array(np.maximum(idx, 0), None if valid.all() else valid))
 
 
