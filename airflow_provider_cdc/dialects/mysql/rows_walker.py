@@ -189,19 +189,20 @@ class TableWalker:
         """The events of rows event ``ev`` (its row images not read yet), or None when the
         walker cannot decode it (the caller reads it the pure-Python way)."""
         wrapper = ev.packet
-        if wrapper._BinLogPacketWrapper__data_buffer:  # bytes pushed back: not the packet's own
-            return None
+        raw = wrapper.packet
+        data, start = getattr(raw, "_data", None), getattr(raw, "_position", None)
+        pushed_back = getattr(wrapper, "_BinLogPacketWrapper__data_buffer", None)
+        if data is None or start is None or pushed_back is None or pushed_back:
+            return None  # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
         ncols = len(self.spec)
         if ev.number_of_columns != ncols:
             return None
         full = _full_bitmap(ncols)
         if bytes(ev.columns_present_bitmap) != full or (kind == _UPDATE and bytes(ev.columns_present_bitmap2) != full):
             return None  # a partial row image (binlog_row_image is not FULL)
-        raw = wrapper.packet
-        start = raw._position
-        end = start + ev.event_size - wrapper.read_bytes
+        end = start + ev.event_size - wrapper.read_bytes  # the rows, without the checksum
         try:
-            out = _rows.decode(raw._data, start, end, kind, self.spec, self.key_idx)
+            out = _rows.decode(data, start, end, kind, self.spec, self.key_idx)
         except ValueError as exc:
             log.warning("the compiled rows walker cannot decode a rows event of %s (%s): read the pure-Python way",
                         self.table_id, exc)
