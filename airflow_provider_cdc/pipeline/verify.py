@@ -25,6 +25,8 @@ import json
 import os
 import shutil
 import tempfile
+import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -40,6 +42,7 @@ from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, encode_row
+from ..core.throttle import Throttle
 from ..sinks.delta_buckets import bucket_of
 from ..sinks.event_log import read_events as read_event_log
 
@@ -47,6 +50,19 @@ DEFAULT_CHUNK_ROWS = 10_000
 EXAMPLES = 10
 #: ranges a repair snapshot reads at once (its conf's parallelism, at most)
 REPAIR_PARALLELISM = 4
+
+#: source rows of a top-level digest range: the source returns (count, XOR of the rows' digests)
+#: per range; a range that differs is split into DIGEST_FANOUT sub-ranges, recursively, until a
+#: range holds at most ``chunk_rows`` source rows: those rows are compared as :func:`verify_rows` does
+DIGEST_RANGE_ROWS = 500_000
+DIGEST_FANOUT = 16
+#: splits of one range at most (a source changing under the verify cannot make it endless)
+DIGEST_MAX_DEPTH = 12
+#: the source's load by default: two range queries at once, no pause (a snapshot's Throttle)
+DEFAULT_THROTTLE = Throttle(chunk_size=DEFAULT_CHUNK_ROWS, parallelism=2)
+_MASK64 = (1 << 64) - 1
+#: key types whose order numpy reproduces exactly (the database's order of integers)
+_ORDERED_KEYS = ("int16", "int32", "int64")
 
 
 def row_digest(key: str, row: dict[str, Any]) -> bytes:
@@ -87,6 +103,13 @@ class VerifyResult:
     #: the key ranges of the source chunks that differed (start inclusive, end exclusive: the
     #: next chunk's first key), adjacent ones joined; in the database's own key order
     repair_ranges: list[ChunkRange] = field(default_factory=list)
+    #: how the table was compared: "digests" (range digests computed in the source and over the
+    #: mirror, rows compared only inside ranges that differ) or "rows" (every row in Python)
+    method: str = "rows"
+    #: why "rows" (a column type without a digest form, a key without a vectorised order)
+    method_note: str = ""
+    #: digest ranges compared (top level and the sub-ranges of ranges that differed)
+    digest_ranges: int = 0
 
     @property
     def mismatched(self) -> int:
@@ -114,6 +137,8 @@ class VerifyResult:
             "examples": [m.describe() for m in self.examples],
             "repair_ranges": [json.loads(r.to_json()) for r in self.repair_ranges],
             "repair_conf": self.repair_conf(),
+            "method": self.method,
+            **({"method_note": self.method_note} if self.method_note else {}),
         }
 
     def repair_conf(self) -> dict | None:
@@ -266,13 +291,15 @@ ChunkReader = Callable[[int, tuple | None], list[tuple[str, dict]]]
 
 def compare(
     schema: TableSchema, chunks: Iterable[list[tuple[str, dict]]], mirror: MirrorIndex, *, examples: int = EXAMPLES,
-    reread: ChunkReader | None = None,
+    reread: ChunkReader | None = None, end_of: Callable[[int], tuple | None] | None = None,
 ) -> VerifyResult:
     """Each source row's digest against its key's mirror digest, a hash partition at a time
     (pyarrow joins: memory follows a partition, not the table). The source is read once, in
     key order, in chunks: a chunk with a missing or differing row is a repair range. The rows
     of the examples are read again at the end (``reread``: that chunk from the source; a
-    list of chunks is its own reader), only when something differs."""
+    list of chunks is its own reader), only when something differs. ``end_of(i)``: where
+    chunk i's repair range ends (the table's next key after it; default: the next chunk's
+    first key, the chunks being the whole table)."""
     if reread is None and isinstance(chunks, Sequence):
         reread = lambda i, _after, c=chunks: c[i]  # noqa: E731 - the chunks are at hand
     res = VerifyResult(schema.table.id, mirror_rows=mirror.rows)
@@ -306,7 +333,7 @@ def compare(
     bad = sorted(found.chunks)
     res.mismatched_chunks = len(bad)
     for i in bad:  # adjacent chunks join into one range (end exclusive: the next chunk's first key)
-        end = firsts[i + 1] if i + 1 < len(firsts) else None
+        end = end_of(i) if end_of is not None else (firsts[i + 1] if i + 1 < len(firsts) else None)
         if res.repair_ranges and res.repair_ranges[-1].end == firsts[i]:
             res.repair_ranges[-1] = ChunkRange(res.repair_ranges[-1].start, end)
         else:
@@ -429,23 +456,51 @@ def mirror_position(data_dir: str, source: str, table: TableName) -> Position | 
 
 def verify_table(
     dialect, data_dir: str, source: str, table: TableName, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    examples: int = EXAMPLES, partition_rows: int = PARTITION_ROWS,
+    examples: int = EXAMPLES, partition_rows: int = PARTITION_ROWS, throttle: Throttle | None = None,
+    method: str = "auto", range_rows: int = DIGEST_RANGE_ROWS,
 ) -> VerifyResult:
     """Compare the mirror of ``table`` with the source the dialect reads (I2). Memory follows
-    ``partition_rows``, not the table: the mirror is read a batch at a time and both sides'
-    digests wait in hash partitions on local scratch disk.
+    ``partition_rows``, not the table.
+
+    ``method`` "auto": by range digests (:func:`verify_digests`) where the table allows them (every
+    column type has a digest form in the dialect, and the key is one integer column), else row by
+    row (:func:`verify_rows`), saying why in ``method_note``; "rows" or "digests" force one (a table
+    that allows no digests raises ConfigurationError under "digests"). ``throttle``: the load on the
+    source of the digest queries (parallelism: range queries at once, 2 by default;
+    delay_seconds: pause after each), as a snapshot's.
 
     Rows read from a replica (PostgreSQL: a hot standby named by ``chunk_conn_id``) are read only
     once it has replayed past :func:`mirror_position` (at most ``max_replica_lag_seconds``, then
     the verify fails naming the standby and how far behind it is): a replica behind the mirror
     would show its lag as mismatches."""
     from ..dialects.base import READ_FLOOR_MIRROR
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
 
+    if method not in ("auto", "rows", "digests"):
+        raise ConfigurationError(f"verify method must be 'auto', 'rows' or 'digests', got {method!r}")
     schema = dialect.describe_table(table)
     floor = mirror_position(data_dir, source, table)
     if floor is not None:
         dialect.read_no_older_than(floor, READ_FLOOR_MIRROR)
+    why = [] if method == "rows" else digest_problems(dialect, schema)
+    if method == "digests" and why:
+        raise ConfigurationError(f"table {table}: no digest verify: {'; '.join(why)}")
+    if method == "rows" or why:
+        res = verify_rows(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
+                          partition_rows=partition_rows)
+        res.method_note = "; ".join(why)
+        return res
+    return verify_digests(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
+                          partition_rows=partition_rows, throttle=throttle or DEFAULT_THROTTLE, range_rows=range_rows)
+
+
+def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
+                chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
+                partition_rows: int = PARTITION_ROWS) -> VerifyResult:
+    """Every row canonicalised in Python on both sides and compared by key (the reference the
+    digests are checked against): the mirror is read a batch at a time and both sides' digests
+    wait in hash partitions on local scratch disk."""
+    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
         mirror = MirrorIndex(schema, batches, count=count, folder=folder, partition_rows=partition_rows,
@@ -455,6 +510,336 @@ def verify_table(
             return next(source_chunks(dialect, schema, chunk_rows, after=after, once=True), [])
 
         return compare(schema, source_chunks(dialect, schema, chunk_rows), mirror, examples=examples, reread=reread)
+
+
+# --- range digests ------------------------------------------------------------------------
+def digest_problems(dialect, schema: TableSchema) -> list[str]:
+    """Why ``schema``'s table is verified row by row rather than by range digests (empty: it is
+    not). The source must compute a digest form of every column (dialects/base.py DIGEST_FORMS),
+    and the key must be one integer column: the mirror assigns its rows to the source's key
+    ranges by comparing keys, which is exact only where numpy orders keys as the database does
+    (text keys follow a collation, composite keys a row order the mirror does not compute)."""
+    why = list(dialect.digest_problems(schema))
+    pk = schema.primary_key
+    if len(pk) != 1 or schema.column(pk[0]).type not in _ORDERED_KEYS:
+        why.append(f"key ({', '.join(f'{k} {schema.column(k).type}' for k in pk)}) is not one integer column")
+    return why
+
+
+def _duck_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _digest_input(batch: pa.RecordBatch | pa.Table, schema: TableSchema) -> pa.Table:
+    """The schema's columns of typed mirror rows as the digest forms read them: floats as their
+    bits, dates as their days, timestamps as their microseconds (zero-copy views)."""
+    cols = []
+    for c in schema.columns:
+        arr = batch.column(batch.schema.get_field_index(c.name))
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        t = arr.type
+        if pa.types.is_float64(t) and c.type == "float64":
+            arr = arr.view(pa.int64())
+        elif pa.types.is_float32(t) and c.type == "float32":
+            arr = arr.view(pa.int32())
+        elif pa.types.is_date32(t):
+            arr = arr.view(pa.int32())
+        elif pa.types.is_timestamp(t):
+            arr = arr.view(pa.int64())
+        cols.append(arr)
+    return pa.table(cols, names=[f"c{i}" for i in range(len(cols))])
+
+
+def mirror_digest_sql(schema: TableSchema, arrow: pa.Schema) -> str:
+    """duckdb SQL of each row's 64-bit digest (``h``) over :func:`_digest_input`'s table ``m``: the
+    same text the source's SQL builds (dialects/base.py DIGEST_FORMS), vectorised."""
+    from ..dialects.base import DIGEST_NULL, DIGEST_SIZED
+
+    pieces = []
+    for i, c in enumerate(schema.columns):
+        ident, t = f"c{i}", arrow.field(i).type
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            text = ident  # strings, and values the mirror keeps as their canonical text
+        elif pa.types.is_boolean(t):
+            text = f"CASE WHEN {ident} THEN 't' ELSE 'f' END"
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            text = f"lower(hex({ident}))"
+        else:  # integers, decimals, and the views of floats, dates and timestamps
+            text = f"CAST({ident} AS VARCHAR)"
+        value = f"CAST(strlen({text}) AS VARCHAR) || ':' || {text}" if c.type in DIGEST_SIZED else f"{text} || ','"
+        pieces.append(f"CASE WHEN {ident} IS NULL THEN '{DIGEST_NULL}' ELSE {value} END")
+    return f"SELECT ('0x' || left(md5({' || '.join(pieces)}), 16))::UBIGINT AS h FROM m"  # noqa: S608 - our names
+
+
+class MirrorDigests:
+    """Row digests of typed mirror rows, computed by duckdb over Arrow (no Python per row)."""
+
+    def __init__(self, schema: TableSchema) -> None:
+        import duckdb  # a well-kept library that computes md5 over Arrow columns, vectorised
+
+        self.schema = schema
+        self.con = duckdb.connect()
+        self._sql: dict[pa.Schema, str] = {}
+
+    def __call__(self, batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+        """The uint64 digest of each row."""
+        if not batch.num_rows:
+            return np.zeros(0, dtype=np.uint64)
+        m = _digest_input(batch, self.schema)
+        sql = self._sql.get(m.schema)
+        if sql is None:
+            sql = self._sql[m.schema] = mirror_digest_sql(self.schema, m.schema)
+        self.con.register("m", m)
+        try:
+            return self.con.execute(sql).fetchnumpy()["h"].astype(np.uint64, copy=False)
+        finally:
+            self.con.unregister("m")
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class SourceDigests:
+    """The source's side: key boundaries and range digests, each query on a connection of the
+    worker thread's own (``Dialect.digest_session``), throttled as a snapshot's chunks are:
+    ``parallelism`` queries at once, ``delay_seconds`` after each."""
+
+    def __init__(self, dialect, schema: TableSchema, throttle: Throttle) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.dialect, self.schema, self.throttle = dialect, schema, throttle
+        self.pool = ThreadPoolExecutor(max_workers=throttle.parallelism, thread_name_prefix="cdc-verify")
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._sessions: list = []
+        self.queries = 0
+
+    def _rows(self, sql: str, params: Sequence) -> list[tuple]:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = self.dialect.digest_session()
+            with self._lock:
+                self._sessions.append(conn)
+        cur = conn.cursor()
+        try:
+            cur.execute(sql, tuple(params))
+            rows = list(cur.fetchall())
+        finally:
+            cur.close()
+        with self._lock:
+            self.queries += 1
+        if self.throttle.delay_seconds:
+            time.sleep(self.throttle.delay_seconds)
+        return rows
+
+    def boundary(self, after: int | None, upto: int | None, offset: int) -> int | None:
+        """The key ``offset`` keys past the first one after ``after`` (at most ``upto``); None
+        when the range holds fewer keys."""
+        sql, params = self.dialect.key_boundary_query(
+            self.schema, after_key=None if after is None else (after,), upto_key=None if upto is None else (upto,),
+            offset=offset)
+        rows = self._rows(sql, params)
+        return int(rows[0][0]) if rows else None
+
+    def digest(self, after: int | None, upto: int | None) -> tuple[int, int]:
+        """(rows, XOR of their digests as uint64) of the keys in (after, upto]."""
+        sql, params = self.dialect.range_digest_query(
+            self.schema, after_key=None if after is None else (after,), upto_key=None if upto is None else (upto,))
+        count, xor = self._rows(sql, params)[0]
+        return int(count), int(xor or 0) & _MASK64
+
+    def digests(self, ranges: Sequence[tuple[int | None, int | None]]) -> list:
+        """Futures of :meth:`digest` of each range, queued on the throttled workers."""
+        return [self.pool.submit(self.digest, a, b) for a, b in ranges]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self._sessions:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a connection that broke
+                pass
+
+
+def _xor(h: np.ndarray) -> int:
+    return int(np.bitwise_xor.reduce(h)) if len(h) else 0
+
+
+def _in_range(keys: np.ndarray, after: int | None, upto: int | None) -> np.ndarray:
+    mask = np.ones(len(keys), dtype=bool)
+    if after is not None:
+        mask &= keys > after
+    if upto is not None:
+        mask &= keys <= upto
+    return mask
+
+
+def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
+                   chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
+                   partition_rows: int = PARTITION_ROWS, throttle: Throttle = DEFAULT_THROTTLE,
+                   range_rows: int = DIGEST_RANGE_ROWS) -> VerifyResult:
+    """The mirror against the source by range digests (the work where the data is).
+
+    1. The source's key boundaries every ``range_rows`` keys, from its own keyset order
+       (``Dialect.key_boundary_query``); ranges are (previous boundary, boundary].
+    2. Each range's (row count, XOR of row digests) computed by the source in one aggregate
+       (``Dialect.range_digest_query``), on the throttled workers, while the mirror is read once:
+       its rows' digests computed by duckdb (:class:`MirrorDigests`) and summed up per range
+       (a row's range found by comparing integer keys, vectorised).
+    3. Ranges whose digests differ are read again from the mirror (as many at once as hold
+       ``partition_rows`` source rows) and split into DIGEST_FANOUT sub-ranges on both sides,
+       recursively, down to ranges of at most ``chunk_rows`` source rows; those rows are compared
+       as :func:`verify_rows` compares them (:func:`compare`), which makes the report, the
+       examples and the repair conf (a digest that differs while the rows are equal counts
+       nothing)."""
+    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+
+    key = schema.primary_key[0]
+    src = SourceDigests(dialect, schema, throttle)
+    digest = MirrorDigests(schema)
+    try:
+        # 1. boundaries, in the source's order
+        ranges: list[tuple[int | None, int | None]] = []
+        after: int | None = None
+        while True:
+            b = src.boundary(after, None, max(1, range_rows) - 1)
+            ranges.append((after, b))
+            if b is None:
+                break
+            after = b
+        lasts = np.array([b for _a, b in ranges[:-1]], dtype=np.int64)
+
+        def mirror_rows(wanted: np.ndarray | None = None) -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]]:
+            """(typed rows, their keys, digests, range numbers) a batch at a time; ``wanted``: only
+            the rows of these ranges."""
+            _count, batches = mirror_batches(data_dir, source, table)
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                rows = pa.Table.from_batches([batch])
+                keys = pc.cast(rows[key], pa.int64()).to_numpy()
+                rid = np.searchsorted(lasts, keys, side="left")
+                if wanted is not None:
+                    mask = np.isin(rid, wanted)
+                    if not mask.any():
+                        continue
+                    rows, keys, rid = rows.filter(pa.array(mask)), keys[mask], rid[mask]
+                yield rows, keys, digest(rows), rid
+
+        # 2. the source's digests on the workers, the mirror's here meanwhile
+        futures = src.digests(ranges)
+        m_count = np.zeros(len(ranges), dtype=np.int64)
+        m_xor = np.zeros(len(ranges), dtype=np.uint64)
+        for _rows, _keys, h, rid in mirror_rows():
+            m_count += np.bincount(rid, minlength=len(ranges))
+            np.bitwise_xor.at(m_xor, rid, h)
+        s_digests = [f.result() for f in futures]
+        differ = [i for i, (n, x) in enumerate(s_digests) if (n, x) != (int(m_count[i]), int(m_xor[i]))]
+
+        # 3. the ranges that differ, down to rows
+        leaves: list[tuple[int | None, int | None]] = []
+        counter = {"ranges": len(ranges)}
+
+        def descend(after: int | None, upto: int | None, n: int, mkeys: np.ndarray, mh: np.ndarray,
+                    idx: np.ndarray, depth: int) -> Iterator[np.ndarray]:
+            """Rows of the sub-ranges of (after, upto] that differ, as indices into the held mirror rows."""
+            if n <= chunk_rows or depth >= DIGEST_MAX_DEPTH:
+                leaves.append((after, upto))
+                yield idx
+                return
+            step = max(chunk_rows, -(-n // DIGEST_FANOUT))
+            subs: list[tuple[int | None, int | None]] = []
+            a = after
+            while True:
+                b = src.boundary(a, upto, step - 1)
+                if b is None or b == upto:
+                    subs.append((a, upto))
+                    break
+                subs.append((a, b))
+                a = b
+            counter["ranges"] += len(subs)
+            for (a, b), f in zip(subs, src.digests(subs), strict=True):
+                sn, sx = f.result()
+                sel = idx[_in_range(mkeys[idx], a, b)]
+                if (sn, sx) != (len(sel), _xor(mh[sel])):
+                    yield from descend(a, b, sn, mkeys, mh, sel, depth + 1)
+
+        def leaf_mirror_rows() -> Iterator[pa.RecordBatch]:
+            """The typed mirror rows of the leaves that differ, a group of ranges at a time."""
+            group: list[int] = []
+            held = 0
+            groups: list[list[int]] = []
+            for i in differ:
+                if group and held + s_digests[i][0] > partition_rows:
+                    groups.append(group)
+                    group, held = [], 0
+                group.append(i)
+                held += s_digests[i][0]
+            if group:
+                groups.append(group)
+            for g in groups:
+                parts, pkeys, ph, prid = [], [], [], []
+                for rows, keys, h, rid in mirror_rows(np.array(g, dtype=np.int64)):
+                    parts.append(rows)
+                    pkeys.append(keys)
+                    ph.append(h)
+                    prid.append(rid)
+                rows = pa.concat_tables(parts) if parts else None
+                mkeys = np.concatenate(pkeys) if pkeys else np.zeros(0, dtype=np.int64)
+                mh = np.concatenate(ph) if ph else np.zeros(0, dtype=np.uint64)
+                mrid = np.concatenate(prid) if prid else np.zeros(0, dtype=np.int64)
+                for i in g:
+                    a, b = ranges[i]
+                    for idx in descend(a, b, s_digests[i][0], mkeys, mh, np.flatnonzero(mrid == i), 0):
+                        if len(idx) and rows is not None:
+                            yield from rows.take(pa.array(idx)).to_batches()
+
+        numbered: list[tuple[int | None, int | None]] = []  # the leaves with source rows, as compare numbers them
+
+        def read_leaf(after: int | None, upto: int | None) -> list[tuple[str, dict]]:
+            return _source_rows(dialect, schema, after, upto)
+
+        def leaf_chunks() -> Iterator[list[tuple[str, dict]]]:
+            for leaf in leaves:
+                rows = read_leaf(*leaf)
+                if rows:
+                    numbered.append(leaf)
+                    yield rows
+
+        def end_of(i: int) -> tuple | None:
+            upto = numbered[i][1]
+            nxt = None if upto is None else src.boundary(upto, None, 0)
+            return None if nxt is None else (nxt,)
+
+        with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
+            mirror = MirrorIndex(schema, leaf_mirror_rows(), count=int(sum(m_count[i] for i in differ)),
+                                 folder=folder, partition_rows=partition_rows,
+                                 fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys))
+            res = compare(schema, leaf_chunks(), mirror, examples=examples,
+                          reread=lambda c, _after: read_leaf(*numbered[c]), end_of=end_of)
+    finally:
+        src.close()
+        digest.close()
+    res.method = "digests"
+    res.digest_ranges = counter["ranges"]
+    res.source_rows = sum(n for n, _x in s_digests)
+    res.chunks = -(-res.source_rows // chunk_rows)  # the table in chunks of chunk_rows, as verify_rows reads it
+    res.mirror_rows = int(m_count.sum())
+    res.rows_checked = res.source_rows + res.extra
+    return res
+
+
+def _source_rows(dialect, schema: TableSchema, after: int | None, upto: int | None) -> list[tuple[str, dict]]:
+    """The source's rows with keys in (after, upto], in key order, as (canonical key, canonical row)."""
+    sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None if after is None else (after,), limit=None,
+                                      upper_bound=None if upto is None else (upto,))
+    out = []
+    for batch in dialect.stream_query(sql, params):
+        for raw in batch:
+            row = dialect.row_to_canonical(schema, raw)
+            out.append((encode_key(schema.key_values(row)), row))
+    return out
 
 
 # --- the event log ------------------------------------------------------------------------
