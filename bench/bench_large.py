@@ -9,8 +9,11 @@ one after the other on an idle source:
   peak RSS (every task runs inside it under ``dags test``) and the Spark processes' peak
   (JVM + Python driver + workers), sampled every 0.2 s, and seconds per task;
 * the chunk step alone in a child process at ``--chunk-size`` (peak RSS above its baseline);
-* ``airflow cdc verify`` of the mirror against the source (chunked checksums): its exit status,
-  summary and time.
+* ``airflow cdc verify`` of the mirror against the source (range digests computed in the source and
+  over the mirror, pipeline/verify.py): its exit status, summary, time and the source's CPU seconds
+  during it (the PostgreSQL backends serving the verify and their parallel workers, sampled with
+  psutil); then one row changed in the source behind the capture's back (an UPDATE no capture
+  applies) and verify again: it must name exactly that key.
 
 Results: Markdown on stdout and in ``bench/results/large-<UTC time>.md`` (+ ``.json``).
 
@@ -25,9 +28,11 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -60,16 +65,118 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _verify(src: Src, rec: dict, table) -> tuple[int, str, float, float]:
+class SourceCpu:
+    """CPU seconds the PostgreSQL server spends for one client process tree: its backends (found by
+    the client's TCP ports in their process titles, ``postgres: user db 127.0.0.1(port) ...``) and
+    their parallel workers (``parallel worker for PID n``), sampled with psutil every ``interval``
+    (a backend that ends between two samples loses at most that much). Other sessions on the same
+    server (other engineers' tests) are not counted."""
+
+    def __init__(self, uri: str, client_pid: int, interval: float = 0.25) -> None:
+        import psutil
+        import psycopg2
+
+        with psycopg2.connect(uri) as c, c.cursor() as cur:
+            cur.execute("SELECT pg_backend_pid()")
+            backend = cur.fetchone()[0]
+        c.close()
+        self.postmaster = psutil.Process(backend).parent()
+        self.client = psutil.Process(client_pid)
+        self.interval = interval
+        self.cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _ports(self) -> set[int]:
+        import psutil
+
+        ports: set[int] = set()
+        for p in [self.client, *self.client.children(recursive=True)]:
+            try:
+                ports.update(c.laddr.port for c in p.net_connections(kind="tcp") if c.laddr)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return ports
+
+    def _sample(self) -> None:
+        import psutil
+
+        ports = self._ports()
+        ours: set[int] = set()
+        kids = self.postmaster.children()
+        for ch in kids:
+            try:
+                title = " ".join(ch.cmdline())
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            m = re.search(r"\((\d+)\)", title)
+            if m and int(m.group(1)) in ports:
+                ours.add(ch.pid)
+        for ch in kids:
+            try:
+                title = " ".join(ch.cmdline())
+                m = re.search(r"parallel worker for PID (\d+)", title)
+                if ch.pid in ours or (m and int(m.group(1)) in ours):
+                    t = ch.cpu_times()
+                    self.cpu[ch.pid] = max(self.cpu.get(ch.pid, 0.0), t.user + t.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sample()
+            except Exception:  # noqa: BLE001 - the client ended between two looks
+                pass
+            self._stop.wait(self.interval)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.cpu.values())
+
+    def __enter__(self) -> SourceCpu:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def _verify(src: Src, rec: dict, table, *, json_out: bool = False) -> dict:
+    """``airflow cdc verify`` of ``table``: exit status, output, seconds, its peak RSS and the
+    source's CPU seconds spent for it."""
     from tools.demo import airflow_bin
 
     cmd = [airflow_bin(), "cdc", "verify", "--conn-id", rec["env"]["CDC_SOURCE_CONN_ID"], "--table", table.id,
-           "--data-dir", str(rec["data"]), "--source", rec["source"]]
+           "--data-dir", str(rec["data"]), "--source", rec["source"], *(["--json"] if json_out else [])]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=rec["env"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-    with TreeSampler(proc.pid, interval=1.0) as s:
-        out, _ = proc.communicate(timeout=7200)
-    return proc.returncode, out.strip(), time.monotonic() - t0, s.airflow_peak / 2**20
+    proc = subprocess.Popen(cmd, env=rec["env"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    with TreeSampler(proc.pid, interval=1.0) as s, SourceCpu(src.uri, proc.pid) as cpu:
+        out, err = proc.communicate(timeout=7200)
+    return {"rc": proc.returncode, "out": out.strip(), "err": err.strip()[-2000:], "s": time.monotonic() - t0,
+            "peak_mb": s.airflow_peak / 2**20, "source_cpu_s": cpu.seconds}
+
+
+def _verify_one_changed_row(src: Src, rec: dict, table, rows: int) -> dict:
+    """Change one row in the source directly (no capture runs: the mirror keeps the old row),
+    verify again and check it names exactly that key."""
+    import psycopg2
+
+    key = rows // 2 + 7 if rows > 20 else 1
+    with psycopg2.connect(src.uri) as c, c.cursor() as cur:
+        cur.execute(f"UPDATE {src.qtable(table)} SET note = %s WHERE id = %s", ("changed behind the capture", key))
+    c.close()
+    v = _verify(src, rec, table, json_out=True)
+    try:
+        doc = json.loads(v["out"])
+    except ValueError:
+        doc = {}
+    named = [e.split(":")[0] for e in doc.get("examples", [])]
+    v.update(key=key, doc={k: doc.get(k) for k in ("rows_checked", "mismatched", "missing", "extra", "different",
+                                                   "examples", "repair_conf", "method")},
+             exact=doc.get("mismatched") == 1 and doc.get("different") == 1 and named == [f"key [{key}]"])
+    return v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,9 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         R["chunk_x"] = (m["peak"] - m["rss_before"]) / (m["rows"] * R["row_bytes"])
         _say(f"chunk step of {m['rows']:,} rows: {R['chunk_peak_mb']:.0f} MB above its baseline ({R['chunk_x']:.1f}x)")
 
-        rc, out, took, peak = _verify(src, rec, big)
-        R.update(verify_rc=rc, verify_s=took, verify_out=out[-2000:], verify_peak_mb=peak)
-        _say(f"verify exit {rc} in {took:.0f}s, peak RSS {peak:,.0f} MB:\n{out[-1500:]}")
+        v = _verify(src, rec, big)
+        R.update(verify_rc=v["rc"], verify_s=v["s"], verify_out=(v["out"] + "\n" + v["err"]).strip()[-2000:],
+                 verify_peak_mb=v["peak_mb"], verify_source_cpu_s=v["source_cpu_s"], verify_rps=a.rows / v["s"])
+        _say(f"verify exit {v['rc']} in {v['s']:.1f}s ({R['verify_rps']:,.0f} rows/s), source CPU "
+             f"{v['source_cpu_s']:.1f} s, peak RSS {v['peak_mb']:,.0f} MB:\n{R['verify_out'][-1500:]}")
+        c = _verify_one_changed_row(src, rec, big, a.rows)
+        R.update(verify2_rc=c["rc"], verify2_s=c["s"], verify2_source_cpu_s=c["source_cpu_s"], verify2_key=c["key"],
+                 verify2_exact=c["exact"], verify2_doc=c["doc"], verify2_err=c["err"][-1000:])
+        _say(f"one row changed behind the capture (id {c['key']}): verify exit {c['rc']} in {c['s']:.1f}s, source CPU "
+             f"{c['source_cpu_s']:.1f} s; named exactly that key: {c['exact']}; {c['doc']}")
         R["load_end"] = uptime()
     finally:
         if not a.keep:
@@ -132,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           indent=1, default=str))
     print()
     print(md)
-    return 0 if R.get("verify_rc") == 0 else 1
+    return 0 if R.get("verify_rc") == 0 and R.get("verify2_exact") else 1
 
 
 def render(R: dict, mach: dict, started: str) -> str:
@@ -158,13 +272,23 @@ def render(R: dict, mach: dict, started: str) -> str:
         f"| peak RSS: Spark (JVM + Python driver + workers) | {R.get('spark_peak_mb', 0):,.0f} MB |",
         f"| peak RSS: one chunk step of {R['chunk_size']:,} rows, above its baseline | "
         f"{R.get('chunk_peak_mb', 0):,.0f} MB ({R.get('chunk_x', 0):.1f}x the chunk's source size) |",
-        f"| `airflow cdc verify` | exit {R.get('verify_rc')} in {R.get('verify_s', 0):.0f} s, "
+        f"| `airflow cdc verify` (range digests) | exit {R.get('verify_rc')} in **{R.get('verify_s', 0):.1f} s** "
+        f"({R.get('verify_rps', 0):,.0f} rows/s), source CPU {R.get('verify_source_cpu_s', 0):.1f} s, "
         f"peak RSS {R.get('verify_peak_mb', 0):,.0f} MB |",
+        f"| verify after one row changed in the source (id {R.get('verify2_key')}, not captured) | exit "
+        f"{R.get('verify2_rc')} in {R.get('verify2_s', 0):.1f} s, source CPU {R.get('verify2_source_cpu_s', 0):.1f} s; "
+        f"named exactly that key: **{R.get('verify2_exact')}** |",
         "",
         "verify said:",
         "",
         "```",
         str(R.get("verify_out", ""))[-1500:],
+        "```",
+        "",
+        "verify after the change said (--json):",
+        "",
+        "```",
+        json.dumps(R.get("verify2_doc"), indent=1)[-1500:],
         "```",
     ]
     return "\n".join(lines) + "\n"
