@@ -166,3 +166,24 @@ def test_the_typed_batch_equals_the_staging_typing_of_the_same_canonical_rows():
     first, second = rw.build_batch([run[:1]], "cdc.wm"), rw.build_batch([run[1:]], "cdc.wm")
     assert [e.key for e in first.events() + second.events()] == ["[18446744073709551615]", "[7]"]
     assert second.events()[0].position.index == 1
+
+
+def test_a_segment_beyond_32_bit_offsets_is_handed_over_as_events(monkeypatch):
+    """A column of more than 2 GiB in one segment (one segment per run): the runs become
+    LogEvents, which staging types in chunks (the limit lowered to inject it)."""
+    walker = rw.TableWalker.of(TableName("db", "t"), [_col("id", 3), _col("s", 15, charset="utf8mb4", max_length=40)],
+                               ("id",))
+    runs = []
+    for first in (0, 3):
+        data = b"".join(b"\x00" + struct.pack("<i", i) + _str(b"x" * 10) for i in range(first, first + 3))
+        out = _rows.decode(data, 0, len(data), 0, walker.spec, walker.key_idx)
+        runs.append(rw.RowsRun(walker, 1, 4 + first, 0, None, *out, 0, 3))
+    expect = rw.build_batch(runs, "cdc.wm").events()
+    monkeypatch.setattr(rw, "_MAX_DATA", 50)  # a run's column (30 bytes) fits, the segment's (60) does not
+    with pytest.raises(rw._TooLarge):
+        rw.build_batch(runs, "cdc.wm")
+    buf = rw.EventBuffer()
+    for r in runs:
+        buf.extend(r)
+    got = buf.take("cdc.wm")
+    assert isinstance(got, list) and got == expect and len(got) == 6 and len(buf) == 0

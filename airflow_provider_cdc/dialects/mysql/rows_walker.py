@@ -311,7 +311,18 @@ class EventBuffer:
         self.items, self.n, self.runs = [], 0, 0
         if not any(isinstance(i, RowsRun) for i in items):
             return items
-        return build_batch(items, watermark_table)
+        try:
+            return build_batch(items, watermark_table)
+        except _TooLarge:
+            # a column of more than 2 GiB (one segment per run): the runs as LogEvents, which staging
+            # types in chunks as it does the pure-Python reader's
+            out: list[LogEvent] = []
+            for i in items:
+                if isinstance(i, RowsRun):
+                    out.extend(i.events(watermark_table))
+                else:
+                    out.append(i)
+            return out
 
 
 def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
@@ -439,10 +450,17 @@ def _strings(pieces: list[tuple[bytes, bytes, int, int]], typ: pa.DataType) -> p
     return _var_array(typ, b"".join(datas), np.concatenate(lens) if lens else np.zeros(0, np.int32), None)
 
 
+class _TooLarge(Exception):
+    """A column of a batch beyond 32-bit offsets."""
+
+
+_MAX_DATA = 2**31  # bytes of one string or binary array (int32 offsets)
+
+
 def _var_array(typ: pa.DataType, data: bytes, lens: np.ndarray, valid: np.ndarray | None) -> pa.Array:
     n = len(lens)
-    if len(data) >= 2**31:
-        raise SourceError("a segment's column holds more than 2 GiB of values; lower segment_max_bytes")
+    if len(data) >= _MAX_DATA:
+        raise _TooLarge()
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lens, out=offsets[1:])
     bitmap, nulls = _validity(valid, n)
