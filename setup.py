@@ -3,6 +3,9 @@
 compiler. Without a compiler or Python's headers the install still succeeds, with a warning, and
 MariaDB/MySQL capture uses its pure-Python reader (dialects/mysql/rows_walker.py)."""
 
+import os
+import shutil
+
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
@@ -21,6 +24,18 @@ class OptionalBuildExt(build_ext):
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001 - a compile error: the pure-Python reader stays
             self._skipped(exc)
+
+    def copy_file(self, infile, outfile, *args, **kwargs):
+        """The editable install copies the built extension beside its source, over the one a running
+        process (a capture, a test) may have loaded: write it beside and rename it over (rewriting a
+        loaded shared object in place can crash that process)."""
+        if not (str(outfile).endswith(".so") and os.path.exists(outfile)) or self.dry_run:
+            return super().copy_file(infile, outfile, *args, **kwargs)
+        tmp = f"{outfile}.new"
+        shutil.copyfile(infile, tmp)
+        shutil.copymode(infile, tmp)
+        os.replace(tmp, outfile)
+        return outfile, 1
 
     def _skipped(self, exc: Exception) -> None:
         self.warn(f"the compiled binlog rows walker was not built ({exc}); MariaDB/MySQL capture will use "
