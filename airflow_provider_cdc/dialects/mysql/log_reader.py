@@ -1,6 +1,7 @@
 """The binlog: rows events read up to the current end, whole transactions only, a large one
 held in bounded parts (spilled to files) until its end; TRUNCATE and statements refused or
-staged.
+staged. The rows of captured tables are decoded by the compiled rows walker where it covers
+the table (rows_walker.py: typed columns, no Python object per row), else by mysql-replication.
 """
 
 from __future__ import annotations
