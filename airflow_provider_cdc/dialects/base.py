@@ -26,6 +26,7 @@ from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position, position_mark
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
+from ..core.scope import CaptureScope, is_system_schema
 from ..storage.staged import ChunkWriter
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ class Dialect(ABC):
     default_schema: ClassVar[str | None] = None
 
     def is_system_schema(self, schema: str) -> bool:
-        return schema.lower() in self.system_schemas
+        return is_system_schema(schema, self.name)
 
     def scope_tables(self) -> tuple[TableName, ...] | None:
         """The configured tables (None: not configured; every table only with ``all_tables``)."""
@@ -330,27 +331,23 @@ class Dialect(ABC):
         tables are left to the checks that name them)."""
         return []
 
+    def capture_scope(self) -> CaptureScope:
+        """This source's scope (core/scope.py): the one check snapshot, verify, repair, export
+        and the CDC page go through (I15), with this server's catalogs and watermark table."""
+        return CaptureScope.of(self.source, self.scope_tables(), all_tables=self.all_tables, dialect=self.name,
+                               watermark_table=self.watermark_table)
+
+    def check_in_scope(self, tables: Sequence[TableName]) -> None:
+        """Every one of ``tables`` may be read (:meth:`capture_scope`); nothing is read to tell."""
+        self.require_capture_scope()
+        self.capture_scope().check_all(tables)
+
     def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
         """A snapshot's tables (a DAG-run conf: untrusted) may narrow the capture scope, never
         widen it. Each is checked before anything is written: not a system table, not the
-        watermark table, inside the scope, readable by the connection's role."""
-        self.require_capture_scope()
-        scope = self.scope_tables()
-        allowed = None if self.all_tables and not scope else set(scope or ())
+        watermark table, inside the scope (:meth:`check_in_scope`), readable by the role."""
+        self.check_in_scope(tables)
         for table in tables:
-            if self.is_system_schema(table.schema):
-                raise ConfigurationError(
-                    f"table {table} is in system schema {table.schema!r}: the server's catalogs are never "
-                    "snapshotted, whatever the conf or settings say"
-                )
-            if table == self.watermark_table:
-                raise ConfigurationError(f"table {table} is the watermark table of source {self.source!r}, not data")
-            if allowed is not None and table not in allowed:
-                raise ConfigurationError(
-                    f"table {table} is not captured by source {self.source!r} (CDC_TABLES, or the sources config's "
-                    f"'tables': {', '.join(sorted(map(str, allowed)))}): a snapshot may only read captured tables. "
-                    "An administrator allows it by adding it to that setting"
-                )
             self.check_readable(table)
 
     @abstractmethod
@@ -451,6 +448,13 @@ class Dialect(ABC):
         """One aggregate over the rows whose key is after ``after_key`` and at most ``upto_key``
         (None: unbounded), compared by the database: ``(row count, XOR of the rows' digests)``
         (:data:`DIGEST_FORMS`)."""
+        raise NotImplementedError(f"{type(self).__name__} computes no digests")
+
+    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                          limit: int) -> tuple[str, list[Any]]:
+        """The next ``limit`` rows after ``after_key`` in key order, each as its key columns and its
+        64-bit digest (:data:`DIGEST_FORMS`): for keys the mirror cannot order as the database
+        does, compared key by key."""
         raise NotImplementedError(f"{type(self).__name__} computes no digests")
 
     def key_boundary_query(self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None,

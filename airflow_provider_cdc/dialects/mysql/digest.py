@@ -56,14 +56,25 @@ class MyDigest:
         return [f"column {c.name!r} ({c.source_type or c.type}): no digest form for {c.type}"
                 for c in schema.columns if digest_text_sql(c, self.quote_ident(c.name)) is None]
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def _row_digest_sql(self, schema: TableSchema) -> str:
+        """The SQL of a row's 64-bit digest."""
         pieces = []
         for col in schema.columns:
             text = digest_text_sql(col, self.quote_ident(col.name))
             value = f"CONCAT(LENGTH({text}), ':', {text})" if col.type in DIGEST_SIZED else f"CONCAT({text}, ',')"
             pieces.append(f"IF({text} IS NULL, '{DIGEST_NULL}', {value})")
+        return f"CAST(CONV(LEFT(MD5(CONCAT({', '.join(pieces)})), 16), 16, 10) AS UNSIGNED)"
+
+    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, upto_key)
-        sql = (f"SELECT COUNT(*), BIT_XOR(CAST(CONV(LEFT(MD5(CONCAT({', '.join(pieces)})), 16), 16, 10) AS UNSIGNED)) "  # noqa: S608
-               f"FROM {self.quote_table(schema.table)}{where}")
+        sql = f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM {self.quote_table(schema.table)}{where}"  # noqa: S608
         return sql, params
+
+    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                          limit: int) -> tuple[str, list[Any]]:
+        where, params = self.digest_where(schema, after_key, None)
+        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
+        sql = (f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.quote_table(schema.table)}{where} "  # noqa: S608
+               f"ORDER BY {pk} LIMIT %s")
+        return sql, [*params, int(limit)]

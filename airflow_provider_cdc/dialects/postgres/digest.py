@@ -60,8 +60,9 @@ class PgDigest:
             out.append(f"the database's encoding is {encoding}, not UTF8")
         return out
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def _digest_parts(self, schema: TableSchema) -> tuple[str, str]:
+        """(the select list of the columns' digest texts t0, t1..., the SQL of the row's 64-bit digest
+        over them)."""
         q = self.quote_ident
         texts, pieces = [], []
         for i, col in enumerate(schema.columns):
@@ -69,11 +70,28 @@ class PgDigest:
             texts.append(f"{digest_text_sql(col, q(col.name))} AS {alias}")
             value = f"octet_length({alias})::text || ':' || {alias}" if col.type in DIGEST_SIZED else f"{alias} || ','"
             pieces.append(f"CASE WHEN {alias} IS NULL THEN '{DIGEST_NULL}' ELSE {value} END")
+        return ", ".join(texts), f"('x' || left(md5({' || '.join(pieces)}), 16))::bit(64)::bigint"
+
+    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+        texts, digest = self._digest_parts(schema)
         where, params = self.digest_where(schema, after_key, upto_key)
         # OFFSET 0 keeps the texts in the subquery: each is computed once, not once per use
-        sql = (f"SELECT count(*), bit_xor(('x' || left(md5({' || '.join(pieces)}), 16))::bit(64)::bigint) "  # noqa: S608
-               f"FROM (SELECT {', '.join(texts)} FROM {self.quote_table(schema.table)}{where} OFFSET 0) AS {q('r')}")
+        sql = (f"SELECT count(*), bit_xor({digest}) "  # noqa: S608
+               f"FROM (SELECT {texts} FROM {self.quote_table(schema.table)}{where} OFFSET 0) AS {self.quote_ident('r')}")
         return sql, params
+
+    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                          limit: int) -> tuple[str, list[Any]]:
+        q = self.quote_ident
+        texts, digest = self._digest_parts(schema)
+        where, params = self.digest_where(schema, after_key, None)
+        keys = ", ".join(f"{q(k)} AS {q(f'k{i}')}" for i, k in enumerate(schema.primary_key))
+        aliases = ", ".join(q(f"k{i}") for i in range(len(schema.primary_key)))
+        pk = ", ".join(q(k) for k in schema.primary_key)
+        sql = (f"SELECT {aliases}, {digest} FROM (SELECT {keys}, {texts} FROM {self.quote_table(schema.table)}"  # noqa: S608
+               f"{where} ORDER BY {pk} LIMIT %s) AS {q('r')} ORDER BY {aliases}")
+        return sql, [*params, int(limit)]
 
     def digest_session(self) -> Any:
         """Autocommit, on the server chunks are read from (a hot standby named by chunk_conn_id
