@@ -462,9 +462,10 @@ def verify_table(
     """Compare the mirror of ``table`` with the source the dialect reads (I2). Memory follows
     ``partition_rows``, not the table.
 
-    ``method`` "auto": by range digests (:func:`verify_digests`) where the table allows them (every
-    column type has a digest form in the dialect, and the key is one integer column), else row by
-    row (:func:`verify_rows`), saying why in ``method_note``; "rows" or "digests" force one (a table
+    ``method`` "auto": by digests where every column type has a digest form in the dialect: range
+    digests (:func:`verify_digests`) for a key of one integer column, row digests matched by key
+    (:func:`verify_keyed`) for any other key; else row by row (:func:`verify_rows`), saying why in
+    ``method_note``; "rows" or "digests" force one (a table
     that allows no digests raises ConfigurationError under "digests"). ``throttle``: the load on the
     source of the digest queries (parallelism: range queries at once, 2 by default;
     delay_seconds: pause after each), as a snapshot's.
@@ -489,6 +490,9 @@ def verify_table(
                           partition_rows=partition_rows)
         res.method_note = "; ".join(why)
         return res
+    if not ranges_by_key_order(schema):
+        return verify_keyed(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
+                            partition_rows=partition_rows, throttle=throttle or DEFAULT_THROTTLE)
     return verify_digests(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
                           partition_rows=partition_rows, throttle=throttle or DEFAULT_THROTTLE, range_rows=range_rows)
 
@@ -514,16 +518,18 @@ def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: T
 
 # --- range digests ------------------------------------------------------------------------
 def digest_problems(dialect, schema: TableSchema) -> list[str]:
-    """Why ``schema``'s table is verified row by row rather than by range digests (empty: it is
-    not). The source must compute a digest form of every column (dialects/base.py DIGEST_FORMS),
-    and the key must be one integer column: the mirror assigns its rows to the source's key
-    ranges by comparing keys, which is exact only where numpy orders keys as the database does
-    (text keys follow a collation, composite keys a row order the mirror does not compute)."""
-    why = list(dialect.digest_problems(schema))
+    """Why ``schema``'s table is verified row by row rather than by digests (empty: it is not):
+    the source must compute a digest form of every column (dialects/base.py DIGEST_FORMS)."""
+    return list(dialect.digest_problems(schema))
+
+
+def ranges_by_key_order(schema: TableSchema) -> bool:
+    """Whether the mirror can assign its rows to the source's key ranges by comparing keys: only
+    where numpy orders keys exactly as the database does (one integer column). Text keys follow
+    a collation, composite keys a row order the mirror does not compute: their row digests are
+    matched by key instead (:func:`verify_keyed`)."""
     pk = schema.primary_key
-    if len(pk) != 1 or schema.column(pk[0]).type not in _ORDERED_KEYS:
-        why.append(f"key ({', '.join(f'{k} {schema.column(k).type}' for k in pk)}) is not one integer column")
-    return why
+    return len(pk) == 1 and schema.column(pk[0]).type in _ORDERED_KEYS
 
 
 def _duck_ident(name: str) -> str:
@@ -827,6 +833,120 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
     res.chunks = -(-res.source_rows // chunk_rows)  # the table in chunks of chunk_rows, as verify_rows reads it
     res.mirror_rows = int(m_count.sum())
     res.rows_checked = res.source_rows + res.extra
+    return res
+
+
+#: what the keyed compare keeps of every row: its canonical key, its 64-bit digest and, on the
+#: source side, the number of its chunk
+_MIRROR_H = pa.schema([("key", pa.string()), ("mdigest", pa.uint64())])
+_SOURCE_H = pa.schema([("key", pa.string()), ("sdigest", pa.uint64()), ("chunk", pa.int64())])
+
+
+def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
+                 chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
+                 partition_rows: int = PARTITION_ROWS, throttle: Throttle = DEFAULT_THROTTLE) -> VerifyResult:
+    """The mirror against the source by row digests matched by key, for keys the mirror cannot
+    order as the database does (text in a collation, composite keys).
+
+    The source computes each row's digest in SQL and sends it with the row's key columns, in key
+    order, ``chunk_rows`` rows a query (``Dialect.row_digests_query``, throttled: ``delay_seconds``
+    after each); the mirror's digests are computed by duckdb. Both wait in hash partitions of
+    their canonical key (as :func:`verify_rows`'s do) and meet there: keys on one side only are
+    missing or extra rows, and the chunks holding a missing row or a digest that differs are read
+    again and compared row by row (:func:`compare`), which makes the report, the examples and the
+    repair conf. No range is ever formed by comparing keys outside the database."""
+    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+
+    pk = schema.primary_key
+    key_schema = TableSchema(schema.table, tuple(schema.column(k) for k in pk), pk, dict(schema.extra))
+    count, batches = mirror_batches(data_dir, source, table)
+    parts = max(1, -(-(count or 0) // max(1, partition_rows)))
+    digest = MirrorDigests(schema)
+    firsts: list[tuple] = []  # each chunk's first key
+    afters: list[tuple | None] = []  # the key each chunk's read continues after
+    n_src = n_mirror = 0
+    try:
+        with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
+            mp = _Partitions(folder, "mirror", _MIRROR_H, parts)
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                rows = pa.Table.from_batches([batch])
+                mp.add(pa.table([rows[KEY_COLUMN].cast(pa.string()), pa.array(digest(rows), pa.uint64())],
+                                schema=_MIRROR_H))
+                n_mirror += rows.num_rows
+            mp.close()
+            sp = _Partitions(folder, "source", _SOURCE_H, parts)
+            after: tuple | None = None
+            while True:
+                sql, params = dialect.row_digests_query(schema, after_key=after, limit=chunk_rows)
+                keys: list[str] = []
+                hs: list[int] = []
+                last = None
+                for batch in dialect.stream_query(sql, params):
+                    for raw in batch:
+                        last = tuple(dialect.row_to_canonical(key_schema, raw[:-1]).values())
+                        keys.append(encode_key(last))
+                        hs.append(int(raw[-1]) & _MASK64)
+                if not keys:
+                    break
+                afters.append(after)
+                firsts.append(tuple(json.loads(keys[0])))
+                sp.add(pa.table([pa.array(keys, pa.string()), pa.array(hs, pa.uint64()),
+                                 pa.array(np.full(len(keys), len(firsts) - 1, dtype=np.int64))], schema=_SOURCE_H))
+                n_src += len(keys)
+                if throttle.delay_seconds:
+                    time.sleep(throttle.delay_seconds)
+                if len(keys) < chunk_rows:
+                    break
+                after = last
+            sp.close()
+            found = _Found(examples)
+            for p in range(parts):
+                _compare_partition(mp.table(p), sp.batches(p), found)
+            flagged = sorted(found.chunks)
+            flagged_keys: list[str] = []  # the source keys of the chunks that differ (their mirror rows are read)
+            if flagged:
+                wanted = pa.array(flagged, pa.int64())
+                for p in range(parts):
+                    for b in sp.batches(p):
+                        hit = pc.is_in(b.column(2), value_set=wanted)
+                        flagged_keys += b.column(0).filter(hit).to_pylist()
+
+            def mirror_rows() -> Iterator[pa.RecordBatch]:
+                for lo in range(0, len(flagged_keys), max(1, partition_rows)):
+                    t = mirror_rows_of(data_dir, source, table, flagged_keys[lo:lo + partition_rows])
+                    if t.num_rows:
+                        yield from t.to_batches()
+
+            def chunk_rows_of(i: int) -> list[tuple[str, dict]]:
+                return next(source_chunks(dialect, schema, chunk_rows, after=afters[i], once=True), [])
+
+            numbered: list[int] = []
+
+            def flagged_chunks() -> Iterator[list[tuple[str, dict]]]:
+                for i in flagged:
+                    rows = chunk_rows_of(i)
+                    if rows:
+                        numbered.append(i)
+                        yield rows
+
+            mirror = MirrorIndex(schema, mirror_rows(), count=len(flagged_keys), folder=folder,
+                                 partition_rows=partition_rows,
+                                 fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys))
+            res = compare(schema, flagged_chunks(), mirror, examples=examples,
+                          reread=lambda c, _after: chunk_rows_of(numbered[c]),
+                          end_of=lambda c: firsts[numbered[c] + 1] if numbered[c] + 1 < len(firsts) else None)
+    finally:
+        digest.close()
+    # keys only the mirror has: found by the key match, exact (a digest plays no part)
+    res.extra = found.extra
+    res.examples += [Mismatch(k, "extra") for _c, k, _kind in found.samples["extra"][: max(0, examples - len(res.examples))]]
+    res.method = "digests"
+    res.digest_ranges = len(firsts)
+    res.chunks = len(firsts)
+    res.source_rows, res.mirror_rows = n_src, n_mirror
+    res.rows_checked = n_src + res.extra
     return res
 
 
