@@ -46,6 +46,8 @@ Scheduled runs (``CDC_SNAPSHOT_SCHEDULE``) default to ``"action": "refresh"``: t
 snapshot is done, stopped or missing start a new one, running or failed ones continue,
 paused ones stay paused.
 
+``chunk_size``: rows per chunk, fixed; left out (or ``"auto"``), each chunk is sized from the
+ones before it to about CDC_CHUNK_TARGET_SECONDS and CDC_CHUNK_TARGET_MB.
 Other keys: ``key_ranges`` (only these key ranges), ``where`` (filter condition),
 ``delay_seconds`` (throttle between chunks). A bad conf fails the ``plan`` task with a
 message naming the setting, before anything is written.
@@ -351,4 +353,46 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
         earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)
         mirror_schema_stops(apply.output)  # after apply (its XCom), a leaf of its own
         log_retention(capture.output)  # after capture (its XCom), a leaf of its own
+    return dag
+
+
+VERIFY_DOC = """cdc_verify: compare one table's mirror with its source (what ``airflow cdc verify`` does), as
+a DAG run: the CDC page's verify button triggers it.
+
+Trigger with ``{"table": "schema.table"}`` and nothing else: the source, its connection and
+its data location are this DAG's own (the sources config's entry, or the environment), never
+a conf's or a Variable's. The table passes the one scope check (README "Security": not a
+system table, not the watermark table, inside the capture scope) before anything is read.
+One run at a time (``max_active_runs=1``, the task ``max_active_tis_per_dag=1``), inside
+Airflow's pools and parallelism; the page starts no second run of a table while one is
+queued or running. The result is recorded for the page (and ``airflow cdc status``).
+"""
+
+
+def verify_dag(dag_id: str = "cdc_verify", overrides: Mapping[str, str] | None = None, *,
+               tags: tuple[str, ...] = ()) -> DAG:
+    """The verify DAG of one source (the CDC page's verify; issue 46): one table per run."""
+    overrides = _data_only(overrides or {})
+    with DAG(
+        dag_id=dag_id,
+        description="Verify one table's mirror against the source (conf: {\"table\": \"schema.table\"})",
+        schedule=None,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,  # each run scans a whole table on the source: one at a time
+        default_args={"retries": 0},
+        tags=["cdc", "verify", *tags],
+        doc_md=VERIFY_DOC,
+    ) as dag:
+
+        @task(task_id="verify", max_active_tis_per_dag=1)
+        def verify_table() -> dict:
+            """Verify the conf's table of this DAG's source and record the result for the page."""
+            from airflow.sdk import get_current_context
+
+            from airflow_provider_cdc.operators.verify import verify_for_dag
+
+            return verify_for_dag(get_current_context()["dag_run"].conf, overrides)
+
+        verify_table()
     return dag
