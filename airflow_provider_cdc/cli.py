@@ -7,7 +7,7 @@
     airflow cdc resync [--conn-id ID] [--source NAME] [--data-dir DIR]
     airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
                        [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
-                       [--form keyvalue|value] [--database NAME]
+                       [--form keyvalue|value] [--database NAME] [--force]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -99,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="keyvalue: {\"key\", \"value\"} per line, as Kafka records; value: the value document alone "
                         "per line, as Flink's debezium-json and file readers take it (no tombstones)")
     x.add_argument("--database", default=None, help="PostgreSQL: source.db (default: the database capture recorded)")
+    x.add_argument("--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)")
     return p
 
 
@@ -204,7 +205,9 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
         c.update(server_position=native_position(server, binlog_file_of(data_dir, source)),
                  server_encoded=server.encode(), behind_bytes=behind, caught_up=upto >= server)
     except Exception as exc:  # noqa: BLE001 - an unreachable source is said on its line, not a failed status
-        c["server_error"] = f"{type(exc).__name__}: {exc}"
+        from .error_text import safe_error_text
+
+        c["server_error"] = f"{type(exc).__name__}: {safe_error_text(exc)}"
     return c
 
 
@@ -373,9 +376,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.chunk_rows < 1:
         print(f"error: --chunk-rows must be >= 1, got {args.chunk_rows}", file=sys.stderr)
         return EXIT_ERROR
+    from . import storage
+
+    storage.check_location(args.data_dir, "--data-dir")
     table = TableName.parse(args.table)
     source = args.source or args.conn_id
     with open_dialect(args.conn_id, source, now) as dialect:
+        # the one scope check (I15, core/scope.py) before anything is read: the dialect connects
+        # only at its first statement, so a refused table reads nothing, not even its columns
+        dialect.check_in_scope([table])
         res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
         pk = dialect.describe_table(table).primary_key if args.events else ()
         if res.ok:  # a failover's gap is repaired for this table (README 'Failover')
@@ -456,13 +465,23 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
             from .hooks.cdc_storage import apply_storage_connection
 
             apply_storage_connection(now.storage_conn_id)
+    from . import storage
+    from .hooks.cdc_source import CdcSourceHook
+
     source = args.source or now.explicit_source or now.conn_id
-    data_dir = args.data_dir or now.data_dir
+    data_dir = storage.check_location(args.data_dir or now.data_dir, "--data-dir")
+    storage.check_location(args.out, "--out")
     table = TableName.parse(args.table)
+    # the one scope check (I15): an export reads only tables of the source's capture scope
+    CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)
+    if not args.force and storage.exists(args.out):
+        print(f"error: --out {args.out} exists already; nothing was written. Give another location, or --force to "
+              "replace it", file=sys.stderr)
+        return EXIT_ERROR
     opts = DebeziumOptions(args.topic_prefix or source, connector=args.connector, tombstones=not args.no_tombstones,
                            truncates=args.truncates, form=args.form, database=args.database)
     skipped: list[str] = []
-    n = export_table(data_dir, source, table, args.out, opts, skipped_truncates=skipped)
+    n = export_table(data_dir, source, table, args.out, opts, skipped_truncates=skipped, replace=args.force)
     print(f"{table.id}: {n} Debezium records -> {args.out}")
     if skipped:
         print(f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position {skipped[0]}), as "

@@ -30,6 +30,7 @@ import json
 import time
 from collections.abc import Callable
 
+from .core.errors import StateError
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
 from .pipeline.progress_store import Change, ConflictError, RegisterProgressStore, SourceProgress, Versioned
@@ -152,7 +153,11 @@ class _AdoptingStore(RegisterProgressStore):
         raw = _published(source, table_id)
         if raw is None:
             return current
-        progress = SnapshotProgress.from_json(raw)  # a value that is not JSON: a StateError that says so
+        if not _names(raw, source, table_id):  # a Variable anyone may write: it must be this pair's (I15)
+            raise StateError(f"the Variable {variable_key(source, table_id)} does not hold the snapshot progress of "
+                             f"source {source!r} and table {table_id} alone; it is not adopted. Delete or correct it")
+        # a value that is not JSON, or whose snapshot id is not one: a StateError / ConfigurationError that says so
+        progress = SnapshotProgress.from_json(raw)
         if COPY_FIELD in json.loads(raw):  # a copy outlives its authority (a data dir removed): not adopted
             return current
         try:

@@ -351,6 +351,11 @@ class SnapshotProgress:
         except (TypeError, ValueError) as exc:
             raise StateError(f"snapshot progress is not JSON ({exc}); move the snapshot register (control/ in the data directory) away to start over") from exc
         version = d.get("version") if isinstance(d, dict) else None
+        if version in (1, VERSION):
+            # read back from a Variable or a file: the id becomes a path component (I15)
+            from .scope import check_snapshot_id
+
+            check_snapshot_id(d.get("snapshot_id"), "snapshot progress")
         if version == VERSION:
             return cls._from_v2(d)
         if version == 1:

@@ -173,6 +173,19 @@ class CdcSourceHook(BaseHook):
             kwargs["read_params"] = self.connection_params(str(chunk_conn_id))
         return dialect_class(params.scheme)(params, source=source or self.source, **kwargs)
 
+    def capture_scope(self):
+        """The source's capture scope (core/scope.py, I15), with its server's catalogs and
+        watermark table when the connection can be read here (nothing connects); else the
+        scope of the settings, which refuses every server's catalogs and the default
+        watermark table."""
+        from ..core.scope import CaptureScope
+
+        try:
+            return self.get_dialect().capture_scope()
+        except Exception:  # noqa: BLE001 - no readable connection: the settings' scope, stricter
+            opts = self.scope_options()
+            return CaptureScope.of(self.source, opts["tables"], all_tables=opts["all_tables"])
+
     def test_connection(self) -> tuple[bool, str]:
         """Airflow's "Test" button / ``airflow connections test``: checks the CDC prerequisites
         (wal_level, binlog format, privileges...) and says what is missing."""

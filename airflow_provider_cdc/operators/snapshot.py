@@ -88,8 +88,20 @@ def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: 
 
 
 def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, data_dir: str) -> list[str]:
-    """pipeline.snapshot_controller.mark_failed on this source's published progress."""
-    return controller.mark_failed(progress_store.for_source(source, data_dir), snapshots, error)
+    """pipeline.snapshot_controller.mark_failed on this source's published progress. The error
+    is stored without row values and through the secrets masker (error_text.py); the snapshot
+    ids come from XCom and must be snapshot ids before they reach a path (I15)."""
+    from ..core.errors import ConfigurationError
+    from ..core.scope import check_snapshot_id
+    from ..error_text import safe_error_text
+
+    valid = []
+    for table_id, snapshot_id in snapshots:
+        try:
+            valid.append((table_id, check_snapshot_id(snapshot_id, f"the plan's work item of table {table_id}")))
+        except ConfigurationError as exc:
+            log.warning("not marked failed: %s", exc)
+    return controller.mark_failed(progress_store.for_source(source, data_dir), valid, safe_error_text(error))
 
 
 def record_snapshot_failure(context: Any) -> None:
@@ -98,6 +110,7 @@ def record_snapshot_failure(context: Any) -> None:
     task's work items) go to ``failed`` with the error, so ``airflow-cdc status`` shows
     what the run shows. ``resume`` (after fixing the cause) continues them."""
     from .. import settings
+    from ..error_text import safe_error_text
 
     ti = context.get("ti")
     task = context.get("task")
@@ -117,7 +130,8 @@ def record_snapshot_failure(context: Any) -> None:
     now = settings.load(overrides=getattr(task, "cdc_overrides", None))
     source = getattr(hook, "source", None) or getattr(task, "source", None) or now.source
     data_dir = getattr(task, "data_dir", None) or now.data_dir
-    error = f"task {ti.task_id} failed: {context.get('exception') or 'unknown error'}"
+    exc = context.get("exception")
+    error = f"task {ti.task_id} failed: {safe_error_text(exc) if exc is not None else 'unknown error'}"
     mark_failed(source, snapshots, error, data_dir)
 
 
@@ -184,7 +198,8 @@ class SnapshotPlanOperator(_SourceOperator):
         req = parse_snapshot_conf(  # before anything is written
             conf, self.default_tables, default_action="refresh" if scheduled else "start"
         )
-        check_scope(req, load(overrides=self.cdc_overrides))  # also before anything is written
+        # the one scope check (I15), also before anything is written
+        check_scope(req, load(overrides=self.cdc_overrides), self.hook.capture_scope())
         run_id = (context.get("run_id") if context else None) or getattr(dag_run, "run_id", None)
         logical_date = _iso_utc(
             (context.get("logical_date") if context else None) or getattr(dag_run, "logical_date", None)

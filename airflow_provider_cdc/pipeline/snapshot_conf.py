@@ -10,6 +10,7 @@ from typing import Any
 from ..core.errors import ConfigurationError
 from ..core.planning import SnapshotRequest
 from ..core.schema import TableName
+from ..core.scope import CaptureScope
 from ..core.throttle import Throttle
 
 #: refresh (the default of scheduled runs): start tables that are done, stopped or new,
@@ -74,22 +75,12 @@ def parse_snapshot_conf(
     return SnapshotConf(action, request, given, None if delay is None else float(delay))
 
 
-def check_scope(req: SnapshotConf, settings: Any) -> None:
+def check_scope(req: SnapshotConf, settings: Any, scope: CaptureScope | None = None) -> None:
     """A conf (untrusted: anyone who may trigger the DAG writes it) may name only tables of the
-    capture scope, for every action; the dialect checks the rest (system schemas, grants)
-    when a snapshot starts. Raises before anything is written."""
-    scope = {TableName.parse(t).id for t in settings.tables}
-    if not scope:
-        if settings.capture_all_tables:
-            return
-        raise ConfigurationError(
-            "no capture scope: set CDC_TABLES (or the source's 'tables' in the sources config) to the tables this "
-            "source captures; a snapshot may only read those"
-        )
-    outside = [t for t in req.tables if t.id not in scope]
-    if outside:
-        raise ConfigurationError(
-            f"conf 'tables' names {', '.join(map(str, outside))}, outside the capture scope of this source "
-            f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(scope))}): a run's conf may narrow "
-            "the scope, never widen it. An administrator allows a table by adding it to that setting"
-        )
+    capture scope, for every action: the one scope check (core/scope.py, I15) that verify,
+    repair, export and the CDC page use too; the dialect adds the grants when a snapshot
+    starts. ``scope``: the source's (its connection's catalogs and watermark table); None:
+    the settings'. Raises before anything is written."""
+    if scope is None:
+        scope = CaptureScope.of(settings.source, settings.tables or None, all_tables=settings.capture_all_tables)
+    scope.check_all(req.tables)

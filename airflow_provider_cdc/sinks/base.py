@@ -207,7 +207,9 @@ class SchemaCache:
 
 # --- applied-position markers (apply job) -------------------------------------------------
 def marker_path(data_dir: str, source: str, sink_name: str) -> str:
-    return storage.join(data_dir, "output", source, "_applied", f"{sink_name}.json")
+    from ..storage.layout import path_component
+
+    return storage.join(data_dir, "output", path_component(source, "source name"), "_applied", f"{sink_name}.json")
 
 
 def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:

@@ -555,7 +555,7 @@ def _first_position(name: str) -> str:
 
 
 def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions, *,
-                 batch_rows: int = 4096, skipped_truncates: list | None = None) -> int:
+                 batch_rows: int = 4096, skipped_truncates: list | None = None, replace: bool = True) -> int:
     """Every event of ``table`` in the event log, in (position, key) order, as Debezium JSON
     lines at ``out`` (a location: local path or URI; written whole or not at all). Returns the
     number of records; ``skipped_truncates`` collects the positions of TRUNCATEs left out
@@ -603,7 +603,9 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
             heapq.heappush(heap, (head[0], head[1], next(order), head[2], gen))
 
     n = 0
-    with storage.atomic_output(out) as (fs, tmp), fs.open_output_stream(tmp) as f:
+    # ``replace`` False: an existing file at ``out`` is never replaced (airflow-cdc export-debezium
+    # without --force); a local file is its owner's alone (0600): it holds row values
+    with storage.atomic_output(out, replace=replace) as (fs, tmp), fs.open_output_stream(tmp) as f:
         while heap or pending is not None:
             while pending is not None and (not heap or _first_position(pending) <= heap[0][0]):
                 push(events(pending))

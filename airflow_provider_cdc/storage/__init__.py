@@ -82,6 +82,15 @@ def check_location(location: str, setting: str = "data location") -> str:
                                  f"file://, or one of {', '.join(_REMOTE)}")
     if s and not urlsplit(location).netloc:
         raise ConfigurationError(f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix")
+    if s and "@" in urlsplit(location).netloc:
+        # s3://KEY:SECRET@bucket/ would be printed in lineage namespaces, task logs and on the
+        # spark-submit command line; the location is not where credentials go
+        shown = f"{s}://***@{urlsplit(location).netloc.rpartition('@')[2]}{urlsplit(location).path}"
+        raise ConfigurationError(
+            f"{setting} {shown!r} holds credentials in the URI: a location names only the bucket and prefix. "
+            "Credentials go in an Airflow connection named by CDC_STORAGE_CONN_ID (or the source's "
+            "storage_conn_id in the sources config), or in the workers' own identity (README 'Where credentials "
+            "come from')")
     return location
 
 
@@ -317,12 +326,22 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+#: what a published local file may be read by: its owner only. Staged segments, chunks and
+#: exports hold row values of the source (README "Security")
+LOCAL_FILE_MODE = 0o600
+
+
 @contextmanager
-def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
+def atomic_output(location: str, *, replace: bool = True) -> Iterator[tuple[pafs.FileSystem, str]]:
     """Publish a file at ``location`` whole or not at all. Yields ``(filesystem, temporary
     path)`` to write to; the file appears at ``location`` only when the block ends without an
-    exception (see the module docstring)."""
+    exception (see the module docstring). A local file is its owner's alone (0600).
+    ``replace`` False: an existing file at ``location`` is never replaced (a
+    ConfigurationError, checked before and, locally, atomically at the publish)."""
     fs, path = filesystem(location)
+    if not replace and exists(location):
+        raise ConfigurationError(f"{location} exists already; nothing was written (give another location, or say "
+                                 "that it may be replaced)")
     head, _, name = path.rpartition("/")
     created: list[str] = []  # folders made here: each needs its parent's entry made durable
     if is_local(location):
@@ -338,13 +357,23 @@ def atomic_output(location: str) -> Iterator[tuple[pafs.FileSystem, str]]:
     try:
         yield fs, tmp
         if is_local(location):
+            os.chmod(tmp, LOCAL_FILE_MODE)
             _fsync(tmp)
-            os.replace(tmp, path)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                try:
+                    os.link(tmp, path)  # fails when the file appeared meanwhile: never replaced
+                except FileExistsError:
+                    raise ConfigurationError(f"{location} appeared while it was written; it was not replaced") from None
+                os.unlink(tmp)
             # the rename lives in the folder's entries: without this a power loss may undo
             # it after the caller went on (e.g. confirmed the slot past the published segment)
             for folder in [head, *(os.path.dirname(f) for f in created)]:
                 _fsync(folder or ".")
         else:
+            if not replace and exists(location):
+                raise ConfigurationError(f"{location} appeared while it was written; it was not replaced")
             fs.copy_file(tmp, path)  # the server creates the object complete
             fs.delete_file(tmp)
     except BaseException:

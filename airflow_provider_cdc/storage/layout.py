@@ -39,8 +39,10 @@ Outputs::
 
 from __future__ import annotations
 
+from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import TableName, encode_path_segment
+from ..core.scope import check_snapshot_id
 
 CHANGELOG_COLUMNS = ("position", "table", "op", "key", "before", "after", "ts_ms", "watermark", "origin")
 CHUNK_COLUMNS = ("key", "after")
@@ -50,8 +52,18 @@ def _join(*parts: str) -> str:
     return "/".join(p.rstrip("/") for p in parts)
 
 
+def path_component(name: str, what: str) -> str:
+    """``name`` as one path component: never a folder above it or beside it (a name read back
+    from a Variable, XCom or file is checked by its grammar first, core/scope.py; this is the
+    last guard)."""
+    if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\x00"):
+        raise ConfigurationError(f"{what} {name!r} cannot be a path component ('/', '\\', '..' or empty): "
+                                 "nothing was read or written for it")
+    return name
+
+
 def staging_dir(data_dir: str, source: str) -> str:
-    return _join(data_dir, "staging", source)
+    return _join(data_dir, "staging", path_component(source, "source name"))
 
 
 def changelog_dir(data_dir: str, source: str) -> str:
@@ -70,7 +82,8 @@ def parse_segment_name(name: str) -> tuple[Position, Position]:
 
 def snapshot_dir(data_dir: str, source: str, table: TableName, snapshot_id: str) -> str:
     """A snapshot's staged chunks, their sidecars and its plan."""
-    return _join(staging_dir(data_dir, source), "chunks", table.path_segment, snapshot_id)
+    return _join(staging_dir(data_dir, source), "chunks", table.path_segment,
+                 check_snapshot_id(snapshot_id, f"snapshot of table {table}"))
 
 
 def chunk_path(data_dir: str, source: str, table: TableName, snapshot_id: str, seq: int, hw_id: str) -> str:
@@ -95,11 +108,11 @@ def log_schema_path(data_dir: str, source: str, table: TableName) -> str:
 
 
 def events_dir(data_dir: str, source: str) -> str:
-    return _join(data_dir, "output", source, "events")
+    return _join(data_dir, "output", path_component(source, "source name"), "events")
 
 
 def mirrors_dir(data_dir: str, source: str) -> str:
-    return _join(data_dir, "output", source, "mirror")
+    return _join(data_dir, "output", path_component(source, "source name"), "mirror")
 
 
 def mirror_dir(data_dir: str, source: str, table: TableName) -> str:

@@ -83,6 +83,7 @@ def mirrored(uri, unique_name, tmp_path):
     MirrorDeltaSink(data_dir, conn_id, require_schema=True).write(events)
     env = dict(os.environ)
     env[f"AIRFLOW_CONN_{conn_id.upper()}"] = uri
+    env["CDC_TABLES"] = table.id  # the capture scope: verify reads only its tables (I15)
     yield table, conn_id, data_dir, env
     w.drop_table(uri, table)
 
@@ -125,6 +126,36 @@ def test_verify_errors_exit_2_and_say_why(mirrored, entry):
     assert r.returncode == 2 and "schema.table" in r.stderr
     r = run_cli(entry, "verify", "--conn-id", "cdc_cli_no_such_conn", "--table", table.id, "--data-dir", data_dir, env=env)
     assert r.returncode == 2 and "cdc_cli_no_such_conn" in r.stderr
+
+
+def test_verify_refuses_a_system_table_and_one_outside_the_scope_before_reading_anything(uri, mirrored, entry,
+                                                                                          unique_name):
+    """Issue 46: verify went straight to describe_table and full-table reads of any table the
+    connection could see (``pg_catalog.pg_authid`` included). Now it asks the one scope check
+    first, with the same message the snapshot's plan and export give; nothing is read: with the
+    connection pointing at a closed port the answer is still the scope's, so no connection was
+    even opened."""
+    from airflow_provider_cdc.core.schema import TableName
+    from airflow_provider_cdc.core.scope import CaptureScope
+
+    table, conn_id, data_dir, env = mirrored
+    other = w.default_table(uri, f"cli_other_{unique_name}")  # a real table the role may read, not captured
+    w.create_demo_table(uri, other, 10)
+    system = TableName("pg_catalog", "pg_authid") if uri.startswith("postgres") else TableName("mysql", "user")
+    closed = dict(env)  # the same source, its server unreachable: any read would fail differently
+    closed[f"AIRFLOW_CONN_{conn_id.upper()}"] = re.sub(r":\d+/", ":1/", uri, count=1)
+    try:
+        scope = CaptureScope.of(conn_id, [table])
+        for t in (system, other):
+            want = scope.refusal(t)  # the settings' scope gives the same text as the dialect's
+            for e in (env, closed):
+                r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", t.id, "--data-dir", data_dir, env=e)
+                assert r.returncode == 2 and f"error: {want}" in r.stderr, r.stdout + r.stderr
+                assert "rows checked" not in r.stdout
+        r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=closed)
+        assert r.returncode == 2 and "is not captured" not in r.stderr  # a table of the scope is read (and fails here)
+    finally:
+        w.drop_table(uri, other)
 
 
 def test_status_prints_each_tables_progress(unique_name, entry):

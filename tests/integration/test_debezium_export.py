@@ -432,10 +432,15 @@ def test_export_options_are_checked():
         DebeziumOptions("srv", connector="oracle")
 
 
-def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request(tmp_path, capsys):
+def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request(tmp_path, capsys, monkeypatch):
     """``airflow cdc export-debezium``: a snapshot row is Debezium's incremental-snapshot read
     (op r, snapshot "incremental", no transaction or LSN); TRUNCATE records and tombstones
-    follow Debezium's options; the output is written whole to the location given."""
+    follow Debezium's options; the output is written whole to the location given, readable by
+    its owner alone (0600), and an existing file is replaced only with --force. Only tables of
+    the capture scope are exported (the one scope check, I15)."""
+    import json
+    import stat
+
     import pyarrow as pa
 
     from airflow_provider_cdc import cli
@@ -469,8 +474,20 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
     ], schema=EVENT_SCHEMA))
     out = str(tmp_path / "out" / "orders.jsonl")
     args = ["export-debezium", "--data-dir", data, "--source", "src", "--table", t.id, "--out", out]
+    monkeypatch.setenv("CDC_TABLES", json.dumps(["s.other"]))  # t outside the scope: refused, nothing written
+    assert cli.run(args) == 2
+    assert f"table {t} is not captured by source 'src': it is outside the capture scope" in capsys.readouterr().err
+    assert not Path(out).exists()
+    monkeypatch.setenv("CDC_TABLES", json.dumps(["s.nope", t.id]))
     assert cli.run(args) == 0
     assert "4 Debezium records" in capsys.readouterr().out
+    assert stat.S_IMODE(Path(out).stat().st_mode) == 0o600  # row values: its owner's alone
+    before = Path(out).read_text()
+    assert cli.run([*args, "--truncates"]) == 2  # an existing file is not replaced without --force
+    assert "exists already; nothing was written" in capsys.readouterr().err and Path(out).read_text() == before
+    for system in ("pg_catalog.pg_authid", "mysql.user"):
+        assert cli.run([*args[:-4], "--table", system, "--out", str(tmp_path / "sys.jsonl")]) == 2
+        assert f"table {system} is in system schema" in capsys.readouterr().err
     recs = _records(out)
     # position order across files; t skipped; a tombstone after the delete
     assert [r["value"] and r["value"]["payload"]["op"] for r in recs] == ["r", "d", None, "r"]
@@ -484,12 +501,12 @@ def test_cli_exports_snapshot_rows_as_incremental_reads_and_truncates_on_request
         "snapshot": "incremental", "txId": None, "lsn": None, "sequence": None, "db": "shop", "schema": t.schema}
     assert read["payload"]["after"] == {"id": 1, "v": "x"} and read["payload"]["ts_ms"] == 1010
 
-    assert cli.run([*args, "--truncates", "--no-tombstones", "--topic-prefix", "lake"]) == 0
+    assert cli.run([*args, "--truncates", "--no-tombstones", "--topic-prefix", "lake", "--force"]) == 0
     recs = _records(out)
     assert [r["value"]["payload"]["op"] for r in recs] == ["r", "d", "r", "t"]
     assert recs[3]["key"] is None and recs[3]["value"]["payload"]["before"] is None
     assert recs[3]["value"]["payload"]["after"] is None and recs[0]["value"]["payload"]["source"]["name"] == "lake"
-    assert cli.run([*args, "--topic-prefix", "no spaces"]) == 2  # a clear error, nothing written
+    assert cli.run([*args, "--topic-prefix", "no spaces", "--force"]) == 2  # a clear error, nothing written
     missing = str(tmp_path / "out" / "missing.jsonl")
     assert cli.run(["export-debezium", "--data-dir", data, "--source", "src", "--table", "s.nope", "--out", missing]) == 2
     assert "no event log for table s.nope" in capsys.readouterr().err and not Path(missing).exists()

@@ -31,6 +31,7 @@ LAYERS = {
     "settings": 4,
     "progress_store": 4,
     "sources_config": 4,  # many sources' settings: the settings of each
+    "error_text": 4,  # error text as it may be stored or shown (Airflow's secrets masker)
     "hooks": 5,
     "assets": 5,
     "lineage": 5,  # the operators' OpenLineage datasets

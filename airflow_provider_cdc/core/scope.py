@@ -1,0 +1,141 @@
+"""The capture scope, and the one check every reader of a source goes through (invariant I15).
+
+Snapshot (a run's conf and its plan), verify (the CLI, the ``cdc_verify`` DAG the CDC page
+triggers), repair (a snapshot run), export and the page's actions all ask
+:meth:`CaptureScope.check` before they read anything of a table: the server's catalogs,
+the watermark table and tables the administrator did not put in the scope are refused with
+the same message, whichever door was used.
+
+Also the grammars of the names that come back from Variables, XCom and files before they
+become path components or arguments (:func:`check_source_name`, :func:`check_snapshot_id`),
+and :func:`drop_row_values`, which takes the row values out of a database error's text
+before it is stored or shown. Pure: no Airflow, no driver.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+from .schema import TableName
+
+#: the catalogs of every server this provider reads (a scope known only from the settings,
+#: without its dialect, refuses all of them): PostgreSQL also reserves every ``pg_*`` schema
+SYSTEM_SCHEMAS = {
+    "postgres": frozenset({"pg_catalog", "information_schema", "pg_toast"}),
+    "mysql": frozenset({"mysql", "information_schema", "performance_schema", "sys"}),
+}
+#: the watermark table a source uses unless its connection's extra names another
+DEFAULT_WATERMARK_TABLE = TableName("cdc", "watermark")
+
+
+def is_system_schema(schema: str, dialect: str | None = None) -> bool:
+    """A schema of the server's own catalogs (``dialect`` None: of any server we read)."""
+    names = SYSTEM_SCHEMAS.get(dialect or "", frozenset().union(*SYSTEM_SCHEMAS.values()))
+    if schema.lower() in names:
+        return True
+    return dialect in (None, "postgres") and schema.startswith("pg_")
+
+
+@dataclass(frozen=True)
+class CaptureScope:
+    """What a source may read: ``tables`` (None with ``all_tables``: every table but the
+    catalogs and the watermark table). ``dialect``: whose catalogs are refused (None: every
+    server's); ``watermark_table``: None when not known (the default one is refused then)."""
+
+    source: str
+    tables: frozenset[TableName] | None
+    all_tables: bool = False
+    dialect: str | None = None
+    watermark_table: TableName | None = None
+
+    @classmethod
+    def of(cls, source: str, tables: Iterable[TableName | str] | None, *, all_tables: bool = False,
+           dialect: str | None = None, watermark_table: TableName | None = None) -> CaptureScope:
+        given = None if tables is None else frozenset(
+            t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
+        return cls(source, given or None, bool(all_tables), dialect, watermark_table)
+
+    def require(self) -> None:
+        """Refuse when no scope is configured: nothing may be read then."""
+        if self.tables is None and not self.all_tables:
+            raise ConfigurationError(
+                f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
+                "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
+                "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
+                "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
+                "on any table without a replica identity)"
+            )
+
+    def refusal(self, table: TableName) -> str | None:
+        """Why ``table`` may not be read by any entry point (None: it may)."""
+        if self.tables is None and not self.all_tables:
+            return (f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in "
+                    "the sources config) to the tables it captures")
+        if is_system_schema(table.schema, self.dialect):
+            return (f"table {table} is in system schema {table.schema!r}: the server's catalogs are never read by "
+                    "CDC (snapshot, verify, repair, export, the CDC page), whatever a conf or setting says")
+        if table == (self.watermark_table or DEFAULT_WATERMARK_TABLE):
+            return f"table {table} is the watermark table of source {self.source!r}, not data: CDC never reads it"
+        if self.tables is not None and table not in self.tables:
+            return (f"table {table} is not captured by source {self.source!r}: it is outside the capture scope "
+                    f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(map(str, self.tables)))}), "
+                    "and snapshot, verify, repair, export and the CDC page read only captured tables. An "
+                    "administrator allows it by adding it to that setting")
+        return None
+
+    def check(self, table: TableName) -> TableName:
+        """``table`` when it may be read; else a ConfigurationError with :meth:`refusal`."""
+        self.require()
+        why = self.refusal(table)
+        if why is not None:
+            raise ConfigurationError(why)
+        return table
+
+    def check_all(self, tables: Iterable[TableName]) -> None:
+        self.require()
+        for t in tables:
+            self.check(t)
+
+
+# --- names read back from Variables, XCom and files ------------------------------------------
+#: a source name: the sources config's names and Airflow connection ids (letters, digits,
+#: '_', '-', '.'; not starting with '.' or '-'), so it is one harmless path component
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,249}")
+#: a snapshot id: what new_snapshot_id() makes (``20261127T091500-1a2b3c4d``), or any short
+#: name of the same letters (tests and older versions)
+SNAPSHOT_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_source_name(name: object, where: str = "a stored value") -> str:
+    """``name`` when it is a source name; else a ConfigurationError naming ``where``."""
+    if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name) or ".." in name:
+        raise ConfigurationError(
+            f"{where}: source name {name!r} is not a source name (1-250 letters, digits, '_', '-', '.', not "
+            "starting with '.' or '-'); it is not used as a path or a connection. Delete or correct that value")
+    return name
+
+
+def check_snapshot_id(snapshot_id: object, where: str = "a stored value") -> str:
+    """``snapshot_id`` when it is a snapshot id; else a ConfigurationError naming ``where``."""
+    if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id) or ".." in snapshot_id:
+        raise ConfigurationError(
+            f"{where}: snapshot id {snapshot_id!r} is not a snapshot id (1-100 letters, digits, '_', '-', '.', "
+            "not starting with '.' or '-'); it is not used as a path. Delete or correct that value")
+    return snapshot_id
+
+
+# --- error text that is stored or shown ----------------------------------------------------------
+_DETAIL = re.compile(r"^\s*(DETAIL|HINT|CONTEXT|WHERE|QUERY|LINE \d+):.*$", re.MULTILINE)
+_MYSQL_VALUES = re.compile(r"(Duplicate entry |Incorrect \w+ value: |Truncated incorrect \w+ value: )'(?:[^'\\]|\\.|'')*'")
+ROW_VALUES_DROPPED = "(row values dropped)"
+
+
+def drop_row_values(text: str) -> str:
+    """A database error's text without the row values it may carry: PostgreSQL's DETAIL
+    (``Key (id)=(5) already exists``, ``Failing row contains (...)``), HINT, CONTEXT, WHERE
+    and QUERY lines, and MySQL's quoted values (``Duplicate entry 'x' for key``)."""
+    out = _DETAIL.sub(lambda m: f"{m.group(1)}: {ROW_VALUES_DROPPED}", str(text))
+    return _MYSQL_VALUES.sub(lambda m: f"{m.group(1)}{ROW_VALUES_DROPPED}", out)
