@@ -57,11 +57,16 @@ from bench.bench_e2e import (
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench large", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=5_000_000, help="rows of the demo table (the issue's run: 50,000,000)")
-    ap.add_argument("--chunk-size", type=int, default=50_000)
+    ap.add_argument("--chunk-size", type=int, default=50_000, help="rows per chunk (0: adaptive, CDC_CHUNK_TARGET_*)")
     ap.add_argument("--parallelism", type=int, default=2, help="snapshot ranges read at once")
     ap.add_argument("--uri", default=os.environ.get("CDC_TEST_PG_URI", DEFAULT_PG))
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--keep", action="store_true", help="keep the table, slot and staged data")
+    ap.add_argument("--serial", action="store_true",
+                    help="run the snapshot's tasks one after the other in one process (`dags test` without "
+                         "--use-executor): no chunk task runs beside another or beside merge_while_reading")
+    ap.add_argument("--merge-while-reading-rows", type=int, default=None,
+                    help="CDC_MERGE_WHILE_READING_ROWS for the snapshot (default: the setting's; 0: merge after reading)")
     return ap.parse_args(argv)
 
 
@@ -78,9 +83,8 @@ class SourceCpu:
 
         with psycopg2.connect(uri) as c, c.cursor() as cur:
             cur.execute("SELECT pg_backend_pid()")
-            backend = cur.fetchone()[0]
+            self.postmaster = psutil.Process(cur.fetchone()[0]).parent()  # (while the backend lives)
         c.close()
-        self.postmaster = psutil.Process(backend).parent()
         self.client = psutil.Process(client_pid)
         self.interval = interval
         self.cpu: dict[int, float] = {}
@@ -179,6 +183,36 @@ def _verify_one_changed_row(src: Src, rec: dict, table, rows: int) -> dict:
     return v
 
 
+def _deployed_snapshot(src: Src, rec: dict, conf: dict, work: Path, extra: dict[str, str]) -> dict:
+    """``cdc_snapshot`` triggered in a real deployment (tools/deployment.py: scheduler,
+    LocalExecutor, api-server, dag-processor, triggerer), where tasks run side by side as in
+    production: seconds from trigger to success, per-task spans from the REST API, and the
+    Spark processes' peak RSS under the scheduler."""
+    from tools.deployment import launch
+
+    dags = work / "deploy-dags"
+    dags.mkdir(exist_ok=True)
+    (dags / "cdc_snapshot.py").symlink_to(ROOT / "dags" / "cdc_snapshot.py")
+    env = {k: v for k, v in rec["env"].items() if k.startswith(("CDC_", "AIRFLOW_CONN_"))}
+    env.update(extra)
+    with launch(src.uri, work / "deploy", dags, env=env, dags=("cdc_snapshot",)) as dep:
+        with TreeSampler(dep.procs["scheduler"].pid, interval=0.5) as sampler:
+            t0 = time.monotonic()
+            run_id = dep.trigger("cdc_snapshot", conf, tag="large")
+            dep.wait_run("cdc_snapshot", run_id, timeout=6 * 3600)
+            took = time.monotonic() - t0
+        tis = dep.tis("cdc_snapshot", run_id)
+    spans = [(t["task_id"], dt.datetime.fromisoformat(t["start_date"]).timestamp(),
+              dt.datetime.fromisoformat(t["end_date"]).timestamp()) for t in tis if t.get("start_date") and t.get("end_date")]
+    first = min((a for _, a, _ in spans), default=0.0)
+    tasks: dict[str, list[float]] = {}
+    for task, a, b in spans:  # first start and last end of each task's instances, from the run's first task
+        lo, hi = tasks.get(task, [a, b])
+        tasks[task] = [min(lo, a), max(hi, b)]
+    return {"seconds": took, "spans": {k: [round(a - first, 1), round(b - first, 1)] for k, (a, b) in tasks.items()},
+            "spark_peak_mb": sampler.spark_peak / 2**20}
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
     sys.path.insert(0, str(ROOT))
@@ -208,16 +242,26 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"raw dump {n:,} rows in {R['raw_dump_s']:.0f}s = {R['raw_dump_rps']:,.0f} rows/s")
 
         rec = src.env("large", [big])
-        conf = {"action": "start", "tables": [big.id], "chunk_size": a.chunk_size, "parallelism": a.parallelism}
-        r = run_dag("cdc_snapshot", conf, rec["env"], work / "logs", "large", timeout=6 * 3600)
-        R.update(snap_s=r.seconds, snap_rps=a.rows / r.seconds, snap_ratio=a.rows / r.seconds / R["raw_dump_rps"],
-                 airflow_peak_mb=r.airflow_peak_mb, spark_peak_mb=r.spark_peak_mb, tasks=r.task_seconds(),
-                 merge=r.merge_summary(), snap_cpu_s=r.cpu_s, task_memory=r.task_memory())
-        _say(f"snapshot {r.seconds:.0f}s = {R['snap_rps']:,.0f} rows/s ({R['snap_ratio']:.2f}x the raw dump); "
-             f"airflow peak {r.airflow_peak_mb:.0f} MB, spark peak {r.spark_peak_mb:.0f} MB; tasks {R['tasks']}")
+        conf = {"action": "start", "tables": [big.id], "parallelism": a.parallelism,
+                **({"chunk_size": a.chunk_size} if a.chunk_size else {})}  # 0: chunks that size themselves
+        extra = {} if a.merge_while_reading_rows is None else {
+            "CDC_MERGE_WHILE_READING_ROWS": str(a.merge_while_reading_rows)}
+        if a.serial:
+            r = run_dag("cdc_snapshot", conf, dict(rec["env"], **extra), work / "logs", "large", timeout=6 * 3600)
+            R.update(snap_s=r.seconds, airflow_peak_mb=r.airflow_peak_mb, spark_peak_mb=r.spark_peak_mb,
+                     tasks=r.task_seconds(), merge=r.merge_summary(), snap_cpu_s=r.cpu_s, task_memory=r.task_memory())
+        else:
+            d = _deployed_snapshot(src, rec, conf, work, extra)
+            R.update(snap_s=d["seconds"], spark_peak_mb=d["spark_peak_mb"], spans=d["spans"],
+                     tasks={k: b - a for k, (a, b) in d["spans"].items()})
+        R.update(snap_mode="serial (airflow dags test)" if a.serial else "deployment (scheduler + LocalExecutor)",
+                 snap_rps=a.rows / R["snap_s"], snap_ratio=a.rows / R["snap_s"] / R["raw_dump_rps"])
+        _say(f"snapshot ({R['snap_mode']}) {R['snap_s']:.0f}s = {R['snap_rps']:,.0f} rows/s "
+             f"({R['snap_ratio']:.2f}x the raw dump); spark peak {R['spark_peak_mb']:.0f} MB; "
+             f"task spans {R.get('spans') or R['tasks']}")
 
         (m,) = run_child(_CHUNK_CHILD, {"uri": src.uri, "table": big.id, "source": f"{rec['source']}_mem",
-                                        "dir": str(work / "memprobe"), "sizes": [a.chunk_size]})
+                                        "dir": str(work / "memprobe"), "sizes": [a.chunk_size or 50_000]})
         R["chunk_peak_mb"] = max(m["peak"] - m["rss_before"], 0) / 2**20
         R["chunk_x"] = (m["peak"] - m["rss_before"]) / (m["rows"] * R["row_bytes"])
         _say(f"chunk step of {m['rows']:,} rows: {R['chunk_peak_mb']:.0f} MB above its baseline ({R['chunk_x']:.1f}x)")
@@ -260,9 +304,12 @@ def render(R: dict, mach: dict, started: str) -> str:
         "|---|---|",
         f"| rows (demo table, ~{R.get('row_bytes', 0):.0f} B/row) | {R['rows']:,} (loaded in {R.get('load_s', 0):.0f} s) |",
         f"| raw dump to Parquet | {R.get('raw_dump_s', 0):.0f} s = {R.get('raw_dump_rps', 0):,.0f} rows/s |",
-        f"| snapshot through the DAGs (`airflow dags test cdc_snapshot`) | {R.get('snap_s', 0):.0f} s = "
+        f"| snapshot through the DAGs ({R.get('snap_mode', '?')}) | {R.get('snap_s', 0):.0f} s = "
         f"{R.get('snap_rps', 0):,.0f} rows/s, **{R.get('snap_ratio', 0):.2f}x** the raw dump |",
         f"| seconds per task | {tasks} |",
+        *(["| task spans (first start, last end; seconds from the run's first task) | "
+           + ", ".join(f"{k} {a:.0f}-{b:.0f}" for k, (a, b) in sorted(R['spans'].items(), key=lambda kv: kv[1][0]))
+           + " |"] if R.get("spans") else []),
         f"| merge engine and its job's own seconds | {(R.get('merge') or {}).get('engine', '?')}, "
         f"{(R.get('merge') or {}).get('job_seconds', (R.get('merge') or {}).get('seconds', '?'))} |",
         f"| peak RSS: Airflow process (plan, chunk tasks, sensor, commit) | {R.get('airflow_peak_mb', 0):,.0f} MB |",
