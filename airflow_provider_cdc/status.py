@@ -11,28 +11,59 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+#: the status of a stored value this version cannot use: shown as such, never read further
+MALFORMED = "malformed"
+
+
+def _decoded(segment: str) -> str:
+    from .core.schema import decode_path_segment
+
+    try:
+        return decode_path_segment(segment) or segment
+    except Exception:  # noqa: BLE001 - a key no encoder wrote: shown as it is
+        return segment
+
+
+def _malformed(key: str, why: str) -> dict[str, Any]:
+    return {"status": MALFORMED, "malformed": f"Variable {key}: {why}", "key": key}
+
 
 def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, Any]]]:
-    """(source, table id, progress dict) of every snapshot Variable, sorted."""
+    """(source, table id, progress dict) of every snapshot Variable, sorted. A Variable anyone
+    may write is untrusted (I15): a value that is not a progress of one table of a valid source
+    name comes as a ``malformed`` progress (its reason, its key), under the source its key
+    names (``?`` when that is no source name either), and is never used as a path."""
+    from .core.errors import ConfigurationError
+    from .core.scope import check_source_name
     from .progress_store import KEY_PREFIX, stored_values
 
     out = []
     for key, val in stored_values(KEY_PREFIX):
+        enc_src, sep, enc_table = key[len(KEY_PREFIX) :].partition("__")
+        key_src, key_table = _decoded(enc_src) if sep else "?", _decoded(enc_table) if sep else key
         try:
             progress = json.loads(val) if val else {}
         except json.JSONDecodeError:
-            progress = {"status": "unreadable", "raw": val}
-        # the value names its source and its one table; the key is encoded (progress_store)
-        tables = list(progress.get("tables") or {}) if isinstance(progress, dict) else []
-        if isinstance(progress, dict) and progress.get("source") and len(tables) == 1:
-            src, table_id = str(progress["source"]), tables[0]
+            progress = None
+        tables = progress.get("tables") if isinstance(progress, dict) else None
+        if not isinstance(tables, dict):
+            src, table_id, progress = key_src, key_table, _malformed(key, "not a snapshot progress (a JSON object "
+                                                                          "with its tables)")
+        elif len(tables) != 1:
+            src, table_id, progress = key_src, key_table, _malformed(key, f"names {len(tables)} tables, not one")
         else:
-            src, sep, table_id = key[len(KEY_PREFIX) :].partition("__")
-            if not sep:
-                continue
+            src, table_id = progress.get("source", key_src), next(iter(tables))
+        try:
+            check_source_name(src, f"Variable {key}")
+        except ConfigurationError as exc:
+            src, progress = key_src, _malformed(key, str(exc))
+        try:
+            check_source_name(src)
+        except ConfigurationError:
+            src = "?"
         if source is not None and src != source:
             continue
-        out.append((src, table_id, progress))
+        out.append((src, str(table_id), progress))
     return sorted(out, key=lambda t: (t[0], t[1]))
 
 
@@ -69,10 +100,12 @@ def progress_summary(table_id: str, p: dict[str, Any], *, data_dir: str | None =
     a value this version cannot parse is shown by its status alone."""
     from .core.progress import SnapshotProgress
 
+    if not isinstance(p, dict) or p.get("status") == MALFORMED:
+        return {"status": MALFORMED, "error": (p or {}).get("malformed") if isinstance(p, dict) else "not an object"}
     try:
         sp = SnapshotProgress.from_json(json.dumps(p))
-    except Exception:  # noqa: BLE001 - an unknown layout still shows its status
-        return {"status": str(p.get("status", "unreadable")), "snapshot_id": p.get("snapshot_id")}
+    except Exception as exc:  # noqa: BLE001 - shown as malformed, with why; never a failed page
+        return {"status": MALFORMED, "error": f"{type(exc).__name__}: {exc}"[:500]}
     tp = sp.tables.get(table_id) or next(iter(sp.tables.values()), None)
     out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error,
                            "run": sp.owner, "logical_date": sp.logical_date}
@@ -136,17 +169,60 @@ def config_source(name: str, now):
     return find_source(name, now, dags_folder)
 
 
-def source_setup(source: str, now=None) -> tuple[str, str]:
-    """(snapshot DAG id, data location) of ``source``: its own from the sources config, else the
-    environment's (``cdc_snapshot``, CDC_DATA_DIR). ``now``: the settings, loaded once by a caller
-    that asks for many sources."""
+def known_source(source: str, now=None):
+    """The settings of ``source`` when this deployment names it: its entry of the sources config,
+    or the environment's source (CDC_SOURCE, else CDC_SOURCE_CONN_ID). None for any other name,
+    e.g. one only a Variable holds (I15: nothing acts on it, no path is made of it)."""
+    from . import settings
+    from .core.errors import ConfigurationError
+    from .core.scope import check_source_name
+
+    now = now or settings.load()
+    try:
+        check_source_name(source)
+    except ConfigurationError:
+        return None
+    entry = config_source(source, now)
+    if entry is not None:
+        return entry.settings
+    return now if source == now.source else None
+
+
+def source_dags(source: str, now=None) -> dict[str, str] | None:
+    """The DAG ids of a known source (:func:`known_source`): ``snapshot`` and ``verify``;
+    None for a source this deployment does not name."""
     from . import settings
 
     now = now or settings.load()
-    entry = config_source(source, now)
-    if entry is not None:
-        return f"cdc_snapshot__{entry.name}", entry.settings.data_dir
-    return "cdc_snapshot", now.data_dir
+    known = known_source(source, now)
+    if known is None:
+        return None
+    if known is now:
+        return {"snapshot": "cdc_snapshot", "verify": "cdc_verify"}
+    return {"snapshot": f"cdc_snapshot__{source}", "verify": f"cdc_verify__{source}"}
+
+
+def source_scope(settings_of_source):
+    """The capture scope of a source's settings (core/scope.py, the one check, I15)."""
+    from .core.scope import CaptureScope
+
+    s = settings_of_source
+    return CaptureScope.of(s.source, s.tables or None, all_tables=s.capture_all_tables)
+
+
+def source_setup(source: str, now=None) -> tuple[str, str | None]:
+    """(snapshot DAG id, data location) of ``source``: its own from the sources config, else the
+    environment's (``cdc_snapshot``, CDC_DATA_DIR) when it is the environment's source; a name
+    this deployment does not know has no data location (None): no path is made of it. ``now``:
+    the settings, loaded once by a caller that asks for many sources."""
+    from . import settings
+
+    now = now or settings.load()
+    known = known_source(source, now)
+    dags = source_dags(source, now) if known is not None else None
+    if known is None or dags is None:
+        return "cdc_snapshot", None
+    return dags["snapshot"], known.data_dir
 
 
 def applied(data_dir: str, source: str) -> dict[str, dict]:
@@ -271,35 +347,104 @@ def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     return {"version": v.version, "stored_rows": _rows(v, [p for paths in v.files.values() for p in paths])}
 
 
+#: the numbers of a lag reading and of a verify's record (read back from Variables: untrusted)
+_LAG_NUMBERS = ("bytes", "seconds", "at")
+_VERIFY_NUMBERS = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "at",
+                   "event_violations")
+
+
+def _checked_numbers(doc: Any, names: tuple[str, ...], what: str) -> dict[str, Any]:
+    """``doc`` when each of ``names`` it holds is a number (or null); else a ``malformed``
+    record saying which value is not (shown as such, never a failed page)."""
+    if not isinstance(doc, dict):
+        return {"malformed": f"the {what} is not a JSON object"}
+    bad = [n for n in names if doc.get(n) is not None and (isinstance(doc[n], bool)
+                                                          or not isinstance(doc[n], int | float))]
+    history = doc.get("history")
+    if history is not None and not (isinstance(history, list) and all(
+            isinstance(h, list) and len(h) == 3 and all(isinstance(x, int | float) for x in h) for h in history)):
+        bad.append("history")
+    if bad:
+        return {"malformed": f"the {what} has values of the wrong type: {', '.join(bad)}"}
+    return doc
+
+
+def _table_refusal(scope, table_id: str) -> str | None:
+    """Why the scope refuses ``table_id`` (the one check, I15), or None."""
+    from .core.errors import ConfigurationError
+    from .core.schema import TableName
+
+    try:
+        return scope.refusal(TableName.parse(table_id))
+    except ConfigurationError as exc:
+        return str(exc)
+
+
 def overview(source: str | None = None, *,
              include: Callable[[str, str], bool] = lambda _source, _dag_id: True) -> list[dict[str, Any]]:
     """Per source (``source`` alone, or every one with something recorded, those ``include(source,
     snapshot DAG id)`` keeps, asked before anything of it is read): its capture lag with its last
-    day's history, its snapshot DAG, and per table the snapshot's progress (as ``airflow cdc
-    status`` has it, with the share done and the time left), the last verify and the mirror."""
+    day's history, its snapshot and verify DAGs, and per table the snapshot's progress (as
+    ``airflow cdc status`` has it, with the share done and the time left), the last verify and
+    the mirror.
+
+    Everything comes from Variables anyone with that right may write (I15): a source neither
+    the sources config nor the environment names is shown ``unknown`` (its rights are those of
+    the environment's ``cdc_snapshot``; no file of it is read, nothing acts on it); a table
+    outside its source's scope is shown ``refused`` with the scope's message; a value of the
+    wrong type is shown ``malformed``, per item."""
     from . import settings
     from .progress_store import load_lags, load_verifies
 
+    now = settings.load()
     items = list_progress(source)
     lags = load_lags(source)
     verifies = load_verifies(source)
     names = sorted({s for s, _t, _p in items} | set(lags) | {s for s, _t in verifies})
-    now = settings.load()
     out = []
     for name in names:
-        dag_id, data_dir = source_setup(name, now)
-        if not include(name, dag_id):
+        try:
+            known = known_source(name, now)
+        except Exception as exc:  # noqa: BLE001 - a sources config that cannot be read: said on the source
+            known, why = None, f"the sources config could not be read: {type(exc).__name__}: {exc}"
+        else:
+            why = (f"source {name!r} is named only by Variables: neither the sources config nor the environment "
+                   "(CDC_SOURCE, CDC_SOURCE_CONN_ID) names it, so no file of it is read and nothing acts on it")
+        dags = source_dags(name, now) if known is not None else None
+        if not include(name, dags["snapshot"] if dags else "cdc_snapshot"):
             continue
+        scope = source_scope(known) if known is not None else None
+        data_dir = known.data_dir if known is not None else None
         tables = sorted({t for s, t, _p in items if s == name} | {t for s, t in verifies if s == name})
         progress = {t: p for s, t, p in items if s == name}
         rows = []
         for t in tables:
             row: dict[str, Any] = {"table": t}
-            if t in progress:
-                row["snapshot"] = progress_summary(t, progress[t], data_dir=data_dir)
-            row["verify"] = verifies.get((name, t))
-            row["mirror"] = mirror_summary(data_dir, name, t)
+            try:
+                refused = _table_refusal(scope, t) if scope is not None else None
+                if refused:
+                    row["refused"] = refused
+                reads = data_dir if not refused else None
+                if t in progress:
+                    row["snapshot"] = progress_summary(t, progress[t], data_dir=reads)
+                verify = verifies.get((name, t))
+                row["verify"] = None if verify is None else _checked_numbers(verify, _VERIFY_NUMBERS, "verify record")
+                row["mirror"] = mirror_summary(reads, name, t) if reads is not None else None
+            except Exception as exc:  # noqa: BLE001 - one bad value is shown as such, never a failed page
+                row = {"table": t, "malformed": f"{type(exc).__name__}: {exc}"[:500]}
             rows.append(row)
-        out.append({"source": name, "snapshot_dag": dag_id, "lag": lags.get(name), "applied": applied(data_dir, name),
-                    "tables": rows})
+        lag = lags.get(name)
+        entry: dict[str, Any] = {
+            "source": name, "known": known is not None, "snapshot_dag": dags["snapshot"] if dags else None,
+            "verify_dag": dags["verify"] if dags else None,
+            "lag": None if lag is None else _checked_numbers(lag, _LAG_NUMBERS, "capture lag reading"),
+            "applied": {}, "tables": rows}
+        if known is None:
+            entry["unknown"] = why
+        elif data_dir is not None:
+            try:
+                entry["applied"] = applied(data_dir, name)
+            except Exception as exc:  # noqa: BLE001 - an unreadable marker is shown as such
+                entry["applied"] = {"?": {"position": f"unreadable: {type(exc).__name__}", "at": None}}
+        out.append(entry)
     return out

@@ -82,10 +82,12 @@ def check_location(location: str, setting: str = "data location") -> str:
                                  f"file://, or one of {', '.join(_REMOTE)}")
     if s and not urlsplit(location).netloc:
         raise ConfigurationError(f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix")
-    if s and "@" in urlsplit(location).netloc:
+    rest = location.split("://", 1)[1] if s else ""
+    if s and "@" in rest:
         # s3://KEY:SECRET@bucket/ would be printed in lineage namespaces, task logs and on the
-        # spark-submit command line; the location is not where credentials go
-        shown = f"{s}://***@{urlsplit(location).netloc.rpartition('@')[2]}{urlsplit(location).path}"
+        # spark-submit command line; the location is not where credentials go. (A secret with a
+        # '/' moves the '@' past the host part, so any '@' of a URI is refused.)
+        shown = f"{s}://***@{rest.rpartition('@')[2]}"
         raise ConfigurationError(
             f"{setting} {shown!r} holds credentials in the URI: a location names only the bucket and prefix. "
             "Credentials go in an Airflow connection named by CDC_STORAGE_CONN_ID (or the source's "

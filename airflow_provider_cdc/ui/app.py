@@ -3,10 +3,14 @@ shown inside Airflow's UI. Behind Airflow's own authentication and authorization
 
 - reading: a signed-in user (Airflow's JWT, the ``_token`` cookie the UI sets or a bearer
   token) sees the sources whose snapshot DAG they may read (``is_authorized_dag`` GET);
-- acting: pause, resume and stop trigger the source's snapshot DAG with that action's conf,
-  and verify runs ``airflow-cdc verify`` for the table, as a user would; each needs the right
-  to trigger that DAG (``is_authorized_dag`` POST on its runs), and the request must come from
-  this origin (a form of another site cannot act with the user's cookie).
+- acting, only on a source the sources config or the environment names (never one only a
+  Variable names) and a table its capture scope allows (core/scope.py, the one check, I15):
+  pause, resume and stop trigger the source's snapshot DAG with that action's conf, and
+  verify triggers the source's own ``cdc_verify`` DAG (at most one run of a table queued or
+  running; the run reads the source, never the api-server). Each needs the right to trigger
+  that DAG (``is_authorized_dag`` POST on its runs), and the request must come from this
+  origin, or carry a bearer token (a form of another site cannot act with the user's cookie);
+- the page may be framed only by Airflow's own UI (``frame-ancestors 'self'``).
 
 The page reads :func:`airflow_provider_cdc.status.overview`, what ``airflow cdc status``
 reads. ``GET /api/status`` gives the same as JSON.
@@ -15,11 +19,7 @@ reads. ``GET /api/status`` gives the same as JSON.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
+import threading
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -36,6 +36,21 @@ log = logging.getLogger(__name__)
 ACTIONS = ("pause", "resume", "stop", "verify")
 
 app = FastAPI(title="CDC", docs_url=None, redoc_url=None, openapi_url=None)
+
+#: sent with every answer: only Airflow's own UI (this origin) may frame the page
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'self'",
+    "X-Frame-Options": "SAMEORIGIN",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+@app.middleware("http")
+async def _security_headers(request: Request, call_next):
+    response = await call_next(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    return response
 
 
 @app.exception_handler(StarletteHTTPException)
@@ -70,10 +85,14 @@ def _may(user: Any, dag_id: str, *, act: bool) -> bool:
 
 
 def _visible(user: Any, source: str | None = None) -> tuple[list[dict], dict[str, bool]]:
+    """The sources the user may read, and whether they may act on each: only a source this
+    deployment names (its own DAGs; a Variable-only source: never), by the right to trigger its
+    snapshot DAG (pause, resume, stop) and its verify DAG (verify)."""
     from ..status import overview
 
     sources = overview(source, include=lambda _name, dag_id: _may(user, dag_id, act=False))
-    return sources, {s["source"]: _may(user, s["snapshot_dag"], act=True) for s in sources}
+    return sources, {s["source"]: bool(s.get("known")) and _may(user, s["snapshot_dag"], act=True)
+                     for s in sources}
 
 
 def _readable_or_403(user: Any, source: str | None = None) -> tuple[list[dict], dict[str, bool]]:
@@ -84,14 +103,26 @@ def _readable_or_403(user: Any, source: str | None = None) -> tuple[list[dict], 
 
 
 @app.get("/", response_class=HTMLResponse)
-async def index(request: Request, msg: str | None = None, source: str | None = None,
-                refresh: int | None = None) -> HTMLResponse:
+async def index(request: Request, source: str | None = None, refresh: int | None = None,
+                done: str | None = None, table: str | None = None) -> HTMLResponse:
     """The page: every source the user may read, or ``?source=NAME`` alone; it reloads itself
-    every ``?refresh=N`` seconds (default 60, 0: never)."""
+    every ``?refresh=N`` seconds (default 60, 0: never). ``?done=ACTION&table=T`` (where an
+    action redirects to) shows that action's fixed sentence, for a table the page shows: a
+    link cannot put text of its own into Airflow's UI."""
     user = await _user(request)
     sources, can_act = await run_in_threadpool(_readable_or_403, user, source or None)
-    return HTMLResponse(render(sources, user=user.get_name(), can_act=can_act, flash=msg, only=source or None,
-                               refresh=refresh_seconds(refresh)))
+    return HTMLResponse(render(sources, user=user.get_name(), can_act=can_act, flash=_flash(sources, done, table),
+                               only=source or None, refresh=refresh_seconds(refresh)))
+
+
+def _flash(sources: list[dict], done: str | None, table: str | None) -> str | None:
+    if done not in ACTIONS or not table:
+        return None
+    if not any(t["table"] == table for s in sources for t in s["tables"]):
+        return None
+    if done == "verify":
+        return f"verify of {table}: a run of the source's verify DAG is queued or running; its result appears here"
+    return f"{done} of {table}: a run of the source's snapshot DAG is queued"
 
 
 @app.get("/api/status")
@@ -102,9 +133,12 @@ async def status_json(request: Request, source: str | None = None) -> JSONRespon
 
 
 def _same_origin(request: Request) -> bool:
+    """A browser's form sends Origin (or Referer): it must be this page's. Without either, only
+    a script that authenticates with a bearer token (never a cookie a browser adds by itself)."""
     origin = request.headers.get("origin") or request.headers.get("referer")
     if not origin:
-        return bool(request.headers.get("authorization"))  # a script with a bearer token, not a browser form
+        header = request.headers.get("authorization", "")
+        return header[:7].lower() == "bearer " and bool(header[7:].strip())
     return urlsplit(origin).netloc == request.headers.get("host")
 
 
@@ -113,25 +147,33 @@ async def action(request: Request, source: str = Form(...), table: str = Form(..
                  action: str = Form(...)) -> Any:
     user = await _user(request)
     if not _same_origin(request):
-        raise HTTPException(403, "an action must come from the CDC page itself")
+        raise HTTPException(403, "an action must come from the CDC page itself (or a script with a bearer token)")
     if action not in ACTIONS:
         raise HTTPException(400, f"action {action!r}: one of {', '.join(ACTIONS)}")
     sources, can_act = await run_in_threadpool(_visible, user, source)
     src = next((s for s in sources if s["source"] == source), None)
     if src is None or not any(t["table"] == table for t in src["tables"]):
         raise HTTPException(404, f"no table {table!r} of source {source!r} you may read")
-    if not can_act.get(source):
-        raise HTTPException(403, f"{action} needs the right to trigger DAG {src['snapshot_dag']}")
+    if not src.get("known"):  # named only by a Variable: no DAG, no connection of its own
+        raise HTTPException(403, f"source {source!r} is not named by the sources config or the environment: the CDC "
+                                 "page acts only on those")
+    row = next(t for t in src["tables"] if t["table"] == table)
+    if row.get("refused"):  # the one scope check (I15)
+        raise HTTPException(403, row["refused"])
+    dag_id = src["verify_dag"] if action == "verify" else src["snapshot_dag"]
+    if not can_act.get(source) or not await run_in_threadpool(_may, user, dag_id, act=True):
+        raise HTTPException(403, f"{action} needs the right to trigger DAG {dag_id}")
     if action == "verify":
-        msg = await run_in_threadpool(_start_verify, source, table)
+        msg, run_id = await run_in_threadpool(_trigger_verify, dag_id, table, user.get_name())
     else:
-        msg = await run_in_threadpool(_trigger, src["snapshot_dag"], action, table, user.get_name())
+        msg, run_id = await run_in_threadpool(_trigger, dag_id, action, table, user.get_name())
     if "application/json" in request.headers.get("accept", ""):
-        return JSONResponse({"ok": True, "message": msg})
-    return RedirectResponse(f"./?source={quote(source)}&msg={quote(msg)}", status_code=303)
+        return JSONResponse({"ok": True, "message": msg, "dag_id": dag_id, "run_id": run_id})
+    return RedirectResponse(f"./?source={quote(source, safe='')}&done={action}&table={quote(table, safe='')}",
+                            status_code=303)
 
 
-def _trigger(dag_id: str, action: str, table: str, user_name: str) -> str:
+def _trigger(dag_id: str, action: str, table: str, user_name: str) -> tuple[str, str]:
     """The same DAG run the snapshot DAG's trigger form makes: ``{"action": ..., "tables": [...]}``."""
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.exceptions import DagNotFound
@@ -142,25 +184,36 @@ def _trigger(dag_id: str, action: str, table: str, user_name: str) -> str:
                           conf={"action": action, "tables": [table]})
     except DagNotFound as exc:
         raise HTTPException(404, f"DAG {dag_id} is not known to Airflow: {exc}") from exc
-    return f"{action} of {table}: DAG run {run.run_id} of {dag_id} queued"
+    return f"{action} of {table}: DAG run {run.run_id} of {dag_id} queued", run.run_id
 
 
-def _start_verify(source: str, table: str) -> str:
-    """``airflow-cdc verify`` for the table, in the background; it records its result, which
-    the page then shows."""
-    from ..settings import load
-    from ..status import config_source
+#: one trigger decision at a time in this api-server (two clicks: one run)
+_verify_lock = threading.Lock()
 
-    exe = shutil.which("airflow-cdc") or str(Path(sys.executable).with_name("airflow-cdc"))
-    logs = Path(os.environ.get("AIRFLOW_HOME", ".")) / "logs" / "cdc_verify"
-    logs.mkdir(parents=True, exist_ok=True)
-    out = logs / f"{quote(source, safe='')}__{quote(table, safe='')}.log"
-    args = [exe, "verify", "--source", source, "--table", table]
-    now = load()
-    if config_source(source, now) is None:  # (a source of the sources config brings its own connection)
-        # the environment's source uses its connection; any other source is named by its connection id
-        args += ["--conn-id", now.conn_id if (now.explicit_source or now.conn_id) == source else source]
-    with open(out, "ab") as f:
-        subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,  # noqa: S603
-                         start_new_session=True)
-    return f"verify of {table} started; its result appears here when it ends (log: {out})"
+
+def _trigger_verify(dag_id: str, table: str, user_name: str) -> tuple[str, str]:
+    """A run of the source's verify DAG for ``table``, unless one is queued or running already
+    (then that one: a click more starts nothing). The run reads the source in a worker, under
+    Airflow's limits (the DAG's max_active_runs=1, pools, parallelism), not in the api-server."""
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.exceptions import DagNotFound
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from airflow.utils.types import DagRunTriggeredByType
+
+    with _verify_lock:
+        with create_session() as session:
+            active = (session.query(DagRun.run_id, DagRun.conf)
+                      .filter(DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING]))
+                      .all())
+        same = next((run_id for run_id, conf in active if isinstance(conf, dict) and conf.get("table") == table), None)
+        if same is not None:
+            return f"verify of {table}: DAG run {same} of {dag_id} is already queued or running", same
+        try:
+            run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user_name,
+                              conf={"table": table})
+        except DagNotFound as exc:
+            raise HTTPException(404, f"DAG {dag_id} is not known to Airflow (dags/cdc_verify.py, or cdc_sources.py "
+                                     f"for a source of the sources config, in the DAG folder): {exc}") from exc
+    return f"verify of {table}: DAG run {run.run_id} of {dag_id} queued", run.run_id

@@ -5,7 +5,9 @@ chart has its figures in text and a table behind it. Laptop width: sections stac
 scroll sideways on their own.
 
 Every value from the stores (names of sources and tables, errors, keys) is untrusted: it is
-escaped here, and forms carry it only as escaped attribute values.
+escaped here, and forms carry it only as escaped attribute values; a value of the wrong type
+is shown as MALFORMED where it is, and the rest of the page still shows (I15). Errors are
+shown without row values and through Airflow's secrets masker (error_text.py).
 """
 
 from __future__ import annotations
@@ -106,10 +108,25 @@ def _lag_table(history: list) -> str:
             f"<tr><th>read at</th><th>bytes behind</th><th>seconds behind</th></tr>{rows}</table></div></details>")
 
 
+def _malformed(why: Any) -> str:
+    """A value read back from a Variable that this page cannot use, marked as such (I15)."""
+    return (f"<div class='err' data-testid='malformed'><strong>MALFORMED</strong> (not used): "
+            f"{escape(_error(why))}</div>")
+
+
+def _error(text: Any) -> str:
+    """Error text as it may be shown: no row values, secrets masked (error_text.py)."""
+    from ..error_text import safe_error_text
+
+    return safe_error_text(str(text))
+
+
 def _source_block(src: dict) -> str:
     lag = src.get("lag")
     if not lag:
         return "<div class='box'>No capture lag recorded yet (the changelog DAG's capture records it).</div>"
+    if lag.get("malformed"):
+        return f"<div class='box' data-testid='lag'>{_malformed(lag['malformed'])}</div>"
     risk = lag.get("risk")
     parts = [
         f"<div class='box{' risk' if risk else ''}' data-testid='lag'>",
@@ -165,6 +182,8 @@ def _ranges(snap: dict) -> str:
 def _verify(v: dict | None) -> str:
     if not v:
         return "never verified"
+    if v.get("malformed"):
+        return _malformed(v["malformed"])
     head = (f"<span class='state {'done' if v.get('ok') else 'failed'}'>{'ok' if v.get('ok') else 'differs'}</span> "
             f"{_t(v.get('at'))}: {_n(v.get('rows_checked'))} rows checked, {_n(v.get('mismatched'))} mismatched "
             f"(missing {_n(v.get('missing'))}, extra {_n(v.get('extra'))}, different {_n(v.get('different'))})")
@@ -192,12 +211,29 @@ def _actions(source: str, table: str, status: str | None, can_act: bool) -> str:
 
 
 def _table_row(src: dict, row: dict, can_act: bool) -> str:
+    """One table's row; a row whose values cannot be shown is shown as malformed, never a failed page."""
+    try:
+        return _table_row_of(src, row, can_act)
+    except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
+        return (f"<tr data-table='{escape(str(row.get('table')), True)}'><th scope='row'>{escape(str(row.get('table')))}"
+                f"</th><td colspan='5'>{_malformed(f'{type(exc).__name__}: {exc}')}</td></tr>")
+
+
+def _table_row_of(src: dict, row: dict, can_act: bool) -> str:
+    if row.get("malformed"):
+        raise ValueError(row["malformed"])
     snap = row.get("snapshot") or {}
     status = snap.get("status")
-    state = (f"<span class='state {escape(status or '')}'>{escape(status or 'no snapshot')}</span>"
-             + (" (DAG paused)" if snap.get("dag_paused") else ""))
-    if snap.get("error"):
-        state += f"<div class='err'>{escape(str(snap['error']))}</div>"
+    if status == "malformed":
+        state = _malformed(snap.get("error"))
+    else:
+        state = (f"<span class='state {escape(status or '')}'>{escape(status or 'no snapshot')}</span>"
+                 + (" (DAG paused)" if snap.get("dag_paused") else ""))
+        if snap.get("error"):
+            state += f"<div class='err'>{escape(_error(snap['error']))}</div>"
+    if row.get("refused"):  # the one scope check (I15): shown, never acted on
+        state += f"<div class='err' data-testid='refused'>refused: {escape(str(row['refused']))}</div>"
+        can_act = False
     mirror = row.get("mirror")
     mirror_text = ("no mirror" if not mirror else
                    f"version {_n(mirror.get('version'))}, {_n(mirror.get('stored_rows'))} rows stored")
@@ -206,7 +242,8 @@ def _table_row(src: dict, row: dict, can_act: bool) -> str:
         mirror_text += f"; {_n(verify['mirror_rows'])} live rows at the last verify"
     return (f"<tr data-table='{escape(row['table'], True)}'><th scope='row'>{escape(row['table'])}</th>"
             f"<td>{state}<div class='meta'>{escape(str(snap.get('snapshot_id') or ''))}</div></td>"
-            f"<td>{_progress(snap) if snap else ''}{_ranges(snap) if snap.get('ranges_list') else ''}</td>"
+            f"<td>{_progress(snap) if snap and status != 'malformed' else ''}"
+            f"{_ranges(snap) if snap.get('ranges_list') else ''}</td>"
             f"<td>{_verify(row.get('verify'))}</td><td>{escape(mirror_text)}</td>"
             f"<td>{_actions(src['source'], row['table'], status, can_act)}</td></tr>")
 
@@ -261,11 +298,20 @@ def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: s
                     "(cdc_snapshot).</p>")
     for src in sources:
         name = src["source"]
-        body.append(f"<section aria-label='source {escape(name, True)}'><h2>Source {escape(name)}</h2>"
-                    f"<div class='meta'>snapshot DAG {escape(src.get('snapshot_dag') or '')}</div>")
-        body.append(_source_block(src))
+        body.append(f"<section aria-label='source {escape(name, True)}'><h2>Source {escape(name)}</h2>")
+        if src.get("unknown"):  # named only by Variables: shown, never acted on (I15)
+            body.append(f"<div class='err' data-testid='unknown-source'><strong>UNKNOWN SOURCE</strong>: "
+                        f"{escape(str(src['unknown']))}</div>")
+        else:
+            body.append(f"<div class='meta'>snapshot DAG {escape(src.get('snapshot_dag') or '')}, verify DAG "
+                        f"{escape(src.get('verify_dag') or '')}</div>")
+        try:
+            body.append(_source_block(src))
+        except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
+            body.append(f"<div class='box'>{_malformed(f'{type(exc).__name__}: {exc}')}</div>")
         if src["tables"]:
-            rows = "".join(_table_row(src, r, can_act.get(name, False)) for r in src["tables"])
+            act = can_act.get(name, False) and not src.get("unknown")
+            rows = "".join(_table_row(src, r, act) for r in src["tables"])
             body.append("<div class='scroll'><table><tr><th>table</th><th>snapshot</th><th>progress</th>"
                         f"<th>last verify</th><th>mirror</th><th>actions</th></tr>{rows}</table></div>")
         body.append("</section>")

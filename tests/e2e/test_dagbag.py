@@ -45,7 +45,8 @@ def test_every_dag_file_imports_and_defines_a_dag(monkeypatch):
     assert not problems, "\n\n".join(problems)
     assert sorted(by_file) == sorted(str(p.resolve()) for p in dag_files(DAGS))
     assert by_file[str((DAGS / "cdc_sources.py").resolve())] == [
-        "cdc_changelog__billing", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_snapshot__shop"]
+        "cdc_changelog__billing", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_snapshot__shop",
+        "cdc_verify__billing", "cdc_verify__shop"]
 
 
 def test_the_example_consumer_is_scheduled_on_every_configured_mirror(monkeypatch, tmp_path):

@@ -212,15 +212,21 @@ def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_
     d = browser.open_page(p.source)
     assert d.find_element("css selector", "svg[role=img]").get_attribute("aria-label").startswith("capture lag in seconds")
     assert "DONE" in _text(d)
+    _register("cdc_verify")  # the verify DAG in this Airflow's database (a dag-processor would put it there)
+    before = {r.run_id for r in _runs("cdc_verify")}
     d.find_element("css selector", f"tr[data-table='{p.table.id}'] button[aria-label^='verify']").click()
-    assert "verify of" in (msg := _flash(d)) and "started" in msg, msg
+    assert (msg := _flash(d)) == (f"verify of {p.table.id}: a run of the source's verify DAG is queued or running; "
+                                  "its result appears here"), msg
     # the page reloads itself (no script) to the source's page without the action's message
     reload = d.find_element("css selector", "meta[http-equiv=refresh]").get_attribute("content")
     assert reload == f"60; url=./?source={quote(p.source, safe='')}", reload
-    deadline = time.monotonic() + 180
-    while progress_store.load_verifies(p.source).get((p.source, p.table.id)) is None:
-        assert time.monotonic() < deadline, "the verify started from the page recorded no result"
-        time.sleep(1)
+    # the click queued a run of the source's verify DAG (nothing runs in the api-server); this tier
+    # has no scheduler, so its one task runs here, in that very run (its conf), through Airflow's CLI
+    [run] = [r for r in _runs("cdc_verify") if r.run_id not in before]
+    assert (run.conf, run.triggering_user_name, str(run.state)) == ({"table": p.table.id}, "user", "queued")
+    _run_task("cdc_verify", "verify", run.run_id)
+    _delete_runs([run.run_id])
+    assert progress_store.load_verifies(p.source).get((p.source, p.table.id)) is not None
     d = browser.open_page(p.source)
     assert "OK" in _text(d) and "3,000 rows checked, 0 mismatched" in _text(d), _text(d)
     browser.shot("verified")
@@ -238,6 +244,42 @@ def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_
     finally:
         with create_session() as session:
             session.query(DagRun).filter(DagRun.run_id.in_([r.run_id for r in new])).delete(synchronize_session=False)
+
+
+def _register(dag_id: str) -> None:
+    """Put a DAG of dags/ into this Airflow's metadata database, as the dag-processor would
+    (dag.test() of the other DAGs does it for those)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    manager = DagBundlesManager()
+    manager.sync_bundles_to_db()
+    for bundle in manager.get_all_dag_bundles():
+        if not bundle.is_initialized:
+            bundle.initialize()
+        sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name),
+                       bundle.name, bundle.version)
+    with create_session() as session:
+        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({"is_paused": False})
+        assert session.query(DagModel).filter(DagModel.dag_id == dag_id).count() == 1, f"{dag_id} not registered"
+
+
+def _run_task(dag_id: str, task_id: str, run_id: str) -> None:
+    """``airflow tasks test DAG TASK RUN_ID``: the task of an existing run, with that run's conf."""
+    airflow = shutil.which("airflow") or str(Path(sys.executable).with_name("airflow"))
+    r = subprocess.run([airflow, "tasks", "test", dag_id, task_id, run_id], env=dict(os.environ), capture_output=True,
+                       text=True, timeout=600, check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def _delete_runs(run_ids: list[str]) -> None:
+    from airflow.models.dagrun import DagRun
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(DagRun).filter(DagRun.run_id.in_(run_ids)).delete(synchronize_session=False)
 
 
 def _runs(dag_id: str):
@@ -280,3 +322,85 @@ def test_a_viewer_reads_the_page_but_every_action_is_refused_and_no_session_is_s
     assert status == 200 and doc["can_act"] == {p.source: False}
     [src] = [s for s in doc["sources"] if s["source"] == p.source]
     assert [t["snapshot"]["status"] for t in src["tables"] if t["table"] == p.table.id] == ["paused"]
+
+
+@pytest.mark.parametrize("pipeline", ["pg"], indirect=True)
+def test_the_page_acts_only_on_known_sources_verifies_as_one_dag_run_and_survives_bad_variables(pipeline, ui):
+    """Issue 46. A source only a Variable names cannot be acted on (its verify once ran with a
+    connection taken from the Variable); two verify clicks queue one run of the source's own
+    cdc_verify DAG (each click used to start a process in the api-server); a malformed Variable
+    is marked where it is and the page still answers (one such value made it 500 for everyone);
+    the page may be framed by Airflow's UI only; without Origin only a bearer token may act (any
+    Authorization header did); ``?msg=`` text is not shown (any text could be)."""
+    from airflow.models.variable import Variable
+
+    from airflow_provider_cdc.core.progress import SnapshotProgress
+    from airflow_provider_cdc.core.ranges import ChunkRange
+
+    p = pipeline
+    server, browser = ui
+    _register("cdc_verify")
+    ghost = f"ghost_{p.source}"  # a valid name no sources config nor environment names
+    ghost_progress = SnapshotProgress.start(ghost, "snap-1", {p.table.id: [ChunkRange()]}, now=1000.0)
+    progress_store.publish(ghost, p.table.id, ghost_progress)
+    broken = {progress_store.variable_key(p.source, "public.broken"): "[1, 2]",  # not a progress
+              progress_store.verify_key(p.source, p.table.id): json.dumps(
+                  {"source": p.source, "table": p.table.id, "ok": True, "rows_checked": "lots"}),  # a wrong type
+              progress_store.lag_key(p.source): json.dumps({"source": p.source, "bytes": "many", "at": 1.0})}
+    for key, value in broken.items():
+        Variable.set(key, value)
+    form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json", "Origin": server.base}
+    new: list[str] = []
+    try:
+        # the page answers, marks each bad value where it is, and shows the rest
+        status, body, headers = server.request("GET", f"/cdc/?source={p.source}&msg=Call+0800+now", user="user",
+                                               headers={"Accept": "text/html"})
+        html = body.decode()
+        assert status == 200, html
+        assert html.count("data-testid='malformed'") == 3, html  # the progress, the verify, the lag
+        assert "MALFORMED" in html and "rows_checked" in html and "bytes" in html
+        assert "Call 0800 now" not in html  # ?msg= is gone: a link cannot put text into Airflow's UI
+        assert {k.lower(): v for k, v in headers.items()}.get("content-security-policy") == "frame-ancestors 'self'"
+        status, body, _ = server.request("GET", "/cdc/api/status", user="user")
+        assert status == 200
+        [g] = [s for s in json.loads(body)["sources"] if s["source"] == ghost]
+        assert g["known"] is False and "named only by Variables" in g["unknown"] and g["snapshot_dag"] is None
+
+        # a source only a Variable names: no action, whatever the user's rights
+        for action in ("verify", "stop"):
+            status, body, _ = server.request("POST", "/cdc/action", user="admin", headers=form,
+                                             data=f"source={ghost}&table={p.table.id}&action={action}".encode())
+            assert status == 403 and b"not named by the sources config or the environment" in body, body
+        assert [r for r in _runs("cdc_verify") if r.conf.get("table") == p.table.id] == []
+
+        # two clicks, one verify: a run of the source's own verify DAG, not a process of the api-server
+        before = {r.run_id for r in _runs("cdc_verify")}
+        answers = []
+        for _ in range(2):
+            status, body, _ = server.request("POST", "/cdc/action", user="user", headers=form,
+                                             data=f"source={p.source}&table={p.table.id}&action=verify".encode())
+            assert status == 200, body
+            answers.append(json.loads(body))
+        new = [r.run_id for r in _runs("cdc_verify") if r.run_id not in before]
+        assert len(new) == 1 and [a["run_id"] for a in answers] == new * 2 and answers[0]["dag_id"] == "cdc_verify"
+        assert "already queued or running" in answers[1]["message"]
+        [run] = [r for r in _runs("cdc_verify") if r.run_id == new[0]]
+        assert (run.conf, run.triggering_user_name) == ({"table": p.table.id}, "user")
+
+        # no Origin: a browser's cookie alone, even beside another kind of Authorization header, is refused
+        cookie = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"_token={server.token('user')}"}
+        data = f"source={p.source}&table={p.table.id}&action=verify".encode()
+        for extra in ({}, {"Authorization": "Basic dXNlcjp4"}):
+            status, body, _ = server.request("POST", "/cdc/action", user=None, headers={**cookie, **extra}, data=data)
+            assert status == 403 and b"must come from the CDC page" in body, (extra, body)
+        # a table outside the scope (a Variable names it): shown refused, never acted on
+        progress_store.publish(p.source, "public.outside", SnapshotProgress.start(
+            p.source, "snap-2", {"public.outside": [ChunkRange()]}, now=1000.0))
+        status, body, _ = server.request("POST", "/cdc/action", user="user", headers=form,
+                                         data=f"source={p.source}&table=public.outside&action=verify".encode())
+        assert status == 403 and b"is not captured by source" in body, body
+    finally:
+        _delete_runs(new)
+        for key in [*broken, progress_store.variable_key(ghost, p.table.id),
+                    progress_store.variable_key(p.source, "public.outside")]:
+            Variable.delete(key)

@@ -83,7 +83,10 @@ def test_cdc_sources_builds_two_dags_per_source_whose_tasks_read_their_source(tm
     monkeypatch.setenv("CDC_DATA_DIR", "/env/data")
     monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "7")  # not in the config: the environment's, at run time
     dags = {d.dag_id: d for d in runpy.run_path(str(ROOT / "dags" / "cdc_sources.py")).values() if isinstance(d, DAG)}
-    assert set(dags) == {"cdc_snapshot__shop", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_changelog__billing"}
+    assert set(dags) == {"cdc_snapshot__shop", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_changelog__billing",
+                         "cdc_verify__shop", "cdc_verify__billing"}
+    verify = dags["cdc_verify__shop"]  # the CDC page's verify: a DAG run of the source's own DAG, one at a time
+    assert verify.max_active_runs == 1 and verify.get_task("verify").max_active_tis_per_dag == 1
     assert dags["cdc_snapshot__shop"].schedule == "@daily"
     merge = dags["cdc_snapshot__shop"].get_task("merge")
     assert (merge.data_dir, merge.source, merge.sinks, merge.local_max_rows) == ("/lake/cdc", "shop", "events,mirror", 7)

@@ -77,3 +77,38 @@ def test_the_page_reloads_itself_without_script_and_without_the_actions_message(
     assert meta(render(_overview("running"), user="u", can_act={}, refresh=0)) == []
     assert meta(render(_overview("running"), user="u", can_act={}, refresh=30)) == ["30; url=./?refresh=30"]
     assert [refresh_seconds(x) for x in (None, 0, -5, 3, 45, 10**6)] == [60, 0, 0, 10, 45, 3600]
+
+
+def test_malformed_values_unknown_sources_and_refused_tables_are_marked_and_never_acted_on():
+    """Issue 46: values read back from Variables are untrusted. One of the wrong type is shown
+    MALFORMED where it is (the rest of the page still shows); a source only a Variable names and
+    a table outside its source's scope are shown with why, without buttons."""
+    sources = [
+        {"source": "shop", "known": True, "snapshot_dag": "cdc_snapshot", "verify_dag": "cdc_verify", "applied": {},
+         "lag": {"malformed": "the capture lag reading has values of the wrong type: bytes"},
+         "tables": [
+             {"table": "public.orders", "verify": {"malformed": "the verify record has values of the wrong type: at"},
+              "mirror": None, "snapshot": {"status": "malformed", "error": "Variable k: not a snapshot progress"}},
+             {"table": "public.outside", "refused": "table public.outside is not captured by source 'shop'",
+              "verify": None, "mirror": None, "snapshot": {"status": "done", "snapshot_id": "S"}},
+             {"table": "public.odd", "verify": None, "mirror": {"version": "x"}, "snapshot": {"status": "done",
+                                                                                              "rows_planned": "?"}},
+         ]},
+        {"source": "ghost", "known": False, "unknown": "source 'ghost' is named only by Variables",
+         "snapshot_dag": None, "verify_dag": None, "lag": None, "applied": {},
+         "tables": [{"table": "public.orders", "verify": None, "mirror": None, "snapshot": {"status": "running"}}]},
+    ]
+    html = render(sources, user="u", can_act={"shop": True, "ghost": True})
+    assert html.count("data-testid='malformed'") == 4  # lag, the progress, the verify, a row that cannot render
+    assert "data-testid='unknown-source'" in html and "named only by Variables" in html
+    assert "refused: table public.outside is not captured" in html
+    p = _Tags()
+    p.feed(html)
+    acted = [(a.get("value")) for t, a in p.tags if t == "input" and a.get("name") == "source"]
+    assert acted == ["shop"]  # one verify button: public.orders of the known source only
+
+
+def test_errors_are_shown_without_row_values():
+    html = render(_overview("failed", error='duplicate key\nDETAIL:  Key (card)=(4111-1111-1111-1111) exists.'),
+                  user="u", can_act={})
+    assert "4111" not in html and "row values dropped" in html
