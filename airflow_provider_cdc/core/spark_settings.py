@@ -1,20 +1,25 @@
 """Which Spark settings ``CDC_SPARK_CONF`` (and a source's ``spark_conf``) may give a spark-submit.
 
-The sources config may live on object storage where more people can write than can change
-the DAG folder, and its ``spark_conf`` reaches the ``--conf`` of every merge and apply
-submit. Many Spark settings run code or carry credentials (``spark.driver.extraJavaOptions``
-takes a ``-javaagent``, ``spark.jars*`` and ``*.extraClassPath`` load classes,
-``spark.executorEnv.*`` and ``spark.pyspark.python`` choose what runs, ``spark.sql.extensions``
-and ``spark.sql.catalog.*`` load plugins, ``spark.hadoop.*`` / ``spark.kubernetes.*`` /
-``spark.yarn.*`` hold keys and tokens). So only tuning is accepted here: memory, cores,
-instances, dynamic allocation, shuffle and SQL tuning; anything else is refused, naming the
-key. An administrator sets the others where only administrators write: the Spark
-installation's ``spark-defaults.conf`` (the Spark connection chooses the installation), or a
-DAG file of their own that passes ``conf=`` to the operators.
+The sources config is code (README "Security", the trust model): it is reviewed like the DAG
+folder and kept where only those who may change DAGs write. This allowlist is defence in
+depth on top of that, not the boundary: a mistake or a compromised config still cannot make a
+merge or apply submit run code of its choosing. Many Spark settings run code or carry
+credentials (``spark.driver.extraJavaOptions`` takes a ``-javaagent``, ``spark.jars*`` and
+``*.extraClassPath`` load classes, ``spark.executorEnv.*`` and ``spark.pyspark.python`` choose
+what runs, ``spark.sql.extensions`` and ``spark.sql.catalog.*`` load plugins, ``spark.hadoop.*``
+/ ``spark.kubernetes.*`` / ``spark.yarn.*`` hold keys and tokens), and some tuning settings take
+a class name as their value (``spark.io.compression.codec``, a codec class or a short name;
+``spark.sql.adaptive.customCostEvaluatorClass``). So only tuning is accepted here: memory,
+cores, instances, dynamic allocation, shuffle and SQL tuning; no key that names a class, and a
+codec only by its short name; anything else is refused, naming the key. An administrator sets
+the others where only administrators write: the Spark installation's ``spark-defaults.conf``
+(the Spark connection chooses the installation), or a DAG file of their own that passes
+``conf=`` to the operators.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -54,8 +59,34 @@ ALLOWED_PREFIXES: tuple[str, ...] = (
 )
 
 
+#: settings whose value may name a class (Spark loads it): accepted only with one of these names
+SHORT_NAMES: dict[str, frozenset[str]] = {
+    "spark.io.compression.codec": frozenset({"lz4", "lzf", "snappy", "zstd"}),
+    "spark.sql.parquet.compression.codec": frozenset(
+        {"none", "uncompressed", "snappy", "gzip", "lzo", "brotli", "lz4", "lz4_raw", "zstd"}),
+}
+#: a Java class name as a value (``org.example.Evil``, ``a.b.C$D``): never accepted
+_CLASS_NAME = re.compile(r"[A-Za-z_$][\w$]*(\.[A-Za-z_$][\w$]*)+")
+
+
 def allowed(key: str) -> bool:
+    """Tuning only, and no key that takes a class (``...Class``, ``...Classes``, ``...class``)."""
+    if "class" in key.rsplit(".", 1)[-1].lower():
+        return False
     return key in ALLOWED or key.startswith(ALLOWED_PREFIXES)
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` may not be given to ``key`` (None: it may)."""
+    if not isinstance(value, str | int | float):  # bool is an int
+        return f"must have a text or number value, got {value!r}"
+    text = str(value).strip()
+    names = SHORT_NAMES.get(key)
+    if names is not None and text.lower() not in names:
+        return f"takes only one of {', '.join(sorted(names))} here (a class name would be loaded), got {text!r}"
+    if isinstance(value, str) and _CLASS_NAME.fullmatch(text) and not re.fullmatch(r"[\d.]+", text):
+        return f"has a class name as its value ({text!r}), which Spark would load"
+    return None
 
 
 def check_spark_conf(conf: Mapping[str, Any], setting: str = "CDC_SPARK_CONF") -> dict[str, Any]:
@@ -67,13 +98,13 @@ def check_spark_conf(conf: Mapping[str, Any], setting: str = "CDC_SPARK_CONF") -
             f"{setting}: Spark setting(s) {', '.join(map(repr, refused))} not allowed here; it accepts only tuning "
             "(memory, cores, instances, dynamic allocation, shuffle and SQL tuning: "
             "airflow_provider_cdc/core/spark_settings.py lists them), since a setting that runs code, loads "
-            "classes or carries credentials must not come from a file more people may write than the DAG "
-            "folder. Have an administrator set it in spark-defaults.conf of the Spark installation the Spark "
+            "classes or carries credentials is an administrator's alone (defence in depth: the sources config "
+            "is code, reviewed like the DAG folder, README 'Security'). Have an administrator set it in spark-defaults.conf of the Spark installation the Spark "
             "connection (CDC_SPARK_CONN_ID) uses, or pass it as conf= to the operators in a DAG file of your own"
         )
-    bad = sorted(k for k, v in conf.items() if not isinstance(v, str | int | float))  # bool is an int
-    if bad:
-        raise ConfigurationError(
-            f"{setting}: Spark setting {bad[0]!r} must have a text or number value, got {conf[bad[0]]!r}"
-        )
+    for key in sorted(conf):
+        problem = _value_problem(key, conf[key])
+        if problem:
+            raise ConfigurationError(f"{setting}: Spark setting {key!r} {problem}; set it in spark-defaults.conf of "
+                                     "the Spark installation if it must be so")
     return dict(conf)

@@ -4,6 +4,8 @@ share a slot, publication, server_id or staging folder are refused, naming both.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from airflow_provider_cdc import settings
@@ -56,6 +58,28 @@ def test_the_environment_spark_conf_is_checked_too():
         settings.load({"CDC_SPARK_CONF": '{"spark.driver.extraJavaOptions": "-javaagent:/tmp/a.jar"}'})
     with pytest.raises(ConfigurationError, match="spark.executor.memory"):
         settings.load({"CDC_SPARK_CONF": '{"spark.executor.memory": {"nested": 1}}'})
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("spark.io.compression.codec", "org.apache.spark.io.ZStdCompressionCodec"),  # a codec class Spark loads
+    ("spark.io.compression.codec", "com.evil.Codec"),
+    ("spark.sql.adaptive.customCostEvaluatorClass", "com.evil.Evaluator"),  # a key that takes a class
+    ("spark.sql.adaptive.coalescePartitions.enabled", "com.evil.Anything"),  # any value that is a class name
+    ("spark.sql.parquet.compression.codec", "org.apache.parquet.Codec"),
+])
+def test_no_spark_setting_takes_a_class_name(key, value):
+    """Issue 46: the allowlist let ``spark.io.compression.codec`` and
+    ``spark.sql.adaptive.customCostEvaluatorClass`` name classes for Spark to load."""
+    with pytest.raises(ConfigurationError, match=repr(key).replace(".", r"\.")):
+        parse_sources({"sources": {"shop": {"spark_conf": {key: value}}}}, "cfg.yaml", env=ENV)
+    with pytest.raises(ConfigurationError):
+        settings.load({"CDC_SPARK_CONF": json.dumps({key: value})})
+
+
+def test_codecs_are_taken_by_their_short_names():
+    conf = {"spark.io.compression.codec": "zstd", "spark.sql.parquet.compression.codec": "snappy",
+            "spark.sql.adaptive.advisoryPartitionSizeInBytes": "64m", "spark.memory.fraction": "0.6"}
+    assert settings.load({"CDC_SPARK_CONF": json.dumps(conf)}).spark_conf == conf
 
 
 # --- no templates ------------------------------------------------------------------------------
