@@ -140,7 +140,11 @@ def describe_progress(summary: dict[str, Any]) -> str:
     if summary.get("updated_at"):
         parts.append(f"updated {summary['updated_at']}")
     if summary.get("error"):
-        parts.append(f"error: {summary['error']}")
+        from .error_text import safe_error_text
+
+        parts.append(f"error: {safe_error_text(summary['error'])}")
+    if summary.get("refused"):
+        parts.append(f"refused: {summary['refused']}")
     return ", ".join(parts)
 
 
@@ -213,11 +217,16 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
 
 def _source_connection(source: str, now):
     """(connection id, settings) of ``source``: its entry of the sources config, else the
-    environment's (CDC_SOURCE_CONN_ID when it is that source, else a connection of its name)."""
+    environment's when it is the environment's source; any other name is refused."""
     entry = _config_source(source, now)
     if entry is not None:
         return entry.settings.conn_id, entry.settings
-    return (now.conn_id if source == now.source else source), now
+    if source != now.source:  # a name only a Variable holds never chooses a connection (I15)
+        from .core.errors import ConfigurationError
+
+        raise ConfigurationError(f"source {source!r} is not named by the sources config or the environment "
+                                 "(CDC_SOURCE, CDC_SOURCE_CONN_ID): its server is not read")
+    return now.conn_id, now
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -226,14 +235,26 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     if args.caught_up_to is not None:
         return _status_caught_up_to(args)
+    from .status import _checked_numbers, _table_refusal, known_source, source_scope
+
     items = list_progress(args.source)
-    lags = load_lags(args.source)
+    # read back from Variables: a reading of the wrong type is said as such (I15)
+    lags = {s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
+            for s, lag in load_lags(args.source).items()}
     dag_paused = bool(items) and snapshot_dag_paused()
-    summaries, data_dirs = {}, {}
+    summaries, data_dirs, scopes = {}, {}, {}
     for s, t, p in items:
         if s not in data_dirs:
             data_dirs[s] = _data_dir_of(s)
-        summary = progress_summary(t, p, data_dir=data_dirs[s])
+            try:
+                known = known_source(s)
+            except Exception:  # noqa: BLE001 - a sources config that cannot be read: no scope known here
+                known = None
+            scopes[s] = source_scope(known) if known is not None else None
+        refused = _table_refusal(scopes[s], t) if scopes[s] is not None else None
+        summary = progress_summary(t, p, data_dir=None if refused else data_dirs[s])
+        if refused:  # the one scope check: shown, nothing of the table read
+            summary["refused"] = refused
         summary["dag_paused"] = dag_paused and summary["status"] == "running"
         summaries[(s, t)] = summary
     now = settings.load() if args.live else None
@@ -260,7 +281,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s, t, _p in items:
         print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
     for s, lag in lags.items():
-        print(f"{s:<{width}}  {describe_lag(lag)}")
+        print(f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}")
     for s in sources:
         if caught[s] is not None:
             print(f"{s:<{width}}  {describe_caught_up(caught[s])}")

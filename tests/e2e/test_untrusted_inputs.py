@@ -152,3 +152,30 @@ def test_a_database_error_carrying_row_values_is_stored_without_them(pipeline, p
     published = Variable.get(progress_store.variable_key(p.source, p.table.id))
     assert card not in published and secret not in published
     assert Path(p.data_dir).exists()
+
+
+def test_status_marks_what_it_cannot_use_and_what_the_scope_refuses(tmp_path, unique_name, monkeypatch, capsys,
+                                                                      variables_cleanup):
+    """``airflow cdc status`` reads the same Variables: a lag reading of the wrong type is said to
+    be malformed (it was a crash), and a table outside its source's scope is said refused, with
+    the scope's message, without reading its files."""
+    from airflow.models.variable import Variable
+
+    from airflow_provider_cdc import cli
+
+    source = f"cdc_st_{unique_name}"
+    monkeypatch.setenv("CDC_SOURCE_CONN_ID", source)
+    monkeypatch.setenv("CDC_TABLES", "public.orders")
+    monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
+    for table in ("public.orders", "public.secrets"):
+        progress_store.publish(source, table, SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]}, now=1.0))
+        variables_cleanup.append(progress_store.variable_key(source, table))
+    variables_cleanup.append(progress_store.lag_key(source))
+    Variable.set(progress_store.lag_key(source), json.dumps({"source": source, "bytes": "lots", "at": 1.0}))
+    assert cli.run(["status", "--source", source]) == 0
+    out = capsys.readouterr().out
+    [orders] = [ln for ln in out.splitlines() if ln.startswith(f"{source}:public.orders")]
+    [secrets] = [ln for ln in out.splitlines() if ln.startswith(f"{source}:public.secrets")]
+    assert "refused" not in orders
+    assert "refused: table public.secrets is not captured by source" in secrets
+    assert "MALFORMED: the capture lag reading has values of the wrong type: bytes" in out
