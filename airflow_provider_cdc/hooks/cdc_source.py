@@ -47,7 +47,7 @@ CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
         {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
          "capture_step_messages", "chunk_conn_id", "max_replica_lag_seconds", "failover_slot"}
     ),
-    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate"}),
+    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate", "rows_decoder"}),
 }
 
 

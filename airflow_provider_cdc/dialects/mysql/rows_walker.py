@@ -16,8 +16,8 @@ table the walker does not cover (a column type or character set below, FLOAT/DOU
 columns, unnamed columns), an event it refuses (it raises ValueError: the event is decoded
 the pure-Python way), every event when the extension is not built, and it is the reference
 the walker is tested against on every type (tests/integration/test_mysql_rows_walker.py).
-Which one runs: the dialect option ``rows_decoder`` or the environment variable
-``CDC_MYSQL_ROWS_DECODER``: ``auto`` (default: compiled where it can), ``compiled`` (an
+Which one runs: the dialect option ``rows_decoder`` (the connection extra of that name; a
+setting of one source, never a process-wide environment variable): ``auto`` (default: compiled where it can), ``compiled`` (an
 error when the extension is not built), ``python``.
 
 Covered (binlog_row_metadata=FULL, binlog_row_image=FULL, MariaDB's and MySQL 5.6+'s temporal
@@ -31,7 +31,6 @@ formats.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,7 +57,7 @@ except ImportError:  # not built (no compiler at install): the pure-Python reade
 
 log = logging.getLogger(__name__)
 
-ENV_VAR = "CDC_MYSQL_ROWS_DECODER"
+ENV_VAR = "connection extra rows_decoder"
 MODES = ("auto", "compiled", "python")
 
 # the walker's column codes (_rows.c)
@@ -85,9 +84,9 @@ def available() -> bool:
 
 
 def decoder_mode(option: object = None) -> str:
-    """The rows decoder to use: the dialect option ``rows_decoder``, else ``CDC_MYSQL_ROWS_DECODER``,
-    else ``auto``; ``compiled`` without the extension is an error naming the fix."""
-    raw = option if option not in (None, "") else os.environ.get(ENV_VAR, "")
+    """The rows decoder to use: the dialect option ``rows_decoder`` (connection extra), else
+    ``auto``; ``compiled`` without the extension is an error naming the fix."""
+    raw = "" if option is None else option
     mode = str(raw).strip().lower() or "auto"
     if mode not in MODES:
         raise ConfigurationError(f"rows_decoder ({ENV_VAR}) must be 'auto', 'compiled' or 'python', got {raw!r}")
