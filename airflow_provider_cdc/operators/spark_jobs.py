@@ -395,6 +395,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
 
 #: task states of a chunk task that is reading or about to read again
 _READING_STATES = frozenset({"running", "queued", "up_for_retry", "up_for_reschedule", "restarting", "deferred"})
+#: ... and of one that has ended for this run
+_DONE_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
 
 class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
@@ -427,9 +429,9 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
 
         return [w for w in flatten_chunk_results(self.work) if isinstance(w, dict)]
 
-    def _readers(self, context: Any) -> bool | None:
-        """Whether a chunk task of this run is reading (or queued or retrying); None when
-        Airflow cannot say."""
+    def _readers(self, context: Any) -> bool | str | None:
+        """Whether a chunk task of this run is reading (or queued or retrying): True; none is
+        but one is yet to be queued: False; all are done: "done"; None when Airflow cannot say."""
         ti = (context or {}).get("ti")
         get_states = getattr(ti, "get_task_states", None)
         if get_states is None:
@@ -440,7 +442,9 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
             self.log.debug("could not read the chunk tasks' states: %s", exc)
             return None
         found = [str(getattr(v, "value", v)).lower() for per in (states or {}).values() for v in per.values()]
-        return any(s in _READING_STATES for s in found)
+        if any(s in _READING_STATES for s in found):
+            return True
+        return "done" if found and all(s in _DONE_STATES for s in found) else False
 
     def _drain(self) -> None:
         """A capture under the source's lock (another capture running: nothing to do)."""
@@ -498,12 +502,12 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
                 self.log.info("Airflow cannot say here whether the chunk tasks still read; the round's merge "
                               "takes every chunk")
                 return
-            if not readers:
+            if readers is not True:  # False or "done"
                 # none reading: what is committed is the round's merge's (which finishes the
-                # snapshot and announces it). Twice, a second apart: chunk tasks scheduled with
-                # this one may not be queued yet at the first look
+                # snapshot and announces it). Unless all have ended, look twice, a second apart:
+                # chunk tasks scheduled with this one may not be queued yet at the first look
                 idle += 1
-                if idle >= 2:
+                if readers == "done" or idle >= 2:
                     return
                 time.sleep(1.0)
                 continue
