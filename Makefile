@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint services-stop clean
+.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint docs services-stop clean
 
 setup:
 	@scripts/setup.sh
@@ -34,6 +34,10 @@ test-consumer: setup
 BENCH ?= e2e merge capture_memory soak
 bench: setup
 	@$(ENV) python -m bench $(BENCH) $(BENCH_ARGS)
+
+# the documentation site in docs/_build/html (warnings are errors, as in CI)
+docs: setup
+	@$(ENV) sphinx-build -W -q -b html docs docs/_build/html && echo "docs: docs/_build/html/index.html"
 
 lint: setup
 	@$(ENV) ruff check airflow_provider_cdc dags tests bench
