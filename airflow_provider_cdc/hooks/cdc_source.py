@@ -205,11 +205,21 @@ class CdcSourceMixin(StorageConnectionMixin):
     CDC_DATA_DIR, CDC_SOURCE_CONN_ID, CDC_SOURCE, with ``cdc_overrides`` on top) and the
     source's :attr:`hook`. Put it before the Airflow base class. A mapped operator's class
     names these keywords in its own ``__init__`` as well: ``partial()`` checks keywords against
-    the signatures of BaseOperator subclasses only."""
+    the signatures of BaseOperator subclasses only. Configuration errors of its tasks are not
+    retried (:mod:`.task_errors`)."""
 
     data_dir = FromSettings("data_dir")
     cdc_conn_id = FromSettings("conn_id")
     source = FromSettings("explicit_source")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every operator and sensor of the package fails at once, without retries, on a
+        configuration error (a missing scope, an unknown connection, a refused login, a missing
+        grant, ``wal_level``...) and says what to fix; transient faults are retried (task_errors.py)."""
+        super().__init_subclass__(**kwargs)
+        from .task_errors import wrap_task_methods
+
+        wrap_task_methods(cls)
 
     def __init__(self, *, data_dir: str | None = None, cdc_conn_id: str | None = None, source: str | None = None,
                  **kwargs: Any) -> None:

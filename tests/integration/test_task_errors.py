@@ -1,0 +1,61 @@
+"""hooks/task_errors.py on the errors the real drivers and dialects raise: a refused login, an
+unknown database or table and the package's own configuration errors are the user's (named,
+not retried); a server that does not answer is transient (retried)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
+from airflow_provider_cdc.dialects import dialect_class
+from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.hooks.task_errors import describe_user_error
+
+
+def _raised(fn) -> BaseException:
+    with pytest.raises(Exception) as info:
+        fn()
+    return info.value
+
+
+def _dialect(uri: str):
+    p = urlsplit(uri)
+    scheme = "postgres" if p.scheme.startswith("postgres") else "mysql"
+    params = ConnectionParams(scheme=scheme, host=p.hostname, port=p.port, user=p.username, password=p.password,
+                              database=p.path.lstrip("/"))
+    return dialect_class(scheme)(params, source="src", tables=["x.y"])
+
+
+def test_a_refused_login_names_the_connection_and_what_to_check(mysql_uri, pg_uri):
+    p = urlsplit(mysql_uri)
+    wrong = urlunsplit((p.scheme, f"{p.username}:not-it@{p.hostname}:{p.port}", p.path, "", ""))
+    exc = _raised(lambda: _dialect(wrong).current_position())
+    text = describe_user_error(exc, conn_id="shop_db", source="shop")
+    assert text is not None and "refused the login of Airflow connection 'shop_db'" in text, text
+    assert "Access denied for user" in text and "Check the login, password" in text and "not-it" not in text
+    q = urlsplit(pg_uri)
+    nobody = urlunsplit((q.scheme, f"nobody_at_all@{q.hostname}:{q.port}", q.path, "", ""))
+    exc = _raised(lambda: _dialect(nobody).current_position())
+    text = describe_user_error(exc, conn_id="pg_db", source="pg")
+    assert text is not None and "Airflow connection 'pg_db'" in text and "nobody_at_all" in text, text
+
+
+def test_a_server_that_does_not_answer_is_transient():
+    for uri in ("postgresql://postgres@127.0.0.1:1/db", "mysql://root@127.0.0.1:1/db"):
+        exc = _raised(lambda uri=uri: _dialect(uri).current_position())
+        assert describe_user_error(exc, conn_id="c", source="s") is None, exc
+
+
+def test_package_errors_are_the_users_unless_a_transient_fault_is_underneath():
+    assert "no capture scope" in describe_user_error(ConfigurationError("source 's' has no capture scope"))
+    assert describe_user_error(SourceError("wal_level is replica, set it to logical")) is not None
+    try:
+        try:
+            raise TimeoutError("timed out")
+        except TimeoutError as inner:
+            raise SourceError("cannot read the slot") from inner
+    except SourceError as wrapped:
+        assert describe_user_error(wrapped) is None
+    assert describe_user_error(RuntimeError("anything else")) is None
