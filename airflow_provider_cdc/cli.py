@@ -168,7 +168,8 @@ def describe_lag(lag: dict[str, Any]) -> str:
         from .pipeline.capture import describe_replica_lag
 
         text += f"; {describe_replica_lag(int(replica.get('bytes') or 0), replica.get('seconds'))}"
-    return text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
+    return (text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
+            + (f"; WARNING: {lag['warning']}" if lag.get("warning") else ""))
 
 
 def describe_caught_up(c: dict[str, Any]) -> str:
@@ -559,11 +560,14 @@ def run(argv: list[str] | None = None) -> int:
 def _dispatch(command: str, args: argparse.Namespace) -> int:
     try:
         return COMMANDS[command](args)
-    except CdcError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
     except Exception as exc:  # noqa: BLE001 - a missing connection or unreachable source: say so, exit 2
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        from .hooks.task_errors import describe_user_error
+
+        # an unknown connection id or a refused login: named, with what to check (task_errors.py)
+        told = describe_user_error(exc, conn_id=getattr(args, "conn_id", None)) if not isinstance(
+            exc, CdcError) or exc.__cause__ is not None else None
+        print(f"error: {told or (exc if isinstance(exc, CdcError) else f'{type(exc).__name__}: {exc}')}",
+              file=sys.stderr)
         return EXIT_ERROR
 
 

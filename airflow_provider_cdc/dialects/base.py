@@ -165,6 +165,9 @@ class LogRetention:
     limit_seconds: float | None = None  # an age limit of the retained log (None: none)
     setting: str = ""  # the source setting that sets the limit
     fix: str = ""  # what to do about it, in the source's terms
+    #: nothing bounds the log the holder may keep (PostgreSQL max_slot_wal_keep_size = -1): why
+    #: that can fill the source's disk and what to set ("": bounded, or the source cannot tell)
+    unbounded: str = ""
 
 
 #: A segment handler of ``Dialect.read_log``: stages events of whole transactions.

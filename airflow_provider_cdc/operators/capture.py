@@ -81,6 +81,8 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             "lag_seconds": None if lag is None else round(lag.seconds, 3),
             "log_holder": None if lag is None else lag.holder,
             "retention_risk": None if lag is None else lag.risk,
+            # nothing bounds the log the source keeps for this capture (a warning, not a failure)
+            "retention_warning": None if lag is None else lag.warning,
         }
 
 
@@ -131,6 +133,8 @@ def _emit_lag_metrics(lag) -> None:
     gauge("cdc.capture.lag_bytes", lag.bytes, tags=tags)
     gauge("cdc.capture.lag_seconds", lag.seconds, tags=tags)
     gauge("cdc.capture.retention_at_risk", 1 if lag.risk else 0, tags=tags)
+    # 1: nothing bounds the log the source keeps for this capture (max_slot_wal_keep_size = -1)
+    gauge("cdc.capture.retention_unbounded", 1 if getattr(lag, "warning", None) else 0, tags=tags)
     if lag.replica is not None:  # -1: the replica does not replicate
         gauge("cdc.replica.lag_seconds", -1 if lag.replica[1] == float("inf") else lag.replica[1], tags=tags)
 
@@ -147,7 +151,8 @@ def check_log_retention(capture_result: dict | None) -> str:
               capture_result["lag_seconds"], capture_result.get("retention_risk"))
     if lag.risk:
         raise RetentionError(f"source {lag.source!r}: {lag.risk}")
-    return lag.describe()
+    warning = capture_result.get("retention_warning")
+    return lag.describe() + (f"; WARNING: {warning}" if warning else "")
 
 
 def _opt_int(value: Any) -> int | None:

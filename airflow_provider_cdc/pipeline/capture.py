@@ -121,16 +121,20 @@ class Lag:
     risk: str | None  # why the source may soon drop log the capture needs, and what to do (None: fine)
     # (bytes, seconds) the replica chunks are read from is behind its primary (Dialect.replica_lag)
     replica: tuple[int, float] | None = None
+    #: nothing bounds the log the holder may keep (LogRetention.unbounded): not a failure of the
+    #: run like ``risk``, a standing warning in status, the page and a metric (None: bounded)
+    warning: str | None = None
 
     def describe(self) -> str:
         return (f"source {self.source!r}: {self.bytes:,} bytes and {self.seconds:,.0f} s behind ({self.holder})"
                 + (f"; {describe_replica_lag(*self.replica)}" if self.replica else "")
-                + (f"; AT RISK: {self.risk}" if self.risk else ""))
+                + (f"; AT RISK: {self.risk}" if self.risk else "")
+                + (f"; WARNING: {self.warning}" if self.warning else ""))
 
     def record(self, at: float) -> dict:
         """The JSON the capture task stores for ``airflow cdc status`` (progress_store.save_lag)."""
         out = {"bytes": self.bytes, "seconds": round(self.seconds, 3), "holder": self.holder, "risk": self.risk,
-               "at": round(at, 3)}
+               "warning": self.warning, "at": round(at, 3)}
         if self.replica is not None:
             behind, seconds = self.replica
             out["replica"] = {"bytes": behind, "seconds": None if seconds == float("inf") else round(seconds, 3)}
@@ -164,7 +168,8 @@ def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, dr
     elif reading.limit_seconds and seconds > (1 - min_headroom) * reading.limit_seconds:
         risk = (f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
                 f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next change; {reading.fix}")
-    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk, replica)
+    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk, replica,
+               warning=getattr(reading, "unbounded", "") or None)
 
 
 def replica_lag(dialect: Dialect) -> tuple[int, float] | None:
@@ -226,6 +231,8 @@ def run_capture(
     drained = max_events is None or result.events < max_events
     lag = None if reading is None else capture_lag(hook.source, reading, result, drained=drained,
                                                    min_headroom=min_headroom, replica=replica)
+    if lag is not None and lag.warning:
+        log.warning("source %r: %s", hook.source, lag.warning)
     for tid, why in sorted(stopped.items()):
         log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
     rate = result.events / result.seconds if result.seconds > 0 else 0.0

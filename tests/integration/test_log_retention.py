@@ -59,6 +59,7 @@ def test_postgres_slot_near_max_slot_wal_keep_size_is_at_risk_until_captured(pg_
         cur.execute("SELECT pg_reload_conf()")
         first, lag = run_capture(handle, data_dir)  # creates the slot
         assert lag.risk is None and lag.holder.startswith("replication slot 'cdc_") and lag.seconds == 0
+        assert lag.warning is None  # a limit is set: nothing to warn about
         for i in range(4):  # ~56 MB of WAL the slot must keep: four segment switches
             cur.execute(f'INSERT INTO "{t.name}" VALUES (%s)', (i,))
             cur.execute("SELECT pg_switch_wal()")
@@ -84,6 +85,45 @@ def test_postgres_slot_near_max_slot_wal_keep_size_is_at_risk_until_captured(pg_
             d.drop_publication()
         cur.execute(f'DROP TABLE "{t.name}"')
         cur.execute(f'DROP TABLE IF EXISTS "cdc"."wm_rt_{unique_name}"')
+        admin.close()
+
+
+def test_postgres_default_unbounded_wal_is_a_warning_saying_what_to_set(pg_uri, unique_name, tmp_path):
+    """PostgreSQL's default max_slot_wal_keep_size = -1: nothing bounds the WAL a slot holds, so a
+    capture that stops lets WAL fill the disk. Not a failed run (risk stays None), but a warning in
+    the capture's lag (status, the log_retention task, a metric) naming the slot and what to set.
+    Before, the reading said risk: null and nothing else."""
+    import psycopg2
+
+    from airflow_provider_cdc.cli import describe_lag
+
+    admin = psycopg2.connect(pg_uri)
+    admin.autocommit = True
+    cur = admin.cursor()
+    cur.execute("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
+    if cur.fetchone()[0] != "-1":
+        pytest.skip("this server bounds slot WAL (max_slot_wal_keep_size is set)")
+    t = TableName("public", f"rtu_{unique_name}")
+    cur.execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    handle = Handle(pg_uri, f"rtu_{unique_name}", [t])
+    try:
+        _result, lag = run_capture(handle, str(tmp_path))
+        with handle.get_dialect() as d:
+            slot = d.slot_name
+        assert lag.risk is None
+        assert f"nothing bounds the WAL replication slot {slot!r} holds (max_slot_wal_keep_size = -1" in lag.warning
+        assert "can fill its disk" in lag.warning and "ALTER SYSTEM SET max_slot_wal_keep_size" in lag.warning
+        record = lag.record(0.0)
+        assert record["warning"] == lag.warning and record["risk"] is None
+        assert "WARNING: nothing bounds the WAL" in describe_lag(record)
+        said = check_log_retention({**_xcom(lag), "retention_warning": lag.warning})  # does not fail the run
+        assert "WARNING: nothing bounds the WAL" in said
+    finally:
+        with handle.get_dialect() as d:
+            d.drop_slot()
+            d.drop_publication()
+        cur.execute(f'DROP TABLE "{t.name}"')
+        cur.execute(f'DROP TABLE IF EXISTS "cdc"."wm_rtu_{unique_name}"')
         admin.close()
 
 
