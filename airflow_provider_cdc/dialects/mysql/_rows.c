@@ -423,6 +423,29 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
     return took;
 }
 
+/* A column's metadata comes from the server's TABLE_MAP (mysql-replication reads widths, BLOB
+ * length sizes, precision, scale, fsp and ENUM/SET sizes as bytes, 0..255): outside its type's
+ * domain, value() would read out of bounds, shift by a negative or too wide count, take no
+ * bytes, or amplify one value into gigabytes. */
+static int check_column(Py_ssize_t i, const Col *c) {
+    int a = c->a, b = c->b, ok;
+    switch (c->code) {
+    case K_INT: ok = a == 1 || a == 2 || a == 3 || a == 4 || a == 8; break;
+    case K_YEAR: case K_FLOAT: case K_DOUBLE: case K_DATE: ok = 1; break;
+    case K_DECIMAL: ok = a >= 1 && a <= 65 && b >= 0 && b <= a; break;  /* DECIMAL(1..65, 0..M) */
+    case K_BIT: ok = a >= 1 && a <= 64; break;
+    case K_STR: ok = a >= 1 && a <= 4 && b >= 0 && b <= 255; break;     /* BINARY(n): n <= 255 */
+    case K_ENUM: ok = a == 1 || a == 2; break;
+    case K_SET: ok = a >= 1 && a <= 8; break;
+    case K_DATETIME2: case K_TIMESTAMP2: case K_TIME2: ok = a >= 0 && a <= 6; break;
+    default:
+        PyErr_Format(PyExc_ValueError, "column %zd: a column type the walker does not know (%d)", i, c->code);
+        return -1;
+    }
+    if (!ok) PyErr_Format(PyExc_ValueError, "column %zd: metadata out of range for its type (%d: %d, %d)", i, c->code, a, b);
+    return ok ? 0 : -1;
+}
+
 static inline int fixed_width(int code) {
     return code == K_INT || code == K_YEAR || code == K_BIT || code == K_FLOAT || code == K_DOUBLE;
 }
@@ -458,7 +481,9 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
     for (Py_ssize_t i = 0; i < ncols; i++) {
         PyObject *t = PyTuple_GET_ITEM(spec, i), *names;
         Col *c = &cols[i];
+        if (!PyTuple_Check(t)) { PyErr_SetString(PyExc_TypeError, "a column spec is a tuple"); goto done; }
         if (!PyArg_ParseTuple(t, "iiiiO", &c->code, &c->a, &c->b, &c->c, &names)) goto done;
+        if (check_column(i, c) < 0) goto done;
         if (names != Py_None) {
             if (!PyTuple_Check(names)) { PyErr_SetString(PyExc_TypeError, "names is a tuple of bytes"); goto done; }
             c->nnames = PyTuple_GET_SIZE(names);
