@@ -508,10 +508,12 @@ static PyObject *decode(PyObject *Py_UNUSED(self), PyObject *args) {
 
     const unsigned char *data = (const unsigned char *)view.buf, *p = data + start, *stop = data + end;
     Py_ssize_t nullbytes = (ncols + 7) / 8, images = 0, events = 0;
+    if (ncols == 0 && p < stop) { fail("row images of a table without columns"); goto done; }
     /* the key of an image: the key columns' values, in key order, as JSON */
     Buf *keys[2] = {&key0, &key1};
     while (p < stop) {
         int pair = kind == 1 ? 2 : 1;
+        if (images > INT32_MAX - pair) { fail("more row images than an int32 numbers"); goto done; }
         for (int h = 0; h < pair; h++) {
             Buf *key = keys[h];
             key->len = 0;
