@@ -52,9 +52,11 @@ typedef struct {
 } Buf;
 
 static int buf_reserve(Buf *b, Py_ssize_t more) {
-    if (b->len + more <= b->cap) return 0;
+    if (more < 0 || more > PY_SSIZE_T_MAX - b->len) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t need = b->len + more;
+    if (need <= b->cap) return 0;
     Py_ssize_t cap = b->cap ? b->cap : 256;
-    while (cap < b->len + more) cap *= 2;
+    while (cap < need) cap = cap > PY_SSIZE_T_MAX / 2 ? need : cap * 2;
     char *p = PyMem_Realloc(b->p, cap);
     if (!p) { PyErr_NoMemory(); return -1; }
     b->p = p; b->cap = cap;
@@ -62,6 +64,7 @@ static int buf_reserve(Buf *b, Py_ssize_t more) {
 }
 
 static inline int buf_put(Buf *b, const void *src, Py_ssize_t n) {
+    if (n == 0) return 0;  /* src (an empty buffer's p) may be NULL: memcpy must not see it */
     if (buf_reserve(b, n) < 0) return -1;
     memcpy(b->p + b->len, src, n);
     b->len += n;
@@ -316,7 +319,7 @@ static Py_ssize_t value(Col *c, const unsigned char *p, const unsigned char *end
         int lb = c->a;
         NEED(lb);
         uint64_t n = le(p, lb);
-        NEED(lb + n);
+        if (n > (uint64_t)(avail - lb)) return fail("a row image runs past the end of its event");
         Py_ssize_t at = c->data.len;
         if (buf_put(&c->data, p + lb, (Py_ssize_t)n) < 0) return -1;
         if (c->b && (Py_ssize_t)n < c->b) {  /* BINARY(n): the 0x00 padding the binlog drops */
