@@ -568,14 +568,15 @@ def mirror_digest_sql(schema: TableSchema, arrow: pa.Schema) -> str:
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             text = ident  # strings, and values the mirror keeps as their canonical text
         elif pa.types.is_boolean(t):
-            text = f"CASE WHEN {ident} THEN 't' ELSE 'f' END"
+            text = f"CASE WHEN {ident} THEN 't' WHEN NOT {ident} THEN 'f' END"
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
             text = f"lower(hex({ident}))"
         else:  # integers, decimals, and the views of floats, dates and timestamps
             text = f"CAST({ident} AS VARCHAR)"
+        # (|| is null when a part is, unlike concat(): a null value gives the null piece)
         value = f"CAST(strlen({text}) AS VARCHAR) || ':' || {text}" if c.type in DIGEST_SIZED else f"{text} || ','"
-        pieces.append(f"CASE WHEN {ident} IS NULL THEN '{DIGEST_NULL}' ELSE {value} END")
-    return f"SELECT ('0x' || left(md5({' || '.join(pieces)}), 16))::UBIGINT AS h FROM m"  # noqa: S608 - our names
+        pieces.append(f"coalesce({value}, '{DIGEST_NULL}')")
+    return f"SELECT ('0x' || left(md5(concat({', '.join(pieces)})), 16))::UBIGINT AS h FROM m"  # noqa: S608 - our names
 
 
 class MirrorDigests:
@@ -668,6 +669,48 @@ class SourceDigests:
                 pass
 
 
+def prefetched(items: Iterable, depth: int = 2) -> Iterator:
+    """``items`` produced on a thread of their own, ``depth`` ahead of the consumer: the mirror's
+    Parquet decoding (pyarrow) and its digests (duckdb) both release the GIL, so they overlap."""
+    import queue
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False  # the consumer left
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(done)
+        except BaseException as exc:  # noqa: BLE001 - raised in the consumer
+            put(exc)
+
+    t = threading.Thread(target=produce, name="cdc-verify-read", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
+
+
 def _xor(h: np.ndarray) -> int:
     return int(np.bitwise_xor.reduce(h)) if len(h) else 0
 
@@ -720,7 +763,7 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
             """(typed rows, their keys, digests, range numbers) a batch at a time; ``wanted``: only
             the rows of these ranges."""
             _count, batches = mirror_batches(data_dir, source, table)
-            for batch in batches:
+            for batch in prefetched(batches):
                 if not batch.num_rows:
                     continue
                 rows = pa.Table.from_batches([batch])
@@ -868,7 +911,7 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
     try:
         with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
             mp = _Partitions(folder, "mirror", _MIRROR_H, parts)
-            for batch in batches:
+            for batch in prefetched(batches):
                 if not batch.num_rows:
                     continue
                 rows = pa.Table.from_batches([batch])
