@@ -8,6 +8,9 @@
     airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
                        [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
                        [--form keyvalue|value] [--database NAME] [--force]
+    airflow cdc snapshot {start|pause|resume|stop} --table SCHEMA.TABLE [--table ...] [--source NAME]
+                       [--snapshot-dag DAG_ID] [--data-dir DIR]
+    airflow cdc drop-source --source NAME [--conn-id ID] [--data-dir DIR] [--yes]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -100,7 +103,32 @@ def _parser() -> argparse.ArgumentParser:
                         "per line, as Flink's debezium-json and file readers take it (no tombstones)")
     x.add_argument("--database", default=None, help="PostgreSQL: source.db (default: the database capture recorded)")
     x.add_argument("--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)")
+    _add_admin_commands(sub)
     return p
+
+
+def _add_admin_commands(sub) -> None:
+    """``snapshot`` and ``drop-source``: what users did by hand (a DAG conf, a Python function)."""
+    sn = sub.add_parser("snapshot", help="start, pause, resume or stop a snapshot: start and resume trigger the "
+                                         "snapshot DAG with that conf (as the UI's trigger does); pause and stop "
+                                         "change the snapshot's progress, which its running chunk tasks read "
+                                         "before their next chunk")
+    sn.add_argument("action", choices=["start", "pause", "resume", "stop"])
+    sn.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
+                    help="a captured table (repeat for several)")
+    sn.add_argument("--source", help="source name (default $CDC_SOURCE or the connection id); a source of the "
+                                     "sources config brings its snapshot DAG and data location")
+    sn.add_argument("--snapshot-dag", default=None, help="the snapshot DAG start/resume trigger (default cdc_snapshot; "
+                                                         "a source of the sources config: cdc_snapshot__<source>)")
+    sn.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
+    d = sub.add_parser("drop-source", help="drop what a source holds on its server: PostgreSQL its replication slot "
+                                           "and publication (the slot keeps WAL until dropped), MariaDB/MySQL its "
+                                           "stored binlog offset; refused while a capture holds the source's lock "
+                                           "or one of its snapshots runs")
+    d.add_argument("--source", required=True, help="the source (a name of `airflow-cdc status`)")
+    d.add_argument("--conn-id", default=None, help="its Airflow connection (default: the source's)")
+    d.add_argument("--data-dir", default=None, help="its data dir (default: the source's)")
+    d.add_argument("--yes", action="store_true", help="drop them; without it, only say what would be dropped")
 
 
 # --- status -------------------------------------------------------------------------------
@@ -234,6 +262,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from . import settings
     from .progress_store import load_lags
 
+    if args.source:  # a typo must not read as "nothing recorded" with exit 0
+        why = unknown_source_error(args.source, known_sources())
+        if why is not None:
+            print(f"error: {why}", file=sys.stderr)
+            return EXIT_ERROR
     if args.caught_up_to is not None:
         return _status_caught_up_to(args)
     from .status import _checked_numbers, _table_refusal, known_source, source_scope
@@ -265,11 +298,17 @@ def cmd_status(args: argparse.Namespace) -> int:
         if s not in data_dirs:
             data_dirs[s] = _data_dir_of(s)
         caught[s] = _caught_up_of(s, data_dirs[s], args.live, now)
+    # --live: what the server holds for sources no capture has run for (a snapshot's slot)
+    holders = {}
+    if args.live:  # also the deployment's sources nothing is recorded for yet
+        asked = sorted(set(sources) | ({args.source} if args.source else set(known_sources(now))))
+        holders = _live_holders(asked, lags, now)
     if args.json:
         print(
             json.dumps(
                 [{"source": s, "table": t, **summaries[(s, t)], "progress": p, "source_lag": lags.get(s),
-                  "source_caught_up": caught.get(s), "source_gaps": _open_gaps_of(s, data_dirs.get(s))}
+                  "source_caught_up": caught.get(s), "source_gaps": _open_gaps_of(s, data_dirs.get(s)),
+                  "source_log_holder": holders.get(s)}
                  for s, t, p in items],
                 indent=2,
                 sort_keys=True,
@@ -278,11 +317,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return EXIT_OK
     if not items:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
-    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in sources] + [1])
+    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in [*sources, *holders]] + [1])
     for s, t, _p in items:
         print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
     for s, lag in lags.items():
         print(f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}")
+    for s, held in holders.items():
+        print(f"{s:<{width}}  {held}")
     for s in sources:
         if caught[s] is not None:
             print(f"{s:<{width}}  {describe_caught_up(caught[s])}")
@@ -549,7 +590,141 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-COMMANDS = {"status": cmd_status, "verify": cmd_verify, "resync": cmd_resync, "export-debezium": cmd_export_debezium}
+# --- snapshot, drop-source, and the sources status knows ----------------------------------------
+def known_sources(now=None) -> list[str]:
+    """Every source status can tell of: the sources config's, the environment's, and those with a
+    stored snapshot progress or capture lag."""
+    from . import settings
+    from .progress_store import load_lags
+
+    names: set[str] = set()
+    try:
+        now = now or settings.load()
+        names.add(now.source)
+        from .sources_config import read_sources, sources_file
+
+        try:
+            from airflow.configuration import conf
+
+            dags_folder = conf.get("core", "dags_folder", fallback=None)
+        except Exception:  # noqa: BLE001 - outside an Airflow installation
+            dags_folder = None
+        location = sources_file(now, dags_folder)
+        if location is not None:
+            names.update(e.name for e in read_sources(location))
+    except Exception:  # noqa: BLE001 - settings or a sources config that cannot be read: the stored names
+        pass
+    names.update(s for s, _t, _p in list_progress(None))
+    names.update(load_lags(None))
+    return sorted(n for n in names if n and n != "?")
+
+
+def unknown_source_error(source: str, known: list[str]) -> str | None:
+    """Why ``source`` is not one status knows, with the close names (None: it is known)."""
+    import difflib
+
+    if source in known:
+        return None
+    close = difflib.get_close_matches(source, known, n=3, cutoff=0.6) or [
+        k for k in known if k.lower() == source.lower()]
+    return (f"source {source!r} is not known: no sources config entry, setting, snapshot or capture names it"
+            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else ".")
+            + f" Known sources: {', '.join(known) or 'none yet'}")
+
+
+def _source_dialect(source: str, now, conn_id: str | None = None):
+    cid, st = _source_connection(source, now)
+    return open_dialect(conn_id or cid, source, st), st
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from . import progress_store, settings
+
+    now = settings.load()
+    source = args.source or now.source
+    entry = _config_source(source, now)
+    st = entry.settings if entry is not None else now
+    data_dir = args.data_dir or st.data_dir
+    dag_id = args.snapshot_dag or (f"cdc_snapshot__{entry.name}" if entry is not None else "cdc_snapshot")
+    tables = [TableName.parse(t).id for t in args.table]
+    if args.action in ("pause", "stop"):
+        for t in tables:
+            p = progress_store.request(source, t, args.action, data_dir)
+            print(f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk")
+        return EXIT_OK
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.utils.types import DagRunTriggeredByType
+
+    conf = {"action": args.action, "tables": tables}
+    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, conf=conf,
+                      run_id=f"{args.action}__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}")
+    print(f"triggered {dag_id} run {run.run_id} with conf {json.dumps(conf)} (airflow-cdc status shows its progress)")
+    return EXIT_OK
+
+
+def cmd_drop_source(args: argparse.Namespace) -> int:
+    from . import settings
+    from .pipeline.source_admin import drop_source, held_objects
+
+    now = settings.load()
+    why = unknown_source_error(args.source, known_sources(now))
+    if why is not None and not args.conn_id:
+        print(f"error: {why} (give --conn-id to drop a source status does not know)", file=sys.stderr)
+        return EXIT_ERROR
+    running = [t for s, t, p in list_progress(args.source) if isinstance(p, dict) and p.get("status") == "running"]
+    if running:
+        print(f"error: source {args.source!r} has running snapshots ({', '.join(running)}): stop them first "
+              f"(airflow-cdc snapshot stop --source {args.source} --table ...), then drop the source",
+              file=sys.stderr)
+        return EXIT_ERROR
+    dialect, st = _source_dialect(args.source, now, args.conn_id)
+    data_dir = args.data_dir or st.data_dir
+    with dialect:
+        held = held_objects(dialect, data_dir)
+        if not args.yes:
+            print(f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes to drop them "
+                  "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)")
+            return EXIT_MISMATCH
+        done = drop_source(dialect, data_dir)
+    for line in done:
+        print(f"source {args.source!r}: {line}")
+    print(f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept; delete them when "
+          "nothing reads them")
+    return EXIT_OK
+
+
+def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
+    """source -> what its server holds for it now (its slot and the WAL held), for the sources with
+    no capture lag recorded (e.g. only ever snapshotted: the snapshot created the slot)."""
+    from .pipeline.source_admin import log_holder
+    from .status import known_source
+
+    out = {}
+    for s in sources:
+        # only a source this deployment names is asked (a name read back from a Variable is no connection, I15)
+        if s in lags or known_source(s, now) is None:
+            continue
+        try:
+            dialect, _st = _source_dialect(s, now)
+            with dialect:
+                reading = log_holder(dialect)
+                pub = getattr(dialect, "publication_name", None)
+        except Exception as exc:  # noqa: BLE001 - said on its line, not a failed status
+            from .error_text import safe_error_text
+
+            out[s] = f"its server could not be asked: {safe_error_text(exc)}"
+            continue
+        if reading is None:
+            continue
+        out[s] = (f"no capture has run, but {reading.holder} (and publication {pub!r}) holds "
+                  f"{reading.lag_bytes:,} bytes of WAL" + (f"; WARNING: {reading.unbounded}" if reading.unbounded
+                                                          else "")
+                  + f". Run the changelog DAG, or airflow-cdc drop-source --source {s} --yes")
+    return out
+
+
+COMMANDS = {"status": cmd_status, "verify": cmd_verify, "resync": cmd_resync, "export-debezium": cmd_export_debezium,
+            "snapshot": cmd_snapshot, "drop-source": cmd_drop_source}
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -592,16 +767,19 @@ def _airflow_arg(action: argparse.Action):
     """An argparse action of :func:`_parser` as Airflow's ``Arg``."""
     from airflow.cli.cli_config import Arg
 
-    kwargs: dict[str, Any] = {"help": action.help, "dest": action.dest}
+    positional = not action.option_strings  # e.g. ``snapshot``'s action: its name is its flag, no dest
+    kwargs: dict[str, Any] = {"help": action.help} if positional else {"help": action.help, "dest": action.dest}
     if isinstance(action, argparse._StoreTrueAction):
         kwargs["action"] = "store_true"
     else:
+        if isinstance(action, argparse._AppendAction):
+            kwargs["action"] = "append"
         for k in ("default", "type", "choices", "nargs", "metavar"):
             if getattr(action, k) is not None:
                 kwargs[k] = getattr(action, k)
-        if action.required:
+        if action.required and not positional:
             kwargs["required"] = True
-    return Arg(tuple(action.option_strings), **kwargs)
+    return Arg(tuple(action.option_strings) or (action.dest,), **kwargs)
 
 
 def _airflow_entry(command: str):

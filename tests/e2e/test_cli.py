@@ -209,8 +209,10 @@ def test_status_prints_each_tables_progress(unique_name, entry):
                                          "at": 1000.0, "replica": {"bytes": 0, "seconds": None}})
         r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
         assert "the replica chunks are read from is not replicating" in r.stdout, r.stdout
+        # a source nothing names (a typo) fails, naming the close and the known sources (issue 47)
         r = run_cli(entry, "status", "--source", f"{source}_none", env=dict(os.environ))
-        assert r.returncode == 0 and "no snapshots recorded" in r.stdout
+        assert r.returncode == 2 and f"source '{source}_none' is not known" in r.stderr, r.stderr
+        assert f"did you mean {source!r}" in r.stderr and "Known sources: " in r.stderr
     finally:
         for t in ("public.orders", "public.items"):
             Variable.delete(progress_store.variable_key(source, t))
