@@ -448,6 +448,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         # the one scope check (I15, core/scope.py) before anything is read: the dialect connects
         # only at its first statement, so a refused table reads nothing, not even its columns
         dialect.check_in_scope([table])
+        missing = not_snapshotted(args.data_dir, source, table, args.snapshot_dag or "cdc_snapshot")
+        if missing is not None:  # not "every row mismatched": there is nothing to compare with yet
+            print(f"error: {missing}", file=sys.stderr)
+            return EXIT_ERROR
         res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
         pk = dialect.describe_table(table).primary_key if args.events else ()
         if res.ok:  # a failover's gap is repaired for this table (README 'Failover')
@@ -499,6 +503,21 @@ def cmd_verify(args: argparse.Namespace) -> int:
             else:
                 print(f"to repair: airflow dags trigger {dag} -c '{json.dumps(repair)}' (or verify --repair)")
     return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def not_snapshotted(data_dir: str, source: str, table: TableName, snapshot_dag: str) -> str | None:
+    """Why verify has nothing to compare ``table`` with (None: its mirror exists): no snapshot (nor
+    change) of it reached the mirror yet, said with how to start one."""
+    from . import storage
+    from .storage.layout import mirror_dir
+
+    where = mirror_dir(data_dir, source, table)
+    if storage.exists(where):
+        return None
+    return (f"table {table.id} of source {source!r} is not snapshotted yet: it has no mirror ({where}), so there is "
+            f"nothing to verify. Start its snapshot: airflow-cdc snapshot start --source {source} --table {table.id} "
+            f"(or trigger {snapshot_dag} with conf {json.dumps({'action': 'start', 'tables': [table.id]})}), and "
+            "verify once it is done (airflow-cdc status)")
 
 
 def _record_verify(source: str, table_id: str, res, events, failed: bool, repair_run: str | None) -> None:

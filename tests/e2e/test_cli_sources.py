@@ -103,3 +103,13 @@ def test_snapshot_pause_and_stop_go_through_the_progress(unique_name, tmp_path, 
         assert code == cli.EXIT_OK and str(progress_store.load(source, table, data_dir).status) == "stopped", err
     finally:
         progress_store._delete(progress_store.variable_key(source, table))
+
+
+def test_verify_of_a_table_never_snapshotted_says_so(source, capsys):
+    """No mirror yet: verify says "not snapshotted yet" and how to start one (exit 2), instead of
+    reporting every source row as missing from the mirror."""
+    code, out, err = _cli(capsys, "verify", "--conn-id", source.conn_id, "--table", source.table.id,
+                          "--data-dir", source.data_dir)
+    assert code == cli.EXIT_ERROR, out + err
+    assert f"table {source.table.id} of source {source.source!r} is not snapshotted yet" in err, err
+    assert f"airflow-cdc snapshot start --source {source.source} --table {source.table.id}" in err
