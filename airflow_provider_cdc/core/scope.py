@@ -80,6 +80,11 @@ class CaptureScope:
         if table == (self.watermark_table or DEFAULT_WATERMARK_TABLE):
             return f"table {table} is the watermark table of source {self.source!r}, not data: CDC never reads it"
         if self.tables is not None and table not in self.tables:
+            close = close_tables(table, self.tables)
+            if close:  # a typo or the wrong case: not something to add to the scope
+                return (f"table {table} is not captured by source {self.source!r}: it is outside the capture scope; "
+                        f"did you mean {' or '.join(map(str, close))}? Table names match exactly, case included "
+                        f"(the scope: {', '.join(sorted(map(str, self.tables)))})")
             return (f"table {table} is not captured by source {self.source!r}: it is outside the capture scope "
                     f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(map(str, self.tables)))}), "
                     "and snapshot, verify, repair, export and the CDC page read only captured tables. An "
@@ -98,6 +103,19 @@ class CaptureScope:
         self.require()
         for t in tables:
             self.check(t)
+
+
+def close_tables(table: TableName, candidates: Iterable[TableName]) -> list[TableName]:
+    """The tables of ``candidates`` a user probably meant by ``table``: the same name in another
+    case, else names that differ by a typo (difflib), best first."""
+    import difflib
+
+    pool = sorted(candidates, key=str)
+    same = [t for t in pool if str(t).lower() == str(table).lower()]
+    if same:
+        return same
+    by_name = {str(t): t for t in pool}
+    return [by_name[n] for n in difflib.get_close_matches(str(table), list(by_name), n=3, cutoff=0.75)]
 
 
 # --- names read back from Variables, XCom and files ------------------------------------------
