@@ -37,12 +37,40 @@ def _parse(text: str, dialect: str, setting: str):
     try:
         trees = sqlglot.parse(text, read=dialect)
     except SqlglotError as exc:
-        first = str(exc).splitlines()[0]
-        raise ConfigurationError(f"filter {setting!r} is not one {dialect} condition ({first}): {text!r}") from exc
+        raise ConfigurationError(syntax_error_text(text, setting, exc)) from None
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
         raise ConfigurationError(f"filter {setting!r} must be a single condition, not {len(trees)} statements: {text!r}")
     return trees[0]
+
+
+#: a sqlglot parse error's description -> what is wrong, in a user's terms ({at}: the token there)
+_SYNTAX_WORDS = (
+    ("Expecting )", "a '(' is not closed"),
+    ("Required keyword: 'expression' missing", "{at} is missing what comes after it"),
+    ("Required keyword: 'this' missing", "{at} is missing what comes before it"),
+    ("Invalid expression / Unexpected token", "{at} is not expected there"),
+)
+
+
+def syntax_error_text(text: str, setting: str, exc: Exception) -> str:
+    """A filter's syntax error named by its conf key and position, with a caret under it, and what a
+    filter looks like; never the parser's internals (class names, token types)."""
+    errors = getattr(exc, "errors", None) or []
+    first = errors[0] if errors else {}
+    col = first.get("col") if isinstance(first.get("col"), int) else None
+    at = repr(first.get("highlight") or "")
+    description = str(first.get("description") or "")
+    what = next((w.format(at=at) for key, w in _SYNTAX_WORDS if description.startswith(key)), None)
+    if not errors:  # the tokenizer: an unclosed quote, an unknown character
+        what = ("a quote is not closed (text is in single quotes: status = 'paid')" if text.count("'") % 2
+                else "it cannot be read as SQL")
+    what = what or "it is not valid SQL there"
+    start = max(1, col - len(first.get("highlight") or " ") + 1) if col else None  # sqlglot's col: the token's end
+    where = f" at column {start}" if start else ""
+    pointer = f"\n  {text}\n  {' ' * (start - 1)}^" if start and "\n" not in text else ""
+    return (f"conf key {setting!r} has a syntax error{where}: {what}.{pointer}\n"
+            f"A filter is one row condition, e.g. amount > 100 AND status = 'paid'; it may use {ALLOWED}")
 
 
 class _Renderer:

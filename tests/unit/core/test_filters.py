@@ -34,7 +34,7 @@ def test_allowed_filters_render_exactly(dialect, text, sql, params):
 
 
 @pytest.mark.parametrize(("text", "names"), [
-    ("n < 100) OR (n > 0", "not one"),
+    ("n < 100) OR (n > 0", "syntax error at column 8"),
     ("pg_sleep(1) IS NULL", "pg_sleep(1)"),
     ("n IN (SELECT 1)", "IN takes a list of literals"),
     ("1=1; DROP TABLE x", "single condition"),
