@@ -56,7 +56,36 @@ class PgOffsets:
         return v
 
     def _publication_tables(self) -> list[TableName]:
-        return [*(self.tables or []), *([self.watermark_table] if self.writes_watermarks else [])]
+        """The scope's tables that exist (each missing one is named in a warning and left out: it
+        has no changes to capture, the others go on), and the watermark table."""
+        present = [t for t in (self.tables or []) if not self._missing_table(t)]
+        if self.tables and not present:
+            raise SourceError(
+                f"source {self.source!r}: none of the tables of its capture scope exists on PostgreSQL at "
+                f"{self.params.host}:{self.params.port}/{self.params.database} ({', '.join(map(str, self.tables))}), "
+                "or the connection's user cannot see them. Correct CDC_TABLES (or the source's 'tables' in the "
+                "sources config): schema.table, names exact, case included")
+        return [*present, *([self.watermark_table] if self.writes_watermarks else [])]
+
+    def _missing_table(self, table: TableName) -> bool:
+        """True (and a warning naming it, once per dialect) when ``table`` of the scope does not exist."""
+        if self._relation(table) is not None:
+            return False
+        warned = self.__dict__.setdefault("_warned_missing", set())
+        if table not in warned:
+            warned.add(table)
+            close = [f"{a}.{b}" for a, b in self._query(
+                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p')",
+                (table.schema, table.name))]
+            log.warning(
+                "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at %s:%s/%s, or "
+                "the connection's user cannot see it%s. Capture goes on for the other tables and adds it to "
+                "publication %r once it exists (then snapshot it); else remove it from CDC_TABLES",
+                self.source, table, self.params.host, self.params.port, self.params.database,
+                f"; did you mean {' or '.join(close)}? (names are exact, case included)" if close else "",
+                self.publication_name)
+        return True
 
     def _add_to_publication(self, tables: Sequence[TableName]) -> None:
         have = {
@@ -88,9 +117,6 @@ class PgOffsets:
                 self._refuse_unidentified_tables()
                 self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
             else:
-                for t in self.tables:
-                    if self._relation(t) is None:
-                        raise SourceError(f"table {t} given in option 'tables' does not exist")
                 self._query(
                     f"CREATE PUBLICATION {q} FOR TABLE {self._qlist(self._publication_tables())} "
                     "WITH (publish_via_partition_root = true)"
