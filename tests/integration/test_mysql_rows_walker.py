@@ -245,20 +245,23 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             probe.close()
 
 
-def test_compiled_decoder_selected_by_option_and_environment(mysql_uri, unique_name, monkeypatch):
+def test_compiled_decoder_selected_by_the_connection_extra(mysql_uri, unique_name, monkeypatch):
     from airflow_provider_cdc.core.errors import ConfigurationError
+    from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
 
-    monkeypatch.delenv(rows_walker.ENV_VAR, raising=False)
     assert rows_walker.decoder_mode(None) == "compiled"
-    monkeypatch.setenv(rows_walker.ENV_VAR, "python")
-    assert rows_walker.decoder_mode(None) == "python"
-    assert rows_walker.decoder_mode("compiled") == "compiled"  # the dialect option wins
+    assert rows_walker.decoder_mode("python") == "python"
+    assert rows_walker.decoder_mode("compiled") == "compiled"
     with pytest.raises(ConfigurationError, match="'auto', 'compiled' or 'python'"):
         rows_walker.decoder_mode("fast")
+    # the choice is one source's connection extra (never a process-wide environment variable)
+    conn_id = f"cdc_walker_{unique_name}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", f"{mysql_uri}?rows_decoder=python")
+    with CdcSourceHook(conn_id, tables=[]).get_dialect() as d:
+        assert d.options.get("rows_decoder") == "python"
     # a machine where the extension was not built (fault injected): auto reads the Python way,
     # compiled says what to install
     monkeypatch.setattr(rows_walker, "_rows", None)
-    monkeypatch.delenv(rows_walker.ENV_VAR)
     assert rows_walker.decoder_mode(None) == "python"
     with pytest.raises(ConfigurationError, match="python3-dev"):
         rows_walker.decoder_mode("compiled")
