@@ -100,6 +100,49 @@ def test_configuration_errors_fail_capture_once(fault, pg_uri, unique_name, tmp_
     assert expected in message, message
 
 
+@pytest.fixture
+def replica_level_pg():
+    """A private PostgreSQL 15 with wal_level=replica (no logical decoding), removed afterwards."""
+    import os
+    import shutil
+    import tempfile
+
+    from tests.pg_cluster import Server, _append, _as_pg, _free_port, pg_bin
+
+    bin_dir = pg_bin(15)
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL 15 server binaries")
+    root = Path(tempfile.mkdtemp(prefix="cdc-replica-level-", dir="/var/tmp"))
+    os.chmod(root, 0o755)
+    if os.getuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    server = Server(bin_dir, root / "data", _free_port())
+    try:
+        _as_pg([str(bin_dir / "initdb"), "-D", str(server.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
+                "--locale=C.UTF-8"])
+        _append(server.data / "postgresql.conf", ["listen_addresses = '127.0.0.1'", f"unix_socket_directories = '{root}'",
+                                                 "wal_level = replica", "fsync = off"])
+        server.start()
+        server.sql("CREATE DATABASE cdc_test", database="postgres")
+        server.sql("CREATE TABLE t (id int PRIMARY KEY)")
+        yield server.uri
+    finally:
+        try:
+            server.ctl("-m", "immediate", "-w", "stop")
+        except Exception:  # noqa: BLE001 - not started
+            pass
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_wal_level_replica_fails_capture_once_saying_what_to_set(replica_level_pg, unique_name, tmp_path, monkeypatch):
+    conn_id = f"cdc_wal_{unique_name}"
+    _source_env(monkeypatch, conn_id, replica_level_pg, tmp_path / "data", "public.t")
+    dr = _run("cdc_changelog", monkeypatch, expect="failed")
+    assert _tries(dr, "capture") == [(1, "failed")]
+    message = _failure_of(dr, "capture")
+    assert message.startswith(NOT_RETRIED) and "wal_level" in message and "logical" in message, message
+
+
 def test_a_refused_connection_is_still_retried(unique_name, tmp_path, monkeypatch):
     """A server that does not answer (nothing listens on the port) is a transient fault: the
     capture is tried 1 + retries times, as before."""
