@@ -183,10 +183,26 @@ def fail_without_retry(method: Callable[..., Any]) -> Callable[..., Any]:
             message = describe_user_error(exc, conn_id=conn_id, source=source)
             if message is None:
                 raise
-            raise AirflowFailException(f"{NOT_RETRIED}: {message}") from exc
+            raise _not_retried(exc, AirflowFailException)(f"{NOT_RETRIED}: {message}") from exc
 
     wrapper.__cdc_fail_fast__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+_NOT_RETRIED_CLASSES: dict[type, type] = {}
+
+
+def _not_retried(exc: BaseException, fail: type) -> type:
+    """AirflowFailException, also a ConfigurationError or SourceError when ``exc`` is one, so code
+    that catches the package's errors (a caller of ``execute``, a test) still catches it."""
+    for base in (ConfigurationError, SourceError):
+        if isinstance(exc, base):
+            cls = _NOT_RETRIED_CLASSES.get(base)
+            if cls is None:
+                cls = _NOT_RETRIED_CLASSES[base] = type(f"NotRetried{base.__name__}", (fail, base),
+                                                        {"__module__": __name__})
+            return cls
+    return fail
 
 
 def _plain(value: Any) -> str | None:
