@@ -12,6 +12,16 @@ class ConfigurationError(CdcError):
 class SourceError(CdcError):
     """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no primary key...)."""
 
+    #: True when waiting may cure it (a standby behind): the task is retried; else a task fails
+    #: at once on it, as on a configuration error (hooks/task_errors.py)
+    retryable = False
+
+
+class SourceBehindError(SourceError):
+    """A standby or replica has not replayed far enough yet: a later attempt may find it there."""
+
+    retryable = True
+
 
 class RetentionError(SourceError):
     """The source may soon drop (or dropped) log the capture has not read: a replication slot

@@ -138,8 +138,8 @@ def describe_user_error(exc: BaseException, *, conn_id: str | None = None, sourc
     error a retry cannot fix: it names the source, the connection and what to check. None when
     the error is transient or not known to be the user's."""
     chain = list(_chain(exc))
-    for e in chain:  # a transient driver fault anywhere underneath: retry, even when wrapped
-        if _driver_kind(e) == "transient":
+    for e in chain:  # a transient fault anywhere underneath: retry, even when wrapped
+        if _driver_kind(e) == "transient" or getattr(e, "retryable", False):
             return None
     where = f"source {source!r}: " if source else ""
     for e in chain:

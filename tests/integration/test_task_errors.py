@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from airflow_provider_cdc.core.errors import ConfigurationError, SourceError
+from airflow_provider_cdc.core.errors import ConfigurationError, SourceBehindError, SourceError
 from airflow_provider_cdc.dialects import dialect_class
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.hooks.task_errors import describe_user_error
@@ -59,3 +59,4 @@ def test_package_errors_are_the_users_unless_a_transient_fault_is_underneath():
     except SourceError as wrapped:
         assert describe_user_error(wrapped) is None
     assert describe_user_error(RuntimeError("anything else")) is None
+    assert describe_user_error(SourceBehindError("the standby is 3 MB behind the snapshot's start")) is None

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...core.errors import SourceError
+from ...core.errors import SourceBehindError, SourceError
 from ...core.position import (
     Position,
     int_to_lsn,
@@ -193,7 +193,7 @@ class PgChunkReader:
                     next_record_start(lsn_to_int(replay), *self.wal_geometry()))) >= self._read_floor:
                 return replay
             if time.monotonic() >= deadline:
-                raise SourceError(self._behind_the_floor(conn, replay))
+                raise SourceBehindError(self._behind_the_floor(conn, replay))  # retried: it may catch up
             time.sleep(0.02)
 
     @property
