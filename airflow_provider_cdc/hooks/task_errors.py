@@ -178,8 +178,8 @@ def fail_without_retry(method: Callable[..., Any]) -> Callable[..., Any]:
             if isinstance(exc, AirflowException) and not _unknown_connection(exc):
                 raise  # Airflow's own control flow (skip, defer, fail, reschedule)
             hook = self.__dict__.get("hook")  # the built hook only: building it may be what failed
-            conn_id = getattr(hook, "cdc_conn_id", None) or _plain(getattr(self, "cdc_conn_id", None))
-            source = getattr(hook, "source", None) or _plain(getattr(self, "source", None)) or conn_id
+            conn_id = getattr(hook, "cdc_conn_id", None) or _plain(self, "cdc_conn_id")
+            source = getattr(hook, "source", None) or _plain(self, "source") or conn_id
             message = describe_user_error(exc, conn_id=conn_id, source=source)
             if message is None:
                 raise
@@ -205,8 +205,11 @@ def _not_retried(exc: BaseException, fail: type) -> type:
     return fail
 
 
-def _plain(value: Any) -> str | None:
+def _plain(task: Any, name: str) -> str | None:
+    """The task's ``name`` (a setting read when the task runs) as text; None when it cannot be
+    read now (the settings themselves may be what failed)."""
     try:
+        value = getattr(task, name, None)
         return str(value) if value else None
     except Exception:  # noqa: BLE001 - a setting that cannot be read now: not named
         return None
