@@ -107,15 +107,35 @@ class CaptureScope:
 
 def close_tables(table: TableName, candidates: Iterable[TableName]) -> list[TableName]:
     """The tables of ``candidates`` a user probably meant by ``table``: the same name in another
-    case, else names that differ by a typo (difflib), best first."""
-    import difflib
-
+    case, else names one or two typing slips away (a letter left out, added, changed, or two
+    swapped; one slip for names under 5 characters), closest first."""
     pool = sorted(candidates, key=str)
     same = [t for t in pool if str(t).lower() == str(table).lower()]
     if same:
         return same
+    given = str(table).lower()
+    limit = 1 if len(table.name) < 5 else 2
+    scored = sorted((d, str(t)) for t in pool if (d := _slips(given, str(t).lower(), limit)) <= limit)
     by_name = {str(t): t for t in pool}
-    return [by_name[n] for n in difflib.get_close_matches(str(table), list(by_name), n=3, cutoff=0.75)]
+    return [by_name[n] for _d, n in scored[:3]]
+
+
+def _slips(a: str, b: str, limit: int) -> int:
+    """Optimal-string-alignment distance of ``a`` and ``b`` (limit + 1 once it exceeds ``limit``)."""
+    if abs(len(a) - len(b)) > limit:
+        return limit + 1
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i in range(1, len(a) + 1):
+        cur = [i] + [0] * len(b)
+        for j in range(1, len(b) + 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        if min(cur) > limit:
+            return limit + 1
+        prev2, prev = prev, cur
+    return prev[-1]
 
 
 # --- names read back from Variables, XCom and files ------------------------------------------

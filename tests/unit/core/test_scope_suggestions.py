@@ -34,3 +34,10 @@ def test_a_table_with_no_close_name_is_refused_as_before():
         SCOPE.check(TableName.parse("public.secrets"))
     assert "did you mean" not in str(info.value)
     assert close_tables(TableName.parse("hr.salaries"), SCOPE.tables) == []
+
+
+def test_a_different_table_with_a_shared_part_is_not_suggested():
+    """cli_other_x is not a slip of cli_x: no "did you mean" (the scope's message as before)."""
+    scope = CaptureScope.of("s", ["public.cli_22c021e23e"])
+    assert close_tables(TableName.parse("public.cli_other_22c021e23e"), scope.tables) == []
+    assert close_tables(TableName.parse("public.cli_22c021e32e"), scope.tables) == [TableName.parse("public.cli_22c021e23e")]
