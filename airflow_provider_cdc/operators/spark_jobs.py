@@ -383,14 +383,17 @@ class SnapshotMergeOperator(_CdcJobOperator):
 
     def run_local(self) -> dict:
         from ..pipeline.arrow_engine import merge_round
+        from ..pipeline.merge_while_reading import write_receipt
 
         chunks = self._chunks()
         sinks = self._sinks(require_schema=True, fence_tables=[(c.table, c.snapshot_id) for c in chunks])
         try:
-            return merge_round(chunks, data_dir=self.data_dir, source=self.source, sinks=sinks)
+            summary = merge_round(chunks, data_dir=self.data_dir, source=self.source, sinks=sinks)
         finally:
             for s in sinks:
                 s.close()
+        write_receipt(str(self.round_file), chunks)  # as the Spark job does, after the sinks committed
+        return summary
 
 
 #: task states of a chunk task that is reading or about to read again
@@ -527,9 +530,11 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
                     storage.write_text(self.round_file, json.dumps(ready))
                     self.log.info("merging %d chunk(s), %d rows, while chunks are read (batch %d; %d chunk(s) "
                                   "wait for their high watermark)", len(ready), ready_rows, n, missing)
-                    # each batch its own --chunks (the job's arguments are set once per execute)
-                    self.application_args, self._arguments_set = list(base_args), False
+                    # each batch its own --chunks: the job's arguments are set once per execute,
+                    # and SparkSubmitOperator keeps the hook (holding them) it built first
+                    self.application_args, self._arguments_set, self._hook = list(base_args), False, None
                     SnapshotMergeOperator.execute(self, context)
+                    mwr.check_receipt(self.round_file, ready)  # only what this merge wrote is marked merged
                     self._commit(ready)
                     summary.update(batches=n, chunks=summary["chunks"] + len(ready),
                                    rows=summary["rows"] + ready_rows)

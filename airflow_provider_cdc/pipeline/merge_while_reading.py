@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from .. import storage
+from ..core.errors import StateError
 from ..core.schema import TableName
 from ..storage.layout import changelog_dir
 from ..storage.staged import staged_watermarks
@@ -73,3 +74,29 @@ def worth_merging(ready_rows: int, min_rows: int) -> bool:
     """An early merge pays a spark-submit's fixed cost: start one only for ``min_rows`` ready
     rows or more (0 disables merging while reading)."""
     return min_rows > 0 and ready_rows >= min_rows
+
+
+def receipt_path(round_file: str) -> str:
+    """Where a merge of ``round_file`` records the chunks it wrote (both engines)."""
+    return f"{round_file.removesuffix('.json')}~merged.json"
+
+
+def write_receipt(round_file: str, chunks: Sequence) -> None:
+    """Written by a merge after its sinks committed: the paths of the chunks it merged."""
+    paths = sorted(c["path"] if isinstance(c, dict) else c.path for c in chunks)
+    storage.write_text(receipt_path(round_file), json.dumps(paths))
+
+
+def check_receipt(round_file: str, chunks: Sequence[dict]) -> None:
+    """Before a merge's chunks are marked merged: its receipt must name exactly them. A merge
+    that wrote other chunks (a job handed a stale round file) must never get these marked
+    merged: their rows would then never reach the sinks."""
+    path = receipt_path(round_file)
+    want = sorted(c["path"] for c in chunks)
+    got = json.loads(storage.read_text(path)) if storage.exists(path) else None
+    if got != want:
+        raise StateError(
+            f"the merge of {round_file} did not record merging its {len(want)} chunk(s) "
+            f"({'no receipt' if got is None else f'its receipt names {len(got)} other chunk(s)'}); "
+            "they are left to the round's merge"
+        )

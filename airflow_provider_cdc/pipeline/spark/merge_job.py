@@ -36,6 +36,7 @@ if __name__ == "__main__":  # run as a script by spark-submit: import the packag
 
 from airflow_provider_cdc.core.chunk import ChunkResult  # noqa: E402
 from airflow_provider_cdc.pipeline.arrow_engine import chunk_events, chunk_units  # noqa: E402
+from airflow_provider_cdc.pipeline.merge_while_reading import write_receipt  # noqa: E402
 from airflow_provider_cdc.pipeline.spark import common, distributed  # noqa: E402
 from airflow_provider_cdc.pipeline.windows import (  # noqa: E402
     DEFAULT_BATCH_ROWS,
@@ -106,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")),
         **{k: round(v, 3) for k, v in timings.items()},
     }
+    write_receipt(args.chunks, [w.chunk for w in windows])  # after the sinks committed
     log.info("merge round done: %s", summary)
     print("CDC_MERGE_RESULT " + json.dumps(summary), flush=True)
     return summary
