@@ -39,6 +39,17 @@ def is_system_schema(schema: str, dialect: str | None = None) -> bool:
     return dialect in (None, "postgres") and schema.startswith("pg_")
 
 
+def no_scope_error(source: str) -> ConfigurationError:
+    """The error of a source without a capture scope: what to set, and why not everything."""
+    return ConfigurationError(
+        f"source {source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
+        "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
+        "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
+        "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
+        "on any table without a replica identity)"
+    )
+
+
 @dataclass(frozen=True)
 class CaptureScope:
     """What a source may read: ``tables`` (None with ``all_tables``: every table but the
@@ -61,13 +72,7 @@ class CaptureScope:
     def require(self) -> None:
         """Refuse when no scope is configured: nothing may be read then."""
         if self.tables is None and not self.all_tables:
-            raise ConfigurationError(
-                f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
-                "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
-                "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
-                "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
-                "on any table without a replica identity)"
-            )
+            raise no_scope_error(self.source)
 
     def refusal(self, table: TableName) -> str | None:
         """Why ``table`` may not be read by any entry point (None: it may)."""

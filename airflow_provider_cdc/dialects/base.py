@@ -26,7 +26,7 @@ from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position, position_mark
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
-from ..core.scope import CaptureScope, is_system_schema
+from ..core.scope import CaptureScope, is_system_schema, no_scope_error
 from ..storage.staged import ChunkWriter
 
 log = logging.getLogger(__name__)
@@ -290,13 +290,7 @@ class Dialect(ABC):
         if self.all_tables:
             return
         if not tables:
-            raise ConfigurationError(
-                f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
-                "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
-                "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
-                "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
-                "on any table without a replica identity)"
-            )
+            raise no_scope_error(self.source)
         system = [t for t in tables if self.is_system_schema(t.schema)]
         if system:
             raise ConfigurationError(

@@ -27,3 +27,12 @@ def spark(s3_server):
     session.stop()
 
 
+@pytest.fixture
+def variables(monkeypatch):
+    """Airflow Variables as a dict: operators run here outside a task have no API server."""
+    from airflow_provider_cdc import progress_store
+
+    store: dict[str, str] = {}
+    monkeypatch.setattr(progress_store, "_get", lambda key: store.get(key))
+    monkeypatch.setattr(progress_store, "_set", lambda key, value: store.__setitem__(key, value))
+    return store

@@ -37,14 +37,6 @@ from airflow_provider_cdc.sinks.event_log import read_events
 ROWS, CHUNK = 3000, 300
 
 
-@pytest.fixture
-def variables(monkeypatch):
-    store: dict[str, str] = {}
-    monkeypatch.setattr(progress_store, "_get", lambda key: store.get(key))
-    monkeypatch.setattr(progress_store, "_set", lambda key, value: store.__setitem__(key, value))
-    return store
-
-
 class LockstepReader:
     """The chunk task in a thread that waits after every committed chunk until released."""
 

@@ -7,19 +7,9 @@ from types import SimpleNamespace
 from urllib.parse import urlsplit
 
 import psycopg2
-import pytest
 
-from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.dialects.postgres import PostgresDialect
 from airflow_provider_cdc.operators.snapshot import SnapshotPlanOperator
-
-
-@pytest.fixture
-def variables(monkeypatch):
-    store: dict[str, str] = {}
-    monkeypatch.setattr(progress_store, "_get", lambda key: store.get(key))
-    monkeypatch.setattr(progress_store, "_set", lambda key, value: store.__setitem__(key, value))
-    return store
 
 
 def test_a_row_inserted_before_the_changelog_exists_is_below_the_upper_bound(
