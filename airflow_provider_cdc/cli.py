@@ -422,7 +422,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     try:
         now = settings.load()  # the same defaults as the DAGs' tasks
-        entry = _config_source(args.source, now) if args.source else None
+        entry = _config_source(args.source, now) if args.source else _config_source_of_conn(args.conn_id, now)
     except Exception as exc:  # noqa: BLE001 - a ConfigurationError naming the variable or config entry
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -577,6 +577,28 @@ def _config_source(name: str, now):
     from .status import config_source
 
     return config_source(name, now)
+
+
+def _config_source_of_conn(conn_id: str | None, now):
+    """The one source of the sources config whose connection is ``conn_id`` (None: not the
+    environment's connection, none or several entries use it): ``--conn-id`` alone then means that
+    source, with its scope and data location."""
+    if not conn_id or conn_id == now.conn_id:
+        return None
+    from .sources_config import read_sources, sources_file
+
+    dags_folder = None
+    try:
+        from airflow.configuration import conf
+
+        dags_folder = conf.get("core", "dags_folder", fallback=None)
+    except Exception:  # noqa: BLE001 - outside an Airflow installation: no DAG folder to look in
+        pass
+    location = sources_file(now, dags_folder)
+    if location is None:
+        return None
+    found = [e for e in read_sources(location) if e.settings.conn_id == conn_id]
+    return found[0] if len(found) == 1 else None
 
 
 def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir: str) -> str:
