@@ -396,8 +396,12 @@ class SnapshotMergeOperator(_CdcJobOperator):
         return summary
 
 
-#: task states of a chunk task that is reading or about to read again
-_READING_STATES = frozenset({"running", "queued", "up_for_retry", "up_for_reschedule", "restarting", "deferred"})
+#: task states of a chunk task that will read again, but is not reading now: it may need a
+#: worker slot or a turn this task holds (a pool of one, ``airflow dags test`` running tasks one
+#: after another), so they are waited for a bounded time only
+_WAITING_STATES = frozenset({"queued", "up_for_retry", "up_for_reschedule", "restarting", "deferred"})
+#: how long merge_while_reading waits while no chunk task of the run is running
+_WAIT_FOR_READERS_S = 20.0
 #: ... and of one that has ended for this run
 _DONE_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "removed"})
 
@@ -433,8 +437,9 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         return [w for w in flatten_chunk_results(self.work) if isinstance(w, dict)]
 
     def _readers(self, context: Any) -> bool | str | None:
-        """Whether a chunk task of this run is reading (or queued or retrying): True; none is
-        but one is yet to be queued: False; all are done: "done"; None when Airflow cannot say."""
+        """Whether a chunk task of this run is running: True; none is but one is queued or up
+        for retry: "waiting"; none is and none will be soon: False; all are done: "done"; None
+        when Airflow cannot say."""
         ti = (context or {}).get("ti")
         get_states = getattr(ti, "get_task_states", None)
         if get_states is None:
@@ -445,8 +450,10 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
             self.log.debug("could not read the chunk tasks' states: %s", exc)
             return None
         found = [str(getattr(v, "value", v)).lower() for per in (states or {}).values() for v in per.values()]
-        if any(s in _READING_STATES for s in found):
+        if "running" in found:
             return True
+        if any(s in _WAITING_STATES for s in found):
+            return "waiting"
         return "done" if found and all(s in _DONE_STATES for s in found) else False
 
     def _drain(self) -> None:
@@ -498,23 +505,26 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
 
         run_id = (context or {}).get("run_id") or "run"
         base_args = list(self.application_args or [])
-        idle = 0
+        idle_since: float | None = None
         while True:
             readers = self._readers(context)
             if readers is None:
                 self.log.info("Airflow cannot say here whether the chunk tasks still read; the round's merge "
                               "takes every chunk")
                 return
-            if readers is not True:  # False or "done"
-                # none reading: what is committed is the round's merge's (which finishes the
-                # snapshot and announces it). Unless all have ended, look twice, a second apart:
-                # chunk tasks scheduled with this one may not be queued yet at the first look
-                idle += 1
-                if readers == "done" or idle >= 2:
+            if readers is not True:  # "waiting", False or "done"
+                # none running: what is committed is the round's merge's (which finishes the
+                # snapshot and announces it). Chunk tasks queued or up for retry are waited for a
+                # bounded time (they may need the slot this task holds); ones scheduled with this
+                # task may not be queued yet at the first look: a second look, a second later
+                now = time.monotonic()
+                idle_since = now if idle_since is None else idle_since
+                limit = _WAIT_FOR_READERS_S if readers == "waiting" else 1.0
+                if readers == "done" or now - idle_since >= limit:
                     return
                 time.sleep(1.0)
                 continue
-            idle = 0
+            idle_since = None
             unmerged = mwr.committed_unmerged(self.data_dir, self.source, work)
             dead = self._dead_snapshots([ChunkResult.from_dict(c) for c in unmerged])
             unmerged = [c for c in unmerged if (c["table"], c["snapshot_id"]) not in dead]
