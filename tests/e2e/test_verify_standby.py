@@ -130,6 +130,8 @@ def test_verify_through_a_standby_that_stays_behind_fails_naming_it(pg_uri, pg_s
     w.create_demo_table(pg_uri, p.table, 50)
     try:
         p.capture_now()
+        p.snapshot()  # a mirror to verify (a table never snapshotted is refused before any read)
+        p.catch_up()
         with _replay_paused(pg_standby_uri):
             _change_behind_the_standby(p, range(1, 11), range(41, 43))
             p.run("cdc_changelog")
