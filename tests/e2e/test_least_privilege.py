@@ -81,6 +81,8 @@ class LeastPrivilegePipeline(Pipeline):
         monkeypatch.setenv(f"AIRFLOW_CONN_{self.conn_id.upper()}", json.dumps(conn))
         role_uri = admin_uri.replace(f"//{p.username}@", f"//{self.role}{':pw' if self.scheme != 'pg' else ''}@", 1)
         self.uri = role_uri  # what verify and counts read with: the role
+        # the role and its grants reach the replica through replication: connect as it only once they have
+        self.replica_caught_up()
 
     def catch_up(self, max_runs: int = 4) -> None:
         self.replica_caught_up()  # the writers stopped: the replica applies the rest first
