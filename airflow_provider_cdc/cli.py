@@ -11,6 +11,8 @@
     airflow cdc snapshot {start|pause|resume|stop} --table SCHEMA.TABLE [--table ...] [--source NAME]
                        [--snapshot-dag DAG_ID] [--data-dir DIR]
     airflow cdc drop-source --source NAME [--conn-id ID] [--data-dir DIR] [--yes]
+    airflow cdc doctor [--conn-id ID] [--source NAME] [--table SCHEMA.TABLE ...] [--verbose] [--json]
+    airflow cdc sources [--json] [--offline]
 
 ``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
 -> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
@@ -19,6 +21,9 @@ in :func:`_parser`.
 ``status --caught-up-to`` exits 0 once the event log and the mirror have every change the source
 committed before POSITION (its log position at a moment: ``SELECT pg_current_wal_lsn()``, or
 ``SHOW MASTER STATUS``'s ``file:position``), 1 while they do not yet.
+
+``doctor`` exits 0 when the source is ready (warnings allowed), 1 when a finding is an error, 2
+when it cannot run; ``sources`` lists every source and what its server holds for it.
 
 ``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
 violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
@@ -129,6 +134,55 @@ def _add_admin_commands(sub) -> None:
     d.add_argument("--conn-id", default=None, help="its Airflow connection (default: the source's)")
     d.add_argument("--data-dir", default=None, help="its data dir (default: the source's)")
     d.add_argument("--yes", action="store_true", help="drop them; without it, only say what would be dropped")
+    _add_doctor_and_sources(sub)
+
+
+def _add_doctor_and_sources(sub) -> None:
+    """``doctor`` (check a source before its first run) and ``sources`` (every source and what
+    its server holds for it)."""
+    doc = sub.add_parser(
+        "doctor",
+        help="check a source before its first run and print what to fix, one line per finding with its severity "
+             "(ERROR, WARNING): the connection reaches the server and logs in; the role's grants for its "
+             "watermark strategy; PostgreSQL wal_level=logical, a free replication slot, max_slot_wal_keep_size "
+             "(-1: nothing bounds the WAL a slot holds); MariaDB/MySQL log_bin, binlog_format=ROW, "
+             "binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica log_slave_updates and GTID; each "
+             "table of the scope exists and has a primary key or a usable replica identity; the hot standby "
+             "chunks are read from (chunk_conn_id). Read-only: it writes nothing to the source and creates no "
+             "slot, publication or watermark table. Exit 0 when nothing is an error (warnings allowed), 1 when "
+             "something is, 2 when it cannot run (e.g. an unknown --source)",
+        description="Check a source before its first run. Give --source (a source of the sources config, or "
+                    "the environment's CDC_SOURCE), --conn-id (an Airflow connection), or both (a new source "
+                    "name on that connection: its slot and publication names follow from it); neither: the "
+                    "environment's source (CDC_SOURCE_CONN_ID). The table scope is the source's (CDC_TABLES, or "
+                    "the entry's tables) unless --table names the tables to check.")
+    doc.add_argument("--conn-id", default=None,
+                     help="Airflow connection of the source (default: the source's, else $CDC_SOURCE_CONN_ID or "
+                          "cdc_source)")
+    doc.add_argument("--source", default=None,
+                     help="source name: an entry of the sources config brings its connection, scope and "
+                          "connection extras; with --conn-id any new name (the slot and publication are named "
+                          "after it)")
+    doc.add_argument("--table", action="append", default=None, metavar="SCHEMA.TABLE",
+                     help="check this table instead of the source's scope (MySQL: DATABASE.TABLE; repeat for "
+                          "several)")
+    doc.add_argument("--verbose", action="store_true", help="also print the checks that passed (OK lines)")
+    doc.add_argument("--json", action="store_true",
+                     help="machine-readable output: {source, conn_id, ok, findings: [{severity, check, message}]}")
+    so = sub.add_parser(
+        "sources",
+        help="every source this deployment knows (the sources config, the environment's settings, and sources "
+             "only snapshot progress or capture lag in Airflow Variables name, e.g. ones that only ever ran a "
+             "snapshot) with what its server holds for it: PostgreSQL its replication slot, publication and the "
+             "WAL the slot holds (and whether anything bounds it); MariaDB/MySQL its stored binlog offset and "
+             "the binlog written past it; plus the capture lag last recorded and its snapshots",
+        description="List every source with its log holder, publication, capture lag and WAL held. The "
+                    "servers of the sources this deployment names are asked (read-only); a source only a "
+                    "Variable names is listed but never connected to.")
+    so.add_argument("--json", action="store_true", help="machine-readable output: one object per source")
+    so.add_argument("--offline", action="store_true",
+                    help="do not connect to the sources' servers: only what the sources config, the settings and "
+                         "the Variables say")
 
 
 # --- status -------------------------------------------------------------------------------
@@ -764,8 +818,200 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
     return out
 
 
+# --- doctor and sources -------------------------------------------------------------------------
+def _doctor_target(args: argparse.Namespace, now):
+    """(source, connection id, settings) doctor checks, or an error message. ``--source`` of the
+    sources config brings its entry; ``--conn-id`` alone the one entry on that connection, else the
+    environment's settings on it; ``--table`` replaces the scope."""
+    import dataclasses
+
+    entry = None
+    if args.source:
+        entry = _config_source(args.source, now)
+        if entry is None and args.source != now.source and not args.conn_id:
+            why = unknown_source_error(args.source, known_sources(now)) or f"source {args.source!r} is not known"
+            return f"{why} (give --conn-id too to check a new source on that connection)"
+    elif args.conn_id:
+        entry = _config_source_of_conn(args.conn_id, now)
+    st = entry.settings if entry is not None else now
+    conn_id = args.conn_id or st.conn_id
+    if entry is not None:
+        source = entry.name
+    elif args.source:
+        source = args.source
+    else:
+        source = conn_id if args.conn_id and args.conn_id != now.conn_id else now.source
+    if args.table:
+        wanted = {TableName.parse(t).id for t in args.table}
+        keys = {k: v for k, v in st.key_columns.items() if k in set(args.table) or k in wanted}
+        st = dataclasses.replace(st, tables=tuple(args.table), capture_all_tables=False, key_columns=keys)
+    return source, conn_id, st
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from . import settings
+    from .doctor import ERROR, OK, Finding, check_source, has_errors
+
+    now = settings.load()
+    target = _doctor_target(args, now)
+    if isinstance(target, str):
+        print(f"error: {target}", file=sys.stderr)
+        return EXIT_ERROR
+    source, conn_id, st = target
+    try:
+        dialect = open_dialect(conn_id, source, st)
+    except Exception as exc:  # noqa: BLE001 - an unknown connection or a bad extra: a finding like any other
+        from .doctor import _user_error
+
+        findings = [Finding(ERROR, "connection", _user_error(exc, conn_id))]
+    else:
+        with dialect:
+            findings = check_source(dialect, conn_id)
+    failed = has_errors(findings)
+    if args.json:
+        print(json.dumps({"source": source, "conn_id": conn_id, "ok": not failed,
+                          "findings": [f.to_dict() for f in findings]}, indent=2))
+        return EXIT_MISMATCH if failed else EXIT_OK
+    order = {ERROR: 0, "warning": 1, OK: 2}
+    shown = sorted((f for f in findings if args.verbose or f.severity != OK), key=lambda f: order[f.severity])
+    print(f"doctor: source {source!r}, connection {conn_id!r}")
+    for f in shown:
+        print(f.line())
+    errors = sum(f.severity == ERROR for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    if failed:
+        print(f"source {source!r}: {errors} error(s), {warnings} warning(s): fix the errors above before the first "
+              "run, then run doctor again")
+    else:
+        print(f"source {source!r}: ready for CDC" + (f" ({warnings} warning(s) above)" if warnings else
+                                                     ": every check passed"))
+    return EXIT_MISMATCH if failed else EXIT_OK
+
+
+def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
+    """One row per source :func:`known_sources` names: its connection, snapshots, last capture lag
+    and, ``live``, what its server holds for it now (a source only Variables name is never asked)."""
+    from .progress_store import load_lags
+    from .status import _checked_numbers, known_source
+
+    progress = list_progress(None)
+    lags = load_lags(None)
+    rows = []
+    for name in known_sources(now):
+        try:
+            known = known_source(name, now)
+        except Exception as exc:  # noqa: BLE001 - a sources config that cannot be read: said on the row
+            known, note = None, f"the sources config could not be read: {type(exc).__name__}: {exc}"
+        else:
+            note = ("named only by Variables (snapshot progress or capture lag): neither the sources config nor "
+                    "the environment names it, so its server is not asked") if known is None else None
+        lag = lags.get(name)
+        lag = None if lag is None else _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
+        snapshots = {t: (p.get("status") if isinstance(p, dict) else "malformed") for s, t, p in progress if s == name}
+        row: dict[str, Any] = {
+            "source": name, "known": known is not None, "conn_id": known.conn_id if known else None,
+            "data_dir": known.data_dir if known else None, "database": None,
+            "holder": lag.get("holder") if lag else None, "holder_exists": None, "publication": None,
+            "publication_exists": None, "held_bytes": None, "unbounded": None, "lost": None, "lag": lag,
+            "snapshots": snapshots, "snapshot_only": lag is None and bool(snapshots), "note": note,
+            "server_error": None}
+        if known is not None and live:
+            _ask_server(row, name, known)
+        rows.append(row)
+    return rows
+
+
+def _ask_server(row: dict[str, Any], source: str, st) -> None:
+    """``row`` with what ``source``'s server holds now: its slot and publication (PostgreSQL) or
+    the binlog past its stored offset (MariaDB/MySQL). Read-only; an error is said on the row."""
+    from . import storage
+    from .error_text import safe_error_text
+    from .pipeline.source_admin import log_holder
+
+    try:
+        with open_dialect(st.conn_id, source, st) as dialect:
+            row["database"] = dialect.name
+            if getattr(dialect, "slot_name", None) is not None:
+                row["holder"] = f"replication slot {dialect.slot_name!r}"
+                row["publication"] = dialect.publication_name
+                row["publication_exists"] = bool(dialect._query(
+                    "SELECT 1 FROM pg_publication WHERE pubname = %s", (dialect.publication_name,)))
+                reading = log_holder(dialect)
+            else:
+                path = dialect._offset_path(st.data_dir)
+                row["holder"] = f"binlog offset {path}"
+                reading = None
+                if storage.exists(path):
+                    bind = getattr(dialect, "bind_data_dir", None)
+                    if bind is not None:
+                        bind(st.data_dir)
+                    reading = dialect.log_retention(storage.read_text(path))
+            row["holder_exists"] = reading is not None
+            if reading is not None:
+                row.update(held_bytes=reading.lag_bytes, unbounded=reading.unbounded or None, lost=reading.lost,
+                           held_by=reading.holder)
+    except Exception as exc:  # noqa: BLE001 - an unreachable server is said on its row, not a failed listing
+        row["server_error"] = f"{type(exc).__name__}: {safe_error_text(exc)}"
+
+
+def describe_source_row(r: dict[str, Any]) -> str:
+    parts = []
+    if r["database"]:
+        parts.append(f"{r['database']} via connection {r['conn_id']!r}")
+    elif r["conn_id"]:
+        parts.append(f"connection {r['conn_id']!r}")
+    if r["server_error"]:
+        parts.append(f"its server could not be asked: {r['server_error']}")
+    if r["holder"]:
+        text = str(r["holder"])
+        if r["holder_exists"] is False:
+            text += " (not created yet)" if r["holder"].startswith("replication slot") else " (none stored yet)"
+        elif r["held_bytes"] is not None:
+            what = "WAL" if r["holder"].startswith("replication slot") else "binlog written since"
+            text += f" holds {r['held_bytes']:,} bytes of {what}" if what == "WAL" else f", {r['held_bytes']:,} bytes of {what}"
+            if r["lost"]:
+                text += ", LOST (airflow-cdc resync)"
+            if r["unbounded"]:
+                text += ", WARNING: unbounded (max_slot_wal_keep_size = -1: it can fill the disk)"
+        parts.append(text)
+    if r["publication"]:
+        parts.append(f"publication {r['publication']!r}" + ("" if r["publication_exists"] else " (not created yet)"))
+    lag = r["lag"]
+    if lag and lag.get("malformed"):
+        parts.append(f"capture lag MALFORMED: {lag['malformed']}")
+    elif lag:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
+        parts.append(f"capture lag {lag.get('bytes') or 0:,} bytes, {lag.get('seconds') or 0:,.0f} s (read {when})")
+    elif r["snapshot_only"]:
+        parts.append("snapshot only: no capture has run" + (
+            f" (run the changelog DAG, or airflow-cdc drop-source --source {r['source']} --yes)"
+            if r["holder_exists"] else ""))
+    else:
+        parts.append("no capture has run")
+    if r["snapshots"]:
+        parts.append("snapshots: " + ", ".join(f"{t} {st}" for t, st in sorted(r["snapshots"].items())))
+    if r["note"]:
+        parts.append(r["note"])
+    return "; ".join(parts)
+
+
+def cmd_sources(args: argparse.Namespace) -> int:
+    from . import settings
+
+    rows = source_rows(settings.load(), live=not args.offline)
+    if args.json:
+        print(json.dumps(rows, indent=2, sort_keys=True))
+        return EXIT_OK
+    if not rows:
+        print("no sources: no sources config entry, setting, snapshot or capture names one")
+    width = max([len(r["source"]) for r in rows] + [1])
+    for r in rows:
+        print(f"{r['source']:<{width}}  {describe_source_row(r)}")
+    return EXIT_OK
+
+
 COMMANDS = {"status": cmd_status, "verify": cmd_verify, "resync": cmd_resync, "export-debezium": cmd_export_debezium,
-            "snapshot": cmd_snapshot, "drop-source": cmd_drop_source}
+            "snapshot": cmd_snapshot, "drop-source": cmd_drop_source, "doctor": cmd_doctor, "sources": cmd_sources}
 
 
 def run(argv: list[str] | None = None) -> int:
