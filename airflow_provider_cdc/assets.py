@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 from airflow.sdk import Asset, AssetAlias
 
-from .pipeline.committed import EVENTS, MIRROR  # the kinds: the sinks' names
+from .core.events import EVENTS, MIRROR  # the kinds: the sinks' names
 
 log = logging.getLogger(__name__)
 

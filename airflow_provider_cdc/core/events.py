@@ -19,6 +19,9 @@ class Op(StrEnum):
 
 
 WATERMARK_OP = "w"  # staged-changelog rows that are watermark writes, not table changes
+#: the two outputs of a table, its event log and its mirror: the names of their sinks (EventLogSink,
+#: MirrorDeltaSink) and the Asset kinds. Here, not in the sinks, because DAG files parse assets.py.
+EVENTS, MIRROR = "events", "mirror"
 
 
 @dataclass(frozen=True, slots=True)

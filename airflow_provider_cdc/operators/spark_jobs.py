@@ -34,7 +34,6 @@ from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError, SchemaChangeError
 from ..hooks.cdc_storage import StorageConnectionMixin
-from ..pipeline.committed import round_tables
 from ..pipeline.spark.common import application_path
 from ..settings import FromSettings, sink_names
 
@@ -364,6 +363,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
             if gone and gone == {(c.table, c.snapshot_id) for c in merging}:
                 raise AirflowSkipException(f"merge fenced out: snapshot(s) {sorted(gone)} stopped meanwhile ({exc})") from exc
             raise
+        from ..pipeline.committed import round_tables  # pyarrow.dataset: not when the DAG file is parsed
+
         self._emit_assets(context, lambda kinds: round_tables(self._chunks(), self.data_dir, self.source, kinds))
         return summary
 

@@ -15,16 +15,12 @@ import pyarrow.dataset as ds
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.events import WATERMARK_OP
+from ..core.events import MIRROR, WATERMARK_OP
 from ..core.position import Position
 from ..core.schema import TableName
 from ..sinks.base import read_marker
 from ..storage.layout import changelog_dir, events_dir, mirror_dir
 from ..storage.staged import list_segments, staged_watermarks
-
-#: the sinks with Assets (EventLogSink.name, MirrorDeltaSink.name, not imported: DAG files parse
-#: this module, and the mirror's module loads deltalake): their names are the Asset kinds
-EVENTS, MIRROR = "events", "mirror"
 
 
 def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) -> dict:
