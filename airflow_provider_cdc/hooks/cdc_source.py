@@ -187,16 +187,127 @@ class CdcSourceHook(BaseHook):
             return CaptureScope.of(self.source, opts["tables"], all_tables=opts["all_tables"])
 
     def test_connection(self) -> tuple[bool, str]:
-        """Airflow's "Test" button / ``airflow connections test``: checks the CDC prerequisites
-        (wal_level, binlog format, privileges...) and says what is missing."""
+        """Airflow's "Test" button and ``airflow connections test <conn_id>``: logs in and checks
+        the CDC prerequisites (``wal_level``, binlog format, privileges...). Returns ``(ok,
+        message)``; the message names the connection id and, on failure, what to fix (login and
+        password, host and port, database, a server setting or grant). It never contains the
+        password.
+
+        Airflow tests connections only when ``[core] test_connection = Enabled``
+        (``AIRFLOW__CORE__TEST_CONNECTION=Enabled``); its default, ``Disabled``, refuses every test
+        in the CLI, the API and the UI.
+
+        Which hook tests a connection is picked by its type. Type ``cdc`` (extra ``{"dialect":
+        "postgres"}`` or ``"mysql"``) is always this hook. The types of the documented URIs,
+        ``postgres`` (``postgresql://`` / ``postgres://``), ``mysql`` and ``mariadb``, are tested by
+        this hook too when no other installed provider (apache-airflow-providers-postgres or
+        -mysql) registers that type; when one does, its own hook tests them (a login only) and
+        the CDC checks are run by a ``cdc`` connection or ``airflow cdc`` commands."""
+        conn_id = self.cdc_conn_id
+        try:
+            conn = self.connection
+        except Exception as exc:  # noqa: BLE001 - reported, not raised, by contract
+            if type(exc).__name__ == "AirflowNotFoundException":
+                return False, (f"connection {conn_id!r} is not defined: create it (Admin > Connections, a secrets "
+                               f"backend, or AIRFLOW_CONN_{conn_id.upper()})")
+            return False, _without(f"connection {conn_id!r} could not be read: {type(exc).__name__}: {exc}", None)
+        password = conn.password or None
+        try:
+            params = self.connection_params()
+        except Exception as exc:  # noqa: BLE001 - a wrong type or extra: its message says what to set
+            return False, _without(f"connection {conn_id!r}: {exc}", password)
+        where = _where(params)
         try:
             with self.get_dialect() as dialect:
                 dialect.check_prerequisites()
-        except CdcError as exc:
-            return False, str(exc)
         except Exception as exc:  # noqa: BLE001 - a driver error is reported, not raised, by contract
-            return False, f"{type(exc).__name__}: {exc}"
-        return True, f"connection {self.cdc_conn_id!r} is ready for CDC"
+            return False, _without(_failure_text(exc, conn_id, where), password)
+        return True, f"connection {conn_id!r} ({where}) is ready for CDC"
+
+
+def _where(params: ConnectionParams) -> str:
+    """``PostgreSQL 'user'@host:port/database`` of a connection (no password)."""
+    engine = "PostgreSQL" if params.scheme == "postgres" else "MySQL/MariaDB"
+    port = params.port or (5432 if params.scheme == "postgres" else 3306)
+    user = f"{params.user!r}@" if params.user else ""
+    return f"{engine} {user}{params.host}:{port}/{params.database or ''}"
+
+
+def _failure_text(exc: BaseException, conn_id: str, where: str) -> str:
+    """What a failed connection test says: the connection, the server and what to fix."""
+    from .task_errors import _chain, _driver_kind, _driver_text
+
+    chain = list(_chain(exc))
+    for e in chain:
+        kind = _driver_kind(e)
+        text = _driver_text(e).rstrip(".")
+        if kind == "auth":
+            what = "database" if "does not exist" in text or "Unknown database" in text else "login"
+            fix = ("the database (the connection's schema field) exists on that server and is spelled as the "
+                   "server has it" if what == "database" else
+                   "the login and password of the connection, and that the server lets this user in from "
+                   "this host (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)")
+            return f"connection {conn_id!r}: {where} refused the {what}: {text}{_stop(text)} Check {fix}"
+        if kind == "config":
+            if "Unknown database" in text or "does not exist" in text:
+                return (f"connection {conn_id!r}: {where}: {text}. Check that the database (the connection's schema "
+                        "field) exists on that server")
+            return (f"connection {conn_id!r}: {where}: {text}. Grant what is missing to the connection's user, or "
+                    "correct the database it names")
+        if kind == "transient":
+            return (f"connection {conn_id!r}: cannot reach {where}: {text}{_stop(text)} Check the host and port of the "
+                    "connection, and that the server runs and accepts connections from this host")
+    if isinstance(exc, CdcError):  # prerequisites: each problem with the statement or setting that fixes it
+        return f"connection {conn_id!r}: {exc}"
+    return f"connection {conn_id!r} ({where}): {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _stop(text: str) -> str:
+    """The end of a driver's sentence before ours (``?`` ends libpq's own question)."""
+    return "" if text.endswith(("?", "!")) else "."
+
+
+def _without(text: str, password: str | None) -> str:
+    """``text`` as shown (row values dropped, through Airflow's masker) and never with ``password``."""
+    from ..error_text import safe_error_text
+
+    text = safe_error_text(text)
+    return text.replace(password, "***") if password else text
+
+
+class CdcPostgresSourceHook(CdcSourceHook):
+    """:class:`CdcSourceHook` for connection type ``postgres`` (URIs ``postgresql://`` and
+    ``postgres://``), registered only when no other installed provider registers that type
+    (:func:`airflow_provider_cdc.get_provider_info`), so ``airflow connections test`` works
+    for the documented URIs without apache-airflow-providers-postgres."""
+
+    conn_type = "postgres"
+    hook_name = "PostgreSQL (CDC source)"
+
+
+class CdcMySqlSourceHook(CdcSourceHook):
+    """:class:`CdcSourceHook` for connection type ``mysql`` (URI ``mysql://``), registered only
+    when no other installed provider (apache-airflow-providers-mysql) registers that type."""
+
+    conn_type = "mysql"
+    hook_name = "MySQL/MariaDB (CDC source)"
+
+
+class CdcMariaDbSourceHook(CdcSourceHook):
+    """:class:`CdcSourceHook` for connection type ``mariadb`` (URI ``mariadb://``), registered
+    only when no other installed provider registers that type."""
+
+    conn_type = "mariadb"
+    hook_name = "MariaDB (CDC source)"
+
+
+#: connection types of the documented URIs -> the hook registered for them when no other
+#: installed provider registers the type (get_provider_info)
+SOURCE_TYPE_HOOKS: dict[str, type[CdcSourceHook]] = {
+    "postgres": CdcPostgresSourceHook,
+    "mysql": CdcMySqlSourceHook,
+    "mariadb": CdcMariaDbSourceHook,
+}
 
 
 class CdcSourceMixin(StorageConnectionMixin):
