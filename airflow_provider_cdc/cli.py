@@ -142,20 +142,26 @@ def _add_doctor_and_sources(sub) -> None:
     its server holds for it)."""
     doc = sub.add_parser(
         "doctor",
-        help="check a source before its first run and print what to fix, one line per finding with its severity "
-             "(ERROR, WARNING): the connection reaches the server and logs in; the role's grants for its "
-             "watermark strategy; PostgreSQL wal_level=logical, a free replication slot, max_slot_wal_keep_size "
-             "(-1: nothing bounds the WAL a slot holds); MariaDB/MySQL log_bin, binlog_format=ROW, "
-             "binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica log_slave_updates and GTID; each "
-             "table of the scope exists and has a primary key or a usable replica identity; the hot standby "
-             "chunks are read from (chunk_conn_id). Read-only: it writes nothing to the source and creates no "
-             "slot, publication or watermark table. Exit 0 when nothing is an error (warnings allowed), 1 when "
-             "something is, 2 when it cannot run (e.g. an unknown --source)",
-        description="Check a source before its first run. Give --source (a source of the sources config, or "
-                    "the environment's CDC_SOURCE), --conn-id (an Airflow connection), or both (a new source "
-                    "name on that connection: its slot and publication names follow from it); neither: the "
-                    "environment's source (CDC_SOURCE_CONN_ID). The table scope is the source's (CDC_TABLES, or "
-                    "the entry's tables) unless --table names the tables to check.")
+        help="check a source before its first run and print what to fix, one line per finding (read-only)",
+        description="Check a source before its first run and print what to fix, one line per finding with its "
+                    "severity (ERROR: the first run would be refused or fail; WARNING: it runs, but something can "
+                    "hurt later). Checked: the connection reaches the server and logs in (the connection id is "
+                    "named); the grants the role needs for its watermark strategy (README 'Security'); PostgreSQL "
+                    "wal_level=logical, a free replication slot, the REPLICATION attribute, max_slot_wal_keep_size "
+                    "(-1: nothing bounds the WAL a slot may hold, a warning), the publication; MariaDB/MySQL "
+                    "log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica "
+                    "log_slave_updates, GTID replication and watermark_strategy 'log'; each table of the scope "
+                    "exists and has a primary key or a usable replica identity (README 'Tables without a primary "
+                    "key'); the hot standby chunks are read from (connection extra chunk_conn_id): in recovery, "
+                    "hot_standby_feedback on, replay not paused. Doctor is read-only: its session cannot write, "
+                    "and it creates no slot, publication or watermark table. "
+                    "Which source: --source (a source of the sources config, or the environment's CDC_SOURCE), "
+                    "--conn-id (an Airflow connection; alone, the sources config's one entry on it, else the "
+                    "environment's settings on it), or both (a new source name on that connection: its slot and "
+                    "publication are named after it); neither: the environment's source (CDC_SOURCE_CONN_ID). The "
+                    "tables checked are the source's scope (CDC_TABLES, or the entry's tables) unless --table names "
+                    "them. Exit 0 when no finding is an error (warnings allowed), 1 when one is, 2 when doctor "
+                    "cannot run (e.g. an unknown --source).")
     doc.add_argument("--conn-id", default=None,
                      help="Airflow connection of the source (default: the source's, else $CDC_SOURCE_CONN_ID or "
                           "cdc_source)")
@@ -171,14 +177,17 @@ def _add_doctor_and_sources(sub) -> None:
                      help="machine-readable output: {source, conn_id, ok, findings: [{severity, check, message}]}")
     so = sub.add_parser(
         "sources",
-        help="every source this deployment knows (the sources config, the environment's settings, and sources "
-             "only snapshot progress or capture lag in Airflow Variables name, e.g. ones that only ever ran a "
-             "snapshot) with what its server holds for it: PostgreSQL its replication slot, publication and the "
-             "WAL the slot holds (and whether anything bounds it); MariaDB/MySQL its stored binlog offset and "
-             "the binlog written past it; plus the capture lag last recorded and its snapshots",
-        description="List every source with its log holder, publication, capture lag and WAL held. The "
-                    "servers of the sources this deployment names are asked (read-only); a source only a "
-                    "Variable names is listed but never connected to.")
+        help="every source with its replication slot or binlog offset, publication, capture lag and WAL held, "
+             "including sources that only ever ran a snapshot",
+        description="List every source this deployment knows: the sources config's, the environment's "
+                    "(CDC_SOURCE, CDC_SOURCE_CONN_ID), and those only snapshot progress or a capture lag in "
+                    "Airflow Variables name (e.g. a source that only ever ran a snapshot, whose slot still holds "
+                    "WAL). Per source: its connection; PostgreSQL its replication slot, whether it exists and the "
+                    "WAL it holds (and a warning when max_slot_wal_keep_size = -1 leaves that unbounded), its "
+                    "publication; MariaDB/MySQL its stored binlog offset and the binlog written past it; the "
+                    "capture lag last recorded; its snapshots. The servers of the sources this deployment names "
+                    "are asked, read-only; a source only a Variable names is listed but never connected to. "
+                    "airflow-cdc drop-source removes what a source holds.")
     so.add_argument("--json", action="store_true", help="machine-readable output: one object per source")
     so.add_argument("--offline", action="store_true",
                     help="do not connect to the sources' servers: only what the sources config, the settings and "
@@ -1043,7 +1052,8 @@ def get_cli_commands() -> list:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {c.dest: c.help for c in subparsers._choices_actions}
     commands = [
-        ActionCommand(name=name, help=helps.get(name, ""), func=_airflow_entry(name), description=helps.get(name),
+        ActionCommand(name=name, help=helps.get(name, ""), func=_airflow_entry(name),
+                      description=sub.description or helps.get(name),
                       args=[_airflow_arg(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)])
         for name, sub in subparsers.choices.items()
     ]
