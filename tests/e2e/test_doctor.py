@@ -228,3 +228,63 @@ def test_doctor_mariadb_healthy_least_privilege_source_passes(my_least_privilege
     assert code == cli.EXIT_MISMATCH
     line = _lines(out, "error", "connection")
     assert line and "doc_my_badpw" in line[0] and "refused the login" in line[0], out
+
+
+# --- chunks from a standby / a replica -------------------------------------------------------------
+def test_doctor_checks_the_hot_standby_chunks_are_read_from(pg_uri, pg_standby_uri, unique_name, capsys, monkeypatch):
+    table = f"public.doc_{unique_name}"
+    pg_run(pg_uri, f"CREATE TABLE {table} (id int PRIMARY KEY)")
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_STANDBY", connection_json(pg_standby_uri))
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_PRIMARY_AS_CHUNKS", connection_json(pg_uri))
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_WITH_STANDBY", connection_json(pg_uri, chunk_conn_id="doc_standby"))
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_WITH_PRIMARY", connection_json(pg_uri, chunk_conn_id="doc_primary_as_chunks"))
+        port = urlsplit(pg_standby_uri).port
+        code, out, err = _doctor(capsys, "--conn-id", "doc_with_standby", "--table", table, "--verbose")
+        assert code == cli.EXIT_OK, out + err
+        ok = _lines(out, "ok", f"chunk standby 127.0.0.1:{port}")
+        assert ok and "a hot standby" in ok[0], out
+        # a chunk connection that is no standby: named, exit 1
+        code, out, _err = _doctor(capsys, "--conn-id", "doc_with_primary", "--table", table)
+        assert code == cli.EXIT_MISMATCH
+        bad = _lines(out, "error", f"chunk standby 127.0.0.1:{urlsplit(pg_uri).port}")
+        assert bad and "not a hot standby" in bad[0] and "chunk_conn_id" in bad[0], out
+    finally:
+        pg_run(pg_uri, f"DROP TABLE {table}")
+
+
+def test_doctor_on_a_mariadb_replica_checks_its_replication(mysql_uri, mysql_replica_uri, unique_name, capsys,
+                                                            monkeypatch):
+    """The shared replica (log_slave_updates, GTID): it is named a replica; watermark strategy
+    'table' would write watermark rows there (a warning), 'log' writes nothing (README "Chunks
+    from a replica")."""
+    db = urlsplit(mysql_uri).path.lstrip("/")
+    admin = w.connect(mysql_uri)
+    admin.autocommit(True)
+    my_run(admin, f"CREATE TABLE `{db}`.`doc_{unique_name}` (id INT PRIMARY KEY)")
+    try:
+        with admin.cursor() as cur:  # the table reaches the replica (MASTER_GTID_WAIT, no sleep)
+            cur.execute("SELECT @@gtid_binlog_pos")
+            pos = cur.fetchone()[0]
+        replica = w.connect(mysql_replica_uri)
+        try:
+            with replica.cursor() as cur:
+                cur.execute("SELECT MASTER_GTID_WAIT(%s, 60)", (pos,))
+                assert cur.fetchone()[0] == 0
+        finally:
+            replica.close()
+        table = f"{db}.doc_{unique_name}"
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_REPLICA_TABLE", connection_json(mysql_replica_uri))
+        monkeypatch.setenv("AIRFLOW_CONN_DOC_REPLICA_LOG", connection_json(mysql_replica_uri, watermark_strategy="log"))
+        code, out, err = _doctor(capsys, "--conn-id", "doc_replica_table", "--table", table, "--verbose")
+        assert code == cli.EXIT_OK, out + err
+        primary_port = urlsplit(mysql_uri).port
+        assert any(f"a replica of 127.0.0.1:{primary_port}" in x for x in _lines(out, "ok", "replica")), out
+        assert any("watermark_strategy 'table'" in x for x in _lines(out, "warning", "replica")), out
+        assert not any("GTID" in x for x in _lines(out, "warning", "replica")), out  # it replicates by GTID
+        code, out, err = _doctor(capsys, "--conn-id", "doc_replica_log", "--table", table)
+        assert code == cli.EXIT_OK, out + err
+        assert not _lines(out, "warning", "replica"), out
+    finally:
+        my_run(admin, f"DROP TABLE IF EXISTS `{db}`.`doc_{unique_name}`")
+        admin.close()
