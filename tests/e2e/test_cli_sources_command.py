@@ -6,6 +6,7 @@ connected to)."""
 from __future__ import annotations
 
 import json
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -95,3 +96,64 @@ def test_sources_offline_asks_no_server(source, capsys, monkeypatch):
         assert row["server_error"] is not None, row  # asked, and said on its row: not a failed listing
     finally:
         monkeypatch.setenv(key, pipe.uri)  # the cleanup drops the slot through it
+
+
+@pytest.fixture
+def config_sources(pg_uri, mysql_uri, unique_name, tmp_path, monkeypatch):
+    """A sources config with one PostgreSQL and one MariaDB source nothing ran for yet: the
+    PostgreSQL table has a primary key, the MariaDB one has none."""
+    import yaml
+
+    from .conftest import connection_json
+
+    pg_table, my_db = f"public.doc_{unique_name}", urlsplit(mysql_uri).path.lstrip("/")
+    my_table = f"{my_db}.doc_{unique_name}"
+    w_pg = w.connect(pg_uri)
+    w_pg.autocommit = True
+    w_pg.cursor().execute(f"CREATE TABLE {pg_table} (id int PRIMARY KEY)")
+    w_my = w.connect(mysql_uri)
+    w_my.autocommit(True)
+    w_my.cursor().execute(f"CREATE TABLE `{my_db}`.`doc_{unique_name}` (id INT, v TEXT)")
+    names = {"pg": f"docpg_{unique_name}", "my": f"docmy_{unique_name}"}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{names['pg'].upper()}", connection_json(pg_uri))
+    monkeypatch.setenv(f"AIRFLOW_CONN_{names['my'].upper()}", connection_json(mysql_uri))
+    config = tmp_path / "cdc_sources.yaml"
+    config.write_text(yaml.safe_dump({"sources": {
+        names["pg"]: {"conn_id": names["pg"], "tables": [pg_table], "data_dir": str(tmp_path / "pg")},
+        names["my"]: {"conn_id": names["my"], "tables": [my_table], "data_dir": str(tmp_path / "my")}}}))
+    monkeypatch.setenv("CDC_SOURCES_FILE", str(config))
+    try:
+        yield names, pg_table, my_table
+    finally:
+        w_pg.cursor().execute(f"DROP TABLE IF EXISTS {pg_table}")
+        w_my.cursor().execute(f"DROP TABLE IF EXISTS `{my_db}`.`doc_{unique_name}`")
+        w_pg.close()
+        w_my.close()
+
+
+def test_sources_and_doctor_of_sources_config_entries_nothing_ran_for(config_sources, capsys):
+    names, pg_table, my_table = config_sources
+    code, out, err = _sources(capsys, "--json")
+    assert code == cli.EXIT_OK, err
+    rows = {r["source"]: r for r in json.loads(out)}
+    pg, my = rows[names["pg"]], rows[names["my"]]
+    assert pg["known"] and pg["database"] == "postgres" and pg["holder_exists"] is False, pg
+    assert pg["holder"] == f"replication slot 'cdc_{names['pg']}'" and pg["publication_exists"] is False, pg
+    assert my["known"] and my["database"] == "mysql" and my["holder_exists"] is False, my
+    assert not pg["snapshot_only"] and not my["snapshot_only"]
+    code, out, _err = _sources(capsys)
+    line = next(x for x in out.splitlines() if x.startswith(names["pg"] + " "))
+    assert "(not created yet)" in line and "no capture has run" in line, line
+    # doctor --source: the entry's connection and scope
+    code = cli.run(["doctor", "--source", names["pg"]])
+    out, err = capsys.readouterr()
+    assert code == cli.EXIT_OK, out + err
+    assert f"doctor: source {names['pg']!r}, connection {names['pg']!r}" in out
+    code = cli.run(["doctor", "--source", names["my"]])
+    out = capsys.readouterr().out
+    assert code == cli.EXIT_MISMATCH
+    assert any(x.startswith(f"ERROR   table {my_table}:") and "no primary key" in x for x in out.splitlines()), out
+    # nothing was created by either command
+    code, out, _err = _sources(capsys, "--json")
+    rows = {r["source"]: r for r in json.loads(out)}
+    assert rows[names["pg"]]["holder_exists"] is False and rows[names["pg"]]["publication_exists"] is False
