@@ -920,7 +920,7 @@ def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
         row: dict[str, Any] = {
             "source": name, "known": known is not None, "conn_id": known.conn_id if known else None,
             "data_dir": known.data_dir if known else None, "database": None,
-            "holder": lag.get("holder") if lag else None, "holder_exists": None, "publication": None,
+            "holder": lag.get("holder") if lag else None, "holder_exists": None, "held_by": None, "publication": None,
             "publication_exists": None, "held_bytes": None, "unbounded": None, "lost": None, "lag": lag,
             "snapshots": snapshots, "snapshot_only": lag is None and bool(snapshots), "note": note,
             "server_error": None}

@@ -53,7 +53,8 @@ def check_source(dialect: Any, conn_id: str | None) -> list[Finding]:
     except Exception as exc:  # noqa: BLE001 - unreachable, refused login, unknown connection: said, not raised
         return [Finding(ERROR, "connection", _user_error(exc, conn_id))]
     p = dialect.params
-    found = [Finding(OK, "connection", f"{where} reaches {dialect.name} at {p.host}:{p.port} as {p.user!r}")]
+    server = dialect.name if dialect.name == "postgres" else dialect.flavour.name
+    found = [Finding(OK, "connection", f"{where} reaches {server} at {p.host}:{p.port} as {p.user!r}")]
     try:
         if dialect.name == "postgres":
             found += _postgres(dialect, conn_id)
@@ -154,7 +155,7 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
         if pub:
             out.append(Finding(ERROR, "publication", pub))
     strategy = getattr(d, "watermark_strategy", "table")
-    out += [Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}) lacks: {p}") for p in grants]
+    out += [Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}): {p}") for p in grants]
     if not grants and not any(f.check == "grants" for f in out):
         out.append(Finding(OK, "grants", f"role {s.user!r} has what watermark strategy {strategy!r} needs"))
     out += _pg_retention(d)
@@ -233,7 +234,10 @@ def _mysql(d: Any) -> list[Finding]:
     settings: dict[str, str | None] = {n: None for n in names}
     settings.update({str(name).lower(): value for name, value in rows})
     grants = [r[0] for r in d._query("SHOW GRANTS FOR CURRENT_USER()")]
+    account = d._query("SELECT CURRENT_USER()")[0][0]  # user@host, as GRANT names it
+    user, _, host = str(account).rpartition("@")
     for p in prerequisite_problems(settings, grants, flavour):
+        p = p.replace("<user>", f"'{user}'@'{host}'")
         var = p.split(" ", 1)[0]
         out.append(Finding(ERROR, var if var in settings else "grants", p))
     for var in REQUIRED_SETTINGS:
