@@ -24,6 +24,7 @@ background:#fff;max-width:1200px}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:20px 0 6px;border-bottom:1px solid #ccd;padding-bottom:3px}
 .meta{color:#555;font-size:12px}.box{border:1px solid #ccd;border-radius:6px;padding:8px 10px;margin:8px 0}
 .risk{border:2px solid #a40000;background:#fff3f3}.risk strong{color:#a40000}
+.warn{border:2px solid #8a5a00;background:#fff8e6}.warn strong{color:#8a5a00}
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%;min-width:720px}
 th,td{border-bottom:1px solid #e3e3ea;padding:5px 6px;text-align:left;vertical-align:top}
 th{font-size:12px;color:#444;background:#f6f7f9}
@@ -128,13 +129,22 @@ def _source_block(src: dict) -> str:
     if lag.get("malformed"):
         return f"<div class='box' data-testid='lag'>{_malformed(lag['malformed'])}</div>"
     risk = lag.get("risk")
+    # nothing bounds the log the source keeps for this capture (max_slot_wal_keep_size = -1):
+    # not a failed run like a risk, a standing warning until a limit is set
+    warning = lag.get("warning")
     parts = [
-        f"<div class='box{' risk' if risk else ''}' data-testid='lag'>",
+        f"<div class='box{' risk' if risk else ' warn' if warning else ''}' data-testid='lag'>",
         f"<div><strong>Capture lag:</strong> {_n(int(lag.get('bytes') or 0))} bytes, "
         f"{float(lag.get('seconds') or 0):,.0f} s behind the log; read {_t(lag.get('at'))} (last capture)</div>",
         f"<div><strong>Log held by:</strong> {escape(str(lag.get('holder') or '?'))}</div>",
-        f"<div><strong>Log retention:</strong> {'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>",
+        f"<div><strong>Log retention:</strong> {'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
+        if risk or not warning else
+        f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> (warning): "
+        f"{escape(str(warning))}</div>",
     ]
+    if risk and warning:
+        parts.append(f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> "
+                     f"(warning): {escape(str(warning))}</div>")
     replica = lag.get("replica")
     if isinstance(replica, dict):
         s = replica.get("seconds")
@@ -253,7 +263,8 @@ def _index(sources: list[dict]) -> str:
     items = []
     for src in sources:
         states = sorted({(t.get("snapshot") or {}).get("status") or "no snapshot" for t in src["tables"]})
-        risk = " AT RISK" if (src.get("lag") or {}).get("risk") else ""
+        lag = src.get("lag") or {}
+        risk = " AT RISK" if lag.get("risk") else " LOG RETENTION UNBOUNDED" if lag.get("warning") else ""
         items.append(f"<li><a href='./?source={quote(src['source'], safe='')}'>{escape(src['source'])}</a>: "
                      f"{len(src['tables'])} table(s), {escape(', '.join(states) or 'no tables')}{risk}</li>")
     return f"<nav aria-label='sources'><ul>{''.join(items)}</ul></nav>"

@@ -1,0 +1,129 @@
+"""When nothing bounds the WAL a source's replication slot may hold (PostgreSQL's default
+``max_slot_wal_keep_size = -1``), a stopped capture lets WAL fill the server's disk. Issue 47:
+the retention check warns in three places, each tested here after a real ``cdc_changelog`` run
+(dag.test()) on the real servers: ``airflow cdc status`` (a subprocess, as a user runs it), the
+metric ``cdc.capture.retention_unbounded`` tagged with the source (1 / 0), and the CDC page in
+Airflow's UI (a real api-server, headless Chromium). MariaDB's binlog is bounded by its expiry,
+and a PostgreSQL with a limit set is bounded: no warning there, and the gauge says 0.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools import workload as w
+
+AIRFLOW = Path(sys.executable).with_name("airflow")
+WARNING = "nothing bounds the WAL replication slot"
+
+
+def unbounded_server(uri: str) -> bool:
+    """True when this PostgreSQL leaves slot WAL unbounded (the default, -1); False for MariaDB."""
+    if not uri.startswith("postgres"):
+        return False
+    conn = w.connect(uri)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
+            return cur.fetchone()[0] == "-1"
+    finally:
+        conn.close()
+
+
+def gauge_recorder():
+    """A stats backend (the Task SDK's NoStatsLogger, keeping every gauge): what StatsD or
+    OpenTelemetry would be sent, as Airflow's [metrics] section configures."""
+    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+
+    class GaugeRecorder(NoStatsLogger):
+        gauges: list[tuple[str, float, dict]] = []
+
+        def gauge(self, stat, value, rate=1, delta=False, *, tags=None):  # noqa: ARG002 - the interface's
+            self.gauges.append((stat, value, dict(tags or {})))
+
+    GaugeRecorder.gauges = []
+    return GaugeRecorder()
+
+
+@pytest.fixture
+def gauges():
+    """The Task SDK's metrics recorded in this process (dag.test() runs the tasks here)."""
+    from airflow.sdk._shared.observability.metrics import stats
+
+    recorder = gauge_recorder()
+    saved = (stats._factory, stats._backend)
+    stats._factory, stats._backend = (lambda: recorder), recorder
+    try:
+        yield recorder
+    finally:
+        stats._factory, stats._backend = saved
+
+
+def test_status_and_metric_warn_when_nothing_bounds_the_slot_wal(pipeline, gauges):
+    p = pipeline
+    unbounded = unbounded_server(p.uri)
+    if p.scheme == "pg" and not unbounded:
+        pytest.skip("this PostgreSQL bounds slot WAL (max_slot_wal_keep_size is set)")
+    p.run("cdc_changelog")
+
+    # the metric: one reading per capture, tagged with the source, 1 while unbounded
+    mine = [(v, t) for s, v, t in gauges.gauges if s == "cdc.capture.retention_unbounded"]
+    assert mine == [(1 if unbounded else 0, {"source": p.source})], gauges.gauges
+    assert [v for s, v, t in gauges.gauges if s == "cdc.capture.retention_at_risk"] == [0]
+
+    # status, as a user runs it (the environment names the pipeline's source and connection)
+    r = subprocess.run([str(AIRFLOW), "cdc", "status", "--source", p.source], env=dict(os.environ),
+                       capture_output=True, text=True, timeout=300, check=False)
+    out = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0, out
+    if unbounded:
+        assert f"WARNING: {WARNING}" in out and "max_slot_wal_keep_size = -1" in out, out
+        assert "can fill its disk" in out and "ALTER SYSTEM SET max_slot_wal_keep_size" in out, out
+        assert "AT RISK" not in out  # a warning, not a risk: the run did not fail
+    else:
+        assert "WARNING" not in out and "AT RISK" not in out, out
+
+
+def test_the_cdc_page_warns_when_nothing_bounds_the_slot_wal(pipeline, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    from .test_ui_page import ApiServer, Browser, _text
+
+    p = pipeline
+    unbounded = unbounded_server(p.uri)
+    if p.scheme == "pg" and not unbounded:
+        pytest.skip("this PostgreSQL bounds slot WAL (max_slot_wal_keep_size is set)")
+    p.run("cdc_changelog")
+    server = ApiServer(tmp_path)
+    browser = None
+    try:
+        browser = Browser(server)
+        browser.login("viewer")  # reading is enough to be warned
+        d = browser.open_page(p.source)
+        text = " ".join(_text(d).split())
+        box = d.find_element(By.CSS_SELECTOR, "[data-testid=lag]")
+        warned = d.find_elements(By.CSS_SELECTOR, "[data-testid=retention-warning]")
+        if unbounded:
+            assert len(warned) == 1 and warned[0].get_attribute("role") == "alert"
+            said = " ".join(warned[0].text.split())
+            assert said.startswith("Log retention: UNBOUNDED (warning): " + WARNING), said
+            assert "ALTER SYSTEM SET max_slot_wal_keep_size" in said and "Log retention: ok" not in text
+            assert "warn" in box.get_attribute("class").split()
+            browser.shot(f"retention-unbounded-{p.scheme}")
+        else:
+            assert warned == [] and "Log retention: ok" in text and "UNBOUNDED" not in text, text
+            assert "warn" not in box.get_attribute("class").split()
+        # the index of every source says it beside the source's name
+        d = browser.open_page()
+        line = " ".join(d.find_element(By.CSS_SELECTOR, f"nav li a[href='./?source={p.source}']")
+                        .find_element(By.XPATH, "..").text.split())
+        assert line.endswith("LOG RETENTION UNBOUNDED") == unbounded, line
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
