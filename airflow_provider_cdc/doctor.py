@@ -26,7 +26,8 @@ class Finding:
     message: str  # what is wrong and the fix (ok: what holds)
 
     def line(self) -> str:
-        return f"{self.severity.upper():<7} {self.check}: {self.message}"
+        """One line, whatever the message: a driver's multi-line text is folded."""
+        return f"{self.severity.upper():<7} {self.check}: {' '.join(self.message.split())}"
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -41,7 +42,13 @@ def _user_error(exc: BaseException, conn_id: str | None) -> str:
     from .hooks.task_errors import describe_user_error
 
     told = describe_user_error(exc, conn_id=conn_id)
-    return told or f"{type(exc).__name__}: {safe_error_text(exc)} (connection {conn_id!r})"
+    if told:
+        return told
+    text = safe_error_text(exc)
+    if text.startswith("cannot connect") or "Can't connect" in text:  # the server is not reached at all
+        return (f"{text} (connection {conn_id!r}): check that connection's host and port, that the server runs, and "
+                "that it accepts connections from here")
+    return f"{type(exc).__name__}: {text} (connection {conn_id!r})"
 
 
 def check_source(dialect: Any, conn_id: str | None) -> list[Finding]:

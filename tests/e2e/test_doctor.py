@@ -143,6 +143,13 @@ def test_doctor_names_an_unknown_connection_and_an_unknown_source(capsys, monkey
     assert code == cli.EXIT_MISMATCH
     line = _lines(out, "error", "connection")
     assert line and "'doc_no_such_conn' is not defined" in line[0], out
+    # a server that is not there: one error naming the connection, on one line
+    monkeypatch.setenv("AIRFLOW_CONN_DOC_DOWN", f"postgresql://postgres@127.0.0.1:{pg_cluster._free_port()}/cdc_test")
+    code, out, _err = _doctor(capsys, "--conn-id", "doc_down", "--table", "public.t")
+    assert code == cli.EXIT_MISMATCH
+    line = _lines(out, "error", "connection")
+    assert len(line) == 1 and "cannot connect" in line[0] and "connection 'doc_down'" in line[0], out
+    assert len(out.strip().splitlines()) == 3, out  # header, the finding, the summary
     code, _out, err = _doctor(capsys, "--source", "doc_no_such_source")
     assert code == cli.EXIT_ERROR and "'doc_no_such_source' is not known" in err and "--conn-id" in err, err
 
