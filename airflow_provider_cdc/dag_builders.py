@@ -91,8 +91,11 @@ is held, the capture task is skipped and the apply still runs. The apply (a spar
 or in the worker for at most CDC_LOCAL_MAX_ROWS staged rows) is skipped when nothing
 staged is newer than what the sinks have. ``log_retention`` logs how far the capture is
 behind its source's log (also Airflow metrics ``cdc.capture.lag_bytes`` / ``lag_seconds`` /
-``retention_at_risk``, tagged by source) and fails the run, naming the replication slot or
-binlog file and what to do, when the source may soon drop log the capture has not read.
+``retention_at_risk`` / ``retention_unbounded``, tagged by source) and fails the run, naming the
+replication slot or binlog file and what to do, when the source may soon drop log the capture
+has not read. When nothing bounds the log the source keeps (PostgreSQL's default
+``max_slot_wal_keep_size = -1``) it warns instead, without failing: ``retention_unbounded`` is 1,
+and ``airflow cdc status`` and the CDC page show the warning with the setting to change.
 
 Schedules and backfills: each run captures the log up to now and applies it; a run is not
 tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
