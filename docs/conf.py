@@ -54,5 +54,93 @@ def _configuration_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
+# --- the troubleshooting page's message index: every message the package raises on purpose ----
+_NOT_OURS = {"ValueError", "AssertionError", "TypeError", "IndexError", "NotImplementedError", "RuntimeError",
+             "KeyError", "OSError"}
+_AREAS = (  # (area, module path prefixes), first match wins; the last is the rest
+    ("Connections", ("dialects/base", "dialects/__init__", "hooks/")),
+    ("PostgreSQL", ("dialects/postgres",)),
+    ("MySQL and MariaDB", ("dialects/mysql",)),
+    ("Settings and the sources config", ("settings.py", "sources_config.py", "core/spark_settings", "core/throttle")),
+    ("Snapshots: confs, names and state", ("core/planning", "core/filters", "core/ranges", "core/schema", "core/scope",
+                                           "core/sqlnames", "core/progress", "pipeline/snapshot", "progress_store",
+                                           "pipeline/progress_store", "operators/snapshot", "pipeline/merge_while")),
+    ("Outputs: event log, mirror, Debezium export", ("sinks/", "core/arrow_types")),
+    ("Storage and data locations", ("storage/",)),
+    ("Capture, merge, verify and the command line", ("",)),
+)
+
+
+def _message_start(node) -> str | None:
+    """The literal text of a raise's message, ``…`` for each part filled in at run time."""
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return (_message_start(node.left) or "…") + (_message_start(node.right) or "…")
+    return None
+
+
+def raised_messages() -> list[tuple[str, str, str]]:
+    """(area, exception class, message start) of every ``raise SomethingError("...")`` of the
+    package whose message is written in the raise (tests/unit/test_docs.py checks the page)."""
+    import ast
+
+    pkg = ROOT / "airflow_provider_cdc"
+    found: list[tuple[str, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for f in sorted(pkg.rglob("*.py")):
+        rel = f.relative_to(pkg).as_posix()
+        area = next(a for a, prefixes in _AREAS if rel.startswith(prefixes))
+        for n in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if not (isinstance(n, ast.Raise) and isinstance(n.exc, ast.Call) and n.exc.args):
+                continue
+            fn = n.exc.func
+            cls = fn.id if isinstance(fn, ast.Name) else fn.attr if isinstance(fn, ast.Attribute) else ""
+            if not cls.endswith("Error") or cls in _NOT_OURS:
+                continue
+            msg = _message_start(n.exc.args[0])
+            if not msg:
+                continue
+            msg = " ".join(msg.split())
+            if len(msg.replace("…", "").strip(" .:;")) < 12:
+                continue
+            if len(msg) > 170:
+                msg = msg[:170].rsplit(" ", 1)[0] + " …"
+            if (cls, msg) not in seen:
+                seen.add((cls, msg))
+                found.append((area, cls, msg))
+    return found
+
+
+def _error_index() -> str:
+    lines = [
+        "The start of every message the package raises on purpose, by area, generated from the source",
+        "when this site is built (`…`: a part filled in at run time; a long message is cut with ` …`).",
+        "The exception class tells the kind: `ConfigurationError` (a setting, conf or connection: fix",
+        "it), `SourceError` (the source cannot serve CDC as configured), `SourceChangedError` (a",
+        "failover: resync), `RetentionError` (log at risk), `StateError` (a snapshot or offset state",
+        "forbids the step), `WatermarkError` / `NotReadyError` (a watermark not staged yet: retried),",
+        "`FencedError` (a superseded writer: nothing to do), `SchemaChangeError` (re-snapshot the table).",
+        "",
+    ]
+    messages = raised_messages()
+    for area, _prefixes in _AREAS:
+        items = sorted({(c, m) for a, c, m in messages if a == area}, key=lambda x: (x[0], x[1].lower()))
+        if not items:
+            continue
+        lines += [f"## {area}", ""]
+        for cls, msg in items:
+            msg = msg.replace("``", "` `")
+            pad = " " if msg.startswith("`") or msg.endswith("`") else ""
+            lines.append(f"- {cls}: ``{pad}{msg}{pad}``")
+        lines.append("")
+    return "\n".join(lines)
+
+
 (Path(__file__).parent / "_generated").mkdir(exist_ok=True)
 (Path(__file__).parent / "_generated" / "configuration.md").write_text(_configuration_reference())
+(Path(__file__).parent / "_generated" / "errors.md").write_text(_error_index())

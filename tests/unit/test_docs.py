@@ -1,8 +1,13 @@
-"""The documentation site (docs/) builds with Sphinx with warnings as errors, and its
-configuration reference, generated from settings.OPTIONS, names every setting."""
+"""The documentation site (docs/) builds with Sphinx with warnings as errors; its configuration
+reference, generated from settings.OPTIONS, names every setting; its troubleshooting page lists
+every message the package raises on purpose; the README's links to it resolve. (Every code
+block of the README and the site is checked by test_doc_snippets.py.)"""
 
 from __future__ import annotations
 
+import html
+import re
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -23,3 +28,22 @@ def test_the_documentation_site_builds_without_warnings_and_lists_every_setting(
     cli = (out / "cli.html").read_text()
     for command in ("status", "verify", "resync"):
         assert command in cli
+    page = re.sub(r"<[^>]+>", "", (out / "troubleshooting.html").read_text())  # literals are a span a word
+    troubleshooting = " ".join(html.unescape(page).split())
+    messages = runpy.run_path(str(ROOT / "docs" / "conf.py"))["raised_messages"]()
+    assert len(messages) > 200, "the message index found too few raises: is its parser broken?"
+    missing = [m for _area, _cls, m in messages if m not in troubleshooting]
+    assert not missing, f"messages missing from the troubleshooting page: {missing[:5]}"
+    for page in ("connections", "howto", "outputs", "deployment", "security", "operations", "troubleshooting"):
+        assert (out / f"{page}.html").is_file(), f"{page}.md is not built (is it in index.md's toctree?)"
+
+
+def test_the_readme_is_a_front_page_whose_links_resolve():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 15_000, f"README.md is {len(readme.encode())} bytes: keep it a front page"
+    links = re.findall(r"\]\((docs/[^)#\s]+)", readme)
+    assert links, "the README links to no docs page"
+    broken = [link for link in links if not (ROOT / link).is_file()]
+    assert not broken, f"README links to missing files: {broken}"
+    for command in ("make demo", "make test"):
+        assert command in readme
