@@ -20,11 +20,19 @@ What each block's language gets:
 - MyST directives (```` ```{toctree} ````, ``{include}``, ``{eval-rst}``) are left to the Sphinx
   build (tests/unit/test_docs.py).
 
-A block that needs what a unit test does not have (a live database, a pipeline's data location,
-a Spark session) is preceded by an HTML comment, which renders as nothing on GitHub and in the
-site::
+Two HTML comments (they render as nothing on GitHub and in the site) before a block change that:
+
+    <!-- doc-test: with-lake -->
+
+runs the ``python`` block in a working directory holding ``lake/cdc``, a small pipeline data
+location: the Delta mirror of table ``public.orders`` for the sources ``shop`` and
+``cdc_source`` (a copy of tests/fixtures/mirror_v1, columns ``id`` and ``v``) and an event-log
+file with the envelope's ``op``, ``key``, ``source.position`` and ``after.amount``; and
 
     <!-- doc-test: skip (why) -->
+
+for a block that needs what a unit test does not have (a live database, a Spark session, a
+package the provider does not install).
 
 A skipped ``python`` block is still compiled; a skipped shell block's ``airflow-cdc`` lines are
 still parsed. The reason is required, and the number of skips is capped (``MAX_SKIPS``) so that
@@ -44,10 +52,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_RE = re.compile(r"<!--\s*doc-test:\s*skip\s*\((?P<why>[^)]+)\)\s*-->")
+LAKE_RE = re.compile(r"<!--\s*doc-test:\s*with-lake\s*-->")
 FENCE_RE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 SHELL = {"bash", "sh", "shell", "console"}
 CHECKED = {"python", "json", "yaml", "yml", "sql", "text"} | SHELL
-MAX_SKIPS = 12
+MAX_SKIPS = 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class Block:
     lang: str
     code: str
     skip: str | None  # the reason of a doc-test skip marker
+    lake: bool = False  # a doc-test with-lake marker: run beside lake/cdc (make_lake)
 
     @property
     def where(self) -> str:
@@ -92,7 +102,7 @@ def blocks_of(path: Path) -> list[Block]:
         else:
             raise AssertionError(f"{path.relative_to(ROOT)}:{start + 1}: code block never closed")
         i += 1
-        skip = None
+        skip, lake = None, False
         j = start - 1
         while j >= 0 and not lines[j].strip():
             j -= 1
@@ -100,8 +110,9 @@ def blocks_of(path: Path) -> list[Block]:
             sm = SKIP_RE.search(lines[j])
             if sm:
                 skip = sm.group("why").strip()
+            lake = bool(LAKE_RE.search(lines[j]))
         lang = info.split()[0].lower() if info else ""
-        out.append(Block(path, start + 1, lang, "\n".join(body) + "\n", skip))
+        out.append(Block(path, start + 1, lang, "\n".join(body) + "\n", skip, lake))
     return out
 
 
@@ -186,10 +197,33 @@ def check_sources_config(doc: object, block: Block) -> None:
         parse_sources(doc, origin=block.where, env={})
 
 
+def make_lake(root: Path) -> None:
+    """``root/lake/cdc``: a data location with the mirror of public.orders (sources shop and
+    cdc_source) and one event-log file of it."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data_dir = root / "lake" / "cdc"
+    for source in ("shop", "cdc_source"):
+        shutil.copytree(ROOT / "tests" / "fixtures" / "mirror_v1", data_dir / "output" / source / "mirror" / "public.orders")
+        events = data_dir / "output" / source / "events" / "table=public.orders"
+        events.mkdir(parents=True)
+        pq.write_table(pa.table({
+            "op": ["r", "u", "d"],
+            "key": ["[42]", "[42]", "[42]"],
+            "source": [{"position": p} for p in ("0001", "0002", "0003")],
+            "after": [{"amount": 1.5}, {"amount": 2.5}, None],
+        }), events / "c-0001-0003.parquet")
+
+
 def check_python(block: Block, tmp_path: Path) -> None:
     compiled = compile(block.code, block.where, "exec")
     if block.skip:
         return
+    if block.lake:
+        make_lake(tmp_path)
     cwd = os.getcwd()
     os.chdir(tmp_path)
     try:
@@ -244,8 +278,10 @@ def test_the_docs_have_code_blocks_and_skips_are_few_and_give_a_reason() -> None
     assert len(skipped) <= MAX_SKIPS, f"{len(skipped)} skipped blocks (at most {MAX_SKIPS}): {skipped}"
     for f in doc_files():
         text = f.read_text(encoding="utf-8")
-        bad = [m.group(0) for m in re.finditer(r"<!--\s*doc-test[^>]*-->", text) if not SKIP_RE.fullmatch(m.group(0))]
-        assert not bad, f"{f.relative_to(ROOT)}: malformed doc-test marker(s) {bad}: write <!-- doc-test: skip (why) -->"
+        bad = [m.group(0) for m in re.finditer(r"<!--\s*doc-test[^>]*-->", text)
+               if not (SKIP_RE.fullmatch(m.group(0)) or LAKE_RE.fullmatch(m.group(0)))]
+        assert not bad, (f"{f.relative_to(ROOT)}: malformed doc-test marker(s) {bad}: write "
+                         "<!-- doc-test: skip (why) --> or <!-- doc-test: with-lake -->")
 
 
 def test_the_checkers_catch_broken_examples(tmp_path: Path) -> None:
