@@ -151,7 +151,11 @@ def test_postgres_unknown_database_and_unreachable_host(pg_with_password):
 
 
 def test_mariadb_uri_success(mysql_uri, mariadb_user):
+    """``mysql://`` and ``mariadb://``."""
     r, out = connections_test("cdc_ct_my", with_password(mysql_uri, mariadb_user, PASSWORD))
+    assert r.returncode == 0 and "Connection success!" in out, out
+    uri = with_password(mysql_uri, mariadb_user, PASSWORD).replace("mysql://", "mariadb://")
+    r, out = connections_test("cdc_ct_maria", uri)
     assert r.returncode == 0 and "Connection success!" in out, out
 
 
@@ -211,6 +215,7 @@ def test_another_provider_keeps_its_connection_type(tmp_path, pg_uri):
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     r, out = connections_test("cdc_ct_owned", pg_uri, extra_env=env)
     assert "tested by the fake postgres provider" in out, out
+    assert "already registered" not in out and "Inconsistency" not in out, out  # no clash to log
     # the provider's own type stays its own
     r, out = connections_test("cdc_ct_owned_cdc", pg_uri.replace("postgresql://", "cdc://") + "?dialect=postgres",
                               extra_env=env)
