@@ -190,8 +190,9 @@ class CdcSourceHook(BaseHook):
         """Airflow's "Test" button and ``airflow connections test <conn_id>``: logs in and checks
         the CDC prerequisites (``wal_level``, binlog format, privileges...). Returns ``(ok,
         message)``; the message names the connection id and, on failure, what to fix (login and
-        password, host and port, database, a server setting or grant). It never contains the
-        password.
+        password, host and port, database, a server setting or grant); on success it warns when
+        nothing bounds the WAL a replication slot may hold (PostgreSQL's default
+        ``max_slot_wal_keep_size = -1``). It never contains the password.
 
         Airflow tests connections only when ``[core] test_connection = Enabled``
         (``AIRFLOW__CORE__TEST_CONNECTION=Enabled``); its default, ``Disabled``, refuses every test
@@ -220,9 +221,27 @@ class CdcSourceHook(BaseHook):
         try:
             with self.get_dialect() as dialect:
                 dialect.check_prerequisites()
+                warning = _retention_warning(dialect)
         except Exception as exc:  # noqa: BLE001 - a driver error is reported, not raised, by contract
             return False, _without(_failure_text(exc, conn_id, where), password)
-        return True, f"connection {conn_id!r} ({where}) is ready for CDC"
+        return True, f"connection {conn_id!r} ({where}) is ready for CDC" + (f"; WARNING: {warning}" if warning else "")
+
+
+def _retention_warning(dialect: Dialect) -> str:
+    """What a connection test warns about beside success: nothing bounds the WAL a replication
+    slot may hold (PostgreSQL's default ``max_slot_wal_keep_size = -1``; "" otherwise)."""
+    if dialect.name != "postgres":
+        return ""
+    try:
+        rows = dialect._query("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
+    except Exception:  # noqa: BLE001 - a warning that cannot be read is not a failed test
+        return ""
+    if not rows or str(rows[0][0]) != "-1":
+        return ""
+    return ("nothing bounds the WAL a replication slot may hold (max_slot_wal_keep_size = -1, PostgreSQL's "
+            "default): while capture does not run the server keeps every WAL file from the slot's position on and "
+            "can fill its disk. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT "
+            "pg_reload_conf();")
 
 
 def _where(params: ConnectionParams) -> str:

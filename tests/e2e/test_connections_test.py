@@ -115,10 +115,20 @@ def test_disabled_by_default_says_so(pg_uri):
     assert "test_connection = Enabled" in CdcSourceHook.test_connection.__doc__
 
 
-def test_postgres_uri_success(pg_uri):
+def test_postgres_uri_success(pg_uri, monkeypatch):
     r, out = connections_test("cdc_ct_pg", pg_uri)
     assert r.returncode == 0 and "Connection success!" in out, out
     assert "Unknown hook type" not in out
+    # the message (which Airflow's UI and API show on success; the CLI does not) names the
+    # connection and warns when nothing bounds the slot's WAL (the server's default)
+    from airflow_provider_cdc.hooks.cdc_source import CdcPostgresSourceHook
+
+    from .test_retention_warning import unbounded_server
+
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_CT_PG", pg_uri)
+    ok, message = CdcPostgresSourceHook("cdc_ct_pg").test_connection()
+    assert ok is True and message.startswith("connection 'cdc_ct_pg' (PostgreSQL 'postgres'@"), message
+    assert ("WARNING: nothing bounds the WAL" in message) == unbounded_server(pg_uri), message
 
 
 def test_postgres_uri_scheme_postgres_success(pg_with_password):
