@@ -37,6 +37,7 @@ LAYERS = {
     "lineage": 5,  # the operators' OpenLineage datasets
     "status": 5,  # what `airflow cdc status` and the UI page read
     "triggers": 6,
+    "doctor": 6,  # what `airflow cdc doctor` checks on a source before its first run
     "sensors": 7,  # a sensor runs the pipeline's capture itself when asked to
     "operators": 7,
     "cli": 8,
