@@ -747,11 +747,15 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     now = settings.load()
     source = args.source or now.source
     entry = _config_source(source, now)
+    if entry is None and source != now.source:  # else the environment's DAG would snapshot another source
+        print(f"error: {unknown_source_error(source, known_sources(now)) or f'source {source!r} is not configured'}",
+              file=sys.stderr)
+        return EXIT_ERROR
     st = entry.settings if entry is not None else now
     data_dir = args.data_dir or st.data_dir
     dag_id = args.snapshot_dag or (f"cdc_snapshot__{entry.name}" if entry is not None else "cdc_snapshot")
     tables = [TableName.parse(t).id for t in args.table]
-    if args.action in ("pause", "stop"):
+    if args.action in ("pause", "stop"):  # also a snapshot of a table the scope has dropped since
         for t in tables:
             p = progress_store.request(source, t, args.action, data_dir)
             print(f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk")
@@ -759,6 +763,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.utils.types import DagRunTriggeredByType
 
+    from .status import source_scope
+
+    scope = source_scope(st)  # refused here, before a run is triggered, as the run's plan would refuse it
+    tables = [scope.check(TableName.parse(t)).id for t in tables]
     conf = {"action": args.action, "tables": tables}
     run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, conf=conf,
                       run_id=f"{args.action}__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}")
