@@ -146,12 +146,12 @@ def _add_doctor_and_sources(sub) -> None:
         description="Check a source before its first run and print what to fix, one line per finding with its "
                     "severity (ERROR: the first run would be refused or fail; WARNING: it runs, but something can "
                     "hurt later). Checked: the connection reaches the server and logs in (the connection id is "
-                    "named); the grants the role needs for its watermark strategy (README 'Security'); PostgreSQL "
+                    "named); the grants the role needs for its watermark strategy (the docs' connections page, 'Grants'); PostgreSQL "
                     "wal_level=logical, a free replication slot, the REPLICATION attribute, max_slot_wal_keep_size "
                     "(-1: nothing bounds the WAL a slot may hold, a warning), the publication; MariaDB/MySQL "
                     "log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica "
                     "log_slave_updates, GTID replication and watermark_strategy 'log'; each table of the scope "
-                    "exists and has a primary key or a usable replica identity (README 'Tables without a primary "
+                    "exists and has a primary key or a usable replica identity (the docs' operations page, 'Tables without a primary "
                     "key'); the hot standby chunks are read from (connection extra chunk_conn_id): in recovery, "
                     "hot_standby_feedback on, replay not paused. Doctor is read-only: its session cannot write, "
                     "and it creates no slot, publication or watermark table. "
@@ -517,7 +517,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             return EXIT_ERROR
         res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
         pk = dialect.describe_table(table).primary_key if args.events else ()
-        if res.ok:  # a failover's gap is repaired for this table (README 'Failover')
+        if res.ok:  # a failover's gap is repaired for this table (docs: operations, 'Failover')
             from .pipeline.resync import verified_after_gap
 
             for gap in verified_after_gap(dialect, args.data_dir, table.id):
@@ -632,7 +632,7 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
         print(f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position {skipped[0]}), as "
               "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this export keeps "
               "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a consumer "
-              "that reads op 't' (README \"Consuming the Debezium JSON\")", file=sys.stderr)
+              "that reads op 't' (docs: outputs, \"Consuming the Debezium JSON\")", file=sys.stderr)
     return EXIT_OK
 
 

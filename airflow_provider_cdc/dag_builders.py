@@ -364,7 +364,7 @@ a DAG run: the CDC page's verify button triggers it.
 
 Trigger with ``{"table": "schema.table"}`` and nothing else: the source, its connection and
 its data location are this DAG's own (the sources config's entry, or the environment), never
-a conf's or a Variable's. The table passes the one scope check (README "Security": not a
+a conf's or a Variable's. The table passes the one scope check (the docs' security page: not a
 system table, not the watermark table, inside the capture scope) before anything is read.
 One run at a time (``max_active_runs=1``, the task ``max_active_tis_per_dag=1``), inside
 Airflow's pools and parallelism; the page starts no second run of a table while one is

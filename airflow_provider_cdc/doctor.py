@@ -98,7 +98,7 @@ def _scope(dialect: Any) -> tuple[list, list[Finding]]:
 
 def _table_findings(dialect: Any, tables: list, exists: dict) -> list[Finding]:
     """Each table of the scope: it exists, has a key the log carries (a primary key, or what
-    README "Tables without a primary key" says), and its columns are of supported types."""
+    the docs' operations page, "Tables without a primary key" says), and its columns are of supported types."""
     out = []
     keyless = {}
     present = [t for t in tables if exists.get(t)]
@@ -114,7 +114,7 @@ def _table_findings(dialect: Any, tables: list, exists: dict) -> list[Finding]:
                                              "create it, correct its name in the scope (names are case-sensitive), "
                                              "or remove it from the scope"))
         elif t in keyless:
-            out.append(Finding(ERROR, check, keyless[t] + " (README \"Tables without a primary key\")"))
+            out.append(Finding(ERROR, check, keyless[t] + " (docs: operations, \"Tables without a primary key\")"))
         else:
             try:
                 schema = dialect.describe_table(t)
@@ -291,9 +291,9 @@ def _mysql_replica(d: Any, status: dict, strategy: str) -> list[Finding]:
     if str(status.get("Using_Gtid", "No")).lower() == "no":
         out.append(Finding(WARNING, check, "it replicates by binlog file and position, not GTID: after a failover "
                                            "capture cannot be followed and needs airflow-cdc resync. CHANGE MASTER "
-                                           "TO MASTER_USE_GTID = slave_pos (README \"Failover\")"))
+                                           "TO MASTER_USE_GTID = slave_pos (docs: operations, \"Failover\")"))
     if strategy == "table":
         out.append(Finding(WARNING, check, "watermark_strategy 'table' writes watermark rows on this replica, which "
                                            "diverges it from its primary: set the connection extra "
-                                           "watermark_strategy to 'log' (README \"Chunks from a replica\")"))
+                                           "watermark_strategy to 'log' (docs: connections, \"Chunks from a replica or standby\")"))
     return out

@@ -1,7 +1,7 @@
 """Error text that is stored (the progress Variable, the register) or shown (the CDC page,
 ``/cdc/api/status``, ``airflow cdc status``): without the row values a database error's
 details carry (core/scope.py ``drop_row_values``) and through Airflow's secrets masker, so a
-password that reached an exception's text is shown as ``***`` (README "Security")."""
+password that reached an exception's text is shown as ``***`` (the docs' security page)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ operator's ``cdc_overrides``), the ``CDC_*`` environment variable, Airflow's ``[
 configuration section (airflow.cfg or ``AIRFLOW__CDC__*``; option = the variable without
 ``CDC_``, in lower case; read only inside a process that runs Airflow already), the default.
 ``OPTIONS`` lists every setting with its default and meaning; the provider's config section
-(get_provider_info) and the README's table are built from it.
+(get_provider_info) and the docs' configuration reference are built from it.
 """
 
 from __future__ import annotations

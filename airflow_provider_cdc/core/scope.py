@@ -44,8 +44,8 @@ def no_scope_error(source: str) -> ConfigurationError:
     return ConfigurationError(
         f"source {source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
         "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
-        "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (README "
-        "'Security': on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
+        "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (the docs' "
+        "security page: on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
         "on any table without a replica identity)"
     )
 

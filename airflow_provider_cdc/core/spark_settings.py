@@ -1,6 +1,6 @@
 """Which Spark settings ``CDC_SPARK_CONF`` (and a source's ``spark_conf``) may give a spark-submit.
 
-The sources config is code (README "Security", the trust model): it is reviewed like the DAG
+The sources config is code (the docs' security page, the trust model): it is reviewed like the DAG
 folder and kept where only those who may change DAGs write. This allowlist is defence in
 depth on top of that, not the boundary: a mistake or a compromised config still cannot make a
 merge or apply submit run code of its choosing. Many Spark settings run code or carry
@@ -99,7 +99,7 @@ def check_spark_conf(conf: Mapping[str, Any], setting: str = "CDC_SPARK_CONF") -
             "(memory, cores, instances, dynamic allocation, shuffle and SQL tuning: "
             "airflow_provider_cdc/core/spark_settings.py lists them), since a setting that runs code, loads "
             "classes or carries credentials is an administrator's alone (defence in depth: the sources config "
-            "is code, reviewed like the DAG folder, README 'Security'). Have an administrator set it in spark-defaults.conf of the Spark installation the Spark "
+            "is code, reviewed like the DAG folder, the docs' security page). Have an administrator set it in spark-defaults.conf of the Spark installation the Spark "
             "connection (CDC_SPARK_CONN_ID) uses, or pass it as conf= to the operators in a DAG file of your own"
         )
     for key in sorted(conf):

@@ -204,7 +204,7 @@ class Dialect(ABC):
         self.source = source
         self.watermark_table = TableName(watermark_schema, watermark_table)
         self.options = options
-        # the capture scope (README "Security"): the tables a source captures, or every table
+        # the capture scope (the docs' security page): the tables a source captures, or every table
         # of the database only on an explicit opt-in; neither: nothing is captured
         self.all_tables = str(options.get("all_tables", False)).lower() in ("1", "true", "yes", "on")
         # the key of scope tables without a primary key (CDC_KEY_COLUMNS), by table
@@ -268,7 +268,7 @@ class Dialect(ABC):
 
         return render_filter(where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names)
 
-    # --- capture scope (README "Security") ---------------------------------------------
+    # --- capture scope (the docs' security page) ---------------------------------------------
     #: schemas of the server's own catalogs: never captured, never snapshotted
     system_schemas: ClassVar[frozenset[str]] = frozenset()
     #: the schema of a table named without one (None: a schema must be given)
@@ -321,7 +321,7 @@ class Dialect(ABC):
         """What a SourceChangedError (I14) tells the user to do."""
         return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
                 "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
-                "differ; README 'Failover')")
+                "differ; docs: operations, 'Failover')")
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         """Why each of ``tables`` cannot be captured, one sentence each with its fix (missing

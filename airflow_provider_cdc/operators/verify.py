@@ -35,7 +35,7 @@ def verify_for_dag(conf: Any, overrides: Mapping[str, str] | None = None) -> dic
     with CdcSourceHook.for_settings(now, now.conn_id, now.source).get_dialect(source=now.source) as dialect:
         dialect.check_in_scope([table])  # before anything is read (the dialect connects lazily)
         res = verify_table(dialect, now.data_dir, now.source, table)
-        if res.ok:  # a failover's gap is repaired for this table (README 'Failover')
+        if res.ok:  # a failover's gap is repaired for this table (docs: operations, 'Failover')
             verified_after_gap(dialect, now.data_dir, table.id)
     keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different")
     counts = {k: v for k, v in res.to_dict().items() if k in keep}

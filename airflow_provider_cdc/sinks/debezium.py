@@ -16,7 +16,7 @@ Every document is valid against its own schema: a zero date in a required field 
 NULL column) takes a non-null number (:func:`zero_date_days`) where Debezium would write null.
 
 Where Debezium's own output depends on things the event log does not hold, the export says
-what it writes instead (README, "Debezium JSON"): ``source.txId``/``lsn``/``sequence``
+what it writes instead (docs: outputs, "Debezium JSON"): ``source.txId``/``lsn``/``sequence``
 (PostgreSQL) and ``server_id``/``gtid``/``thread``/``file`` (MySQL) are what capture staged,
 else null; the top-level ``ts_*`` (Debezium's processing time) is the commit time; column
 DEFAULTs are not in the schema (Debezium adds ``"default"`` for constant defaults); snapshot
@@ -306,7 +306,7 @@ def _zero_date(v: str) -> bool:
     return v[5:7] == "00" or v[8:10] == "00" or v.startswith("0000-")
 
 
-#: a zero date in a required field (README "Consuming the Debezium JSON"): day numbers from here
+#: a zero date in a required field (docs: outputs, "Consuming the Debezium JSON"): day numbers from here
 #: up, all below any real date (0001-01-01 is day -719,162), one per (year, month, day) and in
 #: their order, so distinct zero-date keys stay distinct
 ZERO_DATE_DAYS = -5_200_000

@@ -192,7 +192,7 @@ class MirrorPostgresSink(Sink):
                 continue
             truncates = pc.equal(part.events["op"], "t")
             if pc.any(truncates).as_py():
-                # every row older than the TRUNCATE goes (no horizon here: see README, TRUNCATE)
+                # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page, TRUNCATE)
                 newest = pc.max(part.events.filter(truncates)["position"]).as_py()
                 self._delete_before(schema, newest)
                 part = part.filter(pc.greater(part.events["position"], newest))

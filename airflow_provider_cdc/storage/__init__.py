@@ -91,7 +91,7 @@ def check_location(location: str, setting: str = "data location") -> str:
         raise ConfigurationError(
             f"{setting} {shown!r} holds credentials in the URI: a location names only the bucket and prefix. "
             "Credentials go in an Airflow connection named by CDC_STORAGE_CONN_ID (or the source's "
-            "storage_conn_id in the sources config), or in the workers' own identity (README 'Where credentials "
+            "storage_conn_id in the sources config), or in the workers' own identity (the docs' security page, 'Where credentials "
             "come from')")
     return location
 
@@ -329,7 +329,7 @@ def _fsync(path: str) -> None:
 
 
 #: what a published local file may be read by: its owner only. Staged segments, chunks and
-#: exports hold row values of the source (README "Security")
+#: exports hold row values of the source (the docs' security page)
 LOCAL_FILE_MODE = 0o600
 
 

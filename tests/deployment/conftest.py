@@ -3,7 +3,7 @@
 project's PostgreSQL server, LocalExecutor, and the four components each in its own process
 group with its own log file), with the scenarios' tables, a sources config of two more sources
 and the example consumer DAG. Tests drive it through the `airflow` CLI and the REST API only;
-see README ("Deployment tier").
+see docs/deployment.md.
 """
 
 from __future__ import annotations

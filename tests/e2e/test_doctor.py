@@ -1,7 +1,7 @@
 """``airflow-cdc doctor`` on real servers (issue 47): a PostgreSQL server with wal_level=replica, a
 role missing a grant and a keyless table -> one report naming all three, exit 1, and nothing
 created on the source; a MariaDB with binlog_format=STATEMENT, a user missing a grant and a keyless
-table -> the same; a healthy least-privilege source (README "Security", set-up 2) -> exit 0.
+table -> the same; a healthy least-privilege source (docs/connections.md "Grants", set-up 2) -> exit 0.
 
 The broken servers are private throwaway instances (the shared test servers' globals are never
 changed); the healthy sources use the shared servers with a role of their own."""
@@ -102,7 +102,7 @@ def test_doctor_postgres_names_wal_level_a_missing_grant_and_a_keyless_table(pg_
 
 @pytest.fixture
 def pg_least_privilege(pg_uri, unique_name, monkeypatch):
-    """Set-up 2 of README "Security" on the shared server: an administrator created watermark
+    """Set-up 2 of docs/connections.md "Grants" on the shared server: an administrator created watermark
     table and publication; the role may read its table, write the watermark row, replicate."""
     role, pub, wm = f"cdc_doc_{unique_name}", f"cdc_doc_{unique_name}", f"cdc.wm_doc_{unique_name}"
     table = f"public.doc_{unique_name}"
@@ -180,7 +180,7 @@ def test_doctor_mariadb_names_binlog_format_a_missing_grant_and_a_keyless_table(
     srv = mariadb_statement_format
     srv.sql("CREATE TABLE keyed (id INT PRIMARY KEY, v TEXT)")
     srv.sql("CREATE TABLE keyless (id INT, v TEXT)")
-    # README "Security" grants but BINLOG MONITOR
+    # docs/connections.md "Grants" grants but BINLOG MONITOR
     for sql in ("CREATE USER 'doc_user'@'%%' IDENTIFIED BY 'pw'", "GRANT REPLICATION SLAVE ON *.* TO 'doc_user'@'%%'",
                 "GRANT SELECT ON cdc_test.* TO 'doc_user'@'%%'"):
         srv.sql(sql, database=None)
@@ -202,7 +202,7 @@ def test_doctor_mariadb_names_binlog_format_a_missing_grant_and_a_keyless_table(
 
 @pytest.fixture
 def my_least_privilege(mysql_uri, unique_name, monkeypatch):
-    """Set-up 2 of README "Security" on the shared MariaDB: the watermark table exists, the user
+    """Set-up 2 of docs/connections.md "Grants" on the shared MariaDB: the watermark table exists, the user
     may read its table and write the watermark row."""
     user, table, wm = f"cdc_doc_{unique_name}", f"doc_{unique_name}", f"`cdc`.`wm_doc_{unique_name}`"
     db = urlsplit(mysql_uri).path.lstrip("/")

@@ -1,5 +1,5 @@
 """The consumer tier: Apache Flink (PyFlink, ``debezium-json``) reads ``export-debezium --form
-value`` exports of both databases with the README's settings ("Consuming the Debezium JSON"),
+value`` exports of both databases with the settings of docs/outputs.md ("Consuming the Debezium JSON"),
 and the table it rebuilds equals the mirror row for row: a snapshot under live writers on the
 demo table, and a table of every supported type with inserts, updates and deletes after its
 snapshot. Slow (a PyFlink virtualenv of its own, a JVM per read): marked ``consumer``, run by
@@ -176,7 +176,7 @@ def test_flink_reads_every_supported_type(request, db, unique_name, tmp_path, mo
             cols = ", ".join(f"`{c}` {ty}" for c, ty, *_ in columns)
         cur.execute(f"CREATE TABLE {qt} ({q(params, 'id')} INT PRIMARY KEY, {cols})")
         if db == "pg":
-            cur.execute(f"ALTER TABLE {qt} REPLICA IDENTITY FULL")  # Flink needs before images (README)
+            cur.execute(f"ALTER TABLE {qt} REPLICA IDENTITY FULL")  # Flink needs before images (docs/outputs.md)
         values = ", ".join(lit for _, _, lit, *_ in columns)
         for i in (1, 2, 3):
             cur.execute(f"INSERT INTO {qt} VALUES ({i}, {values})")

@@ -1,5 +1,5 @@
 """The whole loop as a least-privilege role, through the real DAGs, on both databases, in both
-set-ups of README "Security": the provider creates publication and watermark table (set-up
+set-ups of docs/connections.md "Grants": the provider creates publication and watermark table (set-up
 1), or an administrator did and the role may only read the captured table, write the
 watermark row and read the log (set-up 2).
 
@@ -64,7 +64,7 @@ class LeastPrivilegePipeline(Pipeline):
             admin.autocommit(True)
             if setup == 0:  # read-only: watermark strategy "log", no write grant anywhere
                 my_run(admin, *my_setup(self.role, qt, "", provider_creates=True)[:3])
-                if replica_uri is not None:  # README "Chunks from a replica": to show the replica's lag
+                if replica_uri is not None:  # docs/connections.md "Chunks from a replica or standby": to show the replica's lag
                     my_run(admin, f"GRANT SLAVE MONITOR ON *.* TO '{self.role}'@'%'")
                 conn["extra"]["watermark_strategy"] = "log"
             else:

@@ -1,15 +1,15 @@
-"""No harm to the source, no way in (README "Security"), on the real servers.
+"""No harm to the source, no way in (docs/connections.md "Grants"), on the real servers.
 
 - Without a capture scope nothing is captured and nothing is created on the source; the
   FOR ALL TABLES opt-in is refused while a table without a replica identity exists, so an
   application's UPDATE keeps working whatever the provider is told.
 - A snapshot reads only tables of the scope: never a system table, never one the role
   cannot read, and the error names the grant.
-- The grants of README "Security" are enough, for both set-ups: the provider creates
+- The grants of docs/connections.md "Grants" are enough, for both set-ups: the provider creates
   publication and watermark table (set-up 1), or an administrator did and the provider runs
   no DDL (set-up 2); a role missing any one of them gets an error naming it.
 
-The statements below are the README's, with the names filled in: a change to one is a change
+The statements below are the docs' (connections.md, "Grants"), with the names filled in: a change to one is a change
 to the other.
 """
 
@@ -31,7 +31,7 @@ from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 # --------------------------------------------------------------------------- PostgreSQL
 def pg_setup2_admin(role: str, tables: list[str], wm: str, publication: str) -> list[str]:
-    """Set-up 2 on PostgreSQL: what an administrator runs (README "Security")."""
+    """Set-up 2 on PostgreSQL: what an administrator runs (docs/connections.md "Grants")."""
     return [
         f"CREATE ROLE {role} LOGIN REPLICATION",
         "CREATE SCHEMA IF NOT EXISTS cdc",
@@ -248,7 +248,7 @@ def my_run(conn, *statements: str) -> None:
 
 
 def my_setup(user: str, table: str, wm: str, *, provider_creates: bool) -> list[str]:
-    """README "Security" on MariaDB: set-up 1 lets the provider create the watermark table in
+    """docs/connections.md "Grants" on MariaDB: set-up 1 lets the provider create the watermark table in
     its database (`cdc`); in set-up 2 an administrator made it and the user only writes its row."""
     common = [
         f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'",

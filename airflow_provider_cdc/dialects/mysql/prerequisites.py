@@ -244,7 +244,7 @@ class MyPrerequisites:
                     "CREATE", "ALL", "ALL PRIVILEGES"}:
                 problems.append(
                     f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
-                    f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (README "
-                    "'Security', set-up 2)"
+                    f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (the docs' "
+                    "connections page, 'Grants', set-up 2)"
                 )
         return problems

@@ -36,7 +36,7 @@ class MyWatermarks:
         except pymysql.err.MySQLError as exc:
             raise self._grant_error(
                 exc, f"GRANT CREATE, INSERT, SELECT, UPDATE ON {self.quote_ident(wm.schema)}.*",
-                "or have an administrator create the watermark table (README 'Security', set-up 2)") from None
+                "or have an administrator create the watermark table (the docs' connections page, 'Grants', set-up 2)") from None
 
     def _grant_error(self, exc: Exception, grant: str, alternative: str = "") -> Exception:
         """A permission error as a SourceError naming the grant; any other error as it is."""

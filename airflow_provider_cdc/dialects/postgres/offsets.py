@@ -458,7 +458,7 @@ class PgOffsets:
             setting="max_slot_wal_keep_size",
             fix="run the capture more often (the changelog DAG's schedule), or raise max_slot_wal_keep_size; "
                 "a slot already lost needs airflow-cdc resync, which starts capture anew and repairs only what "
-                "differs (README 'Failover')",
+                "differs (docs: operations, 'Failover')",
             unbounded=unbounded,
         )
 

@@ -152,7 +152,7 @@ class PgPrerequisites:
             )
 
     def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
-        """Every grant the configured set-up lacks, each as the statement that gives it (README
+        """Every grant the configured set-up lacks, each as the statement that gives it (the docs' connections page,
         "Security" lists both set-ups: the provider creates publication and watermark table, or
         an administrator did, and the provider then needs no ownership and runs no DDL)."""
         s = s or self.read_settings()
@@ -182,7 +182,7 @@ class PgPrerequisites:
                 what = f"SCHEMA {self.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.quote_ident(
                     self.params.database or "postgres")
                 problems.append(f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
-                                f"{wm}, or have an administrator create it (README 'Security')")
+                                f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')")
         scope = list(self.tables or [])
         rows = {
             TableName(sch, name): (sel, usage, owner)
@@ -230,7 +230,7 @@ class PgPrerequisites:
                     f"publication {self.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
                     f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
                     f"{self.quote_ident(self.publication_name)} FOR TABLE {self._qlist([*scope, *wms])} WITH "
-                    "(publish_via_partition_root = true) (README 'Security', set-up 2)"
+                    "(publish_via_partition_root = true) (the docs' connections page, 'Grants', set-up 2)"
                 )
         return problems
 
