@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint docs services-stop clean
+.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint docs docs-screenshots services-stop clean
 
 setup:
 	@scripts/setup.sh
@@ -38,6 +38,12 @@ bench: setup
 # the documentation site in docs/_build/html (warnings are errors, as in CI)
 docs: setup
 	@$(ENV) sphinx-build -W -q -b html docs docs/_build/html && echo "docs: docs/_build/html/index.html"
+
+# the front page and one how-to page as headless Chromium renders them (docs/screenshots/)
+docs-screenshots: docs
+	@for p in index howto; do chromium --headless=new --no-sandbox --disable-gpu --hide-scrollbars \
+	  --window-size=1280,1400 --screenshot=docs/screenshots/$$p.png file://$(CURDIR)/docs/_build/html/$$p.html \
+	  2>/dev/null; done; ls docs/screenshots
 
 lint: setup
 	@$(ENV) ruff check airflow_provider_cdc dags tests bench
