@@ -73,23 +73,21 @@ def read_so_far(data_dir: str, source: str, table_id: str, snapshot_id: str) -> 
     chunk once its round is merged; a range task reads for as long as its range takes, so this
     is where a running snapshot's progress shows first. None when its plan is not readable."""
     from .core.progress import range_fraction
-    from .core.ranges import ChunkRange
     from .core.schema import TableName
-    from .pipeline.snapshot import range_state, read_plan, read_sidecars
+    from .pipeline.snapshot import load_plan, range_state, read_sidecars
 
     try:
         table = TableName.parse(table_id)
-        plan = read_plan(data_dir, source, table, snapshot_id)
+        plan = load_plan(data_dir, source, table, snapshot_id)
         sidecars = read_sidecars(data_dir, source, table, snapshot_id)
     except Exception:  # noqa: BLE001 - staging moved or pruned: the register's figures alone
         return None
-    upper = plan.get("upper_bound")
+    upper = plan.upper_bound
     rows = chunks = 0
     shares: list[float | None] = []
-    for i, raw in enumerate(plan.get("ranges") or []):
+    for i, rng in enumerate(plan.ranges):
         st = range_state(sidecars, i, upper)
         rows, chunks = rows + st.rows, chunks + st.chunks
-        rng = ChunkRange.from_json(json.dumps(raw))
         shares.append(1.0 if st.exhausted else 0.0 if st.after_key is None else range_fraction(rng, st.after_key, upper))
     share = None if not shares or None in shares else sum(shares) / len(shares)  # type: ignore[arg-type]
     return {"rows": rows, "chunks": chunks, "fraction": share}

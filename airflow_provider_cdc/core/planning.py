@@ -28,15 +28,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from .errors import ConfigurationError
+from .plans import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_PARALLELISM,
+    MAX_PARALLELISM,
+    chunk_size_value,
+    parallelism_value,
+)
 from .ranges import FULL_RANGE, ChunkRange, keyset_condition, keyset_params
 from .schema import TableName, TableSchema
-from .throttle import chunk_size_value
 
-MAX_PARALLELISM = 256
 KEYSET_OPS = (">", ">=", "<", "<=")
 
 
@@ -149,8 +154,8 @@ class SnapshotRequest:
     ranges: Mapping[str, tuple[ChunkRange, ...]] = field(default_factory=dict)
     where: str | Mapping[str, str] | None = None
     #: rows per chunk: a number fixes it; None (conf ``"auto"`` or absent) adapts it (core/throttle.py)
-    chunk_size: int | None = None
-    parallelism: int = 1
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE
+    parallelism: int = DEFAULT_PARALLELISM
 
     def __post_init__(self) -> None:
         tables = tuple(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in self.tables)
@@ -162,7 +167,7 @@ class SnapshotRequest:
             raise ConfigurationError(f"snapshot request names table(s) {dups} more than once")
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size))
-        _int_setting("parallelism", self.parallelism, 1, MAX_PARALLELISM)
+        parallelism_value(self.parallelism)
         keys = {t: tuple(tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in ks) for t, ks in dict(self.keys).items()}
         ranges = {t: tuple(r if isinstance(r, ChunkRange) else _range_from(r, t) for r in rs) for t, rs in dict(self.ranges).items()}
         for setting, per_table in (("keys", keys), ("ranges", ranges)):
@@ -221,7 +226,8 @@ class SnapshotRequest:
             check_bound_types(schema, k, "chosen key")
 
     # --- DAG-run conf ---------------------------------------------------------------------
-    FIELDS = ("tables", "keys", "ranges", "where", "chunk_size", "parallelism")
+    #: the settings :meth:`from_dict` takes: this dataclass's fields (set below the class)
+    FIELDS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], default_schema: str | None = None) -> SnapshotRequest:
@@ -265,6 +271,9 @@ class SnapshotRequest:
             "chunk_size": self.chunk_size,
             "parallelism": self.parallelism,
         }
+
+
+SnapshotRequest.FIELDS = tuple(f.name for f in fields(SnapshotRequest))
 
 
 def _lst(k: tuple | None) -> list | None:

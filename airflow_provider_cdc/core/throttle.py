@@ -18,49 +18,39 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import ConfigurationError
+from .plans import (
+    AUTO,
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_DELAY_SECONDS,
+    DEFAULT_PARALLELISM,
+    MAX_CHUNK_SIZE,
+    MAX_DELAY_SECONDS,
+    MAX_PARALLELISM,
+    THROTTLE_KEYS,
+    chunk_size_value,
+    delay_seconds_value,
+    parallelism_value,
+)
 
-MAX_CHUNK_SIZE = 10_000_000
-MAX_PARALLELISM = 256
-MAX_DELAY_SECONDS = 86_400.0
-#: the conf and throttle value of ``chunk_size`` that asks for the adaptive size explicitly
-#: (e.g. to override a DAG throttle's fixed size for one run)
-AUTO = "auto"
-
-
-def chunk_size_value(value: Any, setting: str = "chunk_size") -> int | None:
-    """A ``chunk_size`` as given (a conf, a throttle): a row count fixes the size; ``None`` or
-    ``"auto"`` means adaptive (None). Anything else is a ConfigurationError naming ``setting``."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == AUTO):
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE:
-        raise ConfigurationError(
-            f"{setting} must be a whole number from 1 to {MAX_CHUNK_SIZE} (a fixed row count per chunk) or "
-            f"{AUTO!r} (sized by CDC_CHUNK_TARGET_SECONDS / CDC_CHUNK_TARGET_MB), got {value!r}"
-        )
-    return value
+# the bounds and defaults of the throttle settings are defined once, in core/plans.py
+__all__ = ["AUTO", "MAX_CHUNK_SIZE", "MAX_DELAY_SECONDS", "MAX_PARALLELISM", "chunk_size_value"]
 
 
 @dataclass(frozen=True, slots=True)
 class Throttle:
-    chunk_size: int | None = None  # rows per chunk SELECT; None: adaptive (ChunkSizer)
-    delay_seconds: float = 0.0  # pause between rounds
-    parallelism: int = 1  # chunks per round (disjoint ranges, read in parallel)
+    """A DAG's throttle (the sources config, ``throttle=``): defaults of a run's conf keys of the
+    same names (core/plans.py THROTTLE_KEYS, which holds their bounds and defaults)."""
+
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE  # rows per chunk SELECT; None: adaptive (ChunkSizer)
+    delay_seconds: float = DEFAULT_DELAY_SECONDS  # pause between rounds
+    parallelism: int = DEFAULT_PARALLELISM  # chunks per round (disjoint ranges, read in parallel)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size"))
-        v = self.parallelism
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PARALLELISM:
-            raise ConfigurationError(
-                f"throttle setting parallelism must be a whole number from 1 to {MAX_PARALLELISM}, got {v!r}"
-            )
-        d = self.delay_seconds
-        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= MAX_DELAY_SECONDS:
-            raise ConfigurationError(
-                f"throttle setting delay_seconds must be a number of seconds from 0 to {MAX_DELAY_SECONDS:g}, got {d!r}"
-            )
-        object.__setattr__(self, "delay_seconds", float(d))
+        parallelism_value(self.parallelism, "throttle setting parallelism", one_message=True)
+        object.__setattr__(self, "delay_seconds", delay_seconds_value(self.delay_seconds))
 
-    FIELDS = ("chunk_size", "delay_seconds", "parallelism")
+    FIELDS = THROTTLE_KEYS
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> Throttle:

@@ -18,6 +18,7 @@ from airflow.sdk import BaseOperator
 
 from .. import progress_store
 from ..core.errors import ConfigurationError
+from ..core.plans import THROTTLE_KEYS
 from ..core.progress import SnapshotProgress
 from ..core.schema import TableName
 from ..hooks.cdc_source import CdcSourceMixin
@@ -181,10 +182,10 @@ class SnapshotPlanOperator(_SourceOperator):
         self.default_tables = default_tables
         #: throttle keys (chunk_size, parallelism, delay_seconds) a run's conf falls back to
         self.conf_defaults = dict(conf_defaults or {})
-        unknown = sorted(set(self.conf_defaults) - {"chunk_size", "parallelism", "delay_seconds"})
+        unknown = sorted(set(self.conf_defaults) - set(THROTTLE_KEYS))
         if unknown:
             raise ConfigurationError(f"{type(self).__name__}: conf_defaults may hold chunk_size, parallelism and "
-                                     f"delay_seconds, not {unknown}")
+                                     f"delay_seconds, not {unknown}")  # THROTTLE_KEYS, in the words of the docs
 
     def execute(self, context: Any) -> list[dict]:
         conf = self.conf

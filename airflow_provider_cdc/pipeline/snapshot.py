@@ -29,6 +29,7 @@ from ..core.chunk import ChunkResult
 from ..core.errors import StateError, WatermarkError
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
+from ..core.plans import SnapshotPlan
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..dialects.base import Dialect
@@ -247,6 +248,16 @@ def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
     return json.loads(storage.read_text(p))
+
+
+def load_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> SnapshotPlan:
+    """The stored plan of a snapshot, typed (:func:`read_plan` is its JSON)."""
+    return SnapshotPlan.from_dict(read_plan(data_dir, source, table, snapshot_id))
+
+
+def write_plan(data_dir: str, source: str, plan: SnapshotPlan) -> None:
+    storage.write_text(plan_path(data_dir, source, TableName.parse(plan.table), plan.snapshot_id),
+                       json.dumps(plan.to_dict()))
 
 
 def new_snapshot_id() -> str:

@@ -9,9 +9,9 @@ from typing import Any
 
 from ..core.errors import ConfigurationError
 from ..core.planning import SnapshotRequest
+from ..core.plans import CONF_KEYS, delay_seconds_value
 from ..core.schema import TableName
 from ..core.scope import CaptureScope
-from ..core.throttle import Throttle
 
 #: refresh (the default of scheduled runs): start tables that are done, stopped or new,
 #: continue running or failed ones, leave paused ones paused
@@ -19,9 +19,7 @@ ACTIONS = ("start", "pause", "resume", "stop", "refresh")
 
 
 # --------------------------------------------------------------------------- conf
-#: conf keys of the DAG run: the control action and throttle on top of core's SnapshotRequest
-#: fields (``key_ranges`` is the conf name of the request's ``ranges``)
-CONF_KEYS = ("action", "tables", "key_ranges", "keys", "where", "chunk_size", "parallelism", "delay_seconds")
+__all__ = ["ACTIONS", "CONF_KEYS", "SnapshotConf", "check_scope", "parse_snapshot_conf"]  # CONF_KEYS: core/plans.py
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def parse_snapshot_conf(
         raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
     delay = conf.pop("delay_seconds", None)
     if delay is not None:
-        delay = Throttle(delay_seconds=delay).delay_seconds  # validated by core (clear error)
+        delay = delay_seconds_value(delay)  # validated by core (clear error)
     given = frozenset(conf) | ({"delay_seconds"} if delay is not None else frozenset())
     if conf.get("tables") is None:
         tables = default_tables

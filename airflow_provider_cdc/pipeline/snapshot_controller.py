@@ -26,13 +26,13 @@ from .. import storage
 from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
+from ..core.plans import SnapshotPlan, WorkItem
 from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
-from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
-from ..storage.layout import changelog_dir, mirror_dir, plan_path, schema_path
+from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
 from .progress_store import SourceProgress
 from .snapshot_conf import SnapshotConf
@@ -87,33 +87,21 @@ def mark_failed(progress: SourceProgress, snapshots: Iterable[tuple[str, str]], 
     return changed
 
 
-def work_items(plan: dict, indexes: Iterable[int]) -> list[dict]:
-    """The chunk tasks' inputs: one dict per range of ``plan`` to read (XCom-serialisable)."""
-    return [
-        {
-            "table": plan["table"],
-            "snapshot_id": plan["snapshot_id"],
-            "range_index": i,
-            "ranges_total": len(plan["ranges"]),
-            "range": plan["ranges"][i],
-            "upper_bound": plan.get("upper_bound"),
-            "where": plan.get("where"),
-            "chunk_size": plan.get("chunk_size"),  # None: adaptive (core/throttle.py ChunkSizer)
-            "delay_seconds": plan.get("delay_seconds") or 0.0,
-        }
-        for i in indexes
-    ]
+def work_items(plan: SnapshotPlan | dict, indexes: Iterable[int]) -> list[dict]:
+    """The chunk tasks' inputs: one WorkItem per range of ``plan`` to read, as XCom carries it."""
+    return [w.to_dict() for w in SnapshotPlan.from_dict(plan).work_items(indexes)]
 
 
-def read_floor(plan: dict) -> Position | None:
+def read_floor(plan: SnapshotPlan | dict) -> Position | None:
     """How far a replica that chunks are read from must have replayed before a chunk of the
     snapshot ``plan`` (None: no such bound): past the plan's ``read_floor`` (the changelog's start
     lies before it) and, under watermark strategy "log", past the convergence mark (a chunk's
     mark older than it would have its rows swept away by convergence)."""
-    mark = marked_position(plan.get("converge_watermark") or "")
+    fields = plan if isinstance(plan, dict) else plan.to_dict()  # (a plan's fields, or some of them)
+    mark = marked_position(fields.get("converge_watermark") or "")
     floors = [mark[0]] if mark else []
-    if plan.get("read_floor"):
-        floors.append(Position.decode(plan["read_floor"]))
+    if fields.get("read_floor"):
+        floors.append(Position.decode(fields["read_floor"]))
     return max(floors, default=None)
 
 
@@ -194,17 +182,18 @@ class SnapshotController:
         if prior is None:
             return req
         try:
-            plan = steps.read_plan(self.data_dir, self.source, table, prior.snapshot_id)
+            plan = steps.load_plan(self.data_dir, self.source, table, prior.snapshot_id)
         except StateError:
             log.info("table %s: the plan of snapshot %s is gone; refreshing with this run's settings", table,
                      prior.snapshot_id)
             return req
         changes: dict[str, Any] = {
-            k: plan[k] for k in ("chunk_size", "parallelism") if k not in req.given and plan.get(k) is not None
+            k: getattr(plan, k) for k in ("chunk_size", "parallelism")
+            if k not in req.given and getattr(plan, k) is not None
         }
-        if "where" not in req.given and plan.get("where"):
-            changes["where"] = {table.id: plan["where"]}
-        delay = req.delay_seconds if "delay_seconds" in req.given else (plan.get("delay_seconds") or None)
+        if "where" not in req.given and plan.where:
+            changes["where"] = {table.id: plan.where}
+        delay = req.delay_seconds if "delay_seconds" in req.given else (plan.delay_seconds or None)
         return replace(req, request=replace(req.request, **changes), delay_seconds=delay)
 
     def _owner_elsewhere(self, p: SnapshotProgress) -> bool:
@@ -287,26 +276,26 @@ class SnapshotController:
         for table, schema, ranges, upper in plans:
             sid = steps.new_snapshot_id()
             partial = steps.is_partial(request, table)
-            plan = {
-                "table": table.id,
-                "snapshot_id": sid,
-                "ranges": [json.loads(r.to_json()) for r in ranges],
-                "upper_bound": None if upper is None else list(upper),
-                "where": request.where_for(table),
+            plan = SnapshotPlan(
+                table=table.id,
+                snapshot_id=sid,
+                ranges=tuple(ranges),
+                upper_bound=upper,
+                where=request.where_for(table),
                 # whole-table snapshots only: one limited by keys, ranges or a filter does not
                 # re-emit the rows outside what it read, so it cannot tell ghosts from them
-                "converge_watermark": None if partial else converge_mark,
-                "converge_visibility": None if partial else converge_visibility,
-                "read_floor": None if read_floor is None else read_floor.encode(),
-                "chunk_size": request.chunk_size,
-                "parallelism": request.parallelism,
-                "delay_seconds": req.delay_seconds or 0.0,
-            }
+                converge_watermark=None if partial else converge_mark,
+                converge_visibility=None if partial else converge_visibility,
+                read_floor=None if read_floor is None else read_floor.encode(),
+                chunk_size=request.chunk_size,
+                parallelism=request.parallelism,
+                delay_seconds=req.delay_seconds,
+            )
             # the mirror takes the table's current schema: new columns added, or (a changed
             # type, a stop after a schema change) rebuilt empty for this snapshot to fill
             steps.reconcile_mirror(self.data_dir, self.source, schema, whole_table=not partial)
             storage.write_text(schema_path(self.data_dir, self.source, table), schema.to_json())
-            storage.write_text(plan_path(self.data_dir, self.source, table, sid), json.dumps(plan))
+            steps.write_plan(self.data_dir, self.source, plan)
             started = SnapshotProgress.start(self.source, sid, {table.id: ranges}, {table.id: upper})
             started.owner, started.logical_date = self.run_id, self.logical_date
             read_as = stored.get(table.id)
@@ -324,8 +313,8 @@ class SnapshotController:
 
             self.progress.update(table.id, claim)
             log.info("table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s", table.id, sid,
-                     len(ranges), upper, "adaptive" if plan["chunk_size"] is None else f"{plan['chunk_size']:,} (fixed)")
-            work += work_items(plan, range(len(ranges)))
+                     len(ranges), upper, "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)")
+            work += [w.to_dict() for w in plan.work_items(range(len(ranges)))]
         return work
 
     def _resume(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
@@ -349,16 +338,16 @@ class SnapshotController:
                 )
                 continue
             table = TableName.parse(tid)
-            plan = steps.read_plan(self.data_dir, self.source, table, p.snapshot_id)
+            plan = steps.load_plan(self.data_dir, self.source, table, p.snapshot_id)
             if "chunk_size" in req.given:  # throttle settings may change between runs
-                plan["chunk_size"] = req.request.chunk_size
+                plan = plan.with_throttle(chunk_size=req.request.chunk_size)
             if req.delay_seconds is not None:
-                plan["delay_seconds"] = req.delay_seconds
-            storage.write_text(plan_path(self.data_dir, self.source, table, p.snapshot_id), json.dumps(plan))
+                plan = plan.with_throttle(delay_seconds=req.delay_seconds)
+            steps.write_plan(self.data_dir, self.source, plan)
             sidecars = steps.read_sidecars(self.data_dir, self.source, table, p.snapshot_id)
             todo = [
-                i for i in range(len(plan["ranges"]))
-                if not (st := steps.range_state(sidecars, i, plan.get("upper_bound"))).exhausted or st.unmerged
+                i for i in range(len(plan.ranges))
+                if not (st := steps.range_state(sidecars, i, plan.upper_bound)).exhausted or st.unmerged
             ]
 
             def change(q: SnapshotProgress | None, sid: str = p.snapshot_id, tid: str = tid,
@@ -374,8 +363,8 @@ class SnapshotController:
 
             self.progress.update(tid, change)
             log.info("table %s: resuming snapshot %s, %d of %d range(s) left", tid, p.snapshot_id, len(todo),
-                     len(plan["ranges"]))
-            work += work_items(plan, todo)
+                     len(plan.ranges))
+            work += [w.to_dict() for w in plan.work_items(todo)]
         return work
 
     # ------------------------------------------------------------------ chunk loop
@@ -441,7 +430,7 @@ class SnapshotController:
         self.progress.update(table_id, change)
         return why
 
-    def read_range(self, work: dict, *, dag_paused: Callable[[], bool] = lambda: False) -> list[dict]:
+    def read_range(self, work: WorkItem | dict, *, dag_paused: Callable[[], bool] = lambda: False) -> list[dict]:
         """Read one planned range (a work item) chunk by chunk, each between a fresh pair of
         watermarks, after its last committed chunk (retry, resume). Stops before the next
         chunk when the snapshot is no longer live (:meth:`stop_reason`) or ``dag_paused()``
@@ -453,16 +442,14 @@ class SnapshotController:
         targets), starting from the last committed chunk of the range on a retry or resume."""
         from .schema_changes import chunk_schema
 
-        table = TableName.parse(work["table"])
-        snapshot_id, ri = work["snapshot_id"], int(work["range_index"])
-        rng = ChunkRange.from_json(json.dumps(work["range"]))
-        upper = work.get("upper_bound")
-        fixed = None if work.get("chunk_size") is None else int(work["chunk_size"])
-        delay = float(work.get("delay_seconds") or 0)
+        work = WorkItem.from_dict(work)
+        table = TableName.parse(work.table)
+        snapshot_id, ri, rng, upper = work.snapshot_id, work.range_index, work.range, work.upper_bound
+        delay = work.delay_seconds
         sidecars = steps.read_sidecars(self.data_dir, self.source, table, snapshot_id)
         st = steps.range_state(sidecars, ri, upper)
         results = list(st.unmerged)
-        label = f"{table} range {ri + 1}/{work['ranges_total']}"
+        label = f"{table} range {ri + 1}/{work.ranges_total}"
         if st.exhausted:
             log.info("%s already read (%d rows in %d chunks)", label, st.rows, st.chunks)
             return results
@@ -476,14 +463,14 @@ class SnapshotController:
         rows_total, n, t0, rows_run = st.rows, st.chunks, time.monotonic(), 0
         if st.chunks:
             log.info("%s: continuing after %d committed chunk(s), after key %s", label, st.chunks, after_key)
-        floor = read_floor(steps.read_plan(self.data_dir, self.source, table, snapshot_id))
+        floor = read_floor(steps.load_plan(self.data_dir, self.source, table, snapshot_id))
         with self.connect() as dialect:
             if floor is not None:
                 dialect.read_no_older_than(floor)
             # a retry or resume goes on with the size its last committed chunk had (the range
             # continues after that chunk's key whatever its size): no restart from the default
             last = [s["result"]["rows"] for s in sidecars if s["range_index"] == ri][-1:]
-            sizer = ChunkSizer(self.chunk_sizing, fixed=fixed, start=last[0] if last else None,
+            sizer = ChunkSizer(self.chunk_sizing, fixed=work.chunk_size, start=last[0] if last else None,
                                target_bytes_cap=getattr(dialect, "batch_max_bytes", None))
             while True:
                 if n > st.chunks:
@@ -502,7 +489,7 @@ class SnapshotController:
                 size, started = sizer.size, self.clock()
                 res = steps.snapshot_chunk(dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id,
                                            seq=seq, chunk_size=size, after_key=after_key,
-                                           where=work.get("where"), upper_bound=upper)
+                                           where=work.where, upper_bound=upper)
                 took = self.clock() - started
                 if res.rows and after_key is not None and res.last_key is not None:
                     steps.check_advanced(dialect, schema, label, after_key, res.last_key)
@@ -612,13 +599,13 @@ class SnapshotController:
         table = TableName.parse(tid)
         converged: dict[str, Any] = {}
         if sid is not None:
-            plan = steps.read_plan(self.data_dir, self.source, table, sid)
-            mark = plan.get("converge_watermark")
+            plan = steps.load_plan(self.data_dir, self.source, table, sid)
+            mark = plan.converge_watermark
             if mark:
                 changelog = changelog_dir(self.data_dir, self.source)
                 found = staged_watermarks(changelog, [mark])
                 if mark in found:
-                    vis, at = plan.get("converge_visibility"), found[mark][0]
+                    vis, at = plan.converge_visibility, found[mark][0]
                     at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
                     gone = sweep(mirror_dir(self.data_dir, self.source, table), at,
                                  reason=f"snapshot {sid} convergence")
