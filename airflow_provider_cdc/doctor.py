@@ -156,7 +156,7 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
                                                     f"{s.max_replication_slots} free for slot {d.slot_name!r}"))
     grants = d.privilege_problems(s)
     if s.in_recovery:
-        if d.writes_watermarks:
+        if d.watermarks.tables():  # a standby takes no writes
             grants.append(d.standby_watermark_problem)
         pub = d.standby_publication_problem()
         if pub:

@@ -10,7 +10,6 @@ commit the offset.
 from __future__ import annotations
 
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,16 +22,16 @@ from ..core.event_batch import EventBatch
 from ..core.events import LogEvent
 from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
-from ..core.position import Position, position_mark
+from ..core.position import Position
 from ..core.ranges import ChunkRange
 from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
 from ..core.scope import CaptureScope, is_system_schema, no_scope_error
 from ..storage.staged import ChunkWriter
+from .watermark_strategy import STRATEGIES, WATERMARK_STRATEGIES, WatermarkStrategy
 
 log = logging.getLogger(__name__)
 
 DEFAULT_FETCH_BATCH_ROWS = 2_000
-WATERMARK_STRATEGIES = ("table", "log")
 #: bytes of values one chunk batch may hold before it is typed and written (the driver rows
 #: of a generic chunk read, the COPY text of a PostgreSQL one), next to the row count
 #: (``fetch_batch_rows`` / ``copy_batch_rows``): a batch of rows holding large values is
@@ -238,15 +237,17 @@ class Dialect(ABC):
             raise ConfigurationError(f"segment_max_bytes must be >= 1024, got {self.segment_max_bytes!r}")
         # how a chunk's window is bounded (docs/DESIGN.md, "Watermarks without writes"): "table"
         # writes watermark rows (DBLog), "log" writes nothing and reads positions instead
-        self.watermark_strategy = str(options.get("watermark_strategy") or "table").strip().lower()
-        if self.watermark_strategy not in WATERMARK_STRATEGIES:
+        strategy = str(options.get("watermark_strategy") or "table").strip().lower()
+        if strategy not in WATERMARK_STRATEGIES:
             raise ConfigurationError(
                 f"source {source!r}: watermark_strategy must be one of {', '.join(WATERMARK_STRATEGIES)}, got "
                 f"{options.get('watermark_strategy')!r}")
-        if self.watermark_strategy not in self.watermark_strategies:
+        if strategy not in self.watermark_strategies:
             raise ConfigurationError(
-                f"source {source!r}: watermark_strategy {self.watermark_strategy!r} is not available for "
+                f"source {source!r}: watermark_strategy {strategy!r} is not available for "
                 f"{type(self).__name__} yet ({self.log_watermarks_missing}); use 'table'")
+        #: the one choice of strategy: every window, mark and grant check asks this object
+        self.watermarks: WatermarkStrategy = STRATEGIES[strategy](self)
 
     # --- connections ------------------------------------------------------------------
     @abstractmethod
@@ -370,22 +371,27 @@ class Dialect(ABC):
     records_visibility: ClassVar[bool] = False
 
     @property
-    def writes_watermarks(self) -> bool:
-        return self.watermark_strategy == "table"
+    def watermark_strategy(self) -> str:
+        """The name of the strategy (``watermarks``), for messages."""
+        return self.watermarks.name
 
     def prepare_watermarks(self) -> None:
         """What the strategy needs before a snapshot: the watermark table ("table"), nothing ("log")."""
-        if self.writes_watermarks:
-            self.ensure_watermark_table()
+        self.watermarks.prepare()
 
     def mark(self, watermark_id: str) -> str:
         """A point in the log that everything committed before it precedes: the watermark row
         written as ``watermark_id`` ("table"), or the log's current end as a position mark ("log").
         Returns the id to look it up by in the staged changelog."""
-        if self.writes_watermarks:
-            self.write_watermark(watermark_id)
-            return watermark_id
-        return position_mark(self.mark_position(), int(time.time() * 1000))
+        return self.watermarks.mark(watermark_id)
+
+    def watermark_table_problems(self, *context: Any) -> list[str]:
+        """The grants the watermark table needs that the user lacks (strategy "table")."""
+        return []
+
+    def log_watermark_problems(self, *context: Any) -> list[str]:
+        """What the server lacks for strategy "log"."""
+        return []
 
     def mark_position(self) -> Position:
         """Where a position mark taken now sits ("log"): no later than the mark of any chunk read
@@ -574,7 +580,7 @@ class Dialect(ABC):
         snapshot: list[ReadSnapshot] = []
         with ChunkWriter(schema, path) as writer:
             bound = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
-            if not self.writes_watermarks or self.records_visibility:
+            if self.watermarks.reads_snapshot_position or self.records_visibility:
                 bound["snapshot"] = snapshot
             for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows), **bound):
                 keys, afters = [], []

@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.errors import StateError, WatermarkError
+from ..core.errors import StateError
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.plans import SnapshotPlan
@@ -73,8 +73,8 @@ def snapshot_chunk(
     bind = getattr(dialect, "bind_data_dir", None)
     if bind is not None:  # MariaDB: the committed offset gives the epoch of the chunk's log position
         bind(data_dir)
-    if dialect.writes_watermarks:
-        dialect.write_watermark(low)  # step 1
+    window = dialect.watermarks  # "table": watermark rows; "log": the read's snapshot position
+    window.open(low)  # step 1
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
     res = dialect.read_chunk(  # step 2
@@ -82,13 +82,7 @@ def snapshot_chunk(
     )
     if hooks.before_high_watermark:
         hooks.before_high_watermark()
-    if dialect.writes_watermarks:
-        dialect.write_watermark(high)  # step 3
-    elif res.snapshot_mark is None:
-        raise WatermarkError(f"{dialect.source}: the chunk read of {schema.table} reported no snapshot position "
-                             "(watermark strategy 'log')")
-    else:  # "log": the position of the snapshot the SELECT read bounds the window on both sides
-        low = high = res.snapshot_mark
+    low, high = window.close(low, high, res, schema.table)  # step 3
     return ChunkResult(
         source=dialect.source,
         table=schema.table.id,

@@ -12,6 +12,7 @@ from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.position import Position, marked_position, position_mark
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects.watermark_strategy import LogWatermarks, TableWatermarks
 from airflow_provider_cdc.storage.segment_index import record_through, staged_through
 from airflow_provider_cdc.storage.staged import staged_watermarks
 
@@ -63,9 +64,12 @@ def test_the_strategy_option_is_checked_where_the_source_is_built():
     mysql = ConnectionParams.from_uri("mysql://u@127.0.0.1:1/db")
     with pytest.raises(ConfigurationError, match="watermark_strategy must be one of table, log, got 'rows'"):
         get_dialect(mysql, source="s", watermark_strategy="rows")
-    assert get_dialect(mysql, source="s", watermark_strategy="LOG").writes_watermarks is False
+    my = get_dialect(mysql, source="s", watermark_strategy="LOG")
+    assert isinstance(my.watermarks, LogWatermarks) and my.watermarks.tables() == [] and my.watermark_strategy == "log"
     pg = get_dialect(ConnectionParams.from_uri("postgresql://u@127.0.0.1:1/db"), source="s", watermark_strategy="log")
-    assert pg.writes_watermarks is False and pg.records_visibility
+    assert isinstance(pg.watermarks, LogWatermarks) and pg.records_visibility
+    table = get_dialect(mysql, source="s")  # the default: watermark rows in the watermark table
+    assert isinstance(table.watermarks, TableWatermarks) and table.watermarks.tables() == [table.watermark_table]
 
 
 def test_a_bad_replica_lag_bound_is_refused_naming_it():

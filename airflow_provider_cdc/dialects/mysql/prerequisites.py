@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pymysql
 import pymysql.cursors
@@ -228,12 +229,18 @@ class MyPrerequisites:
                 self.check_readable(table)
             except SourceError as exc:
                 problems.append(str(exc))
-        if not self.writes_watermarks:  # watermark strategy "log": no watermark table, a MariaDB snapshot position
-            if self.flavour.name != "mariadb":
-                problems.append(
-                    f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
-                    f"this server is {self.flavour.name}: use watermark_strategy 'table'")
-            return problems
+        return problems + self.watermarks.problems(grants)
+
+    def log_watermark_problems(self, *context: Any) -> list[str]:
+        """Watermark strategy "log": no watermark table, a MariaDB snapshot position."""
+        if self.flavour.name != "mariadb":
+            return [f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
+                    f"this server is {self.flavour.name}: use watermark_strategy 'table'"]
+        return []
+
+    def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
+        """Watermark strategy "table": the watermark table's grants, or the grant to create it."""
+        problems: list[str] = []
         wm, user = self.watermark_table, self.params.user
         try:
             self._query(f"SELECT `value` FROM {self.quote_table(wm)} WHERE 1 = 0")  # noqa: S608

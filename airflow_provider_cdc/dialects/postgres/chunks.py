@@ -15,7 +15,6 @@ from ...core.position import (
     just_before,
     lsn_to_int,
     next_record_start,
-    position_mark,
     standby_mark,
 )
 from ...core.ranges import ChunkRange
@@ -276,10 +275,7 @@ class PgChunkReader:
         else:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             at = just_before(Position.pg(cur.fetchone()[0]))
-        mark = None
-        if not self.writes_watermarks:
-            mark = position_mark(at, int(time.time() * 1000))
-        return ReadSnapshot(mark, visibility)
+        return ReadSnapshot(self.watermarks.snapshot_mark(at), visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:
         """(bytes, seconds) the standby chunks are read from is behind the primary; None when

@@ -65,7 +65,7 @@ class PgOffsets:
                 f"{self.params.host}:{self.params.port}/{self.params.database} ({', '.join(map(str, self.tables))}), "
                 "or the connection's user cannot see them. Correct CDC_TABLES (or the source's 'tables' in the "
                 "sources config): schema.table, names exact, case included")
-        return [*present, *([self.watermark_table] if self.writes_watermarks else [])]
+        return [*present, *self.watermarks.tables()]
 
     def _missing_table(self, table: TableName) -> bool:
         """True (and a warning naming it, once per dialect) when ``table`` of the scope does not exist."""

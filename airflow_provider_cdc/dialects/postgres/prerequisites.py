@@ -140,7 +140,7 @@ class PgPrerequisites:
         problems = prerequisite_problems(settings, self.slot_name)
         problems += self.privilege_problems(settings)
         if settings.in_recovery:
-            if self.writes_watermarks:
+            if self.watermarks.tables():  # a standby takes no writes
                 problems.append(self.standby_watermark_problem)
             pub = self.standby_publication_problem()
             if pub:
@@ -162,7 +162,7 @@ class PgPrerequisites:
         problems = []
         db_create = self._query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
         wm = self.watermark_table
-        wms = [wm] if self.writes_watermarks else []  # watermark strategy "log": no watermark table
+        wms = self.watermarks.tables()  # watermark strategy "log": no watermark table
         wm_row = [] if not wms else self._query(
             "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
             "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
