@@ -18,7 +18,7 @@ from airflow.sdk import BaseOperator
 
 from .. import progress_store
 from ..core.errors import ConfigurationError
-from ..core.plans import THROTTLE_KEYS
+from ..core.plans import THROTTLE_KEYS, WorkItem
 from ..core.progress import SnapshotProgress
 from ..core.schema import TableName
 from ..hooks.cdc_source import CdcSourceMixin
@@ -226,16 +226,17 @@ class SnapshotChunkOperator(_SourceOperator):
 
     def execute(self, context: Any) -> list[dict]:
         dag_paused = (lambda: _dag_is_paused(context)) if self.check_dag_paused else (lambda: False)
-        return self.controller(context).read_range(self.work, dag_paused=dag_paused)
+        return self.controller(context).read_range(WorkItem.from_dict(self.work), dag_paused=dag_paused)
 
     def get_openlineage_facets_on_complete(self, task_instance: Any):
         """OpenLineage (lineage.py): the range's source table in, the snapshot's chunks out."""
         from ..lineage import tables_lineage
         from ..storage.layout import snapshot_dir
 
-        table = TableName.parse(self.work["table"])
+        work = WorkItem.from_dict(self.work)
+        table = TableName.parse(work.table)
         return tables_lineage(self.hook.connection_params(), self.data_dir, self.hook.source, [table],
-                              staging=snapshot_dir(self.data_dir, self.hook.source, table, self.work["snapshot_id"]),
+                              staging=snapshot_dir(self.data_dir, self.hook.source, table, work.snapshot_id),
                               staging_is_output=True)
 
 
