@@ -25,8 +25,8 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
-from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.export.debezium import DEBEZIUM_VERSION, DebeziumOptions, export_table
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 from .event_log_helpers import write_event_log
 
