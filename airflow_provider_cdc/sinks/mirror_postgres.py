@@ -148,7 +148,7 @@ class MirrorPostgresSink(Sink):
     def __init__(self, conn: str | Mapping[str, object], data_dir: str, source: str, *,
                  target_schema: str | None = None, require_schema: bool = False, fence=None) -> None:
         self.params, self.source = connection_parameters(conn), source
-        self.fence = fence  # a merge's MergeFence (sinks/mirror_delta.py): refuse once superseded
+        self.fence = fence  # a merge's MergeFence (sinks/mirror_fencing.py): refuse once superseded
         self.target_schema = target_schema or f"cdc_{source}"
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema

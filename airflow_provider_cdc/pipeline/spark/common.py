@@ -179,7 +179,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
     gets it without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
     snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
     on each of their mirrors before anything is read (refused if a snapshot was stopped), and
-    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_delta.py)."""
+    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
     from ...sinks.mirror_delta import MergeFence
