@@ -15,11 +15,15 @@ readers: sinks/mirror_readers.py.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
 
 from ..core.arrow_types import (
     KEY_COLUMN,
@@ -42,15 +46,21 @@ from .base import (
     type_json_events,
 )
 from .delta_buckets import (
+    BUCKET_COLUMN,
+    MirrorVersion,
     admit,
     any_dropped,
     change_version,
+    commit,
     conform,
+    discard,
     drop_rows,
     newest,
+    nodes_of_keys,
     read_bucket,
     read_resolved_keys,
     read_version,
+    resolve,
     write_bucket_file,
 )
 from .mirror_fencing import MergeFence, open_for_write, schema_stopped, stop_for_schema
@@ -63,6 +73,7 @@ from .mirror_table import (
     _position_literal,
     _raise_horizon,
     check_location,
+    commit_attempts,
 )
 
 log = logging.getLogger(__name__)
@@ -144,14 +155,50 @@ class TablePlan:
     truncate: str | None
 
 
+class BucketJob(NamedTuple):
+    """What a worker needs to write one table's buckets: read on the driver from the version
+    the commit will be based on (:meth:`MirrorDeltaSink.open_table`), pickled to the workers."""
+
+    table_id: str
+    location: str
+    files: dict  # bucket -> the current files
+    schema: pa.Schema  # the mirror's Arrow schema
+    buckets: int  # the roots of the bucket tree (sinks/delta_buckets.py)
+    inner: tuple  # its split buckets
+    bucketed: bool
+    horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
+    table_schema: str  # TableSchema JSON
+    truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
+    version: int  # the version read: the change files are written for the next one
+
+    def rows(self, part: TableEvents) -> pa.Table:
+        """One table's events (past its TRUNCATE) -> its mirror rows, newest per key, in the
+        mirror's schema (ConfigurationError: a value the mirror cannot hold)."""
+        rows = events_to_mirror_rows(TableSchema.from_json(self.table_schema),
+                                     part.with_events(newest_per_key(part.events)))
+        return conform(rows, self.schema)
+
+    def bucket_of(self, rows: pa.Table) -> pa.Array:
+        """The bucket each mirror row falls in."""
+        return nodes_of_keys(rows[KEY_COLUMN], self.buckets, self.inner)
+
+    def write(self, bucket: int, rows: pa.Table):
+        """Rows of one bucket (from several units: resolved to the newest per key first) as its
+        change file (:func:`write_bucket`); None when nothing is left to write."""
+        return write_bucket(self.location, bucket, resolve(rows), self.files.get(bucket, []),
+                            compacted_upto=self.horizon, bucketed=self.bucketed, version=self.version)
+
+
 class MirrorDeltaSink(Sink):
     """The Delta mirror. Both engines write it through the same three steps: :meth:`plan` on
     the driver (the per-table policy), the rows of each key bucket written
-    (:func:`write_bucket`), a commit per table on top of the version read, fenced."""
+    (:func:`write_bucket`; on Spark's executors through :class:`BucketJob`), a commit per table
+    on top of the version read, fenced (:meth:`open_table`, :meth:`commit_table`)."""
 
     name = "mirror"
     placement = BUCKETS
     needs_truncates = True
+    commit_attempts = staticmethod(commit_attempts)  # the one retry loop of every mirror writer
 
     def __init__(
         self, data_dir: str, source: str, *, require_schema: bool = False, fence: MergeFence | None = None
@@ -196,6 +243,33 @@ class MirrorDeltaSink(Sink):
             plan[table_id] = TablePlan(table_id, path, schema, epoch, newest_t)
         return plan
 
+    def open_table(self, table: TablePlan) -> tuple[MirrorVersion, BucketJob]:
+        """The version a distributed write of ``table`` is based on (created when absent, new
+        columns added, the merge epoch checked: FencedError) and the job its workers get."""
+        v = open_for_write(table.path, mirror_schema(table.schema), table.epoch)
+        job = BucketJob(table.table_id, v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
+                        v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
+                        v.props.get(HORIZON_PROPERTY), table.schema.to_json(), table.truncate, v.version)
+        return v, job
+
+    def commit_table(self, v: MirrorVersion, written: Sequence[tuple[int, str, int, str]]) -> bool:
+        """Commit the change files the workers wrote for version ``v`` (bucket, path, size,
+        stats each): False when another writer committed first (the files are deleted; read
+        and write again)."""
+        adds = [add_action(*w, bucketed=v.bucketed) for w in written]
+        if not adds:
+            return True
+        try:
+            commit(v, adds, (), operation="upsert")
+        except CommitFailedError:
+            discard(v.location, adds)
+            return False
+        return True
+
+    def discard(self, v: MirrorVersion, written: Sequence[tuple[int, str, int, str]]) -> None:
+        """Delete change files written for a commit that will not happen."""
+        discard(v.location, [add_action(*w, bucketed=v.bucketed) for w in written])
+
     def stop_table(self, table: TablePlan, error: str) -> None:
         """A value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year
         294247): on the changelog path only this table stops, the others go on; a snapshot's
@@ -218,6 +292,12 @@ class MirrorDeltaSink(Sink):
                 self.stop_table(table, str(exc))
                 continue
             upsert(table.path, rows, epoch=table.epoch)
+
+
+def add_action(bucket: int, path: str, size: int, stats: str, *, bucketed: bool) -> AddAction:
+    """The Delta add action of a change file a worker wrote (its bucket, path, size, stats)."""
+    return AddAction(path, int(size), {BUCKET_COLUMN: str(bucket)} if bucketed else {}, int(time.time() * 1000), True,
+                     stats)
 
 
 def write_bucket(location: str, bucket: int, rows: pa.Table, paths: Sequence[str], *, compacted_upto: str | None,
@@ -351,7 +431,6 @@ from .mirror_table import (  # noqa: E402, F401
     _version,
     add_columns,
     bucket_unit,
-    commit_attempts,
     ensure_log_properties,
     horizon,
     log_properties,

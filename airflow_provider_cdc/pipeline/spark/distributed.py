@@ -45,7 +45,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -74,19 +73,6 @@ UNITS_PER_SLICE = 16
 _COUNT_ROW, _ERROR_ROW = -2, -1
 
 
-class _TableJob(NamedTuple):
-    """What the executors need to rewrite one table's buckets (read on the driver)."""
-
-    location: str
-    files: dict  # bucket -> the current files
-    schema: pa.Schema  # the mirror's Arrow schema
-    buckets: int  # the roots of the bucket tree (sinks/delta_buckets.py)
-    inner: tuple  # its split buckets
-    bucketed: bool
-    horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
-    table_schema: str  # TableSchema JSON
-    truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
-    version: int  # the version read: the change files are written for the next one
 _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
 _RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
@@ -301,16 +287,16 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dic
     buckets every table's events fall in on the executors (and writes ``writers``' files on
     the way); the driver commits each table (a table whose commit conflicts is read and
     rewritten again). Returns the ``events`` produced and the events ``applied`` to it."""
-    from ...sinks import mirror_delta as md
-
     plan = sink.plan(truncates)
     counts = {"events": 0, "applied": 0}
     pending = sorted(plan)
-    for attempt in md.commit_attempts(f"mirror commit of {', '.join(pending)}"):
+    for attempt in sink.commit_attempts(f"mirror commit of {', '.join(pending)}"):
         if not pending and (attempt or not writers):
             break
         t0 = time.monotonic()
-        versions, jobs = _read_versions(plan, pending)
+        versions, jobs = {}, {}
+        for table_id in pending:  # the version each commit is based on, the merge epoch checked
+            versions[table_id], jobs[table_id] = sink.open_table(plan[table_id])
         results: dict[str, list] = {t: [] for t in pending}
         applied = dict.fromkeys(pending, 0)
         for r in _rewrite_buckets(spark, units, produce, jobs, writers if attempt == 0 else ()):
@@ -323,7 +309,7 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dic
                 applied[r["table"]] += r["applied"]
         conflicted = []
         for table_id in pending:
-            error, conflict = _commit_table(plan[table_id].path, versions[table_id], results[table_id])
+            error, conflict = _commit_table(sink, plan[table_id].path, versions[table_id], results[table_id])
             if conflict:
                 conflicted.append(table_id)
             elif error is not None:
@@ -338,24 +324,7 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dic
     return counts
 
 
-def _read_versions(plan: dict, tables: Sequence[str]) -> tuple[dict, dict]:
-    """Each table's current mirror version (files per bucket), checked against the merge's
-    epoch, and the job description its executors get."""
-    from ...core.arrow_types import mirror_schema
-    from ...sinks import mirror_delta as md
-
-    versions, jobs = {}, {}
-    for table_id in tables:
-        t = plan[table_id]
-        v = md.open_for_write(t.path, mirror_schema(t.schema), t.epoch)
-        versions[table_id] = v
-        jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
-                                   v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
-                                   v.props.get(md.HORIZON_PROPERTY), t.schema.to_json(), t.truncate, v.version)
-    return versions, jobs
-
-
-def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, _TableJob],
+def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict,
                      writers: Sequence[Sink] = ()) -> list:
     """One Spark job over the units. The map side produces each unit's events (writing them to
     ``writers``), turns those of ``jobs``' tables (past each one's TRUNCATE) into
@@ -373,16 +342,12 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     return run(lambda: df.groupBy("table", "bucket", "slice").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict[str, _TableJob]):
+def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict):
     """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
     typed mirror rows of each job table per bucket (newest per key) in the unit's slice, or an
     error row when a value cannot be held by its mirror column."""
-    from airflow_provider_cdc.core.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
-    from airflow_provider_cdc.core.schema import TableSchema
     from airflow_provider_cdc.sinks.base import past_truncate
-    from airflow_provider_cdc.sinks.delta_buckets import nodes_of_keys
-    from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
 
     def row(table_id, bucket, events=0, applied=0, payload=None, error=None):
         return pa.record_batch([pa.array([table_id], pa.string()), pa.array([bucket], pa.int32()),
@@ -402,12 +367,11 @@ def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict[str, _Tabl
         if job is None or part.num_rows == 0:
             continue
         try:
-            rows = events_to_mirror_rows(TableSchema.from_json(job.table_schema), part.with_events(newest_per_key(part.events)))
+            rows = job.rows(part)
         except CE as exc:
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
-        rows = conform(rows, job.schema)
-        buckets = nodes_of_keys(rows[KEY_COLUMN], job.buckets, job.inner)
+        buckets = job.bucket_of(rows)
         for bucket in pc.unique(buckets).to_pylist():
             sub = rows.filter(pc.equal(buckets, bucket))
             for start in range(0, sub.num_rows, _BLOB_ROWS):
@@ -422,8 +386,6 @@ def _rewrite_bucket(jobs, env, key, blobs):
     in-process engine's upsert; memory follows the round's rows, not the bucket), or the sums
     of the count rows, or the first error."""
     from airflow_provider_cdc import storage as st
-    from airflow_provider_cdc.sinks import delta_buckets as db
-    from airflow_provider_cdc.sinks.mirror_delta import write_bucket
 
     st.use_executor_settings(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
@@ -436,46 +398,26 @@ def _rewrite_bucket(jobs, env, key, blobs):
         return pa.table(out, schema=_RESULT)
     job = jobs[table_id]
     parts = [pa.ipc.open_stream(p.as_buffer()).read_all() for p in blobs["payload"]]  # no copy to bytes
-    rows = db.resolve(pa.concat_tables(parts))  # units of a slice may share keys
-    add = write_bucket(job.location, bucket, rows, job.files.get(bucket, []), compacted_upto=job.horizon,
-                       bucketed=job.bucketed, version=job.version)
+    add = job.write(bucket, pa.concat_tables(parts))  # units of a slice may share keys: resolved
     out["removed"] = ["[]"]
     if add is not None:
         out.update(path=[add.path], size=[add.size], rows=[json.loads(add.stats)["numRecords"]], stats=[add.stats])
     return pa.table(out, schema=_RESULT)
 
 
-def _commit_table(path: str, v, rows: list) -> tuple[str | None, bool]:
+def _commit_table(sink, path: str, v, rows: list) -> tuple[str | None, bool]:
     """Commit one table's rewritten buckets: (the error text of a value the mirror cannot
     hold or None, whether another writer committed first)."""
-    from deltalake.exceptions import CommitFailedError
-
-    from ...sinks import delta_buckets as db
-
-    adds = [_add_action(r, v.bucketed) for r in rows if r["path"]]
+    written = [(r["bucket"], r["path"], r["size"], r["stats"] or json.dumps({"numRecords": int(r["rows"])}))
+               for r in rows if r["path"]]
     errors_ = [r["error"] for r in rows if r["error"]]
     if errors_:
-        db.discard(v.location, adds)
+        sink.discard(v, written)
         return errors_[0], False
-    if not rows:
+    if not written:
         return None, False
-    removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
-    if not adds and not removed:
-        return None, False
-    try:
-        db.commit(v, adds, removed, operation="upsert")
-    except CommitFailedError:
-        db.discard(v.location, adds)
+    if not sink.commit_table(v, written):
         return None, True
     log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path, len(rows),
              v.version + 1)
     return None, False
-
-
-def _add_action(row, bucketed: bool):
-    from deltalake.transaction import AddAction
-
-    from ...sinks.delta_buckets import BUCKET_COLUMN
-
-    return AddAction(row["path"], int(row["size"]), {BUCKET_COLUMN: str(row["bucket"])} if bucketed else {},
-                     int(time.time() * 1000), True, row["stats"] or json.dumps({"numRecords": int(row["rows"])}))
