@@ -600,7 +600,7 @@ def _record_verify(source: str, table_id: str, res, events, failed: bool, repair
 
 def cmd_export_debezium(args: argparse.Namespace) -> int:
     from . import settings
-    from .sinks.debezium import DebeziumOptions, export_table
+    from .export.debezium import DebeziumOptions, export_table
 
     now = settings.load()
     entry = _config_source(args.source, now) if args.source else None

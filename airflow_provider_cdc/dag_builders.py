@@ -312,7 +312,7 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             base within the round's budget, buckets split past their unit, and tombstones of
             deletes the mirror has applied removed for every table whose snapshot cannot merge
             chunks any more (not running, paused or failed). Stopped snapshots count as
-            finished: a merge of theirs still in flight is fenced (sinks/mirror_delta.py).
+            finished: a merge of theirs still in flight is fenced (sinks/mirror_fencing.py).
             Every mirror is vacuumed, and the event log's applied small files are merged."""
             from airflow_provider_cdc import progress_store, settings
             from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection

@@ -356,7 +356,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
         try:
             summary = super().execute(context)
         except (FencedError, AirflowException) as exc:
-            # a stop that landed while merging fences the merge out (sinks/mirror_delta.py):
+            # a stop that landed while merging fences the merge out (sinks/mirror_fencing.py):
             # that is the stop working, not a failure to retry
             merging = self._chunks()
             gone = self._dead_snapshots(merging)

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -168,17 +168,46 @@ def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
     return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
 
 
+#: where an engine that runs a round's units on many workers (Spark) writes a sink (Sink.placement)
+DRIVER = "driver"  # the round's events are gathered on the driver and given to write(): any sink
+UNITS = "units"  # write() runs on the workers, a unit's events at a time (the sink object is pickled)
+BUCKETS = "buckets"  # a table format with key buckets: plan() on the driver, write_bucket() on the
+#                      workers, commit() on the driver (sinks/mirror_writer.py)
+
+
 class Sink(ABC):
-    """Receives event batches; ``write`` must be idempotent per batch. ``events``: one
-    table's TableEvents, a sequence of them, or the canonical-JSON form (EVENT_SCHEMA)."""
+    """What both engines call, never knowing the concrete sink (docs/DESIGN.md, Adding a sink).
+
+    ``write(events)`` receives one table's TableEvents, a sequence of them, or the
+    canonical-JSON form (EVENT_SCHEMA); it must be idempotent per batch. The in-process
+    engine calls only ``write``. The Spark engine reads ``placement`` (DRIVER, UNITS or
+    BUCKETS, above) and, for a sink that ``needs_truncates``, first calls
+    ``prepare(truncates)`` on the driver with each table's newest TRUNCATE of the round (or
+    None), and then hands it only the events past it."""
 
     name: str
+    placement: str = DRIVER
+    needs_truncates: bool = False
 
     @abstractmethod
     def write(self, events: Events) -> None: ...
 
+    def prepare(self, truncates: Mapping[str, str | None]) -> None:  # noqa: B027 - optional
+        """On the driver, before a round's units are written (``needs_truncates`` sinks)."""
+
     def close(self) -> None:  # noqa: B027 - optional
         pass
+
+
+def newest_truncate(events: pa.Table) -> str | None:
+    """The position of the newest TRUNCATE among one table's events (None: none)."""
+    truncates = pc.equal(events["op"], "t")
+    return pc.max(events.filter(truncates)["position"]).as_py() if pc.any(truncates).as_py() else None
+
+
+def past_truncate(part: TableEvents, newest: str | None) -> TableEvents:
+    """The events of ``part`` after its table's TRUNCATE at ``newest`` (all of them: None)."""
+    return part if newest is None else part.filter(pc.greater(part.events["position"], newest))
 
 
 class SchemaCache:
@@ -193,6 +222,14 @@ class SchemaCache:
             path = schema_path(self.data_dir, self.source, TableName.parse(table_id))
             self._cache[table_id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
         return self._cache[table_id]
+
+    def lookup(self, table_id: str, *, require: bool, sink: str) -> TableSchema | None:
+        """The staged schema every sink that keeps tables needs: with ``require`` (a merge)
+        its absence is an error, else the table is skipped by ``sink`` with a warning."""
+        schema = self.require(table_id) if require else self.get(table_id)
+        if schema is None:
+            log.warning("%s: no staged schema for %s; its events go to the event log only", sink, table_id)
+        return schema
 
     def require(self, table_id: str) -> TableSchema:
         s = self.get(table_id)

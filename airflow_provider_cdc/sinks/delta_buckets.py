@@ -21,7 +21,7 @@ Serialisation: every commit carries the application transaction ``cdc-mirror`` a
 next version. Delta refuses a commit whose application transaction another commit
 advanced since its read version ("Concurrent transaction failed"), and one made after a
 metadata change ("Metadata changed since last commit"): so two writers of one table never
-both commit on the same read version, and a fence change (sinks/mirror_delta.py) or a
+both commit on the same read version, and a fence change (sinks/mirror_fencing.py) or a
 split always makes the writer re-read and re-check. The loser deletes its files and
 tries again. A table created before buckets (no ``__bucket`` partition) is one bucket.
 """

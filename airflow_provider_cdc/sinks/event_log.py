@@ -40,7 +40,7 @@ from ..core.position import ENCODED_LENGTH
 from ..core.schema import TableName, TableSchema, log_typing_schema
 from ..storage.layout import events_dir, log_schema_path
 from ..storage.staged import atomic_write_table
-from .base import Events, SchemaCache, Sink, TableEvents, table_events
+from .base import UNITS, Events, SchemaCache, Sink, TableEvents, table_events
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ def table_dir(data_dir: str, source: str, table: TableName) -> str:
 
 class EventLogSink(Sink):
     name = "events"
+    placement = UNITS  # a batch's events are its own files: each unit writes its own
 
     def __init__(self, data_dir: str, source: str, database: str | None = None, *, fence=None) -> None:
         self.data_dir, self.source = data_dir, source

@@ -29,13 +29,22 @@ import os
 from collections.abc import Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, META_COLUMNS, POSITION_COLUMN
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName, TableSchema, decimal_params, decode_key
 from ..core.sqlnames import quote_pg
-from .base import Events, SchemaCache, Sink, TableEvents, table_events, type_json_events
+from .base import (
+    UNITS,
+    Events,
+    SchemaCache,
+    Sink,
+    TableEvents,
+    newest_truncate,
+    past_truncate,
+    table_events,
+    type_json_events,
+)
 from .mirror_delta import newest_per_key
 
 log = logging.getLogger(__name__)
@@ -132,12 +141,14 @@ def public_dsn(params: Mapping[str, str]) -> str:
 
 
 class MirrorPostgresSink(Sink):
+    placement = UNITS  # its upsert keeps a row only when newer: units land in any order
+    needs_truncates = True
     name = "postgres"
 
     def __init__(self, conn: str | Mapping[str, object], data_dir: str, source: str, *,
                  target_schema: str | None = None, require_schema: bool = False, fence=None) -> None:
         self.params, self.source = connection_parameters(conn), source
-        self.fence = fence  # a merge's MergeFence (sinks/mirror_delta.py): refuse once superseded
+        self.fence = fence  # a merge's MergeFence (sinks/mirror_fencing.py): refuse once superseded
         self.target_schema = target_schema or f"cdc_{source}"
         self.schemas = SchemaCache(data_dir, source)
         self.require_schema = require_schema
@@ -186,16 +197,14 @@ class MirrorPostgresSink(Sink):
             table_id = part.table
             if self.fence is not None:
                 self.fence.check(table_id)
-            schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
+            schema = self.schemas.lookup(table_id, require=self.require_schema, sink="postgres mirror")
             if schema is None:
-                log.warning("postgres mirror: no staged schema for %s; skipped", table_id)
                 continue
-            truncates = pc.equal(part.events["op"], "t")
-            if pc.any(truncates).as_py():
+            newest = newest_truncate(part.events)
+            if newest is not None:
                 # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page, TRUNCATE)
-                newest = pc.max(part.events.filter(truncates)["position"]).as_py()
                 self._delete_before(schema, newest)
-                part = part.filter(pc.greater(part.events["position"], newest))
+                part = past_truncate(part, newest)
                 if part.num_rows == 0:
                     continue
             self.upsert(schema, part.with_events(newest_per_key(part.events)))
@@ -206,12 +215,20 @@ class MirrorPostgresSink(Sink):
             cur.execute(f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
                         (position,))
 
+    def prepare(self, truncates: Mapping[str, str | None]) -> None:
+        """The Spark engine's driver, before its executors write the events past each
+        TRUNCATE: every row older than a table's newest TRUNCATE goes. The driver's
+        connection is then closed: the executors connect themselves."""
+        for table_id, newest in sorted(truncates.items()):
+            if newest is not None:
+                self.truncate_before(table_id, newest)
+        self.close()
+
     def truncate_before(self, table_id: str, position: str) -> None:
-        """A TRUNCATE of ``table_id`` at ``position``: every row older than it goes (the Spark
-        engine's driver, before its executors write the events past it)."""
+        """A TRUNCATE of ``table_id`` at ``position``: every row older than it goes."""
         if self.fence is not None:
             self.fence.check(table_id)
-        schema = self.schemas.require(table_id) if self.require_schema else self.schemas.get(table_id)
+        schema = self.schemas.lookup(table_id, require=self.require_schema, sink="postgres mirror")
         if schema is not None:
             self._delete_before(schema, position)
 

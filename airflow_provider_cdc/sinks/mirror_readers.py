@@ -15,20 +15,38 @@ first would bring a deleted key's older version back):
   files, filtered);
 - :func:`read_duckdb`: a duckdb relation;
 - :func:`read_pandas`: a pandas DataFrame (through deltalake);
-- ``sinks.mirror_delta.read_mirror``: a pyarrow Table.
+- :func:`read_mirror` (and :func:`mirror_batches`, :func:`mirror_rows_of`): pyarrow, a bucket at a time.
 
 ``meta=True`` keeps ``__key`` and ``__position``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..core.arrow_types import (
+    DELETED_COLUMN,
+    KEY_COLUMN,
+    POSITION_COLUMN,
+)
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
-from .delta_buckets import BUCKET_COLUMN
-from .mirror_delta import open_mirror, read_mirror
+from .delta_buckets import (
+    BUCKET_COLUMN,
+    MirrorVersion,
+    conform,
+    live,
+    read_bucket,
+    resolve,
+)
+from .mirror_table import _open, _rows, _version, bucket_unit, open_mirror
 
 
 def _table(table: str | TableName) -> TableName:
@@ -75,3 +93,124 @@ def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *,
 def read_pandas(data_dir: str, source: str, table: str | TableName, *, meta: bool = False):
     """The live rows as a pandas DataFrame."""
     return read_mirror(data_dir, source, _table(table), with_meta=meta).to_pandas()
+
+
+def _keyed_columns(schema: pa.Schema) -> list[str]:
+    """The table's columns and ``__key``: what a reader of live rows gets."""
+    return [n for n in schema.names if n not in (DELETED_COLUMN, BUCKET_COLUMN, POSITION_COLUMN)]
+
+
+def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Sequence[str] | None = None,
+                    tombstones: bool = False) -> Iterator[pa.RecordBatch]:
+    """The current rows of the mirror version ``v`` (live only, or with ``tombstones``), a
+    bucket at a time (memory: one bucket, bounded by the unit): a bucket of one file is
+    streamed as stored (one file never holds a key twice), a bucket with change files is
+    resolved first (the newest position per key wins); a bucket that grew past twice the unit
+    before compaction spread it is resolved in parts of about a unit, by key hash, one pass
+    over its files each."""
+    cols = list(columns or v.schema.names)
+    need = list(dict.fromkeys([*cols, DELETED_COLUMN]))
+    for b in sorted(v.files):
+        paths = v.files[b]
+        if not paths:
+            continue
+        if len(paths) == 1:
+            fs, p = storage.filesystem(storage.join(v.table_uri, *paths[0].split("/")))
+            with fs.open_input_file(p) as fh:
+                f = pq.ParquetFile(fh)
+                present = [c for c in need if c in f.schema_arrow.names]
+                for batch in f.iter_batches(batch_size=batch_rows, columns=present):
+                    t = conform(pa.Table.from_batches([batch]), pa.schema([v.schema.field(n) for n in need]))
+                    yield from (t if tombstones else live(t)).select(cols).to_batches()
+            continue
+        stored = _rows(v, paths)
+        parts = max(1, math.ceil(stored / bucket_unit(v))) if stored > 2 * bucket_unit(v) else 1
+        for part in range(parts):  # a bucket past twice the unit (compaction behind): a unit at a time
+            rows = read_bucket(v.table_uri, paths, v.schema, part=(part, parts) if parts > 1 else None)
+            rows = resolve(rows)
+            yield from (rows if tombstones else live(rows)).select(cols).to_batches(max_chunksize=batch_rows)
+
+
+def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
+    """Live rows of a mirror table (tombstones and superseded versions left out), typed,
+    sorted by ``__key``; ``with_meta`` keeps ``__key`` and ``__position``. An absent mirror
+    reads as an empty table with no columns."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return pa.table({})
+    cols = [n for n in v.schema.names if n != DELETED_COLUMN and (with_meta or n not in (KEY_COLUMN, POSITION_COLUMN))]
+    keyed = list(dict.fromkeys([*cols, KEY_COLUMN]))
+    parts = list(current_batches(v, columns=keyed))
+    want = pa.schema([v.schema.field(n) for n in keyed])
+    data = pa.Table.from_batches(parts, schema=want) if parts else want.empty_table()
+    return data.sort_by([(KEY_COLUMN, "ascending")]).select(cols)
+
+
+def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
+                   batch_rows: int = 100_000) -> tuple[int, Iterable[pa.RecordBatch]]:
+    """Live rows of a mirror table with ``__key``, typed, a batch at a time in no particular
+    order (a bucket held at a time), and at most how many there are (the stored rows, read
+    from the Delta statistics): for readers of a table too large to hold (verify). An absent
+    mirror: ``(0, [])``."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return 0, []
+    return _rows(v, [p for f in v.files.values() for p in f]), \
+        current_batches(v, batch_rows=batch_rows, columns=_keyed_columns(v.schema))
+
+
+def newest_position(data_dir: str, source: str, table: str | TableName) -> str | None:
+    """The newest encoded position any stored row of a mirror table carries (live rows, chunk
+    rows, tombstones, superseded versions alike), from the files' Delta statistics; a file
+    without them has its position column read. None: no mirror or no rows."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return None
+    actions = pa.table(v.dt.get_add_actions(flatten=True))
+    col = f"max.{POSITION_COLUMN}"
+    tops = actions[col].to_pylist() if col in actions.column_names else [None] * actions.num_rows
+    newest = None
+    for path, top in zip(actions["path"].to_pylist() if actions.num_rows else [], tops, strict=True):
+        if top is None:
+            fs, p = storage.filesystem(storage.join(v.table_uri, *path.split("/")))
+            with fs.open_input_file(p) as fh:
+                top = pc.max(pq.read_table(fh, columns=[POSITION_COLUMN])[POSITION_COLUMN]).as_py()
+        if top is not None and (newest is None or top > newest):
+            newest = top
+    return newest
+
+
+def mirror_rows_of(data_dir: str, source: str, table: str | TableName, keys: Sequence[str]) -> pa.Table:
+    """The live mirror rows of these canonical keys, with ``__key`` (one scan of their
+    buckets, filtered)."""
+    v = _version(data_dir, source, table)
+    if v is None or not keys:
+        return pa.table({})
+    wanted = pa.array(list(keys), pa.string())
+    nodes = v.nodes_of(wanted)
+    parts = []
+    for b in pc.unique(nodes).to_pylist():
+        rows = read_bucket(v.table_uri, v.files.get(b, ()), v.schema)
+        rows = rows.filter(pc.is_in(rows[KEY_COLUMN].cast(pa.string()), value_set=wanted))
+        parts.append(live(resolve(rows)).select(_keyed_columns(v.schema)))
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def read_mirror_raw(data_dir: str, source: str, table: str | TableName) -> pa.Table:
+    """The current row of every key, tombstones included, with its position, sorted by key:
+    the mirror's logical state (tests and diagnostics). :func:`read_mirror_files` has the
+    stored row versions."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return pa.table({})
+    parts = list(current_batches(v, tombstones=True))
+    data = pa.Table.from_batches(parts, schema=v.schema) if parts else v.schema.empty_table()
+    return data.sort_by([(KEY_COLUMN, "ascending")])
+
+
+def read_mirror_files(data_dir: str, source: str, table: str | TableName) -> pa.Table:
+    """Every stored row version, superseded ones and tombstones included, with its bucket:
+    what a plain Delta reader sees."""
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    dt = _open(mirror_dir(data_dir, source, t))
+    return pa.table({}) if dt is None else dt.to_pyarrow_dataset().to_table()

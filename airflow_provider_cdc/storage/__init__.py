@@ -239,7 +239,7 @@ def delta_storage_options(location: str) -> dict[str, str] | None:
         opts.update(AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret)
         if token:
             opts["AWS_SESSION_TOKEN"] = token
-    # Delta's optimistic concurrency (and with it every writer fence, sinks/mirror_delta.py)
+    # Delta's optimistic concurrency (and with it every writer fence, sinks/mirror_fencing.py)
     # needs a commit that fails when its version exists: S3's conditional put (If-None-Match,
     # on AWS since 2024 and on most compatible servers). A store without it can opt into
     # delta-rs's unsafe rename with CDC_DELTA_S3_UNSAFE_RENAME=true: then two writers racing

@@ -25,8 +25,8 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.export.debezium import DEBEZIUM_VERSION, DebeziumOptions, export_table
 from airflow_provider_cdc.pipeline.capture import stage_changelog
-from airflow_provider_cdc.sinks.debezium import DEBEZIUM_VERSION, DebeziumOptions, export_table
 
 from .event_log_helpers import write_event_log
 
@@ -517,7 +517,7 @@ def test_zero_dates_in_required_fields_take_distinct_non_null_numbers():
     number in a required one (a key, a NOT NULL column): below any real date, one per date, so
     distinct zero-date keys stay distinct and every record is valid against its schema."""
     from airflow_provider_cdc.core.schema import Column
-    from airflow_provider_cdc.sinks.debezium import ZERO_DATE_DAYS, field_schema, zero_date_days
+    from airflow_provider_cdc.export.debezium import ZERO_DATE_DAYS, field_schema, zero_date_days
 
     zeros = ["0000-00-00", "2024-00-00", "2024-05-00", "0000-01-01", "2024-01-00", "2023-00-31", "9999-12-00"]
     assert len({zero_date_days(z) for z in zeros}) == len(zeros)

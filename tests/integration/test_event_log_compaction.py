@@ -11,8 +11,8 @@ import pytest
 
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.export.debezium import DebeziumOptions, export_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
-from airflow_provider_cdc.sinks.debezium import DebeziumOptions, export_table
 from airflow_provider_cdc.sinks.event_log import (
     EventLogSink,
     compact_event_log,

@@ -23,7 +23,7 @@ from airflow_provider_cdc.core.errors import FencedError
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
-from airflow_provider_cdc.sinks import mirror_delta
+from airflow_provider_cdc.sinks import mirror_compaction, mirror_delta, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
 from airflow_provider_cdc.sinks.event_log import EventLogSink
 from airflow_provider_cdc.sinks.mirror_delta import (
@@ -152,7 +152,7 @@ def test_a_merge_that_read_before_a_fence_change_conflicts_and_rechecks(data_dir
     """The check and the commit are one step: a stop landing between the merge's read of the
     table and its commit makes the commit conflict, and the re-read sees the new epoch."""
     fence = MergeFence(data_dir, SOURCE).claim([SCHEMA])
-    real_commit = mirror_delta.commit
+    real_commit = mirror_table.commit
     stopped = []
 
     def stop_then_commit(v, *args, **kwargs):
@@ -160,7 +160,7 @@ def test_a_merge_that_read_before_a_fence_change_conflicts_and_rechecks(data_dir
             stopped.append(fence_out_merges(data_dir, SOURCE, T))
         return real_commit(v, *args, **kwargs)
 
-    monkeypatch.setattr(mirror_delta, "commit", stop_then_commit)
+    monkeypatch.setattr(mirror_table, "commit", stop_then_commit)  # the one commit loop
     with pytest.raises(FencedError):
         MirrorDeltaSink(data_dir, SOURCE, fence=fence).write(events(ev(5, "r", 1, 10)))
     assert stopped and mirror_state(data_dir) == {}
@@ -169,7 +169,7 @@ def test_a_merge_that_read_before_a_fence_change_conflicts_and_rechecks(data_dir
 def test_compaction_retries_a_commit_conflict_and_keeps_the_concurrent_write(data_dir, monkeypatch):
     mirror = MirrorDeltaSink(data_dir, SOURCE)
     mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20), ev(3, "d", 1)))
-    real_commit = mirror_delta.commit
+    real_commit = mirror_table.commit
     conflicts = []
 
     def concurrent_write_then_commit(v, *args, **kwargs):
@@ -179,8 +179,8 @@ def test_compaction_retries_a_commit_conflict_and_keeps_the_concurrent_write(dat
         return real_commit(v, *args, **kwargs)
 
     backoffs = []
-    monkeypatch.setattr(mirror_delta, "commit", concurrent_write_then_commit)
-    monkeypatch.setattr(mirror_delta, "_backoff", lambda attempt: backoffs.append(attempt))
+    monkeypatch.setattr(mirror_table, "commit", concurrent_write_then_commit)
+    monkeypatch.setattr(mirror_table, "_backoff", lambda attempt: backoffs.append(attempt))
     assert compact(data_dir, SOURCE, T, upto_position=Position(3).encode()) == 1
     assert backoffs, "the concurrent commit should have made the delete conflict and retry"
     assert mirror_state(data_dir) == {2: (9, True)}  # the concurrent tombstone (after the bound) stays
@@ -412,8 +412,9 @@ def test_sweep_and_compaction_read_whole_only_the_buckets_they_change(data_dir, 
     path = mirror_dir(data_dir, SOURCE, T)
     read = []
     real = mirror_delta.read_bucket
-    monkeypatch.setattr(mirror_delta, "read_bucket",
-                        lambda uri, paths, schema: read.append(tuple(paths)) or real(uri, paths, schema))
+    for module in (mirror_delta, mirror_compaction):  # the sweep and compaction
+        monkeypatch.setattr(module, "read_bucket",
+                            lambda uri, paths, schema: read.append(tuple(paths)) or real(uri, paths, schema))
     assert mirror_delta.sweep(path, Position(5).encode()) == 0  # every row is newer than the mark
     assert read == []
     assert mirror_delta.sweep(path, Position(12).encode()) == 1  # key 1 (position 11) goes

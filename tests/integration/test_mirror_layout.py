@@ -21,7 +21,7 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
 from airflow_provider_cdc.sinks import mirror_delta as md
-from airflow_provider_cdc.sinks import mirror_readers
+from airflow_provider_cdc.sinks import mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
@@ -164,7 +164,7 @@ def test_a_bucket_past_twice_the_unit_is_read_a_part_at_a_time(data_dir, monkeyp
         parts.append(part)
         return real(uri, paths, schema, part=part)
 
-    monkeypatch.setattr(md, "read_bucket", recording)
+    monkeypatch.setattr(mirror_readers, "read_bucket", recording)
     expect = {i: (f"w{i}" if i % 2 == 0 else f"v{i}") for i in range(400) if i != 5}
     assert live(data_dir) == expect
     assert parts and all(p is not None and p[1] >= 4 for p in parts)  # ~75 stored rows a bucket, a unit of 10
@@ -236,7 +236,7 @@ def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monk
             assert all(r == expect for r in every_reader(data_dir))
         return real_commit(v, adds, removed, operation=operation)
 
-    monkeypatch.setattr(md, "commit", commit_after_a_write)
+    monkeypatch.setattr(mirror_table, "commit", commit_after_a_write)
     out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=Position(250).encode(), budget_rows=None)
     assert seen and out["buckets"] >= 1
     v = version(data_dir)

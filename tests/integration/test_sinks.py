@@ -461,10 +461,10 @@ def test_the_delta_log_is_checkpointed_and_old_entries_go_while_the_mirror_reads
 
     from deltalake import DeltaTable
 
-    from airflow_provider_cdc.sinks import mirror_delta
+    from airflow_provider_cdc.sinks import mirror_delta, mirror_table
     from airflow_provider_cdc.sinks.base import write_marker
 
-    monkeypatch.setattr(mirror_delta, "CHECKPOINT_INTERVAL", 5)
+    monkeypatch.setattr(mirror_table, "CHECKPOINT_INTERVAL", 5)
     d = str(tmp_path)
     stage_schema(d, TYPED)
     sink = MirrorDeltaSink(d, SOURCE)

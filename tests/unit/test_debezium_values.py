@@ -1,4 +1,4 @@
-"""Debezium's value encodings at their edges (sinks/debezium.py), each expected value derived by
+"""Debezium's value encodings at their edges (export/debezium.py), each expected value derived by
 hand from Debezium's and Kafka Connect's rules: Decimal's minimal two's-complement bytes,
 VariableScaleDecimal's stripped scale, ZonedTimestamp's fraction and year forms, MicroTime
 past 24 hours, MicroDuration's 30.4375-day month, Bits' little-endian bytes."""
@@ -10,7 +10,7 @@ import base64
 import pytest
 
 from airflow_provider_cdc.core.schema import Column
-from airflow_provider_cdc.sinks.debezium import field_schema
+from airflow_provider_cdc.export.debezium import field_schema
 
 
 def b64(*octets: int) -> str:

@@ -1,7 +1,7 @@
 """The package's layers (README, Layout): imports point down only, and no module imports
 itself back through others (no import cycle), counting imports inside functions too.
 
-    core  <-  storage  <-  dialects, sinks  <-  pipeline  <-  Airflow glue
+    core  <-  storage  <-  dialects, sinks  <-  pipeline, export  <-  Airflow glue
 
 Read from the source with ``ast``: nothing is imported, so a test module can not hide an
 arrow by importing things first.
@@ -26,6 +26,7 @@ LAYERS = {
     "storage": 1,
     "dialects": 2,
     "sinks": 2,
+    "export": 3,  # other formats of the lake's outputs (Debezium JSON), read from the event log
     "pipeline": 3,
     # Airflow glue, in its own order
     "settings": 4,
@@ -48,7 +49,7 @@ LAYERS = {
 #: imports between parts of one layer that are allowed (from -> to)
 SIDEWAYS: set[tuple[str, str]] = {("sources_config", "settings")}
 #: modules that must not import Airflow, Spark or a database driver, whatever their layer
-NO_AIRFLOW = ("core", "storage", "dialects", "sinks", "pipeline", "settings", "sources_config")
+NO_AIRFLOW = ("core", "storage", "dialects", "sinks", "export", "pipeline", "settings", "sources_config")
 AIRFLOW_ROOTS = ("airflow",)
 PURE_FORBIDDEN = ("airflow", "pyspark", "psycopg2", "pymysql", "pymysqlreplication", "deltalake", "MySQLdb")
 

@@ -173,46 +173,30 @@ def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
 def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
                 pg_uri: str | Mapping[str, object] | None = None, pg_schema: str | None = None, require_schema: bool,
                 fence_tables: Iterable | None = None) -> list[Sink]:
-    """The sinks named in ``names``. ``pg_uri`` is the 'postgres' sink's target: a libpq URI or
+    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the 'postgres' sink's target: a libpq URI or
     ``key=value`` string, or psycopg2.connect keywords (the operators resolve
     CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit
     gets it without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
     snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
     on each of their mirrors before anything is read (refused if a snapshot was stopped), and
-    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_delta.py)."""
+    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
+    from ...sinks import registry
     from ...sinks.base import SchemaCache
-    from ...sinks.event_log import EventLogSink
-    from ...sinks.mirror_delta import MergeFence, MirrorDeltaSink
+    from ...sinks.mirror_delta import MergeFence
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
+    entries = [registry.entry(n) for n in wanted]  # an unknown name fails before any claim
     fence = None
-    if fence_tables is not None and "mirror" in wanted:
+    if fence_tables is not None and any(e.claims_fence for e in entries):
         schemas = SchemaCache(data_dir, source)
         rounds: dict[str, set[str]] = {}
         for item in fence_tables:  # table ids, or (table id, snapshot id) of the round's chunks
             tid, sid = (item, None) if isinstance(item, str) else item
             rounds.setdefault(tid, set()).update([sid] if sid else [])
         fence = MergeFence(data_dir, source).claim((schemas.require(t) for t in sorted(rounds)), rounds)
-    out: list[Sink] = []
-    for name in wanted:
-        if name == "events":
-            out.append(EventLogSink(data_dir, source, database, fence=fence))
-        elif name == "mirror":
-            out.append(MirrorDeltaSink(data_dir, source, require_schema=require_schema, fence=fence))
-        elif name == "postgres":
-            if not pg_uri:
-                raise ConfigurationError(
-                    "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of "
-                    "an Airflow connection of type postgres (a Spark job run by hand: --pg-uri without a password, "
-                    "which libpq then takes from PGPASSFILE or PGPASSWORD)"
-                )
-            from ...sinks.mirror_postgres import MirrorPostgresSink
-
-            out.append(MirrorPostgresSink(pg_uri, data_dir, source, target_schema=pg_schema,
-                                          require_schema=require_schema, fence=fence))
-        else:
-            raise ConfigurationError(f"unknown sink {name!r} in --sinks; known: events, mirror, postgres")
-    return out
+    context = registry.SinkContext(data_dir, source, database, require_schema=require_schema, fence=fence,
+                                   options={"pg_uri": pg_uri, "pg_schema": pg_schema})
+    return [registry.create(n, context) for n in wanted]
 
 
 def add_common_arguments(parser) -> None:

@@ -28,12 +28,13 @@ mirror sweeps a truncated table before it reads its buckets), then produces the 
 again for the mirror: re-reading staged Parquet costs less than keeping the events in the
 JVM between the two.
 
-The PostgreSQL mirror is written from the executors too, a unit at a time (its upsert keeps
-a row only when its position is newer, so units land in any order): the driver first
-deletes each truncated table's rows older than its newest TRUNCATE in the batch, and the
-executors drop the events older than it (:func:`write_postgres`), so no unit can bring back
-a row the TRUNCATE removed, whichever runs first. Any other sink receives the events through
-the driver.
+The engine knows no concrete sink: each says where it is written (``Sink.placement``,
+sinks/base.py). The PostgreSQL mirror (UNITS, ``needs_truncates``) is written from the
+executors too, a unit at a time (its upsert keeps a row only when its position is newer, so
+units land in any order): its ``prepare`` on the driver first deletes each truncated table's
+rows older than its newest TRUNCATE in the batch, and the executors drop the events older
+than it (:func:`write_units`), so no unit can bring back a row the TRUNCATE removed,
+whichever runs first. A DRIVER sink (any other) receives the events through the driver.
 """
 
 from __future__ import annotations
@@ -44,18 +45,13 @@ import logging
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ... import storage
 from ...core import errors
-from ...core.errors import ConfigurationError
-from ...sinks.base import Sink, TableEvents
-from ...sinks.event_log import EventLogSink
-from ...sinks.mirror_delta import MirrorDeltaSink
-from ...sinks.mirror_postgres import MirrorPostgresSink
+from ...sinks.base import BUCKETS, UNITS, Sink, TableEvents, past_truncate
 from . import common
 
 log = logging.getLogger(__name__)
@@ -77,19 +73,6 @@ UNITS_PER_SLICE = 16
 _COUNT_ROW, _ERROR_ROW = -2, -1
 
 
-class _TableJob(NamedTuple):
-    """What the executors need to rewrite one table's buckets (read on the driver)."""
-
-    location: str
-    files: dict  # bucket -> the current files
-    schema: pa.Schema  # the mirror's Arrow schema
-    buckets: int  # the roots of the bucket tree (sinks/delta_buckets.py)
-    inner: tuple  # its split buckets
-    bucketed: bool
-    horizon: str | None  # the compaction horizon: older rows of unknown keys stay out
-    table_schema: str  # TableSchema JSON
-    truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
-    version: int  # the version read: the change files are written for the next one
 _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
 _RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
@@ -141,13 +124,14 @@ def _batches(events: list[TableEvents]):
     return to_json_events(events).to_batches()
 
 
-def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log: EventLogSink | None = None, *,
+def _on_executors(units: Sequence, produce: Producer, then: Callable, writers: Sequence[Sink] = (), *,
                   with_unit: bool = False):
     """The mapInArrow function of every unit job: on an executor, each unit of the slice is
-    produced (``produce``), written to ``event_log`` when given, and turned into output
+    produced (``produce``), written to each of ``writers`` (UNITS sinks), and turned into output
     batches by ``then(events)`` (``then(events, unit_index)`` ``with_unit``; a module-level
     function: pickled by reference)."""
     env = storage.executor_settings()  # where the storage is; never who may use it (no secret)
+    writers = tuple(writers)
 
     def run_units(batches):
         from airflow_provider_cdc import storage as st
@@ -156,8 +140,8 @@ def _on_executors(units: Sequence, produce: Producer, then: Callable, event_log:
         for b in batches:
             for i in b.column("unit").to_pylist():
                 events = produce(units[i])
-                if event_log is not None:
-                    event_log.write(events)
+                for w in writers:
+                    w.write(events)
                 yield from (then(events, i) if with_unit else then(events))
 
     return run_units
@@ -181,12 +165,12 @@ def _meta_batches(events: Sequence[TableEvents]):
     return unit_meta(events).to_batches()
 
 
-def log_units(spark, units: Sequence, produce: Producer, event_log: EventLogSink | None) -> dict[str, list]:
-    """One map stage: each unit's events produced and, with ``event_log``, written as its
-    event-log files by the executor. Returns table -> [events, newest TRUNCATE or None]."""
+def log_units(spark, units: Sequence, produce: Producer, writers: Sequence[Sink] = ()) -> dict[str, list]:
+    """One map stage: each unit's events produced and written to ``writers`` (UNITS sinks) by
+    the executor. Returns table -> [events, newest TRUNCATE or None]."""
     if not units:
         return {}
-    write = _on_executors(units, produce, _meta_batches, event_log)
+    write = _on_executors(units, produce, _meta_batches, writers)
     out: dict[str, list] = {}
     for r in run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(UNIT_META)).collect()):
         cur = out.setdefault(r["table"], [0, None])
@@ -199,44 +183,57 @@ def log_units(spark, units: Sequence, produce: Producer, event_log: EventLogSink
 # --- the sinks --------------------------------------------------------------------------------
 def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink], *,
                 tables: Sequence[str] | None = None) -> dict[str, int]:
-    """Write every unit's events to ``sinks``: the event log and the Delta mirror from the
-    executors. ``tables``: the tables the events can be of, when the driver knows them and
-    they hold no TRUNCATE (a merge round): the mirror job then writes the event log too, in
-    one pass. Otherwise the event log is written first and counts each table's events and
-    TRUNCATEs, which the mirror needs before it reads its buckets. Returns rows per sink
+    """Write every unit's events to ``sinks``, each where its ``placement`` says (sinks/base.py
+    Sink; the engine knows no concrete sink): BUCKETS sinks (the Delta mirror) by one job per
+    sink that shuffles typed rows to their key buckets, UNITS sinks (the event log) on the
+    executors as each unit is produced, UNITS sinks that ``needs_truncates`` (the PostgreSQL
+    mirror) after their ``prepare`` on the driver, DRIVER sinks with the round's events
+    gathered on the driver. ``tables``: the tables the events can be of, when the driver knows
+    them and they hold no TRUNCATE (a merge round): the first BUCKETS job then writes the
+    UNITS sinks too, in one pass. Otherwise those are written first and count each table's
+    events and TRUNCATEs, which the others need before they write. Returns rows per sink
     and ``events_in``."""
-    event_log = next((s for s in sinks if isinstance(s, EventLogSink)), None)
-    mirror = next((s for s in sinks if isinstance(s, MirrorDeltaSink)), None)
     out: dict[str, int] = {}
+    pending = [s for s in sinks if s.placement == UNITS and not s.needs_truncates]
     meta: dict[str, list] | None = None
-    t0 = time.monotonic()
-    if mirror is not None and tables is not None:
-        counts = write_mirror(spark, units, produce, mirror, dict.fromkeys(tables), event_log=event_log)
-        out.update(events_in=counts["events"], **{mirror.name: counts["applied"]})
-        if event_log is not None:
-            out[event_log.name] = counts["events"]
-    else:
-        if event_log is not None or mirror is not None:
-            meta = log_units(spark, units, produce, event_log)
-            out["events_in"] = sum(n for n, _ in meta.values())
-            if event_log is not None:
-                out[event_log.name] = out["events_in"]
-                log.info("event log: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
-                         out["events_in"], len(meta), len(units), time.monotonic() - t0)
-        if mirror is not None:
-            truncates = {t: tr for t, (_n, tr) in meta.items()}
-            out[mirror.name] = write_mirror(spark, units, produce, mirror, truncates)["applied"]
+
+    def first_pass() -> dict[str, list]:
+        nonlocal meta, pending
+        if meta is None:
+            t0 = time.monotonic()
+            meta = log_units(spark, units, produce, pending)
+            out.setdefault("events_in", sum(n for n, _ in meta.values()))
+            for s in pending:
+                out[s.name] = out["events_in"]
+                log.info("%s: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
+                         s.name, out["events_in"], len(meta), len(units), time.monotonic() - t0)
+            pending = []
+        return meta
+
+    def round_truncates() -> dict[str, str | None]:
+        if tables is not None:
+            return dict.fromkeys(tables)
+        return {t: tr for t, (_n, tr) in first_pass().items()}
+
     for sink in sinks:
-        if sink is event_log or sink is mirror:
+        if sink.placement != BUCKETS:
             continue
-        if isinstance(sink, MirrorPostgresSink):
-            if tables is not None:
-                truncates = dict.fromkeys(tables)
-            else:
-                if meta is None:
-                    meta = log_units(spark, units, produce, None)
-                truncates = {t: tr for t, (_n, tr) in meta.items()}
-            out[sink.name] = write_postgres(spark, units, produce, sink, truncates)
+        counts = write_mirror(spark, units, produce, sink, round_truncates(), writers=pending)
+        for s in pending:
+            out[s.name] = counts["events"]
+        pending = []
+        out.setdefault("events_in", counts["events"])
+        out[sink.name] = counts["applied"]
+    if pending:
+        first_pass()
+    for sink in sinks:
+        if sink.placement != UNITS or not sink.needs_truncates:
+            continue
+        truncates = round_truncates()
+        sink.prepare(truncates)
+        out[sink.name] = write_units(spark, units, produce, sink, truncates)
+    for sink in sinks:
+        if sink.placement in (UNITS, BUCKETS):
             continue
         log.warning("sink %s receives the events through the Spark driver, as canonical JSON", sink.name)
         table = common.to_event_table(run(lambda: unit_events(spark, units, produce).toArrow()))
@@ -247,86 +244,62 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
     return out
 
 
-_PG_COUNT = pa.schema([("rows", pa.int64())])
+_UNIT_COUNT = pa.schema([("rows", pa.int64())])
 
 
-def postgres_unit_writer(units: Sequence, produce: Producer, sink: MirrorPostgresSink,
-                         truncates: dict[str, str | None]) -> Callable:
-    """The executor side of :func:`write_postgres`: each unit's events, without those at or
-    before their table's TRUNCATE (the driver has applied it), upserted by ``sink``."""
-
-    def past_truncates(events: Sequence[TableEvents]) -> list[TableEvents]:
-        out = []
-        for te in events:
-            newest = truncates.get(te.table)
-            out.append(te if newest is None else te.filter(pc.greater(te.events["position"], newest)))
-        return out
+def unit_writer(units: Sequence, produce: Producer, sink: Sink, truncates: dict[str, str | None]) -> Callable:
+    """The executor side of :func:`write_units`: each unit's events, without those at or
+    before their table's TRUNCATE (the sink's ``prepare`` on the driver applied it), written
+    by ``sink``."""
 
     def write_unit(events: Sequence[TableEvents]):
-        events = past_truncates(events)
+        events = [past_truncate(te, truncates.get(te.table)) for te in events]
         try:
             sink.write(events)
         finally:
             sink.close()  # a connection per unit: none left open in a reused Python worker
-        yield pa.RecordBatch.from_pylist([{"rows": sum(te.num_rows for te in events)}], schema=_PG_COUNT)
+        yield pa.RecordBatch.from_pylist([{"rows": sum(te.num_rows for te in events)}], schema=_UNIT_COUNT)
 
     return _on_executors(units, produce, write_unit)
 
 
-def write_postgres(spark, units: Sequence, produce: Producer, sink: MirrorPostgresSink,
-                   truncates: dict[str, str | None]) -> int:
-    """The PostgreSQL mirror, written from the executors a unit at a time (module docstring);
-    the driver applies each table's newest TRUNCATE first. Returns the events written."""
-    for table_id, newest in sorted(truncates.items()):
-        if newest is not None:
-            sink.truncate_before(table_id, newest)
-    sink.close()  # the executors connect themselves; the driver's connection is not shipped
+postgres_unit_writer = unit_writer
+
+
+def write_units(spark, units: Sequence, produce: Producer, sink: Sink, truncates: dict[str, str | None]) -> int:
+    """A UNITS sink that needs the round's TRUNCATEs (the PostgreSQL mirror, whose upsert keeps a
+    row only when newer), written from the executors a unit at a time (module docstring),
+    after its ``prepare`` on the driver. Returns the events written."""
     if not units:
         return 0
-    write = postgres_unit_writer(units, produce, sink, truncates)
-    rows = run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(_PG_COUNT)).collect())
+    write = unit_writer(units, produce, sink, truncates)
+    rows = run(lambda: _units_df(spark, len(units)).mapInArrow(write, _schema(_UNIT_COUNT)).collect())
     n = sum(r["rows"] for r in rows)
-    log.info("postgres mirror: %d events from %d unit(s) written on the executors", n, len(units))
+    log.info("%s: %d events from %d unit(s) written on the executors", sink.name, n, len(units))
     return n
 
 
-def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSink,
-                 truncates: dict[str, str | None], *, event_log: EventLogSink | None = None) -> dict[str, int]:
-    """The mirror tables of the units' events (``truncates``: table -> its newest TRUNCATE
-    among them, or None): one job rewrites the buckets every table's events fall in on the
-    executors (and writes ``event_log``'s files on the way); the driver commits each table (a
-    table whose commit conflicts is read and rewritten again). Returns the ``events``
-    produced and the events ``applied`` to the mirror."""
-    from ...core.arrow_types import mirror_schema
-    from ...sinks import mirror_delta as md
-
-    plan: dict[str, tuple] = {}
-    for table_id in sorted(truncates):
-        schema = sink.schemas.require(table_id) if sink.require_schema else sink.schemas.get(table_id)
-        if schema is None:
-            log.warning("mirror: no staged schema for %s; its events go to the event log only", table_id)
-            continue
-        path = md.mirror_dir(sink.data_dir, sink.source, schema.table)
-        stopped = md.schema_stopped(path)
-        if stopped:
-            log.error("mirror of %s waits for a re-snapshot (%s): its events are not applied to it", table_id, stopped)
-            sink.schema_stopped[table_id] = stopped
-            continue
-        newest_t = truncates[table_id]
-        if newest_t is not None:  # a TRUNCATE: older rows go first (the horizon keeps them out)
-            md.sweep(path, newest_t, mirror_schema(schema), reason=f"TRUNCATE of {table_id}")
-        epoch = None if sink.fence is None else sink.fence.epoch(table_id)
-        plan[table_id] = (path, schema, epoch, newest_t)
+def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dict[str, str | None], *,
+                 writers: Sequence[Sink] = ()) -> dict[str, int]:
+    """A BUCKETS sink (the Delta mirror) of the units' events (``truncates``: table -> its
+    newest TRUNCATE among them, or None): the sink plans every table on the driver
+    (MirrorDeltaSink.plan: the per-table policy both engines share), one job rewrites the
+    buckets every table's events fall in on the executors (and writes ``writers``' files on
+    the way); the driver commits each table (a table whose commit conflicts is read and
+    rewritten again). Returns the ``events`` produced and the events ``applied`` to it."""
+    plan = sink.plan(truncates)
     counts = {"events": 0, "applied": 0}
     pending = sorted(plan)
-    for attempt in md.commit_attempts(f"mirror commit of {', '.join(pending)}"):
-        if not pending and (attempt or event_log is None):
+    for attempt in sink.commit_attempts(f"mirror commit of {', '.join(pending)}"):
+        if not pending and (attempt or not writers):
             break
         t0 = time.monotonic()
-        versions, jobs = _read_versions(plan, pending)
+        versions, jobs = {}, {}
+        for table_id in pending:  # the version each commit is based on, the merge epoch checked
+            versions[table_id], jobs[table_id] = sink.open_table(plan[table_id])
         results: dict[str, list] = {t: [] for t in pending}
         applied = dict.fromkeys(pending, 0)
-        for r in _rewrite_buckets(spark, units, produce, jobs, event_log if attempt == 0 else None):
+        for r in _rewrite_buckets(spark, units, produce, jobs, writers if attempt == 0 else ()):
             if r["bucket"] != _COUNT_ROW:
                 results[r["table"]].append(r)
                 continue
@@ -336,14 +309,11 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
                 applied[r["table"]] += r["applied"]
         conflicted = []
         for table_id in pending:
-            error, conflict = _commit_table(plan[table_id][0], versions[table_id], results[table_id])
+            error, conflict = _commit_table(sink, plan[table_id].path, versions[table_id], results[table_id])
             if conflict:
                 conflicted.append(table_id)
             elif error is not None:
-                path = plan[table_id][0]
-                if sink.fence is not None or not md.stop_for_schema(path, f"{error}; correct the value at the source"):
-                    raise ConfigurationError(error)
-                sink.schema_stopped[table_id] = error
+                sink.stop_table(plan[table_id], error)
             else:
                 counts["applied"] += applied[table_id]
         log.info("mirror: %d table(s) rewritten on the executors in %.1f s (%d to retry)", len(pending) - len(conflicted),
@@ -354,33 +324,16 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink: MirrorDeltaSin
     return counts
 
 
-def _read_versions(plan: dict[str, tuple], tables: Sequence[str]) -> tuple[dict, dict]:
-    """Each table's current mirror version (files per bucket), checked against the merge's
-    epoch, and the job description its executors get."""
-    from ...core.arrow_types import mirror_schema
-    from ...sinks import mirror_delta as md
-
-    versions, jobs = {}, {}
-    for table_id in tables:
-        path, schema, epoch, newest_t = plan[table_id]
-        v = md.open_for_write(path, mirror_schema(schema), epoch)
-        versions[table_id] = v
-        jobs[table_id] = _TableJob(v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
-                                   v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
-                                   v.props.get(md.HORIZON_PROPERTY), schema.to_json(), newest_t, v.version)
-    return versions, jobs
-
-
-def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, _TableJob],
-                     event_log: EventLogSink | None = None) -> list:
+def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict,
+                     writers: Sequence[Sink] = ()) -> list:
     """One Spark job over the units. The map side produces each unit's events (writing them to
-    ``event_log`` when given), turns those of ``jobs``' tables (past each one's TRUNCATE) into
+    ``writers``), turns those of ``jobs``' tables (past each one's TRUNCATE) into
     typed mirror rows and ships them per (table, bucket) as Arrow IPC blobs: the shuffle moves
     a few blobs per unit, not a JVM row per event. Each (table, bucket) is then rewritten on
     an executor. Returns the _RESULT rows, plus one count row (bucket _COUNT_ROW) per unit
     and table."""
     env = storage.executor_settings()
-    keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), event_log, with_unit=True)
+    keyed = _on_executors(units, produce, functools.partial(mirror_blobs, jobs=jobs), writers, with_unit=True)
 
     def write(key, blobs):  # a plain function: pyspark 4.2 cannot inspect a functools.partial here
         return _rewrite_bucket(jobs, env, key, blobs)
@@ -389,15 +342,12 @@ def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict[str, 
     return run(lambda: df.groupBy("table", "bucket", "slice").applyInArrow(write, _schema(_RESULT)).collect())
 
 
-def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict[str, _TableJob]):
+def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict):
     """On an executor: one unit's events as _BLOBS batches: a count row per table, then the
     typed mirror rows of each job table per bucket (newest per key) in the unit's slice, or an
     error row when a value cannot be held by its mirror column."""
-    from airflow_provider_cdc.core.arrow_types import KEY_COLUMN
     from airflow_provider_cdc.core.errors import ConfigurationError as CE
-    from airflow_provider_cdc.core.schema import TableSchema
-    from airflow_provider_cdc.sinks.delta_buckets import nodes_of_keys
-    from airflow_provider_cdc.sinks.mirror_delta import conform, events_to_mirror_rows, newest_per_key
+    from airflow_provider_cdc.sinks.base import past_truncate
 
     def row(table_id, bucket, events=0, applied=0, payload=None, error=None):
         return pa.record_batch([pa.array([table_id], pa.string()), pa.array([bucket], pa.int32()),
@@ -411,18 +361,17 @@ def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict[str, _Tabl
         if not produced:
             continue
         job = jobs.get(table_id)
-        if job is not None and job.truncate is not None:  # older than the table's TRUNCATE: swept already
-            part = part.filter(pc.greater(part.events["position"], job.truncate))
+        if job is not None:  # older than the table's TRUNCATE: swept already
+            part = past_truncate(part, job.truncate)
         yield row(table_id, _COUNT_ROW, events=produced, applied=part.num_rows if job is not None else 0)
         if job is None or part.num_rows == 0:
             continue
         try:
-            rows = events_to_mirror_rows(TableSchema.from_json(job.table_schema), part.with_events(newest_per_key(part.events)))
+            rows = job.rows(part)
         except CE as exc:
             yield row(table_id, _ERROR_ROW, error=str(exc))
             continue
-        rows = conform(rows, job.schema)
-        buckets = nodes_of_keys(rows[KEY_COLUMN], job.buckets, job.inner)
+        buckets = job.bucket_of(rows)
         for bucket in pc.unique(buckets).to_pylist():
             sub = rows.filter(pc.equal(buckets, bucket))
             for start in range(0, sub.num_rows, _BLOB_ROWS):
@@ -437,7 +386,6 @@ def _rewrite_bucket(jobs, env, key, blobs):
     in-process engine's upsert; memory follows the round's rows, not the bucket), or the sums
     of the count rows, or the first error."""
     from airflow_provider_cdc import storage as st
-    from airflow_provider_cdc.sinks import delta_buckets as db
 
     st.use_executor_settings(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
@@ -450,47 +398,26 @@ def _rewrite_bucket(jobs, env, key, blobs):
         return pa.table(out, schema=_RESULT)
     job = jobs[table_id]
     parts = [pa.ipc.open_stream(p.as_buffer()).read_all() for p in blobs["payload"]]  # no copy to bytes
-    rows = db.resolve(pa.concat_tables(parts))  # units of a slice may share keys
-    paths = job.files.get(bucket, [])
-    new = db.admit(rows, job.horizon, lambda: db.read_resolved_keys(job.location, paths))
+    add = job.write(bucket, pa.concat_tables(parts))  # units of a slice may share keys: resolved
     out["removed"] = ["[]"]
-    if new.num_rows:
-        add = db.write_bucket_file(job.location, bucket, new, bucketed=job.bucketed, change=job.version + 1)
-        out.update(path=[add.path], size=[add.size], rows=[new.num_rows], stats=[add.stats])
+    if add is not None:
+        out.update(path=[add.path], size=[add.size], rows=[json.loads(add.stats)["numRecords"]], stats=[add.stats])
     return pa.table(out, schema=_RESULT)
 
 
-def _commit_table(path: str, v, rows: list) -> tuple[str | None, bool]:
+def _commit_table(sink, path: str, v, rows: list) -> tuple[str | None, bool]:
     """Commit one table's rewritten buckets: (the error text of a value the mirror cannot
     hold or None, whether another writer committed first)."""
-    from deltalake.exceptions import CommitFailedError
-
-    from ...sinks import delta_buckets as db
-
-    adds = [_add_action(r, v.bucketed) for r in rows if r["path"]]
+    written = [(r["bucket"], r["path"], r["size"], r["stats"] or json.dumps({"numRecords": int(r["rows"])}))
+               for r in rows if r["path"]]
     errors_ = [r["error"] for r in rows if r["error"]]
     if errors_:
-        db.discard(v.location, adds)
+        sink.discard(v, written)
         return errors_[0], False
-    if not rows:
+    if not written:
         return None, False
-    removed = [p for r in rows for p in json.loads(r["removed"] or "[]")]
-    if not adds and not removed:
-        return None, False
-    try:
-        db.commit(v, adds, removed, operation="upsert")
-    except CommitFailedError:
-        db.discard(v.location, adds)
+    if not sink.commit_table(v, written):
         return None, True
     log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path, len(rows),
              v.version + 1)
     return None, False
-
-
-def _add_action(row, bucketed: bool):
-    from deltalake.transaction import AddAction
-
-    from ...sinks.delta_buckets import BUCKET_COLUMN
-
-    return AddAction(row["path"], int(row["size"]), {BUCKET_COLUMN: str(row["bucket"])} if bucketed else {},
-                     int(time.time() * 1000), True, row["stats"] or json.dumps({"numRecords": int(row["rows"])}))

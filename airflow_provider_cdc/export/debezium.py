@@ -522,7 +522,7 @@ def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = N
                  skipped: list | None = None) -> Iterator[tuple[str, str, list]]:
     """The records of one event-log file (sinks/event_log.py), in its order, as (position, key,
     the event's records). ``skipped`` collects the positions of TRUNCATEs left out."""
-    from .event_log import canonical_images, file_schema
+    from ..sinks.event_log import canonical_images, file_schema
 
     schema, _ = file_schema(t)
     if schema is None:
@@ -571,7 +571,7 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
     import pyarrow.parquet as pq
 
     from .. import storage
-    from .event_log import live_files, table_dir
+    from ..sinks.event_log import live_files, table_dir
 
     d = table_dir(data_dir, source, table)
     exports: dict = {}

@@ -1,0 +1,1 @@
+"""Exports of the lake in other formats, read from the event log (Debezium JSON)."""

@@ -1,0 +1,340 @@
+"""Background maintenance of the mirror: compaction of key buckets (change files folded into
+a resolved base, oversized buckets split below the unit, tombstones removed behind the
+horizon, sinks/mirror_fencing.py) within a budget per round, and vacuum of unreferenced
+files past the retention. Storage layout: sinks/delta_buckets.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
+
+from ..core.arrow_types import (
+    DELETED_COLUMN,
+    KEY_COLUMN,
+    POSITION_COLUMN,
+)
+from ..core.errors import ConfigurationError
+from ..core.schema import TableName
+from ..storage.layout import mirror_dir
+from .base import read_marker
+from .delta_buckets import (
+    MirrorVersion,
+    any_dropped,
+    change_version,
+    children_of,
+    crc_of,
+    discard,
+    drop_rows,
+    level_of,
+    node_id,
+    node_of,
+    read_bucket,
+    read_resolved_keys,
+    read_version,
+    resolve,
+    write_bucket_file,
+)
+from .mirror_table import (
+    DEFAULT_LOG_RETENTION_HOURS,
+    DEFAULT_RETENTION_HOURS,
+    HORIZON_PROPERTY,
+    _commit_with_retries,
+    _delta,
+    _open,
+    _position_literal,
+    _properties,
+    _raise_horizon,
+    _rows,
+    _version,
+    bucket_unit,
+    ensure_log_properties,
+    mirror_tables,
+)
+
+log = logging.getLogger(__name__)
+
+
+#: rows one maintenance round may rewrite per table (the due buckets with most change first)
+DEFAULT_COMPACT_BUDGET_ROWS = 4_000_000
+
+
+#: a bucket is due for compaction when its change rows reach this share of its base rows, it
+#: holds this many change files, or it is this small (cheap to keep tidy)
+CHANGE_SHARE, CHANGE_FILES, SMALL_BUCKET_ROWS = 0.1, 8, 100_000
+
+
+def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None) -> list:
+    """``rows`` (resolved) as base files of ``bucket``, or of its descendants when more than
+    ``unit`` rows (the bucket splits; only a bucketed table can)."""
+    if unit is None or not v.bucketed or rows.num_rows <= unit:
+        return [write_bucket_file(v.table_uri, bucket, rows, bucketed=v.bucketed)] if rows.num_rows else []
+    level = level_of(bucket, v.buckets)
+    crc = crc_of(rows[KEY_COLUMN])
+    child = node_of(crc, v.buckets * 2 ** (level + 1)) + node_id(level + 1, 0, v.buckets)
+    adds = []
+    for c in children_of(bucket, v.buckets):
+        adds += _write_split(v, c, rows.filter(pa.array(child == c)), unit)
+    return adds
+
+
+def rewrite_buckets(
+    v: MirrorVersion, transform: Callable[[int, pa.Table], pa.Table | None], buckets: Iterable[int] | None = None,
+    *, unit: int | None = -1,
+) -> tuple[list, list[str]]:
+    """Run ``transform(bucket, rows)`` over the buckets of ``v`` (all, or ``buckets``): it
+    gets the bucket's stored row versions and returns its new resolved rows (None:
+    unchanged). A bucket it changes, or of several files, is written as one base file (or
+    split, past ``unit`` rows). Returns the AddActions and the paths they replace, for
+    :func:`delta_buckets.commit`."""
+    unit = bucket_unit(v) if unit == -1 else unit
+    adds: list = []
+    removed: list[str] = []
+    try:
+        for b in sorted(v.files if buckets is None else set(buckets)):
+            paths = v.files.get(b, ())
+            rows = read_bucket(v.table_uri, paths, v.schema)
+            out = transform(b, rows)
+            if out is None and len(paths) <= 1 and (unit is None or rows.num_rows <= unit):
+                continue
+            if out is None:  # several files (change files, or a table written before buckets): one again
+                out = resolve(rows)
+            # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
+            adds += _write_split(v, b, out, unit)
+            removed.extend(paths)
+    except BaseException:
+        discard(v.table_uri, adds)
+        raise
+    return adds, removed
+
+
+def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str,
+                    unit: int | None = -1) -> MirrorVersion:
+    """Read, rewrite the buckets (:func:`rewrite_buckets`), commit, with retries."""
+
+    def build(adds: list):
+        v = read()
+        new, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets, unit=unit)
+        adds.extend(new)
+        return v, removed, v
+
+    return _commit_with_retries(path, build, operation=operation)
+
+
+def _spread(path: str, budget_rows: int | None = None) -> int:
+    """Split the buckets whose stored rows exceed twice the unit (rows appended while nothing
+    compacted them, a large snapshot's merges) into as many descendants as it takes, a file
+    at a time: each file's rows become change files of the descendants, so no step holds more
+    than one file. The largest go first, within ``budget_rows`` stored rows (at least one
+    bucket). The descendants are compacted as usual. Returns the buckets spread."""
+
+    def build(adds: list):
+        v = read_version(_delta(path), path)
+        if not v.bucketed:
+            return v, [], 0
+        unit = bucket_unit(v)
+        big = {b: _rows(v, f) for b, f in v.files.items() if f and _rows(v, f) > 2 * unit}
+        spent = 0
+        for b, n in sorted(big.items(), key=lambda item: -item[1]):
+            if spent and budget_rows is not None and spent + n > budget_rows:
+                del big[b]
+            else:
+                spent += n
+        removed: list[str] = []
+        for b, n in sorted(big.items()):
+            depth = max(1, math.ceil(math.log2(n / unit)))
+            level = level_of(b, v.buckets)
+            below = v.buckets * 2 ** (level + depth)
+            for rel in v.files[b]:  # base first, then change files in commit order: kept so
+                rows = read_bucket(v.table_uri, [rel], v.schema)
+                node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
+                version = change_version(rel)
+                for c in np.unique(node).tolist():
+                    adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)),
+                                                  change=0 if version is None else version))
+                removed.append(rel)
+        if big:
+            log.info("mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit)
+        return v, removed, len(big)
+
+    return _commit_with_retries(path, build, operation="split")
+
+
+def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int]:
+    """The buckets background compaction should rewrite now, most change first, within
+    ``budget_rows`` stored rows (at least one bucket): a bucket with change files once they
+    reach CHANGE_SHARE of its base rows or CHANGE_FILES files, or while it is small; a
+    bucket of several base files (written before merge-on-read); one over ``unit`` rows."""
+    unit = bucket_unit(v)
+    scored = []
+    for b, paths in v.files.items():
+        if not paths:
+            continue
+        change = [p for p in paths if v.info[p].change]
+        base_rows, change_rows = _rows(v, [p for p in paths if p not in change]), _rows(v, change)
+        total = base_rows + change_rows
+        due = (len(paths) > 1 and not change) or (total > unit and v.bucketed) or (change and (
+            total <= SMALL_BUCKET_ROWS or len(change) >= CHANGE_FILES or change_rows >= CHANGE_SHARE * base_rows))
+        if due:
+            scored.append((-(change_rows / max(1, base_rows)), -len(paths), b, total))
+    picked, spent = [], 0
+    for _score, _files, b, total in sorted(scored):
+        if picked and budget_rows is not None and spent + total > budget_rows:
+            break
+        picked.append(b)
+        spent += total
+    return picked
+
+
+def compact_buckets(path: str, *, tombstones_upto: str | None = None,
+                    budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
+    """Background compaction of the mirror at ``path``: oversized buckets are spread below
+    the unit, then the due buckets (:func:`due_buckets`; with ``everything`` each bucket of
+    several files or over the unit, or with tombstones to remove) are rewritten as resolved
+    base files, their tombstones at or before ``tombstones_upto`` removed behind the horizon
+    (raised first, module docstring). Returns counts: buckets rewritten, tombstones removed,
+    buckets split."""
+    out = {"buckets": 0, "tombstones": 0, "split": 0}
+    if _open(path) is None:
+        return out
+    out["split"] = _spread(path, budget_rows)
+    v = read_version(_delta(path), path)
+    if everything:
+        picks = [b for b, paths in v.files.items()
+                 if len(paths) > 1 or _rows(v, paths) > bucket_unit(v)
+                 or any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+    else:
+        picks = due_buckets(v, budget_rows=budget_rows)
+        if tombstones_upto is not None:  # small buckets whose base holds removable tombstones: cheap to check
+            picks += [b for b, paths in v.files.items() if paths and b not in picks
+                      and _rows(v, paths) <= SMALL_BUCKET_ROWS
+                      and any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+    if not picks:
+        return out
+    target = None
+    if tombstones_upto is not None:
+        newest = None
+        for b in picks:  # the newest current tombstone at or before the bound among them
+            keys = read_resolved_keys(v.table_uri, v.files.get(b, ()))
+            gone = keys.filter(pc.and_(keys[DELETED_COLUMN], pc.less_equal(keys[POSITION_COLUMN], tombstones_upto)))
+            top = pc.max(gone[POSITION_COLUMN]).as_py() if gone.num_rows else None
+            newest = top if newest is None or (top is not None and top > newest) else newest
+        if newest is not None:
+            target = _raise_horizon(path, newest)
+    removed = [0]
+
+    def read() -> MirrorVersion:
+        removed[0] = 0
+        return read_version(_delta(path), path)
+
+    def transform(_b: int, current: pa.Table) -> pa.Table | None:
+        rows = resolve(current)
+        out_ = drop_rows(rows, tombstones_upto=target) if target is not None else None
+        removed[0] += 0 if out_ is None else rows.num_rows - out_.num_rows
+        return rows if out_ is None else out_
+
+    _commit_rewrite(path, read, transform, buckets=lambda v_: [b for b in picks if v_.files.get(b)],
+                    operation="compact")
+    out.update(buckets=len(picks), tombstones=removed[0])
+    log.info("mirror %s: %d bucket(s) compacted, %d tombstone(s) removed, %d split", path, len(picks), removed[0],
+             out["split"])
+    return out
+
+
+def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None,
+            retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
+    """Compact every bucket of the mirror that is not one resolved base file, removing its
+    tombstones (all, or those at or before ``upto_position``), then vacuum files no version
+    younger than ``retention_hours`` references. Returns the number of tombstones removed.
+    Used when a snapshot finishes; rounds use the budgeted :func:`compact_buckets`.
+
+    Safe at any time, against any writer in flight: it first commits the horizon (the
+    newest position of the tombstones it removes) and then deletes them; a writer that read
+    an older version conflicts and re-reads the horizon (module docstring). Idempotent, and
+    retried on commit conflicts."""
+    t = table if isinstance(table, TableName) else TableName.parse(table)
+    path = mirror_dir(data_dir, source, t)
+    bound = "f" * 40 if upto_position is None else _position_literal(upto_position)
+    if _open(path) is None:
+        return 0
+    removed = compact_buckets(path, tombstones_upto=bound, everything=True)["tombstones"]
+    vacuum(path, retention_hours)
+    if removed:
+        log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))
+    return removed
+
+
+def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
+    """Delete the data files of the mirror at ``path`` that the current version does not
+    reference and no version of the last ``retention_hours`` did (replaced by merges,
+    compaction, deletes). Readers that follow the Delta log never need them; readers of a
+    plain folder glob would see them as rows (use mirror_readers instead). Returns the
+    number of files removed."""
+    if retention_hours < 0:
+        raise ConfigurationError(f"mirror retention must be >= 0 hours, got {retention_hours}")
+    dt = _open(path)
+    if dt is None:
+        return 0
+    # the retention also covers writers in flight: a file written but not committed yet is
+    # as young as its writer, so it is never older than the retention (keep it >= 1 h)
+    try:
+        hours = math.ceil(retention_hours)
+        # a dry run first: a vacuum commits twice (START, END) even when it removes nothing
+        if not dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=True):
+            return 0
+        gone = dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+    except CommitFailedError as exc:  # an optimisation: a concurrent commit only postpones it
+        log.warning("mirror %s: vacuum postponed after a commit conflict (%s)", path, exc)
+        return 0
+    if gone:
+        log.info("mirror %s: vacuum removed %d unreferenced file(s) older than %s h", path, len(gone), retention_hours)
+    return len(gone)
+
+
+def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
+    """How many keys of the mirror of ``table`` are deleted but still held as tombstones (a
+    bucket at a time)."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return 0
+    return sum(pc.sum(read_resolved_keys(v.table_uri, paths)[DELETED_COLUMN]).as_py() or 0
+               for paths in v.files.values() if paths)
+
+
+#: snapshot statuses under which a table's chunks may still be merged: no compaction then
+ACTIVE_SNAPSHOT = ("running", "paused", "failed")
+
+
+def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None], *,
+                     retention_hours: float = DEFAULT_RETENTION_HOURS,
+                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS,
+                     log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> dict[str, int]:
+    """A changelog round's maintenance of every mirror table: the Delta log's bounds set, the
+    due buckets compacted within ``budget_rows`` (:func:`compact_buckets`), and unreferenced
+    files vacuumed once past the retention. Tombstones go only from tables whose snapshot is
+    not active, up to the position the mirror has applied. Returns removed tombstones per
+    table.
+
+    The applied position is read BEFORE the snapshot statuses: a snapshot that starts after
+    the check reads its chunks after that position, so its chunk rows are newer than the
+    horizon and insert normally."""
+    applied = read_marker(data_dir, source, "mirror")
+    removed: dict[str, int] = {}
+    for table in mirror_tables(data_dir, source):
+        path = mirror_dir(data_dir, source, table)
+        ensure_log_properties(path, retention_hours, log_retention_hours)
+        upto = None if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT else applied.encode()
+        try:
+            got = compact_buckets(path, tombstones_upto=upto, budget_rows=budget_rows)
+        except CommitFailedError as exc:  # a writer kept committing first: the next round goes on
+            log.warning("mirror %s: compaction postponed after commit conflicts (%s)", path, exc)
+            got = {"tombstones": 0}
+        if got["tombstones"]:
+            removed[table.id] = got["tombstones"]
+        vacuum(path, retention_hours)
+    return removed

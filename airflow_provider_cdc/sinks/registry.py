@@ -1,0 +1,97 @@
+"""The sinks by name (``CDC_SINKS``, ``--sinks``): the one place a sink is registered.
+
+A factory takes a :class:`SinkContext` (what the job knows: data location, source, the
+merge fence, the options of named targets) and returns the Sink. Both engines get their
+sinks from here (pipeline/spark/common.build_sinks) and call them through the Sink
+protocol (sinks/base.py), so a new table format is one class and one :func:`register`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ..core.errors import ConfigurationError
+from .base import Sink
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink factory may use: where the lake is, whose events, whether a merge requires
+    every table's staged schema, the merge's fence (None outside a merge), and ``options``
+    of sinks that write elsewhere (the 'postgres' sink's ``pg_uri`` and ``pg_schema``)."""
+
+    data_dir: str
+    source: str
+    database: str | None = None
+    require_schema: bool = False
+    fence: object | None = None
+    options: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkEntry:
+    factory: Callable[[SinkContext], Sink]
+    #: a snapshot merge claims a merge epoch on each round table's mirror when one of its
+    #: sinks says so (sinks/mirror_fencing.py): the fence every sink of the merge then checks
+    claims_fence: bool = False
+
+
+_SINKS: dict[str, SinkEntry] = {}
+
+
+def register(name: str, factory: Callable[[SinkContext], Sink], *, claims_fence: bool = False,
+             replace: bool = False) -> None:
+    """Register a sink under ``name`` (refused when taken, unless ``replace``)."""
+    if name in _SINKS and not replace:
+        raise ConfigurationError(f"a sink named {name!r} is registered already")
+    _SINKS[name] = SinkEntry(factory, claims_fence)
+
+
+def unregister(name: str) -> None:
+    _SINKS.pop(name, None)
+
+
+def names() -> list[str]:
+    return list(_SINKS)
+
+
+def entry(name: str) -> SinkEntry:
+    if name not in _SINKS:
+        raise ConfigurationError(f"unknown sink {name!r} in --sinks; known: {', '.join(_SINKS)}")
+    return _SINKS[name]
+
+
+def create(name: str, context: SinkContext) -> Sink:
+    return entry(name).factory(context)
+
+
+# --- the package's sinks --------------------------------------------------------------------------
+def _events(c: SinkContext) -> Sink:
+    from .event_log import EventLogSink
+
+    return EventLogSink(c.data_dir, c.source, c.database, fence=c.fence)
+
+
+def _mirror(c: SinkContext) -> Sink:
+    from .mirror_delta import MirrorDeltaSink
+
+    return MirrorDeltaSink(c.data_dir, c.source, require_schema=c.require_schema, fence=c.fence)
+
+
+def _postgres(c: SinkContext) -> Sink:
+    if not c.options.get("pg_uri"):
+        raise ConfigurationError(
+            "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of "
+            "an Airflow connection of type postgres (a Spark job run by hand: --pg-uri without a password, "
+            "which libpq then takes from PGPASSFILE or PGPASSWORD)"
+        )
+    from .mirror_postgres import MirrorPostgresSink
+
+    return MirrorPostgresSink(c.options["pg_uri"], c.data_dir, c.source, target_schema=c.options.get("pg_schema"),
+                              require_schema=c.require_schema, fence=c.fence)
+
+
+register("events", _events)
+register("mirror", _mirror, claims_fence=True)
+register("postgres", _postgres)

@@ -1,0 +1,47 @@
+"""The sink registry (sinks/registry.py): one place, by name; build_sinks uses it."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.pipeline.spark.common import build_sinks
+from airflow_provider_cdc.sinks import registry
+from airflow_provider_cdc.sinks.base import DRIVER, Sink
+
+pytestmark = pytest.mark.unit
+
+
+class Nothing(Sink):
+    name = "nothing_unit"
+
+    def __init__(self, context):
+        self.context = context
+
+    def write(self, events) -> None:
+        pass
+
+
+def test_the_package_sinks_are_registered_by_name():
+    assert registry.names()[:3] == ["events", "mirror", "postgres"]
+    assert registry.entry("mirror").claims_fence and not registry.entry("events").claims_fence
+
+
+def test_a_registered_sink_is_built_by_name_and_an_unknown_name_is_refused(tmp_path):
+    registry.register(Nothing.name, Nothing)
+    try:
+        with pytest.raises(ConfigurationError, match="registered already"):
+            registry.register(Nothing.name, Nothing)
+        (sink,) = build_sinks(Nothing.name, data_dir=str(tmp_path), source="s", database="db", require_schema=True)
+        assert isinstance(sink, Nothing) and sink.placement == DRIVER and not sink.needs_truncates
+        assert (sink.context.data_dir, sink.context.source, sink.context.database) == (str(tmp_path), "s", "db")
+        assert sink.context.require_schema and sink.context.fence is None
+    finally:
+        registry.unregister(Nothing.name)
+    with pytest.raises(ConfigurationError, match=r"unknown sink 'nothing_unit' in --sinks; known: events, mirror"):
+        build_sinks(Nothing.name, data_dir=str(tmp_path), source="s", database=None, require_schema=False)
+
+
+def test_the_postgres_sink_without_a_target_is_refused_by_its_factory(tmp_path):
+    with pytest.raises(ConfigurationError, match="CDC_POSTGRES_SINK_CONN_ID"):
+        build_sinks("events,postgres", data_dir=str(tmp_path), source="s", database=None, require_schema=False)
