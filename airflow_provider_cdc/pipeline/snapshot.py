@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from .. import storage
 from ..core.chunk import ChunkResult
 from ..core.errors import StateError, WatermarkError
+from ..core.formats import PLAN
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.ranges import FULL_RANGE, ChunkRange
@@ -246,7 +247,7 @@ def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
             f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
-    return json.loads(storage.read_text(p))
+    return PLAN.read(json.loads(storage.read_text(p)), f"table {table}: the plan of snapshot {snapshot_id} ({p})")
 
 
 def new_snapshot_id() -> str:

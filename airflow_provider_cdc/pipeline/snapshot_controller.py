@@ -26,6 +26,7 @@ from .. import storage
 from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
+from ..core.formats import PLAN
 from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.ranges import ChunkRange
@@ -306,7 +307,7 @@ class SnapshotController:
             # type, a stop after a schema change) rebuilt empty for this snapshot to fill
             steps.reconcile_mirror(self.data_dir, self.source, schema, whole_table=not partial)
             storage.write_text(schema_path(self.data_dir, self.source, table), schema.to_json())
-            storage.write_text(plan_path(self.data_dir, self.source, table, sid), json.dumps(plan))
+            storage.write_text(plan_path(self.data_dir, self.source, table, sid), json.dumps(PLAN.stamp(plan)))
             started = SnapshotProgress.start(self.source, sid, {table.id: ranges}, {table.id: upper})
             started.owner, started.logical_date = self.run_id, self.logical_date
             read_as = stored.get(table.id)
@@ -354,7 +355,7 @@ class SnapshotController:
                 plan["chunk_size"] = req.request.chunk_size
             if req.delay_seconds is not None:
                 plan["delay_seconds"] = req.delay_seconds
-            storage.write_text(plan_path(self.data_dir, self.source, table, p.snapshot_id), json.dumps(plan))
+            storage.write_text(plan_path(self.data_dir, self.source, table, p.snapshot_id), json.dumps(PLAN.stamp(plan)))
             sidecars = steps.read_sidecars(self.data_dir, self.source, table, p.snapshot_id)
             todo = [
                 i for i in range(len(plan["ranges"]))

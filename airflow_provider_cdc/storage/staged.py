@@ -395,7 +395,7 @@ def staged_transactions(changelog: str, before: str, since_xid: int) -> tuple:
     for s in staged_segments(changelog):
         if s.first.encode() >= before:
             continue
-        known = s.info is not None and s.info.xids_known
+        known = s.info is not None
         xids = s.info.xids if known else None
         if known and (xids is None or (xids[0] <= xids[1] and older(xids[1]))):
             continue  # no numeric xid, or every one older than the snapshot's oldest running one

@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_cdc import progress_store, storage
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
+from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
@@ -67,7 +68,7 @@ def progress(tmp_path, status="running", upper=(100,)):
         "parallelism": 2,
         "delay_seconds": 0.0,
     }
-    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(plan))
+    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(PLAN.stamp(plan)))
     return p
 
 
@@ -425,7 +426,7 @@ def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, v
     path = plan_path(str(tmp_path), "src", T, "S1")
     plan = json.loads(storage.read_text(path))
     plan.update(where="amount > 5", delay_seconds=0.5)
-    storage.write_text(path, json.dumps(plan))
+    storage.write_text(path, json.dumps(PLAN.stamp(plan)))
     op = plan_op(tmp_path).controller({})
     kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
     assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (
