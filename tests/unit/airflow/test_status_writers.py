@@ -19,7 +19,7 @@ from airflow_provider_cdc.operators.snapshot import (
 from airflow_provider_cdc.pipeline import progress_store as authority
 from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
 
-from .test_operators import T, committed, ctx, progress
+from .helpers import T, committed, ctx, progress
 
 
 @pytest.fixture
