@@ -110,7 +110,7 @@ def test_a_database_error_carrying_row_values_is_stored_without_them(pipeline, p
     from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
     from tools import workload as w
 
-    from .test_snapshot_invariants import SNAPSHOT_CONF
+    from .helpers import SNAPSHOT_CONF
 
     p = pipeline
     secret = f"tok-{unique_name}-s3cr3t"
