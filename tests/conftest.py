@@ -24,6 +24,14 @@ SLOW_INTEGRATION = {
     "test_spark_jobs", "test_spark_kill", "test_spark_on_kill", "test_spark_standalone", "test_standby_capture",
     "test_verify_digests",
 }
+#: single integration tests that took a minute or more (--durations of make test-quick): the
+#: hypothesis state machines over the mirror and its fencing, the Spark merge while reading
+SLOW_TESTS = (
+    "integration/test_fencing.py::TestFencingMachine::",
+    "integration/test_mirror_layout.py::TestMirrorMachine::",
+    "integration/test_merge_while_reading.py::test_chunks_merged_while_reading_reach_the_sinks_once_and_the_round_"
+    "merges_the_rest[spark]",
+)
 #: e2e tests run Airflow DAGs end to end (tens of seconds each), so they are ``slow`` (as is the
 #: deployment tier) but for these, which only parse DAGs or trigger runs without running them
 QUICK_E2E = {"test_dagbag", "test_cli_snapshot_trigger"}
@@ -39,7 +47,8 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.bench)
                 item.add_marker(pytest.mark.slow)
             elif (parts[1] == "deployment" or (parts[1] == "integration" and module in SLOW_INTEGRATION)
-                  or (parts[1] == "e2e" and module not in QUICK_E2E)):
+                  or (parts[1] == "e2e" and module not in QUICK_E2E)
+                  or any(slow in item.nodeid for slow in SLOW_TESTS)):
                 item.add_marker(pytest.mark.slow)
 
 
