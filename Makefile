@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: setup demo test test-unit test-integration test-e2e test-deployment bench lint docs docs-screenshots services-stop clean
+.PHONY: setup demo test test-quick test-unit test-integration test-e2e test-deployment bench lint docs docs-screenshots services-stop clean
 
 setup:
 	@scripts/setup.sh
@@ -12,6 +12,12 @@ demo: setup
 
 test: setup
 	@$(ENV) python -m pytest tests $(PYTEST_ARGS)
+
+# what to run on every change: everything but the slow tests, the deployment and consumer tiers
+# (benchmarks are slow too): a few minutes on 2 cores; `make test` runs them all
+QUICK := not slow and not deployment and not consumer
+test-quick: setup
+	@$(ENV) python -m pytest tests -m "$(QUICK)" $(PYTEST_ARGS)
 
 test-unit: setup
 	@$(ENV) python -m pytest tests -m unit $(PYTEST_ARGS)

@@ -8,19 +8,17 @@ conflict), whoever makes it: the plan and commit steps, a chunk task that sees i
 paused, a failure callback, the CLI. Every decision (may a chunk read on, is a merge's
 snapshot stopped, may compaction drop tombstones) reads the authority (:func:`load`). The
 Variable is written after each change with what the authority holds then; it is a view
-and may trail the authority by a moment (its JSON carries ``"copy": 1``). A progress an
-earlier version stored only in the Variable (no such mark) is adopted by the authority at its
-first read (version 1); a copy never is, so removing a data directory starts its sources over.
+and may trail the authority by a moment; it is never read back as the authority, so removing
+a data directory starts its sources over.
 
 Variable key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name
 encoder (core.schema.encode_path_segment): plain names stay as they are, any other character
 is ``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
 in its API URL. The key is injective (:func:`variable_key`): a source whose name holds
 ``__`` or ends in ``_`` has its ``_`` escaped too, and so has a table id's leading ``_``, so
-``a__b`` + ``c.d`` and ``a`` + ``b__c.d`` get different keys. Such a source's progress
-stored under the older, ambiguous key is still read when it names this source and table.
-The value is core.progress.SnapshotProgress JSON (one table per Variable); it names its
-source and table, so nothing decodes the key. Inside a task the Task SDK's ``Variable`` is
+``a__b`` + ``c.d`` and ``a`` + ``b__c.d`` get different keys. The value is
+core.progress.SnapshotProgress JSON (one table per Variable); it names its source and table,
+so nothing decodes the key. Inside a task the Task SDK's ``Variable`` is
 used (it talks to the API server); outside one (CLI, tests, scripts) the metadata database.
 """
 
@@ -30,14 +28,11 @@ import json
 import time
 from collections.abc import Callable
 
-from .core.errors import StateError
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
-from .pipeline.progress_store import Change, ConflictError, RegisterProgressStore, SourceProgress, Versioned
+from .pipeline.progress_store import Change, RegisterProgressStore, SourceProgress, Versioned
 
 KEY_PREFIX = "cdc_snapshot__"
-#: marks a published copy: never adopted as the authority (an earlier version's value lacks it)
-COPY_FIELD = "copy"
 LAG_PREFIX = "cdc_lag__"
 RUNNING, PAUSED, STOPPED, DONE, FAILED = (
     Status.RUNNING,
@@ -51,7 +46,7 @@ RUNNING, PAUSED, STOPPED, DONE, FAILED = (
 def variable_key(source: str, table_id: str) -> str:
     """The key of ``(source, table_id)``, one per pair: the source part never holds ``__`` nor
     ends in ``_`` and the table part never starts with ``_``, so the first ``__`` after the
-    prefix is the separator. Names that already met that keep the key they always had."""
+    prefix is the separator."""
     src = encode_path_segment(source, leading_dot_ok=True)
     if "__" in src or src.endswith("_"):
         src = src.replace("_", "~5F")  # "~5F" decodes to "_": still one name per encoding
@@ -59,21 +54,6 @@ def variable_key(source: str, table_id: str) -> str:
     if table.startswith("_"):
         table = "~5F" + table[1:]
     return f"{KEY_PREFIX}{src}__{table}"
-
-
-def legacy_variable_key(source: str, table_id: str) -> str:
-    """The key before :func:`variable_key` was injective (shared by ``a__b`` + ``c.d`` and
-    ``a`` + ``b__c.d``): read only when its value names ``source`` and ``table_id``."""
-    return f"{KEY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__{encode_path_segment(table_id, leading_dot_ok=True)}"
-
-
-def _names(raw: str, source: str, table_id: str) -> bool:
-    """Whether a stored progress JSON is that of ``source`` and ``table_id`` alone."""
-    try:
-        value = json.loads(raw)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(value, dict) and value.get("source") == source and list(value.get("tables") or {}) == [table_id]
 
 
 def _in_task() -> bool:
@@ -116,59 +96,8 @@ def _delete(key: str) -> None:
     DbVariable.delete(key)
 
 
-def _load(key: str) -> str | None:
-    raw = _get(key)
-    if raw in (None, ""):
-        return None
-    return raw if isinstance(raw, str) else json.dumps(raw)
-
-
-def _legacy(source: str, table_id: str) -> tuple[str, str] | None:
-    """(key, value) of this table's progress under the older key, when that differs from
-    today's and holds this source's and table's progress (not another pair's of the same key)."""
-    key = legacy_variable_key(source, table_id)
-    if key == variable_key(source, table_id):
-        return None
-    raw = _load(key)
-    return (key, raw) if raw is not None and _names(raw, source, table_id) else None
-
-
-def _published(source: str, table_id: str) -> str | None:
-    """The Variable's copy (today's key, else the older one when it names this pair)."""
-    raw = _load(variable_key(source, table_id))
-    if raw is None:
-        legacy = _legacy(source, table_id)
-        raw = None if legacy is None else legacy[1]
-    return raw
-
-
-class _AdoptingStore(RegisterProgressStore):
-    """The register, which adopts at its first read a progress that an earlier version kept
-    only in the Variable (written as version 1 unless another reader adopted it first)."""
-
-    def read(self, source: str, table_id: str) -> Versioned:
-        current = super().read(source, table_id)
-        if current.version:
-            return current
-        raw = _published(source, table_id)
-        if raw is None:
-            return current
-        if not _names(raw, source, table_id):  # a Variable anyone may write: it must be this pair's (I15)
-            raise StateError(f"the Variable {variable_key(source, table_id)} does not hold the snapshot progress of "
-                             f"source {source!r} and table {table_id} alone; it is not adopted. Delete or correct it")
-        # a value that is not JSON, or whose snapshot id is not one: a StateError / ConfigurationError that says so
-        progress = SnapshotProgress.from_json(raw)
-        if COPY_FIELD in json.loads(raw):  # a copy outlives its authority (a data dir removed): not adopted
-            return current
-        try:
-            super().write(source, table_id, progress, 0)
-        except ConflictError:
-            pass
-        return super().read(source, table_id)
-
-
 def store(data_dir: str) -> RegisterProgressStore:
-    return _AdoptingStore(data_dir)
+    return RegisterProgressStore(data_dir)
 
 
 def for_source(source: str, data_dir: str) -> SourceProgress:
@@ -177,7 +106,7 @@ def for_source(source: str, data_dir: str) -> SourceProgress:
 
 
 def read(source: str, table_id: str, data_dir: str) -> Versioned:
-    """The authority's progress and version (a Variable-held progress adopted first)."""
+    """The authority's progress and version."""
     return store(data_dir).read(source, table_id)
 
 
@@ -199,15 +128,10 @@ def update(source: str, table_id: str, data_dir: str, change: Change, *,
 
 
 def publish(source: str, table_id: str, progress: SnapshotProgress) -> None:
-    """Write ``progress`` to the Variable (a copy under the older key goes: the CLI would list
-    it twice). A view for Airflow's UI and the CLI: never read to decide anything, and two
-    writers publishing at once may leave it one change behind until the next."""
-    value = json.loads(progress.to_json())
-    value[COPY_FIELD] = 1
-    _set(variable_key(source, table_id), json.dumps(value, separators=(",", ":"), ensure_ascii=False))
-    legacy = _legacy(source, table_id)
-    if legacy is not None:
-        _delete(legacy[0])
+    """Write ``progress`` to the Variable. A view for Airflow's UI and the CLI: never read to
+    decide anything, and two writers publishing at once may leave it one change behind until
+    the next."""
+    _set(variable_key(source, table_id), progress.to_json())
 
 
 def status(source: str, table_id: str, data_dir: str) -> str | None:

@@ -1,5 +1,6 @@
 """Shared fixtures: the real databases started by scripts/services.sh (or your own, via
-CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI), and tier markers by folder."""
+CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI), tier markers by folder, and the
+``slow`` and ``bench`` markers (make test-quick leaves slow tests out)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,42 @@ ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+#: integration modules that take long on 2 cores (``pytest --durations``, or what they start: Spark
+#: JVMs, database clusters, large transactions, property runs over the pipeline): ``slow``, left
+#: out of ``make test-quick`` and run by ``make test`` and CI. A single slow test elsewhere takes
+#: ``@pytest.mark.slow``; tests/integration/test_bench_*.py (benchmarks) are ``bench`` and slow.
+SLOW_INTEGRATION = {
+    "test_engine_conformance", "test_failover", "test_mariadb_failover", "test_mysql_large_and_xa",
+    "test_pg_large_transactions", "test_pipeline_property", "test_secrets_spark_submit", "test_spark_cluster_s3",
+    "test_spark_jobs", "test_spark_kill", "test_spark_on_kill", "test_spark_standalone", "test_standby_capture",
+    "test_verify_digests",
+}
+#: single integration tests that took a minute or more (--durations of make test-quick): the
+#: hypothesis state machines over the mirror and its fencing, the Spark merge while reading
+SLOW_TESTS = (
+    "integration/test_fencing.py::TestFencingMachine::",
+    "integration/test_mirror_layout.py::TestMirrorMachine::",
+    "integration/test_merge_while_reading.py::test_chunks_merged_while_reading_reach_the_sinks_once_and_the_round_"
+    "merges_the_rest[spark]",
+)
+#: e2e tests run Airflow DAGs end to end (tens of seconds each), so they are ``slow`` (as is the
+#: deployment tier) but for these, which only parse DAGs or trigger runs without running them
+QUICK_E2E = {"test_dagbag", "test_cli_snapshot_trigger"}
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         parts = Path(str(item.fspath)).relative_to(ROOT).parts
         if len(parts) > 1 and parts[0] == "tests" and parts[1] in ("unit", "integration", "e2e", "deployment"):
             item.add_marker(getattr(pytest.mark, parts[1]))
+            module = Path(parts[-1]).stem
+            if parts[1] == "integration" and module.startswith("test_bench_"):
+                item.add_marker(pytest.mark.bench)
+                item.add_marker(pytest.mark.slow)
+            elif (parts[1] == "deployment" or (parts[1] == "integration" and module in SLOW_INTEGRATION)
+                  or (parts[1] == "e2e" and module not in QUICK_E2E)
+                  or any(slow in item.nodeid for slow in SLOW_TESTS)):
+                item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(autouse=True)

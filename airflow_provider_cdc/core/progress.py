@@ -20,12 +20,12 @@ Recording is idempotent too: a chunk result whose ``seq`` is not newer than the 
 recorded one of its range, or whose range is already done, is ignored. A result that does
 not continue from the range's last committed key is refused (a chunk would be skipped).
 
-JSON layout (``version`` 2, compact to fit a Variable): per table the range edges
-``e = [e0, .., en]`` (``null`` = unbounded) when each range starts where the one before
-ends, else the ranges as ``r = [[start, end], ..]`` (chosen key ranges with gaps), and per
-range ``s``: ``1`` done, ``0`` not started, or ``[last_key, last_seq]``. Adjacent done ranges coalesce (the edge between
-them is dropped), so a finished table is one range whatever its plan was. Version 1 (one
-keyset cursor per table, no timings) still loads.
+JSON layout (format version: core/formats.py PROGRESS; compact to fit a Variable): per
+table the range edges ``e = [e0, .., en]`` (``null`` = unbounded) when each range starts
+where the one before ends, else the ranges as ``r = [[start, end], ..]`` (chosen key ranges
+with gaps), and per range ``s``: ``1`` done, ``0`` not started, or ``[last_key, last_seq]``.
+Adjacent done ranges coalesce (the edge between them is dropped), so a finished table is one
+range whatever its plan was.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from .errors import StateError
+from .formats import PROGRESS
 from .ranges import FULL_RANGE, ChunkRange
-
-VERSION = 2
 
 
 class Status(StrEnum):
@@ -334,7 +333,7 @@ class SnapshotProgress:
                 "rows": tp.rows, "chunks": tp.chunks, "t0": tp.started_at, "t1": tp.updated_at,
             }
         d = {
-            "version": VERSION, "source": self.source, "snapshot_id": self.snapshot_id, "status": str(self.status),
+            **PROGRESS.stamp({}), "source": self.source, "snapshot_id": self.snapshot_id, "status": str(self.status),
             "t0": self.started_at, "t1": self.updated_at, "active": self.active_seconds, "since": self.running_since,
             "error": self.error, "tables": tables,
         }
@@ -345,28 +344,22 @@ class SnapshotProgress:
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False)
 
     @classmethod
-    def from_json(cls, text: str) -> SnapshotProgress:
+    def from_json(cls, text: str, where: str = "snapshot progress") -> SnapshotProgress:
+        """Read back what :meth:`to_json` wrote; ``where`` (the register or Variable it came
+        from) names it in errors."""
         try:
             d = json.loads(text)
         except (TypeError, ValueError) as exc:
-            raise StateError(f"snapshot progress is not JSON ({exc}); move the snapshot register (control/ in the data directory) away to start over") from exc
-        version = d.get("version") if isinstance(d, dict) else None
-        if version in (1, VERSION):
-            # read back from a Variable or a file: the id becomes a path component (I15)
-            from .scope import check_snapshot_id
+            raise StateError(f"{where}: snapshot progress is not JSON ({exc}); {PROGRESS.remedy}") from exc
+        d = PROGRESS.read(d, where)
+        # read back from a Variable or a file: the id becomes a path component (I15)
+        from .scope import check_snapshot_id
 
-            check_snapshot_id(d.get("snapshot_id"), "snapshot progress")
-        if version == VERSION:
-            return cls._from_v2(d)
-        if version == 1:
-            return cls._from_v1(d)
-        raise StateError(
-            f"snapshot progress has version {version!r}; this provider reads versions 1 to {VERSION}. "
-            "Upgrade airflow-provider-cdc, or move the snapshot register (control/ in the data directory) away to start a new snapshot"
-        )
+        check_snapshot_id(d.get("snapshot_id"), "snapshot progress")
+        return cls._from_dict(d)
 
     @classmethod
-    def _from_v2(cls, d: dict) -> SnapshotProgress:
+    def _from_dict(cls, d: dict) -> SnapshotProgress:
         tables = {}
         for tid, t in d["tables"].items():
             if "r" in t:
@@ -388,20 +381,6 @@ class SnapshotProgress:
             d["source"], d["snapshot_id"], Status(d["status"]), tables, d.get("t0"), d.get("t1"),
             d.get("active", 0.0), d.get("since"), d.get("error"), d.get("owner"), d.get("ld"),
         )
-
-    @classmethod
-    def _from_v1(cls, d: dict) -> SnapshotProgress:
-        """v1: one keyset cursor per table over its whole key space, status "completed" for done."""
-        status = {"completed": "done"}.get(d["status"], d["status"])
-        tables = {}
-        for tid, t in d["tables"].items():
-            lk = _tup(t.get("last_key"))
-            state = RangeState(FULL_RANGE, bool(t.get("done")), lk)
-            tables[tid] = TableProgress(tid, [state], None, t.get("rows", 0), t.get("chunks", 0))
-        p = cls(d["source"], d["snapshot_id"], Status(status), tables)
-        if p.status == Status.RUNNING:
-            p.running_since = _now(None)
-        return p
 
 
 def _lst(k: tuple | None) -> list | None:

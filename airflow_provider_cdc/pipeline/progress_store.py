@@ -141,10 +141,11 @@ class RegisterProgressStore:
         self.data_dir = data_dir
 
     def read(self, source: str, table_id: str) -> Versioned:
-        raw, version = Register(progress_location(self.data_dir, source, table_id)).read()
+        location = progress_location(self.data_dir, source, table_id)
+        raw, version = Register(location).read()
         if raw is None:
             return Versioned(None, version)
-        progress = SnapshotProgress.from_json(raw)
+        progress = SnapshotProgress.from_json(raw, f"the snapshot register {location}")
         _check_names(source, table_id, progress)
         return Versioned(progress, version)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from .. import storage
+from ..core.formats import PLAN, FormatError
 from ..core.position import Position, marked_position
 from ..core.visibility import REPLAYED_BEFORE, ReplayedBefore
 from ..sinks.base import read_marker
@@ -135,7 +136,7 @@ def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segm
     (snapshot id, folder) of the others."""
     try:
         return _snapshot_holds(data_dir, source, snapshot_of, segments, now, horizon)
-    except (_Unreadable, KeyError, TypeError) as exc:
+    except (_Unreadable, FormatError, KeyError, TypeError) as exc:
         return [Hold(f"a snapshot file that cannot be read ({exc}); fix or remove it", everything=True)], []
 
 
@@ -143,7 +144,10 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
                     now: float, horizon: float) -> tuple[list[Hold], list[tuple[str, str]]]:
     holds, closed = [], []
     for _table_dir, sid, folder in _snapshot_folders(data_dir, source):
-        plan = _read_json(storage.join(folder, "plan.json"))
+        plan_file = storage.join(folder, "plan.json")
+        plan = _read_json(plan_file)
+        if plan is not None:
+            plan = PLAN.read(plan, plan_file)
         if plan is None or "table" not in plan:
             # a plan being written, or a folder this version does not know: the horizon decides
             closed.append((sid, folder))

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from .. import storage
 from ..core.chunk import ChunkResult
 from ..core.errors import StateError
+from ..core.formats import PLAN
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.plans import SnapshotPlan
@@ -241,7 +242,7 @@ def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
             f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
-    return json.loads(storage.read_text(p))
+    return PLAN.read(json.loads(storage.read_text(p)), f"table {table}: the plan of snapshot {snapshot_id} ({p})")
 
 
 def load_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> SnapshotPlan:
@@ -251,7 +252,7 @@ def load_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
 
 def write_plan(data_dir: str, source: str, plan: SnapshotPlan) -> None:
     storage.write_text(plan_path(data_dir, source, TableName.parse(plan.table), plan.snapshot_id),
-                       json.dumps(plan.to_dict()))
+                       json.dumps(PLAN.stamp(plan.to_dict())))
 
 
 def new_snapshot_id() -> str:

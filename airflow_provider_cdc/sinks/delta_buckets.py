@@ -46,6 +46,7 @@ from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Tra
 from .. import storage
 from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.errors import ConfigurationError
+from ..core.formats import MIRROR
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,8 @@ class MirrorVersion:
 def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     """``location``: where the table is (what the package opened it from)."""
     props = dict(dt.metadata().configuration or {})
+    if MIRROR.key in props:  # core/formats.py; a mirror without it predates the stamp
+        MIRROR.read(props, f"mirror {location}")
     parts = list(dt.metadata().partition_columns or [])
     bucketed = parts == [BUCKET_COLUMN]
     raw = props.get(BUCKETS_PROPERTY, "1") if bucketed else "1"

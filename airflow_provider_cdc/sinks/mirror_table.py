@@ -20,6 +20,7 @@ from ..core.arrow_types import (
     POSITION_COLUMN,
 )
 from ..core.errors import ConfigurationError
+from ..core.formats import MIRROR
 from ..core.schema import TableName, TableSchema
 from ..storage.layout import mirror_dir, mirrors_dir, schemas_dir
 from .delta_buckets import (
@@ -170,7 +171,7 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
     storage.makedirs(path)
     table_schema = pa.schema([*schema, pa.field(BUCKET_COLUMN, pa.int32(), False)])
     config = {**STATS_PROPERTIES, **log_properties(DEFAULT_RETENTION_HOURS), BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
-              **(props or {})}
+              MIRROR.key: str(MIRROR.version), **(props or {})}
     try:
         return DeltaTable.create(
             path, table_schema, mode="error", partition_by=[BUCKET_COLUMN], configuration=config,

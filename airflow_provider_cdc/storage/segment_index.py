@@ -8,11 +8,13 @@ segment ever staged (the listing itself stays short because staging retention re
 nothing needs: pipeline/retention.py).
 
 The index is a cache, never the truth. A segment the index does not name (a capture that died
-before writing it, a pipeline older than the index) is opened as before, and an entry whose
+before writing it) is opened as before, and an entry whose
 file is gone is ignored. Segment names encode their position range and a segment re-written
 under the same name holds the same events (capture's cuts are deterministic), so an entry never
 goes stale for its name. It is written only under the capture lock (capture and retention run
-there), so it has one writer at a time, and it is replaced whole (storage.write_text).
+there), so it has one writer at a time, and it is replaced whole (storage.write_text). Its
+format version is core/formats.py SEGMENT_INDEX; one this package does not read is an error
+(an older package would otherwise overwrite a newer one's index).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 import pyarrow.fs as pafs
 
 from .. import storage
+from ..core.formats import SEGMENT_INDEX
 from ..core.position import Position
 from .layout import parse_segment_name
 
@@ -34,32 +37,29 @@ log = logging.getLogger(__name__)
 INDEX_NAME = "_index.json"
 #: how far the staged changelog is complete: every transaction before this position is staged
 THROUGH_NAME = "_through.json"
-_VERSION = 1
 
 
 @dataclass(frozen=True)
 class SegmentInfo:
     rows: int
     bytes: int
-    staged_at: float  # seconds since the epoch (when the index first saw it, for older files)
+    staged_at: float  # seconds since the epoch (when the index first saw it)
     watermarks: dict[str, tuple[str, int]] = field(default_factory=dict)  # id -> (encoded position, ts_ms)
     #: the smallest and largest numeric transaction id (PostgreSQL xid) of its events (None: it has
-    #: none) when ``xids_known``; an entry older than this field does not know (core/visibility.py
-    #: looks segments up by it)
+    #: none); core/visibility.py looks segments up by it
     xids: tuple[int, int] | None = None
-    xids_known: bool = False
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "bytes": self.bytes, "staged_at": self.staged_at,
                 "watermarks": {k: list(v) for k, v in self.watermarks.items()},
-                **({"xids": None if self.xids is None else list(self.xids)} if self.xids_known else {})}
+                "xids": None if self.xids is None else list(self.xids)}
 
     @classmethod
     def from_json(cls, d: dict) -> SegmentInfo:
-        xids = d.get("xids")
+        xids = d["xids"]
         return cls(int(d["rows"]), int(d["bytes"]), float(d["staged_at"]),
-                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d.get("watermarks", {}).items()},
-                   None if xids is None else (int(xids[0]), int(xids[1])), "xids" in d)
+                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d["watermarks"].items()},
+                   None if xids is None else (int(xids[0]), int(xids[1])))
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,12 @@ def read_index(changelog: str) -> dict[str, SegmentInfo]:
         raise
     try:
         doc = json.loads(raw)
+    except ValueError as exc:
+        log.warning("the staged changelog's index %s cannot be read (%s): every segment is opened instead",
+                    index_path(changelog), exc)
+        return {}
+    doc = SEGMENT_INDEX.read(doc, index_path(changelog))
+    try:
         return {name: SegmentInfo.from_json(d) for name, d in doc["segments"].items()}
     except (ValueError, KeyError, TypeError, IndexError) as exc:
         log.warning("the staged changelog's index %s cannot be read (%s): every segment is opened instead",
@@ -98,7 +104,7 @@ def read_index(changelog: str) -> dict[str, SegmentInfo]:
 
 def write_index(changelog: str, infos: dict[str, SegmentInfo]) -> None:
     storage.write_text(index_path(changelog), json.dumps(
-        {"version": _VERSION, "segments": {n: i.to_json() for n, i in sorted(infos.items())}},
+        SEGMENT_INDEX.stamp({"segments": {n: i.to_json() for n, i in sorted(infos.items())}}),
         separators=(",", ":")))
 
 
@@ -159,7 +165,7 @@ def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInf
         t = pf.read(columns=["position", "op", "watermark", "ts_ms", "origin"])
     marks = first_writes(t.filter(pc.equal(t["op"], "w")))
     return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks,
-                       xid_range(pc.struct_field(t["origin"], "tx")), True)
+                       xid_range(pc.struct_field(t["origin"], "tx")))
 
 
 def xid_range(txs) -> tuple[int, int] | None:

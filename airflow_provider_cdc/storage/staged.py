@@ -13,9 +13,6 @@ reader parses JSON.
   each was typed with at capture time (the table's log schema: a schema per position, since
   every segment carries its own) and its text columns.
 
-Files staged by earlier versions (``before``/``after`` canonical JSON text) still read:
-their images are typed on the way in, as text columns named by the rows.
-
 Files are written to a temporary name and renamed, so a reader never sees half a file
 and a retry that writes the same name replaces it whole.
 """
@@ -33,6 +30,7 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..core import arrow_types as at
 from ..core.arrow_types import string_array
+from ..core.errors import StateError
 from ..core.event_batch import SEGMENT_SCHEMA, EventBatch, events_to_batch
 from ..core.events import ORIGIN_FIELDS, WATERMARK_OP, ChangeEvent, LogEvent, WatermarkEvent
 from ..core.position import Position
@@ -40,12 +38,10 @@ from ..core.schema import TableName, TableSchema
 from .layout import parse_segment_name
 
 #: the staged changelog's columns with canonical-JSON images: the hand-built event form
-#: (sinks/base.py EVENT_SCHEMA) and the segment format of earlier versions
+#: (sinks/base.py EVENT_SCHEMA)
 CHANGELOG_SCHEMA = pa.schema([*(f for f in SEGMENT_SCHEMA if f.name not in ("ts_ms", "watermark", "origin")),
                               ("before", pa.string()), ("after", pa.string()),
                               *(f for f in SEGMENT_SCHEMA if f.name in ("ts_ms", "watermark", "origin"))])
-#: a chunk file of earlier versions (``after``: canonical row JSON)
-CHUNK_SCHEMA = pa.schema([("key", pa.string()), ("after", pa.string())])
 TABLES_META = b"cdc.tables"
 #: ParquetWriter options of staged chunks: keys and rows are unique, so a dictionary
 #: page only costs memory and time before the writer falls back to plain encoding
@@ -132,15 +128,12 @@ def chunk_table(keys, after, schema: TableSchema, text_columns) -> pa.Table:
 
 def read_chunk(path: str, table: str) -> tuple[pa.Table, TableSchema | None, list[str]]:
     """A staged chunk of ``table`` (its id): (``key`` and typed ``after``, the schema they were
-    typed with, the text columns). A chunk of an earlier version (JSON text) is typed on the
-    way in, as text columns the rows name."""
+    typed with, the text columns)."""
     t = read_table(path)
-    if pa.types.is_string(t.schema.field("after").type):
-        schema = at.inferred_schema(TableName.parse(table), pa.table({"after": t["after"], "before": pa.nulls(
-            t.num_rows, pa.string()), "key": t["key"]}))
-        _b, after, schema, text = at.type_images(schema, pa.nulls(t.num_rows, pa.string()), t["after"])
-        return pa.table({"key": t["key"], "after": after}), schema, text
     schema, text = at.metadata_schema(t.schema.metadata)
+    if schema is None:
+        raise StateError(f"table {table}: the staged chunk {path} names no schema (a file this airflow-provider-cdc "
+                         "did not write, or one from before its first release); stop the snapshot and start a new one")
     return t, schema, text
 
 
@@ -233,8 +226,8 @@ def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark
 
 
 def segment_tables(meta) -> list[tuple[str, TableSchema, list[str]]]:
-    """The tables of a typed segment (its schema metadata) in column order: (table id, schema,
-    text columns); [] for a segment of an earlier version."""
+    """The tables of a segment (its schema metadata) in column order: (table id, schema, text
+    columns); [] for a segment of watermarks only."""
     raw = (meta or {}).get(TABLES_META)
     if raw is None:
         return []
@@ -245,21 +238,15 @@ def segment_tables(meta) -> list[tuple[str, TableSchema, list[str]]]:
 def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str], pa.Table]]:
     """A segment's rows (any subset of its rows, all its columns) a table at a time: (table
     id, schema, text columns, the rows of that table with SEGMENT_SCHEMA's columns plus
-    ``before`` and ``after`` typed). Watermark rows are left out. A segment of an earlier
-    version (JSON images) is typed on the way in (text columns the rows name)."""
+    ``before`` and ``after`` typed). Watermark rows are left out."""
     import pyarrow.compute as pc
 
     out = []
     tables = segment_tables(t.schema.metadata)
     common = list(SEGMENT_SCHEMA.names)
-    legacy = not tables and "after" in t.column_names
-    if legacy:
-        for table in pc.unique(t.filter(pc.not_equal(t["op"], WATERMARK_OP))["table"]).to_pylist():
-            part = t.filter(pc.and_(pc.equal(t["table"], table), pc.not_equal(t["op"], WATERMARK_OP)))
-            schema = at.inferred_schema(TableName.parse(table), part)
-            b, a, schema, text = at.type_images(schema, part["before"], part["after"])
-            out.append((table, schema, text, _with_images(part, common, b, a)))
-        return out
+    if not tables and "after" in t.column_names:
+        raise StateError("a staged segment holds canonical JSON images without the cdc.tables metadata (a file from "
+                         "before airflow-provider-cdc's first release); move the staging folder away and resync")
     for i, (table, schema, text) in enumerate(tables):
         part = t.filter(pc.equal(t["table"], table))
         if part.num_rows == 0:
@@ -395,7 +382,7 @@ def staged_transactions(changelog: str, before: str, since_xid: int) -> tuple:
     for s in staged_segments(changelog):
         if s.first.encode() >= before:
             continue
-        known = s.info is not None and s.info.xids_known
+        known = s.info is not None
         xids = s.info.xids if known else None
         if known and (xids is None or (xids[0] <= xids[1] and older(xids[1]))):
             continue  # no numeric xid, or every one older than the snapshot's oldest running one

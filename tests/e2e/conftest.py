@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 from urllib.parse import unquote, urlsplit
 
+import psycopg2
 import pytest
 
+from airflow_provider_cdc import progress_store
 from tools import workload as w
 
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import ROWS, Pipeline
 
 
 @pytest.fixture
@@ -58,3 +61,51 @@ def pipeline(request, strategy, unique_name, tmp_path, monkeypatch):
                 conn.close()
     finally:
         p.cleanup()  # before monkeypatch's undo: it needs the test's connection
+
+
+@pytest.fixture
+def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
+    """A small table, a connection for it (own slot and publication), and clean-up."""
+    table, conn_id = f"dags_{unique_name}", f"cdc_e2e_{unique_name}"
+    slot = f"cdc_e2e_{unique_name}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}",
+        json.dumps(
+            {
+                "conn_type": "postgres",
+                "host": "127.0.0.1",
+                "port": int(pg_uri.rsplit(":", 1)[1].split("/")[0]),
+                "login": "postgres",
+                "schema": pg_uri.rsplit("/", 1)[1],
+                "extra": {"slot_name": slot, "publication_name": slot},
+            }
+        ),
+    )
+    monkeypatch.setenv("CDC_TABLES", f"public.{table}")
+    monkeypatch.setenv("CDC_SOURCE_CONN_ID", conn_id)
+    monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("CDC_CHANGELOG_SCHEDULE", "none")
+    monkeypatch.delenv("CDC_SOURCE", raising=False)
+    admin = psycopg2.connect(pg_uri)
+    admin.autocommit = True
+    cur = admin.cursor()
+    cur.execute(f'CREATE TABLE "{table}" (id int PRIMARY KEY, v text, amount numeric(12,2), at timestamptz)')
+    cur.execute(
+        f'INSERT INTO "{table}" SELECT g, md5(g::text), g * 1.25, now() FROM generate_series(1, 3000) g'  # noqa: S608
+    )
+    yield {"uri": pg_uri, "table": table, "conn_id": conn_id, "data_dir": str(tmp_path / "data")}
+    for _ in range(30):  # a slot stays active for a moment after its stream closes
+        try:
+            cur.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            )
+            break
+        except psycopg2.Error:
+            time.sleep(0.5)
+    from airflow.models.variable import Variable
+
+    Variable.delete(progress_store.variable_key(conn_id, f"public.{table}"))
+    cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
+    cur.execute(f'DROP TABLE IF EXISTS "{table}"')
+    admin.close()

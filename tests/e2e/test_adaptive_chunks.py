@@ -13,7 +13,7 @@ import pytest
 
 from airflow_provider_cdc.pipeline.snapshot import read_sidecars
 
-from .test_snapshot_invariants import ROWS
+from .helpers import ROWS
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -25,7 +25,8 @@ from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.storage.layout import schema_path
 from tools import workload as w
 
-CLI = Path(sys.executable).with_name("airflow-cdc")
+from .helpers import CLI
+
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
 
@@ -245,7 +246,7 @@ def test_status_says_when_the_mirror_has_caught_up_to_a_moment_without_a_waterma
     for): read the server's position at a moment, then poll ``status --caught-up-to`` until every
     change committed before it is in the event log and the mirror (README "Status")."""
     from .conftest import connection_json
-    from .test_snapshot_invariants import Pipeline
+    from .helpers import Pipeline
 
     uri = request.getfixturevalue("pg_uri" if db == "pg" else "mysql_uri")
     p = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)

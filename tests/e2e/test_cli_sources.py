@@ -14,7 +14,7 @@ from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
 from tools import workload as w
 
-from .test_snapshot_invariants import Pipeline
+from .helpers import Pipeline
 
 
 @pytest.fixture(params=["pg", "mysql"])

@@ -21,7 +21,7 @@ from airflow_provider_cdc import progress_store
 from airflow_provider_cdc.hooks.task_errors import NOT_RETRIED
 from tools import workload as w
 
-from .test_snapshot_invariants import Pipeline
+from .helpers import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,7 @@ from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from tools import workload as w
 
-from .test_snapshot_invariants import SNAPSHOT_CONF, Pipeline
-from .test_truncate import qt
+from .helpers import SNAPSHOT_CONF, Pipeline, qt
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -123,7 +123,7 @@ def test_postgres_uri_success(pg_uri, monkeypatch):
     # connection and warns when nothing bounds the slot's WAL (the server's default)
     from airflow_provider_cdc.hooks.cdc_source import CdcPostgresSourceHook
 
-    from .test_retention_warning import unbounded_server
+    from .helpers import unbounded_server
 
     monkeypatch.setenv("AIRFLOW_CONN_CDC_CT_PG", pg_uri)
     ok, message = CdcPostgresSourceHook("cdc_ct_pg").test_connection()

@@ -8,75 +8,16 @@ more with the in-process merge/apply engine that small rounds use.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import threading
 import time
 from decimal import Decimal
-from pathlib import Path
 
 import psycopg2
 import pytest
 
 from airflow_provider_cdc import progress_store
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_dag(name: str, suffix: str):
-    """Import a DAG file as a fresh module (it reads its settings from the environment)."""
-    spec = importlib.util.spec_from_file_location(f"{name}_{suffix}", ROOT / "dags" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
-
-
-@pytest.fixture
-def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
-    """A small table, a connection for it (own slot and publication), and clean-up."""
-    table, conn_id = f"dags_{unique_name}", f"cdc_e2e_{unique_name}"
-    slot = f"cdc_e2e_{unique_name}"
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}",
-        json.dumps(
-            {
-                "conn_type": "postgres",
-                "host": "127.0.0.1",
-                "port": int(pg_uri.rsplit(":", 1)[1].split("/")[0]),
-                "login": "postgres",
-                "schema": pg_uri.rsplit("/", 1)[1],
-                "extra": {"slot_name": slot, "publication_name": slot},
-            }
-        ),
-    )
-    monkeypatch.setenv("CDC_TABLES", f"public.{table}")
-    monkeypatch.setenv("CDC_SOURCE_CONN_ID", conn_id)
-    monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("CDC_CHANGELOG_SCHEDULE", "none")
-    monkeypatch.delenv("CDC_SOURCE", raising=False)
-    admin = psycopg2.connect(pg_uri)
-    admin.autocommit = True
-    cur = admin.cursor()
-    cur.execute(f'CREATE TABLE "{table}" (id int PRIMARY KEY, v text, amount numeric(12,2), at timestamptz)')
-    cur.execute(
-        f'INSERT INTO "{table}" SELECT g, md5(g::text), g * 1.25, now() FROM generate_series(1, 3000) g'  # noqa: S608
-    )
-    yield {"uri": pg_uri, "table": table, "conn_id": conn_id, "data_dir": str(tmp_path / "data")}
-    for _ in range(30):  # a slot stays active for a moment after its stream closes
-        try:
-            cur.execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                (slot,),
-            )
-            break
-        except psycopg2.Error:
-            time.sleep(0.5)
-    from airflow.models.variable import Variable
-
-    Variable.delete(progress_store.variable_key(conn_id, f"public.{table}"))
-    cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
-    cur.execute(f'DROP TABLE IF EXISTS "{table}"')
-    admin.close()
+from .helpers import load_dag, mirror_rows, source_rows
 
 
 def writers(uri: str, table: str, stop: threading.Event, count: int = 3) -> list[threading.Thread]:
@@ -105,19 +46,6 @@ def writers(uri: str, table: str, stop: threading.Event, count: int = 3) -> list
     for t in threads:
         t.start()
     return threads
-
-
-def source_rows(uri: str, table: str) -> dict:
-    with psycopg2.connect(uri) as conn, conn.cursor() as cur:
-        cur.execute(f'SELECT id, v, amount::text FROM "{table}"')  # noqa: S608
-        return {r[0]: (r[1], r[2]) for r in cur.fetchall()}
-
-
-def mirror_rows(data_dir: str, source: str, table: str) -> dict:
-    from airflow_provider_cdc.sinks.mirror_delta import read_mirror
-
-    rows = read_mirror(data_dir, source, f"public.{table}").to_pylist()
-    return {r["id"]: (r["v"], None if r["amount"] is None else f"{r['amount']:.2f}") for r in rows}
 
 
 def task_result(run, task_id: str):

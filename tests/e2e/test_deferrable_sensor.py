@@ -18,9 +18,6 @@ thread, as a cdc_changelog capture running elsewhere would:
 
 from __future__ import annotations
 
-import threading
-import time
-
 # Everything the lock-holder thread uses is imported here, in the main thread: a thread
 # importing Airflow models while dag.test() imports them too can deadlock on import locks.
 import airflow.models
@@ -36,35 +33,16 @@ import pytest
 import airflow_provider_cdc.dialects.postgres
 import airflow_provider_cdc.operators.capture  # noqa: F401 - see above
 from airflow_provider_cdc import progress_store
-from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
-from airflow_provider_cdc.pipeline.capture import stage_changelog
-from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import list_segments
-from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
-from tests.e2e.test_dags_postgres import load_dag, mirror_rows, pg_source, source_rows  # noqa: F401 - fixture
+
+from .helpers import CaptureLockHolder, load_dag, mirror_rows, source_rows, xcom_of
 
 # Every ORM model, now: the thread's first query configures SQLAlchemy's mappers, which fails
 # ("expression 'DagModel' failed to locate a name") when run alone, before anything else
 # imported the models.
 airflow.models.import_all_models()
-
-TRIGGER_CLASSPATH = f"{HighWatermarkTrigger.__module__}.{HighWatermarkTrigger.__qualname__}"
-
-
-def deferral_of(source: str) -> tuple[int, dict] | None:
-    """The trigger row (id, kwargs) the sensor's deferral created in the metadata database
-    for ``source``, if any (the execution API stores one per deferral)."""
-    Trigger = airflow.models.trigger.Trigger  # noqa: N806
-
-    with airflow.utils.session.create_session() as session:
-        for row in session.query(Trigger).filter(Trigger.classpath == TRIGGER_CLASSPATH).all():
-            kwargs = row.kwargs
-            if kwargs.get("source") == source:
-                return row.id, dict(kwargs)
-    return None
-
 
 def sensor_ti(run):
     from airflow.models.taskinstance import TaskInstance
@@ -78,59 +56,6 @@ def sensor_ti(run):
         )
         session.expunge(ti)
         return ti
-
-
-def xcom_of(run, task_id: str) -> list:
-    """The return values of ``task_id`` in ``run``, one per map index (a plain task has one)."""
-    from airflow.models.xcom import XComModel
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        rows = (
-            session.query(XComModel)
-            .filter_by(dag_id=run.dag_id, run_id=run.run_id, task_id=task_id, key="return_value")
-            .order_by(XComModel.map_index)
-            .all()
-        )
-        return [XComModel.deserialize_value(row) for row in rows]
-
-
-class CaptureLockHolder(threading.Thread):
-    """Holds the capture lock of the source from its own connection until the sensor has
-    deferred; then captures under it (``capture=True``, and keeps it until ``finish``) or
-    releases it at once (``capture=False``)."""
-
-    def __init__(self, params: ConnectionParams, dialect: Dialect, data_dir: str, *, capture: bool) -> None:
-        super().__init__(daemon=True)
-        self.params, self.dialect, self.data_dir, self.capture = params, dialect, data_dir, capture
-        self.source = dialect.source
-        self.locked = threading.Event()
-        self.finish = threading.Event()
-        self.acquired: bool | None = None
-        self.deferral: tuple[int, dict] | None = None
-        self.captured = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with capture_lock(self.params, lock_key(self.dialect, self.data_dir)) as acquired:
-                self.acquired = acquired
-                self.locked.set()
-                if not acquired:
-                    return
-                while not self.finish.is_set() and self.deferral is None:
-                    self.deferral = deferral_of(self.source)
-                    if self.deferral is None:
-                        time.sleep(0.2)
-                if self.deferral is None or not self.capture:
-                    return  # releases the lock: the sensor's next poke may drain
-                with self.dialect as dialect:  # what run_capture does under the lock
-                    self.captured = stage_changelog(dialect, self.data_dir)
-                self.finish.wait()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test
-            self.error = exc
-        finally:
-            self.locked.set()
 
 
 @pytest.mark.timeout(300)

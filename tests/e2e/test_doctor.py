@@ -21,7 +21,7 @@ from airflow_provider_cdc import cli
 from tests import mariadb_cluster, pg_cluster
 from tools import workload as w
 
-from ..integration.test_least_privilege import my_run, my_setup, pg_run, pg_setup2_admin
+from ..integration.helpers import my_run, my_setup, pg_run, pg_setup2_admin
 from .conftest import connection_json
 
 pytestmark = pytest.mark.timeout(300)

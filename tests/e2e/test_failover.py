@@ -27,8 +27,7 @@ from airflow_provider_cdc.storage.source_server import read_gaps
 from tests.pg_cluster import Cluster, pg_bin
 from tools import workload as w
 
-from .test_repair import _json_out, _triggered_conf
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import ROWS, Pipeline, _json_out, _triggered_conf
 
 
 def _pair_pipeline(major: int, unique_name, tmp_path, monkeypatch):

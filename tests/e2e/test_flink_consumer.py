@@ -26,8 +26,8 @@ from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.storage.layout import schema_path
 from tools import workload as w
 
-from ..integration.test_debezium_export import MY_COLUMNS, PG_COLUMNS, assert_conforms
-from .test_snapshot_invariants import Pipeline
+from ..integration.helpers import MY_COLUMNS, PG_COLUMNS, assert_conforms
+from .helpers import Pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.consumer, pytest.mark.timeout(1200)]

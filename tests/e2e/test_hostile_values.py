@@ -29,7 +29,7 @@ from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 
-from .test_hostile_names import HostileSource, running
+from .hostile import HostileSource, running
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -22,8 +22,8 @@ from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from tools import workload as w
 
-from ..integration.test_least_privilege import my_run, my_setup, pg_run, pg_setup1_admin, pg_setup2_admin
-from .test_snapshot_invariants import ROWS, Pipeline
+from ..integration.helpers import my_run, my_setup, pg_run, pg_setup1_admin, pg_setup2_admin
+from .helpers import ROWS, Pipeline
 
 pytestmark = pytest.mark.timeout(900)
 

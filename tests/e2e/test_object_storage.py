@@ -16,7 +16,7 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, mirror_dir
 from tools import workload as w
 
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import ROWS, Pipeline
 
 pytestmark = pytest.mark.e2e
 

@@ -20,7 +20,7 @@ from airflow_provider_cdc.sinks.event_log import table_dir
 from airflow_provider_cdc.storage.layout import changelog_dir, mirror_dir
 from tools import workload as w
 
-from .test_snapshot_invariants import SNAPSHOT_CONF
+from .helpers import SNAPSHOT_CONF
 
 pytestmark = pytest.mark.timeout(900)
 

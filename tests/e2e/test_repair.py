@@ -7,8 +7,6 @@ and MariaDB.
 
 from __future__ import annotations
 
-import json
-
 from airflow_provider_cdc.cli import run as cli_run
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
 from airflow_provider_cdc.sinks.base import read_marker
@@ -17,23 +15,7 @@ from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import list_segments
 from tools import workload as w
 
-from .test_snapshot_invariants import BOTH_STRATEGIES, ROWS
-
-
-def _triggered_conf(dag_id: str, run_id: str) -> dict:
-    from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        run = session.query(DagRun).filter(DagRun.dag_id == dag_id, DagRun.run_id == run_id).one()
-        conf = dict(run.conf or {})
-        session.delete(run)  # no scheduler here: the test runs it with dag.test()
-    return conf
-
-
-def _json_out(text: str) -> dict:
-    """The JSON document verify --json printed last (dag.test() logs may precede it)."""
-    return json.loads(text[text.rindex("\n{\n") + 1:] if not text.startswith("{\n") else text)
+from .helpers import BOTH_STRATEGIES, ROWS, _json_out, _triggered_conf
 
 
 @BOTH_STRATEGIES

@@ -16,23 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tools import workload as w
+from .helpers import unbounded_server
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 WARNING = "nothing bounds the WAL replication slot"
-
-
-def unbounded_server(uri: str) -> bool:
-    """True when this PostgreSQL leaves slot WAL unbounded (the default, -1); False for MariaDB."""
-    if not uri.startswith("postgres"):
-        return False
-    conn = w.connect(uri)
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
-            return cur.fetchone()[0] == "-1"
-    finally:
-        conn.close()
 
 
 def gauge_recorder():
@@ -92,7 +79,7 @@ def test_status_and_metric_warn_when_nothing_bounds_the_slot_wal(pipeline, gauge
 def test_the_cdc_page_warns_when_nothing_bounds_the_slot_wal(pipeline, tmp_path):
     from selenium.webdriver.common.by import By
 
-    from .test_ui_page import ApiServer, Browser, _text
+    from .helpers import ApiServer, Browser, _text
 
     p = pipeline
     unbounded = unbounded_server(p.uri)

@@ -23,10 +23,8 @@ from airflow_provider_cdc.sinks.mirror_delta import read_mirror, schema_stopped
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
-from .test_hostile_names import HostileSource, running
-from .test_snapshot_invariants import BOTH_STRATEGIES, Pipeline
-from .test_sources_config import asset_events
-from .test_truncate import qt, run_sql
+from .helpers import BOTH_STRATEGIES, Pipeline, asset_events, qt, run_sql
+from .hostile import HostileSource, running
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -27,10 +27,9 @@ from airflow_provider_cdc.hooks.cdc_storage import storage_environment
 from airflow_provider_cdc.operators.spark_jobs import postgres_sink_params
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
-from tests.e2e.test_dags_postgres import load_dag, mirror_rows, pg_source, source_rows  # noqa: F401 - fixture
-from tests.e2e.test_deferrable_sensor import CaptureLockHolder, xcom_of
-from tests.e2e.test_snapshot_invariants import Pipeline
 from tools import workload as w
+
+from .helpers import CaptureLockHolder, Pipeline, load_dag, mirror_rows, source_rows, xcom_of
 
 
 def _leaked(secret: str) -> list[str]:

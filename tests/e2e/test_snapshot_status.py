@@ -7,7 +7,8 @@ also shows that the tasks read the settings at run time."""
 from __future__ import annotations
 
 from airflow_provider_cdc import progress_store
-from tests.e2e.test_dags_postgres import load_dag, pg_source  # noqa: F401 - pg_source is a fixture
+
+from .helpers import load_dag
 
 
 def test_a_run_that_fails_for_good_sets_failed_and_resume_finishes_it(pg_source, unique_name, monkeypatch):  # noqa: F811

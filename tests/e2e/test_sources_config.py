@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from airflow_provider_cdc.assets import mirror_asset
 from airflow_provider_cdc.cli import run as cli_run
 from tools import workload as w
 
-from .test_snapshot_invariants import Pipeline
+from .helpers import Pipeline, asset_events
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 1500
@@ -51,17 +50,6 @@ class ConfigPipeline(Pipeline):
         """The DAG of this source that dags/cdc_sources.py builds from the config."""
         built = runpy.run_path(str(ROOT / "dags" / "cdc_sources.py"), run_name=f"cfg_{uuid.uuid4().hex[:6]}")
         return next(v for v in built.values() if getattr(v, "dag_id", None) == f"{dag_id}__{self.source}")
-
-
-def asset_events(source: str, table_id: str) -> list[dict]:
-    from airflow.models.asset import AssetEvent, AssetModel
-    from airflow.utils.session import create_session
-
-    name = mirror_asset(source, table_id).name
-    with create_session() as session:
-        rows = (session.query(AssetEvent).join(AssetModel, AssetEvent.asset_id == AssetModel.id)
-                .filter(AssetModel.name == name).order_by(AssetEvent.id).all())
-        return [dict(r.extra or {}) for r in rows]
 
 
 @pytest.mark.timeout(900)

@@ -19,7 +19,7 @@ from tests.pg_cluster import Cluster, pg_bin
 from tools import workload as w
 
 from .conftest import connection_json
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import ROWS, Pipeline
 
 
 class StandbyPipeline(Pipeline):

@@ -15,7 +15,7 @@ from airflow_provider_cdc.operators.snapshot import SnapshotPlanOperator
 from airflow_provider_cdc.pipeline import progress_store as authority
 from tools import workload as w
 
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import ROWS, Pipeline
 
 
 def plan(p: Pipeline, run_id: str) -> list[dict]:

@@ -22,27 +22,9 @@ from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
-from .test_snapshot_invariants import BOTH_STRATEGIES, Pipeline
+from .helpers import BOTH_STRATEGIES, Pipeline, qt, run_sql
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def run_sql(p: Pipeline, statements: list[str], *, one_transaction: bool = True) -> None:
-    """Statements on a plain connection (autocommit off), committed together or one by one."""
-    conn = w.connect(p.uri)
-    try:
-        cur = conn.cursor()
-        for s in statements:
-            cur.execute(s)
-            if not one_transaction:
-                conn.commit()
-        conn.commit()
-    finally:
-        conn.close()
-
-
-def qt(p: Pipeline) -> str:
-    return w.quote_table(w.ConnectionParams.from_uri(p.uri), p.table)
 
 
 def insert(p: Pipeline, first: int, count: int) -> str:

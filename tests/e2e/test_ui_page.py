@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import quote
 
@@ -29,125 +23,9 @@ import pytest
 
 from airflow_provider_cdc import progress_store
 
+from .helpers import ApiServer, Browser, _text
+
 pytestmark = pytest.mark.timeout(900)
-
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = Path(os.environ.get("CDC_UI_ARTIFACTS", ROOT / ".cdc-local" / "artifacts" / "ui"))
-PASSWORDS = {"admin": "admin-pw-1", "user": "user-pw-1", "viewer": "viewer-pw-1"}
-
-
-class ApiServer:
-    def __init__(self, tmp: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.base = f"http://127.0.0.1:{self.port}"
-        pw = tmp / "passwords.json"
-        pw.write_text(json.dumps(PASSWORDS))
-        env = dict(os.environ)
-        env.update({
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,user:user,viewer:viewer",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(pw),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
-            "AIRFLOW__API__BASE_URL": self.base,
-        })
-        self.log = tmp / "api-server.log"
-        self.proc = subprocess.Popen(
-            [shutil.which("airflow") or str(Path(sys.executable).with_name("airflow")), "api-server", "--port",
-             str(self.port), "--host", "127.0.0.1", "--workers", "1"],
-            env=env, stdout=open(self.log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 120
-        while True:
-            assert self.proc.poll() is None, f"the api-server exited:\n{self.log.read_text()[-4000:]}"
-            try:
-                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=5):
-                    break
-            except Exception:  # noqa: BLE001 - not up yet
-                assert time.monotonic() < deadline, f"the api-server did not answer:\n{self.log.read_text()[-4000:]}"
-                time.sleep(0.5)
-
-    def token(self, user: str) -> str:
-        req = urllib.request.Request(f"{self.base}/auth/token", method="POST",
-                                     data=json.dumps({"username": user, "password": PASSWORDS[user]}).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return json.loads(r.read())["access_token"]
-
-    def request(self, method: str, path: str, *, user: str | None, data: bytes | None = None,
-                headers: dict | None = None) -> tuple[int, bytes, dict]:
-        h = dict(headers or {})
-        if user:
-            h["Authorization"] = f"Bearer {self.token(user)}"
-        req = urllib.request.Request(f"{self.base}{path}", method=method, data=data, headers=h)
-        opener = urllib.request.build_opener(_NoRedirect)
-        try:
-            with opener.open(req, timeout=60) as r:
-                return r.status, r.read(), dict(r.headers)
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read(), dict(exc.headers)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-
-
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
-class Browser:
-    """Headless Debian chromium through its chromedriver, at a laptop's window size."""
-
-    def __init__(self, server: ApiServer) -> None:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-
-        chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-        assert chromium and driver, "Debian's chromium and chromium-driver are needed (scripts/setup.sh installs them)"
-        opts = webdriver.ChromeOptions()
-        opts.binary_location = chromium
-        for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1366,900",
-                    "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking"):
-            opts.add_argument(arg)
-        self.server = server
-        self.driver = webdriver.Chrome(service=Service(driver), options=opts)
-        self.driver.set_page_load_timeout(60)
-
-    def login(self, user: str) -> None:
-        self.driver.delete_all_cookies()
-        self.driver.get(f"{self.server.base}/api/v2/monitor/health")
-        self.driver.add_cookie({"name": "_token", "value": self.server.token(user), "path": "/"})
-
-    def open_page(self, source: str | None = None):
-        """The page as the UI shows it: Browse -> CDC, in its frame (``source``: that source's
-        page, deep-linked)."""
-        from selenium.webdriver.common.by import By
-        from selenium.webdriver.support import expected_conditions as ec
-        from selenium.webdriver.support.ui import WebDriverWait
-
-        self.driver.switch_to.default_content()
-        self.driver.get(f"{self.server.base}/plugin/cdc" + ("" if source is None else f"/cdc/?source={source}"))
-        WebDriverWait(self.driver, 60).until(ec.frame_to_be_available_and_switch_to_it((By.CSS_SELECTOR,
-                                                                                        "iframe[title='CDC']")))
-        WebDriverWait(self.driver, 60).until(ec.presence_of_element_located((By.TAG_NAME, "h1")))
-        return self.driver
-
-    def shot(self, name: str) -> Path:
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        self.driver.switch_to.default_content()
-        path = ARTIFACTS / f"{name}.png"
-        self.driver.save_screenshot(str(path))
-        return path
-
-    def close(self) -> None:
-        self.driver.quit()
-
 
 @pytest.fixture
 def ui(pipeline, tmp_path):
@@ -162,10 +40,6 @@ def ui(pipeline, tmp_path):
         if browser is not None:
             browser.close()
         server.stop()
-
-
-def _text(driver) -> str:
-    return driver.find_element("tag name", "body").text
 
 
 def _flash(driver) -> str:
@@ -208,7 +82,7 @@ def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_
     assert seen["buttons"] == ["pause", "stop", "verify"]
     assert "Capture lag:" in text and "Log held by: replication slot" in text
     # PostgreSQL's default max_slot_wal_keep_size = -1 is warned about (test_retention_warning.py)
-    from .test_retention_warning import unbounded_server
+    from .helpers import unbounded_server
 
     assert ("Log retention: UNBOUNDED (warning): nothing bounds the WAL" if unbounded_server(p.uri)
             else "Log retention: ok") in " ".join(text.split()), text

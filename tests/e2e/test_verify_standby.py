@@ -26,10 +26,9 @@ from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.sinks.base import read_marker
 from tools import workload as w
 
-from ..integration.test_postgres_dialect import _replay_paused
+from ..integration.helpers import _replay_paused
 from .conftest import connection_json
-from .test_cli import CLI
-from .test_snapshot_invariants import ROWS, Pipeline
+from .helpers import CLI, ROWS, Pipeline
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 
 import psycopg2
-import pymysql
 import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError
@@ -29,95 +28,14 @@ from airflow_provider_cdc.export.debezium import DEBEZIUM_VERSION, DebeziumOptio
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 
 from .event_log_helpers import write_event_log
+from .helpers import (
+    MY_COLUMNS,
+    PG_COLUMNS,
+    _my_conn,
+    assert_conforms,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def node(type_: str, field: str, *, optional: bool = True, name: str | None = None, version: int | None = None,
-         parameters: dict | None = None, **extra) -> dict:
-    """A JsonConverter schema node in its key order (type, fields/items, optional, name, version,
-    doc, parameters, field)."""
-    out = {"type": type_, **{k: v for k, v in extra.items() if k in ("fields", "items")}, "optional": optional}
-    if name:
-        out["name"] = name
-    if version is not None:
-        out["version"] = version
-    if "doc" in extra:
-        out["doc"] = extra["doc"]
-    if parameters:
-        out["parameters"] = parameters
-    out["field"] = field
-    return out
-
-
-def decimal(field: str, p: int, s: int) -> dict:
-    return node("bytes", field, name="org.apache.kafka.connect.data.Decimal", version=1,
-                parameters={"scale": str(s), "connect.decimal.precision": str(p)})
-
-
-# --- PostgreSQL ---------------------------------------------------------------------------------
-# (column, SQL type, SQL literal of row 1, Debezium schema node, Debezium value of row 1)
-PG_COLUMNS = [
-    ("i2", "smallint", "-32768", node("int16", "i2"), -32768),
-    ("i8", "bigint", "9223372036854775807", node("int64", "i8"), 9223372036854775807),
-    ("f4", "real", "1.5", node("float", "f4"), 1.5),
-    ("f8", "double precision", "0.1", node("double", "f8"), 0.1),
-    ("f8n", "double precision", "'NaN'", node("double", "f8n"), "NaN"),
-    ("num", "numeric(10,2)", "12.34", decimal("num", 10, 2), "BNI="),  # unscaled 1234 = 04 D2
-    ("numneg", "numeric(10,2)", "-12.34", decimal("numneg", 10, 2), "+y4="),  # -1234 = FB 2E
-    ("numfree", "numeric", "12.3400",
-     node("struct", "numfree", name="io.debezium.data.VariableScaleDecimal", version=1, doc="Variable scaled decimal",
-          fields=[{"type": "int32", "optional": False, "field": "scale"},
-                  {"type": "bytes", "optional": False, "field": "value"}]),
-     {"scale": 2, "value": "BNI="}),  # trailing zeros stripped
-    ("b", "boolean", "true", node("boolean", "b"), True),
-    ("t", "text", "'héllo \"q\"'", node("string", "t"), 'héllo "q"'),
-    ("vc", "varchar(10)", "'abc'", node("string", "vc"), "abc"),
-    ("nm", "name", "'pg_name'", node("string", "nm"), "pg_name"),
-    ("o", "oid", "4294967295", node("int64", "o"), 4294967295),
-    ("dom", "{domain}", "7", node("int32", "dom"), 7),  # a domain: its base type
-    ("ch", "char(5)", "'ab'", node("string", "ch"), "ab   "),  # PostgreSQL's blank padding kept
-    ("by", "bytea", "'\\xdeadbeef'::bytea", node("bytes", "by"), "3q2+7w=="),
-    ("d", "date", "'2024-01-15'", node("int32", "d", name="io.debezium.time.Date", version=1), 19737),
-    ("tm", "time", "'13:51:30.123456'", node("int64", "tm", name="io.debezium.time.MicroTime", version=1),
-     49890123456),
-    ("tm3", "time(3)", "'13:51:30.123'", node("int32", "tm3", name="io.debezium.time.Time", version=1), 49890123),
-    ("ts", "timestamp", "'2024-01-15 10:30:00.123456'",
-     node("int64", "ts", name="io.debezium.time.MicroTimestamp", version=1), 1705314600123456),
-    ("ts3", "timestamp(3)", "'2024-01-15 10:30:00.123'",
-     node("int64", "ts3", name="io.debezium.time.Timestamp", version=1), 1705314600123),
-    ("tsinf", "timestamp", "'infinity'",
-     node("int64", "tsinf", name="io.debezium.time.MicroTimestamp", version=1), 9223372036825200000),
-    ("tstz", "timestamptz", "'2024-01-15 10:30:00+00'",
-     node("string", "tstz", name="io.debezium.time.ZonedTimestamp", version=1), "2024-01-15T10:30:00.000000Z"),
-    ("tstz3", "timestamptz(3)", "'2024-01-15 12:30:00.5+02'",
-     node("string", "tstz3", name="io.debezium.time.ZonedTimestamp", version=1), "2024-01-15T10:30:00.500Z"),
-    ("tstz0", "timestamptz(0)", "'2024-01-15 10:30:00+00'",
-     node("string", "tstz0", name="io.debezium.time.ZonedTimestamp", version=1), "2024-01-15T10:30:00Z"),
-    ("ttz", "timetz", "'11:51:30.123789+02'",
-     node("string", "ttz", name="io.debezium.time.ZonedTime", version=1), "09:51:30.123789Z"),
-    ("iv", "interval", "'1 mon 2 days 03:04:05.5'",
-     node("int64", "iv", name="io.debezium.time.MicroDuration", version=1), 2813645500000),  # a month: 30.4375 days
-    ("u", "uuid", "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11'", node("string", "u", name="io.debezium.data.Uuid", version=1),
-     "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
-    ("j", "json", "'{\"a\": 1}'", node("string", "j", name="io.debezium.data.Json", version=1), '{"a": 1}'),
-    ("jb", "jsonb", "'{\"a\":1}'", node("string", "jb", name="io.debezium.data.Json", version=1), '{"a": 1}'),
-    ("x", "xml", "'<a>1</a>'", node("string", "x", name="io.debezium.data.Xml", version=1), "<a>1</a>"),
-    ("ip", "inet", "'192.168.0.1/24'", node("string", "ip"), "192.168.0.1/24"),
-    ("mac", "macaddr", "'08:00:2b:01:02:03'", node("string", "mac"), "08:00:2b:01:02:03"),
-    ("net", "cidr", "'10.0.0.0/8'", node("string", "net"), "10.0.0.0/8"),
-    ("mac8", "macaddr8", "'08:00:2b:01:02:03:04:05'", node("string", "mac8"), "08:00:2b:01:02:03:04:05"),
-    ("vb", "varbit(5)", "B'10'",
-     node("bytes", "vb", name="io.debezium.data.Bits", version=1, parameters={"length": "5"}), "Ag=="),
-    ("bt", "bit(3)", "B'101'", node("bytes", "bt", name="io.debezium.data.Bits", version=1, parameters={"length": "3"}),
-     "BQ=="),  # little-endian bytes of 0b101
-    ("b1", "bit(1)", "B'1'", node("boolean", "b1"), True),
-    ("ai", "integer[]", "'{1,2,NULL}'", node("array", "ai", items={"type": "int32", "optional": True}), [1, 2, None]),
-    ("at", "text[]", "ARRAY['a', 'b c']", node("array", "at", items={"type": "string", "optional": True}), ["a", "b c"]),
-    ("mood", "{enum}", "'happy'",
-     node("string", "mood", name="io.debezium.data.Enum", version=1, parameters={"allowed": "happy,sad"}), "happy"),
-    ("n", "text", "NULL", node("string", "n"), None),
-]
 
 
 def _records(path: str) -> list[dict]:
@@ -149,45 +67,6 @@ def _check_envelope_schema(value: dict, prefix: str, connector: str) -> None:
                                    "parameters": {"allowed": "true,first,first_in_data_collection,"
                                                              "last_in_data_collection,last,false,incremental"},
                                    "default": "false", "field": "snapshot"}
-
-
-_JSON_TYPES = {"int8": int, "int16": int, "int32": int, "int64": int, "float": (int, float), "double": (int, float),
-               "boolean": bool, "string": str, "bytes": str}
-_INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
-
-
-def conforms(schema: dict, value, path: str = "") -> list[str]:
-    """What Kafka Connect's JsonConverter (and Flink's NOT NULL enforcer) would reject in
-    ``value`` under ``schema``: a null in a required field, a value of the wrong JSON type, an
-    integer out of its type's range, a struct with other fields than its schema's."""
-    where = path or "<root>"
-    if value is None:
-        return [] if schema.get("optional") else [f"{where}: null in a required field"]
-    t = schema["type"]
-    if t == "struct":
-        if not isinstance(value, dict):
-            return [f"{where}: {type(value).__name__} for a struct"]
-        names = [f["field"] for f in schema["fields"]]
-        bad = [f"{where}: fields {sorted(value)} != schema's {sorted(names)}"] if sorted(value) != sorted(names) else []
-        return bad + [e for f in schema["fields"] for e in conforms(f, value.get(f["field"]), f"{path}.{f['field']}")]
-    if t == "array":
-        if not isinstance(value, list):
-            return [f"{where}: {type(value).__name__} for an array"]
-        return [e for i, v in enumerate(value) for e in conforms(schema["items"], v, f"{path}[{i}]")]
-    if t in ("float", "double") and value in ("NaN", "Infinity", "-Infinity"):
-        return []  # Jackson's quoted non-numeric numbers, as JsonConverter writes them
-    if not isinstance(value, _JSON_TYPES[t]) or (t != "boolean" and isinstance(value, bool)):
-        return [f"{where}: {value!r} is not a {t}"]
-    if t in _INT_BITS and not -(1 << (_INT_BITS[t] - 1)) <= value < 1 << (_INT_BITS[t] - 1):
-        return [f"{where}: {value} out of range for {t}"]
-    return []
-
-
-def assert_conforms(doc: dict | None) -> None:
-    """A JsonConverter document (schema and payload) valid against its own schema."""
-    if doc is not None:
-        errors = conforms(doc["schema"], doc["payload"])
-        assert errors == [], errors
 
 
 def _export_and_check(d, t: TableName, data: str, database: str, connector: str, columns: list) -> tuple:
@@ -308,63 +187,6 @@ def _positions(data: str, source: str, t: TableName) -> list[str]:
     from airflow_provider_cdc.sinks.event_log import read_events
 
     return sorted(read_events(data, source, t)["position"].to_pylist())
-
-
-# --- MariaDB --------------------------------------------------------------------------------------
-MY_COLUMNS = [
-    ("ti", "TINYINT", "-128", node("int8", "ti"), -128),
-    ("bo", "BOOLEAN", "1", node("int8", "bo"), 1),  # TINYINT(1): int8 unless Debezium saw the DDL while streaming
-    ("tu", "TINYINT UNSIGNED", "255", node("int16", "tu"), 255),
-    ("si", "SMALLINT", "-32768", node("int16", "si"), -32768),
-    ("su", "SMALLINT UNSIGNED", "65535", node("int32", "su"), 65535),
-    ("mi", "MEDIUMINT", "-8388608", node("int32", "mi"), -8388608),
-    ("i", "INT", "2147483647", node("int32", "i"), 2147483647),
-    ("iu", "INT UNSIGNED", "4294967295", node("int64", "iu"), 4294967295),
-    ("bi", "BIGINT", "-9223372036854775808", node("int64", "bi"), -9223372036854775808),
-    ("bu", "BIGINT UNSIGNED", "18446744073709551615", node("int64", "bu"), -1),  # long mode wraps
-    ("f", "FLOAT", "1.5", node("float", "f"), 1.5),
-    ("dbl", "DOUBLE", "0.1", node("double", "dbl"), 0.1),
-    ("dec", "DECIMAL(10,2)", "12.34", decimal("dec", 10, 2), "BNI="),
-    ("c", "CHAR(3)", "'ab'", node("string", "c"), "ab"),
-    ("vc", "VARCHAR(10)", "'héllo'", node("string", "vc"), "héllo"),
-    ("tx", "TEXT", "'long text'", node("string", "tx"), "long text"),
-    ("mt", "MEDIUMTEXT", "'medium'", node("string", "mt"), "medium"),
-    ("bn", "BINARY(2)", "x'0102'", node("bytes", "bn"), "AQI="),
-    ("bl", "BLOB", "x'00ff'", node("bytes", "bl"), "AP8="),
-    ("vb", "VARBINARY(4)", "x'deadbeef'", node("bytes", "vb"), "3q2+7w=="),
-    ("d", "DATE", "'2024-01-15'", node("int32", "d", name="io.debezium.time.Date", version=1), 19737),
-    ("zd", "DATE", "'0000-00-00'", node("int32", "zd", name="io.debezium.time.Date", version=1), None),  # zero date
-    ("tm", "TIME(6)", "'-838:59:59'", node("int64", "tm", name="io.debezium.time.MicroTime", version=1), -3020399000000),
-    ("tm0", "TIME", "'838:59:59'", node("int64", "tm0", name="io.debezium.time.MicroTime", version=1), 3020399000000),
-    ("dt", "DATETIME", "'2018-06-20 06:37:03'", node("int64", "dt", name="io.debezium.time.Timestamp", version=1),
-     1529476623000),
-    ("dt3", "DATETIME(3)", "'2024-01-15 10:30:00.123'",
-     node("int64", "dt3", name="io.debezium.time.Timestamp", version=1), 1705314600123),
-    ("dt6", "DATETIME(6)", "'2024-01-15 10:30:00.123456'",
-     node("int64", "dt6", name="io.debezium.time.MicroTimestamp", version=1), 1705314600123456),
-    ("ts", "TIMESTAMP NULL", "'2018-06-20 13:37:03'",
-     node("string", "ts", name="io.debezium.time.ZonedTimestamp", version=1), "2018-06-20T13:37:03Z"),
-    ("ts6", "TIMESTAMP(6) NULL", "'2024-01-15 10:30:00.5'",
-     node("string", "ts6", name="io.debezium.time.ZonedTimestamp", version=1), "2024-01-15T10:30:00.500000Z"),
-    ("y", "YEAR", "2024", node("int32", "y", name="io.debezium.time.Year", version=1), 2024),
-    ("e", "ENUM('small','large')", "'large'",
-     node("string", "e", name="io.debezium.data.Enum", version=1, parameters={"allowed": "small,large"}), "large"),
-    ("st", "SET('x','y','z')", "'z,x'",
-     node("string", "st", name="io.debezium.data.EnumSet", version=1, parameters={"allowed": "x,y,z"}), "x,z"),
-    ("b1", "BIT(1)", "b'1'", node("boolean", "b1"), True),
-    ("b10", "BIT(10)", "b'1000000001'",
-     node("bytes", "b10", name="io.debezium.data.Bits", version=1, parameters={"length": "10"}), "AQI="),  # 513 LE
-    ("j", "JSON", "'{\"a\": 1}'", node("string", "j"), '{"a": 1}'),  # MariaDB's JSON is LONGTEXT: a string
-    ("n", "TEXT", "NULL", node("string", "n"), None),
-]
-
-
-def _my_conn(uri: str):
-    from urllib.parse import urlsplit
-
-    u = urlsplit(uri)
-    return pymysql.connect(host=u.hostname, port=u.port or 3306, user=u.username or "root", password=u.password or "",
-                           database=u.path.lstrip("/"), autocommit=True, init_command="SET time_zone = '+00:00'")
 
 
 @pytest.fixture

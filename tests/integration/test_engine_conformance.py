@@ -36,7 +36,7 @@ from airflow_provider_cdc.pipeline.spark import apply_job, merge_job
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
-from airflow_provider_cdc.storage.staged import CHUNK_SCHEMA, atomic_write_table, read_log_events
+from airflow_provider_cdc.storage.staged import atomic_write_table, read_log_events, read_table
 
 from .staged_scenario import (
     ITEMS,
@@ -196,7 +196,7 @@ def test_a_replaced_chunk_file_fails_the_round_by_name_and_commits_nothing(engin
     and the mirror commits nothing of the round."""
     st = build_scenario(tmp_path / engine.name)
     victim = st.chunks[1]
-    atomic_write_table(pa.table({"key": ["[999]"], "after": ['{"id": 999}']}, schema=CHUNK_SCHEMA), victim.path)
+    atomic_write_table(read_table(victim.path).slice(0, 1), victim.path)
     with pytest.raises(ConfigurationError, match=rf"chunk {victim.seq} of table {victim.table}.* holds 1 rows but the "
                                                  rf"chunk result says {victim.rows}.*re-run the chunk task"):
         engine.merge_round(st, st.round_file())

@@ -11,9 +11,6 @@ or stops naming what happened.
 from __future__ import annotations
 
 import logging
-import random
-import threading
-import time
 
 import pytest
 
@@ -28,8 +25,8 @@ from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
 from tests.pg_cluster import Cluster, pg_bin
 
 from .dialect_suite import chunks_with_capture, table_events
+from .helpers import ROWS, Writers
 
-ROWS = 400
 CHUNK = 25
 TABLE = TableName("public", "orders")
 
@@ -60,58 +57,6 @@ def pg15_pair():
 
 def _dialect(uri: str):
     return get_dialect(ConnectionParams.from_uri(uri), source="shop", tables=[TABLE])
-
-
-class Writers:
-    """Writers on the current primary throughout; a failover's connection errors are retried
-    against whichever server is the primary then, as an application's pool does."""
-
-    def __init__(self, uri: str, threads: int = 2) -> None:
-        self.uri = uri
-        self.stop = threading.Event()
-        self.committed = 0
-        self.threads = [threading.Thread(target=self._run, args=(s,), daemon=True) for s in range(threads)]
-
-    def _run(self, seed: int) -> None:
-        import psycopg2
-
-        rnd = random.Random(seed)
-        conn = None
-        while not self.stop.is_set():
-            try:
-                if conn is None:
-                    conn = psycopg2.connect(self.uri, connect_timeout=2)
-                with conn.cursor() as cur:
-                    k = rnd.randint(1, ROWS + 50)
-                    op = rnd.random()
-                    if op < 0.6:
-                        cur.execute("UPDATE orders SET v = %s, n = n + 1 WHERE id = %s", (f"u{seed}-{rnd.random()}", k))
-                    elif op < 0.8:
-                        cur.execute("DELETE FROM orders WHERE id = %s", (k,))
-                    else:
-                        cur.execute("INSERT INTO orders VALUES (%s, %s, %s) ON CONFLICT (id) DO UPDATE SET v = 'ins'",
-                                    (k, f"i{seed}", k))
-                conn.commit()
-                self.committed += 1
-                time.sleep(0.002)
-            except psycopg2.Error:
-                # the primary went away (or a read-only standby answered): reconnect to self.uri
-                if conn is not None:
-                    conn.close()
-                conn = None
-                time.sleep(0.05)
-        if conn is not None:
-            conn.close()
-
-    def __enter__(self) -> Writers:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join()
 
 
 def _chunks(d, data_dir: str, after, seq: int, count: int) -> tuple[list, object, bool]:

@@ -28,32 +28,7 @@ from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 
-
-# --------------------------------------------------------------------------- PostgreSQL
-def pg_setup2_admin(role: str, tables: list[str], wm: str, publication: str) -> list[str]:
-    """Set-up 2 on PostgreSQL: what an administrator runs (docs/connections.md "Grants")."""
-    return [
-        f"CREATE ROLE {role} LOGIN REPLICATION",
-        "CREATE SCHEMA IF NOT EXISTS cdc",
-        f"CREATE TABLE {wm} (id integer PRIMARY KEY CHECK (id = 1), value text NOT NULL, "
-        "updated_at timestamptz NOT NULL DEFAULT now())",
-        f"INSERT INTO {wm} (id, value) VALUES (1, '')",
-        f"CREATE PUBLICATION {publication} FOR TABLE {', '.join(tables)}, {wm} WITH (publish_via_partition_root = true)",
-        f"GRANT USAGE ON SCHEMA public, cdc TO {role}",
-        f"GRANT SELECT ON {', '.join(tables)} TO {role}",
-        f"GRANT SELECT, UPDATE ON {wm} TO {role}",
-    ]
-
-
-def pg_setup1_admin(role: str, database: str, tables: list[str]) -> list[str]:
-    """Set-up 1 on PostgreSQL: the provider creates schema, watermark table and publication.
-    PostgreSQL lets only a table's owner publish it, so the role owns the captured tables."""
-    return [
-        f"CREATE ROLE {role} LOGIN REPLICATION",
-        f"GRANT CREATE ON DATABASE {database} TO {role}",
-        f"GRANT USAGE ON SCHEMA public TO {role}",
-        *(f"ALTER TABLE {t} OWNER TO {role}" for t in tables),
-    ]
+from .helpers import my_run, my_setup, pg_run, pg_setup1_admin, pg_setup2_admin
 
 
 @pytest.fixture
@@ -78,17 +53,6 @@ def pg_db(pg_uri, unique_name):
         for role in roles:
             admin.cursor().execute(f"DROP ROLE IF EXISTS {role}")
         admin.close()
-
-
-def pg_run(uri: str, *statements: str) -> list:
-    with closing(psycopg2.connect(uri)) as c:
-        c.autocommit = True
-        cur = c.cursor()
-        out = []
-        for sql in statements:
-            cur.execute(sql)
-            out = cur.fetchall() if cur.description else []
-        return out
 
 
 def as_role(uri: str, role: str) -> ConnectionParams:
@@ -239,31 +203,6 @@ def my_admin(mysql_uri):
             for u in users:
                 cur.execute("DROP USER IF EXISTS %s@'%%'", (u,))
         conn.close()
-
-
-def my_run(conn, *statements: str) -> None:
-    with conn.cursor() as cur:
-        for sql in statements:
-            cur.execute(sql)
-
-
-def my_setup(user: str, table: str, wm: str, *, provider_creates: bool) -> list[str]:
-    """docs/connections.md "Grants" on MariaDB: set-up 1 lets the provider create the watermark table in
-    its database (`cdc`); in set-up 2 an administrator made it and the user only writes its row."""
-    common = [
-        f"CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'",
-        f"GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO '{user}'@'%'",
-        f"GRANT SELECT ON {table} TO '{user}'@'%'",
-    ]
-    if provider_creates:
-        return [*common, f"GRANT CREATE, INSERT, SELECT, UPDATE ON `cdc`.* TO '{user}'@'%'"]
-    return [
-        "CREATE DATABASE IF NOT EXISTS `cdc`",
-        f"CREATE TABLE {wm} (`id` TINYINT UNSIGNED NOT NULL PRIMARY KEY, `value` VARCHAR(64) NOT NULL) ENGINE=InnoDB",
-        f"INSERT INTO {wm} (`id`, `value`) VALUES (1, '')",
-        *common,
-        f"GRANT SELECT, UPDATE ON {wm} TO '{user}'@'%'",
-    ]
 
 
 def my_params(mysql_uri: str, user: str) -> ConnectionParams:

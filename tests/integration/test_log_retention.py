@@ -14,28 +14,16 @@ import pytest
 
 from airflow_provider_cdc.core.errors import RetentionError
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ConnectionParams
 from airflow_provider_cdc.dialects.base import CaptureResult, LogRetention
 from airflow_provider_cdc.operators.capture import check_log_retention
 from airflow_provider_cdc.pipeline.capture import capture_lag, run_capture
 
+from .helpers import Handle
+
 pytestmark = pytest.mark.integration
 
 MB = 1024 * 1024
-
-
-class Handle:
-    """What run_capture needs of a source (the hook's part), without Airflow."""
-
-    def __init__(self, uri: str, source: str, tables: list[TableName]) -> None:
-        self.uri, self.source, self.tables = uri, source, tables
-
-    def connection_params(self) -> ConnectionParams:
-        return ConnectionParams.from_uri(self.uri)
-
-    def get_dialect(self):
-        return get_dialect(self.connection_params(), source=self.source, tables=self.tables,
-                           watermark_table=f"wm_{self.source}")
 
 
 def _xcom(lag) -> dict:

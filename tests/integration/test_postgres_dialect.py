@@ -6,7 +6,6 @@ only: the private standby is the 15 primary's."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import time
@@ -26,26 +25,7 @@ from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.storage.staged import read_chunk_rows
 
 from .dialect_suite import DialectSuite, ParityCase, table_events
-
-
-def _connect(uri: str, *, autocommit: bool):
-    import psycopg2
-
-    c = psycopg2.connect(uri)
-    c.autocommit = autocommit
-    return c
-
-
-@contextlib.contextmanager
-def _replay_paused(standby_uri: str):
-    """WAL replay paused on the standby for the block (resumed whatever happens)."""
-    standby = _connect(standby_uri, autocommit=True)
-    try:
-        standby.cursor().execute("SELECT pg_wal_replay_pause()")
-        yield standby
-    finally:
-        standby.cursor().execute("SELECT pg_wal_replay_resume()")
-        standby.close()
+from .helpers import _connect, _replay_paused
 
 
 class TestPostgresDialect(DialectSuite):

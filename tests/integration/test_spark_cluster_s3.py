@@ -19,8 +19,8 @@ from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
 from airflow_provider_cdc.storage.staged import read_log_events
 
+from .helpers import _free_port, _stop, _wait_for
 from .staged_scenario import OTHER, OTHER_SCHEMA, SOURCE, Stage, expected_mirror_list, mirror_list
-from .test_spark_standalone import _free_port, _stop, _wait_for
 
 pytestmark = pytest.mark.integration
 

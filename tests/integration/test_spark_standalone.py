@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 
@@ -29,33 +26,7 @@ from tests.integration.staged_scenario import (
     submit,
 )
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"{proc.args[1]} exited with {proc.returncode}:\n{log.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.5)
-    raise AssertionError(f"{proc.args[1]} did not log {text!r} within {timeout}s:\n{log.read_text(errors='replace')[-3000:]}")
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+from .helpers import _free_port, _stop, _wait_for
 
 
 @pytest.fixture

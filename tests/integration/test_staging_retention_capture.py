@@ -17,7 +17,7 @@ from airflow_provider_cdc.sinks.base import write_marker
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.segment_index import read_index, staged_segments
 
-from .test_log_retention import Handle
+from .helpers import Handle
 
 pytestmark = pytest.mark.integration
 

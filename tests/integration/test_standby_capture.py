@@ -32,7 +32,7 @@ from airflow_provider_cdc.storage.staged import read_chunk_rows, read_log_events
 from tests.pg_cluster import Cluster, pg_bin
 
 from .dialect_suite import table_events
-from .test_failover import Writers
+from .helpers import Writers
 
 ROWS = 400
 CHUNK = 25

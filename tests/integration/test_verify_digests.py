@@ -33,7 +33,7 @@ from airflow_provider_cdc.pipeline.verify import (
 from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows, read_mirror, upsert
 from airflow_provider_cdc.storage.layout import mirror_dir
 
-from .test_debezium_export import MY_COLUMNS, PG_COLUMNS, _my_conn
+from .helpers import MY_COLUMNS, PG_COLUMNS, _my_conn
 
 pytestmark = pytest.mark.integration
 

@@ -25,6 +25,7 @@ print(json.dumps(sorted(m for m in sys.modules if m in json.loads(sys.argv[2])))
 """
 
 
+@pytest.mark.slow  # tens of seconds (pytest --durations)
 @pytest.mark.parametrize("dag_file", sorted(p.name for p in (ROOT / "dags").glob("cdc_*.py")))
 def test_parsing_a_dag_file_loads_no_heavy_library(dag_file):
     out = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "dags" / dag_file), json.dumps(NOT_AT_PARSE)],

@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # tens of seconds (pytest --durations)
 def test_the_documentation_site_builds_without_warnings_and_lists_every_setting(tmp_path):
     from airflow_provider_cdc.settings import OPTIONS
 

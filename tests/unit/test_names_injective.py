@@ -5,7 +5,6 @@ the local publish is durable (its folder fsynced) before the capture confirms it
 from __future__ import annotations
 
 import itertools
-import json
 import os
 
 import pytest
@@ -121,53 +120,10 @@ def test_variable_keys_are_injective():
 
 
 def test_plain_names_keep_their_variable_key():
-    from airflow_provider_cdc.progress_store import legacy_variable_key, variable_key
+    from airflow_provider_cdc.progress_store import variable_key
 
-    for source, table in [("src", "public.orders"), ("shop_pg", "public.order_items"), ("a.b-c", "s.t__x")]:
-        assert variable_key(source, table) == legacy_variable_key(source, table)
     assert variable_key("src", "public.orders") == "cdc_snapshot__src__public.orders"
-
-
-@pytest.fixture()
-def variables(monkeypatch):
-    from airflow_provider_cdc import progress_store
-
-    store: dict[str, str] = {}
-    monkeypatch.setattr(progress_store, "_get", store.get)
-    monkeypatch.setattr(progress_store, "_set", store.__setitem__)
-    monkeypatch.setattr(progress_store, "_delete", lambda k: store.pop(k, None))
-    return store
-
-
-def _progress(source: str, table: str):
-    from airflow_provider_cdc.core.progress import SnapshotProgress
-    from airflow_provider_cdc.core.ranges import ChunkRange
-
-    return SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]})
-
-
-def test_progress_under_the_old_key_is_read_and_moved_when_it_is_ours(variables, tmp_path):
-    from airflow_provider_cdc import progress_store as ps
-
-    d = str(tmp_path)
-    old = ps.legacy_variable_key("a__b", "c.d")
-    assert old != ps.variable_key("a__b", "c.d")
-    variables[old] = _progress("a__b", "c.d").to_json()
-    assert ps.load("a__b", "c.d", d).source == "a__b"  # not orphaned: adopted by the authority
-    ps.request("a__b", "c.d", "pause", d)  # published under today's key
-    assert old not in variables and ps.variable_key("a__b", "c.d") in variables  # moved, not listed twice
-
-
-def test_the_old_key_of_another_pair_is_not_read(variables, tmp_path):
-    """``a`` + ``b__c.d`` had the same old key as ``a__b`` + ``c.d``: its progress is not ours."""
-    from airflow_provider_cdc import progress_store as ps
-
-    d = str(tmp_path)
-    variables[ps.legacy_variable_key("a", "b__c.d")] = _progress("a", "b__c.d").to_json()
-    assert ps.load("a__b", "c.d", d) is None
-    ps.update("a__b", "c.d", d, lambda _q: _progress("a__b", "c.d"))
-    assert ps.load("a", "b__c.d", d).source == "a"  # left alone
-    assert json.loads(variables[ps.variable_key("a__b", "c.d")])["source"] == "a__b"
+    assert variable_key("shop_pg", "s.t__x") == "cdc_snapshot__shop_pg__s.t__x"
 
 
 # --- round files -------------------------------------------------------------------------------

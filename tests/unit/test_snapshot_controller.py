@@ -12,6 +12,7 @@ import pytest
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import StateError
+from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
@@ -37,7 +38,7 @@ def setup(tmp_path):
     progress.update(T.id, lambda _q: SnapshotProgress.start("src", "S1", {T.id: RANGES}, {T.id: (100,)}))
     plan = {"table": T.id, "snapshot_id": "S1", "ranges": [json.loads(r.to_json()) for r in RANGES],
             "upper_bound": [100], "where": None, "chunk_size": 10, "parallelism": 2, "delay_seconds": 0.0}
-    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(plan))
+    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(PLAN.stamp(plan)))
 
     def make(run_id="run-1"):
         return SnapshotController(source="src", data_dir=str(tmp_path), progress=progress, connect=no_source,

@@ -15,6 +15,7 @@ import pytest
 
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
+from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline import arrow_engine
@@ -84,7 +85,7 @@ def resumed(folder: str) -> None:
 
 def open_snapshot(data_dir: str, sid: str, converge: str | None, unmerged_lw: str | None = None) -> str:
     folder = snapshot_dir(data_dir, SOURCE, TABLE, sid)
-    storage.write_text(storage.join(folder, "plan.json"), json.dumps({"table": TABLE.id, "converge_watermark": converge}))
+    storage.write_text(storage.join(folder, "plan.json"), json.dumps(PLAN.stamp({"table": TABLE.id, "converge_watermark": converge})))
     if unmerged_lw is not None:
         storage.write_text(storage.join(folder, "chunk-000000-x.parquet.json"),
                            json.dumps({"result": {"low_watermark": unmerged_lw}, "range_index": 0, "merged": False}))
@@ -185,7 +186,7 @@ def test_an_unmerged_chunk_holds_from_its_low_watermark_and_a_new_plan_holds_wha
     assert names(data) == [3, 4]
     # a plan written now holds everything staged since (its chunks in flight have no sidecar yet)
     storage.delete(storage.join(folder, "chunk-000000-x.parquet.json"))
-    storage.write_text(storage.join(folder, "plan.json"), json.dumps({"table": TABLE.id, "converge_watermark": None}))
+    storage.write_text(storage.join(folder, "plan.json"), json.dumps(PLAN.stamp({"table": TABLE.id, "converge_watermark": None})))
     stage_after(data, 5)
     mark(data, 5)  # every sink applied it: only the plan holds it
     r = prune_staging(data, SOURCE, policy(snapshots=stored), now=later())

@@ -1,11 +1,10 @@
 """Typed staging (storage/staged.py): chunks and segments hold the table's typed columns, the
 engines hand them to the sinks as they are, and nothing on the merge or apply path parses
-JSON. Files staged by earlier versions (JSON text) still read."""
+JSON."""
 
 from __future__ import annotations
 
 from decimal import Decimal
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,8 +23,6 @@ from airflow_provider_cdc.sinks.event_log import EventLogSink, read_events
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, read_mirror
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, schema_path
 from airflow_provider_cdc.storage.staged import (
-    CHANGELOG_SCHEMA,
-    CHUNK_SCHEMA,
     ChunkWriter,
     atomic_write_table,
     read_chunk_rows,
@@ -173,26 +170,20 @@ def test_merge_and_apply_of_typed_staging_parse_no_json(tmp_path, monkeypatch):
     assert ops == [("d", "[3]"), ("u", "[2]")]
 
 
-def test_files_staged_by_an_earlier_version_still_read(tmp_path):
-    """JSON-text chunks and segments (the format before typed staging) are typed on the way in
-    and reach the mirror with its types."""
-    d = str(tmp_path)
-    for s in (A_SCHEMA, B_SCHEMA):
-        storage.write_text(schema_path(d, SOURCE, s.table), s.to_json())
-    path = chunk_path(d, SOURCE, A, "snap", 1, "hw")
-    atomic_write_table(pa.table({"key": ["[1]"], "after": [encode_row(a_row(1))]}, schema=CHUNK_SCHEMA), path)
-    rows = [{"position": Position(p).encode(), "table": t, "op": op, "key": k, "before": None, "after": a,
-             "ts_ms": p, "watermark": wm, "origin": None}
-            for p, t, op, k, a, wm in [(10, "cdc.watermark", "w", None, None, "lw"), (12, "cdc.watermark", "w", None, None, "hw"),
-                                       (13, A.id, "c", "[5]", encode_row(a_row(5)), None)]]
-    seg = storage.join(changelog_dir(d, SOURCE), f"seg-{Position(10).encode()}-{Position(13).encode()}.parquet")
-    Path(seg).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_table(pa.Table.from_pylist(rows, schema=CHANGELOG_SCHEMA), seg)
-    sinks = [EventLogSink(d, SOURCE), MirrorDeltaSink(d, SOURCE)]
-    chunk = ChunkResult(SOURCE, A.id, "snap", 1, "lw", "hw", path, ChunkRange(), None, (1,), 1, True)
-    arrow_engine.merge_round([chunk], data_dir=d, source=SOURCE, sinks=sinks)
-    arrow_engine.apply_changelog(d, SOURCE, sinks)
-    mirror = sorted(read_mirror(d, SOURCE, A).to_pylist(), key=lambda r: r["id"])
-    assert [(r["id"], r["price"], r["tags"]) for r in mirror] == [(1, Decimal("1.00"), "[1,0]"), (5, Decimal("5.00"), "[5,0]")]
-    assert isinstance(next(read_log_events(changelog_dir(d, SOURCE), after=Position(12))), ChangeEvent)
+def test_staged_files_without_their_typed_metadata_are_refused_by_name(tmp_path):
+    """Staged files carry the schema they were typed with; JSON-text files (before the first
+    release) are not read, and the error names the file and what to do."""
+    from airflow_provider_cdc.core.errors import StateError
+    from airflow_provider_cdc.core.event_batch import SEGMENT_SCHEMA
+    from airflow_provider_cdc.storage.staged import read_chunk, segment_images
 
+    path = str(tmp_path / "chunk.parquet")
+    atomic_write_table(pa.table({"key": ["[1]"], "after": [encode_row(a_row(1))]}), path)
+    with pytest.raises(StateError, match=f"{path} names no schema.*start a new one"):
+        read_chunk(path, A.id)
+    old = pa.Table.from_pylist([{"position": Position(1).encode(), "table": A.id, "op": "c", "key": "[1]",
+                                 "before": None, "after": encode_row(a_row(1))}], schema=pa.schema(
+        [*(SEGMENT_SCHEMA.field(c) for c in ("position", "table", "op", "key")),
+         ("before", pa.string()), ("after", pa.string())]))
+    with pytest.raises(StateError, match="without the cdc.tables metadata"):
+        segment_images(old)

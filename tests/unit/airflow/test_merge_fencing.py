@@ -21,12 +21,13 @@ from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.operators.snapshot import SnapshotCommitOperator
 from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator
+from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
 from airflow_provider_cdc.sinks import mirror_delta
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, horizon, tombstone_count
 from airflow_provider_cdc.storage.layout import schema_path
 
-from .test_operators import SEQ_STRIDE, committed, progress
+from .helpers import committed, progress
 
 T = TableName("public", "orders")
 

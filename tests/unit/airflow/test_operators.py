@@ -9,11 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_provider_cdc import progress_store, storage
-from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
-from airflow_provider_cdc.core.progress import SnapshotProgress
+from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.ranges import ChunkRange
-from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
 from airflow_provider_cdc.operators.snapshot import (
     SnapshotChunkOperator,
@@ -27,17 +25,12 @@ from airflow_provider_cdc.pipeline.snapshot import (
     key_reached,
     range_state,
     read_sidecars,
-    write_sidecar,
 )
 from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
 from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController
-from airflow_provider_cdc.storage.layout import chunk_path, plan_path
+from airflow_provider_cdc.storage.layout import plan_path
 
-T = TableName("public", "orders")
-
-
-def ctx(conf=None):
-    return {"dag_run": SimpleNamespace(conf=conf or {}), "ti": None}
+from .helpers import T, committed, ctx, progress
 
 
 def plan_op(tmp_path, **kw):
@@ -45,57 +38,6 @@ def plan_op(tmp_path, **kw):
     return SnapshotPlanOperator(
         task_id="plan", data_dir=str(tmp_path), cdc_conn_id="unused", source="src", **kw
     )
-
-
-RANGES = [ChunkRange(None, (50,)), ChunkRange((50,), None)]
-
-
-def progress(tmp_path, status="running", upper=(100,)):
-    """A stored snapshot S1 of T over RANGES, with its plan file, in the given status."""
-    p = SnapshotProgress.start("src", "S1", {T.id: RANGES}, {T.id: upper})
-    {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[
-        status
-    ]()
-    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
-    plan = {
-        "table": T.id,
-        "snapshot_id": "S1",
-        "ranges": [json.loads(r.to_json()) for r in RANGES],
-        "upper_bound": list(upper),
-        "where": None,
-        "chunk_size": 10,
-        "parallelism": 2,
-        "delay_seconds": 0.0,
-    }
-    storage.write_text(plan_path(str(tmp_path), "src", T, "S1"), json.dumps(plan))
-    return p
-
-
-def committed(
-    tmp_path, seq, range_index, last_key, rows, exhausted, merged=False, snapshot_id="S1", after=None
-):
-    rng = RANGES[range_index]
-    path = chunk_path(str(tmp_path), "src", T, snapshot_id, seq, f"hw{seq}")
-    after = None if after is None else (after,)
-    res = ChunkResult(
-        "src",
-        T.id,
-        snapshot_id,
-        seq,
-        f"lw{seq}",
-        f"hw{seq}",
-        path,
-        rng,
-        after,
-        None if last_key is None else (last_key,),
-        rows,
-        exhausted,
-    )
-    import pathlib
-
-    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_sidecar(res, range_index, merged=merged)
-    return res
 
 
 # --- conf ------------------------------------------------------------------------------------
@@ -425,7 +367,7 @@ def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, v
     path = plan_path(str(tmp_path), "src", T, "S1")
     plan = json.loads(storage.read_text(path))
     plan.update(where="amount > 5", delay_seconds=0.5)
-    storage.write_text(path, json.dumps(plan))
+    storage.write_text(path, json.dumps(PLAN.stamp(plan)))
     op = plan_op(tmp_path).controller({})
     kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
     assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (

@@ -10,7 +10,7 @@ from airflow_provider_cdc.core.errors import NotReadyError
 from airflow_provider_cdc.sensors.high_watermark import HighWatermarkSensor
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
 
-from .test_trigger import stage
+from .helpers import stage
 
 
 def chunk(hw: str, seq: int = 0) -> dict:

@@ -7,20 +7,12 @@ import importlib
 
 import pytest
 
-from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
-from airflow_provider_cdc.core.position import Position
-from airflow_provider_cdc.storage.layout import changelog_dir
-from airflow_provider_cdc.storage.staged import write_segment
 from airflow_provider_cdc.triggers.high_watermark import (
     HighWatermarkTrigger,
     missing_watermarks,
 )
 
-
-def stage(data_dir: str, source: str, *ids: str, start: int = 100) -> None:
-    events = [ChangeEvent("public.t", "c", "[1]", Position(start, 0, 0), None, {"id": 1})]
-    events += [WatermarkEvent(w, Position(start + 1 + i, 0, 0)) for i, w in enumerate(ids)]
-    write_segment(events, changelog_dir(data_dir, source), "cdc.watermark")
+from .helpers import stage
 
 
 def first_event(trigger: HighWatermarkTrigger) -> dict:

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import StateError
+from airflow_provider_cdc.core.formats import PROGRESS
 from airflow_provider_cdc.core.planning import even_ranges
 from airflow_provider_cdc.core.progress import TRANSITIONS, SnapshotProgress, Status, WorkItem
 from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
@@ -160,7 +161,7 @@ def test_json_round_trip_is_compact():
     p.record_chunk(chunk(T, p.tables[T].ranges[1].range, 1, None, (99,), 49, True), now=1011)
     p.pause(now=1012)
     text = p.to_json()
-    assert json.loads(text)["version"] == 2 and " " not in text.replace("public.orders", "")
+    assert json.loads(text)["version"] == PROGRESS.version and " " not in text.replace("public.orders", "")
     q = SnapshotProgress.from_json(text)
     assert q == p and q.to_json() == text
 
@@ -200,40 +201,18 @@ def test_a_finished_large_plan_stays_small():
     assert len(p.to_json()) < 300
 
 
-V1 = (
-    '{"version":1,"source":"src","snapshot_id":"old","status":"paused",'
-    '"tables":{"public.orders":{"last_key":[41],"done":false,"rows":41,"chunks":3},'
-    '"shop.items":{"last_key":["z"],"done":true,"rows":7,"chunks":1}}}'
-)
-
-
-def test_version_1_still_loads_and_resumes():
-    p = SnapshotProgress.from_json(V1)
-    assert p.status == Status.PAUSED and p.rows == 48
-    assert p.next_work() == [WorkItem(T, FULL_RANGE, (41,))]
-    p.resume()
-    assert p.record_chunk(chunk(T, FULL_RANGE, 0, (41,), (50,), 9, True))
-    p.finish()
-    again = SnapshotProgress.from_json(p.to_json())  # written back as v2
-    assert json.loads(p.to_json())["version"] == 2 and again.status == Status.DONE
-
-
-def test_version_1_completed_status_maps_to_done():
-    p = SnapshotProgress.from_json(V1.replace('"paused"', '"completed"'))
-    assert p.status == Status.DONE
-
-
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"version": 99}', "version 99; this provider reads versions 1 to 2. Upgrade"),
-        ("{}", "version None"),
+        ('{"version": 99}', "format version 99, written by a newer airflow-provider-cdc .*Upgrade"),
+        ('{"version": 1}', "format version 1, which this airflow-provider-cdc does not read .*Move the snapshot"),
+        ("{}", "no format version"),
         ("not json", "not JSON"),
     ],
 )
 def test_unreadable_progress_is_a_clear_error(text, message):
-    with pytest.raises(StateError, match=message):
-        SnapshotProgress.from_json(text)
+    with pytest.raises(StateError, match=f"^control/x: .*{message}"):
+        SnapshotProgress.from_json(text, "control/x")
 
 
 def test_record_accepts_chunk_result_from_xcom_dict():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from airflow_provider_cdc.core import temporal
 
 MONTH_DAYS = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
@@ -14,6 +16,7 @@ def _days_in(y: int, m: int) -> int:
     return 29 if m == 2 and leap else MONTH_DAYS[m - 1]
 
 
+@pytest.mark.slow  # tens of seconds (pytest --durations)
 def test_every_day_from_year_minus_5000_to_3000_is_the_day_after_the_one_before_and_round_trips():
     """Consecutive dates get consecutive day numbers and each number gives its date back
     (the era arithmetic once moved days around March of years -1, -401, -801...: year 0's

@@ -150,6 +150,7 @@ def _run(sc: dict) -> model.Run:
     return model.simulate(sc["initial"], sc["before"], sc["txns"], sc["plans"], sc["choices"])
 
 
+@pytest.mark.slow  # tens of seconds (pytest --durations)
 @cases(scale=1.0)
 @given(model.scenarios())
 def test_reference_model_invariants_hold(sc):
@@ -167,6 +168,7 @@ def test_reference_model_invariants_hold(sc):
     assert sorted(alone, key=lambda e: (e.position, e.table, e.key)) == sorted(merged, key=lambda e: (e.position, e.table, e.key))
 
 
+@pytest.mark.slow  # tens of seconds (pytest --durations)
 @cases(scale=0.4)
 @given(model.scenarios(), st.integers(0, 10_000), st.integers(1, 15), st.randoms(use_true_random=False))
 def test_redelivered_segments_and_chunk_order_do_not_change_the_result(sc, at, length, rnd):
