@@ -374,12 +374,13 @@ class Writers:
 class Handle:
     """What run_capture needs of a source (the hook's part), without Airflow."""
 
-    def __init__(self, uri: str, source: str, tables: list[TableName]) -> None:
+    def __init__(self, uri: str, source: str, tables: list[TableName], own_watermark_table: bool = True) -> None:
         self.uri, self.source, self.tables = uri, source, tables
+        self.own_watermark_table = own_watermark_table  # False: the default watermark table
 
     def connection_params(self) -> ConnectionParams:
         return ConnectionParams.from_uri(self.uri)
 
     def get_dialect(self):
-        return get_dialect(self.connection_params(), source=self.source, tables=self.tables,
-                           watermark_table=f"wm_{self.source}")
+        own = {"watermark_table": f"wm_{self.source}"} if self.own_watermark_table else {}
+        return get_dialect(self.connection_params(), source=self.source, tables=self.tables, **own)

@@ -12,20 +12,10 @@ import logging
 import psycopg2
 
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.pipeline.capture import run_capture
 from tools import workload as w
 
-
-class Handle:
-    def __init__(self, uri: str, source: str, tables: list[TableName]) -> None:
-        self.uri, self.source, self.tables = uri, source, tables
-
-    def connection_params(self) -> ConnectionParams:
-        return ConnectionParams.from_uri(self.uri)
-
-    def get_dialect(self):
-        return get_dialect(self.connection_params(), source=self.source, tables=self.tables)
+from .helpers import Handle
 
 
 def test_a_missing_table_is_named_and_the_others_are_captured(pg_uri, unique_name, tmp_path, caplog):
@@ -33,7 +23,7 @@ def test_a_missing_table_is_named_and_the_others_are_captured(pg_uri, unique_nam
     w.create_demo_table(pg_uri, present, 3)
     cased = TableName("public", f"Mst_Late_{unique_name}")  # created later, under another case first
     typo = TableName("public", f"mst_late_{unique_name}")
-    handle = Handle(pg_uri, f"mst_{unique_name}", [present, typo])
+    handle = Handle(pg_uri, f"mst_{unique_name}", [present, typo], own_watermark_table=False)
     conn = psycopg2.connect(pg_uri)
     conn.autocommit = True
     try:
