@@ -179,21 +179,16 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
 def _pg_retention(d: Any) -> list[Finding]:
     """max_slot_wal_keep_size -1: nothing bounds the WAL a slot holds (the retention check's
     words when the slot exists); a lost slot is an error."""
-    limit = d._query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
+    limit = d.wal_keep_limit_mb()
     reading = d.log_retention("")  # None while the slot does not exist
     out = []
     if reading is not None and reading.lost:
         out.append(Finding(ERROR, "replication slots", f"{reading.holder} is lost (the server removed WAL it needs): "
                                                        "airflow-cdc resync starts capture anew"))
-    if limit and int(limit[0][0]) < 0:
-        text = reading.unbounded if reading is not None and reading.unbounded else (
-            f"nothing bounds the WAL replication slot {d.slot_name!r} will hold (max_slot_wal_keep_size = -1, "
-            "PostgreSQL's default): while capture does not run, the server keeps every WAL file from the slot's "
-            "position on and can fill its disk, which stops the database. Set a limit, e.g. ALTER SYSTEM SET "
-            "max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();")
-        out.append(Finding(WARNING, "max_slot_wal_keep_size", text))
-    elif limit:
-        out.append(Finding(OK, "max_slot_wal_keep_size", f"{int(limit[0][0]):,} MB"))
+    if limit < 0:
+        out.append(Finding(WARNING, "max_slot_wal_keep_size", d.unbounded_wal_warning()))
+    else:
+        out.append(Finding(OK, "max_slot_wal_keep_size", f"{limit:,} MB"))
     return out
 
 

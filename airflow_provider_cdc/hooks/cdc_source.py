@@ -233,15 +233,10 @@ def _retention_warning(dialect: Dialect) -> str:
     if dialect.name != "postgres":
         return ""
     try:
-        rows = dialect._query("SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")
+        unbounded = dialect.wal_keep_limit_mb() < 0
     except Exception:  # noqa: BLE001 - a warning that cannot be read is not a failed test
         return ""
-    if not rows or str(rows[0][0]) != "-1":
-        return ""
-    return ("nothing bounds the WAL a replication slot may hold (max_slot_wal_keep_size = -1, PostgreSQL's "
-            "default): while capture does not run the server keeps every WAL file from the slot's position on and "
-            "can fill its disk. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT "
-            "pg_reload_conf();")
+    return dialect.unbounded_wal_warning() if unbounded else ""
 
 
 def _where(params: ConnectionParams) -> str:

@@ -445,13 +445,7 @@ class PgOffsets:
         wal_status, lag, limit_mb = rows[0]
         lag = max(0, int(lag or 0))
         limit = None if limit_mb is None or int(limit_mb) < 0 else int(limit_mb) * 1024 * 1024
-        unbounded = "" if limit is not None else (
-            f"nothing bounds the WAL replication slot {self.slot_name!r} holds (max_slot_wal_keep_size = -1, "
-            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, the source "
-            "removed but its slot left), the server keeps every WAL file from the slot's position on and can fill "
-            "its disk, which stops the database. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = "
-            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), and drop "
-            "the slots of sources no longer captured (airflow-cdc drop-source)")
+        unbounded = "" if limit is not None else self.unbounded_wal_warning()
         return LogRetention(
             holder=f"replication slot {self.slot_name!r}", lag_bytes=lag, lost=wal_status == "lost",
             limit_bytes=limit, safe_bytes=None if limit is None else max(0, limit - lag),
@@ -461,6 +455,21 @@ class PgOffsets:
                 "differs (docs: operations, 'Failover')",
             unbounded=unbounded,
         )
+
+    def wal_keep_limit_mb(self) -> int:
+        """``max_slot_wal_keep_size`` in MB (-1, PostgreSQL's default: nothing bounds a slot's WAL)."""
+        return int(self._query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")[0][0])
+
+    def unbounded_wal_warning(self) -> str:
+        """What status, the CDC page, doctor and a connection test say while
+        ``max_slot_wal_keep_size = -1`` (:meth:`wal_keep_limit_mb`)."""
+        return (
+            f"nothing bounds the WAL replication slot {self.slot_name!r} holds (max_slot_wal_keep_size = -1, "
+            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, the source "
+            "removed but its slot left), the server keeps every WAL file from the slot's position on and can fill "
+            "its disk, which stops the database. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = "
+            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), and drop "
+            "the slots of sources no longer captured (airflow-cdc drop-source)")
 
     def drop_slot(self, timeout: float = 10.0) -> bool:
         """Drop the slot (it retains WAL forever otherwise). Waits while a just-closed
