@@ -315,15 +315,6 @@ class CdcMariaDbSourceHook(CdcSourceHook):
     hook_name = "MariaDB (CDC source)"
 
 
-#: connection types of the documented URIs -> the hook registered for them when no other
-#: installed provider registers the type (get_provider_info)
-SOURCE_TYPE_HOOKS: dict[str, type[CdcSourceHook]] = {
-    "postgres": CdcPostgresSourceHook,
-    "mysql": CdcMySqlSourceHook,
-    "mariadb": CdcMariaDbSourceHook,
-}
-
-
 class CdcSourceMixin(StorageConnectionMixin):
     """The source parameters of every task of the package, declared once: ``data_dir``,
     ``cdc_conn_id`` and ``source`` (not given, None: the setting read when the task runs,
