@@ -302,7 +302,7 @@ def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: s
         body.append(f"<p class='flash' role='status'>{escape(flash)}</p>")
     if only:
         body.append("<p><a href='./'>All sources</a></p>")
-    elif len(sources) > 1:
+    elif sources:  # one line per source, also for a single one: its worst state at a glance
         body.append(_index(sources))
     if not sources:
         body.append("<p>No CDC source has recorded anything yet: run a capture (cdc_changelog) or a snapshot "
