@@ -10,8 +10,10 @@ import pytest
 from .staged_scenario import SPARK_CONF
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark(s3_server):
+    """One SparkSession (a JVM) for the whole test session, shared by the modules that merge
+    in-process: starting one per module cost a JVM start each."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
