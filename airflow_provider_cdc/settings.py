@@ -94,8 +94,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("CDC_SNAPSHOT_SCHEDULE", None, "cron or preset of periodic refresh snapshots (unset: manual only)",
            "@weekly"),
     Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
-    Option("CDC_MIRROR_RETENTION_HOURS", "168", "hours unreferenced mirror files stay for readers of older "
-           "versions before vacuum removes them (at least 1)"),
+    Option("CDC_MIRROR_RETENTION_HOURS", "1", "hours unreferenced mirror files stay for readers of older "
+           "versions before vacuum removes them (at least 1; raise it for time travel: the folder then holds "
+           "about that many hours of writes beside the live rows)"),
     Option("CDC_MIRROR_LOG_RETENTION_HOURS", "48", "hours a mirror's Delta log keeps commits a checkpoint "
            "already covers (how far back a reader can time-travel; fractions allowed, at least 0.01)"),
     Option("CDC_MIRROR_COMPACT_BUDGET_ROWS", "4000000", "stored rows one changelog round's background compaction "
@@ -242,7 +243,7 @@ class Settings:
     changelog_schedule: str | None = DEFAULT_CHANGELOG_SCHEDULE
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
-    mirror_retention_hours: float = 168.0
+    mirror_retention_hours: float = 1.0
     mirror_log_retention_hours: float = 48.0
     mirror_compact_budget_rows: int = 4_000_000
     staging_retention_hours: float | None = 72.0  # None: staging is kept forever
@@ -365,7 +366,7 @@ def _hours(env: Mapping[str, str], name: str, default: float, why: str, *, never
 
 
 def _retention_hours(env: Mapping[str, str]) -> float:
-    return _hours(env, "CDC_MIRROR_RETENTION_HOURS", 168.0,
+    return _hours(env, "CDC_MIRROR_RETENTION_HOURS", 1.0,
                   "files younger than that may belong to a writer still in flight")
 
 

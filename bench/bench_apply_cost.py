@@ -152,12 +152,12 @@ def _compact_step(data_dir: str) -> dict:
     """In a fresh process: compaction of the most changed bucket (a budget of one bucket)."""
     path = mirror_dir(data_dir, SOURCE, T)
     before = db.read_version(md._delta(path), path)
-    small, md.SMALL_BUCKET_ROWS = md.SMALL_BUCKET_ROWS, 0
-    md.CHANGE_SHARE = 0.0  # any change makes a bucket due: the step's cost is one bucket's
+    from airflow_provider_cdc.sinks import mirror_compaction
+
+    mirror_compaction.CHANGE_SHARE = 0.0  # any change makes a bucket due: the step's cost is one bucket's
     t0 = time.perf_counter()
     out = md.compact_buckets(path, budget_rows=1)
     seconds = time.perf_counter() - t0
-    md.SMALL_BUCKET_ROWS = small
     after = db.read_version(md._delta(path), path)
     new = set(after.sizes) - set(before.sizes)
     return {"seconds": seconds, "bytes": sum(after.sizes[p] for p in new), "buckets": out["buckets"],

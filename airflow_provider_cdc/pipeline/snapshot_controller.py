@@ -118,7 +118,7 @@ class SnapshotController:
 
     def __init__(self, *, source: str, data_dir: str, progress: SourceProgress,
                  connect: Callable[[], AbstractContextManager[Dialect]], sinks: Sequence[str] = ("mirror",),
-                 compact_budget_rows: int = 4_000_000, retention_hours: float = 168.0, run_id: str | None = None, logical_date: str | None = None,
+                 compact_budget_rows: int = 4_000_000, retention_hours: float = 1.0, run_id: str | None = None, logical_date: str | None = None,
                  owner_alive: Callable[[SnapshotProgress], bool] = lambda p: False,
                  chunk_sizing: ChunkSizing | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if progress.source != source:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -64,9 +64,17 @@ log = logging.getLogger(__name__)
 DEFAULT_COMPACT_BUDGET_ROWS = 4_000_000
 
 
-#: a bucket is due for compaction when its change rows reach this share of its base rows, it
-#: holds this many change files, or it is this small (cheap to keep tidy)
-CHANGE_SHARE, CHANGE_FILES, SMALL_BUCKET_ROWS = 0.1, 8, 100_000
+#: a bucket's change files are folded into its base when their rows reach this share of the
+#: base's: a fold rewrites about the base, so a changed row costs about 1/CHANGE_SHARE rows of
+#: folding, against up to 1 + CHANGE_SHARE stored row versions per live row for readers
+CHANGE_SHARE = 1.0
+#: change files of one size tier merged into one change file (never the base) once this many
+#: follow each other: a changed row is rewritten about log_CHANGE_FILES(rounds between folds)
+#: times, and a bucket holds at most about CHANGE_FILES files a tier (docs/DESIGN.md, "The mirror")
+CHANGE_FILES = 8
+#: a bucket of at most this many rows whose base holds tombstones the horizon lets go is
+#: rewritten without them (reading its key columns each round is cheap)
+SMALL_BUCKET_ROWS = 100_000
 
 
 def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None) -> list:
@@ -166,20 +174,25 @@ def _spread(path: str, budget_rows: int | None = None) -> int:
 
 
 def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int]:
-    """The buckets background compaction should rewrite now, most change first, within
-    ``budget_rows`` stored rows (at least one bucket): a bucket with change files once they
-    reach CHANGE_SHARE of its base rows or CHANGE_FILES files, or while it is small; a
-    bucket of several base files (written before merge-on-read); one over ``unit`` rows."""
+    """The buckets background compaction should fold now, most change first, within
+    ``budget_rows`` stored rows (at least one bucket): a bucket whose change rows reach
+    CHANGE_SHARE of its base rows (a bucket without a base: of its oldest change file); a bucket of several
+    base files (written before merge-on-read); one over ``unit`` rows. Change files short of
+    that are merged among themselves (:func:`change_run`), not folded: a fold rewrites the
+    whole bucket, so folding on every change would make a round's writes follow the table."""
     unit = bucket_unit(v)
     scored = []
     for b, paths in v.files.items():
         if not paths:
             continue
+        base = [p for p in paths if not v.info[p].change]
         change = [p for p in paths if v.info[p].change]
-        base_rows, change_rows = _rows(v, [p for p in paths if p not in change]), _rows(v, change)
+        if not base:  # the oldest change file holds resolved rows too (a first write): the base
+            base, change = change[:1], change[1:]
+        base_rows, change_rows = _rows(v, base), _rows(v, change)
         total = base_rows + change_rows
-        due = (len(paths) > 1 and not change) or (total > unit and v.bucketed) or (change and (
-            total <= SMALL_BUCKET_ROWS or len(change) >= CHANGE_FILES or change_rows >= CHANGE_SHARE * base_rows))
+        due = (len(base) > 1 and not change) or (total > unit and v.bucketed) or (
+            bool(change) and change_rows >= CHANGE_SHARE * base_rows)
         if due:
             scored.append((-(change_rows / max(1, base_rows)), -len(paths), b, total))
     picked, spent = [], 0
@@ -191,6 +204,64 @@ def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int
     return picked
 
 
+def change_run(v: MirrorVersion, paths: Sequence[str]) -> list[str]:
+    """The newest change files of a bucket (``paths`` in read order) to merge into one, or
+    none: walking back from the newest, a file joins while its rows are at most those of the
+    newer files already in (the newest always), and the run is merged once it holds
+    CHANGE_FILES files. Files of one size tier so merge into one of the next, as a counter in
+    base CHANGE_FILES carries. The run is contiguous and ends at the newest file, so the
+    merged file (named for the run's first version) keeps the read order resolve() relies on;
+    a run whose first version an older file shares is left (the order between them would be
+    the names' random part)."""
+    change = [p for p in paths if v.info[p].change]
+    run: list[str] = []
+    rows = 0
+    for p in reversed(change):
+        n = _rows(v, [p])
+        if run and n > rows:
+            break
+        run.insert(0, p)
+        rows += n
+    if len(run) < CHANGE_FILES:
+        return []
+    first = change_version(run[0])
+    older = change[: len(change) - len(run)]
+    if older and change_version(older[-1]) == first:
+        return []
+    return run
+
+
+def merge_change_runs(path: str, *, skip: Iterable[int] = (), budget_rows: int | None = None) -> int:
+    """Merge each bucket's :func:`change_run` (buckets in ``skip`` left: they are folded)
+    into one change file of resolved rows, tombstones kept, within ``budget_rows`` rows (at
+    least one bucket). Its cost follows the change files, never the base. Returns the
+    buckets merged."""
+    skipped = frozenset(skip)
+
+    def build(adds: list):
+        v = read_version(_delta(path), path)
+        removed: list[str] = []
+        spent = merged = 0
+        for b in sorted(v.files):
+            if b in skipped:
+                continue
+            run = change_run(v, v.files[b])
+            if not run:
+                continue
+            n = _rows(v, run)
+            if merged and budget_rows is not None and spent + n > budget_rows:
+                break
+            rows = resolve(read_bucket(v.table_uri, run, v.schema))
+            adds.append(write_bucket_file(v.table_uri, b, rows, bucketed=v.bucketed,
+                                          change=change_version(run[0]) or 0))
+            removed.extend(run)
+            spent += n
+            merged += 1
+        return v, removed, merged
+
+    return _commit_with_retries(path, build, operation="merge changes")
+
+
 def compact_buckets(path: str, *, tombstones_upto: str | None = None,
                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
     """Background compaction of the mirror at ``path``: oversized buckets are spread below
@@ -199,7 +270,7 @@ def compact_buckets(path: str, *, tombstones_upto: str | None = None,
     base files, their tombstones at or before ``tombstones_upto`` removed behind the horizon
     (raised first, module docstring). Returns counts: buckets rewritten, tombstones removed,
     buckets split."""
-    out = {"buckets": 0, "tombstones": 0, "split": 0}
+    out = {"buckets": 0, "tombstones": 0, "split": 0, "merged": 0}
     if _open(path) is None:
         return out
     out["split"] = _spread(path, budget_rows)
@@ -212,8 +283,9 @@ def compact_buckets(path: str, *, tombstones_upto: str | None = None,
         picks = due_buckets(v, budget_rows=budget_rows)
         if tombstones_upto is not None:  # small buckets whose base holds removable tombstones: cheap to check
             picks += [b for b, paths in v.files.items() if paths and b not in picks
-                      and _rows(v, paths) <= SMALL_BUCKET_ROWS
+                      and not any(v.info[p].change for p in paths) and _rows(v, paths) <= SMALL_BUCKET_ROWS
                       and any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+        out["merged"] = merge_change_runs(path, skip=picks, budget_rows=budget_rows)
     if not picks:
         return out
     target = None

@@ -304,13 +304,14 @@ def write_bucket(location: str, bucket: int, rows: pa.Table, paths: Sequence[str
                  bucketed: bool, version: int):
     """Write a bucket's new rows (mirror rows of its keys, one per key) as a change file of
     the next version after ``version``, for the commit of that version (both engines: the
-    worker's :func:`upsert` and the Spark executors). Fenced by the horizon: rows at or
+    worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base
+    file (it is resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or
     before it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
     (delta_buckets.admit). Returns the AddAction, None when nothing is left to write."""
     new = admit(rows, compacted_upto, lambda: read_resolved_keys(location, paths))
     if not new.num_rows:
         return None
-    return write_bucket_file(location, bucket, new, bucketed=bucketed, change=version + 1)
+    return write_bucket_file(location, bucket, new, bucketed=bucketed, change=version + 1 if paths else None)
 
 
 def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:

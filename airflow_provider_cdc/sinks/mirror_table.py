@@ -287,8 +287,11 @@ def horizon(data_dir: str, source: str, table: str | TableName) -> str | None:
 
 
 #: how long files that no Delta version references any more stay for readers still on an
-#: older version (Delta's own default: 7 days); vacuum removes them after that
-DEFAULT_RETENTION_HOURS = 168.0
+#: older version; vacuum removes them after that. Delta's own default is 7 days, but a mirror
+#: applied every minute supersedes a few times its changed bytes each round, so 7 days of it
+#: held hundreds of times the live data; an hour (the floor: a writer in flight keeps its files)
+#: holds about an hour of writes (docs/outputs.md, "Storage")
+DEFAULT_RETENTION_HOURS = 1.0
 
 
 def mirror_tables(data_dir: str, source: str) -> list[TableName]:

@@ -20,6 +20,7 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
+from airflow_provider_cdc.sinks import mirror_compaction as compaction
 from airflow_provider_cdc.sinks import mirror_delta as md
 from airflow_provider_cdc.sinks import mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
@@ -90,7 +91,7 @@ def data_dir(tmp_path) -> str:
 
 def test_a_write_appends_change_files_whose_bytes_follow_the_changes(data_dir):
     write(data_dir, [ev(1 + i, "c", i, f"v{i}" * 20) for i in range(20_000)])
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
     before = version(data_dir)
     assert not any(i.change for i in before.info.values())
     table_bytes = sum(before.sizes.values())
@@ -104,7 +105,7 @@ def test_a_write_appends_change_files_whose_bytes_follow_the_changes(data_dir):
     assert len(got) == 20_000 and sum(v == "changed" for v in got.values()) == 40
     # plain Delta readers see the superseded versions until compaction folds them
     assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_040
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
     assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_000 and live(data_dir) == got
 
 
@@ -173,19 +174,19 @@ def test_a_bucket_past_twice_the_unit_is_read_a_part_at_a_time(data_dir, monkeyp
 
 def test_the_budget_bounds_a_rounds_compaction_and_the_most_changed_go_first(data_dir):
     write(data_dir, [ev(1 + i, "c", i, "v") for i in range(2_000)])
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)  # single change files become base
+    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)  # base files
     root = {b: db.bucket_of(pa.array([encode_key([i])]), 8)[0].as_py() for b, i in ((i, i) for i in range(2_000))}
     heavy = root[0]
     keys = [i for i in range(2_000) if root[i] == heavy][:200] + [i for i in range(2_000) if root[i] != heavy][:30:3]
     write(data_dir, [ev(10_000 + n, "u", k, "x") for n, k in enumerate(keys)])
     v = version(data_dir)
     per = max(v.info[p].rows for f in v.files.values() for p in f if not v.info[p].change)
-    md.SMALL_BUCKET_ROWS, small = 0, md.SMALL_BUCKET_ROWS
+    compaction.CHANGE_SHARE, share = 0.5, compaction.CHANGE_SHARE  # 200 changes of ~250 rows: due
     try:
         assert md.due_buckets(v, budget_rows=per + 1)[0] == heavy
         out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=per + 1)
     finally:
-        md.SMALL_BUCKET_ROWS = small
+        compaction.CHANGE_SHARE = share
     assert out["buckets"] == 1
     after = version(data_dir)
     assert not any(after.info[p].change for p in after.files[heavy])
@@ -209,6 +210,7 @@ def test_a_mirror_written_before_merge_on_read_migrates_in_place(data_dir):
     expect[1000] = "new"
     assert all(r == expect for r in every_reader(data_dir))
     set_unit(data_dir, 30)
+    md.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None, everything=True)
     while md.due_buckets(version(data_dir)):
         md.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None)
     v = version(data_dir)
@@ -237,6 +239,7 @@ def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monk
         return real_commit(v, adds, removed, operation=operation)
 
     monkeypatch.setattr(mirror_table, "commit", commit_after_a_write)
+    monkeypatch.setattr(compaction, "CHANGE_SHARE", 0.0)  # any change makes a bucket due
     out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=Position(250).encode(), budget_rows=None)
     assert seen and out["buckets"] >= 1
     v = version(data_dir)
@@ -259,6 +262,7 @@ class MirrorMachine(RuleBasedStateMachine):
         self.batches: list[list[dict]] = []
 
     def teardown(self):
+        compaction.CHANGE_FILES, compaction.CHANGE_SHARE = POLICY
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _apply(self, events: list[dict]) -> None:
@@ -307,6 +311,11 @@ class MirrorMachine(RuleBasedStateMachine):
         md.compact(self.dir, SOURCE, T)
         self._forget_removed()
 
+    @rule(files=st.sampled_from([2, 3, 8]), share=st.sampled_from([0.3, 1.0, 4.0]))
+    def compaction_policy(self, files, share):
+        """How soon change files merge among themselves and fold into the base."""
+        compaction.CHANGE_FILES, compaction.CHANGE_SHARE = files, share
+
     @rule(unit=st.sampled_from([3, 8, 1000]))
     def unit(self, unit):
         if md._open(mirror_dir(self.dir, SOURCE, T)) is not None:
@@ -329,6 +338,7 @@ class MirrorMachine(RuleBasedStateMachine):
         check_layout(version(self.dir))
 
 
+POLICY = compaction.CHANGE_FILES, compaction.CHANGE_SHARE
 TestMirrorMachine = MirrorMachine.TestCase
 TestMirrorMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])

@@ -106,7 +106,7 @@ def test_a_data_location_with_percent_is_refused_for_the_delta_mirror():
 def test_object_storage_settings():
     got = settings.load({"CDC_STORAGE_CONN_ID": "lake", "CDC_MIRROR_RETENTION_HOURS": "24"})
     assert (got.storage_conn_id, got.mirror_retention_hours) == ("lake", 24.0)
-    assert (settings.load({}).storage_conn_id, settings.load({}).mirror_retention_hours) == (None, 168.0)
+    assert (settings.load({}).storage_conn_id, settings.load({}).mirror_retention_hours) == (None, 1.0)
 
 
 def test_airflow_cdc_section_is_read_below_the_environment(monkeypatch):
