@@ -3,8 +3,8 @@
 A :class:`DatabaseProfile` is the light, driver-free half of a database's package
 (``dialects/<db>/profile.py``): its names and Airflow connection types, default port, the
 connection-extra keys that are its CDC settings, the objects a capture owns on the server (a
-replication slot, a server id), how OpenLineage names its tables, its row-filter rules, how its
-positions are written, and the shape of its Debezium ``source`` block. Hooks, lineage, the
+replication slot, a server id), how OpenLineage names its tables, its row-filter rules, its
+Debezium connectors and the shape of their ``source`` block. Hooks, lineage, the
 sources config and DAG parsing ask it (dialects/registry.py, by name) instead of comparing
 names; none of them may import a driver or open a connection, so a profile imports neither and
 names its dialect class as a string, loaded only by :meth:`DatabaseProfile.dialect_class`.
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from ..core.filters import FilterRules
-    from ..core.position import Position
     from ..core.schema import TableName
     from .base import Dialect
 
@@ -111,10 +110,6 @@ class DatabaseProfile:
         if self.schema_is_database:
             return f"{table.schema}.{table.name}"
         return f"{database}.{table.schema}.{table.name}"
-
-    def native_position(self, position: Position, **context: Any) -> str:
-        """``position`` as the server writes it (an LSN, a binlog ``file:offset``)."""
-        raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

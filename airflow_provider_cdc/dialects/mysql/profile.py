@@ -8,7 +8,6 @@ from typing import Any
 
 from ...core.filters import DIALECTS as FILTER_RULES
 from ...core.filters import FilterRules
-from ...core.position import Position, binlog_epoch
 from ..profile import SERVER, DatabaseProfile, OwnedObject
 
 
@@ -42,15 +41,6 @@ class MySqlProfile(DatabaseProfile):
         """A replication server id is unique per server; it defaults to one derived from the source."""
         sid = options.get("server_id")
         return [OwnedObject("server_id", "server_id", SERVER, int(sid) if sid is not None else default_server_id(source))]
-
-    def native_position(self, position: Position, *, binlog_file: str | None = None, **context: Any) -> str:
-        """``file:offset`` in the binlog whose files are named like ``binlog_file`` (the epoch
-        above the file index counts the failovers capture followed and is not written)."""
-        if binlog_file is None:
-            raise ValueError("a binlog position is written with the name of one of the source's binlog files")
-        base, _, digits = binlog_file.rpartition(".")
-        index = binlog_epoch(position.major)[1]
-        return f"{base}.{index:0{len(digits)}d}:{position.minor}"
 
 
 PROFILE = MySqlProfile()

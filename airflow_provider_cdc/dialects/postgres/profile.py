@@ -7,7 +7,6 @@ from typing import Any
 
 from ...core.filters import DIALECTS as FILTER_RULES
 from ...core.filters import FilterRules
-from ...core.position import Position, int_to_lsn
 from ..profile import DATABASE, SERVER, DatabaseProfile, OwnedObject
 from .prerequisites import default_object_name
 
@@ -39,10 +38,6 @@ class PostgresProfile(DatabaseProfile):
         return [OwnedObject("replication slot", "slot_name", SERVER, str(options.get("slot_name") or default)),
                 OwnedObject("publication", "publication_name", DATABASE,
                             str(options.get("publication_name") or default))]
-
-    def native_position(self, position: Position, **context: Any) -> str:
-        """The commit LSN (``0/3000148``)."""
-        return int_to_lsn(position.major)
 
 
 PROFILE = PostgresProfile()
