@@ -131,3 +131,18 @@ def test_the_branch_check_sees_a_comparison(tmp_path):
     (tmp_path / "dialects").mkdir()
     (tmp_path / "dialects" / "x.py").write_text('y = 1 if "mysql" == "mysql" else 0\n')
     assert _package_branches(tmp_path) == {"glue.py": [2, 4]}
+
+
+@pytest.mark.parametrize(("scheme", "port", "namespace", "name"), [
+    ("postgres", None, "postgres://db.example:5432", "shop.public.orders"),
+    ("postgres", 6543, "postgres://db.example:6543", "shop.public.orders"),
+    ("mysql", None, "mysql://db.example:3306", "public.orders"),
+    ("mariadb", 3307, "mysql://db.example:3307", "public.orders"),
+])
+def test_lineage_names_a_source_table_by_its_database_s_profile(scheme, port, namespace, name):
+    from airflow_provider_cdc.dialects.base import ConnectionParams
+    from airflow_provider_cdc.lineage import source_name, source_namespace
+
+    params = ConnectionParams(scheme=scheme, host="db.example", port=port, database="shop")
+    assert source_namespace(params) == namespace
+    assert source_name(params, TableName("public", "orders")) == name
