@@ -146,3 +146,12 @@ def test_lineage_names_a_source_table_by_its_database_s_profile(scheme, port, na
     params = ConnectionParams(scheme=scheme, host="db.example", port=port, database="shop")
     assert source_namespace(params) == namespace
     assert source_name(params, TableName("public", "orders")) == name
+
+
+def test_every_registered_database_has_a_debezium_type_map_and_source_values():
+    """Debezium's type mapping stays in export/debezium.py (its value helpers live there), keyed by
+    the profile's name: a new database without one fails here, not in a user's export."""
+    from airflow_provider_cdc.export import debezium
+
+    assert set(debezium._FIELD_MAPS) == set(PROFILES) == set(debezium._SOURCE_VALUES)
+    assert debezium.CONNECTORS == tuple(c for p in profiles() for c in p.debezium_connectors)
