@@ -45,6 +45,7 @@ from typing import Any
 
 from .core.errors import CdcError
 from .core.schema import TableName
+from .dialects.registry import debezium_connectors
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
@@ -97,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--source", help="source name of the output folders (default $CDC_SOURCE or the connection id); "
                                     "a source of the sources config brings its data location and storage")
     x.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
-    x.add_argument("--connector", choices=["postgresql", "mysql", "mariadb"], default=None,
+    x.add_argument("--connector", choices=list(debezium_connectors()), default=None,
                    help="the Debezium connector to imitate (default: the database the events came from)")
     x.add_argument("--no-tombstones", action="store_true", help="no null-value record after each delete "
                                                                 "(Debezium's tombstones.on.delete=false)")

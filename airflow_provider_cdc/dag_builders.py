@@ -133,12 +133,13 @@ def connection_options(conn_id: str) -> tuple[str, str, dict[str, Any]] | None:
     sources_config.read_sources(connections=...): slot, publication and server_id names set
     in connection extras are then checked for collisions between sources too. None when the
     connection cannot be read here (then only the names derived from source names are)."""
+    from .dialects.registry import get_profile
     from .hooks.cdc_source import CdcSourceHook
 
     try:
         hook = CdcSourceHook(conn_id)
         params = hook.connection_params()
-        port = params.port or {"postgres": 5432, "mysql": 3306}.get(params.scheme, "")
+        port = params.port or get_profile(params.scheme).default_port
         return params.scheme, f"{params.host}:{port}/{params.database or ''}", hook.dialect_options()
     except Exception:  # noqa: BLE001 - a connection the parser cannot see is checked when its tasks run
         return None

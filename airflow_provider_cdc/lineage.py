@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 from .core.schema import TableName, TableSchema
 from .dialects.base import ConnectionParams
+from .dialects.registry import get_profile
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +35,12 @@ LOCATION_SINKS = ("events", "mirror")
 
 
 def source_namespace(params: ConnectionParams) -> str:
-    scheme = "postgres" if params.scheme == "postgres" else "mysql"
-    return f"{scheme}://{params.host}:{params.port or (5432 if scheme == 'postgres' else 3306)}"
+    profile = get_profile(params.scheme)
+    return f"{profile.lineage_scheme}://{params.host}:{params.port or profile.default_port}"
 
 
 def source_name(params: ConnectionParams, table: TableName) -> str:
-    if params.scheme == "postgres":
-        return f"{params.database}.{table.schema}.{table.name}"
-    return f"{table.schema}.{table.name}"  # MySQL: the table's database is its schema
+    return get_profile(params.scheme).lineage_name(params.database, table)
 
 
 def location(uri: str) -> tuple[str, str]:

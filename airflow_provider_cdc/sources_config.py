@@ -172,29 +172,23 @@ def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str
     return out
 
 
-def _owned_names(entry: SourceEntry, connections: ConnectionOptions | None) -> list[tuple[str, tuple]]:
-    """(what, identity) of everything a capture of ``entry`` owns alone: its staging folder,
-    and (when its connection can be read, or by default) its slot, publication or server_id."""
+def _owned_names(entry: SourceEntry, connections: ConnectionOptions | None) -> list[tuple[str, tuple, str]]:
+    """(what, identity, connection-extra option naming it) of everything a capture of ``entry``
+    owns alone: its staging folder, and (when its connection can be read) what its database's
+    profile says a capture owns there (a slot and a publication, a server_id)."""
     s = entry.settings
-    owned = [("staging folder", (s.data_dir.rstrip("/"), s.source.casefold()))]
+    owned = [("staging folder", (s.data_dir.rstrip("/"), s.source.casefold()), "")]
     known = connections(s.conn_id) if connections is not None else None
     if known is None:
         return owned
+    from .dialects.profile import SERVER
+    from .dialects.registry import get_profile
+
     dialect, server, options = known
-    cluster = server.partition("/")[0]  # slots and server ids are per server, publications per database
-    if dialect == "postgres":
-        from .dialects.postgres import default_object_name
-
-        default = default_object_name(s.source)
-        owned.append(("replication slot", (cluster, str(options.get("slot_name") or default))))
-        owned.append(("publication", (server, str(options.get("publication_name") or default))))
-    elif dialect == "mysql":
-        from .dialects.mysql import default_server_id
-
-        sid = options.get("server_id")
-        owned.append(("server_id", (cluster, int(sid) if sid is not None else default_server_id(s.source))))
+    cluster = server.partition("/")[0]  # the server's host:port; ``server`` adds the database
+    for obj in get_profile(dialect).owned_objects(s.source, options):
+        owned.append((obj.what, (cluster if obj.per == SERVER else server, obj.identity), obj.option))
     return owned
-
 
 
 def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: ConnectionOptions | None) -> None:
@@ -203,7 +197,7 @@ def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: C
     drops one of two readers with one id) is as bad: refused at parse time, naming both."""
     claims: dict[tuple[str, tuple], str] = {}
     for entry in entries:
-        for what, identity in _owned_names(entry, connections):
+        for what, identity, option in _owned_names(entry, connections):
             other = claims.setdefault((what, identity), entry.name)
             if other == entry.name:
                 continue
@@ -212,7 +206,6 @@ def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: C
                     f"{origin}: sources {other!r} and {entry.name!r} would share the staging folder "
                     f"{identity[0]}/staging/{entry.name}: rename one of them"
                 )
-            option = "server_id" if what == "server_id" else f"{what.split()[-1]}_name"
             raise ConfigurationError(
                 f"{origin}: sources {other!r} and {entry.name!r} would share the {what} {identity[1]!r} on "
                 f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its own (or none: "

@@ -14,19 +14,38 @@ Anything else is refused with a ConfigurationError naming the setting and the pa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from .errors import ConfigurationError
 from .sqlnames import quote_mysql, quote_pg
 
-DIALECTS = {"postgres": quote_pg, "mysql": quote_mysql}
+
+@dataclass(frozen=True)
+class FilterRules:
+    """How one database reads and writes a filter: the sqlglot dialect it is parsed in
+    (``read``), its identifier quoter and whether it has ``ILIKE``. A database's profile
+    (dialects/<db>/profile.py) names its rules; core keeps the rules of the databases it
+    knows by name because a snapshot request checks its filter here before the source's
+    database is known (check_filter), and core imports no dialect."""
+
+    read: str
+    quote: Callable[[str], str]
+    ilike: bool = False
+
+
+#: the filter rules by dialect name (the values a profile's ``filter_rules`` points to)
+DIALECTS: dict[str, FilterRules] = {
+    "postgres": FilterRules("postgres", quote_pg, ilike=True),
+    "mysql": FilterRules("mysql", quote_mysql),
+}
 ALLOWED = ("the table's columns, string and number literals, TRUE/FALSE, arithmetic (+ - * / %), "
            "comparisons (= <> != < <= > >=), "
            "AND/OR/NOT, parentheses, IN (literals), BETWEEN, LIKE (ILIKE on PostgreSQL) and IS [NOT] NULL")
 
 
-def _parse(text: str, dialect: str, setting: str):
+def _parse(text: str, rules: FilterRules, setting: str):
     import sqlglot
     from sqlglot.errors import SqlglotError
 
@@ -35,7 +54,7 @@ def _parse(text: str, dialect: str, setting: str):
     if not text.strip():
         raise ConfigurationError(f"filter {setting!r} is empty; omit it or give a condition")
     try:
-        trees = sqlglot.parse(text, read=dialect)
+        trees = sqlglot.parse(text, read=rules.read)
     except SqlglotError as exc:
         raise ConfigurationError(syntax_error_text(text, setting, exc)) from None
     trees = [t for t in trees if t is not None]
@@ -74,9 +93,10 @@ def syntax_error_text(text: str, setting: str, exc: Exception) -> str:
 
 
 class _Renderer:
-    def __init__(self, dialect: str, setting: str, columns: Iterable[str] | None) -> None:
-        self.dialect, self.setting = dialect, setting
-        self.quote = DIALECTS[dialect]
+    def __init__(self, rules: FilterRules, setting: str, columns: Iterable[str] | None) -> None:
+        self.rules, self.setting = rules, setting
+        self.dialect = rules.read
+        self.quote = rules.quote
         self.columns = None if columns is None else list(columns)
         self.params: list[Any] = []
         self.used: list[str] = []
@@ -171,7 +191,7 @@ class _Renderer:
         if isinstance(node, exp.Between):
             sql = f"({self.value(node.this)} BETWEEN {self.value(node.args['low'])} AND {self.value(node.args['high'])})"
             return self.neg(node, sql, "this", "low", "high")
-        if isinstance(node, exp.Like) or (isinstance(node, exp.ILike) and self.dialect == "postgres"):
+        if isinstance(node, exp.Like) or (isinstance(node, exp.ILike) and self.rules.ilike):
             word = "LIKE" if isinstance(node, exp.Like) else "ILIKE"
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
@@ -190,15 +210,19 @@ def _number(text: str) -> int | Decimal:
 
 
 def render_filter(
-    text: str, dialect: str, *, setting: str = "where", columns: Iterable[str] | None = None,
+    text: str, dialect: str | FilterRules, *, setting: str = "where", columns: Iterable[str] | None = None,
 ) -> tuple[str, list[Any]]:
-    """``(sql, params)`` of the filter for ``dialect`` ("postgres" or "mysql"): parenthesised,
-    identifiers quoted (``%`` doubled, as the drivers %-format), literals as ``%s`` parameters
-    in order. With ``columns``, every column must be one of them."""
-    if dialect not in DIALECTS:
+    """``(sql, params)`` of the filter for ``dialect`` (a name of DIALECTS, or a database's
+    FilterRules): parenthesised, identifiers quoted (``%`` doubled, as the drivers %-format),
+    literals as ``%s`` parameters in order. With ``columns``, every column must be one of them."""
+    if isinstance(dialect, FilterRules):
+        rules = dialect
+    elif dialect in DIALECTS:
+        rules = DIALECTS[dialect]
+    else:
         raise ConfigurationError(f"no row filter rendering for dialect {dialect!r}; known: {sorted(DIALECTS)}")
-    r = _Renderer(dialect, setting, columns)
-    sql = r.cond(_parse(text, dialect, setting))
+    r = _Renderer(rules, setting, columns)
+    sql = r.cond(_parse(text, rules, setting))
     return sql, r.params
 
 

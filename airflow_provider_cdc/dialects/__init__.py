@@ -1,27 +1,14 @@
-"""One module per database. ``get_dialect(name)`` looks a dialect up by name."""
+"""One package per database. ``get_dialect(params)`` makes a dialect by name (dialects/registry.py)."""
 
 from __future__ import annotations
 
-from ..core.errors import ConfigurationError
 from .base import ConnectionParams, Dialect
-
-_DIALECTS = {
-    "postgres": "airflow_provider_cdc.dialects.postgres:PostgresDialect",
-    "postgresql": "airflow_provider_cdc.dialects.postgres:PostgresDialect",
-    "mysql": "airflow_provider_cdc.dialects.mysql:MySqlDialect",
-    "mariadb": "airflow_provider_cdc.dialects.mysql:MySqlDialect",
-}
+from .registry import get_profile
 
 
 def dialect_class(name: str) -> type[Dialect]:
-    try:
-        target = _DIALECTS[name.lower()]
-    except KeyError:
-        raise ConfigurationError(f"unknown dialect {name!r}; known: {', '.join(sorted(_DIALECTS))}") from None
-    import importlib
-
-    module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)
+    """The dialect class of the database named ``name`` (its registered profile names it)."""
+    return get_profile(name).dialect_class()
 
 
 def get_dialect(params: ConnectionParams, **options) -> Dialect:

@@ -43,10 +43,12 @@ from ..core import temporal
 from ..core.errors import ConfigurationError
 from ..core.position import Position
 from ..core.schema import Column, TableName, TableSchema, decimal_params
+from ..dialects.registry import debezium_connectors, profile_for_debezium
 
 #: the Debezium release whose format this is, written to ``source.version``
 DEBEZIUM_VERSION = "3.6.1.Final"
-CONNECTORS = ("postgresql", "mysql", "mariadb")
+#: Debezium's connectors, each of the database whose profile names it (dialects/registry.py)
+CONNECTORS = debezium_connectors()
 FORMS = ("keyvalue", "value")
 _SNAPSHOT_ENUM = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
 #: pgjdbc's ±infinity for timestamps, as Debezium emits them (microseconds)
@@ -84,7 +86,7 @@ def connector_of(schema: TableSchema, opts: DebeziumOptions) -> str:
     if connector is None:
         raise ConfigurationError(
             f"table {schema.table}: the event log does not say which database it came from; give the connector "
-            "(postgresql, mysql or mariadb)"
+            f"({', '.join(CONNECTORS)})"
         )
     return connector
 
@@ -334,7 +336,7 @@ def _my_ts(v: str, unit: int, required: bool) -> int | None:
     return temporal.ts_to_micros(v) // unit
 
 
-def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
+def _my_field(col: Column, connector: str, enum_labels: list[str] | None = None) -> tuple[dict, Conv]:
     required = not col.nullable  # a zero date there takes its non-null number, not Debezium's null
     src = col.source_type.lower()
     lt = col.type
@@ -387,7 +389,7 @@ def _my_field(col: Column, connector: str) -> tuple[dict, Conv]:
 def field_schema(col: Column, connector: str, enum_labels: list[str] | None = None) -> tuple[dict, Conv] | None:
     """A column's JsonConverter schema node (with ``optional`` and ``field``) and the function
     from its canonical value to Debezium's payload value; None when Debezium leaves it out."""
-    got = _pg_field(col, enum_labels) if connector == "postgresql" else _my_field(col, connector)
+    got = _FIELD_MAPS[profile_for_debezium(connector).name](col, connector, enum_labels)
     if got is None:
         return None
     node, conv = got
@@ -409,16 +411,32 @@ def _source_schema(connector: str) -> dict:
          "parameters": {"allowed": _SNAPSHOT_ENUM}, "default": "false", "field": "snapshot"},
         f("string", "db", False), f("string", "sequence", True), f("int64", "ts_us", True), f("int64", "ts_ns", True),
     ]
-    if connector == "postgresql":
-        tail = [f("string", "schema", False), f("string", "table", False), f("int64", "txId", True),
-                f("int64", "lsn", True), f("int64", "xmin", True), f("string", "origin", True),
-                f("int64", "origin_lsn", True)]
-    else:
-        tail = [f("string", "table", True), f("int64", "server_id", False), f("string", "gtid", True),
-                f("string", "file", False), f("int64", "pos", False), f("int32", "row", False),
-                f("int64", "thread", True), f("string", "query", True)]
+    tail = [f(type_, name, optional) for type_, name, optional in profile_for_debezium(connector).debezium_source_fields]
     return {"type": "struct", "fields": common + tail, "optional": False,
             "name": f"io.debezium.connector.{connector}.Source", "version": 1, "field": "source"}
+
+
+def _pg_source(t: TableName, meta: dict, pos: Position, snapshot: str) -> dict:
+    """The PostgreSQL connector's part of ``source`` (its fields: the profile's debezium_source_fields)."""
+    lsn, commit, tx = meta.get("lsn"), meta.get("last_commit_lsn"), meta.get("tx")
+    seq = None if lsn is None else json.dumps([None if commit is None else str(commit), str(lsn)], separators=(",", ":"))
+    return {"sequence": seq, "schema": t.schema, "table": t.name, "txId": None if tx is None else int(tx), "lsn": lsn,
+            "xmin": None, "origin": None, "origin_lsn": None}
+
+
+def _my_source(t: TableName, meta: dict, pos: Position, snapshot: str) -> dict:
+    """The MySQL and MariaDB connectors' part of ``source``: the binlog coordinates of a streamed
+    change (0 for a snapshot read, as Debezium writes them)."""
+    streamed = snapshot == "false"
+    return {"table": t.name, "server_id": int(meta.get("server_id") or 0), "gtid": meta.get("tx"),
+            "file": meta.get("file") or "", "pos": pos.minor if streamed else 0, "row": pos.index if streamed else 0,
+            "thread": meta.get("thread"), "query": None}
+
+
+#: Debezium's type mapping and ``source`` values of each database (by its profile's name): format
+#: rules of this module, built on its value helpers, so they live here and not in the dialect
+_FIELD_MAPS = {"postgres": lambda col, connector, enum_labels: _pg_field(col, enum_labels), "mysql": _my_field}
+_SOURCE_VALUES = {"postgres": _pg_source, "mysql": _my_source}
 
 
 _TRANSACTION = {
@@ -439,6 +457,7 @@ class TableExport:
 
     def __post_init__(self) -> None:
         self.connector = connector_of(self.schema, self.opts)
+        self.profile = profile_for_debezium(self.connector)
         self.prefix = schema_prefix(self.schema.table, self.opts)
         fields = []
         self.columns: list[tuple[str, Conv]] = []
@@ -476,25 +495,14 @@ class TableExport:
         snapshot = "incremental" if event["op"] == "r" else "false"
         meta = event.get("meta") or {}
         t = self.schema.table
-        if self.connector != "postgresql":
+        if self.profile.schema_is_database:
             database = t.schema  # MySQL's db is the table's database
         elif self.opts.database:
             database = self.opts.database
         common = {"version": self.opts.version, "connector": self.connector, "name": self.opts.topic_prefix,
-                  "ts_ms": ts_ms, "snapshot": snapshot, "db": database}
-        pos = Position.decode(event["position"])
-        if self.connector == "postgresql":
-            lsn, commit, tx = meta.get("lsn"), meta.get("last_commit_lsn"), meta.get("tx")
-            seq = None if lsn is None else json.dumps([None if commit is None else str(commit), str(lsn)],
-                                                      separators=(",", ":"))
-            return common | {"sequence": seq, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": t.schema,
-                             "table": t.name, "txId": None if tx is None else int(tx), "lsn": lsn, "xmin": None,
-                             "origin": None, "origin_lsn": None}
-        streamed = snapshot == "false"
-        return common | {"sequence": None, "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "table": t.name,
-                         "server_id": int(meta.get("server_id") or 0), "gtid": meta.get("tx"),
-                         "file": meta.get("file") or "", "pos": pos.minor if streamed else 0,
-                         "row": pos.index if streamed else 0, "thread": meta.get("thread"), "query": None}
+                  "ts_ms": ts_ms, "snapshot": snapshot, "db": database, "sequence": None, "ts_us": ts_ms * 1000,
+                  "ts_ns": ts_ms * 1_000_000}
+        return common | _SOURCE_VALUES[self.profile.name](t, meta, Position.decode(event["position"]), snapshot)
 
     def records(self, event: dict, database: str) -> list[dict]:
         """The Kafka records (key document, value document or None) of one event; in the

@@ -22,33 +22,21 @@ from airflow.sdk import BaseHook
 
 from ..core.errors import CdcError, ConfigurationError
 from ..dialects.base import ConnectionParams, Dialect
+from ..dialects.registry import get_profile, profiles
 from ..settings import FromSettings
 from ..settings import load as load_settings
 from .cdc_storage import StorageConnectionMixin
 
-#: Airflow connection type -> dialect name (see dialects/__init__.py)
-CONN_TYPE_DIALECTS: dict[str, str] = {
-    "postgres": "postgres",
-    "postgresql": "postgres",
-    "mysql": "mysql",
-    "mariadb": "mysql",
-}
-#: connection-extra keys that are CDC settings (dialect options), per dialect; every other
-#: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
-#: ConnectionParams.extra for the dialect's connections
-_COMMON_OPTIONS = {"watermark_schema", "watermark_table", "segment_max_events", "segment_max_bytes", "fetch_batch_rows",
-                   "batch_max_bytes", "watermark_strategy"}
+#: Airflow connection type -> dialect name (each database's profile lists its types: dialects/registry.py)
+CONN_TYPE_DIALECTS: dict[str, str] = {t: p.name for p in profiles() for t in p.conn_types}
 #: extra keys that are settings of the DAGs, not of the connection: refused with where they go
 _SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
                "all_tables": "CDC_CAPTURE_ALL_TABLES",
                "key_columns": "CDC_KEY_COLUMNS (or the 'key_columns' of the source in the sources config)"}
-CDC_OPTION_KEYS: dict[str, frozenset[str]] = {
-    "postgres": frozenset(
-        {*_COMMON_OPTIONS, "slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
-         "capture_step_messages", "chunk_conn_id", "max_replica_lag_seconds", "failover_slot"}
-    ),
-    "mysql": frozenset({*_COMMON_OPTIONS, "server_id", "connect_timeout", "on_truncate", "rows_decoder"}),
-}
+#: connection-extra keys that are CDC settings (dialect options), per dialect (its profile's); every
+#: other extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
+#: ConnectionParams.extra for the dialect's connections
+CDC_OPTION_KEYS: dict[str, frozenset[str]] = {p.name: p.cdc_option_keys for p in profiles()}
 
 
 def dialect_name_for(conn_type: str | None, extra: dict[str, Any] | None = None, conn_id: str = "?") -> str:
@@ -230,10 +218,11 @@ class CdcSourceHook(BaseHook):
 def _retention_warning(dialect: Dialect) -> str:
     """What a connection test warns about beside success: nothing bounds the WAL a replication
     slot may hold (PostgreSQL's default ``max_slot_wal_keep_size = -1``; "" otherwise)."""
-    if dialect.name != "postgres":
+    limit = getattr(dialect, "wal_keep_limit_mb", None)  # a database whose log a slot can hold unbounded
+    if limit is None:
         return ""
     try:
-        unbounded = dialect.wal_keep_limit_mb() < 0
+        unbounded = limit() < 0
     except Exception:  # noqa: BLE001 - a warning that cannot be read is not a failed test
         return ""
     return dialect.unbounded_wal_warning() if unbounded else ""
@@ -241,8 +230,8 @@ def _retention_warning(dialect: Dialect) -> str:
 
 def _where(params: ConnectionParams) -> str:
     """``PostgreSQL 'user'@host:port/database`` of a connection (no password)."""
-    engine = "PostgreSQL" if params.scheme == "postgres" else "MySQL/MariaDB"
-    port = params.port or (5432 if params.scheme == "postgres" else 3306)
+    profile = get_profile(params.scheme)
+    engine, port = profile.label, params.port or profile.default_port
     user = f"{params.user!r}@" if params.user else ""
     return f"{engine} {user}{params.host}:{port}/{params.database or ''}"
 

@@ -57,6 +57,7 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
     password included: for this process only (sinks/mirror_postgres.py)."""
     from airflow.sdk import BaseHook
 
+    from ..dialects.registry import get_profile
     from ..sinks.mirror_postgres import connection_parameters
 
     try:
@@ -67,7 +68,7 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
             "create a connection of type postgres (host, port, schema = database, login, password) for the "
             "'postgres' sink's target"
         ) from None
-    if (conn.conn_type or "").lower() not in ("postgres", "postgresql"):
+    if not get_profile("postgres").accepts_conn_type(conn.conn_type):  # PostgreSQL's types, as a source's
         raise ConfigurationError(
             f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the 'postgres' sink "
             "needs a connection of type postgres"

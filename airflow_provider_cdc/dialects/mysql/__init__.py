@@ -1,21 +1,46 @@
-"""MySQL and MariaDB as a source, one module per capability (dialect.py composes them)."""
+"""MySQL and MariaDB as a source, one module per capability (dialect.py composes them).
 
-from .chunks import bounded_batches
-from .dialect import MySqlDialect, default_server_id
-from .held import XA_DIR
-from .log_reader import parse_truncate
-from .offsets import OFFSET_FILE, BinlogOffset
-from .prerequisites import (
-    MARIADB,
-    MYSQL_80,
-    MYSQL_84,
-    REQUIRED_SETTINGS,
-    SYSTEM_SCHEMAS,
-    Flavour,
-    flavour_for,
-    held_privileges,
-    prerequisite_problems,
-)
-from .types import logical_type
+The names below load their module when first used (PEP 562), so that importing the
+driver-free ``profile`` module does not import the dialect and its driver."""
 
-__all__ = ['BinlogOffset', 'Flavour', 'MARIADB', 'MYSQL_80', 'MYSQL_84', 'MySqlDialect', 'OFFSET_FILE', 'REQUIRED_SETTINGS', 'SYSTEM_SCHEMAS', 'XA_DIR', 'bounded_batches', 'default_server_id', 'flavour_for', 'held_privileges', 'logical_type', 'parse_truncate', 'prerequisite_problems']
+from __future__ import annotations
+
+import importlib
+
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "bounded_batches": ".chunks",
+    "MySqlDialect": ".dialect",
+    "default_server_id": ".profile",
+    "XA_DIR": ".held",
+    "parse_truncate": ".log_reader",
+    "OFFSET_FILE": ".offsets",
+    "BinlogOffset": ".offsets",
+    "MARIADB": ".prerequisites",
+    "MYSQL_80": ".prerequisites",
+    "MYSQL_84": ".prerequisites",
+    "REQUIRED_SETTINGS": ".prerequisites",
+    "SYSTEM_SCHEMAS": ".prerequisites",
+    "Flavour": ".prerequisites",
+    "flavour_for": ".prerequisites",
+    "held_privileges": ".prerequisites",
+    "prerequisite_problems": ".prerequisites",
+    "logical_type": ".types",
+}
+
+
+def __getattr__(name: str):
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = sorted(_EXPORTS)

@@ -7,7 +7,6 @@ log_reader (the binlog), xa.
 from __future__ import annotations
 
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -25,6 +24,7 @@ from .failover import MyFailover
 from .log_reader import MyLogReader
 from .offsets import MyOffsets
 from .prerequisites import SYSTEM_SCHEMAS, Flavour, MyPrerequisites, flavour_for
+from .profile import default_server_id
 from .watermarks import MyWatermarks
 from .xa import MyXa
 
@@ -40,12 +40,6 @@ _PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
     "read_timeout": int,
     "write_timeout": int,
 }
-
-
-def default_server_id(source: str) -> int:
-    """A replication server id derived from the source name: stable across runs (one
-    capture per source at a time) and unlikely to collide with real replicas' small ids."""
-    return 1_000_000 + zlib.crc32(f"airflow-provider-cdc:{source}".encode()) % 3_000_000_000
 
 
 class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyDigest, MyOffsets, MyFailover, MyLogReader,

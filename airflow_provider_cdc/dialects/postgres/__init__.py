@@ -1,18 +1,44 @@
-"""PostgreSQL as a source, one module per capability (dialect.py composes them)."""
+"""PostgreSQL as a source, one module per capability (dialect.py composes them).
 
-from .chunks import DEFAULT_COPY_BATCH_ROWS
-from .dialect import PostgresDialect
-from .log_reader import DEFAULT_CAPTURE_STEP_MESSAGES
-from .prerequisites import SLOT_NAME_RE, PgSettings, default_object_name, prerequisite_problems
-from .types import (
-    SESSION_OPTIONS,
-    SUPPORTED_TYPES,
-    PgType,
-    UnsupportedType,
-    decoder,
-    logical_type,
-    numeric_type,
-    parse_array,
-)
+The names below load their module when first used (PEP 562), so that importing the
+driver-free ``profile`` module does not import the dialect and its driver."""
 
-__all__ = ['DEFAULT_CAPTURE_STEP_MESSAGES', 'DEFAULT_COPY_BATCH_ROWS', 'PgSettings', 'PgType', 'PostgresDialect', 'SESSION_OPTIONS', 'SUPPORTED_TYPES', 'UnsupportedType', 'SLOT_NAME_RE', 'numeric_type', 'decoder', 'default_object_name', 'logical_type', 'parse_array', 'prerequisite_problems']
+from __future__ import annotations
+
+import importlib
+
+#: exported name -> the module that defines it
+_EXPORTS = {
+    "DEFAULT_COPY_BATCH_ROWS": ".chunks",
+    "PostgresDialect": ".dialect",
+    "DEFAULT_CAPTURE_STEP_MESSAGES": ".log_reader",
+    "SLOT_NAME_RE": ".prerequisites",
+    "PgSettings": ".prerequisites",
+    "default_object_name": ".prerequisites",
+    "prerequisite_problems": ".prerequisites",
+    "SESSION_OPTIONS": ".types",
+    "SUPPORTED_TYPES": ".types",
+    "PgType": ".types",
+    "UnsupportedType": ".types",
+    "decoder": ".types",
+    "logical_type": ".types",
+    "numeric_type": ".types",
+    "parse_array": ".types",
+}
+
+
+def __getattr__(name: str):
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+__all__ = sorted(_EXPORTS)

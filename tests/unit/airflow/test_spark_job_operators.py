@@ -57,3 +57,21 @@ def test_local_max_rows_from_the_environment(monkeypatch):
         monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", bad)
         with pytest.raises(ConfigurationError, match=rf"CDC_LOCAL_MAX_ROWS must be a whole number >= 0.*{bad!r}"):
             local_max_rows_from_env()
+
+
+@pytest.mark.parametrize("uri", ["postgresql://u:pw@pg.example:5433/lake", "postgres://u:pw@pg.example:5433/lake"])
+def test_the_postgres_sink_takes_a_connection_of_postgresql_s_types(monkeypatch, uri):
+    """The sink's target is a PostgreSQL: the types its profile lists (dialects/postgres/profile.py)."""
+    from airflow_provider_cdc.operators.spark_jobs import postgres_sink_params
+
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SINK", uri)
+    params = postgres_sink_params("cdc_unit_sink")
+    assert (params["host"], str(params["port"]), params["dbname"]) == ("pg.example", "5433", "lake")
+
+
+def test_the_postgres_sink_refuses_a_connection_of_another_database(monkeypatch):
+    from airflow_provider_cdc.operators.spark_jobs import postgres_sink_params
+
+    monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SINK", "mysql://u:pw@my.example:3306/lake")
+    with pytest.raises(ConfigurationError, match="is of type 'mysql'.*needs a connection of type postgres"):
+        postgres_sink_params("cdc_unit_sink")
