@@ -201,6 +201,7 @@ from .status import (  # noqa: E402, F401
     binlog_epoch_of,
     binlog_file_of,
     caught_up,
+    freshness,
     list_progress,
     native_position,
     parse_position,
@@ -275,6 +276,11 @@ def describe_caught_up(c: dict[str, Any]) -> str:
             f", {behind:,} bytes further" if behind is not None else ", further on")
     elif c.get("server_error"):
         text += f"; the server's position could not be read: {c['server_error']}"
+    f = c.get("freshness")
+    if f and f.get("age_s") is not None:
+        as_of = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(f["as_of"])) + "Z"
+        text += (f"; the mirror is {f['age_s']:,.1f} s behind (it shows the source as of {as_of}"
+                 + (", changes pending)" if f.get("pending") else ")"))
     return text
 
 
@@ -284,6 +290,8 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
         return None
     try:
         c = caught_up(data_dir, source)
+        if c is not None:
+            c["freshness"] = freshness(data_dir, source)
     except Exception:  # noqa: BLE001 - staging unreadable: status still shows the rest
         return None
     if c is None or not live:

@@ -331,6 +331,31 @@ def caught_up(data_dir: str, source: str) -> dict | None:
             "pending_segments": len(pending)}
 
 
+def freshness(data_dir: str, source: str, now: float | None = None) -> dict | None:
+    """How fresh the mirror of ``source`` is (every table of a source is applied together, so
+    this holds for each): ``visible_commit_at``, the source commit time (s) of the newest
+    change it shows (its marker's; None when the staged changelog's index did not know it);
+    ``pending``, whether staged changes are still to apply; ``as_of``, the time of the
+    source's state the mirror shows: that commit time while changes are pending, else when
+    capture last read the log to its end; ``age_s``, how long ago that was. None before the
+    mirror applied anything."""
+    from . import storage
+    from .sinks.base import marker_path
+
+    path = marker_path(data_dir, source, "mirror")
+    if not storage.exists(path):
+        return None
+    doc = json.loads(storage.read_text(path))
+    committed = doc.get("committed_ms")
+    visible = None if not isinstance(committed, int) else committed / 1000
+    c = caught_up(data_dir, source)
+    pending = bool(c and c["pending_segments"])
+    as_of = visible if pending or c is None else c["staged_at"]
+    now = time.time() if now is None else now
+    return {"visible_commit_at": visible, "pending": pending, "as_of": as_of,
+            "age_s": None if as_of is None else max(0.0, now - as_of)}
+
+
 def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     """The mirror's Delta version and the rows its files hold by their statistics (live rows,
     tombstones and superseded versions before compaction); None without a mirror."""
@@ -442,6 +467,7 @@ def overview(source: str | None = None, *,
         elif data_dir is not None:
             try:
                 entry["applied"] = applied(data_dir, name)
+                entry["freshness"] = freshness(data_dir, name)
             except Exception as exc:  # noqa: BLE001 - an unreadable marker is shown as such
                 entry["applied"] = {"?": {"position": f"unreadable: {type(exc).__name__}", "at": None}}
         out.append(entry)

@@ -48,6 +48,7 @@ from ..sinks.base import (
     write_marker,
 )
 from ..storage.layout import changelog_dir as staged_changelog_dir
+from ..storage.segment_index import read_index
 from ..storage.staged import (
     CHANGELOG_SCHEMA,
     SEGMENT_SCHEMA,
@@ -300,6 +301,7 @@ def apply_segments(
     markers = {s.name: read_marker(data_dir, source, s.name) for s in sinks}
     start = None if not markers or any(m is None for m in markers.values()) else min(markers.values())
     segments = list_segments(changelog)
+    index = read_index(changelog)  # each segment's newest commit time, for the markers
     pending = [s for s in segments if start is None or s[1] > start]
     groups: list[list] = []
     rows_in_group = 0
@@ -314,16 +316,18 @@ def apply_segments(
     lower = start
     for group in groups:
         upto = max(last for _, last, _ in group)
+        infos = [index.get(storage.basename(path)) for _, _, path in group]
+        newest_ms = max((i.max_ts_ms for i in infos if i is not None and i.max_ts_ms is not None), default=None)
         events = read_events(segments, lower, upto)
         behind: dict = {}  # sinks at the same marker take the same events: one write for them
         for sink in sinks:
             mark = markers[sink.name]
             if mark is None or upto > mark:
                 behind.setdefault(mark, []).append(sink)
-        for mark, group in behind.items():
-            write(group, events if mark is None else after_mark(events, mark))
-            for sink in group:
-                write_marker(data_dir, source, sink.name, upto)
+        for mark, same in behind.items():
+            write(same, events if mark is None else after_mark(events, mark))
+            for sink in same:
+                write_marker(data_dir, source, sink.name, upto, committed_ms=newest_ms)
                 markers[sink.name] = upto
         n = count(events)
         release(events)

@@ -257,10 +257,15 @@ def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:
     return Position.decode(json.loads(storage.read_text(p))["position"])
 
 
-def write_marker(data_dir: str, source: str, sink_name: str, position: Position) -> None:
-    """Written only after the sink committed: a crash before it replays the batch (idempotent)."""
-    storage.write_text(marker_path(data_dir, source, sink_name),
-                       json.dumps({"position": position.encode(), "readable": str(position), "written_at": time.time()}))
+def write_marker(data_dir: str, source: str, sink_name: str, position: Position,
+                 committed_ms: int | None = None) -> None:
+    """Written only after the sink committed: a crash before it replays the batch (idempotent).
+    ``committed_ms``: the newest source commit time among the changes applied up to
+    ``position`` (status.freshness), when the staged changelog's index knows it."""
+    doc = {"position": position.encode(), "readable": str(position), "written_at": time.time()}
+    if committed_ms is not None:
+        doc["committed_ms"] = int(committed_ms)
+    storage.write_text(marker_path(data_dir, source, sink_name), json.dumps(doc))
 
 
 def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")) -> bool:

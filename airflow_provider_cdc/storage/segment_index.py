@@ -48,18 +48,22 @@ class SegmentInfo:
     #: the smallest and largest numeric transaction id (PostgreSQL xid) of its events (None: it has
     #: none); core/visibility.py looks segments up by it
     xids: tuple[int, int] | None = None
+    #: the newest source commit time (ms) of its events (None: none, or an entry from before it
+    #: was recorded): how fresh the outputs are once it is applied (status.freshness)
+    max_ts_ms: int | None = None
 
     def to_json(self) -> dict:
         return {"rows": self.rows, "bytes": self.bytes, "staged_at": self.staged_at,
                 "watermarks": {k: list(v) for k, v in self.watermarks.items()},
-                "xids": None if self.xids is None else list(self.xids)}
+                "xids": None if self.xids is None else list(self.xids), "max_ts_ms": self.max_ts_ms}
 
     @classmethod
     def from_json(cls, d: dict) -> SegmentInfo:
         xids = d["xids"]
         return cls(int(d["rows"]), int(d["bytes"]), float(d["staged_at"]),
                    {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d["watermarks"].items()},
-                   None if xids is None else (int(xids[0]), int(xids[1])))
+                   None if xids is None else (int(xids[0]), int(xids[1])),
+                   None if d.get("max_ts_ms") is None else int(d["max_ts_ms"]))
 
 
 @dataclass(frozen=True)
@@ -164,8 +168,9 @@ def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInf
         rows = pf.metadata.num_rows
         t = pf.read(columns=["position", "op", "watermark", "ts_ms", "origin"])
     marks = first_writes(t.filter(pc.equal(t["op"], "w")))
+    newest = pc.max(t["ts_ms"]).as_py() if t.num_rows else None
     return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks,
-                       xid_range(pc.struct_field(t["origin"], "tx")))
+                       xid_range(pc.struct_field(t["origin"], "tx")), None if newest is None else int(newest))
 
 
 def xid_range(txs) -> tuple[int, int] | None:

@@ -154,9 +154,23 @@ def _source_block(src: dict) -> str:
     for sink, a in sorted((src.get("applied") or {}).items()):
         parts.append(f"<div><strong>Applied to {escape(sink)}:</strong> through {escape(str(a.get('position')))}, "
                      f"{_t(a.get('at'))}</div>")
+    parts.append(_freshness(src.get("freshness")))
     history = lag.get("history") or []
     parts += [lag_charts(history), _lag_table(history) if history else "", "</div>"]
     return "".join(parts)
+
+
+def _freshness(f: Any) -> str:
+    """The mirror's freshness (status.freshness): the source's time it shows, and how old."""
+    if not isinstance(f, dict):
+        return ""
+    age, as_of = f.get("age_s"), f.get("as_of")
+    if not isinstance(age, (int, float)) or not isinstance(as_of, (int, float)):
+        return "<div data-testid='freshness'><strong>Mirror freshness:</strong> unknown</div>"
+    how = ("changes are pending; it shows the source's commit of " if f.get("pending") else
+           "nothing staged is pending; it shows the source as capture last read it, ")
+    return (f"<div data-testid='freshness'><strong>Mirror freshness:</strong> {_duration(age)} behind ({how}"
+            f"{_t(as_of)})</div>")
 
 
 def _progress(snap: dict) -> str:
