@@ -323,7 +323,7 @@ def _source_connection(source: str, now):
 
 def cmd_status(args: argparse.Namespace) -> int:
     from . import settings
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
 
     if args.source:  # a typo must not read as "nothing recorded" with exit 0
         why = unknown_source_error(args.source, known_sources())
@@ -584,16 +584,16 @@ def not_snapshotted(data_dir: str, source: str, table: TableName, snapshot_dag: 
 
 
 def _record_verify(source: str, table_id: str, res, events, failed: bool, repair_run: str | None) -> None:
-    """The verify's result for the UI page (progress_store.save_verify); a metadata database
+    """The verify's result for the UI page (airflow_variables.save_verify); a metadata database
     that cannot be written is said, not a failed verify."""
-    from . import progress_store
+    from . import airflow_variables
 
     keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "repair_conf")
     doc = {k: v for k, v in res.to_dict().items() if k in keep}
     doc.update(ok=not failed, at=round(time.time(), 3), repair_run=repair_run,
                event_violations=None if events is None else events.violation_count)
     try:
-        progress_store.save_verify(source, table_id, doc)
+        airflow_variables.save_verify(source, table_id, doc)
     except Exception as exc:  # noqa: BLE001 - the verify itself is done; only its record is lost
         print(f"warning: the verify's result was not recorded for the CDC page: {exc}", file=sys.stderr)
 
@@ -670,10 +670,10 @@ def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.utils.types import DagRunTriggeredByType
 
-    from . import progress_store
+    from . import airflow_variables
     from .core.errors import StateError
 
-    current = progress_store.load(source, table_id, data_dir)
+    current = airflow_variables.load(source, table_id, data_dir)
     if current is not None and str(current.status) in ("running", "paused", "failed"):
         raise StateError(f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
                          f"{source!r}: let it finish (or stop it), then verify again")
@@ -699,7 +699,7 @@ def known_sources(now=None) -> list[str]:
     """Every source status can tell of: the sources config's, the environment's, and those with a
     stored snapshot progress or capture lag."""
     from . import settings
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
 
     names: set[str] = set()
     try:
@@ -742,7 +742,7 @@ def _source_dialect(source: str, now, conn_id: str | None = None):
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from . import progress_store, settings
+    from . import airflow_variables, settings
 
     now = settings.load()
     source = args.source or now.source
@@ -757,7 +757,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     tables = [TableName.parse(t).id for t in args.table]
     if args.action in ("pause", "stop"):  # also a snapshot of a table the scope has dropped since
         for t in tables:
-            p = progress_store.request(source, t, args.action, data_dir)
+            p = airflow_variables.request(source, t, args.action, data_dir)
             print(f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk")
         return EXIT_OK
     from airflow.api.common.trigger_dag import trigger_dag
@@ -908,7 +908,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
     """One row per source :func:`known_sources` names: its connection, snapshots, last capture lag
     and, ``live``, what its server holds for it now (a source only Variables name is never asked)."""
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
     from .status import _checked_numbers, known_source
 
     progress = list_progress(None)

@@ -130,13 +130,13 @@ def _int_env(name: str, default: int) -> int:
 def reset_demo_state(dialect, source: str, table: TableName, data_dir: str) -> None:
     """A rerun starts clean: old outputs, the Variable and the old slot (which would
     otherwise replay the previous run's changes and retain WAL) are removed."""
-    from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc import airflow_variables
 
     storage.delete_dir(data_dir)  # a local folder or a prefix on object storage
     try:
         from airflow.models.variable import Variable
 
-        Variable.delete(progress_store.variable_key(source, table.id))
+        Variable.delete(airflow_variables.variable_key(source, table.id))
     except Exception:  # noqa: BLE001 - absent on a first run
         pass
     for name in ("drop_slot", "drop_publication"):

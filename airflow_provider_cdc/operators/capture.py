@@ -64,9 +64,9 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         result, lag = done
         if lag is not None:
             _emit_lag_metrics(lag)
-            from .. import progress_store
+            from .. import airflow_variables
 
-            progress_store.save_lag(lag.source, lag.record(time.time()))
+            airflow_variables.save_lag(lag.source, lag.record(time.time()))
         return {
             "source": self.hook.source,
             "events": result.events,
@@ -111,12 +111,12 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         now = load(overrides=getattr(self, "cdc_overrides", None))
         if now.staging_retention_hours is None:
             return None
-        from .. import progress_store
+        from .. import airflow_variables
 
         source = self.hook.source
 
         def snapshot_of(table_id: str) -> tuple[str, str, float | None] | None:
-            p = progress_store.load(source, table_id, self.data_dir)
+            p = airflow_variables.load(source, table_id, self.data_dir)
             return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
 
         return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)

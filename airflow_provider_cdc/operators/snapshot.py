@@ -1,7 +1,7 @@
 """Snapshot operators: plan (the run's conf applied), chunk (DBLog's steps over one range),
 commit (progress after the merge). The glue between a task's context and the snapshot
 controller (pipeline/snapshot_controller.py), which holds the lifecycle, the chunk loop and
-the commit; the snapshot's state is its progress (pipeline/progress_store.py, compare-and-set).
+the commit; the snapshot's state is its progress (pipeline/snapshot_state.py, compare-and-set).
 
 A snapshot DAG run is a bounded job: plan -> chunk tasks mapped over the planned ranges
 -> high-watermark sensor -> Spark merge -> commit.
@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from .. import progress_store
+from .. import airflow_variables
 from ..core.errors import ConfigurationError
 from ..core.plans import THROTTLE_KEYS, WorkItem
 from ..core.progress import SnapshotProgress
@@ -85,7 +85,7 @@ def _run_alive(context: Any) -> Any:
 
 def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: str) -> bool:
     """pipeline.snapshot_controller.pause_for_dag_pause on this source's published progress."""
-    return controller.pause_for_dag_pause(progress_store.for_source(source, data_dir), table_id, snapshot_id)
+    return controller.pause_for_dag_pause(airflow_variables.for_source(source, data_dir), table_id, snapshot_id)
 
 
 def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, data_dir: str) -> list[str]:
@@ -102,7 +102,7 @@ def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, d
             valid.append((table_id, check_snapshot_id(snapshot_id, f"the plan's work item of table {table_id}")))
         except ConfigurationError as exc:
             log.warning("not marked failed: %s", exc)
-    return controller.mark_failed(progress_store.for_source(source, data_dir), valid, safe_error_text(error))
+    return controller.mark_failed(airflow_variables.for_source(source, data_dir), valid, safe_error_text(error))
 
 
 def record_snapshot_failure(context: Any) -> None:
@@ -151,7 +151,7 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
         authority, each write published to a Variable), its connection, the settings."""
         source, now = self.hook.source, load(overrides=self.cdc_overrides)
         return SnapshotController(
-            source=source, data_dir=self.data_dir, progress=progress_store.for_source(source, self.data_dir),
+            source=source, data_dir=self.data_dir, progress=airflow_variables.for_source(source, self.data_dir),
             connect=self.hook.get_dialect, sinks=sink_names(sinks or now.sinks),
             compact_budget_rows=now.mirror_compact_budget_rows, retention_hours=now.mirror_retention_hours,
             chunk_sizing=now.chunk_sizing, run_id=run_id or (context or {}).get("run_id"), **kwargs)

@@ -7,7 +7,7 @@
 * the chunk commits: a JSON sidecar next to every staged chunk, written after its high
   watermark, is the one record that a chunk is done (and later, merged). A retried or
   resumed chunk task continues after the last committed chunk of its range
-  (:func:`range_state`, I4). The snapshot's progress (pipeline/progress_store.py) holds the
+  (:func:`range_state`, I4). The snapshot's progress (pipeline/snapshot_state.py) holds the
   status and a summary that the commit task derives from these sidecars; it never decides
   where a range continues.
 

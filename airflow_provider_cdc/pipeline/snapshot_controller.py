@@ -4,7 +4,7 @@ state" and "The snapshot cycle").
 One :class:`SnapshotController` a task: it applies a run's conf (start, pause, resume, stop,
 refresh), reads one planned range chunk by chunk with its stop checks, and commits merged
 chunks into the progress, converging and compacting the mirror of a finished snapshot. Every
-change of a snapshot's state goes through the source's progress (pipeline/progress_store.py,
+change of a snapshot's state goes through the source's progress (pipeline/snapshot_state.py,
 compare-and-set), and every "may this attempt still write?" reads it. The Airflow operators
 (operators/snapshot.py) only translate a task's context into the callbacks below.
 """
@@ -34,8 +34,8 @@ from ..core.throttle import ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
 from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
-from .progress_store import SourceProgress
 from .snapshot_conf import SnapshotConf
+from .snapshot_state import SourceProgress
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.pipeline.verify import read_event_log, verify_table
@@ -158,7 +158,7 @@ def test_a_type_change_stops_only_its_table_until_a_resnapshot_rebuilds_it(two):
     Pipeline.run(p, "cdc_snapshot", {"action": "start", "tables": [a.id], "keys": {a.id: [[1]]}}, expect="failed")
     # the whole-table re-snapshot rebuilds a's mirror with the new type
     p.run("cdc_snapshot", {"action": "start", "tables": [a.id], "chunk_size": 30})
-    assert progress_store.load(p.source, a.id, p.data_dir).status == "done"
+    assert airflow_variables.load(p.source, a.id, p.data_dir).status == "done"
     p.sql([(f"UPDATE {p.qt(a)} SET v = %s WHERE id = 50", ("after rebuild",))])  # noqa: S608
     p.catch_up()
     for t in (a, b):

@@ -30,7 +30,7 @@ LAYERS = {
     "pipeline": 3,
     # Airflow glue, in its own order
     "settings": 4,
-    "progress_store": 4,
+    "airflow_variables": 4,
     "sources_config": 4,  # many sources' settings: the settings of each
     "error_text": 4,  # error text as it may be stored or shown (Airflow's secrets masker)
     "hooks": 5,

@@ -1,5 +1,5 @@
 """Snapshot progress for the Airflow glue: the authority in the data directory
-(pipeline/progress_store.py: one register a table, compare-and-set), published as one Airflow
+(pipeline/snapshot_state.py: one register a table, compare-and-set), published as one Airflow
 Variable per (source, table) for Airflow's UI and ``airflow cdc status``; and each source's
 capture lag, one Variable per source (``cdc_lag__{source}``, written by the capture task).
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
-from .pipeline.progress_store import Change, RegisterProgressStore, SourceProgress, Versioned
+from .pipeline.snapshot_state import Change, RegisterProgressStore, SourceProgress, Versioned
 
 KEY_PREFIX = "cdc_snapshot__"
 LAG_PREFIX = "cdc_lag__"
@@ -122,7 +122,7 @@ def load_raw(source: str, table_id: str, data_dir: str) -> str | None:
 
 def update(source: str, table_id: str, data_dir: str, change: Change, *,
            between: Callable[[], None] | None = None) -> SnapshotProgress | None:
-    """Apply ``change`` with compare-and-set (pipeline.progress_store.update), then publish
+    """Apply ``change`` with compare-and-set (pipeline.snapshot_state.update), then publish
     what it wrote. Returns the progress after the change."""
     return for_source(source, data_dir).update(table_id, change, between=between)
 

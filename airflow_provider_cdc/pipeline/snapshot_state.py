@@ -13,7 +13,7 @@ Two stores: :class:`RegisterProgressStore` (the data directory, one versioned re
 table, storage/register.py: compare-and-set on a file system and on object stores) is what
 the package uses; :class:`MemoryProgressStore` is the reference the model tests compare it
 with. No Airflow here: the Variables the provider publishes for Airflow's UI are a copy
-(progress_store.py at the package top), never read to decide anything.
+(airflow_variables.py at the package top), never read to decide anything.
 """
 
 from __future__ import annotations
