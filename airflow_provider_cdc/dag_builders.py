@@ -316,7 +316,7 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             Every mirror is vacuumed, and the event log's applied small files are merged."""
             from airflow_provider_cdc import airflow_variables, settings
             from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
-            from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
+            from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
 
             apply_storage_connection(overrides=overrides)
             now = settings.load(overrides=overrides)

@@ -334,7 +334,7 @@ def caught_up(data_dir: str, source: str) -> dict | None:
 def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     """The mirror's Delta version and the rows its files hold by their statistics (live rows,
     tombstones and superseded versions before compaction); None without a mirror."""
-    from .sinks.mirror_delta import _rows, _version
+    from .sinks.mirror_table import _rows, _version
 
     try:
         v = _version(data_dir, source, table_id)

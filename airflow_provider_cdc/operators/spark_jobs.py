@@ -586,7 +586,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
         summary = super().execute(context)
         stopped = {}
         if "mirror" in sink_names(self.sinks):
-            from ..sinks.mirror_delta import schema_stopped_tables
+            from ..sinks.mirror_fencing import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
         self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,

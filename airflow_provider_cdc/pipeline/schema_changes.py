@@ -4,7 +4,7 @@ After each capture, every table with a staged schema (one that was snapshotted) 
 with the source's catalog (core.schema.evolve_schema):
 
 - ADD COLUMN: the column joins the staged schema, so the sinks carry it from its position on;
-  the mirror adds it (Delta schema evolution, sinks/mirror_delta.add_columns) at its next write;
+  the mirror adds it (Delta schema evolution, sinks/mirror_table.add_columns) at its next write;
 - DROP COLUMN: the staged schema keeps it; it reads null from then on;
 - a changed type or primary key: that table's mirror is marked to wait for a re-snapshot
   (its events stay in the event log), the other tables go on, and the run fails (the
@@ -96,7 +96,7 @@ def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) 
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
     """Every staged table (see the module docstring). Returns table id -> why it stopped."""
-    from ..sinks.mirror_delta import stop_for_schema
+    from ..sinks.mirror_fencing import stop_for_schema
 
     stopped = {}
     for staged in staged_schemas(data_dir, source):

@@ -260,14 +260,14 @@ def new_snapshot_id() -> str:
 
 
 def mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
-    from ..sinks.mirror_delta import needs_rebuild
+    from ..sinks.mirror_fencing import needs_rebuild
     from ..storage.layout import mirror_dir
 
     return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
 
 
 def reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
-    from ..sinks.mirror_delta import reconcile_schema
+    from ..sinks.mirror_fencing import reconcile_schema
     from ..storage.layout import mirror_dir
 
     return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)

@@ -221,7 +221,7 @@ class SnapshotController:
             p = self.progress.update(tid, change)
             if p.status == STOPPED:
                 # the stopped snapshot's merge in flight must not commit another batch
-                from ..sinks.mirror_delta import fence_out_merges
+                from ..sinks.mirror_fencing import fence_out_merges
 
                 fence_out_merges(self.data_dir, self.source, tid, p.snapshot_id)
             log.info("table %s: snapshot %s is now %s (progress kept: %d rows)", tid, p.snapshot_id, p.status,
@@ -592,7 +592,8 @@ class SnapshotController:
         Delta mirror."""
         from ..core.window import lowered_low
         from ..sinks.base import read_marker
-        from ..sinks.mirror_delta import compact_buckets, sweep, vacuum
+        from ..sinks.mirror_compaction import compact_buckets, vacuum
+        from ..sinks.mirror_delta import sweep
         from ..storage.staged import staged_watermarks
         from .windows import staged_log
 

@@ -446,7 +446,7 @@ def mirror_position(data_dir: str, source: str, table: TableName) -> Position | 
     changelog (its sink marker, every table of the source) or the newest row it stores (a chunk
     row may sit past the marker), whichever is later; None when it has neither."""
     from ..sinks.base import read_marker
-    from ..sinks.mirror_delta import newest_position
+    from ..sinks.mirror_readers import newest_position
 
     newest = newest_position(data_dir, source, table)
     found = [read_marker(data_dir, source, "mirror"), None if newest is None else Position.decode(newest)]
@@ -503,7 +503,7 @@ def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: T
     """Every row canonicalised in Python on both sides and compared by key (the reference the
     digests are checked against): the mirror is read a batch at a time and both sides' digests
     wait in hash partitions on local scratch disk."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
@@ -742,7 +742,7 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
        as :func:`verify_rows` compares them (:func:`compare`), which makes the report, the
        examples and the repair conf (a digest that differs while the rows are equal counts
        nothing)."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     key = schema.primary_key[0]
     src = SourceDigests(dialect, schema, throttle)
@@ -898,7 +898,7 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
     missing or extra rows, and the chunks holding a missing row or a digest that differs are read
     again and compared row by row (:func:`compare`), which makes the report, the examples and the
     repair conf. No range is ever formed by comparing keys outside the database."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     pk = schema.primary_key
     key_schema = TableSchema(schema.table, tuple(schema.column(k) for k in pk), pk, dict(schema.extra))

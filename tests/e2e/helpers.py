@@ -47,7 +47,7 @@ from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
 from airflow_provider_cdc.sinks.base import applied_everywhere
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.staged import staged_watermark_position
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
 from tools import workload as w

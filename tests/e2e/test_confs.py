@@ -18,7 +18,7 @@ import pytest
 
 from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
 
 from .helpers import SNAPSHOT_CONF, Pipeline, qt

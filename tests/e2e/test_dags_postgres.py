@@ -118,7 +118,8 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     assert got == expected, f"mirror differs: missing {missing}, extra {extra}, wrong {wrong}"
 
     # the snapshot is done, so the changelog run compacted the delete tombstones away
-    from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw, tombstone_count
+    from airflow_provider_cdc.sinks.mirror_compaction import tombstone_count
+    from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
 
     assert sum(1 for k in expected if k <= 3000) < 3000, "the writers deleted original rows"
     assert tombstone_count(src["data_dir"], src["conn_id"], table_id) == 0

@@ -18,7 +18,8 @@ import pytest
 from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
+from airflow_provider_cdc.sinks.mirror_table import mirror_tables
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .hostile import COLS, KEY, ROWS, HostileSource, running

@@ -26,7 +26,7 @@ from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .hostile import HostileSource, running

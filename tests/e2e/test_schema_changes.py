@@ -19,7 +19,8 @@ from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.pipeline.verify import read_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, schema_stopped
+from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.dialects.base import ConnectionParams
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
 
 from .helpers import BOTH_STRATEGIES, CHUNK, ROWS
@@ -98,7 +98,8 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
 
     from airflow_provider_cdc.pipeline import arrow_engine as local_jobs
     from airflow_provider_cdc.pipeline.spark import common
-    from airflow_provider_cdc.sinks.mirror_delta import compact_inactive, fence_out_merges
+    from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
+    from airflow_provider_cdc.sinks.mirror_fencing import fence_out_merges
 
     p = pipeline
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", str(10 * ROWS))  # the merge runs in this process

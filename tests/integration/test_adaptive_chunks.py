@@ -25,7 +25,7 @@ from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController
 from airflow_provider_cdc.pipeline.snapshot_state import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 
 NARROW, WIDE = 30, 3000  # characters of the value column: 100x wider in the middle
 WIDE_FROM, WIDE_TO, ROWS = 3001, 4500, 7000  # keys 3001..4500 are wide

@@ -182,7 +182,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
     every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
-    from ...sinks.mirror_delta import MergeFence
+    from ...sinks.mirror_fencing import MergeFence
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     entries = [registry.entry(n) for n in wanted]  # an unknown name fails before any claim

@@ -22,9 +22,11 @@ from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, enc
 from airflow_provider_cdc.operators.snapshot import SnapshotCommitOperator
 from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator
 from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
-from airflow_provider_cdc.sinks import mirror_delta
+from airflow_provider_cdc.sinks import mirror_compaction
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, horizon, tombstone_count
+from airflow_provider_cdc.sinks.mirror_compaction import tombstone_count
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_table import horizon
 from airflow_provider_cdc.storage.layout import schema_path
 
 from .helpers import committed, progress
@@ -98,13 +100,13 @@ def test_a_retried_commit_of_a_done_snapshot_still_compacts(tmp_path, variables,
     op = SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=d, source="src", cdc_conn_id="unused"
     )
-    real_compact = mirror_delta.compact_buckets
+    real_compact = mirror_compaction.compact_buckets
 
     def conflict_once(*args, **kwargs):
-        monkeypatch.setattr(mirror_delta, "compact_buckets", real_compact)
+        monkeypatch.setattr(mirror_compaction, "compact_buckets", real_compact)
         raise CommitFailedError("a concurrent commit won")
 
-    monkeypatch.setattr(mirror_delta, "compact_buckets", conflict_once)
+    monkeypatch.setattr(mirror_compaction, "compact_buckets", conflict_once)
     with pytest.raises(CommitFailedError):
         op.execute({})  # `done` is stored, then compaction fails
     assert airflow_variables.status("src", T.id, d) == "done" and tombstone_count(d, "src", T) == 1
