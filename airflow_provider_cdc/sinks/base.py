@@ -242,6 +242,12 @@ class SchemaCache:
         return s
 
 
+def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
+    """Write one group of events to each sink in turn (the engines' one call per group)."""
+    for sink in sinks:
+        sink.write(events)
+
+
 # --- applied-position markers (apply job) -------------------------------------------------
 def marker_path(data_dir: str, source: str, sink_name: str) -> str:
     from ..storage.layout import path_component

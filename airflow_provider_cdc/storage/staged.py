@@ -312,6 +312,22 @@ def read_log_events(
                 )
 
 
+def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> dict[str, str]:
+    """For each segment file name, the position its events must exceed to count.
+
+    Overlapping segments (left by a capture that crashed before committing its offset)
+    hold the same events; each event is counted in the first segment that holds it, the
+    same rule as :func:`read_log_events`, so batch names are deterministic (both engines'
+    apply loop, pipeline/arrow_engine.apply_segments).
+    """
+    bounds: dict[str, str] = {}
+    seen: Position | None = None
+    for _first, last, path in segments:
+        bounds[path.rsplit("/", 1)[-1]] = "" if seen is None else seen.encode()
+        seen = last if seen is None or last > seen else seen
+    return bounds
+
+
 def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:
     """id -> (encoded position, ts_ms) of the first staged write of each watermark id.
 

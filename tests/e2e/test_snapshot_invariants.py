@@ -104,7 +104,7 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
     p = pipeline
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", str(10 * ROWS))  # the merge runs in this process
     p.mp.setattr(local_jobs, "merge_round", partial(local_jobs.merge_round, max_batch_rows=CHUNK))
-    real_write = common.write_to_sinks
+    real_write = local_jobs.write_to_sinks
     state = {"groups": 0, "compacted": None}
 
     def stop_deletes_and_compaction_after_the_first_group(sinks, events):
@@ -127,12 +127,12 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
         local_jobs.apply_changelog(p.data_dir, p.source, apply_sinks)
         state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: airflow_variables.status(p.source, t, p.data_dir))
 
-    p.mp.setattr(common, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
+    p.mp.setattr(local_jobs, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
     p.snapshot()
     assert state["compacted"] and state["compacted"][p.table.id] > 0, "the deletes' tombstones must have been compacted"
     assert p.progress().status == "stopped"
     groups_of_the_stopped_merge = state["groups"]
-    p.mp.setattr(common, "write_to_sinks", real_write)
+    p.mp.setattr(local_jobs, "write_to_sinks", real_write)
     p.snapshot("start")
     assert p.progress().status == "done"
     p.catch_up()

@@ -183,3 +183,11 @@ def test_spark_job_files_import_the_package_absolutely():
         path = ROOT / PKG / "pipeline" / "spark" / f"{job}.py"
         relative = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
         assert not relative, f"{path.name}: relative imports on lines {relative}; import airflow_provider_cdc.… instead"
+
+
+def test_the_arrow_engine_needs_nothing_of_the_spark_engine():
+    """The in-process engine runs where Spark is not installed: what both engines share lives
+    below them (storage, sinks), never in pipeline/spark."""
+    path = ROOT / PKG / "pipeline" / "arrow_engine.py"
+    spark = [f"line {line}: {t}" for line, t in _imports(path) if t.startswith(f"{PKG}.pipeline.spark")]
+    assert not spark, "pipeline/arrow_engine.py imports the Spark engine: " + ", ".join(spark)
