@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from ..core.errors import CdcError, ConfigurationError
+from ..core.errors import ConfigurationError
 from ..dialects.base import ConnectionParams, Dialect
 from ..settings import FromSettings
 from ..settings import load as load_settings
@@ -223,7 +223,9 @@ class CdcSourceHook(BaseHook):
                 dialect.check_prerequisites()
                 warning = _retention_warning(dialect)
         except Exception as exc:  # noqa: BLE001 - a driver error is reported, not raised, by contract
-            return False, _without(_failure_text(exc, conn_id, where), password)
+            from .task_errors import describe_connection_failure
+
+            return False, _without(describe_connection_failure(exc, conn_id, where), password)
         return True, f"connection {conn_id!r} ({where}) is ready for CDC" + (f"; WARNING: {warning}" if warning else "")
 
 
@@ -245,40 +247,6 @@ def _where(params: ConnectionParams) -> str:
     port = params.port or (5432 if params.scheme == "postgres" else 3306)
     user = f"{params.user!r}@" if params.user else ""
     return f"{engine} {user}{params.host}:{port}/{params.database or ''}"
-
-
-def _failure_text(exc: BaseException, conn_id: str, where: str) -> str:
-    """What a failed connection test says: the connection, the server and what to fix."""
-    from .task_errors import _chain, _driver_kind, _driver_text
-
-    chain = list(_chain(exc))
-    for e in chain:
-        kind = _driver_kind(e)
-        text = _driver_text(e).rstrip(".")
-        if kind == "auth":
-            what = "database" if "does not exist" in text or "Unknown database" in text else "login"
-            fix = ("the database (the connection's schema field) exists on that server and is spelled as the "
-                   "server has it" if what == "database" else
-                   "the login and password of the connection, and that the server lets this user in from "
-                   "this host (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)")
-            return f"connection {conn_id!r}: {where} refused the {what}: {text}{_stop(text)} Check {fix}"
-        if kind == "config":
-            if "Unknown database" in text or "does not exist" in text:
-                return (f"connection {conn_id!r}: {where}: {text}. Check that the database (the connection's schema "
-                        "field) exists on that server")
-            return (f"connection {conn_id!r}: {where}: {text}. Grant what is missing to the connection's user, or "
-                    "correct the database it names")
-        if kind == "transient":
-            return (f"connection {conn_id!r}: cannot reach {where}: {text}{_stop(text)} Check the host and port of the "
-                    "connection, and that the server runs and accepts connections from this host")
-    if isinstance(exc, CdcError):  # prerequisites: each problem with the statement or setting that fixes it
-        return f"connection {conn_id!r}: {exc}"
-    return f"connection {conn_id!r} ({where}): {type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
-def _stop(text: str) -> str:
-    """The end of a driver's sentence before ours (``?`` ends libpq's own question)."""
-    return "" if text.endswith(("?", "!")) else "."
 
 
 def _without(text: str, password: str | None) -> str:
