@@ -191,3 +191,17 @@ def test_the_arrow_engine_needs_nothing_of_the_spark_engine():
     path = ROOT / PKG / "pipeline" / "arrow_engine.py"
     spark = [f"line {line}: {t}" for line, t in _imports(path) if t.startswith(f"{PKG}.pipeline.spark")]
     assert not spark, "pipeline/arrow_engine.py imports the Spark engine: " + ", ".join(spark)
+
+
+def test_no_test_module_is_imported():
+    """Shared test code lives in helper modules (tests/e2e/helpers.py, tests/integration/helpers.py,
+    staged_scenario.py...): importing a test module runs its collection-time code twice and
+    makes its tests run wherever it is imported."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or "", *(a.name for a in node.names)] if isinstance(node, ast.ImportFrom) else [])
+            if any(part.startswith("test_") for name in names for part in name.split(".")):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "imports of test modules: " + ", ".join(bad)
