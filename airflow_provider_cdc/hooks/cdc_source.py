@@ -76,7 +76,13 @@ class CdcSourceHook(BaseHook):
     """The source database of a CDC pipeline (PostgreSQL or MySQL/MariaDB).
 
     Built lazily: nothing connects until :meth:`get_dialect` or :meth:`test_connection`.
-    ``source`` names the staging folder of this source; it defaults to the connection id.
+
+    :param cdc_conn_id: the Airflow connection of the source database.
+    :param source: the name of the source's staging folder; default the connection id.
+    :param tables: the capture scope (``schema.table`` ids); default CDC_TABLES.
+    :param all_tables: capture every table (opt-in); default CDC_CAPTURE_ALL_TABLES.
+    :param key_columns: table id -> the key columns of a table without a primary key;
+        default CDC_KEY_COLUMNS.
     """
 
     conn_name_attr = "cdc_conn_id"
@@ -290,7 +296,13 @@ class CdcSourceMixin(StorageConnectionMixin):
     source's :attr:`hook`. Put it before the Airflow base class. A mapped operator's class
     names these keywords in its own ``__init__`` as well: ``partial()`` checks keywords against
     the signatures of BaseOperator subclasses only. Configuration errors of its tasks are not
-    retried (:mod:`.task_errors`)."""
+    retried (:mod:`.task_errors`).
+
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     data_dir = FromSettings("data_dir")
     cdc_conn_id = FromSettings("conn_id")

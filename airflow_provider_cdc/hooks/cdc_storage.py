@@ -75,7 +75,10 @@ class StorageConnectionMixin:
     """For the package's operators and sensors: ``cdc_overrides`` (the ``CDC_*`` values of
     one source of the sources config, on top of the environment, for every setting the
     task reads) and the storage connection in place before ``execute``. A DAG gives
-    ``cdc_overrides`` to each task, or to all of them through ``default_args``."""
+    ``cdc_overrides`` to each task, or to all of them through ``default_args``.
+
+    :param cdc_overrides: ``CDC_*`` setting name -> value, over the environment's.
+    """
 
     def __init__(self, *, cdc_overrides: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # type: ignore[call-arg]

@@ -166,6 +166,14 @@ class SnapshotPlanOperator(_SourceOperator):
     the progress store. ``resume``: continue every range after its last committed chunk (with
     the throttle of this conf). ``pause``/``stop``: change the status only (running chunk
     tasks stop before their next chunk) and return no work.
+
+    :param conf: the run's conf (``action``, ``tables``, throttle keys...; untrusted, validated).
+    :param default_tables: the tables a conf without ``tables`` snapshots; default CDC_TABLES.
+    :param conf_defaults: throttle keys (chunk_size, parallelism...) under the run's conf.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     """
 
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
@@ -214,7 +222,15 @@ class SnapshotChunkOperator(_SourceOperator):
     """Read one planned range chunk by chunk, each chunk between a fresh pair of watermarks
     (SnapshotController.read_range): after the last committed chunk of the range (retry,
     resume); stops early when the snapshot is paused or stopped, or the DAG is paused.
-    Returns the ChunkResult dicts of the range that are not merged yet."""
+    Returns the ChunkResult dicts of the range that are not merged yet.
+
+    :param work: one WorkItem dict of the plan task's XCom (a range of one table).
+    :param check_dag_paused: stop before the next chunk when the DAG is paused.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     template_fields: Sequence[str] = ("work", "data_dir", "cdc_conn_id", "source")
     ui_color = "#d4f0d4"
@@ -244,7 +260,14 @@ class SnapshotChunkOperator(_SourceOperator):
 class SnapshotCommitOperator(_SourceOperator):
     """After the merge wrote the round: mark its chunks merged and record them in the
     snapshot's progress; a snapshot whose ranges are all read and merged is done.
-    Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk)."""
+    Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk).
+
+    :param chunks: the ChunkResult dicts the round merged (the chunk tasks' XCom).
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "cdc_conn_id", "source")
     ui_color = "#ffd9b3"
