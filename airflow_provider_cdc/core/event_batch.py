@@ -1,6 +1,6 @@
 """Log events in columns: what capture stages as one segment (storage/staged.py).
 
-A dialect that decodes its log in batches (PostgreSQL: dialects/pgbatch.py) builds an
+A dialect that decodes its log in batches (PostgreSQL: dialects/postgres/pgbatch.py) builds an
 :class:`EventBatch` straight from the protocol's bytes, typed a column at a time; a dialect
 that builds events one at a time hands a list of LogEvents, which :func:`events_to_batch`
 turns into the same form. Staging writes both the same way.

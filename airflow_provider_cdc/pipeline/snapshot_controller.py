@@ -253,7 +253,7 @@ class SnapshotController:
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
-            # The convergence mark (DESIGN.md "Convergence"), before the upper bounds: once a
+            # The convergence mark (DESIGN.md, I9 Convergence), before the upper bounds: once a
             # whole-table snapshot is done, every live row of the table was re-emitted after
             # this mark (a chunk at its high watermark) or changed after it (a row above the
             # bound was inserted after the bound was read), so mirror rows older than the mark

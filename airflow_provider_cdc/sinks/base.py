@@ -172,7 +172,7 @@ def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
 DRIVER = "driver"  # the round's events are gathered on the driver and given to write(): any sink
 UNITS = "units"  # write() runs on the workers, a unit's events at a time (the sink object is pickled)
 BUCKETS = "buckets"  # a table format with key buckets: plan() on the driver, write_bucket() on the
-#                      workers, commit() on the driver (sinks/mirror_writer.py)
+#                      workers, commit() on the driver (sinks/mirror_delta.py)
 
 
 class Sink(ABC):

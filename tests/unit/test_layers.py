@@ -1,4 +1,4 @@
-"""The package's layers (README, Layout): imports point down only, and no module imports
+"""The package's layers (docs/DESIGN.md, Layout): imports point down only, and no module imports
 itself back through others (no import cycle), counting imports inside functions too.
 
     core  <-  storage  <-  dialects, sinks  <-  pipeline, export  <-  Airflow glue
