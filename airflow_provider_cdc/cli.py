@@ -1,36 +1,10 @@
-"""``airflow cdc`` (or ``airflow-cdc``): snapshot status and mirror verification from the command line.
+"""``airflow cdc`` (or ``airflow-cdc``): status, verify, resync, export-debezium, snapshot,
+drop-source, doctor and sources from the command line (docs/cli.md).
 
-    airflow cdc status [--source NAME] [--json] [--live]
-    airflow cdc status --source NAME --caught-up-to POSITION [--json]
-    airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
-                       [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
-    airflow cdc resync [--conn-id ID] [--source NAME] [--data-dir DIR]
-    airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
-                       [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
-                       [--form keyvalue|value] [--database NAME] [--force]
-    airflow cdc snapshot {start|pause|resume|stop} --table SCHEMA.TABLE [--table ...] [--source NAME]
-                       [--snapshot-dag DAG_ID] [--data-dir DIR]
-    airflow cdc drop-source --source NAME [--conn-id ID] [--data-dir DIR] [--yes]
-    airflow cdc doctor [--conn-id ID] [--source NAME] [--table SCHEMA.TABLE ...] [--verbose] [--json]
-    airflow cdc sources [--json] [--offline]
-
-``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
--> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
-in :func:`_parser`.
-
-``status --caught-up-to`` exits 0 once the event log and the mirror have every change the source
-committed before POSITION (its log position at a moment: ``SELECT pg_current_wal_lsn()``, or
-``SHOW MASTER STATUS``'s ``file:position``), 1 while they do not yet.
-
-``doctor`` exits 0 when the source is ready (warnings allowed), 1 when a finding is an error, 2
-when it cannot run; ``sources`` lists every source and what its server holds for it.
-
-``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
-violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
-The source connection comes from the Airflow connection ``--conn-id`` (UI, secrets
-backend, or ``AIRFLOW_CONN_<ID>``), never from the command line. On a mismatch it prints
-the snapshot conf that repairs it (only the key ranges of the chunks that differed; the whole
-table when the mirror has rows the source has not); ``--repair`` triggers that snapshot run.
+Registered through the provider's CLI entry (``get_provider_info()["cli"]`` ->
+:func:`get_cli_commands`); the arguments are defined once, in :func:`_parser`. Exit codes: 0
+done or ready, 1 a finding (a mismatch, an error, not caught up yet), 2 cannot run. A source's
+credentials come from its Airflow connection, never from the command line.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
-"""The merge and apply jobs in one Python process (pyarrow), for rounds too small to pay a spark-submit.
+"""The merge and apply jobs in one Python process (pyarrow), for rounds too small to pay a
+spark-submit (~20 s before it reads a byte); the operators choose by ``local_max_rows``.
 
-A spark-submit costs ~20 s on an idle 2-core machine before it reads a byte (JVM start,
-SparkSession, Python workers) and 40-60 CPU seconds; a snapshot round of a few thousand
-rows or a changelog batch of a few hundred changes needs well under a second of work.
-The operators in operators/spark_jobs.py therefore run these functions in the Airflow
-worker when the input is at most ``local_max_rows`` rows, and submit the Spark job above
-that. Both engines:
-
-* locate the windows the same way (windows.locate_windows: a NotReadyError names the
-  chunk whose high watermark is not staged; nothing is emitted early);
-* call core.window's one DBLog steps 4-5 per chunk (window_survivors: a change of the
-  chunk's table strictly between its low and high watermark drops that key; read_events:
-  survivors are ``r`` events at the high watermark's position), de-duplicate overlapping
-  segments with the same rule (storage.staged.segment_lower_bounds), and name output
-  batches the same way;
-* write through the same sink objects in the same groups, so the event files and the
-  mirror are identical whichever engine ran (tests/integration/test_spark_jobs.py runs
-  both on the same inputs and compares them with each other: tests/integration/test_engine_conformance.py).
-
-The shared apply loop (markers, batches of segments) lives here too: the Spark apply job
-calls :func:`apply_segments` with a reader that returns Spark's rows as Arrow.
+Both engines locate windows, call core.window's steps 4-5, de-duplicate segments and name
+batches the same way and write through the same sinks, so their outputs are identical (I8,
+tests/integration/test_engine_conformance.py). The apply loop (:func:`apply_segments`) is
+shared: the Spark apply job calls it with a reader of Spark's rows.
 """
 
 from __future__ import annotations
