@@ -1,17 +1,7 @@
-"""Which errors of a task are the user's configuration (fail at once, no retry) and which are
-transient (retried as the task's ``retries`` say), decided in one place for every operator and
-sensor of the package (CdcSourceMixin wraps their ``execute``, ``poke`` and ``execute_complete``).
-
-A retry cannot fix a missing scope, an unknown connection id, a wrong password, a missing grant
-or ``wal_level=replica``: retried, it only repeats the same traceback (four of them over a minute
-with the changelog DAG's three retries) and buries the message. Those fail the task once with
-Airflow's ``AirflowFailException``, whose message (the provider's, naming the source, the
-connection and the fix) is the last line of the task's traceback; the task's
-``on_failure_callback`` still runs (the snapshot DAG marks its snapshots failed).
-
-Transient faults are retried as before: a refused or dropped connection, a timeout, a
-serialization failure or deadlock, a slot still held by a reader that just stopped, a standby
-behind, another capture holding the lock (StateError), a high watermark not staged yet.
+"""Which errors of a task are the user's configuration (fail at once, without retries, with a
+message naming the source, the connection and the fix) and which are transient (retried as
+``retries`` say), decided in one place for every operator and sensor of the package
+(docs/DESIGN.md, "What operators and consumers see").
 """
 
 from __future__ import annotations

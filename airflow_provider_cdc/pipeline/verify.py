@@ -1,20 +1,7 @@
-"""Is the mirror equal to the source? (invariant I2) And is the event log consistent? (I1)
-
-``verify_table`` reads the source in primary-key chunks with the same keyset SQL the
-snapshot uses (``Dialect.chunk_query`` / ``stream_query``), canonicalises each row with
-the dialect's ``row_to_canonical``, and compares a digest per chunk with the digest of the
-mirror rows of the same keys. Mirror rows are typed (core/arrow_types.py); they are
-turned back into canonical values here, per logical type, so both sides compare as the
-same canonical JSON. Only chunks whose digests differ are drilled into row by row. Keys
-the mirror has and no source chunk covered are extra rows. Keys are matched by their
-canonical text rather than by range arithmetic in Python, so text keys whose collation
-order differs from Python's order still compare correctly.
-
-``check_event_log`` replays the event log of a table per key in position order and
-reports what invariant I1 forbids: two different events at one position, a change or a
-chunk row after a delete (resurrection), a create of a live key, an update whose
-before-image is not the previous after-image, and a chunk row (``r``) whose image is not
-the state at its position (a stale overwrite).
+"""Is the mirror equal to the source (I2), and is the event log consistent (I1)?
+:func:`verify_table` compares digests of key chunks read with the snapshot's own keyset SQL and
+drills only into chunks that differ; :func:`check_event_log` replays a table's events per key
+and reports what I1 forbids (docs/DESIGN.md, "What operators and consumers see").
 """
 
 from __future__ import annotations

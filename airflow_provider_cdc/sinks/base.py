@@ -1,18 +1,7 @@
-"""What every sink receives, and the applied-position markers of the apply job.
-
-A sink gets events a table at a time, typed (:class:`TableEvents`): the staged changelog
-columns (position, table, op, key, ts_ms, watermark, origin) plus ``snapshot`` (True for
-``r`` rows) and ``batch``, a deterministic name of the unit the events came from (the
-staged segment for log events, the chunk's high watermark for snapshot rows), and
-``before`` / ``after`` as structs of the table's typed columns, as staging holds them
-(core/arrow_types.py): no sink parses JSON. A sink also accepts the canonical-JSON form of
-events of any tables (:data:`EVENT_SCHEMA`, images as JSON text), for callers that build
-events by hand; :func:`table_events` types those once. Sinks are idempotent: writing the
-same batch again changes nothing (I3), so a retried Spark task may simply run again.
-
-Sinks are written from the Spark driver, one job at a time per table (Airflow pools and
-``max_active_runs=1``): a single-writer design. The Delta mirror still retries a commit
-that lost a race, but it is not built for many concurrent writers.
+"""What every sink receives (:class:`TableEvents`: a table's events, typed as staged; or the
+canonical-JSON form, typed once by :func:`table_events`), the :class:`Sink` protocol both engines
+call (docs/DESIGN.md, "Adding a sink") and the apply job's applied-position markers. Sinks are
+idempotent per batch (I3).
 """
 
 from __future__ import annotations
