@@ -1,12 +1,7 @@
-"""The snapshot's lifecycle and its chunk loop, without Airflow (docs/DESIGN.md, "Snapshot
-state" and "The snapshot cycle").
-
-One :class:`SnapshotController` a task: it applies a run's conf (start, pause, resume, stop,
-refresh), reads one planned range chunk by chunk with its stop checks, and commits merged
-chunks into the progress, converging and compacting the mirror of a finished snapshot. Every
-change of a snapshot's state goes through the source's progress (pipeline/snapshot_state.py,
-compare-and-set), and every "may this attempt still write?" reads it. The Airflow operators
-(operators/snapshot.py) only translate a task's context into the callbacks below.
+"""The snapshot's lifecycle and its chunk loop, without Airflow (docs/DESIGN.md, "Snapshot state"
+and "Components"): one :class:`SnapshotController` a task applies a run's conf, reads a planned
+range chunk by chunk with its stop checks, and commits merged chunks, converging and compacting
+the mirror of a finished snapshot. The operators only translate a task's context into its callbacks.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The Delta mirror's writer: current state per table in a Delta Lake table (delta-rs), with
-monotonic writes; the one writer both engines use (plan on the driver, write a bucket,
-commit with the fence).
-
-One Delta table per source table at ``storage.layout.mirror_dir``: the table's typed columns
-(core/arrow_types.py) plus ``__key`` (canonical key), ``__position`` (encoded position of
-the event that wrote the row) and ``__deleted``. It converges whatever order the writers
-run in (the apply job and the merge job): an event is applied only if its position is
-newer than the stored one (I1); a delete leaves a tombstone, removed only behind the
-compaction horizon (sinks/mirror_fencing.py, sinks/mirror_compaction.py); within one batch
-the events are first reduced to the newest per key. Storage: sinks/delta_buckets.py;
-readers: sinks/mirror_readers.py.
+"""The Delta mirror's writer, the one both engines use: plan on the driver, write a bucket, commit
+with the fence; an event wins only with a newer position (I1), a delete is a tombstone
+(docs/DESIGN.md, "The mirror"). Storage: sinks/delta_buckets.py; readers: sinks/mirror_readers.py.
 """
 
 from __future__ import annotations
