@@ -172,7 +172,7 @@ How to read them (venv python; `source scripts/env.sh` first)
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, count(*) FROM '{ev}/*.parquet' GROUP BY op\\"))"
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, source.position, after.amount FROM read_parquet('{ev}/*.parquet', union_by_name=true) WHERE key = '[42]' ORDER BY source.position\\"))"
   deltalake: python -c "from deltalake import DeltaTable, QueryBuilder; print(QueryBuilder().register('t', DeltaTable('{mir}')).execute('SELECT count(*) AS live_rows FROM (SELECT __deleted, row_number() OVER (PARTITION BY __key ORDER BY __position DESC) AS n FROM t) WHERE n = 1 AND NOT __deleted').read_all())"
-  pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_delta import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
+  pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_readers import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
   status   : airflow-cdc status
   verify   : airflow-cdc verify --conn-id {source} --table {table.id} --data-dir {data_dir} --events
 """  # noqa: S608 - printed help text, no SQL is run here
