@@ -1,19 +1,7 @@
-"""Airflow Assets: each table's event log and mirror.
-
-A task that commits a table's event log or mirror (the snapshot merge, the changelog apply)
-emits an Asset event for it, through the Asset alias of its source and sink (``outlets``),
-with the position and row counts in the event's extra. A downstream DAG schedules on the
-tables it reads::
-
-    from airflow_provider_cdc.assets import mirror_asset
-
-    with DAG("orders_report", schedule=[mirror_asset("shop", "public.orders")]):
-        ...
-
-Names and URIs are built from the source and the table id only (not the data location,
-which may move): name ``cdc/<source>/<table id>/<sink>``, URI
-``x-cdc://<source>/<table id>/<sink>`` (percent-quoted). The extra also carries the
-location of the data.
+"""Airflow Assets: each table's event log and mirror. A task that commits one (the snapshot merge,
+the changelog apply) emits an Asset event with the position and row counts in its extra, and a
+downstream DAG schedules on :func:`mirror_asset` (docs/howto.md). Names
+and URIs are built from the source and the table id only, not the data location, which may move.
 """
 
 from __future__ import annotations

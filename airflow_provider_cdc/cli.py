@@ -1,36 +1,10 @@
-"""``airflow cdc`` (or ``airflow-cdc``): snapshot status and mirror verification from the command line.
+"""``airflow cdc`` (or ``airflow-cdc``): status, verify, resync, export-debezium, snapshot,
+drop-source, doctor and sources from the command line (docs/cli.md).
 
-    airflow cdc status [--source NAME] [--json] [--live]
-    airflow cdc status --source NAME --caught-up-to POSITION [--json]
-    airflow cdc verify --conn-id ID --table SCHEMA.TABLE [--data-dir DIR] [--source NAME]
-                       [--chunk-rows N] [--events] [--json] [--repair [--snapshot-dag DAG_ID]]
-    airflow cdc resync [--conn-id ID] [--source NAME] [--data-dir DIR]
-    airflow cdc export-debezium --table SCHEMA.TABLE --out LOCATION [--topic-prefix P] [--source NAME]
-                       [--data-dir DIR] [--connector postgresql|mysql|mariadb] [--no-tombstones] [--truncates]
-                       [--form keyvalue|value] [--database NAME] [--force]
-    airflow cdc snapshot {start|pause|resume|stop} --table SCHEMA.TABLE [--table ...] [--source NAME]
-                       [--snapshot-dag DAG_ID] [--data-dir DIR]
-    airflow cdc drop-source --source NAME [--conn-id ID] [--data-dir DIR] [--yes]
-    airflow cdc doctor [--conn-id ID] [--source NAME] [--table SCHEMA.TABLE ...] [--verbose] [--json]
-    airflow cdc sources [--json] [--offline]
-
-``airflow cdc`` is registered through the provider's CLI entry (``get_provider_info()["cli"]``
--> :func:`get_cli_commands`); its arguments are the ones ``airflow-cdc`` parses, defined once
-in :func:`_parser`.
-
-``status --caught-up-to`` exits 0 once the event log and the mirror have every change the source
-committed before POSITION (its log position at a moment: ``SELECT pg_current_wal_lsn()``, or
-``SHOW MASTER STATUS``'s ``file:position``), 1 while they do not yet.
-
-``doctor`` exits 0 when the source is ready (warnings allowed), 1 when a finding is an error, 2
-when it cannot run; ``sources`` lists every source and what its server holds for it.
-
-``verify`` exits 0 when the mirror equals the source, 1 on any mismatch (or event-log
-violation with ``--events``), 2 when it cannot run (bad settings, unreachable source).
-The source connection comes from the Airflow connection ``--conn-id`` (UI, secrets
-backend, or ``AIRFLOW_CONN_<ID>``), never from the command line. On a mismatch it prints
-the snapshot conf that repairs it (only the key ranges of the chunks that differed; the whole
-table when the mirror has rows the source has not); ``--repair`` triggers that snapshot run.
+Registered through the provider's CLI entry (``get_provider_info()["cli"]`` ->
+:func:`get_cli_commands`); the arguments are defined once, in :func:`_parser`. Exit codes: 0
+done or ready, 1 a finding (a mismatch, an error, not caught up yet), 2 cannot run. A source's
+credentials come from its Airflow connection, never from the command line.
 """
 
 from __future__ import annotations
@@ -332,7 +306,7 @@ def _source_connection(source: str, now):
 
 def cmd_status(args: argparse.Namespace) -> int:
     from . import settings
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
 
     if args.source:  # a typo must not read as "nothing recorded" with exit 0
         why = unknown_source_error(args.source, known_sources())
@@ -593,16 +567,16 @@ def not_snapshotted(data_dir: str, source: str, table: TableName, snapshot_dag: 
 
 
 def _record_verify(source: str, table_id: str, res, events, failed: bool, repair_run: str | None) -> None:
-    """The verify's result for the UI page (progress_store.save_verify); a metadata database
+    """The verify's result for the UI page (airflow_variables.save_verify); a metadata database
     that cannot be written is said, not a failed verify."""
-    from . import progress_store
+    from . import airflow_variables
 
     keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "repair_conf")
     doc = {k: v for k, v in res.to_dict().items() if k in keep}
     doc.update(ok=not failed, at=round(time.time(), 3), repair_run=repair_run,
                event_violations=None if events is None else events.violation_count)
     try:
-        progress_store.save_verify(source, table_id, doc)
+        airflow_variables.save_verify(source, table_id, doc)
     except Exception as exc:  # noqa: BLE001 - the verify itself is done; only its record is lost
         print(f"warning: the verify's result was not recorded for the CDC page: {exc}", file=sys.stderr)
 
@@ -679,10 +653,10 @@ def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.utils.types import DagRunTriggeredByType
 
-    from . import progress_store
+    from . import airflow_variables
     from .core.errors import StateError
 
-    current = progress_store.load(source, table_id, data_dir)
+    current = airflow_variables.load(source, table_id, data_dir)
     if current is not None and str(current.status) in ("running", "paused", "failed"):
         raise StateError(f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
                          f"{source!r}: let it finish (or stop it), then verify again")
@@ -708,7 +682,7 @@ def known_sources(now=None) -> list[str]:
     """Every source status can tell of: the sources config's, the environment's, and those with a
     stored snapshot progress or capture lag."""
     from . import settings
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
 
     names: set[str] = set()
     try:
@@ -751,7 +725,7 @@ def _source_dialect(source: str, now, conn_id: str | None = None):
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from . import progress_store, settings
+    from . import airflow_variables, settings
 
     now = settings.load()
     source = args.source or now.source
@@ -766,7 +740,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     tables = [TableName.parse(t).id for t in args.table]
     if args.action in ("pause", "stop"):  # also a snapshot of a table the scope has dropped since
         for t in tables:
-            p = progress_store.request(source, t, args.action, data_dir)
+            p = airflow_variables.request(source, t, args.action, data_dir)
             print(f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk")
         return EXIT_OK
     from airflow.api.common.trigger_dag import trigger_dag
@@ -917,7 +891,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
     """One row per source :func:`known_sources` names: its connection, snapshots, last capture lag
     and, ``live``, what its server holds for it now (a source only Variables name is never asked)."""
-    from .progress_store import load_lags
+    from .airflow_variables import load_lags
     from .status import _checked_numbers, known_source
 
     progress = list_progress(None)

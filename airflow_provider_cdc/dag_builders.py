@@ -315,13 +315,13 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             chunks any more (not running, paused or failed). Stopped snapshots count as
             finished: a merge of theirs still in flight is fenced (sinks/mirror_fencing.py).
             Every mirror is vacuumed, and the event log's applied small files are merged."""
-            from airflow_provider_cdc import progress_store, settings
+            from airflow_provider_cdc import airflow_variables, settings
             from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
-            from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
+            from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
 
             apply_storage_connection(overrides=overrides)
             now = settings.load(overrides=overrides)
-            removed = compact_inactive(data_dir, source, lambda table_id: progress_store.status(source, table_id, data_dir),
+            removed = compact_inactive(data_dir, source, lambda table_id: airflow_variables.status(source, table_id, data_dir),
                                        retention_hours=now.mirror_retention_hours,
                                        budget_rows=now.mirror_compact_budget_rows,
                                        log_retention_hours=now.mirror_log_retention_hours)

@@ -1,14 +1,6 @@
-"""``airflow-cdc doctor``: check a source before its first run and say what to fix.
-
-Every finding is one line with its severity: ``error`` (capture or a snapshot would be refused
-or fail), ``warning`` (it runs, but something can hurt later: WAL nothing bounds, a replica that
-cannot be followed through a failover) or ``ok`` (a check that passed, shown with ``--verbose``).
-
-The checks reuse the dialects' own (``dialects/*/prerequisites.py``, ``scope_problems``), so
-doctor says what the first run would say, all at once and without a task log around it. Doctor
-never writes to the source: its session is read-only (PostgreSQL
-``default_transaction_read_only``, MariaDB/MySQL ``SET SESSION TRANSACTION READ ONLY``) and it
-creates nothing: no slot, publication or watermark table.
+"""``airflow-cdc doctor``: check a source before its first run and say what to fix, one line per
+finding (``error``, ``warning``, ``ok``). The checks are the dialects' own, so doctor says what the
+first run would say, all at once; its session is read-only and it creates nothing.
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
-"""OpenLineage for the CDC operators (Airflow glue): what a run read and wrote, as the
-``apache-airflow-providers-openlineage`` listener collects it from an operator's
-``get_openlineage_facets_on_complete``. A lineage backend (Marquez, DataHub, Astro) then shows
-source table -> staging -> event log and mirror, with nothing to configure beyond
-OpenLineage's own transport.
-
-Datasets are named by OpenLineage's naming conventions:
-- a source table: ``postgres://{host}:{port}`` / ``{database}.{schema}.{table}``, or
-  ``mysql://{host}:{port}`` / ``{database}.{table}``, with its schema facet (the source's types);
-- a location of the storage layer: ``file`` / its absolute path, or ``s3://{bucket}`` / its key
-  (staged changelog, a snapshot's chunks, a table's event log, a table's mirror).
-Outputs (event log, mirror) carry their schema and a column lineage facet: each column comes
-unchanged (IDENTITY) from the source table's column of the same name.
-
-Without the OpenLineage provider, or with it switched off (no transport configured), nothing
-here is imported and the operators collect nothing for it.
+"""OpenLineage for the CDC operators: what a run read and wrote, as the OpenLineage provider's
+listener collects it from ``get_openlineage_facets_on_complete``, with datasets named by
+OpenLineage's conventions (docs/DESIGN.md, "What operators and consumers see"). Without that
+provider, or with it switched off, nothing here is imported.
 """
 
 from __future__ import annotations

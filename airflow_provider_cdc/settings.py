@@ -1,21 +1,7 @@
-"""The provider's settings, read from ``CDC_*`` environment variables in one place.
-
-Operators read them when they run (``load()`` at execute time, in the worker), so a
-change to the environment of the workers takes effect at the next task without a DAG
-re-parse, and a DAG file parsed in another directory or by another process (the
-dag-processor) cannot pin a different data location. Only what Airflow needs while
-parsing (schedules, the sensor's mode, the chunk tasks' parallelism, the Spark
-connection) is read by the DAG files, through this module too.
-
-No Airflow import: the CLI, the Spark jobs and the tests use it as they are. Every bad
-value is a ConfigurationError that names the variable and says what it accepts.
-
-Where a value comes from, first found wins: a source's entry of the sources config (the
-operator's ``cdc_overrides``), the ``CDC_*`` environment variable, Airflow's ``[cdc]``
-configuration section (airflow.cfg or ``AIRFLOW__CDC__*``; option = the variable without
-``CDC_``, in lower case; read only inside a process that runs Airflow already), the default.
-``OPTIONS`` lists every setting with its default and meaning; the provider's config section
-(get_provider_info) and the docs' configuration reference are built from it.
+"""The provider's settings (``CDC_*``), read in one place when a task runs, so a change to the
+workers' environment takes effect at the next task. No Airflow import; a bad value is a
+ConfigurationError naming the variable. ``OPTIONS`` lists every setting; where a value comes
+from, first found wins: docs/configuration.md.
 """
 
 from __future__ import annotations

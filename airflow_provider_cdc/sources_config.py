@@ -1,42 +1,9 @@
-"""The sources config: many sources, each with its own settings, from one YAML or JSON file.
+"""The sources config: many sources, each with its own settings, from one YAML or JSON file, which
+``dags/cdc_sources.py`` turns into a snapshot and a changelog DAG per source (docs/howto.md).
 
-``dags/cdc_sources.py`` turns each source into a snapshot DAG and a changelog DAG
-(``cdc_snapshot__<name>``, ``cdc_changelog__<name>``). Example::
-
-    defaults:                        # optional: every source starts from these
-      data_dir: s3://lake/cdc
-      storage_conn_id: lake_s3
-      changelog_schedule: "*/2 * * * *"
-    sources:
-      shop:                          # the source's name: staging, Variables and DAG ids
-        conn_id: shop_pg             # Airflow connection of the database
-        tables: [public.orders, public.customers]
-        snapshot_schedule: "@weekly"
-        throttle: {chunk_size: 50000, parallelism: 4, delay_seconds: 0.5}
-      billing:
-        conn_id: billing_mariadb
-        tables: [billing.invoices]
-        spark_conf: {spark.executor.memory: 4g}
-
-The keys of an entry are the settings of settings.py without their ``CDC_`` prefix, in
-lower case (``data_dir`` is ``CDC_DATA_DIR``): ``KEYS`` lists them. ``throttle`` is the
-default chunk size, parallelism and delay of the source's snapshots (a run's conf still
-wins; a ``chunk_size`` here fixes the rows per chunk, without it chunks size themselves by
-``chunk_target_seconds`` / ``chunk_target_mb``). Values are checked by the same code as the environment variables; a bad value
-fails at parse time with a message naming the file, the source and the key. Settings an
-entry does not give are read from the environment when its tasks run, as for the
-one-source DAGs.
-
-The config is code: it chooses connections, data locations and Spark settings, so it must
-be as trusted as the DAG folder. Still, what it can do is bounded: ``spark_conf`` takes
-only Spark tuning (core/spark_settings.py), and no value may hold Jinja syntax (``{{``,
-``{%``, ``{#``): the operators render their fields as templates, so a ``data_dir`` of
-``{{ conn.x.password }}`` would put a secret in a path. Two sources that would share what
-a capture owns (staging folder, replication slot or publication, MySQL server_id) are
-refused, naming both; the slot, publication and server_id given in a connection's extra
-are compared when the caller can read connections (``connections``).
-
-No Airflow import: the DAG file, the CLI and the tests use it as it is.
+An entry's keys are the settings of settings.py without ``CDC_``, in lower case (``KEYS``),
+checked by the same code at parse time. The config is code, trusted like the DAG folder, with
+guards as defence in depth (docs/DESIGN.md, "Security"). No Airflow import.
 """
 
 from __future__ import annotations

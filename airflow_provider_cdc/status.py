@@ -33,9 +33,9 @@ def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, A
     may write is untrusted (I15): a value that is not a progress of one table of a valid source
     name comes as a ``malformed`` progress (its reason, its key), under the source its key
     names (``?`` when that is no source name either), and is never used as a path."""
+    from .airflow_variables import KEY_PREFIX, stored_values
     from .core.errors import ConfigurationError
     from .core.scope import check_source_name
-    from .progress_store import KEY_PREFIX, stored_values
 
     out = []
     for key, val in stored_values(KEY_PREFIX):
@@ -359,7 +359,7 @@ def freshness(data_dir: str, source: str, now: float | None = None) -> dict | No
 def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
     """The mirror's Delta version and the rows its files hold by their statistics (live rows,
     tombstones and superseded versions before compaction); None without a mirror."""
-    from .sinks.mirror_delta import _rows, _version
+    from .sinks.mirror_table import _rows, _version
 
     try:
         v = _version(data_dir, source, table_id)
@@ -417,7 +417,7 @@ def overview(source: str | None = None, *,
     outside its source's scope is shown ``refused`` with the scope's message; a value of the
     wrong type is shown ``malformed``, per item."""
     from . import settings
-    from .progress_store import load_lags, load_verifies
+    from .airflow_variables import load_lags, load_verifies
 
     now = settings.load()
     items = list_progress(source)

@@ -35,8 +35,9 @@ from airflow_provider_cdc.core.arrow_types import mirror_schema
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import mirror_delta as md
+from airflow_provider_cdc.sinks import mirror_compaction, mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 SOURCE = "bench"
@@ -50,7 +51,8 @@ def _parse(argv):
     ap = argparse.ArgumentParser(prog="python -m bench apply_cost", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", default="1000000,10000000,50000000", help="mirror sizes, a comma list")
     ap.add_argument("--changes", type=int, default=10_000, help="changes in the round (updates, inserts, deletes)")
-    ap.add_argument("--unit", type=int, default=md.DEFAULT_BUCKET_ROWS, help="the bucket unit (rows)")
+    ap.add_argument("--unit", type=int, default=mirror_table.DEFAULT_BUCKET_ROWS,
+                    help="the bucket unit (rows)")
     ap.add_argument("--keep", default=None, help="build the mirrors under this folder and keep them")
     ap.add_argument("--round", nargs=2, metavar=("DATA_DIR", "ROWS"), help=argparse.SUPPRESS)
     ap.add_argument("--compact", metavar="DATA_DIR", help=argparse.SUPPRESS)
@@ -78,7 +80,7 @@ def build(data_dir: str, rows: int, unit: int) -> None:
     storage.write_text(schema_path(data_dir, SOURCE, T), SCHEMA.to_json())
     path = mirror_dir(data_dir, SOURCE, T)
     schema = mirror_schema(SCHEMA)
-    md._create(path, schema, {md.BUCKET_ROWS_PROPERTY: str(unit)})
+    mirror_table._create(path, schema, {mirror_table.BUCKET_ROWS_PROPERTY: str(unit)})
     depth = max(0, math.ceil(math.log2(rows / db.DEFAULT_BUCKETS / unit))) if rows > db.DEFAULT_BUCKETS * unit else 0
     leaves = db.DEFAULT_BUCKETS * 2**depth
     offset = db.node_id(depth, 0, db.DEFAULT_BUCKETS)
@@ -90,7 +92,7 @@ def build(data_dir: str, rows: int, unit: int) -> None:
         leaf[start:start + len(part)] = db.node_of(db.crc_of(keys), leaves)
     order = np.argsort(leaf, kind="stable")
     bounds = np.searchsorted(leaf[order], np.arange(leaves + 1))
-    v = db.read_version(md._delta(path), path)
+    v = db.read_version(mirror_table._delta(path), path)
     adds = []
     for c in range(leaves):
         mine = ids[order[bounds[c]:bounds[c + 1]]]
@@ -138,11 +140,12 @@ def _round(data_dir: str, rows: int, changes: int) -> dict:
     """In a fresh process: one apply round; its seconds, bytes written and peak memory."""
     events, _ = _events(rows, changes)
     table = pa.Table.from_pylist(events, schema=EVENT_SCHEMA)
-    before = db.read_version(md._delta(mirror_dir(data_dir, SOURCE, T)), mirror_dir(data_dir, SOURCE, T))
+    path = mirror_dir(data_dir, SOURCE, T)
+    before = db.read_version(mirror_table._delta(path), path)
     t0 = time.perf_counter()
-    md.MirrorDeltaSink(data_dir, SOURCE).write(table)
+    MirrorDeltaSink(data_dir, SOURCE).write(table)
     seconds = time.perf_counter() - t0
-    after = db.read_version(md._delta(mirror_dir(data_dir, SOURCE, T)), mirror_dir(data_dir, SOURCE, T))
+    after = db.read_version(mirror_table._delta(path), path)
     new = set(after.sizes) - set(before.sizes)
     return {"seconds": seconds, "bytes": sum(after.sizes[p] for p in new), "files": len(new),
             "peak_mb": _peak_mb()}
@@ -151,14 +154,12 @@ def _round(data_dir: str, rows: int, changes: int) -> dict:
 def _compact_step(data_dir: str) -> dict:
     """In a fresh process: compaction of the most changed bucket (a budget of one bucket)."""
     path = mirror_dir(data_dir, SOURCE, T)
-    before = db.read_version(md._delta(path), path)
-    from airflow_provider_cdc.sinks import mirror_compaction
-
+    before = db.read_version(mirror_table._delta(path), path)
     mirror_compaction.CHANGE_SHARE = 0.0  # any change makes a bucket due: the step's cost is one bucket's
     t0 = time.perf_counter()
-    out = md.compact_buckets(path, budget_rows=1)
+    out = mirror_compaction.compact_buckets(path, budget_rows=1)
     seconds = time.perf_counter() - t0
-    after = db.read_version(md._delta(path), path)
+    after = db.read_version(mirror_table._delta(path), path)
     new = set(after.sizes) - set(before.sizes)
     return {"seconds": seconds, "bytes": sum(after.sizes[p] for p in new), "buckets": out["buckets"],
             "peak_mb": _peak_mb()}
@@ -190,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 build(d, n, args.unit)
                 print(f"  built {n:,} rows in {time.perf_counter() - t0:.1f} s", flush=True)
-            v = db.read_version(md._delta(mirror_dir(d, SOURCE, T)), mirror_dir(d, SOURCE, T))
+            v = db.read_version(mirror_table._delta(mirror_dir(d, SOURCE, T)), mirror_dir(d, SOURCE, T))
             r = _child("--round", d, str(n), "--changes", str(args.changes))
             c = _child("--compact", d)
             _, expect = _events(n, args.changes)
-            got = md.mirror_rows_of(d, SOURCE, T, [encode_key([k]) for k in expect])
+            got = mirror_readers.mirror_rows_of(d, SOURCE, T, [encode_key([k]) for k in expect])
             seen = dict(zip(got["id"].to_pylist(), got["customer"].to_pylist(), strict=True))
             wrong = sum(1 for k, want in expect.items() if seen.get(k) != want)
             failed += wrong

@@ -38,10 +38,10 @@ from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.sqlnames import quote_pg
 from airflow_provider_cdc.core.throttle import ChunkSizing, size_text
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.pipeline.progress_store import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.pipeline.snapshot import staged_bytes
 from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
 from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController
+from airflow_provider_cdc.pipeline.snapshot_state import MemoryProgressStore, SourceProgress
 from bench.bench_e2e import DEFAULT_PG
 from tools import workload as w
 

@@ -566,7 +566,7 @@ class Src:
         return get_dialect(ConnectionParams.from_uri(self.uri), source=rec["source"], **opts)
 
     def cleanup(self) -> None:
-        from airflow_provider_cdc import progress_store
+        from airflow_provider_cdc import airflow_variables
 
         for rec in self.envs:
             if self.kind == "postgres":
@@ -580,7 +580,7 @@ class Src:
                 from airflow.models.variable import Variable
 
                 for t in rec["tables"]:
-                    Variable.delete(progress_store.variable_key(rec["source"], t.id))
+                    Variable.delete(airflow_variables.variable_key(rec["source"], t.id))
             except Exception:  # noqa: BLE001 - absent Variables are fine
                 pass
 

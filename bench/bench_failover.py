@@ -40,7 +40,8 @@ from airflow_provider_cdc.pipeline.resync import resync
 from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.pipeline.verify import verify_table
 from airflow_provider_cdc.sinks.event_log import EventLogSink
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, mirror_rows_of
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_readers import mirror_rows_of
 from airflow_provider_cdc.storage.layout import schema_path
 from tests import mariadb_cluster
 from tests.pg_cluster import Cluster

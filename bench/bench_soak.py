@@ -38,7 +38,7 @@ from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
 from airflow_provider_cdc.sinks.base import read_marker
 from airflow_provider_cdc.sinks.event_log import compact_event_log, live_files, table_dir
-from airflow_provider_cdc.sinks.mirror_delta import compact_inactive
+from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, mirror_dir, schema_path
 from airflow_provider_cdc.storage.segment_index import staged_segments
 from airflow_provider_cdc.storage.staged import staged_watermarks

@@ -130,13 +130,13 @@ def _int_env(name: str, default: int) -> int:
 def reset_demo_state(dialect, source: str, table: TableName, data_dir: str) -> None:
     """A rerun starts clean: old outputs, the Variable and the old slot (which would
     otherwise replay the previous run's changes and retain WAL) are removed."""
-    from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc import airflow_variables
 
     storage.delete_dir(data_dir)  # a local folder or a prefix on object storage
     try:
         from airflow.models.variable import Variable
 
-        Variable.delete(progress_store.variable_key(source, table.id))
+        Variable.delete(airflow_variables.variable_key(source, table.id))
     except Exception:  # noqa: BLE001 - absent on a first run
         pass
     for name in ("drop_slot", "drop_publication"):
@@ -172,7 +172,7 @@ How to read them (venv python; `source scripts/env.sh` first)
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, count(*) FROM '{ev}/*.parquet' GROUP BY op\\"))"
   duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, source.position, after.amount FROM read_parquet('{ev}/*.parquet', union_by_name=true) WHERE key = '[42]' ORDER BY source.position\\"))"
   deltalake: python -c "from deltalake import DeltaTable, QueryBuilder; print(QueryBuilder().register('t', DeltaTable('{mir}')).execute('SELECT count(*) AS live_rows FROM (SELECT __deleted, row_number() OVER (PARTITION BY __key ORDER BY __position DESC) AS n FROM t) WHERE n = 1 AND NOT __deleted').read_all())"
-  pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_delta import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
+  pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_readers import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
   status   : airflow-cdc status
   verify   : airflow-cdc verify --conn-id {source} --table {table.id} --data-dir {data_dir} --events
 """  # noqa: S608 - printed help text, no SQL is run here

@@ -213,9 +213,9 @@ class Deployment:
             time.sleep(1)
 
     def progress(self, table_id: str, source: str = "cdc_source") -> dict | None:
-        from airflow_provider_cdc import progress_store
+        from airflow_provider_cdc import airflow_variables
 
-        v = self.api("GET", f"/api/v2/variables/{progress_store.variable_key(source, table_id)}", ok404=True)
+        v = self.api("GET", f"/api/v2/variables/{airflow_variables.variable_key(source, table_id)}", ok404=True)
         return None if v is None else json.loads(v["value"])
 
 

@@ -1,27 +1,8 @@
 """Canonical values (core/schema.py) -> typed Arrow columns, without loss.
 
-Both mirrors store typed columns, so a consumer reading the Delta table with pyarrow,
-pandas, duckdb or Spark gets numbers as numbers and timestamps as timestamps. Where a
-logical type has no lossless typed form in Delta Lake, the canonical text is kept:
-
-=================  ============================================================
-logical type       Arrow / Delta type
-=================  ============================================================
-bool               bool
-int16/32/64        int16 / int32 / int64
-uint64             decimal(20, 0)  (Delta has no unsigned integers)
-float32/float64    float32 / float64 (NaN and infinities restored)
-decimal(p,s)       decimal128(p, s) for p <= 38, else string (exact text)
-decimal            string (unbounded precision: the source's exact text)
-string, uuid       string
-json               string (the JSON text as the source rendered it)
-binary             binary (base64 decoded)
-date               date32 (infinity, BC, far years, zero dates: core/temporal.py)
-time               string (MySQL TIME may be negative or beyond 24 h)
-timestamp          timestamp[us] without zone (Delta timestamp_ntz), as date
-timestamptz        timestamp[us, tz=UTC], as date
-array<T>           string (canonical JSON list; keeps multi-dimensional arrays)
-=================  ============================================================
+Both mirrors store typed columns, so a consumer gets numbers as numbers and timestamps as
+timestamps; where a logical type has no lossless typed form, the canonical text is kept.
+The Arrow type of each logical type: docs/operations.md (the type table).
 """
 
 from __future__ import annotations

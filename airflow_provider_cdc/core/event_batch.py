@@ -1,19 +1,7 @@
-"""Log events in columns: what capture stages as one segment (storage/staged.py).
-
-A dialect that decodes its log in batches (PostgreSQL: dialects/pgbatch.py) builds an
-:class:`EventBatch` straight from the protocol's bytes, typed a column at a time; a dialect
-that builds events one at a time hands a list of LogEvents, which :func:`events_to_batch`
-turns into the same form. Staging writes both the same way.
-
-An EventBatch is a run of whole transactions in position order:
-
-* ``log``: the log columns of every event (:data:`SEGMENT_SCHEMA`: position, table, op,
-  key, ts_ms, watermark, origin), one row per event;
-* ``parts``: the images of the events, one :class:`ImagePart` per table (or per version of a
-  table's columns, when the log described them anew inside the batch): which rows of ``log``
-  it covers, and their before- and after-images, either as typed structs with the
-  TableSchema they were typed with and the columns kept as canonical text, or as canonical
-  row dicts (typed when staged, with the table's log schema).
+"""Log events in columns: what capture stages as one segment (storage/staged.py), a run of whole
+transactions in position order. A dialect that decodes its log in batches builds an
+:class:`EventBatch` from the protocol's bytes; one that builds events one at a time hands
+LogEvents to :func:`events_to_batch`. Staging writes both the same way.
 """
 
 from __future__ import annotations

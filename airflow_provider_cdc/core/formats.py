@@ -73,7 +73,7 @@ PLAN = Format("snapshot plan", 1, "stop the snapshot and start a new one")
 #: the staged changelog's index (storage/segment_index.py ``_index.json``), a cache of the segments
 SEGMENT_INDEX = Format("staged changelog index", 1, "delete the file: the next capture writes it again from "
                        "the segments")
-#: a mirror's Delta table properties (``cdc.*``, sinks/mirror_delta.py)
+#: a mirror's Delta table properties (``cdc.*``, sinks/mirror_table.py)
 MIRROR = Format("mirror table", 1, "re-snapshot the table into a new mirror (airflow cdc snapshot start)",
                 key="cdc.format_version")
 

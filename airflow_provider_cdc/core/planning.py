@@ -1,27 +1,9 @@
 """Chunk planning: what a snapshot reads (DBLog step 2, planned up front).
 
-* :class:`KeysetPredicate` — ``(k1, .., kn) <op> (v1, .., vn)`` on the primary key as a
-  structure; a dialect renders it (row-value form or the expanded OR form) with its own
-  quoting and placeholder. :func:`chunk_predicates` lists the predicates of one chunk.
-* :class:`SnapshotRequest` — tables, optional chosen keys or key ranges per table, an
-  optional filter, chunk size and parallelism; validated with errors that name the setting.
-* :func:`plan_ranges` — disjoint :class:`ChunkRange` s covering the requested key space
-  exactly, for parallel chunk workers.
-
-The snapshot's upper bound (the choice made here): when a snapshot starts, the largest
-primary key is recorded (``Dialect.max_key``) as an **inclusive** bound. Ranges stay
-end-exclusive ``ChunkRange`` s and the last range of a table keeps ``end = None``; the
-bound is applied as one more predicate, ``key <= upper_bound``, on every chunk
-(:func:`chunk_predicates`). The database compares the keys, so this is
-right for every type and collation (no "successor of the max key" has to be invented,
-which does not exist for text). Rows inserted above the bound later are not read by the
-snapshot: they reach the sinks through the changelog, and constant inserts at the top of
-the key space cannot make the snapshot endless. A table empty at the start has no bound
-(``None``): its snapshot is a single empty chunk.
-
-Key values here are canonical values (core/schema.py), in primary-key order, as tuples.
-Text, UUID and composite keys are only ever compared by the database: boundaries come
-from keys the database sampled in its own order, and planning never re-sorts them.
+:class:`KeysetPredicate` (a dialect renders it), :class:`SnapshotRequest` (validated),
+:func:`plan_ranges` (disjoint ranges covering the key space exactly) and
+:func:`chunk_predicates` with the snapshot's inclusive upper bound (docs/DESIGN.md, "One chunk
+of a snapshot"). Keys are canonical values, compared only by the database.
 """
 
 from __future__ import annotations

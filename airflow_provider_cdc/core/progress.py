@@ -1,31 +1,7 @@
-"""Snapshot progress: the value object stored in one Airflow Variable per snapshot (I4).
-
-It records which planned key ranges are done and, for the others, the last committed key,
-so a snapshot stopped anywhere resumes after the last committed chunk and only the chunk
-in flight is read again. Pause, resume and stop are status changes; the chunk operators
-read the status before starting work (Debezium's pause/resume/stop signals, kept in a
-Variable instead of a signal table).
-
-Status transitions (anything else is a :class:`StateError` that names both states)::
-
-    running -> paused | stopped | done | failed
-    paused  -> running (resume) | stopped | failed
-    failed  -> running (resume, after fixing the cause) | stopped
-    stopped, done: final (start a new snapshot to read again)
-
-Asking for the state a snapshot is already in (pause a paused one, ...) changes nothing,
-so a retried task can repeat its request (I3).
-
-Recording is idempotent too: a chunk result whose ``seq`` is not newer than the last
-recorded one of its range, or whose range is already done, is ignored. A result that does
-not continue from the range's last committed key is refused (a chunk would be skipped).
-
-JSON layout (format version: core/formats.py PROGRESS; compact to fit a Variable): per
-table the range edges ``e = [e0, .., en]`` (``null`` = unbounded) when each range starts
-where the one before ends, else the ranges as ``r = [[start, end], ..]`` (chosen key ranges
-with gaps), and per range ``s``: ``1`` done, ``0`` not started, or ``[last_key, last_seq]``.
-Adjacent done ranges coalesce (the edge between them is dropped), so a finished table is one
-range whatever its plan was.
+"""Snapshot progress (I4): the value stored per (source, table), with its status transitions
+(docs/DESIGN.md, "Snapshot state") and the planned key ranges, each done or with its last
+committed key, so a snapshot stopped anywhere resumes after its last committed chunk.
+Requests and recording are idempotent (I3); the JSON form: docs/DESIGN.md, "Persisted formats".
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
 """Table names, column types and the canonical value encoding shared by every dialect and sink.
 
-Canonical values are JSON-safe and identical whichever path read them (chunk SELECT or
-changelog): this is what makes a chunk row and a log event for the same row compare
-equal, and what sinks decode back into typed columns without loss.
-
-Logical type -> canonical JSON value:
-
-=================  ==========================================================
-bool               true / false
-int16/int32/int64  JSON integer
-uint64             JSON integer (MySQL BIGINT UNSIGNED)
-float32/float64    JSON number; NaN / Infinity / -Infinity as those strings
-decimal(p,s)       string, the source's exact text (``"12.3400"``); ``decimal`` = unbounded
-string             string (also CHAR, TEXT, ENUM, MySQL SET as ``"a,b"``)
-binary             base64 string (standard alphabet, padded)
-date               ``"YYYY-MM-DD"``
-time               ``"HH:MM:SS.ffffff"`` (MySQL TIME may be negative or > 24h: ``"-838:59:59.000000"``)
-timestamp          ``"YYYY-MM-DDTHH:MM:SS.ffffff"`` (no zone)
-timestamptz        ``"YYYY-MM-DDTHH:MM:SS.ffffffZ"`` (normalised to UTC)
-uuid               lowercase string
-json               string, the JSON text as the source renders it
-array<T>           JSON list of canonical T values (nested lists for multi-dim)
-=================  ==========================================================
+A value is JSON-safe and identical whichever path read it (chunk SELECT or changelog), so a
+chunk row and a log event of the same row compare equal and sinks type it back without loss.
+One canonical value per logical type: docs/operations.md (the type table).
 """
 
 from __future__ import annotations

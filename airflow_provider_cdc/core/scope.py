@@ -1,15 +1,8 @@
-"""The capture scope, and the one check every reader of a source goes through (invariant I15).
-
-Snapshot (a run's conf and its plan), verify (the CLI, the ``cdc_verify`` DAG the CDC page
-triggers), repair (a snapshot run), export and the page's actions all ask
-:meth:`CaptureScope.check` before they read anything of a table: the server's catalogs,
-the watermark table and tables the administrator did not put in the scope are refused with
-the same message, whichever door was used.
-
-Also the grammars of the names that come back from Variables, XCom and files before they
-become path components or arguments (:func:`check_source_name`, :func:`check_snapshot_id`),
-and :func:`drop_row_values`, which takes the row values out of a database error's text
-before it is stored or shown. Pure: no Airflow, no driver.
+"""The capture scope, and the one check every reader of a source goes through (I15):
+:meth:`CaptureScope.check` refuses catalogs, the watermark table and tables outside the scope
+with one message, whichever door asked. Also the grammars of names read back from Variables,
+XCom and files (:func:`check_source_name`, :func:`check_snapshot_id`) and
+:func:`drop_row_values` for error texts. Pure: no Airflow, no driver.
 """
 
 from __future__ import annotations

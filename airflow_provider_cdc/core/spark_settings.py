@@ -1,20 +1,6 @@
-"""Which Spark settings ``CDC_SPARK_CONF`` (and a source's ``spark_conf``) may give a spark-submit.
-
-The sources config is code (the docs' security page, the trust model): it is reviewed like the DAG
-folder and kept where only those who may change DAGs write. This allowlist is defence in
-depth on top of that, not the boundary: a mistake or a compromised config still cannot make a
-merge or apply submit run code of its choosing. Many Spark settings run code or carry
-credentials (``spark.driver.extraJavaOptions`` takes a ``-javaagent``, ``spark.jars*`` and
-``*.extraClassPath`` load classes, ``spark.executorEnv.*`` and ``spark.pyspark.python`` choose
-what runs, ``spark.sql.extensions`` and ``spark.sql.catalog.*`` load plugins, ``spark.hadoop.*``
-/ ``spark.kubernetes.*`` / ``spark.yarn.*`` hold keys and tokens), and some tuning settings take
-a class name as their value (``spark.io.compression.codec``, a codec class or a short name;
-``spark.sql.adaptive.customCostEvaluatorClass``). So only tuning is accepted here: memory,
-cores, instances, dynamic allocation, shuffle and SQL tuning; no key that names a class, and a
-codec only by its short name; anything else is refused, naming the key. An administrator sets
-the others where only administrators write: the Spark installation's ``spark-defaults.conf``
-(the Spark connection chooses the installation), or a DAG file of their own that passes
-``conf=`` to the operators.
+"""Which Spark settings ``CDC_SPARK_CONF`` (and a source's ``spark_conf``) may give a
+spark-submit: tuning only, no key that names a class; anything else is refused, naming the key
+(why: docs/DESIGN.md, "Security").
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""Dates and timestamps Python's ``datetime`` cannot hold, as exact integers (no datetime).
-
-Canonical text (core/schema.py): ISO 8601 with the astronomical year, so every value the
-databases store has one form:
-
-- ``YYYY-MM-DD`` / ``YYYY-MM-DDTHH:MM:SS.ffffff[Z]`` with 4 or more year digits (PostgreSQL
-  goes to year 294276) and a leading ``-`` before the year for years before 1 (PostgreSQL's
-  ``0044-03-15 BC`` is ``-0043-03-15``: 1 BC is year 0);
-- ``infinity`` / ``-infinity`` (PostgreSQL);
-- MySQL/MariaDB zero and partial dates (``0000-00-00``, ``2020-00-00``, ``2020-05-00``, and
-  the same with a time) keep their text: they name no day, and two of them must stay two keys.
-
-Typed form (Arrow ``date32`` days / ``timestamp[us]`` microseconds since 1970-01-01, the
-proleptic Gregorian calendar both databases use):
-
-- ordinary values, BC and far-future ones included: their exact day / microsecond count;
-- ``infinity`` / ``-infinity``: the type's largest / smallest value (Debezium's convention
-  for PostgreSQL's infinite timestamps, applied to dates too);
-- zero and partial dates: day ``ZERO_DATE_BASE + (year * 13 + month) * 32 + day`` (year
-  100,000 onwards, a range no database writes), timestamps the same day's microseconds plus
-  the time of day. Lossless and ordered by (year, month, day); :func:`days_to_text` and
-  :func:`micros_to_text` give the source's text back.
+"""Dates and timestamps Python's ``datetime`` cannot hold (BC, far years, infinities, MySQL's
+zero and partial dates), as exact integers: their canonical text and their typed Arrow form,
+lossless both ways and ordered (the encoding: docs/operations.md, the type table's notes).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Throttling settings of a snapshot, read again before every round, and the chunk size.
-
-DBLog keeps the source healthy by pacing chunks; an operator must be able to slow a
-running snapshot down (or speed it up) without restarting it. The DAG reads these
-settings (e.g. from the plan or the DAG-run conf) before each round, so a
-change applies from the next round on; chunks in flight finish with the old values.
-
-A chunk's row count is fixed when a run's conf or the DAG's throttle gives ``chunk_size``;
-otherwise (``None``, or ``"auto"``) it adapts (:class:`ChunkSizer`): each chunk of a range is
-sized from the ones read before it so that it takes about ``target_seconds`` and stages about
-``target_bytes``, so sparse, skewed and wide tables give chunks of similar cost.
+"""Throttling settings of a snapshot, read again before every round (a change applies from the
+next round; chunks in flight keep theirs), and the chunk size: fixed by ``chunk_size``, else
+adapted per range by :class:`ChunkSizer` (docs/DESIGN.md, "One chunk of a snapshot": pace).
 """
 
 from __future__ import annotations

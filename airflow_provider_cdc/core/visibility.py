@@ -1,22 +1,6 @@
-"""Which transactions a PostgreSQL snapshot sees (docs/DESIGN.md, "Watermarks without writes").
-
-On a PostgreSQL primary the order of commit records in the WAL is not the order in which
-transactions become visible: a transaction writes its commit record, then (after its flush,
-and after a synchronous standby confirmed it) leaves the set of running transactions. A chunk
-SELECT can therefore miss a change whose commit record lies before the chunk's low watermark.
-The chunk records the snapshot it read (``pg_current_snapshot()``, text ``xmin:xmax:xip,...``
-of 64-bit xids); the window then also drops every key of a transaction before it that this
-snapshot does not see. The log names each transaction by its top-level xid (pgoutput's Begin,
-32 bits), which is what the snapshot's running list holds too; changes made in
-subtransactions are decoded under their top-level transaction, so they are covered with it.
-
-A hot standby is different: ``pg_current_snapshot()`` there lists no running xid at all (a
-standby's snapshot keeps every running xid among its subtransactions, which the function does
-not report), so a transaction the standby knew as running, below the snapshot's xmax, would
-pass for seen. On a standby a transaction becomes visible when its commit record is replayed,
-so a chunk read there records instead the replay position read before its snapshot was taken
-(:class:`ReplayedBefore`): every commit record before it was replayed, and seen; every one at or
-after it may not have been, and the window reaches back to it.
+"""Which transactions a PostgreSQL snapshot sees, on a primary (``pg_current_snapshot()``) and
+on a hot standby (:class:`ReplayedBefore`, a replay position), so a chunk's window also drops
+the keys of transactions its SELECT did not see (docs/DESIGN.md, "Watermarks without writes").
 """
 
 from __future__ import annotations

@@ -1,31 +1,7 @@
-"""The DBLog window merge (steps 4 and 5) and the reference mirror semantics.
-
-Step 4: for every chunk, a row event of the chunk's table whose position lies strictly
-between the chunk's low and high watermark removes that key from the chunk: the log
-already carries a change at least as new as what the SELECT may have seen, and the
-SELECT may have seen it or not (it ran somewhere inside the window), so the chunk's
-copy of that row cannot be trusted to be newer than the log.
-A TRUNCATE of the chunk's table (``op = "t"``, no key) inside the window changes every
-key: the whole chunk is dropped.
-Step 5: the rows left are emitted as ``op = "r"`` events at the high watermark's
-position. Every change of the row that committed before the low watermark is older
-than the chunk row (the read is non-stale), every change after the high watermark is
-newer, and the window in between was handled by step 4: so per key, positions only
-grow (I1).
-
-One call handles one chunk or a whole round (disjoint key ranges, overlapping windows,
-windows in any order): each chunk is filtered by its own window in one pass over the log.
-Steps 4 and 5 are written once, on Arrow tables: :func:`window_survivors` (step 4) and
-:func:`read_events` (step 5). Every engine calls them per chunk: the in-process engine
-(pipeline/arrow_engine.py), the Spark engine on its executors (pipeline/spark/merge_job.py,
-a cogroup of each chunk's rows with the log rows inside its window) and
-:func:`merge_window`, the event-object form the property tests drive.
-
-Retries: every chunk attempt writes a fresh pair of watermark ids, so the watermarks of
-a failed attempt ("orphans") are named by no chunk and simply ignored. The same id seen
-twice (a re-delivered changelog segment) counts at its earliest position. A high
-watermark that is not in the log yet raises :class:`NotReadyError`: emitting before the
-window is closed could miss a conflicting change, so never emit early.
+"""The DBLog window merge (steps 4 and 5, docs/DESIGN.md "One chunk of a snapshot"), written
+once on Arrow tables: :func:`window_survivors` (step 4) and :func:`read_events` (step 5), which
+every engine calls per chunk, and :func:`merge_window`, the event-object form the property
+tests drive. A window not closed yet raises :class:`NotReadyError`: never emit early.
 """
 
 from __future__ import annotations

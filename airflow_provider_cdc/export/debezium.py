@@ -1,30 +1,8 @@
-"""The event log as Debezium's JSON: the records Debezium's PostgreSQL or MySQL/MariaDB
-connector would publish for the same changes, serialised by Kafka Connect's JsonConverter
-(``schemas.enable=true``), so consumers written for Debezium read the export unchanged.
-
-The format is Debezium 3.x's with its default settings (``decimal.handling.mode=precise``,
-``time.precision.mode=adaptive`` on PostgreSQL and ``adaptive_time_microseconds`` on MySQL,
-``binary.handling.mode=bytes``, ``bigint.unsigned.handling.mode=long``,
-``tombstones.on.delete=true``, ``skipped.operations=t``), as its source code builds it (the
-documentation's examples are older): the envelope (version 2) is ``before, after, source,
-transaction, op, ts_ms, ts_us, ts_ns``; schema names are ``<topic prefix>.<schema or
-database>.<table>.Value|Key|Envelope``. One record is one JSON line, ``{"key": <key document>,
-"value": <value document or null>}``: the JsonConverter's output for the Kafka record's key
-and value (a tombstone after each delete has a null value; a TRUNCATE, when not skipped, a
-null key); or, in the "value" form, the value document alone (Flink's ``debezium-json``).
-Every document is valid against its own schema: a zero date in a required field (a key, a NOT
-NULL column) takes a non-null number (:func:`zero_date_days`) where Debezium would write null.
-
-Where Debezium's own output depends on things the event log does not hold, the export says
-what it writes instead (docs: outputs, "Debezium JSON"): ``source.txId``/``lsn``/``sequence``
-(PostgreSQL) and ``server_id``/``gtid``/``thread``/``file`` (MySQL) are what capture staged,
-else null; the top-level ``ts_*`` (Debezium's processing time) is the commit time; column
-DEFAULTs are not in the schema (Debezium adds ``"default"`` for constant defaults); snapshot
-rows are ``op: r`` with ``snapshot: "incremental"``, as Debezium's own DBLog-style incremental
-snapshot marks them.
-
-Value rules per column (:func:`field_schema`, :func:`value_converter`) take the column's source
-type (PostgreSQL ``format_type``, MySQL ``COLUMN_TYPE``) and logical type.
+"""The event log as Debezium's JSON: the records Debezium's PostgreSQL or MySQL/MariaDB connector
+would publish for the same changes, serialised by Kafka Connect's JsonConverter, so consumers
+written for Debezium read the export unchanged. The settings it matches, what it writes where
+the event log lacks Debezium's input, and why every document validates against its own schema:
+docs/outputs.md, "Debezium JSON".
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from ..core.errors import CdcError, ConfigurationError
+from ..core.errors import ConfigurationError
 from ..dialects.base import ConnectionParams, Dialect
 from ..dialects.registry import get_profile, profiles
 from ..settings import FromSettings
@@ -64,7 +64,13 @@ class CdcSourceHook(BaseHook):
     """The source database of a CDC pipeline (PostgreSQL or MySQL/MariaDB).
 
     Built lazily: nothing connects until :meth:`get_dialect` or :meth:`test_connection`.
-    ``source`` names the staging folder of this source; it defaults to the connection id.
+
+    :param cdc_conn_id: the Airflow connection of the source database.
+    :param source: the name of the source's staging folder; default the connection id.
+    :param tables: the capture scope (``schema.table`` ids); default CDC_TABLES.
+    :param all_tables: capture every table (opt-in); default CDC_CAPTURE_ALL_TABLES.
+    :param key_columns: table id -> the key columns of a table without a primary key;
+        default CDC_KEY_COLUMNS.
     """
 
     conn_name_attr = "cdc_conn_id"
@@ -211,7 +217,9 @@ class CdcSourceHook(BaseHook):
                 dialect.check_prerequisites()
                 warning = _retention_warning(dialect)
         except Exception as exc:  # noqa: BLE001 - a driver error is reported, not raised, by contract
-            return False, _without(_failure_text(exc, conn_id, where), password)
+            from .task_errors import describe_connection_failure
+
+            return False, _without(describe_connection_failure(exc, conn_id, where), password)
         return True, f"connection {conn_id!r} ({where}) is ready for CDC" + (f"; WARNING: {warning}" if warning else "")
 
 
@@ -234,40 +242,6 @@ def _where(params: ConnectionParams) -> str:
     engine, port = profile.label, params.port or profile.default_port
     user = f"{params.user!r}@" if params.user else ""
     return f"{engine} {user}{params.host}:{port}/{params.database or ''}"
-
-
-def _failure_text(exc: BaseException, conn_id: str, where: str) -> str:
-    """What a failed connection test says: the connection, the server and what to fix."""
-    from .task_errors import _chain, _driver_kind, _driver_text
-
-    chain = list(_chain(exc))
-    for e in chain:
-        kind = _driver_kind(e)
-        text = _driver_text(e).rstrip(".")
-        if kind == "auth":
-            what = "database" if "does not exist" in text or "Unknown database" in text else "login"
-            fix = ("the database (the connection's schema field) exists on that server and is spelled as the "
-                   "server has it" if what == "database" else
-                   "the login and password of the connection, and that the server lets this user in from "
-                   "this host (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)")
-            return f"connection {conn_id!r}: {where} refused the {what}: {text}{_stop(text)} Check {fix}"
-        if kind == "config":
-            if "Unknown database" in text or "does not exist" in text:
-                return (f"connection {conn_id!r}: {where}: {text}. Check that the database (the connection's schema "
-                        "field) exists on that server")
-            return (f"connection {conn_id!r}: {where}: {text}. Grant what is missing to the connection's user, or "
-                    "correct the database it names")
-        if kind == "transient":
-            return (f"connection {conn_id!r}: cannot reach {where}: {text}{_stop(text)} Check the host and port of the "
-                    "connection, and that the server runs and accepts connections from this host")
-    if isinstance(exc, CdcError):  # prerequisites: each problem with the statement or setting that fixes it
-        return f"connection {conn_id!r}: {exc}"
-    return f"connection {conn_id!r} ({where}): {type(exc).__name__}: {' '.join(str(exc).split())}"
-
-
-def _stop(text: str) -> str:
-    """The end of a driver's sentence before ours (``?`` ends libpq's own question)."""
-    return "" if text.endswith(("?", "!")) else "."
 
 
 def _without(text: str, password: str | None) -> str:
@@ -311,7 +285,13 @@ class CdcSourceMixin(StorageConnectionMixin):
     source's :attr:`hook`. Put it before the Airflow base class. A mapped operator's class
     names these keywords in its own ``__init__`` as well: ``partial()`` checks keywords against
     the signatures of BaseOperator subclasses only. Configuration errors of its tasks are not
-    retried (:mod:`.task_errors`)."""
+    retried (:mod:`.task_errors`).
+
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     data_dir = FromSettings("data_dir")
     cdc_conn_id = FromSettings("conn_id")

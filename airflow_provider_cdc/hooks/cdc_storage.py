@@ -1,20 +1,7 @@
-"""Object-storage credentials from an Airflow connection (``CDC_STORAGE_CONN_ID``).
-
-storage/ takes S3 settings from the standard AWS environment variables and imports no
-Airflow. When the settings name a connection instead, the glue resolves it where it is
-used and hands it to the storage layer explicitly, never through ``os.environ`` (shared
-with every thread and inherited by every child process):
-
-- a task: when it starts, for its own process (storage.use_settings; a task process runs
-  one task), so the storage layer and deltalake use it;
-- the triggerer, shared by every source's triggers: per poll, for that call only
-  (storage.scoped_settings, a ContextVar);
-- a spark-submit: a 0600 file in a private folder, deleted after the job, whose path is
-  the job's ``--storage-credentials`` (operators/spark_jobs.py).
-
-The fields follow the Amazon provider's ``aws`` connection: login = access key id,
-password = secret access key, extra ``endpoint_url``, ``region_name``,
-``aws_session_token``. Nothing of it is written to XCom, a trigger's arguments or a log.
+"""Object-storage credentials from an Airflow connection (``CDC_STORAGE_CONN_ID``, fields as the
+Amazon provider's ``aws`` connection), resolved where they are used and handed to the storage
+layer explicitly: for a task's process, per trigger poll, or a 0600 file for a spark-submit
+(docs/security.md). Nothing of it reaches XCom, a trigger's arguments or a log.
 """
 
 from __future__ import annotations
@@ -75,7 +62,10 @@ class StorageConnectionMixin:
     """For the package's operators and sensors: ``cdc_overrides`` (the ``CDC_*`` values of
     one source of the sources config, on top of the environment, for every setting the
     task reads) and the storage connection in place before ``execute``. A DAG gives
-    ``cdc_overrides`` to each task, or to all of them through ``default_args``."""
+    ``cdc_overrides`` to each task, or to all of them through ``default_args``.
+
+    :param cdc_overrides: ``CDC_*`` setting name -> value, over the environment's.
+    """
 
     def __init__(self, *, cdc_overrides: Mapping[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)  # type: ignore[call-arg]

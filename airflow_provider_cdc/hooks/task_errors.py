@@ -1,17 +1,7 @@
-"""Which errors of a task are the user's configuration (fail at once, no retry) and which are
-transient (retried as the task's ``retries`` say), decided in one place for every operator and
-sensor of the package (CdcSourceMixin wraps their ``execute``, ``poke`` and ``execute_complete``).
-
-A retry cannot fix a missing scope, an unknown connection id, a wrong password, a missing grant
-or ``wal_level=replica``: retried, it only repeats the same traceback (four of them over a minute
-with the changelog DAG's three retries) and buries the message. Those fail the task once with
-Airflow's ``AirflowFailException``, whose message (the provider's, naming the source, the
-connection and the fix) is the last line of the task's traceback; the task's
-``on_failure_callback`` still runs (the snapshot DAG marks its snapshots failed).
-
-Transient faults are retried as before: a refused or dropped connection, a timeout, a
-serialization failure or deadlock, a slot still held by a reader that just stopped, a standby
-behind, another capture holding the lock (StateError), a high watermark not staged yet.
+"""Which errors of a task are the user's configuration (fail at once, without retries, with a
+message naming the source, the connection and the fix) and which are transient (retried as
+``retries`` say), decided in one place for every operator and sensor of the package
+(docs/DESIGN.md, "What operators and consumers see").
 """
 
 from __future__ import annotations
@@ -133,14 +123,18 @@ def connection_help(conn_id: str | None) -> str:
             f"AIRFLOW_CONN_{conn_id.upper()})")
 
 
-def describe_user_error(exc: BaseException, *, conn_id: str | None = None, source: str | None = None) -> str | None:
+def describe_user_error(exc: BaseException, *, conn_id: str | None = None, source: str | None = None,
+                        server: str | None = None) -> str | None:
     """The message for a user when ``exc`` (or what it was raised from) is a configuration
     error a retry cannot fix: it names the source, the connection and what to check. None when
-    the error is transient or not known to be the user's."""
+    the error is transient or not known to be the user's. ``server`` (a connection test: the
+    server it tried, as ``PostgreSQL 'user'@host:port/db``) is named in the message, and a
+    transient fault is then worded too: a test reports it, it retries nothing."""
     chain = list(_chain(exc))
-    for e in chain:  # a transient fault anywhere underneath: retry, even when wrapped
-        if _driver_kind(e) == "transient" or getattr(e, "retryable", False):
-            return None
+    if server is None:
+        for e in chain:  # a transient fault anywhere underneath: retry, even when wrapped
+            if _driver_kind(e) == "transient" or getattr(e, "retryable", False):
+                return None
     where = f"source {source!r}: " if source else ""
     for e in chain:
         missing = _unknown_connection(e)
@@ -150,17 +144,43 @@ def describe_user_error(exc: BaseException, *, conn_id: str | None = None, sourc
                     f"'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's 'conn_id' in "
                     "the sources config) to the connection that exists")
         kind = _driver_kind(e)
+        text = _driver_text(e).rstrip(".")
+        no_database = "does not exist" in text or "Unknown database" in text
         if kind == "auth":
-            return (f"{where}the database refused the login of {connection_help(conn_id)}: "
-                    f"{_driver_text(e)}. Check the login, password, database (schema field) and host of that "
-                    "connection, and that the server lets this user in from here (PostgreSQL: pg_hba.conf; "
-                    "MariaDB/MySQL: the user's host part)")
+            what = "database" if no_database else "login"
+            fix = ("that the database (the connection's schema field) exists on that server and is spelled as the "
+                   "server has it" if no_database else
+                   "the login, password, database (schema field) and host of that connection, and that the server "
+                   "lets this user in from here (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)")
+            return (f"{where}{server or 'the database'} refused the {what} of {connection_help(conn_id)}: "
+                    f"{text}{_stop(text)} Check {fix}")
         if kind == "config" and not isinstance(exc, CdcError):
-            return (f"{where}{_driver_text(e)} (connection {conn_id!r}). Grant what is missing to the connection's "
-                    "user, or correct the table or database it names")
+            fix = ("Check that the database (the connection's schema field) exists on that server" if no_database else
+                   "Grant what is missing to the connection's user, or correct the table or database it names")
+            on = f" on {server}" if server else ""
+            return f"{where}{text} (connection {conn_id!r}{on}). {fix}"
+        if kind == "transient":  # only with a server: a task retries instead
+            return (f"connection {conn_id!r}: cannot reach {server}: {text}{_stop(text)} Check the host and port of "
+                    "the connection, and that the server runs and accepts connections from this host")
     if isinstance(exc, (ConfigurationError, SourceError)):
         return f"{where}{exc}" if source and source not in str(exc) else str(exc)
     return None
+
+
+def describe_connection_failure(exc: BaseException, conn_id: str, server: str) -> str:
+    """What a failed connection test says: :func:`describe_user_error` for ``server``, and for
+    an error it does not know, the error itself (a test always says why it failed)."""
+    known = describe_user_error(exc, conn_id=conn_id, server=server)
+    if known is not None:
+        return known if f"{conn_id!r}" in known else f"connection {conn_id!r}: {known}"
+    if isinstance(exc, CdcError):  # prerequisites: each problem with the statement or setting that fixes it
+        return f"connection {conn_id!r}: {exc}"
+    return f"connection {conn_id!r} ({server}): {type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _stop(text: str) -> str:
+    """The end of a driver's sentence before ours (``?`` ends libpq's own question)."""
+    return "" if text.endswith(("?", "!")) else "."
 
 
 def fail_without_retry(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,11 +20,18 @@ log = logging.getLogger(__name__)
 class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
     """Drain the changelog of one source to ``{data_dir}/staging/{source}/changelog``.
 
-    Returns the CaptureResult as a dict (XCom). When another capture of the same source
-    holds the lock, the task is skipped (``skip_if_locked=True``) or fails.
-    ``max_events`` caps the events of one run; ``segment_max_events`` is the size of each
-    staged segment (memory is bounded by one segment; default: the connection's
-    ``segment_max_events`` extra, else 20,000; 0: one segment per run).
+    Returns the CaptureResult as a dict (XCom).
+
+    :param max_events: the most events one run stages; default CDC_CAPTURE_MAX_EVENTS.
+    :param segment_max_events: events per staged segment, which bounds the task's memory; default
+        CDC_CAPTURE_SEGMENT_MAX_EVENTS, else the connection's ``segment_max_events`` extra, else
+        20,000; 0: one segment per run.
+    :param skip_if_locked: when another capture of the source holds the lock, skip the task
+        (True) or fail it (False).
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     """
 
     template_fields: Sequence[str] = ("cdc_conn_id", "data_dir", "source", "max_events", "segment_max_events")
@@ -64,9 +71,9 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         result, lag = done
         if lag is not None:
             _emit_lag_metrics(lag)
-            from .. import progress_store
+            from .. import airflow_variables
 
-            progress_store.save_lag(lag.source, lag.record(time.time()))
+            airflow_variables.save_lag(lag.source, lag.record(time.time()))
         return {
             "source": self.hook.source,
             "events": result.events,
@@ -111,12 +118,12 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         now = load(overrides=getattr(self, "cdc_overrides", None))
         if now.staging_retention_hours is None:
             return None
-        from .. import progress_store
+        from .. import airflow_variables
 
         source = self.hook.source
 
         def snapshot_of(table_id: str) -> tuple[str, str, float | None] | None:
-            p = progress_store.load(source, table_id, self.data_dir)
+            p = airflow_variables.load(source, table_id, self.data_dir)
             return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
 
         return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)

@@ -1,7 +1,7 @@
 """Snapshot operators: plan (the run's conf applied), chunk (DBLog's steps over one range),
 commit (progress after the merge). The glue between a task's context and the snapshot
 controller (pipeline/snapshot_controller.py), which holds the lifecycle, the chunk loop and
-the commit; the snapshot's state is its progress (pipeline/progress_store.py, compare-and-set).
+the commit; the snapshot's state is its progress (pipeline/snapshot_state.py, compare-and-set).
 
 A snapshot DAG run is a bounded job: plan -> chunk tasks mapped over the planned ranges
 -> high-watermark sensor -> Spark merge -> commit.
@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from .. import progress_store
+from .. import airflow_variables
 from ..core.errors import ConfigurationError
 from ..core.plans import THROTTLE_KEYS, WorkItem
 from ..core.progress import SnapshotProgress
@@ -85,7 +85,7 @@ def _run_alive(context: Any) -> Any:
 
 def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: str) -> bool:
     """pipeline.snapshot_controller.pause_for_dag_pause on this source's published progress."""
-    return controller.pause_for_dag_pause(progress_store.for_source(source, data_dir), table_id, snapshot_id)
+    return controller.pause_for_dag_pause(airflow_variables.for_source(source, data_dir), table_id, snapshot_id)
 
 
 def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, data_dir: str) -> list[str]:
@@ -102,7 +102,7 @@ def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, d
             valid.append((table_id, check_snapshot_id(snapshot_id, f"the plan's work item of table {table_id}")))
         except ConfigurationError as exc:
             log.warning("not marked failed: %s", exc)
-    return controller.mark_failed(progress_store.for_source(source, data_dir), valid, safe_error_text(error))
+    return controller.mark_failed(airflow_variables.for_source(source, data_dir), valid, safe_error_text(error))
 
 
 def record_snapshot_failure(context: Any) -> None:
@@ -151,7 +151,7 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
         authority, each write published to a Variable), its connection, the settings."""
         source, now = self.hook.source, load(overrides=self.cdc_overrides)
         return SnapshotController(
-            source=source, data_dir=self.data_dir, progress=progress_store.for_source(source, self.data_dir),
+            source=source, data_dir=self.data_dir, progress=airflow_variables.for_source(source, self.data_dir),
             connect=self.hook.get_dialect, sinks=sink_names(sinks or now.sinks),
             compact_budget_rows=now.mirror_compact_budget_rows, retention_hours=now.mirror_retention_hours,
             chunk_sizing=now.chunk_sizing, run_id=run_id or (context or {}).get("run_id"), **kwargs)
@@ -166,6 +166,14 @@ class SnapshotPlanOperator(_SourceOperator):
     the progress store. ``resume``: continue every range after its last committed chunk (with
     the throttle of this conf). ``pause``/``stop``: change the status only (running chunk
     tasks stop before their next chunk) and return no work.
+
+    :param conf: the run's conf (``action``, ``tables``, throttle keys...; untrusted, validated).
+    :param default_tables: the tables a conf without ``tables`` snapshots; default CDC_TABLES.
+    :param conf_defaults: throttle keys (chunk_size, parallelism...) under the run's conf.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     """
 
     template_fields: Sequence[str] = ("conf", "data_dir", "cdc_conn_id", "source", "default_tables")
@@ -214,7 +222,15 @@ class SnapshotChunkOperator(_SourceOperator):
     """Read one planned range chunk by chunk, each chunk between a fresh pair of watermarks
     (SnapshotController.read_range): after the last committed chunk of the range (retry,
     resume); stops early when the snapshot is paused or stopped, or the DAG is paused.
-    Returns the ChunkResult dicts of the range that are not merged yet."""
+    Returns the ChunkResult dicts of the range that are not merged yet.
+
+    :param work: one WorkItem dict of the plan task's XCom (a range of one table).
+    :param check_dag_paused: stop before the next chunk when the DAG is paused.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     template_fields: Sequence[str] = ("work", "data_dir", "cdc_conn_id", "source")
     ui_color = "#d4f0d4"
@@ -244,7 +260,14 @@ class SnapshotChunkOperator(_SourceOperator):
 class SnapshotCommitOperator(_SourceOperator):
     """After the merge wrote the round: mark its chunks merged and record them in the
     snapshot's progress; a snapshot whose ranges are all read and merged is done.
-    Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk)."""
+    Idempotent: a retried commit records nothing twice (SnapshotProgress.record_chunk).
+
+    :param chunks: the ChunkResult dicts the round merged (the chunk tasks' XCom).
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    """
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "cdc_conn_id", "source")
     ui_color = "#ffd9b3"

@@ -323,12 +323,12 @@ class SnapshotMergeOperator(_CdcJobOperator):
     def _dead_snapshots(self, chunks) -> set[tuple[str, str]]:
         """(table, snapshot id) of the round whose snapshot was stopped or replaced: their
         chunks are not merged (a stop means no more output from that snapshot)."""
-        from .. import progress_store
+        from .. import airflow_variables
 
         dead = set()
         for key in {(c.table, c.snapshot_id) for c in chunks}:
-            p = progress_store.load(self.source, key[0], self.data_dir)
-            if p is None or p.snapshot_id != key[1] or p.status == progress_store.STOPPED:
+            p = airflow_variables.load(self.source, key[0], self.data_dir)
+            if p is None or p.snapshot_id != key[1] or p.status == airflow_variables.STOPPED:
                 dead.add(key)
         return dead
 
@@ -470,7 +470,7 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
             self.log.info("the changelog of %r is being captured elsewhere; waiting for it", self.source)
 
     def _commit(self, chunks: list[dict]) -> None:
-        from .. import progress_store
+        from .. import airflow_variables
         from ..pipeline.snapshot_controller import SnapshotController
         from ..settings import load
 
@@ -480,7 +480,7 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
             raise RuntimeError("merge_while_reading does not connect to the source")
 
         SnapshotController(source=self.source, data_dir=self.data_dir,
-                           progress=progress_store.for_source(self.source, self.data_dir), connect=no_source,
+                           progress=airflow_variables.for_source(self.source, self.data_dir), connect=no_source,
                            sinks=sink_names(self.sinks), compact_budget_rows=now.mirror_compact_budget_rows,
                            retention_hours=now.mirror_retention_hours).commit(chunks, finish=False)
 
@@ -587,7 +587,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
         summary = super().execute(context)
         stopped = {}
         if "mirror" in sink_names(self.sinks):
-            from ..sinks.mirror_delta import schema_stopped_tables
+            from ..sinks.mirror_fencing import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
         self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,

@@ -18,7 +18,7 @@ def verify_for_dag(conf: Any, overrides: Mapping[str, str] | None = None) -> dic
     location are the DAG's (the sources config's entry or the environment), never the conf's or
     a Variable's; the table passes the one scope check (core/scope.py, I15) before anything is
     read. Returns the counts (no row values: the task's XCom and log stay free of them)."""
-    from .. import progress_store, settings
+    from .. import airflow_variables, settings
     from ..core.errors import ConfigurationError
     from ..core.schema import TableName
     from ..hooks.cdc_source import CdcSourceHook
@@ -39,7 +39,7 @@ def verify_for_dag(conf: Any, overrides: Mapping[str, str] | None = None) -> dic
             verified_after_gap(dialect, now.data_dir, table.id)
     keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different")
     counts = {k: v for k, v in res.to_dict().items() if k in keep}
-    progress_store.save_verify(now.source, table.id, {**counts, "repair_conf": res.repair_conf(), "ok": res.ok,
+    airflow_variables.save_verify(now.source, table.id, {**counts, "repair_conf": res.repair_conf(), "ok": res.ok,
                                                       "at": round(time.time(), 3), "repair_run": None,
                                                       "event_violations": None})
     log.info("verify of %s (source %r): %s", table.id, now.source, res.summary())

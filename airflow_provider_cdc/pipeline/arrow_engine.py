@@ -1,25 +1,10 @@
-"""The merge and apply jobs in one Python process (pyarrow), for rounds too small to pay a spark-submit.
+"""The merge and apply jobs in one Python process (pyarrow), for rounds too small to pay a
+spark-submit (~20 s before it reads a byte); the operators choose by ``local_max_rows``.
 
-A spark-submit costs ~20 s on an idle 2-core machine before it reads a byte (JVM start,
-SparkSession, Python workers) and 40-60 CPU seconds; a snapshot round of a few thousand
-rows or a changelog batch of a few hundred changes needs well under a second of work.
-The operators in operators/spark_jobs.py therefore run these functions in the Airflow
-worker when the input is at most ``local_max_rows`` rows, and submit the Spark job above
-that. Both engines:
-
-* locate the windows the same way (windows.locate_windows: a NotReadyError names the
-  chunk whose high watermark is not staged; nothing is emitted early);
-* call core.window's one DBLog steps 4-5 per chunk (window_survivors: a change of the
-  chunk's table strictly between its low and high watermark drops that key; read_events:
-  survivors are ``r`` events at the high watermark's position), de-duplicate overlapping
-  segments with the same rule (spark.common.segment_lower_bounds), and name output
-  batches the same way;
-* write through the same sink objects in the same groups, so the event files and the
-  mirror are identical whichever engine ran (tests/integration/test_spark_jobs.py runs
-  both on the same inputs and compares them with each other: tests/integration/test_engine_conformance.py).
-
-The shared apply loop (markers, batches of segments) lives here too: the Spark apply job
-calls :func:`apply_segments` with a reader that returns Spark's rows as Arrow.
+Both engines locate windows, call core.window's steps 4-5, de-duplicate segments and name
+batches the same way and write through the same sinks, so their outputs are identical (I8,
+tests/integration/test_engine_conformance.py). The apply loop (:func:`apply_segments`) is
+shared: the Spark apply job calls it with a reader of Spark's rows.
 """
 
 from __future__ import annotations
@@ -46,6 +31,7 @@ from ..sinks.base import (
     typed_event_schema,
     typed_events_table,
     write_marker,
+    write_to_sinks,
 )
 from ..storage.layout import changelog_dir as staged_changelog_dir
 from ..storage.segment_index import read_index
@@ -56,8 +42,8 @@ from ..storage.staged import (
     read_chunk,
     read_table,
     segment_images,
+    segment_lower_bounds,
 )
-from .spark import common
 from .windows import DEFAULT_BATCH_ROWS, describe, locate_windows, window_groups
 
 log = logging.getLogger(__name__)
@@ -90,7 +76,7 @@ def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
 def segment_table(path: str, *, lower: str = "", after: Position | None = None, upto: Position | None = None,
                   columns: Sequence[str] | None = None) -> pa.Table:
     """One staged segment's events with ``lower < position`` (its de-duplication bound,
-    spark.common.segment_lower_bounds) and ``after < position <= upto``, in ``columns``
+    storage.staged.segment_lower_bounds) and ``after < position <= upto``, in ``columns``
     (position always included)."""
     cols = list(columns or SEGMENT_SCHEMA.names)
     if "position" not in cols:
@@ -114,9 +100,9 @@ def _in_range(positions, lower: str, after: str | None, upto: str | None):
 def segment_units(segments: Segments, after: Position | None, upto: Position | None) -> list[tuple]:
     """One unit per staged segment that can hold events in ``(after, upto]``: ``(path, lower,
     after, upto)`` with encoded positions (None: open), ``lower`` the segment's
-    de-duplication bound judged over every segment (spark.common.segment_lower_bounds: an
+    de-duplication bound judged over every segment (storage.staged.segment_lower_bounds: an
     event in overlapping segments counts in the first). Both engines read these."""
-    bounds = common.segment_lower_bounds(segments)
+    bounds = segment_lower_bounds(segments)
     a, u = (None if p is None else p.encode() for p in (after, upto))
     return [(path, bounds[path.rsplit("/", 1)[-1]], a, u) for first, last, path in segments
             if (after is None or last > after) and (upto is None or first <= upto)]
@@ -262,7 +248,7 @@ def merge_round(
         t1 = time.monotonic()
         events = join_table_events(window_events(w, changes) for w in group)
         t2 = time.monotonic()
-        common.write_to_sinks(sinks, events)
+        write_to_sinks(sinks, events)
         timings["merge_s"] += t2 - t1
         timings["sinks_s"] += time.monotonic() - t2
         n = sum(e.num_rows for e in events)

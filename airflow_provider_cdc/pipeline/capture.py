@@ -132,7 +132,7 @@ class Lag:
                 + (f"; WARNING: {self.warning}" if self.warning else ""))
 
     def record(self, at: float) -> dict:
-        """The JSON the capture task stores for ``airflow cdc status`` (progress_store.save_lag)."""
+        """The JSON the capture task stores for ``airflow cdc status`` (airflow_variables.save_lag)."""
         out = {"bytes": self.bytes, "seconds": round(self.seconds, 3), "holder": self.holder, "risk": self.risk,
                "warning": self.warning, "at": round(at, 3)}
         if self.replica is not None:

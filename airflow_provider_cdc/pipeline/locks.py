@@ -1,16 +1,6 @@
-"""One capture per source, enforced by the source database itself (DBLog's leader lease).
-
-Airflow's ``max_active_runs=1`` stops two runs of one DAG, but the snapshot DAG's sensor
-may drain the changelog too, and a second deployment could point at the same source.
-Two captures at once would both read from the committed offset and race on the commit.
-So a capture holds a session-level lock on the source for its whole duration:
-PostgreSQL ``pg_try_advisory_lock`` (64 bits of the name's md5), MySQL/MariaDB
-``GET_LOCK(name, 0)``. Both are released when the holding connection closes, so a killed
-worker cannot leave the lock behind (the server drops the session).
-
-The lock is keyed by what it protects (:func:`lock_key`), not by the source's name: on
-PostgreSQL the replication slot (two sources configured with one slot would otherwise
-both confirm it past each other's changes), on MySQL/MariaDB the staged offset file.
+"""One capture per source, enforced by the source database itself (DBLog's leader lease): a
+session-level lock keyed by what it protects (the slot, or the staged offset file), released
+by the server when the holder's connection closes (docs/DESIGN.md, "Components").
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""Merging a snapshot's committed chunks while its later chunks are still read.
-
-DBLog's window only needs each chunk's own high watermark: a chunk whose sidecar is written
-(committed) and whose high watermark is staged can be merged at once, whatever the other
-chunks of its range are doing. The snapshot DAG's ``merge_while_reading`` task uses this to
-run Spark merges beside the chunk tasks; the round's own merge then takes only what is left.
-Everything here reads storage only (no Airflow, no Spark): which chunks are committed and not
-merged, and which of them are ready.
-
-A chunk is merged once: the early merge's commit marks its sidecar merged, and the round's
-merge drops chunks whose sidecar says so (:func:`not_merged`). The two never run at once (the
-round waits for the early merge task).
+"""Merging a snapshot's committed chunks while its later chunks are still read (docs/DESIGN.md,
+"Components": merge while reading): which chunks are committed and not merged, and which of them
+are ready. Reads storage only (no Airflow, no Spark).
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Staging retention: staged segments and snapshot folders go once nothing needs them.
-
-A staged segment is removed only when all of these have passed it:
-- every configured sink's applied-position marker (a sink that applied nothing yet holds all);
-- every open snapshot (running, paused, or failed and resumable, as its stored progress says):
-  it holds from the first of its converge watermark and the low watermarks of its committed,
-  unmerged chunks, and every segment staged since its plan was written (chunks in flight have
-  no sidecar yet); a snapshot done within the horizon holds its converge watermark (its commit,
-  or a retry of it, sweeps the mirror from there after the status is stored);
-- the replay horizon (``CDC_STAGING_RETENTION_HOURS``): nothing staged more recently goes.
-Segments go oldest first and the first one held stops the sweep, so what is left is one
-contiguous range of the log. A snapshot's folder (plan, chunks, sidecars) goes when the
-snapshot is not open and nothing in it changed for the horizon.
-
-Runs under the capture lock, after a capture (pipeline/capture.run_capture): the segment index
-(storage/segment_index.py) has one writer at a time. Airflow-free: the stored progress of a
-table's snapshot comes in as a function.
+"""Staging retention: staged segments and snapshot folders go once nothing needs them (sinks'
+markers, open snapshots, the replay horizon: docs/DESIGN.md, "Staging over time"). Runs under the
+capture lock; a table's stored progress comes in as a function, so no Airflow here.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""Schema changes of captured tables, followed by the staged schemas and the Delta mirror.
-
-After each capture, every table with a staged schema (one that was snapshotted) is compared
-with the source's catalog (core.schema.evolve_schema):
-
-- ADD COLUMN: the column joins the staged schema, so the sinks carry it from its position on;
-  the mirror adds it (Delta schema evolution, sinks/mirror_delta.add_columns) at its next write;
-- DROP COLUMN: the staged schema keeps it; it reads null from then on;
-- a changed type or primary key: that table's mirror is marked to wait for a re-snapshot
-  (its events stay in the event log), the other tables go on, and the run fails (the
-  changelog DAG's mirror_schema_stops task, after apply)
-  naming it; the whole-table re-snapshot rebuilds the mirror with the new schema.
-
-No Airflow here: the capture operator calls :func:`follow_schema_changes`.
+"""Schema changes of captured tables, followed after each capture by the staged schemas and the
+Delta mirror: ADD COLUMN joins, DROP COLUMN reads null, a changed type or key stops that table's
+mirror until a re-snapshot (docs/operations.md). No Airflow: the capture operator calls
+:func:`follow_schema_changes`.
 """
 
 from __future__ import annotations
@@ -96,7 +86,7 @@ def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) 
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
     """Every staged table (see the module docstring). Returns table id -> why it stopped."""
-    from ..sinks.mirror_delta import stop_for_schema
+    from ..sinks.mirror_fencing import stop_for_schema
 
     stopped = {}
     for staged in staged_schemas(data_dir, source):

@@ -1,18 +1,8 @@
-"""A snapshot without Airflow: its plan, DBLog's chunk step, and its committed state.
-
-* :func:`snapshot_chunk`: low watermark -> chunk SELECT -> high watermark, in one place
-  (used by the snapshot chunk operator and by tests);
-* the plan (``plan.json`` next to the chunks: ranges in plan order, upper bound, filter,
-  throttle) and :func:`plan_table_ranges`, which splits a table at keys the database sampled;
-* the chunk commits: a JSON sidecar next to every staged chunk, written after its high
-  watermark, is the one record that a chunk is done (and later, merged). A retried or
-  resumed chunk task continues after the last committed chunk of its range
-  (:func:`range_state`, I4). The snapshot's progress (pipeline/progress_store.py) holds the
-  status and a summary that the commit task derives from these sidecars; it never decides
-  where a range continues.
-
-The chunk step's ``gap_hooks`` lets a test force a
-write into exactly the gap after the low watermark or before the high watermark.
+"""A snapshot without Airflow: its plan (``plan.json``), DBLog's chunk step (:func:`snapshot_chunk`:
+low watermark, SELECT, high watermark) and the chunk commits: a sidecar next to each staged chunk,
+written after its high watermark, is the one record that a chunk is done and later merged, and
+where a resumed range continues (:func:`range_state`, I4). ``gap_hooks`` let a test force a
+write into the gap after the low or before the high watermark.
 """
 
 from __future__ import annotations
@@ -260,14 +250,14 @@ def new_snapshot_id() -> str:
 
 
 def mirror_needs_rebuild(data_dir: str, source: str, schema: TableSchema) -> str | None:
-    from ..sinks.mirror_delta import needs_rebuild
+    from ..sinks.mirror_fencing import needs_rebuild
     from ..storage.layout import mirror_dir
 
     return needs_rebuild(mirror_dir(data_dir, source, schema.table), schema)
 
 
 def reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_table: bool) -> str:
-    from ..sinks.mirror_delta import reconcile_schema
+    from ..sinks.mirror_fencing import reconcile_schema
     from ..storage.layout import mirror_dir
 
     return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)

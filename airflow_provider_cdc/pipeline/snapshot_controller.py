@@ -1,12 +1,7 @@
-"""The snapshot's lifecycle and its chunk loop, without Airflow (docs/DESIGN.md, "Snapshot
-state" and "The snapshot cycle").
-
-One :class:`SnapshotController` a task: it applies a run's conf (start, pause, resume, stop,
-refresh), reads one planned range chunk by chunk with its stop checks, and commits merged
-chunks into the progress, converging and compacting the mirror of a finished snapshot. Every
-change of a snapshot's state goes through the source's progress (pipeline/progress_store.py,
-compare-and-set), and every "may this attempt still write?" reads it. The Airflow operators
-(operators/snapshot.py) only translate a task's context into the callbacks below.
+"""The snapshot's lifecycle and its chunk loop, without Airflow (docs/DESIGN.md, "Snapshot state"
+and "Components"): one :class:`SnapshotController` a task applies a run's conf, reads a planned
+range chunk by chunk with its stop checks, and commits merged chunks, converging and compacting
+the mirror of a finished snapshot. The operators only translate a task's context into its callbacks.
 """
 
 from __future__ import annotations
@@ -34,8 +29,8 @@ from ..core.throttle import ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
 from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
-from .progress_store import SourceProgress
 from .snapshot_conf import SnapshotConf
+from .snapshot_state import SourceProgress
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +216,7 @@ class SnapshotController:
             p = self.progress.update(tid, change)
             if p.status == STOPPED:
                 # the stopped snapshot's merge in flight must not commit another batch
-                from ..sinks.mirror_delta import fence_out_merges
+                from ..sinks.mirror_fencing import fence_out_merges
 
                 fence_out_merges(self.data_dir, self.source, tid, p.snapshot_id)
             log.info("table %s: snapshot %s is now %s (progress kept: %d rows)", tid, p.snapshot_id, p.status,
@@ -253,7 +248,7 @@ class SnapshotController:
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
-            # The convergence mark (DESIGN.md "Convergence"), before the upper bounds: once a
+            # The convergence mark (DESIGN.md, I9 Convergence), before the upper bounds: once a
             # whole-table snapshot is done, every live row of the table was re-emitted after
             # this mark (a chunk at its high watermark) or changed after it (a row above the
             # bound was inserted after the bound was read), so mirror rows older than the mark
@@ -592,7 +587,8 @@ class SnapshotController:
         Delta mirror."""
         from ..core.window import lowered_low
         from ..sinks.base import read_marker
-        from ..sinks.mirror_delta import compact_buckets, sweep, vacuum
+        from ..sinks.mirror_compaction import compact_buckets, vacuum
+        from ..sinks.mirror_delta import sweep
         from ..storage.staged import staged_watermarks
         from .windows import staged_log
 

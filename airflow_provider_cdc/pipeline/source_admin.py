@@ -1,12 +1,6 @@
-"""What a source leaves on its server, shown and removed by hand (``airflow-cdc status --live``,
-``airflow-cdc drop-source``).
-
-A PostgreSQL source creates a replication slot and a publication the first time a snapshot or
-a capture needs them. A slot keeps every WAL file from its position on (with the default
-``max_slot_wal_keep_size = -1``, without limit), so the slot of a source that only ever ran a
-snapshot, or that is no longer captured, can fill the server's disk. A MariaDB/MySQL source
-holds nothing on its server (the binlog is only read); its committed binlog offset is a file in
-staging. No Airflow here: the CLI passes a dialect and the data location.
+"""What a source leaves on its server (a PostgreSQL slot and publication; MariaDB/MySQL: nothing,
+its offset is a file in staging), shown and removed by hand (``airflow-cdc status --live``,
+``airflow-cdc drop-source``): a slot nothing reads any more keeps WAL and can fill the disk.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Is the mirror equal to the source? (invariant I2) And is the event log consistent? (I1)
-
-``verify_table`` reads the source in primary-key chunks with the same keyset SQL the
-snapshot uses (``Dialect.chunk_query`` / ``stream_query``), canonicalises each row with
-the dialect's ``row_to_canonical``, and compares a digest per chunk with the digest of the
-mirror rows of the same keys. Mirror rows are typed (core/arrow_types.py); they are
-turned back into canonical values here, per logical type, so both sides compare as the
-same canonical JSON. Only chunks whose digests differ are drilled into row by row. Keys
-the mirror has and no source chunk covered are extra rows. Keys are matched by their
-canonical text rather than by range arithmetic in Python, so text keys whose collation
-order differs from Python's order still compare correctly.
-
-``check_event_log`` replays the event log of a table per key in position order and
-reports what invariant I1 forbids: two different events at one position, a change or a
-chunk row after a delete (resurrection), a create of a live key, an update whose
-before-image is not the previous after-image, and a chunk row (``r``) whose image is not
-the state at its position (a stale overwrite).
+"""Is the mirror equal to the source (I2), and is the event log consistent (I1)?
+:func:`verify_table` compares digests of key chunks read with the snapshot's own keyset SQL and
+drills only into chunks that differ; :func:`check_event_log` replays a table's events per key
+and reports what I1 forbids (docs/DESIGN.md, "What operators and consumers see").
 """
 
 from __future__ import annotations
@@ -446,7 +433,7 @@ def mirror_position(data_dir: str, source: str, table: TableName) -> Position | 
     changelog (its sink marker, every table of the source) or the newest row it stores (a chunk
     row may sit past the marker), whichever is later; None when it has neither."""
     from ..sinks.base import read_marker
-    from ..sinks.mirror_delta import newest_position
+    from ..sinks.mirror_readers import newest_position
 
     newest = newest_position(data_dir, source, table)
     found = [read_marker(data_dir, source, "mirror"), None if newest is None else Position.decode(newest)]
@@ -503,7 +490,7 @@ def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: T
     """Every row canonicalised in Python on both sides and compared by key (the reference the
     digests are checked against): the mirror is read a batch at a time and both sides' digests
     wait in hash partitions on local scratch disk."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
@@ -742,7 +729,7 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
        as :func:`verify_rows` compares them (:func:`compare`), which makes the report, the
        examples and the repair conf (a digest that differs while the rows are equal counts
        nothing)."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     key = schema.primary_key[0]
     src = SourceDigests(dialect, schema, throttle)
@@ -898,7 +885,7 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
     missing or extra rows, and the chunks holding a missing row or a digest that differs are read
     again and compared row by row (:func:`compare`), which makes the report, the examples and the
     repair conf. No range is ever formed by comparing keys outside the database."""
-    from ..sinks.mirror_delta import mirror_batches, mirror_rows_of
+    from ..sinks.mirror_readers import mirror_batches, mirror_rows_of
 
     pk = schema.primary_key
     key_schema = TableSchema(schema.table, tuple(schema.column(k) for k in pk), pk, dict(schema.extra))

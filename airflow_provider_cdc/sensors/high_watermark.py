@@ -57,6 +57,10 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
     :param drain: run a capture (under the capture lock) when a watermark is missing.
     :param deferrable: wait in the triggerer; the trigger hands back every
         ``poke_interval * 6`` seconds so the sensor can drain again.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param cdc_conn_id: the source's Airflow connection; default CDC_SOURCE_CONN_ID.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     """
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "source", "cdc_conn_id")

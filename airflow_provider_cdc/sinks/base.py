@@ -1,18 +1,7 @@
-"""What every sink receives, and the applied-position markers of the apply job.
-
-A sink gets events a table at a time, typed (:class:`TableEvents`): the staged changelog
-columns (position, table, op, key, ts_ms, watermark, origin) plus ``snapshot`` (True for
-``r`` rows) and ``batch``, a deterministic name of the unit the events came from (the
-staged segment for log events, the chunk's high watermark for snapshot rows), and
-``before`` / ``after`` as structs of the table's typed columns, as staging holds them
-(core/arrow_types.py): no sink parses JSON. A sink also accepts the canonical-JSON form of
-events of any tables (:data:`EVENT_SCHEMA`, images as JSON text), for callers that build
-events by hand; :func:`table_events` types those once. Sinks are idempotent: writing the
-same batch again changes nothing (I3), so a retried Spark task may simply run again.
-
-Sinks are written from the Spark driver, one job at a time per table (Airflow pools and
-``max_active_runs=1``): a single-writer design. The Delta mirror still retries a commit
-that lost a race, but it is not built for many concurrent writers.
+"""What every sink receives (:class:`TableEvents`: a table's events, typed as staged; or the
+canonical-JSON form, typed once by :func:`table_events`), the :class:`Sink` protocol both engines
+call (docs/DESIGN.md, "Adding a sink") and the apply job's applied-position markers. Sinks are
+idempotent per batch (I3).
 """
 
 from __future__ import annotations
@@ -172,7 +161,7 @@ def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
 DRIVER = "driver"  # the round's events are gathered on the driver and given to write(): any sink
 UNITS = "units"  # write() runs on the workers, a unit's events at a time (the sink object is pickled)
 BUCKETS = "buckets"  # a table format with key buckets: plan() on the driver, write_bucket() on the
-#                      workers, commit() on the driver (sinks/mirror_writer.py)
+#                      workers, commit() on the driver (sinks/mirror_delta.py)
 
 
 class Sink(ABC):
@@ -240,6 +229,12 @@ class SchemaCache:
                 "plan the snapshot of this table first"
             )
         return s
+
+
+def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
+    """Write one group of events to each sink in turn (the engines' one call per group)."""
+    for sink in sinks:
+        sink.write(events)
 
 
 # --- applied-position markers (apply job) -------------------------------------------------

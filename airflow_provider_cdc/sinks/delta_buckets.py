@@ -1,29 +1,6 @@
-"""The mirror's storage: key-hash buckets of a Delta table, each a base file plus change files.
-
-Layout (docs/DESIGN.md, "The mirror"). A row lives in the bucket of its canonical key
-(``__bucket``, a Delta partition). A bucket is a node of a binary tree over crc32(key):
-``cdc.buckets`` = N roots (level 0, ``crc mod N``), and a node splits into two children at
-the next level (``crc mod 2N``, ``crc mod 4N``...) when compaction finds it over the size
-unit. Node ids number the levels one after another (level l starts at N·(2^l - 1)), so the
-N roots keep the ids a mirror had before buckets could split: an existing 8-bucket mirror
-is a tree of 8 unsplit roots, and grows in place. Which nodes are leaves is read from the
-files of a version: a node with files below it is split. Every version has files only in
-leaves (a split replaces a node's files by its children's in one commit).
-
-Merge-on-read. A write appends one *change* file (``chg-*``) per bucket it touches, with
-its rows reduced to the newest per key: its cost follows the changed rows, not the table.
-A bucket's rows are therefore versions; the live row of a key is its row with the highest
-``__position`` (:func:`resolve`), dropped when that row is a tombstone. Compaction rewrites
-a bucket's files into one *base* file (``part-*``) of resolved rows, in the background and
-within a budget, and splits a bucket that outgrew the unit.
-
-Serialisation: every commit carries the application transaction ``cdc-mirror`` at the
-next version. Delta refuses a commit whose application transaction another commit
-advanced since its read version ("Concurrent transaction failed"), and one made after a
-metadata change ("Metadata changed since last commit"): so two writers of one table never
-both commit on the same read version, and a fence change (sinks/mirror_fencing.py) or a
-split always makes the writer re-read and re-check. The loser deletes its files and
-tries again. A table created before buckets (no ``__bucket`` partition) is one bucket.
+"""The mirror's storage: key-hash buckets of a Delta table, each a base file plus change
+files; the bucket tree, merge-on-read resolution and the one serialising commit
+(docs/DESIGN.md, "The mirror").
 """
 
 from __future__ import annotations

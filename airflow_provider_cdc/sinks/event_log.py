@@ -1,26 +1,8 @@
 """The event log: append-only Parquet with a Debezium-style envelope, partitioned by table.
 
-Layout: ``{events_dir}/table={table.path_segment}/{batch}.parquet``. The file name is the
-batch name (``c-{first}-{last}`` for a staged segment, ``r-{hw position}-{hw id}`` for a
-merged chunk), so a retried task rewrites the same files instead of adding copies (I3).
-Each file is written to a temporary name and renamed: readers never see half a file.
-
-Columns: ``op``; ``before`` and ``after``, structs of the table's typed columns (the
-mirror's types, core/arrow_types.py; null where the event has no such image, and a column
-the event did not carry reads null); ``source`` struct ``{connector, db, schema, table, position,
-snapshot, watermark, tx, lsn, last_commit_lsn, server_id, thread, file, pos, row}`` (tx to
-file: where the source logged the change, null for snapshot rows; pos and row: the binlog
-offset and row of MariaDB/MySQL positions); ``ts_ms``; plus ``key`` (canonical key JSON) so consumers can
-de-duplicate by (table, key, position) without reading rows.
-
-Which columns: the table's log schema (capture follows it for every table it stages events
-of: storage/layout.py), else its staged schema (a snapshotted table capture has not met),
-else text columns named by the rows. Each file says what it was typed with in its Parquet
-metadata: ``cdc.schema`` (TableSchema JSON: logical and source types, primary key) and
-``cdc.text_columns`` (columns kept as canonical text in this file because a value did not
-fit its type, e.g. events from before a column changed type). Files of one table may
-differ in columns (ADD/DROP COLUMN); readers merge them by name (Spark ``mergeSchema``,
-``pyarrow.dataset`` with a unified schema, :func:`read_events`).
+Files are named by their batch, so a retried task rewrites the same files (I3), and appear
+whole (written, then renamed). Columns, their types and the schema each file was typed with:
+docs/outputs.md; readers merge files of different columns by name (:func:`read_events`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""The Delta mirror's writer: current state per table in a Delta Lake table (delta-rs), with
-monotonic writes; the one writer both engines use (plan on the driver, write a bucket,
-commit with the fence).
-
-One Delta table per source table at ``storage.layout.mirror_dir``: the table's typed columns
-(core/arrow_types.py) plus ``__key`` (canonical key), ``__position`` (encoded position of
-the event that wrote the row) and ``__deleted``. It converges whatever order the writers
-run in (the apply job and the merge job): an event is applied only if its position is
-newer than the stored one (I1); a delete leaves a tombstone, removed only behind the
-compaction horizon (sinks/mirror_fencing.py, sinks/mirror_compaction.py); within one batch
-the events are first reduced to the newest per key. Storage: sinks/delta_buckets.py;
-readers: sinks/mirror_readers.py.
+"""The Delta mirror's writer, the one both engines use: plan on the driver, write a bucket, commit
+with the fence; an event wins only with a newer position (I1), a delete is a tombstone
+(docs/DESIGN.md, "The mirror"). Storage: sinks/delta_buckets.py; readers: sinks/mirror_readers.py.
 """
 
 from __future__ import annotations
@@ -388,53 +379,3 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
 
     return _commit_with_retries(path, build, operation=operation)
 
-
-# --- moved by concern (issue 48); imported from here by older callers -----------------------------
-from .mirror_compaction import (  # noqa: E402, F401
-    ACTIVE_SNAPSHOT,
-    CHANGE_SHARE,
-    DEFAULT_COMPACT_BUDGET_ROWS,
-    SMALL_BUCKET_ROWS,
-    compact,
-    compact_buckets,
-    compact_inactive,
-    due_buckets,
-    rewrite_buckets,
-    tombstone_count,
-    vacuum,
-)
-from .mirror_fencing import (  # noqa: E402, F401
-    claim_epoch,
-    fence_out_merges,
-    needs_rebuild,
-    reconcile_schema,
-    schema_stopped_tables,
-)
-from .mirror_readers import (  # noqa: E402, F401
-    current_batches,
-    mirror_batches,
-    mirror_rows_of,
-    newest_position,
-    read_mirror,
-    read_mirror_files,
-    read_mirror_raw,
-)
-from .mirror_table import (  # noqa: E402, F401
-    BUCKET_ROWS_PROPERTY,
-    CHECKPOINT_INTERVAL,
-    DEFAULT_BUCKET_ROWS,
-    DEFAULT_LOG_RETENTION_HOURS,
-    DEFAULT_RETENTION_HOURS,
-    EPOCH_PROPERTY,
-    SCHEMA_STOP_PROPERTY,
-    _rows,
-    _set_properties,
-    _version,
-    add_columns,
-    bucket_unit,
-    ensure_log_properties,
-    horizon,
-    log_properties,
-    mirror_tables,
-    open_mirror,
-)

@@ -1,17 +1,8 @@
-"""Who may commit to a mirror (docs/DESIGN.md, Fencing). Two values live in the Delta table's
-own properties, so every check is part of the version a commit is based on, and Delta's
-optimistic concurrency turns a concurrent change of them into a commit conflict:
-
-* ``cdc.compacted_upto``, the compaction horizon H (raised by compaction and TRUNCATE
-  sweeps): every writer inserts only rows newer than H, so a removed tombstone's key is
-  never brought back by a replay or a zombie merge (I7);
-* ``cdc.merge_epoch``, the merge fence token: every snapshot merge claims a new epoch for
-  each mirror table it writes before it reads anything (:class:`MergeFence`), and each of
-  its commits requires the epoch to be still its own; a ``stop`` bumps it. Changelog
-  applies carry no epoch: they replay one totally ordered log under the position guard.
-
-Also here: schema stops (a mirror waiting for a re-snapshot) and the schema reconciliation
-at a snapshot's start."""
+"""Who may commit to a mirror (docs/DESIGN.md, "Fencing"): the compaction horizon and the merge
+epoch, kept in the Delta table's own properties so that a concurrent change of either is a
+commit conflict; also schema stops (a mirror waiting for a re-snapshot) and the schema
+reconciliation at a snapshot's start.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,7 @@
-"""A second mirror: a PostgreSQL table per source table, with the same position guard.
-
-Target: ``"{target_schema}"."{source schema}.{table}"`` (one quoted identifier, so tables of
-different source schemas never collide). Columns: the source columns typed for PostgreSQL,
-plus ``__key`` (primary key), ``__position`` (``COLLATE "C"``: byte order is position
-order) and ``__deleted``. Each batch is reduced to the newest event per key and upserted
-in one transaction::
-
-    INSERT ... ON CONFLICT ("__key") DO UPDATE SET ...
-    WHERE target."__position" < EXCLUDED."__position"
-
-so an older event (a late chunk row, a replayed batch) never overwrites a newer one, and
-deletes stay as tombstones until :meth:`MirrorPostgresSink.compact`. Values are bound as
-their canonical text and cast by PostgreSQL (``%s::numeric(12,2)``, ``decode(%s,'base64')``),
-which keeps precision and time zones exact; identifiers are always quoted.
-
-The target connection is libpq's: a URI or ``key=value`` string, or psycopg2.connect keywords.
-Its password stays in the process that was given it: a sink shipped to Spark executors
-carries the connection without it (:meth:`MirrorPostgresSink.__getstate__`), and each
-executor's libpq finds its own (``PGPASSWORD``, a ``passfile`` such as the one the operators
-write for a spark-submit, ``~/.pgpass``: the cluster's identity).
+"""A second mirror: a PostgreSQL table per source table, with the same position guard (an
+upsert that keeps a row only when its position is newer; docs/outputs.md). Values are bound as
+canonical text and cast by PostgreSQL; identifiers are always quoted. A sink shipped to Spark
+executors carries its connection without the password (docs/security.md).
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Reading a mirror's live rows from any engine, Delta jars or not.
-
-A mirror is a Delta table whose rows carry ``__key``, ``__position`` and ``__deleted``
-(tombstones of deletes, kept while a snapshot of the table may still bring an older row).
-It is merge-on-read (sinks/delta_buckets.py): a key changed since its bucket was last
-compacted has several row versions, and its live row is the one with the highest
-``__position``, unless that one is a tombstone. Its folder also holds files of older
-Delta versions until vacuum removes them, so a plain glob of ``*.parquet`` reads rows
-twice. Every reader here takes the *current* file list from the Delta log, keeps the
-newest version of each key and then drops tombstones (in that order: filtering tombstones
-first would bring a deleted key's older version back):
-
-- :func:`live_files`: the data files of the current version (URIs);
-- :func:`read_spark`: a Spark DataFrame (no Delta jars: ``spark.read.parquet`` of those
-  files, filtered);
-- :func:`read_duckdb`: a duckdb relation;
-- :func:`read_pandas`: a pandas DataFrame (through deltalake);
-- :func:`read_mirror` (and :func:`mirror_batches`, :func:`mirror_rows_of`): pyarrow, a bucket at a time.
-
-``meta=True`` keeps ``__key`` and ``__position``.
+"""Reading a mirror's live rows from any engine, Delta jars or not: pyarrow (:func:`read_mirror`,
+a bucket at a time), Spark, duckdb, pandas. Each takes the current file list from the Delta log,
+keeps the newest version of each key, then drops tombstones (docs/DESIGN.md, "The mirror").
 """
 
 from __future__ import annotations

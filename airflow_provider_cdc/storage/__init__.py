@@ -1,24 +1,8 @@
-"""One filesystem layer for every location the package writes or reads data at.
-
-A location is a URI (``s3://bucket/prefix/...``, ``gs://``, ``abfs://``, ``file:///...``) or a
-local path. Every module that touches staged or output data goes through here (pyarrow.fs
-underneath: no Hadoop jars, the same code on a worker and on a Spark executor):
-
-- :func:`filesystem` resolves a location to ``(pyarrow FileSystem, path)``. S3 takes its
-  endpoint and credentials from the standard AWS environment variables (``AWS_ENDPOINT_URL``,
-  ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``;
-  plain ``http://`` allowed for a local endpoint), unless settings were handed over
-  explicitly (:func:`settings`): for one call (:func:`scoped_settings`, a triggerer shared by
-  many sources) or for this process (:func:`use_settings`, a task, a Spark job). Either way
-  nothing is written to ``os.environ``, which every thread and child process would share.
-- :func:`atomic_output` publishes a file whole or not at all: written under a temporary name
-  and renamed on a file system (the file fsynced first, its folder after: durable when it
-  returns, so a capture confirms its offset only past segments a crash cannot undo), copied
-  into place by the server on an object store (one object appears complete; a failed write
-  leaves only the temporary, removed).
-- :func:`delta_storage_options` gives deltalake the same settings.
-
-Nothing else in the package uses ``Path`` or ``os.replace`` on data.
+"""One filesystem layer (pyarrow.fs, no Hadoop jars) for every location the package reads or
+writes data at: a URI (``s3://``, ``gs://``, ``abfs://``, ``file://``) or a local path.
+:func:`filesystem` resolves a location, :func:`atomic_output` publishes a file whole and durable
+(docs/internals.md, "Durable staging"), settings are handed over explicitly, never through
+``os.environ`` (docs/security.md). Nothing else in the package uses ``Path`` or ``os.replace`` on data.
 """
 
 from __future__ import annotations

@@ -1,40 +1,6 @@
-"""Where staged and output files live and which columns they have (conventions only, no I/O).
-
-``data_dir`` is a local folder or any fsspec/Hadoop URI; paths are joined with ``/``.
-
-Staged changelog segment (Parquet, rows ordered by position)::
-
-    {data_dir}/staging/{source}/changelog/seg-{first}-{last}.parquet
-    position: string (Position.encode())   table: string (TableName.id)
-    op: string (c, u, d, or w for a watermark write)
-    key: string (canonical key JSON; null for w)
-    before, after: string (canonical row JSON; null where absent)
-    ts_ms: int64 (commit time)   watermark: string (the value written; only for w)
-    origin: struct (ChangeEvent.origin: tx, lsn, last_commit_lsn, server_id, thread, file; null
-            for w and for files staged before it existed)
-
-Segments may overlap only after a capture crashed between writing and committing;
-readers de-duplicate by (table, key, position), and the next capture removes the orphan.
-
-Snapshot chunk (Parquet, rows ordered by key)::
-
-    {data_dir}/staging/{source}/chunks/{table.path_segment}/{snapshot_id}/chunk-{seq:06d}-{hw_id}.parquet
-    key: string   after: string
-
-Table schema (JSON, TableSchema.to_json()): the columns the snapshot and the mirror keep
-(written by the snapshot planner, evolved by capture)::
-
-    {data_dir}/staging/{source}/schemas/{table.path_segment}.json
-
-Log schema (JSON, TableSchema.to_json()): the columns the event log types a table's events
-with, for every table capture staged events of, snapshotted or not (core.schema.follow_log_schema)::
-
-    {data_dir}/staging/{source}/log_schemas/{table.path_segment}.json
-
-Outputs::
-
-    {data_dir}/output/{source}/events/table={table.path_segment}/...   append-only event log
-    {data_dir}/output/{source}/mirror/{table.path_segment}/            mirror (Delta Lake)
+"""Where staged and output files live (conventions only, no I/O): the one place that builds
+their paths under ``data_dir`` (a local folder or any fsspec URI, joined with ``/``). What each
+file holds: docs/outputs.md ("Where the outputs are", "Typed staging").
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""A versioned register at a location, with compare-and-set: the primitive the snapshot state
-needs and Airflow Variables lack (a task can only get, set and delete one, so two writers
-that load, change and save the same Variable lose one of the changes).
-
-The register is a small Delta table of one row (``value``: the text stored) whose Delta
-version is the register's version. A write names the version it read; it commits on top of
-exactly that version or not at all (``max_commit_retries=0``): Delta's commit is a
-put-if-absent of the next log entry, on a file system and on every object store deltalake
-writes to (S3's conditional put, the same one the mirror's fences rely on,
-storage.delta_storage_options). So two writers that read version 5 cannot both write
-version 6: the second gets :class:`ConflictError` and reads again.
-
-Version 0 means "never written" (no table). The file a write replaces is deleted after the
-commit; a reader that listed it just before reads the register again.
+"""A versioned register at a location with compare-and-set: a one-row Delta table whose version is
+the register's; a write commits on exactly the version it read or raises :class:`ConflictError`
+(docs/DESIGN.md, "Snapshot state"). Version 0: never written.
 """
 
 from __future__ import annotations

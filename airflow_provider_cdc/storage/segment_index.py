@@ -1,20 +1,7 @@
-"""The staged changelog's index: what readers need of each segment without opening it.
-
-``_index.json`` in the changelog folder holds, per segment file name, its rows, bytes, when it
-was staged and the first position of each watermark id it holds. Readers (the high-watermark
-sensor's poke, the merge's window lookup, the apply's pending count) list the folder's segment
-names and take the rest from the index, so a poke reads one small file instead of every
-segment ever staged (the listing itself stays short because staging retention removes what
-nothing needs: pipeline/retention.py).
-
-The index is a cache, never the truth. A segment the index does not name (a capture that died
-before writing it) is opened as before, and an entry whose
-file is gone is ignored. Segment names encode their position range and a segment re-written
-under the same name holds the same events (capture's cuts are deterministic), so an entry never
-goes stale for its name. It is written only under the capture lock (capture and retention run
-there), so it has one writer at a time, and it is replaced whole (storage.write_text). Its
-format version is core/formats.py SEGMENT_INDEX; one this package does not read is an error
-(an older package would otherwise overwrite a newer one's index).
+"""The staged changelog's index (``_index.json``): what readers need of each segment without
+opening it. A cache, never the truth, written only under the capture lock (docs/DESIGN.md,
+"Staging over time"); a segment rewritten under its name holds the same events, so an entry
+never goes stale for its name.
 """
 
 from __future__ import annotations

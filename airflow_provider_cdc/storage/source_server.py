@@ -1,17 +1,6 @@
-"""Which server the staged changelog was read from, and the gaps a failover left (I14).
-
-``_server.json`` in the changelog folder: the identity of the server capture last read (for
-PostgreSQL its system identifier and timeline, and whether the slot is a failover slot). A
-capture compares it with the server it reaches before reading anything.
-
-``_gaps.json`` in the changelog folder, copied to ``_gaps.json`` in the source's event-log
-folder for consumers: one entry per gap, oldest first. ``state`` is ``resyncing`` from
-``airflow-cdc resync`` until capture has started anew on the new server (capture may then create
-a new slot although changes were captured before), then ``open`` until every captured table was
-verified and repaired (``tables``: the captured tables; ``verified``: table -> when a verify found
-it equal to the source after the gap), then ``closed``. ``from`` is how far the old log was
-staged, ``to`` where the new one starts: changes committed between them may be missing from the
-event log. Written only under the capture lock.
+"""Which server the staged changelog was read from (``_server.json``, compared before each
+capture reads) and the gaps a failover left (``_gaps.json``, copied beside the event log for
+consumers: docs/howto.md); docs/DESIGN.md, "Failover (I14)". Written only under the capture lock.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
-"""Parquet I/O for staged changelog segments and chunks (formats: storage/layout.py).
-
-Staging is typed: the rows are the table's typed columns (core/arrow_types.py), so no
-reader parses JSON.
-
-* A chunk file holds ``key`` (canonical key text) and ``after``, a struct of the table's
-  typed columns; its Parquet metadata names the TableSchema they were typed with and the
-  columns kept as canonical text (a value its type cannot hold).
-* A segment file holds the log columns of every event (:data:`SEGMENT_SCHEMA`: position,
-  table, op, key, ts_ms, watermark, origin) and, for the ``i``-th table with changes in
-  it, ``before_{i}`` / ``after_{i}``: structs of that table's typed columns, null on other
-  tables' rows. Its metadata (``cdc.tables``) lists the tables in order with the schema
-  each was typed with at capture time (the table's log schema: a schema per position, since
-  every segment carries its own) and its text columns.
-
-Files are written to a temporary name and renamed, so a reader never sees half a file
-and a retry that writes the same name replaces it whole.
+"""Parquet I/O for staged changelog segments and chunks, typed (the columns: docs/outputs.md,
+"Typed staging"); files appear whole (written, then renamed), and a retry writing the same
+name replaces it.
 """
 
 from __future__ import annotations
@@ -310,6 +296,22 @@ def read_log_events(
                     rec["table"], rec["op"], rec["key"], pos, before, after_row,
                     rec["ts_ms"], origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
                 )
+
+
+def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> dict[str, str]:
+    """For each segment file name, the position its events must exceed to count.
+
+    Overlapping segments (left by a capture that crashed before committing its offset)
+    hold the same events; each event is counted in the first segment that holds it, the
+    same rule as :func:`read_log_events`, so batch names are deterministic (both engines'
+    apply loop, pipeline/arrow_engine.apply_segments).
+    """
+    bounds: dict[str, str] = {}
+    seen: Position | None = None
+    for _first, last, path in segments:
+        bounds[path.rsplit("/", 1)[-1]] = "" if seen is None else seen.encode()
+        seen = last if seen is None or last > seen else seen
+    return bounds
 
 
 def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:

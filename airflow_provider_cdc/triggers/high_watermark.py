@@ -35,6 +35,15 @@ class HighWatermarkTrigger(BaseTrigger):
     after ``recheck_after`` seconds so the sensor can drain the changelog itself (captures
     do not run in the triggerer) and defer again; ``{"status": "error", "message": ...}`` on
     a read error or when ``timeout`` seconds passed.
+
+    :param data_dir: the root of staging (a path or URI).
+    :param source: the source whose staged changelog is read.
+    :param watermark_ids: the high watermarks to wait for.
+    :param poll_interval: seconds between two reads of the staged changelog's index.
+    :param recheck_after: seconds after which to hand back to the sensor (None: never).
+    :param timeout: seconds after ``started_at`` to give up with an error (None: never).
+    :param started_at: when the wait began (epoch seconds; default now), kept across deferrals.
+    :param storage_conn_id: the storage connection's id (never its secrets), resolved in the triggerer.
     """
 
     def __init__(

@@ -1,19 +1,7 @@
-"""The CDC page's web app (FastAPI), mounted by the api-server at ``/cdc`` (ui/plugin.py) and
-shown inside Airflow's UI. Behind Airflow's own authentication and authorization:
-
-- reading: a signed-in user (Airflow's JWT, the ``_token`` cookie the UI sets or a bearer
-  token) sees the sources whose snapshot DAG they may read (``is_authorized_dag`` GET);
-- acting, only on a source the sources config or the environment names (never one only a
-  Variable names) and a table its capture scope allows (core/scope.py, the one check, I15):
-  pause, resume and stop trigger the source's snapshot DAG with that action's conf, and
-  verify triggers the source's own ``cdc_verify`` DAG (at most one run of a table queued or
-  running; the run reads the source, never the api-server). Each needs the right to trigger
-  that DAG (``is_authorized_dag`` POST on its runs), and the request must come from this
-  origin, or carry a bearer token (a form of another site cannot act with the user's cookie);
-- the page may be framed only by Airflow's own UI (``frame-ancestors 'self'``).
-
-The page reads :func:`airflow_provider_cdc.status.overview`, what ``airflow cdc status``
-reads. ``GET /api/status`` gives the same as JSON.
+"""The CDC page's web app (FastAPI), mounted by the api-server at ``/cdc`` (ui/plugin.py) behind
+Airflow's own authentication and authorization: reading needs read access to a source's
+snapshot DAG, acting (pause, resume, stop, verify: DAG runs) the right to trigger it, from this
+origin; framed only by Airflow's UI (docs/DESIGN.md, "What operators and consumers see").
 """
 
 from __future__ import annotations

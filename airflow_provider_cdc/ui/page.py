@@ -1,13 +1,7 @@
-"""The CDC page's HTML, from :func:`airflow_provider_cdc.status.overview` (what ``airflow cdc
-status`` reads): plain HTML and CSS in the package, no script and no asset from the network.
-Readable without colour: every state is a word, every bar has its numbers beside it, the lag
-chart has its figures in text and a table behind it. Laptop width: sections stack, tables
-scroll sideways on their own.
-
-Every value from the stores (names of sources and tables, errors, keys) is untrusted: it is
-escaped here, and forms carry it only as escaped attribute values; a value of the wrong type
-is shown as MALFORMED where it is, and the rest of the page still shows (I15). Errors are
-shown without row values and through Airflow's secrets masker (error_text.py).
+"""The CDC page's HTML, from :func:`airflow_provider_cdc.status.overview`: plain HTML and CSS, no
+script and nothing from the network; readable without colour and at laptop width. Every stored
+value is untrusted: escaped, a malformed one shown as MALFORMED where it is (I15), errors without
+row values and through Airflow's secrets masker.
 """
 
 from __future__ import annotations

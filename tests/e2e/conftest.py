@@ -9,7 +9,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg2
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from tools import workload as w
 
 from .helpers import ROWS, Pipeline
@@ -105,7 +105,7 @@ def pg_source(pg_uri, unique_name, tmp_path, monkeypatch):
             time.sleep(0.5)
     from airflow.models.variable import Variable
 
-    Variable.delete(progress_store.variable_key(conn_id, f"public.{table}"))
+    Variable.delete(airflow_variables.variable_key(conn_id, f"public.{table}"))
     cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
     cur.execute(f'DROP TABLE IF EXISTS "{table}"')
     admin.close()

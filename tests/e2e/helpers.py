@@ -37,7 +37,7 @@ import pytest
 
 import airflow_provider_cdc.dialects.postgres
 import airflow_provider_cdc.operators.capture  # noqa: F401 - see above
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.assets import mirror_asset
 from airflow_provider_cdc.dialects import ConnectionParams, dialect_class
 from airflow_provider_cdc.dialects.base import Dialect
@@ -47,7 +47,7 @@ from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
 from airflow_provider_cdc.sinks.base import applied_everywhere
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.staged import staged_watermark_position
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
 from tools import workload as w
@@ -133,7 +133,7 @@ class Pipeline:
         raise AssertionError(f"catch-up watermark {marker} not staged and applied after {max_runs} cdc_changelog runs")
 
     def progress(self):
-        return progress_store.load(self.source, self.table.id, self.data_dir)
+        return airflow_variables.load(self.source, self.table.id, self.data_dir)
 
     def assert_equal(self) -> None:
         """I2 and I1: verify reports 0 mismatches, the event log has no violation."""
@@ -221,9 +221,9 @@ class Pipeline:
         finally:
             self.drop()
             for t in self.tables:
-                Variable.delete(progress_store.variable_key(self.source, t.id))
-                Variable.delete(progress_store.verify_key(self.source, t.id))
-            Variable.delete(progress_store.lag_key(self.source))
+                Variable.delete(airflow_variables.variable_key(self.source, t.id))
+                Variable.delete(airflow_variables.verify_key(self.source, t.id))
+            Variable.delete(airflow_variables.lag_key(self.source))
 
     def drop(self) -> None:
         w.drop_table(self.uri, self.table)

@@ -163,7 +163,7 @@ def test_verify_refuses_a_system_table_and_one_outside_the_scope_before_reading_
 def test_status_prints_each_tables_progress(unique_name, entry):
     from airflow.models.variable import Variable
 
-    from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc import airflow_variables
     from airflow_provider_cdc.cli import snapshot_dag_paused
     from airflow_provider_cdc.core.chunk import ChunkResult
     from airflow_provider_cdc.core.progress import SnapshotProgress
@@ -178,9 +178,9 @@ def test_status_prints_each_tables_progress(unique_name, entry):
     done.record_chunk(ChunkResult(source, "public.items", "snap-2", 0, "lw", "hw", "p", ChunkRange(), None, (9,), 10, True))
     done.finish()
     # the status command shows what the tasks publish to the Variables (the authority's copy)
-    progress_store.publish(source, "public.orders", running)
-    progress_store.publish(source, "public.items", done)
-    progress_store.save_lag(source, {"bytes": 123456, "seconds": 7.0, "holder": "replication slot 's'",
+    airflow_variables.publish(source, "public.orders", running)
+    airflow_variables.publish(source, "public.items", done)
+    airflow_variables.save_lag(source, {"bytes": 123456, "seconds": 7.0, "holder": "replication slot 's'",
                                      "risk": "slot near its limit; capture more often", "at": 1000.0})
     try:
         r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
@@ -202,11 +202,11 @@ def test_status_prints_each_tables_progress(unique_name, entry):
         ]
         assert items[0]["source_lag"]["bytes"] == 123456 and items[1]["source_lag"]["holder"] == "replication slot 's'"
         # chunks read from a replica: the capture records its lag too, and status says it
-        progress_store.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
+        airflow_variables.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
                                          "at": 1000.0, "replica": {"bytes": 2048, "seconds": 42.0}})
         r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
         assert "; the replica chunks are read from is 2,048 bytes, 42 s behind its primary" in r.stdout, r.stdout
-        progress_store.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
+        airflow_variables.save_lag(source, {"bytes": 10, "seconds": 0.0, "holder": "replication slot 's'", "risk": None,
                                          "at": 1000.0, "replica": {"bytes": 0, "seconds": None}})
         r = run_cli(entry, "status", "--source", source, env=dict(os.environ))
         assert "the replica chunks are read from is not replicating" in r.stdout, r.stdout
@@ -216,8 +216,8 @@ def test_status_prints_each_tables_progress(unique_name, entry):
         assert f"did you mean {source!r}" in r.stderr and "Known sources: " in r.stderr
     finally:
         for t in ("public.orders", "public.items"):
-            Variable.delete(progress_store.variable_key(source, t))
-        Variable.delete(progress_store.lag_key(source))
+            Variable.delete(airflow_variables.variable_key(source, t))
+        Variable.delete(airflow_variables.lag_key(source))
 
 
 def test_airflow_cdc_parses_what_airflow_cdc_parses():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cdc import cli, progress_store
+from airflow_provider_cdc import airflow_variables, cli
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.pipeline.locks import capture_lock, lock_key
@@ -70,10 +70,10 @@ def test_status_live_shows_the_slot_of_a_source_no_capture_ran_for_and_drop_sour
     assert (_slot_exists(source) if held else w_exists(offset_file))
     # refused while one of its snapshots runs (its progress as the DAG's plan publishes it)
     running = SnapshotProgress.start(source.source, "snap1", {source.table.id: [FULL_RANGE]}, now=1000.0)
-    progress_store.publish(source.source, source.table.id, running)
+    airflow_variables.publish(source.source, source.table.id, running)
     code, _out, err = _cli(capsys, "drop-source", "--source", source.source, "--yes")
     assert code == cli.EXIT_ERROR and "running snapshots" in err, err
-    progress_store._delete(progress_store.variable_key(source.source, source.table.id))
+    airflow_variables._delete(airflow_variables.variable_key(source.source, source.table.id))
     code, out, err = _cli(capsys, "drop-source", "--source", source.source, "--yes")
     assert code == cli.EXIT_OK, err
     if held:
@@ -94,15 +94,15 @@ def test_snapshot_pause_and_stop_go_through_the_progress(unique_name, tmp_path, 
     source, table, data_dir = f"cdc_snap_{unique_name}", "public.orders", str(tmp_path / "data")
     monkeypatch.setenv("CDC_SOURCE", source)
     started = SnapshotProgress.start(source, "snap1", {table: [FULL_RANGE]}, now=1000.0)
-    progress_store.update(source, table, data_dir, lambda _current: started)
+    airflow_variables.update(source, table, data_dir, lambda _current: started)
     try:
         code, out, err = _cli(capsys, "snapshot", "pause", "--table", table, "--source", source, "--data-dir", data_dir)
         assert code == cli.EXIT_OK and "is paused" in out, err
-        assert str(progress_store.load(source, table, data_dir).status) == "paused"
+        assert str(airflow_variables.load(source, table, data_dir).status) == "paused"
         code, out, err = _cli(capsys, "snapshot", "stop", "--table", table, "--source", source, "--data-dir", data_dir)
-        assert code == cli.EXIT_OK and str(progress_store.load(source, table, data_dir).status) == "stopped", err
+        assert code == cli.EXIT_OK and str(airflow_variables.load(source, table, data_dir).status) == "stopped", err
     finally:
-        progress_store._delete(progress_store.variable_key(source, table))
+        airflow_variables._delete(airflow_variables.variable_key(source, table))
 
 
 def test_verify_of_a_table_never_snapshotted_says_so(source, capsys):

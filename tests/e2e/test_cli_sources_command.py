@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_cdc import cli, progress_store
+from airflow_provider_cdc import airflow_variables, cli
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.dialects.base import ConnectionParams
@@ -27,15 +27,15 @@ def source(request, unique_name, tmp_path, monkeypatch):
     pipe = Pipeline(uri, unique_name, tmp_path / "data", monkeypatch)
     w.create_demo_table(uri, pipe.table, 10)
     pipe.capture_now()
-    progress_store.publish(pipe.source, pipe.table.id, SnapshotProgress.start(
+    airflow_variables.publish(pipe.source, pipe.table.id, SnapshotProgress.start(
         pipe.source, "snap1", {pipe.table.id: [FULL_RANGE]}, now=1000.0))
     ghost = f"ghost_{unique_name}"  # a source only a Variable names
-    progress_store.publish(ghost, "public.t", SnapshotProgress.start(ghost, "snap1", {"public.t": [FULL_RANGE]},
+    airflow_variables.publish(ghost, "public.t", SnapshotProgress.start(ghost, "snap1", {"public.t": [FULL_RANGE]},
                                                                      now=1000.0))
     try:
         yield pipe, ghost
     finally:
-        progress_store._delete(progress_store.variable_key(ghost, "public.t"))
+        airflow_variables._delete(airflow_variables.variable_key(ghost, "public.t"))
         pipe.cleanup()
 
 
@@ -81,7 +81,7 @@ def test_sources_lists_a_snapshot_only_source_with_what_its_server_holds(source,
     assert "snapshot only: no capture has run" in line and f"drop-source --source {pipe.source}" in line, line
     assert row["holder"] in line
     # once a capture recorded its lag the source is no longer snapshot-only
-    progress_store.save_lag(pipe.source, {"source": pipe.source, "holder": row["holder"], "bytes": 123,
+    airflow_variables.save_lag(pipe.source, {"source": pipe.source, "holder": row["holder"], "bytes": 123,
                                           "seconds": 4.0, "at": 1000.0})
     code, out, _err = _sources(capsys)
     line = next(x for x in out.splitlines() if x.startswith(pipe.source + " "))

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.hooks.task_errors import NOT_RETRIED
 from tools import workload as w
 
@@ -175,7 +175,7 @@ def test_a_table_dropped_under_a_snapshot_fails_its_chunk_once_and_marks_the_sna
                   expect="failed")
         tries = _tries(dr, "read_chunks")
         assert tries and all(t == (1, "failed") for t in tries), tries
-        progress = progress_store.load(pipe.source, pipe.table.id, pipe.data_dir)
+        progress = airflow_variables.load(pipe.source, pipe.table.id, pipe.data_dir)
         assert str(progress.status) == "failed"
         assert NOT_RETRIED in (progress.error or "") and pipe.table.name in progress.error, progress.error
     finally:

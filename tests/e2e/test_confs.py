@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
 
 from .helpers import SNAPSHOT_CONF, Pipeline, qt
@@ -33,7 +33,7 @@ def snap(p: Pipeline, expect: str = "success", **conf):
 
 
 def _nothing_written(p: Pipeline) -> None:
-    assert progress_store.load(p.source, p.table.id, p.data_dir) is None
+    assert airflow_variables.load(p.source, p.table.id, p.data_dir) is None
     assert not [x for x in Path(p.data_dir).rglob("chunk-*.parquet")]
 
 

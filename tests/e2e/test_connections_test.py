@@ -143,7 +143,7 @@ def test_postgres_wrong_password_names_connection_and_fix(pg_with_password):
     assert r.returncode == 1 and "Connection failed!" in out, out
     flat = " ".join(out.split())
     assert "connection 'cdc_ct_pgbad'" in flat and "refused the login" in flat, out
-    assert "password authentication failed" in flat and "Check the login and password" in flat, out
+    assert "password authentication failed" in flat and "Check the login, password" in flat, out
     assert WRONG not in out and PASSWORD not in out
 
 
@@ -174,7 +174,7 @@ def test_mariadb_wrong_password_names_connection_and_fix(mysql_uri, mariadb_user
     flat = " ".join(out.split())
     assert r.returncode == 1 and "Connection failed!" in out, out
     assert "connection 'cdc_ct_mybad'" in flat and "refused the login" in flat and "Access denied" in flat, out
-    assert "Check the login and password" in flat and WRONG not in out and PASSWORD not in out
+    assert "Check the login, password" in flat and WRONG not in out and PASSWORD not in out
 
 
 def test_cdc_conn_type_with_dialect_extra(mysql_uri, mariadb_user):

@@ -15,7 +15,7 @@ from decimal import Decimal
 import psycopg2
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 
 from .helpers import load_dag, mirror_rows, source_rows
 
@@ -90,7 +90,7 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     assert run.state == "success", f"cdc_snapshot ended {run.state}"
     assert merge_engine(run, "merge") == engine
 
-    progress = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    progress = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert progress is not None and progress.status == "done", progress
     assert progress.table(table_id).chunks >= 2  # parallelism 2: two ranges, each read to its end
 
@@ -101,7 +101,7 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     lag = task_result(run, "log_retention")
     assert lag.startswith(f"source {src['conn_id']!r}: ") and "s behind (replication slot 'cdc_" in lag, lag
     assert task_result(run, "capture")["retention_risk"] is None
-    last = progress_store.load_lags(src["conn_id"])[src["conn_id"]]  # what `airflow cdc status` shows
+    last = airflow_variables.load_lags(src["conn_id"])[src["conn_id"]]  # what `airflow cdc status` shows
     assert last["holder"].startswith("replication slot 'cdc_") and last["risk"] is None and last["bytes"] >= 0
 
     expected = source_rows(src["uri"], src["table"])
@@ -118,7 +118,8 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     assert got == expected, f"mirror differs: missing {missing}, extra {extra}, wrong {wrong}"
 
     # the snapshot is done, so the changelog run compacted the delete tombstones away
-    from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw, tombstone_count
+    from airflow_provider_cdc.sinks.mirror_compaction import tombstone_count
+    from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
 
     assert sum(1 for k in expected if k <= 3000) < 3000, "the writers deleted original rows"
     assert tombstone_count(src["data_dir"], src["conn_id"], table_id) == 0

@@ -32,7 +32,7 @@ import pytest
 
 import airflow_provider_cdc.dialects.postgres
 import airflow_provider_cdc.operators.capture  # noqa: F401 - see above
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import list_segments
@@ -107,7 +107,7 @@ def test_deferred_sensor_completes_the_snapshot(pg_source, unique_name, capture,
         assert holder.captured is None and segments
         assert ended["trigger_event"] == "pending"
 
-    progress = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    progress = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert progress is not None and progress.status == "done", progress
     expected = source_rows(src["uri"], src["table"])
     got = mirror_rows(src["data_dir"], src["conn_id"], src["table"])

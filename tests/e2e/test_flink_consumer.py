@@ -22,7 +22,7 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.arrow_types import arrow_canonical
 from airflow_provider_cdc.core.schema import TableSchema
 from airflow_provider_cdc.export.debezium import DebeziumOptions, TableExport, export_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import schema_path
 from tools import workload as w
 

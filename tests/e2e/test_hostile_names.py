@@ -15,10 +15,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
+from airflow_provider_cdc.sinks.mirror_table import mirror_tables
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .hostile import COLS, KEY, ROWS, HostileSource, running
@@ -49,7 +50,7 @@ def test_hostile_table_schema_and_column_names_round_trip_through_the_dags(hosti
     p = hostile
     p.run("cdc_snapshot", {"action": "start", "tables": [t.id for t in p.tables], "chunk_size": 50, "parallelism": 2})
     for t in p.tables:
-        prog = progress_store.load(p.source, t.id, p.data_dir)
+        prog = airflow_variables.load(p.source, t.id, p.data_dir)
         assert prog is not None and prog.status == "done", (t, prog)
     p.change()
     p.catch_up()

@@ -22,11 +22,11 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline.verify import check_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .hostile import HostileSource, running
@@ -147,7 +147,7 @@ def test_edge_values_and_keys_round_trip_through_the_dags(values_source):
     p = values_source
     p.run("cdc_snapshot", {"action": "start", "tables": [t.id for t in p.tables], "chunk_size": 7, "parallelism": 2})
     for t in p.tables:
-        prog = progress_store.load(p.source, t.id, p.data_dir)
+        prog = airflow_variables.load(p.source, t.id, p.data_dir)
         assert prog is not None and prog.status == "done", (t, prog)
         res = _verify(p, t)
         assert res.ok, f"{t} after the snapshot: {res.summary()}: {[m.describe() for m in res.examples]}"

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects.base import ConnectionParams
 from tools import workload as w
@@ -132,7 +132,7 @@ class LeastPrivilegePipeline(Pipeline):
                 my_run(admin, f"DROP TABLE IF EXISTS `cdc`.`{self.wm}`", f"DROP USER IF EXISTS '{self.role}'@'%'")
                 admin.close()
             self.drop()
-            Variable.delete(progress_store.variable_key(self.source, self.table.id))
+            Variable.delete(airflow_variables.variable_key(self.source, self.table.id))
 
 
 def _pipeline(request, db: str, setup: int, unique_name, tmp_path, monkeypatch, replica: bool = False):
@@ -198,7 +198,7 @@ def test_a_read_only_role_snapshots_under_writers_without_writing_to_the_source(
         admin.commit()
         _snapshot_under_writers_and_verify(p, seed=37)
         # the capture's lag reading, as `airflow cdc status` shows it, carries the replica's
-        replica_lag = progress_store.load_lags(p.source)[p.source].get("replica")
+        replica_lag = airflow_variables.load_lags(p.source)[p.source].get("replica")
         if replica:
             assert replica_lag is not None and replica_lag["seconds"] is not None and replica_lag["seconds"] >= 0
         else:
@@ -224,7 +224,7 @@ def test_a_conf_cannot_widen_the_scope_to_a_system_table_or_another_table(lp):
     finally:
         w.drop_table(p.admin_uri, secrets)
     for t in (TableName.parse(system), secrets, p.table):
-        assert progress_store.load(p.source, t.id, p.data_dir) is None
+        assert airflow_variables.load(p.source, t.id, p.data_dir) is None
     written = [f for f in Path(p.data_dir).rglob("*") if f.is_file()]
     assert not [f for f in written if "chunk" in f.name or "/events/" in str(f) or "/mirror/" in str(f)], written
     assert not [f for f in written if "pg_authid" in str(f) or "secrets_" in str(f)]

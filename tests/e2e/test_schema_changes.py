@@ -15,11 +15,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.pipeline.verify import read_event_log, verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, schema_stopped
+from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
@@ -158,7 +159,7 @@ def test_a_type_change_stops_only_its_table_until_a_resnapshot_rebuilds_it(two):
     Pipeline.run(p, "cdc_snapshot", {"action": "start", "tables": [a.id], "keys": {a.id: [[1]]}}, expect="failed")
     # the whole-table re-snapshot rebuilds a's mirror with the new type
     p.run("cdc_snapshot", {"action": "start", "tables": [a.id], "chunk_size": 30})
-    assert progress_store.load(p.source, a.id, p.data_dir).status == "done"
+    assert airflow_variables.load(p.source, a.id, p.data_dir).status == "done"
     p.sql([(f"UPDATE {p.qt(a)} SET v = %s WHERE id = 50", ("after rebuild",))])  # noqa: S608
     p.catch_up()
     for t in (a, b):

@@ -25,8 +25,8 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
 from airflow_provider_cdc.hooks.cdc_storage import storage_environment
 from airflow_provider_cdc.operators.spark_jobs import postgres_sink_params
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
 
 from .helpers import CaptureLockHolder, Pipeline, load_dag, mirror_rows, source_rows, xcom_of

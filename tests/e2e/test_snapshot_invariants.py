@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.dialects.base import ConnectionParams
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
 
 from .helpers import BOTH_STRATEGIES, CHUNK, ROWS
@@ -52,7 +52,7 @@ def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capt
 @BOTH_STRATEGIES
 def test_pause_mid_snapshot_then_resume(pipeline):
     p = pipeline
-    calls = p.on_chunk(3, lambda: progress_store.request(p.source, p.table.id, "pause", p.data_dir))
+    calls = p.on_chunk(3, lambda: airflow_variables.request(p.source, p.table.id, "pause", p.data_dir))
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=5):
         p.snapshot()
         assert p.progress().status == "paused"
@@ -73,7 +73,7 @@ def test_pause_mid_snapshot_then_resume(pipeline):
 @BOTH_STRATEGIES
 def test_stop_then_start_over(pipeline):
     p = pipeline
-    p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "stop", p.data_dir))
+    p.on_chunk(2, lambda: airflow_variables.request(p.source, p.table.id, "stop", p.data_dir))
     with w.BackgroundWriter(p.uri, p.table, threads=2, rate=100, seed=9):
         p.snapshot()
         first = p.progress()
@@ -98,12 +98,13 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
 
     from airflow_provider_cdc.pipeline import arrow_engine as local_jobs
     from airflow_provider_cdc.pipeline.spark import common
-    from airflow_provider_cdc.sinks.mirror_delta import compact_inactive, fence_out_merges
+    from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
+    from airflow_provider_cdc.sinks.mirror_fencing import fence_out_merges
 
     p = pipeline
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", str(10 * ROWS))  # the merge runs in this process
     p.mp.setattr(local_jobs, "merge_round", partial(local_jobs.merge_round, max_batch_rows=CHUNK))
-    real_write = common.write_to_sinks
+    real_write = local_jobs.write_to_sinks
     state = {"groups": 0, "compacted": None}
 
     def stop_deletes_and_compaction_after_the_first_group(sinks, events):
@@ -111,7 +112,7 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
         state["groups"] += 1
         if state["groups"] != 1:
             return
-        progress_store.request(p.source, p.table.id, "stop", p.data_dir)
+        airflow_variables.request(p.source, p.table.id, "stop", p.data_dir)
         fence_out_merges(p.data_dir, p.source, p.table)
         params = w.ConnectionParams.from_uri(p.uri)
         conn = w.connect(params)
@@ -124,14 +125,14 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
         apply_sinks = common.build_sinks("events,mirror", data_dir=p.data_dir, source=p.source, database=None,
                                          pg_uri=None, pg_schema=None, require_schema=False)
         local_jobs.apply_changelog(p.data_dir, p.source, apply_sinks)
-        state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: progress_store.status(p.source, t, p.data_dir))
+        state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: airflow_variables.status(p.source, t, p.data_dir))
 
-    p.mp.setattr(common, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
+    p.mp.setattr(local_jobs, "write_to_sinks", stop_deletes_and_compaction_after_the_first_group)
     p.snapshot()
     assert state["compacted"] and state["compacted"][p.table.id] > 0, "the deletes' tombstones must have been compacted"
     assert p.progress().status == "stopped"
     groups_of_the_stopped_merge = state["groups"]
-    p.mp.setattr(common, "write_to_sinks", real_write)
+    p.mp.setattr(local_jobs, "write_to_sinks", real_write)
     p.snapshot("start")
     assert p.progress().status == "done"
     p.catch_up()

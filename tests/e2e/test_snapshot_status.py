@@ -6,7 +6,7 @@ also shows that the tasks read the settings at run time."""
 
 from __future__ import annotations
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 
 from .helpers import load_dag
 
@@ -21,14 +21,14 @@ def test_a_run_that_fails_for_good_sets_failed_and_resume_finishes_it(pg_source,
     monkeypatch.setenv("CDC_SINKS", "postgres")
     run = dag.test(run_conf={"action": "start", "tables": [table_id], "chunk_size": 1000})
     assert run.state == "failed"
-    p = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    p = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert p.status == "failed", p
     assert p.error.startswith("task merge failed:") and "CDC_POSTGRES_SINK_CONN_ID" in p.error
 
     monkeypatch.delenv("CDC_SINKS")  # the cause fixed
     run = dag.test(run_conf={"action": "resume", "tables": [table_id]})
     assert run.state == "success"
-    p = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    p = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert p.status == "done" and p.error is None and p.table(table_id).rows == 3000
 
 
@@ -48,7 +48,7 @@ def test_backfill_and_scheduled_refreshes_on_the_real_database(pg_source, unique
     dag = load_dag("cdc_snapshot", unique_name)
     run = dag.test(run_conf={"action": "start", "tables": [table_id], "chunk_size": 700, "parallelism": 2})
     assert run.state == "success"
-    done = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    done = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert done.status == "done" and done.owner == run.run_id
 
     def plan(run_type, logical_date, run_id):
@@ -58,10 +58,10 @@ def test_backfill_and_scheduled_refreshes_on_the_real_database(pg_source, unique
         )
 
     assert plan("backfill", datetime(2024, 1, 1, tzinfo=UTC), "backfill__2024-01-01") == []  # older: nothing
-    assert progress_store.load(src["conn_id"], table_id, src["data_dir"]).snapshot_id == done.snapshot_id
+    assert airflow_variables.load(src["conn_id"], table_id, src["data_dir"]).snapshot_id == done.snapshot_id
     later = datetime(2099, 1, 1, tzinfo=UTC)
     work = plan("scheduled", later, "scheduled__2099-01-01")
-    fresh = progress_store.load(src["conn_id"], table_id, src["data_dir"])
+    fresh = airflow_variables.load(src["conn_id"], table_id, src["data_dir"])
     assert fresh.snapshot_id != done.snapshot_id and fresh.status == "running"
     assert (fresh.owner, fresh.logical_date) == ("scheduled__2099-01-01", later.isoformat())
     assert {w["chunk_size"] for w in work} == {700} and len(work) == 2  # the manual start's settings
@@ -70,4 +70,4 @@ def test_backfill_and_scheduled_refreshes_on_the_real_database(pg_source, unique
     assert read_plan(src["data_dir"], src["conn_id"], TableName.parse(table_id), fresh.snapshot_id)["parallelism"] == 2
     # a second run for the same date starts no other snapshot (it continues this one)
     plan("scheduled", later, "scheduled__2099-01-01")
-    assert progress_store.load(src["conn_id"], table_id, src["data_dir"]).snapshot_id == fresh.snapshot_id
+    assert airflow_variables.load(src["conn_id"], table_id, src["data_dir"]).snapshot_id == fresh.snapshot_id

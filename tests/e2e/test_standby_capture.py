@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.dialects.postgres.prerequisites import default_object_name
 from tests.pg_cluster import Cluster, pg_bin
 from tools import workload as w
@@ -35,9 +35,9 @@ class StandbyPipeline(Pipeline):
     def cleanup(self) -> None:
         from airflow.models.variable import Variable
 
-        Variable.delete(progress_store.variable_key(self.source, self.table.id))
-        Variable.delete(progress_store.verify_key(self.source, self.table.id))
-        Variable.delete(progress_store.lag_key(self.source))
+        Variable.delete(airflow_variables.variable_key(self.source, self.table.id))
+        Variable.delete(airflow_variables.verify_key(self.source, self.table.id))
+        Variable.delete(airflow_variables.lag_key(self.source))
 
 
 def _caught_up(c: Cluster) -> None:

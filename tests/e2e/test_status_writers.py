@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.errors import StateError
 from airflow_provider_cdc.operators.snapshot import SnapshotPlanOperator
-from airflow_provider_cdc.pipeline import progress_store as authority
+from airflow_provider_cdc.pipeline import snapshot_state as authority
 from tools import workload as w
 
 from .helpers import ROWS, Pipeline
@@ -41,9 +41,9 @@ def test_two_plan_runs_starting_one_table_store_one_snapshot(pg_uri, unique_name
         monkeypatch.setattr(authority, "update", update)
         with pytest.raises(StateError, match="stored by another run while this one planned"):
             plan(p, "run-A")
-        stored = progress_store.load(p.source, p.table.id, p.data_dir)
+        stored = airflow_variables.load(p.source, p.table.id, p.data_dir)
         assert stored.status == "running" and stored.owner == "run-B"
         assert won["work"] and {item["snapshot_id"] for item in won["work"]} == {stored.snapshot_id}
-        assert progress_store.read(p.source, p.table.id, p.data_dir).version == 1  # A wrote nothing
+        assert airflow_variables.read(p.source, p.table.id, p.data_dir).version == 1  # A wrote nothing
     finally:
         p.cleanup()

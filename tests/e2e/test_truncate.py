@@ -18,7 +18,7 @@ from deltalake import write_deltalake
 
 from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.pipeline.verify import read_event_log
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 

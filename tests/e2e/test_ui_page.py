@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 
 from .helpers import ApiServer, Browser, _text
 
@@ -105,7 +105,7 @@ def test_the_page_shows_a_running_snapshot_and_the_lag_and_its_actions_work_for_
     assert (run.conf, run.triggering_user_name, str(run.state)) == ({"table": p.table.id}, "user", "queued")
     _run_task("cdc_verify", "verify", run.run_id)
     _delete_runs([run.run_id])
-    assert progress_store.load_verifies(p.source).get((p.source, p.table.id)) is not None
+    assert airflow_variables.load_verifies(p.source).get((p.source, p.table.id)) is not None
     d = browser.open_page(p.source)
     assert "OK" in _text(d) and "3,000 rows checked, 0 mismatched" in _text(d), _text(d)
     browser.shot("verified")
@@ -176,7 +176,7 @@ def test_a_viewer_reads_the_page_but_every_action_is_refused_and_no_session_is_s
     p = pipeline
     server, browser = ui
     p.run("cdc_changelog")
-    p.on_chunk(2, lambda: progress_store.request(p.source, p.table.id, "pause", p.data_dir))
+    p.on_chunk(2, lambda: airflow_variables.request(p.source, p.table.id, "pause", p.data_dir))
     p.snapshot()
     assert p.progress().status == "paused"
     browser.login("viewer")
@@ -221,11 +221,11 @@ def test_the_page_acts_only_on_known_sources_verifies_as_one_dag_run_and_survive
     _register("cdc_verify")
     ghost = f"ghost_{p.source}"  # a valid name no sources config nor environment names
     ghost_progress = SnapshotProgress.start(ghost, "snap-1", {p.table.id: [ChunkRange()]}, now=1000.0)
-    progress_store.publish(ghost, p.table.id, ghost_progress)
-    broken = {progress_store.variable_key(p.source, "public.broken"): "[1, 2]",  # not a progress
-              progress_store.verify_key(p.source, p.table.id): json.dumps(
+    airflow_variables.publish(ghost, p.table.id, ghost_progress)
+    broken = {airflow_variables.variable_key(p.source, "public.broken"): "[1, 2]",  # not a progress
+              airflow_variables.verify_key(p.source, p.table.id): json.dumps(
                   {"source": p.source, "table": p.table.id, "ok": True, "rows_checked": "lots"}),  # a wrong type
-              progress_store.lag_key(p.source): json.dumps({"source": p.source, "bytes": "many", "at": 1.0})}
+              airflow_variables.lag_key(p.source): json.dumps({"source": p.source, "bytes": "many", "at": 1.0})}
     for key, value in broken.items():
         Variable.set(key, value)
     form = {"Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json", "Origin": server.base}
@@ -273,13 +273,13 @@ def test_the_page_acts_only_on_known_sources_verifies_as_one_dag_run_and_survive
             status, body, _ = server.request("POST", "/cdc/action", user=None, headers={**cookie, **extra}, data=data)
             assert status == 403 and b"must come from the CDC page" in body, (extra, body)
         # a table outside the scope (a Variable names it): shown refused, never acted on
-        progress_store.publish(p.source, "public.outside", SnapshotProgress.start(
+        airflow_variables.publish(p.source, "public.outside", SnapshotProgress.start(
             p.source, "snap-2", {"public.outside": [ChunkRange()]}, now=1000.0))
         status, body, _ = server.request("POST", "/cdc/action", user="user", headers=form,
                                          data=f"source={p.source}&table=public.outside&action=verify".encode())
         assert status == 403 and b"is not captured by source" in body, body
     finally:
         _delete_runs(new)
-        for key in [*broken, progress_store.variable_key(ghost, p.table.id),
-                    progress_store.variable_key(p.source, "public.outside")]:
+        for key in [*broken, airflow_variables.variable_key(ghost, p.table.id),
+                    airflow_variables.variable_key(p.source, "public.outside")]:
             Variable.delete(key)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
@@ -39,11 +39,11 @@ def test_a_snapshot_id_from_a_variable_that_is_no_id_never_becomes_a_path(tmp_pa
     p = SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]}, now=1000.0)
     raw = json.loads(p.to_json())
     raw["snapshot_id"] = "../x"  # a Variable anyone may write
-    key = progress_store.variable_key(source, table)
+    key = airflow_variables.variable_key(source, table)
     variables_cleanup.append(key)
     Variable.set(key, json.dumps(raw))
     data = tmp_path / "data"
-    assert progress_store.load(source, table, str(data)) is None  # the Variable is a copy, never read back
+    assert airflow_variables.load(source, table, str(data)) is None  # the Variable is a copy, never read back
     assert not (data / "control").exists() and not (tmp_path / "x").exists()  # nothing written
     # status shows it as malformed, reading nothing for it
     from airflow_provider_cdc.status import list_progress, progress_summary
@@ -70,8 +70,8 @@ def test_a_source_name_from_a_variable_is_never_joined_into_a_path(tmp_path, uni
     monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("CDC_SOURCE_CONN_ID", str(outside))  # even where the environment names it
     name = str(outside)
-    lag = progress_store.lag_key(f"etc_{unique_name}")
-    prog = progress_store.variable_key(f"etc_{unique_name}", "public.orders")
+    lag = airflow_variables.lag_key(f"etc_{unique_name}")
+    prog = airflow_variables.variable_key(f"etc_{unique_name}", "public.orders")
     variables_cleanup.extend([lag, prog])
     Variable.set(lag, json.dumps({"source": name, "bytes": 1, "seconds": 0.0, "at": 1.0, "history": []}))
     p = SnapshotProgress.start("placeholder", "snap-1", {"public.orders": [ChunkRange()]}, now=1.0)
@@ -144,7 +144,7 @@ def test_a_database_error_carrying_row_values_is_stored_without_them(pipeline, p
     assert str(stored.status) == "failed" and "duplicate key value violates unique constraint" in stored.error
     assert card not in stored.error and "row values dropped" in stored.error, stored.error
     assert secret not in stored.error and "***" in stored.error, stored.error
-    published = Variable.get(progress_store.variable_key(p.source, p.table.id))
+    published = Variable.get(airflow_variables.variable_key(p.source, p.table.id))
     assert card not in published and secret not in published
     assert Path(p.data_dir).exists()
 
@@ -163,10 +163,10 @@ def test_status_marks_what_it_cannot_use_and_what_the_scope_refuses(tmp_path, un
     monkeypatch.setenv("CDC_TABLES", "public.orders")
     monkeypatch.setenv("CDC_DATA_DIR", str(tmp_path / "data"))
     for table in ("public.orders", "public.secrets"):
-        progress_store.publish(source, table, SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]}, now=1.0))
-        variables_cleanup.append(progress_store.variable_key(source, table))
-    variables_cleanup.append(progress_store.lag_key(source))
-    Variable.set(progress_store.lag_key(source), json.dumps({"source": source, "bytes": "lots", "at": 1.0}))
+        airflow_variables.publish(source, table, SnapshotProgress.start(source, "snap-1", {table: [ChunkRange()]}, now=1.0))
+        variables_cleanup.append(airflow_variables.variable_key(source, table))
+    variables_cleanup.append(airflow_variables.lag_key(source))
+    Variable.set(airflow_variables.lag_key(source), json.dumps({"source": source, "bytes": "lots", "at": 1.0}))
     assert cli.run(["status", "--source", source]) == 0
     out = capsys.readouterr().out
     [orders] = [ln for ln in out.splitlines() if ln.startswith(f"{source}:public.orders")]

@@ -32,9 +32,9 @@ def spark(s3_server):
 @pytest.fixture
 def variables(monkeypatch):
     """Airflow Variables as a dict: operators run here outside a task have no API server."""
-    from airflow_provider_cdc import progress_store
+    from airflow_provider_cdc import airflow_variables
 
     store: dict[str, str] = {}
-    monkeypatch.setattr(progress_store, "_get", lambda key: store.get(key))
-    monkeypatch.setattr(progress_store, "_set", lambda key, value: store.__setitem__(key, value))
+    monkeypatch.setattr(airflow_variables, "_get", lambda key: store.get(key))
+    monkeypatch.setattr(airflow_variables, "_set", lambda key, value: store.__setitem__(key, value))
     return store

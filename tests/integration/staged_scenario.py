@@ -29,7 +29,7 @@ from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_a
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark import merge_job
 from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, events_dir, schema_path
 from airflow_provider_cdc.storage.staged import ChunkWriter, read_log_events, write_segment
 

@@ -19,13 +19,13 @@ from airflow_provider_cdc.core.throttle import ChunkSizing
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.pipeline.arrow_engine import apply_changelog, merge_round
 from airflow_provider_cdc.pipeline.capture import stage_changelog
-from airflow_provider_cdc.pipeline.progress_store import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.pipeline.snapshot import staged_bytes
 from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
 from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController
+from airflow_provider_cdc.pipeline.snapshot_state import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 
 NARROW, WIDE = 30, 3000  # characters of the value column: 100x wider in the middle
 WIDE_FROM, WIDE_TO, ROWS = 3001, 4500, 7000  # keys 3001..4500 are wide

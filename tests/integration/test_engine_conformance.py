@@ -34,7 +34,7 @@ from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark import apply_job, merge_job
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
 from airflow_provider_cdc.storage.staged import atomic_write_table, read_log_events, read_table
 
@@ -273,7 +273,7 @@ def test_a_value_the_mirror_cannot_hold_stops_only_its_table(engine, tmp_path):
     """A changelog NaN into items' numeric(12,2) amount: the apply stops the items mirror,
     naming table, column and key, still applies the other table, and the event log keeps
     every event; a merge round (fenced) fails on the same value instead."""
-    from airflow_provider_cdc.sinks.mirror_delta import schema_stopped
+    from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
     from airflow_provider_cdc.storage.layout import mirror_dir
 
     st = Stage(tmp_path / engine.name)

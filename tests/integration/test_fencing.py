@@ -23,18 +23,14 @@ from airflow_provider_cdc.core.errors import FencedError
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
-from airflow_provider_cdc.sinks import mirror_compaction, mirror_delta, mirror_table
+from airflow_provider_cdc.sinks import delta_buckets, mirror_compaction, mirror_delta, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
 from airflow_provider_cdc.sinks.event_log import EventLogSink
-from airflow_provider_cdc.sinks.mirror_delta import (
-    MergeFence,
-    MirrorDeltaSink,
-    compact,
-    compact_inactive,
-    fence_out_merges,
-    horizon,
-    read_mirror_raw,
-)
+from airflow_provider_cdc.sinks.mirror_compaction import compact, compact_inactive
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_fencing import MergeFence, fence_out_merges
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_table import horizon
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 SOURCE = "s"
@@ -411,7 +407,7 @@ def test_sweep_and_compaction_read_whole_only_the_buckets_they_change(data_dir, 
     mirror.write(events(*(ev(10 + k, "c", k, k) for k in range(1, 41)), ev(60, "d", 7)))
     path = mirror_dir(data_dir, SOURCE, T)
     read = []
-    real = mirror_delta.read_bucket
+    real = delta_buckets.read_bucket
     for module in (mirror_delta, mirror_compaction):  # the sweep and compaction
         monkeypatch.setattr(module, "read_bucket",
                             lambda uri, paths, schema: read.append(tuple(paths)) or real(uri, paths, schema))
@@ -421,5 +417,5 @@ def test_sweep_and_compaction_read_whole_only_the_buckets_they_change(data_dir, 
     assert len(read) == 1  # its bucket only
     assert mirror_state(data_dir)[2] == (12, False) and 1 not in mirror_state(data_dir)
     read.clear()
-    assert mirror_delta.compact(data_dir, SOURCE, T) == 1  # key 7's tombstone: its bucket only
+    assert mirror_compaction.compact(data_dir, SOURCE, T) == 1  # key 7's tombstone: its bucket only
     assert len(read) == 1 and 7 not in mirror_state(data_dir)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import psycopg2
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.operators.snapshot import (
     SnapshotChunkOperator,
@@ -142,7 +142,7 @@ def test_chunks_merged_while_reading_reach_the_sinks_once_and_the_round_merges_t
         assert 0 < len(left) == len(results) - summary["chunks"]
         SnapshotCommitOperator(task_id="commit", chunks=results, data_dir=data, cdc_conn_id=conn_id).execute({})
         t = TableName("public", table)
-        assert progress_store.status(source, t.id, data) == "done"
+        assert airflow_variables.status(source, t.id, data) == "done"
 
         # every chunk row reached the event log once: r events at distinct (key, position), and
         # every row the chunks read is one (a chunk marked merged that no merge wrote is missing)

@@ -11,8 +11,9 @@ from airflow_provider_cdc.core.formats import MIRROR, FormatError
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import mirror_delta as md
+from airflow_provider_cdc.sinks import mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 pytestmark = pytest.mark.integration
@@ -26,11 +27,11 @@ def test_a_mirror_is_stamped_and_a_newer_one_refused(tmp_path):
     storage.write_text(schema_path(data_dir, "src", T), schema.to_json())
     event = {"position": Position(1).encode(), "table": T.id, "op": "c", "key": encode_key([1]), "before": None,
              "after": encode_row({"id": 1, "v": "a"}), "ts_ms": 1, "watermark": None, "snapshot": False, "batch": "b"}
-    md.MirrorDeltaSink(data_dir, "src").write(pa.Table.from_pylist([event], schema=EVENT_SCHEMA))
+    MirrorDeltaSink(data_dir, "src").write(pa.Table.from_pylist([event], schema=EVENT_SCHEMA))
     path = mirror_dir(data_dir, "src", T)
-    dt = md._delta(path)
+    dt = mirror_table._delta(path)
     assert dt.metadata().configuration[MIRROR.key] == str(MIRROR.version)
-    md._set_properties(dt, {MIRROR.key: str(MIRROR.version + 1)})
+    mirror_table._set_properties(dt, {MIRROR.key: str(MIRROR.version + 1)})
     with pytest.raises(FormatError, match=f"^mirror {path}: this mirror table has format version "
                                           f"{MIRROR.version + 1}, written by a newer .*Upgrade"):
-        db.read_version(md._delta(path), path)
+        db.read_version(mirror_table._delta(path), path)

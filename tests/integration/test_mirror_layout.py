@@ -6,6 +6,7 @@ machine drives writes, late rows, replays, compactions and unit changes against 
 
 from __future__ import annotations
 
+import random
 import shutil
 import tempfile
 from pathlib import Path
@@ -17,13 +18,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from airflow_provider_cdc import storage
+from airflow_provider_cdc.core import arrow_types
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import mirror_compaction as compaction
-from airflow_provider_cdc.sinks import mirror_delta as md
-from airflow_provider_cdc.sinks import mirror_readers, mirror_table
+from airflow_provider_cdc.sinks import mirror_compaction, mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 pytestmark = pytest.mark.integration
@@ -43,20 +44,21 @@ def ev(pos: int, op: str, key: int, value: str | None = None) -> dict:
 
 
 def write(data_dir: str, events: list[dict]) -> None:
-    md.MirrorDeltaSink(data_dir, SOURCE).write(pa.Table.from_pylist(events, schema=EVENT_SCHEMA))
+    MirrorDeltaSink(data_dir, SOURCE).write(pa.Table.from_pylist(events, schema=EVENT_SCHEMA))
 
 
 def live(data_dir: str) -> dict[int, str]:
-    return {r["id"]: r["v"] for r in md.read_mirror(data_dir, SOURCE, T).to_pylist()}
+    return {r["id"]: r["v"] for r in mirror_readers.read_mirror(data_dir, SOURCE, T).to_pylist()}
 
 
 def version(data_dir: str) -> db.MirrorVersion:
     path = mirror_dir(data_dir, SOURCE, T)
-    return db.read_version(md._delta(path), path)
+    return db.read_version(mirror_table._delta(path), path)
 
 
 def set_unit(data_dir: str, rows: int) -> None:
-    md._set_properties(md._delta(mirror_dir(data_dir, SOURCE, T)), {md.BUCKET_ROWS_PROPERTY: str(rows)})
+    mirror_table._set_properties(mirror_table._delta(mirror_dir(data_dir, SOURCE, T)),
+                                 {mirror_table.BUCKET_ROWS_PROPERTY: str(rows)})
 
 
 def check_layout(v: db.MirrorVersion) -> None:
@@ -65,18 +67,18 @@ def check_layout(v: db.MirrorVersion) -> None:
     assert not (with_files & v.inner), f"files in split buckets {sorted(with_files & v.inner)}"
     for paths in v.files.values():
         for p in paths:
-            keys = db.read_bucket(v.table_uri, [p], v.schema)[md.KEY_COLUMN]
+            keys = db.read_bucket(v.table_uri, [p], v.schema)[arrow_types.KEY_COLUMN]
             assert len(keys) == len(set(keys.to_pylist())), p
 
 
 def every_reader(data_dir: str) -> list[dict[int, str]]:
     import duckdb
 
-    count, batches = md.mirror_batches(data_dir, SOURCE, T, batch_rows=7)
+    count, batches = mirror_readers.mirror_batches(data_dir, SOURCE, T, batch_rows=7)
     streamed = {r["id"]: r["v"] for b in batches for r in b.to_pylist()}
     assert count >= len(streamed)
     keys = [encode_key([k]) for k in range(0, 1100)]
-    by_key = {r["id"]: r["v"] for r in md.mirror_rows_of(data_dir, SOURCE, T, keys).to_pylist()}
+    by_key = {r["id"]: r["v"] for r in mirror_readers.mirror_rows_of(data_dir, SOURCE, T, keys).to_pylist()}
     duck = dict(mirror_readers.read_duckdb(duckdb.connect(), data_dir, SOURCE, T).fetchall())
     pandas = dict(zip(*[mirror_readers.read_pandas(data_dir, SOURCE, T)[c].tolist() for c in ("id", "v")], strict=True))
     return [live(data_dir), streamed, by_key, duck, pandas]
@@ -91,7 +93,7 @@ def data_dir(tmp_path) -> str:
 
 def test_a_write_appends_change_files_whose_bytes_follow_the_changes(data_dir):
     write(data_dir, [ev(1 + i, "c", i, f"v{i}" * 20) for i in range(20_000)])
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
+    mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
     before = version(data_dir)
     assert not any(i.change for i in before.info.values())
     table_bytes = sum(before.sizes.values())
@@ -104,15 +106,16 @@ def test_a_write_appends_change_files_whose_bytes_follow_the_changes(data_dir):
     got = live(data_dir)
     assert len(got) == 20_000 and sum(v == "changed" for v in got.values()) == 40
     # plain Delta readers see the superseded versions until compaction folds them
-    assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_040
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
-    assert md.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_000 and live(data_dir) == got
+    assert mirror_readers.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_040
+    mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
+    assert mirror_readers.read_mirror_files(data_dir, SOURCE, T).num_rows == 20_000 and live(data_dir) == got
 
 
 def test_a_row_at_or_before_the_horizon_only_updates(data_dir):
     write(data_dir, [ev(1, "c", 1, "a"), ev(2, "c", 2, "b"), ev(5, "d", 1)])
-    assert md.compact(data_dir, SOURCE, T) == 1  # the tombstone of 1 goes, the horizon is its position
-    assert md.horizon(data_dir, SOURCE, T) == Position(5).encode()
+    # the tombstone of 1 goes, the horizon is its position
+    assert mirror_compaction.compact(data_dir, SOURCE, T) == 1
+    assert mirror_table.horizon(data_dir, SOURCE, T) == Position(5).encode()
     write(data_dir, [ev(1, "c", 1, "a"), ev(4, "u", 2, "late update"), ev(3, "r", 3, "old insert")])
     assert live(data_dir) == {2: "late update"}  # 1 not resurrected, 3 not inserted, 2 updated
     write(data_dir, [ev(6, "c", 3, "new")])
@@ -128,7 +131,7 @@ def test_of_equal_positions_the_first_written_row_wins_through_compaction_and_sp
     write(data_dir, [ev(12, "r", 0, "second")])
     assert live(data_dir) == {0: "first", 1: "other"}
     set_unit(data_dir, 1)
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
+    mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None)
     assert live(data_dir) == {0: "first", 1: "other"}
     write(data_dir, [ev(12, "u", 0, "third")])
     assert live(data_dir) == {0: "first", 1: "other"}
@@ -139,10 +142,10 @@ def test_compaction_splits_a_bucket_past_the_unit_and_writes_follow_the_split(da
     set_unit(data_dir, 20)
     path = mirror_dir(data_dir, SOURCE, T)
     # one round spreads the oversized buckets a file at a time, then compacts within its budget
-    got = md.compact_buckets(path, budget_rows=None)
+    got = mirror_compaction.compact_buckets(path, budget_rows=None)
     assert got["split"] == 8
-    while md.due_buckets(version(data_dir)):
-        md.compact_buckets(path, budget_rows=None)
+    while mirror_compaction.due_buckets(version(data_dir)):
+        mirror_compaction.compact_buckets(path, budget_rows=None)
     v = version(data_dir)
     check_layout(v)
     assert max(db.level_of(b, v.buckets) for b, f in v.files.items() if f) == 2  # 50 rows a root: 4 of ~13
@@ -169,24 +172,24 @@ def test_a_bucket_past_twice_the_unit_is_read_a_part_at_a_time(data_dir, monkeyp
     expect = {i: (f"w{i}" if i % 2 == 0 else f"v{i}") for i in range(400) if i != 5}
     assert live(data_dir) == expect
     assert parts and all(p is not None and p[1] >= 4 for p in parts)  # ~75 stored rows a bucket, a unit of 10
-    assert md.read_mirror_raw(data_dir, SOURCE, T).num_rows == 400
+    assert mirror_readers.read_mirror_raw(data_dir, SOURCE, T).num_rows == 400
 
 
 def test_the_budget_bounds_a_rounds_compaction_and_the_most_changed_go_first(data_dir):
     write(data_dir, [ev(1 + i, "c", i, "v") for i in range(2_000)])
-    md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)  # base files
+    mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=None, everything=True)
     root = {b: db.bucket_of(pa.array([encode_key([i])]), 8)[0].as_py() for b, i in ((i, i) for i in range(2_000))}
     heavy = root[0]
     keys = [i for i in range(2_000) if root[i] == heavy][:200] + [i for i in range(2_000) if root[i] != heavy][:30:3]
     write(data_dir, [ev(10_000 + n, "u", k, "x") for n, k in enumerate(keys)])
     v = version(data_dir)
     per = max(v.info[p].rows for f in v.files.values() for p in f if not v.info[p].change)
-    compaction.CHANGE_SHARE, share = 0.5, compaction.CHANGE_SHARE  # 200 changes of ~250 rows: due
+    mirror_compaction.CHANGE_SHARE, share = 0.5, mirror_compaction.CHANGE_SHARE  # 200 changes of ~250 rows: due
     try:
-        assert md.due_buckets(v, budget_rows=per + 1)[0] == heavy
-        out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=per + 1)
+        assert mirror_compaction.due_buckets(v, budget_rows=per + 1)[0] == heavy
+        out = mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), budget_rows=per + 1)
     finally:
-        compaction.CHANGE_SHARE = share
+        mirror_compaction.CHANGE_SHARE = share
     assert out["buckets"] == 1
     after = version(data_dir)
     assert not any(after.info[p].change for p in after.files[heavy])
@@ -210,12 +213,12 @@ def test_a_mirror_written_before_merge_on_read_migrates_in_place(data_dir):
     expect[1000] = "new"
     assert all(r == expect for r in every_reader(data_dir))
     set_unit(data_dir, 30)
-    md.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None, everything=True)
-    while md.due_buckets(version(data_dir)):
-        md.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None)
+    mirror_compaction.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None, everything=True)
+    while mirror_compaction.due_buckets(version(data_dir)):
+        mirror_compaction.compact_buckets(path, tombstones_upto=Position(6000).encode(), budget_rows=None)
     v = version(data_dir)
     check_layout(v)
-    assert v.inner and v.version > old.version and md.tombstone_count(data_dir, SOURCE, T) == 0
+    assert v.inner and v.version > old.version and mirror_compaction.tombstone_count(data_dir, SOURCE, T) == 0
     assert all(r == expect for r in every_reader(data_dir))
 
 
@@ -239,13 +242,107 @@ def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monk
         return real_commit(v, adds, removed, operation=operation)
 
     monkeypatch.setattr(mirror_table, "commit", commit_after_a_write)
-    monkeypatch.setattr(compaction, "CHANGE_SHARE", 0.0)  # any change makes a bucket due
-    out = md.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=Position(250).encode(), budget_rows=None)
+    monkeypatch.setattr(mirror_compaction, "CHANGE_SHARE", 0.0)  # any change makes a bucket due
+    out = mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=Position(250).encode(),
+                                            budget_rows=None)
     assert seen and out["buckets"] >= 1
     v = version(data_dir)
     assert v.version > seen[0] + 1  # the write, then compaction's retry
     check_layout(v)
     assert all(r == expect for r in every_reader(data_dir))
+
+
+# --- storage that follows the changes (issue 49): rounds that each change a few rows of every
+# bucket write about those rows, compactions included, not the buckets; change files merge in
+# size tiers so a bucket's file count stays bounded; a bucket folds into its base once its
+# changes reach CHANGE_SHARE of it; readers see the live rows throughout
+
+ROWS, ROUNDS, CHANGED = 4_000, 40, 80
+
+
+def _files(data_dir: str) -> dict[str, int]:
+    return dict(version(data_dir).sizes)
+
+
+def test_rounds_of_small_changes_write_about_the_changed_rows_and_keep_few_files(data_dir):
+    path = mirror_dir(data_dir, SOURCE, T)
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}") for i in range(ROWS)])
+    mirror_compaction.compact_buckets(path, budget_rows=None, everything=True)
+    model = {i: f"v{i}" for i in range(ROWS)}
+    rng = random.Random(7)
+    pos = 10_000
+    changed_bytes = compaction_bytes = 0
+    seen = _files(data_dir)
+    for r in range(ROUNDS):
+        events = []
+        for k in rng.sample(range(ROWS), CHANGED):
+            pos += 1
+            events.append(ev(pos, "u", k, f"r{r}k{k}"))
+            model[k] = f"r{r}k{k}"
+        write(data_dir, events)
+        now = _files(data_dir)
+        changed_bytes += sum(now[p] for p in set(now) - set(seen))
+        seen = now
+        mirror_compaction.compact_buckets(path, budget_rows=None)
+        now = _files(data_dir)
+        compaction_bytes += sum(now[p] for p in set(now) - set(seen))
+        seen = now
+        v = version(data_dir)
+        most = max(len(f) for f in v.files.values())
+        # a base and at most CHANGE_FILES - 1 files in each of two tiers, plus the newest
+        assert most <= 1 + 2 * mirror_compaction.CHANGE_FILES, (r, most)
+    assert live(data_dir) == model
+    # 80 changed rows a round over 8 buckets of ~500 rows: folding the changed buckets every
+    # round (the rule before) wrote ~50 times the changed bytes; the tiers write about 1-2 times
+    assert compaction_bytes <= 2 * changed_bytes, (compaction_bytes, changed_bytes)
+    v = version(data_dir)
+    assert any(v.info[p].change for f in v.files.values() for p in f)
+    check_layout(v)
+    readers = every_reader(data_dir)  # the look-up by key asks for keys below 1,100
+    assert readers[2] == {k: v for k, v in model.items() if k < 1_100}
+    assert all(got == model for i, got in enumerate(readers) if i != 2)
+
+
+def test_a_bucket_folds_into_its_base_once_its_changes_reach_the_share(data_dir):
+    path = mirror_dir(data_dir, SOURCE, T)
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}") for i in range(800)])
+    mirror_compaction.compact_buckets(path, budget_rows=None, everything=True)
+    bases = {b: f for b, f in version(data_dir).files.items() if f}
+    write(data_dir, [ev(5_000 + i, "u", i, "x") for i in range(0, 800, 10)] + [ev(6_000, "d", 3)])
+    assert mirror_compaction.compact_buckets(path, budget_rows=None)["buckets"] == 0  # 10% of each bucket: not yet
+    assert all(set(bases[b]) <= set(f) for b, f in version(data_dir).files.items() if b in bases)
+    write(data_dir, [ev(7_000 + i, "u", i, "y") for i in range(800)])  # every row: due everywhere
+    out = mirror_compaction.compact_buckets(path, budget_rows=None)
+    assert out["buckets"] == len(bases)
+    v = version(data_dir)
+    assert all(len(f) == 1 and not v.info[f[0]].change for f in v.files.values() if f)
+    assert live(data_dir) == {i: "y" for i in range(800)}
+
+
+def test_a_change_run_is_the_newest_files_of_one_tier(data_dir, monkeypatch):
+    """The merge rule alone: files join the run from the newest back while no larger than the
+    run so far; CHANGE_FILES of them merge, keeping the older, larger file and tombstones."""
+    monkeypatch.setattr(mirror_compaction, "CHANGE_FILES", 3)
+    path = mirror_dir(data_dir, SOURCE, T)
+    one_bucket = [k for k in range(2_000) if db.bucket_of(pa.array([encode_key([k])]), 8)[0].as_py() == 0]
+    write(data_dir, [ev(1 + i, "c", k, "base") for i, k in enumerate(one_bucket[:20])])  # the base: 20 rows
+    pos = 100
+    for n in (1, 1):
+        pos += 1
+        write(data_dir, [ev(pos, "u", k, f"p{pos}") for k in one_bucket[:n]])
+    v = version(data_dir)
+    assert mirror_compaction.change_run(v, v.files[0]) == []  # 20, 1, 1: two of the tier only
+    write(data_dir, [ev(200, "d", one_bucket[1])])
+    v = version(data_dir)
+    run = mirror_compaction.change_run(v, v.files[0])
+    assert len(run) == 3 and run == list(v.files[0][-3:])
+    assert mirror_compaction.merge_change_runs(path) == 1
+    after = version(data_dir)
+    assert len(after.files[0]) == 2 and after.info[after.files[0][1]].change
+    assert after.files[0][0] == v.files[0][0]  # the older, larger file (the first write: the base) stays
+    got = live(data_dir)
+    assert one_bucket[1] not in got and got[one_bucket[0]] == "p102"
+    assert mirror_compaction.tombstone_count(data_dir, SOURCE, T) == 1
 
 
 class MirrorMachine(RuleBasedStateMachine):
@@ -262,11 +359,11 @@ class MirrorMachine(RuleBasedStateMachine):
         self.batches: list[list[dict]] = []
 
     def teardown(self):
-        compaction.CHANGE_FILES, compaction.CHANGE_SHARE = POLICY
+        mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE = POLICY
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _apply(self, events: list[dict]) -> None:
-        h = md.horizon(self.dir, SOURCE, T)
+        h = mirror_table.horizon(self.dir, SOURCE, T)
         for e in events:
             k, p = int(e["key"][1:-1]), Position.decode(e["position"]).major
             stored = self.state.get(k)
@@ -288,7 +385,7 @@ class MirrorMachine(RuleBasedStateMachine):
 
     @rule(key=st.integers(0, 40), back=st.integers(1, 5))
     def late_row(self, key, back):
-        h = md.horizon(self.dir, SOURCE, T)
+        h = mirror_table.horizon(self.dir, SOURCE, T)
         low = 0 if h is None else Position.decode(h).major
         p = max(low + 1, self.pos - back)
         if p >= self.pos:
@@ -303,42 +400,43 @@ class MirrorMachine(RuleBasedStateMachine):
     @rule(budget=st.sampled_from([None, 10, 60]), bound=st.booleans())
     def compact_round(self, budget, bound):
         upto = Position(self.pos).encode() if bound else None
-        md.compact_buckets(mirror_dir(self.dir, SOURCE, T), tombstones_upto=upto, budget_rows=budget)
+        mirror_compaction.compact_buckets(mirror_dir(self.dir, SOURCE, T), tombstones_upto=upto,
+                                          budget_rows=budget)
         self._forget_removed()
 
     @rule()
     def compact_all(self):
-        md.compact(self.dir, SOURCE, T)
+        mirror_compaction.compact(self.dir, SOURCE, T)
         self._forget_removed()
 
     @rule(files=st.sampled_from([2, 3, 8]), share=st.sampled_from([0.3, 1.0, 4.0]))
     def compaction_policy(self, files, share):
         """How soon change files merge among themselves and fold into the base."""
-        compaction.CHANGE_FILES, compaction.CHANGE_SHARE = files, share
+        mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE = files, share
 
     @rule(unit=st.sampled_from([3, 8, 1000]))
     def unit(self, unit):
-        if md._open(mirror_dir(self.dir, SOURCE, T)) is not None:
+        if mirror_table._open(mirror_dir(self.dir, SOURCE, T)) is not None:
             set_unit(self.dir, unit)
 
     def _forget_removed(self):
         """Tombstones compaction removed: the key is absent now (the horizon keeps it out)."""
-        if md._open(mirror_dir(self.dir, SOURCE, T)) is None:
+        if mirror_table._open(mirror_dir(self.dir, SOURCE, T)) is None:
             return
-        stored = {r["id"] for r in md.read_mirror_raw(self.dir, SOURCE, T).to_pylist()}
+        stored = {r["id"] for r in mirror_readers.read_mirror_raw(self.dir, SOURCE, T).to_pylist()}
         for k in [k for k, (_p, v) in self.state.items() if v is None and k not in stored]:
             del self.state[k]
 
     @invariant()
     def matches_the_model(self):
-        if md._open(mirror_dir(self.dir, SOURCE, T)) is None:
+        if mirror_table._open(mirror_dir(self.dir, SOURCE, T)) is None:
             return
         expect = {k: v for k, (_p, v) in self.state.items() if v is not None}
         assert live(self.dir) == expect
         check_layout(version(self.dir))
 
 
-POLICY = compaction.CHANGE_FILES, compaction.CHANGE_SHARE
+POLICY = mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE
 TestMirrorMachine = MirrorMachine.TestCase
 TestMirrorMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])

@@ -16,7 +16,9 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import mirror_readers
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, compact, read_mirror
+from airflow_provider_cdc.sinks.mirror_compaction import compact
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
 
 pytestmark = pytest.mark.integration
@@ -84,7 +86,7 @@ def test_an_absent_mirror_reads_empty(tmp_path, spark):
 
 def test_a_broken_bucket_count_is_a_clear_error_and_nothing_is_written(mirror):
     from airflow_provider_cdc.core.errors import ConfigurationError
-    from airflow_provider_cdc.sinks.mirror_delta import _delta, _set_properties
+    from airflow_provider_cdc.sinks.mirror_table import _delta, _set_properties
 
     path = mirror_dir(mirror, SOURCE, T)
     before = read_mirror(mirror, SOURCE, T).to_pylist()

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.sinks.mirror_delta import mirror_tables, read_mirror, upsert
+from airflow_provider_cdc.sinks.mirror_delta import upsert
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
+from airflow_provider_cdc.sinks.mirror_table import mirror_tables
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 names = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40)

@@ -30,7 +30,7 @@ from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import schema_path
 
 EXAMPLES = 40 if os.environ.get("CDC_HYPOTHESIS_PROFILE", "").endswith("thorough") else 6

@@ -416,7 +416,7 @@ class TestPostgresDialect(DialectSuite):
             ctx.dialect([t]).describe_table(t)
 
     def test_batch_decode_stages_what_the_message_at_a_time_decode_stages(self, ctx):
-        """The batch decode (dialects/pgbatch.py) against the reference, one message at a time,
+        """The batch decode (dialects/postgres/pgbatch.py) against the reference, one message at a time,
         on the same changes (three slots created at the same point): every parity type, NULLs,
         NaN and infinite values, a hostile composite text/float key and its key-changing
         UPDATE, REPLICA IDENTITY FULL with an unchanged TOASTed value, ADD COLUMN and a

@@ -25,8 +25,8 @@ from airflow_provider_cdc.operators.spark_jobs import (
     _passfile_line,
     postgres_sink_params,
 )
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 
 from .staged_scenario import ITEMS_SCHEMA, OTHER_SCHEMA, SOURCE, build_scenario
 

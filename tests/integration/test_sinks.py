@@ -27,14 +27,10 @@ from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, enc
 from airflow_provider_cdc.core.window import mirror_apply, mirror_rows
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.event_log import EventLogSink, canonical_images, file_schema, read_events
-from airflow_provider_cdc.sinks.mirror_delta import (
-    MirrorDeltaSink,
-    compact,
-    newest_per_key,
-    read_mirror,
-    read_mirror_raw,
-)
+from airflow_provider_cdc.sinks.mirror_compaction import compact
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, newest_per_key
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import events_dir, log_schema_path, mirror_dir, schema_path
 
 SOURCE = "s"
@@ -136,7 +132,7 @@ def test_columns_differing_only_in_case_stop_the_mirror_with_their_names(tmp_pat
     """PostgreSQL holds "Þ" and "þ" as two columns; Delta Lake compares names without case and
     refuses the table (delta-rs: "Duplicate field name (case-insensitive)"). The mirror refuses
     first, naming the table and both columns, before anything is written."""
-    from airflow_provider_cdc.sinks.mirror_delta import reconcile_schema
+    from airflow_provider_cdc.sinks.mirror_fencing import reconcile_schema
 
     clash = TableSchema(T, (Column("id", "int64"), Column("Þ", "bool"), Column("þ", "bool")), ("id",))
     with pytest.raises(ConfigurationError, match=r"public\.typed has columns 'Þ' and 'þ'.*differ only in case"):
@@ -350,7 +346,7 @@ def test_a_value_the_mirror_cannot_hold_stops_only_its_table_on_the_changelog_pa
     """numeric(p,s) NaN: the apply stops that table's mirror (naming table, column, key) and
     writes the others; a snapshot merge (fenced) fails instead; a whole-table re-snapshot
     (reconcile_schema) rebuilds the stopped mirror."""
-    from airflow_provider_cdc.sinks.mirror_delta import MergeFence, reconcile_schema, schema_stopped
+    from airflow_provider_cdc.sinks.mirror_fencing import MergeFence, reconcile_schema, schema_stopped
     from airflow_provider_cdc.storage.layout import mirror_dir
 
     d = str(tmp_path)
@@ -461,7 +457,7 @@ def test_the_delta_log_is_checkpointed_and_old_entries_go_while_the_mirror_reads
 
     from deltalake import DeltaTable
 
-    from airflow_provider_cdc.sinks import mirror_delta, mirror_table
+    from airflow_provider_cdc.sinks import mirror_compaction, mirror_table
     from airflow_provider_cdc.sinks.base import write_marker
 
     monkeypatch.setattr(mirror_table, "CHECKPOINT_INTERVAL", 5)
@@ -475,7 +471,7 @@ def test_the_delta_log_is_checkpointed_and_old_entries_go_while_the_mirror_reads
         dt.alter.set_table_properties({key: ""}, raise_if_not_exists=False)  # as an earlier version left it
     assert DeltaTable(path).metadata().configuration.get("delta.checkpointInterval") == ""
     write_marker(d, SOURCE, "mirror", Position(1))
-    mirror_delta.compact_inactive(d, SOURCE, lambda _tid: None, retention_hours=1)
+    mirror_compaction.compact_inactive(d, SOURCE, lambda _tid: None, retention_hours=1)
     conf = DeltaTable(path).metadata().configuration
     assert conf["delta.checkpointInterval"] == "5" and conf["delta.logRetentionDuration"] == "interval 172800 seconds"
     assert conf["delta.deletedFileRetentionDuration"] == "interval 2 hours"  # twice vacuum's horizon

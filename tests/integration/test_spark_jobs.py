@@ -24,7 +24,7 @@ from airflow_provider_cdc.pipeline import arrow_engine as local_jobs
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.spark import apply_job, merge_job
 from airflow_provider_cdc.pipeline.spark.common import application_path, spark_submit_command
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror, read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror, read_mirror_raw
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, schema_path
 from airflow_provider_cdc.storage.staged import (
     read_chunk_rows,

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from airflow_provider_cdc.sinks.mirror_delta import read_mirror_raw
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
 from tests.integration.staged_scenario import (
     ITEMS,
     OTHER,

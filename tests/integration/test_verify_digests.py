@@ -30,7 +30,8 @@ from airflow_provider_cdc.pipeline.verify import (
     source_chunks,
     verify_table,
 )
-from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows, read_mirror, upsert
+from airflow_provider_cdc.sinks.mirror_delta import events_to_mirror_rows, upsert
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import mirror_dir
 
 from .helpers import MY_COLUMNS, PG_COLUMNS, _my_conn

@@ -50,3 +50,27 @@ def test_the_readme_is_a_front_page_whose_links_resolve():
     assert not broken, f"README links to missing files: {broken}"
     for command in ("make demo", "make test"):
         assert command in readme
+
+
+def test_every_constructor_argument_of_the_airflow_classes_has_a_param_line():
+    """The API page renders ``:param name:`` lines of the class docstrings: an argument without
+    one is missing from the docs. Arguments taken from a mixin (CdcSourceMixin) are listed too.
+    operators/spark_jobs.py is left out until its rework (issue 48) lands."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "airflow_provider_cdc"
+    missing = []
+    for part in ("operators", "sensors", "hooks", "triggers"):
+        for path in sorted((root / part).glob("*.py")):
+            if path.name in ("__init__.py", "spark_jobs.py"):
+                continue
+            for cls in ast.parse(path.read_text()).body:
+                if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
+                    continue
+                init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+                doc = ast.get_docstring(cls) or ""
+                for a in [] if init is None else init.args.args[1:] + init.args.kwonlyargs:
+                    if f":param {a.arg}:" not in doc:
+                        missing.append(f"{path.name} {cls.name}({a.arg})")
+    assert not missing, "arguments without a :param line: " + ", ".join(missing)

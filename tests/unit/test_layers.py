@@ -1,4 +1,4 @@
-"""The package's layers (README, Layout): imports point down only, and no module imports
+"""The package's layers (docs/DESIGN.md, Layout): imports point down only, and no module imports
 itself back through others (no import cycle), counting imports inside functions too.
 
     core  <-  storage  <-  dialects, sinks  <-  pipeline, export  <-  Airflow glue
@@ -30,7 +30,7 @@ LAYERS = {
     "pipeline": 3,
     # Airflow glue, in its own order
     "settings": 4,
-    "progress_store": 4,
+    "airflow_variables": 4,
     "sources_config": 4,  # many sources' settings: the settings of each
     "error_text": 4,  # error text as it may be stored or shown (Airflow's secrets masker)
     "hooks": 5,
@@ -183,3 +183,25 @@ def test_spark_job_files_import_the_package_absolutely():
         path = ROOT / PKG / "pipeline" / "spark" / f"{job}.py"
         relative = [n.lineno for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom) and n.level]
         assert not relative, f"{path.name}: relative imports on lines {relative}; import airflow_provider_cdc.… instead"
+
+
+def test_the_arrow_engine_needs_nothing_of_the_spark_engine():
+    """The in-process engine runs where Spark is not installed: what both engines share lives
+    below them (storage, sinks), never in pipeline/spark."""
+    path = ROOT / PKG / "pipeline" / "arrow_engine.py"
+    spark = [f"line {line}: {t}" for line, t in _imports(path) if t.startswith(f"{PKG}.pipeline.spark")]
+    assert not spark, "pipeline/arrow_engine.py imports the Spark engine: " + ", ".join(spark)
+
+
+def test_no_test_module_is_imported():
+    """Shared test code lives in helper modules (tests/e2e/helpers.py, tests/integration/helpers.py,
+    staged_scenario.py...): importing a test module runs its collection-time code twice and
+    makes its tests run wherever it is imported."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or "", *(a.name for a in node.names)] if isinstance(node, ast.ImportFrom) else [])
+            if any(part.startswith("test_") for name in names for part in name.split(".")):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "imports of test modules: " + ", ".join(bad)

@@ -109,7 +109,7 @@ def test_the_postgres_lock_has_64_bits():
 
 # --- snapshot Variable keys --------------------------------------------------------------------
 def test_variable_keys_are_injective():
-    from airflow_provider_cdc.progress_store import variable_key
+    from airflow_provider_cdc.airflow_variables import variable_key
 
     assert variable_key("a__b", "c.d") != variable_key("a", "b__c.d")
     assert len({variable_key("a_", "_b.c"), variable_key("a", "__b.c"), variable_key("a__", "b.c"),
@@ -120,7 +120,7 @@ def test_variable_keys_are_injective():
 
 
 def test_plain_names_keep_their_variable_key():
-    from airflow_provider_cdc.progress_store import variable_key
+    from airflow_provider_cdc.airflow_variables import variable_key
 
     assert variable_key("src", "public.orders") == "cdc_snapshot__src__public.orders"
     assert variable_key("shop_pg", "s.t__x") == "cdc_snapshot__shop_pg__s.t__x"

@@ -16,10 +16,10 @@ from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.progress import SnapshotProgress
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.pipeline.progress_store import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.pipeline.snapshot import write_sidecar
 from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
 from airflow_provider_cdc.pipeline.snapshot_controller import SnapshotController, work_items
+from airflow_provider_cdc.pipeline.snapshot_state import MemoryProgressStore, SourceProgress
 from airflow_provider_cdc.storage.layout import chunk_path, plan_path
 
 T = TableName("public", "orders")

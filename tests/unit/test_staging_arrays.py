@@ -1,4 +1,4 @@
-"""Arrow arrays built from buffers (staging_io.string_array / int64_array) equal pyarrow's
+"""Arrow arrays built from buffers (core/arrow_types.string_array / int64_array) equal pyarrow's
 own conversion, and the chunk and segment builders never import pandas."""
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, enc
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.sinks.base import join_table_events
 from airflow_provider_cdc.sinks.event_log import EventLogSink, read_events
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, read_mirror
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from airflow_provider_cdc.storage.layout import changelog_dir, chunk_path, schema_path
 from airflow_provider_cdc.storage.staged import (
     ChunkWriter,

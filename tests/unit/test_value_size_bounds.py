@@ -1,6 +1,6 @@
 """Memory does not depend on value size beyond the value (issue 32): building an array from
 buffers costs a small constant per value (core/arrow_types.gather_slices, the bytea hex
-decode of dialects/pgcopy), and chunk batches are bounded in bytes as well as rows
+decode of dialects/postgres/pgcopy), and chunk batches are bounded in bytes as well as rows
 (``batch_max_bytes``: the generic read through MySQL's unbuffered cursor here; the
 PostgreSQL COPY read and both databases for real in tests/integration/test_chunk_batch_bytes.py)."""
 

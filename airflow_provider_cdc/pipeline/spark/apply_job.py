@@ -1,12 +1,7 @@
-"""Spark apply job: staged changelog segments -> the sinks, from each sink's last applied position.
+"""Spark apply job: staged changelog segments -> the sinks, from each sink's applied-position
+marker (docs/DESIGN.md, "Components": apply).
 
-Each sink keeps an applied-position marker (sinks/base.py), written only after the sink
-committed a batch, at the end of the batch's last segment. A crash between the commit and
-the marker replays that batch, which the sinks absorb (the event log rewrites the same
-files, the mirror's position guard ignores what it already has). Watermark rows are not
-table events and are not applied.
-
-    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/apply_job.py \\
+    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/apply_job.py \
         --data-dir DIR --source SRC [--sinks events,mirror]
 """
 

@@ -18,8 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from ...core.errors import ConfigurationError
-from ...core.position import Position
-from ...sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Events, Sink
+from ...sinks.base import EVENT_COLUMNS, EVENT_SCHEMA, Sink
 
 log = logging.getLogger(__name__)
 
@@ -134,22 +133,6 @@ def configure_logging() -> None:
     logging.basicConfig(level=os.environ.get("CDC_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-# --- staged changelog -----------------------------------------------------------------------
-def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> dict[str, str]:
-    """For each segment file name, the position its events must exceed to count.
-
-    Overlapping segments (left by a capture that crashed before committing its offset)
-    hold the same events; each event is counted in the first segment that holds it, the
-    same rule as staging_io.read_log_events, so batch names are deterministic.
-    """
-    bounds: dict[str, str] = {}
-    seen: Position | None = None
-    for _first, last, path in segments:
-        bounds[path.rsplit("/", 1)[-1]] = "" if seen is None else seen.encode()
-        seen = last if seen is None or last > seen else seen
-    return bounds
-
-
 CHANGELOG_DDL = (
     "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string, "
     "origin struct<tx: string, lsn: long, last_commit_lsn: long, server_id: long, thread: long, file: string>"
@@ -165,11 +148,6 @@ def to_event_table(arrow: pa.Table) -> pa.Table:
     return arrow.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
 
 
-def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
-    for sink in sinks:
-        sink.write(events)
-
-
 def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
                 pg_uri: str | Mapping[str, object] | None = None, pg_schema: str | None = None, require_schema: bool,
                 fence_tables: Iterable | None = None) -> list[Sink]:
@@ -182,7 +160,7 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
     every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
-    from ...sinks.mirror_delta import MergeFence
+    from ...sinks.mirror_fencing import MergeFence
 
     wanted = [n.strip() for n in names.split(",") if n.strip()]
     entries = [registry.entry(n) for n in wanted]  # an unknown name fails before any claim

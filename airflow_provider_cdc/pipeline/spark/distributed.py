@@ -1,40 +1,8 @@
 """The Spark engine's work on the executors: staged files in, event-log and mirror files out.
 
-A round is a list of *units*, small descriptions the driver ships to the executors: one
-chunk window for a merge (arrow_engine.chunk_units), one staged segment for an apply
-(arrow_engine.segment_events' tuple). An executor turns a unit into its events with the
-in-process engine's code (``produce``: arrow_engine.chunk_events, core.window's DBLog
-steps 4-5 over the chunk's rows and its window's changes; or arrow_engine.segment_events,
-the same de-duplication of overlapping segments), reading the staged files itself through
-the storage layer (pyarrow.fs: local disk or object storage, no Hadoop S3 jars). A closure
-carries the storage's public settings (endpoint, region) and never a credential: an executor
-takes those from the job's credentials file when it runs on the same host, else from its own
-environment or identity (storage.executor_settings). So:
-
-* the event log costs no shuffle: each unit's events are its own event-log files (a chunk's
-  batch, or a segment's batch per table), written by the executor that produced them;
-* the Delta mirror costs one shuffle: the map side decodes each unit's events into typed
-  mirror rows (newest per key) and ships them per (table, key-hash bucket) as Arrow IPC
-  blobs; each bucket of each table then gets one change file per slice of units
-  (UNITS_PER_SLICE) from an executor, as the in-process engine's upsert writes it
-  (:func:`write_mirror`, one job for every table of the round; merge-on-read,
-  sinks/delta_buckets.py); only counts and file metadata come back, which the driver
-  commits, once per table, fenced by the merge epoch and serialised with every other
-  writer of the table.
-
-A merge knows its tables and holds no TRUNCATE: one job writes both. An apply first writes
-the event log (:func:`log_units`, which also counts each table's events and TRUNCATEs: the
-mirror sweeps a truncated table before it reads its buckets), then produces the events
-again for the mirror: re-reading staged Parquet costs less than keeping the events in the
-JVM between the two.
-
-The engine knows no concrete sink: each says where it is written (``Sink.placement``,
-sinks/base.py). The PostgreSQL mirror (UNITS, ``needs_truncates``) is written from the
-executors too, a unit at a time (its upsert keeps a row only when its position is newer, so
-units land in any order): its ``prepare`` on the driver first deletes each truncated table's
-rows older than its newest TRUNCATE in the batch, and the executors drop the events older
-than it (:func:`write_units`), so no unit can bring back a row the TRUNCATE removed,
-whichever runs first. A DRIVER sink (any other) receives the events through the driver.
+The driver ships *units* (a chunk window, a staged segment); an executor turns each into its
+events with the in-process engine's code and writes the sinks that are written there; the
+driver commits. Why it is split this way: docs/DESIGN.md, "Scale" (the Spark engine).
 """
 
 from __future__ import annotations

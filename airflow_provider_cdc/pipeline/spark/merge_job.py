@@ -1,24 +1,9 @@
-"""Spark merge job: DBLog steps 4 and 5 for a round of many chunks in one spark-submit.
+"""Spark merge job: DBLog steps 4 and 5 for a round of many chunks in one spark-submit, each
+chunk a unit on an executor calling core.window's one implementation (docs/DESIGN.md, "Scale").
+A chunk whose watermarks are not staged yet raises NotReadyError naming it.
 
-For every chunk of the round: find its low and high watermark in the staged changelog
-(the first position of an id wins when a capture re-delivered it), drop the chunk keys
-that a change of the same table touched strictly between them (all of them after a TRUNCATE
-there), and emit the survivors as ``r`` events at the high watermark's position. The driver
-locates the watermarks; each chunk is then one unit of work on an executor, which reads the
-chunk's file and only the staged segments that overlap its window, and calls core.window's
-window_survivors and read_events, the one implementation of steps 4-5
-(arrow_engine.chunk_events). The event log is written by those same tasks (no shuffle); the
-mirror's buckets after one shuffle (pipeline/spark/distributed.py).
-tests/integration/test_engine_conformance.py runs both engines on the same inputs.
-
-A chunk whose watermarks are not staged yet is an error (NotReadyError) that names the
-chunk: the high-watermark sensor should have waited. Nothing is ever emitted early.
-
-    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/merge_job.py \\
+    spark-submit --master local[2] airflow_provider_cdc/pipeline/spark/merge_job.py \
         --chunks round.json --data-dir DIR --source SRC [--sinks events,mirror]
-
-``round.json`` is the list of ChunkResult dicts the chunk tasks returned through XCom
-(nested lists from mapped tasks are flattened).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 
 
 @pytest.fixture
@@ -10,11 +10,11 @@ def variables(monkeypatch):
     """Airflow Variables as a dict (the unit tier has no API server); records every write."""
     store: dict[str, str] = {}
     writes: list[str] = []
-    monkeypatch.setattr(progress_store, "_get", lambda key: store.get(key))
+    monkeypatch.setattr(airflow_variables, "_get", lambda key: store.get(key))
 
     def _set(key, value):
         writes.append(key)
         store[key] = value
 
-    monkeypatch.setattr(progress_store, "_set", _set)
+    monkeypatch.setattr(airflow_variables, "_set", _set)
     return type("Vars", (), {"store": store, "writes": writes})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from airflow_provider_cdc import progress_store, storage
+from airflow_provider_cdc import airflow_variables, storage
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.formats import PLAN
@@ -35,7 +35,7 @@ def progress(tmp_path, status="running", upper=(100,)):
     {"paused": p.pause, "stopped": p.stop, "failed": lambda: p.fail("boom"), "running": lambda: None}[
         status
     ]()
-    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
+    airflow_variables.update("src", T.id, str(tmp_path), lambda _q: p)
     plan = {
         "table": T.id,
         "snapshot_id": "S1",

@@ -112,3 +112,22 @@ def test_the_dialect_gets_the_scope_of_the_settings_or_of_the_operator(monkeypat
     monkeypatch.setenv("CDC_TABLES", "public.a")
     with pytest.raises(ConfigurationError, match="both set"):
         CdcSourceHook("cdc_unit_scope").get_dialect()
+
+
+def test_a_connection_test_and_a_task_word_a_driver_error_alike():
+    """One wording (hooks/task_errors.describe_user_error): the connection test names the server
+    it tried and words a fault a task would retry; a task retries that fault instead."""
+    from pymysql.err import OperationalError
+
+    from airflow_provider_cdc.hooks.task_errors import describe_connection_failure, describe_user_error
+
+    server = "MySQL/MariaDB 'cdc'@db:3306/shop"
+    denied = OperationalError(1045, "Access denied for user 'cdc'@'10.0.0.2' (using password: YES)")
+    task = describe_user_error(denied, conn_id="shop")
+    test = describe_connection_failure(denied, "shop", server)
+    assert task.startswith("the database refused the login of Airflow connection 'shop'"), task
+    assert test == task.replace("the database", server, 1), test
+    refused = ConnectionRefusedError(111, "Connection refused")
+    assert describe_user_error(refused, conn_id="shop") is None  # a task retries it
+    assert describe_connection_failure(refused, "shop", server).startswith(f"connection 'shop': cannot reach {server}")
+    assert describe_connection_failure(ValueError("odd"), "shop", server) == f"connection 'shop' ({server}): ValueError: odd"

@@ -13,7 +13,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowSkipException
 from deltalake.exceptions import CommitFailedError
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.core.errors import FencedError
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.progress import SnapshotProgress
@@ -22,9 +22,11 @@ from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, enc
 from airflow_provider_cdc.operators.snapshot import SnapshotCommitOperator
 from airflow_provider_cdc.operators.spark_jobs import SnapshotMergeOperator
 from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
-from airflow_provider_cdc.sinks import mirror_delta
+from airflow_provider_cdc.sinks import mirror_compaction
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA, write_marker
-from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink, horizon, tombstone_count
+from airflow_provider_cdc.sinks.mirror_compaction import tombstone_count
+from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+from airflow_provider_cdc.sinks.mirror_table import horizon
 from airflow_provider_cdc.storage.layout import schema_path
 
 from .helpers import committed, progress
@@ -36,7 +38,7 @@ def start(d: str, status: str = "running", snapshot_id: str = "S1") -> None:
     p = SnapshotProgress.start("src", snapshot_id, {T.id: [FULL_RANGE]})
     if status == "stopped":
         p.stop()
-    progress_store.update("src", T.id, d, lambda _q: p)
+    airflow_variables.update("src", T.id, d, lambda _q: p)
 
 
 def merge_op(tmp_path, chunks) -> SnapshotMergeOperator:
@@ -59,7 +61,7 @@ def test_a_stop_that_fences_the_merge_out_ends_it_skipped(tmp_path, variables, m
     op = merge_op(tmp_path, [committed(tmp_path, 0, 0, 9, 10, False)])
 
     def stopped_while_merging():
-        progress_store.request("src", T.id, "stop", str(tmp_path))
+        airflow_variables.request("src", T.id, "stop", str(tmp_path))
         raise FencedError("this merge holds epoch 1 but the table's is '2'")
 
     monkeypatch.setattr(op, "run_local", stopped_while_merging)
@@ -98,15 +100,15 @@ def test_a_retried_commit_of_a_done_snapshot_still_compacts(tmp_path, variables,
     op = SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict(), b.to_dict()], data_dir=d, source="src", cdc_conn_id="unused"
     )
-    real_compact = mirror_delta.compact_buckets
+    real_compact = mirror_compaction.compact_buckets
 
     def conflict_once(*args, **kwargs):
-        monkeypatch.setattr(mirror_delta, "compact_buckets", real_compact)
+        monkeypatch.setattr(mirror_compaction, "compact_buckets", real_compact)
         raise CommitFailedError("a concurrent commit won")
 
-    monkeypatch.setattr(mirror_delta, "compact_buckets", conflict_once)
+    monkeypatch.setattr(mirror_compaction, "compact_buckets", conflict_once)
     with pytest.raises(CommitFailedError):
         op.execute({})  # `done` is stored, then compaction fails
-    assert progress_store.status("src", T.id, d) == "done" and tombstone_count(d, "src", T) == 1
+    assert airflow_variables.status("src", T.id, d) == "done" and tombstone_count(d, "src", T) == 1
     assert op.execute({})[T.id]["status"] == "done"  # the retry
     assert tombstone_count(d, "src", T) == 0 and horizon(d, "src", T) == Position(3).encode()

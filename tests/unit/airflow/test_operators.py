@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from airflow_provider_cdc import progress_store, storage
+from airflow_provider_cdc import airflow_variables, storage
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
 from airflow_provider_cdc.core.formats import PLAN
 from airflow_provider_cdc.core.ranges import ChunkRange
@@ -19,7 +19,7 @@ from airflow_provider_cdc.operators.snapshot import (
     SnapshotPlanOperator,
     _dag_is_paused,
 )
-from airflow_provider_cdc.pipeline import progress_store as authority
+from airflow_provider_cdc.pipeline import snapshot_state as authority
 from airflow_provider_cdc.pipeline.snapshot import (
     SEQ_STRIDE,
     key_reached,
@@ -94,14 +94,14 @@ def test_conf_defaults_and_shapes():
 def test_pause_then_resume_keeps_progress(tmp_path, variables):
     progress(tmp_path)
     assert plan_op(tmp_path).execute(ctx({"action": "pause", "tables": [T.id]})) == []
-    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "paused"
     committed(tmp_path, 0, 0, 9, 10, False, merged=True)
     committed(tmp_path, 1, 0, 19, 10, False, after=9)
     committed(tmp_path, SEQ_STRIDE, 1, None, 0, True, merged=True)  # range 1 read and merged
     work = plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id], "chunk_size": 25}))
     assert [w["range_index"] for w in work] == [0]
     assert work[0]["chunk_size"] == 25 and work[0]["snapshot_id"] == "S1"
-    assert progress_store.status("src", T.id, str(tmp_path)) == "running"
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "running"
 
 
 def test_invalid_transitions_are_clear_errors(tmp_path, variables):
@@ -114,7 +114,7 @@ def test_invalid_transitions_are_clear_errors(tmp_path, variables):
     with pytest.raises(StateError, match="action=resume, or stop it first"):
         plan_op(tmp_path).execute(ctx({"action": "start", "tables": [T.id]}))
     assert plan_op(tmp_path).execute(ctx({"action": "stop", "tables": [T.id]})) == []
-    assert progress_store.status("src", T.id, str(tmp_path)) == "stopped"
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "stopped"
 
 
 def test_chunk_task_stops_when_paused_and_returns_unmerged_chunks(tmp_path, variables):
@@ -188,7 +188,7 @@ def test_commit_keeps_a_paused_snapshot_paused(tmp_path, variables):
         task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     ).execute({})
     assert out[T.id]["status"] == "paused"
-    assert progress_store.load("src", T.id, str(tmp_path)).rows == 10
+    assert airflow_variables.load("src", T.id, str(tmp_path)).rows == 10
 
 
 def test_operators_do_no_io_in_init(tmp_path):
@@ -221,27 +221,27 @@ def test_dag_pause_stops_a_chunk_task_only_when_it_happens_while_running(tmp_pat
     assert stop() is None
     ti.paused = True  # paused while the task runs
     assert stop() == "the DAG was paused"
-    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"  # the snapshot's status shows the DAG pause
-    assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"  # and resume continues it
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "paused"  # the snapshot's status shows the DAG pause
+    assert airflow_variables.request("src", T.id, "resume", str(tmp_path)).status == "running"  # and resume continues it
     # started on a paused DAG on purpose (dag.test, tasks test)
     stop = ctl.chunk_gate(T.id, "S1", lambda: _dag_is_paused({"ti": ti}))
     assert stop() is None
     assert "no longer the current one" in ctl.chunk_gate(T.id, "S0", lambda: True)()
-    progress_store.request("src", T.id, "pause", str(tmp_path))
+    airflow_variables.request("src", T.id, "pause", str(tmp_path))
     assert stop() == "snapshot S1 of public.orders is paused"
 
 
 def test_control_from_outside_a_dag_run(tmp_path, variables):
     with pytest.raises(StateError, match="start one first"):
-        progress_store.request("src", T.id, "pause", str(tmp_path))
+        airflow_variables.request("src", T.id, "pause", str(tmp_path))
     progress(tmp_path)
-    assert progress_store.request("src", T.id, "pause", str(tmp_path)).status == "paused"
-    assert progress_store.request("src", T.id, "resume", str(tmp_path)).status == "running"
-    assert progress_store.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
+    assert airflow_variables.request("src", T.id, "pause", str(tmp_path)).status == "paused"
+    assert airflow_variables.request("src", T.id, "resume", str(tmp_path)).status == "running"
+    assert airflow_variables.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
     with pytest.raises(StateError, match="stopped"):
-        progress_store.request("src", T.id, "resume", str(tmp_path))
+        airflow_variables.request("src", T.id, "resume", str(tmp_path))
     with pytest.raises(ConfigurationError, match="use one of pause, resume, stop"):
-        progress_store.request("src", T.id, "restart", str(tmp_path))
+        airflow_variables.request("src", T.id, "restart", str(tmp_path))
 
 
 def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monkeypatch):
@@ -255,14 +255,14 @@ def test_commit_keeps_a_pause_that_lands_while_it_runs(tmp_path, variables, monk
         def between():
             if not landed:  # once (the pause's own update passes through here too)
                 landed.append("pause")
-                progress_store.request(source, table_id, "pause", str(tmp_path))
+                airflow_variables.request(source, table_id, "pause", str(tmp_path))
         return real_update(store, source, table_id, change, between=between, written=kw.get("written"))
 
     monkeypatch.setattr(authority, "update", pause_lands_between)
     SnapshotCommitOperator(
         task_id="commit", chunks=[a.to_dict()], data_dir=str(tmp_path), source="src", cdc_conn_id="unused"
     ).execute({})
-    stored = progress_store.read("src", T.id, str(tmp_path))
+    stored = airflow_variables.read("src", T.id, str(tmp_path))
     assert landed and stored.progress.status == "paused" and stored.progress.rows == 10
     assert stored.version == 3  # the start, the pause, the commit's second attempt
 
@@ -274,10 +274,10 @@ def test_scheduled_runs_refresh_continue_and_leave_paused_alone(tmp_path, variab
     committed(tmp_path, 0, 0, 49, 50, True, merged=True)
     scheduled = {"dag_run": SimpleNamespace(conf={}, run_type="scheduled"), "ti": None}
     work = plan_op(tmp_path, default_tables=T.id).execute(scheduled)
-    assert [w["range_index"] for w in work] == [1] and progress_store.status("src", T.id, str(tmp_path)) == "running"
-    progress_store.request("src", T.id, "pause", str(tmp_path))
+    assert [w["range_index"] for w in work] == [1] and airflow_variables.status("src", T.id, str(tmp_path)) == "running"
+    airflow_variables.request("src", T.id, "pause", str(tmp_path))
     assert plan_op(tmp_path, default_tables=T.id).execute(scheduled) == []
-    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "paused"
 
 
 class FailingTI:
@@ -301,15 +301,15 @@ def test_a_task_that_fails_for_good_marks_the_runs_snapshot_failed_and_resume_co
     op = plan_op(tmp_path)
     work = [{"table": T.id, "snapshot_id": "S1", "range_index": 0}, {"table": T.id, "snapshot_id": "S1"}]
     record_snapshot_failure({"ti": FailingTI(work), "task": op, "exception": RuntimeError("disk full")})
-    p = progress_store.load("src", T.id, str(tmp_path))
+    p = airflow_variables.load("src", T.id, str(tmp_path))
     assert p.status == "failed" and p.error == "task merge failed: disk full"
     # an older snapshot's run failing later does not touch the current one, nor a final state
     record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S0"}]), "task": op,
                              "exception": RuntimeError("old")})
-    assert progress_store.load("src", T.id, str(tmp_path)).error == "task merge failed: disk full"
+    assert airflow_variables.load("src", T.id, str(tmp_path)).error == "task merge failed: disk full"
     # resume (after fixing the cause) works from failed
     plan_op(tmp_path).execute(ctx({"action": "resume", "tables": [T.id]}))
-    p = progress_store.load("src", T.id, str(tmp_path))
+    p = airflow_variables.load("src", T.id, str(tmp_path))
     assert p.status == "running" and p.error is None
 
 
@@ -319,7 +319,7 @@ def test_the_failure_callback_leaves_done_and_stopped_snapshots_alone(tmp_path, 
     progress(tmp_path, "stopped")
     record_snapshot_failure({"ti": FailingTI([{"table": T.id, "snapshot_id": "S1"}]), "task": plan_op(tmp_path),
                              "exception": RuntimeError("late")})
-    assert progress_store.load("src", T.id, str(tmp_path)).status == "stopped"
+    assert airflow_variables.load("src", T.id, str(tmp_path)).status == "stopped"
 
 
 def test_the_snapshot_dag_marks_failures_on_every_task():
@@ -346,16 +346,16 @@ def test_backfill_and_scheduled_runs_refresh_once_per_logical_date(tmp_path, var
     an older one starts no other snapshot (its plan returns no work, the progress is unchanged)."""
     p = progress(tmp_path)
     p.status, p.logical_date, p.owner = "done", "2026-11-20T00:00:00+00:00", "scheduled__2026-11-20"
-    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
-    before = progress_store.load_raw("src", T.id, str(tmp_path))
+    airflow_variables.update("src", T.id, str(tmp_path), lambda _q: p)
+    before = airflow_variables.load_raw("src", T.id, str(tmp_path))
     for run_type, ld in [("backfill", "2026-11-20T00:00:00+00:00"), ("scheduled", "2026-11-19T00:00:00+00:00"),
                          ("backfill", "2026-11-01T00:00:00")]:
         assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx(run_type, ld, f"{run_type}__{ld}")) == []
-    assert progress_store.load_raw("src", T.id, str(tmp_path)) == before
+    assert airflow_variables.load_raw("src", T.id, str(tmp_path)) == before
 
     def due(logical_date):
         return SnapshotController(source="src", data_dir=str(tmp_path), connect=None,
-                                  progress=progress_store.for_source("src", str(tmp_path)),
+                                  progress=airflow_variables.for_source("src", str(tmp_path)),
                                   logical_date=logical_date)._due(T.id, p)
 
     assert not due("2026-11-19T00:00:00+00:00")
@@ -393,16 +393,16 @@ class RunStateTI:
 def test_a_run_never_reads_a_snapshot_another_live_run_owns(tmp_path, variables):
     p = progress(tmp_path)  # running, owned by run A
     p.owner = "A"
-    progress_store.update("src", T.id, str(tmp_path), lambda _q: p)
+    airflow_variables.update("src", T.id, str(tmp_path), lambda _q: p)
     ti = RunStateTI({"A": "running"})
     assert plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti)) == []
     assert plan_op(tmp_path).execute(run_ctx("manual", None, "C", ti, {"action": "resume", "tables": [T.id]})) == []
-    assert progress_store.load("src", T.id, str(tmp_path)).owner == "A"
+    assert airflow_variables.load("src", T.id, str(tmp_path)).owner == "A"
     # a chunk task of run B stops before reading: A owns the snapshot
     chunk = SnapshotChunkOperator(task_id="c", work={}, data_dir=str(tmp_path), source="src", cdc_conn_id="unused")
     assert "read by DAG run A" in chunk.controller({"ti": None, "run_id": "B"}).stop_reason(T.id, "S1")
     # once A has ended, the next run takes the snapshot over and continues it
     ti.states["A"] = "failed"
     work = plan_op(tmp_path, default_tables=T.id).execute(run_ctx("scheduled", None, "B", ti))
-    assert [w["range_index"] for w in work] == [0, 1] and progress_store.load("src", T.id, str(tmp_path)).owner == "B"
+    assert [w["range_index"] for w in work] == [0, 1] and airflow_variables.load("src", T.id, str(tmp_path)).owner == "B"
     assert chunk.controller({"ti": None, "run_id": "B"}).stop_reason(T.id, "S1") is None

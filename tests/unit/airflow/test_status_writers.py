@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 
-from airflow_provider_cdc import progress_store
+from airflow_provider_cdc import airflow_variables
 from airflow_provider_cdc.operators.snapshot import (
     SnapshotCommitOperator,
     SnapshotPlanOperator,
     mark_failed,
     pause_for_dag_pause,
 )
-from airflow_provider_cdc.pipeline import progress_store as authority
+from airflow_provider_cdc.pipeline import snapshot_state as authority
 from airflow_provider_cdc.pipeline.snapshot import SEQ_STRIDE
 
 from .helpers import T, committed, ctx, progress
@@ -25,7 +25,7 @@ from .helpers import T, committed, ctx, progress
 @pytest.fixture
 def interleave(monkeypatch):
     """``interleave(action)``: the next update of the progress (every writer's goes through
-    pipeline.progress_store.update) runs ``action()`` once, after
+    pipeline.snapshot_state.update) runs ``action()`` once, after
     its read and before its write (the writer under test then conflicts and reads again)."""
     real = authority.update
     pending: list = []
@@ -41,12 +41,12 @@ def interleave(monkeypatch):
 
 
 def stored(tmp_path):
-    return progress_store.read("src", T.id, str(tmp_path))
+    return airflow_variables.read("src", T.id, str(tmp_path))
 
 
 def test_a_stop_that_lands_while_a_chunk_task_pauses_for_the_dag_pause_stays(tmp_path, variables, interleave):
     progress(tmp_path)
-    interleave(lambda: progress_store.request("src", T.id, "stop", str(tmp_path)))
+    interleave(lambda: airflow_variables.request("src", T.id, "stop", str(tmp_path)))
     assert pause_for_dag_pause("src", T.id, "S1", str(tmp_path)) is False
     assert stored(tmp_path).progress.status == "stopped"
 
@@ -54,7 +54,7 @@ def test_a_stop_that_lands_while_a_chunk_task_pauses_for_the_dag_pause_stays(tmp
 def test_a_pause_that_lands_while_a_stop_is_written_is_stopped_over(tmp_path, variables, interleave):
     progress(tmp_path)
     interleave(lambda: pause_for_dag_pause("src", T.id, "S1", str(tmp_path)))
-    assert progress_store.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
+    assert airflow_variables.request("src", T.id, "stop", str(tmp_path)).status == "stopped"
     assert stored(tmp_path).version == 3  # start, the pause, the stop on top of it
 
 
@@ -108,11 +108,11 @@ def test_a_retried_commit_racing_its_first_attempt_records_each_chunk_once(tmp_p
 
 def test_the_variable_is_a_copy_written_after_the_authority(tmp_path, variables):
     p = progress(tmp_path)
-    key = progress_store.variable_key("src", T.id)
+    key = airflow_variables.variable_key("src", T.id)
     assert variables.store[key] == p.to_json()
-    progress_store.request("src", T.id, "pause", str(tmp_path))
+    airflow_variables.request("src", T.id, "pause", str(tmp_path))
     assert '"status":"paused"' in variables.store[key]
     variables.store[key] = variables.store[key].replace('"paused"', '"running"')  # a stale or edited copy
-    assert progress_store.status("src", T.id, str(tmp_path)) == "paused"  # decisions read the authority
+    assert airflow_variables.status("src", T.id, str(tmp_path)) == "paused"  # decisions read the authority
     shutil.rmtree(tmp_path / "control")  # the authority removed (a data dir deleted): the copy is never read back
-    assert progress_store.load("src", T.id, str(tmp_path)) is None
+    assert airflow_variables.load("src", T.id, str(tmp_path)) is None

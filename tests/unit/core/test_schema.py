@@ -156,7 +156,7 @@ def test_table_lists_from_settings():
 
 
 def test_progress_variable_keys_are_url_safe_and_distinct():
-    from airflow_provider_cdc.progress_store import variable_key
+    from airflow_provider_cdc.airflow_variables import variable_key
 
     assert variable_key("src", "public.orders") == "cdc_snapshot__src__public.orders"
     k = variable_key("src", "public.a'b %s; é/x?#")

@@ -1,19 +1,7 @@
 """The one authority for a snapshot's state: a store of SnapshotProgress per (source, table)
-with compare-and-set, and the one way to change it (:func:`update`).
-
-Every writer (plan, commit, a chunk task that sees its DAG paused, a failure callback, the
-CLI) changes a snapshot through :func:`update`: read the progress and its version, apply the
-change to it, write it back only if the version is still the one read; on a conflict, read
-again and apply the change again to what the other writer left. So a stop saved between a
-chunk task's read and its write is never overwritten by that task's pause: the pause is
-applied to the stopped snapshot and refused there (``stopped`` is final), and the task sees
-that. A change is a function of the current state, never a state computed earlier.
-
-Two stores: :class:`RegisterProgressStore` (the data directory, one versioned register a
-table, storage/register.py: compare-and-set on a file system and on object stores) is what
-the package uses; :class:`MemoryProgressStore` is the reference the model tests compare it
-with. No Airflow here: the Variables the provider publishes for Airflow's UI are a copy
-(progress_store.py at the package top), never read to decide anything.
+with compare-and-set, and the one way to change it (:func:`update`: read, change, write with the
+version read, again on a conflict; docs/DESIGN.md, "Snapshot state"). :class:`RegisterProgressStore`
+is the package's store, :class:`MemoryProgressStore` the model tests' reference. No Airflow here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The snapshot state's authority: a register with compare-and-set (storage/register.py) and
-the progress store over it (pipeline/progress_store.py), model-tested against the in-memory
+the progress store over it (pipeline/snapshot_state.py), model-tested against the in-memory
 reference with every interleaving of read and write steps that hypothesis finds."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.errors import StateError
 from airflow_provider_cdc.core.progress import TRANSITIONS, SnapshotProgress, Status
 from airflow_provider_cdc.core.ranges import ChunkRange
-from airflow_provider_cdc.pipeline.progress_store import (
+from airflow_provider_cdc.pipeline.snapshot_state import (
     ConflictError,
     MemoryProgressStore,
     RegisterProgressStore,

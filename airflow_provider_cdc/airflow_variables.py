@@ -1,25 +1,10 @@
-"""Snapshot progress for the Airflow glue: the authority in the data directory
-(pipeline/progress_store.py: one register a table, compare-and-set), published as one Airflow
-Variable per (source, table) for Airflow's UI and ``airflow cdc status``; and each source's
-capture lag, one Variable per source (``cdc_lag__{source}``, written by the capture task).
+"""The Airflow Variables the provider publishes, and the glue's door to the snapshot state.
 
-Every change goes through :func:`update` (read, change, compare-and-set, again on a
-conflict), whoever makes it: the plan and commit steps, a chunk task that sees its DAG
-paused, a failure callback, the CLI. Every decision (may a chunk read on, is a merge's
-snapshot stopped, may compaction drop tombstones) reads the authority (:func:`load`). The
-Variable is written after each change with what the authority holds then; it is a view
-and may trail the authority by a moment; it is never read back as the authority, so removing
-a data directory starts its sources over.
-
-Variable key ``cdc_snapshot__{source}__{schema.table}``, both parts through the one name
-encoder (core.schema.encode_path_segment): plain names stay as they are, any other character
-is ``~HH``, so a table named ``a'b %s; é`` or ``x/y?z`` gives a key that the Task SDK can put
-in its API URL. The key is injective (:func:`variable_key`): a source whose name holds
-``__`` or ends in ``_`` has its ``_`` escaped too, and so has a table id's leading ``_``, so
-``a__b`` + ``c.d`` and ``a`` + ``b__c.d`` get different keys. The value is
-core.progress.SnapshotProgress JSON (one table per Variable); it names its source and table,
-so nothing decodes the key. Inside a task the Task SDK's ``Variable`` is
-used (it talks to the API server); outside one (CLI, tests, scripts) the metadata database.
+:func:`update`, :func:`request` and :func:`for_source` change a snapshot in its authority
+(pipeline/snapshot_state.py, compare-and-set) and publish a copy to the Variable
+``cdc_snapshot__{source}__{table}`` (:func:`variable_key`), never read back to decide. Also
+each source's capture lag and each table's last verify. Inside a task the Task SDK's
+``Variable``, outside one (CLI, tests) the metadata database.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ from collections.abc import Callable
 
 from .core.progress import SnapshotProgress, Status
 from .core.schema import encode_path_segment
-from .pipeline.progress_store import Change, RegisterProgressStore, SourceProgress, Versioned
+from .pipeline.snapshot_state import Change, RegisterProgressStore, SourceProgress, Versioned
 
 KEY_PREFIX = "cdc_snapshot__"
 LAG_PREFIX = "cdc_lag__"
@@ -122,7 +107,7 @@ def load_raw(source: str, table_id: str, data_dir: str) -> str | None:
 
 def update(source: str, table_id: str, data_dir: str, change: Change, *,
            between: Callable[[], None] | None = None) -> SnapshotProgress | None:
-    """Apply ``change`` with compare-and-set (pipeline.progress_store.update), then publish
+    """Apply ``change`` with compare-and-set (pipeline.snapshot_state.update), then publish
     what it wrote. Returns the progress after the change."""
     return for_source(source, data_dir).update(table_id, change, between=between)
 
