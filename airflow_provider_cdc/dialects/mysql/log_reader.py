@@ -1,7 +1,8 @@
 """The binlog: rows events read up to the current end, whole transactions only, a large one
 held in bounded parts (spilled to files) until its end; TRUNCATE and statements refused or
-staged. The rows of captured tables are decoded by the compiled rows walker where it covers
-the table (rows_walker.py: typed columns, no Python object per row), else by mysql-replication.
+staged; the dialect's ``log``. One read is a ``_BinlogRead`` (its state, one method per event type).
+Rows are decoded by the compiled rows walker where it covers the table (rows_walker.py), else by
+mysql-replication.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ...core.position import Position, binlog_file_index, binlog_major
 from ...core.schema import TableName, encode_key
 from ..base import LogBatch, SegmentSink
+from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .failover import GtidState
 from .held import HeldGroup, Scratch, Xid, savepoint_name
-from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .prerequisites import SYSTEM_SCHEMAS
 from .rows_walker import EventBuffer, RowsRun, TableWalker, decoder_mode
+from .server import MyServer
 from .types import IDENTIFIER, TEXT_CODES, binlog_converter, query_text, text_or_b64, unquote
+from .xa import MyXa
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +139,7 @@ class _BinlogRead:
     event type, looked up in :attr:`handlers` by the event's class. A handler returns True when
     the read stops at the group end it reached (``max_events``)."""
 
-    def __init__(self, dialect: Any, start: BinlogOffset, end: BinlogOffset, gtids: GtidState | None, *,
+    def __init__(self, reader: MyLogReader, start: BinlogOffset, end: BinlogOffset, gtids: GtidState | None, *,
                  max_events: int | None, seg_max: int | None, on_segment: SegmentSink | None) -> None:
         from pymysqlreplication.event import (
             ExecuteLoadQueryEvent,
@@ -154,16 +157,16 @@ class _BinlogRead:
             WriteRowsEvent,
         )
 
-        self.d = dialect
+        self.d = reader
         self.start, self.end = start, end
         self.gtids = gtids  # MariaDB: the GTID position at ``committed``
         self.max_events = max_events
         self.seg_max = seg_max
         self.on_segment = on_segment
-        self.wm = dialect.watermark_table
+        self.wm = reader.watermark_table
         self.inside_max = 2 * seg_max if seg_max is not None else None  # a cut inside a group
-        self.max_bytes = dialect.segment_max_bytes
-        self.hold_max = self.inside_max or 2 * (dialect.segment_max_events or 20_000)  # held events in memory
+        self.max_bytes = reader.segment_max_bytes
+        self.hold_max = self.inside_max or 2 * (reader.segment_max_events or 20_000)  # held events in memory
         self.scratch = Scratch()
         # the segment's events: LogEvents and runs of the compiled walker's rows (rows_walker.py)
         self.out = EventBuffer()
@@ -282,7 +285,7 @@ class _BinlogRead:
         self.held = HeldGroup(self.d, self.hold_max, self.max_bytes, self.scratch, self.group_start) \
             if hold or xa else None
         if xa:
-            self.held.make_xa(self.d._xa_root())
+            self.held.make_xa(self.d.xa.root())
 
     def close_open_group(self) -> None:
         """Forget a group that did not end (its events are not part of the returned batch)."""
@@ -311,7 +314,7 @@ class _BinlogRead:
         return self.max_events is not None and self.total >= self.max_events
 
     def start_of_group(self) -> None:
-        self.group_start = (self.d._binlog_major(self.current_file), self.ev_start)
+        self.group_start = (self.d.binlog_major(self.current_file), self.ev_start)
 
     # --- one method per event type ------------------------------------------------------------
     def on_rotate(self, ev: Any) -> None:
@@ -328,7 +331,7 @@ class _BinlogRead:
         return False
 
     def on_partial_rows(self, ev: Any) -> bool:
-        self.d._refuse(
+        self.d.refuse(
             f"a partial JSON rows event (binlog_row_value_options = PARTIAL_JSON) of table "
             f"{TableName(ev.schema, ev.table)} at {self.where}: its rows lack the whole after image. Make "
             "binlog_row_value_options empty and re-snapshot the table"
@@ -359,11 +362,11 @@ class _BinlogRead:
             return self.end_group()
         xid = Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
         if self.held is None or not self.held.xa:
-            self.d._refuse(f"XA PREPARE of {xid} at {self.where} ends a group this capture did not hold "
+            self.d.refuse(f"XA PREPARE of {xid} at {self.where} ends a group this capture did not hold "
                            "as an XA transaction; its changes would be lost")
             self.held = None
         else:
-            self.held.persist(self.d._xa_manifest(xid, self.held.start), xid, self.where)
+            self.held.persist(self.d.xa.manifest(xid, self.held.start), xid, self.where)
         return self.end_group("prepared")
 
     def on_query(self, ev: Any) -> bool:
@@ -379,7 +382,7 @@ class _BinlogRead:
             self.in_txn = True
             self.thread = ev.slave_proxy_id  # the connection that ran the transaction
             if text.startswith("XA START") and held is not None:
-                held.make_xa(self.d._xa_root())  # MySQL logs XA START; MariaDB flags the GTID
+                held.make_xa(self.d.xa.root())  # MySQL logs XA START; MariaDB flags the GTID
         elif text in ("COMMIT", "ROLLBACK"):
             # the end of a group with non-transactional changes; after ROLLBACK only
             # those stand (the server logs the rolled-back ones too)
@@ -391,7 +394,7 @@ class _BinlogRead:
             if held is not None:
                 held.rollback_to(savepoint_name(raw))
             elif self.group_count:
-                self.d._refuse(f"{raw!r} at {self.where} rolls back part of a group already staged as "
+                self.d.refuse(f"{raw!r} at {self.where} rolls back part of a group already staged as "
                                "committed (a MariaDB group flagged transactional)")
         elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
             return self.xa_end(raw, commit=text.startswith("XA COMMIT"))
@@ -399,7 +402,7 @@ class _BinlogRead:
             pass  # XA END (MySQL, MariaDB): inside the XA group
         elif _STATEMENT_DML_RE.match(raw) or isinstance(ev, ExecuteLoadQueryEvent):
             if isinstance(ev, ExecuteLoadQueryEvent) or self.d._may_touch_captured(raw):
-                self.d._refuse(
+                self.d.refuse(
                     f"the statement {raw[:200]!r} at {self.where} was logged as a statement (the writer's "
                     "session had binlog_format STATEMENT or MIXED): the rows it changed are not in the "
                     "binlog. Make every writer use binlog_format=ROW and re-snapshot the tables it changed"
@@ -424,12 +427,12 @@ class _BinlogRead:
             return self.end_group("commit" if commit else "rollback")
         xid = Xid.parse(raw)
         if xid is None:
-            self.d._refuse(f"cannot read the transaction id of {raw!r} at {self.where}")
+            self.d.refuse(f"cannot read the transaction id of {raw!r} at {self.where}")
         elif commit:
-            for events, nbytes in self.d._xa_commit(xid, self.current_file, self.ev_start, self.ev_end, self.where):
+            for events, nbytes in self.d.xa.commit(xid, self.current_file, self.ev_start, self.ev_end, self.where):
                 self.emit(events, nbytes)
         else:
-            self.d._xa_forget(xid, self.current_file, self.ev_start, self.ev_end)
+            self.d.xa.forget(xid, self.current_file, self.ev_start, self.ev_end)
         return self.end_group()
 
     def on_not_implemented(self, ev: Any) -> bool:
@@ -441,7 +444,7 @@ class _BinlogRead:
             self.begin_group(hold=True)
             self.in_txn, self.thread = False, None
         elif kind in _UNREADABLE_EVENTS:
-            self.d._refuse(f"{_UNREADABLE_EVENTS[kind]} at {self.where} (event type {kind}): capture cannot "
+            self.d.refuse(f"{_UNREADABLE_EVENTS[kind]} at {self.where} (event type {kind}): capture cannot "
                            "read the changes it carries")
         return False
 
@@ -450,7 +453,29 @@ class _BinlogRead:
 
 
 class MyLogReader:
-    """Read the binlog into the segment sink."""
+    """Read the binlog into the segment sink: the dialect's ``log``."""
+
+    def __init__(self, server: MyServer, *, source: str, watermark_table: TableName,
+                 tables: frozenset[TableName] | None, key_columns: dict[TableName, tuple[str, ...]],
+                 capture_server_id: int, on_truncate: str, on_unreadable: str, rows_decoder: Any,
+                 segment_max_events: int, segment_max_bytes: int, require_scope: Callable[[], None]) -> None:
+        self.server = server
+        self.source = source
+        self.watermark_table = watermark_table
+        self.tables = tables  # the capture scope (None: every table, on the all_tables opt-in)
+        self.key_columns = key_columns  # CDC_KEY_COLUMNS: the key of tables without a primary key
+        self.capture_server_id = capture_server_id  # the replication id the binlog stream reads with
+        self.on_truncate = on_truncate
+        self.on_unreadable = on_unreadable
+        self.rows_decoder = rows_decoder
+        self.segment_max_events = segment_max_events
+        self.segment_max_bytes = segment_max_bytes
+        self.require_scope = require_scope  # the dialect's capture-scope rule (dialects/base.py)
+        self.xa = MyXa(self)
+        self._binlog_converters: dict = {}  # per table map (table ids are per binlog session)
+        self._read_epoch = 0  # positions read carry the offset's epoch
+        self._engines: dict[str, bool] = {}  # table -> transactional
+        self._rows_mode = "python"
 
     def _capture_table(self, schema: str, table: str) -> bool:
         if self.tables:
@@ -506,7 +531,7 @@ class MyLogReader:
         )
 
         start = BinlogOffset.from_json(offset)
-        end = self.binlog_end(start.epoch)
+        end = self.server.binlog_end(start.epoch)
         if start > end:
             raise StateError(
                 f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
@@ -515,22 +540,22 @@ class MyLogReader:
             )
         if start == end:
             return LogBatch([], offset, offset)
-        self._check_not_purged(start)
+        self.check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
-        self.__dict__["_read_epoch"] = start.epoch  # positions read carry the offset's epoch
-        gtids = GtidState.parse(start.gtid) if self.flavour.is_mariadb else None  # at ``committed``
-        self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
+        self._read_epoch = start.epoch  # positions read carry the offset's epoch
+        gtids = GtidState.parse(start.gtid) if self.server.flavour.is_mariadb else None  # at ``committed``
+        self._engines = {}  # table -> transactional, looked up when a held group rolls back
         # rows events of captured tables: the compiled walker (rows_walker.py) or mysql-replication's reader
-        self.__dict__["_rows_mode"] = decoder_mode(self.options.get("rows_decoder"))
+        self._rows_mode = decoder_mode(self.rows_decoder)
 
-        self.require_capture_scope()
+        self.require_scope()
         wm = self.watermark_table
         only_schemas = None
         if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
         stream = BinLogStreamReader(
-            connection_settings=self._stream_settings(),
-            server_id=self.server_id,
+            connection_settings=self.server.stream_settings(),
+            server_id=self.capture_server_id,
             blocking=False,
             resume_stream=True,
             log_file=start.file,
@@ -573,26 +598,22 @@ class MyLogReader:
         return read.batch(offset)
 
     # --- held groups and XA -------------------------------------------------------------
-    def _stream_settings(self) -> dict[str, Any]:
-        from pymysql.constants import CLIENT
+    def check_not_purged(self, start: BinlogOffset) -> None:
+        files = [r[0] for r in self.server.query("SHOW BINARY LOGS")]
+        if start.file not in files:
+            oldest = files[0] if files else "none"
+            raise SourceError(
+                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos {start.pos}) is no "
+                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. Re-snapshot the "
+                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog staging dir)."
+            )
 
-        p = self.params
-        settings = {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
-                    "charset": "utf8mb4", **self._driver_settings()}
-        # Without TLS settings pymysql tries TLS if the server offers it, and builds a default SSL
-        # context for that on every connection (~20 ms: the system's CA store), offered or not. When
-        # this dialect's own connection found no TLS on the server, the stream's two connections
-        # would fall back to plain text anyway: skip building it (a fixed cost of every capture).
-        if not any(k.startswith("ssl") for k in settings) and not self.conn.server_capabilities & CLIENT.SSL:
-            settings["ssl_disabled"] = True
-        return settings
-
-    def _binlog_major(self, file: str) -> int:
+    def binlog_major(self, file: str) -> int:
         """The major of positions in binlog ``file`` of the server read now (its epoch above the
         file index, core/position.py)."""
-        return binlog_major(binlog_file_index(file), self.__dict__.get("_read_epoch", 0))
+        return binlog_major(binlog_file_index(file), self._read_epoch)
 
-    def _refuse(self, what: str) -> None:
+    def refuse(self, what: str) -> None:
         """A binlog event whose changes capture cannot read: stop (on_unreadable="fail", the
         default) or, once the tables it changed are re-snapshotted, warn and pass it ("skip")."""
         msg = f"source {self.source!r}: {what}"
@@ -607,7 +628,7 @@ class MyLogReader:
     def _unclosed_group(self, where: str, events: int) -> None:
         """A new group began while one was open: nothing the reader knows ends groups that way."""
         if events:
-            self._refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
+            self.refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
                          f"or XA PREPARE) before the group at {where}")
 
     def _may_touch_captured(self, sql: str) -> bool:
@@ -618,15 +639,15 @@ class MyLogReader:
         low = sql.lower()
         return any(t.name.lower() in low for t in self.tables)
 
-    def _transactional(self, event: LogEvent) -> bool:
+    def transactional(self, event: LogEvent) -> bool:
         """Whether the event's table rolls back with its transaction (its engine's
         TRANSACTIONS in information_schema), looked up once per table and run."""
         table = event.table if isinstance(event, ChangeEvent) else self.watermark_table.id
-        cache = self.__dict__.setdefault("_engines", {})
+        cache = self._engines
         hit = cache.get(table)
         if hit is None:
             name = TableName.parse(table)
-            rows = self._query(
+            rows = self.server.query(
                 "SELECT e.TRANSACTIONS FROM information_schema.TABLES t JOIN information_schema.ENGINES e "
                 "ON e.ENGINE = t.ENGINE WHERE t.TABLE_SCHEMA = %s AND t.TABLE_NAME = %s",
                 (name.schema, name.name),
@@ -640,13 +661,6 @@ class MyLogReader:
                 )
             hit = cache[table] = str(rows[0][0]).upper() == "YES"
         return hit
-
-    @property
-    def _binlog_converters(self) -> dict:
-        d = self.__dict__.get("_binlog_conv")
-        if d is None:
-            d = self.__dict__["_binlog_conv"] = {}
-        return d
 
     def _table_converters(self, ev: Any) -> tuple[dict[str, Callable[[Any], Any]], tuple[str, ...]] | None:
         table = ev.table_map[ev.table_id]
@@ -693,13 +707,13 @@ class MyLogReader:
             )
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
-        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self._binlog_major(file), start_pos, 0), None, None,
+        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self.binlog_major(file), start_pos, 0), None, None,
                             int(ev.timestamp) * 1000, origin=origin)]
 
     def _rows_walker(self, ev: Any, pk: tuple[str, ...]) -> TableWalker | None:
         """The compiled walker of the rows event's table map (None: the pure-Python reader
         decodes it), built once per table map and read, and cleared with the converters."""
-        if self.__dict__.get("_rows_mode", "python") != "compiled":
+        if self._rows_mode != "compiled":
             return None
         key = ("walker", ev.table_id, ev.schema, ev.table)
         cache = self._binlog_converters
@@ -718,7 +732,7 @@ class MyLogReader:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
-        file_index = self._binlog_major(file)
+        file_index = self.binlog_major(file)
         ts_ms = int(ev.timestamp) * 1000
         if ev.schema == wm.schema and ev.table == wm.name:
             if not isinstance(ev, UpdateRowsEvent):
