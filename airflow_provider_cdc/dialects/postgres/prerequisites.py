@@ -1,5 +1,6 @@
 """What a PostgreSQL source must have before anything is created: server settings, version,
-the role's privileges, and readable tables; the default slot and publication names.
+the role's privileges, and readable tables; the default slot and publication names; the
+dialect's ``prerequisites``.
 """
 
 from __future__ import annotations
