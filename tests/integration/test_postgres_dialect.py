@@ -687,7 +687,7 @@ class TestPostgresDialect(DialectSuite):
         ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}) SELECT g FROM generate_series(121, 130) g")
         ctx.execute(f"UPDATE {ctx.qt(t)} SET t = E'ctl \\x01 nl\\n ' || id WHERE id %% 7 = 0")
         fast = ctx.dialect([t])
-        fast.copy_batch_rows = 16  # several Arrow batches per chunk
+        fast.chunks.copy_batch_rows = 16  # several Arrow batches per chunk
         slow = self.make_dialect(ctx.uri, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table)
         slow.fast_chunks = False
         try:
