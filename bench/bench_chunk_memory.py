@@ -60,9 +60,8 @@ from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 a = json.loads(sys.argv[1])
 params = ConnectionParams.from_uri(a["uri"])
 out = []
-with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])], **a["options"]) as d:
-    for k, v in a["attrs"].items():
-        setattr(d, k, v)
+opts = {**a["options"], **a["attrs"]}  # the variant's batch sizes: options, read when the dialect is built
+with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])], **opts) as d:
     schema = d.describe_table(TableName.parse(a["table"]))
     d.ensure_watermark_table()
     d.write_watermark("warm")  # connections

@@ -626,7 +626,7 @@ def test_purged_binlog_says_resnapshot(make_dialect, tmp_path):
     with pytest.raises(SourceError, match="(?i)re-snapshot"):
         stage_changelog(d, data)
     # without the SHOW BINARY LOGS pre-check the server itself refuses (error 1236)
-    d._check_not_purged = lambda start: None
+    d.log.check_not_purged = lambda start: None
     with pytest.raises(SourceError, match="(?i)re-snapshot") as err:
         stage_changelog(d, data)
     assert "binlog.000000" in str(err.value)
@@ -847,7 +847,7 @@ def test_truncate_is_staged_as_an_event_for_captured_tables_only(make_dialect, a
             (f"{DB}.{t}", "c", "[1]"), (f"{DB}.{t}", "c", "[2]"), (f"{DB}.{t}", "t", None), (f"{DB}.{t}", "c", "[3]"),
         ]
         assert events[1].position < events[2].position < events[3].position
-        d.on_truncate = "fail"
+        d.log.on_truncate = "fail"
         admin.execute(f"TRUNCATE `{DB}`.{qt}")
         with pytest.raises(SourceError, match="TRUNCATE of .* on_truncate='fail'"):
             stage_changelog(d, data)
@@ -998,7 +998,7 @@ def test_a_replica_source_must_log_what_it_applies(mysql_uri, mysql_replica_uri,
     try:
         assert d.replica_problems() == [] and d.replica_of() is not None
         for dialect in (d, p):
-            dialect._query = _with_log_slave_updates_off(dialect._query)
+            dialect.server.query = _with_log_slave_updates_off(dialect.server.query)
         with pytest.raises(SourceError, match=r"is a replica \(of 127\.0\.0\.1:\d+\) and log_slave_updates is OFF.*"
                                               r"log_slave_updates=ON"):
             d.check_prerequisites()

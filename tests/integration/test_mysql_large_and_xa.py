@@ -328,7 +328,7 @@ def test_xa_commit_of_a_prepare_never_read_is_refused_by_name(make_dialect, sql,
                                           r"on_unreadable='skip'"):
         stage_changelog(d, data)
     assert d.load_offset(data) == start
-    d.on_unreadable = "skip"  # after a re-snapshot: pass it, with a warning
+    d.log.on_unreadable = "skip"  # after a re-snapshot: pass it, with a warning
     assert stage_changelog(d, data).events == 0
 
 
@@ -386,7 +386,7 @@ def test_statement_logged_change_is_refused(make_dialect, sql, table, tmp_path):
     with pytest.raises(SourceError, match=rf"INSERT INTO .*{table}.* logged as a statement"):
         stage_changelog(d, data)
     assert d.load_offset(data) == start
-    d.on_unreadable = "skip"
+    d.log.on_unreadable = "skip"
     assert stage_changelog(d, data).events == 0
 
 

@@ -144,7 +144,7 @@ class TestPostgresDialect(DialectSuite):
                                chunk_size=10)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
                 d.max_key(d.describe_table(t))  # the plan's upper bound is read there too
-        d.max_replica_lag_seconds = 60
+        d.chunks.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=2,
                              chunk_size=10)
         events = ctx.capture_all(d)
@@ -186,7 +186,7 @@ class TestPostgresDialect(DialectSuite):
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start.*max_replica_lag_seconds"):
                 snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
                                chunk_size=10)
-        d.max_replica_lag_seconds = 60
+        d.chunks.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
                              chunk_size=10)
         assert marked_position(res.high_watermark)[0] >= converge
@@ -532,7 +532,7 @@ class TestPostgresDialect(DialectSuite):
         evs = table_events(ctx.capture_all(d), t)[-3:]  # `other` is not captured: no event of it
         assert [(e.op, e.key) for e in evs] == [("c", "[5]"), ("t", None), ("c", "[6]")]
         assert evs[0].position < evs[1].position < evs[2].position
-        d.on_truncate = "fail"  # the dialect option's other modes
+        d.log.on_truncate = "fail"  # the dialect option's other modes
         ctx.execute(f"TRUNCATE {ctx.qt(t)}")
         with pytest.raises(SourceError, match="TRUNCATE.*re-snapshot|Re-snapshot"):
             stage_changelog(d, ctx.data_dir)
@@ -658,14 +658,14 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t])
         d.load_offset(ctx.data_dir)
         ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
-        real = d._flush_lsn
+        real = d.offsets.flush_lsn
         target = []
 
         def ahead() -> int:
             target.append(real() + 8)
             return target[-1]
 
-        monkeypatch.setattr(d, "_flush_lsn", ahead)
+        monkeypatch.setattr(d.offsets, "flush_lsn", ahead)
         res = stage_changelog(d, ctx.data_dir)
         assert res.events == 1
         from airflow_provider_cdc.core.position import lsn_to_int
@@ -687,7 +687,7 @@ class TestPostgresDialect(DialectSuite):
         ctx.execute(f"INSERT INTO {ctx.qt(t)} ({ctx.q('id')}) SELECT g FROM generate_series(121, 130) g")
         ctx.execute(f"UPDATE {ctx.qt(t)} SET t = E'ctl \\x01 nl\\n ' || id WHERE id %% 7 = 0")
         fast = ctx.dialect([t])
-        fast.copy_batch_rows = 16  # several Arrow batches per chunk
+        fast.chunks.copy_batch_rows = 16  # several Arrow batches per chunk
         slow = self.make_dialect(ctx.uri, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table)
         slow.fast_chunks = False
         try:
@@ -730,10 +730,10 @@ class TestPostgresDialect(DialectSuite):
     def test_invalidated_slot_says_resnapshot(self, ctx, monkeypatch):
         d = ctx.dialect([ctx.create_table("inv", [("id", "int")], ["id"])])
         d.load_offset(ctx.data_dir)
-        real = d._slot_row
+        real = d.offsets.slot_row
         # wal_status 'lost' needs max_slot_wal_keep_size exceeded on a server shared by
         # other tests: inject the row the server would then return
-        monkeypatch.setattr(d, "_slot_row", lambda: (None, "lost", *real()[2:]))
+        monkeypatch.setattr(d.offsets, "slot_row", lambda: (None, "lost", *real()[2:]))
         with pytest.raises(SourceError, match="invalidated.*re-snapshot"):
             d.load_offset(ctx.data_dir)
 

@@ -212,7 +212,7 @@ def _mysql_chunk(tmp_path, rows, name: str, **options):
     schema = TableSchema(TableName("db", "t"), (Column("id", "int64", "bigint"), Column("v", "binary", "longblob")), ("id",))
     d = get_dialect(ConnectionParams.from_uri("mysql://root@127.0.0.1:1/db"), source="s", tables=[schema.table], **options)
     seen: list[str] = []
-    d._connect = lambda **kw: _FakeConn(rows, seen)
+    d.server.connect = lambda **kw: _FakeConn(rows, seen)
     path = str(tmp_path / f"{name}.parquet")
     res = d.read_chunk(schema, FULL_RANGE, after_key=None, limit=100, path=path)
     return res, pq.ParquetFile(path)

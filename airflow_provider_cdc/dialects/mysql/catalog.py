@@ -1,4 +1,5 @@
-"""The MySQL catalog: a table's columns, types and primary key from information_schema.
+"""The MySQL catalog: a table's columns, types and key from information_schema; the dialect's
+``catalog``.
 """
 
 from __future__ import annotations
@@ -11,28 +12,33 @@ import pymysql.cursors
 
 from ...core.errors import SourceError, TableNotFoundError
 from ...core.schema import Column, TableName, TableSchema
+from .server import MyServer
 from .types import as_text, logical_type
 
 
 class MyCatalog:
-    """Describe tables from information_schema."""
+    """Describe tables from information_schema: the dialect's ``catalog``."""
+
+    def __init__(self, server: MyServer, key_columns: dict[TableName, tuple[str, ...]]) -> None:
+        self.server = server
+        self.key_columns = key_columns  # CDC_KEY_COLUMNS, by table
 
     def describe_table(self, table: TableName) -> TableSchema:
-        rows = self._query(
+        rows = self.server.query(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE"
             " FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
             " ORDER BY ORDINAL_POSITION",
             (table.schema, table.name),
         )
         if not rows:
-            if not self._query(
+            if not self.server.query(
                 "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (table.schema,)
             ):
                 raise TableNotFoundError(f"table {table}: database {table.schema!r} does not exist on the source")
             raise TableNotFoundError(
                 f"table {table} does not exist in database {table.schema!r} (check the name and case)"
             )
-        json_cols = self._json_check_columns(table) if self.flavour.is_mariadb else set()
+        json_cols = self._json_check_columns(table) if self.server.flavour.is_mariadb else set()
         cols, unsupported = [], []
         for name, data_type, column_type, nullable, precision, scale in rows:
             data_type, column_type = as_text(data_type), as_text(column_type)
@@ -51,8 +57,8 @@ class MyCatalog:
         pk, why = self._table_key(table, {c.name: c.nullable for c in cols})
         if not pk:
             raise SourceError(f"table {table} {why}; DBLog chunks and de-duplicates by key, or exclude the table")
-        return TableSchema(table, tuple(cols), tuple(pk), {"flavour": self.flavour.name,
-                                                           "connector": "mariadb" if self.flavour.is_mariadb else "mysql"})
+        return TableSchema(table, tuple(cols), tuple(pk), {"flavour": self.server.flavour.name,
+                                                           "connector": "mariadb" if self.server.flavour.is_mariadb else "mysql"})
 
     def _table_key(self, table: TableName, nullable: dict[str, bool]) -> tuple[tuple[str, ...] | None, str]:
         """The columns that key ``table``'s rows: the primary key, or the columns CDC_KEY_COLUMNS
@@ -60,7 +66,7 @@ class MyCatalog:
         why not, with the statements that would make it capturable."""
         indexes: dict[str, list[str | None]] = {}
         prefixed: set[str] = set()
-        for name, col, sub_part in self._query(
+        for name, col, sub_part in self.server.query(
             "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
             "AND TABLE_NAME = %s AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX",
             (table.schema, table.name),
@@ -72,7 +78,7 @@ class MyCatalog:
         usable = {n: tuple(c) for n, c in indexes.items()
                   if n not in prefixed and None not in c and not any(nullable.get(x, True) for x in c)}
         want = self.key_columns.get(table)
-        qt = self.quote_table(table)
+        qt = self.server.quote_table(table)
         if want:
             if any(sorted(c) == sorted(want) for c in usable.values()):
                 return want, ""
@@ -83,7 +89,7 @@ class MyCatalog:
                               f"index does not make unique: ALTER TABLE {qt} MODIFY each as NOT NULL")
             return None, (f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (whole columns, no "
                           "prefix), so they need not identify a row: CREATE UNIQUE INDEX ... ON "
-                          f"{qt} ({', '.join(map(self.quote_ident, want))}), or name another key")
+                          f"{qt} ({', '.join(map(self.server.quote_ident, want))}), or name another key")
         if "PRIMARY" in usable:
             return usable["PRIMARY"], ""
         example = next(iter(usable.values()), None)
@@ -95,7 +101,7 @@ class MyCatalog:
     def scope_problems(self, tables) -> list[str]:
         problems = []
         for t in tables:
-            nullable = {as_text(c): n == "YES" for c, n in self._query(
+            nullable = {as_text(c): n == "YES" for c, n in self.server.query(
                 "SELECT COLUMN_NAME, IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
                 "AND TABLE_NAME = %s", (t.schema, t.name))}
             if nullable:
@@ -107,7 +113,7 @@ class MyCatalog:
     def _json_check_columns(self, table: TableName) -> set[str]:
         """MariaDB's JSON is LONGTEXT plus a ``json_valid(`col`)`` CHECK constraint."""
         try:
-            rows = self._query(
+            rows = self.server.query(
                 "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS"
                 " WHERE CONSTRAINT_SCHEMA = %s AND TABLE_NAME = %s",
                 (table.schema, table.name),

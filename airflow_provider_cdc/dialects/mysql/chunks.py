@@ -1,5 +1,5 @@
-"""Chunk reads: a keyset SELECT streamed in batches bounded by rows and bytes, key bounds and
-samples.
+"""Chunk reads (DBLog step 2): a keyset SELECT streamed in batches bounded by rows and bytes, rows
+decoded to canonical values, key bounds and samples; the dialect's ``chunks``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import pymysql.cursors
 
 from ...core.errors import SourceError
 from ...core.position import Position, position_mark
-from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ..base import ReadSnapshot, value_bytes
-from .prerequisites import ReplicaStatusDenied
+from .offsets import MyOffsets
+from .server import MyServer, ReplicaStatusDenied
 from .types import json_text, select_converter
 
 log = logging.getLogger(__name__)
@@ -50,35 +50,25 @@ def bounded_batches(cur: Any, batch_size: int, max_bytes: int) -> Iterator[list[
 
 
 class MyChunkReader:
-    """Read chunks and keys."""
+    """Read chunks and keys: the dialect's ``chunks``."""
 
-    # --- chunks -----------------------------------------------------------------------
-    def chunk_query(
-        self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None, upper_bound=None
-    ):
-        """The shared keyset SELECT, with FLOAT columns widened to DOUBLE (``+ 0e0``):
+    def __init__(self, server: MyServer, offsets: MyOffsets) -> None:
+        self.server = server
+        self.offsets = offsets  # the epoch of the server capture reads (a chunk's position mark)
+        self._converters: dict[int, tuple[TableSchema, list]] = {}
+        self._replica_status_denied = False  # SHOW SLAVE STATUS refused once: replica lag is not shown
+
+    def widen_floats(self, schema: TableSchema, sql: str, columns: Sequence[str] | None) -> str:
+        """The shared keyset SELECT (``sql``) with FLOAT columns widened to DOUBLE (``+ 0e0``):
         the server prints FLOAT with 6 significant digits, the binlog has all 24 bits."""
-        sql, params = super().chunk_query(
-            schema,
-            rng,
-            after_key=after_key,
-            limit=limit,
-            where=where,
-            columns=columns,
-            upper_bound=upper_bound,
-        )
+        q = self.server.quote_ident
         names = list(columns or schema.column_names)
-        plain = ", ".join(self.quote_ident(c) for c in names)
-        widened = ", ".join(
-            f"{self.quote_ident(c)} + 0e0 AS {self.quote_ident(c)}"
-            if schema.column(c).type == "float32"
-            else self.quote_ident(c)
-            for c in names
-        )
+        plain = ", ".join(q(c) for c in names)
+        widened = ", ".join(f"{q(c)} + 0e0 AS {q(c)}" if schema.column(c).type == "float32" else q(c) for c in names)
         prefix = f"SELECT {plain} FROM "  # noqa: S608
         if widened != plain and sql.startswith(prefix):
             sql = f"SELECT {widened} FROM " + sql[len(prefix) :]  # noqa: S608
-        return sql, params
+        return sql
 
     def stream_query(
         self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None,
@@ -90,7 +80,7 @@ class MyChunkReader:
         so rows of large values come a few at a time (the cursor reads a row at a time).
         ``snapshot`` (watermark strategy "log"): the SELECT reads a consistent snapshot whose
         binlog position (its position mark) is appended to the list first."""
-        conn = self._connect(cursorclass=pymysql.cursors.SSCursor)
+        conn = self.server.connect(cursorclass=pymysql.cursors.SSCursor)
         try:
             with conn.cursor() as cur:
                 if snapshot is not None:
@@ -125,16 +115,16 @@ class MyChunkReader:
             cur.execute("SELECT @@server_id")
             server_id = int(cur.fetchall()[0][0])
         except pymysql.err.MySQLError as exc:
-            raise SourceError(f"source {self.source!r}: could not start a consistent snapshot ({exc.args[-1]})") from exc
+            raise SourceError(f"source {self.server.source!r}: could not start a consistent snapshot ({exc.args[-1]})") from exc
         file, pos = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
         if not file or pos in (None, ""):
             raise SourceError(
-                f"source {self.source!r}: the server reports no binlog position for a consistent snapshot "
+                f"source {self.server.source!r}: the server reports no binlog position for a consistent snapshot "
                 f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary logging on. "
                 "Use watermark_strategy 'table' on this server"
             )
         # the epoch of the server capture reads (failover.py): a chunk of another server waits for capture
-        epoch = self._chunk_epoch(server_id)
+        epoch = self.offsets.chunk_epoch(server_id)
         return position_mark(Position.binlog(file, int(pos), 0, epoch), int(time.time() * 1000))
 
     def replica_lag(self) -> tuple[int, float] | None:
@@ -147,11 +137,11 @@ class MyChunkReader:
         if self._replica_status_denied:
             return None
         try:
-            row = self.slave_status()
+            row = self.server.slave_status()
         except ReplicaStatusDenied as exc:  # not asked again
             self._replica_status_denied = True
             log.info("source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
-                     "to see it (%s)", self.source, exc)
+                     "to see it (%s)", self.server.source, exc)
             return None
         if row is None:
             return None
@@ -215,19 +205,20 @@ class MyChunkReader:
         FLOAT key printed with 6 digits is not the stored value, so a bound taken from it
         would cut off the largest key (or split a range between two keys)."""
         return ", ".join(
-            f"{self.quote_ident(k)} + 0e0 AS {self.quote_ident(k)}" if schema.column(k).type == "float32"
-            else self.quote_ident(k)
+            f"{self.server.quote_ident(k)} + 0e0 AS {self.server.quote_ident(k)}" if schema.column(k).type == "float32"
+            else self.server.quote_ident(k)
             for k in schema.primary_key
         )
 
-    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+    def max_key(self, schema: TableSchema, where: tuple[str, list] | None = None) -> tuple | None:
+        """``where``: a rendered row filter ``(sql, params)``."""
         pk = self._key_columns(schema)
-        desc = ", ".join(f"{self.quote_ident(k)} DESC" for k in schema.primary_key)
-        cond, params = self.render_filter(where, schema) if where else ("", [])
+        desc = ", ".join(f"{self.server.quote_ident(k)} DESC" for k in schema.primary_key)
+        cond, params = where or ("", [])
         cond = f" WHERE {cond}" if cond else ""
-        sql = f"SELECT {pk} FROM {self.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
+        sql = f"SELECT {pk} FROM {self.server.quote_table(schema.table)}{cond} ORDER BY {desc} LIMIT 1"  # noqa: S608
         try:
-            rows = self._query(sql, tuple(params))
+            rows = self.server.query(sql, tuple(params))
         except pymysql.err.MySQLError as exc:
             raise SourceError(f"table {schema.table}: the source rejected {sql!r} ({exc.args[-1]})") from exc
         return self._key_tuple(schema, rows[0]) if rows else None
@@ -237,21 +228,21 @@ class MyChunkReader:
         only ~count keys cross the wire."""
         if count <= 0:
             return []
-        est = self._query(
+        est = self.server.query(
             "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s",
             (schema.table.schema, schema.table.name),
         )
         n = int(est[0][0] or 0) if est else 0
         if n < 10 * count:
-            n = int(self._query(f"SELECT COUNT(*) FROM {self.quote_table(schema.table)}")[0][0])  # noqa: S608
+            n = int(self.server.query(f"SELECT COUNT(*) FROM {self.server.quote_table(schema.table)}")[0][0])  # noqa: S608
         if n == 0:
             return []
         step = max(1, n // (count + 1))
-        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
+        pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
         exact = self._key_columns(schema)  # FLOAT keys as stored (see _key_columns)
-        rows = self._query(
+        rows = self.server.query(
             f"SELECT {pk} FROM (SELECT {exact}, ROW_NUMBER() OVER (ORDER BY {pk}) AS `__cdc_rn`"  # noqa: S608
-            f" FROM {self.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = 0 ORDER BY {pk} LIMIT %s",
+            f" FROM {self.server.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = 0 ORDER BY {pk} LIMIT %s",
             (step, count),
         )
         return [self._key_tuple(schema, r) for r in rows]

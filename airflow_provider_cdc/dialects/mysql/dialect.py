@@ -1,49 +1,36 @@
-"""MySQL and MariaDB as a source: the dialect class, its connections and flavour (docs/DESIGN.md,
-"MySQL and MariaDB"). Each capability is a mixin in its own module: prerequisites, catalog,
-watermarks, chunks, offsets (binlog coordinates), failover (another server behind the source),
-log_reader (the binlog), xa.
+"""MySQL and MariaDB as a source: the dialect reads its options, builds its collaborators (server,
+catalog, watermark_rows, prerequisites, failover, log with its xa, offsets, chunks, digests; one
+module each) and answers the Dialect contract by delegating to them.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import pymysql
 import pymysql.cursors
 
 from ...core.errors import ConfigurationError
+from ...core.position import Position
+from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema, split_table_list
 from ...core.sqlnames import quote_mysql
-from ..base import ConnectionParams, Dialect
+from ..base import ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
+from .binlog import BinlogOffset
 from .catalog import MyCatalog
 from .chunks import MyChunkReader
 from .digest import MyDigest
 from .failover import MyFailover
 from .log_reader import MyLogReader
 from .offsets import MyOffsets
-from .prerequisites import SYSTEM_SCHEMAS, Flavour, MyPrerequisites, flavour_for
+from .prerequisites import SYSTEM_SCHEMAS, MyPrerequisites
 from .profile import default_server_id
-from .watermarks import MyWatermarks
-from .xa import MyXa
-
-_BOOL = lambda v: str(v).lower() in ("1", "true", "yes", "on")  # noqa: E731
-_PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
-    "ssl_ca": str,
-    "ssl_cert": str,
-    "ssl_key": str,
-    "ssl_verify_cert": _BOOL,
-    "ssl_verify_identity": _BOOL,
-    "ssl_disabled": _BOOL,
-    "unix_socket": str,
-    "read_timeout": int,
-    "write_timeout": int,
-}
+from .server import Flavour, MyServer
+from .watermarks import MyWatermarkTable
 
 
-class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyDigest, MyOffsets, MyFailover, MyLogReader,
-                   MyXa, Dialect):
+class MySqlDialect(Dialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
@@ -95,78 +82,169 @@ class MySqlDialect(MyPrerequisites, MyCatalog, MyWatermarks, MyChunkReader, MyDi
             if tables is None
             else frozenset(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
         )
-        self._conn: pymysql.connections.Connection | None = None
-        self._flavour: Flavour | None = None
-        self._lock = threading.RLock()
-        self._converters: dict[int, tuple[TableSchema, list]] = {}
-        self._replica_status_denied = False  # SHOW SLAVE STATUS refused once: replica lag is not shown
+        # the collaborators, each given what it uses (docs/DESIGN.md, "The dialects")
+        self.server = MyServer(params, self.source, connect_timeout=int(self.options.get("connect_timeout", 10)))
+        self.catalog = MyCatalog(self.server, self.key_columns)
+        self.watermark_rows = MyWatermarkTable(self.server, self.watermark_table)
+        self.prerequisites = MyPrerequisites(self.server, tables=self.tables, watermark_table=self.watermark_table,
+                                             strategy=self.watermarks)
+        self.failover = MyFailover(self.server, capture_server_id=self.server_id, resync_hint=self._resync_hint())
+        self.log = MyLogReader(self.server, source=self.source, watermark_table=self.watermark_table,
+                               tables=self.tables, key_columns=self.key_columns, capture_server_id=self.server_id,
+                               on_truncate=self.on_truncate, on_unreadable=self.on_unreadable,
+                               rows_decoder=self.options.get("rows_decoder"),
+                               segment_max_events=self.segment_max_events, segment_max_bytes=self.segment_max_bytes,
+                               require_scope=self.require_capture_scope)
+        self.offsets = MyOffsets(self.server, self.failover, self.log.xa)
+        self.chunks = MyChunkReader(self.server, self.offsets)
+        self.digests = MyDigest(self.server, self.digest_where)
 
-    # --- connections ------------------------------------------------------------------
+    # --- the collaborators' public faces (callers keep calling the dialect) ----------------
+    # connections
     def _driver_settings(self) -> dict[str, Any]:
-        """Connection-extra settings pymysql understands (TLS, socket, timeouts)."""
-        out: dict[str, Any] = {}
-        for k, v in self.params.extra.items():
-            if k in _PYMYSQL_EXTRA:
-                out[k] = _PYMYSQL_EXTRA[k](v)
-        return out
-
-    def _connect(self, **kw: Any) -> pymysql.connections.Connection:
-        p = self.params
-        kw = {**self._driver_settings(), **kw}
-        conn = pymysql.connect(
-            host=p.host,
-            port=p.port or 3306,
-            user=p.user or "root",
-            password=p.password or "",
-            charset="utf8mb4",
-            autocommit=True,
-            connect_timeout=int(self.options.get("connect_timeout", 10)),
-            init_command="SET time_zone = '+00:00'",  # TIMESTAMP reads and writes in UTC
-            **kw,
-        )
-        with conn.cursor() as cur:
-            # no statement is ever served from an older REPEATABLE READ snapshot
-            # (non-stale chunk reads; with autocommit every statement gets a new read view)
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        return conn
+        return self.server.driver_settings()
 
     def open_session(self) -> pymysql.connections.Connection:
-        return self._connect()
+        return self.server.connect()
 
     @property
     def conn(self) -> pymysql.connections.Connection:
-        if self._conn is None or not self._conn.open:
-            self._conn = self._connect()
-        return self._conn
+        return self.server.conn
 
     def _query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
-        """Run one statement, always through pymysql's %-formatting (an empty tuple without
-        params): quoted identifiers carry "%%" for "%" (core/sqlnames.py)."""
-        with self._lock:
-            try:
-                with self.conn.cursor() as cur:
-                    cur.execute(sql, tuple(params) if params is not None else ())
-                    return list(cur.fetchall())
-            except pymysql.err.OperationalError:
-                self.close()  # a dead connection is reopened by the next call
-                raise
+        return self.server.query(sql, params)
 
     @property
     def flavour(self) -> Flavour:
-        if self._flavour is None:
-            self._flavour = flavour_for(self._query("SELECT VERSION()")[0][0])
-        return self._flavour
+        return self.server.flavour
 
     def close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:  # noqa: BLE001 - already broken
-                pass
-            self._conn = None
+        self.server.close()
 
-    # --- identifiers ------------------------------------------------------------------
     def quote_ident(self, name: str) -> str:
         return quote_mysql(name)  # every statement goes through %-formatting (core/sqlnames.py)
+
+    # prerequisites
+    def check_prerequisites(self) -> None:
+        self.prerequisites.check()
+
+    def replica_problems(self) -> list[str]:
+        return self.prerequisites.replica_problems()
+
+    def replica_of(self) -> str | None:
+        return self.prerequisites.replica_of()
+
+    def slave_status(self) -> dict | None:
+        return self.server.slave_status()
+
+    def check_readable(self, table: TableName) -> None:
+        self.prerequisites.check_readable(table)
+
+    def privilege_problems(self, grants: Sequence[str]) -> list[str]:
+        return self.prerequisites.privilege_problems(grants)
+
+    def log_watermark_problems(self, *context: Any) -> list[str]:
+        return self.prerequisites.log_watermark_problems(*context)
+
+    def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
+        return self.prerequisites.watermark_table_problems(grants)
+
+    # catalog
+    def describe_table(self, table: TableName) -> TableSchema:
+        return self.catalog.describe_table(table)
+
+    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
+        return self.catalog.scope_problems(tables)
+
+    # watermarks
+    def ensure_watermark_table(self) -> None:
+        self.watermark_rows.ensure()
+
+    def write_watermark(self, watermark_id: str) -> None:
+        self.watermark_rows.write(watermark_id)
+
+    # chunks
+    def chunk_query(self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None,
+                    upper_bound=None):
+        """The shared keyset SELECT, with FLOAT columns widened to DOUBLE (MyChunkReader.widen_floats)."""
+        sql, params = super().chunk_query(schema, rng, after_key=after_key, limit=limit, where=where,
+                                          columns=columns, upper_bound=upper_bound)
+        return self.chunks.widen_floats(schema, sql, columns), params
+
+    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None,
+                     snapshot: list | None = None) -> Iterator[list[tuple]]:
+        return self.chunks.stream_query(sql, params, batch_size, max_bytes, snapshot)
+
+    def replica_lag(self) -> tuple[int, float] | None:
+        return self.chunks.replica_lag()
+
+    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
+        return self.chunks.row_to_canonical(schema, row)
+
+    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
+        return self.chunks.to_db_value(schema, column, value)
+
+    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+        return self.chunks.max_key(schema, self.render_filter(where, schema) if where else None)
+
+    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
+        return self.chunks.sample_keys(schema, count)
+
+    # verify's digests
+    def digest_problems(self, schema: TableSchema) -> list[str]:
+        return self.digests.digest_problems(schema)
+
+    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
+
+    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                          limit: int) -> tuple[str, list[Any]]:
+        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
+
+    # offsets and the server behind them
+    def binlog_end(self, epoch: int = 0) -> BinlogOffset:
+        return self.server.binlog_end(epoch)
+
+    def _offset_path(self, data_dir: str) -> str:
+        return self.offsets.offset_path(data_dir)
+
+    def bind_data_dir(self, data_dir: str) -> None:
+        self.offsets.bind_data_dir(data_dir)
+
+    def server_epoch(self, server_id: int) -> int:
+        return self.offsets.server_epoch(server_id)
+
+    def server_identity(self) -> dict:
+        return self.failover.server_identity()
+
+    def current_position(self) -> Position:
+        return self.offsets.current_position()
+
+    def offset_position(self, offset: str) -> Position:
+        return self.offsets.offset_position(offset)
+
+    def load_offset(self, data_dir: str) -> str:
+        """The committed offset (MyOffsets.load_offset), once the capture scope is configured and
+        capturable."""
+        self.require_capture_scope()
+        self.refuse_uncapturable(sorted(self.tables or ()))
+        return self.offsets.load_offset(data_dir)
+
+    def commit_offset(self, offset: str, data_dir: str) -> None:
+        self.offsets.commit_offset(offset, data_dir)
+
+    def log_retention(self, offset: str) -> LogRetention | None:
+        return self.offsets.log_retention(offset)
+
+    def log_bytes_between(self, start: Position, end: Position) -> int:
+        return self.offsets.log_bytes_between(start, end)
+
+    # the log
+    def read_log(self, offset: str, *, max_events: int | None = None, segment_max_events: int | None = None,
+                 on_segment: SegmentSink | None = None) -> LogBatch:
+        """See MyLogReader.read_log."""
+        return self.log.read_log(offset, max_events=max_events, segment_max_events=segment_max_events,
+                                 on_segment=on_segment)
 
     stream_max_bytes = True

@@ -1,6 +1,6 @@
 """verify's range digests computed by MySQL/MariaDB (dialects/base.py ``DIGEST_FORMS``): each
 row's columns become their digest text in SQL, the row's MD5 is cut to 64 bits, and one
-aggregate returns a key range's row count and the XOR of its rows' digests.
+aggregate returns a key range's row count and the XOR of its rows' digests; the dialect's ``digests``.
 
 FLOAT and DOUBLE have no digest form here: the server prints them its own way and has no
 function that shows their bits, so a table holding one is compared row by row (in Python).
@@ -8,12 +8,13 @@ function that shows their bits, so a table holding one is compared row by row (i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...core import temporal
 from ...core.schema import Column, TableSchema
 from ..base import DIGEST_NULL, DIGEST_SIZED
+from .server import MyServer
 
 _EPOCH_TO_DAYS = 719528  # TO_DAYS('1970-01-01')
 
@@ -50,17 +51,22 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
 
 
 class MyDigest:
-    """Range digests (a mixin of MySqlDialect)."""
+    """Range digests: the dialect's ``digests``."""
+
+    def __init__(self, server: MyServer,
+                 digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]]) -> None:
+        self.server = server
+        self.digest_where = digest_where  # the one keyset predicate builder (dialects/base.py)
 
     def digest_problems(self, schema: TableSchema) -> list[str]:
         return [f"column {c.name!r} ({c.source_type or c.type}): no digest form for {c.type}"
-                for c in schema.columns if digest_text_sql(c, self.quote_ident(c.name)) is None]
+                for c in schema.columns if digest_text_sql(c, self.server.quote_ident(c.name)) is None]
 
     def _row_digest_sql(self, schema: TableSchema) -> str:
         """The SQL of a row's 64-bit digest."""
         pieces = []
         for col in schema.columns:
-            text = digest_text_sql(col, self.quote_ident(col.name))
+            text = digest_text_sql(col, self.server.quote_ident(col.name))
             value = f"CONCAT(LENGTH({text}), ':', {text})" if col.type in DIGEST_SIZED else f"CONCAT({text}, ',')"
             pieces.append(f"IF({text} IS NULL, '{DIGEST_NULL}', {value})")
         return f"CAST(CONV(LEFT(MD5(CONCAT({', '.join(pieces)})), 16), 16, 10) AS UNSIGNED)"
@@ -68,13 +74,13 @@ class MyDigest:
     def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
                            upto_key: Sequence | None) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, upto_key)
-        sql = f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM {self.quote_table(schema.table)}{where}"  # noqa: S608
+        sql = f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM {self.server.quote_table(schema.table)}{where}"  # noqa: S608
         return sql, params
 
     def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
                           limit: int) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, None)
-        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
-        sql = (f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.quote_table(schema.table)}{where} "  # noqa: S608
+        pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
+        sql = (f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.server.quote_table(schema.table)}{where} "  # noqa: S608
                f"ORDER BY {pk} LIMIT %s")
         return sql, [*params, int(limit)]

@@ -1,6 +1,7 @@
 """The server behind a MariaDB source changes (I14): a promoted GTID replica is followed from the
 GTID position capture stands at, in the next epoch of positions; anything else stops capture
-with SourceChangedError naming what happened (``airflow-cdc resync`` then starts anew).
+with SourceChangedError naming what happened (``airflow-cdc resync`` then starts anew). The
+dialect's ``failover``.
 
 Positions are ``(epoch << 32 | binlog file index, offset, row)`` (core/position.py). A promoted
 replica (``--log-slave-updates``) writes the old primary's transactions into binlog files of its
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 import pymysql
 
 from ... import storage
-from ...core.errors import SourceChangedError, SourceError, StateError
-from ...storage.layout import changelog_dir
+from ...core.errors import SourceChangedError, StateError
 from ...storage.source_server import read_server, write_server
-from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
+from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, BinlogOffset
+from .server import MyServer
 
 log = logging.getLogger(__name__)
 
@@ -61,105 +62,67 @@ class GtidState:
 class MyFailover:
     """Which server the binlog is read from, and following a promoted replica."""
 
-    def _server_id(self) -> int:
-        return int(self._query("SELECT @@server_id")[0][0])
+    def __init__(self, server: MyServer, *, capture_server_id: int, resync_hint: str) -> None:
+        self.server = server
+        self.capture_server_id = capture_server_id  # the replication id the binlog stream reads with
+        self.resync_hint = resync_hint  # what a SourceChangedError tells the user to do
 
     def server_identity(self) -> dict:
         """Which server this is: its ``server_id`` (each server of a replication topology has its
         own) and, as ``system_identifier``, the GTID domains of its binlog (MariaDB: the same on a
         primary and its replicas; resync refuses a server of other domains)."""
-        sid = self._server_id()
-        if not self.flavour.is_mariadb:
+        sid = self.server.server_id()
+        if not self.server.flavour.is_mariadb:
             return {"system_identifier": "mysql", "server_id": sid}
-        state = GtidState.parse(self._query("SELECT @@global.gtid_binlog_state")[0][0])
+        state = GtidState.parse(self.server.query("SELECT @@global.gtid_binlog_state")[0][0])
         domains = ",".join(sorted({str(d) for d, _s, _n in state.groups}))
         return {"system_identifier": f"mariadb-gtid-domains:{domains}", "server_id": sid}
 
-    def bind_data_dir(self, data_dir: str) -> None:
-        """The staging root whose committed offset says which epoch this server's positions
-        have (a chunk task reads chunks without loading the offset)."""
-        self.__dict__["_data_dir"] = data_dir
-
-    def _stored_offset(self) -> BinlogOffset | None:
-        data_dir = self.__dict__.get("_data_dir")
-        if data_dir is None:
-            return None
-        path = storage.join(changelog_dir(data_dir, self.source), OFFSET_FILE)
-        try:
-            return BinlogOffset.from_json(storage.read_text(path))
-        except OSError:
-            if storage.exists(path):
-                raise
-            return None
-
-    def server_epoch(self, server_id: int) -> int:
-        """The epoch of positions read on server ``server_id``: the committed offset's for its
-        server, the next one for any other (where capture goes on after following it, or after a
-        resync); 0 before the first capture or without a data dir."""
-        stored = self._stored_offset()
-        if stored is None:
-            return 0
-        return stored.epoch if stored.server in (None, server_id) else stored.epoch + 1
-
-    def _chunk_epoch(self, server_id: int) -> int:
-        """The epoch of a chunk read on ``server_id`` (watermark strategy "log"). Only the server
-        capture reads: before capture has followed a failover, the new server's epoch is not
-        settled (a second failover would give it another), so the chunk waits for it."""
-        stored = self._stored_offset()
-        if stored is None:
-            return 0
-        if stored.server is not None and stored.server != server_id:
-            raise SourceError(
-                f"source {self.source!r}: the chunk was read on MariaDB server_id {server_id}, but capture last read "
-                f"server_id {stored.server} (a failover or promotion): run the capture (the changelog DAG) first, so "
-                "that it follows the new server or names why it cannot; the chunk is read again after that")
-        return stored.epoch
-
-    def _record_server(self, directory: str, offset: BinlogOffset) -> None:
+    def record_server(self, directory: str, offset: BinlogOffset) -> None:
         """``_server.json`` beside the changelog (storage/source_server.py): what resync records as
         the servers before and after a gap."""
         identity = {**self.server_identity(), "epoch": offset.epoch}
         if read_server(directory) != identity:
             write_server(directory, identity)
 
-    def _follow_failover(self, old: BinlogOffset, server: int, directory: str) -> BinlogOffset:
+    def follow_failover(self, old: BinlogOffset, server: int, directory: str) -> BinlogOffset:
         """I14: the committed offset ``old`` was read on another server. Capture goes on here only
         from the GTID position ``old`` recorded: this server's binlog must hold that group (the
         same domain, server and sequence; the server checks it, in strict mode, when it is asked
         to send its binlog from there). The new offset is where the first group after it starts
         here (or the end of this binlog), in the next epoch. Otherwise SourceChangedError."""
-        what = (f"source {self.source!r}: MariaDB at {self.params.host}:{self.params.port} (server_id {server}) is not "
+        what = (f"source {self.server.source!r}: MariaDB at {self.server.params.host}:{self.server.params.port} (server_id {server}) is not "
                 f"the server capture read before (server_id {old.server})")
-        if not self.flavour.is_mariadb:
+        if not self.server.flavour.is_mariadb:
             raise SourceChangedError(f"{what}; following a MySQL failover by its GTIDs is not implemented, so capture "
-                                     f"stops. {self._resync_hint()}")
+                                     f"stops. {self.resync_hint}")
         ours = GtidState.parse(old.gtid)
         if not ours.groups:
             raise SourceChangedError(f"{what}, and the committed offset records no GTID position that could be found "
-                                     f"on it. {self._resync_hint()}")
+                                     f"on it. {self.resync_hint}")
         if len(ours.groups) > 1:
             raise SourceChangedError(
                 f"{what}. Capture stands at GTID position {ours}, in {len(ours.groups)} domains; this version proves "
-                f"where capture goes on in one domain only, so it stops. {self._resync_hint()}")
+                f"where capture goes on in one domain only, so it stops. {self.resync_hint}")
         domain, _sid, seq = ours.groups[0]
-        here = GtidState.parse(self._gtid())
+        here = GtidState.parse(self.server.gtid())
         have = here.domain(domain)
         if have is None:
             raise SourceChangedError(
                 f"{what}, and its binlog has no GTID of domain {domain} (its GTID position: {here or 'empty'}), while "
                 f"capture stands at {ours}: it is not a replica of the server captured before (a fresh server, or "
-                f"another topology), so nothing proves its binlog continues the captured one. {self._resync_hint()}")
+                f"another topology), so nothing proves its binlog continues the captured one. {self.resync_hint}")
         if have[2] < seq:
             raise SourceChangedError(
                 f"{what}, and its binlog ends at GTID {GtidState((have,))} in domain {domain}, before {ours} where capture "
                 "stands: changes capture staged are not on it (a replica promoted before it had applied them, or "
-                f"another server), so nothing proves its binlog continues the captured one. {self._resync_hint()}")
+                f"another server), so nothing proves its binlog continues the captured one. {self.resync_hint}")
         start = self._gtid_continuation(str(ours), what)
         new = BinlogOffset.of(start.file, start.pos, old.epoch + 1, server, old.gtid)
         self._drop_uncommitted_segments(directory, old)
         log.warning("source %r: MariaDB server_id %s at %s:%s replaces server_id %s (a failover): its binlog holds GTID "
                     "%s where capture stood (%s:%s there), so capture goes on from %s:%s on it, positions in epoch %d",
-                    self.source, server, self.params.host, self.params.port, old.server, ours, old.file, old.pos,
+                    self.server.source, server, self.server.params.host, self.server.params.port, old.server, ours, old.file, old.pos,
                     new.file, new.pos, new.epoch)
         return new
 
@@ -171,9 +134,9 @@ class MyFailover:
         from pymysqlreplication import BinLogStreamReader
         from pymysqlreplication.event import MariadbGtidEvent, RotateEvent
 
-        end = self.binlog_end()
+        end = self.server.binlog_end()
         stream = BinLogStreamReader(
-            connection_settings=self._stream_settings(), server_id=self.server_id, blocking=False,
+            connection_settings=self.server.stream_settings(), server_id=self.capture_server_id, blocking=False,
             is_mariadb=True, auto_position=gtid, only_events=[RotateEvent, MariadbGtidEvent], enable_logging=False,
         )
         file = None
@@ -188,7 +151,7 @@ class MyFailover:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceChangedError(
                     f"{what}, and it cannot send its binlog from GTID {gtid}, where capture stands: {exc.args[-1]} "
-                    f"(the group is not in its binlog, or only in purged files). {self._resync_hint()}") from exc
+                    f"(the group is not in its binlog, or only in purged files). {self.resync_hint}") from exc
             raise
         finally:
             stream.close()
@@ -202,6 +165,6 @@ class MyFailover:
 
         for first, _last, path in list_segments(directory):
             if first >= committed.position():
-                log.info("source %r: removing %s, staged past the committed offset on the old server", self.source,
+                log.info("source %r: removing %s, staged past the committed offset on the old server", self.server.source,
                          path)
                 storage.delete(path)

@@ -14,15 +14,28 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from ... import storage
 from ...core.errors import SourceError
 from ...core.events import ChangeEvent, LogEvent, WatermarkEvent
 from ...core.position import Position
-from ..base import Dialect
 from .types import unquote
 
 # --------------------------------------------------------------------------- held groups and XA
+
+
+class GroupReader(Protocol):
+    """What a held group asks of the binlog reader holding it (log_reader.MyLogReader)."""
+
+    source: str
+
+    def refuse(self, what: str) -> None:
+        """Stop at (or, on_unreadable="skip", pass) changes capture cannot read."""
+
+    def transactional(self, event: LogEvent) -> bool:
+        """Whether the event's table rolls back with its transaction."""
+
 
 #: the folder under the changelog staging folder where prepared XA transactions wait
 XA_DIR = "_xa"
@@ -124,9 +137,9 @@ class HeldGroup:
     prepare (I6). Rolled-back ranges are kept as event index ranges and applied when the
     events are read back, so they work on parts already on disk."""
 
-    def __init__(self, dialect: Dialect, max_events: int, max_bytes: int, scratch: Scratch | None,
+    def __init__(self, reader: GroupReader, max_events: int, max_bytes: int, scratch: Scratch | None,
                  start: tuple[int, int] | None) -> None:
-        self.dialect, self.max_events, self.max_bytes, self.scratch = dialect, max_events, max_bytes, scratch
+        self.reader, self.max_events, self.max_bytes, self.scratch = reader, max_events, max_bytes, scratch
         self.start = start or (0, 0)  # (file index, offset) of the group's first event: names its folder
         self.events: list[LogEvent] = []
         self.bytes = 0
@@ -145,7 +158,7 @@ class HeldGroup:
         if self.xa:
             return
         if self.parts:
-            raise SourceError(f"source {self.dialect.source!r}: XA START after {self.count} events of its group")
+            raise SourceError(f"source {self.reader.source!r}: XA START after {self.count} events of its group")
         self.xa, self.dir = True, storage.join(root, self._name())
 
     def add(self, events: list[LogEvent], nbytes: int) -> None:
@@ -172,7 +185,7 @@ class HeldGroup:
     def rollback_to(self, name: str) -> None:
         start = self.savepoints.get(name)
         if start is None:
-            self.dialect._refuse(f"ROLLBACK TO SAVEPOINT {name} without its SAVEPOINT in the same binlog group "
+            self.reader.refuse(f"ROLLBACK TO SAVEPOINT {name} without its SAVEPOINT in the same binlog group "
                                  f"(group at {self._name()})")
             return
         if start < self.count:
@@ -186,9 +199,9 @@ class HeldGroup:
         storage.write_text(manifest, json.dumps(meta))
 
     @classmethod
-    def load(cls, dialect: Dialect, manifest: str) -> HeldGroup:
+    def load(cls, reader: GroupReader, manifest: str) -> HeldGroup:
         meta = json.loads(storage.read_text(manifest))
-        group = cls(dialect, 0, 0, None, None)
+        group = cls(reader, 0, 0, None, None)
         group.xa = True
         group.dir = storage.join(storage.parent(manifest), meta["dir"]) if meta.get("dir") else None
         group.parts = [(n, int(b)) for n, b in meta["parts"]]
@@ -209,7 +222,7 @@ class HeldGroup:
         rolled-back ranges (every change when ``rollback``). ``at``: (file index, offset) of an
         XA COMMIT, which becomes their position, numbered in order."""
         check = rollback or bool(self.drops)
-        transactional = self.dialect._transactional
+        transactional = self.reader.transactional
         i = n = 0
         for events, nbytes in self._chunks():
             if check:

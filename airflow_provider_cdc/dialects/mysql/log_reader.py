@@ -1,7 +1,8 @@
 """The binlog: rows events read up to the current end, whole transactions only, a large one
 held in bounded parts (spilled to files) until its end; TRUNCATE and statements refused or
-staged. The rows of captured tables are decoded by the compiled rows walker where it covers
-the table (rows_walker.py: typed columns, no Python object per row), else by mysql-replication.
+staged; the dialect's ``log``. One read is a ``_BinlogRead`` (its state, one method per event type).
+Rows are decoded by the compiled rows walker where it covers the table (rows_walker.py), else by
+mysql-replication.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ...core.position import Position, binlog_file_index, binlog_major
 from ...core.schema import TableName, encode_key
 from ..base import LogBatch, SegmentSink
+from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .failover import GtidState
 from .held import HeldGroup, Scratch, Xid, savepoint_name
-from .offsets import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .prerequisites import SYSTEM_SCHEMAS
 from .rows_walker import EventBuffer, RowsRun, TableWalker, decoder_mode
+from .server import MyServer
 from .types import IDENTIFIER, TEXT_CODES, binlog_converter, query_text, text_or_b64, unquote
+from .xa import MyXa
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +133,349 @@ _STATEMENT_DML_RE = re.compile(r"^(?:/\*.*?\*/\s*)*(?:INSERT|UPDATE|DELETE|REPLA
                                re.IGNORECASE | re.DOTALL)
 
 
+class _BinlogRead:
+    """One :meth:`MyLogReader.read_log`: the read's state (the segment being filled, the open
+    group, whether it is held, the last whole group's position and GTID) and one method per binlog
+    event type, looked up in :attr:`handlers` by the event's class. A handler returns True when
+    the read stops at the group end it reached (``max_events``)."""
+
+    def __init__(self, reader: MyLogReader, start: BinlogOffset, end: BinlogOffset, gtids: GtidState | None, *,
+                 max_events: int | None, seg_max: int | None, on_segment: SegmentSink | None) -> None:
+        from pymysqlreplication.event import (
+            ExecuteLoadQueryEvent,
+            GtidEvent,
+            MariadbGtidEvent,
+            NotImplementedEvent,
+            QueryEvent,
+            XAPrepareEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            PartialUpdateRowsEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
+
+        self.d = reader
+        self.start, self.end = start, end
+        self.gtids = gtids  # MariaDB: the GTID position at ``committed``
+        self.max_events = max_events
+        self.seg_max = seg_max
+        self.on_segment = on_segment
+        self.wm = reader.watermark_table
+        self.inside_max = 2 * seg_max if seg_max is not None else None  # a cut inside a group
+        self.max_bytes = reader.segment_max_bytes
+        self.hold_max = self.inside_max or 2 * (reader.segment_max_events or 20_000)  # held events in memory
+        self.scratch = Scratch()
+        # the segment's events: LogEvents and runs of the compiled walker's rows (rows_walker.py)
+        self.out = EventBuffer()
+        self.seg_bytes = 0  # rows-event bytes of the events in ``out``
+        self.total = 0  # events of whole groups read (max_events)
+        self.group_count = 0  # events the open group put in ``out``
+        self.group_mark = 0  # where the open group's events start in ``out``
+        self.in_group = False
+        self.held: HeldGroup | None = None  # the open group is held (None: streamed into ``out``)
+        self.group_start: tuple[int, int] | None = None  # (file index, offset) of its GTID event
+        self.committed = start
+        self.current_file = start.file
+        self.skipped: set[str] = set()
+        self.in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
+        self.group_gtid = self.committed_gtid = None  # GTID of the last whole group (for the record)
+        self.thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
+        # the event being handled: where it ends and starts, and "file:offset" for messages
+        self.ev_end = start
+        self.ev_start = 0
+        self.where = ""
+        #: the handler of each event type (a subclass finds its closest class: _own_rows's subclasses,
+        #: MariadbGtidEvent before GtidEvent, PartialUpdateRowsEvent before UpdateRowsEvent)
+        self.handlers: dict[type, Callable[[Any], bool]] = {
+            WriteRowsEvent: self.on_rows,
+            UpdateRowsEvent: self.on_rows,
+            DeleteRowsEvent: self.on_rows,
+            PartialUpdateRowsEvent: self.on_partial_rows,
+            MariadbGtidEvent: self.on_mariadb_gtid,
+            GtidEvent: self.on_gtid,
+            XidEvent: self.on_xid,
+            XAPrepareEvent: self.on_xa_prepare,
+            QueryEvent: self.on_query,
+            ExecuteLoadQueryEvent: self.on_query,
+            NotImplementedEvent: self.on_not_implemented,
+        }
+        self._by_class: dict[type, Callable[[Any], bool]] = {}
+
+    def handler(self, cls: type) -> Callable[[Any], bool]:
+        h = self._by_class.get(cls)
+        if h is None:
+            h = next((self.handlers[c] for c in cls.__mro__ if c in self.handlers), self.on_other)
+            self._by_class[cls] = h
+        return h
+
+    def run(self, stream: Any) -> None:
+        from pymysqlreplication.event import FormatDescriptionEvent, RotateEvent
+
+        for ev in map(_own_rows, stream):
+            # the reader's packet and event point at each other: a cycle per event that only
+            # the cyclic GC frees, late in a process of many objects (memory would follow the
+            # transaction); cut it so each event is freed when the next one is read
+            ev.packet.event = None
+            if isinstance(ev, RotateEvent):
+                self.on_rotate(ev)
+                continue
+            if isinstance(ev, FormatDescriptionEvent):
+                continue
+            self.ev_end = self.start.at(self.current_file, ev.packet.log_pos)
+            if self.ev_end > self.end:
+                break  # written after this read began: the next capture takes it
+            self.ev_start = ev.packet.log_pos - ev.packet.event_size
+            self.where = f"{self.current_file}:{self.ev_start}"
+            if self.handler(type(ev))(ev) or self.ev_end == self.end:
+                break
+
+    def close(self) -> None:
+        if self.in_group:
+            self.close_open_group()  # the read ended inside a group: the next capture reads it whole
+        self.scratch.close()
+
+    def batch(self, offset: str) -> LogBatch:
+        out = self.out.take(self.wm.id)
+        if self.committed == self.start:
+            return LogBatch(out, offset, offset)
+        # MariaDB: the GTID position at the offset (per domain its last group), which a promoted
+        # replica must hold for capture to follow it; MySQL: the last group's GTID, for the record
+        gtid = str(self.gtids) if self.gtids is not None else self.committed_gtid
+        return LogBatch(out, replace(self.committed, gtid=gtid or None).to_json(), offset)
+
+    # --- the segment and the open group -----------------------------------------------------
+    def flush(self) -> None:
+        if self.out:
+            self.on_segment(self.out.take(self.wm.id))
+        self.seg_bytes, self.group_mark = 0, 0
+
+    def emit(self, events: list[LogEvent] | RowsRun, nbytes: int) -> None:
+        self.group_count += len(events)
+        if self.inside_max is None:
+            self.out.extend(events)
+            return
+        out, i = self.out, 0
+        while len(out) + len(events) - i > self.inside_max:
+            # the segment would pass twice its events inside a group: stage it full, go on
+            room = self.inside_max - len(out)
+            out.extend(events[i:i + room])
+            i += room
+            self.flush()
+        out.extend(events[i:] if i else events)
+        self.seg_bytes += nbytes
+        if self.seg_bytes >= self.max_bytes:
+            self.flush()
+
+    def add(self, events: list[LogEvent] | RowsRun, nbytes: int) -> None:
+        if self.held is None:
+            self.emit(events, nbytes)
+        else:
+            if isinstance(events, RowsRun):  # a held group keeps ChangeEvents (it may spill them to files)
+                events = events.events(self.wm.id)
+            self.held.add(events, nbytes)
+
+    def begin_group(self, hold: bool, xa: bool = False) -> None:
+        if self.in_group:
+            self.d._unclosed_group(self.where, self.group_count + (self.held.count if self.held else 0))
+            self.close_open_group()
+        self.in_group, self.group_count, self.group_mark = True, 0, len(self.out)
+        self.held = HeldGroup(self.d, self.hold_max, self.max_bytes, self.scratch, self.group_start) \
+            if hold or xa else None
+        if xa:
+            self.held.make_xa(self.d.xa.root())
+
+    def close_open_group(self) -> None:
+        """Forget a group that did not end (its events are not part of the returned batch)."""
+        if self.held is not None:
+            self.held.discard()
+        elif self.group_mark < len(self.out):
+            self.out.truncate(self.group_mark)
+        self.in_group, self.held = False, None
+
+    def end_group(self, how: str = "commit") -> bool:
+        """``how``: commit (its events stand), rollback (only non-transactional tables'
+        changes stand), prepared (an XA PREPARE: its events were persisted by the caller).
+        True when the read stops here (``max_events``)."""
+        if self.held is not None:
+            if how != "prepared":
+                for events, nbytes in self.held.drain(rollback=how == "rollback"):
+                    self.emit(events, nbytes)
+                self.held.discard()
+        self.total += self.group_count
+        self.in_group, self.held, self.in_txn, self.group_count = False, None, False, 0
+        self.committed, self.committed_gtid = self.ev_end, self.group_gtid
+        if self.gtids is not None and self.group_gtid:
+            self.gtids = self.gtids.after(self.group_gtid)
+        if self.seg_max is not None and (len(self.out) >= self.seg_max or self.seg_bytes >= self.max_bytes):
+            self.flush()  # ends at this group's end
+        return self.max_events is not None and self.total >= self.max_events
+
+    def start_of_group(self) -> None:
+        self.group_start = (self.d.binlog_major(self.current_file), self.ev_start)
+
+    # --- one method per event type ------------------------------------------------------------
+    def on_rotate(self, ev: Any) -> None:
+        self.current_file = ev.next_binlog
+        nxt = self.start.at(ev.next_binlog, ev.position)
+        if not self.in_group and self.committed < nxt <= self.end:
+            self.committed = nxt
+
+    def on_rows(self, ev: Any) -> bool:
+        origin = (self.group_gtid, None, None, ev.packet.server_id, self.thread, self.current_file)
+        events = self.d._row_events(ev, self.current_file, self.wm, self.skipped, origin)
+        if events:
+            self.add(events, ev.packet.event_size)
+        return False
+
+    def on_partial_rows(self, ev: Any) -> bool:
+        self.d.refuse(
+            f"a partial JSON rows event (binlog_row_value_options = PARTIAL_JSON) of table "
+            f"{TableName(ev.schema, ev.table)} at {self.where}: its rows lack the whole after image. Make "
+            "binlog_row_value_options empty and re-snapshot the table"
+        )
+        return False
+
+    def on_mariadb_gtid(self, ev: Any) -> bool:
+        # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
+        # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
+        # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
+        self.start_of_group()
+        standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
+        self.begin_group(hold=not (standalone or ev.flags & 4), xa=xa)
+        self.in_txn, self.group_gtid, self.thread = not standalone, ev.gtid, None
+        return False
+
+    def on_gtid(self, ev: Any) -> bool:
+        self.start_of_group()
+        self.begin_group(hold=True)  # MySQL: BEGIN follows unless DDL; whether it may roll back is unknown
+        self.in_txn, self.group_gtid, self.thread = False, ev.gtid, None
+        return False
+
+    def on_xid(self, ev: Any) -> bool:
+        return self.end_group()  # InnoDB commit
+
+    def on_xa_prepare(self, ev: Any) -> bool:
+        if ev.one_phase:  # MySQL's XA COMMIT ... ONE PHASE: the group commits here
+            return self.end_group()
+        xid = Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
+        if self.held is None or not self.held.xa:
+            self.d.refuse(f"XA PREPARE of {xid} at {self.where} ends a group this capture did not hold "
+                           "as an XA transaction; its changes would be lost")
+            self.held = None
+        else:
+            self.held.persist(self.d.xa.manifest(xid, self.held.start), xid, self.where)
+        return self.end_group("prepared")
+
+    def on_query(self, ev: Any) -> bool:
+        """A statement: the bounds of a transaction (BEGIN, COMMIT, ROLLBACK, savepoints, XA), a
+        change logged as a statement (refused), or DDL, a group of its own."""
+        from pymysqlreplication.event import ExecuteLoadQueryEvent
+
+        # ExecuteLoadQueryEvent (a LOAD DATA logged as a statement) keeps no readable text
+        raw = query_text(getattr(ev, "query", "LOAD DATA (statement-based)")).strip()
+        text = raw.upper()
+        held = self.held
+        if text == "BEGIN" or text.startswith("XA START"):
+            self.in_txn = True
+            self.thread = ev.slave_proxy_id  # the connection that ran the transaction
+            if text.startswith("XA START") and held is not None:
+                held.make_xa(self.d.xa.root())  # MySQL logs XA START; MariaDB flags the GTID
+        elif text in ("COMMIT", "ROLLBACK"):
+            # the end of a group with non-transactional changes; after ROLLBACK only
+            # those stand (the server logs the rolled-back ones too)
+            return self.end_group("rollback" if text == "ROLLBACK" else "commit")
+        elif text.startswith("SAVEPOINT"):
+            if held is not None:
+                held.savepoint(savepoint_name(raw))
+        elif text.startswith("ROLLBACK TO"):
+            if held is not None:
+                held.rollback_to(savepoint_name(raw))
+            elif self.group_count:
+                self.d.refuse(f"{raw!r} at {self.where} rolls back part of a group already staged as "
+                               "committed (a MariaDB group flagged transactional)")
+        elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
+            return self.xa_end(raw, commit=text.startswith("XA COMMIT"))
+        elif text.startswith("XA "):
+            pass  # XA END (MySQL, MariaDB): inside the XA group
+        elif _STATEMENT_DML_RE.match(raw) or isinstance(ev, ExecuteLoadQueryEvent):
+            if isinstance(ev, ExecuteLoadQueryEvent) or self.d._may_touch_captured(raw):
+                self.d.refuse(
+                    f"the statement {raw[:200]!r} at {self.where} was logged as a statement (the writer's "
+                    "session had binlog_format STATEMENT or MIXED): the rows it changed are not in the "
+                    "binlog. Make every writer use binlog_format=ROW and re-snapshot the tables it changed"
+                )
+            if not self.in_txn:
+                return self.end_group()
+        elif not self.in_txn:
+            # DDL and other standalone statements are groups of their own;
+            # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
+            self.d._binlog_converters.clear()  # DDL may change a table's columns
+            if text.startswith("TRUNCATE"):
+                origin = (self.group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, self.current_file)
+                self.add(self.d._truncate(ev, self.current_file, origin), 0)
+            return self.end_group()
+        return False
+
+    def xa_end(self, raw: str, *, commit: bool) -> bool:
+        """XA COMMIT or XA ROLLBACK: of the group just read (ONE PHASE), or of a transaction
+        prepared earlier, whose events were held under ``_xa/`` (held.py)."""
+        if self.held is not None and self.held.xa and self.held.count:
+            # XA COMMIT ... ONE PHASE written as a statement of its own group
+            return self.end_group("commit" if commit else "rollback")
+        xid = Xid.parse(raw)
+        if xid is None:
+            self.d.refuse(f"cannot read the transaction id of {raw!r} at {self.where}")
+        elif commit:
+            for events, nbytes in self.d.xa.commit(xid, self.current_file, self.ev_start, self.ev_end, self.where):
+                self.emit(events, nbytes)
+        else:
+            self.d.xa.forget(xid, self.current_file, self.ev_start, self.ev_end)
+        return self.end_group()
+
+    def on_not_implemented(self, ev: Any) -> bool:
+        """Event types the reader does not decode: MySQL's anonymous GTID (a group starts), or
+        one whose changes would be lost (refused)."""
+        kind = ev.packet.event_type
+        if kind == _ANONYMOUS_GTID:  # MySQL without GTIDs: a group starts here
+            self.start_of_group()
+            self.begin_group(hold=True)
+            self.in_txn, self.thread = False, None
+        elif kind in _UNREADABLE_EVENTS:
+            self.d.refuse(f"{_UNREADABLE_EVENTS[kind]} at {self.where} (event type {kind}): capture cannot "
+                           "read the changes it carries")
+        return False
+
+    def on_other(self, ev: Any) -> bool:
+        return False
+
+
 class MyLogReader:
-    """Read the binlog into the segment sink."""
+    """Read the binlog into the segment sink: the dialect's ``log``."""
+
+    def __init__(self, server: MyServer, *, source: str, watermark_table: TableName,
+                 tables: frozenset[TableName] | None, key_columns: dict[TableName, tuple[str, ...]],
+                 capture_server_id: int, on_truncate: str, on_unreadable: str, rows_decoder: Any,
+                 segment_max_events: int, segment_max_bytes: int, require_scope: Callable[[], None]) -> None:
+        self.server = server
+        self.source = source
+        self.watermark_table = watermark_table
+        self.tables = tables  # the capture scope (None: every table, on the all_tables opt-in)
+        self.key_columns = key_columns  # CDC_KEY_COLUMNS: the key of tables without a primary key
+        self.capture_server_id = capture_server_id  # the replication id the binlog stream reads with
+        self.on_truncate = on_truncate
+        self.on_unreadable = on_unreadable
+        self.rows_decoder = rows_decoder
+        self.segment_max_events = segment_max_events
+        self.segment_max_bytes = segment_max_bytes
+        self.require_scope = require_scope  # the dialect's capture-scope rule (dialects/base.py)
+        self.xa = MyXa(self)
+        self._binlog_converters: dict = {}  # per table map (table ids are per binlog session)
+        self._read_epoch = 0  # positions read carry the offset's epoch
+        self._engines: dict[str, bool] = {}  # table -> transactional
+        self._rows_mode = "python"
 
     def _capture_table(self, schema: str, table: str) -> bool:
         if self.tables:
@@ -187,7 +531,7 @@ class MyLogReader:
         )
 
         start = BinlogOffset.from_json(offset)
-        end = self.binlog_end(start.epoch)
+        end = self.server.binlog_end(start.epoch)
         if start > end:
             raise StateError(
                 f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
@@ -196,22 +540,22 @@ class MyLogReader:
             )
         if start == end:
             return LogBatch([], offset, offset)
-        self._check_not_purged(start)
+        self.check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
-        self.__dict__["_read_epoch"] = start.epoch  # positions read carry the offset's epoch
-        gtids = GtidState.parse(start.gtid) if self.flavour.is_mariadb else None  # at ``committed``
-        self.__dict__["_engines"] = {}  # table -> transactional, looked up when a held group rolls back
+        self._read_epoch = start.epoch  # positions read carry the offset's epoch
+        gtids = GtidState.parse(start.gtid) if self.server.flavour.is_mariadb else None  # at ``committed``
+        self._engines = {}  # table -> transactional, looked up when a held group rolls back
         # rows events of captured tables: the compiled walker (rows_walker.py) or mysql-replication's reader
-        self.__dict__["_rows_mode"] = decoder_mode(self.options.get("rows_decoder"))
+        self._rows_mode = decoder_mode(self.rows_decoder)
 
-        self.require_capture_scope()
+        self.require_scope()
         wm = self.watermark_table
         only_schemas = None
         if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
         stream = BinLogStreamReader(
-            connection_settings=self._stream_settings(),
-            server_id=self.server_id,
+            connection_settings=self.server.stream_settings(),
+            server_id=self.capture_server_id,
             blocking=False,
             resume_stream=True,
             log_file=start.file,
@@ -236,222 +580,11 @@ class MyLogReader:
             only_schemas=only_schemas,
             enable_logging=False,
         )
-        seg_max = segment_max_events if on_segment is not None and segment_max_events else None
-        inside_max = 2 * seg_max if seg_max is not None else None  # a cut inside a group
-        max_bytes = self.segment_max_bytes
-        hold_max = inside_max or 2 * (self.segment_max_events or 20_000)  # held events in memory
-        scratch = Scratch()
-        # the segment's events: LogEvents and runs of the compiled walker's rows (rows_walker.py)
-        out = EventBuffer()
-        seg_bytes = 0  # rows-event bytes of the events in ``out``
-        total = 0  # events of whole groups read (max_events)
-        group_count = 0  # events the open group put in ``out``
-        group_mark = 0  # where the open group's events start in ``out``
-        in_group = False
-        held: HeldGroup | None = None  # the open group is held (None: streamed into ``out``)
-        group_start: tuple[int, int] | None = None  # (file index, offset) of its GTID event
-        committed = start
-        current_file = start.file
-        skipped: set[str] = set()
-        in_txn = False  # inside BEGIN .. COMMIT/XID: no boundary until it ends
-        group_gtid = committed_gtid = None  # GTID of the last whole group (for the record)
-        thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
-
-        def flush() -> None:
-            nonlocal seg_bytes, group_mark
-            if out:
-                on_segment(out.take(wm.id))
-            seg_bytes, group_mark = 0, 0
-
-        def emit(events: list[LogEvent] | RowsRun, nbytes: int) -> None:
-            nonlocal seg_bytes, group_count
-            group_count += len(events)
-            if inside_max is None:
-                out.extend(events)
-                return
-            i = 0
-            while len(out) + len(events) - i > inside_max:
-                # the segment would pass twice its events inside a group: stage it full, go on
-                room = inside_max - len(out)
-                out.extend(events[i:i + room])
-                i += room
-                flush()
-            out.extend(events[i:] if i else events)
-            seg_bytes += nbytes
-            if seg_bytes >= max_bytes:
-                flush()
-
-        def add(events: list[LogEvent] | RowsRun, nbytes: int) -> None:
-            if held is None:
-                emit(events, nbytes)
-            else:
-                if isinstance(events, RowsRun):  # a held group keeps ChangeEvents (it may spill them to files)
-                    events = events.events(wm.id)
-                held.add(events, nbytes)
-
-        def begin_group(where: str, hold: bool, xa: bool = False) -> None:
-            nonlocal in_group, held, group_count, group_mark
-            if in_group:
-                self._unclosed_group(where, group_count + (held.count if held else 0))
-                close_open_group()
-            in_group, group_count, group_mark = True, 0, len(out)
-            held = HeldGroup(self, hold_max, max_bytes, scratch, group_start) if hold or xa else None
-            if xa:
-                held.make_xa(self._xa_root())
-
-        def close_open_group() -> None:
-            """Forget a group that did not end (its events are not part of the returned batch)."""
-            nonlocal in_group, held
-            if held is not None:
-                held.discard()
-            elif group_mark < len(out):
-                out.truncate(group_mark)
-            in_group, held = False, None
-
-        def end_group(ev_end: BinlogOffset, how: str = "commit") -> bool:
-            """``how``: commit (its events stand), rollback (only non-transactional tables'
-            changes stand), prepared (an XA PREPARE: its events were persisted by the caller)."""
-            nonlocal in_group, held, total, committed, committed_gtid, in_txn, group_count, gtids
-            if held is not None:
-                if how != "prepared":
-                    for events, nbytes in held.drain(rollback=how == "rollback"):
-                        emit(events, nbytes)
-                    held.discard()
-            total += group_count
-            in_group, held, in_txn, group_count = False, None, False, 0
-            committed, committed_gtid = ev_end, group_gtid
-            if gtids is not None and group_gtid:
-                gtids = gtids.after(group_gtid)
-            if seg_max is not None and (len(out) >= seg_max or seg_bytes >= max_bytes):
-                flush()  # ends at this group's end
-            return max_events is not None and total >= max_events
-
+        read = _BinlogRead(self, start, end, gtids, max_events=max_events,
+                           seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
+                           on_segment=on_segment)
         try:
-            for ev in map(_own_rows, stream):
-                # the reader's packet and event point at each other: a cycle per event that only
-                # the cyclic GC frees, late in a process of many objects (memory would follow the
-                # transaction); cut it so each event is freed when the next one is read
-                ev.packet.event = None
-                if isinstance(ev, RotateEvent):
-                    current_file = ev.next_binlog
-                    nxt = start.at(ev.next_binlog, ev.position)
-                    if not in_group and committed < nxt <= end:
-                        committed = nxt
-                    continue
-                if isinstance(ev, FormatDescriptionEvent):
-                    continue
-                ev_end = start.at(current_file, ev.packet.log_pos)
-                if ev_end > end:
-                    break  # written after this read began: the next capture takes it
-                ev_start = ev.packet.log_pos - ev.packet.event_size
-                where = f"{current_file}:{ev_start}"
-                stop = False
-                if isinstance(ev, WriteRowsEvent | UpdateRowsEvent | DeleteRowsEvent):
-                    if isinstance(ev, PartialUpdateRowsEvent):
-                        table = TableName(ev.schema, ev.table)
-                        self._refuse(
-                            f"a partial JSON rows event (binlog_row_value_options = PARTIAL_JSON) of table {table} "
-                            f"at {where}: its rows lack the whole after image. Make binlog_row_value_options empty "
-                            "and re-snapshot the table"
-                        )
-                        continue
-                    origin = (group_gtid, None, None, ev.packet.server_id, thread, current_file)
-                    events = self._row_events(ev, current_file, wm, skipped, origin)
-                    if events:
-                        add(events, ev.packet.event_size)
-                elif isinstance(ev, MariadbGtidEvent):
-                    # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
-                    # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
-                    # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
-                    group_start = (self._binlog_major(current_file), ev_start)
-                    standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
-                    begin_group(where, hold=not (standalone or ev.flags & 4), xa=xa)
-                    in_txn, group_gtid, thread = not standalone, ev.gtid, None
-                elif isinstance(ev, GtidEvent):
-                    group_start = (self._binlog_major(current_file), ev_start)
-                    begin_group(where, hold=True)  # MySQL: BEGIN follows unless DDL; whether it may roll back is unknown
-                    in_txn, group_gtid, thread = False, ev.gtid, None
-                elif isinstance(ev, XidEvent):
-                    stop = end_group(ev_end)  # InnoDB commit
-                elif isinstance(ev, XAPrepareEvent):
-                    if ev.one_phase:  # MySQL's XA COMMIT ... ONE PHASE: the group commits here
-                        stop = end_group(ev_end)
-                    else:
-                        xid = Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
-                        if held is None or not held.xa:
-                            self._refuse(f"XA PREPARE of {xid} at {where} ends a group this capture did not hold "
-                                         "as an XA transaction; its changes would be lost")
-                            held = None
-                        else:
-                            held.persist(self._xa_manifest(xid, held.start), xid, where)
-                        stop = end_group(ev_end, "prepared")
-                elif isinstance(ev, QueryEvent | ExecuteLoadQueryEvent):
-                    # ExecuteLoadQueryEvent (a LOAD DATA logged as a statement) keeps no readable text
-                    raw = query_text(getattr(ev, "query", "LOAD DATA (statement-based)")).strip()
-                    text = raw.upper()
-                    if text == "BEGIN" or text.startswith("XA START"):
-                        in_txn = True
-                        thread = ev.slave_proxy_id  # the connection that ran the transaction
-                        if text.startswith("XA START") and held is not None:
-                            held.make_xa(self._xa_root())  # MySQL logs XA START; MariaDB flags the GTID
-                    elif text in ("COMMIT", "ROLLBACK"):
-                        # the end of a group with non-transactional changes; after ROLLBACK only
-                        # those stand (the server logs the rolled-back ones too)
-                        stop = end_group(ev_end, "rollback" if text == "ROLLBACK" else "commit")
-                    elif text.startswith("SAVEPOINT"):
-                        if held is not None:
-                            held.savepoint(savepoint_name(raw))
-                    elif text.startswith("ROLLBACK TO"):
-                        if held is not None:
-                            held.rollback_to(savepoint_name(raw))
-                        elif group_count:
-                            self._refuse(f"{raw!r} at {where} rolls back part of a group already staged as "
-                                         "committed (a MariaDB group flagged transactional)")
-                    elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
-                        commit = text.startswith("XA COMMIT")
-                        if held is not None and held.xa and held.count:
-                            # XA COMMIT ... ONE PHASE written as a statement of its own group
-                            stop = end_group(ev_end, "commit" if commit else "rollback")
-                        else:
-                            xid = Xid.parse(raw)
-                            if xid is None:
-                                self._refuse(f"cannot read the transaction id of {raw!r} at {where}")
-                            elif commit:
-                                for events, nbytes in self._xa_commit(xid, current_file, ev_start, ev_end, where):
-                                    emit(events, nbytes)
-                            else:
-                                self._xa_forget(xid, current_file, ev_start, ev_end)
-                            stop = end_group(ev_end)
-                    elif text.startswith("XA "):
-                        pass  # XA END (MySQL, MariaDB): inside the XA group
-                    elif _STATEMENT_DML_RE.match(raw) or isinstance(ev, ExecuteLoadQueryEvent):
-                        if isinstance(ev, ExecuteLoadQueryEvent) or self._may_touch_captured(raw):
-                            self._refuse(
-                                f"the statement {raw[:200]!r} at {where} was logged as a statement (the writer's "
-                                "session had binlog_format STATEMENT or MIXED): the rows it changed are not in the "
-                                "binlog. Make every writer use binlog_format=ROW and re-snapshot the tables it changed"
-                            )
-                        if not in_txn:
-                            stop = end_group(ev_end)
-                    elif not in_txn:
-                        # DDL and other standalone statements are groups of their own;
-                        # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
-                        self._binlog_converters.clear()  # DDL may change a table's columns
-                        if text.startswith("TRUNCATE"):
-                            origin = (group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, current_file)
-                            add(self._truncate(ev, current_file, origin), 0)
-                        stop = end_group(ev_end)
-                elif isinstance(ev, NotImplementedEvent):
-                    kind = ev.packet.event_type
-                    if kind == _ANONYMOUS_GTID:  # MySQL without GTIDs: a group starts here
-                        group_start = (self._binlog_major(current_file), ev_start)
-                        begin_group(where, hold=True)
-                        in_txn, thread = False, None
-                    elif kind in _UNREADABLE_EVENTS:
-                        self._refuse(f"{_UNREADABLE_EVENTS[kind]} at {where} (event type {kind}): capture cannot "
-                                     "read the changes it carries")
-                if stop or ev_end == end:
-                    break
+            read.run(stream)
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceError(
@@ -461,37 +594,26 @@ class MyLogReader:
             raise
         finally:
             stream.close()
-            if in_group:
-                close_open_group()  # the read ended inside a group: the next capture reads it whole
-            scratch.close()
-        if committed == start:
-            return LogBatch(out.take(wm.id), offset, offset)
-        # MariaDB: the GTID position at the offset (per domain its last group), which a promoted
-        # replica must hold for capture to follow it; MySQL: the last group's GTID, for the record
-        gtid = str(gtids) if gtids is not None else committed_gtid
-        return LogBatch(out.take(wm.id), replace(committed, gtid=gtid or None).to_json(), offset)
+            read.close()
+        return read.batch(offset)
 
     # --- held groups and XA -------------------------------------------------------------
-    def _stream_settings(self) -> dict[str, Any]:
-        from pymysql.constants import CLIENT
+    def check_not_purged(self, start: BinlogOffset) -> None:
+        files = [r[0] for r in self.server.query("SHOW BINARY LOGS")]
+        if start.file not in files:
+            oldest = files[0] if files else "none"
+            raise SourceError(
+                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos {start.pos}) is no "
+                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. Re-snapshot the "
+                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog staging dir)."
+            )
 
-        p = self.params
-        settings = {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
-                    "charset": "utf8mb4", **self._driver_settings()}
-        # Without TLS settings pymysql tries TLS if the server offers it, and builds a default SSL
-        # context for that on every connection (~20 ms: the system's CA store), offered or not. When
-        # this dialect's own connection found no TLS on the server, the stream's two connections
-        # would fall back to plain text anyway: skip building it (a fixed cost of every capture).
-        if not any(k.startswith("ssl") for k in settings) and not self.conn.server_capabilities & CLIENT.SSL:
-            settings["ssl_disabled"] = True
-        return settings
-
-    def _binlog_major(self, file: str) -> int:
+    def binlog_major(self, file: str) -> int:
         """The major of positions in binlog ``file`` of the server read now (its epoch above the
         file index, core/position.py)."""
-        return binlog_major(binlog_file_index(file), self.__dict__.get("_read_epoch", 0))
+        return binlog_major(binlog_file_index(file), self._read_epoch)
 
-    def _refuse(self, what: str) -> None:
+    def refuse(self, what: str) -> None:
         """A binlog event whose changes capture cannot read: stop (on_unreadable="fail", the
         default) or, once the tables it changed are re-snapshotted, warn and pass it ("skip")."""
         msg = f"source {self.source!r}: {what}"
@@ -506,7 +628,7 @@ class MyLogReader:
     def _unclosed_group(self, where: str, events: int) -> None:
         """A new group began while one was open: nothing the reader knows ends groups that way."""
         if events:
-            self._refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
+            self.refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
                          f"or XA PREPARE) before the group at {where}")
 
     def _may_touch_captured(self, sql: str) -> bool:
@@ -517,15 +639,15 @@ class MyLogReader:
         low = sql.lower()
         return any(t.name.lower() in low for t in self.tables)
 
-    def _transactional(self, event: LogEvent) -> bool:
+    def transactional(self, event: LogEvent) -> bool:
         """Whether the event's table rolls back with its transaction (its engine's
         TRANSACTIONS in information_schema), looked up once per table and run."""
         table = event.table if isinstance(event, ChangeEvent) else self.watermark_table.id
-        cache = self.__dict__.setdefault("_engines", {})
+        cache = self._engines
         hit = cache.get(table)
         if hit is None:
             name = TableName.parse(table)
-            rows = self._query(
+            rows = self.server.query(
                 "SELECT e.TRANSACTIONS FROM information_schema.TABLES t JOIN information_schema.ENGINES e "
                 "ON e.ENGINE = t.ENGINE WHERE t.TABLE_SCHEMA = %s AND t.TABLE_NAME = %s",
                 (name.schema, name.name),
@@ -539,13 +661,6 @@ class MyLogReader:
                 )
             hit = cache[table] = str(rows[0][0]).upper() == "YES"
         return hit
-
-    @property
-    def _binlog_converters(self) -> dict:
-        d = self.__dict__.get("_binlog_conv")
-        if d is None:
-            d = self.__dict__["_binlog_conv"] = {}
-        return d
 
     def _table_converters(self, ev: Any) -> tuple[dict[str, Callable[[Any], Any]], tuple[str, ...]] | None:
         table = ev.table_map[ev.table_id]
@@ -592,13 +707,13 @@ class MyLogReader:
             )
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
-        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self._binlog_major(file), start_pos, 0), None, None,
+        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self.binlog_major(file), start_pos, 0), None, None,
                             int(ev.timestamp) * 1000, origin=origin)]
 
     def _rows_walker(self, ev: Any, pk: tuple[str, ...]) -> TableWalker | None:
         """The compiled walker of the rows event's table map (None: the pure-Python reader
         decodes it), built once per table map and read, and cleared with the converters."""
-        if self.__dict__.get("_rows_mode", "python") != "compiled":
+        if self._rows_mode != "compiled":
             return None
         key = ("walker", ev.table_id, ev.schema, ev.table)
         cache = self._binlog_converters
@@ -617,7 +732,7 @@ class MyLogReader:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
-        file_index = self._binlog_major(file)
+        file_index = self.binlog_major(file)
         ts_ms = int(ev.timestamp) * 1000
         if ev.schema == wm.schema and ev.table == wm.name:
             if not isinstance(ev, UpdateRowsEvent):

@@ -1,5 +1,5 @@
-"""What a MySQL or MariaDB source must have: the server flavour, binlog settings and the
-role's grants.
+"""What a MySQL or MariaDB source must have: binlog settings (per flavour, server.py), the role's
+grants, readable tables, a primary that logs what a replica applies; the dialect's ``prerequisites``.
 """
 
 from __future__ import annotations
@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pymysql
@@ -15,69 +14,14 @@ import pymysql.cursors
 
 from ...core.errors import SourceError
 from ...core.schema import TableName
+from ..watermark_strategy import WatermarkStrategy
+from .server import Flavour, MyServer, ReplicaStatusDenied
 
 log = logging.getLogger(__name__)
 
 SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 #: table / database / column access denied, command denied: a missing grant
 _ER_ACCESS_DENIED = frozenset({1142, 1044, 1143, 1227, 1045})
-
-
-# --------------------------------------------------------------------------- flavours
-
-
-@dataclass(frozen=True)
-class Flavour:
-    """Everything that differs between MariaDB and MySQL, in one place."""
-
-    name: str
-    is_mariadb: bool
-    #: statement giving the current binlog file and position (MySQL 8.4 removed SHOW MASTER STATUS)
-    status_sql: str
-    #: GTID state after the last write, for the record in offsets (not used to resume)
-    gtid_sql: str
-    #: e.g. MariaDB ``0-1-42`` (domain-server-sequence), MySQL ``3E11FA47-...:1-42``
-    gtid_format: str
-    #: groups of privileges; each group needs one of its names (aliases across versions)
-    privileges: tuple[tuple[str, ...], ...]
-    grant_hint: str
-    #: server-specific settings that must have a value when the server has them:
-    #: compressed binlog events are not decoded by mysql-replication
-    optional_settings: tuple[tuple[str, str, str], ...] = ()
-
-
-MARIADB = Flavour(
-    name="mariadb",
-    is_mariadb=True,
-    status_sql="SHOW MASTER STATUS",
-    gtid_sql="SELECT @@global.gtid_binlog_pos",
-    gtid_format="domain-server-sequence",
-    privileges=(("REPLICATION SLAVE",), ("BINLOG MONITOR", "REPLICATION CLIENT", "SUPER")),
-    grant_hint="GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO <user>",
-    optional_settings=(("log_bin_compress", "OFF", "SET GLOBAL log_bin_compress = OFF"),),
-)
-MYSQL_80 = Flavour(
-    name="mysql",
-    is_mariadb=False,
-    status_sql="SHOW MASTER STATUS",
-    gtid_sql="SELECT @@global.gtid_executed",
-    gtid_format="source_uuid:interval",
-    privileges=(("REPLICATION SLAVE",), ("REPLICATION CLIENT", "SUPER")),
-    grant_hint="GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO <user>",
-    optional_settings=(
-        ("binlog_transaction_compression", "OFF", "SET GLOBAL binlog_transaction_compression = OFF"),
-    ),
-)
-MYSQL_84 = Flavour(**{**MYSQL_80.__dict__, "status_sql": "SHOW BINARY LOG STATUS"})
-
-
-def flavour_for(version: str) -> Flavour:
-    """``SELECT VERSION()`` -> flavour. MySQL gained SHOW BINARY LOG STATUS in 8.2."""
-    if "mariadb" in version.lower():
-        return MARIADB
-    m = re.match(r"(\d+)\.(\d+)", version)
-    major, minor = (int(m.group(1)), int(m.group(2))) if m else (8, 0)
-    return MYSQL_84 if (major, minor) >= (8, 2) else MYSQL_80
 
 
 # --------------------------------------------------------------------------- prerequisites
@@ -138,29 +82,32 @@ def prerequisite_problems(
     return problems
 
 
-class ReplicaStatusDenied(Exception):
-    """The role may not run SHOW SLAVE STATUS (it needs SLAVE MONITOR; MySQL REPLICATION CLIENT)."""
-
-
 class MyPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
+    def __init__(self, server: MyServer, *, tables: frozenset[TableName] | None, watermark_table: TableName,
+                 strategy: WatermarkStrategy) -> None:
+        self.server = server
+        self.tables = tables  # the capture scope
+        self.watermark_table = watermark_table
+        self.strategy = strategy  # the watermark strategy: what it needs of the grants
+
     # --- prerequisites and metadata ---------------------------------------------------
-    def check_prerequisites(self) -> None:
-        names = [*REQUIRED_SETTINGS, *(v for v, _, _ in self.flavour.optional_settings)]
+    def check(self) -> None:
+        names = [*REQUIRED_SETTINGS, *(v for v, _, _ in self.server.flavour.optional_settings)]
         # SHOW (not information_schema.GLOBAL_VARIABLES, which MySQL 8 removed) works on both
-        rows = self._query(
+        rows = self.server.query(
             "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
         )
         settings: dict[str, str | None] = {n: None for n in names}
         settings.update({name.lower(): value for name, value in rows})
-        grants = [r[0] for r in self._query("SHOW GRANTS FOR CURRENT_USER()")]
-        problems = prerequisite_problems(settings, grants, self.flavour) + self.privilege_problems(grants)
+        grants = [r[0] for r in self.server.query("SHOW GRANTS FOR CURRENT_USER()")]
+        problems = prerequisite_problems(settings, grants, self.server.flavour) + self.privilege_problems(grants)
         problems += self.replica_problems()
         if problems:
-            where = f"{self.params.host}:{self.params.port or 3306}"
+            where = f"{self.server.params.host}:{self.server.params.port or 3306}"
             raise SourceError(
-                f"{self.flavour.name} server {where} (source {self.source!r}) cannot serve CDC:\n- "
+                f"{self.server.flavour.name} server {where} (source {self.server.source!r}) cannot serve CDC:\n- "
                 + "\n- ".join(problems)
             )
 
@@ -170,10 +117,10 @@ class MyPrerequisites:
         without it capture there would see none of the primary's changes. Whether the server is
         a replica is ``SHOW SLAVE STATUS``'s (``SLAVE MONITOR``; MySQL ``REPLICATION CLIENT``); a
         role that may not ask is warned once, not refused."""
-        rows = self._query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_slave_updates', 'log_replica_updates')")
+        rows = self.server.query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_slave_updates', 'log_replica_updates')")
         if any(str(v).upper() in ("ON", "1") for _, v in rows):
             return []
-        if self.flavour.name == "mariadb" and not self._query("SELECT @@global.gtid_slave_pos")[0][0]:
+        if self.server.flavour.name == "mariadb" and not self.server.query("SELECT @@global.gtid_slave_pos")[0][0]:
             return []  # it never applied a primary's transaction (readable without SLAVE MONITOR)
         of = self.replica_of()
         if of is None:
@@ -187,34 +134,22 @@ class MyPrerequisites:
         """``host:port`` of the primary this server replicates from; None when it does not (or
         the role may not ask: see :meth:`replica_problems`)."""
         try:
-            row = self.slave_status()
+            row = self.server.slave_status()
         except ReplicaStatusDenied as exc:
             log.warning("source %r: cannot tell whether the server is a replica (SHOW SLAVE STATUS: %s); if it is, "
                         "it must run with log_slave_updates=ON. GRANT SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
-                        "to have this checked", self.source, exc)
+                        "to have this checked", self.server.source, exc)
             return None
         return None if row is None else f"{row.get('Master_Host')}:{row.get('Master_Port')}"
 
-    def slave_status(self) -> dict | None:
-        """``SHOW SLAVE STATUS``'s row; None when the server is not a replica. Raises
-        :class:`ReplicaStatusDenied` when the role may not ask."""
-        try:
-            with self._lock, self.conn.cursor(pymysql.cursors.DictCursor) as cur:
-                cur.execute("SHOW SLAVE STATUS")
-                return cur.fetchone()
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] in (1227, 1045):
-                raise ReplicaStatusDenied(str(exc)) from exc
-            raise
-
     def check_readable(self, table: TableName) -> None:
         try:
-            self._query(f"SELECT 1 FROM {self.quote_table(table)} WHERE 1 = 0")  # noqa: S608
+            self.server.query(f"SELECT 1 FROM {self.server.quote_table(table)} WHERE 1 = 0")  # noqa: S608
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
                 raise SourceError(
-                    f"user {self.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
-                    f"{self.quote_table(table)} TO {self.params.user!r}"
+                    f"user {self.server.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
+                    f"{self.server.quote_table(table)} TO {self.server.params.user!r}"
                 ) from None
             if exc.args and exc.args[0] in (1049, 1146):  # unknown database / table: describe_table names it
                 return
@@ -229,29 +164,29 @@ class MyPrerequisites:
                 self.check_readable(table)
             except SourceError as exc:
                 problems.append(str(exc))
-        return problems + self.watermarks.problems(grants)
+        return problems + self.strategy.problems(grants)
 
     def log_watermark_problems(self, *context: Any) -> list[str]:
         """Watermark strategy "log": no watermark table, a MariaDB snapshot position."""
-        if self.flavour.name != "mariadb":
+        if self.server.flavour.name != "mariadb":
             return [f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
-                    f"this server is {self.flavour.name}: use watermark_strategy 'table'"]
+                    f"this server is {self.server.flavour.name}: use watermark_strategy 'table'"]
         return []
 
     def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
         """Watermark strategy "table": the watermark table's grants, or the grant to create it."""
         problems: list[str] = []
-        wm, user = self.watermark_table, self.params.user
+        wm, user = self.watermark_table, self.server.params.user
         try:
-            self._query(f"SELECT `value` FROM {self.quote_table(wm)} WHERE 1 = 0")  # noqa: S608
+            self.server.query(f"SELECT `value` FROM {self.server.quote_table(wm)} WHERE 1 = 0")  # noqa: S608
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
-                problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {user!r} (the watermark table)")
+                problems.append(f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {user!r} (the watermark table)")
             elif exc.args and exc.args[0] in (1049, 1146) and not held_privileges(grants, ("*.*", f"{wm.schema}.*")) & {
                     "CREATE", "ALL", "ALL PRIVILEGES"}:
                 problems.append(
                     f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
-                    f"{self.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (the docs' "
+                    f"{self.server.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (the docs' "
                     "connections page, 'Grants', set-up 2)"
                 )
         return problems

@@ -1,4 +1,5 @@
-"""The PostgreSQL catalog: a table's columns, types, primary key and replica identity.
+"""The PostgreSQL catalog: a table's columns, types, key and replica identity, read from pg_catalog
+(types and keys cached per dialect); the dialect's ``catalog``.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 
 from ...core.errors import SourceError, TableNotFoundError
 from ...core.schema import Column, TableName, TableSchema
+from .server import PgServer
 from .types import REPLICA_IDENTITY, SUPPORTED_TYPES, PgType, UnsupportedType, logical_type
 
 
@@ -22,23 +24,28 @@ class UniqueIndex:
 
 
 class PgCatalog:
-    """Describe tables from pg_catalog (types cached per connection)."""
+    """Describe tables from pg_catalog (types cached per dialect)."""
 
-    # --- metadata ---------------------------------------------------------------------
-    def _type(self, oid: int) -> PgType:
+    def __init__(self, server: PgServer, key_columns: dict[TableName, tuple[str, ...]]) -> None:
+        self.server = server
+        self.key_columns = key_columns  # CDC_KEY_COLUMNS, by table
+        self._types: dict[int, PgType] = {}
+        self._key_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> table_key
+
+    def pg_type(self, oid: int) -> PgType:
         t = self._types.get(oid)
         if t is None:
-            self._load_types([oid])
+            self.load_types([oid])
             t = self._types.get(oid)
             if t is None:
                 raise UnsupportedType(f"oid {oid}")
         return t
 
-    def _load_types(self, oids: Sequence[int]) -> None:
+    def load_types(self, oids: Sequence[int]) -> None:
         """Cache pg_type rows for ``oids`` and everything they refer to (elements, base types)."""
         todo = [o for o in set(oids) if o not in self._types]
         while todo:
-            rows = self._query(
+            rows = self.server.query(
                 "SELECT t.oid, t.typname, n.nspname, t.typtype, t.typelem, t.typbasetype, t.typtypmod, t.typcategory "
                 "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%s::oid[])",
                 (list(todo),),
@@ -47,8 +54,8 @@ class PgCatalog:
                 self._types[r[0]] = PgType(*r)
             todo = [o for r in rows for o in (r[4], r[5]) if o and o not in self._types]
 
-    def _relation(self, table: TableName) -> tuple[int, str] | None:
-        rows = self._query(
+    def relation(self, table: TableName) -> tuple[int, str] | None:
+        rows = self.server.query(
             "SELECT c.oid, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
             (table.schema, table.name),
@@ -58,7 +65,7 @@ class PgCatalog:
     def _unique_indexes(self, relid: int) -> list[UniqueIndex]:
         """The table's unique indexes a key can be read from (valid, no predicate, no
         expressions), primary key first, then the replica identity's index."""
-        rows = self._query(
+        rows = self.server.query(
             "SELECT ic.relname, i.indisprimary, i.indisreplident, "
             "ARRAY(SELECT a.attname::text FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord) "
             "      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
@@ -74,7 +81,7 @@ class PgCatalog:
         return [UniqueIndex(name, primary, identity, tuple(cols), tuple(nullable))
                 for name, primary, identity, cols, nullable in rows]
 
-    def _table_key(self, table: TableName, relid: int, ident: str) -> tuple[tuple[str, ...] | None, str]:
+    def table_key(self, table: TableName, relid: int, ident: str) -> tuple[tuple[str, ...] | None, str]:
         """The columns that key ``table``'s rows in chunks, windows and the mirror, or None and
         why not, with the statements that would make it capturable. Only a key the log carries
         for every UPDATE and DELETE will do: the primary key under REPLICA IDENTITY DEFAULT, the
@@ -87,13 +94,13 @@ class PgCatalog:
         idx = self._unique_indexes(relid)
         pk = next((x for x in idx if x.primary), None)
         want = self.key_columns.get(table)
-        qt = self.quote_table(table)
+        qt = self.server.quote_table(table)
         usable = [x for x in idx if not x.nullable]
         example = json.dumps({table.id: list(usable[0].columns)}, ensure_ascii=False) if usable else ""
         full = (f"ALTER TABLE {qt} REPLICA IDENTITY FULL and name its key in CDC_KEY_COLUMNS "
                 f"(e.g. {example})" if usable else
                 f"ALTER TABLE {qt} ADD PRIMARY KEY (...) on columns that identify a row")
-        fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY USING INDEX {self.quote_ident(usable[0].name)}"]
+        fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY USING INDEX {self.server.quote_ident(usable[0].name)}"]
                  if usable else []) + [full]
         key: tuple[str, ...] | None = None
         if ident == "n":
@@ -118,11 +125,11 @@ class PgCatalog:
             if not match:
                 key, why = None, (f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (without a "
                                   "predicate or expressions), so they need not identify a row")
-                fixes = [f"CREATE UNIQUE INDEX ON {qt} ({', '.join(map(self.quote_ident, want))})"]
+                fixes = [f"CREATE UNIQUE INDEX ON {qt} ({', '.join(map(self.server.quote_ident, want))})"]
             elif match[0].nullable:
                 key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {list(match[0].nullable)!r} "
                                   "allow NULL, which a unique index does not make unique")
-                fixes = [f"ALTER TABLE {qt} ALTER COLUMN {self.quote_ident(c)} SET NOT NULL" for c in match[0].nullable]
+                fixes = [f"ALTER TABLE {qt} ALTER COLUMN {self.server.quote_ident(c)} SET NOT NULL" for c in match[0].nullable]
         elif key and want and sorted(want) != sorted(key):
             kind = {"d": "its primary key", "i": "its REPLICA IDENTITY index"}[ident]
             key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but its UPDATEs and DELETEs carry {kind} only, "
@@ -139,17 +146,17 @@ class PgCatalog:
         the checks that name them."""
         problems = []
         for t in tables:
-            rel = self._relation(t)
+            rel = self.relation(t)
             if rel is not None:
-                key, why = self._table_key(t, *rel)
+                key, why = self.table_key(t, *rel)
                 if key is None:
                     problems.append(f"table {t} {why}")
         return problems
 
     def describe_table(self, table: TableName) -> TableSchema:
-        rel = self._relation(table)
+        rel = self.relation(table)
         if rel is None:
-            kind = self._query(
+            kind = self.server.query(
                 "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = %s AND c.relname = %s",
                 (table.schema, table.name),
@@ -163,22 +170,22 @@ class PgCatalog:
                     "give the underlying table"
                 )
             raise TableNotFoundError(
-                f"table {table} not found in PostgreSQL database {self.params.database!r} "
+                f"table {table} not found in PostgreSQL database {self.server.params.database!r} "
                 f"(schema {table.schema!r}, table {table.name!r}; names are case-sensitive): check the name "
                 "and that the user can see it"
             )
         relid, ident = rel
-        cols = self._query(
+        cols = self.server.query(
             "SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull, format_type(a.atttypid, a.atttypmod) "
             "FROM pg_attribute a WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped "
             "AND a.attgenerated = '' ORDER BY a.attnum",
             (relid,),
         )
-        self._load_types([c[1] for c in cols])
+        self.load_types([c[1] for c in cols])
         columns = []
         for name, oid, typmod, notnull, display in cols:
             try:
-                lt = logical_type(oid, typmod, self._type)
+                lt = logical_type(oid, typmod, self.pg_type)
             except UnsupportedType as exc:
                 raise SourceError(
                     f"table {table}: column {name!r} has type {display} ({exc.type_name}), which CDC does not "
@@ -187,7 +194,7 @@ class PgCatalog:
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
         enums = self._enum_labels({c[0]: c[1] for c in cols})
-        pk, why = self._table_key(table, relid, ident)
+        pk, why = self.table_key(table, relid, ident)
         if not pk:
             raise SourceError(
                 f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by key, so "
@@ -203,19 +210,19 @@ class PgCatalog:
         one, or an array of either (Debezium's ``allowed``)."""
         enum_of: dict[str, int] = {}
         for name, oid in oids.items():
-            t = self._type(oid)
+            t = self.pg_type(oid)
             for _ in range(8):  # domains over domains, arrays of domains: a few steps at most
                 if t.typtype == "d":
-                    t = self._type(t.basetype)
+                    t = self.pg_type(t.basetype)
                 elif t.category == "A" and t.elem:
-                    t = self._type(t.elem)
+                    t = self.pg_type(t.elem)
                 else:
                     break
             if t.typtype == "e":
                 enum_of[name] = t.oid
         if not enum_of:
             return {}
-        rows = self._query("SELECT enumtypid, enumlabel FROM pg_enum WHERE enumtypid = ANY(%s::oid[]) "
+        rows = self.server.query("SELECT enumtypid, enumlabel FROM pg_enum WHERE enumtypid = ANY(%s::oid[]) "
                            "ORDER BY enumtypid, enumsortorder", (sorted(set(enum_of.values())),))
         labels: dict[int, list[str]] = {}
         for oid, label in rows:

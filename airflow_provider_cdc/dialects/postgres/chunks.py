@@ -1,4 +1,5 @@
-"""Chunk reads: a keyset SELECT streamed through COPY into Parquet, key bounds and samples.
+"""Chunk reads (DBLog step 2): a keyset SELECT streamed through COPY into Parquet, rows decoded
+to canonical values, key bounds and samples, and the hot standby rules; the dialect's ``chunks``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from ...core.position import (
     next_record_start,
     standby_mark,
 )
-from ...core.ranges import ChunkRange
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
 from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot
+from ..watermark_strategy import WatermarkStrategy
+from .catalog import PgCatalog
+from .offsets import PgOffsets
+from .server import PgServer
 from .types import decoder, identity, pg_message, to_db
 
 DEFAULT_COPY_BATCH_ROWS = 2_000
@@ -35,11 +39,24 @@ WAIT_ADVICE = {
 class PgChunkReader:
     """Read chunks and keys (on a connection of their own, REPEATABLE READ per chunk)."""
 
-    #: tests only: called in a chunk's transaction between taking its snapshot and reading the
-    #: position after it (an interleaving no real part produces on demand)
-    read_snapshot_hook: Callable[[], None] | None = None
+    def __init__(self, server: PgServer, catalog: PgCatalog, offsets: PgOffsets, strategy: WatermarkStrategy, *,
+                 max_replica_lag_seconds: float, copy_batch_rows: int, batch_max_bytes: int) -> None:
+        self.server = server
+        self.catalog = catalog
+        self.offsets = offsets
+        self.strategy = strategy  # the watermark strategy: the mark a chunk read records
+        self.max_replica_lag_seconds = max_replica_lag_seconds
+        self.copy_batch_rows = copy_batch_rows
+        self.batch_max_bytes = batch_max_bytes
+        #: tests only: called in a chunk's transaction between taking its snapshot and reading the
+        #: position after it (an interleaving no real part produces on demand)
+        self.read_snapshot_hook: Callable[[], None] | None = None
+        self._read_floor: Position | None = None  # chunks from a standby: no older than this
+        self._read_floor_why = READ_FLOOR_SNAPSHOT
+        self._decoders_cache: dict = {}
+        self._last_schema: TableSchema | None = None
+        self._last_decoders: tuple = ()
 
-    # --- chunks -----------------------------------------------------------------------
     def stream_query(
         self, sql: str, params: Sequence[Any], batch_size: int = 10_000, snapshot: list | None = None
     ) -> Iterator[list[tuple]]:
@@ -49,10 +66,10 @@ class PgChunkReader:
         snapshot the query reads is recorded there first (:meth:`_read_snapshot`)."""
         import psycopg2
 
-        conn = self._read_conn()
+        conn = self.server.read_conn()
         done = False
         try:
-            replayed = self._replayed_before_snapshot(conn)  # (a standby: not older than the floor)
+            replayed = self.replayed_before_snapshot(conn)  # (a standby: not older than the floor)
             if snapshot is not None:
                 with conn.cursor() as cur:
                     snapshot.append(self._read_snapshot(cur, replayed))
@@ -79,34 +96,16 @@ class PgChunkReader:
             except psycopg2.Error:
                 conn.close()
 
-    def read_chunk(
-        self,
-        schema: TableSchema,
-        rng: ChunkRange,
-        *,
-        after_key: Sequence | None,
-        limit: int,
-        path: str,
-        where: str | None = None,
-        upper_bound: Sequence | None = None,
-    ) -> ChunkReadResult:
+    def read_chunk(self, schema: TableSchema, sql: str, params: Sequence[Any], path: str) -> ChunkReadResult:
         """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
         column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
-        several times faster). Option ``fast_chunks=False`` uses the generic path. The
-        COPY runs in a transaction of its own begun after the low watermark committed, whose
-        snapshot is recorded first (:meth:`_read_snapshot`)."""
-        if not self.fast_chunks:
-            return super().read_chunk(
-                schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
-            )
+        several times faster). The COPY runs in a transaction of its own begun after the low
+        watermark committed, whose snapshot is recorded first (:meth:`_read_snapshot`)."""
         import psycopg2
 
         from ...storage.staged import ChunkWriter
         from .pgcopy import ChunkAssembler, read_csv_batch
 
-        sql, params = self.chunk_query(
-            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
-        )
         asm = ChunkAssembler(
             schema.column_names,
             [c.type for c in schema.columns],
@@ -139,9 +138,9 @@ class PgChunkReader:
                         flush()
                     return len(data)
 
-            conn = self._read_conn()
+            conn = self.server.read_conn()
             try:
-                replayed = self._replayed_before_snapshot(conn)
+                replayed = self.replayed_before_snapshot(conn)
                 with conn.cursor() as cur:
                     seen = self._read_snapshot(cur, replayed)
                     copy_sql = (
@@ -150,12 +149,12 @@ class PgChunkReader:
                     cur.copy_expert(copy_sql, _Sink())
                 conn.commit()
             except psycopg2.Error as exc:
-                self._reset_read_conn()
+                self.server.reset_read_conn()
                 raise SourceError(
                     f"PostgreSQL rejected the chunk query: {pg_message(exc)}\nSQL: {sql}"
                 ) from exc
             except BaseException:
-                self._reset_read_conn()
+                self.server.reset_read_conn()
                 raise
             flush()
         return ChunkReadResult(state["rows"], state["last"], seen.mark, seen.visibility)
@@ -164,13 +163,13 @@ class PgChunkReader:
         """Chunks from a hot standby: the primary's position now (after the slot exists and after
         any convergence mark): a standby that has not replayed that far may miss changes older
         than the slot, which no window could then drop."""
-        return None if self.read_params is None else self.mark_position()
+        return None if self.server.read_params is None else self.offsets.mark_position()
 
     def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
         self._read_floor = position
         self._read_floor_why = why
 
-    def _replayed_before_snapshot(self, conn: Any) -> str | None:
+    def replayed_before_snapshot(self, conn: Any) -> str | None:
         """Chunks from a hot standby: its replay position, read in a transaction of its own before
         the chunk's (whose snapshot then sees every commit record before it: core/visibility.py,
         ReplayedBefore); None when chunks are read from the primary. First waits until the standby
@@ -180,7 +179,7 @@ class PgChunkReader:
         the standby is. A source whose own connection is a hot standby (capture from a standby,
         PostgreSQL 16+) reads its chunks there under the same rules, with no floor of its own: its
         slot decodes only what that standby replayed."""
-        if not self._chunks_on_standby:
+        if not self.server.chunks_on_standby:
             return None
         deadline = time.monotonic() + self.max_replica_lag_seconds
         while True:
@@ -189,22 +188,16 @@ class PgChunkReader:
                 raise SourceError(self._not_a_standby)
             # (the floor stays: a reconnect may reach another standby, not as far on)
             if self._read_floor is None or just_before(Position.pg(
-                    next_record_start(lsn_to_int(replay), *self.wal_geometry()))) >= self._read_floor:
+                    next_record_start(lsn_to_int(replay), *self.server.wal_geometry()))) >= self._read_floor:
                 return replay
             if time.monotonic() >= deadline:
                 raise SourceBehindError(self._behind_the_floor(conn, replay))  # retried: it may catch up
             time.sleep(0.02)
 
-    @property
-    def _chunks_on_standby(self) -> bool:
-        """Chunks are read on a hot standby: the one chunk_conn_id names, or the source's own
-        server when that is a standby (offsets.py ``on_standby``)."""
-        return self.read_params is not None or self.on_standby
-
     def _behind_the_floor(self, conn: Any, replay: str) -> str:
         """Why a read waited out ``max_replica_lag_seconds``: which standby, how far behind the
         floor, whether its replay is paused, and what to do."""
-        why = getattr(self, "_read_floor_why", READ_FLOOR_SNAPSHOT)
+        why = self._read_floor_why
         floor = self._read_floor
         behind = max(0, floor.major - lsn_to_int(replay))
         state = ""
@@ -217,20 +210,20 @@ class PgChunkReader:
                 state += f", its last replayed transaction committed {float(seconds):,.0f} s ago"
         except Exception:  # noqa: BLE001 - the error below says what is known
             pass
-        p = self.read_params or self.params
-        which = "the connection extra chunk_conn_id" if self.read_params is not None else "the source's connection"
+        p = self.server.read_params or self.server.params
+        which = "the connection extra chunk_conn_id" if self.server.read_params is not None else "the source's connection"
         advice = WAIT_ADVICE.get(why, WAIT_ADVICE[READ_FLOOR_SNAPSHOT])
-        return (f"source {self.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, "
+        return (f"source {self.server.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, "
                 f"{which}) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
                 f"replayed {replay}, {behind:,} bytes behind it{state}) within "
                 f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}")
 
     @property
     def _not_a_standby(self) -> str:
-        if self.read_params is None:
-            return (f"source {self.source!r}: the source's server was a hot standby when this run started and is not "
+        if self.server.read_params is None:
+            return (f"source {self.server.source!r}: the source's server was a hot standby when this run started and is not "
                     "in recovery any more (promoted): the task retries, reading it as a primary")
-        return (f"source {self.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
+        return (f"source {self.server.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
                 "standby of the source, or remove chunk_conn_id")
 
     def _standby_row(self, conn: Any, sql: str) -> tuple:
@@ -258,11 +251,11 @@ class PgChunkReader:
         cur.execute("SELECT pg_current_snapshot()::text, pg_is_in_recovery()")
         visibility, recovering = cur.fetchone()
         standby = recovering in (True, "t")  # (the chunk connection returns every value as its text)
-        if self.read_params is not None and not standby:  # promoted since it was asked
+        if self.server.read_params is not None and not standby:  # promoted since it was asked
             raise SourceError(self._not_a_standby)
         if standby:
             if replayed is None:  # (read as a primary's when the run started)
-                raise SourceError(f"source {self.source!r}: the source's connection reached a hot standby in the "
+                raise SourceError(f"source {self.server.source!r}: the source's connection reached a hot standby in the "
                                   "middle of a run that started on a primary: the task retries")
             visibility = ReplayedBefore.text(replayed)
         if self.read_snapshot_hook is not None:
@@ -271,34 +264,26 @@ class PgChunkReader:
             cur.execute("SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text")
             replay, received = cur.fetchone()
             at = standby_mark(lsn_to_int(replay), None if received is None else lsn_to_int(received),
-                              *self.wal_geometry())
+                              *self.server.wal_geometry())
         else:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             at = just_before(Position.pg(cur.fetchone()[0]))
-        return ReadSnapshot(self.watermarks.snapshot_mark(at), visibility)
+        return ReadSnapshot(self.strategy.snapshot_mark(at), visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:
         """(bytes, seconds) the standby chunks are read from is behind the primary; None when
         chunks are read from the primary. Seconds: since the last transaction it replayed, 0
         when it has replayed everything the primary has written."""
-        if self.read_params is None:
+        if self.server.read_params is None:
             return None
-        primary = lsn_to_int(self._query("SELECT pg_current_wal_lsn()::text")[0][0])
+        primary = lsn_to_int(self.server.query("SELECT pg_current_wal_lsn()::text")[0][0])
         recovering, replay, seconds = self._standby_row(
-            self._read_conn(), "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
+            self.server.read_conn(), "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
             "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
         if recovering in (False, "f"):  # (the chunk connection returns every value as its text)
             raise SourceError(self._not_a_standby)
         behind = max(0, primary - lsn_to_int(replay or "0/0"))
         return behind, (float(seconds or 0.0) if behind else 0.0)
-
-    def _reset_read_conn(self) -> None:
-        c, self._rconn = self._rconn, None
-        if c is not None:
-            try:
-                c.close()
-            except Exception:  # noqa: BLE001 - discarding a broken connection
-                pass
 
     def _decoders(self, schema: TableSchema) -> tuple:
         if schema is self._last_schema:  # the hot path: rows of one chunk
@@ -326,12 +311,13 @@ class PgChunkReader:
         t = schema.column(column).type
         return to_db(t, value)
 
-    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
-        pk = [self.quote_ident(k) for k in schema.primary_key]
-        sql = f"SELECT {', '.join(pk)} FROM {self.quote_table(schema.table)}"  # noqa: S608
+    def max_key(self, schema: TableSchema, where: tuple[str, list] | None = None) -> tuple | None:
+        """``where``: a rendered row filter ``(sql, params)``."""
+        pk = [self.server.quote_ident(k) for k in schema.primary_key]
+        sql = f"SELECT {', '.join(pk)} FROM {self.server.quote_table(schema.table)}"  # noqa: S608
         params: list = []
         if where:
-            cond, params = self.render_filter(where, schema)
+            cond, params = where
             sql += f" WHERE {cond}"
         sql += " ORDER BY " + ", ".join(f"{k} DESC" for k in pk) + " LIMIT 1"
         return next(iter(self._key_rows(schema, sql, params)), None)
@@ -349,10 +335,10 @@ class PgChunkReader:
         table; the sorted sample is then thinned to ``count`` evenly spaced keys."""
         if count <= 0:
             return []
-        rel = self._relation(schema.table)
+        rel = self.catalog.relation(schema.table)
         if rel is None:
             raise SourceError(f"table {schema.table} not found")
-        pages = self._query(  # every partition of a partitioned table (or the table itself)
+        pages = self.server.query(  # every partition of a partitioned table (or the table itself)
             # pg_partition_tree() has no rows for a plain table: then the table's own size
             "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)), 0), "
             "pg_relation_size(%s::oid)) / current_setting('block_size')::bigint)::bigint",
@@ -361,8 +347,8 @@ class PgChunkReader:
         if not pages:
             return []
         pct = min(100.0, 100.0 * max(4 * count, 8) / pages)
-        pk = ", ".join(self.quote_ident(k) for k in schema.primary_key)
-        sql = f"SELECT {pk} FROM {self.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) REPEATABLE (7) ORDER BY {pk}"  # noqa: S608
+        pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
+        sql = f"SELECT {pk} FROM {self.server.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) REPEATABLE (7) ORDER BY {pk}"  # noqa: S608
         keys = self._key_rows(schema, sql, [pct])
         if len(keys) <= count:
             return keys

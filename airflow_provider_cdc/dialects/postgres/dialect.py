@@ -1,30 +1,38 @@
-"""PostgreSQL as a source: the dialect class, its connections and session (docs/DESIGN.md,
-"PostgreSQL"). Each capability is a mixin in its own module: prerequisites, catalog,
-watermarks, chunks, offsets (slot and publication), log_reader (the logical stream).
+"""PostgreSQL as a source: the dialect reads its options, builds its collaborators (server,
+catalog, offsets, watermark_rows, prerequisites, chunks, digests, log; one module each) and
+answers the Dialect contract by delegating to them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from ...core.errors import ConfigurationError, SourceError
+from ...core.errors import ConfigurationError
 from ...core.position import Position
+from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema
 from ...core.sqlnames import quote_pg
-from ..base import ConnectionParams, Dialect
+from ..base import (
+    READ_FLOOR_SNAPSHOT,
+    ChunkReadResult,
+    ConnectionParams,
+    Dialect,
+    LogBatch,
+    LogRetention,
+    SegmentSink,
+)
 from .catalog import PgCatalog
 from .chunks import DEFAULT_COPY_BATCH_ROWS, PgChunkReader
 from .digest import PgDigest
 from .log_reader import DEFAULT_CAPTURE_STEP_MESSAGES, PgLogReader
 from .offsets import PgOffsets
-from .prerequisites import APPLICATION_NAME, SLOT_NAME_RE, PgPrerequisites, default_object_name
-from .types import SESSION_OPTIONS, PgType, pg_message
-from .watermarks import PgWatermarks
+from .prerequisites import SLOT_NAME_RE, PgPrerequisites, PgSettings, default_object_name
+from .server import PgServer
+from .watermarks import PgWatermarkTable
 
 
-class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, PgDigest, PgOffsets, PgLogReader,
-                      Dialect):
+class PostgresDialect(Dialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (the capture scope: list of ``schema.table`` / TableName for the publication; none: no
     capture unless ``all_tables``, the opt-in to FOR ALL TABLES),
@@ -98,90 +106,227 @@ class PostgresDialect(PgPrerequisites, PgCatalog, PgWatermarks, PgChunkReader, P
         # chunks from a hot standby: its connection (the glue resolves the connection extra
         # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
         self.read_params: ConnectionParams | None = o.get("read_params")
-        self._conn = None
-        self._rconn = None
-        self._read_floor: Position | None = None  # chunks from a standby: no older than this
-        self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
-        self._types: dict[int, PgType] = {}
-        self._key_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> _table_key
-        self._decoders_cache: dict = {}
-        self._last_schema: TableSchema | None = None
-        self._last_decoders: tuple = ()
-        self._watermark_ready = False
+        # the collaborators, each given what it uses (docs/DESIGN.md, "The dialects")
+        self.server = PgServer(params, self.source, self.read_params)
+        self.catalog = PgCatalog(self.server, self.key_columns)
+        self.offsets = PgOffsets(self.server, self.catalog, slot_name=self.slot_name,
+                                 publication_name=self.publication_name, tables=self.tables,
+                                 failover_slot=self.failover_slot, read_timeout=self.read_timeout,
+                                 watermark_tables=self.watermarks.tables, resync_hint=self._resync_hint())
+        self.watermark_rows = PgWatermarkTable(self.server, self.catalog, self.offsets, self.watermark_table)
+        self.prerequisites = PgPrerequisites(self.server, self.offsets, self.watermark_rows,
+                                             all_tables=self.all_tables, watermark_tables=self.watermarks.tables)
+        self.chunks = PgChunkReader(self.server, self.catalog, self.offsets, self.watermarks,
+                                    max_replica_lag_seconds=self.max_replica_lag_seconds,
+                                    copy_batch_rows=self.copy_batch_rows, batch_max_bytes=self.batch_max_bytes)
+        self.digests = PgDigest(self.server, self.chunks, self.digest_where)
+        self.log = PgLogReader(self.server, self.catalog, self.offsets, watermark_table=self.watermark_table,
+                               on_truncate=self.on_truncate, read_timeout=self.read_timeout,
+                               capture_step_messages=self.capture_step_messages,
+                               capture_decode=self.capture_decode, segment_max_bytes=self.segment_max_bytes)
 
-    # --- connections ------------------------------------------------------------------
-    def _connect_kwargs(self, params: ConnectionParams | None = None) -> dict[str, Any]:
-        p = params or self.params
-        kw: dict[str, Any] = dict(p.extra)
-        kw.update(host=p.host, port=p.port or 5432, dbname=p.database or "postgres")
-        if p.user:
-            kw["user"] = p.user
-        if p.password:
-            kw["password"] = p.password
-        kw["options"] = (kw.get("options", "") + " " + SESSION_OPTIONS).strip()
-        kw.setdefault("application_name", APPLICATION_NAME)
-        kw.setdefault("connect_timeout", 10)
-        return kw
-
-    def _new_connection(self, params: ConnectionParams | None = None, **extra: Any):
-        import psycopg2
-
-        p = params or self.params
-        try:
-            return psycopg2.connect(**self._connect_kwargs(p), **extra)
-        except psycopg2.OperationalError as exc:
-            raise SourceError(
-                f"cannot connect to PostgreSQL at {p.host}:{p.port}/{p.database}: {str(exc).strip()}"
-            ) from exc
-
+    # --- the collaborators' public faces (callers keep calling the dialect) ----------------
+    # connections
     def open_session(self):
-        conn = self._new_connection()
+        conn = self.server.new_connection()
         conn.autocommit = True
         return conn
 
     @property
     def conn(self):
         """Autocommit connection for metadata and watermark writes."""
-        if self._conn is None or self._conn.closed:
-            self._conn = self._new_connection()
-            self._conn.autocommit = True
-        return self._conn
+        return self.server.conn
+
+    def _new_connection(self, params: ConnectionParams | None = None, **extra: Any):
+        return self.server.new_connection(params, **extra)
 
     def _read_conn(self):
-        """Connection for chunk reads: REPEATABLE READ (a chunk's snapshot is recorded by its first
-        statement and read by the next, core/visibility.py), every value returned as its text."""
-        if self._rconn is None or self._rconn.closed:
-            import psycopg2.extensions as ext
-
-            c = self._new_connection(self.read_params)
-            c.set_session(isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True, autocommit=False)
-            oids = tuple(set(ext.string_types) | set(getattr(ext, "binary_types", {})))
-            ext.register_type(ext.new_type(oids, "CDC_RAW_TEXT", lambda value, cur: value), c)
-            self._rconn = c
-        return self._rconn
+        return self.server.read_conn()
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        import psycopg2
-
-        try:
-            with self.conn.cursor() as cur:
-                cur.execute(sql, tuple(params))
-                return cur.fetchall() if cur.description else []
-        except psycopg2.Error as exc:
-            raise SourceError(f"PostgreSQL rejected a statement: {pg_message(exc)}\nSQL: {sql}") from exc
+        return self.server.query(sql, params)
 
     def close(self) -> None:
-        for c in (self._conn, self._rconn):
-            if c is not None and not c.closed:
-                c.close()
-        self._conn = self._rconn = None
+        self.server.close()
 
-    # --- identifiers ------------------------------------------------------------------
+    # identifiers
     def is_system_schema(self, schema: str) -> bool:
         return schema in self.system_schemas or schema.startswith("pg_")  # pg_* is reserved to the server
 
     def quote_ident(self, name: str) -> str:
         return quote_pg(name)  # every statement goes through %-formatting (core/sqlnames.py)
 
-    def _qlist(self, tables: Sequence[TableName]) -> str:
-        return ", ".join(self.quote_table(t) for t in tables)
+    # prerequisites
+    def read_settings(self) -> PgSettings:
+        return self.prerequisites.read_settings()
+
+    def check_prerequisites(self) -> None:
+        self.prerequisites.check()
+
+    def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
+        return self.prerequisites.privilege_problems(s)
+
+    def check_readable(self, table: TableName) -> None:
+        self.prerequisites.check_readable(table)
+
+    def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
+        """Also: a table snapshotted while its changes are not published would lose the changes
+        inside its chunk windows, so each must be in the publication (added when the role may:
+        the scope, not the conf, chose it) before any watermark of the snapshot is written."""
+        super().check_snapshot_tables(tables)
+        for table in tables:
+            if self.catalog.relation(table) is not None:
+                self.refuse_uncapturable([table])
+                self.watermark_rows.ensure_published(table)
+
+    # catalog
+    def describe_table(self, table: TableName) -> TableSchema:
+        return self.catalog.describe_table(table)
+
+    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
+        return self.catalog.scope_problems(tables)
+
+    def _relation(self, table: TableName) -> tuple[int, str] | None:
+        return self.catalog.relation(table)
+
+    # watermarks
+    def ensure_watermark_table(self) -> None:
+        self.watermark_rows.ensure()
+
+    def write_watermark(self, watermark_id: str) -> None:
+        self.watermark_rows.write(watermark_id)
+
+    @property
+    def standby_watermark_problem(self) -> str:
+        return self.watermark_rows.standby_watermark_problem
+
+    # chunks
+    @property
+    def read_snapshot_hook(self):
+        """Tests only: see PgChunkReader.read_snapshot_hook."""
+        return self.chunks.read_snapshot_hook
+
+    @read_snapshot_hook.setter
+    def read_snapshot_hook(self, hook) -> None:
+        self.chunks.read_snapshot_hook = hook
+
+    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000,
+                     snapshot: list | None = None) -> Iterator[list[tuple]]:
+        return self.chunks.stream_query(sql, params, batch_size, snapshot)
+
+    def read_chunk(self, schema: TableSchema, rng: ChunkRange, *, after_key: Sequence | None, limit: int, path: str,
+                   where: str | None = None, upper_bound: Sequence | None = None) -> ChunkReadResult:
+        """DBLog step 2 through COPY (PgChunkReader.read_chunk); option ``fast_chunks=False``
+        uses the generic path (dialects/base.py)."""
+        if not self.fast_chunks:
+            return super().read_chunk(schema, rng, after_key=after_key, limit=limit, path=path, where=where,
+                                      upper_bound=upper_bound)
+        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where,
+                                       upper_bound=upper_bound)
+        return self.chunks.read_chunk(schema, sql, params, path)
+
+    def read_floor(self) -> Position | None:
+        return self.chunks.read_floor()
+
+    def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
+        self.chunks.read_no_older_than(position, why)
+
+    def replica_lag(self) -> tuple[int, float] | None:
+        return self.chunks.replica_lag()
+
+    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
+        return self.chunks.row_to_canonical(schema, row)
+
+    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
+        return self.chunks.to_db_value(schema, column, value)
+
+    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+        return self.chunks.max_key(schema, self.render_filter(where, schema) if where else None)
+
+    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
+        return self.chunks.sample_keys(schema, count)
+
+    # verify's digests
+    def digest_problems(self, schema: TableSchema) -> list[str]:
+        return self.digests.digest_problems(schema)
+
+    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
+
+    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
+                          limit: int) -> tuple[str, list[Any]]:
+        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
+
+    def digest_session(self) -> Any:
+        return self.digests.digest_session()
+
+    # offsets: slot and publication
+    @property
+    def on_standby(self) -> bool:
+        return self.server.on_standby
+
+    @property
+    def server_version(self) -> int:
+        return self.server.server_version
+
+    def wal_geometry(self) -> tuple[int, int]:
+        return self.server.wal_geometry()
+
+    def load_offset(self, data_dir: str) -> str:
+        """The slot's confirmed position (PgOffsets.load_offset), once the capture scope is
+        configured and capturable: nothing is created on the source before."""
+        self.require_capture_scope()
+        self.refuse_uncapturable(self.tables or ())
+        return self.offsets.load_offset(data_dir, check_prerequisites=self.check_prerequisites,
+                                        prepare_watermarks=self.prepare_watermarks)
+
+    def ensure_publication(self) -> None:
+        self.require_capture_scope()
+        self.offsets.ensure_publication()
+
+    def standby_publication_problem(self, tables: Sequence[TableName] | None = None) -> str | None:
+        return self.offsets.standby_publication_problem(tables)
+
+    def server_identity(self) -> dict:
+        return self.offsets.server_identity()
+
+    def current_position(self) -> Position:
+        return self.offsets.current_position()
+
+    def mark_position(self) -> Position:
+        return self.offsets.mark_position()
+
+    def commit_offset(self, offset: str, data_dir: str) -> None:
+        self.offsets.commit_offset(offset, data_dir)
+
+    def log_retention(self, offset: str) -> LogRetention | None:
+        return self.offsets.log_retention(offset)
+
+    def wal_keep_limit_mb(self) -> int:
+        return self.offsets.wal_keep_limit_mb()
+
+    def unbounded_wal_warning(self) -> str:
+        return self.offsets.unbounded_wal_warning()
+
+    def drop_slot(self, timeout: float = 10.0) -> bool:
+        return self.offsets.drop_slot(timeout)
+
+    def drop_publication(self) -> None:
+        self.offsets.drop_publication()
+
+    def visibility(self) -> str | None:
+        return self.offsets.visibility()
+
+    def offset_position(self, offset: str) -> Position:
+        return self.offsets.offset_position(offset)
+
+    def log_bytes_between(self, start: Position, end: Position) -> int:
+        return self.offsets.log_bytes_between(start, end)
+
+    # the log
+    def read_log(self, offset: str, *, max_events: int | None = None, segment_max_events: int | None = None,
+                 on_segment: SegmentSink | None = None) -> LogBatch:
+        """See PgLogReader.read_log."""
+        return self.log.read_log(offset, max_events=max_events, segment_max_events=segment_max_events,
+                                 on_segment=on_segment)

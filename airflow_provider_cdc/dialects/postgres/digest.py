@@ -1,17 +1,19 @@
 """verify's range digests computed by PostgreSQL (dialects/base.py ``DIGEST_FORMS``): each row's
 columns become their digest text in SQL, the row's md5 is cut to 64 bits, and one aggregate
 returns a key range's row count and the XOR of its rows' digests. Nothing but two numbers per
-range leaves the server.
+range leaves the server. The dialect's ``digests``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...core import temporal
 from ...core.schema import Column, TableSchema
 from ..base import DIGEST_NULL, DIGEST_SIZED
+from .chunks import PgChunkReader
+from .server import PgServer
 
 
 def _plain_text(col: Column) -> bool:
@@ -50,12 +52,18 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
 
 
 class PgDigest:
-    """Range digests (a mixin of PostgresDialect)."""
+    """Range digests: the dialect's ``digests``."""
+
+    def __init__(self, server: PgServer, chunks: PgChunkReader,
+                 digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]]) -> None:
+        self.server = server
+        self.chunks = chunks  # its standby rules: a digest session reads where chunks are read
+        self.digest_where = digest_where  # the one keyset predicate builder (dialects/base.py)
 
     def digest_problems(self, schema: TableSchema) -> list[str]:
         out = [f"column {c.name!r} ({c.source_type or c.type}): no digest form for {c.type}"
-               for c in schema.columns if digest_text_sql(c, self.quote_ident(c.name)) is None]
-        encoding = self._query("SELECT current_setting('server_encoding')")[0][0]
+               for c in schema.columns if digest_text_sql(c, self.server.quote_ident(c.name)) is None]
+        encoding = self.server.query("SELECT current_setting('server_encoding')")[0][0]
         if encoding != "UTF8":  # md5() hashes the server's bytes; the mirror's text is UTF-8
             out.append(f"the database's encoding is {encoding}, not UTF8")
         return out
@@ -63,7 +71,7 @@ class PgDigest:
     def _digest_parts(self, schema: TableSchema) -> tuple[str, str]:
         """(the select list of the columns' digest texts t0, t1..., the SQL of the row's 64-bit digest
         over them)."""
-        q = self.quote_ident
+        q = self.server.quote_ident
         texts, pieces = [], []
         for i, col in enumerate(schema.columns):
             alias = q(f"t{i}")
@@ -78,26 +86,26 @@ class PgDigest:
         where, params = self.digest_where(schema, after_key, upto_key)
         # OFFSET 0 keeps the texts in the subquery: each is computed once, not once per use
         sql = (f"SELECT count(*), bit_xor({digest}) "  # noqa: S608
-               f"FROM (SELECT {texts} FROM {self.quote_table(schema.table)}{where} OFFSET 0) AS {self.quote_ident('r')}")
+               f"FROM (SELECT {texts} FROM {self.server.quote_table(schema.table)}{where} OFFSET 0) AS {self.server.quote_ident('r')}")
         return sql, params
 
     def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
                           limit: int) -> tuple[str, list[Any]]:
-        q = self.quote_ident
+        q = self.server.quote_ident
         texts, digest = self._digest_parts(schema)
         where, params = self.digest_where(schema, after_key, None)
         keys = ", ".join(f"{q(k)} AS {q(f'k{i}')}" for i, k in enumerate(schema.primary_key))
         aliases = ", ".join(q(f"k{i}") for i in range(len(schema.primary_key)))
         pk = ", ".join(q(k) for k in schema.primary_key)
-        sql = (f"SELECT {aliases}, {digest} FROM (SELECT {keys}, {texts} FROM {self.quote_table(schema.table)}"  # noqa: S608
+        sql = (f"SELECT {aliases}, {digest} FROM (SELECT {keys}, {texts} FROM {self.server.quote_table(schema.table)}"  # noqa: S608
                f"{where} ORDER BY {pk} LIMIT %s) AS {q('r')} ORDER BY {aliases}")
         return sql, [*params, int(limit)]
 
     def digest_session(self) -> Any:
         """Autocommit, on the server chunks are read from (a hot standby named by chunk_conn_id
         waits until it has replayed what the mirror has: read_no_older_than)."""
-        conn = self._new_connection(self.read_params)
+        conn = self.server.new_connection(self.server.read_params)
         conn.autocommit = True
-        if self._chunks_on_standby:
-            self._replayed_before_snapshot(conn)
+        if self.server.chunks_on_standby:
+            self.chunks.replayed_before_snapshot(conn)
         return conn

@@ -1,11 +1,11 @@
 """The logical stream: pgoutput messages read up to the current end, decoded a block of
-rows at a time into segments (pgbatch), bounded by events and bytes per segment.
+rows at a time into segments (pgbatch), bounded by events and bytes per segment; the dialect's
+``log``. One read is a ``_SlotRead`` (its state, one method per kind of message).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,8 +16,11 @@ from ...core.errors import SourceError
 from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ...core.position import Position, int_to_lsn, lsn_to_int
 from ...core.schema import TableName, encode_key
-from ..base import Dialect, LogBatch, SegmentSink
+from ..base import LogBatch, SegmentSink
 from . import pgbatch, pgoutput
+from .catalog import PgCatalog
+from .offsets import PgOffsets, _invalidation_reason, slot_invalidated_why
+from .server import PgServer
 from .types import REPLICA_IDENTITY, UnsupportedType, decoder, identity, logical_type, pg_message
 
 log = logging.getLogger(__name__)
@@ -59,27 +62,6 @@ _BLOCK_BYTES = 8 << 20  # COPY rows kept before they are handled
 
 #: why a server invalidated a slot: PostgreSQL 17+ names it (pg_replication_slots.invalidation_reason,
 #: and the DETAIL of a read of the slot: 'invalidated due to "idle_timeout"'), older ones do not
-_INVALIDATED_BECAUSE = {
-    "wal_removed": "the WAL it needed was removed, see max_slot_wal_keep_size",
-    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the capture "
-                    "more often than that, or raise the setting (0 turns it off)",
-    "rows_removed": "catalog rows it needed were vacuumed away",
-    "wal_level_insufficient": "wal_level was lowered below logical",
-}
-
-
-def slot_invalidated_why(reason: str | None) -> str:
-    """``was invalidated (...)`` for a slot ``reason`` (invalidation_reason, PostgreSQL 17+; None
-    before: then it was the WAL, the only reason those servers invalidate a logical slot for)."""
-    because = _INVALIDATED_BECAUSE.get(reason or "wal_removed", f"reason {reason!r}")
-    return f"was invalidated ({because})"
-
-
-def _invalidation_reason(message: str) -> str | None:
-    m = re.search(r'invalidated due to "([a-z_]+)"', message)
-    return m.group(1) if m else None
-
-
 def _unset() -> Position:  # events made one at a time: their positions are set when the segment is built
     return _UNSET
 
@@ -91,16 +73,16 @@ class _SlotRead:
     read with numpy, runs of row messages go to the segment as they are (decoded when it is
     built), and the few others (Begin, Commit, Relation, TRUNCATE) are handled one at a time."""
 
-    def __init__(self, dialect: Dialect, start: int, max_events: int | None, seg_max: int | None,
+    def __init__(self, reader: PgLogReader, start: int, max_events: int | None, seg_max: int | None,
                  on_segment: SegmentSink | None) -> None:
-        self.d = dialect
+        self.d = reader
         self.offset = int_to_lsn(start)
         self.max_events = max_events
         self.seg_max = seg_max or None
         self.on_segment = on_segment
         # a cut inside a transaction: past twice the segment's events, or its bytes
         self.cut_messages = 2 * self.seg_max if self.seg_max is not None else None
-        self.cut_bytes = dialect.segment_max_bytes if self.seg_max is not None else None
+        self.cut_bytes = reader.segment_max_bytes if self.seg_max is not None else None
         self.rows: list[bytes] = []
         self.nbytes = 0
         self.messages = 0  # rows the server sent
@@ -108,7 +90,7 @@ class _SlotRead:
         self.done = False  # max_events reached at a commit: the rest of the stream is not read on
         self.rels: dict[int, _RelInfo] = {}
         self.warned: set[TableName] = set()
-        self.batched = dialect.capture_decode == "batch"
+        self.batched = reader.capture_decode == "batch"
         self.total = 0  # events of whole transactions read (max_events)
         self.seg_bytes = 0
         self.txn_begin: tuple = ()  # the open transaction's Begin: (commit LSN, time, xid, commit before)
@@ -278,9 +260,34 @@ class _SlotRead:
 
 
 class PgLogReader:
-    """Read the slot's stream into the segment sink, whole transactions only."""
+    """Read the slot's stream into the segment sink, whole transactions only: the dialect's ``log``."""
 
-    # --- changelog: reading --------------------------------------------------------------
+    def __init__(self, server: PgServer, catalog: PgCatalog, offsets: PgOffsets, *, watermark_table: TableName,
+                 on_truncate: str, read_timeout: float, capture_step_messages: int, capture_decode: str,
+                 segment_max_bytes: int) -> None:
+        self.server = server
+        self.catalog = catalog
+        self.offsets = offsets  # the slot and publication read, and their errors
+        self.watermark_table = watermark_table
+        self.on_truncate = on_truncate
+        self.read_timeout = read_timeout
+        self.capture_step_messages = capture_step_messages
+        self.capture_decode = capture_decode
+        self.segment_max_bytes = segment_max_bytes
+        self._read_upto: int | None = None  # the end a read that stopped at its step bound reads on towards
+
+    @property
+    def tables(self) -> list[TableName] | None:
+        return self.offsets.tables
+
+    @property
+    def publication_name(self) -> str:
+        return self.offsets.publication_name
+
+    @property
+    def slot_name(self) -> str:
+        return self.offsets.slot_name
+
     def _relinfo(self, rel: pgoutput.Relation) -> _RelInfo:
         table = TableName(rel.namespace, rel.name)
         names = tuple(c.name for c in rel.columns)
@@ -291,7 +298,7 @@ class PgLogReader:
             return _RelInfo(table, "skip", names, problem=f"table {table} is outside the capture scope")
         generated = self._published_generated_columns(rel)
         if generated:
-            q = self.quote_ident(self.publication_name)
+            q = self.server.quote_ident(self.publication_name)
             problem = (
                 f"publication {self.publication_name!r} publishes generated column(s) {', '.join(generated)} of table "
                 f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming them), which "
@@ -302,7 +309,7 @@ class PgLogReader:
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         narrowed = self._publication_narrowing(rel)
         if narrowed:
-            q, qt = self.quote_ident(self.publication_name), self.quote_table(table)
+            q, qt = self.server.quote_ident(self.publication_name), self.server.quote_table(table)
             problem = (
                 f"publication {self.publication_name!r} carries {narrowed} of table {table}, while chunks read all of "
                 "it: the mirror would keep values and rows the log never updates. Publish the whole table: "
@@ -310,13 +317,13 @@ class PgLogReader:
             )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         try:
-            self._load_types([c.type_oid for c in rel.columns])
-            logicals = tuple(logical_type(c.type_oid, c.typmod, self._type) for c in rel.columns)
+            self.catalog.load_types([c.type_oid for c in rel.columns])
+            logicals = tuple(logical_type(c.type_oid, c.typmod, self.catalog.pg_type) for c in rel.columns)
             decs = tuple(decoder(t) for t in logicals)
         except UnsupportedType as exc:
             problem = f"table {table} has a column of type {exc.type_name}, which CDC does not support"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
-        pk, why = self._table_key(table, rel.relid, rel.replica_identity)
+        pk, why = self.catalog.table_key(table, rel.relid, rel.replica_identity)
         if not pk or any(k not in names for k in pk):
             problem = f"table {table} {why or 'has a key column the publication does not carry'}, so its changes cannot be keyed"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
@@ -335,9 +342,9 @@ class PgLogReader:
         a publication never carries one; 18 publishes stored ones when the publication says
         ``publish_generated_columns = stored`` or names them in its column list (virtual ones
         never). describe_table and the chunk reads leave generated columns out."""
-        if self.conn.server_version < 180000:
+        if self.server.conn.server_version < 180000:
             return []
-        generated = {r[0] for r in self._query(
+        generated = {r[0] for r in self.server.query(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
             "AND attgenerated <> ''", (rel.relid,))}
         return [c.name for c in rel.columns if c.name in generated]
@@ -346,9 +353,9 @@ class PgLogReader:
         """What a publication made by an administrator leaves out of the table (PostgreSQL 15+):
         its column list (the log then carries NULL for the other columns) or its row filter
         (changes to other rows are not in the log at all); None when it carries the whole table."""
-        if self.conn.server_version < 150000:
+        if self.server.conn.server_version < 150000:
             return None
-        rows = self._query(
+        rows = self.server.query(
             "SELECT pt.rowfilter, ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid "
             "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL (pt.attnames)) "
             "FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
@@ -401,7 +408,7 @@ class PgLogReader:
         subtransaction's changes), so its parts are final; the offset still only moves to a
         commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
         start = lsn_to_int(offset)
-        upto, self._read_upto = (self._flush_lsn() if self._read_upto is None else self._read_upto), None
+        upto, self._read_upto = (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto), None
         if start >= upto:  # the end this run aims at is reached
             return LogBatch([], offset, offset)
         step = self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
@@ -426,10 +433,10 @@ class PgLogReader:
             "COPY (SELECT lsn, data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
             "'proto_version', '1', 'publication_names', %s)) TO STDOUT (FORMAT binary)"
         )
-        params = (self.slot_name, int_to_lsn(upto), int(step), self.quote_ident(self.publication_name))
+        params = (self.slot_name, int_to_lsn(upto), int(step), self.server.quote_ident(self.publication_name))
         deadline = time.monotonic() + 15
         while True:
-            conn = self._new_connection()
+            conn = self.server.new_connection()
             try:
                 conn.autocommit = True
                 with conn.cursor() as cur:
@@ -449,9 +456,9 @@ class PgLogReader:
                     time.sleep(0.2)  # a reader that just stopped still holds the slot for a moment
                     continue
                 if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
-                    raise self._resnapshot_error("does not exist") from exc
+                    raise self.offsets.resnapshot_error("does not exist") from exc
                 if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
-                    raise self._resnapshot_error(slot_invalidated_why(_invalidation_reason(msg))) from exc
+                    raise self.offsets.resnapshot_error(slot_invalidated_why(_invalidation_reason(msg))) from exc
                 raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
             finally:
                 conn.close()
@@ -462,7 +469,7 @@ class PgLogReader:
             f"table {rel.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
             f"REPLICA IDENTITY {REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
             "changelog does not carry their values, so the full after-image cannot be built. Run "
-            f"ALTER TABLE {self.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
+            f"ALTER TABLE {self.server.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
             "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
         )
 

@@ -1,32 +1,69 @@
-"""Where capture stands: the logical slot and the publication, their lifecycle, the
-confirmed position and the WAL the slot holds back.
+"""Where capture stands: the logical slot and the publication, their lifecycle, the confirmed
+position and the WAL the slot holds back; the dialect's ``offsets``.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ...core.errors import ConfigurationError, SourceChangedError, SourceError
 from ...core.position import Position, int_to_lsn, just_before, lsn_to_int, next_record_start
 from ...core.schema import TableName
 from ...storage.source_server import read_server, resync_pending, write_server
 from ..base import LogRetention
-from .log_reader import slot_invalidated_why
+from .catalog import PgCatalog
+from .server import PgServer
 from .types import pg_message
 
 log = logging.getLogger(__name__)
 
 
+_INVALIDATED_BECAUSE = {
+    "wal_removed": "the WAL it needed was removed, see max_slot_wal_keep_size",
+    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the capture "
+                    "more often than that, or raise the setting (0 turns it off)",
+    "rows_removed": "catalog rows it needed were vacuumed away",
+    "wal_level_insufficient": "wal_level was lowered below logical",
+}
+
+
+def slot_invalidated_why(reason: str | None) -> str:
+    """``was invalidated (...)`` for a slot ``reason`` (invalidation_reason, PostgreSQL 17+; None
+    before: then it was the WAL, the only reason those servers invalidate a logical slot for)."""
+    because = _INVALIDATED_BECAUSE.get(reason or "wal_removed", f"reason {reason!r}")
+    return f"was invalidated ({because})"
+
+
+def _invalidation_reason(message: str) -> str | None:
+    m = re.search(r'invalidated due to "([a-z_]+)"', message)
+    return m.group(1) if m else None
+
+
+
 class PgOffsets:
     """The slot (created, checked, confirmed, dropped) and the publication (its tables)."""
 
-    # --- changelog: slot and publication --------------------------------------------------
+    def __init__(self, server: PgServer, catalog: PgCatalog, *, slot_name: str, publication_name: str,
+                 tables: list[TableName] | None, failover_slot: bool, read_timeout: float,
+                 watermark_tables: Callable[[], list[TableName]], resync_hint: str) -> None:
+        self.server = server
+        self.catalog = catalog
+        self.slot_name = slot_name
+        self.publication_name = publication_name
+        self.tables = tables  # the capture scope (None: every table, on the all_tables opt-in)
+        self.failover_slot = failover_slot
+        self.read_timeout = read_timeout
+        self.watermark_tables = watermark_tables  # the tables the watermark strategy writes
+        self.resync_hint = resync_hint  # what a SourceChangedError tells the user to do
+        self._warned_missing: set[TableName] = set()
+
     def current_position(self) -> Position:
         """The end of the log capture can read: the WAL written (a primary), or replayed (a hot
         standby the source captures from: what its slot can decode)."""
-        return Position.pg(self._query(f"SELECT {self._wal_end_sql('pg_current_wal_lsn')}::text")[0][0])
+        return Position.pg(self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_lsn')}::text")[0][0])
 
     def mark_position(self) -> Position:
         """Just before the WAL insert position, where a chunk read now records itself
@@ -34,26 +71,10 @@ class PgOffsets:
         mark, not before it. On a hot standby the source captures from: just before the start of
         the record after its replay position, where a chunk read there later lands or after it
         (``standby_mark``), and which capture passes once it read what the standby replayed."""
-        if self.on_standby:
-            replay = lsn_to_int(self._query("SELECT pg_last_wal_replay_lsn()::text")[0][0])
-            return just_before(Position.pg(next_record_start(replay, *self.wal_geometry())))
-        return just_before(Position.pg(self._query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
-
-    def _wal_end_sql(self, primary_function: str) -> str:
-        """``primary_function()`` (pg_current_wal_lsn, _flush_lsn...), or on a hot standby, where
-        those fail in recovery, ``pg_last_wal_replay_lsn()``: the WAL its slots can decode."""
-        return "pg_last_wal_replay_lsn()" if self.on_standby else f"{primary_function}()"
-
-    @property
-    def on_standby(self) -> bool:
-        """The source's own connection is a hot standby (PostgreSQL 16+ decodes logically there):
-        capture's slot is on it, chunks are read there under a standby's rules (core/visibility.py
-        ReplayedBefore), nothing is written. Read once per dialect (and again by each
-        :meth:`load_offset`, through :meth:`server_identity`)."""
-        v = self.__dict__.get("_on_standby")
-        if v is None:
-            v = self.__dict__["_on_standby"] = bool(self._query("SELECT pg_is_in_recovery()")[0][0])
-        return v
+        if self.server.on_standby:
+            replay = lsn_to_int(self.server.query("SELECT pg_last_wal_replay_lsn()::text")[0][0])
+            return just_before(Position.pg(next_record_start(replay, *self.server.wal_geometry())))
+        return just_before(Position.pg(self.server.query("SELECT pg_current_wal_insert_lsn()::text")[0][0]))
 
     def _publication_tables(self) -> list[TableName]:
         """The scope's tables that exist (each missing one is named in a warning and left out: it
@@ -61,20 +82,20 @@ class PgOffsets:
         present = [t for t in (self.tables or []) if not self._missing_table(t)]
         if self.tables and not present:
             raise SourceError(
-                f"source {self.source!r}: none of the tables of its capture scope exists on PostgreSQL at "
-                f"{self.params.host}:{self.params.port}/{self.params.database} ({', '.join(map(str, self.tables))}), "
+                f"source {self.server.source!r}: none of the tables of its capture scope exists on PostgreSQL at "
+                f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ({', '.join(map(str, self.tables))}), "
                 "or the connection's user cannot see them. Correct CDC_TABLES (or the source's 'tables' in the "
                 "sources config): schema.table, names exact, case included")
-        return [*present, *self.watermarks.tables()]
+        return [*present, *self.watermark_tables()]
 
     def _missing_table(self, table: TableName) -> bool:
         """True (and a warning naming it, once per dialect) when ``table`` of the scope does not exist."""
-        if self._relation(table) is not None:
+        if self.catalog.relation(table) is not None:
             return False
-        warned = self.__dict__.setdefault("_warned_missing", set())
+        warned = self._warned_missing
         if table not in warned:
             warned.add(table)
-            close = [f"{a}.{b}" for a, b in self._query(
+            close = [f"{a}.{b}" for a, b in self.server.query(
                 "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p')",
                 (table.schema, table.name))]
@@ -82,78 +103,77 @@ class PgOffsets:
                 "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at %s:%s/%s, or "
                 "the connection's user cannot see it%s. Capture goes on for the other tables and adds it to "
                 "publication %r once it exists (then snapshot it); else remove it from CDC_TABLES",
-                self.source, table, self.params.host, self.params.port, self.params.database,
+                self.server.source, table, self.server.params.host, self.server.params.port, self.server.params.database,
                 f"; did you mean {' or '.join(close)}? (names are exact, case included)" if close else "",
                 self.publication_name)
         return True
 
-    def _add_to_publication(self, tables: Sequence[TableName]) -> None:
+    def add_to_publication(self, tables: Sequence[TableName]) -> None:
         have = {
             TableName(s, n)
-            for s, n in self._query(
+            for s, n in self.server.query(
                 "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
                 (self.publication_name,),
             )
         }
         missing = [t for t in tables if t not in have]
         if missing:
-            self._query(
-                f"ALTER PUBLICATION {self.quote_ident(self.publication_name)} ADD TABLE {self._qlist(missing)}"
+            self.server.query(
+                f"ALTER PUBLICATION {self.server.quote_ident(self.publication_name)} ADD TABLE {self.server.qlist(missing)}"
             )
 
     def ensure_publication(self) -> None:
-        pub = self._query(
+        pub = self.server.query(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
         )
-        q = self.quote_ident(self.publication_name)
-        self.require_capture_scope()  # (load_offset, its caller, refused uncapturable tables before any DDL)
-        if self.on_standby:
+        q = self.server.quote_ident(self.publication_name)
+        if self.server.on_standby:
             problem = self.standby_publication_problem()
             if problem:
-                raise ConfigurationError(f"source {self.source!r}: {problem}")
+                raise ConfigurationError(f"source {self.server.source!r}: {problem}")
             return
         if not pub:
             if not self.tables:
                 self._refuse_unidentified_tables()
-                self._query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
+                self.server.query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
             else:
-                self._query(
-                    f"CREATE PUBLICATION {q} FOR TABLE {self._qlist(self._publication_tables())} "
+                self.server.query(
+                    f"CREATE PUBLICATION {q} FOR TABLE {self.server.qlist(self._publication_tables())} "
                     "WITH (publish_via_partition_root = true)"
                 )
         elif not pub[0][0]:
-            self._add_to_publication(self._publication_tables())
+            self.add_to_publication(self._publication_tables())
 
     def standby_publication_problem(self, tables: Sequence[TableName] | None = None) -> str | None:
         """A hot standby cannot create or alter a publication (it is read-only; the publication
         comes from the primary in the WAL): what is missing, as the statement an administrator
         runs on the primary; None when the publication carries ``tables`` (default: the scope)."""
-        q = self.quote_ident(self.publication_name)
-        where = f"PostgreSQL at {self.params.host}:{self.params.port} is a hot standby"
-        pub = self._query("SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,))
+        q = self.server.quote_ident(self.publication_name)
+        where = f"PostgreSQL at {self.server.params.host}:{self.server.params.port} is a hot standby"
+        pub = self.server.query("SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,))
         wanted = list(self.tables or []) if tables is None else list(tables)
         if not pub:
-            what = f"FOR TABLE {self._qlist(wanted)}" if wanted else "FOR ALL TABLES"
+            what = f"FOR TABLE {self.server.qlist(wanted)}" if wanted else "FOR ALL TABLES"
             return (f"{where}, where publication {self.publication_name!r} cannot be created (a standby is read-only; "
                     f"publications come from the primary through the WAL). Run on the primary: CREATE PUBLICATION {q} "
                     f"{what} WITH (publish_via_partition_root = true); then capture again once the standby replayed it")
         if pub[0][0] or not wanted:
             return None
-        have = {TableName(a, b) for a, b in self._query(
+        have = {TableName(a, b) for a, b in self.server.query(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))}
         missing = [t for t in wanted if t not in have]
         if not missing:
             return None
         return (f"{where}, where publication {self.publication_name!r} cannot be altered, and it lacks "
                 f"{', '.join(map(str, missing))}. Run on the primary: ALTER PUBLICATION {q} ADD TABLE "
-                f"{self._qlist(missing)}")
+                f"{self.server.qlist(missing)}")
 
     def _refuse_unidentified_tables(self) -> None:
         """Once a FOR ALL TABLES publication exists, PostgreSQL refuses UPDATE and DELETE on
         tables without a replica identity (no primary key, REPLICA IDENTITY DEFAULT or
         NOTHING): the applications writing them break. While any such table exists the
         publication is not created; the error names them."""
-        rows = self._query(
+        rows = self.server.query(
             "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition "
             "AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%%' "
@@ -162,29 +182,30 @@ class PgOffsets:
         )
         if rows:
             raise ConfigurationError(
-                f"source {self.source!r} (CDC_CAPTURE_ALL_TABLES): not creating publication "  # noqa: S608 - a message, not SQL
+                f"source {self.server.source!r} (CDC_CAPTURE_ALL_TABLES): not creating publication "  # noqa: S608 - a message, not SQL
                 f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse UPDATE and DELETE "
                 f"on these tables, which have no replica identity, and break the applications that write them: "
                 f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture instead, or give "
                 "those tables a primary key or REPLICA IDENTITY FULL first"
             )
 
-    def _slot_row(self) -> tuple | None:
-        v17 = self.server_version >= 170000  # (columns failover and invalidation_reason)
-        rows = self._query(
+    def slot_row(self) -> tuple | None:
+        v17 = self.server.server_version >= 170000  # (columns failover and invalidation_reason)
+        rows = self.server.query(
             f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, "  # noqa: S608 - column names
             f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
         )
         return rows[0] if rows else None
 
-    def _resnapshot_error(self, why: str) -> SourceError:
+    def resnapshot_error(self, why: str) -> SourceError:
         return SourceChangedError(
             f"replication slot {self.slot_name!r} {why}: changes since the last capture may be lost. "
-            + self._resync_hint()
+            + self.resync_hint
         )
 
-    def load_offset(self, data_dir: str) -> str:
+    def load_offset(self, data_dir: str, *, check_prerequisites: Callable[[], None],
+                    prepare_watermarks: Callable[[], None]) -> str:
         """The slot's confirmed position; creates publication and slot on first use. The server
         must be the one capture read before, or a promoted standby the slot followed (I14,
         :meth:`_check_continuity`); a slot that vanished after capture had staged segments means
@@ -192,12 +213,10 @@ class PgOffsets:
         that fails leaves it unchanged."""
         from ...storage.layout import changelog_dir
 
-        self.require_capture_scope()
-        self.refuse_uncapturable(self.tables or ())
-        directory = changelog_dir(data_dir, self.source)
+        directory = changelog_dir(data_dir, self.server.source)
         server = self.server_identity()
         known = read_server(directory)
-        row = self._slot_row()
+        row = self.slot_row()
         if known is not None:
             self._check_continuity(known, server, row, directory)
         if row is None:
@@ -205,17 +224,17 @@ class PgOffsets:
 
             # (segments, or the index that outlives the segments staging retention removed)
             if changelog_used(directory) and not resync_pending(directory):
-                raise self._resnapshot_error(
+                raise self.resnapshot_error(
                     "does not exist although changes were captured through it before"
                 )
-            self.check_prerequisites()
+            check_prerequisites()
         else:
             self._check_slot(row)
-        self.prepare_watermarks()
+        prepare_watermarks()
         self.ensure_publication()
         if row is None:
             self._create_slot()
-            row = self._slot_row()
+            row = self.slot_row()
         self._check_slot(row)
         if row[5]:
             self._check_standby_slots()
@@ -229,18 +248,18 @@ class PgOffsets:
         """Which server this is: its system identifier (the same on a primary and the standbys
         cloned from it, another after a restore into a new cluster) and its timeline (a promotion
         starts a new one)."""
-        sysid, recovering = self._query(
+        sysid, recovering = self.server.query(
             "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()")[0]
-        self.__dict__["_on_standby"] = bool(recovering)
+        self.server.on_standby = bool(recovering)
         if recovering:
             # (pg_walfile_name fails in recovery) the timeline the standby receives, or, while its
             # WAL receiver is not running, the one of its last restartpoint
-            timeline = self._query(
+            timeline = self.server.query(
                 "SELECT coalesce((SELECT received_tli FROM pg_stat_wal_receiver), "
                 "(SELECT timeline_id FROM pg_control_checkpoint()))")[0][0]
             timeline = None if timeline is None else int(timeline)
         else:
-            timeline = int(self._query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
+            timeline = int(self.server.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
         return {"system_identifier": sysid, "timeline": timeline}
 
     def _create_slot(self) -> None:
@@ -248,21 +267,21 @@ class PgOffsets:
         connection extra ``failover_slot`` is false): a standby with ``sync_replication_slots``
         keeps a copy, and capture goes on from it after that standby is promoted. On a hot
         standby (PostgreSQL 16+) a plain slot: :meth:`_create_standby_slot`."""
-        if self.on_standby:
+        if self.server.on_standby:
             self._create_standby_slot()
-        elif self.server_version >= 170000 and self.failover_slot:
-            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
+        elif self.server.server_version >= 170000 and self.failover_slot:
+            self.server.query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
                         (self.slot_name,))
-            standbys, held = self._query(
+            standbys, held = self.server.query(
                 "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('synchronized_standby_slots')")[0]
             if standbys and not held:
                 log.warning(
                     "source %r: failover slot %r created, but synchronized_standby_slots is empty while %d standby(s) "
                     "stream from this server: capture may read changes a standby has not received yet, and after that "
                     "standby is promoted capture stops (those changes are not on it) instead of going on. Set "
-                    "synchronized_standby_slots to the standbys' physical slots", self.source, self.slot_name, standbys)
+                    "synchronized_standby_slots to the standbys' physical slots", self.server.source, self.slot_name, standbys)
         else:
-            self._query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
+            self.server.query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
 
     def _create_standby_slot(self) -> None:
         """The slot on the hot standby the source captures from. The standby builds its starting
@@ -272,11 +291,11 @@ class PgOffsets:
         ``read_timeout``, then says so. (A slot created on a standby cannot be a failover slot.)"""
         import psycopg2
 
-        where = f"the hot standby at {self.params.host}:{self.params.port}"
+        where = f"the hot standby at {self.server.params.host}:{self.server.params.port}"
         log.info("source %r: creating replication slot %r on %s: it waits for the primary's next running-transactions "
                  "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on the primary "
-                 "logs one now)", self.source, self.slot_name, where)
-        conn = self._new_connection()
+                 "logs one now)", self.server.source, self.slot_name, where)
+        conn = self.server.new_connection()
         try:
             conn.autocommit = True
             with conn.cursor() as cur:
@@ -284,7 +303,7 @@ class PgOffsets:
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
         except psycopg2.errors.QueryCanceled as exc:
             raise SourceError(
-                f"source {self.source!r}: creating replication slot {self.slot_name!r} on {where} waited longer than "
+                f"source {self.server.source!r}: creating replication slot {self.slot_name!r} on {where} waited longer than "
                 f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the primary. The "
                 "primary logs one every 15 s while it writes WAL, none while it is idle: run SELECT "
                 "pg_log_standby_snapshot() on the primary (PostgreSQL 16+), or capture again once it writes") from exc
@@ -293,7 +312,7 @@ class PgOffsets:
             fix = (" Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then restart it)"
                    if "wal_level" in msg else "")
             raise SourceError(
-                f"source {self.source!r}: cannot create replication slot {self.slot_name!r} on {where}: {msg}.{fix}"
+                f"source {self.server.source!r}: cannot create replication slot {self.slot_name!r} on {where}: {msg}.{fix}"
             ) from exc
         finally:
             conn.close()
@@ -303,27 +322,22 @@ class PgOffsets:
         ``synchronized_standby_slots`` has received the WAL it decodes. A name without a slot
         (typically on a promoted standby that kept its old primary's setting) or a lost slot
         makes every read wait until read_timeout: said at once instead."""
-        rows = self._query(
+        rows = self.server.query(
             "SELECT n, s.wal_status, s.active FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), "
             "',')) AS u(raw) CROSS JOIN LATERAL trim(u.raw) AS n LEFT JOIN pg_replication_slots s "
             "ON s.slot_name = n AND s.slot_type = 'physical' WHERE n <> '' AND n <> '*'")
         missing = [n for n, status, _active in rows if status is None or status == "lost"]
         if missing:
             raise SourceError(
-                f"source {self.source!r}: synchronized_standby_slots on PostgreSQL at {self.params.host}:"
-                f"{self.params.port} names {', '.join(map(repr, missing))}, which is not a usable physical slot here, "
+                f"source {self.server.source!r}: synchronized_standby_slots on PostgreSQL at {self.server.params.host}:"
+                f"{self.server.params.port} names {', '.join(map(repr, missing))}, which is not a usable physical slot here, "
                 f"and decoding failover slot {self.slot_name!r} waits for every slot named there: capture would wait "
                 "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or '' without "
                 "standbys) and reload the configuration (after a promotion, the old primary's setting is often kept)")
         idle = [n for n, _status, active in rows if active is False]
         if idle:
             log.warning("source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: capture waits "
-                        "until they receive the WAL it decodes", self.source, ", ".join(idle))
-
-    @property
-    def server_version(self) -> int:
-        """server_version_num, as psycopg2 read it at connect (no query)."""
-        return self.conn.server_version
+                        "until they receive the WAL it decodes", self.server.source, ", ".join(idle))
 
     def _check_continuity(self, known: dict, server: dict, row: tuple | None, directory: str) -> None:
         """I14: capture goes on only from a position proven to continue the captured log. The
@@ -337,21 +351,21 @@ class PgOffsets:
             return  # (every capture of an unchanged server stops here, without reading the gaps)
         if resync_pending(directory):
             return
-        where = f"PostgreSQL at {self.params.host}:{self.params.port}"
+        where = f"PostgreSQL at {self.server.params.host}:{self.server.params.port}"
         if not same_system:
             raise SourceChangedError(
-                f"source {self.source!r}: {where} is not the server capture read before (system identifier "
+                f"source {self.server.source!r}: {where} is not the server capture read before (system identifier "
                 f"{known.get('system_identifier')} before, {server['system_identifier']} now: a restore, or another "
-                f"cluster). Nothing proves its log continues the captured one, so capture stops. {self._resync_hint()}")
+                f"cluster). Nothing proves its log continues the captured one, so capture stops. {self.resync_hint}")
         promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
         if row is None:
-            why = (f"PostgreSQL {self.server_version // 10000} has no failover slots (17 and newer do)"
-                   if self.server_version < 170000 else
+            why = (f"PostgreSQL {self.server.server_version // 10000} has no failover slots (17 and newer do)"
+                   if self.server.server_version < 170000 else
                    "it was not a synchronized failover slot on that standby (the standby needs sync_replication_slots "
                    "= on, hot_standby_feedback = on and a primary_slot_name)")
             raise SourceChangedError(
-                f"source {self.source!r}: {promoted} and replication slot {self.slot_name!r} did not follow it: {why}. "
-                f"The changes between the last capture and the promotion may be lost. {self._resync_hint()}")
+                f"source {self.server.source!r}: {promoted} and replication slot {self.slot_name!r} did not follow it: {why}. "
+                f"The changes between the last capture and the promotion may be lost. {self.resync_hint}")
         from ...storage.segment_index import staged_through
 
         fork = self._fork_point(before, now)
@@ -359,18 +373,18 @@ class PgOffsets:
         staged = through[0] if through else None
         if fork is None:
             raise SourceChangedError(
-                f"source {self.source!r}: {promoted}, and the point where timeline {now} forked from {before} cannot be "
+                f"source {self.server.source!r}: {promoted}, and the point where timeline {now} forked from {before} cannot be "
                 "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that the changes capture "
-                f"staged are on this server. {self._resync_hint()}")
-        fork_pos = Position.pg(next_record_start(fork, *self.wal_geometry()))
+                f"staged are on this server. {self.resync_hint}")
+        fork_pos = Position.pg(next_record_start(fork, *self.server.wal_geometry()))
         if staged is not None and staged > fork_pos:
             raise SourceChangedError(
-                f"source {self.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had staged changes up to "
+                f"source {self.server.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had staged changes up to "
                 f"{staged.encode()}, past that point: some of them are not on this server (set "
                 "synchronized_standby_slots on the primary so that logical decoding waits for the standby). "
-                f"{self._resync_hint()}")
+                f"{self.resync_hint}")
         log.warning("source %r: %s at %s; capture goes on from failover slot %r, which followed it (confirmed %s, "
-                    "staged through %s)", self.source, promoted, int_to_lsn(fork), self.slot_name, row[0],
+                    "staged through %s)", self.server.source, promoted, int_to_lsn(fork), self.slot_name, row[0],
                     staged.encode() if staged else "nothing")
 
     def _fork_point(self, old_timeline: int, new_timeline: int) -> int | None:
@@ -379,19 +393,19 @@ class PgOffsets:
         import psycopg2
         import psycopg2.extras
 
-        kw = self._connect_kwargs()
+        kw = self.server.connect_kwargs()
         kw.pop("options", None)
         try:
             conn = psycopg2.connect(**kw, connection_factory=psycopg2.extras.PhysicalReplicationConnection)
         except psycopg2.Error as exc:
-            log.warning("source %r: no replication connection for TIMELINE_HISTORY: %s", self.source, pg_message(exc))
+            log.warning("source %r: no replication connection for TIMELINE_HISTORY: %s", self.server.source, pg_message(exc))
             return None
         try:
             with conn.cursor() as cur:
                 cur.execute(f"TIMELINE_HISTORY {int(new_timeline)}")
                 _name, content = cur.fetchone()
         except psycopg2.Error as exc:
-            log.warning("source %r: TIMELINE_HISTORY %d failed: %s", self.source, new_timeline, pg_message(exc))
+            log.warning("source %r: TIMELINE_HISTORY %d failed: %s", self.server.source, new_timeline, pg_message(exc))
             return None
         finally:
             conn.close()
@@ -408,18 +422,18 @@ class PgOffsets:
             raise ConfigurationError(
                 f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give another slot_name"
             )
-        if database != (self.params.database or "postgres"):
+        if database != (self.server.params.database or "postgres"):
             raise ConfigurationError(
                 f"replication slot {self.slot_name!r} belongs to database {database!r}: give another slot_name"
             )
         if wal_status == "lost" or confirmed is None or invalidated is not None:
             # (PostgreSQL 17+ says why: the WAL, idle_replication_slot_timeout on 18, wal_level...)
-            raise self._resnapshot_error(slot_invalidated_why(invalidated))
-        if self.on_standby and self.server_version >= 170000 and self._query(
+            raise self.resnapshot_error(slot_invalidated_why(invalidated))
+        if self.server.on_standby and self.server.server_version >= 170000 and self.server.query(
                 "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)) == [(True,)]:
             raise ConfigurationError(
-                f"source {self.source!r}: replication slot {self.slot_name!r} on the hot standby at {self.params.host}:"
-                f"{self.params.port} is the primary's failover slot, synchronized here (sync_replication_slots): "
+                f"source {self.server.source!r}: replication slot {self.slot_name!r} on the hot standby at {self.server.params.host}:"
+                f"{self.server.params.port} is the primary's failover slot, synchronized here (sync_replication_slots): "
                 "nothing may decode it on the standby. Give this source another slot_name (capture then creates its "
                 "own slot on the standby), or point its connection at the primary")
 
@@ -433,8 +447,8 @@ class PgOffsets:
         which trails a confirmation until the server decodes its next running-transactions
         record (up to ~15 s of activity later), so it stays near zero for a while after a
         capture that caught up. ``wal_status = lost`` is reported as it is."""
-        rows = self._query(
-            f"SELECT wal_status, pg_wal_lsn_diff({self._wal_end_sql('pg_current_wal_lsn')}, "  # noqa: S608 - a function
+        rows = self.server.query(
+            f"SELECT wal_status, pg_wal_lsn_diff({self.server.wal_end_sql('pg_current_wal_lsn')}, "  # noqa: S608 - a function
             "confirmed_flush_lsn)::bigint, "
             "(SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size') "
             "FROM pg_replication_slots WHERE slot_name = %s",
@@ -458,7 +472,7 @@ class PgOffsets:
 
     def wal_keep_limit_mb(self) -> int:
         """``max_slot_wal_keep_size`` in MB (-1, PostgreSQL's default: nothing bounds a slot's WAL)."""
-        return int(self._query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")[0][0])
+        return int(self.server.query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")[0][0])
 
     def unbounded_wal_warning(self) -> str:
         """What status, the CDC page, doctor and a connection test say while
@@ -479,7 +493,7 @@ class PgOffsets:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                with self.conn.cursor() as cur:
+                with self.server.conn.cursor() as cur:
                     cur.execute(
                         "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
                         (self.slot_name,),
@@ -494,40 +508,31 @@ class PgOffsets:
                 time.sleep(0.1)
 
     def drop_publication(self) -> None:
-        self._query(f"DROP PUBLICATION IF EXISTS {self.quote_ident(self.publication_name)}")
+        self.server.query(f"DROP PUBLICATION IF EXISTS {self.server.quote_ident(self.publication_name)}")
 
-    def _flush_lsn(self) -> int:
+    def flush_lsn(self) -> int:
         """Where a read of the slot ends: the WAL flushed (a primary), or replayed (a standby)."""
-        return lsn_to_int(self._query(f"SELECT {self._wal_end_sql('pg_current_wal_flush_lsn')}::text")[0][0])
+        return lsn_to_int(self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_flush_lsn')}::text")[0][0])
 
     def visibility(self) -> str | None:
         """A primary's snapshot now (commit order is not visibility order there). None on a hot
         standby the source captures from: a transaction becomes visible there when its commit
         record is replayed, in log order, so every chunk read after a mark sees each commit
         before it (and its pg_current_snapshot() lists no running xid: core/visibility.py)."""
-        if self.on_standby:
+        if self.server.on_standby:
             return None
-        return self._query("SELECT pg_current_snapshot()::text")[0][0]
+        return self.server.query("SELECT pg_current_snapshot()::text")[0][0]
 
     def offset_position(self, offset: str) -> Position:
         """A read ends at the flush position it aimed at: every transaction whose commit record
         ends before it was read (a record the flush had not reached yet is not). Taken as the
         start of the next record (core/position.py ``next_record_start``), so that a mark at the
         insert position of a server idle on a page boundary is reached."""
-        return Position.pg(next_record_start(lsn_to_int(offset), *self.wal_geometry()))
+        return Position.pg(next_record_start(lsn_to_int(offset), *self.server.wal_geometry()))
 
     def log_bytes_between(self, start: Position, end: Position) -> int:
         """WAL bytes between two positions (their LSNs)."""
         return max(0, end.major - start.major)
-
-    def wal_geometry(self) -> tuple[int, int]:
-        """(wal_block_size, wal_segment_size) in bytes, read once."""
-        geo = getattr(self, "_wal_geo", None)
-        if geo is None:
-            row = self._query("SELECT current_setting('wal_block_size')::bigint, "
-                              "pg_size_bytes(current_setting('wal_segment_size'))::bigint")[0]
-            geo = self._wal_geo = (int(row[0]), int(row[1]))
-        return geo
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
         """I6: confirm the slot up to ``offset`` only now that the batch is staged
@@ -535,15 +540,15 @@ class PgOffsets:
         import psycopg2
 
         lsn = lsn_to_int(offset)
-        row = self._slot_row()
+        row = self.slot_row()
         if row is None:
-            raise self._resnapshot_error("does not exist")
+            raise self.resnapshot_error("does not exist")
         if row[0] is not None and lsn_to_int(row[0]) >= lsn:
             return
         deadline = time.monotonic() + 15
         while True:
             try:
-                with self.conn.cursor() as c:
+                with self.server.conn.cursor() as c:
                     c.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot_name, offset))
                 return
             except psycopg2.errors.ObjectInUse:

@@ -1,17 +1,24 @@
 """What a PostgreSQL source must have before anything is created: server settings, version,
-the role's privileges, and readable tables; the default slot and publication names.
+the role's privileges, and readable tables; the default slot and publication names; the
+dialect's ``prerequisites``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...core.errors import SourceError
 from ...core.schema import TableName
 
-APPLICATION_NAME = "airflow-provider-cdc"
+if TYPE_CHECKING:
+    from .offsets import PgOffsets
+    from .server import PgServer
+    from .watermarks import PgWatermarkTable
+
+
 MIN_SERVER_VERSION = 130000  # pg_replication_slots.wal_status
 STANDBY_DECODING_VERSION = 160000  # logical decoding on a hot standby
 
@@ -117,9 +124,16 @@ def default_object_name(source: str) -> str:
 class PgPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
-    # --- prerequisites ----------------------------------------------------------------
+    def __init__(self, server: PgServer, offsets: PgOffsets, watermark_rows: PgWatermarkTable, *,
+                 all_tables: bool, watermark_tables: Callable[[], list[TableName]]) -> None:
+        self.server = server
+        self.offsets = offsets
+        self.watermark_rows = watermark_rows
+        self.all_tables = all_tables  # the opt-in to every table of the database
+        self.watermark_tables = watermark_tables  # the tables the watermark strategy writes
+
     def read_settings(self) -> PgSettings:
-        row = self._query(
+        row = self.server.query(
             "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int, "
             "current_setting('max_wal_senders')::int, (SELECT count(*) FROM pg_replication_slots), "
             "EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s), current_user, "
@@ -127,26 +141,26 @@ class PgPrerequisites:
             "EXISTS (SELECT 1 FROM pg_publication WHERE pubname = %s), "
             "pg_is_in_recovery(), current_setting('hot_standby_feedback')::bool "
             "FROM pg_roles r WHERE r.rolname = current_user",
-            (self.slot_name, self.publication_name),
+            (self.offsets.slot_name, self.offsets.publication_name),
         )[0]
-        return PgSettings(*row[:10], all_tables=self.all_tables and not self.tables, in_recovery=bool(row[10]),
+        return PgSettings(*row[:10], all_tables=self.all_tables and not self.offsets.tables, in_recovery=bool(row[10]),
                           hot_standby_feedback=bool(row[11]))
 
-    def check_prerequisites(self) -> None:
+    def check(self) -> None:
         """Every unmet prerequisite at once. On a hot standby (capture from a standby,
         PostgreSQL 16+) also: nothing may be written there (watermark_strategy 'log'), and the
         publication must already carry the scope (it is created on the primary)."""
         settings = self.read_settings()
-        problems = prerequisite_problems(settings, self.slot_name)
+        problems = prerequisite_problems(settings, self.offsets.slot_name)
         problems += self.privilege_problems(settings)
         if settings.in_recovery:
-            if self.watermarks.tables():  # a standby takes no writes
-                problems.append(self.standby_watermark_problem)
-            pub = self.standby_publication_problem()
+            if self.watermark_tables():  # a standby takes no writes
+                problems.append(self.watermark_rows.standby_watermark_problem)
+            pub = self.offsets.standby_publication_problem()
             if pub:
                 problems.append(pub)
         if problems:
-            where = f"{self.params.host}:{self.params.port}/{self.params.database}"
+            where = f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database}"
             raise SourceError(
                 f"PostgreSQL at {where} is not ready for CDC:\n" + "\n".join(f"- {p}" for p in problems)
             )
@@ -158,12 +172,12 @@ class PgPrerequisites:
         s = s or self.read_settings()
         if s.superuser:
             return []
-        role = self.quote_ident(s.user)
+        role = self.server.quote_ident(s.user)
         problems = []
-        db_create = self._query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
-        wm = self.watermark_table
-        wms = self.watermarks.tables()  # watermark strategy "log": no watermark table
-        wm_row = [] if not wms else self._query(
+        db_create = self.server.query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
+        wm = self.watermark_rows.table
+        wms = self.watermark_tables()  # watermark strategy "log": no watermark table
+        wm_row = [] if not wms else self.server.query(
             "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
             "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
@@ -171,22 +185,22 @@ class PgPrerequisites:
         )
         if wm_row:
             if not wm_row[0][2]:
-                problems.append(f"GRANT USAGE ON SCHEMA {self.quote_ident(wm.schema)} TO {role} (the watermark table's schema)")
+                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the watermark table's schema)")
             if not (wm_row[0][0] and wm_row[0][1]):
-                problems.append(f"GRANT SELECT, UPDATE ON {self.quote_table(wm)} TO {role} (the watermark table: "
+                problems.append(f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {role} (the watermark table: "
                                 "DBLog's watermarks are UPDATEs of its one row)")
         elif wms:
-            nsp = self._query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
+            nsp = self.server.query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
                               (wm.schema,))
             if (nsp and not nsp[0][0]) or (not nsp and not db_create):
-                what = f"SCHEMA {self.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.quote_ident(
-                    self.params.database or "postgres")
+                what = f"SCHEMA {self.server.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.server.quote_ident(
+                    self.server.params.database or "postgres")
                 problems.append(f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
                                 f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')")
-        scope = list(self.tables or [])
+        scope = list(self.offsets.tables or [])
         rows = {
             TableName(sch, name): (sel, usage, owner)
-            for sch, name, sel, usage, owner in self._query(
+            for sch, name, sel, usage, owner in self.server.query(
                 "SELECT n.nspname, c.relname, has_table_privilege(c.oid, 'SELECT'), "
                 "has_schema_privilege(n.oid, 'USAGE'), pg_has_role(c.relowner, 'USAGE') "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -197,60 +211,51 @@ class PgPrerequisites:
         for t in scope:
             sel, usage, _owner = rows.get(t, (True, True, True))  # a missing table is named by describe_table
             if not usage:
-                problems.append(f"GRANT USAGE ON SCHEMA {self.quote_ident(t.schema)} TO {role}")
+                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(t.schema)} TO {role}")
             if not sel:
-                problems.append(f"GRANT SELECT ON {self.quote_table(t)} TO {role}")
-        pub = self._query(
+                problems.append(f"GRANT SELECT ON {self.server.quote_table(t)} TO {role}")
+        pub = self.server.query(
             "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s",
-            (self.publication_name,),
+            (self.offsets.publication_name,),
         )
         if s.in_recovery:
             pass  # a standby's publication is the primary's: check_prerequisites names what it lacks
         elif pub and not pub[0][0] and scope:
             published = {
-                TableName(a, b) for a, b in self._query(
-                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))
+                TableName(a, b) for a, b in self.server.query(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.offsets.publication_name,))
             }
             missing = [t for t in [*scope, *wms] if t not in published and (t in rows or t in wms)]
             not_owned = [t for t in missing if t not in wms and not rows[t][2]]
             if missing and (not pub[0][1] or not_owned):
                 problems.append(
-                    f"publication {self.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
+                    f"publication {self.offsets.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
                     "may not add them (PostgreSQL demands ownership of the publication and of each table): have an "
-                    f"administrator run ALTER PUBLICATION {self.quote_ident(self.publication_name)} ADD TABLE "
-                    f"{self._qlist(missing)}"
+                    f"administrator run ALTER PUBLICATION {self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
+                    f"{self.server.qlist(missing)}"
                 )
         elif not pub and scope:
             not_owned = [t for t in scope if t in rows and not rows[t][2]]
             if not db_create or not_owned:
-                why = [] if db_create else [f"CREATE on database {self.params.database or 'postgres'!r}"]
+                why = [] if db_create else [f"CREATE on database {self.server.params.database or 'postgres'!r}"]
                 if not_owned:
                     why.append(f"ownership of {', '.join(map(str, not_owned))}")
                 problems.append(
-                    f"publication {self.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
+                    f"publication {self.offsets.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
                     f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
-                    f"{self.quote_ident(self.publication_name)} FOR TABLE {self._qlist([*scope, *wms])} WITH "
+                    f"{self.server.quote_ident(self.offsets.publication_name)} FOR TABLE {self.server.qlist([*scope, *wms])} WITH "
                     "(publish_via_partition_root = true) (the docs' connections page, 'Grants', set-up 2)"
                 )
         return problems
 
     def check_readable(self, table: TableName) -> None:
-        row = self._query(
+        row = self.server.query(
             "SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'), current_user "
             "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
             (table.schema, table.name),
         )
         if row and not (row[0][0] and row[0][1]):
-            role = self.quote_ident(row[0][2])
-            grant = (f"GRANT USAGE ON SCHEMA {self.quote_ident(table.schema)} TO {role}" if not row[0][0]
-                     else f"GRANT SELECT ON {self.quote_table(table)} TO {role}")
+            role = self.server.quote_ident(row[0][2])
+            grant = (f"GRANT USAGE ON SCHEMA {self.server.quote_ident(table.schema)} TO {role}" if not row[0][0]
+                     else f"GRANT SELECT ON {self.server.quote_table(table)} TO {role}")
             raise SourceError(f"role {row[0][2]!r} may not read table {table}: {grant}")
-
-    def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
-        """Also: a table snapshotted while its changes are not published would lose the changes
-        inside its chunk windows, so each must be in the publication (added when the role may:
-        the scope, not the conf, chose it) before any watermark of the snapshot is written."""
-        super().check_snapshot_tables(tables)
-        for table in tables:
-            if self._relation(table) is not None:
-                self._ensure_published(table)
