@@ -132,15 +132,18 @@ def connection_options(conn_id: str) -> tuple[str, str, dict[str, Any]] | None:
     """(dialect, server, CDC options of the extra) of Airflow connection ``conn_id``, for
     sources_config.read_sources(connections=...): slot, publication and server_id names set
     in connection extras are then checked for collisions between sources too. None when the
-    connection cannot be read here (then only the names derived from source names are)."""
+    connection cannot be read here (then only the names derived from source names are).
+    Read from the connection as ``CdcSourceHook.connection_params`` reads it, without building
+    those (the dialects import pyarrow, and this runs when cdc_sources.py is parsed)."""
     from .dialects.registry import get_profile
     from .hooks.cdc_source import CdcSourceHook
 
     try:
         hook = CdcSourceHook(conn_id)
-        params = hook.connection_params()
-        port = params.port or get_profile(params.scheme).default_port
-        return params.scheme, f"{params.host}:{port}/{params.database or ''}", hook.dialect_options()
+        conn = hook.connection
+        scheme, options, _driver = hook._split_extra(conn)  # the extra checked, the dialect named
+        port = int(conn.port) if conn.port else get_profile(scheme).default_port
+        return scheme, f"{conn.host or '127.0.0.1'}:{port}/{conn.schema or ''}", options
     except Exception:  # noqa: BLE001 - a connection the parser cannot see is checked when its tasks run
         return None
 

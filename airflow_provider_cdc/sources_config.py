@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import storage
 from .core.errors import ConfigurationError
 from .core.throttle import Throttle
 from .settings import Settings, load
@@ -215,12 +214,25 @@ def read_sources(location: str, env: Mapping[str, str] | None = None,
     is a subset); ``connections``: see :func:`parse_sources`."""
     import yaml
 
-    text = storage.read_text(location)
+    text = _read_text(location)
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigurationError(f"sources config {location}: not valid YAML or JSON: {exc}") from None
     return parse_sources(doc, f"sources config {location}", env, connections)
+
+
+def _read_text(location: str) -> str:
+    """The config's text: a local file read directly (cdc_sources.py reads it at every parse,
+    and storage imports pyarrow), a URI through storage."""
+    if "://" not in location or location.lower().startswith("file://"):
+        from urllib.parse import urlsplit
+
+        with open(urlsplit(location).path if "://" in location else location, encoding="utf-8") as f:
+            return f.read()
+    from . import storage
+
+    return storage.read_text(location)
 
 
 def sources_file(settings: Settings, dags_folder: str | None = None) -> str | None:
@@ -229,6 +241,8 @@ def sources_file(settings: Settings, dags_folder: str | None = None) -> str | No
     if settings.sources_file:
         return settings.sources_file
     if dags_folder:
+        from . import storage
+
         candidate = storage.join(dags_folder, "cdc_sources.yaml")
         if storage.exists(candidate):
             return candidate

@@ -16,16 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
 from ..core.errors import ConfigurationError
-from ..dialects.base import ConnectionParams, Dialect
 from ..dialects.registry import get_profile, profiles
 from ..settings import FromSettings
 from ..settings import load as load_settings
 from .cdc_storage import StorageConnectionMixin
+
+if TYPE_CHECKING:  # the dialects import pyarrow: not when a DAG file that names this hook is parsed
+    from ..dialects.base import ConnectionParams, Dialect
 
 #: Airflow connection type -> dialect name (each database's profile lists its types: dialects/registry.py)
 CONN_TYPE_DIALECTS: dict[str, str] = {t: p.name for p in profiles() for t in p.conn_types}
@@ -139,6 +141,8 @@ class CdcSourceHook(BaseHook):
     def connection_params(self, conn_id: str | None = None) -> ConnectionParams:
         """Host, port, credentials and driver settings (of this hook's connection, or of
         ``conn_id``, a standby's); CDC settings are dialect options."""
+        from ..dialects.base import ConnectionParams
+
         conn = self.connection if conn_id is None else self.get_connection(conn_id)
         name, _options, driver = self._split_extra(conn)
         return ConnectionParams(

@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from ..hooks.cdc_source import CdcSourceMixin
-from ..pipeline.capture import run_capture
-from ..pipeline.retention import RetentionPolicy
 from ..settings import FromSettings, load, sink_names
+
+if TYPE_CHECKING:  # pyarrow: imported when the task runs, not when the DAG file is parsed
+    from ..pipeline.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,8 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         self.skip_if_locked = skip_if_locked
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from ..pipeline.capture import run_capture
+
         max_events = _opt_int(self.max_events)
         done = run_capture(
             self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events),
@@ -119,6 +122,7 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         if now.staging_retention_hours is None:
             return None
         from .. import airflow_variables
+        from ..pipeline.retention import RetentionPolicy
 
         source = self.hook.source
 

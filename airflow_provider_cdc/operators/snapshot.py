@@ -12,29 +12,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from .. import airflow_variables
 from ..core.errors import ConfigurationError
 from ..core.plans import THROTTLE_KEYS, WorkItem
 from ..core.progress import SnapshotProgress
 from ..core.schema import TableName
 from ..hooks.cdc_source import CdcSourceMixin
-from ..pipeline import snapshot_controller as controller
-from ..pipeline.snapshot import (  # noqa: F401 - part of this module's API
-    SEQ_STRIDE,
-    plan_table_ranges,
-    read_plan,
-    read_sidecars,
-    sidecar_path,
-)
 from ..pipeline.snapshot_conf import ACTIONS, CONF_KEYS, SnapshotConf, check_scope, parse_snapshot_conf  # noqa: F401
-from ..pipeline.snapshot_controller import SnapshotController
 from ..settings import FromSettings, load, sink_names
 
+if TYPE_CHECKING:
+    from ..pipeline.snapshot_controller import SnapshotController
+
 log = logging.getLogger(__name__)
+
+#: part of this module's API, from pipeline/snapshot.py: imported when first used (it imports
+#: pyarrow and the dialects; the DAG files that import this module are parsed by every task)
+_SNAPSHOT_API = frozenset({"SEQ_STRIDE", "plan_table_ranges", "read_plan", "read_sidecars", "sidecar_path"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SNAPSHOT_API:
+        from ..pipeline import snapshot
+
+        return getattr(snapshot, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _iso_utc(value: Any) -> str | None:
@@ -85,6 +90,9 @@ def _run_alive(context: Any) -> Any:
 
 def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: str) -> bool:
     """pipeline.snapshot_controller.pause_for_dag_pause on this source's published progress."""
+    from .. import airflow_variables
+    from ..pipeline import snapshot_controller as controller
+
     return controller.pause_for_dag_pause(airflow_variables.for_source(source, data_dir), table_id, snapshot_id)
 
 
@@ -92,9 +100,11 @@ def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, d
     """pipeline.snapshot_controller.mark_failed on this source's published progress. The error
     is stored without row values and through the secrets masker (error_text.py); the snapshot
     ids come from XCom and must be snapshot ids before they reach a path (I15)."""
+    from .. import airflow_variables
     from ..core.errors import ConfigurationError
     from ..core.scope import check_snapshot_id
     from ..error_text import safe_error_text
+    from ..pipeline import snapshot_controller as controller
 
     valid = []
     for table_id, snapshot_id in snapshots:
@@ -149,6 +159,9 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
                    **kwargs: Any) -> SnapshotController:
         """The snapshot controller of this task's source and run: the source's progress (the
         authority, each write published to a Variable), its connection, the settings."""
+        from .. import airflow_variables
+        from ..pipeline.snapshot_controller import SnapshotController
+
         source, now = self.hook.source, load(overrides=self.cdc_overrides)
         return SnapshotController(
             source=source, data_dir=self.data_dir, progress=airflow_variables.for_source(source, self.data_dir),

@@ -1,4 +1,4 @@
-"""SparkSubmitOperators for the package's merge and apply jobs, with an in-process path for small inputs.
+"""Operators for the package's merge and apply jobs: spark-submit, or in-process for small inputs.
 
 A spark-submit has a fixed price (JVM, SparkSession and Python workers: ~20 s and 40-60
 CPU seconds on a 2-core machine) that dwarfs a small round: a snapshot of a 1,000-row
@@ -6,9 +6,16 @@ table or a changelog batch of a few hundred changes. These operators count their
 first (the round's chunk rows from its round file; the staged changelog rows past the
 sinks' markers from Parquet footers) and, when it is at most ``local_max_rows``, run the
 same job in the worker with pyarrow (airflow_provider_cdc/pipeline/arrow_engine.py: same window rule,
-same sinks, same output files); above it they submit the Spark job as any
-SparkSubmitOperator would. ``local_max_rows=0`` always submits; the DAGs read it from
+same sinks, same output files); above it they submit the Spark job through Airflow's
+SparkSubmitOperator. ``local_max_rows=0`` always submits; the DAGs read it from
 ``CDC_LOCAL_MAX_ROWS``.
+
+They hold a SparkSubmitOperator rather than subclass it: its module imports the OpenLineage
+Spark utilities (about a second), and every task of a round parses the DAG file first. The
+provider is imported in ``execute``; the operator is built there from this task's rendered
+fields (its templated arguments are this operator's template fields, the others are handed
+on as given), and it runs as it would on its own: its deployment modes, driver tracking,
+resume on retry (``durable``), OpenLineage injection and ``on_kill``.
 
 Credentials (the 'postgres' sink's CDC_POSTGRES_SINK_CONN_ID, the storage's
 CDC_STORAGE_CONN_ID) are resolved in the worker when the task runs. In the worker they stay
@@ -29,12 +36,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from ..core.errors import ConfigurationError, SchemaChangeError
 from ..hooks.cdc_storage import StorageConnectionMixin
-from ..pipeline.spark.common import application_path
 from ..settings import FromSettings, sink_names
 
 
@@ -93,9 +99,44 @@ def _passfile_line(password: str) -> str:
     return "*:*:*:*:" + password.replace("\\", "\\\\").replace(":", "\\:") + "\n"
 
 
-class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
+#: SparkSubmitOperator's templated arguments (its ``template_fields``): fields of these operators
+_SUBMIT_FIELDS = ("application", "conf", "files", "py_files", "jars", "driver_class_path", "packages",
+                  "exclude_packages", "keytab", "principal", "proxy_user", "name", "application_args", "env_vars",
+                  "post_submit_commands", "properties_file")
+#: ... and its other arguments, handed on as given (a test compares both with the provider's signature)
+_SUBMIT_OPTIONS = frozenset({
+    "archives", "java_class", "repositories", "total_executor_cores", "executor_cores", "executor_memory",
+    "driver_memory", "num_executors", "status_poll_interval", "verbose", "spark_binary", "yarn_queue",
+    "deploy_mode", "use_krb5ccache", "track_driver_via_k8s_api", "yarn_track_via_rm_api", "yarn_rm_auth",
+    "openlineage_inject_parent_job_info", "openlineage_inject_transport_info", "reconnect_on_retry", "durable",
+})
+
+
+def job_application(job: str) -> str:
+    """The job's entry point (``pipeline/spark/common.application_path``, which imports pyarrow:
+    a test keeps the two equal)."""
+    from pathlib import Path
+
+    return str(Path(__file__).resolve().parents[1] / "pipeline" / "spark" / f"{job}_job.py")
+
+
+def _run_nested(operator: BaseOperator, context: Any) -> Any:
+    """``operator.execute(context)`` inside this task's execute, as the task runner would run it
+    (without Airflow's warning for an operator executed outside the task runner)."""
+    try:
+        from airflow.sdk.bases.operator import ExecutorSafeguard
+    except ImportError:  # another SDK layout: Airflow only logs a warning
+        return operator.execute(context)
+    token = ExecutorSafeguard.tracker.set(operator)
+    try:
+        return operator.execute(context)
+    finally:
+        ExecutorSafeguard.tracker.reset(token)
+
+
+class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
     job: str = ""
-    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "data_dir", "source", "sinks")
+    template_fields: Sequence[str] = (*_SUBMIT_FIELDS, "data_dir", "source", "sinks")
     # not given (None): the settings when the task runs (settings.py)
     data_dir = FromSettings("data_dir")
     source = FromSettings("source")
@@ -111,6 +152,7 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
         database: str | None = None,
         local_max_rows: int | None = None,
         cdc_overrides: dict[str, str] | None = None,  # one source's settings (StorageConnectionMixin)
+        conn_id: str = "spark_default",
         **kwargs: Any,
     ) -> None:
         if local_max_rows is not None and (
@@ -120,17 +162,49 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
                 f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always spark-submit), "
                 f"got {local_max_rows!r}"
             )
-        kwargs.setdefault("name", f"cdc-{self.job}")
-        super().__init__(cdc_overrides=cdc_overrides, application=application_path(self.job), **kwargs)
+        submit = {f: kwargs.pop(f, None) for f in _SUBMIT_FIELDS}
+        options = {k: kwargs.pop(k) for k in list(kwargs) if k in _SUBMIT_OPTIONS}
+        super().__init__(cdc_overrides=cdc_overrides, **kwargs)
+        submit["application"] = submit["application"] or job_application(self.job)
+        submit["name"] = submit["name"] or f"cdc-{self.job}"
+        for field, value in submit.items():
+            setattr(self, field, value)
+        self.conn_id, self.submit_options = conn_id, options
         self.data_dir, self.source, self.sinks, self.database = data_dir, source, sinks, database
         self.local_max_rows = local_max_rows
+        self._submit_op: BaseOperator | None = None  # the SparkSubmitOperator of the running execute
+        self._hook = None  # ... and its hook, for on_kill
+
+    def _submit_operator(self, application_args: list[str] | None = None) -> BaseOperator:
+        """Airflow's SparkSubmitOperator for this task's rendered fields, ``application_args`` in
+        place of the field's; its hook bound to this task (``_bind_to_task``) and kept in
+        ``self._hook`` once built."""
+        from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+        fields = {f: getattr(self, f) for f in _SUBMIT_FIELDS}
+        if application_args is not None:
+            fields["application_args"] = application_args
+        op = SparkSubmitOperator(task_id=self.task_id, conn_id=self.conn_id,
+                                 **{k: v for k, v in fields.items() if v is not None}, **self.submit_options)
+        build = op._get_hook
+
+        def get_hook():  # the operator builds its hook in execute, after OpenLineage amended its conf
+            self._hook = self._bind_to_task(build())
+            return self._hook
+
+        op._get_hook = get_hook
+        return op
 
     def _get_hook(self):
+        """The hook a spark-submit of this task's fields runs through (bound to this task)."""
+        return self._submit_operator()._get_hook()
+
+    @staticmethod
+    def _bind_to_task(hook):
         """Spark's hook, with its spark-submit bound to this task's process: killed with the
         task (kill -9 included), never left writing beside the retry (spark/common.py)."""
         from ..pipeline.spark.common import die_with_parent
 
-        hook = super()._get_hook()
         submit, parent = hook.submit, os.getpid()
 
         def submit_bound_to_task(application: str = "", **kwargs: Any):
@@ -140,15 +214,20 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
         hook.submit = submit_bound_to_task
         return hook
 
+    def spark_submit(self, context: Any, application_args: list[str]) -> Any:
+        """Run the job with ``application_args`` through Airflow's SparkSubmitOperator."""
+        self._submit_op = self._submit_operator(application_args)
+        return _run_nested(self._submit_op, context)
+
     def on_kill(self) -> None:
-        """A graceful kill (the task's SIGTERM): the hook ends the application (SIGKILL of the
-        local spark-submit; the driver, YARN application or driver pod in cluster modes), and
-        this returns only once the local spark-submit is gone, so the retry that follows
-        never runs beside it. A round merged in this worker ends with the task process."""
-        hook = getattr(self, "_hook", None)
-        if hook is None:
+        """A graceful kill (the task's SIGTERM): the SparkSubmitOperator ends the application
+        (SIGKILL of the local spark-submit; the driver, YARN application or driver pod in
+        cluster modes), and this returns only once the local spark-submit is gone, so the retry
+        that follows never runs beside it. A round merged in this worker ends with the task process."""
+        submit, hook = getattr(self, "_submit_op", None), getattr(self, "_hook", None)
+        if submit is None or hook is None:
             return  # nothing submitted
-        super().on_kill()
+        submit.on_kill()
         sp = getattr(hook, "_submit_sp", None)
         if sp is None:
             return
@@ -245,9 +324,6 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
             shutil.rmtree(folder, ignore_errors=True)
 
     def execute(self, context: Any) -> dict | None:
-        if not getattr(self, "_arguments_set", False):  # once, even if execute runs twice on one object
-            self.application_args = [*self.job_arguments(), *(self.application_args or [])]
-            self._arguments_set = True
         rows = self.input_rows()
         if rows <= self.local_max_rows:
             self.log.info(
@@ -260,13 +336,9 @@ class _CdcJobOperator(StorageConnectionMixin, SparkSubmitOperator):
             return summary
         self.log.info("%s: %d input rows > local_max_rows=%d: spark-submit %s", self.job, rows, self.local_max_rows,
                       self.application)
-        given = self.application_args
+        # the secrets' arguments go to the spark-submit only, never to this task's (rendered) fields
         with self._submit_secrets() as secret_args:
-            self.application_args = [*given, *secret_args]
-            try:
-                return super().execute(context)
-            finally:
-                self.application_args = given
+            return self.spark_submit(context, [*self.job_arguments(), *(self.application_args or []), *secret_args])
 
     def _asset_kinds(self) -> list[str]:
         """The sinks this task emits Asset events for: those with an alias in its outlets."""
@@ -506,7 +578,6 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         from ..storage.layout import round_path
 
         run_id = (context or {}).get("run_id") or "run"
-        base_args = list(self.application_args or [])
         idle_since: float | None = None
         while True:
             readers = self._readers(context)
@@ -542,10 +613,7 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
                     storage.write_text(self.round_file, json.dumps(ready))
                     self.log.info("merging %d chunk(s), %d rows, while chunks are read (batch %d; %d chunk(s) "
                                   "wait for their high watermark)", len(ready), ready_rows, n, missing)
-                    # each batch its own --chunks: the job's arguments are set once per execute,
-                    # and SparkSubmitOperator keeps the hook (holding them) it built first
-                    self.application_args, self._arguments_set, self._hook = list(base_args), False, None
-                    SnapshotMergeOperator.execute(self, context)
+                    SnapshotMergeOperator.execute(self, context)  # its --chunks: this batch's round file
                     mwr.check_receipt(self.round_file, ready)  # only what this merge wrote is marked merged
                     self._commit(ready)
                     summary.update(batches=n, chunks=summary["chunks"] + len(ready),

@@ -19,7 +19,6 @@ from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this modu
 from ..core.errors import NotReadyError
 from ..hooks.cdc_source import CdcSourceMixin
 from ..settings import load
-from ..triggers.high_watermark import HighWatermarkTrigger, missing_watermarks
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +82,8 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
         return sorted({c["high_watermark"] for c in flatten_chunk_results(self.chunks)})
 
     def poke(self, context: Any) -> bool:
+        from ..triggers.high_watermark import missing_watermarks  # storage, pyarrow: not at parse
+
         ids = self._watermark_ids()
         missing = missing_watermarks(self.data_dir, self.hook.source, ids)
         if missing and self.drain:
@@ -105,6 +106,8 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
         self._defer()
 
     def _defer(self) -> None:
+        from ..triggers.high_watermark import HighWatermarkTrigger
+
         timeout = self.timeout.total_seconds() if isinstance(self.timeout, timedelta) else self.timeout
         self.defer(
             trigger=HighWatermarkTrigger(

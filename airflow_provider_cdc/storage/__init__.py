@@ -15,11 +15,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from functools import lru_cache
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import pyarrow.fs as pafs
-
 from ..core.errors import ConfigurationError
+
+if TYPE_CHECKING:  # imported where used: settings check locations when a DAG file is parsed
+    import pyarrow.fs as pafs
 
 _REMOTE = ("s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
 
@@ -186,6 +188,8 @@ def _s3_settings() -> tuple:
 
 @lru_cache(maxsize=16)
 def _s3(settings: tuple) -> pafs.FileSystem:
+    import pyarrow.fs as pafs
+
     endpoint, key, secret, token, region = settings
     kwargs: dict = {}
     if endpoint:
@@ -200,6 +204,8 @@ def _s3(settings: tuple) -> pafs.FileSystem:
 
 def filesystem(location: str) -> tuple[pafs.FileSystem, str]:
     """``(filesystem, path inside it)`` of a location (see the module docstring)."""
+    import pyarrow.fs as pafs
+
     s = scheme(location)
     if not s:
         return pafs.LocalFileSystem(), local_path(location)
@@ -237,11 +243,15 @@ def delta_storage_options(location: str) -> dict[str, str] | None:
 
 # --- files -----------------------------------------------------------------------------------
 def exists(location: str) -> bool:
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(location)
     return fs.get_file_info(path).type != pafs.FileType.NotFound
 
 
 def is_dir(location: str) -> bool:
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(location)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.Directory:
@@ -264,6 +274,8 @@ def read_text(location: str) -> str:
 
 def list_dir(location: str) -> list[pafs.FileInfo]:
     """The entries right below a folder (empty when it does not exist), by name."""
+    import pyarrow.fs as pafs
+
     fs, path = filesystem(location)
     infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
     return sorted(infos, key=lambda i: i.base_name)
@@ -271,6 +283,8 @@ def list_dir(location: str) -> list[pafs.FileInfo]:
 
 def list_names(location: str, *, suffix: str = "", files_only: bool = True) -> list[str]:
     """Names of the entries right below a folder (hidden temporaries left out)."""
+    import pyarrow.fs as pafs
+
     return [i.base_name for i in list_dir(location)
             if not i.base_name.startswith(".") and i.base_name.endswith(suffix)
             and (not files_only or i.type == pafs.FileType.File)]

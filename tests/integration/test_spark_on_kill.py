@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator
 
@@ -66,6 +65,6 @@ def test_on_kill_ends_the_spark_submit_and_waits_for_it(tmp_path):
 
 def _run(op):
     try:
-        return SparkSubmitOperator.execute(op, {})
+        return op.spark_submit({}, [])
     except Exception as exc:  # noqa: BLE001 - the test inspects it
         return exc

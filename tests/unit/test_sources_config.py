@@ -152,3 +152,19 @@ def test_find_source_looks_in_the_setting_then_the_dag_folder(tmp_path):
     given = load({**ENV, "CDC_SOURCES_FILE": str(tmp_path / "cdc_sources.yaml")})
     assert sources_file(given, "/nowhere") == str(tmp_path / "cdc_sources.yaml")
     assert find_source("shop", given).settings.source == "shop"
+
+
+def test_connection_options_name_the_dialect_server_and_cdc_extras(monkeypatch):
+    """What read_sources checks for shared slot and server names, read without the dialects
+    (cdc_sources.py calls it at parse)."""
+    import json
+
+    from airflow_provider_cdc.dag_builders import connection_options
+
+    monkeypatch.setenv("AIRFLOW_CONN_SHOP_PG", json.dumps({
+        "conn_type": "postgres", "host": "db1", "schema": "shop", "login": "cdc", "password": "pw",
+        "extra": {"slot_name": "shop_slot", "sslmode": "require"}}))
+    monkeypatch.setenv("AIRFLOW_CONN_BILLING_MDB", json.dumps({"conn_type": "mysql", "port": 3307}))
+    assert connection_options("shop_pg") == ("postgres", "db1:5432/shop", {"slot_name": "shop_slot"})
+    assert connection_options("billing_mdb") == ("mysql", "127.0.0.1:3307/", {})
+    assert connection_options("no_such_connection") is None

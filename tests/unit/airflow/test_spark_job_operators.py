@@ -75,3 +75,34 @@ def test_the_postgres_sink_refuses_a_connection_of_another_database(monkeypatch)
     monkeypatch.setenv("AIRFLOW_CONN_CDC_UNIT_SINK", "mysql://u:pw@my.example:3306/lake")
     with pytest.raises(ConfigurationError, match="is of type 'mysql'.*needs a connection of type postgres"):
         postgres_sink_params("cdc_unit_sink")
+
+
+def test_the_operators_take_every_argument_of_airflows_spark_submit_operator():
+    """They hold a SparkSubmitOperator (built in execute) instead of subclassing it: its
+    templated arguments are their template fields, its others are handed on as given."""
+    import inspect
+
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from airflow_provider_cdc.operators.spark_jobs import _SUBMIT_FIELDS, _SUBMIT_OPTIONS, job_application
+
+    params = {p for p in inspect.signature(SparkSubmitOperator.__init__).parameters if p not in ("self", "kwargs")}
+    assert set(_SUBMIT_FIELDS) == set(SparkSubmitOperator.template_fields)
+    assert set(_SUBMIT_FIELDS) | _SUBMIT_OPTIONS | {"conn_id"} == params
+    assert set(_SUBMIT_FIELDS) <= set(SnapshotMergeOperator.template_fields)
+    assert all(job_application(job) == application_path(job) for job in ("merge", "apply"))
+
+
+def test_the_spark_submit_operator_is_built_from_the_rendered_fields(tmp_path):
+    op = ChangelogApplyOperator(task_id="apply", data_dir=str(tmp_path), source="s", conn_id="my_spark",
+                                conf={"spark.ui.enabled": "false"}, executor_memory="2g", durable=False,
+                                env_vars={"A": "1"}, application_args=["--extra"])
+    op.conf = {"spark.ui.enabled": "true"}  # as rendering would set it
+    submit = op._submit_operator(["--x", "1"])
+    assert type(submit).__name__ == "SparkSubmitOperator" and submit.task_id == "apply"
+    assert submit._conn_id == "my_spark" and submit.conf == {"spark.ui.enabled": "true"}
+    assert submit._executor_memory == "2g" and submit.durable is False and submit.env_vars == {"A": "1"}
+    assert submit.application == application_path("apply") and submit.name == "cdc-apply"
+    assert submit.application_args == ["--x", "1"] and op.application_args == ["--extra"]
+    hook = submit._get_hook()
+    assert op._hook is hook and hook.submit.__name__ == "submit_bound_to_task"
