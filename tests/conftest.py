@@ -229,3 +229,32 @@ def s3_server():
         proc.terminate()
         proc.wait(timeout=10)
 
+
+def gauge_recorder():
+    """A stats backend (the Task SDK's NoStatsLogger, keeping every gauge): what StatsD or
+    OpenTelemetry would be sent, as Airflow's [metrics] section configures."""
+    from airflow.sdk._shared.observability.metrics.base_stats_logger import NoStatsLogger
+
+    class GaugeRecorder(NoStatsLogger):
+        gauges: list[tuple[str, float, dict]] = []
+
+        def gauge(self, stat, value, rate=1, delta=False, *, tags=None):  # noqa: ARG002 - the interface's
+            self.gauges.append((stat, value, dict(tags or {})))
+
+    GaugeRecorder.gauges = []
+    return GaugeRecorder()
+
+
+@pytest.fixture
+def gauges():
+    """The Task SDK's metrics recorded in this process (dag.test() runs the tasks here; a test
+    that calls an emitter directly)."""
+    from airflow.sdk._shared.observability.metrics import stats
+
+    recorder = gauge_recorder()
+    saved = (stats._factory, stats._backend)
+    stats._factory, stats._backend = (lambda: recorder), recorder
+    try:
+        yield recorder
+    finally:
+        stats._factory, stats._backend = saved

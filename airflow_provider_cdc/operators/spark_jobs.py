@@ -639,6 +639,24 @@ def raise_schema_stops(apply_result: dict | None) -> None:
         raise schema_stop_error(stopped)
 
 
+def emit_freshness(data_dir: str, source: str) -> float | None:
+    """``cdc.mirror.freshness_seconds``, tagged with the source: how far behind the source the
+    mirror is after an apply (status.freshness: the age of the source state it shows). Returns
+    it (None: the mirror has applied nothing yet, or its commit time is unknown)."""
+    from ..status import freshness
+
+    f = freshness(data_dir, source)
+    age = None if f is None else f["age_s"]
+    if age is None:
+        return None
+    try:
+        from airflow.sdk.observability.stats import gauge
+    except ImportError:  # an Airflow without the Task SDK's metrics
+        return age
+    gauge("cdc.mirror.freshness_seconds", age, tags={"source": source})
+    return age
+
+
 class ChangelogApplyOperator(_CdcJobOperator):
     """Staged changelog segments past each sink's applied marker -> the sinks."""
 
@@ -658,6 +676,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
             from ..sinks.mirror_fencing import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
+            emit_freshness(self.data_dir, self.source)
         self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,
                                                                 skip={"mirror": set(stopped)}))
         if stopped:

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.events import ChangeEvent
+from airflow_provider_cdc.operators.spark_jobs import emit_freshness
 from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.sinks.base import marker_path
@@ -32,7 +33,7 @@ def _apply(st: Stage) -> dict:
             s.close()
 
 
-def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path):
+def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path, gauges):
     st = Stage(tmp_path)
     changelog = changelog_dir(st.data_dir, SOURCE)
     for i in range(1, 6):
@@ -68,3 +69,7 @@ def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path
     after = max(e.ts_ms for e in st.log if isinstance(e, ChangeEvent))
     got = freshness(st.data_dir, SOURCE, now=2_005.0)
     assert got["visible_commit_at"] == after / 1000 and not got["pending"] and got["age_s"] == pytest.approx(5)
+    # the metric an apply task sends (operators/spark_jobs.py), tagged with the source
+    age = emit_freshness(st.data_dir, SOURCE)
+    assert age is not None and age >= 0
+    assert [(s, t) for s, _v, t in gauges.gauges] == [("cdc.mirror.freshness_seconds", {"source": SOURCE})]
