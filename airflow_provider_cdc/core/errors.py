@@ -58,4 +58,3 @@ class FencedError(StateError):
 class SchemaChangeError(CdcError):
     """A source table changed in a way its mirror cannot follow in place (a column's type,
     the primary key): that table waits for a whole-table re-snapshot; the others go on."""
-

@@ -96,8 +96,10 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
         if hi is None:
-            missing.append(f"{describe(c)}: high watermark {c.high_watermark!r} (low watermark "
-                           f"{'staged' if lo is not None else 'not staged either'})")
+            missing.append(
+                f"{describe(c)}: high watermark {c.high_watermark!r} (low watermark "
+                f"{'staged' if lo is not None else 'not staged either'})"
+            )
             continue
         if lo is None:
             raise WatermarkError(
@@ -115,7 +117,9 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     if missing:
         raise NotReadyError(
             f"{len(missing)} chunk(s) of the round have a high watermark that is not in the staged changelog at "
-            f"{changelog_dir} yet: " + "; ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
+            f"{changelog_dir} yet: "
+            + "; ".join(missing[:10])
+            + (" ..." if len(missing) > 10 else "")
             + ". The high-watermark sensor should have waited for them; capture the changelog and retry the merge."
         )
     return windows

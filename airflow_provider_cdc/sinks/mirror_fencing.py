@@ -121,17 +121,26 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
     for _attempt in commit_attempts(f"mirror {path}: rebuild"):
         v = read_version(_delta(path), path)
         try:  # one commit: no rows, the new columns, in buckets; a writer in flight conflicts
-            write_deltalake(path, bucketed.empty_table(), mode="overwrite", schema_mode="overwrite",
-                            partition_by=[BUCKET_COLUMN], storage_options=storage.delta_storage_options(path),
-                            commit_properties=CommitProperties(
-                                max_commit_retries=0, app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1)]))
+            write_deltalake(
+                path,
+                bucketed.empty_table(),
+                mode="overwrite",
+                schema_mode="overwrite",
+                partition_by=[BUCKET_COLUMN],
+                storage_options=storage.delta_storage_options(path),
+                commit_properties=CommitProperties(
+                    max_commit_retries=0, app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1)]
+                ),
+            )
             break
         except CommitFailedError:
             continue
     if BUCKETS_PROPERTY not in _properties(_delta(path)):
         _set_properties(_delta(path), {BUCKETS_PROPERTY: str(DEFAULT_BUCKETS)})
     _set_properties(_delta(path), {SCHEMA_STOP_PROPERTY: ""})
-    log.warning("mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why)
+    log.warning(
+        "mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why
+    )
     return "rebuilt"
 
 
@@ -233,7 +242,9 @@ class MergeFence:
             )
 
 
-def fence_out_merges(data_dir: str, source: str, table: str | TableName, snapshot_id: str | None = None) -> int | None:
+def fence_out_merges(
+    data_dir: str, source: str, table: str | TableName, snapshot_id: str | None = None
+) -> int | None:
     """``stop``: bump the merge epoch of ``table``'s mirror so no merge in flight commits
     again, and record ``snapshot_id`` as stopped so no merge of it can claim later. The
     mirror is created for that when its schema is staged (a first snapshot stopped before

@@ -106,7 +106,9 @@ def _zero_dates_as_text(fn: Callable[[Any], Any], logical: str) -> Callable[[Any
         text = v.decode("ascii") if isinstance(v, bytes) else v
         m = _ZERO_TEXT_RE.match(text)
         if m is None:
-            raise SourceError(f"MySQL returned the {logical} value {text!r}, which is not a date this package knows")
+            raise SourceError(
+                f"MySQL returned the {logical} value {text!r}, which is not a date this package knows"
+            )
         day = f"{m.group(1)}-{m.group(2)}-{m.group(3)}"
         if logical == "date":
             return day

@@ -48,8 +48,11 @@ class _RelInfo:
         self.key_names = tuple(self.names[i] for i in self.key_idx)
         self.conversions = tuple((i, d) for i, d in enumerate(self.decoders) if d is not identity)
         if self.kind == "table":
-            self.batch = pgbatch.Relation(self.table, self.names, self.logicals, self.decoders, self.key_names,
-                                          self.replica_identity)
+            self.batch = pgbatch.Relation(
+                self.table, self.names, self.logicals, self.decoders, self.key_names, self.replica_identity
+            )
+
+
 _UNSET = Position(0)  # the position of an event made one at a time, until its segment is built
 
 
@@ -73,8 +76,14 @@ class _SlotRead:
     read with numpy, runs of row messages go to the segment as they are (decoded when it is
     built), and the few others (Begin, Commit, Relation, TRUNCATE) are handled one at a time."""
 
-    def __init__(self, reader: PgLogReader, start: int, max_events: int | None, seg_max: int | None,
-                 on_segment: SegmentSink | None) -> None:
+    def __init__(
+        self,
+        reader: PgLogReader,
+        start: int,
+        max_events: int | None,
+        seg_max: int | None,
+        on_segment: SegmentSink | None,
+    ) -> None:
         self.d = reader
         self.offset = int_to_lsn(start)
         self.max_events = max_events
@@ -112,7 +121,9 @@ class _SlotRead:
         if self.header and rows:
             first = rows[0]
             if not first.startswith(_COPY_SIGNATURE) or len(first) < 19:
-                raise pgoutput.ProtocolError("the slot's COPY stream does not start with a binary COPY header")
+                raise pgoutput.ProtocolError(
+                    "the slot's COPY stream does not start with a binary COPY header"
+                )
             skip = 19 + int.from_bytes(first[15:19], "big")
             rows[0] = first[skip:]
             if not rows[0]:
@@ -145,7 +156,7 @@ class _SlotRead:
         rows_head = rows
         if int(sizes.sum()) > 4096 * n:  # large messages: a copy of their headers only, not of the block
             sizes = np.full(n, _ROW_HEAD + 1, dtype=np.int64)
-            rows_head = [r[:_ROW_HEAD + 1] for r in rows]
+            rows_head = [r[: _ROW_HEAD + 1] for r in rows]
         base = np.zeros(n, dtype=np.int64)
         np.cumsum(sizes[:-1], out=base[1:])
         buf = np.frombuffer(b"".join(rows_head), dtype=np.uint8)
@@ -153,7 +164,9 @@ class _SlotRead:
             raise pgoutput.ProtocolError("a row of the slot's COPY stream does not hold two fields")
         lsn = buf[base[:, None] + np.arange(6, 14)].view(">u8").ravel().astype(np.int64)
         kind = buf[base + _ROW_HEAD]
-        ctrl = np.flatnonzero((kind != 0x49) & (kind != 0x55) & (kind != 0x44)).tolist()  # not Insert/Update/Delete
+        ctrl = np.flatnonzero(
+            (kind != 0x49) & (kind != 0x55) & (kind != 0x44)
+        ).tolist()  # not Insert/Update/Delete
         i = 0
         for c in ctrl + [n]:
             if c > i:
@@ -184,12 +197,12 @@ class _SlotRead:
             by_bytes = max(int(np.searchsorted(cum, self.cut_bytes - self.seg_bytes + kept, side="left")), at)
             k = min(by_count, by_bytes)
             if k >= j - i:
-                self.seg.payloads.extend(rows[i + at:j])
-                self.seg.lsns.extend(lsn[i + at:j].tolist())
+                self.seg.payloads.extend(rows[i + at : j])
+                self.seg.lsns.extend(lsn[i + at : j].tolist())
                 self.seg_bytes += int(cum[-1]) - kept
                 return
-            self.seg.payloads.extend(rows[i + at:i + k + 1])
-            self.seg.lsns.extend(lsn[i + at:i + k + 1].tolist())
+            self.seg.payloads.extend(rows[i + at : i + k + 1])
+            self.seg.lsns.extend(lsn[i + at : i + k + 1].tolist())
             at, kept = k + 1, int(cum[k])
             self._cut()
 
@@ -222,11 +235,17 @@ class _SlotRead:
         kind = payload[0]
         if kind == 66:  # Begin
             commit_lsn, ts_us, xid = pgoutput.BEGIN.unpack_from(payload, 1)
-            self.in_txn, self.ts_ms, self.txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(self.seg)
+            self.in_txn, self.ts_ms, self.txn_start = (
+                True,
+                ts_us // 1000 + pgoutput.PG_EPOCH_MS,
+                len(self.seg),
+            )
             self.txn_begin = (commit_lsn, self.ts_ms, str(xid), self.last_commit)
             self.seg.begin(*self.txn_begin)
         elif kind == 67:  # Commit
-            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(payload, 1)  # Debezium's lastCommitLsn next
+            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(
+                payload, 1
+            )  # Debezium's lastCommitLsn next
             self.in_txn = False
             self.total += len(self.seg) - self.txn_start
             self.end = max(self.end, end_lsn)
@@ -262,9 +281,19 @@ class _SlotRead:
 class PgLogReader:
     """Read the slot's stream into the segment sink, whole transactions only: the dialect's ``log``."""
 
-    def __init__(self, server: PgServer, catalog: PgCatalog, offsets: PgOffsets, *, watermark_table: TableName,
-                 on_truncate: str, read_timeout: float, capture_step_messages: int, capture_decode: str,
-                 segment_max_bytes: int) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        catalog: PgCatalog,
+        offsets: PgOffsets,
+        *,
+        watermark_table: TableName,
+        on_truncate: str,
+        read_timeout: float,
+        capture_step_messages: int,
+        capture_decode: str,
+        segment_max_bytes: int,
+    ) -> None:
         self.server = server
         self.catalog = catalog
         self.offsets = offsets  # the slot and publication read, and their errors
@@ -344,9 +373,14 @@ class PgLogReader:
         never). describe_table and the chunk reads leave generated columns out."""
         if self.server.conn.server_version < 180000:
             return []
-        generated = {r[0] for r in self.server.query(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-            "AND attgenerated <> ''", (rel.relid,))}
+        generated = {
+            r[0]
+            for r in self.server.query(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+                "AND attgenerated <> ''",
+                (rel.relid,),
+            )
+        }
         return [c.name for c in rel.columns if c.name in generated]
 
     def _publication_narrowing(self, rel: pgoutput.Relation) -> str | None:
@@ -408,12 +442,18 @@ class PgLogReader:
         subtransaction's changes), so its parts are final; the offset still only moves to a
         commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
         start = lsn_to_int(offset)
-        upto, self._read_upto = (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto), None
+        upto, self._read_upto = (
+            (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto),
+            None,
+        )
         if start >= upto:  # the end this run aims at is reached
             return LogBatch([], offset, offset)
-        step = self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
-        reader = _SlotRead(self, start, max_events, segment_max_events if on_segment is not None else None,
-                           on_segment)
+        step = (
+            self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
+        )
+        reader = _SlotRead(
+            self, start, max_events, segment_max_events if on_segment is not None else None, on_segment
+        )
         messages = self._peek(upto, step, reader)
         batch = reader.finish(upto, messages >= step)
         self._read_upto = upto if batch.more else None
@@ -452,17 +492,28 @@ class PgLogReader:
                         f"({self.read_timeout:.0f} s) for one step of {step} messages: raise the option "
                         "read_timeout, or lower capture_step_messages"
                     ) from exc
-                if isinstance(exc, psycopg2.errors.ObjectInUse) and time.monotonic() < deadline and not reader.messages:
+                if (
+                    isinstance(exc, psycopg2.errors.ObjectInUse)
+                    and time.monotonic() < deadline
+                    and not reader.messages
+                ):
                     time.sleep(0.2)  # a reader that just stopped still holds the slot for a moment
                     continue
                 if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
                     raise self.offsets.resnapshot_error("does not exist") from exc
-                if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
-                    raise self.offsets.resnapshot_error(slot_invalidated_why(_invalidation_reason(msg))) from exc
-                raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
+                if (
+                    "invalidated" in msg
+                    or "can no longer get changes" in msg
+                    or "has already been removed" in msg
+                ):
+                    raise self.offsets.resnapshot_error(
+                        slot_invalidated_why(_invalidation_reason(msg))
+                    ) from exc
+                raise SourceError(
+                    f"cannot read the changes of replication slot {self.slot_name!r}: {msg}"
+                ) from exc
             finally:
                 conn.close()
-
 
     def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
         return SourceError(
@@ -486,8 +537,15 @@ class PgLogReader:
             warned.add(info.table)
             log.warning("capture skips changes of %s: %s", info.table, info.problem)
 
-    def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int,
-                    origin: tuple | None = None) -> None:
+    def _row_events(
+        self,
+        info: _RelInfo,
+        m,
+        pos: Callable[[], Position],
+        txn: list,
+        ts_ms: int,
+        origin: tuple | None = None,
+    ) -> None:
         tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
 
         conversions = info.conversions
@@ -562,8 +620,15 @@ class PgLogReader:
         else:
             txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms, origin=origin))
 
-    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int,
-                  origin: tuple | None = None) -> None:
+    def _truncate(
+        self,
+        m: pgoutput.Truncate,
+        rels: dict[int, _RelInfo],
+        pos,
+        txn: list,
+        ts_ms: int,
+        origin: tuple | None = None,
+    ) -> None:
         """One Truncate message may name several tables (TRUNCATE a, b; CASCADE): a ``t``
         event for each captured one, at its place in the transaction."""
         hit = [rels[r].table for r in m.relids if r in rels and rels[r].kind in ("table", "error")]
@@ -572,7 +637,9 @@ class PgLogReader:
         if self.on_truncate == "event":
             for table in hit:
                 log.info("capture: TRUNCATE of %s staged as a 't' event", table)
-                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin))
+                txn.append(
+                    ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin)
+                )
             return
         if self.on_truncate == "skip":
             log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)

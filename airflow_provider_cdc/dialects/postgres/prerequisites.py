@@ -60,7 +60,11 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         problems.append(
             f"wal_level is {s.wal_level!r}: run ALTER SYSTEM SET wal_level = logical (or set it in "
             "postgresql.conf) and restart the server"
-            + (" (on this hot standby and on its primary: decoding on a standby needs both)" if s.in_recovery else "")
+            + (
+                " (on this hot standby and on its primary: decoding on a standby needs both)"
+                if s.in_recovery
+                else ""
+            )
         )
     if s.in_recovery and not s.hot_standby_feedback:
         problems.append(
@@ -124,8 +128,15 @@ def default_object_name(source: str) -> str:
 class PgPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
-    def __init__(self, server: PgServer, offsets: PgOffsets, watermark_rows: PgWatermarkTable, *,
-                 all_tables: bool, watermark_tables: Callable[[], list[TableName]]) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        offsets: PgOffsets,
+        watermark_rows: PgWatermarkTable,
+        *,
+        all_tables: bool,
+        watermark_tables: Callable[[], list[TableName]],
+    ) -> None:
         self.server = server
         self.offsets = offsets
         self.watermark_rows = watermark_rows
@@ -143,8 +154,12 @@ class PgPrerequisites:
             "FROM pg_roles r WHERE r.rolname = current_user",
             (self.offsets.slot_name, self.offsets.publication_name),
         )[0]
-        return PgSettings(*row[:10], all_tables=self.all_tables and not self.offsets.tables, in_recovery=bool(row[10]),
-                          hot_standby_feedback=bool(row[11]))
+        return PgSettings(
+            *row[:10],
+            all_tables=self.all_tables and not self.offsets.tables,
+            in_recovery=bool(row[10]),
+            hot_standby_feedback=bool(row[11]),
+        )
 
     def check(self) -> None:
         """Every unmet prerequisite at once. On a hot standby (capture from a standby,
@@ -177,26 +192,41 @@ class PgPrerequisites:
         db_create = self.server.query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
         wm = self.watermark_rows.table
         wms = self.watermark_tables()  # watermark strategy "log": no watermark table
-        wm_row = [] if not wms else self.server.query(
-            "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
-            "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (wm.schema, wm.name),
+        wm_row = (
+            []
+            if not wms
+            else self.server.query(
+                "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
+                "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+                (wm.schema, wm.name),
+            )
         )
         if wm_row:
             if not wm_row[0][2]:
-                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the watermark table's schema)")
+                problems.append(
+                    f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the watermark table's schema)"
+                )
             if not (wm_row[0][0] and wm_row[0][1]):
-                problems.append(f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {role} (the watermark table: "
-                                "DBLog's watermarks are UPDATEs of its one row)")
+                problems.append(
+                    f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {role} (the watermark table: "
+                    "DBLog's watermarks are UPDATEs of its one row)"
+                )
         elif wms:
-            nsp = self.server.query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
-                              (wm.schema,))
+            nsp = self.server.query(
+                "SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
+                (wm.schema,),
+            )
             if (nsp and not nsp[0][0]) or (not nsp and not db_create):
-                what = f"SCHEMA {self.server.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.server.quote_ident(
-                    self.server.params.database or "postgres")
-                problems.append(f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
-                                f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')")
+                what = (
+                    f"SCHEMA {self.server.quote_ident(wm.schema)}"
+                    if nsp
+                    else "DATABASE " + self.server.quote_ident(self.server.params.database or "postgres")
+                )
+                problems.append(
+                    f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
+                    f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')"
+                )
         scope = list(self.offsets.tables or [])
         rows = {
             TableName(sch, name): (sel, usage, owner)
@@ -222,8 +252,11 @@ class PgPrerequisites:
             pass  # a standby's publication is the primary's: check_prerequisites names what it lacks
         elif pub and not pub[0][0] and scope:
             published = {
-                TableName(a, b) for a, b in self.server.query(
-                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.offsets.publication_name,))
+                TableName(a, b)
+                for a, b in self.server.query(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                    (self.offsets.publication_name,),
+                )
             }
             missing = [t for t in [*scope, *wms] if t not in published and (t in rows or t in wms)]
             not_owned = [t for t in missing if t not in wms and not rows[t][2]]
@@ -237,7 +270,9 @@ class PgPrerequisites:
         elif not pub and scope:
             not_owned = [t for t in scope if t in rows and not rows[t][2]]
             if not db_create or not_owned:
-                why = [] if db_create else [f"CREATE on database {self.server.params.database or 'postgres'!r}"]
+                why = (
+                    [] if db_create else [f"CREATE on database {self.server.params.database or 'postgres'!r}"]
+                )
                 if not_owned:
                     why.append(f"ownership of {', '.join(map(str, not_owned))}")
                 problems.append(
@@ -256,6 +291,9 @@ class PgPrerequisites:
         )
         if row and not (row[0][0] and row[0][1]):
             role = self.server.quote_ident(row[0][2])
-            grant = (f"GRANT USAGE ON SCHEMA {self.server.quote_ident(table.schema)} TO {role}" if not row[0][0]
-                     else f"GRANT SELECT ON {self.server.quote_table(table)} TO {role}")
+            grant = (
+                f"GRANT USAGE ON SCHEMA {self.server.quote_ident(table.schema)} TO {role}"
+                if not row[0][0]
+                else f"GRANT SELECT ON {self.server.quote_table(table)} TO {role}"
+            )
             raise SourceError(f"role {row[0][2]!r} may not read table {table}: {grant}")

@@ -46,10 +46,12 @@ class PgWatermarkTable:
 
     @property
     def standby_watermark_problem(self) -> str:
-        return ("watermark_strategy 'table' writes watermark rows, and PostgreSQL at "
-                f"{self.server.params.host}:{self.server.params.port} is a hot standby, which cannot be written. Set "
-                "watermark_strategy to 'log' (positions read around each chunk, nothing written), or point the "
-                "source's connection at the primary")
+        return (
+            "watermark_strategy 'table' writes watermark rows, and PostgreSQL at "
+            f"{self.server.params.host}:{self.server.params.port} is a hot standby, which cannot be written. Set "
+            "watermark_strategy to 'log' (positions read around each chunk, nothing written), or point the "
+            "source's connection at the primary"
+        )
 
     # --- watermarks ---------------------------------------------------------------------
     def ensure(self) -> None:
