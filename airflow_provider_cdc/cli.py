@@ -204,15 +204,18 @@ def _add_doctor_and_sources(sub) -> None:
     doc = sub.add_parser(
         "doctor",
         help="check a source before its first run and print what to fix, one line per finding (read-only)",
-        description="Check a source before its first run and print what to fix, one line per finding with its "
+        description="Check a source before its first run and print what to fix, one line per finding "
+        "with its "
         "severity (ERROR: the first run would be refused or fail; WARNING: it runs, but something can "
         "hurt later). Checked: the connection reaches the server and logs in (the connection id is "
-        "named); the grants the role needs for its watermark strategy (the docs' connections page, 'Grants'); PostgreSQL "
+        "named); the grants the role needs for its watermark strategy (the docs' connections page, "
+        "'Grants'); PostgreSQL "
         "wal_level=logical, a free replication slot, the REPLICATION attribute, max_slot_wal_keep_size "
         "(-1: nothing bounds the WAL a slot may hold, a warning), the publication; MariaDB/MySQL "
         "log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica "
         "log_slave_updates, GTID replication and watermark_strategy 'log'; each table of the scope "
-        "exists and has a primary key or a usable replica identity (the docs' operations page, 'Tables without a primary "
+        "exists and has a primary key or a usable replica identity (the docs' operations page, 'Tables "
+        "without a primary "
         "key'); the hot standby chunks are read from (connection extra chunk_conn_id): in recovery, "
         "hot_standby_feedback on, replay not paused. Doctor is read-only: its session cannot write, "
         "and it creates no slot, publication or watermark table. "
@@ -252,7 +255,8 @@ def _add_doctor_and_sources(sub) -> None:
     )
     so = sub.add_parser(
         "sources",
-        help="every source with its replication slot or binlog offset, publication, capture lag and WAL held, "
+        help="every source with its replication slot or binlog offset, publication, capture lag and "
+        "WAL held, "
         "including sources that only ever ran a snapshot",
         description="List every source this deployment knows: the sources config's, the environment's "
         "(CDC_SOURCE, CDC_SOURCE_CONN_ID), and those only snapshot progress or a capture lag in "
@@ -517,7 +521,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         for gap in _open_gaps_of(s, data_dirs.get(s)):
             todo = sorted(set(gap.get("tables", [])) - set(gap.get("verified", {})))
             print(
-                f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and {gap.get('to')} may be "
+                f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and "
+                f"{gap.get('to')} may be "
                 f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}"
             )
     return EXIT_OK
@@ -615,7 +620,8 @@ def cmd_resync(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(
-        f"source {source!r}: resynced. Capture starts anew at {gap['to']}; changes after {gap['from']} and before "
+        f"source {source!r}: resynced. Capture starts anew at {gap['to']}; changes after {gap['from']} "
+        "and before "
         "it may be missing (recorded as a gap beside the event log, _gaps.json)."
     )
     print("next: let cdc_changelog run once, then verify and repair each captured table:")
@@ -669,7 +675,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
             for gap in verified_after_gap(dialect, args.data_dir, table.id):
                 print(
-                    f"gap {gap['from']} .. {gap['to']} of source {source!r} closed: every captured table verified "
+                    f"gap {gap['from']} .. {gap['to']} of source {source!r} closed: every captured "
+                    "table verified "
                     "equal to the source since",
                     file=sys.stderr,
                 )
@@ -706,7 +713,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         if not res.ok:
             print(
-                f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, different: {res.different}"
+                f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, "
+                f"different: {res.different}"
             )
             for m in res.examples:
                 print(f"  {m.describe()}")
@@ -734,8 +742,10 @@ def not_snapshotted(data_dir: str, source: str, table: TableName, snapshot_dag: 
     if storage.exists(where):
         return None
     return (
-        f"table {table.id} of source {source!r} is not snapshotted yet: it has no mirror ({where}), so there is "
-        f"nothing to verify. Start its snapshot: airflow-cdc snapshot start --source {source} --table {table.id} "
+        f"table {table.id} of source {source!r} is not snapshotted yet: it has no mirror ({where}), so "
+        "there is "
+        f"nothing to verify. Start its snapshot: airflow-cdc snapshot start --source {source} --table "
+        f"{table.id} "
         f"(or trigger {snapshot_dag} with conf {json.dumps({'action': 'start', 'tables': [table.id]})}), and "
         "verify once it is done (airflow-cdc status)"
     )
@@ -792,7 +802,8 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
     CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)
     if not args.force and storage.exists(args.out):
         print(
-            f"error: --out {args.out} exists already; nothing was written. Give another location, or --force to "
+            f"error: --out {args.out} exists already; nothing was written. Give another location, or "
+            "--force to "
             "replace it",
             file=sys.stderr,
         )
@@ -810,9 +821,12 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
     print(f"{table.id}: {n} Debezium records -> {args.out}")
     if skipped:
         print(
-            f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position {skipped[0]}), as "
-            "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this export keeps "
-            "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a consumer "
+            f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position "
+            f"{skipped[0]}), as "
+            "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this "
+            "export keeps "
+            "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a "
+            "consumer "
             "that reads op 't' (docs: outputs, \"Consuming the Debezium JSON\")",
             file=sys.stderr,
         )
@@ -941,7 +955,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     entry = _config_source(source, now)
     if entry is None and source != now.source:  # else the environment's DAG would snapshot another source
         print(
-            f"error: {unknown_source_error(source, known_sources(now)) or f'source {source!r} is not configured'}",
+            "error: "
+            f"{unknown_source_error(source, known_sources(now)) or f'source {source!r} is not configured'}",
             file=sys.stderr,
         )
         return EXIT_ERROR
@@ -953,7 +968,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         for t in tables:
             p = airflow_variables.request(source, t, args.action, data_dir)
             print(
-                f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk"
+                f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before "
+                "their next chunk"
             )
         return EXIT_OK
     from airflow.api.common.trigger_dag import trigger_dag
@@ -971,7 +987,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         run_id=f"{args.action}__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}",
     )
     print(
-        f"triggered {dag_id} run {run.run_id} with conf {json.dumps(conf)} (airflow-cdc status shows its progress)"
+        f"triggered {dag_id} run {run.run_id} with conf {json.dumps(conf)} (airflow-cdc status shows "
+        "its progress)"
     )
     return EXIT_OK
 
@@ -1001,7 +1018,8 @@ def cmd_drop_source(args: argparse.Namespace) -> int:
         held = held_objects(dialect, data_dir)
         if not args.yes:
             print(
-                f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes to drop them "
+                f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes "
+                "to drop them "
                 "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)"
             )
             return EXIT_MISMATCH
@@ -1122,7 +1140,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     warnings = sum(f.severity == "warning" for f in findings)
     if failed:
         print(
-            f"source {source!r}: {errors} error(s), {warnings} warning(s): fix the errors above before the first "
+            f"source {source!r}: {errors} error(s), {warnings} warning(s): fix the errors above before "
+            "the first "
             "run, then run doctor again"
         )
     else:
@@ -1150,7 +1169,8 @@ def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
         else:
             note = (
                 (
-                    "named only by Variables (snapshot progress or capture lag): neither the sources config nor "
+                    "named only by Variables (snapshot progress or capture lag): neither the sources "
+                    "config nor "
                     "the environment names it, so its server is not asked"
                 )
                 if known is None

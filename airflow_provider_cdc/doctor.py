@@ -39,7 +39,8 @@ def _user_error(exc: BaseException, conn_id: str | None) -> str:
     text = safe_error_text(exc)
     if text.startswith("cannot connect") or "Can't connect" in text:  # the server is not reached at all
         return (
-            f"{text} (connection {conn_id!r}): check that connection's host and port, that the server runs, and "
+            f"{text} (connection {conn_id!r}): check that connection's host and port, that the server "
+            "runs, and "
             "that it accepts connections from here"
         )
     return f"{type(exc).__name__}: {text} (connection {conn_id!r})"
@@ -324,7 +325,8 @@ def _mysql(d: Any) -> list[Finding]:
         present = {
             (str(a), str(b))
             for a, b in d._query(
-                "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' AND "  # noqa: S608
+                "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = "  # noqa: S608
+                "'BASE TABLE' AND "
                 "TABLE_SCHEMA IN (" + ", ".join(["%s"] * len({t.schema for t in tables})) + ")",
                 sorted({t.schema for t in tables}),
             )

@@ -46,7 +46,8 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_TABLES",
         None,
         "the capture scope: the only tables the changelog captures and a snapshot may read "
-        "(a run's conf can narrow it, never widen it), and those a snapshot reads when its conf names none; a comma "
+        "(a run's conf can narrow it, never widen it), and those a snapshot reads when its conf names "
+        "none; a comma "
         "list, or a JSON list for names holding commas. Unset: nothing is captured",
         "public.orders,public.customers",
     ),
@@ -54,8 +55,10 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_CAPTURE_ALL_TABLES",
         None,
         "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
-        "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica identity, "
-        "so it is refused while any exists; MariaDB/MySQL: every database of the server). System schemas never",
+        "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica "
+        "identity, "
+        "so it is refused while any exists; MariaDB/MySQL: every database of the server). System "
+        "schemas never",
     ),
     Option(
         "CDC_KEY_COLUMNS",
@@ -71,7 +74,8 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_STORAGE_CONN_ID",
         None,
         "Airflow connection (type aws) with the object-storage endpoint and "
-        "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a spark-submit "
+        "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a "
+        "spark-submit "
         "(unset: the workers' AWS_* variables)",
     ),
     Option(
@@ -111,15 +115,18 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_CHUNK_TARGET_SECONDS",
         "1",
         "adaptive chunk size: seconds a snapshot chunk (watermarks, SELECT, "
-        "staging) aims to take; each chunk of a range is sized from those before it (at most 2x the last one, "
-        "any smaller). Used unless chunk_size is given in the run's conf or the DAG's throttle (then every chunk "
+        "staging) aims to take; each chunk of a range is sized from those before it (at most 2x the "
+        "last one, "
+        "any smaller). Used unless chunk_size is given in the run's conf or the DAG's throttle (then "
+        "every chunk "
         "has that many rows; conf chunk_size 'auto' asks for the adaptive size)",
     ),
     Option(
         "CDC_CHUNK_TARGET_MB",
         "32",
         "adaptive chunk size: megabytes a staged chunk's rows aim to take "
-        "(uncompressed; at most the source's batch_max_bytes); caps the size even below CDC_CHUNK_MIN_ROWS, so "
+        "(uncompressed; at most the source's batch_max_bytes); caps the size even below "
+        "CDC_CHUNK_MIN_ROWS, so "
         "wide rows give fewer rows per chunk",
     ),
     Option("CDC_CHUNK_MIN_ROWS", "100", "adaptive chunk size: fewest rows the duration target may ask for"),
@@ -162,7 +169,8 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_STAGING_RETENTION_HOURS",
         "72",
         "hours staged segments and finished snapshots' chunk folders stay "
-        "after nothing else holds them (every sink applied them, no open snapshot needs them), for replays and "
+        "after nothing else holds them (every sink applied them, no open snapshot needs them), for "
+        "replays and "
         "late readers; at least 1, or 'never' to keep staging forever",
     ),
     Option("CDC_CAPTURE_MAX_EVENTS", None, "cap on the events of one capture (unset: unbounded)"),
@@ -206,7 +214,8 @@ def provider_config() -> dict:
     per setting, with its default and description."""
     return {
         "cdc": {
-            "description": "Settings of airflow-provider-cdc. A CDC_* environment variable of the same name wins; "
+            "description": "Settings of airflow-provider-cdc. A CDC_* environment variable of the same "
+            "name wins; "
             "a source of the sources config wins over both.",
             "options": {
                 o.key: {
@@ -336,7 +345,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         spark_conf = json.loads(raw_conf) if raw_conf else {}
     except ValueError as exc:
         raise ConfigurationError(
-            f'CDC_SPARK_CONF must be a JSON object of Spark settings, e.g. \'{{"spark.executor.memory": "4g"}}\': {exc}'
+            "CDC_SPARK_CONF must be a JSON object of Spark settings, e.g. "
+            f'\'{{"spark.executor.memory": "4g"}}\': {exc}'
         ) from None
     if not isinstance(spark_conf, dict):
         raise ConfigurationError(f"CDC_SPARK_CONF must be a JSON object of Spark settings, got {raw_conf!r}")
@@ -359,7 +369,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
             raise ConfigurationError(f"CDC_TABLES: {exc}") from None
     if tables and all_raw in _TRUE:
         raise ConfigurationError(
-            "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the other; unset one"
+            "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the "
+            "other; unset one"
         )
     key_columns = parse_key_columns(_raw(env, "CDC_KEY_COLUMNS"), "CDC_KEY_COLUMNS")
     for t in key_columns:

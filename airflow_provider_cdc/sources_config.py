@@ -91,7 +91,8 @@ def refuse_templates(value: Any, where: str) -> None:
         if any(mark in value for mark in _JINJA):
             raise ConfigurationError(
                 f"{where}: holds Jinja template syntax ({', '.join(m for m in _JINJA if m in value)}); the "
-                "sources config is data and is never rendered as a template: write the value itself (a secret "
+                "sources config is data and is never rendered as a template: write the value itself (a "
+                "secret "
                 "belongs in an Airflow connection, named by its id)"
             )
     elif isinstance(value, Mapping):
@@ -135,7 +136,8 @@ def parse_sources(
     for name, entry in sources.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigurationError(
-                f"{origin}: source name {name!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a "
+                f"{origin}: source name {name!r} must be 1-100 letters, digits, '_', '-' or '.', "
+                "starting with a "
                 "letter or digit (it becomes part of DAG ids)"
             )
         if name.lower() in seen:
@@ -190,7 +192,8 @@ def _refuse_shared_names(
                 )
             raise ConfigurationError(
                 f"{origin}: sources {other!r} and {entry.name!r} would share the {what} {identity[1]!r} on "
-                f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its own (or none: "
+                f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its "
+                "own (or none: "
                 "each source then gets one derived from its name)"
             )
 

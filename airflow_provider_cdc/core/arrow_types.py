@@ -304,9 +304,12 @@ def mirror_schema(schema: TableSchema) -> pa.Schema:
         other = seen.setdefault(c.name.lower(), c.name)
         if other != c.name:
             raise ConfigurationError(
-                f"table {schema.table} has columns {other!r} and {c.name!r}, whose names differ only in case: the Delta "
-                "mirror compares column names without case (as Spark and most lake readers do) and cannot hold both. "
-                "Rename one at the source, or leave this table out of the mirror (a source with CDC_SINKS=events)"
+                f"table {schema.table} has columns {other!r} and {c.name!r}, whose names differ only "
+                "in case: the Delta "
+                "mirror compares column names without case (as Spark and most lake readers do) and "
+                "cannot hold both. "
+                "Rename one at the source, or leave this table out of the mirror (a source with "
+                "CDC_SINKS=events)"
             )
     fields = [pa.field(c.name, arrow_type(c.type)) for c in schema.columns]
     fields += [
@@ -354,8 +357,10 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
                 return (ints.cast(pa.int32()) if logical == "date" else ints).view(target)
             except (ValueError, OverflowError) as exc:
                 raise ConfigurationError(
-                    f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 bits end in "
-                    "year 294247): re-snapshot after correcting the value, or leave the table out of the mirror"
+                    f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 "
+                    "bits end in "
+                    "year 294247): re-snapshot after correcting the value, or leave the table out of "
+                    "the mirror"
                 ) from exc
     if pa.types.is_string(target):
         return string_array([_decode(v, logical, target) for v in values])

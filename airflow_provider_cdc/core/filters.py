@@ -114,7 +114,8 @@ class _Renderer:
 
     def refuse(self, node, why: str) -> ConfigurationError:
         return ConfigurationError(
-            f"filter {self.setting!r}: {node.sql(dialect=self.dialect)!r} is not allowed ({why}); a filter may use {ALLOWED}"
+            f"filter {self.setting!r}: {node.sql(dialect=self.dialect)!r} is not allowed ({why}); a "
+            f"filter may use {ALLOWED}"
         )
 
     def only(self, node, *keys: str) -> bool:
@@ -165,7 +166,8 @@ class _Renderer:
         name = node.this.this
         if self.columns is not None and name not in self.columns:
             raise ConfigurationError(
-                f"filter {self.setting!r} names column {name!r}, which the table does not have; columns: {self.columns}"
+                f"filter {self.setting!r} names column {name!r}, which the table does not have; "
+                f"columns: {self.columns}"
             )
         self.used.append(name)
         return self.quote(name)
@@ -202,7 +204,10 @@ class _Renderer:
                 items.append(self.value(e))
             return self.neg(node, f"({left} IN ({', '.join(items)}))", "this", "expressions")
         if isinstance(node, exp.Between):
-            sql = f"({self.value(node.this)} BETWEEN {self.value(node.args['low'])} AND {self.value(node.args['high'])})"
+            sql = (
+                f"({self.value(node.this)} BETWEEN {self.value(node.args['low'])} AND "
+                f"{self.value(node.args['high'])})"
+            )
             return self.neg(node, sql, "this", "low", "high")
         if isinstance(node, exp.Like) or (isinstance(node, exp.ILike) and self.rules.ilike):
             word = "LIKE" if isinstance(node, exp.Like) else "ILIKE"

@@ -49,7 +49,8 @@ class KeysetPredicate:
             raise ConfigurationError("keyset predicate needs at least one key column")
         if len(self.key) != len(self.columns):
             raise ConfigurationError(
-                f"key {list(self.key)!r} has {len(self.key)} value(s) but the primary key {list(self.columns)} "
+                f"key {list(self.key)!r} has {len(self.key)} value(s) but the primary key "
+                f"{list(self.columns)} "
                 f"has {len(self.columns)} column(s); give one value per key column"
             )
 
@@ -217,7 +218,8 @@ class SnapshotRequest:
         for k in self.keys.get(tid, ()):
             if len(k) != n:
                 raise ConfigurationError(
-                    f"chosen key {list(k)!r} of table {tid} has {len(k)} value(s); primary key {list(schema.primary_key)} has {n}"
+                    f"chosen key {list(k)!r} of table {tid} has {len(k)} value(s); primary key "
+                    f"{list(schema.primary_key)} has {n}"
                 )
         for r in self.ranges.get(tid, ()):
             for b in (r.start, r.end):
@@ -314,7 +316,8 @@ def check_ranges_ranked(table: str, ranges: Sequence[ChunkRange], rank: Callable
     for r in ranges:
         if r.start is not None and r.end is not None and not rank(r.start) < rank(r.end):
             raise ConfigurationError(
-                f"key range {r.to_json()} of table {table} is empty or inverted in the database's order of the key: "
+                f"key range {r.to_json()} of table {table} is empty or inverted in the database's "
+                "order of the key: "
                 "start must be below end (end is exclusive)"
             )
     ordered = sorted(ranges, key=lambda r: -1 if r.start is None else rank(r.start))
@@ -345,7 +348,8 @@ def check_bound_types(schema: TableSchema, key: Sequence, what: str) -> None:
         if v is None or (isinstance(v, bool) and bool not in want) or not isinstance(v, want):
             names = "/".join(x.__name__ for x in want).replace("str", "string").replace("int", "integer")
             raise ConfigurationError(
-                f"{what} {list(key)!r} of table {schema.table}: column {col!r} is {t}, so its value must be a "
+                f"{what} {list(key)!r} of table {schema.table}: column {col!r} is {t}, so its value "
+                "must be a "
                 f"{names} (the key's canonical JSON form), got {v!r}"
             )
 
@@ -357,7 +361,8 @@ def _check_ranges(table: str, ranges: Sequence[ChunkRange]) -> None:
     for r in ranges:
         if _all_int(r.start) and _all_int(r.end) and not r.start < r.end:
             raise ConfigurationError(
-                f"key range {r.to_json()} of table {table} is empty: start must be below end (end is exclusive)"
+                f"key range {r.to_json()} of table {table} is empty: start must be below end (end is "
+                "exclusive)"
             )
     if len(ranges) > 1 and all(
         (r.start is None or _all_int(r.start)) and (r.end is None or _all_int(r.end)) for r in ranges
@@ -367,7 +372,8 @@ def _check_ranges(table: str, ranges: Sequence[ChunkRange]) -> None:
         for a, b in zip(ordered, ordered[1:], strict=False):
             if a.end is None or b.start is None or b.start < a.end:
                 raise ConfigurationError(
-                    f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give disjoint ranges"
+                    f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give "
+                    "disjoint ranges"
                 )
 
 
@@ -468,6 +474,7 @@ def plan_ranges(
         if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool):
             return even_ranges(lo, hi, parts, within)
         raise ConfigurationError(
-            f"even split needs a single integer key, got min/max {min_max!r}; pass sampled keys for text, UUID or composite keys"
+            f"even split needs a single integer key, got min/max {min_max!r}; pass sampled keys for "
+            "text, UUID or composite keys"
         )
     return [within]

@@ -190,7 +190,8 @@ class SnapshotProgress:
                 or "none"
             )
             raise StateError(
-                f"{self._label()}: cannot go from {self.status} to {to}; {_ADVICE[self.status]}. Allowed now: {allowed}"
+                f"{self._label()}: cannot go from {self.status} to {to}; {_ADVICE[self.status]}. "
+                f"Allowed now: {allowed}"
             )
         t = _now(now)
         if self.status == Status.RUNNING and self.running_since is not None:
@@ -221,7 +222,8 @@ class SnapshotProgress:
             left = {t: len(p.remaining()) for t, p in self.tables.items() if not p.done}
             if left:
                 raise StateError(
-                    f"{self._label()}: cannot finish, ranges not done yet: {left}; run their chunks (next_work()) first"
+                    f"{self._label()}: cannot finish, ranges not done yet: {left}; run their chunks "
+                    "(next_work()) first"
                 )
         self._move(Status.DONE, now)
 
@@ -255,16 +257,20 @@ class SnapshotProgress:
             return False  # the range is done (coalesced into a done range): recorded before
         if state.range.end != rng.end:
             raise StateError(
-                f"{self._label()}: chunk seq {result.seq} of {result.table} read range {rng.to_json()} but the plan has "
-                f"{state.range.to_json()}; the chunk does not belong to this snapshot's plan. Re-plan with a new snapshot"
+                f"{self._label()}: chunk seq {result.seq} of {result.table} read range {rng.to_json()} "
+                "but the plan has "
+                f"{state.range.to_json()}; the chunk does not belong to this snapshot's plan. Re-plan "
+                "with a new snapshot"
             )
         if result.seq <= state.last_seq:
             return False
         after = None if result.after_key is None else tuple(result.after_key)
         if after != state.last_key:
             raise StateError(
-                f"{self._label()}: chunk seq {result.seq} of {result.table} read after key {after!r} but the last "
-                f"committed key of range {rng.to_json()} is {state.last_key!r}; a chunk would be skipped or read twice. "
+                f"{self._label()}: chunk seq {result.seq} of {result.table} read after key {after!r} "
+                "but the last "
+                f"committed key of range {rng.to_json()} is {state.last_key!r}; a chunk would be "
+                "skipped or read twice. "
                 "Run the next chunk from next_work()"
             )
         t = _now(now)

@@ -127,7 +127,8 @@ def split_table_list(value: object, setting: str) -> list[str]:
             value = [t.strip() for t in text.split(",") if t.strip()]
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
         raise ConfigurationError(
-            f"{setting} must be a list of 'schema.table' strings (or a comma list, or a JSON list), got {value!r}"
+            f"{setting} must be a list of 'schema.table' strings (or a comma list, or a JSON list), "
+            f"got {value!r}"
         )
     return list(value)
 
@@ -156,7 +157,8 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
                 table, sep, cols = part.rpartition(":")
                 if not sep or not table.strip():
                     raise ConfigurationError(
-                        f"{setting}: {part!r} is not 'schema.table:column[,column...]'; separate tables with ';', "
+                        f"{setting}: {part!r} is not 'schema.table:column[,column...]'; separate "
+                        "tables with ';', "
                         'or give a JSON object such as {"public.events": ["event_uid"]}'
                     )
                 out[table.strip()] = [c.strip() for c in cols.split(",")]

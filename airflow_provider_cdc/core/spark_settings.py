@@ -120,12 +120,16 @@ def check_spark_conf(conf: Mapping[str, Any], setting: str = "CDC_SPARK_CONF") -
     refused = sorted(str(k) for k in conf if not isinstance(k, str) or not allowed(k))
     if refused:
         raise ConfigurationError(
-            f"{setting}: Spark setting(s) {', '.join(map(repr, refused))} not allowed here; it accepts only tuning "
+            f"{setting}: Spark setting(s) {', '.join(map(repr, refused))} not allowed here; it accepts "
+            "only tuning "
             "(memory, cores, instances, dynamic allocation, shuffle and SQL tuning: "
             "airflow_provider_cdc/core/spark_settings.py lists them), since a setting that runs code, loads "
-            "classes or carries credentials is an administrator's alone (defence in depth: the sources config "
-            "is code, reviewed like the DAG folder, the docs' security page). Have an administrator set it in spark-defaults.conf of the Spark installation the Spark "
-            "connection (CDC_SPARK_CONN_ID) uses, or pass it as conf= to the operators in a DAG file of your own"
+            "classes or carries credentials is an administrator's alone (defence in depth: the sources "
+            "config "
+            "is code, reviewed like the DAG folder, the docs' security page). Have an administrator "
+            "set it in spark-defaults.conf of the Spark installation the Spark "
+            "connection (CDC_SPARK_CONN_ID) uses, or pass it as conf= to the operators in a DAG file "
+            "of your own"
         )
     for key in sorted(conf):
         problem = _value_problem(key, conf[key])

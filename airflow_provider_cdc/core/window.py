@@ -162,8 +162,10 @@ def _window(chunk: WindowChunk, found: Mapping[str, WatermarkHit]) -> tuple[Wate
         )
     if lw is None:
         raise WatermarkError(
-            f"{chunk.label}: high watermark {chunk.high_watermark!r} is in the changelog at {hw.position} but its "
-            f"low watermark {chunk.low_watermark!r} is not; the changelog given to the merge must start before "
+            f"{chunk.label}: high watermark {chunk.high_watermark!r} is in the changelog at "
+            f"{hw.position} but its "
+            f"low watermark {chunk.low_watermark!r} is not; the changelog given to the merge must "
+            "start before "
             "the chunk's low watermark (was a segment removed or the capture started after the chunk?). "
             "Re-read this chunk"
         )
@@ -171,7 +173,8 @@ def _window(chunk: WindowChunk, found: Mapping[str, WatermarkHit]) -> tuple[Wate
         lw.position < hw.position or (lw.position == hw.position and marked_position(chunk.low_watermark))
     ):
         raise WatermarkError(
-            f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high watermark "
+            f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high "
+            "watermark "
             f"{chunk.high_watermark!r} at {hw.position}; the watermark ids are mixed up. Re-read this chunk"
         )
     return lw, hw

@@ -243,7 +243,8 @@ class Dialect(ABC):
         strategy = str(options.get("watermark_strategy") or "table").strip().lower()
         if strategy not in WATERMARK_STRATEGIES:
             raise ConfigurationError(
-                f"source {source!r}: watermark_strategy must be one of {', '.join(WATERMARK_STRATEGIES)}, got "
+                f"source {source!r}: watermark_strategy must be one of "
+                f"{', '.join(WATERMARK_STRATEGIES)}, got "
                 f"{options.get('watermark_strategy')!r}"
             )
         if strategy not in self.watermark_strategies:
@@ -302,14 +303,18 @@ class Dialect(ABC):
         system = [t for t in tables if self.is_system_schema(t.schema)]
         if system:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_TABLES names system table(s) {', '.join(map(str, system))}; the "
-                f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: remove them"
+                f"source {self.source!r}: CDC_TABLES names system table(s) "
+                f"{', '.join(map(str, system))}; the "
+                f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: "
+                "remove them"
             )
         outside = sorted(t for t in self.key_columns if t not in set(tables))
         if outside:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_KEY_COLUMNS names {', '.join(map(str, outside))}, which CDC_TABLES does "
-                "not capture: add the table to CDC_TABLES, or remove it from CDC_KEY_COLUMNS (names are case-sensitive)"
+                f"source {self.source!r}: CDC_KEY_COLUMNS names {', '.join(map(str, outside))}, which "
+                "CDC_TABLES does "
+                "not capture: add the table to CDC_TABLES, or remove it from CDC_KEY_COLUMNS (names "
+                "are case-sensitive)"
             )
 
     def refuse_uncapturable(self, tables: Sequence[TableName]) -> None:
@@ -320,7 +325,8 @@ class Dialect(ABC):
         problems = self.scope_problems(tables)
         if problems:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_TABLES names table(s) that cannot be captured; nothing was created or "
+                f"source {self.source!r}: CDC_TABLES names table(s) that cannot be captured; nothing "
+                "was created or "
                 "published on the source:\n"
                 + "\n".join(f"- {p}" for p in problems)
                 + "\nor remove them from CDC_TABLES"
@@ -329,8 +335,10 @@ class Dialect(ABC):
     def _resync_hint(self) -> str:
         """What a SourceChangedError (I14) tells the user to do."""
         return (
-            f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
-            "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
+            f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it "
+            "records the "
+            "gap in the event log, starts capture anew on this server, and re-reads only the key "
+            "ranges whose rows "
             "differ; docs: operations, 'Failover')"
         )
 

@@ -52,7 +52,8 @@ class DebeziumOptions:
             raise ConfigurationError(f"Debezium export form {self.form!r}: one of {', '.join(FORMS)}")
         if not self.topic_prefix or not re.fullmatch(r"[A-Za-z0-9._-]+", self.topic_prefix):
             raise ConfigurationError(
-                f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' (Debezium's "
+                f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' "
+                "(Debezium's "
                 "topic.prefix)"
             )
         if self.connector is not None and self.connector not in CONNECTORS:
@@ -63,7 +64,8 @@ def connector_of(schema: TableSchema, opts: DebeziumOptions) -> str:
     connector = opts.connector or schema.connector
     if connector is None:
         raise ConfigurationError(
-            f"table {schema.table}: the event log does not say which database it came from; give the connector "
+            f"table {schema.table}: the event log does not say which database it came from; give the "
+            "connector "
             f"({', '.join(CONNECTORS)})"
         )
     return connector
@@ -714,7 +716,8 @@ def export_table(
     )
     if not names:
         raise ConfigurationError(
-            f"no event log for table {table} of source {source!r} at {d}: check the table name (schema.table), "
+            f"no event log for table {table} of source {source!r} at {d}: check the table name "
+            "(schema.table), "
             "the source and the data location; nothing was written"
         )
     waiting = iter(names)

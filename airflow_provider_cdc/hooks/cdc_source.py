@@ -139,8 +139,10 @@ class CdcSourceHook(BaseHook):
         for key, setting in _SCOPE_KEYS.items():
             if key in extra:
                 raise ConfigurationError(
-                    f"connection {self.cdc_conn_id!r} has extra {key!r}, which is not a connection setting: the tables "
-                    f"a source captures are set in one place, {setting}. Move it there and remove it from the "
+                    f"connection {self.cdc_conn_id!r} has extra {key!r}, which is not a connection "
+                    "setting: the tables "
+                    f"a source captures are set in one place, {setting}. Move it there and remove it "
+                    "from the "
                     "connection"
                 )
         options = {k: v for k, v in extra.items() if k in keys}

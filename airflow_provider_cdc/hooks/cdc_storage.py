@@ -39,7 +39,8 @@ def storage_environment(conn_id: str) -> dict[str, str]:
             continue
         if not isinstance(value, str) or not value.strip():
             raise ConfigurationError(
-                f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): extra {key!r} must be a non-empty string, got {value!r}"
+                f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): extra {key!r} must be a non-empty "
+                f"string, got {value!r}"
             )
         env[var] = value.strip()
     return env
@@ -85,7 +86,8 @@ class StorageConnectionMixin:
             )
         ):
             raise ConfigurationError(
-                f"{type(self).__name__}: cdc_overrides must map CDC_* setting names to strings, got {cdc_overrides!r}"
+                f"{type(self).__name__}: cdc_overrides must map CDC_* setting names to strings, got "
+                f"{cdc_overrides!r}"
             )
         self.cdc_overrides = dict(cdc_overrides or {})
 

@@ -125,7 +125,8 @@ def connection_help(conn_id: str | None) -> str:
     if not conn_id:
         return "the source's Airflow connection"
     return (
-        f"Airflow connection {conn_id!r} (Admin > Connections, a secrets backend, or the environment variable "
+        f"Airflow connection {conn_id!r} (Admin > Connections, a secrets backend, or the environment "
+        "variable "
         f"AIRFLOW_CONN_{conn_id.upper()})"
     )
 
@@ -149,8 +150,10 @@ def describe_user_error(
         if missing is not None:
             return (
                 f"{where}Airflow connection {missing!r} is not defined: create it (Admin > Connections, a "
-                f"secrets backend, or AIRFLOW_CONN_{missing.upper()}='postgresql://user:password@host:5432/db' / "
-                f"'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's 'conn_id' in "
+                f"secrets backend, or AIRFLOW_CONN_{missing.upper()}='postgresql://user:password@host:5432/db' "
+                "/ "
+                "'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's "
+                "'conn_id' in "
                 "the sources config) to the connection that exists"
             )
         kind = _driver_kind(e)
@@ -159,10 +162,12 @@ def describe_user_error(
         if kind == "auth":
             what = "database" if no_database else "login"
             fix = (
-                "that the database (the connection's schema field) exists on that server and is spelled as the "
+                "that the database (the connection's schema field) exists on that server and is "
+                "spelled as the "
                 "server has it"
                 if no_database
-                else "the login, password, database (schema field) and host of that connection, and that the server "
+                else "the login, password, database (schema field) and host of that connection, and "
+                "that the server "
                 "lets this user in from here (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)"
             )
             return (
@@ -173,13 +178,15 @@ def describe_user_error(
             fix = (
                 "Check that the database (the connection's schema field) exists on that server"
                 if no_database
-                else "Grant what is missing to the connection's user, or correct the table or database it names"
+                else "Grant what is missing to the connection's user, or correct the table or database "
+                "it names"
             )
             on = f" on {server}" if server else ""
             return f"{where}{text} (connection {conn_id!r}{on}). {fix}"
         if kind == "transient":  # only with a server: a task retries instead
             return (
-                f"connection {conn_id!r}: cannot reach {server}: {text}{_stop(text)} Check the host and port of "
+                f"connection {conn_id!r}: cannot reach {server}: {text}{_stop(text)} Check the host "
+                "and port of "
                 "the connection, and that the server runs and accepts connections from this host"
             )
     if isinstance(exc, (ConfigurationError, SourceError)):

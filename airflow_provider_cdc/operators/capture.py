@@ -66,7 +66,10 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             retention=self._retention(),
         )
         if done is None:
-            msg = f"another capture of source {self.hook.source!r} holds the capture lock; nothing captured this run"
+            msg = (
+                f"another capture of source {self.hook.source!r} holds the capture lock; nothing "
+                "captured this run"
+            )
             if self.skip_if_locked:
                 from airflow.sdk.exceptions import AirflowSkipException
 

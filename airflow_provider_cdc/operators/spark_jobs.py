@@ -94,7 +94,8 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
         ) from None
     if not get_profile("postgres").accepts_conn_type(conn.conn_type):  # PostgreSQL's types, as a source's
         raise ConfigurationError(
-            f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the 'postgres' sink "
+            f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the "
+            "'postgres' sink "
             "needs a connection of type postgres"
         )
     extra = conn.extra_dejson if isinstance(conn.extra_dejson, dict) else {}
@@ -217,7 +218,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             isinstance(local_max_rows, bool) or not isinstance(local_max_rows, int) or local_max_rows < 0
         ):
             raise ConfigurationError(
-                f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always spark-submit), "
+                f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always "
+                "spark-submit), "
                 f"got {local_max_rows!r}"
             )
         submit = {f: kwargs.pop(f, None) for f in _SUBMIT_FIELDS}
@@ -358,7 +360,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         now = load(overrides=self.cdc_overrides)
         if not now.postgres_sink_conn_id:
             raise ConfigurationError(
-                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of an "
+                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to "
+                "the id of an "
                 "Airflow connection of type postgres"
             )
         return postgres_sink_params(now.postgres_sink_conn_id), now.postgres_sink_schema
@@ -379,7 +382,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             if pg is not None:
                 if pg.get("sslpassword"):
                     raise ConfigurationError(
-                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit without showing "
+                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit "
+                        "without showing "
                         "it; use a key file without a passphrase (mode 0600) or run the job in the worker "
                         "(CDC_LOCAL_MAX_ROWS)"
                     )

@@ -186,7 +186,10 @@ def capture_lag(
     risk = None
     mb = 1024 * 1024
     if reading.lost:
-        risk = f"{reading.holder} is lost: the source already dropped log the capture needs ({reading.setting}); {reading.fix}"
+        risk = (
+            f"{reading.holder} is lost: the source already dropped log the capture needs ({reading.setting}); "
+            f"{reading.fix}"
+        )
     elif (
         reading.limit_bytes
         and reading.safe_bytes is not None
@@ -199,7 +202,8 @@ def capture_lag(
     elif reading.limit_seconds and seconds > (1 - min_headroom) * reading.limit_seconds:
         risk = (
             f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
-            f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next change; {reading.fix}"
+            f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next "
+            f"change; {reading.fix}"
         )
     return Lag(
         source,

@@ -49,17 +49,22 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
         if before is not None and before.get("system_identifier") != server.get("system_identifier"):
             raise StateError(
                 f"source {dialect.source!r}: the server is another cluster (system identifier "
-                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), whose log positions "
-                "do not continue the captured ones, so the event log and the mirror could not order its changes after "
-                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, then start capture "
+                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), "
+                "whose log positions "
+                "do not continue the captured ones, so the event log and the mirror could not order "
+                "its changes after "
+                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, "
+                "then start capture "
                 "and snapshot every captured table"
             )
         through = staged_through(directory)
         now = dialect.current_position()
         if through is not None and now <= through[0]:
             raise StateError(
-                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what capture staged from the "
-                f"old one ({through[0].encode()}): positions would collide. Wait until the server has written more WAL "
+                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what "
+                "capture staged from the "
+                f"old one ({through[0].encode()}): positions would collide. Wait until the server has "
+                "written more WAL "
                 "than that (any writes do), then resync again"
             )
         gap = {

@@ -69,7 +69,8 @@ class PruneResult:
 
     def describe(self) -> str:
         return (
-            f"staging retention removed {self.segments_deleted} segment(s) ({self.bytes_deleted:,} bytes) and "
+            f"staging retention removed {self.segments_deleted} segment(s) ({self.bytes_deleted:,} "
+            "bytes) and "
             f"{self.snapshots_deleted} snapshot folder(s); {self.segments_kept} segment(s) "
             f"({self.bytes_kept:,} bytes) kept"
             + (f", the oldest held by {self.held_by}" if self.held_by else "")

@@ -128,8 +128,10 @@ def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSche
     evolved, conflicts = follow(dialect, data_dir, source, staged)
     if conflicts:
         raise SchemaChangeError(
-            f"table {staged.table} changed while its snapshot ran ({'; '.join(conflicts)}): stop this snapshot "
-            "(action 'stop') and start a new one (action 'start'), which rebuilds the mirror with the new schema"
+            f"table {staged.table} changed while its snapshot ran ({'; '.join(conflicts)}): stop this "
+            "snapshot "
+            "(action 'stop') and start a new one (action 'start'), which rebuilds the mirror with the "
+            "new schema"
         )
     now = set(current.column_names)
     return TableSchema(

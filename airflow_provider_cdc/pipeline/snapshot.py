@@ -234,7 +234,8 @@ def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
     p = plan_path(data_dir, source, table, snapshot_id)
     if not storage.exists(p):
         raise StateError(
-            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
+            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder "
+            "was changed or "
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
     return PLAN.read(
@@ -285,7 +286,8 @@ def check_advanced(
         advanced = last != after and (lambda r: r[1] > r[0])(dialect.key_ranks(schema, [after, last]))
     if not advanced:
         raise StateError(
-            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; the range "
+            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; "
+            "the range "
             "would never end. Stop this snapshot and report this (the chunk query or its filter is wrong)"
         )
 

@@ -66,7 +66,8 @@ def parse_snapshot_conf(
             tables = [t.strip() for t in tables.split(",") if t.strip()]
         if not tables:
             raise ConfigurationError(
-                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
+                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the "
+                "CDC_TABLES environment variable"
             )
         conf["tables"] = list(tables)
     kr = conf.pop("key_ranges", None)

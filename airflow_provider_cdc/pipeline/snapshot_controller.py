@@ -282,7 +282,8 @@ class SnapshotController:
                 why = steps.mirror_needs_rebuild(self.data_dir, self.source, schema)
                 if why and steps.is_partial(request, table):
                     raise ConfigurationError(
-                        f"table {table}: its mirror cannot take the source's current schema ({why}); snapshot the "
+                        f"table {table}: its mirror cannot take the source's current schema ({why}); "
+                        "snapshot the "
                         "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
                     )
                 plans.append((table, schema, ranges))
@@ -374,7 +375,8 @@ class SnapshotController:
                 )
             if p.status == STOPPED:
                 raise StateError(
-                    f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts over: use action=start"
+                    f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts "
+                    "over: use action=start"
                 )
         work = []
         for tid, p in stored.items():
@@ -383,8 +385,10 @@ class SnapshotController:
                 continue
             if self._owner_elsewhere(p):
                 log.warning(
-                    "table %s: snapshot %s is being read by DAG run %s, which is still running; this run leaves "
-                    "it alone (two runs never read one snapshot at once). Resume again once that run has ended",
+                    "table %s: snapshot %s is being read by DAG run %s, which is still running; this "
+                    "run leaves "
+                    "it alone (two runs never read one snapshot at once). Resume again once that run "
+                    "has ended",
                     tid,
                     p.snapshot_id,
                     p.owner,
@@ -494,7 +498,10 @@ class SnapshotController:
             if seconds == float("inf")
             else f"is {seconds:.0f} s behind the source, beyond max_replica_lag_seconds={bound:g}"
         )
-        why = f"the replica chunks are read from {behind_text}; the snapshot is paused: resume it once the replica has caught up"
+        why = (
+            f"the replica chunks are read from {behind_text}; the snapshot is paused: resume it once "
+            "the replica has caught up"
+        )
 
         def change(p: SnapshotProgress | None) -> SnapshotProgress | None:
             if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
@@ -694,7 +701,8 @@ class SnapshotController:
                 }
             tp = p.table(tid)
             log.info(
-                "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
+                "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f "
+                "rows/s",
                 tid,
                 sid,
                 p.status,

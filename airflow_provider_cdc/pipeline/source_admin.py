@@ -42,8 +42,10 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
     with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
         if not acquired:
             raise StateError(
-                f"source {dialect.source!r}: a capture holds its capture lock, so nothing was dropped. Pause the "
-                "changelog DAG (cdc_changelog), wait for its running capture to finish, then run drop-source again"
+                f"source {dialect.source!r}: a capture holds its capture lock, so nothing was dropped. "
+                "Pause the "
+                "changelog DAG (cdc_changelog), wait for its running capture to finish, then run "
+                "drop-source again"
             )
         done: list[str] = []
         slot = getattr(dialect, "slot_name", None)

@@ -72,7 +72,10 @@ class Mismatch:
                 for c in self.columns
             )
             return f"key {self.key}: different ({diffs})"
-        return f"key {self.key}: {'missing from the mirror' if self.kind == 'missing' else 'in the mirror, not in the source'}"
+        return (
+            f"key {self.key}: "
+            f"{'missing from the mirror' if self.kind == 'missing' else 'in the mirror, not in the source'}"
+        )
 
 
 @dataclass
@@ -257,7 +260,8 @@ class MirrorIndex:
         missing_cols = [c for c in self.schema.column_names if c not in present]
         if missing_cols:
             raise ConfigurationError(
-                f"mirror of {self.schema.table} lacks column(s) {missing_cols} the source has; the schema changed "
+                f"mirror of {self.schema.table} lacks column(s) {missing_cols} the source has; the "
+                "schema changed "
                 "since the mirror was written: re-snapshot the table"
             )
         keys = batch.column(KEY_COLUMN).to_pylist() if KEY_COLUMN in present else None
@@ -1300,7 +1304,10 @@ def check_event_tuples(
                         " (resurrected by a chunk row)" if op == "r" else ""
                     )
                 elif op == "r" and not _same(after, pafter):
-                    problem = f"chunk row is not the state at its position (stale; previous {pop} at {_readable(ppos)})"
+                    problem = (
+                        f"chunk row is not the state at its position (stale; previous {pop} at "
+                        f"{_readable(ppos)})"
+                    )
                 elif (
                     op in ("u", "d")
                     and before is not None

@@ -90,7 +90,8 @@ def events_to_mirror_rows(schema: TableSchema, events: pa.Table | TableEvents) -
     if pc.any(missing).as_py():
         i = pc.index(missing, True).as_py()
         raise ConfigurationError(
-            f"table {schema.table}: {ev['op'][i].as_py()!r} event for key {ev['key'][i].as_py()} has no 'after' row"
+            f"table {schema.table}: {ev['op'][i].as_py()!r} event for key {ev['key'][i].as_py()} has "
+            "no 'after' row"
         )
     try:
         arrays = struct_columns(ev["after"], te.schema, te.text_columns, schema)

@@ -109,7 +109,8 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
         return "evolved" if set(_arrow_schema(add_columns(dt, schema)).names) != before else "none"
     if not whole_table:
         raise ConfigurationError(
-            f"table {table_id}: its mirror cannot take the source's current schema ({why}); snapshot the whole "
+            f"table {table_id}: its mirror cannot take the source's current schema ({why}); snapshot "
+            "the whole "
             "table (no 'keys', 'key_ranges' or 'where') to rebuild it"
         )
     from deltalake import write_deltalake
@@ -237,7 +238,8 @@ class MergeFence:
         current = None if dt is None else _properties(dt).get(EPOCH_PROPERTY)
         if current != str(epoch):
             raise FencedError(
-                f"table {table_id}: this merge holds epoch {epoch} but the mirror's is {current!r}; a newer merge "
+                f"table {table_id}: this merge holds epoch {epoch} but the mirror's is {current!r}; a "
+                "newer merge "
                 "attempt or a stop superseded it. It writes nothing more"
             )
 

@@ -116,8 +116,10 @@ def public_dsn(params: Mapping[str, str]) -> str:
     secret = sorted(k for k in params if k in SECRET_PARAMETERS)
     if secret:
         raise ConfigurationError(
-            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a command line is "
-            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile parameter or "
+            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a "
+            "command line is "
+            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile "
+            "parameter or "
             "PGPASSFILE) or PGPASSWORD; the operators do this for CDC_POSTGRES_SINK_CONN_ID"
         )
 

@@ -83,7 +83,8 @@ def check_location(data_dir: str, setting: str = "data_dir") -> str:
     path encoder), only a user's folder can."""
     if "%" in data_dir:
         raise ConfigurationError(
-            f"{setting} {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back URL-decoded "
+            f"{setting} {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
+            "URL-decoded "
             "and cannot find its own files. Choose a data location without '%'"
         )
     return data_dir

@@ -83,7 +83,8 @@ def check_location(location: str, setting: str = "data location") -> str:
         raise ConfigurationError(
             f"{setting} {shown!r} holds credentials in the URI: a location names only the bucket and prefix. "
             "Credentials go in an Airflow connection named by CDC_STORAGE_CONN_ID (or the source's "
-            "storage_conn_id in the sources config), or in the workers' own identity (the docs' security page, 'Where credentials "
+            "storage_conn_id in the sources config), or in the workers' own identity (the docs' "
+            "security page, 'Where credentials "
             "come from')"
         )
     return location

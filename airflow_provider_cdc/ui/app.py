@@ -124,7 +124,10 @@ def _flash(sources: list[dict], done: str | None, table: str | None) -> str | No
     if not any(t["table"] == table for s in sources for t in s["tables"]):
         return None
     if done == "verify":
-        return f"verify of {table}: a run of the source's verify DAG is queued or running; its result appears here"
+        return (
+            f"verify of {table}: a run of the source's verify DAG is queued or running; its result "
+            "appears here"
+        )
     return f"{done} of {table}: a run of the source's snapshot DAG is queued"
 
 

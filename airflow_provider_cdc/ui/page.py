@@ -80,7 +80,8 @@ def lag_chart(history: list, *, unit: str = "s", width: int = 560, height: int =
 
     line = " ".join(xy(t, v) for t, v in pts)
     return (
-        f"<svg role='img' aria-label='capture lag in {what} from {_t(t0)} to {_t(t1)}, at most {top:,.0f} {unit}' "
+        f"<svg role='img' aria-label='capture lag in {what} from {_t(t0)} to {_t(t1)}, at most "
+        f"{top:,.0f} {unit}' "
         f"width='100%' viewBox='0 0 {width} {height}' preserveAspectRatio='none' style='max-width:{width}px'>"
         f"<line x1='{left}' y1='{pad}' x2='{left}' y2='{height - pad}' stroke='#667'/>"
         f"<line x1='{left}' y1='{height - pad}' x2='{width - 6}' y2='{height - pad}' stroke='#667'/>"
@@ -137,11 +138,14 @@ def _source_block(src: dict) -> str:
     parts = [
         f"<div class='box{' risk' if risk else ' warn' if warning else ''}' data-testid='lag'>",
         f"<div><strong>Capture lag:</strong> {_n(int(lag.get('bytes') or 0))} bytes, "
-        f"{float(lag.get('seconds') or 0):,.0f} s behind the log; read {_t(lag.get('at'))} (last capture)</div>",
+        f"{float(lag.get('seconds') or 0):,.0f} s behind the log; read {_t(lag.get('at'))} (last "
+        "capture)</div>",
         f"<div><strong>Log held by:</strong> {escape(str(lag.get('holder') or '?'))}</div>",
-        f"<div><strong>Log retention:</strong> {'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
+        "<div><strong>Log retention:</strong> "
+        f"{'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
         if risk or not warning
-        else f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> (warning): "
+        else "<div data-testid='retention-warning' role='alert'><strong>Log retention: "
+        "UNBOUNDED</strong> (warning): "
         f"{escape(str(warning))}</div>",
     ]
     if risk and warning:

@@ -78,8 +78,10 @@ class MyCatalog:
         indexes: dict[str, list[str | None]] = {}
         prefixed: set[str] = set()
         for name, col, sub_part in self.server.query(
-            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
-            "AND TABLE_NAME = %s AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX",
+            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE "
+            "TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, "
+            "SEQ_IN_INDEX",
             (table.schema, table.name),
         ):
             name = as_text(name)

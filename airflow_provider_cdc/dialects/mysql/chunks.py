@@ -127,8 +127,10 @@ class MyChunkReader:
         file, pos = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
         if not file or pos in (None, ""):
             raise SourceError(
-                f"source {self.server.source!r}: the server reports no binlog position for a consistent snapshot "
-                f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary logging on. "
+                f"source {self.server.source!r}: the server reports no binlog position for a "
+                "consistent snapshot "
+                f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary "
+                "logging on. "
                 "Use watermark_strategy 'table' on this server"
             )
         # the epoch of the server capture reads (failover.py): a chunk of another server waits for capture
@@ -257,7 +259,8 @@ class MyChunkReader:
         exact = self._key_columns(schema)  # FLOAT keys as stored (see _key_columns)
         rows = self.server.query(
             f"SELECT {pk} FROM (SELECT {exact}, ROW_NUMBER() OVER (ORDER BY {pk}) AS `__cdc_rn`"  # noqa: S608
-            f" FROM {self.server.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = 0 ORDER BY {pk} LIMIT %s",
+            f" FROM {self.server.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = "
+            f"0 ORDER BY {pk} LIMIT %s",
             (step, count),
         )
         return [self._key_tuple(schema, r) for r in rows]

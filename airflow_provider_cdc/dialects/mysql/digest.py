@@ -42,11 +42,15 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
     # (CAST AS SIGNED: the server's arithmetic on fractional temporals is DECIMAL, printed with a fraction)
     if t == "date":
         return (
-            f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} ELSE TO_DAYS({ident}) - {_EPOCH_TO_DAYS} END "
+            f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} ELSE TO_DAYS({ident}) - "
+            f"{_EPOCH_TO_DAYS} END "
             "AS SIGNED) AS CHAR)"
         )
     if t in ("timestamp", "timestamptz"):  # TIMESTAMP read in the session's UTC
-        clock = f"((HOUR({ident}) * 60 + MINUTE({ident})) * 60 + SECOND({ident})) * 1000000 + MICROSECOND({ident})"
+        clock = (
+            f"((HOUR({ident}) * 60 + MINUTE({ident})) * 60 + SECOND({ident})) * 1000000 + "
+            f"MICROSECOND({ident})"
+        )
         return (
             f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} * {temporal.US_PER_DAY} + {clock} "
             f"ELSE TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {ident}) END AS SIGNED) AS CHAR)"
@@ -87,7 +91,10 @@ class MyDigest:
         self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
     ) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, upto_key)
-        sql = f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM {self.server.quote_table(schema.table)}{where}"  # noqa: S608
+        sql = (
+            f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM "  # noqa: S608
+            f"{self.server.quote_table(schema.table)}{where}"
+        )
         return sql, params
 
     def row_digests_query(

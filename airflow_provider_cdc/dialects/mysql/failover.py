@@ -94,7 +94,8 @@ class MyFailover:
         to send its binlog from there). The new offset is where the first group after it starts
         here (or the end of this binlog), in the next epoch. Otherwise SourceChangedError."""
         what = (
-            f"source {self.server.source!r}: MariaDB at {self.server.params.host}:{self.server.params.port} (server_id {server}) is not "
+            f"source {self.server.source!r}: MariaDB at {self.server.params.host}:{self.server.params.port} "
+            f"(server_id {server}) is not "
             f"the server capture read before (server_id {old.server})"
         )
         if not self.server.flavour.is_mariadb:
@@ -110,7 +111,8 @@ class MyFailover:
             )
         if len(ours.groups) > 1:
             raise SourceChangedError(
-                f"{what}. Capture stands at GTID position {ours}, in {len(ours.groups)} domains; this version proves "
+                f"{what}. Capture stands at GTID position {ours}, in {len(ours.groups)} domains; this "
+                "version proves "
                 f"where capture goes on in one domain only, so it stops. {self.resync_hint}"
             )
         domain, _sid, seq = ours.groups[0]
@@ -118,22 +120,30 @@ class MyFailover:
         have = here.domain(domain)
         if have is None:
             raise SourceChangedError(
-                f"{what}, and its binlog has no GTID of domain {domain} (its GTID position: {here or 'empty'}), while "
-                f"capture stands at {ours}: it is not a replica of the server captured before (a fresh server, or "
-                f"another topology), so nothing proves its binlog continues the captured one. {self.resync_hint}"
+                f"{what}, and its binlog has no GTID of domain {domain} (its GTID position: "
+                f"{here or 'empty'}), while "
+                f"capture stands at {ours}: it is not a replica of the server captured before (a fresh "
+                "server, or "
+                "another topology), so nothing proves its binlog continues the captured one. "
+                f"{self.resync_hint}"
             )
         if have[2] < seq:
             raise SourceChangedError(
-                f"{what}, and its binlog ends at GTID {GtidState((have,))} in domain {domain}, before {ours} where capture "
-                "stands: changes capture staged are not on it (a replica promoted before it had applied them, or "
-                f"another server), so nothing proves its binlog continues the captured one. {self.resync_hint}"
+                f"{what}, and its binlog ends at GTID {GtidState((have,))} in domain {domain}, before "
+                f"{ours} where capture "
+                "stands: changes capture staged are not on it (a replica promoted before it had "
+                "applied them, or "
+                "another server), so nothing proves its binlog continues the captured one. "
+                f"{self.resync_hint}"
             )
         start = self._gtid_continuation(str(ours), what)
         new = BinlogOffset.of(start.file, start.pos, old.epoch + 1, server, old.gtid)
         self._drop_uncommitted_segments(directory, old)
         log.warning(
-            "source %r: MariaDB server_id %s at %s:%s replaces server_id %s (a failover): its binlog holds GTID "
-            "%s where capture stood (%s:%s there), so capture goes on from %s:%s on it, positions in epoch %d",
+            "source %r: MariaDB server_id %s at %s:%s replaces server_id %s (a failover): its binlog "
+            "holds GTID "
+            "%s where capture stood (%s:%s there), so capture goes on from %s:%s on it, positions in "
+            "epoch %d",
             self.server.source,
             server,
             self.server.params.host,
@@ -177,7 +187,8 @@ class MyFailover:
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceChangedError(
-                    f"{what}, and it cannot send its binlog from GTID {gtid}, where capture stands: {exc.args[-1]} "
+                    f"{what}, and it cannot send its binlog from GTID {gtid}, where capture stands: "
+                    f"{exc.args[-1]} "
                     f"(the group is not in its binlog, or only in purged files). {self.resync_hint}"
                 ) from exc
             raise

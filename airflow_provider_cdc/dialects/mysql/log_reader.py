@@ -587,7 +587,8 @@ class MyLogReader:
         end = self.server.binlog_end(start.epoch)
         if start > end:
             raise StateError(
-                f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
+                f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of "
+                "the binlog "
                 f"({end.file}:{end.pos}); the offset belongs to another server or the binlog was reset. "
                 f"Re-snapshot and delete {OFFSET_FILE}."
             )
@@ -648,7 +649,8 @@ class MyLogReader:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceError(
                     f"source {self.source!r}: the server cannot send the binlog from {start.file}:{start.pos} "
-                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete {OFFSET_FILE}"
+                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete "
+                    f"{OFFSET_FILE}"
                 ) from exc
             raise
         finally:
@@ -662,9 +664,12 @@ class MyLogReader:
         if start.file not in files:
             oldest = files[0] if files else "none"
             raise SourceError(
-                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos {start.pos}) is no "
-                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. Re-snapshot the "
-                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog staging dir)."
+                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos "
+                f"{start.pos}) is no "
+                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. "
+                "Re-snapshot the "
+                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog "
+                "staging dir)."
             )
 
     def binlog_major(self, file: str) -> int:
@@ -680,7 +685,8 @@ class MyLogReader:
             log.warning("%s; passed because on_unreadable='skip': re-snapshot the tables it changed", msg)
             return
         raise SourceError(
-            f"{msg}. After re-snapshotting the tables it changed, set the dialect option on_unreadable='skip' "
+            f"{msg}. After re-snapshotting the tables it changed, set the dialect option "
+            "on_unreadable='skip' "
             "for one capture run to pass this point"
         )
 
@@ -715,8 +721,10 @@ class MyLogReader:
             )
             if not rows:
                 raise SourceError(
-                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and whether "
-                    "its engine is transactional cannot be read (the table no longer exists), so capture cannot tell "
+                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and "
+                    "whether "
+                    "its engine is transactional cannot be read (the table no longer exists), so "
+                    "capture cannot tell "
                     "which of them stand. Re-snapshot the table and reset the capture offset (delete "
                     f"{OFFSET_FILE} in the changelog staging dir)"
                 )
@@ -752,8 +760,10 @@ class MyLogReader:
         table = parse_truncate(sql, query_text(ev.schema) if ev.schema else None)
         if table is None:
             raise SourceError(
-                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} truncates; "
-                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to let capture "
+                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} "
+                "truncates; "
+                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to "
+                "let capture "
                 "pass this point"
             )
         if table == self.watermark_table or not self._capture_table(table.schema, table.name):
@@ -768,8 +778,10 @@ class MyLogReader:
             return []
         if self.on_truncate == "fail":
             raise SourceError(
-                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and on_truncate='fail'. "
-                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let capture pass"
+                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and "
+                "on_truncate='fail'. "
+                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let "
+                "capture pass"
             )
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)

@@ -75,9 +75,12 @@ class MyOffsets:
             return 0
         if stored.server is not None and stored.server != server_id:
             raise SourceError(
-                f"source {self.server.source!r}: the chunk was read on MariaDB server_id {server_id}, but capture "
-                f"last read server_id {stored.server} (a failover or promotion): run the capture (the changelog DAG) "
-                "first, so that it follows the new server or names why it cannot; the chunk is read again after that"
+                f"source {self.server.source!r}: the chunk was read on MariaDB server_id {server_id}, "
+                "but capture "
+                f"last read server_id {stored.server} (a failover or promotion): run the capture (the "
+                "changelog DAG) "
+                "first, so that it follows the new server or names why it cannot; the chunk is read "
+                "again after that"
             )
         return stored.epoch
 
@@ -167,7 +170,8 @@ class MyOffsets:
             lost=lost,
             limit_seconds=expire,
             setting=setting,
-            fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once the file "
+            fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once "
+            "the file "
             f"is purged the captured tables need a re-snapshot and a new capture offset",
         )
 

@@ -115,8 +115,8 @@ class MyPrerequisites:
         if problems:
             where = f"{self.server.params.host}:{self.server.params.port or 3306}"
             raise SourceError(
-                f"{self.server.flavour.name} server {where} (source {self.server.source!r}) cannot serve CDC:\n- "
-                + "\n- ".join(problems)
+                f"{self.server.flavour.name} server {where} (source {self.server.source!r}) cannot "
+                "serve CDC:\n- " + "\n- ".join(problems)
             )
 
     def replica_problems(self) -> list[str]:
@@ -139,9 +139,11 @@ class MyPrerequisites:
         if of is None:
             return []
         return [
-            f"this server is a replica (of {of}) and log_slave_updates is OFF: what it applies from its primary "
+            f"this server is a replica (of {of}) and log_slave_updates is OFF: what it applies from "
+            "its primary "
             "is not in its own binlog, so capture here would see none of the primary's changes. Set "
-            "log_slave_updates=ON in the replica's server config (needs a restart), or point the source at the "
+            "log_slave_updates=ON in the replica's server config (needs a restart), or point the "
+            "source at the "
             "primary"
         ]
 
@@ -167,7 +169,8 @@ class MyPrerequisites:
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
                 raise SourceError(
-                    f"user {self.server.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
+                    f"user {self.server.params.user!r} may not read table {table} ({exc.args[-1]}): "
+                    "GRANT SELECT ON "
                     f"{self.server.quote_table(table)} TO {self.server.params.user!r}"
                 ) from None
             if exc.args and exc.args[0] in (1049, 1146):  # unknown database / table: describe_table names it
@@ -189,7 +192,8 @@ class MyPrerequisites:
         """Watermark strategy "log": no watermark table, a MariaDB snapshot position."""
         if self.server.flavour.name != "mariadb":
             return [
-                f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
+                "watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog "
+                "position); "
                 f"this server is {self.server.flavour.name}: use watermark_strategy 'table'"
             ]
         return []
@@ -212,8 +216,10 @@ class MyPrerequisites:
                 & {"CREATE", "ALL", "ALL PRIVILEGES"}
             ):
                 problems.append(
-                    f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
-                    f"{self.server.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (the docs' "
+                    f"the watermark table {wm} does not exist and user {user!r} may not create it: "
+                    "GRANT CREATE ON "
+                    f"{self.server.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator "
+                    "create it (the docs' "
                     "connections page, 'Grants', set-up 2)"
                 )
         return problems

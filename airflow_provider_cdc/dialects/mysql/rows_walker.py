@@ -99,8 +99,10 @@ def decoder_mode(option: object = None) -> str:
         )
     if mode == "compiled" and _rows is None:
         raise ConfigurationError(
-            f"rows_decoder ({ENV_VAR}) is 'compiled' but the compiled binlog rows walker was not built at install: "
-            "install gcc and the Python headers (python3-dev) and reinstall the package (make setup), or use 'auto'"
+            f"rows_decoder ({ENV_VAR}) is 'compiled' but the compiled binlog rows walker was not built "
+            "at install: "
+            "install gcc and the Python headers (python3-dev) and reinstall the package (make setup), "
+            "or use 'auto'"
         )
     if mode == "auto":
         mode = "compiled" if _rows is not None else "python"

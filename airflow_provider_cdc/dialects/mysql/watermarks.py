@@ -50,7 +50,8 @@ class MyWatermarkTable:
             raise self._grant_error(
                 exc,
                 f"GRANT CREATE, INSERT, SELECT, UPDATE ON {self.server.quote_ident(wm.schema)}.*",
-                "or have an administrator create the watermark table (the docs' connections page, 'Grants', set-up 2)",
+                "or have an administrator create the watermark table (the docs' connections page, "
+                "'Grants', set-up 2)",
             ) from None
 
     def _grant_error(self, exc: Exception, grant: str, alternative: str = "") -> Exception:
@@ -58,8 +59,8 @@ class MyWatermarkTable:
         if not (getattr(exc, "args", None) and exc.args[0] in _ER_ACCESS_DENIED):
             return exc
         return SourceError(
-            f"user {self.server.params.user!r} lacks a privilege ({exc.args[-1]}): {grant} TO {self.server.params.user!r}"
-            + (f", {alternative}" if alternative else "")
+            f"user {self.server.params.user!r} lacks a privilege ({exc.args[-1]}): {grant} TO "
+            f"{self.server.params.user!r}" + (f", {alternative}" if alternative else "")
         )
 
     def write(self, watermark_id: str) -> None:
@@ -79,7 +80,8 @@ class MyWatermarkTable:
                     if not isinstance(exc, pymysql.err.ProgrammingError):
                         raise
                     raise WatermarkError(
-                        f"watermark table {self.table} is missing ({exc.args[-1]}); run ensure_watermark_table()"
+                        f"watermark table {self.table} is missing ({exc.args[-1]}); run "
+                        "ensure_watermark_table()"
                     ) from exc
         if n != 1:
             raise WatermarkError(

@@ -81,7 +81,8 @@ class MyXa:
         prepared = self._prepared(xid, self.reader.binlog_major(file), pos)
         if not prepared:
             self.reader.refuse(
-                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came before the "
+                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came "
+                "before the "
                 f"capture's first offset, or {self.root()} lost it): its changes are not staged"
             )
             return

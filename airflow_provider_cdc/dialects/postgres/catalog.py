@@ -48,7 +48,8 @@ class PgCatalog:
         todo = [o for o in set(oids) if o not in self._types]
         while todo:
             rows = self.server.query(
-                "SELECT t.oid, t.typname, n.nspname, t.typtype, t.typelem, t.typbasetype, t.typtypmod, t.typcategory "
+                "SELECT t.oid, t.typname, n.nspname, t.typtype, t.typelem, t.typbasetype, t.typtypmod, "
+                "t.typcategory "
                 "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%s::oid[])",
                 (list(todo),),
             )
@@ -76,7 +77,8 @@ class PgCatalog:
             "      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
             "      WHERE k.ord <= i.indnkeyatts AND NOT a.attnotnull ORDER BY k.ord) "
             "FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
-            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL "
+            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND "
+            "i.indexprs IS NULL "
             "ORDER BY NOT i.indisprimary, NOT i.indisreplident, ic.relname",
             (relid,),
         )
@@ -113,7 +115,10 @@ class PgCatalog:
         ) + [full]
         key: tuple[str, ...] | None = None
         if ident == "n":
-            why = "has REPLICA IDENTITY NOTHING, so once published PostgreSQL refuses every UPDATE and DELETE on it"
+            why = (
+                "has REPLICA IDENTITY NOTHING, so once published PostgreSQL refuses every UPDATE and "
+                "DELETE on it"
+            )
             fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY DEFAULT"] if pk else []) + fixes
         elif ident == "d":
             key = pk.columns if pk else None
@@ -124,7 +129,10 @@ class PgCatalog:
         elif ident == "i":
             ri = next((x for x in idx if x.identity), None)
             key = ri.columns if ri else None
-            why = "has REPLICA IDENTITY USING INDEX, but that index no longer exists (the table publishes no key)"
+            why = (
+                "has REPLICA IDENTITY USING INDEX, but that index no longer exists (the table "
+                "publishes no key)"
+            )
         else:  # "f": the log carries whole old rows, any unique NOT NULL key will do
             key = want or (pk.columns if pk else None)
             why = (
@@ -224,8 +232,10 @@ class PgCatalog:
                 lt = logical_type(oid, typmod, self.pg_type)
             except UnsupportedType as exc:
                 raise SourceError(
-                    f"table {table}: column {name!r} has type {display} ({exc.type_name}), which CDC does not "
-                    f"support; supported: {', '.join(SUPPORTED_TYPES)}. Change the column's type or leave the "
+                    f"table {table}: column {name!r} has type {display} ({exc.type_name}), which CDC "
+                    "does not "
+                    f"support; supported: {', '.join(SUPPORTED_TYPES)}. Change the column's type or "
+                    "leave the "
                     "table out of CDC"
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
@@ -233,7 +243,8 @@ class PgCatalog:
         pk, why = self.table_key(table, relid, ident)
         if not pk:
             raise SourceError(
-                f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by key, so "
+                f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by "
+                "key, so "
                 "it needs a key the log carries; or leave the table out of CDC"
             )
         extra = {"replica_identity": REPLICA_IDENTITY.get(ident, ident), "connector": "postgresql"}

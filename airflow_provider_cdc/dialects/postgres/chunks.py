@@ -31,7 +31,8 @@ DEFAULT_COPY_BATCH_ROWS = 2_000
 #: what to do when a standby did not reach a read floor in time, by what the floor stands for
 WAIT_ADVICE = {
     READ_FLOOR_SNAPSHOT: "the task retries: check the standby's replication",
-    READ_FLOOR_MIRROR: "check the standby's replication (or raise max_replica_lag_seconds) and verify again: a "
+    READ_FLOOR_MIRROR: "check the standby's replication (or raise max_replica_lag_seconds) and verify "
+    "again: a "
     "standby behind the mirror would show its lag as mismatches",
 }
 
@@ -218,7 +219,8 @@ class PgChunkReader:
         try:
             paused, seconds = self._standby_row(
                 conn,
-                "SELECT pg_is_wal_replay_paused(), extract(epoch FROM now() - pg_last_xact_replay_timestamp())",
+                "SELECT pg_is_wal_replay_paused(), extract(epoch FROM now() - "
+                "pg_last_xact_replay_timestamp())",
             )
             if paused in (True, "t"):
                 state += ", its replay is paused (pg_wal_replay_resume())"
@@ -244,11 +246,13 @@ class PgChunkReader:
     def _not_a_standby(self) -> str:
         if self.server.read_params is None:
             return (
-                f"source {self.server.source!r}: the source's server was a hot standby when this run started and is not "
+                f"source {self.server.source!r}: the source's server was a hot standby when this run "
+                "started and is not "
                 "in recovery any more (promoted): the task retries, reading it as a primary"
             )
         return (
-            f"source {self.server.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
+            f"source {self.server.source!r}: the chunk connection is not a hot standby (it is not in "
+            "recovery); name a "
             "standby of the source, or remove chunk_conn_id"
         )
 
@@ -373,7 +377,8 @@ class PgChunkReader:
             raise SourceError(f"table {schema.table} not found")
         pages = self.server.query(  # every partition of a partitioned table (or the table itself)
             # pg_partition_tree() has no rows for a plain table: then the table's own size
-            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)), 0), "
+            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM "
+            "pg_partition_tree(%s::oid)), 0), "
             "pg_relation_size(%s::oid)) / current_setting('block_size')::bigint)::bigint",
             (rel[0], rel[0]),
         )[0][0]
@@ -381,7 +386,10 @@ class PgChunkReader:
             return []
         pct = min(100.0, 100.0 * max(4 * count, 8) / pages)
         pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
-        sql = f"SELECT {pk} FROM {self.server.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) REPEATABLE (7) ORDER BY {pk}"  # noqa: S608
+        sql = (
+            f"SELECT {pk} FROM {self.server.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) "  # noqa: S608
+            f"REPEATABLE (7) ORDER BY {pk}"
+        )
         keys = self._key_rows(schema, sql, [pct])
         if len(keys) <= count:
             return keys

@@ -67,7 +67,8 @@ class PostgresDialect(Dialect):
         self.slot_name = o.get("slot_name") or default_object_name(self.source)
         if not SLOT_NAME_RE.match(self.slot_name):
             raise ConfigurationError(
-                f"slot_name {self.slot_name!r} is not a valid replication slot name: use 1-63 lowercase letters, digits, '_'"
+                f"slot_name {self.slot_name!r} is not a valid replication slot name: use 1-63 "
+                "lowercase letters, digits, '_'"
             )
         self.publication_name = o.get("publication_name") or default_object_name(self.source)
         tables = o.get("tables")

@@ -109,7 +109,8 @@ class PgDigest:
         # OFFSET 0 keeps the texts in the subquery: each is computed once, not once per use
         sql = (
             f"SELECT count(*), bit_xor({digest}) "  # noqa: S608
-            f"FROM (SELECT {texts} FROM {self.server.quote_table(schema.table)}{where} OFFSET 0) AS {self.server.quote_ident('r')}"
+            f"FROM (SELECT {texts} FROM {self.server.quote_table(schema.table)}{where} OFFSET 0) AS "
+            f"{self.server.quote_ident('r')}"
         )
         return sql, params
 
@@ -123,7 +124,8 @@ class PgDigest:
         aliases = ", ".join(q(f"k{i}") for i in range(len(schema.primary_key)))
         pk = ", ".join(q(k) for k in schema.primary_key)
         sql = (
-            f"SELECT {aliases}, {digest} FROM (SELECT {keys}, {texts} FROM {self.server.quote_table(schema.table)}"  # noqa: S608
+            f"SELECT {aliases}, {digest} FROM (SELECT {keys}, {texts} FROM "  # noqa: S608
+            f"{self.server.quote_table(schema.table)}"
             f"{where} ORDER BY {pk} LIMIT %s) AS {q('r')} ORDER BY {aliases}"
         )
         return sql, [*params, int(limit)]

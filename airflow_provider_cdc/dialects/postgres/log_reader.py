@@ -329,10 +329,13 @@ class PgLogReader:
         if generated:
             q = self.server.quote_ident(self.publication_name)
             problem = (
-                f"publication {self.publication_name!r} publishes generated column(s) {', '.join(generated)} of table "
-                f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming them), which "
+                f"publication {self.publication_name!r} publishes generated column(s) "
+                f"{', '.join(generated)} of table "
+                f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming "
+                "them), which "
                 "chunks never read: the mirror's rows would differ by the way they came. "
-                f"Run ALTER PUBLICATION {q} SET (publish_generated_columns = none) and leave them out of its column "
+                f"Run ALTER PUBLICATION {q} SET (publish_generated_columns = none) and leave them out "
+                "of its column "
                 "list"
             )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
@@ -340,7 +343,8 @@ class PgLogReader:
         if narrowed:
             q, qt = self.server.quote_ident(self.publication_name), self.server.quote_table(table)
             problem = (
-                f"publication {self.publication_name!r} carries {narrowed} of table {table}, while chunks read all of "
+                f"publication {self.publication_name!r} carries {narrowed} of table {table}, while "
+                "chunks read all of "
                 "it: the mirror would keep values and rows the log never updates. Publish the whole table: "
                 f"ALTER PUBLICATION {q} DROP TABLE {qt}; ALTER PUBLICATION {q} ADD TABLE {qt}"
             )
@@ -354,7 +358,10 @@ class PgLogReader:
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         pk, why = self.catalog.table_key(table, rel.relid, rel.replica_identity)
         if not pk or any(k not in names for k in pk):
-            problem = f"table {table} {why or 'has a key column the publication does not carry'}, so its changes cannot be keyed"
+            problem = (
+                f"table {table} {why or 'has a key column the publication does not carry'}, so "
+                "its changes cannot be keyed"
+            )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         return _RelInfo(
             table,
@@ -391,7 +398,8 @@ class PgLogReader:
             return None
         rows = self.server.query(
             "SELECT pt.rowfilter, ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid "
-            "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL (pt.attnames)) "
+            "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL "
+            "(pt.attnames)) "
             "FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
             "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
             "WHERE pt.pubname = %s AND pt.schemaname = %s AND pt.tablename = %s",
@@ -518,9 +526,11 @@ class PgLogReader:
     def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
         return SourceError(
             f"table {rel.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
-            f"REPLICA IDENTITY {REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
+            "REPLICA IDENTITY "
+            f"{REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
             "changelog does not carry their values, so the full after-image cannot be built. Run "
-            f"ALTER TABLE {self.server.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
+            f"ALTER TABLE {self.server.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction "
+            "cannot be "
             "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
         )
 
@@ -530,7 +540,8 @@ class PgLogReader:
                 txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
         elif info.kind == "error":
             raise SourceError(
-                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from publication "
+                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from "
+                "publication "
                 f"{self.publication_name!r}, or fix the table"
             )
         elif info.table not in warned:
@@ -645,7 +656,9 @@ class PgLogReader:
             log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)
             return
         raise SourceError(
-            f"TRUNCATE of {', '.join(map(str, hit))} is in the changelog; it removes rows without row events, so "
-            "the mirror cannot follow it. Re-snapshot these tables, and set the dialect option on_truncate='skip' "
+            f"TRUNCATE of {', '.join(map(str, hit))} is in the changelog; it removes rows without row "
+            "events, so "
+            "the mirror cannot follow it. Re-snapshot these tables, and set the dialect option "
+            "on_truncate='skip' "
             "to let capture pass this point"
         )

@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 
 _INVALIDATED_BECAUSE = {
     "wal_removed": "the WAL it needed was removed, see max_slot_wal_keep_size",
-    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the capture "
+    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the "
+    "capture "
     "more often than that, or raise the setting (0 turns it off)",
     "rows_removed": "catalog rows it needed were vacuumed away",
     "wal_level_insufficient": "wal_level was lowered below logical",
@@ -93,9 +94,11 @@ class PgOffsets:
         present = [t for t in (self.tables or []) if not self._missing_table(t)]
         if self.tables and not present:
             raise SourceError(
-                f"source {self.server.source!r}: none of the tables of its capture scope exists on PostgreSQL at "
+                f"source {self.server.source!r}: none of the tables of its capture scope exists on "
+                "PostgreSQL at "
                 f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ({', '.join(map(str, self.tables))}), "
-                "or the connection's user cannot see them. Correct CDC_TABLES (or the source's 'tables' in the "
+                "or the connection's user cannot see them. Correct CDC_TABLES (or the source's "
+                "'tables' in the "
                 "sources config): schema.table, names exact, case included"
             )
         return [*present, *self.watermark_tables()]
@@ -110,13 +113,16 @@ class PgOffsets:
             close = [
                 f"{a}.{b}"
                 for a, b in self.server.query(
-                    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                    "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p')",
+                    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                    "c.relnamespace "
+                    "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind "
+                    "IN ('r', 'p')",
                     (table.schema, table.name),
                 )
             ]
             log.warning(
-                "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at %s:%s/%s, or "
+                "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at "
+                "%s:%s/%s, or "
                 "the connection's user cannot see it%s. Capture goes on for the other tables and adds it to "
                 "publication %r once it exists (then snapshot it); else remove it from CDC_TABLES",
                 self.server.source,
@@ -140,7 +146,8 @@ class PgOffsets:
         missing = [t for t in tables if t not in have]
         if missing:
             self.server.query(
-                f"ALTER PUBLICATION {self.server.quote_ident(self.publication_name)} ADD TABLE {self.server.qlist(missing)}"
+                f"ALTER PUBLICATION {self.server.quote_ident(self.publication_name)} ADD TABLE "
+                f"{self.server.qlist(missing)}"
             )
 
     def ensure_publication(self) -> None:
@@ -180,9 +187,12 @@ class PgOffsets:
         if not pub:
             what = f"FOR TABLE {self.server.qlist(wanted)}" if wanted else "FOR ALL TABLES"
             return (
-                f"{where}, where publication {self.publication_name!r} cannot be created (a standby is read-only; "
-                f"publications come from the primary through the WAL). Run on the primary: CREATE PUBLICATION {q} "
-                f"{what} WITH (publish_via_partition_root = true); then capture again once the standby replayed it"
+                f"{where}, where publication {self.publication_name!r} cannot be created (a standby is "
+                "read-only; "
+                "publications come from the primary through the WAL). Run on the primary: CREATE "
+                f"PUBLICATION {q} "
+                f"{what} WITH (publish_via_partition_root = true); then capture again once the standby "
+                "replayed it"
             )
         if pub[0][0] or not wanted:
             return None
@@ -217,9 +227,12 @@ class PgOffsets:
         if rows:
             raise ConfigurationError(
                 f"source {self.server.source!r} (CDC_CAPTURE_ALL_TABLES): not creating publication "  # noqa: S608 - a message, not SQL
-                f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse UPDATE and DELETE "
-                f"on these tables, which have no replica identity, and break the applications that write them: "
-                f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture instead, or give "
+                f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse "
+                "UPDATE and DELETE "
+                "on these tables, which have no replica identity, and break the applications that "
+                "write them: "
+                f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture "
+                "instead, or give "
                 "those tables a primary key or REPLICA IDENTITY FULL first"
             )
 
@@ -227,7 +240,8 @@ class PgOffsets:
         v17 = self.server.server_version >= 170000  # (columns failover and invalidation_reason)
         rows = self.server.query(
             f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, "  # noqa: S608 - column names
-            f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots WHERE slot_name = %s",
+            f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots "
+            "WHERE slot_name = %s",
             (self.slot_name,),
         )
         return rows[0] if rows else None
@@ -316,13 +330,17 @@ class PgOffsets:
                 (self.slot_name,),
             )
             standbys, held = self.server.query(
-                "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('synchronized_standby_slots')"
+                "SELECT (SELECT count(*) FROM pg_stat_replication), "
+                "current_setting('synchronized_standby_slots')"
             )[0]
             if standbys and not held:
                 log.warning(
-                    "source %r: failover slot %r created, but synchronized_standby_slots is empty while %d standby(s) "
-                    "stream from this server: capture may read changes a standby has not received yet, and after that "
-                    "standby is promoted capture stops (those changes are not on it) instead of going on. Set "
+                    "source %r: failover slot %r created, but synchronized_standby_slots is empty "
+                    "while %d standby(s) "
+                    "stream from this server: capture may read changes a standby has not received yet, "
+                    "and after that "
+                    "standby is promoted capture stops (those changes are not on it) instead of going "
+                    "on. Set "
                     "synchronized_standby_slots to the standbys' physical slots",
                     self.server.source,
                     self.slot_name,
@@ -341,8 +359,10 @@ class PgOffsets:
 
         where = f"the hot standby at {self.server.params.host}:{self.server.params.port}"
         log.info(
-            "source %r: creating replication slot %r on %s: it waits for the primary's next running-transactions "
-            "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on the primary "
+            "source %r: creating replication slot %r on %s: it waits for the primary's next "
+            "running-transactions "
+            "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on "
+            "the primary "
             "logs one now)",
             self.server.source,
             self.slot_name,
@@ -356,20 +376,24 @@ class PgOffsets:
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
         except psycopg2.errors.QueryCanceled as exc:
             raise SourceError(
-                f"source {self.server.source!r}: creating replication slot {self.slot_name!r} on {where} waited longer than "
-                f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the primary. The "
+                f"source {self.server.source!r}: creating replication slot {self.slot_name!r} on "
+                f"{where} waited longer than "
+                f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the "
+                "primary. The "
                 "primary logs one every 15 s while it writes WAL, none while it is idle: run SELECT "
                 "pg_log_standby_snapshot() on the primary (PostgreSQL 16+), or capture again once it writes"
             ) from exc
         except psycopg2.Error as exc:
             msg = pg_message(exc)
             fix = (
-                " Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then restart it)"
+                " Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then "
+                "restart it)"
                 if "wal_level" in msg
                 else ""
             )
             raise SourceError(
-                f"source {self.server.source!r}: cannot create replication slot {self.slot_name!r} on {where}: {msg}.{fix}"
+                f"source {self.server.source!r}: cannot create replication slot {self.slot_name!r} on "
+                f"{where}: {msg}.{fix}"
             ) from exc
         finally:
             conn.close()
@@ -380,23 +404,30 @@ class PgOffsets:
         (typically on a promoted standby that kept its old primary's setting) or a lost slot
         makes every read wait until read_timeout: said at once instead."""
         rows = self.server.query(
-            "SELECT n, s.wal_status, s.active FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), "
+            "SELECT n, s.wal_status, s.active FROM "
+            "unnest(string_to_array(current_setting('synchronized_standby_slots'), "
             "',')) AS u(raw) CROSS JOIN LATERAL trim(u.raw) AS n LEFT JOIN pg_replication_slots s "
             "ON s.slot_name = n AND s.slot_type = 'physical' WHERE n <> '' AND n <> '*'"
         )
         missing = [n for n, status, _active in rows if status is None or status == "lost"]
         if missing:
             raise SourceError(
-                f"source {self.server.source!r}: synchronized_standby_slots on PostgreSQL at {self.server.params.host}:"
-                f"{self.server.params.port} names {', '.join(map(repr, missing))}, which is not a usable physical slot here, "
-                f"and decoding failover slot {self.slot_name!r} waits for every slot named there: capture would wait "
-                "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or '' without "
-                "standbys) and reload the configuration (after a promotion, the old primary's setting is often kept)"
+                f"source {self.server.source!r}: synchronized_standby_slots on PostgreSQL at "
+                f"{self.server.params.host}:"
+                f"{self.server.params.port} names {', '.join(map(repr, missing))}, which is not a "
+                "usable physical slot here, "
+                f"and decoding failover slot {self.slot_name!r} waits for every slot named there: "
+                "capture would wait "
+                "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or "
+                "'' without "
+                "standbys) and reload the configuration (after a promotion, the old primary's setting "
+                "is often kept)"
             )
         idle = [n for n, _status, active in rows if active is False]
         if idle:
             log.warning(
-                "source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: capture waits "
+                "source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: "
+                "capture waits "
                 "until they receive the WAL it decodes",
                 self.server.source,
                 ", ".join(idle),
@@ -417,20 +448,25 @@ class PgOffsets:
         where = f"PostgreSQL at {self.server.params.host}:{self.server.params.port}"
         if not same_system:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {where} is not the server capture read before (system identifier "
-                f"{known.get('system_identifier')} before, {server['system_identifier']} now: a restore, or another "
-                f"cluster). Nothing proves its log continues the captured one, so capture stops. {self.resync_hint}"
+                f"source {self.server.source!r}: {where} is not the server capture read before (system "
+                "identifier "
+                f"{known.get('system_identifier')} before, {server['system_identifier']} now: a "
+                "restore, or another "
+                "cluster). Nothing proves its log continues the captured one, so capture stops. "
+                f"{self.resync_hint}"
             )
         promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
         if row is None:
             why = (
                 f"PostgreSQL {self.server.server_version // 10000} has no failover slots (17 and newer do)"
                 if self.server.server_version < 170000
-                else "it was not a synchronized failover slot on that standby (the standby needs sync_replication_slots "
+                else "it was not a synchronized failover slot on that standby (the standby needs "
+                "sync_replication_slots "
                 "= on, hot_standby_feedback = on and a primary_slot_name)"
             )
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted} and replication slot {self.slot_name!r} did not follow it: {why}. "
+                f"source {self.server.source!r}: {promoted} and replication slot {self.slot_name!r} "
+                f"did not follow it: {why}. "
                 f"The changes between the last capture and the promotion may be lost. {self.resync_hint}"
             )
         from ...storage.segment_index import staged_through
@@ -440,14 +476,17 @@ class PgOffsets:
         staged = through[0] if through else None
         if fork is None:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted}, and the point where timeline {now} forked from {before} cannot be "
-                "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that the changes capture "
+                f"source {self.server.source!r}: {promoted}, and the point where timeline {now} forked "
+                f"from {before} cannot be "
+                "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that "
+                "the changes capture "
                 f"staged are on this server. {self.resync_hint}"
             )
         fork_pos = Position.pg(next_record_start(fork, *self.server.wal_geometry()))
         if staged is not None and staged > fork_pos:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had staged changes up to "
+                f"source {self.server.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had "
+                "staged changes up to "
                 f"{staged.encode()}, past that point: some of them are not on this server (set "
                 "synchronized_standby_slots on the primary so that logical decoding waits for the standby). "
                 f"{self.resync_hint}"
@@ -502,11 +541,13 @@ class PgOffsets:
         confirmed, wal_status, plugin, database, _active, _failover, invalidated = row
         if plugin != "pgoutput":
             raise ConfigurationError(
-                f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give another slot_name"
+                f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give "
+                "another slot_name"
             )
         if database != (self.server.params.database or "postgres"):
             raise ConfigurationError(
-                f"replication slot {self.slot_name!r} belongs to database {database!r}: give another slot_name"
+                f"replication slot {self.slot_name!r} belongs to database {database!r}: give another "
+                "slot_name"
             )
         if wal_status == "lost" or confirmed is None or invalidated is not None:
             # (PostgreSQL 17+ says why: the WAL, idle_replication_slot_timeout on 18, wal_level...)
@@ -520,9 +561,12 @@ class PgOffsets:
             == [(True,)]
         ):
             raise ConfigurationError(
-                f"source {self.server.source!r}: replication slot {self.slot_name!r} on the hot standby at {self.server.params.host}:"
-                f"{self.server.params.port} is the primary's failover slot, synchronized here (sync_replication_slots): "
-                "nothing may decode it on the standby. Give this source another slot_name (capture then creates its "
+                f"source {self.server.source!r}: replication slot {self.slot_name!r} on the hot "
+                f"standby at {self.server.params.host}:"
+                f"{self.server.params.port} is the primary's failover slot, synchronized here "
+                "(sync_replication_slots): "
+                "nothing may decode it on the standby. Give this source another slot_name (capture "
+                "then creates its "
                 "own slot on the standby), or point its connection at the primary"
             )
 
@@ -575,10 +619,13 @@ class PgOffsets:
         ``max_slot_wal_keep_size = -1`` (:meth:`wal_keep_limit_mb`)."""
         return (
             f"nothing bounds the WAL replication slot {self.slot_name!r} holds (max_slot_wal_keep_size = -1, "
-            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, the source "
-            "removed but its slot left), the server keeps every WAL file from the slot's position on and can fill "
+            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, "
+            "the source "
+            "removed but its slot left), the server keeps every WAL file from the slot's position on "
+            "and can fill "
             "its disk, which stops the database. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = "
-            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), and drop "
+            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), "
+            "and drop "
             "the slots of sources no longer captured (airflow-cdc drop-source)"
         )
 
@@ -592,14 +639,16 @@ class PgOffsets:
             try:
                 with self.server.conn.cursor() as cur:
                     cur.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
+                        "slot_name = %s",
                         (self.slot_name,),
                     )
                     return bool(cur.fetchall())
             except psycopg2.errors.ObjectInUse as exc:
                 if time.monotonic() > deadline:
                     raise SourceError(
-                        f"replication slot {self.slot_name!r} is in use ({pg_message(exc)}): stop the capture "
+                        f"replication slot {self.slot_name!r} is in use ({pg_message(exc)}): stop the "
+                        "capture "
                         "that reads it, then drop it"
                     ) from exc
                 time.sleep(0.1)

@@ -52,8 +52,10 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if s.in_recovery and s.server_version_num < STANDBY_DECODING_VERSION:
         problems.append(
-            f"this server is a hot standby, and PostgreSQL {s.server_version_num // 10000} cannot decode logically on "
-            "a standby (16 and newer can): point the source's connection at the primary, and name the standby as "
+            f"this server is a hot standby, and PostgreSQL {s.server_version_num // 10000} cannot "
+            "decode logically on "
+            "a standby (16 and newer can): point the source's connection at the primary, and name the "
+            "standby as "
             "chunk_conn_id to read chunks there"
         )
     if s.wal_level != "logical":
@@ -68,9 +70,12 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if s.in_recovery and not s.hot_standby_feedback:
         problems.append(
-            "hot_standby_feedback is off on this hot standby: the primary's vacuum would then remove catalog rows the "
-            "slot still needs, and the standby invalidates the slot (rows_removed). Run on the standby: ALTER SYSTEM "
-            "SET hot_standby_feedback = on; SELECT pg_reload_conf() (and give it a physical slot on the primary, "
+            "hot_standby_feedback is off on this hot standby: the primary's vacuum would then remove "
+            "catalog rows the "
+            "slot still needs, and the standby invalidates the slot (rows_removed). Run on the "
+            "standby: ALTER SYSTEM "
+            "SET hot_standby_feedback = on; SELECT pg_reload_conf() (and give it a physical slot on "
+            "the primary, "
             "primary_slot_name, so the feedback outlives a reconnect)"
         )
     if not (s.replication_role or s.superuser):
@@ -85,7 +90,8 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
             )
         elif s.slots_used >= s.max_replication_slots:
             problems.append(
-                f"all {s.max_replication_slots} replication slots are in use and slot {slot_name!r} does not exist: "
+                f"all {s.max_replication_slots} replication slots are in use and slot {slot_name!r} "
+                "does not exist: "
                 "raise max_replication_slots and restart, or drop an unused slot (pg_drop_replication_slot)"
             )
     if s.max_wal_senders < 1:
@@ -94,7 +100,8 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if not s.publication_exists and s.all_tables and not s.superuser and not s.in_recovery:
         problems.append(
-            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: set CDC_TABLES "
+            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: "
+            "set CDC_TABLES "
             "to the tables to capture instead (CDC_CAPTURE_ALL_TABLES unset), or have a superuser create the "
             "publication"
         )
@@ -197,7 +204,8 @@ class PgPrerequisites:
             if not wms
             else self.server.query(
                 "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
-                "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace "
                 "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
                 (wm.schema, wm.name),
             )
@@ -205,7 +213,8 @@ class PgPrerequisites:
         if wm_row:
             if not wm_row[0][2]:
                 problems.append(
-                    f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the watermark table's schema)"
+                    f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the "
+                    "watermark table's schema)"
                 )
             if not (wm_row[0][0] and wm_row[0][1]):
                 problems.append(
@@ -234,7 +243,8 @@ class PgPrerequisites:
                 "SELECT n.nspname, c.relname, has_table_privilege(c.oid, 'SELECT'), "
                 "has_schema_privilege(n.oid, 'USAGE'), pg_has_role(c.relowner, 'USAGE') "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                "WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN (SELECT * FROM "
+                "unnest(%s::text[], %s::text[]))",
                 ([t.schema for t in scope] or [""], [t.name for t in scope] or [""]),
             )
         }
@@ -245,7 +255,8 @@ class PgPrerequisites:
             if not sel:
                 problems.append(f"GRANT SELECT ON {self.server.quote_table(t)} TO {role}")
         pub = self.server.query(
-            "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s",
+            "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE "
+            "p.pubname = %s",
             (self.offsets.publication_name,),
         )
         if s.in_recovery:
@@ -262,9 +273,12 @@ class PgPrerequisites:
             not_owned = [t for t in missing if t not in wms and not rows[t][2]]
             if missing and (not pub[0][1] or not_owned):
                 problems.append(
-                    f"publication {self.offsets.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
-                    "may not add them (PostgreSQL demands ownership of the publication and of each table): have an "
-                    f"administrator run ALTER PUBLICATION {self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
+                    f"publication {self.offsets.publication_name!r} lacks "
+                    f"{', '.join(map(str, missing))} and role {s.user!r} "
+                    "may not add them (PostgreSQL demands ownership of the publication and of each "
+                    "table): have an "
+                    "administrator run ALTER PUBLICATION "
+                    f"{self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
                     f"{self.server.qlist(missing)}"
                 )
         elif not pub and scope:
@@ -276,9 +290,11 @@ class PgPrerequisites:
                 if not_owned:
                     why.append(f"ownership of {', '.join(map(str, not_owned))}")
                 problems.append(
-                    f"publication {self.offsets.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
+                    f"publication {self.offsets.publication_name!r} does not exist and role {s.user!r} "
+                    "cannot create it (it "
                     f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
-                    f"{self.server.quote_ident(self.offsets.publication_name)} FOR TABLE {self.server.qlist([*scope, *wms])} WITH "
+                    f"{self.server.quote_ident(self.offsets.publication_name)} FOR TABLE "
+                    f"{self.server.qlist([*scope, *wms])} WITH "
                     "(publish_via_partition_root = true) (the docs' connections page, 'Grants', set-up 2)"
                 )
         return problems
@@ -286,7 +302,8 @@ class PgPrerequisites:
     def check_readable(self, table: TableName) -> None:
         row = self.server.query(
             "SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'), current_user "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
+            "c.relname = %s",
             (table.schema, table.name),
         )
         if row and not (row[0][0] and row[0][1]):

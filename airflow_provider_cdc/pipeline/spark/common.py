@@ -136,7 +136,8 @@ def configure_logging() -> None:
 
 
 CHANGELOG_DDL = (
-    "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string, "
+    "position string, table string, op string, key string, before string, after string, ts_ms long, "
+    "watermark string, "
     "origin struct<tx: string, lsn: long, last_commit_lsn: long, server_id: long, thread: long, file: string>"
 )
 
