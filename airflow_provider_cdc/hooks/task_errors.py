@@ -150,7 +150,8 @@ def describe_user_error(
         if missing is not None:
             return (
                 f"{where}Airflow connection {missing!r} is not defined: create it (Admin > Connections, a "
-                f"secrets backend, or AIRFLOW_CONN_{missing.upper()}='postgresql://user:password@host:5432/db' "
+                f"secrets backend, or AIRFLOW_CONN_{missing.upper()}"
+                "='postgresql://user:password@host:5432/db' "
                 "/ "
                 "'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's "
                 "'conn_id' in "

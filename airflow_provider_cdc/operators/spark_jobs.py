@@ -88,7 +88,8 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
         conn = BaseHook.get_connection(conn_id)
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and the like, named
         raise ConfigurationError(
-            f"CDC_POSTGRES_SINK_CONN_ID: Airflow connection {conn_id!r} cannot be read ({type(exc).__name__}); "
+            f"CDC_POSTGRES_SINK_CONN_ID: Airflow connection {conn_id!r} cannot be read ("
+            f"{type(exc).__name__}); "
             "create a connection of type postgres (host, port, schema = database, login, password) for the "
             "'postgres' sink's target"
         ) from None

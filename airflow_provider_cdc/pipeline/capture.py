@@ -187,7 +187,8 @@ def capture_lag(
     mb = 1024 * 1024
     if reading.lost:
         risk = (
-            f"{reading.holder} is lost: the source already dropped log the capture needs ({reading.setting}); "
+            f"{reading.holder} is lost: the source already dropped log the capture needs ("
+            f"{reading.setting}); "
             f"{reading.fix}"
         )
     elif (

@@ -350,7 +350,8 @@ class SnapshotController:
                     or (q is not None and q.snapshot_id != read_as.snapshot_id)
                 ):
                     raise StateError(
-                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ({q.status if q else 'none'}) "
+                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ("
+                        f"{q.status if q else 'none'}) "
                         f"was stored by another run while this one planned; this run starts no snapshot of it"
                     )
                 return started

@@ -68,7 +68,8 @@ class Mismatch:
     def describe(self) -> str:
         if self.kind == "different":
             diffs = ", ".join(
-                f"{c}: source={json.dumps((self.source or {}).get(c))} mirror={json.dumps((self.mirror or {}).get(c))}"
+                f"{c}: source={json.dumps((self.source or {}).get(c))} mirror="
+                f"{json.dumps((self.mirror or {}).get(c))}"
                 for c in self.columns
             )
             return f"key {self.key}: different ({diffs})"

@@ -57,7 +57,8 @@ def lag_charts(history: list) -> str:
     if len([h for h in history if isinstance(h, list) and len(h) == 3]) < 2:
         return "<p class='meta'>Not enough lag readings for a chart yet (one per capture run).</p>"
     return (
-        f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div style='flex:1 1 360px'>{lag_chart(history)}</div>"
+        "<div style='display:flex;flex-wrap:wrap;gap:12px'><div style='flex:1 1 360px'>"
+        f"{lag_chart(history)}</div>"
         f"<div style='flex:1 1 360px'>{lag_chart(history, unit='bytes')}</div></div>"
     )
 
@@ -76,7 +77,10 @@ def lag_chart(history: list, *, unit: str = "s", width: int = 560, height: int =
     left, pad = 44, 14
 
     def xy(t: float, v: float) -> str:
-        return f"{left + (t - t0) / span * (width - left - 6):.1f},{pad + (1 - v / top) * (height - 2 * pad):.1f}"
+        return (
+            f"{left + (t - t0) / span * (width - left - 6):.1f},"
+            f"{pad + (1 - v / top) * (height - 2 * pad):.1f}"
+        )
 
     line = " ".join(xy(t, v) for t, v in pts)
     return (
@@ -240,7 +244,8 @@ def _verify(v: dict | None) -> str:
     if v.get("malformed"):
         return _malformed(v["malformed"])
     head = (
-        f"<span class='state {'done' if v.get('ok') else 'failed'}'>{'ok' if v.get('ok') else 'differs'}</span> "
+        f"<span class='state {'done' if v.get('ok') else 'failed'}'>"
+        f"{'ok' if v.get('ok') else 'differs'}</span> "
         f"{_t(v.get('at'))}: {_n(v.get('rows_checked'))} rows checked, {_n(v.get('mismatched'))} mismatched "
         f"(missing {_n(v.get('missing'))}, extra {_n(v.get('extra'))}, different {_n(v.get('different'))})"
     )
@@ -253,7 +258,8 @@ def _verify(v: dict | None) -> str:
 
 def _form(action: str, source: str, table: str, label: str) -> str:
     return (
-        f"<form method='post' action='action'><input type='hidden' name='source' value='{escape(source, True)}'>"
+        "<form method='post' action='action'><input type='hidden' name='source' value='"
+        f"{escape(source, True)}'>"
         f"<input type='hidden' name='table' value='{escape(table, True)}'>"
         f"<input type='hidden' name='action' value='{action}'>"
         f"<button type='submit' aria-label='{escape(label, True)}'>{escape(action)}</button></form>"
@@ -277,7 +283,8 @@ def _table_row(src: dict, row: dict, can_act: bool) -> str:
         return _table_row_of(src, row, can_act)
     except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
         return (
-            f"<tr data-table='{escape(str(row.get('table')), True)}'><th scope='row'>{escape(str(row.get('table')))}"
+            f"<tr data-table='{escape(str(row.get('table')), True)}'><th scope='row'>"
+            f"{escape(str(row.get('table')))}"
             f"</th><td colspan='5'>{_malformed(f'{type(exc).__name__}: {exc}')}</td></tr>"
         )
 

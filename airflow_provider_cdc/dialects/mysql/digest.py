@@ -103,7 +103,8 @@ class MyDigest:
         where, params = self.digest_where(schema, after_key, None)
         pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
         sql = (
-            f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.server.quote_table(schema.table)}{where} "  # noqa: S608
+            f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.server.quote_table(schema.table)}"  # noqa: S608
+            f"{where} "
             f"ORDER BY {pk} LIMIT %s"
         )
         return sql, [*params, int(limit)]

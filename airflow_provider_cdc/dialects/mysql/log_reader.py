@@ -648,7 +648,8 @@ class MyLogReader:
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceError(
-                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:{start.pos} "
+                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:"
+                    f"{start.pos} "
                     f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete "
                     f"{OFFSET_FILE}"
                 ) from exc

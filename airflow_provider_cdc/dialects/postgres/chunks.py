@@ -236,7 +236,8 @@ class PgChunkReader:
         )
         advice = WAIT_ADVICE.get(why, WAIT_ADVICE[READ_FLOOR_SNAPSHOT])
         return (
-            f"source {self.server.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, "
+            f"source {self.server.source!r}: the hot standby chunks are read from ({p.host}:"
+            f"{p.port or 5432}, "
             f"{which}) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
             f"replayed {replay}, {behind:,} bytes behind it{state}) within "
             f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}"

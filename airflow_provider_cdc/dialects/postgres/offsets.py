@@ -96,7 +96,8 @@ class PgOffsets:
             raise SourceError(
                 f"source {self.server.source!r}: none of the tables of its capture scope exists on "
                 "PostgreSQL at "
-                f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ({', '.join(map(str, self.tables))}), "
+                f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ("
+                f"{', '.join(map(str, self.tables))}), "
                 "or the connection's user cannot see them. Correct CDC_TABLES (or the source's "
                 "'tables' in the "
                 "sources config): schema.table, names exact, case included"
