@@ -1041,7 +1041,8 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
 
     out = {}
     for s in sources:
-        # only a source this deployment names is asked (a name read back from a Variable is no connection, I15)
+        # only a source this deployment names is asked (a name read back from a Variable is no
+        # connection, I15)
         if s in lags or known_source(s, now) is None:
             continue
         try:

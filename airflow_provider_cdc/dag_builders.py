@@ -37,7 +37,8 @@ SNAPSHOT_DOC = """cdc_snapshot: DBLog watermark snapshot of source tables, one b
 
 Trigger with a conf (a Debezium-style signal), e.g.::
 
-    airflow dags trigger cdc_snapshot -c '{"action": "start", "tables": ["public.orders"], "chunk_size": 50000, "parallelism": 4}'
+    airflow dags trigger cdc_snapshot \\
+        -c '{"action": "start", "tables": ["public.orders"], "chunk_size": 50000, "parallelism": 4}'
     airflow dags trigger cdc_snapshot -c '{"action": "pause", "tables": ["public.orders"]}'
     airflow dags trigger cdc_snapshot -c '{"action": "resume", "tables": ["public.orders"]}'
     airflow dags trigger cdc_snapshot -c '{"action": "stop", "tables": ["public.orders"]}'
@@ -106,8 +107,8 @@ finished (a backfill ignores ``max_active_runs``), and every other task has
 
 Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
 schedule and the Spark connection/conf, read when the file is parsed):
-CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
-CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id), CDC_DATA_DIR (default
+$AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),

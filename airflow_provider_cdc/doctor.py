@@ -99,7 +99,8 @@ def _scope(dialect: Any) -> tuple[list, list[Finding]]:
 
 def _table_findings(dialect: Any, tables: list, exists: dict) -> list[Finding]:
     """Each table of the scope: it exists, has a key the log carries (a primary key, or what
-    the docs' operations page, "Tables without a primary key" says), and its columns are of supported types."""
+    the docs' operations page, "Tables without a primary key" says), and its columns are of supported
+    types."""
     out = []
     keyless = {}
     present = [t for t in tables if exists.get(t)]

@@ -6,8 +6,8 @@ and a function call or subquery reached the source. So the filter is parsed (sql
 source's dialect), checked against an allowlist, and rendered back by this module: every
 identifier quoted by the dialect's quoter, every literal bound as a parameter, every
 sub-expression in parentheses. Allowed: the table's own columns (unqualified), string and
-number literals, TRUE/FALSE, arithmetic (+ - * / %), comparisons (= <> != < <= > >=), AND / OR / NOT, parentheses,
-``IN (literals)``, ``BETWEEN``, ``LIKE`` (``ILIKE`` on PostgreSQL) and ``IS [NOT] NULL``.
+number literals, TRUE/FALSE, arithmetic (+ - * / %), comparisons (= <> != < <= > >=), AND / OR / NOT,
+parentheses, ``IN (literals)``, ``BETWEEN``, ``LIKE`` (``ILIKE`` on PostgreSQL) and ``IS [NOT] NULL``.
 Anything else is refused with a ConfigurationError naming the setting and the part.
 """
 

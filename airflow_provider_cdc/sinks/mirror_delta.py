@@ -338,9 +338,9 @@ def write_bucket(
 ):
     """Write a bucket's new rows (mirror rows of its keys, one per key) as a change file of
     the next version after ``version``, for the commit of that version (both engines: the
-    worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base
-    file (it is resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or
-    before it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
+    worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base file (it is
+    resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or before
+    it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
     (delta_buckets.admit). Returns the AddAction, None when nothing is left to write."""
     new = admit(rows, compacted_upto, lambda: read_resolved_keys(location, paths))
     if not new.num_rows:

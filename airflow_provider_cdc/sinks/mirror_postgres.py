@@ -204,7 +204,8 @@ class MirrorPostgresSink(Sink):
                 continue
             newest = newest_truncate(part.events)
             if newest is not None:
-                # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page, TRUNCATE)
+                # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page,
+                # TRUNCATE)
                 self._delete_before(schema, newest)
                 part = past_truncate(part, newest)
                 if part.num_rows == 0:

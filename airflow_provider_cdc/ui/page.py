@@ -13,9 +13,10 @@ from typing import Any
 from urllib.parse import quote
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:12px 16px;color:#1b1f24;
-background:#fff;max-width:1200px}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:20px 0 6px;border-bottom:1px solid #ccd;padding-bottom:3px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:12px 16px;
+color:#1b1f24;background:#fff;max-width:1200px}
+h1{font-size:20px;margin:0 0 4px}
+h2{font-size:17px;margin:20px 0 6px;border-bottom:1px solid #ccd;padding-bottom:3px}
 .meta{color:#555;font-size:12px}.box{border:1px solid #ccd;border-radius:6px;padding:8px 10px;margin:8px 0}
 .risk{border:2px solid #a40000;background:#fff3f3}.risk strong{color:#a40000}
 .warn{border:2px solid #8a5a00;background:#fff8e6}.warn strong{color:#8a5a00}
@@ -24,13 +25,14 @@ th,td{border-bottom:1px solid #e3e3ea;padding:5px 6px;text-align:left;vertical-a
 th{font-size:12px;color:#444;background:#f6f7f9}
 .state{font-weight:700;text-transform:uppercase;font-size:12px;letter-spacing:.03em}
 .state.failed,.state.stopped{color:#a40000}.state.done{color:#1a6b1a}.state.paused{color:#8a5a00}
-.bar{display:inline-block;width:140px;height:12px;border:1px solid #667;border-radius:3px;vertical-align:middle;
-background:repeating-linear-gradient(45deg,#fff,#fff 3px,#eef 3px,#eef 6px)}
+.bar{display:inline-block;width:140px;height:12px;border:1px solid #667;border-radius:3px;
+vertical-align:middle;background:repeating-linear-gradient(45deg,#fff,#fff 3px,#eef 3px,#eef 6px)}
 .bar>span{display:block;height:100%;background:#3b5bdb}
 .err{color:#a40000;white-space:pre-wrap;font-size:12px}
 form{display:inline}button{font:inherit;font-size:12px;padding:2px 8px;margin:1px;border:1px solid #667;
 border-radius:4px;background:#f6f7f9;cursor:pointer}button:focus{outline:2px solid #3b5bdb}
-svg text{font-size:10px;fill:#333}.flash{padding:6px 10px;border:1px solid #667;border-radius:6px;background:#f6f7f9}
+svg text{font-size:10px;fill:#333}
+.flash{padding:6px 10px;border:1px solid #667;border-radius:6px;background:#f6f7f9}
 code{font-size:12px}
 """
 

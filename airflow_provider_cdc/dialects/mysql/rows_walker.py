@@ -17,8 +17,8 @@ columns, unnamed columns), an event it refuses (it raises ValueError: the event 
 the pure-Python way), every event when the extension is not built, and it is the reference
 the walker is tested against on every type (tests/integration/test_mysql_rows_walker.py).
 Which one runs: the dialect option ``rows_decoder`` (the connection extra of that name; a
-setting of one source, never a process-wide environment variable): ``auto`` (default: compiled where it can), ``compiled`` (an
-error when the extension is not built), ``python``.
+setting of one source, never a process-wide environment variable): ``auto`` (default: compiled where it
+can), ``compiled`` (an error when the extension is not built), ``python``.
 
 Covered (binlog_row_metadata=FULL, binlog_row_image=FULL, MariaDB's and MySQL 5.6+'s temporal
 formats): TINYINT..BIGINT signed and unsigned, YEAR, FLOAT, DOUBLE, DECIMAL, BIT, CHAR,
@@ -221,7 +221,8 @@ class TableWalker:
         data, start = getattr(raw, "_data", None), getattr(raw, "_position", None)
         pushed_back = getattr(wrapper, "_BinLogPacketWrapper__data_buffer", None)
         if data is None or start is None or pushed_back is None or pushed_back:
-            return None  # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
+            # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
+            return None
         ncols = len(self.spec)
         if ev.number_of_columns != ncols:
             return None

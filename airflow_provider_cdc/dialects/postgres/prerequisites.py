@@ -188,9 +188,9 @@ class PgPrerequisites:
             )
 
     def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
-        """Every grant the configured set-up lacks, each as the statement that gives it (the docs' connections page,
-        "Security" lists both set-ups: the provider creates publication and watermark table, or
-        an administrator did, and the provider then needs no ownership and runs no DDL)."""
+        """Every grant the configured set-up lacks, each as the statement that gives it (the docs' connections
+        page, "Security" lists both set-ups: the provider creates publication and watermark table, or an
+        administrator did, and the provider then needs no ownership and runs no DDL)."""
         s = s or self.read_settings()
         if s.superuser:
             return []

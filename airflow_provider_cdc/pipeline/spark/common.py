@@ -162,13 +162,13 @@ def build_sinks(
     require_schema: bool,
     fence_tables: Iterable | None = None,
 ) -> list[Sink]:
-    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the 'postgres' sink's target: a libpq URI or
-    ``key=value`` string, or psycopg2.connect keywords (the operators resolve
-    CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit
-    gets it without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
-    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
-    on each of their mirrors before anything is read (refused if a snapshot was stopped), and
-    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
+    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the
+    'postgres' sink's target: a libpq URI or ``key=value`` string, or psycopg2.connect keywords (the operators
+    resolve CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit gets it
+    without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
+    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch on each of
+    their mirrors before anything is read (refused if a snapshot was stopped), and every sink refuses to write
+    once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
     from ...sinks.mirror_fencing import MergeFence
