@@ -475,7 +475,23 @@ def _write_live_round(round_file: str, chunks) -> str:
 
 class SnapshotMergeOperator(_CdcJobOperator):
     """DBLog steps 4-5 for a snapshot round: the chunks listed in ``round_file`` (the
-    ``round`` task's output) merged with their watermark windows, written to the sinks."""
+    ``round`` task's output) merged with their watermark windows, written to the sinks.
+
+    :param round_file: the file that lists the round's chunks (the ``round`` task's output).
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
+    """
 
     job = "merge"
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
@@ -597,6 +613,19 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
     :param min_rows: ready rows that start a merge (``CDC_MERGE_WHILE_READING_ROWS``; 0: never).
     :param reader_task_id: the chunk task whose instances of this run are watched.
     :param cdc_conn_id: the source connection, for the captures that stage high watermarks.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
     """
 
     template_fields: Sequence[str] = (*SnapshotMergeOperator.template_fields, "work")
@@ -786,7 +815,22 @@ def emit_freshness(data_dir: str, source: str) -> float | None:
 
 
 class ChangelogApplyOperator(_CdcJobOperator):
-    """Staged changelog segments past each sink's applied marker -> the sinks."""
+    """Staged changelog segments past each sink's applied marker -> the sinks.
+
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
+    """
 
     job = "apply"
 
