@@ -40,8 +40,11 @@ def connection_types() -> list[dict[str, str]]:
     own would take it from them."""
     taken = types_of_other_providers()
     return [
-        {"connection-type": conn_type, "hook-class-name": f"airflow_provider_cdc.hooks.cdc_source.{cls}",
-         "hook-name": name}
+        {
+            "connection-type": conn_type,
+            "hook-class-name": f"airflow_provider_cdc.hooks.cdc_source.{cls}",
+            "hook-name": name,
+        }
         for conn_type, (cls, name) in _SOURCE_HOOKS.items()
         if conn_type == "cdc" or conn_type not in taken
     ]
@@ -64,7 +67,10 @@ def get_provider_info() -> dict:
             }
         ],
         "hooks": [
-            {"integration-name": "Change Data Capture (DBLog)", "python-modules": ["airflow_provider_cdc.hooks.cdc_source"]}
+            {
+                "integration-name": "Change Data Capture (DBLog)",
+                "python-modules": ["airflow_provider_cdc.hooks.cdc_source"],
+            }
         ],
         "operators": [
             {

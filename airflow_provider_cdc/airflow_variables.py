@@ -105,8 +105,9 @@ def load_raw(source: str, table_id: str, data_dir: str) -> str | None:
     return None if p is None else p.to_json()
 
 
-def update(source: str, table_id: str, data_dir: str, change: Change, *,
-           between: Callable[[], None] | None = None) -> SnapshotProgress | None:
+def update(
+    source: str, table_id: str, data_dir: str, change: Change, *, between: Callable[[], None] | None = None
+) -> SnapshotProgress | None:
     """Apply ``change`` with compare-and-set (pipeline.snapshot_state.update), then publish
     what it wrote. Returns the progress after the change."""
     return for_source(source, data_dir).update(table_id, change, between=between)
@@ -124,8 +125,9 @@ def status(source: str, table_id: str, data_dir: str) -> str | None:
     return None if p is None else str(p.status)
 
 
-def request(source: str, table_id: str, action: str, data_dir: str, *,
-            between: Callable[[], None] | None = None) -> SnapshotProgress:
+def request(
+    source: str, table_id: str, action: str, data_dir: str, *, between: Callable[[], None] | None = None
+) -> SnapshotProgress:
     """Pause, resume or stop from outside a DAG run (CLI, tests): running chunk tasks see
     a pause or stop before their next chunk. Invalid transitions raise StateError."""
     from .core.errors import ConfigurationError, StateError
@@ -136,7 +138,9 @@ def request(source: str, table_id: str, action: str, data_dir: str, *,
 
     def change(p: SnapshotProgress | None) -> SnapshotProgress:
         if p is None:
-            raise StateError(f"no snapshot of table {table_id} from source {source!r} to {action}; start one first")
+            raise StateError(
+                f"no snapshot of table {table_id} from source {source!r} to {action}; start one first"
+            )
         getattr(p, action)()
         return p
 
@@ -176,13 +180,18 @@ VERIFY_PREFIX = "cdc_verify__"
 
 
 def verify_key(source: str, table_id: str) -> str:
-    return (f"{VERIFY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__"
-            f"{encode_path_segment(table_id, leading_dot_ok=True)}")
+    return (
+        f"{VERIFY_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}__"
+        f"{encode_path_segment(table_id, leading_dot_ok=True)}"
+    )
 
 
 def save_verify(source: str, table_id: str, result: dict) -> None:
     """The last ``airflow cdc verify`` of a table (JSON: ok, counts, repair conf, at), for the UI."""
-    _set(verify_key(source, table_id), json.dumps({"source": source, "table": table_id, **result}, sort_keys=True))
+    _set(
+        verify_key(source, table_id),
+        json.dumps({"source": source, "table": table_id, **result}, sort_keys=True),
+    )
 
 
 def load_verifies(source: str | None = None) -> dict[tuple[str, str], dict]:
@@ -193,7 +202,12 @@ def load_verifies(source: str | None = None) -> dict[tuple[str, str], dict]:
             doc = json.loads(val)
         except (TypeError, json.JSONDecodeError):
             continue
-        if isinstance(doc, dict) and doc.get("source") and doc.get("table") and source in (None, doc["source"]):
+        if (
+            isinstance(doc, dict)
+            and doc.get("source")
+            and doc.get("table")
+            and source in (None, doc["source"])
+        ):
             out[(doc["source"], doc["table"])] = doc
     return out
 

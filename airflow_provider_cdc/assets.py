@@ -56,8 +56,12 @@ def outlet_aliases(outlets) -> dict[str, AssetAlias]:
     return {a.name.rsplit("/", 1)[-1]: a for a in outlets or () if isinstance(a, AssetAlias)}
 
 
-def emit_table_events(context: Mapping[str, Any], outlets: list, source: str,
-                      tables: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> int:
+def emit_table_events(
+    context: Mapping[str, Any],
+    outlets: list,
+    source: str,
+    tables: Mapping[str, Mapping[str, Mapping[str, Any]]],
+) -> int:
     """Emit ``tables[kind][table_id]`` (the extra of one Asset event) through the task's alias
     of ``kind``; kinds the task has no alias for are skipped. Returns the events emitted."""
     aliases = outlet_aliases(outlets)
@@ -73,6 +77,10 @@ def emit_table_events(context: Mapping[str, Any], outlets: list, source: str,
             outlet_events[alias].add(table_asset(source, table_id, kind), extra=dict(extra))
             n += 1
     if n:
-        log.info("asset events: %d for source %r (%s)", n, source,
-                 ", ".join(f"{k}: {len(v)} table(s)" for k, v in tables.items() if k in aliases))
+        log.info(
+            "asset events: %d for source %r (%s)",
+            n,
+            source,
+            ", ".join(f"{k}: {len(v)} table(s)" for k, v in tables.items() if k in aliases),
+        )
     return n

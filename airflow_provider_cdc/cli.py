@@ -25,86 +25,172 @@ EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="airflow-cdc", description="DBLog CDC for Airflow: snapshot status and verification")
+    p = argparse.ArgumentParser(
+        prog="airflow-cdc", description="DBLog CDC for Airflow: snapshot status and verification"
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
-    st = sub.add_parser("status", help="progress of each table's snapshot and each source's capture lag "
-                                       "(from the Airflow Variables)")
+    st = sub.add_parser(
+        "status",
+        help="progress of each table's snapshot and each source's capture lag (from the Airflow Variables)",
+    )
     st.add_argument("--source", help="only this source (default: all)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
-    st.add_argument("--live", action="store_true",
-                    help="also read each source's current log position from its server (its connection) and say "
-                         "how far the applied changes are behind it")
-    st.add_argument("--caught-up-to", default=None, metavar="POSITION",
-                    help="with --source: exit 0 when every change committed before POSITION (PostgreSQL: an LSN, "
-                         "SELECT pg_current_wal_lsn(); MariaDB: file:offset of SHOW MASTER STATUS) is in the event "
-                         "log and the mirror, 1 when not yet")
+    st.add_argument(
+        "--live",
+        action="store_true",
+        help="also read each source's current log position from its server (its connection) and say "
+        "how far the applied changes are behind it",
+    )
+    st.add_argument(
+        "--caught-up-to",
+        default=None,
+        metavar="POSITION",
+        help="with --source: exit 0 when every change committed before POSITION (PostgreSQL: an LSN, "
+        "SELECT pg_current_wal_lsn(); MariaDB: file:offset of SHOW MASTER STATUS) is in the event "
+        "log and the mirror, 1 when not yet",
+    )
 
     v = sub.add_parser("verify", help="compare the mirror with the source by chunked checksums")
-    v.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID or cdc_source)")
+    v.add_argument(
+        "--conn-id",
+        default=None,
+        help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID or cdc_source)",
+    )
     v.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
-    v.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR, else $AIRFLOW_HOME/cdc-data)")
-    v.add_argument("--source", help="source name of the staging/output folders (default: the connection id); a source "
-                                    "of the sources config brings its connection, data location and storage")
+    v.add_argument(
+        "--data-dir",
+        default=None,
+        help="the pipeline's data dir (default $CDC_DATA_DIR, else $AIRFLOW_HOME/cdc-data)",
+    )
+    v.add_argument(
+        "--source",
+        help="source name of the staging/output folders (default: the connection id); a source "
+        "of the sources config brings its connection, data location and storage",
+    )
     v.add_argument("--chunk-rows", type=int, default=10_000, help="rows per checksum chunk (default 10000)")
     v.add_argument("--examples", type=int, default=10, help="mismatched keys to show (default 10)")
-    v.add_argument("--events", action="store_true", help="also check the event log is position-monotonic per key")
+    v.add_argument(
+        "--events", action="store_true", help="also check the event log is position-monotonic per key"
+    )
     v.add_argument("--json", action="store_true", help="machine-readable output")
-    v.add_argument("--repair", action="store_true",
-                   help="on a mismatch, trigger a snapshot of only the key ranges that differed (of the whole table "
-                        "when the mirror has rows the source has not)")
-    v.add_argument("--snapshot-dag", default=None,
-                   help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
-                        "cdc_snapshot__<source>)")
-    r = sub.add_parser("resync", help="after a failover capture could not follow (SourceChangedError): record the "
-                                      "gap, start capture anew on the server the source reaches now; then verify "
-                                      "--repair each table")
-    r.add_argument("--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID)")
-    r.add_argument("--source", help="source name (default: the connection id); a source of the sources config brings "
-                                    "its connection and data location")
+    v.add_argument(
+        "--repair",
+        action="store_true",
+        help="on a mismatch, trigger a snapshot of only the key ranges that differed (of the whole table "
+        "when the mirror has rows the source has not)",
+    )
+    v.add_argument(
+        "--snapshot-dag",
+        default=None,
+        help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
+        "cdc_snapshot__<source>)",
+    )
+    r = sub.add_parser(
+        "resync",
+        help="after a failover capture could not follow (SourceChangedError): record the "
+        "gap, start capture anew on the server the source reaches now; then verify "
+        "--repair each table",
+    )
+    r.add_argument(
+        "--conn-id", default=None, help="Airflow connection of the source (default $CDC_SOURCE_CONN_ID)"
+    )
+    r.add_argument(
+        "--source",
+        help="source name (default: the connection id); a source of the sources config brings "
+        "its connection and data location",
+    )
     r.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
-    x = sub.add_parser("export-debezium", help="write a table's event log as Debezium JSON records (JSON lines of "
-                                               "key and value documents, JsonConverter with schemas)")
+    x = sub.add_parser(
+        "export-debezium",
+        help="write a table's event log as Debezium JSON records (JSON lines of "
+        "key and value documents, JsonConverter with schemas)",
+    )
     x.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
-    x.add_argument("--out", required=True, help="where to write the JSON lines (a path or a URI of the storage layer)")
-    x.add_argument("--topic-prefix", default=None, help="Debezium's topic.prefix: source.name and the schema names' "
-                                                        "first part (default: the source name)")
-    x.add_argument("--source", help="source name of the output folders (default $CDC_SOURCE or the connection id); "
-                                    "a source of the sources config brings its data location and storage")
+    x.add_argument(
+        "--out", required=True, help="where to write the JSON lines (a path or a URI of the storage layer)"
+    )
+    x.add_argument(
+        "--topic-prefix",
+        default=None,
+        help="Debezium's topic.prefix: source.name and the schema names' "
+        "first part (default: the source name)",
+    )
+    x.add_argument(
+        "--source",
+        help="source name of the output folders (default $CDC_SOURCE or the connection id); "
+        "a source of the sources config brings its data location and storage",
+    )
     x.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
-    x.add_argument("--connector", choices=list(debezium_connectors()), default=None,
-                   help="the Debezium connector to imitate (default: the database the events came from)")
-    x.add_argument("--no-tombstones", action="store_true", help="no null-value record after each delete "
-                                                                "(Debezium's tombstones.on.delete=false)")
-    x.add_argument("--truncates", action="store_true", help="also TRUNCATE records (Debezium skips them by default; "
-                                                             "Flink's debezium-json cannot read them)")
-    x.add_argument("--form", choices=["keyvalue", "value"], default="keyvalue",
-                   help="keyvalue: {\"key\", \"value\"} per line, as Kafka records; value: the value document alone "
-                        "per line, as Flink's debezium-json and file readers take it (no tombstones)")
-    x.add_argument("--database", default=None, help="PostgreSQL: source.db (default: the database capture recorded)")
-    x.add_argument("--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)")
+    x.add_argument(
+        "--connector",
+        choices=list(debezium_connectors()),
+        default=None,
+        help="the Debezium connector to imitate (default: the database the events came from)",
+    )
+    x.add_argument(
+        "--no-tombstones",
+        action="store_true",
+        help="no null-value record after each delete (Debezium's tombstones.on.delete=false)",
+    )
+    x.add_argument(
+        "--truncates",
+        action="store_true",
+        help="also TRUNCATE records (Debezium skips them by default; Flink's debezium-json cannot read them)",
+    )
+    x.add_argument(
+        "--form",
+        choices=["keyvalue", "value"],
+        default="keyvalue",
+        help='keyvalue: {"key", "value"} per line, as Kafka records; value: the value document alone '
+        "per line, as Flink's debezium-json and file readers take it (no tombstones)",
+    )
+    x.add_argument(
+        "--database", default=None, help="PostgreSQL: source.db (default: the database capture recorded)"
+    )
+    x.add_argument(
+        "--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)"
+    )
     _add_admin_commands(sub)
     return p
 
 
 def _add_admin_commands(sub) -> None:
     """``snapshot`` and ``drop-source``: what users did by hand (a DAG conf, a Python function)."""
-    sn = sub.add_parser("snapshot", help="start, pause, resume or stop a snapshot: start and resume trigger the "
-                                         "snapshot DAG with that conf (as the UI's trigger does); pause and stop "
-                                         "change the snapshot's progress, which its running chunk tasks read "
-                                         "before their next chunk")
+    sn = sub.add_parser(
+        "snapshot",
+        help="start, pause, resume or stop a snapshot: start and resume trigger the "
+        "snapshot DAG with that conf (as the UI's trigger does); pause and stop "
+        "change the snapshot's progress, which its running chunk tasks read "
+        "before their next chunk",
+    )
     sn.add_argument("action", choices=["start", "pause", "resume", "stop"])
-    sn.add_argument("--table", action="append", required=True, metavar="SCHEMA.TABLE",
-                    help="a captured table (repeat for several)")
-    sn.add_argument("--source", help="source name (default $CDC_SOURCE or the connection id); a source of the "
-                                     "sources config brings its snapshot DAG and data location")
-    sn.add_argument("--snapshot-dag", default=None, help="the snapshot DAG start/resume trigger (default cdc_snapshot; "
-                                                         "a source of the sources config: cdc_snapshot__<source>)")
+    sn.add_argument(
+        "--table",
+        action="append",
+        required=True,
+        metavar="SCHEMA.TABLE",
+        help="a captured table (repeat for several)",
+    )
+    sn.add_argument(
+        "--source",
+        help="source name (default $CDC_SOURCE or the connection id); a source of the "
+        "sources config brings its snapshot DAG and data location",
+    )
+    sn.add_argument(
+        "--snapshot-dag",
+        default=None,
+        help="the snapshot DAG start/resume trigger (default cdc_snapshot; "
+        "a source of the sources config: cdc_snapshot__<source>)",
+    )
     sn.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
-    d = sub.add_parser("drop-source", help="drop what a source holds on its server: PostgreSQL its replication slot "
-                                           "and publication (the slot keeps WAL until dropped), MariaDB/MySQL its "
-                                           "stored binlog offset; refused while a capture holds the source's lock "
-                                           "or one of its snapshots runs")
+    d = sub.add_parser(
+        "drop-source",
+        help="drop what a source holds on its server: PostgreSQL its replication slot "
+        "and publication (the slot keeps WAL until dropped), MariaDB/MySQL its "
+        "stored binlog offset; refused while a capture holds the source's lock "
+        "or one of its snapshots runs",
+    )
     d.add_argument("--source", required=True, help="the source (a name of `airflow-cdc status`)")
     d.add_argument("--conn-id", default=None, help="its Airflow connection (default: the source's)")
     d.add_argument("--data-dir", default=None, help="its data dir (default: the source's)")
@@ -118,55 +204,77 @@ def _add_doctor_and_sources(sub) -> None:
     doc = sub.add_parser(
         "doctor",
         help="check a source before its first run and print what to fix, one line per finding (read-only)",
-        description="Check a source before its first run and print what to fix, one line per finding with its "
-                    "severity (ERROR: the first run would be refused or fail; WARNING: it runs, but something can "
-                    "hurt later). Checked: the connection reaches the server and logs in (the connection id is "
-                    "named); the grants the role needs for its watermark strategy (the docs' connections page, 'Grants'); PostgreSQL "
-                    "wal_level=logical, a free replication slot, the REPLICATION attribute, max_slot_wal_keep_size "
-                    "(-1: nothing bounds the WAL a slot may hold, a warning), the publication; MariaDB/MySQL "
-                    "log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica "
-                    "log_slave_updates, GTID replication and watermark_strategy 'log'; each table of the scope "
-                    "exists and has a primary key or a usable replica identity (the docs' operations page, 'Tables without a primary "
-                    "key'); the hot standby chunks are read from (connection extra chunk_conn_id): in recovery, "
-                    "hot_standby_feedback on, replay not paused. Doctor is read-only: its session cannot write, "
-                    "and it creates no slot, publication or watermark table. "
-                    "Which source: --source (a source of the sources config, or the environment's CDC_SOURCE), "
-                    "--conn-id (an Airflow connection; alone, the sources config's one entry on it, else the "
-                    "environment's settings on it), or both (a new source name on that connection: its slot and "
-                    "publication are named after it); neither: the environment's source (CDC_SOURCE_CONN_ID). The "
-                    "tables checked are the source's scope (CDC_TABLES, or the entry's tables) unless --table names "
-                    "them. Exit 0 when no finding is an error (warnings allowed), 1 when one is, 2 when doctor "
-                    "cannot run (e.g. an unknown --source).")
-    doc.add_argument("--conn-id", default=None,
-                     help="Airflow connection of the source (default: the source's, else $CDC_SOURCE_CONN_ID or "
-                          "cdc_source)")
-    doc.add_argument("--source", default=None,
-                     help="source name: an entry of the sources config brings its connection, scope and "
-                          "connection extras; with --conn-id any new name (the slot and publication are named "
-                          "after it)")
-    doc.add_argument("--table", action="append", default=None, metavar="SCHEMA.TABLE",
-                     help="check this table instead of the source's scope (MySQL: DATABASE.TABLE; repeat for "
-                          "several)")
+        description="Check a source before its first run and print what to fix, one line per finding "
+        "with its "
+        "severity (ERROR: the first run would be refused or fail; WARNING: it runs, but something can "
+        "hurt later). Checked: the connection reaches the server and logs in (the connection id is "
+        "named); the grants the role needs for its watermark strategy (the docs' connections page, "
+        "'Grants'); PostgreSQL "
+        "wal_level=logical, a free replication slot, the REPLICATION attribute, max_slot_wal_keep_size "
+        "(-1: nothing bounds the WAL a slot may hold, a warning), the publication; MariaDB/MySQL "
+        "log_bin, binlog_format=ROW, binlog_row_image=FULL, binlog_row_metadata=FULL, and on a replica "
+        "log_slave_updates, GTID replication and watermark_strategy 'log'; each table of the scope "
+        "exists and has a primary key or a usable replica identity (the docs' operations page, 'Tables "
+        "without a primary "
+        "key'); the hot standby chunks are read from (connection extra chunk_conn_id): in recovery, "
+        "hot_standby_feedback on, replay not paused. Doctor is read-only: its session cannot write, "
+        "and it creates no slot, publication or watermark table. "
+        "Which source: --source (a source of the sources config, or the environment's CDC_SOURCE), "
+        "--conn-id (an Airflow connection; alone, the sources config's one entry on it, else the "
+        "environment's settings on it), or both (a new source name on that connection: its slot and "
+        "publication are named after it); neither: the environment's source (CDC_SOURCE_CONN_ID). The "
+        "tables checked are the source's scope (CDC_TABLES, or the entry's tables) unless --table names "
+        "them. Exit 0 when no finding is an error (warnings allowed), 1 when one is, 2 when doctor "
+        "cannot run (e.g. an unknown --source).",
+    )
+    doc.add_argument(
+        "--conn-id",
+        default=None,
+        help="Airflow connection of the source (default: the source's, else $CDC_SOURCE_CONN_ID or "
+        "cdc_source)",
+    )
+    doc.add_argument(
+        "--source",
+        default=None,
+        help="source name: an entry of the sources config brings its connection, scope and "
+        "connection extras; with --conn-id any new name (the slot and publication are named "
+        "after it)",
+    )
+    doc.add_argument(
+        "--table",
+        action="append",
+        default=None,
+        metavar="SCHEMA.TABLE",
+        help="check this table instead of the source's scope (MySQL: DATABASE.TABLE; repeat for several)",
+    )
     doc.add_argument("--verbose", action="store_true", help="also print the checks that passed (OK lines)")
-    doc.add_argument("--json", action="store_true",
-                     help="machine-readable output: {source, conn_id, ok, findings: [{severity, check, message}]}")
+    doc.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output: {source, conn_id, ok, findings: [{severity, check, message}]}",
+    )
     so = sub.add_parser(
         "sources",
-        help="every source with its replication slot or binlog offset, publication, capture lag and WAL held, "
-             "including sources that only ever ran a snapshot",
+        help="every source with its replication slot or binlog offset, publication, capture lag and "
+        "WAL held, "
+        "including sources that only ever ran a snapshot",
         description="List every source this deployment knows: the sources config's, the environment's "
-                    "(CDC_SOURCE, CDC_SOURCE_CONN_ID), and those only snapshot progress or a capture lag in "
-                    "Airflow Variables name (e.g. a source that only ever ran a snapshot, whose slot still holds "
-                    "WAL). Per source: its connection; PostgreSQL its replication slot, whether it exists and the "
-                    "WAL it holds (and a warning when max_slot_wal_keep_size = -1 leaves that unbounded), its "
-                    "publication; MariaDB/MySQL its stored binlog offset and the binlog written past it; the "
-                    "capture lag last recorded; its snapshots. The servers of the sources this deployment names "
-                    "are asked, read-only; a source only a Variable names is listed but never connected to. "
-                    "airflow-cdc drop-source removes what a source holds.")
+        "(CDC_SOURCE, CDC_SOURCE_CONN_ID), and those only snapshot progress or a capture lag in "
+        "Airflow Variables name (e.g. a source that only ever ran a snapshot, whose slot still holds "
+        "WAL). Per source: its connection; PostgreSQL its replication slot, whether it exists and the "
+        "WAL it holds (and a warning when max_slot_wal_keep_size = -1 leaves that unbounded), its "
+        "publication; MariaDB/MySQL its stored binlog offset and the binlog written past it; the "
+        "capture lag last recorded; its snapshots. The servers of the sources this deployment names "
+        "are asked, read-only; a source only a Variable names is listed but never connected to. "
+        "airflow-cdc drop-source removes what a source holds.",
+    )
     so.add_argument("--json", action="store_true", help="machine-readable output: one object per source")
-    so.add_argument("--offline", action="store_true",
-                    help="do not connect to the sources' servers: only what the sources config, the settings and "
-                         "the Variables say")
+    so.add_argument(
+        "--offline",
+        action="store_true",
+        help="do not connect to the sources' servers: only what the sources config, the settings and "
+        "the Variables say",
+    )
 
 
 # --- status -------------------------------------------------------------------------------
@@ -192,14 +300,19 @@ def describe_progress(summary: dict[str, Any]) -> str:
         parts[0] += " (DAG cdc_snapshot is paused: no task runs until it is unpaused)"
     if "ranges" in summary:
         parts.append(f"ranges done {summary['ranges_done']}/{summary['ranges']}")
-        parts.append(f"{summary['rows']} rows in {summary['chunks']} chunks ({summary['rows_per_second']:.0f} rows/s)")
+        parts.append(
+            f"{summary['rows']} rows in {summary['chunks']} chunks ({summary['rows_per_second']:.0f} rows/s)"
+        )
         if "rows_read" in summary:  # read by the running chunk tasks, not merged yet
             parts.append(f"{summary['rows_read']} rows in {summary['chunks_read']} chunks read")
         if summary["status"] == "running" and summary.get("fraction") is not None:
             left = summary.get("seconds_left")
             parts.append(f"{summary['fraction']:.0%} read" + ("" if left is None else f", ~{left:,} s left"))
         if summary["status"] != "done" and summary["next_keys"]:
-            parts.append("continues after " + ", ".join("start" if k is None else json.dumps(k) for k in summary["next_keys"]))
+            parts.append(
+                "continues after "
+                + ", ".join("start" if k is None else json.dumps(k) for k in summary["next_keys"])
+            )
     if summary.get("snapshot_id"):
         parts.append(f"snapshot {summary['snapshot_id']}")
     if summary.get("run"):
@@ -228,33 +341,45 @@ def _data_dir_of(source: str) -> str | None:
 
 def describe_lag(lag: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
-    text = (f"capture lag {lag.get('bytes', 0):,} bytes, {lag.get('seconds') or 0:,.0f} s behind the log "
-            f"({lag.get('holder')}), read {when}")
+    text = (
+        f"capture lag {lag.get('bytes', 0):,} bytes, {lag.get('seconds') or 0:,.0f} s behind the log "
+        f"({lag.get('holder')}), read {when}"
+    )
     replica = lag.get("replica")
     if isinstance(replica, dict):
         from .pipeline.capture import describe_replica_lag
 
         text += f"; {describe_replica_lag(int(replica.get('bytes') or 0), replica.get('seconds'))}"
-    return (text + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
-            + (f"; WARNING: {lag['warning']}" if lag.get("warning") else ""))
+    return (
+        text
+        + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
+        + (f"; WARNING: {lag['warning']}" if lag.get("warning") else "")
+    )
 
 
 def describe_caught_up(c: dict[str, Any]) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.get("staged_at") or 0)) + "Z"
-    text = (f"caught up to {c['caught_up_to']}: every change committed before it is applied (the staged "
-            f"changelog reached {c['staged_through']} at {when})")
+    text = (
+        f"caught up to {c['caught_up_to']}: every change committed before it is applied (the staged "
+        f"changelog reached {c['staged_through']} at {when})"
+    )
     if c.get("server_position"):
         behind = c.get("behind_bytes")
         text += f"; the server is at {c['server_position']}" + (
-            ", nothing more to apply" if c.get("caught_up") else
-            f", {behind:,} bytes further" if behind is not None else ", further on")
+            ", nothing more to apply"
+            if c.get("caught_up")
+            else f", {behind:,} bytes further"
+            if behind is not None
+            else ", further on"
+        )
     elif c.get("server_error"):
         text += f"; the server's position could not be read: {c['server_error']}"
     f = c.get("freshness")
     if f and f.get("age_s") is not None:
         as_of = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(f["as_of"])) + "Z"
-        text += (f"; the mirror is {f['age_s']:,.1f} s behind (it shows the source as of {as_of}"
-                 + (", changes pending)" if f.get("pending") else ")"))
+        text += f"; the mirror is {f['age_s']:,.1f} s behind (it shows the source as of {as_of}" + (
+            ", changes pending)" if f.get("pending") else ")"
+        )
     return text
 
 
@@ -281,8 +406,12 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
             server = dialect.current_position()
             upto = Position.decode(c["position"])
             behind = dialect.log_bytes_between(upto, server)
-        c.update(server_position=native_position(server, binlog_file_of(data_dir, source)),
-                 server_encoded=server.encode(), behind_bytes=behind, caught_up=upto >= server)
+        c.update(
+            server_position=native_position(server, binlog_file_of(data_dir, source)),
+            server_encoded=server.encode(),
+            behind_bytes=behind,
+            caught_up=upto >= server,
+        )
     except Exception as exc:  # noqa: BLE001 - an unreachable source is said on its line, not a failed status
         from .error_text import safe_error_text
 
@@ -299,8 +428,10 @@ def _source_connection(source: str, now):
     if source != now.source:  # a name only a Variable holds never chooses a connection (I15)
         from .core.errors import ConfigurationError
 
-        raise ConfigurationError(f"source {source!r} is not named by the sources config or the environment "
-                                 "(CDC_SOURCE, CDC_SOURCE_CONN_ID): its server is not read")
+        raise ConfigurationError(
+            f"source {source!r} is not named by the sources config or the environment "
+            "(CDC_SOURCE, CDC_SOURCE_CONN_ID): its server is not read"
+        )
     return now.conn_id, now
 
 
@@ -319,8 +450,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     items = list_progress(args.source)
     # read back from Variables: a reading of the wrong type is said as such (I15)
-    lags = {s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
-            for s, lag in load_lags(args.source).items()}
+    lags = {
+        s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
+        for s, lag in load_lags(args.source).items()
+    }
     dag_paused = bool(items) and snapshot_dag_paused()
     summaries, data_dirs, scopes = {}, {}, {}
     for s, t, p in items:
@@ -352,10 +485,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                [{"source": s, "table": t, **summaries[(s, t)], "progress": p, "source_lag": lags.get(s),
-                  "source_caught_up": caught.get(s), "source_gaps": _open_gaps_of(s, data_dirs.get(s)),
-                  "source_log_holder": holders.get(s)}
-                 for s, t, p in items],
+                [
+                    {
+                        "source": s,
+                        "table": t,
+                        **summaries[(s, t)],
+                        "progress": p,
+                        "source_lag": lags.get(s),
+                        "source_caught_up": caught.get(s),
+                        "source_gaps": _open_gaps_of(s, data_dirs.get(s)),
+                        "source_log_holder": holders.get(s),
+                    }
+                    for s, t, p in items
+                ],
                 indent=2,
                 sort_keys=True,
             )
@@ -367,7 +509,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s, t, _p in items:
         print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
     for s, lag in lags.items():
-        print(f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}")
+        print(
+            f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}"
+        )
     for s, held in holders.items():
         print(f"{s:<{width}}  {held}")
     for s in sources:
@@ -376,8 +520,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     for s in sources:
         for gap in _open_gaps_of(s, data_dirs.get(s)):
             todo = sorted(set(gap.get("tables", [])) - set(gap.get("verified", {})))
-            print(f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and {gap.get('to')} may be "
-                  f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}")
+            print(
+                f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and "
+                f"{gap.get('to')} may be "
+                f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}"
+            )
     return EXIT_OK
 
 
@@ -412,17 +559,35 @@ def _status_caught_up_to(args: argparse.Namespace) -> int:
     done = c is not None and Position.decode(c["position"]) >= target
     want = native_position(target, binlog)
     if args.json:
-        print(json.dumps({"source": args.source, "target": want, "target_encoded": target.encode(), **(c or {}),
-                          "caught_up": done}, indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {
+                    "source": args.source,
+                    "target": want,
+                    "target_encoded": target.encode(),
+                    **(c or {}),
+                    "caught_up": done,
+                },
+                indent=2,
+                sort_keys=True,
+            )
+        )
     elif c is None:
         print(f"{args.source}: not yet: no capture has recorded how far the changelog is staged")
     elif done:
-        print(f"{args.source}: caught up: every change committed before {want} is applied "
-              f"(caught up to {c['caught_up_to']})")
+        print(
+            f"{args.source}: caught up: every change committed before {want} is applied "
+            f"(caught up to {c['caught_up_to']})"
+        )
     else:
-        print(f"{args.source}: not yet: caught up to {c['caught_up_to']}, before {want}"
-              + (f" ({c['pending_segments']} staged segment(s) to apply)" if c["pending_segments"] else
-                 " (the changelog is not captured that far yet)"))
+        print(
+            f"{args.source}: not yet: caught up to {c['caught_up_to']}, before {want}"
+            + (
+                f" ({c['pending_segments']} staged segment(s) to apply)"
+                if c["pending_segments"]
+                else " (the changelog is not captured that far yet)"
+            )
+        )
     return EXIT_OK if done else EXIT_MISMATCH
 
 
@@ -454,8 +619,11 @@ def cmd_resync(args: argparse.Namespace) -> int:
     except CdcError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    print(f"source {source!r}: resynced. Capture starts anew at {gap['to']}; changes after {gap['from']} and before "
-          "it may be missing (recorded as a gap beside the event log, _gaps.json).")
+    print(
+        f"source {source!r}: resynced. Capture starts anew at {gap['to']}; changes after {gap['from']} "
+        "and before "
+        "it may be missing (recorded as a gap beside the event log, _gaps.json)."
+    )
     print("next: let cdc_changelog run once, then verify and repair each captured table:")
     for t in tables:
         print(f"  airflow-cdc verify --conn-id {conn_id} --source {source} --table {t} --repair")
@@ -498,21 +666,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if missing is not None:  # not "every row mismatched": there is nothing to compare with yet
             print(f"error: {missing}", file=sys.stderr)
             return EXIT_ERROR
-        res = verify_table(dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples)
+        res = verify_table(
+            dialect, args.data_dir, source, table, chunk_rows=args.chunk_rows, examples=args.examples
+        )
         pk = dialect.describe_table(table).primary_key if args.events else ()
         if res.ok:  # a failover's gap is repaired for this table (docs: operations, 'Failover')
             from .pipeline.resync import verified_after_gap
 
             for gap in verified_after_gap(dialect, args.data_dir, table.id):
-                print(f"gap {gap['from']} .. {gap['to']} of source {source!r} closed: every captured table verified "
-                      "equal to the source since", file=sys.stderr)
+                print(
+                    f"gap {gap['from']} .. {gap['to']} of source {source!r} closed: every captured "
+                    "table verified "
+                    "equal to the source since",
+                    file=sys.stderr,
+                )
     events = check_event_log(args.data_dir, source, table, primary_key=pk) if args.events else None
     failed = not res.ok or (events is not None and not events.ok)
     repair = res.repair_conf()
     triggered = None
     if repair is not None and args.repair:
         try:
-            triggered = trigger_repair(args.snapshot_dag or "cdc_snapshot", source, table.id, repair, args.data_dir)
+            triggered = trigger_repair(
+                args.snapshot_dag or "cdc_snapshot", source, table.id, repair, args.data_dir
+            )
         except Exception as exc:  # noqa: BLE001 - a StateError or an Airflow error, said as it is
             print(f"error: cannot trigger the repair snapshot: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -531,10 +707,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         out["repair_run"] = triggered
         print(json.dumps(out, indent=2))
     else:
-        print(f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
-              f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows")
+        print(
+            f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
+            f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows"
+        )
         if not res.ok:
-            print(f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, different: {res.different}")
+            print(
+                f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, "
+                f"different: {res.different}"
+            )
             for m in res.examples:
                 print(f"  {m.describe()}")
         if events is not None:
@@ -560,10 +741,14 @@ def not_snapshotted(data_dir: str, source: str, table: TableName, snapshot_dag: 
     where = mirror_dir(data_dir, source, table)
     if storage.exists(where):
         return None
-    return (f"table {table.id} of source {source!r} is not snapshotted yet: it has no mirror ({where}), so there is "
-            f"nothing to verify. Start its snapshot: airflow-cdc snapshot start --source {source} --table {table.id} "
-            f"(or trigger {snapshot_dag} with conf {json.dumps({'action': 'start', 'tables': [table.id]})}), and "
-            "verify once it is done (airflow-cdc status)")
+    return (
+        f"table {table.id} of source {source!r} is not snapshotted yet: it has no mirror ({where}), so "
+        "there is "
+        f"nothing to verify. Start its snapshot: airflow-cdc snapshot start --source {source} --table "
+        f"{table.id} "
+        f"(or trigger {snapshot_dag} with conf {json.dumps({'action': 'start', 'tables': [table.id]})}), and "
+        "verify once it is done (airflow-cdc status)"
+    )
 
 
 def _record_verify(source: str, table_id: str, res, events, failed: bool, repair_run: str | None) -> None:
@@ -571,10 +756,23 @@ def _record_verify(source: str, table_id: str, res, events, failed: bool, repair
     that cannot be written is said, not a failed verify."""
     from . import airflow_variables
 
-    keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "repair_conf")
+    keep = (
+        "rows_checked",
+        "mismatched",
+        "source_rows",
+        "mirror_rows",
+        "missing",
+        "extra",
+        "different",
+        "repair_conf",
+    )
     doc = {k: v for k, v in res.to_dict().items() if k in keep}
-    doc.update(ok=not failed, at=round(time.time(), 3), repair_run=repair_run,
-               event_violations=None if events is None else events.violation_count)
+    doc.update(
+        ok=not failed,
+        at=round(time.time(), 3),
+        repair_run=repair_run,
+        event_violations=None if events is None else events.violation_count,
+    )
     try:
         airflow_variables.save_verify(source, table_id, doc)
     except Exception as exc:  # noqa: BLE001 - the verify itself is done; only its record is lost
@@ -603,19 +801,35 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
     # the one scope check (I15): an export reads only tables of the source's capture scope
     CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)
     if not args.force and storage.exists(args.out):
-        print(f"error: --out {args.out} exists already; nothing was written. Give another location, or --force to "
-              "replace it", file=sys.stderr)
+        print(
+            f"error: --out {args.out} exists already; nothing was written. Give another location, or "
+            "--force to "
+            "replace it",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
-    opts = DebeziumOptions(args.topic_prefix or source, connector=args.connector, tombstones=not args.no_tombstones,
-                           truncates=args.truncates, form=args.form, database=args.database)
+    opts = DebeziumOptions(
+        args.topic_prefix or source,
+        connector=args.connector,
+        tombstones=not args.no_tombstones,
+        truncates=args.truncates,
+        form=args.form,
+        database=args.database,
+    )
     skipped: list[str] = []
     n = export_table(data_dir, source, table, args.out, opts, skipped_truncates=skipped, replace=args.force)
     print(f"{table.id}: {n} Debezium records -> {args.out}")
     if skipped:
-        print(f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position {skipped[0]}), as "
-              "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this export keeps "
-              "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a consumer "
-              "that reads op 't' (docs: outputs, \"Consuming the Debezium JSON\")", file=sys.stderr)
+        print(
+            f"warning: {len(skipped)} TRUNCATE(s) of table {table.id} left out (first at position "
+            f"{skipped[0]}), as "
+            "Debezium's default skipped.operations=t does: a consumer rebuilding the table from this "
+            "export keeps "
+            "the rows they removed. Re-snapshot the table and export again, or pass --truncates to a "
+            "consumer "
+            "that reads op 't' (docs: outputs, \"Consuming the Debezium JSON\")",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -658,10 +872,16 @@ def trigger_repair(dag_id: str, source: str, table_id: str, conf: dict, data_dir
 
     current = airflow_variables.load(source, table_id, data_dir)
     if current is not None and str(current.status) in ("running", "paused", "failed"):
-        raise StateError(f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
-                         f"{source!r}: let it finish (or stop it), then verify again")
-    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, conf=conf,
-                      run_id=f"repair__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}")
+        raise StateError(
+            f"table {table_id} has a {current.status} snapshot {current.snapshot_id} on source "
+            f"{source!r}: let it finish (or stop it), then verify again"
+        )
+    run = trigger_dag(
+        dag_id,
+        triggered_by=DagRunTriggeredByType.CLI,
+        conf=conf,
+        run_id=f"repair__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}",
+    )
     return run.run_id
 
 
@@ -713,10 +933,13 @@ def unknown_source_error(source: str, known: list[str]) -> str | None:
     if source in known:
         return None
     close = difflib.get_close_matches(source, known, n=3, cutoff=0.6) or [
-        k for k in known if k.lower() == source.lower()]
-    return (f"source {source!r} is not known: no sources config entry, setting, snapshot or capture names it"
-            + (f"; did you mean {' or '.join(map(repr, close))}?" if close else ".")
-            + f" Known sources: {', '.join(known) or 'none yet'}")
+        k for k in known if k.lower() == source.lower()
+    ]
+    return (
+        f"source {source!r} is not known: no sources config entry, setting, snapshot or capture names it"
+        + (f"; did you mean {' or '.join(map(repr, close))}?" if close else ".")
+        + f" Known sources: {', '.join(known) or 'none yet'}"
+    )
 
 
 def _source_dialect(source: str, now, conn_id: str | None = None):
@@ -731,8 +954,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     source = args.source or now.source
     entry = _config_source(source, now)
     if entry is None and source != now.source:  # else the environment's DAG would snapshot another source
-        print(f"error: {unknown_source_error(source, known_sources(now)) or f'source {source!r} is not configured'}",
-              file=sys.stderr)
+        print(
+            "error: "
+            f"{unknown_source_error(source, known_sources(now)) or f'source {source!r} is not configured'}",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     st = entry.settings if entry is not None else now
     data_dir = args.data_dir or st.data_dir
@@ -741,7 +967,10 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     if args.action in ("pause", "stop"):  # also a snapshot of a table the scope has dropped since
         for t in tables:
             p = airflow_variables.request(source, t, args.action, data_dir)
-            print(f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before their next chunk")
+            print(
+                f"{source}:{t}: snapshot {p.snapshot_id} is {p.status}; its chunk tasks stop before "
+                "their next chunk"
+            )
         return EXIT_OK
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.utils.types import DagRunTriggeredByType
@@ -751,9 +980,16 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     scope = source_scope(st)  # refused here, before a run is triggered, as the run's plan would refuse it
     tables = [scope.check(TableName.parse(t)).id for t in tables]
     conf = {"action": args.action, "tables": tables}
-    run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.CLI, conf=conf,
-                      run_id=f"{args.action}__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}")
-    print(f"triggered {dag_id} run {run.run_id} with conf {json.dumps(conf)} (airflow-cdc status shows its progress)")
+    run = trigger_dag(
+        dag_id,
+        triggered_by=DagRunTriggeredByType.CLI,
+        conf=conf,
+        run_id=f"{args.action}__{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}__{uuid.uuid4().hex[:6]}",
+    )
+    print(
+        f"triggered {dag_id} run {run.run_id} with conf {json.dumps(conf)} (airflow-cdc status shows "
+        "its progress)"
+    )
     return EXIT_OK
 
 
@@ -766,25 +1002,34 @@ def cmd_drop_source(args: argparse.Namespace) -> int:
     if why is not None and not args.conn_id:
         print(f"error: {why} (give --conn-id to drop a source status does not know)", file=sys.stderr)
         return EXIT_ERROR
-    running = [t for s, t, p in list_progress(args.source) if isinstance(p, dict) and p.get("status") == "running"]
+    running = [
+        t for s, t, p in list_progress(args.source) if isinstance(p, dict) and p.get("status") == "running"
+    ]
     if running:
-        print(f"error: source {args.source!r} has running snapshots ({', '.join(running)}): stop them first "
-              f"(airflow-cdc snapshot stop --source {args.source} --table ...), then drop the source",
-              file=sys.stderr)
+        print(
+            f"error: source {args.source!r} has running snapshots ({', '.join(running)}): stop them first "
+            f"(airflow-cdc snapshot stop --source {args.source} --table ...), then drop the source",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
     dialect, st = _source_dialect(args.source, now, args.conn_id)
     data_dir = args.data_dir or st.data_dir
     with dialect:
         held = held_objects(dialect, data_dir)
         if not args.yes:
-            print(f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes to drop them "
-                  "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)")
+            print(
+                f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes "
+                "to drop them "
+                "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)"
+            )
             return EXIT_MISMATCH
         done = drop_source(dialect, data_dir)
     for line in done:
         print(f"source {args.source!r}: {line}")
-    print(f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept; delete them when "
-          "nothing reads them")
+    print(
+        f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept; delete them when "
+        "nothing reads them"
+    )
     return EXIT_OK
 
 
@@ -796,7 +1041,8 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
 
     out = {}
     for s in sources:
-        # only a source this deployment names is asked (a name read back from a Variable is no connection, I15)
+        # only a source this deployment names is asked (a name read back from a Variable is no
+        # connection, I15)
         if s in lags or known_source(s, now) is None:
             continue
         try:
@@ -811,10 +1057,12 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
             continue
         if reading is None:
             continue
-        out[s] = (f"no capture has run, but {reading.holder} (and publication {pub!r}) holds "
-                  f"{reading.lag_bytes:,} bytes of WAL" + (f"; WARNING: {reading.unbounded}" if reading.unbounded
-                                                          else "")
-                  + f". Run the changelog DAG, or airflow-cdc drop-source --source {s} --yes")
+        out[s] = (
+            f"no capture has run, but {reading.holder} (and publication {pub!r}) holds "
+            f"{reading.lag_bytes:,} bytes of WAL"
+            + (f"; WARNING: {reading.unbounded}" if reading.unbounded else "")
+            + f". Run the changelog DAG, or airflow-cdc drop-source --source {s} --yes"
+        )
     return out
 
 
@@ -829,7 +1077,10 @@ def _doctor_target(args: argparse.Namespace, now):
     if args.source:
         entry = _config_source(args.source, now)
         if entry is None and args.source != now.source and not args.conn_id:
-            why = unknown_source_error(args.source, known_sources(now)) or f"source {args.source!r} is not known"
+            why = (
+                unknown_source_error(args.source, known_sources(now))
+                or f"source {args.source!r} is not known"
+            )
             return f"{why} (give --conn-id too to check a new source on that connection)"
     elif args.conn_id:
         entry = _config_source_of_conn(args.conn_id, now)
@@ -869,8 +1120,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             findings = check_source(dialect, conn_id)
     failed = has_errors(findings)
     if args.json:
-        print(json.dumps({"source": source, "conn_id": conn_id, "ok": not failed,
-                          "findings": [f.to_dict() for f in findings]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "source": source,
+                    "conn_id": conn_id,
+                    "ok": not failed,
+                    "findings": [f.to_dict() for f in findings],
+                },
+                indent=2,
+            )
+        )
         return EXIT_MISMATCH if failed else EXIT_OK
     order = {ERROR: 0, "warning": 1, OK: 2}
     shown = sorted((f for f in findings if args.verbose or f.severity != OK), key=lambda f: order[f.severity])
@@ -880,11 +1140,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     errors = sum(f.severity == ERROR for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
     if failed:
-        print(f"source {source!r}: {errors} error(s), {warnings} warning(s): fix the errors above before the first "
-              "run, then run doctor again")
+        print(
+            f"source {source!r}: {errors} error(s), {warnings} warning(s): fix the errors above before "
+            "the first "
+            "run, then run doctor again"
+        )
     else:
-        print(f"source {source!r}: ready for CDC" + (f" ({warnings} warning(s) above)" if warnings else
-                                                     ": every check passed"))
+        print(
+            f"source {source!r}: ready for CDC"
+            + (f" ({warnings} warning(s) above)" if warnings else ": every check passed")
+        )
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
@@ -903,18 +1168,42 @@ def source_rows(now, live: bool = True) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a sources config that cannot be read: said on the row
             known, note = None, f"the sources config could not be read: {type(exc).__name__}: {exc}"
         else:
-            note = ("named only by Variables (snapshot progress or capture lag): neither the sources config nor "
-                    "the environment names it, so its server is not asked") if known is None else None
+            note = (
+                (
+                    "named only by Variables (snapshot progress or capture lag): neither the sources "
+                    "config nor "
+                    "the environment names it, so its server is not asked"
+                )
+                if known is None
+                else None
+            )
         lag = lags.get(name)
-        lag = None if lag is None else _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
-        snapshots = {t: (p.get("status") if isinstance(p, dict) else "malformed") for s, t, p in progress if s == name}
+        lag = (
+            None if lag is None else _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
+        )
+        snapshots = {
+            t: (p.get("status") if isinstance(p, dict) else "malformed") for s, t, p in progress if s == name
+        }
         row: dict[str, Any] = {
-            "source": name, "known": known is not None, "conn_id": known.conn_id if known else None,
-            "data_dir": known.data_dir if known else None, "database": None,
-            "holder": lag.get("holder") if lag else None, "holder_exists": None, "held_by": None, "publication": None,
-            "publication_exists": None, "held_bytes": None, "unbounded": None, "lost": None, "lag": lag,
-            "snapshots": snapshots, "snapshot_only": lag is None and bool(snapshots), "note": note,
-            "server_error": None}
+            "source": name,
+            "known": known is not None,
+            "conn_id": known.conn_id if known else None,
+            "data_dir": known.data_dir if known else None,
+            "database": None,
+            "holder": lag.get("holder") if lag else None,
+            "holder_exists": None,
+            "held_by": None,
+            "publication": None,
+            "publication_exists": None,
+            "held_bytes": None,
+            "unbounded": None,
+            "lost": None,
+            "lag": lag,
+            "snapshots": snapshots,
+            "snapshot_only": lag is None and bool(snapshots),
+            "note": note,
+            "server_error": None,
+        }
         if known is not None and live:
             _ask_server(row, name, known)
         rows.append(row)
@@ -934,8 +1223,11 @@ def _ask_server(row: dict[str, Any], source: str, st) -> None:
             if getattr(dialect, "slot_name", None) is not None:
                 row["holder"] = f"replication slot {dialect.slot_name!r}"
                 row["publication"] = dialect.publication_name
-                row["publication_exists"] = bool(dialect._query(
-                    "SELECT 1 FROM pg_publication WHERE pubname = %s", (dialect.publication_name,)))
+                row["publication_exists"] = bool(
+                    dialect._query(
+                        "SELECT 1 FROM pg_publication WHERE pubname = %s", (dialect.publication_name,)
+                    )
+                )
                 reading = log_holder(dialect)
             else:
                 path = dialect._offset_path(st.data_dir)
@@ -948,8 +1240,12 @@ def _ask_server(row: dict[str, Any], source: str, st) -> None:
                     reading = dialect.log_retention(storage.read_text(path))
             row["holder_exists"] = reading is not None
             if reading is not None:
-                row.update(held_bytes=reading.lag_bytes, unbounded=reading.unbounded or None, lost=reading.lost,
-                           held_by=reading.holder)
+                row.update(
+                    held_bytes=reading.lag_bytes,
+                    unbounded=reading.unbounded or None,
+                    lost=reading.lost,
+                    held_by=reading.holder,
+                )
     except Exception as exc:  # noqa: BLE001 - an unreachable server is said on its row, not a failed listing
         row["server_error"] = f"{type(exc).__name__}: {safe_error_text(exc)}"
 
@@ -965,27 +1261,42 @@ def describe_source_row(r: dict[str, Any]) -> str:
     if r["holder"]:
         text = str(r["holder"])
         if r["holder_exists"] is False:
-            text += " (not created yet)" if r["holder"].startswith("replication slot") else " (none stored yet)"
+            text += (
+                " (not created yet)" if r["holder"].startswith("replication slot") else " (none stored yet)"
+            )
         elif r["held_bytes"] is not None:
             what = "WAL" if r["holder"].startswith("replication slot") else "binlog written since"
-            text += f" holds {r['held_bytes']:,} bytes of {what}" if what == "WAL" else f", {r['held_bytes']:,} bytes of {what}"
+            text += (
+                f" holds {r['held_bytes']:,} bytes of {what}"
+                if what == "WAL"
+                else f", {r['held_bytes']:,} bytes of {what}"
+            )
             if r["lost"]:
                 text += ", LOST (airflow-cdc resync)"
             if r["unbounded"]:
                 text += ", WARNING: unbounded (max_slot_wal_keep_size = -1: it can fill the disk)"
         parts.append(text)
     if r["publication"]:
-        parts.append(f"publication {r['publication']!r}" + ("" if r["publication_exists"] else " (not created yet)"))
+        parts.append(
+            f"publication {r['publication']!r}" + ("" if r["publication_exists"] else " (not created yet)")
+        )
     lag = r["lag"]
     if lag and lag.get("malformed"):
         parts.append(f"capture lag MALFORMED: {lag['malformed']}")
     elif lag:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
-        parts.append(f"capture lag {lag.get('bytes') or 0:,} bytes, {lag.get('seconds') or 0:,.0f} s (read {when})")
+        parts.append(
+            f"capture lag {lag.get('bytes') or 0:,} bytes, {lag.get('seconds') or 0:,.0f} s (read {when})"
+        )
     elif r["snapshot_only"]:
-        parts.append("snapshot only: no capture has run" + (
-            f" (run the changelog DAG, or airflow-cdc drop-source --source {r['source']} --yes)"
-            if r["holder_exists"] else ""))
+        parts.append(
+            "snapshot only: no capture has run"
+            + (
+                f" (run the changelog DAG, or airflow-cdc drop-source --source {r['source']} --yes)"
+                if r["holder_exists"]
+                else ""
+            )
+        )
     else:
         parts.append("no capture has run")
     if r["snapshots"]:
@@ -1010,8 +1321,16 @@ def cmd_sources(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"status": cmd_status, "verify": cmd_verify, "resync": cmd_resync, "export-debezium": cmd_export_debezium,
-            "snapshot": cmd_snapshot, "drop-source": cmd_drop_source, "doctor": cmd_doctor, "sources": cmd_sources}
+COMMANDS = {
+    "status": cmd_status,
+    "verify": cmd_verify,
+    "resync": cmd_resync,
+    "export-debezium": cmd_export_debezium,
+    "snapshot": cmd_snapshot,
+    "drop-source": cmd_drop_source,
+    "doctor": cmd_doctor,
+    "sources": cmd_sources,
+}
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -1026,10 +1345,15 @@ def _dispatch(command: str, args: argparse.Namespace) -> int:
         from .hooks.task_errors import describe_user_error
 
         # an unknown connection id or a refused login: named, with what to check (task_errors.py)
-        told = describe_user_error(exc, conn_id=getattr(args, "conn_id", None)) if not isinstance(
-            exc, CdcError) or exc.__cause__ is not None else None
-        print(f"error: {told or (exc if isinstance(exc, CdcError) else f'{type(exc).__name__}: {exc}')}",
-              file=sys.stderr)
+        told = (
+            describe_user_error(exc, conn_id=getattr(args, "conn_id", None))
+            if not isinstance(exc, CdcError) or exc.__cause__ is not None
+            else None
+        )
+        print(
+            f"error: {told or (exc if isinstance(exc, CdcError) else f'{type(exc).__name__}: {exc}')}",
+            file=sys.stderr,
+        )
         return EXIT_ERROR
 
 
@@ -1043,9 +1367,13 @@ def get_cli_commands() -> list:
     subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {c.dest: c.help for c in subparsers._choices_actions}
     commands = [
-        ActionCommand(name=name, help=helps.get(name, ""), func=_airflow_entry(name),
-                      description=sub.description or helps.get(name),
-                      args=[_airflow_arg(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)])
+        ActionCommand(
+            name=name,
+            help=helps.get(name, ""),
+            func=_airflow_entry(name),
+            description=sub.description or helps.get(name),
+            args=[_airflow_arg(a) for a in sub._actions if not isinstance(a, argparse._HelpAction)],
+        )
         for name, sub in subparsers.choices.items()
     ]
     return [GroupCommand(name="cdc", help=parser.description or "", subcommands=commands)]
@@ -1056,7 +1384,9 @@ def _airflow_arg(action: argparse.Action):
     from airflow.cli.cli_config import Arg
 
     positional = not action.option_strings  # e.g. ``snapshot``'s action: its name is its flag, no dest
-    kwargs: dict[str, Any] = {"help": action.help} if positional else {"help": action.help, "dest": action.dest}
+    kwargs: dict[str, Any] = (
+        {"help": action.help} if positional else {"help": action.help, "dest": action.dest}
+    )
     if isinstance(action, argparse._StoreTrueAction):
         kwargs["action"] = "store_true"
     else:

@@ -37,7 +37,8 @@ SNAPSHOT_DOC = """cdc_snapshot: DBLog watermark snapshot of source tables, one b
 
 Trigger with a conf (a Debezium-style signal), e.g.::
 
-    airflow dags trigger cdc_snapshot -c '{"action": "start", "tables": ["public.orders"], "chunk_size": 50000, "parallelism": 4}'
+    airflow dags trigger cdc_snapshot \\
+        -c '{"action": "start", "tables": ["public.orders"], "chunk_size": 50000, "parallelism": 4}'
     airflow dags trigger cdc_snapshot -c '{"action": "pause", "tables": ["public.orders"]}'
     airflow dags trigger cdc_snapshot -c '{"action": "resume", "tables": ["public.orders"]}'
     airflow dags trigger cdc_snapshot -c '{"action": "stop", "tables": ["public.orders"]}'
@@ -106,8 +107,8 @@ finished (a backfill ignores ``max_active_runs``), and every other task has
 
 Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
 schedule and the Spark connection/conf, read when the file is parsed):
-CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id),
-CDC_DATA_DIR (default $AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
+CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id), CDC_DATA_DIR (default
+$AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
@@ -154,8 +155,13 @@ def _outlets(source: str, sinks: str, kinds: tuple[str, ...] = (EVENTS, MIRROR))
     return [table_alias(source, kind) for kind in kinds if kind in names]
 
 
-def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | None = None, *,
-                 throttle: Mapping[str, Any] | None = None, tags: tuple[str, ...] = ()) -> DAG:
+def snapshot_dag(
+    dag_id: str = "cdc_snapshot",
+    overrides: Mapping[str, str] | None = None,
+    *,
+    throttle: Mapping[str, Any] | None = None,
+    tags: tuple[str, ...] = (),
+) -> DAG:
     """The snapshot DAG of one source. ``throttle``: default chunk_size / parallelism /
     delay_seconds of its snapshots (a run's conf wins)."""
     overrides = _data_only(overrides or {})
@@ -169,12 +175,18 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
         # a pause/stop run must be able to run next to the snapshot run it pauses
         max_active_runs=3,
         # a task that fails for good marks the run's snapshots failed, with its error
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "on_failure_callback": record_snapshot_failure},
+        default_args={
+            "retries": 2,
+            "retry_delay": timedelta(seconds=10),
+            "on_failure_callback": record_snapshot_failure,
+        },
         tags=["cdc", "snapshot", *tags],
         doc_md=SNAPSHOT_DOC,
     ) as dag:
         given = {"cdc_overrides": overrides} if overrides else {}
-        plan = SnapshotPlanOperator(task_id="plan", retries=0, conf_defaults=dict(throttle or {}) or None, **given)
+        plan = SnapshotPlanOperator(
+            task_id="plan", retries=0, conf_defaults=dict(throttle or {}) or None, **given
+        )
 
         chunks = SnapshotChunkOperator.partial(
             task_id="read_chunks",
@@ -239,16 +251,20 @@ def snapshot_dag(dag_id: str = "cdc_snapshot", overrides: Mapping[str, str] | No
         )
 
         # a mirror Asset event when a table's snapshot is done and converged
-        commit = SnapshotCommitOperator(task_id="commit", chunks=chunks.output,
-                                        outlets=_outlets(parse.source, parse.sinks, (MIRROR,)),
-                                        **given)
+        commit = SnapshotCommitOperator(
+            task_id="commit",
+            chunks=chunks.output,
+            outlets=_outlets(parse.source, parse.sinks, (MIRROR,)),
+            **given,
+        )
 
         round_file >> wait >> merge >> commit
     return dag
 
 
-def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *,
-                  tags: tuple[str, ...] = ()) -> DAG:
+def changelog_dag(
+    dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *, tags: tuple[str, ...] = ()
+) -> DAG:
     """The changelog DAG of one source."""
     overrides = _data_only(overrides or {})
     parse = settings.load(overrides=overrides)
@@ -271,7 +287,10 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
         given = {"cdc_overrides": overrides} if overrides else {}
 
         @task.sensor(
-            task_id="earlier_intervals_done", mode="poke", poke_interval=5, timeout=6 * 3600,
+            task_id="earlier_intervals_done",
+            mode="poke",
+            poke_interval=5,
+            timeout=6 * 3600,
             max_active_tis_per_dag=None,  # every run's gate may wait at once: no gate blocks an earlier one
         )
         def earlier_intervals_done() -> bool:
@@ -286,8 +305,13 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
             return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
 
         capture = ChangelogCaptureOperator(task_id="capture", **given)
-        apply = ChangelogApplyOperator(task_id="apply", conn_id=parse.spark_conn_id, conf=parse.spark_conf,
-                                       outlets=_outlets(parse.source, parse.sinks), **given)
+        apply = ChangelogApplyOperator(
+            task_id="apply",
+            conn_id=parse.spark_conn_id,
+            conf=parse.spark_conf,
+            outlets=_outlets(parse.source, parse.sinks),
+            **given,
+        )
 
         @task.short_circuit(
             task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False
@@ -324,10 +348,14 @@ def changelog_dag(dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | 
 
             apply_storage_connection(overrides=overrides)
             now = settings.load(overrides=overrides)
-            removed = compact_inactive(data_dir, source, lambda table_id: airflow_variables.status(source, table_id, data_dir),
-                                       retention_hours=now.mirror_retention_hours,
-                                       budget_rows=now.mirror_compact_budget_rows,
-                                       log_retention_hours=now.mirror_log_retention_hours)
+            removed = compact_inactive(
+                data_dir,
+                source,
+                lambda table_id: airflow_variables.status(source, table_id, data_dir),
+                retention_hours=now.mirror_retention_hours,
+                budget_rows=now.mirror_compact_budget_rows,
+                log_retention_hours=now.mirror_log_retention_hours,
+            )
             if "events" in settings.sink_names(now.sinks):
                 # the event log's small changelog files it has applied, merged (sinks/event_log.py)
                 from airflow_provider_cdc.sinks.base import read_marker
@@ -376,13 +404,14 @@ queued or running. The result is recorded for the page (and ``airflow cdc status
 """
 
 
-def verify_dag(dag_id: str = "cdc_verify", overrides: Mapping[str, str] | None = None, *,
-               tags: tuple[str, ...] = ()) -> DAG:
+def verify_dag(
+    dag_id: str = "cdc_verify", overrides: Mapping[str, str] | None = None, *, tags: tuple[str, ...] = ()
+) -> DAG:
     """The verify DAG of one source (the CDC page's verify; issue 46): one table per run."""
     overrides = _data_only(overrides or {})
     with DAG(
         dag_id=dag_id,
-        description="Verify one table's mirror against the source (conf: {\"table\": \"schema.table\"})",
+        description='Verify one table\'s mirror against the source (conf: {"table": "schema.table"})',
         schedule=None,
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
         catchup=False,

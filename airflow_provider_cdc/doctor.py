@@ -38,8 +38,11 @@ def _user_error(exc: BaseException, conn_id: str | None) -> str:
         return told
     text = safe_error_text(exc)
     if text.startswith("cannot connect") or "Can't connect" in text:  # the server is not reached at all
-        return (f"{text} (connection {conn_id!r}): check that connection's host and port, that the server runs, and "
-                "that it accepts connections from here")
+        return (
+            f"{text} (connection {conn_id!r}): check that connection's host and port, that the server "
+            "runs, and "
+            "that it accepts connections from here"
+        )
     return f"{type(exc).__name__}: {text} (connection {conn_id!r})"
 
 
@@ -82,15 +85,22 @@ def _scope(dialect: Any) -> tuple[list, list[Finding]]:
     except ConfigurationError as exc:
         return tables, [Finding(ERROR, "scope", str(exc))]
     if not tables:  # all_tables
-        return tables, [Finding(WARNING, "scope", "the scope is every table of the database (capture_all_tables): "
-                                                  "tables are not checked one by one; name them (CDC_TABLES, or the "
-                                                  "source's tables) to have each checked")]
+        return tables, [
+            Finding(
+                WARNING,
+                "scope",
+                "the scope is every table of the database (capture_all_tables): "
+                "tables are not checked one by one; name them (CDC_TABLES, or the "
+                "source's tables) to have each checked",
+            )
+        ]
     return tables, []
 
 
 def _table_findings(dialect: Any, tables: list, exists: dict) -> list[Finding]:
     """Each table of the scope: it exists, has a key the log carries (a primary key, or what
-    the docs' operations page, "Tables without a primary key" says), and its columns are of supported types."""
+    the docs' operations page, "Tables without a primary key" says), and its columns are of supported
+    types."""
     out = []
     keyless = {}
     present = [t for t in tables if exists.get(t)]
@@ -102,11 +112,19 @@ def _table_findings(dialect: Any, tables: list, exists: dict) -> list[Finding]:
     for t in tables:
         check = f"table {t}"
         if not exists.get(t):
-            out.append(Finding(ERROR, check, f"table {t} does not exist (or the connection's role cannot see it): "
-                                             "create it, correct its name in the scope (names are case-sensitive), "
-                                             "or remove it from the scope"))
+            out.append(
+                Finding(
+                    ERROR,
+                    check,
+                    f"table {t} does not exist (or the connection's role cannot see it): "
+                    "create it, correct its name in the scope (names are case-sensitive), "
+                    "or remove it from the scope",
+                )
+            )
         elif t in keyless:
-            out.append(Finding(ERROR, check, keyless[t] + " (docs: operations, \"Tables without a primary key\")"))
+            out.append(
+                Finding(ERROR, check, keyless[t] + ' (docs: operations, "Tables without a primary key")')
+            )
         else:
             try:
                 schema = dialect.describe_table(t)
@@ -144,8 +162,14 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
     if s.slot_exists:
         out.append(Finding(OK, "replication slots", f"slot {d.slot_name!r} exists"))
     elif not any(f.check == "replication slots" for f in out):
-        out.append(Finding(OK, "replication slots", f"{s.max_replication_slots - s.slots_used} of "
-                                                    f"{s.max_replication_slots} free for slot {d.slot_name!r}"))
+        out.append(
+            Finding(
+                OK,
+                "replication slots",
+                f"{s.max_replication_slots - s.slots_used} of "
+                f"{s.max_replication_slots} free for slot {d.slot_name!r}",
+            )
+        )
     grants = d.privilege_problems(s)
     if s.in_recovery:
         if d.watermarks.tables():  # a standby takes no writes
@@ -154,7 +178,9 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
         if pub:
             out.append(Finding(ERROR, "publication", pub))
     strategy = getattr(d, "watermark_strategy", "table")
-    out += [Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}): {p}") for p in grants]
+    out += [
+        Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}): {p}") for p in grants
+    ]
     if not grants and not any(f.check == "grants" for f in out):
         out.append(Finding(OK, "grants", f"role {s.user!r} has what watermark strategy {strategy!r} needs"))
     out += _pg_retention(d)
@@ -175,8 +201,14 @@ def _pg_retention(d: Any) -> list[Finding]:
     reading = d.log_retention("")  # None while the slot does not exist
     out = []
     if reading is not None and reading.lost:
-        out.append(Finding(ERROR, "replication slots", f"{reading.holder} is lost (the server removed WAL it needs): "
-                                                       "airflow-cdc resync starts capture anew"))
+        out.append(
+            Finding(
+                ERROR,
+                "replication slots",
+                f"{reading.holder} is lost (the server removed WAL it needs): "
+                "airflow-cdc resync starts capture anew",
+            )
+        )
     if limit < 0:
         out.append(Finding(WARNING, "max_slot_wal_keep_size", d.unbounded_wal_warning()))
     else:
@@ -197,23 +229,43 @@ def _pg_chunk_standby(d: Any) -> list[Finding]:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute("SET default_transaction_read_only = on")
-            cur.execute("SELECT pg_is_in_recovery(), current_setting('hot_standby_feedback')::bool, "
-                        "CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() END")
+            cur.execute(
+                "SELECT pg_is_in_recovery(), current_setting('hot_standby_feedback')::bool, "
+                "CASE WHEN pg_is_in_recovery() THEN pg_is_wal_replay_paused() END"
+            )
             recovering, feedback, paused = cur.fetchone()
     finally:
         conn.close()
     if not recovering:
-        return [Finding(ERROR, check, "the chunk connection (extra chunk_conn_id) is not a hot standby (it is not in "
-                                      "recovery): name a standby of the source, or remove chunk_conn_id")]
+        return [
+            Finding(
+                ERROR,
+                check,
+                "the chunk connection (extra chunk_conn_id) is not a hot standby (it is not in "
+                "recovery): name a standby of the source, or remove chunk_conn_id",
+            )
+        ]
     out = [Finding(OK, check, "a hot standby")]
     if not feedback:
-        out.append(Finding(WARNING, check, "hot_standby_feedback is off: the primary's vacuum can cancel a chunk "
-                                           "read on the standby (a recovery conflict). Run on the standby: ALTER "
-                                           "SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()"))
+        out.append(
+            Finding(
+                WARNING,
+                check,
+                "hot_standby_feedback is off: the primary's vacuum can cancel a chunk "
+                "read on the standby (a recovery conflict). Run on the standby: ALTER "
+                "SYSTEM SET hot_standby_feedback = on; SELECT pg_reload_conf()",
+            )
+        )
     if paused:
-        out.append(Finding(WARNING, check, "its WAL replay is paused: chunks wait for it and the snapshot pauses "
-                                           "after max_replica_lag_seconds. Run on the standby: SELECT "
-                                           "pg_wal_replay_resume()"))
+        out.append(
+            Finding(
+                WARNING,
+                check,
+                "its WAL replay is paused: chunks wait for it and the snapshot pauses "
+                "after max_replica_lag_seconds. Run on the standby: SELECT "
+                "pg_wal_replay_resume()",
+            )
+        )
     return out
 
 
@@ -224,7 +276,9 @@ def _mysql(d: Any) -> list[Finding]:
     out: list[Finding] = []
     flavour = d.flavour
     names = [*REQUIRED_SETTINGS, *(v for v, _, _ in flavour.optional_settings)]
-    rows = d._query("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names)
+    rows = d._query(
+        "SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(names)) + ")", names
+    )
     settings: dict[str, str | None] = {n: None for n in names}
     settings.update({str(name).lower(): value for name, value in rows})
     grants = [r[0] for r in d._query("SHOW GRANTS FOR CURRENT_USER()")]
@@ -239,29 +293,45 @@ def _mysql(d: Any) -> list[Finding]:
             out.append(Finding(OK, var, str(settings.get(var))))
     strategy = getattr(d, "watermark_strategy", "table")
     problems = d.privilege_problems(grants)
-    out += [Finding(ERROR, "grants", f"user {d.params.user!r} (watermark strategy {strategy!r}): {p}") for p in problems]
+    out += [
+        Finding(ERROR, "grants", f"user {d.params.user!r} (watermark strategy {strategy!r}): {p}")
+        for p in problems
+    ]
     if not any(f.check == "grants" for f in out):
-        out.append(Finding(OK, "grants", f"user {d.params.user!r} has what watermark strategy {strategy!r} needs"))
+        out.append(
+            Finding(OK, "grants", f"user {d.params.user!r} has what watermark strategy {strategy!r} needs")
+        )
     # a source that is itself a replica: its own binlog must carry what it applies, and capture
     # follows a failover by GTID only
     out += [Finding(ERROR, "replica", p) for p in d.replica_problems()]
     try:
         status = d.slave_status()
     except ReplicaStatusDenied:
-        out.append(Finding(WARNING, "replica", f"user {d.params.user!r} may not run SHOW SLAVE STATUS, so whether "
-                                               "this server is a replica (and its lag) cannot be checked: GRANT "
-                                               f"SLAVE MONITOR ON *.* TO {d.params.user!r} (MySQL: REPLICATION "
-                                               "CLIENT)"))
+        out.append(
+            Finding(
+                WARNING,
+                "replica",
+                f"user {d.params.user!r} may not run SHOW SLAVE STATUS, so whether "
+                "this server is a replica (and its lag) cannot be checked: GRANT "
+                f"SLAVE MONITOR ON *.* TO {d.params.user!r} (MySQL: REPLICATION "
+                "CLIENT)",
+            )
+        )
         status = None
     if status:
         out += _mysql_replica(d, status, strategy)
     tables, found = _scope(d)
     out += found
     if tables:
-        present = {(str(a), str(b)) for a, b in d._query(
-            "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = 'BASE TABLE' AND "  # noqa: S608
-            "TABLE_SCHEMA IN (" + ", ".join(["%s"] * len({t.schema for t in tables})) + ")",
-            sorted({t.schema for t in tables}))}
+        present = {
+            (str(a), str(b))
+            for a, b in d._query(
+                "SELECT TABLE_SCHEMA, TABLE_NAME FROM information_schema.TABLES WHERE TABLE_TYPE = "  # noqa: S608
+                "'BASE TABLE' AND "
+                "TABLE_SCHEMA IN (" + ", ".join(["%s"] * len({t.schema for t in tables})) + ")",
+                sorted({t.schema for t in tables}),
+            )
+        }
         out += _table_findings(d, tables, {t: (t.schema, t.name) in present for t in tables})
     return out
 
@@ -272,15 +342,33 @@ def _mysql_replica(d: Any, status: dict, strategy: str) -> list[Finding]:
     out = [Finding(OK, check, f"this server is a replica of {of}")]
     if status.get("Slave_IO_Running") != "Yes" or status.get("Slave_SQL_Running") != "Yes":
         why = status.get("Last_IO_Error") or status.get("Last_SQL_Error") or "stopped"
-        out.append(Finding(WARNING, check, f"replication from {of} is not running ({why}): capture and chunks here see "
-                                           "none of the primary's new changes, and a snapshot pauses after "
-                                           "max_replica_lag_seconds. START SLAVE, or fix the error it names"))
+        out.append(
+            Finding(
+                WARNING,
+                check,
+                f"replication from {of} is not running ({why}): capture and chunks here see "
+                "none of the primary's new changes, and a snapshot pauses after "
+                "max_replica_lag_seconds. START SLAVE, or fix the error it names",
+            )
+        )
     if str(status.get("Using_Gtid", "No")).lower() == "no":
-        out.append(Finding(WARNING, check, "it replicates by binlog file and position, not GTID: after a failover "
-                                           "capture cannot be followed and needs airflow-cdc resync. CHANGE MASTER "
-                                           "TO MASTER_USE_GTID = slave_pos (docs: operations, \"Failover\")"))
+        out.append(
+            Finding(
+                WARNING,
+                check,
+                "it replicates by binlog file and position, not GTID: after a failover "
+                "capture cannot be followed and needs airflow-cdc resync. CHANGE MASTER "
+                'TO MASTER_USE_GTID = slave_pos (docs: operations, "Failover")',
+            )
+        )
     if strategy == "table":
-        out.append(Finding(WARNING, check, "watermark_strategy 'table' writes watermark rows on this replica, which "
-                                           "diverges it from its primary: set the connection extra "
-                                           "watermark_strategy to 'log' (docs: connections, \"Chunks from a replica or standby\")"))
+        out.append(
+            Finding(
+                WARNING,
+                check,
+                "watermark_strategy 'table' writes watermark rows on this replica, which "
+                "diverges it from its primary: set the connection extra "
+                "watermark_strategy to 'log' (docs: connections, \"Chunks from a replica or standby\")",
+            )
+        )
     return out

@@ -54,13 +54,18 @@ def _schema_facet(fields: Iterable[tuple[str, str]]):
     from openlineage.client.facet_v2 import schema_dataset
 
     return schema_dataset.SchemaDatasetFacet(
-        fields=[schema_dataset.SchemaDatasetFacetFields(name=n, type=t) for n, t in fields])
+        fields=[schema_dataset.SchemaDatasetFacetFields(name=n, type=t) for n, t in fields]
+    )
 
 
 def source_input(params: ConnectionParams, table: TableName, schema: TableSchema | None):
     from openlineage.client.event_v2 import InputDataset
 
-    facets = {} if schema is None else {"schema": _schema_facet((c.name, c.source_type or c.type) for c in schema.columns)}
+    facets = (
+        {}
+        if schema is None
+        else {"schema": _schema_facet((c.name, c.source_type or c.type) for c in schema.columns)}
+    )
     return InputDataset(namespace=source_namespace(params), name=source_name(params, table), facets=facets)
 
 
@@ -72,8 +77,14 @@ def location_dataset(uri: str, *, output: bool, facets: dict | None = None):
     return cls(namespace=namespace, name=name, facets=facets or {})
 
 
-def sink_outputs(params: ConnectionParams, data_dir: str, source: str, table: TableName,
-                 schema: TableSchema | None, sinks: Iterable[str]) -> list:
+def sink_outputs(
+    params: ConnectionParams,
+    data_dir: str,
+    source: str,
+    table: TableName,
+    schema: TableSchema | None,
+    sinks: Iterable[str],
+) -> list:
     """The event log's and the mirror's datasets of ``table`` (those among ``sinks``), each with
     its schema and the column lineage from the source table."""
     from openlineage.client.facet_v2 import column_lineage_dataset as cl
@@ -90,10 +101,16 @@ def sink_outputs(params: ConnectionParams, data_dir: str, source: str, table: Ta
         if schema is not None:
             ns, name = source_namespace(params), source_name(params, table)
             facets["schema"] = _schema_facet((c.name, c.type) for c in schema.columns)
-            facets["columnLineage"] = cl.ColumnLineageDatasetFacet(fields={
-                c.name: cl.Fields(inputFields=[cl.InputField(namespace=ns, name=name, field=c.name)],
-                                  transformationType="IDENTITY", transformationDescription="copied unchanged")
-                for c in schema.columns})
+            facets["columnLineage"] = cl.ColumnLineageDatasetFacet(
+                fields={
+                    c.name: cl.Fields(
+                        inputFields=[cl.InputField(namespace=ns, name=name, field=c.name)],
+                        transformationType="IDENTITY",
+                        transformationDescription="copied unchanged",
+                    )
+                    for c in schema.columns
+                }
+            )
         out.append(location_dataset(where[sink], output=True, facets=facets))
     return out
 
@@ -114,8 +131,16 @@ def available() -> bool:
     return not is_disabled()
 
 
-def tables_lineage(params: ConnectionParams, data_dir: str, source: str, tables: Iterable[TableName], *,
-                   staging: str | None, staging_is_output: bool, sinks: Iterable[str] = ()):
+def tables_lineage(
+    params: ConnectionParams,
+    data_dir: str,
+    source: str,
+    tables: Iterable[TableName],
+    *,
+    staging: str | None,
+    staging_is_output: bool,
+    sinks: Iterable[str] = (),
+):
     """An operator's lineage: the source tables (with their staged schemas) and ``staging`` (a
     location) as inputs, or ``staging`` as the output; the tables' event log and mirror among
     ``sinks`` as outputs. None without the OpenLineage provider."""

@@ -35,66 +35,158 @@ class Option:
 OPTIONS: tuple[Option, ...] = (
     Option("CDC_SOURCE_CONN_ID", "cdc_source", "Airflow connection of the source database"),
     Option("CDC_SOURCE", None, "staging name of the source (default: the connection id)", "shop"),
-    Option("CDC_DATA_DIR", None, "staging and outputs: a folder or a URI (default $AIRFLOW_HOME/cdc-data; never "
-           "the working directory)", "s3://lake/cdc"),
-    Option("CDC_TABLES", None, "the capture scope: the only tables the changelog captures and a snapshot may read "
-           "(a run's conf can narrow it, never widen it), and those a snapshot reads when its conf names none; a comma "
-           "list, or a JSON list for names holding commas. Unset: nothing is captured", "public.orders,public.customers"),
-    Option("CDC_CAPTURE_ALL_TABLES", None, "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
-           "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica identity, "
-           "so it is refused while any exists; MariaDB/MySQL: every database of the server). System schemas never"),
-    Option("CDC_KEY_COLUMNS", None, "the key of scope tables without a primary key: the columns of a unique index "
-           "on NOT NULL columns, per table (Debezium's message.key.columns). PostgreSQL takes a table's REPLICA "
-           "IDENTITY USING INDEX by itself; under REPLICA IDENTITY FULL name the key here. A JSON object, or "
-           "'schema.table:col1,col2;schema.other:col'", '{"public.events": ["event_uid"]}'),
+    Option(
+        "CDC_DATA_DIR",
+        None,
+        "staging and outputs: a folder or a URI (default $AIRFLOW_HOME/cdc-data; never "
+        "the working directory)",
+        "s3://lake/cdc",
+    ),
+    Option(
+        "CDC_TABLES",
+        None,
+        "the capture scope: the only tables the changelog captures and a snapshot may read "
+        "(a run's conf can narrow it, never widen it), and those a snapshot reads when its conf names "
+        "none; a comma "
+        "list, or a JSON list for names holding commas. Unset: nothing is captured",
+        "public.orders,public.customers",
+    ),
+    Option(
+        "CDC_CAPTURE_ALL_TABLES",
+        None,
+        "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
+        "a FOR ALL TABLES publication, under which UPDATE and DELETE fail on tables without a replica "
+        "identity, "
+        "so it is refused while any exists; MariaDB/MySQL: every database of the server). System "
+        "schemas never",
+    ),
+    Option(
+        "CDC_KEY_COLUMNS",
+        None,
+        "the key of scope tables without a primary key: the columns of a unique index "
+        "on NOT NULL columns, per table (Debezium's message.key.columns). PostgreSQL takes a table's REPLICA "
+        "IDENTITY USING INDEX by itself; under REPLICA IDENTITY FULL name the key here. A JSON object, or "
+        "'schema.table:col1,col2;schema.other:col'",
+        '{"public.events": ["event_uid"]}',
+    ),
     Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),
-    Option("CDC_STORAGE_CONN_ID", None, "Airflow connection (type aws) with the object-storage endpoint and "
-           "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a spark-submit "
-           "(unset: the workers' AWS_* variables)"),
-    Option("CDC_POSTGRES_SINK_CONN_ID", None, "Airflow connection (type postgres) of the 'postgres' sink's target "
-           "database; its password reaches a spark-submit only as a 0600 passfile, never on the command line",
-           "cdc_mirror_pg"),
-    Option("CDC_POSTGRES_SINK_SCHEMA", None, "target schema of the 'postgres' sink (default: cdc_{source})", "lake"),
+    Option(
+        "CDC_STORAGE_CONN_ID",
+        None,
+        "Airflow connection (type aws) with the object-storage endpoint and "
+        "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a "
+        "spark-submit "
+        "(unset: the workers' AWS_* variables)",
+    ),
+    Option(
+        "CDC_POSTGRES_SINK_CONN_ID",
+        None,
+        "Airflow connection (type postgres) of the 'postgres' sink's target "
+        "database; its password reaches a spark-submit only as a 0600 passfile, never on the command line",
+        "cdc_mirror_pg",
+    ),
+    Option(
+        "CDC_POSTGRES_SINK_SCHEMA",
+        None,
+        "target schema of the 'postgres' sink (default: cdc_{source})",
+        "lake",
+    ),
     Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits"),
-    Option("CDC_SPARK_CONF", "{}", "JSON object of Spark settings for those submits: tuning only (memory, cores, "
-           "instances, dynamic allocation, shuffle and SQL tuning; core/spark_settings.py lists them)",
-           '{"spark.executor.memory": "4g"}'),
-    Option("CDC_LOCAL_MAX_ROWS", "100000", "rounds/batches up to this many rows run in the worker (0: always "
-           "spark-submit)"),
-    Option("CDC_MERGE_WHILE_READING_ROWS", "2000000", "committed chunk rows (high watermark staged) that start a "
-           "merge while later chunks are still read (0: merge only after reading)"),
+    Option(
+        "CDC_SPARK_CONF",
+        "{}",
+        "JSON object of Spark settings for those submits: tuning only (memory, cores, "
+        "instances, dynamic allocation, shuffle and SQL tuning; core/spark_settings.py lists them)",
+        '{"spark.executor.memory": "4g"}',
+    ),
+    Option(
+        "CDC_LOCAL_MAX_ROWS",
+        "100000",
+        "rounds/batches up to this many rows run in the worker (0: always spark-submit)",
+    ),
+    Option(
+        "CDC_MERGE_WHILE_READING_ROWS",
+        "2000000",
+        "committed chunk rows (high watermark staged) that start a "
+        "merge while later chunks are still read (0: merge only after reading)",
+    ),
     Option("CDC_MAX_PARALLEL_CHUNKS", "4", "chunk tasks at once per snapshot run"),
-    Option("CDC_CHUNK_TARGET_SECONDS", "1", "adaptive chunk size: seconds a snapshot chunk (watermarks, SELECT, "
-           "staging) aims to take; each chunk of a range is sized from those before it (at most 2x the last one, "
-           "any smaller). Used unless chunk_size is given in the run's conf or the DAG's throttle (then every chunk "
-           "has that many rows; conf chunk_size 'auto' asks for the adaptive size)"),
-    Option("CDC_CHUNK_TARGET_MB", "32", "adaptive chunk size: megabytes a staged chunk's rows aim to take "
-           "(uncompressed; at most the source's batch_max_bytes); caps the size even below CDC_CHUNK_MIN_ROWS, so "
-           "wide rows give fewer rows per chunk"),
+    Option(
+        "CDC_CHUNK_TARGET_SECONDS",
+        "1",
+        "adaptive chunk size: seconds a snapshot chunk (watermarks, SELECT, "
+        "staging) aims to take; each chunk of a range is sized from those before it (at most 2x the "
+        "last one, "
+        "any smaller). Used unless chunk_size is given in the run's conf or the DAG's throttle (then "
+        "every chunk "
+        "has that many rows; conf chunk_size 'auto' asks for the adaptive size)",
+    ),
+    Option(
+        "CDC_CHUNK_TARGET_MB",
+        "32",
+        "adaptive chunk size: megabytes a staged chunk's rows aim to take "
+        "(uncompressed; at most the source's batch_max_bytes); caps the size even below "
+        "CDC_CHUNK_MIN_ROWS, so "
+        "wide rows give fewer rows per chunk",
+    ),
     Option("CDC_CHUNK_MIN_ROWS", "100", "adaptive chunk size: fewest rows the duration target may ask for"),
     Option("CDC_CHUNK_MAX_ROWS", "1000000", "adaptive chunk size: most rows a chunk may ask for"),
-    Option("CDC_SENSOR_DEFERRABLE", None, "true: the high-watermark sensor waits in the triggerer (unset: "
-           "Airflow's [operators] default_deferrable)"),
+    Option(
+        "CDC_SENSOR_DEFERRABLE",
+        None,
+        "true: the high-watermark sensor waits in the triggerer (unset: "
+        "Airflow's [operators] default_deferrable)",
+    ),
     Option("CDC_SENSOR_POKE_INTERVAL", "5", "seconds between the high-watermark sensor's checks"),
     Option("CDC_SENSOR_TIMEOUT", "21600", "seconds the sensor waits in all before failing"),
-    Option("CDC_SNAPSHOT_SCHEDULE", None, "cron or preset of periodic refresh snapshots (unset: manual only)",
-           "@weekly"),
+    Option(
+        "CDC_SNAPSHOT_SCHEDULE",
+        None,
+        "cron or preset of periodic refresh snapshots (unset: manual only)",
+        "@weekly",
+    ),
     Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
-    Option("CDC_MIRROR_RETENTION_HOURS", "1", "hours unreferenced mirror files stay for readers of older "
-           "versions before vacuum removes them (at least 1; raise it for time travel: the folder then holds "
-           "about that many hours of writes beside the live rows)"),
-    Option("CDC_MIRROR_LOG_RETENTION_HOURS", "48", "hours a mirror's Delta log keeps commits a checkpoint "
-           "already covers (how far back a reader can time-travel; fractions allowed, at least 0.01)"),
-    Option("CDC_MIRROR_COMPACT_BUDGET_ROWS", "4000000", "stored rows one changelog round's background compaction "
-           "may rewrite per mirror table (the due buckets with most change first; at least 1)"),
-    Option("CDC_STAGING_RETENTION_HOURS", "72", "hours staged segments and finished snapshots' chunk folders stay "
-           "after nothing else holds them (every sink applied them, no open snapshot needs them), for replays and "
-           "late readers; at least 1, or 'never' to keep staging forever"),
+    Option(
+        "CDC_MIRROR_RETENTION_HOURS",
+        "1",
+        "hours unreferenced mirror files stay for readers of older "
+        "versions before vacuum removes them (at least 1; raise it for time travel: the folder then holds "
+        "about that many hours of writes beside the live rows)",
+    ),
+    Option(
+        "CDC_MIRROR_LOG_RETENTION_HOURS",
+        "48",
+        "hours a mirror's Delta log keeps commits a checkpoint "
+        "already covers (how far back a reader can time-travel; fractions allowed, at least 0.01)",
+    ),
+    Option(
+        "CDC_MIRROR_COMPACT_BUDGET_ROWS",
+        "4000000",
+        "stored rows one changelog round's background compaction "
+        "may rewrite per mirror table (the due buckets with most change first; at least 1)",
+    ),
+    Option(
+        "CDC_STAGING_RETENTION_HOURS",
+        "72",
+        "hours staged segments and finished snapshots' chunk folders stay "
+        "after nothing else holds them (every sink applied them, no open snapshot needs them), for "
+        "replays and "
+        "late readers; at least 1, or 'never' to keep staging forever",
+    ),
     Option("CDC_CAPTURE_MAX_EVENTS", None, "cap on the events of one capture (unset: unbounded)"),
-    Option("CDC_CAPTURE_SEGMENT_MAX_EVENTS", None, "events per staged segment (the connection's segment_max_events "
-           "extra, else 20000; 0: one segment per capture)"),
-    Option("CDC_SOURCES_FILE", None, "the sources config that dags/cdc_sources.py turns into DAGs (default: "
-           "cdc_sources.yaml next to that file)", "/opt/airflow/dags/cdc_sources.yaml"),
+    Option(
+        "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
+        None,
+        "events per staged segment (the connection's segment_max_events "
+        "extra, else 20000; 0: one segment per capture)",
+    ),
+    Option(
+        "CDC_SOURCES_FILE",
+        None,
+        "the sources config that dags/cdc_sources.py turns into DAGs (default: "
+        "cdc_sources.yaml next to that file)",
+        "/opt/airflow/dags/cdc_sources.yaml",
+    ),
 )
 
 
@@ -112,7 +204,9 @@ def airflow_section(section: str = "cdc") -> dict[str, str]:
     except Exception:  # noqa: BLE001 - no section, or a configuration that cannot be read: the defaults
         return {}
     known = {o.key: o.var for o in OPTIONS}
-    return {known[k]: str(v).strip() for k, v in values.items() if k in known and v is not None and str(v).strip()}
+    return {
+        known[k]: str(v).strip() for k, v in values.items() if k in known and v is not None and str(v).strip()
+    }
 
 
 def provider_config() -> dict:
@@ -120,8 +214,9 @@ def provider_config() -> dict:
     per setting, with its default and description."""
     return {
         "cdc": {
-            "description": "Settings of airflow-provider-cdc. A CDC_* environment variable of the same name wins; "
-                           "a source of the sources config wins over both.",
+            "description": "Settings of airflow-provider-cdc. A CDC_* environment variable of the same "
+            "name wins; "
+            "a source of the sources config wins over both.",
             "options": {
                 o.key: {
                     "description": f"{o.description} (environment: {o.var})",
@@ -250,7 +345,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         spark_conf = json.loads(raw_conf) if raw_conf else {}
     except ValueError as exc:
         raise ConfigurationError(
-            f"CDC_SPARK_CONF must be a JSON object of Spark settings, e.g. '{{\"spark.executor.memory\": \"4g\"}}': {exc}"
+            "CDC_SPARK_CONF must be a JSON object of Spark settings, e.g. "
+            f'\'{{"spark.executor.memory": "4g"}}\': {exc}'
         ) from None
     if not isinstance(spark_conf, dict):
         raise ConfigurationError(f"CDC_SPARK_CONF must be a JSON object of Spark settings, got {raw_conf!r}")
@@ -262,7 +358,9 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         raise ConfigurationError("CDC_SINKS must name at least one sink, e.g. 'events,mirror'")
     all_raw = _raw(env, "CDC_CAPTURE_ALL_TABLES").lower()
     if all_raw and all_raw not in _TRUE + _FALSE:
-        raise ConfigurationError(f"CDC_CAPTURE_ALL_TABLES must be true or false, got {_raw(env, 'CDC_CAPTURE_ALL_TABLES')!r}")
+        raise ConfigurationError(
+            f"CDC_CAPTURE_ALL_TABLES must be true or false, got {_raw(env, 'CDC_CAPTURE_ALL_TABLES')!r}"
+        )
     tables = tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES"))
     for t in tables:
         try:
@@ -271,7 +369,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
             raise ConfigurationError(f"CDC_TABLES: {exc}") from None
     if tables and all_raw in _TRUE:
         raise ConfigurationError(
-            "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the other; unset one"
+            "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the "
+            "other; unset one"
         )
     key_columns = parse_key_columns(_raw(env, "CDC_KEY_COLUMNS"), "CDC_KEY_COLUMNS")
     for t in key_columns:
@@ -306,35 +405,50 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         postgres_sink_conn_id=_raw(env, "CDC_POSTGRES_SINK_CONN_ID") or None,
         postgres_sink_schema=_raw(env, "CDC_POSTGRES_SINK_SCHEMA") or None,
         spark_conf=spark_conf,
-        local_max_rows=_int(env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS,
-                            "a whole number >= 0 (0: always spark-submit)"),
-        merge_while_reading_rows=_int(env, "CDC_MERGE_WHILE_READING_ROWS", DEFAULT_MERGE_WHILE_READING_ROWS,
-                                      "a whole number of rows >= 0 (0: merge only after the chunks are read)"),
-        max_parallel_chunks=_int(env, "CDC_MAX_PARALLEL_CHUNKS", DEFAULT_MAX_PARALLEL_CHUNKS,
-                                 "a whole number >= 1", minimum=1),
-        chunk_sizing=ChunkSizing.parse({"target_seconds": _raw(env, "CDC_CHUNK_TARGET_SECONDS"),
-                                        "target_mb": _raw(env, "CDC_CHUNK_TARGET_MB"),
-                                        "min_rows": _raw(env, "CDC_CHUNK_MIN_ROWS"),
-                                        "max_rows": _raw(env, "CDC_CHUNK_MAX_ROWS")}),
+        local_max_rows=_int(
+            env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS, "a whole number >= 0 (0: always spark-submit)"
+        ),
+        merge_while_reading_rows=_int(
+            env,
+            "CDC_MERGE_WHILE_READING_ROWS",
+            DEFAULT_MERGE_WHILE_READING_ROWS,
+            "a whole number of rows >= 0 (0: merge only after the chunks are read)",
+        ),
+        max_parallel_chunks=_int(
+            env, "CDC_MAX_PARALLEL_CHUNKS", DEFAULT_MAX_PARALLEL_CHUNKS, "a whole number >= 1", minimum=1
+        ),
+        chunk_sizing=ChunkSizing.parse(
+            {
+                "target_seconds": _raw(env, "CDC_CHUNK_TARGET_SECONDS"),
+                "target_mb": _raw(env, "CDC_CHUNK_TARGET_MB"),
+                "min_rows": _raw(env, "CDC_CHUNK_MIN_ROWS"),
+                "max_rows": _raw(env, "CDC_CHUNK_MAX_ROWS"),
+            }
+        ),
         sensor_deferrable=(deferrable_raw in _TRUE) if deferrable_raw else None,
         sensor_poke_interval=_seconds(env, "CDC_SENSOR_POKE_INTERVAL", DEFAULT_POKE_INTERVAL),
         sensor_timeout=_seconds(env, "CDC_SENSOR_TIMEOUT", DEFAULT_SENSOR_TIMEOUT),
         snapshot_schedule=_schedule(env, "CDC_SNAPSHOT_SCHEDULE", None),
         changelog_schedule=_schedule(env, "CDC_CHANGELOG_SCHEDULE", DEFAULT_CHANGELOG_SCHEDULE),
-        capture_max_events=_int(env, "CDC_CAPTURE_MAX_EVENTS", None, "a whole number >= 1 (unset: unbounded)",
-                                minimum=1),
-        capture_segment_max_events=_int(env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None,
-                                        "a whole number >= 0 (0: one segment per capture)"),
+        capture_max_events=_int(
+            env, "CDC_CAPTURE_MAX_EVENTS", None, "a whole number >= 1 (unset: unbounded)", minimum=1
+        ),
+        capture_segment_max_events=_int(
+            env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None, "a whole number >= 0 (0: one segment per capture)"
+        ),
         mirror_retention_hours=_retention_hours(env),
         mirror_log_retention_hours=_log_retention_hours(env),
-        mirror_compact_budget_rows=_int(env, "CDC_MIRROR_COMPACT_BUDGET_ROWS", 4_000_000, "a whole number of rows >= 1",
-                                        minimum=1),
+        mirror_compact_budget_rows=_int(
+            env, "CDC_MIRROR_COMPACT_BUDGET_ROWS", 4_000_000, "a whole number of rows >= 1", minimum=1
+        ),
         staging_retention_hours=_staging_retention_hours(env),
         sources_file=_raw(env, "CDC_SOURCES_FILE") or None,
     )
 
 
-def _hours(env: Mapping[str, str], name: str, default: float, why: str, *, never: bool = False) -> float | None:
+def _hours(
+    env: Mapping[str, str], name: str, default: float, why: str, *, never: bool = False
+) -> float | None:
     """A number of hours >= 1 (``why``: the reason for the minimum), or None for ``never``."""
     raw = _raw(env, name)
     if not raw:
@@ -352,8 +466,12 @@ def _hours(env: Mapping[str, str], name: str, default: float, why: str, *, never
 
 
 def _retention_hours(env: Mapping[str, str]) -> float:
-    return _hours(env, "CDC_MIRROR_RETENTION_HOURS", 1.0,
-                  "files younger than that may belong to a writer still in flight")
+    return _hours(
+        env,
+        "CDC_MIRROR_RETENTION_HOURS",
+        1.0,
+        "files younger than that may belong to a writer still in flight",
+    )
 
 
 def _log_retention_hours(env: Mapping[str, str]) -> float:
@@ -372,8 +490,13 @@ def _log_retention_hours(env: Mapping[str, str]) -> float:
 
 
 def _staging_retention_hours(env: Mapping[str, str]) -> float | None:
-    return _hours(env, "CDC_STAGING_RETENTION_HOURS", 72.0, "a reader that listed a segment may still be reading it",
-                  never=True)
+    return _hours(
+        env,
+        "CDC_STAGING_RETENTION_HOURS",
+        72.0,
+        "a reader that listed a segment may still be reading it",
+        never=True,
+    )
 
 
 class FromSettings:

@@ -91,7 +91,8 @@ def refuse_templates(value: Any, where: str) -> None:
         if any(mark in value for mark in _JINJA):
             raise ConfigurationError(
                 f"{where}: holds Jinja template syntax ({', '.join(m for m in _JINJA if m in value)}); the "
-                "sources config is data and is never rendered as a template: write the value itself (a secret "
+                "sources config is data and is never rendered as a template: write the value itself (a "
+                "secret "
                 "belongs in an Airflow connection, named by its id)"
             )
     elif isinstance(value, Mapping):
@@ -103,36 +104,51 @@ def refuse_templates(value: Any, where: str) -> None:
             refuse_templates(v, where)
 
 
-def parse_sources(doc: Any, origin: str = "the sources config", env: Mapping[str, str] | None = None,
-                  connections: ConnectionOptions | None = None) -> list[SourceEntry]:
+def parse_sources(
+    doc: Any,
+    origin: str = "the sources config",
+    env: Mapping[str, str] | None = None,
+    connections: ConnectionOptions | None = None,
+) -> list[SourceEntry]:
     """The sources of a parsed config document, each checked (``ConfigurationError``
     naming ``origin``, the source and the key). ``connections`` reads a connection's dialect
     options, so names given in connection extras are checked for collisions too (e.g.
     dag_builders.connection_options; None: only the names derived from source names)."""
     if not isinstance(doc, Mapping):
-        raise ConfigurationError(f"{origin}: must be a mapping with a 'sources' key, got {type(doc).__name__}")
+        raise ConfigurationError(
+            f"{origin}: must be a mapping with a 'sources' key, got {type(doc).__name__}"
+        )
     unknown = sorted(set(doc) - {"defaults", "sources"})
     if unknown:
         raise ConfigurationError(f"{origin}: unknown top-level key(s) {unknown}; known: defaults, sources")
     defaults = doc.get("defaults") or {}
     sources = doc.get("sources")
     if not isinstance(defaults, Mapping):
-        raise ConfigurationError(f"{origin}: 'defaults' must be a mapping of settings, got {type(defaults).__name__}")
+        raise ConfigurationError(
+            f"{origin}: 'defaults' must be a mapping of settings, got {type(defaults).__name__}"
+        )
     if not isinstance(sources, Mapping) or not sources:
-        raise ConfigurationError(f"{origin}: 'sources' must be a non-empty mapping of source name -> settings")
+        raise ConfigurationError(
+            f"{origin}: 'sources' must be a non-empty mapping of source name -> settings"
+        )
     out = []
     seen: dict[str, str] = {}
     for name, entry in sources.items():
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ConfigurationError(
-                f"{origin}: source name {name!r} must be 1-100 letters, digits, '_', '-' or '.', starting with a "
+                f"{origin}: source name {name!r} must be 1-100 letters, digits, '_', '-' or '.', "
+                "starting with a "
                 "letter or digit (it becomes part of DAG ids)"
             )
         if name.lower() in seen:
-            raise ConfigurationError(f"{origin}: sources {seen[name.lower()]!r} and {name!r} differ only in case")
+            raise ConfigurationError(
+                f"{origin}: sources {seen[name.lower()]!r} and {name!r} differ only in case"
+            )
         seen[name.lower()] = name
         if not isinstance(entry, Mapping):
-            raise ConfigurationError(f"{origin}: source {name!r} must be a mapping of settings, got {type(entry).__name__}")
+            raise ConfigurationError(
+                f"{origin}: source {name!r} must be a mapping of settings, got {type(entry).__name__}"
+            )
         out.append(_entry(name, {**defaults, **entry}, origin, env))
     _refuse_shared_names(out, origin, connections)
     return out
@@ -157,7 +173,9 @@ def _owned_names(entry: SourceEntry, connections: ConnectionOptions | None) -> l
     return owned
 
 
-def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: ConnectionOptions | None) -> None:
+def _refuse_shared_names(
+    entries: list[SourceEntry], origin: str, connections: ConnectionOptions | None
+) -> None:
     """Two sources sharing a slot would each confirm it past the other's changes (lost
     changes); sharing a staging folder (its offset and segments) or a server_id (the server
     drops one of two readers with one id) is as bad: refused at parse time, naming both."""
@@ -174,7 +192,8 @@ def _refuse_shared_names(entries: list[SourceEntry], origin: str, connections: C
                 )
             raise ConfigurationError(
                 f"{origin}: sources {other!r} and {entry.name!r} would share the {what} {identity[1]!r} on "
-                f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its own (or none: "
+                f"{identity[0]}: give each source a connection whose extra sets a {option!r} of its "
+                "own (or none: "
                 "each source then gets one derived from its name)"
             )
 
@@ -183,7 +202,9 @@ def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, 
     where = f"{origin}, source {name!r}"
     unknown = sorted(set(values) - set(KEYS) - set(EXTRA_KEYS))
     if unknown:
-        raise ConfigurationError(f"{where}: unknown key(s) {unknown}; known: {', '.join([*KEYS, *EXTRA_KEYS])}")
+        raise ConfigurationError(
+            f"{where}: unknown key(s) {unknown}; known: {', '.join([*KEYS, *EXTRA_KEYS])}"
+        )
     for key, value in values.items():
         refuse_templates(value, f"{where}, key {key!r}")
     overrides = {"CDC_SOURCE": name}
@@ -208,8 +229,9 @@ def _entry(name: str, values: Mapping[str, Any], origin: str, env: Mapping[str, 
     return SourceEntry(name, overrides, settings, dict(throttle))
 
 
-def read_sources(location: str, env: Mapping[str, str] | None = None,
-                 connections: ConnectionOptions | None = None) -> list[SourceEntry]:
+def read_sources(
+    location: str, env: Mapping[str, str] | None = None, connections: ConnectionOptions | None = None
+) -> list[SourceEntry]:
     """The sources of the config file at ``location`` (a path or URI; YAML, of which JSON
     is a subset); ``connections``: see :func:`parse_sources`."""
     import yaml
@@ -255,4 +277,3 @@ def find_source(name: str, settings: Settings, dags_folder: str | None = None) -
     if location is None:
         return None
     return next((e for e in read_sources(location) if e.name == name), None)
-

@@ -47,10 +47,17 @@ def list_progress(source: str | None = None) -> list[tuple[str, str, dict[str, A
             progress = None
         tables = progress.get("tables") if isinstance(progress, dict) else None
         if not isinstance(tables, dict):
-            src, table_id, progress = key_src, key_table, _malformed(key, "not a snapshot progress (a JSON object "
-                                                                          "with its tables)")
+            src, table_id, progress = (
+                key_src,
+                key_table,
+                _malformed(key, "not a snapshot progress (a JSON object with its tables)"),
+            )
         elif len(tables) != 1:
-            src, table_id, progress = key_src, key_table, _malformed(key, f"names {len(tables)} tables, not one")
+            src, table_id, progress = (
+                key_src,
+                key_table,
+                _malformed(key, f"names {len(tables)} tables, not one"),
+            )
         else:
             src, table_id = progress.get("source", key_src), next(iter(tables))
         try:
@@ -88,7 +95,9 @@ def read_so_far(data_dir: str, source: str, table_id: str, snapshot_id: str) -> 
     for i, rng in enumerate(plan.ranges):
         st = range_state(sidecars, i, upper)
         rows, chunks = rows + st.rows, chunks + st.chunks
-        shares.append(1.0 if st.exhausted else 0.0 if st.after_key is None else range_fraction(rng, st.after_key, upper))
+        shares.append(
+            1.0 if st.exhausted else 0.0 if st.after_key is None else range_fraction(rng, st.after_key, upper)
+        )
     share = None if not shares or None in shares else sum(shares) / len(shares)  # type: ignore[arg-type]
     return {"rows": rows, "chunks": chunks, "fraction": share}
 
@@ -99,14 +108,22 @@ def progress_summary(table_id: str, p: dict[str, Any], *, data_dir: str | None =
     from .core.progress import SnapshotProgress
 
     if not isinstance(p, dict) or p.get("status") == MALFORMED:
-        return {"status": MALFORMED, "error": (p or {}).get("malformed") if isinstance(p, dict) else "not an object"}
+        return {
+            "status": MALFORMED,
+            "error": (p or {}).get("malformed") if isinstance(p, dict) else "not an object",
+        }
     try:
         sp = SnapshotProgress.from_json(json.dumps(p))
     except Exception as exc:  # noqa: BLE001 - shown as malformed, with why; never a failed page
         return {"status": MALFORMED, "error": f"{type(exc).__name__}: {exc}"[:500]}
     tp = sp.tables.get(table_id) or next(iter(sp.tables.values()), None)
-    out: dict[str, Any] = {"status": str(sp.status), "snapshot_id": sp.snapshot_id, "error": sp.error,
-                           "run": sp.owner, "logical_date": sp.logical_date}
+    out: dict[str, Any] = {
+        "status": str(sp.status),
+        "snapshot_id": sp.snapshot_id,
+        "error": sp.error,
+        "run": sp.owner,
+        "logical_date": sp.logical_date,
+    }
     if tp is not None:
         out.update(
             ranges_done=sum(1 for r in tp.ranges if r.done),
@@ -115,9 +132,14 @@ def progress_summary(table_id: str, p: dict[str, Any], *, data_dir: str | None =
             chunks=tp.chunks,
             rows_per_second=round(sp.rows_per_second(), 1),
             next_keys=[None if w.after_key is None else list(w.after_key) for w in tp.remaining()],
-            ranges_list=[{"start": None if r.range.start is None else list(r.range.start),
-                          "end": None if r.range.end is None else list(r.range.end), "done": r.done}
-                         for r in tp.ranges],
+            ranges_list=[
+                {
+                    "start": None if r.range.start is None else list(r.range.start),
+                    "end": None if r.range.end is None else list(r.range.end),
+                    "done": r.done,
+                }
+                for r in tp.ranges
+            ],
         )
         frac = 1.0 if str(sp.status) == "done" else tp.fraction_done()
         rows, rps = tp.rows, sp.rows_per_second()
@@ -148,8 +170,6 @@ def snapshot_dag_paused(dag_id: str = "cdc_snapshot") -> bool:
     with create_session() as session:
         paused = session.query(DagModel.is_paused).filter(DagModel.dag_id == dag_id).scalar()
     return bool(paused)
-
-
 
 
 def config_source(name: str, now):
@@ -246,7 +266,9 @@ def _binlog_offset_of(data_dir: str, source: str):
     from .storage.layout import changelog_dir
 
     try:
-        return BinlogOffset.from_json(storage.read_text(storage.join(changelog_dir(data_dir, source), OFFSET_FILE)))
+        return BinlogOffset.from_json(
+            storage.read_text(storage.join(changelog_dir(data_dir, source), OFFSET_FILE))
+        )
     except (OSError, CdcError):
         return None
 
@@ -292,17 +314,23 @@ def parse_position(text: str, binlog_file: str | None = None, epoch: int = 0):
     name, colon, offset = text.rpartition(":")
     if colon and offset.isdigit() and "." in name:
         if binlog_file is None:
-            raise ConfigurationError(f"{text!r} is a binlog position, but the source is PostgreSQL: give an LSN "
-                                     "(SELECT pg_current_wal_lsn())")
+            raise ConfigurationError(
+                f"{text!r} is a binlog position, but the source is PostgreSQL: give an LSN "
+                "(SELECT pg_current_wal_lsn())"
+            )
         return Position.binlog(name, int(offset), epoch=epoch)
     try:
         lsn = Position.pg(text)
     except ValueError:
-        raise ConfigurationError(f"not a position: {text!r} (PostgreSQL: an LSN such as 0/3000148; MariaDB: "
-                                 "file:offset such as binlog.000002:1234; or 40 hex digits)") from None
+        raise ConfigurationError(
+            f"not a position: {text!r} (PostgreSQL: an LSN such as 0/3000148; MariaDB: "
+            "file:offset such as binlog.000002:1234; or 40 hex digits)"
+        ) from None
     if binlog_file is not None:
-        raise ConfigurationError(f"{text!r} is a PostgreSQL LSN, but the source reads a binlog: give file:offset "
-                                 "(SHOW MASTER STATUS)")
+        raise ConfigurationError(
+            f"{text!r} is a PostgreSQL LSN, but the source reads a binlog: give file:offset "
+            "(SHOW MASTER STATUS)"
+        )
     return lsn
 
 
@@ -326,9 +354,13 @@ def caught_up(data_dir: str, source: str) -> dict | None:
     pending = [first for first, last, _ in list_segments(changelog) if applied is None or last > applied]
     upto = min([through[0], *pending])
     binlog = binlog_file_of(data_dir, source)
-    return {"caught_up_to": native_position(upto, binlog), "position": upto.encode(),
-            "staged_through": native_position(through[0], binlog), "staged_at": through[1] / 1000,
-            "pending_segments": len(pending)}
+    return {
+        "caught_up_to": native_position(upto, binlog),
+        "position": upto.encode(),
+        "staged_through": native_position(through[0], binlog),
+        "staged_at": through[1] / 1000,
+        "pending_segments": len(pending),
+    }
 
 
 def freshness(data_dir: str, source: str, now: float | None = None) -> dict | None:
@@ -352,8 +384,12 @@ def freshness(data_dir: str, source: str, now: float | None = None) -> dict | No
     pending = bool(c and c["pending_segments"])
     as_of = visible if pending or c is None else c["staged_at"]
     now = time.time() if now is None else now
-    return {"visible_commit_at": visible, "pending": pending, "as_of": as_of,
-            "age_s": None if as_of is None else max(0.0, now - as_of)}
+    return {
+        "visible_commit_at": visible,
+        "pending": pending,
+        "as_of": as_of,
+        "age_s": None if as_of is None else max(0.0, now - as_of),
+    }
 
 
 def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
@@ -372,8 +408,17 @@ def mirror_summary(data_dir: str, source: str, table_id: str) -> dict | None:
 
 #: the numbers of a lag reading and of a verify's record (read back from Variables: untrusted)
 _LAG_NUMBERS = ("bytes", "seconds", "at")
-_VERIFY_NUMBERS = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different", "at",
-                   "event_violations")
+_VERIFY_NUMBERS = (
+    "rows_checked",
+    "mismatched",
+    "source_rows",
+    "mirror_rows",
+    "missing",
+    "extra",
+    "different",
+    "at",
+    "event_violations",
+)
 
 
 def _checked_numbers(doc: Any, names: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -381,11 +426,19 @@ def _checked_numbers(doc: Any, names: tuple[str, ...], what: str) -> dict[str, A
     record saying which value is not (shown as such, never a failed page)."""
     if not isinstance(doc, dict):
         return {"malformed": f"the {what} is not a JSON object"}
-    bad = [n for n in names if doc.get(n) is not None and (isinstance(doc[n], bool)
-                                                          or not isinstance(doc[n], int | float))]
+    bad = [
+        n
+        for n in names
+        if doc.get(n) is not None and (isinstance(doc[n], bool) or not isinstance(doc[n], int | float))
+    ]
     history = doc.get("history")
-    if history is not None and not (isinstance(history, list) and all(
-            isinstance(h, list) and len(h) == 3 and all(isinstance(x, int | float) for x in h) for h in history)):
+    if history is not None and not (
+        isinstance(history, list)
+        and all(
+            isinstance(h, list) and len(h) == 3 and all(isinstance(x, int | float) for x in h)
+            for h in history
+        )
+    ):
         bad.append("history")
     if bad:
         return {"malformed": f"the {what} has values of the wrong type: {', '.join(bad)}"}
@@ -403,8 +456,9 @@ def _table_refusal(scope, table_id: str) -> str | None:
         return str(exc)
 
 
-def overview(source: str | None = None, *,
-             include: Callable[[str, str], bool] = lambda _source, _dag_id: True) -> list[dict[str, Any]]:
+def overview(
+    source: str | None = None, *, include: Callable[[str, str], bool] = lambda _source, _dag_id: True
+) -> list[dict[str, Any]]:
     """Per source (``source`` alone, or every one with something recorded, those ``include(source,
     snapshot DAG id)`` keeps, asked before anything of it is read): its capture lag with its last
     day's history, its snapshot and verify DAGs, and per table the snapshot's progress (as
@@ -431,8 +485,10 @@ def overview(source: str | None = None, *,
         except Exception as exc:  # noqa: BLE001 - a sources config that cannot be read: said on the source
             known, why = None, f"the sources config could not be read: {type(exc).__name__}: {exc}"
         else:
-            why = (f"source {name!r} is named only by Variables: neither the sources config nor the environment "
-                   "(CDC_SOURCE, CDC_SOURCE_CONN_ID) names it, so no file of it is read and nothing acts on it")
+            why = (
+                f"source {name!r} is named only by Variables: neither the sources config nor the environment "
+                "(CDC_SOURCE, CDC_SOURCE_CONN_ID) names it, so no file of it is read and nothing acts on it"
+            )
         dags = source_dags(name, now) if known is not None else None
         if not include(name, dags["snapshot"] if dags else "cdc_snapshot"):
             continue
@@ -451,17 +507,23 @@ def overview(source: str | None = None, *,
                 if t in progress:
                     row["snapshot"] = progress_summary(t, progress[t], data_dir=reads)
                 verify = verifies.get((name, t))
-                row["verify"] = None if verify is None else _checked_numbers(verify, _VERIFY_NUMBERS, "verify record")
+                row["verify"] = (
+                    None if verify is None else _checked_numbers(verify, _VERIFY_NUMBERS, "verify record")
+                )
                 row["mirror"] = mirror_summary(reads, name, t) if reads is not None else None
             except Exception as exc:  # noqa: BLE001 - one bad value is shown as such, never a failed page
                 row = {"table": t, "malformed": f"{type(exc).__name__}: {exc}"[:500]}
             rows.append(row)
         lag = lags.get(name)
         entry: dict[str, Any] = {
-            "source": name, "known": known is not None, "snapshot_dag": dags["snapshot"] if dags else None,
+            "source": name,
+            "known": known is not None,
+            "snapshot_dag": dags["snapshot"] if dags else None,
             "verify_dag": dags["verify"] if dags else None,
             "lag": None if lag is None else _checked_numbers(lag, _LAG_NUMBERS, "capture lag reading"),
-            "applied": {}, "tables": rows}
+            "applied": {},
+            "tables": rows,
+        }
         if known is None:
             entry["unknown"] = why
         elif data_dir is not None:

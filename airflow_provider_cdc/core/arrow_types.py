@@ -112,11 +112,15 @@ def binary_array(values: Sequence[bytes | None]) -> pa.Array:
         return pa.chunked_array([pa.array(values, pa.binary())]).combine_chunks()
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.fromiter(map(len, values), dtype=np.int64, count=n), out=offsets[1:])
-    return pa.BinaryArray.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls)
+    return pa.BinaryArray.from_buffers(
+        pa.binary(), n, [validity, pa.py_buffer(offsets), pa.py_buffer(data)], nulls
+    )
 
 
 def _bits(buf: pa.Buffer, offset: int, n: int) -> np.ndarray:
-    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n, bitorder="little")[offset:].astype(np.bool_)
+    return np.unpackbits(np.frombuffer(buf, dtype=np.uint8), count=offset + n, bitorder="little")[
+        offset:
+    ].astype(np.bool_)
 
 
 def validity_mask(arr: pa.Array) -> np.ndarray:
@@ -174,12 +178,13 @@ def gather_slices(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> t
     if data is None:  # unordered or overlapping ranges
         data = np.empty(total, dtype=np.uint8)
         for i in np.flatnonzero(nz).tolist():
-            data[offsets[i]:offsets[i + 1]] = buf[starts[i]:ends[i]]
+            data[offsets[i] : offsets[i + 1]] = buf[starts[i] : ends[i]]
     return data, offsets
 
 
-def _take_ranges(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, nz: np.ndarray, n: int,
-                 total: int) -> np.ndarray | None:
+def _take_ranges(
+    buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, nz: np.ndarray, n: int, total: int
+) -> np.ndarray | None:
     """:func:`gather_slices` of ranges in order that do not overlap, by Arrow's take; None when
     the ranges are not so. Empty ranges may start anywhere: they are moved to the end of the
     range before them."""
@@ -196,7 +201,9 @@ def _take_ranges(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, nz: np.n
         return None
     buf = np.ascontiguousarray(buf, dtype=np.uint8)
     # 2n - 1 values: range 0, gap 0, range 1, ..., range n-1 (the offsets need not start at 0)
-    spans = pa.Array.from_buffers(pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
+    spans = pa.Array.from_buffers(
+        pa.large_binary(), 2 * n - 1, [None, pa.py_buffer(bounds), pa.py_buffer(buf)]
+    )
     picked = pc.take(spans, index_array(np.arange(0, 2 * n, 2, dtype=np.int64)))
     out_offsets = np.frombuffer(picked.buffers()[1], dtype=np.int64, count=n + 1, offset=picked.offset * 8)
     first = int(out_offsets[0])
@@ -220,8 +227,14 @@ def statistics_columns(schema: pa.Schema, keep: Sequence[str] = ()) -> list[str]
                 walk(t.field(i), f"{path}.{t.field(i).name}", False)
         elif top and field.name in keep:
             out.append(path)
-        elif not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
-                  or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_nested(t)):
+        elif not (
+            pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or pa.types.is_fixed_size_binary(t)
+            or pa.types.is_nested(t)
+        ):
             out.append(path)
 
     for f in schema:
@@ -229,16 +242,25 @@ def statistics_columns(schema: pa.Schema, keep: Sequence[str] = ()) -> list[str]
     return out
 
 
-def slices_array(typ: pa.DataType, data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+def slices_array(
+    typ: pa.DataType, data: np.ndarray, offsets: np.ndarray, valid: np.ndarray | None = None
+) -> pa.Array:
     """Bytes and int64 offsets (:func:`gather_slices`) -> a string or binary array of ``typ``
     (null where not ``valid``); the large variant and a cast back past 2 GiB."""
     n = len(offsets) - 1
     nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
     large = int(offsets[-1]) >= 2**31
     t = (pa.large_string() if pa.types.is_string(typ) else pa.large_binary()) if large else typ
-    arr = pa.Array.from_buffers(t, n, [bitmap(valid) if nulls else None,
-                                       pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                       pa.py_buffer(data)], nulls)
+    arr = pa.Array.from_buffers(
+        t,
+        n,
+        [
+            bitmap(valid) if nulls else None,
+            pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+            pa.py_buffer(data),
+        ],
+        nulls,
+    )
     return arr.cast(typ) if large else arr
 
 
@@ -274,19 +296,27 @@ def mirror_schema(schema: TableSchema) -> pa.Schema:
     names = set(schema.column_names)
     clash = names.intersection(META_COLUMNS)
     if clash:
-        raise ConfigurationError(f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them")
+        raise ConfigurationError(
+            f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them"
+        )
     seen: dict[str, str] = {}
     for c in schema.columns:
         other = seen.setdefault(c.name.lower(), c.name)
         if other != c.name:
             raise ConfigurationError(
-                f"table {schema.table} has columns {other!r} and {c.name!r}, whose names differ only in case: the Delta "
-                "mirror compares column names without case (as Spark and most lake readers do) and cannot hold both. "
-                "Rename one at the source, or leave this table out of the mirror (a source with CDC_SINKS=events)"
+                f"table {schema.table} has columns {other!r} and {c.name!r}, whose names differ only "
+                "in case: the Delta "
+                "mirror compares column names without case (as Spark and most lake readers do) and "
+                "cannot hold both. "
+                "Rename one at the source, or leave this table out of the mirror (a source with "
+                "CDC_SINKS=events)"
             )
     fields = [pa.field(c.name, arrow_type(c.type)) for c in schema.columns]
-    fields += [pa.field(KEY_COLUMN, pa.string(), False), pa.field(POSITION_COLUMN, pa.string(), False),
-               pa.field(DELETED_COLUMN, pa.bool_(), False)]
+    fields += [
+        pa.field(KEY_COLUMN, pa.string(), False),
+        pa.field(POSITION_COLUMN, pa.string(), False),
+        pa.field(DELETED_COLUMN, pa.bool_(), False),
+    ]
     return pa.schema(fields)
 
 
@@ -314,7 +344,11 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
         # ISO text -> typed by Arrow's own parser ("Z" suffix understood for timestamptz);
         # what it cannot parse (infinity, BC, 5-digit years, zero dates) as exact integers
         try:
-            texts = string_array(values) if all(v is None or type(v) is str for v in values) else pa.array(values, pa.string())
+            texts = (
+                string_array(values)
+                if all(v is None or type(v) is str for v in values)
+                else pa.array(values, pa.string())
+            )
             return texts.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             to_int = temporal.date_to_days if logical == "date" else temporal.ts_to_micros
@@ -323,8 +357,10 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
                 return (ints.cast(pa.int32()) if logical == "date" else ints).view(target)
             except (ValueError, OverflowError) as exc:
                 raise ConfigurationError(
-                    f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 bits end in "
-                    "year 294247): re-snapshot after correcting the value, or leave the table out of the mirror"
+                    f"cannot hold a {logical} value in {target} ({exc}; microseconds since 1970 in 64 "
+                    "bits end in "
+                    "year 294247): re-snapshot after correcting the value, or leave the table out of "
+                    "the mirror"
                 ) from exc
     if pa.types.is_string(target):
         return string_array([_decode(v, logical, target) for v in values])
@@ -332,7 +368,9 @@ def decode_column(values: Sequence, logical: str) -> pa.Array:
         try:
             return binary_array([_decode(v, logical, target) for v in values])
         except (ValueError, TypeError) as exc:
-            raise ConfigurationError(f"cannot decode canonical {logical} values into {target}: {exc}") from exc
+            raise ConfigurationError(
+                f"cannot decode canonical {logical} values into {target}: {exc}"
+            ) from exc
     try:
         # canonical numbers, booleans and decimal texts need no per-value step (the hot path)
         arr = _from_buffers(values if isinstance(values, list) else list(values), target)
@@ -356,7 +394,9 @@ def _from_buffers(values: list, target: pa.DataType) -> pa.Array | None:
     if pa.types.is_integer(target) and all(type(v) is int for v in present):
         if any(v > 2**63 - 1 or v < -(2**63) for v in present):
             return None
-        return index_array(np.array([0 if v is None else v for v in values], dtype=np.int64), valid).cast(target)
+        return index_array(np.array([0 if v is None else v for v in values], dtype=np.int64), valid).cast(
+            target
+        )
     if pa.types.is_floating(target) and all(type(v) in (float, int) for v in present):
         buf = np.array([0.0 if v is None else v for v in values], dtype=np.float64)
         arr = pa.Array.from_buffers(pa.float64(), n, [validity, pa.py_buffer(buf)], nulls)
@@ -377,7 +417,9 @@ def rows_to_table(schema: TableSchema, rows: Sequence[dict | None]) -> list[pa.A
         try:
             out.append(decode_column(vals, col.type))
         except ConfigurationError as exc:
-            raise ConfigurationError(f"table {schema.table}, column {col.name!r}{_first_bad_key(schema, col, rows)}: {exc}") from exc
+            raise ConfigurationError(
+                f"table {schema.table}, column {col.name!r}{_first_bad_key(schema, col, rows)}: {exc}"
+            ) from exc
     return out
 
 
@@ -412,8 +454,9 @@ def _json_read_type(logical: str) -> pa.DataType | None:
     return pa.string()  # decimals, text, uuid, json, base64 binary, ISO dates, times and timestamps
 
 
-def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray, *,
-                        all_fields: bool = False) -> list[pa.Array] | None:
+def json_rows_to_arrays(
+    schema: TableSchema, texts: pa.Array | pa.ChunkedArray, *, all_fields: bool = False
+) -> list[pa.Array] | None:
     """Canonical row JSON texts (``after`` of events, no nulls) -> typed arrays in column
     order, parsed by pyarrow's C++ JSON reader instead of ``json.loads`` plus a Python
     conversion per value (the mirror write's bound: ~35 us a row for the demo table).
@@ -436,7 +479,9 @@ def json_rows_to_arrays(schema: TableSchema, texts: pa.Array | pa.ChunkedArray, 
             pa.BufferReader(data),
             read_options=pa_json.ReadOptions(block_size=max(1 << 20, longest)),
             parse_options=pa_json.ParseOptions(
-                explicit_schema=pa.schema([pa.field(c.name, t) for c, t in zip(schema.columns, read_types, strict=True)]),
+                explicit_schema=pa.schema(
+                    [pa.field(c.name, t) for c, t in zip(schema.columns, read_types, strict=True)]
+                ),
                 # as rows_to_table: only the schema's columns (all_fields: see them, to refuse)
                 unexpected_field_behavior="infer" if all_fields else "ignore",
             ),
@@ -476,13 +521,16 @@ def json_rows_to_struct(
     arrays = json_rows_to_arrays(schema, present, all_fields=True) if len(present) and not as_text else None
     names = [c.name for c in schema.columns]
     if arrays is None:
-        arrays, as_text, extra = _rows_to_arrays(schema, [json.loads(t) for t in present.to_pylist()], as_text)
+        arrays, as_text, extra = _rows_to_arrays(
+            schema, [json.loads(t) for t in present.to_pylist()], as_text
+        )
     else:
         as_text, extra = [], []
     ok = None
     if texts.null_count:  # which rows have an image, from the bitmap (no Python conversion)
         ok = np.unpackbits(np.frombuffer(valid.buffers()[1], dtype=np.uint8), bitorder="little")[
-            valid.offset: valid.offset + len(valid)].astype(np.bool_)
+            valid.offset : valid.offset + len(valid)
+        ].astype(np.bool_)
     return _struct(arrays, [*names, *extra], ok), as_text, extra
 
 
@@ -498,7 +546,9 @@ def _struct(arrays: list[pa.Array], names: Sequence[str], present: np.ndarray | 
     return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
 
 
-def _rows_to_arrays(schema: TableSchema, rows: Sequence[dict], forced: Sequence[str] = ()) -> tuple[list[pa.Array], list[str], list[str]]:
+def _rows_to_arrays(
+    schema: TableSchema, rows: Sequence[dict], forced: Sequence[str] = ()
+) -> tuple[list[pa.Array], list[str], list[str]]:
     """Canonical row dicts (no None) -> typed arrays of the schema's columns then of the
     columns only the rows hold (text), with the text columns and those extra columns (see
     :func:`json_rows_to_struct`)."""
@@ -527,7 +577,9 @@ def rows_to_struct(
     """:func:`json_rows_to_struct` for canonical row dicts (None = no image), as capture and
     the generic chunk read hold them: typed a column at a time, no JSON text in between."""
     ok, _, nulls = _validity(rows)
-    arrays, text, extra = _rows_to_arrays(schema, [r for r in rows if r is not None] if nulls else rows, as_text)
+    arrays, text, extra = _rows_to_arrays(
+        schema, [r for r in rows if r is not None] if nulls else rows, as_text
+    )
     return _struct(arrays, [*(c.name for c in schema.columns), *extra], ok), text, extra
 
 
@@ -577,7 +629,9 @@ def normalise_value(v: Any, logical: str) -> Any:
     if logical.startswith("decimal"):
         return str(v) if isinstance(v, Decimal) else v
     if logical == "binary":
-        return base64.b64encode(bytes(v)).decode("ascii") if isinstance(v, (bytes, bytearray, memoryview)) else v
+        return (
+            base64.b64encode(bytes(v)).decode("ascii") if isinstance(v, (bytes, bytearray, memoryview)) else v
+        )
     if logical == "date":
         return v.isoformat() if isinstance(v, dt.date) else temporal.days_to_text(temporal.date_to_days(v))
     if logical == "timestamp":
@@ -591,7 +645,13 @@ def normalise_value(v: Any, logical: str) -> Any:
 
 def _is_canonical_ts(v: Any, tz: bool) -> bool:
     # "YYYY-MM-DDTHH:MM:SS.ffffff" (+ "Z"): already what _ts_text would return
-    return isinstance(v, str) and len(v) == (27 if tz else 26) and v[10] == "T" and v[19] == "." and (v[-1] == "Z") == tz
+    return (
+        isinstance(v, str)
+        and len(v) == (27 if tz else 26)
+        and v[10] == "T"
+        and v[19] == "."
+        and (v[-1] == "Z") == tz
+    )
 
 
 def _fast_normaliser(logical: str):
@@ -635,7 +695,10 @@ def arrow_canonical(arr, logical: str) -> list:
         lo, hi = mm["min"].as_py(), mm["max"].as_py()
         if lo is not None and (lo < first or hi > last):
             if is_ts:
-                return [None if v is None else temporal.micros_to_text(v, logical == "timestamptz") for v in ints.to_pylist()]
+                return [
+                    None if v is None else temporal.micros_to_text(v, logical == "timestamptz")
+                    for v in ints.to_pylist()
+                ]
             return [None if v is None else temporal.days_to_text(v) for v in ints.to_pylist()]
         if not is_ts:
             return pc.strftime(arr, format="%Y-%m-%d").to_pylist()
@@ -697,8 +760,12 @@ def _with_text_columns(schema: TableSchema, names: Sequence[str]) -> TableSchema
     """``schema`` with ``names`` appended as ``string`` columns (columns only the rows hold)."""
     if not names:
         return schema
-    return TableSchema(schema.table, schema.columns + tuple(Column(c, "string") for c in names),
-                       schema.primary_key, dict(schema.extra))
+    return TableSchema(
+        schema.table,
+        schema.columns + tuple(Column(c, "string") for c in names),
+        schema.primary_key,
+        dict(schema.extra),
+    )
 
 
 def _to_struct(schema: TableSchema, images, *, as_text: Sequence[str] = ()):
@@ -709,7 +776,10 @@ def _to_struct(schema: TableSchema, images, *, as_text: Sequence[str] = ()):
 
 def images_metadata(schema: TableSchema, text_columns: Sequence[str]) -> dict[bytes, bytes]:
     """The Parquet metadata naming what a file's typed images were typed with."""
-    return {SCHEMA_META: schema.to_json().encode(), TEXT_COLUMNS_META: json.dumps(sorted(text_columns)).encode()}
+    return {
+        SCHEMA_META: schema.to_json().encode(),
+        TEXT_COLUMNS_META: json.dumps(sorted(text_columns)).encode(),
+    }
 
 
 def metadata_schema(meta: dict | None) -> tuple[TableSchema | None, list[str]]:
@@ -725,8 +795,13 @@ def _logicals(schema: TableSchema | None, text_columns: Sequence[str]) -> dict[s
     return {c.name: ("string" if c.name in text else c.type) for c in schema.columns} if schema else {}
 
 
-def canonical_rows(images: pa.StructArray | pa.ChunkedArray, schema: TableSchema | None,
-                   text_columns: Sequence[str] = (), *, keep_nulls: bool = False) -> list[dict | None]:
+def canonical_rows(
+    images: pa.StructArray | pa.ChunkedArray,
+    schema: TableSchema | None,
+    text_columns: Sequence[str] = (),
+    *,
+    keep_nulls: bool = False,
+) -> list[dict | None]:
     """Typed images -> canonical row dicts (core/schema.py), null images -> None; a column
     that is null is left out unless ``keep_nulls`` (the typed struct cannot tell a column the
     event did not carry from a null). Text columns give their canonical text (as the event
@@ -738,9 +813,14 @@ def canonical_rows(images: pa.StructArray | pa.ChunkedArray, schema: TableSchema
     cols = [arrow_canonical(images.field(i), logical.get(n, "string")) for i, n in enumerate(names)]
     valid = images.is_valid().to_pylist()
     if keep_nulls:
-        return [{n: col[i] for n, col in zip(names, cols, strict=True)} if valid[i] else None for i in range(len(images))]
-    return [{n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
-            for i in range(len(images))]
+        return [
+            {n: col[i] for n, col in zip(names, cols, strict=True)} if valid[i] else None
+            for i in range(len(images))
+        ]
+    return [
+        {n: col[i] for n, col in zip(names, cols, strict=True) if col[i] is not None} if valid[i] else None
+        for i in range(len(images))
+    ]
 
 
 def text_to_canonical(text: str | None, logical: str) -> Any:
@@ -767,11 +847,16 @@ def column_as(arr: pa.Array, have: str, want: str, *, name: str = "", table: Any
         return arr
     if arr.type == target and (have != "string" or want in ("string", "uuid", "json", "time", "decimal")):
         return arr
+
     def numeric(t: pa.DataType) -> bool:
         return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
 
-    if have != "string" and numeric(arr.type) and numeric(target) and not (
-            pa.types.is_floating(arr.type) and not pa.types.is_floating(target)):
+    if (
+        have != "string"
+        and numeric(arr.type)
+        and numeric(target)
+        and not (pa.types.is_floating(arr.type) and not pa.types.is_floating(target))
+    ):
         try:  # a widened or narrowed number: Arrow's safe cast (a value that does not fit raises)
             return arr.cast(target)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -785,8 +870,12 @@ def column_as(arr: pa.Array, have: str, want: str, *, name: str = "", table: Any
         raise ConfigurationError(f"table {table}, column {name!r}: {exc}") from exc
 
 
-def struct_columns(images: pa.StructArray | pa.ChunkedArray, have: TableSchema | None, text_columns: Sequence[str],
-                   want: TableSchema) -> list[pa.Array]:
+def struct_columns(
+    images: pa.StructArray | pa.ChunkedArray,
+    have: TableSchema | None,
+    text_columns: Sequence[str],
+    want: TableSchema,
+) -> list[pa.Array]:
     """Typed images -> one array per column of ``want`` (its types, :func:`arrow_type`): a
     column the images lack reads null, one they hold typed otherwise is converted
     (:func:`column_as`), columns ``want`` lacks are left out."""
@@ -809,15 +898,26 @@ def struct_columns(images: pa.StructArray | pa.ChunkedArray, have: TableSchema |
     return out
 
 
-def conform_images(images: pa.StructArray | pa.ChunkedArray, have: TableSchema | None, text_columns: Sequence[str],
-                   want: TableSchema, want_text: Sequence[str] = ()) -> pa.StructArray:
+def conform_images(
+    images: pa.StructArray | pa.ChunkedArray,
+    have: TableSchema | None,
+    text_columns: Sequence[str],
+    want: TableSchema,
+    want_text: Sequence[str] = (),
+) -> pa.StructArray:
     """Typed images re-typed to ``want`` (and ``want_text`` as canonical text), the null
     images kept: what joins images of one table typed at different positions into one array."""
     if isinstance(images, pa.ChunkedArray):
         images = images.combine_chunks() if images.num_chunks else pa.nulls(0, images.type)
     text = set(want_text)
-    target = TableSchema(want.table, tuple(Column(c.name, "string" if c.name in text else c.type, c.source_type, True)
-                                           for c in want.columns), want.primary_key, dict(want.extra))
+    target = TableSchema(
+        want.table,
+        tuple(
+            Column(c.name, "string" if c.name in text else c.type, c.source_type, True) for c in want.columns
+        ),
+        want.primary_key,
+        dict(want.extra),
+    )
     have_logical = _logicals(have, text_columns)
     arrays = []
     for col, tcol in zip(want.columns, target.columns, strict=True):
@@ -836,7 +936,9 @@ def conform_images(images: pa.StructArray | pa.ChunkedArray, have: TableSchema |
     return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
 
 
-def conform_parts(parts: Sequence[tuple], typing: TableSchema | None) -> tuple[list[tuple], TableSchema, list[str]]:
+def conform_parts(
+    parts: Sequence[tuple], typing: TableSchema | None
+) -> tuple[list[tuple], TableSchema, list[str]]:
     """Parts of one table's images, each ``(before, after, schema, text_columns)`` typed with
     its own schema (the log described the columns anew between them, or a part was typed
     elsewhere) -> each part's ``(before, after)`` under one schema, that schema and its text
@@ -858,12 +960,16 @@ def conform_parts(parts: Sequence[tuple], typing: TableSchema | None) -> tuple[l
                     column_as(images.field(name), h, wl[name], name=name, table=want.table)
             except ConfigurationError:
                 text.add(name)  # an older value the newer type cannot hold: the column stays text
-    out = [(conform_images(b, have, t, want, sorted(text)), conform_images(a, have, t, want, sorted(text)))
-           for b, a, have, t in parts]
+    out = [
+        (conform_images(b, have, t, want, sorted(text)), conform_images(a, have, t, want, sorted(text)))
+        for b, a, have, t in parts
+    ]
     return out, want, sorted(text)
 
 
-def unify_schemas(parts: Sequence[tuple[TableSchema | None, Sequence[str]]]) -> tuple[TableSchema | None, list[str]]:
+def unify_schemas(
+    parts: Sequence[tuple[TableSchema | None, Sequence[str]]],
+) -> tuple[TableSchema | None, list[str]]:
     """The schema and text columns images of one table typed as ``parts`` (in position order)
     are joined under: every column, newest type (core/schema.py follow_log_schema); a column
     that is text in any part is text (:func:`conform_images` raises where an older part's
@@ -894,5 +1000,7 @@ def text_schema(table, names, key_width: int) -> TableSchema:
     """A schema of ``string`` columns ``names`` (canonical values kept as their text), the
     first ``key_width`` (at least one) making the primary key; ``key0``... when no row named
     a column."""
-    cols = tuple(Column(n, "string") for n in names) or tuple(Column(f"key{i}", "string") for i in range(max(1, key_width)))
+    cols = tuple(Column(n, "string") for n in names) or tuple(
+        Column(f"key{i}", "string") for i in range(max(1, key_width))
+    )
     return TableSchema(table, cols, tuple(c.name for c in cols[: max(1, key_width)]))

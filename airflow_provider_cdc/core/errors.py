@@ -10,7 +10,8 @@ class ConfigurationError(CdcError):
 
 
 class SourceError(CdcError):
-    """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no primary key...)."""
+    """The source database cannot serve CDC as configured (wal_level, binlog format, missing table, no
+    primary key...)."""
 
     #: True when waiting may cure it (a standby behind): the task is retried; else a task fails
     #: at once on it, as on a configuration error (hooks/task_errors.py)
@@ -58,4 +59,3 @@ class FencedError(StateError):
 class SchemaChangeError(CdcError):
     """A source table changed in a way its mirror cannot follow in place (a column's type,
     the primary key): that table waits for a whole-table re-snapshot; the others go on."""
-

@@ -18,8 +18,16 @@ from .position import Position
 from .schema import TableSchema
 
 #: ChangeEvent.origin as staged (core/events.py ORIGIN_FIELDS)
-ORIGIN_TYPE = pa.struct([("tx", pa.string()), ("lsn", pa.int64()), ("last_commit_lsn", pa.int64()),
-                         ("server_id", pa.int64()), ("thread", pa.int64()), ("file", pa.string())])
+ORIGIN_TYPE = pa.struct(
+    [
+        ("tx", pa.string()),
+        ("lsn", pa.int64()),
+        ("last_commit_lsn", pa.int64()),
+        ("server_id", pa.int64()),
+        ("thread", pa.int64()),
+        ("file", pa.string()),
+    ]
+)
 assert tuple(f.name for f in ORIGIN_TYPE) == ORIGIN_FIELDS
 #: the log columns of a staged segment (its typed images follow, per table: storage/staged.py)
 SEGMENT_SCHEMA = pa.schema(
@@ -114,9 +122,19 @@ class EventBatch:
                 out.append(WatermarkEvent(rec["watermark"], pos, rec["ts_ms"]))
                 continue
             origin = rec["origin"]
-            out.append(ChangeEvent(rec["table"], rec["op"], rec["key"], pos, befores[i], afters[i], rec["ts_ms"],
-                                   watermark=rec["watermark"],
-                                   origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS)))
+            out.append(
+                ChangeEvent(
+                    rec["table"],
+                    rec["op"],
+                    rec["key"],
+                    pos,
+                    befores[i],
+                    afters[i],
+                    rec["ts_ms"],
+                    watermark=rec["watermark"],
+                    origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
+                )
+            )
         return out
 
 
@@ -155,8 +173,15 @@ def events_to_batch(events: Sequence[LogEvent], watermark_table: str) -> EventBa
             mine[1].append(ev.before)
             mine[2].append(ev.after)
     log = pa.Table.from_arrays(
-        [string_array(pos), string_array(tbl), string_array(ops), string_array(keys), int64_array(ts),
-         string_array(wms), origin_array(origins)],
+        [
+            string_array(pos),
+            string_array(tbl),
+            string_array(ops),
+            string_array(keys),
+            int64_array(ts),
+            string_array(wms),
+            origin_array(origins),
+        ],
         schema=SEGMENT_SCHEMA,
     )
     parts = tuple(ImagePart(t, np.asarray(rows, dtype=np.int64), b, a) for t, (rows, b, a) in images.items())

@@ -6,8 +6,8 @@ and a function call or subquery reached the source. So the filter is parsed (sql
 source's dialect), checked against an allowlist, and rendered back by this module: every
 identifier quoted by the dialect's quoter, every literal bound as a parameter, every
 sub-expression in parentheses. Allowed: the table's own columns (unqualified), string and
-number literals, TRUE/FALSE, arithmetic (+ - * / %), comparisons (= <> != < <= > >=), AND / OR / NOT, parentheses,
-``IN (literals)``, ``BETWEEN``, ``LIKE`` (``ILIKE`` on PostgreSQL) and ``IS [NOT] NULL``.
+number literals, TRUE/FALSE, arithmetic (+ - * / %), comparisons (= <> != < <= > >=), AND / OR / NOT,
+parentheses, ``IN (literals)``, ``BETWEEN``, ``LIKE`` (``ILIKE`` on PostgreSQL) and ``IS [NOT] NULL``.
 Anything else is refused with a ConfigurationError naming the setting and the part.
 """
 
@@ -40,9 +40,11 @@ DIALECTS: dict[str, FilterRules] = {
     "postgres": FilterRules("postgres", quote_pg, ilike=True),
     "mysql": FilterRules("mysql", quote_mysql),
 }
-ALLOWED = ("the table's columns, string and number literals, TRUE/FALSE, arithmetic (+ - * / %), "
-           "comparisons (= <> != < <= > >=), "
-           "AND/OR/NOT, parentheses, IN (literals), BETWEEN, LIKE (ILIKE on PostgreSQL) and IS [NOT] NULL")
+ALLOWED = (
+    "the table's columns, string and number literals, TRUE/FALSE, arithmetic (+ - * / %), "
+    "comparisons (= <> != < <= > >=), "
+    "AND/OR/NOT, parentheses, IN (literals), BETWEEN, LIKE (ILIKE on PostgreSQL) and IS [NOT] NULL"
+)
 
 
 def _parse(text: str, rules: FilterRules, setting: str):
@@ -59,7 +61,9 @@ def _parse(text: str, rules: FilterRules, setting: str):
         raise ConfigurationError(syntax_error_text(text, setting, exc)) from None
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
-        raise ConfigurationError(f"filter {setting!r} must be a single condition, not {len(trees)} statements: {text!r}")
+        raise ConfigurationError(
+            f"filter {setting!r} must be a single condition, not {len(trees)} statements: {text!r}"
+        )
     return trees[0]
 
 
@@ -82,14 +86,21 @@ def syntax_error_text(text: str, setting: str, exc: Exception) -> str:
     description = str(first.get("description") or "")
     what = next((w.format(at=at) for key, w in _SYNTAX_WORDS if description.startswith(key)), None)
     if not errors:  # the tokenizer: an unclosed quote, an unknown character
-        what = ("a quote is not closed (text is in single quotes: status = 'paid')" if text.count("'") % 2
-                else "it cannot be read as SQL")
+        what = (
+            "a quote is not closed (text is in single quotes: status = 'paid')"
+            if text.count("'") % 2
+            else "it cannot be read as SQL"
+        )
     what = what or "it is not valid SQL there"
-    start = max(1, col - len(first.get("highlight") or " ") + 1) if col else None  # sqlglot's col: the token's end
+    start = (
+        max(1, col - len(first.get("highlight") or " ") + 1) if col else None
+    )  # sqlglot's col: the token's end
     where = f" at column {start}" if start else ""
     pointer = f"\n  {text}\n  {' ' * (start - 1)}^" if start and "\n" not in text else ""
-    return (f"conf key {setting!r} has a syntax error{where}: {what}.{pointer}\n"
-            f"A filter is one row condition, e.g. amount > 100 AND status = 'paid'; it may use {ALLOWED}")
+    return (
+        f"conf key {setting!r} has a syntax error{where}: {what}.{pointer}\n"
+        f"A filter is one row condition, e.g. amount > 100 AND status = 'paid'; it may use {ALLOWED}"
+    )
 
 
 class _Renderer:
@@ -103,7 +114,8 @@ class _Renderer:
 
     def refuse(self, node, why: str) -> ConfigurationError:
         return ConfigurationError(
-            f"filter {self.setting!r}: {node.sql(dialect=self.dialect)!r} is not allowed ({why}); a filter may use {ALLOWED}"
+            f"filter {self.setting!r}: {node.sql(dialect=self.dialect)!r} is not allowed ({why}); a "
+            f"filter may use {ALLOWED}"
         )
 
     def only(self, node, *keys: str) -> bool:
@@ -154,7 +166,8 @@ class _Renderer:
         name = node.this.this
         if self.columns is not None and name not in self.columns:
             raise ConfigurationError(
-                f"filter {self.setting!r} names column {name!r}, which the table does not have; columns: {self.columns}"
+                f"filter {self.setting!r} names column {name!r}, which the table does not have; "
+                f"columns: {self.columns}"
             )
         self.used.append(name)
         return self.quote(name)
@@ -167,7 +180,9 @@ class _Renderer:
             return self.neg(node, self.cond(node.this), "this")
         if isinstance(node, exp.And | exp.Or):
             word = "AND" if isinstance(node, exp.And) else "OR"
-            return self.neg(node, f"({self.cond(node.this)} {word} {self.cond(node.expression)})", "this", "expression")
+            return self.neg(
+                node, f"({self.cond(node.this)} {word} {self.cond(node.expression)})", "this", "expression"
+            )
         if isinstance(node, exp.Not):
             self.only(node, "this")
             return f"(NOT {self.cond(node.this)})"
@@ -189,14 +204,19 @@ class _Renderer:
                 items.append(self.value(e))
             return self.neg(node, f"({left} IN ({', '.join(items)}))", "this", "expressions")
         if isinstance(node, exp.Between):
-            sql = f"({self.value(node.this)} BETWEEN {self.value(node.args['low'])} AND {self.value(node.args['high'])})"
+            sql = (
+                f"({self.value(node.this)} BETWEEN {self.value(node.args['low'])} AND "
+                f"{self.value(node.args['high'])})"
+            )
             return self.neg(node, sql, "this", "low", "high")
         if isinstance(node, exp.Like) or (isinstance(node, exp.ILike) and self.rules.ilike):
             word = "LIKE" if isinstance(node, exp.Like) else "ILIKE"
             pattern = node.expression
             if not (isinstance(pattern, exp.Literal) and pattern.is_string):
                 raise self.refuse(node, f"{word} takes a string literal pattern")
-            return self.neg(node, f"({self.value(node.this)} {word} {self.value(pattern)})", "this", "expression")
+            return self.neg(
+                node, f"({self.value(node.this)} {word} {self.value(pattern)})", "this", "expression"
+            )
         if isinstance(node, exp.Column | exp.Boolean):  # a boolean column or TRUE alone
             return f"({self.value(node)})"
         raise self.refuse(node, f"{type(node).__name__} is not a row condition this filter takes")
@@ -210,7 +230,11 @@ def _number(text: str) -> int | Decimal:
 
 
 def render_filter(
-    text: str, dialect: str | FilterRules, *, setting: str = "where", columns: Iterable[str] | None = None,
+    text: str,
+    dialect: str | FilterRules,
+    *,
+    setting: str = "where",
+    columns: Iterable[str] | None = None,
 ) -> tuple[str, list[Any]]:
     """``(sql, params)`` of the filter for ``dialect`` (a name of DIALECTS, or a database's
     FilterRules): parenthesised, identifiers quoted (``%`` doubled, as the drivers %-format),
@@ -220,7 +244,9 @@ def render_filter(
     elif dialect in DIALECTS:
         rules = DIALECTS[dialect]
     else:
-        raise ConfigurationError(f"no row filter rendering for dialect {dialect!r}; known: {sorted(DIALECTS)}")
+        raise ConfigurationError(
+            f"no row filter rendering for dialect {dialect!r}; known: {sorted(DIALECTS)}"
+        )
     r = _Renderer(rules, setting, columns)
     sql = r.cond(_parse(text, rules, setting))
     return sql, r.params

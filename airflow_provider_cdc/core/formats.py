@@ -57,24 +57,36 @@ class Format:
         version = self.found(doc)
         raw = doc.get(self.key) if isinstance(doc, Mapping) else None
         if version is not None and version > self.version:
-            return (f"{where}: this {self.name} has format version {version}, written by a newer "
-                    f"airflow-provider-cdc (this one reads version {self.version}). Upgrade airflow-provider-cdc "
-                    f"wherever the pipeline runs, or {self.remedy}")
+            return (
+                f"{where}: this {self.name} has format version {version}, written by a newer "
+                f"airflow-provider-cdc (this one reads version {self.version}). Upgrade airflow-provider-cdc "
+                f"wherever the pipeline runs, or {self.remedy}"
+            )
         what = f"format version {raw!r}" if raw is not None else f"no format version ({self.key!r})"
-        return (f"{where}: this {self.name} has {what}, which this airflow-provider-cdc does not read "
-                f"(it reads version {self.version}). {self.remedy[:1].upper()}{self.remedy[1:]}")
+        return (
+            f"{where}: this {self.name} has {what}, which this airflow-provider-cdc does not read "
+            f"(it reads version {self.version}). {self.remedy[:1].upper()}{self.remedy[1:]}"
+        )
 
 
 #: core/progress.py SnapshotProgress JSON: the snapshot register (control/) and its Variable copy
-PROGRESS = Format("snapshot progress", 2, "move the snapshot register (control/ in the data directory) away and "
-                  "start the snapshot again")
+PROGRESS = Format(
+    "snapshot progress",
+    2,
+    "move the snapshot register (control/ in the data directory) away and start the snapshot again",
+)
 #: a table's snapshot plan (storage/layout.py plan_path), written at plan, read by every chunk task
 PLAN = Format("snapshot plan", 1, "stop the snapshot and start a new one")
 #: the staged changelog's index (storage/segment_index.py ``_index.json``), a cache of the segments
-SEGMENT_INDEX = Format("staged changelog index", 1, "delete the file: the next capture writes it again from "
-                       "the segments")
+SEGMENT_INDEX = Format(
+    "staged changelog index", 1, "delete the file: the next capture writes it again from the segments"
+)
 #: a mirror's Delta table properties (``cdc.*``, sinks/mirror_table.py)
-MIRROR = Format("mirror table", 1, "re-snapshot the table into a new mirror (airflow cdc snapshot start)",
-                key="cdc.format_version")
+MIRROR = Format(
+    "mirror table",
+    1,
+    "re-snapshot the table into a new mirror (airflow cdc snapshot start)",
+    key="cdc.format_version",
+)
 
 ALL = (PROGRESS, PLAN, SEGMENT_INDEX, MIRROR)

@@ -42,23 +42,32 @@ class KeysetPredicate:
         object.__setattr__(self, "columns", tuple(self.columns))
         object.__setattr__(self, "key", tuple(self.key))
         if self.op not in KEYSET_OPS:
-            raise ConfigurationError(f"keyset operator must be one of {', '.join(KEYSET_OPS)}, got {self.op!r}")
+            raise ConfigurationError(
+                f"keyset operator must be one of {', '.join(KEYSET_OPS)}, got {self.op!r}"
+            )
         if not self.columns:
             raise ConfigurationError("keyset predicate needs at least one key column")
         if len(self.key) != len(self.columns):
             raise ConfigurationError(
-                f"key {list(self.key)!r} has {len(self.key)} value(s) but the primary key {list(self.columns)} "
+                f"key {list(self.key)!r} has {len(self.key)} value(s) but the primary key "
+                f"{list(self.columns)} "
                 f"has {len(self.columns)} column(s); give one value per key column"
             )
 
     def sql(self, quote: Callable[[str], str], *, row_values: bool, placeholder: str = "%s") -> str:
         """The condition text; bind :meth:`params` with it."""
-        return keyset_condition([quote(c) for c in self.columns], self.op, row_values=row_values, placeholder=placeholder)
+        return keyset_condition(
+            [quote(c) for c in self.columns], self.op, row_values=row_values, placeholder=placeholder
+        )
 
     def params(self, *, row_values: bool, convert: Callable[[str, Any], Any] | None = None) -> list:
         """Bind values in the order :meth:`sql` expects; ``convert(column, value)`` maps a
         canonical value to what the driver binds (e.g. base64 -> bytes)."""
-        vals = list(self.key) if convert is None else [convert(c, v) for c, v in zip(self.columns, self.key, strict=True)]
+        vals = (
+            list(self.key)
+            if convert is None
+            else [convert(c, v) for c, v in zip(self.columns, self.key, strict=True)]
+        )
         return keyset_params(vals, row_values=row_values)
 
 
@@ -150,18 +159,30 @@ class SnapshotRequest:
         object.__setattr__(self, "tables", tables)
         object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size))
         parallelism_value(self.parallelism)
-        keys = {t: tuple(tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in ks) for t, ks in dict(self.keys).items()}
-        ranges = {t: tuple(r if isinstance(r, ChunkRange) else _range_from(r, t) for r in rs) for t, rs in dict(self.ranges).items()}
+        keys = {
+            t: tuple(tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in ks)
+            for t, ks in dict(self.keys).items()
+        }
+        ranges = {
+            t: tuple(r if isinstance(r, ChunkRange) else _range_from(r, t) for r in rs)
+            for t, rs in dict(self.ranges).items()
+        }
         for setting, per_table in (("keys", keys), ("ranges", ranges)):
             unknown = sorted(set(per_table) - set(ids))
             if unknown:
-                raise ConfigurationError(f"{setting} given for table(s) {unknown} that the request does not name; tables: {ids}")
+                raise ConfigurationError(
+                    f"{setting} given for table(s) {unknown} that the request does not name; tables: {ids}"
+                )
             for t, items in per_table.items():
                 if not items:
-                    raise ConfigurationError(f"{setting} for table {t} is empty; omit the table from {setting!r} to read it whole")
+                    raise ConfigurationError(
+                        f"{setting} for table {t} is empty; omit the table from {setting!r} to read it whole"
+                    )
         both = sorted(set(keys) & set(ranges))
         if both:
-            raise ConfigurationError(f"table(s) {both} have both chosen keys and key ranges; give one or the other")
+            raise ConfigurationError(
+                f"table(s) {both} have both chosen keys and key ranges; give one or the other"
+            )
         for t, rs in ranges.items():
             _check_ranges(t, rs)
         object.__setattr__(self, "keys", keys)
@@ -169,8 +190,12 @@ class SnapshotRequest:
         if isinstance(self.where, Mapping):
             unknown = sorted(set(self.where) - set(ids))
             if unknown:
-                raise ConfigurationError(f"where given for table(s) {unknown} that the request does not name; tables: {ids}")
-            object.__setattr__(self, "where", {t: validate_where(w, f"where[{t}]") for t, w in self.where.items()})
+                raise ConfigurationError(
+                    f"where given for table(s) {unknown} that the request does not name; tables: {ids}"
+                )
+            object.__setattr__(
+                self, "where", {t: validate_where(w, f"where[{t}]") for t, w in self.where.items()}
+            )
         elif self.where is not None:
             object.__setattr__(self, "where", validate_where(self.where))
 
@@ -193,7 +218,8 @@ class SnapshotRequest:
         for k in self.keys.get(tid, ()):
             if len(k) != n:
                 raise ConfigurationError(
-                    f"chosen key {list(k)!r} of table {tid} has {len(k)} value(s); primary key {list(schema.primary_key)} has {n}"
+                    f"chosen key {list(k)!r} of table {tid} has {len(k)} value(s); primary key "
+                    f"{list(schema.primary_key)} has {n}"
                 )
         for r in self.ranges.get(tid, ()):
             for b in (r.start, r.end):
@@ -216,7 +242,9 @@ class SnapshotRequest:
         """From JSON-like settings (a DAG-run conf): ``{"tables": ["public.t"], "ranges":
         {"public.t": [{"start": [1], "end": [100]}]}, "keys": {"public.t": [[5], [7]]}, ...}``."""
         if not isinstance(d, Mapping):
-            raise ConfigurationError(f"snapshot request must be a mapping of settings, got {type(d).__name__}")
+            raise ConfigurationError(
+                f"snapshot request must be a mapping of settings, got {type(d).__name__}"
+            )
         unknown = sorted(set(d) - set(cls.FIELDS))
         if unknown:
             raise ConfigurationError(f"unknown snapshot setting(s) {unknown}; known: {list(cls.FIELDS)}")
@@ -248,7 +276,9 @@ class SnapshotRequest:
         return {
             "tables": [t.id for t in self.tables],
             "keys": {t: [list(k) for k in ks] for t, ks in self.keys.items()},
-            "ranges": {t: [{"start": _lst(r.start), "end": _lst(r.end)} for r in rs] for t, rs in self.ranges.items()},
+            "ranges": {
+                t: [{"start": _lst(r.start), "end": _lst(r.end)} for r in rs] for t, rs in self.ranges.items()
+            },
             "where": dict(self.where) if isinstance(self.where, Mapping) else self.where,
             "chunk_size": self.chunk_size,
             "parallelism": self.parallelism,
@@ -286,18 +316,25 @@ def check_ranges_ranked(table: str, ranges: Sequence[ChunkRange], rank: Callable
     for r in ranges:
         if r.start is not None and r.end is not None and not rank(r.start) < rank(r.end):
             raise ConfigurationError(
-                f"key range {r.to_json()} of table {table} is empty or inverted in the database's order of the key: "
+                f"key range {r.to_json()} of table {table} is empty or inverted in the database's "
+                "order of the key: "
                 "start must be below end (end is exclusive)"
             )
     ordered = sorted(ranges, key=lambda r: -1 if r.start is None else rank(r.start))
     for a, b in zip(ordered, ordered[1:], strict=False):
         if a.end is None or b.start is None or rank(b.start) < rank(a.end):
-            raise ConfigurationError(f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give disjoint ranges")
+            raise ConfigurationError(
+                f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give disjoint ranges"
+            )
 
 
 _BOUND_TYPES = {
-    "int16": (int,), "int32": (int,), "int64": (int,), "uint64": (int,),
-    "float32": (int, float, str), "float64": (int, float, str),  # "NaN", "Infinity" as text
+    "int16": (int,),
+    "int32": (int,),
+    "int64": (int,),
+    "uint64": (int,),
+    "float32": (int, float, str),
+    "float64": (int, float, str),  # "NaN", "Infinity" as text
     "bool": (bool,),
 }
 
@@ -311,7 +348,8 @@ def check_bound_types(schema: TableSchema, key: Sequence, what: str) -> None:
         if v is None or (isinstance(v, bool) and bool not in want) or not isinstance(v, want):
             names = "/".join(x.__name__ for x in want).replace("str", "string").replace("int", "integer")
             raise ConfigurationError(
-                f"{what} {list(key)!r} of table {schema.table}: column {col!r} is {t}, so its value must be a "
+                f"{what} {list(key)!r} of table {schema.table}: column {col!r} is {t}, so its value "
+                "must be a "
                 f"{names} (the key's canonical JSON form), got {v!r}"
             )
 
@@ -322,13 +360,21 @@ def _check_ranges(table: str, ranges: Sequence[ChunkRange]) -> None:
     their ranges are taken as given."""
     for r in ranges:
         if _all_int(r.start) and _all_int(r.end) and not r.start < r.end:
-            raise ConfigurationError(f"key range {r.to_json()} of table {table} is empty: start must be below end (end is exclusive)")
-    if len(ranges) > 1 and all((r.start is None or _all_int(r.start)) and (r.end is None or _all_int(r.end)) for r in ranges):
+            raise ConfigurationError(
+                f"key range {r.to_json()} of table {table} is empty: start must be below end (end is "
+                "exclusive)"
+            )
+    if len(ranges) > 1 and all(
+        (r.start is None or _all_int(r.start)) and (r.end is None or _all_int(r.end)) for r in ranges
+    ):
         lo = lambda r: (0, ()) if r.start is None else (1, r.start)  # noqa: E731
         ordered = sorted(ranges, key=lo)
         for a, b in zip(ordered, ordered[1:], strict=False):
             if a.end is None or b.start is None or b.start < a.end:
-                raise ConfigurationError(f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give disjoint ranges")
+                raise ConfigurationError(
+                    f"key ranges {a.to_json()} and {b.to_json()} of table {table} overlap; give "
+                    "disjoint ranges"
+                )
 
 
 # --- range planning -----------------------------------------------------------------------
@@ -370,7 +416,9 @@ def even_ranges(min_key: int, max_key: int, parts: int, within: ChunkRange = FUL
     _int_setting("parts", parts, 1, MAX_PARALLELISM * 64)
     for name, v in (("min_key", min_key), ("max_key", max_key)):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigurationError(f"even split needs an integer {name}, got {v!r}; use sampled keys for other key types")
+            raise ConfigurationError(
+                f"even split needs an integer {name}, got {v!r}; use sampled keys for other key types"
+            )
     if min_key > max_key:
         raise ConfigurationError(f"even split: min_key {min_key} is above max_key {max_key}")
     span = max_key - min_key + 1
@@ -378,7 +426,9 @@ def even_ranges(min_key: int, max_key: int, parts: int, within: ChunkRange = FUL
     return _between([(b,) for b in bounds if min_key < b <= max_key], within)
 
 
-def sampled_ranges(sample: Sequence[Sequence], parts: int, within: ChunkRange = FULL_RANGE) -> list[ChunkRange]:
+def sampled_ranges(
+    sample: Sequence[Sequence], parts: int, within: ChunkRange = FULL_RANGE
+) -> list[ChunkRange]:
     """Boundaries at the quantiles of keys the database sampled or walked from its index,
     in the database's order (``Dialect.sample_keys``): ranges then hold about as many rows
     each, however skewed the keys are, and text/UUID/composite keys never have to be
@@ -424,6 +474,7 @@ def plan_ranges(
         if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool):
             return even_ranges(lo, hi, parts, within)
         raise ConfigurationError(
-            f"even split needs a single integer key, got min/max {min_max!r}; pass sampled keys for text, UUID or composite keys"
+            f"even split needs a single integer key, got min/max {min_max!r}; pass sampled keys for "
+            "text, UUID or composite keys"
         )
     return [within]

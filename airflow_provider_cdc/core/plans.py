@@ -51,7 +51,9 @@ def parallelism_value(value: Any, setting: str = "parallelism", *, one_message: 
     not a whole number from one out of range; a throttle's (``one_message``) says both alike."""
     whole = not isinstance(value, bool) and isinstance(value, int)
     if not whole or (one_message and not 1 <= value <= MAX_PARALLELISM):
-        raise ConfigurationError(f"{setting} must be a whole number from 1 to {MAX_PARALLELISM}, got {value!r}")
+        raise ConfigurationError(
+            f"{setting} must be a whole number from 1 to {MAX_PARALLELISM}, got {value!r}"
+        )
     if not 1 <= value <= MAX_PARALLELISM:
         raise ConfigurationError(f"{setting} must be from 1 to {MAX_PARALLELISM}, got {value}")
     return value
@@ -100,9 +102,14 @@ class WorkItem:
         object.__setattr__(self, "upper_bound", _key(self.upper_bound))
         object.__setattr__(self, "range_index", int(self.range_index))
         object.__setattr__(self, "ranges_total", int(self.ranges_total))
-        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "the work item's chunk_size"))
-        object.__setattr__(self, "delay_seconds",
-                           delay_seconds_value(self.delay_seconds or None, "the work item's delay_seconds"))
+        object.__setattr__(
+            self, "chunk_size", chunk_size_value(self.chunk_size, "the work item's chunk_size")
+        )
+        object.__setattr__(
+            self,
+            "delay_seconds",
+            delay_seconds_value(self.delay_seconds or None, "the work item's delay_seconds"),
+        )
 
     @classmethod
     def from_dict(cls, d: WorkItem | Mapping[str, Any]) -> WorkItem:
@@ -149,10 +156,17 @@ class SnapshotPlan:
         object.__setattr__(self, "ranges", tuple(_range(r) for r in self.ranges))
         object.__setattr__(self, "upper_bound", _key(self.upper_bound))
         object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "the plan's chunk_size"))
-        object.__setattr__(self, "parallelism", parallelism_value(
-            DEFAULT_PARALLELISM if self.parallelism is None else self.parallelism, "the plan's parallelism"))
-        object.__setattr__(self, "delay_seconds",
-                           delay_seconds_value(self.delay_seconds or None, "the plan's delay_seconds"))
+        object.__setattr__(
+            self,
+            "parallelism",
+            parallelism_value(
+                DEFAULT_PARALLELISM if self.parallelism is None else self.parallelism,
+                "the plan's parallelism",
+            ),
+        )
+        object.__setattr__(
+            self, "delay_seconds", delay_seconds_value(self.delay_seconds or None, "the plan's delay_seconds")
+        )
 
     @classmethod
     def from_dict(cls, d: SnapshotPlan | Mapping[str, Any]) -> SnapshotPlan:
@@ -185,8 +199,17 @@ class SnapshotPlan:
     def work_items(self, indexes: Iterable[int]) -> list[WorkItem]:
         """The chunk tasks' inputs: one per range of this plan to read."""
         return [
-            WorkItem(self.table, self.snapshot_id, i, len(self.ranges), self.ranges[i], self.upper_bound, self.where,
-                     self.chunk_size, self.delay_seconds)
+            WorkItem(
+                self.table,
+                self.snapshot_id,
+                i,
+                len(self.ranges),
+                self.ranges[i],
+                self.upper_bound,
+                self.where,
+                self.chunk_size,
+                self.delay_seconds,
+            )
             for i in indexes
         ]
 

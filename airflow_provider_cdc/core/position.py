@@ -55,7 +55,11 @@ class Position:
     # --- MySQL / MariaDB --------------------------------------------------------------
     @classmethod
     def binlog(cls, file_name_or_index: str | int, offset: int, row: int = 0, epoch: int = 0) -> Position:
-        idx = binlog_file_index(file_name_or_index) if isinstance(file_name_or_index, str) else file_name_or_index
+        idx = (
+            binlog_file_index(file_name_or_index)
+            if isinstance(file_name_or_index, str)
+            else file_name_or_index
+        )
         return cls(binlog_major(idx, epoch), offset, row)
 
     def __str__(self) -> str:  # readable in logs
@@ -118,7 +122,7 @@ def marked_position(watermark_id: str) -> tuple[Position, int] | None:
     """(position, ts_ms) of a position mark; None for any other watermark id."""
     if not watermark_id.startswith(POSITION_MARK):
         return None
-    body = watermark_id[len(POSITION_MARK):]
+    body = watermark_id[len(POSITION_MARK) :]
     enc, _, ts = body.partition("-")
     if len(enc) != ENCODED_LENGTH or not ts.isdigit():
         raise ValueError(f"not a position mark: {watermark_id!r}")

@@ -28,7 +28,12 @@ class Status(StrEnum):
 
 #: from -> {to: the verb that does it}
 TRANSITIONS: dict[Status, dict[Status, str]] = {
-    Status.RUNNING: {Status.PAUSED: "pause", Status.STOPPED: "stop", Status.DONE: "finish", Status.FAILED: "fail"},
+    Status.RUNNING: {
+        Status.PAUSED: "pause",
+        Status.STOPPED: "stop",
+        Status.DONE: "finish",
+        Status.FAILED: "fail",
+    },
     Status.PAUSED: {Status.RUNNING: "resume", Status.STOPPED: "stop", Status.FAILED: "fail"},
     Status.FAILED: {Status.RUNNING: "resume", Status.STOPPED: "stop"},
     Status.STOPPED: {},
@@ -104,7 +109,11 @@ class TableProgress:
             return None
         parts = []
         for r in self.ranges:
-            f = 1.0 if r.done else (0.0 if r.last_key is None else range_fraction(r.range, r.last_key, self.upper_bound))
+            f = (
+                1.0
+                if r.done
+                else (0.0 if r.last_key is None else range_fraction(r.range, r.last_key, self.upper_bound))
+            )
             if f is None:
                 return None
             parts.append(f)
@@ -176,9 +185,13 @@ class SnapshotProgress:
             return
         verb = TRANSITIONS[self.status].get(to)
         if verb is None:
-            allowed = ", ".join(f"{v} ({self.status} -> {s})" for s, v in TRANSITIONS[self.status].items()) or "none"
+            allowed = (
+                ", ".join(f"{v} ({self.status} -> {s})" for s, v in TRANSITIONS[self.status].items())
+                or "none"
+            )
             raise StateError(
-                f"{self._label()}: cannot go from {self.status} to {to}; {_ADVICE[self.status]}. Allowed now: {allowed}"
+                f"{self._label()}: cannot go from {self.status} to {to}; {_ADVICE[self.status]}. "
+                f"Allowed now: {allowed}"
             )
         t = _now(now)
         if self.status == Status.RUNNING and self.running_since is not None:
@@ -209,7 +222,8 @@ class SnapshotProgress:
             left = {t: len(p.remaining()) for t, p in self.tables.items() if not p.done}
             if left:
                 raise StateError(
-                    f"{self._label()}: cannot finish, ranges not done yet: {left}; run their chunks (next_work()) first"
+                    f"{self._label()}: cannot finish, ranges not done yet: {left}; run their chunks "
+                    "(next_work()) first"
                 )
         self._move(Status.DONE, now)
 
@@ -223,7 +237,9 @@ class SnapshotProgress:
         try:
             return self.tables[table]
         except KeyError:
-            raise StateError(f"{self._label()} has no table {table!r}; tables: {sorted(self.tables)}") from None
+            raise StateError(
+                f"{self._label()} has no table {table!r}; tables: {sorted(self.tables)}"
+            ) from None
 
     def record_chunk(self, result: Any, *, now: float | None = None) -> bool:
         """Record a committed chunk (a :class:`core.chunk.ChunkResult` or anything with its
@@ -241,16 +257,20 @@ class SnapshotProgress:
             return False  # the range is done (coalesced into a done range): recorded before
         if state.range.end != rng.end:
             raise StateError(
-                f"{self._label()}: chunk seq {result.seq} of {result.table} read range {rng.to_json()} but the plan has "
-                f"{state.range.to_json()}; the chunk does not belong to this snapshot's plan. Re-plan with a new snapshot"
+                f"{self._label()}: chunk seq {result.seq} of {result.table} read range {rng.to_json()} "
+                "but the plan has "
+                f"{state.range.to_json()}; the chunk does not belong to this snapshot's plan. Re-plan "
+                "with a new snapshot"
             )
         if result.seq <= state.last_seq:
             return False
         after = None if result.after_key is None else tuple(result.after_key)
         if after != state.last_key:
             raise StateError(
-                f"{self._label()}: chunk seq {result.seq} of {result.table} read after key {after!r} but the last "
-                f"committed key of range {rng.to_json()} is {state.last_key!r}; a chunk would be skipped or read twice. "
+                f"{self._label()}: chunk seq {result.seq} of {result.table} read after key {after!r} "
+                "but the last "
+                f"committed key of range {rng.to_json()} is {state.last_key!r}; a chunk would be "
+                "skipped or read twice. "
                 "Run the next chunk from next_work()"
             )
         t = _now(now)
@@ -297,21 +317,40 @@ class SnapshotProgress:
         for tid, tp in self.tables.items():
             edges = [_lst(tp.ranges[0].range.start)] + [_lst(r.range.end) for r in tp.ranges]
             states: list[Any] = [
-                1 if r.done else (0 if r.last_seq < 0 and r.last_key is None else [_lst(r.last_key), r.last_seq])
+                1
+                if r.done
+                else (0 if r.last_seq < 0 and r.last_key is None else [_lst(r.last_key), r.last_seq])
                 for r in tp.ranges
             ]
-            contiguous = all(a.range.end == b.range.start for a, b in zip(tp.ranges, tp.ranges[1:], strict=False))
+            contiguous = all(
+                a.range.end == b.range.start for a, b in zip(tp.ranges, tp.ranges[1:], strict=False)
+            )
             tables[tid] = {
                 # ranges as their edges when each starts where the one before ends (a plan of
                 # the whole table), else as [start, end] pairs (chosen key ranges with gaps)
-                **({"e": edges} if contiguous else {"r": [[_lst(r.range.start), _lst(r.range.end)] for r in tp.ranges]}),
-                "s": states, "ub": _lst(tp.upper_bound),
-                "rows": tp.rows, "chunks": tp.chunks, "t0": tp.started_at, "t1": tp.updated_at,
+                **(
+                    {"e": edges}
+                    if contiguous
+                    else {"r": [[_lst(r.range.start), _lst(r.range.end)] for r in tp.ranges]}
+                ),
+                "s": states,
+                "ub": _lst(tp.upper_bound),
+                "rows": tp.rows,
+                "chunks": tp.chunks,
+                "t0": tp.started_at,
+                "t1": tp.updated_at,
             }
         d = {
-            **PROGRESS.stamp({}), "source": self.source, "snapshot_id": self.snapshot_id, "status": str(self.status),
-            "t0": self.started_at, "t1": self.updated_at, "active": self.active_seconds, "since": self.running_since,
-            "error": self.error, "tables": tables,
+            **PROGRESS.stamp({}),
+            "source": self.source,
+            "snapshot_id": self.snapshot_id,
+            "status": str(self.status),
+            "t0": self.started_at,
+            "t1": self.updated_at,
+            "active": self.active_seconds,
+            "since": self.running_since,
+            "error": self.error,
+            "tables": tables,
         }
         if self.owner is not None:
             d["owner"] = self.owner
@@ -352,10 +391,21 @@ class SnapshotProgress:
                     ranges.append(RangeState(rng))
                 else:
                     ranges.append(RangeState(rng, False, _tup(s[0]), int(s[1])))
-            tables[tid] = TableProgress(tid, ranges, _tup(t.get("ub")), t["rows"], t["chunks"], t.get("t0"), t.get("t1"))
+            tables[tid] = TableProgress(
+                tid, ranges, _tup(t.get("ub")), t["rows"], t["chunks"], t.get("t0"), t.get("t1")
+            )
         return cls(
-            d["source"], d["snapshot_id"], Status(d["status"]), tables, d.get("t0"), d.get("t1"),
-            d.get("active", 0.0), d.get("since"), d.get("error"), d.get("owner"), d.get("ld"),
+            d["source"],
+            d["snapshot_id"],
+            Status(d["status"]),
+            tables,
+            d.get("t0"),
+            d.get("t1"),
+            d.get("active", 0.0),
+            d.get("since"),
+            d.get("error"),
+            d.get("owner"),
+            d.get("ld"),
         )
 
 

@@ -34,13 +34,17 @@ class ChunkRange:
     @classmethod
     def from_json(cls, text: str) -> ChunkRange:
         d = json.loads(text)
-        return cls(None if d["start"] is None else tuple(d["start"]), None if d["end"] is None else tuple(d["end"]))
+        return cls(
+            None if d["start"] is None else tuple(d["start"]), None if d["end"] is None else tuple(d["end"])
+        )
 
 
 FULL_RANGE = ChunkRange()
 
 
-def keyset_condition(quoted_columns: Sequence[str], op: str, *, row_values: bool, placeholder: str = "%s") -> str:
+def keyset_condition(
+    quoted_columns: Sequence[str], op: str, *, row_values: bool, placeholder: str = "%s"
+) -> str:
     """SQL for ``(k1, k2, ..) <op> (?, ?, ..)`` with ``op`` in ``>``, ``>=``, ``<``, ``<=``.
 
     ``row_values=True`` gives the row-value form (PostgreSQL uses it as an index range);

@@ -16,8 +16,22 @@ from dataclasses import dataclass, field
 from .errors import ConfigurationError
 
 LOGICAL_TYPES = (
-    "bool", "int16", "int32", "int64", "uint64", "float32", "float64", "decimal", "string", "binary",
-    "date", "time", "timestamp", "timestamptz", "uuid", "json",
+    "bool",
+    "int16",
+    "int32",
+    "int64",
+    "uint64",
+    "float32",
+    "float64",
+    "decimal",
+    "string",
+    "binary",
+    "date",
+    "time",
+    "timestamp",
+    "timestamptz",
+    "uuid",
+    "json",
 )
 _DECIMAL_RE = re.compile(r"^decimal\((\d+),(\d+)\)$")
 
@@ -106,12 +120,15 @@ def split_table_list(value: object, setting: str) -> list[str]:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
-                raise ConfigurationError(f"{setting}: not a JSON list of table names ({e}): {value!r}") from None
+                raise ConfigurationError(
+                    f"{setting}: not a JSON list of table names ({e}): {value!r}"
+                ) from None
         else:
             value = [t.strip() for t in text.split(",") if t.strip()]
     if not isinstance(value, list | tuple) or not all(isinstance(t, str) for t in value):
         raise ConfigurationError(
-            f"{setting} must be a list of 'schema.table' strings (or a comma list, or a JSON list), got {value!r}"
+            f"{setting} must be a list of 'schema.table' strings (or a comma list, or a JSON list), "
+            f"got {value!r}"
         )
     return list(value)
 
@@ -129,7 +146,9 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as e:
-                raise ConfigurationError(f"{setting}: not a JSON object of table -> key columns ({e}): {text!r}") from None
+                raise ConfigurationError(
+                    f"{setting}: not a JSON object of table -> key columns ({e}): {text!r}"
+                ) from None
         else:
             out: dict[str, list[str]] = {}
             for part in (p.strip() for p in text.split(";")):
@@ -138,7 +157,8 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
                 table, sep, cols = part.rpartition(":")
                 if not sep or not table.strip():
                     raise ConfigurationError(
-                        f"{setting}: {part!r} is not 'schema.table:column[,column...]'; separate tables with ';', "
+                        f"{setting}: {part!r} is not 'schema.table:column[,column...]'; separate "
+                        "tables with ';', "
                         'or give a JSON object such as {"public.events": ["event_uid"]}'
                     )
                 out[table.strip()] = [c.strip() for c in cols.split(",")]
@@ -149,8 +169,13 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
     for table, cols in value.items():
         if isinstance(cols, str):
             cols = [cols]
-        if (not isinstance(table, str) or not table or not isinstance(cols, list | tuple) or not cols
-                or not all(isinstance(c, str) and c for c in cols)):
+        if (
+            not isinstance(table, str)
+            or not table
+            or not isinstance(cols, list | tuple)
+            or not cols
+            or not all(isinstance(c, str) and c for c in cols)
+        ):
             raise ConfigurationError(
                 f"{setting}: table {table!r} needs a non-empty list of column names, got {cols!r}"
             )
@@ -173,14 +198,23 @@ class TableName:
     name: str
 
     def __post_init__(self) -> None:
-        if not isinstance(self.schema, str) or not isinstance(self.name, str) or not self.schema or not self.name:
-            raise ConfigurationError(f"table name needs a schema and a name, got schema={self.schema!r} name={self.name!r}")
+        if (
+            not isinstance(self.schema, str)
+            or not isinstance(self.name, str)
+            or not self.schema
+            or not self.name
+        ):
+            raise ConfigurationError(
+                f"table name needs a schema and a name, got schema={self.schema!r} name={self.name!r}"
+            )
         if "\x00" in self.schema or "\x00" in self.name:
             raise ConfigurationError(f"table name {self.schema!r}.{self.name!r} contains a NUL character")
         try:
             self.schema.encode("utf-8"), self.name.encode("utf-8")
         except UnicodeEncodeError:
-            raise ConfigurationError(f"table name {self.schema!r}.{self.name!r} is not valid Unicode (a lone surrogate)") from None
+            raise ConfigurationError(
+                f"table name {self.schema!r}.{self.name!r} is not valid Unicode (a lone surrogate)"
+            ) from None
 
     @property
     def id(self) -> str:
@@ -188,7 +222,11 @@ class TableName:
         in double quotes (inner quotes doubled) when it holds a dot or starts with a quote, so
         :meth:`parse` can always split it; the name never needs quoting (it is everything
         after the schema's dot)."""
-        schema = _quote_id_part(self.schema) if ("." in self.schema or self.schema.startswith('"')) else self.schema
+        schema = (
+            _quote_id_part(self.schema)
+            if ("." in self.schema or self.schema.startswith('"'))
+            else self.schema
+        )
         return f"{schema}.{self.name}"
 
     @property
@@ -207,7 +245,9 @@ class TableName:
         """``schema.name`` (split on the first dot), ``"sch.ema".name`` (a quoted schema,
         inner quotes doubled), or a bare name with ``default_schema``."""
         if not isinstance(text, str):
-            raise ConfigurationError(f"a table must be given as a string 'schema.table', got {type(text).__name__}")
+            raise ConfigurationError(
+                f"a table must be given as a string 'schema.table', got {type(text).__name__}"
+            )
         if text.startswith('"'):
             i, schema = 1, []
             while i < len(text):
@@ -261,7 +301,9 @@ class TableSchema:
             raise ConfigurationError(f"table {self.table} has no primary key")
         missing = [k for k in self.primary_key if k not in names]
         if missing:
-            raise ConfigurationError(f"table {self.table}: primary key column(s) {missing} not among columns {names}")
+            raise ConfigurationError(
+                f"table {self.table}: primary key column(s) {missing} not among columns {names}"
+            )
 
     @property
     def connector(self) -> str | None:
@@ -281,7 +323,9 @@ class TableSchema:
         for c in self.columns:
             if c.name == name:
                 return c
-        raise ConfigurationError(f"table {self.table} has no column {name!r}; columns: {list(self.column_names)}")
+        raise ConfigurationError(
+            f"table {self.table} has no column {name!r}; columns: {list(self.column_names)}"
+        )
 
     def key_values(self, row: Mapping[str, object]) -> tuple:
         return tuple(row[k] for k in self.primary_key)
@@ -311,7 +355,10 @@ class TableSchema:
         d = json.loads(text)
         return cls(
             TableName(d["schema"], d["name"]),
-            tuple(Column(c["name"], c["type"], c.get("source_type", ""), c.get("nullable", True)) for c in d["columns"]),
+            tuple(
+                Column(c["name"], c["type"], c.get("source_type", ""), c.get("nullable", True))
+                for c in d["columns"]
+            ),
             tuple(d["primary_key"]),
             d.get("extra", {}),
         )
@@ -350,7 +397,9 @@ def evolve_schema(staged: TableSchema, current: TableSchema) -> tuple[TableSchem
     the table waits for a re-snapshot, which starts over from ``current``."""
     conflicts = []
     if tuple(current.primary_key) != tuple(staged.primary_key):
-        conflicts.append(f"primary key changed from {list(staged.primary_key)} to {list(current.primary_key)}")
+        conflicts.append(
+            f"primary key changed from {list(staged.primary_key)} to {list(current.primary_key)}"
+        )
     now = {c.name: c for c in current.columns}
     for c in staged.columns:
         if c.name in now and now[c.name].type != c.type:
@@ -362,7 +411,6 @@ def evolve_schema(staged: TableSchema, current: TableSchema) -> tuple[TableSchem
     if not added:
         return staged, []
     return TableSchema(staged.table, staged.columns + added, staged.primary_key, dict(staged.extra)), []
-
 
 
 def follow_log_schema(previous: TableSchema | None, current: TableSchema) -> TableSchema:

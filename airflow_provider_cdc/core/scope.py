@@ -38,7 +38,8 @@ def no_scope_error(source: str) -> ConfigurationError:
         f"source {source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in the "
         "sources config) to the tables it captures, e.g. CDC_TABLES='public.orders,public.customers'. "
         "To capture every table of the database instead, set CDC_CAPTURE_ALL_TABLES=true (the docs' "
-        "security page: on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and DELETE fail "
+        "security page: on PostgreSQL that is a FOR ALL TABLES publication, under which UPDATE and "
+        "DELETE fail "
         "on any table without a replica identity)"
     )
 
@@ -56,10 +57,20 @@ class CaptureScope:
     watermark_table: TableName | None = None
 
     @classmethod
-    def of(cls, source: str, tables: Iterable[TableName | str] | None, *, all_tables: bool = False,
-           dialect: str | None = None, watermark_table: TableName | None = None) -> CaptureScope:
-        given = None if tables is None else frozenset(
-            t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
+    def of(
+        cls,
+        source: str,
+        tables: Iterable[TableName | str] | None,
+        *,
+        all_tables: bool = False,
+        dialect: str | None = None,
+        watermark_table: TableName | None = None,
+    ) -> CaptureScope:
+        given = (
+            None
+            if tables is None
+            else frozenset(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
+        )
         return cls(source, given or None, bool(all_tables), dialect, watermark_table)
 
     def require(self) -> None:
@@ -70,23 +81,38 @@ class CaptureScope:
     def refusal(self, table: TableName) -> str | None:
         """Why ``table`` may not be read by any entry point (None: it may)."""
         if self.tables is None and not self.all_tables:
-            return (f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its entry in "
-                    "the sources config) to the tables it captures")
+            return (
+                f"source {self.source!r} has no capture scope: set CDC_TABLES (or the 'tables' of its "
+                "entry in "
+                "the sources config) to the tables it captures"
+            )
         if is_system_schema(table.schema, self.dialect):
-            return (f"table {table} is in system schema {table.schema!r}: the server's catalogs are never read by "
-                    "CDC (snapshot, verify, repair, export, the CDC page), whatever a conf or setting says")
+            return (
+                f"table {table} is in system schema {table.schema!r}: the server's catalogs are never "
+                "read by "
+                "CDC (snapshot, verify, repair, export, the CDC page), whatever a conf or setting says"
+            )
         if table == (self.watermark_table or DEFAULT_WATERMARK_TABLE):
-            return f"table {table} is the watermark table of source {self.source!r}, not data: CDC never reads it"
+            return (
+                f"table {table} is the watermark table of source {self.source!r}, not data: CDC "
+                "never reads it"
+            )
         if self.tables is not None and table not in self.tables:
             close = close_tables(table, self.tables)
             if close:  # a typo or the wrong case: not something to add to the scope
-                return (f"table {table} is not captured by source {self.source!r}: it is outside the capture scope; "
-                        f"did you mean {' or '.join(map(str, close))}? Table names match exactly, case included "
-                        f"(the scope: {', '.join(sorted(map(str, self.tables)))})")
-            return (f"table {table} is not captured by source {self.source!r}: it is outside the capture scope "
-                    f"(CDC_TABLES, or the sources config's 'tables': {', '.join(sorted(map(str, self.tables)))}), "
-                    "and snapshot, verify, repair, export and the CDC page read only captured tables. An "
-                    "administrator allows it by adding it to that setting")
+                return (
+                    f"table {table} is not captured by source {self.source!r}: it is outside the "
+                    "capture scope; "
+                    f"did you mean {' or '.join(map(str, close))}? Table names match exactly, case included "
+                    f"(the scope: {', '.join(sorted(map(str, self.tables)))})"
+                )
+            return (
+                f"table {table} is not captured by source {self.source!r}: it is outside the capture scope "
+                "(CDC_TABLES, or the sources config's 'tables': "
+                f"{', '.join(sorted(map(str, self.tables)))}), "
+                "and snapshot, verify, repair, export and the CDC page read only captured tables. An "
+                "administrator allows it by adding it to that setting"
+            )
         return None
 
     def check(self, table: TableName) -> TableName:
@@ -150,7 +176,9 @@ def check_source_name(name: object, where: str = "a stored value") -> str:
     if not isinstance(name, str) or not SOURCE_NAME.fullmatch(name) or ".." in name:
         raise ConfigurationError(
             f"{where}: source name {name!r} is not a source name (1-250 letters, digits, '_', '-', '.', not "
-            "starting with '.' or '-'); it is not used as a path or a connection. Delete or correct that value")
+            "starting with '.' or '-'); it is not used as a path or a connection. Delete or correct "
+            "that value"
+        )
     return name
 
 
@@ -158,14 +186,18 @@ def check_snapshot_id(snapshot_id: object, where: str = "a stored value") -> str
     """``snapshot_id`` when it is a snapshot id; else a ConfigurationError naming ``where``."""
     if not isinstance(snapshot_id, str) or not SNAPSHOT_ID.fullmatch(snapshot_id) or ".." in snapshot_id:
         raise ConfigurationError(
-            f"{where}: snapshot id {snapshot_id!r} is not a snapshot id (1-100 letters, digits, '_', '-', '.', "
-            "not starting with '.' or '-'); it is not used as a path. Delete or correct that value")
+            f"{where}: snapshot id {snapshot_id!r} is not a snapshot id (1-100 letters, digits, '_', "
+            "'-', '.', "
+            "not starting with '.' or '-'); it is not used as a path. Delete or correct that value"
+        )
     return snapshot_id
 
 
 # --- error text that is stored or shown ----------------------------------------------------------
 _DETAIL = re.compile(r"^\s*(DETAIL|HINT|CONTEXT|WHERE|QUERY|LINE \d+):.*$", re.MULTILINE)
-_MYSQL_VALUES = re.compile(r"(Duplicate entry |Incorrect \w+ value: |Truncated incorrect \w+ value: )'(?:[^'\\]|\\.|'')*'")
+_MYSQL_VALUES = re.compile(
+    r"(Duplicate entry |Incorrect \w+ value: |Truncated incorrect \w+ value: )'(?:[^'\\]|\\.|'')*'"
+)
 ROW_VALUES_DROPPED = "(row values dropped)"
 
 

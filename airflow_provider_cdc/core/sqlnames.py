@@ -14,9 +14,13 @@ from .errors import ConfigurationError
 
 def _check(name: str, dialect: str) -> None:
     if not isinstance(name, str) or not name:
-        raise ConfigurationError(f"{dialect} identifier {name!r} is empty; every table and column needs a name")
+        raise ConfigurationError(
+            f"{dialect} identifier {name!r} is empty; every table and column needs a name"
+        )
     if "\x00" in name:
-        raise ConfigurationError(f"{dialect} identifier {name!r} contains a NUL character, which {dialect} cannot name")
+        raise ConfigurationError(
+            f"{dialect} identifier {name!r} contains a NUL character, which {dialect} cannot name"
+        )
 
 
 def quote_pg(name: str) -> str:

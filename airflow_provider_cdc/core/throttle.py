@@ -38,7 +38,9 @@ class Throttle:
     parallelism: int = DEFAULT_PARALLELISM  # chunks per round (disjoint ranges, read in parallel)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size"))
+        object.__setattr__(
+            self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size")
+        )
         parallelism_value(self.parallelism, "throttle setting parallelism", one_message=True)
         object.__setattr__(self, "delay_seconds", delay_seconds_value(self.delay_seconds))
 
@@ -76,8 +78,12 @@ MAX_GROWTH = 2.0
 #: is sized for its rows already: the bytes target bounds what a chunk stages).
 SMOOTHING = 0.6
 #: setting -> its variable (settings.py), for the messages
-SIZING_VARS = {"target_seconds": "CDC_CHUNK_TARGET_SECONDS", "target_mb": "CDC_CHUNK_TARGET_MB",
-               "min_rows": "CDC_CHUNK_MIN_ROWS", "max_rows": "CDC_CHUNK_MAX_ROWS"}
+SIZING_VARS = {
+    "target_seconds": "CDC_CHUNK_TARGET_SECONDS",
+    "target_mb": "CDC_CHUNK_TARGET_MB",
+    "min_rows": "CDC_CHUNK_MIN_ROWS",
+    "max_rows": "CDC_CHUNK_MAX_ROWS",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,21 +101,29 @@ class ChunkSizing:
     def __post_init__(self) -> None:
         t = self.target_seconds
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0.01 <= t <= 3600:
-            raise ConfigurationError(f"{SIZING_VARS['target_seconds']} must be a number of seconds from 0.01 to "
-                                     f"3600 (a chunk's duration to aim at), got {t!r}")
+            raise ConfigurationError(
+                f"{SIZING_VARS['target_seconds']} must be a number of seconds from 0.01 to "
+                f"3600 (a chunk's duration to aim at), got {t!r}"
+            )
         object.__setattr__(self, "target_seconds", float(t))
         b = self.target_bytes
         if isinstance(b, bool) or not isinstance(b, int) or not 1024 <= b <= 64 * 1024 * MB:
-            raise ConfigurationError(f"{SIZING_VARS['target_mb']} must be a number of megabytes from 0.001 to "
-                                     f"65536 (a staged chunk's size to aim at), got {b / MB!r} MB")
+            raise ConfigurationError(
+                f"{SIZING_VARS['target_mb']} must be a number of megabytes from 0.001 to "
+                f"65536 (a staged chunk's size to aim at), got {b / MB!r} MB"
+            )
         for name in ("min_rows", "max_rows"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_CHUNK_SIZE:
-                raise ConfigurationError(f"{SIZING_VARS[name]} must be a whole number of rows from 1 to "
-                                         f"{MAX_CHUNK_SIZE}, got {v!r}")
+                raise ConfigurationError(
+                    f"{SIZING_VARS[name]} must be a whole number of rows from 1 to "
+                    f"{MAX_CHUNK_SIZE}, got {v!r}"
+                )
         if self.min_rows > self.max_rows:
-            raise ConfigurationError(f"{SIZING_VARS['min_rows']} ({self.min_rows}) must not exceed "
-                                     f"{SIZING_VARS['max_rows']} ({self.max_rows})")
+            raise ConfigurationError(
+                f"{SIZING_VARS['min_rows']} ({self.min_rows}) must not exceed "
+                f"{SIZING_VARS['max_rows']} ({self.max_rows})"
+            )
 
     @classmethod
     def parse(cls, texts: Mapping[str, str | None]) -> ChunkSizing:
@@ -129,7 +143,9 @@ class ChunkSizing:
                 raise ConfigurationError(f"{SIZING_VARS[key]} must be a number, got {raw!r}") from None
             if key == "target_mb":
                 if not 0 < value < float("inf"):
-                    raise ConfigurationError(f"{SIZING_VARS[key]} must be a number of megabytes > 0, got {raw!r}")
+                    raise ConfigurationError(
+                        f"{SIZING_VARS[key]} must be a number of megabytes > 0, got {raw!r}"
+                    )
                 kwargs["target_bytes"] = int(value * MB)
             else:
                 kwargs[key] = value
@@ -151,8 +167,14 @@ class ChunkSizer:
     the next chunk's row count, ``reason`` says what chose it: ``fixed``, ``start``,
     ``duration``, ``bytes``, ``growth cap``, ``min rows`` or ``max rows``."""
 
-    def __init__(self, sizing: ChunkSizing | None = None, *, fixed: int | None = None,
-                 start: int | None = None, target_bytes_cap: int | None = None) -> None:
+    def __init__(
+        self,
+        sizing: ChunkSizing | None = None,
+        *,
+        fixed: int | None = None,
+        start: int | None = None,
+        target_bytes_cap: int | None = None,
+    ) -> None:
         self.sizing = sizing or ChunkSizing()
         self.fixed = fixed
         #: the bytes target in use: the setting's, or less (a source whose batches hold fewer bytes)
@@ -175,7 +197,9 @@ class ChunkSizer:
             return self.size
         self._seconds_per_row = _estimate(self._seconds_per_row, max(0.0, float(seconds)) / rows)
         if nbytes is not None:
-            self._bytes_per_row = _estimate(self._bytes_per_row, max(0, int(nbytes)) / rows, rise_at_once=True)
+            self._bytes_per_row = _estimate(
+                self._bytes_per_row, max(0, int(nbytes)) / rows, rise_at_once=True
+            )
         s, last = self.sizing, max(self.size, rows)
         want, reason = _rows_for(s.target_seconds, self._seconds_per_row), "duration"
         if want > last * MAX_GROWTH:

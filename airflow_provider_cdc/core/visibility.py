@@ -72,7 +72,7 @@ class ReplayedBefore:
     def parse(cls, text: str) -> ReplayedBefore:
         if not text.startswith(REPLAYED_BEFORE):
             raise ValueError(f"not a standby's replay position: {text!r} (want '{REPLAYED_BEFORE}<LSN>')")
-        lsn = lsn_to_int(text[len(REPLAYED_BEFORE):])
+        lsn = lsn_to_int(text[len(REPLAYED_BEFORE) :])
         if lsn <= 0:
             raise ValueError(f"not a standby's replay position: {text!r} (the LSN must be above 0/0)")
         return cls(lsn)

@@ -46,8 +46,14 @@ class WindowChunk:
     @classmethod
     def from_result(cls, result: Any, rows: Rows) -> WindowChunk:
         """From a :class:`core.chunk.ChunkResult` (or anything with its fields) and its rows."""
-        return cls(result.table, result.low_watermark, result.high_watermark, rows, f"seq {result.seq} ({result.path})",
-                   getattr(result, "visibility", None))
+        return cls(
+            result.table,
+            result.low_watermark,
+            result.high_watermark,
+            rows,
+            f"seq {result.seq} ({result.path})",
+            getattr(result, "visibility", None),
+        )
 
     @property
     def label(self) -> str:
@@ -90,16 +96,26 @@ def window_survivors(rows: pa.Table, changes: pa.Table, *, table: str, low: str,
 
 
 def read_events(
-    survivors: pa.Table, schema: pa.Schema, *, table: str, high: str, high_ts_ms: int, watermark: str, batch: str
+    survivors: pa.Table,
+    schema: pa.Schema,
+    *,
+    table: str,
+    high: str,
+    high_ts_ms: int,
+    watermark: str,
+    batch: str,
 ) -> pa.Table:
     """DBLog step 5 for one chunk, on Arrow: its surviving rows as ``op = "r"`` events at the
     high watermark's position, in ``schema`` (the event schema of the sinks, sinks/base.py:
     position, table, op, key, before, after, ts_ms, watermark, snapshot, batch)."""
     n = survivors.num_rows
     const = {
-        "position": pa.scalar(high, pa.string()), "table": pa.scalar(table, pa.string()),
-        "op": pa.scalar(Op.READ.value, pa.string()), "ts_ms": pa.scalar(int(high_ts_ms), pa.int64()),
-        "watermark": pa.scalar(watermark, pa.string()), "snapshot": pa.scalar(True, pa.bool_()),
+        "position": pa.scalar(high, pa.string()),
+        "table": pa.scalar(table, pa.string()),
+        "op": pa.scalar(Op.READ.value, pa.string()),
+        "ts_ms": pa.scalar(int(high_ts_ms), pa.int64()),
+        "watermark": pa.scalar(watermark, pa.string()),
+        "snapshot": pa.scalar(True, pa.bool_()),
         "batch": pa.scalar(batch, pa.string()),
     }
     cols = []
@@ -146,14 +162,19 @@ def _window(chunk: WindowChunk, found: Mapping[str, WatermarkHit]) -> tuple[Wate
         )
     if lw is None:
         raise WatermarkError(
-            f"{chunk.label}: high watermark {chunk.high_watermark!r} is in the changelog at {hw.position} but its "
-            f"low watermark {chunk.low_watermark!r} is not; the changelog given to the merge must start before "
+            f"{chunk.label}: high watermark {chunk.high_watermark!r} is in the changelog at "
+            f"{hw.position} but its "
+            f"low watermark {chunk.low_watermark!r} is not; the changelog given to the merge must "
+            "start before "
             "the chunk's low watermark (was a segment removed or the capture started after the chunk?). "
             "Re-read this chunk"
         )
-    if not (lw.position < hw.position or (lw.position == hw.position and marked_position(chunk.low_watermark))):
+    if not (
+        lw.position < hw.position or (lw.position == hw.position and marked_position(chunk.low_watermark))
+    ):
         raise WatermarkError(
-            f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high watermark "
+            f"{chunk.label}: low watermark {chunk.low_watermark!r} at {lw.position} is not before high "
+            "watermark "
             f"{chunk.high_watermark!r} at {hw.position}; the watermark ids are mixed up. Re-read this chunk"
         )
     return lw, hw
@@ -200,9 +221,15 @@ def merge_window(chunks: Sequence[WindowChunk], log_events: Iterable[LogEvent]) 
             chunk, hw, rows, gone = chunks[i], windows[i][1], rows_of[i], gone_of[i]
             table, hw_id, hw_pos, ts = chunk.table, chunk.high_watermark, hw.position, hw.ts_ms
             if gone:
-                out += [ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id) for k, a in rows.items() if k not in gone]
+                out += [
+                    ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id)
+                    for k, a in rows.items()
+                    if k not in gone
+                ]
             else:
-                out += [ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id) for k, a in rows.items()]
+                out += [
+                    ChangeEvent(table, read, k, hw_pos, None, a, ts, True, hw_id) for k, a in rows.items()
+                ]
     return out
 
 
@@ -224,20 +251,26 @@ def _step4(
         return [], [], []
     # the log side as Arrow, once: every engine's step 4 is window_survivors
     change_events = [ev for ev in events if type(ev) is ChangeEvent]
-    changes = pa.table({
-        "position": pa.array([ev.position.encode() for ev in change_events], pa.string()),
-        "table": pa.array([ev.table for ev in change_events], pa.string()),
-        "op": pa.array([ev.op for ev in change_events], pa.string()),
-        "key": pa.array([ev.key for ev in change_events], pa.string()),
-        "tx": pa.array([ev.origin[0] if ev.origin else None for ev in change_events], pa.string()),
-    })
+    changes = pa.table(
+        {
+            "position": pa.array([ev.position.encode() for ev in change_events], pa.string()),
+            "table": pa.array([ev.table for ev in change_events], pa.string()),
+            "op": pa.array([ev.op for ev in change_events], pa.string()),
+            "key": pa.array([ev.key for ev in change_events], pa.string()),
+            "tx": pa.array([ev.origin[0] if ev.origin else None for ev in change_events], pa.string()),
+        }
+    )
     rows_of: list[Mapping[str, dict]] = []
     gone_of: list[set[str]] = []
     for chunk, (lw, hw) in zip(chunks, windows, strict=True):
         rows = chunk.rows if isinstance(chunk.rows, Mapping) else dict(chunk.rows)
         keys = pa.table({"key": pa.array(list(rows), pa.string())})
-        low = lowered_low(chunk.visibility, lw.position.encode(), hw.position.encode(),
-                          lambda before: (changes["position"], changes["tx"]))
+        low = lowered_low(
+            chunk.visibility,
+            lw.position.encode(),
+            hw.position.encode(),
+            lambda before: (changes["position"], changes["tx"]),
+        )
         kept = window_survivors(keys, changes, table=chunk.table, low=low, high=hw.position.encode())
         rows_of.append(rows)
         gone_of.append(set(rows) - set(kept["key"].to_pylist()) if kept.num_rows != len(rows) else set())
@@ -284,7 +317,11 @@ def mirror_apply(state: MirrorState, events: Iterable[ChangeEvent]) -> MirrorSta
         if horizon is not None and not ev.position > horizon.position:
             continue
         if ev.op == truncate:
-            for k in [k for k, v in state.items() if k[0] == ev.table and k[1] is not None and v.position < ev.position]:
+            for k in [
+                k
+                for k, v in state.items()
+                if k[0] == ev.table and k[1] is not None and v.position < ev.position
+            ]:
                 del state[k]
             state[(ev.table, None)] = MirrorRow(ev.position, None)
             continue

@@ -68,7 +68,6 @@ DIGEST_SIZED = frozenset({"string", "uuid", "json"})
 DIGEST_NULL = "N"
 
 
-
 def value_bytes(row: Sequence[Any]) -> int:
     """The size a driver row's values take, as counted against ``batch_max_bytes``: the
     length of every bytes and str value (numbers, dates: a few bytes, not counted)."""
@@ -96,7 +95,9 @@ class ConnectionParams:
         if scheme in ("postgresql", "postgres"):
             scheme = "postgres"
         if scheme not in ("postgres", "mysql", "mariadb"):
-            raise ConfigurationError(f"connection URI scheme {parts.scheme!r} not supported; use postgresql:// or mysql://")
+            raise ConfigurationError(
+                f"connection URI scheme {parts.scheme!r} not supported; use postgresql:// or mysql://"
+            )
         return cls(
             scheme=scheme,
             host=parts.hostname or "127.0.0.1",
@@ -226,8 +227,10 @@ class Dialect(ABC):
         except (TypeError, ValueError):
             self.max_replica_lag_seconds = -1.0
         if not 0 < self.max_replica_lag_seconds < float("inf"):
-            raise ConfigurationError(f"source {source!r}: max_replica_lag_seconds must be a number of seconds > 0, "
-                                     f"got {options.get('max_replica_lag_seconds')!r}")
+            raise ConfigurationError(
+                f"source {source!r}: max_replica_lag_seconds must be a number of seconds > 0, "
+                f"got {options.get('max_replica_lag_seconds')!r}"
+            )
         seg = options.get("segment_max_events", DEFAULT_SEGMENT_MAX_EVENTS)
         self.segment_max_events = int(seg) if seg not in (None, "", "None") else 0
         if self.segment_max_events < 0:
@@ -240,12 +243,15 @@ class Dialect(ABC):
         strategy = str(options.get("watermark_strategy") or "table").strip().lower()
         if strategy not in WATERMARK_STRATEGIES:
             raise ConfigurationError(
-                f"source {source!r}: watermark_strategy must be one of {', '.join(WATERMARK_STRATEGIES)}, got "
-                f"{options.get('watermark_strategy')!r}")
+                f"source {source!r}: watermark_strategy must be one of "
+                f"{', '.join(WATERMARK_STRATEGIES)}, got "
+                f"{options.get('watermark_strategy')!r}"
+            )
         if strategy not in self.watermark_strategies:
             raise ConfigurationError(
                 f"source {source!r}: watermark_strategy {strategy!r} is not available for "
-                f"{type(self).__name__} yet ({self.log_watermarks_missing}); use 'table'")
+                f"{type(self).__name__} yet ({self.log_watermarks_missing}); use 'table'"
+            )
         #: the one choice of strategy: every window, mark and grant check asks this object
         self.watermarks: WatermarkStrategy = STRATEGIES[strategy](self)
 
@@ -267,7 +273,9 @@ class Dialect(ABC):
         table's columns (core/filters.py: untrusted input, never pasted into SQL)."""
         from ..core.filters import render_filter
 
-        return render_filter(where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names)
+        return render_filter(
+            where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names
+        )
 
     # --- capture scope (the docs' security page) ---------------------------------------------
     #: schemas of the server's own catalogs: never captured, never snapshotted
@@ -295,14 +303,18 @@ class Dialect(ABC):
         system = [t for t in tables if self.is_system_schema(t.schema)]
         if system:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_TABLES names system table(s) {', '.join(map(str, system))}; the "
-                f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: remove them"
+                f"source {self.source!r}: CDC_TABLES names system table(s) "
+                f"{', '.join(map(str, system))}; the "
+                f"server's catalogs ({', '.join(sorted(self.system_schemas))}) are never captured: "
+                "remove them"
             )
         outside = sorted(t for t in self.key_columns if t not in set(tables))
         if outside:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_KEY_COLUMNS names {', '.join(map(str, outside))}, which CDC_TABLES does "
-                "not capture: add the table to CDC_TABLES, or remove it from CDC_KEY_COLUMNS (names are case-sensitive)"
+                f"source {self.source!r}: CDC_KEY_COLUMNS names {', '.join(map(str, outside))}, which "
+                "CDC_TABLES does "
+                "not capture: add the table to CDC_TABLES, or remove it from CDC_KEY_COLUMNS (names "
+                "are case-sensitive)"
             )
 
     def refuse_uncapturable(self, tables: Sequence[TableName]) -> None:
@@ -313,16 +325,22 @@ class Dialect(ABC):
         problems = self.scope_problems(tables)
         if problems:
             raise ConfigurationError(
-                f"source {self.source!r}: CDC_TABLES names table(s) that cannot be captured; nothing was created or "
-                "published on the source:\n" + "\n".join(f"- {p}" for p in problems)
+                f"source {self.source!r}: CDC_TABLES names table(s) that cannot be captured; nothing "
+                "was created or "
+                "published on the source:\n"
+                + "\n".join(f"- {p}" for p in problems)
                 + "\nor remove them from CDC_TABLES"
             )
 
     def _resync_hint(self) -> str:
         """What a SourceChangedError (I14) tells the user to do."""
-        return (f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it records the "
-                "gap in the event log, starts capture anew on this server, and re-reads only the key ranges whose rows "
-                "differ; docs: operations, 'Failover')")
+        return (
+            f"To go on without a full re-snapshot, run: airflow-cdc resync --source {self.source} (it "
+            "records the "
+            "gap in the event log, starts capture anew on this server, and re-reads only the key "
+            "ranges whose rows "
+            "differ; docs: operations, 'Failover')"
+        )
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         """Why each of ``tables`` cannot be captured, one sentence each with its fix (missing
@@ -332,8 +350,13 @@ class Dialect(ABC):
     def capture_scope(self) -> CaptureScope:
         """This source's scope (core/scope.py): the one check snapshot, verify, repair, export
         and the CDC page go through (I15), with this server's catalogs and watermark table."""
-        return CaptureScope.of(self.source, self.scope_tables(), all_tables=self.all_tables, dialect=self.name,
-                               watermark_table=self.watermark_table)
+        return CaptureScope.of(
+            self.source,
+            self.scope_tables(),
+            all_tables=self.all_tables,
+            dialect=self.name,
+            watermark_table=self.watermark_table,
+        )
 
     def check_in_scope(self, tables: Sequence[TableName]) -> None:
         """Every one of ``tables`` may be read (:meth:`capture_scope`); nothing is read to tell."""
@@ -446,37 +469,52 @@ class Dialect(ABC):
         column: verify then compares rows in Python, never a weaker check."""
         return [f"{self.name} computes no digests"]
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def range_digest_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
         """One aggregate over the rows whose key is after ``after_key`` and at most ``upto_key``
         (None: unbounded), compared by the database: ``(row count, XOR of the rows' digests)``
         (:data:`DIGEST_FORMS`)."""
         raise NotImplementedError(f"{type(self).__name__} computes no digests")
 
-    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                          limit: int) -> tuple[str, list[Any]]:
+    def row_digests_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
+    ) -> tuple[str, list[Any]]:
         """The next ``limit`` rows after ``after_key`` in key order, each as its key columns and its
         64-bit digest (:data:`DIGEST_FORMS`): for keys the mirror cannot order as the database
         does, compared key by key."""
         raise NotImplementedError(f"{type(self).__name__} computes no digests")
 
-    def key_boundary_query(self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None,
-                           offset: int) -> tuple[str, list[Any]]:
+    def key_boundary_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None, offset: int
+    ) -> tuple[str, list[Any]]:
         """The key ``offset`` keys past the first one after ``after_key`` (not past ``upto_key``),
         in the database's own order: the keyset chunk SELECT of the key columns with an OFFSET, so
         range bounds follow the source's collation, never Python's order."""
-        sql, params = self.chunk_query(schema, ChunkRange(None, None), after_key=after_key, limit=1,
-                                       columns=schema.primary_key, upper_bound=upto_key)
+        sql, params = self.chunk_query(
+            schema,
+            ChunkRange(None, None),
+            after_key=after_key,
+            limit=1,
+            columns=schema.primary_key,
+            upper_bound=upto_key,
+        )
         return f"{sql} OFFSET {self.placeholder}", [*params, int(offset)]
 
-    def digest_where(self, schema: TableSchema, after_key: Sequence | None,
-                     upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def digest_where(
+        self, schema: TableSchema, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
         """`` WHERE ..`` (or "") of a digest range, from the one keyset predicate builder."""
-        preds = chunk_predicates(schema.primary_key, ChunkRange(None, None), after_key=after_key,
-                                 upper_bound=upto_key)
-        cond, params = render_predicates(preds, self.quote_ident, row_values=self.row_value_keyset,
-                                         placeholder=self.placeholder,
-                                         convert=lambda c, v: self.to_db_value(schema, c, v))
+        preds = chunk_predicates(
+            schema.primary_key, ChunkRange(None, None), after_key=after_key, upper_bound=upto_key
+        )
+        cond, params = render_predicates(
+            preds,
+            self.quote_ident,
+            row_values=self.row_value_keyset,
+            placeholder=self.placeholder,
+            convert=lambda c, v: self.to_db_value(schema, c, v),
+        )
         return (f" WHERE {cond}" if cond else ""), params
 
     def digest_session(self) -> Any:
@@ -486,7 +524,9 @@ class Dialect(ABC):
 
     # --- chunks (DBLog step 2) ----------------------------------------------------------
     @abstractmethod
-    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000) -> Iterator[list[tuple]]:
+    def stream_query(
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000
+    ) -> Iterator[list[tuple]]:
         """Run a SELECT as a fresh statement (non-stale) and yield driver rows in batches,
         never holding the whole result in memory. A dialect with :attr:`stream_max_bytes`
         also takes ``max_bytes``: a batch ends at ``batch_size`` rows or once its rows'
@@ -514,9 +554,15 @@ class Dialect(ABC):
         marks = ", ".join([self.placeholder] * len(schema.primary_key))
         branches = [f"SELECT {pk}, -1 AS {idx} FROM {self.quote_table(schema.table)} WHERE 1 = 0"]  # noqa: S608
         branches += [f"SELECT {marks}, {i}" for i in range(len(keys))]
-        sql = (f"SELECT {idx}, DENSE_RANK() OVER (ORDER BY {pk}) FROM ({' UNION ALL '.join(branches)}) "  # noqa: S608
-               f"AS {q('__cdc_k')}")
-        params = [self.to_db_value(schema, c, v) for key in keys for c, v in zip(schema.primary_key, key, strict=True)]
+        sql = (
+            f"SELECT {idx}, DENSE_RANK() OVER (ORDER BY {pk}) FROM ({' UNION ALL '.join(branches)}) "  # noqa: S608
+            f"AS {q('__cdc_k')}"
+        )
+        params = [
+            self.to_db_value(schema, c, v)
+            for key in keys
+            for c, v in zip(schema.primary_key, key, strict=True)
+        ]
         ranks = [0] * len(keys)
         for batch in self.stream_query(sql, params):
             for i, rank in batch:
@@ -542,9 +588,13 @@ class Dialect(ABC):
         pk = [self.quote_ident(k) for k in schema.primary_key]
         cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
         preds = chunk_predicates(schema.primary_key, rng, after_key=after_key, upper_bound=upper_bound)
-        cond, params = render_predicates(preds, self.quote_ident, row_values=self.row_value_keyset,
-                                         placeholder=self.placeholder,
-                                         convert=lambda c, v: self.to_db_value(schema, c, v))
+        cond, params = render_predicates(
+            preds,
+            self.quote_ident,
+            row_values=self.row_value_keyset,
+            placeholder=self.placeholder,
+            convert=lambda c, v: self.to_db_value(schema, c, v),
+        )
         conds: list[str] = [cond] if cond else []
         if where:
             # parsed, allowlisted and rendered with bound literals (core/filters.py): never pasted

@@ -28,8 +28,17 @@ if TYPE_CHECKING:
 #: connection-extra keys that are CDC settings (dialect options) of every database; every other
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
-COMMON_OPTION_KEYS = frozenset({"watermark_schema", "watermark_table", "segment_max_events", "segment_max_bytes",
-                                "fetch_batch_rows", "batch_max_bytes", "watermark_strategy"})
+COMMON_OPTION_KEYS = frozenset(
+    {
+        "watermark_schema",
+        "watermark_table",
+        "segment_max_events",
+        "segment_max_bytes",
+        "fetch_batch_rows",
+        "batch_max_bytes",
+        "watermark_strategy",
+    }
+)
 
 #: the scopes an owned object is unique in (OwnedObject.per)
 SERVER, DATABASE = "server", "database"
@@ -74,8 +83,15 @@ class DatabaseProfile:
 
     #: every attribute a profile must give (tests/unit/test_profiles.py checks each registered one)
     REQUIRED: ClassVar[tuple[str, ...]] = (
-        "name", "label", "conn_types", "default_port", "lineage_scheme", "option_keys", "debezium_connectors",
-        "debezium_source_fields", "dialect_path",
+        "name",
+        "label",
+        "conn_types",
+        "default_port",
+        "lineage_scheme",
+        "option_keys",
+        "debezium_connectors",
+        "debezium_source_fields",
+        "dialect_path",
     )
 
     @property

@@ -31,7 +31,9 @@ def profiles() -> tuple[DatabaseProfile, ...]:
         module, attr = target.split(":")
         profile = getattr(importlib.import_module(module), attr)
         if profile.name != name:
-            raise ConfigurationError(f"the profile at {target} is named {profile.name!r}, registered as {name!r}")
+            raise ConfigurationError(
+                f"the profile at {target} is named {profile.name!r}, registered as {name!r}"
+            )
         out.append(profile)
     return tuple(out)
 
@@ -63,8 +65,9 @@ def profile_for_debezium(connector: str) -> DatabaseProfile:
     try:
         return _by("debezium_connectors")[connector]
     except KeyError:
-        raise ConfigurationError(f"unknown Debezium connector {connector!r}; known: "
-                                 f"{', '.join(debezium_connectors())}") from None
+        raise ConfigurationError(
+            f"unknown Debezium connector {connector!r}; known: {', '.join(debezium_connectors())}"
+        ) from None
 
 
 def debezium_connectors() -> tuple[str, ...]:

@@ -105,8 +105,10 @@ class LogWatermarks(WatermarkStrategy):
 
     def close(self, low: str, high: str, read: Any, table: TableName) -> tuple[str, str]:
         if read.snapshot_mark is None:
-            raise WatermarkError(f"{self.dialect.source}: the chunk read of {table} reported no snapshot position "
-                                 "(watermark strategy 'log')")
+            raise WatermarkError(
+                f"{self.dialect.source}: the chunk read of {table} reported no snapshot position "
+                "(watermark strategy 'log')"
+            )
         return read.snapshot_mark, read.snapshot_mark
 
     def snapshot_mark(self, at: Position) -> str | None:

@@ -52,7 +52,8 @@ class DebeziumOptions:
             raise ConfigurationError(f"Debezium export form {self.form!r}: one of {', '.join(FORMS)}")
         if not self.topic_prefix or not re.fullmatch(r"[A-Za-z0-9._-]+", self.topic_prefix):
             raise ConfigurationError(
-                f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' (Debezium's "
+                f"Debezium topic prefix {self.topic_prefix!r}: use letters, digits, '.', '_' and '-' "
+                "(Debezium's "
                 "topic.prefix)"
             )
         if self.connector is not None and self.connector not in CONNECTORS:
@@ -63,7 +64,8 @@ def connector_of(schema: TableSchema, opts: DebeziumOptions) -> str:
     connector = opts.connector or schema.connector
     if connector is None:
         raise ConfigurationError(
-            f"table {schema.table}: the event log does not say which database it came from; give the connector "
+            f"table {schema.table}: the event log does not say which database it came from; give the "
+            "connector "
             f"({', '.join(CONNECTORS)})"
         )
     return connector
@@ -80,8 +82,13 @@ def schema_prefix(table: TableName, opts: DebeziumOptions) -> str:
 
 
 # --- per-column schema and value ---------------------------------------------------------------
-def _node(type_: str, name: str | None = None, version: int | None = None, parameters: dict | None = None,
-          **extra: Any) -> dict:
+def _node(
+    type_: str,
+    name: str | None = None,
+    version: int | None = None,
+    parameters: dict | None = None,
+    **extra: Any,
+) -> dict:
     """A schema node in JsonConverter's key order (type, fields/items, optional, name, version,
     doc, parameters); field_schema sets ``optional`` in place and appends ``field``."""
     out: dict[str, Any] = {"type": type_}
@@ -194,8 +201,15 @@ Conv = Callable[[Any], Any]
 def _decimal_field(logical: str) -> tuple[dict, Conv]:
     """``decimal(p,s)``: Kafka Connect's Decimal (both databases, decimal.handling.mode=precise)."""
     prec, scale = decimal_params(logical)
-    return (_node("bytes", "org.apache.kafka.connect.data.Decimal", 1,
-                  {"scale": str(scale), "connect.decimal.precision": str(prec)}), lambda v: _decimal(v, scale))
+    return (
+        _node(
+            "bytes",
+            "org.apache.kafka.connect.data.Decimal",
+            1,
+            {"scale": str(scale), "connect.decimal.precision": str(prec)},
+        ),
+        lambda v: _decimal(v, scale),
+    )
 
 
 def _ident(v: Any) -> Any:
@@ -217,6 +231,7 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
         node, conv = inner
         if enum_labels is not None:
             node = node | {"optional": False}  # Debezium's enum array elements are required
+
         def each(v: Any) -> Any:  # multi-dimensional arrays are nested lists: convert the leaves
             return [None if x is None else (each(x) if isinstance(x, list) else conv(x)) for x in v]
 
@@ -233,9 +248,15 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
     if decimal_params(lt):
         return _decimal_field(lt)
     if lt == "decimal":
-        node = _node("struct", "io.debezium.data.VariableScaleDecimal", 1,
-                     fields=[{"type": "int32", "optional": False, "field": "scale"},
-                             {"type": "bytes", "optional": False, "field": "value"}])
+        node = _node(
+            "struct",
+            "io.debezium.data.VariableScaleDecimal",
+            1,
+            fields=[
+                {"type": "int32", "optional": False, "field": "scale"},
+                {"type": "bytes", "optional": False, "field": "value"},
+            ],
+        )
         node["doc"] = "Variable scaled decimal"
         return node, _variable_decimal
     if lt == "binary":
@@ -251,7 +272,9 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
             return _node("int64", "io.debezium.time.Timestamp", 1), lambda v: _pg_ts(v, 1000)
         return _node("int64", "io.debezium.time.MicroTimestamp", 1), lambda v: _pg_ts(v, 1)
     if lt == "timestamptz":
-        return _node("string", "io.debezium.time.ZonedTimestamp", 1), lambda v: _zoned_timestamp(v, 6 if p is None else p)
+        return _node("string", "io.debezium.time.ZonedTimestamp", 1), lambda v: _zoned_timestamp(
+            v, 6 if p is None else p
+        )
     if lt == "uuid":
         return _node("string", "io.debezium.data.Uuid", 1), _ident
     if lt == "json":
@@ -266,7 +289,9 @@ def _pg_field(col: Column, enum_labels: list[str] | None = None) -> tuple[dict, 
         length = p if p is not None else (1 if src == "bit" else 2147483647)
         if length == 1:
             return _node("boolean"), lambda v: v == "1"
-        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(int(v, 2) if v else 0, None, False)
+        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(
+            int(v, 2) if v else 0, None, False
+        )
     return _node("string"), _ident  # text, varchar, char, name, citext, inet, cidr, macaddr, enums
 
 
@@ -321,8 +346,14 @@ def _my_field(col: Column, connector: str, enum_labels: list[str] | None = None)
     base = re.split(r"[(\s]", src, maxsplit=1)[0]
     unsigned = "unsigned" in src
     p = _precision(src)
-    ints = {"tinyint": ("int8", "int16"), "smallint": ("int16", "int32"), "mediumint": ("int32", "int32"),
-            "int": ("int32", "int64"), "integer": ("int32", "int64"), "bigint": ("int64", "int64")}
+    ints = {
+        "tinyint": ("int8", "int16"),
+        "smallint": ("int16", "int32"),
+        "mediumint": ("int32", "int32"),
+        "int": ("int32", "int64"),
+        "integer": ("int32", "int64"),
+        "bigint": ("int64", "int64"),
+    }
     if base in ints:
         conv = (lambda v: v - (1 << 64) if v >= 1 << 63 else v) if base == "bigint" and unsigned else _ident
         return _node(ints[base][unsigned]), conv
@@ -330,7 +361,9 @@ def _my_field(col: Column, connector: str, enum_labels: list[str] | None = None)
         length = p or 1
         if length == 1:
             return _node("boolean"), lambda v: bool(v)
-        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(int(v), length, True)
+        return _node("bytes", "io.debezium.data.Bits", 1, {"length": str(length)}), lambda v: _bits(
+            int(v), length, True
+        )
     if base == "year":
         return _node("int32", "io.debezium.time.Year", 1), _ident
     if lt in ("float32", "float64"):
@@ -359,12 +392,16 @@ def _my_field(col: Column, connector: str, enum_labels: list[str] | None = None)
         # the only zero TIMESTAMP is all zeros; required, it is the epoch, which no TIMESTAMP holds
         # (their range starts at 1970-01-01 00:00:01 UTC)
         zero = _zoned_timestamp("1970-01-01T00:00:00Z", p or 0) if required else None
-        return (_node("string", "io.debezium.time.ZonedTimestamp", 1),
-                lambda v: zero if _zero_date(v) else _zoned_timestamp(v, p or 0))
+        return (
+            _node("string", "io.debezium.time.ZonedTimestamp", 1),
+            lambda v: zero if _zero_date(v) else _zoned_timestamp(v, p or 0),
+        )
     return _node("string"), _ident
 
 
-def field_schema(col: Column, connector: str, enum_labels: list[str] | None = None) -> tuple[dict, Conv] | None:
+def field_schema(
+    col: Column, connector: str, enum_labels: list[str] | None = None
+) -> tuple[dict, Conv] | None:
     """A column's JsonConverter schema node (with ``optional`` and ``field``) and the function
     from its canonical value to Debezium's payload value; None when Debezium leaves it out."""
     got = _FIELD_MAPS[profile_for_debezium(connector).name](col, connector, enum_labels)
@@ -383,46 +420,94 @@ def _source_schema(connector: str) -> dict:
         return {"type": type_, "optional": optional, "field": name}
 
     common = [
-        f("string", "version", False), f("string", "connector", False), f("string", "name", False),
+        f("string", "version", False),
+        f("string", "connector", False),
+        f("string", "name", False),
         f("int64", "ts_ms", False),
-        {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
-         "parameters": {"allowed": _SNAPSHOT_ENUM}, "default": "false", "field": "snapshot"},
-        f("string", "db", False), f("string", "sequence", True), f("int64", "ts_us", True), f("int64", "ts_ns", True),
+        {
+            "type": "string",
+            "optional": True,
+            "name": "io.debezium.data.Enum",
+            "version": 1,
+            "parameters": {"allowed": _SNAPSHOT_ENUM},
+            "default": "false",
+            "field": "snapshot",
+        },
+        f("string", "db", False),
+        f("string", "sequence", True),
+        f("int64", "ts_us", True),
+        f("int64", "ts_ns", True),
     ]
-    tail = [f(type_, name, optional) for type_, name, optional in profile_for_debezium(connector).debezium_source_fields]
-    return {"type": "struct", "fields": common + tail, "optional": False,
-            "name": f"io.debezium.connector.{connector}.Source", "version": 1, "field": "source"}
+    tail = [
+        f(type_, name, optional)
+        for type_, name, optional in profile_for_debezium(connector).debezium_source_fields
+    ]
+    return {
+        "type": "struct",
+        "fields": common + tail,
+        "optional": False,
+        "name": f"io.debezium.connector.{connector}.Source",
+        "version": 1,
+        "field": "source",
+    }
 
 
 def _pg_source(t: TableName, meta: dict, pos: Position, snapshot: str) -> dict:
     """The PostgreSQL connector's part of ``source`` (its fields: the profile's debezium_source_fields)."""
     lsn, commit, tx = meta.get("lsn"), meta.get("last_commit_lsn"), meta.get("tx")
-    seq = None if lsn is None else json.dumps([None if commit is None else str(commit), str(lsn)], separators=(",", ":"))
-    return {"sequence": seq, "schema": t.schema, "table": t.name, "txId": None if tx is None else int(tx), "lsn": lsn,
-            "xmin": None, "origin": None, "origin_lsn": None}
+    seq = (
+        None
+        if lsn is None
+        else json.dumps([None if commit is None else str(commit), str(lsn)], separators=(",", ":"))
+    )
+    return {
+        "sequence": seq,
+        "schema": t.schema,
+        "table": t.name,
+        "txId": None if tx is None else int(tx),
+        "lsn": lsn,
+        "xmin": None,
+        "origin": None,
+        "origin_lsn": None,
+    }
 
 
 def _my_source(t: TableName, meta: dict, pos: Position, snapshot: str) -> dict:
     """The MySQL and MariaDB connectors' part of ``source``: the binlog coordinates of a streamed
     change (0 for a snapshot read, as Debezium writes them)."""
     streamed = snapshot == "false"
-    return {"table": t.name, "server_id": int(meta.get("server_id") or 0), "gtid": meta.get("tx"),
-            "file": meta.get("file") or "", "pos": pos.minor if streamed else 0, "row": pos.index if streamed else 0,
-            "thread": meta.get("thread"), "query": None}
+    return {
+        "table": t.name,
+        "server_id": int(meta.get("server_id") or 0),
+        "gtid": meta.get("tx"),
+        "file": meta.get("file") or "",
+        "pos": pos.minor if streamed else 0,
+        "row": pos.index if streamed else 0,
+        "thread": meta.get("thread"),
+        "query": None,
+    }
 
 
 #: Debezium's type mapping and ``source`` values of each database (by its profile's name): format
 #: rules of this module, built on its value helpers, so they live here and not in the dialect
-_FIELD_MAPS = {"postgres": lambda col, connector, enum_labels: _pg_field(col, enum_labels), "mysql": _my_field}
+_FIELD_MAPS = {
+    "postgres": lambda col, connector, enum_labels: _pg_field(col, enum_labels),
+    "mysql": _my_field,
+}
 _SOURCE_VALUES = {"postgres": _pg_source, "mysql": _my_source}
 
 
 _TRANSACTION = {
     "type": "struct",
-    "fields": [{"type": "string", "optional": False, "field": "id"},
-               {"type": "int64", "optional": False, "field": "total_order"},
-               {"type": "int64", "optional": False, "field": "data_collection_order"}],
-    "optional": True, "name": "event.block", "version": 1, "field": "transaction",
+    "fields": [
+        {"type": "string", "optional": False, "field": "id"},
+        {"type": "int64", "optional": False, "field": "total_order"},
+        {"type": "int64", "optional": False, "field": "data_collection_order"},
+    ],
+    "optional": True,
+    "name": "event.block",
+    "version": 1,
+    "field": "transaction",
 }
 
 
@@ -448,25 +533,38 @@ class TableExport:
         value = {"type": "struct", "fields": fields, "optional": True, "name": f"{self.prefix}.Value"}
         self.envelope_schema = {
             "type": "struct",
-            "fields": [value | {"field": "before"}, value | {"field": "after"}, _source_schema(self.connector),
-                       _TRANSACTION, {"type": "string", "optional": False, "field": "op"},
-                       {"type": "int64", "optional": True, "field": "ts_ms"},
-                       {"type": "int64", "optional": True, "field": "ts_us"},
-                       {"type": "int64", "optional": True, "field": "ts_ns"}],
-            "optional": False, "name": f"{self.prefix}.Envelope", "version": 2,
+            "fields": [
+                value | {"field": "before"},
+                value | {"field": "after"},
+                _source_schema(self.connector),
+                _TRANSACTION,
+                {"type": "string", "optional": False, "field": "op"},
+                {"type": "int64", "optional": True, "field": "ts_ms"},
+                {"type": "int64", "optional": True, "field": "ts_us"},
+                {"type": "int64", "optional": True, "field": "ts_ns"},
+            ],
+            "optional": False,
+            "name": f"{self.prefix}.Envelope",
+            "version": 2,
         }
         by_name = {f["field"]: (f, conv) for f, (_, conv) in zip(fields, self.columns, strict=True)}
         keys = [by_name[k] for k in self.schema.primary_key if k in by_name]  # in primary-key order
-        self.key_schema = {"type": "struct", "fields": [f | {"optional": False} for f, _ in keys],
-                           "optional": False, "name": f"{self.prefix}.Key"}
+        self.key_schema = {
+            "type": "struct",
+            "fields": [f | {"optional": False} for f, _ in keys],
+            "optional": False,
+            "name": f"{self.prefix}.Key",
+        }
         self._key_convs = [(f["field"], conv) for f, conv in keys]
 
     def image(self, row: dict | None) -> dict | None:
         return None if row is None else {n: conv(row.get(n)) for n, conv in self.columns}
 
     def key(self, key_values: list) -> dict:
-        return {"schema": self.key_schema,
-                "payload": {n: conv(v) for (n, conv), v in zip(self._key_convs, key_values, strict=True)}}
+        return {
+            "schema": self.key_schema,
+            "payload": {n: conv(v) for (n, conv), v in zip(self._key_convs, key_values, strict=True)},
+        }
 
     def source(self, event: dict, database: str) -> dict:
         ts_ms = int(event["ts_ms"] or 0)
@@ -477,10 +575,20 @@ class TableExport:
             database = t.schema  # MySQL's db is the table's database
         elif self.opts.database:
             database = self.opts.database
-        common = {"version": self.opts.version, "connector": self.connector, "name": self.opts.topic_prefix,
-                  "ts_ms": ts_ms, "snapshot": snapshot, "db": database, "sequence": None, "ts_us": ts_ms * 1000,
-                  "ts_ns": ts_ms * 1_000_000}
-        return common | _SOURCE_VALUES[self.profile.name](t, meta, Position.decode(event["position"]), snapshot)
+        common = {
+            "version": self.opts.version,
+            "connector": self.connector,
+            "name": self.opts.topic_prefix,
+            "ts_ms": ts_ms,
+            "snapshot": snapshot,
+            "db": database,
+            "sequence": None,
+            "ts_us": ts_ms * 1000,
+            "ts_ns": ts_ms * 1_000_000,
+        }
+        return common | _SOURCE_VALUES[self.profile.name](
+            t, meta, Position.decode(event["position"]), snapshot
+        )
 
     def records(self, event: dict, database: str) -> list[dict]:
         """The Kafka records (key document, value document or None) of one event; in the
@@ -491,9 +599,16 @@ class TableExport:
         ts_ms = int(event["ts_ms"] or 0)
         value = {
             "schema": self.envelope_schema,
-            "payload": {"before": self.image(event["before"]), "after": self.image(event["after"]),
-                        "source": self.source(event, database), "transaction": None, "op": op, "ts_ms": ts_ms,
-                        "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000},
+            "payload": {
+                "before": self.image(event["before"]),
+                "after": self.image(event["after"]),
+                "source": self.source(event, database),
+                "transaction": None,
+                "op": op,
+                "ts_ms": ts_ms,
+                "ts_us": ts_ms * 1000,
+                "ts_ns": ts_ms * 1_000_000,
+            },
         }
         if self.opts.form == "value":
             return [value]
@@ -504,16 +619,19 @@ class TableExport:
         return out
 
 
-def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = None,
-                 skipped: list | None = None) -> Iterator[tuple[str, str, list]]:
+def file_records(
+    t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = None, skipped: list | None = None
+) -> Iterator[tuple[str, str, list]]:
     """The records of one event-log file (sinks/event_log.py), in its order, as (position, key,
     the event's records). ``skipped`` collects the positions of TRUNCATEs left out."""
     from ..sinks.event_log import canonical_images, file_schema
 
     schema, _ = file_schema(t)
     if schema is None:
-        raise ConfigurationError("an event log file without its cdc.schema metadata (written before typed events): "
-                                 "re-run the apply or snapshot that wrote it to export it")
+        raise ConfigurationError(
+            "an event log file without its cdc.schema metadata (written before typed events): "
+            "re-run the apply or snapshot that wrote it to export it"
+        )
     cache = exports if exports is not None else {}
     exp = cache.get(schema.to_json())
     if exp is None:
@@ -521,10 +639,18 @@ def file_records(t: pa.Table, opts: DebeziumOptions, *, exports: dict | None = N
     before = canonical_images(t, "before", keep_nulls=True)
     after = canonical_images(t, "after", keep_nulls=True)
     src = t["source"].to_pylist()
-    for i, (op, key, ts) in enumerate(zip(t["op"].to_pylist(), t["key"].to_pylist(), t["ts_ms"].to_pylist(),
-                                          strict=True)):
-        event = {"op": op, "key": key, "ts_ms": ts, "before": before[i], "after": after[i],
-                 "position": src[i]["position"], "meta": src[i]}
+    for i, (op, key, ts) in enumerate(
+        zip(t["op"].to_pylist(), t["key"].to_pylist(), t["ts_ms"].to_pylist(), strict=True)
+    ):
+        event = {
+            "op": op,
+            "key": key,
+            "ts_ms": ts,
+            "before": before[i],
+            "after": after[i],
+            "position": src[i]["position"],
+            "meta": src[i],
+        }
         if op == "t" and not opts.truncates and skipped is not None:
             skipped.append(src[i]["position"])
         yield src[i]["position"], key or "", exp.records(event, src[i]["db"])
@@ -540,8 +666,17 @@ def _first_position(name: str) -> str:
     return first if len(first) == ENCODED_LENGTH else ""
 
 
-def export_table(data_dir: str, source: str, table: TableName, out: str, opts: DebeziumOptions, *,
-                 batch_rows: int = 4096, skipped_truncates: list | None = None, replace: bool = True) -> int:
+def export_table(
+    data_dir: str,
+    source: str,
+    table: TableName,
+    out: str,
+    opts: DebeziumOptions,
+    *,
+    batch_rows: int = 4096,
+    skipped_truncates: list | None = None,
+    replace: bool = True,
+) -> int:
     """Every event of ``table`` in the event log, in (position, key) order, as Debezium JSON
     lines at ``out`` (a location: local path or URI; written whole or not at all). Returns the
     number of records; ``skipped_truncates`` collects the positions of TRUNCATEs left out
@@ -568,14 +703,21 @@ def export_table(data_dir: str, source: str, table: TableName, out: str, opts: D
             pf = pq.ParquetFile(fh)
             meta = pf.schema_arrow.metadata
             for batch in pf.iter_batches(batch_size=batch_rows):
-                yield from file_records(pa.Table.from_batches([batch]).replace_schema_metadata(meta), opts,
-                                        exports=exports, skipped=skipped_truncates)
+                yield from file_records(
+                    pa.Table.from_batches([batch]).replace_schema_metadata(meta),
+                    opts,
+                    exports=exports,
+                    skipped=skipped_truncates,
+                )
 
     # files merged into a larger one (event_log.compact_table) hold its events twice: left out
-    names = sorted(live_files(storage.list_names(d, suffix=".parquet")), key=lambda n: (_first_position(n), n))
+    names = sorted(
+        live_files(storage.list_names(d, suffix=".parquet")), key=lambda n: (_first_position(n), n)
+    )
     if not names:
         raise ConfigurationError(
-            f"no event log for table {table} of source {source!r} at {d}: check the table name (schema.table), "
+            f"no event log for table {table} of source {source!r} at {d}: check the table name "
+            "(schema.table), "
             "the source and the data location; nothing was written"
         )
     waiting = iter(names)

@@ -32,9 +32,11 @@ if TYPE_CHECKING:  # the dialects import pyarrow: not when a DAG file that names
 #: Airflow connection type -> dialect name (each database's profile lists its types: dialects/registry.py)
 CONN_TYPE_DIALECTS: dict[str, str] = {t: p.name for p in profiles() for t in p.conn_types}
 #: extra keys that are settings of the DAGs, not of the connection: refused with where they go
-_SCOPE_KEYS = {"tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
-               "all_tables": "CDC_CAPTURE_ALL_TABLES",
-               "key_columns": "CDC_KEY_COLUMNS (or the 'key_columns' of the source in the sources config)"}
+_SCOPE_KEYS = {
+    "tables": "CDC_TABLES (or the 'tables' of the source in the sources config)",
+    "all_tables": "CDC_CAPTURE_ALL_TABLES",
+    "key_columns": "CDC_KEY_COLUMNS (or the 'key_columns' of the source in the sources config)",
+}
 #: connection-extra keys that are CDC settings (dialect options), per dialect (its profile's); every
 #: other extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
 #: ConnectionParams.extra for the dialect's connections
@@ -100,10 +102,17 @@ class CdcSourceHook(BaseHook):
         self.key_columns = None if key_columns is None else dict(key_columns)
 
     @classmethod
-    def for_settings(cls, settings: Any, cdc_conn_id: str | None = None, source: str | None = None) -> CdcSourceHook:
+    def for_settings(
+        cls, settings: Any, cdc_conn_id: str | None = None, source: str | None = None
+    ) -> CdcSourceHook:
         """The hook of a source as its settings (settings.Settings) describe it, scope included."""
-        return cls(cdc_conn_id or settings.conn_id, source=source or None, tables=settings.tables,
-                   all_tables=settings.capture_all_tables, key_columns=settings.key_columns)
+        return cls(
+            cdc_conn_id or settings.conn_id,
+            source=source or None,
+            tables=settings.tables,
+            all_tables=settings.capture_all_tables,
+            key_columns=settings.key_columns,
+        )
 
     def scope_options(self) -> dict[str, Any]:
         """The dialect options of the capture scope: ``tables``, ``all_tables`` and the
@@ -130,8 +139,10 @@ class CdcSourceHook(BaseHook):
         for key, setting in _SCOPE_KEYS.items():
             if key in extra:
                 raise ConfigurationError(
-                    f"connection {self.cdc_conn_id!r} has extra {key!r}, which is not a connection setting: the tables "
-                    f"a source captures are set in one place, {setting}. Move it there and remove it from the "
+                    f"connection {self.cdc_conn_id!r} has extra {key!r}, which is not a connection "
+                    "setting: the tables "
+                    f"a source captures are set in one place, {setting}. Move it there and remove it "
+                    "from the "
                     "connection"
                 )
         options = {k: v for k, v in extra.items() if k in keys}
@@ -207,9 +218,13 @@ class CdcSourceHook(BaseHook):
             conn = self.connection
         except Exception as exc:  # noqa: BLE001 - reported, not raised, by contract
             if type(exc).__name__ == "AirflowNotFoundException":
-                return False, (f"connection {conn_id!r} is not defined: create it (Admin > Connections, a secrets "
-                               f"backend, or AIRFLOW_CONN_{conn_id.upper()})")
-            return False, _without(f"connection {conn_id!r} could not be read: {type(exc).__name__}: {exc}", None)
+                return False, (
+                    f"connection {conn_id!r} is not defined: create it (Admin > Connections, a secrets "
+                    f"backend, or AIRFLOW_CONN_{conn_id.upper()})"
+                )
+            return False, _without(
+                f"connection {conn_id!r} could not be read: {type(exc).__name__}: {exc}", None
+            )
         password = conn.password or None
         try:
             params = self.connection_params()
@@ -224,7 +239,9 @@ class CdcSourceHook(BaseHook):
             from .task_errors import describe_connection_failure
 
             return False, _without(describe_connection_failure(exc, conn_id, where), password)
-        return True, f"connection {conn_id!r} ({where}) is ready for CDC" + (f"; WARNING: {warning}" if warning else "")
+        return True, f"connection {conn_id!r} ({where}) is ready for CDC" + (
+            f"; WARNING: {warning}" if warning else ""
+        )
 
 
 def _retention_warning(dialect: Dialect) -> str:
@@ -310,8 +327,14 @@ class CdcSourceMixin(StorageConnectionMixin):
 
         wrap_task_methods(cls)
 
-    def __init__(self, *, data_dir: str | None = None, cdc_conn_id: str | None = None, source: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        data_dir: str | None = None,
+        cdc_conn_id: str | None = None,
+        source: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.data_dir = data_dir
         self.cdc_conn_id = cdc_conn_id

@@ -11,7 +11,11 @@ from typing import Any
 
 from ..core.errors import ConfigurationError
 
-_EXTRA = {"endpoint_url": "AWS_ENDPOINT_URL", "region_name": "AWS_REGION", "aws_session_token": "AWS_SESSION_TOKEN"}
+_EXTRA = {
+    "endpoint_url": "AWS_ENDPOINT_URL",
+    "region_name": "AWS_REGION",
+    "aws_session_token": "AWS_SESSION_TOKEN",
+}
 
 
 def storage_environment(conn_id: str) -> dict[str, str]:
@@ -26,20 +30,25 @@ def storage_environment(conn_id: str) -> dict[str, str]:
         env["AWS_SECRET_ACCESS_KEY"] = conn.password
     extra: Any = conn.extra_dejson
     if not isinstance(extra, dict):
-        raise ConfigurationError(f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): its extra must be a JSON object")
+        raise ConfigurationError(
+            f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): its extra must be a JSON object"
+        )
     for key, var in _EXTRA.items():
         value = extra.get(key)
         if value is None:
             continue
         if not isinstance(value, str) or not value.strip():
             raise ConfigurationError(
-                f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): extra {key!r} must be a non-empty string, got {value!r}"
+                f"connection {conn_id!r} (CDC_STORAGE_CONN_ID): extra {key!r} must be a non-empty "
+                f"string, got {value!r}"
             )
         env[var] = value.strip()
     return env
 
 
-def storage_settings(conn_id: str | None = None, overrides: Mapping[str, str] | None = None) -> dict[str, str] | None:
+def storage_settings(
+    conn_id: str | None = None, overrides: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
     """The storage settings of connection ``conn_id``, or of the settings' CDC_STORAGE_CONN_ID
     (the environment with ``overrides`` on top); None when no connection is named."""
     if conn_id is None:
@@ -71,10 +80,14 @@ class StorageConnectionMixin:
         super().__init__(**kwargs)  # type: ignore[call-arg]
         if cdc_overrides is not None and (
             not isinstance(cdc_overrides, Mapping)
-            or not all(isinstance(k, str) and k.startswith("CDC_") and isinstance(v, str) for k, v in cdc_overrides.items())
+            or not all(
+                isinstance(k, str) and k.startswith("CDC_") and isinstance(v, str)
+                for k, v in cdc_overrides.items()
+            )
         ):
             raise ConfigurationError(
-                f"{type(self).__name__}: cdc_overrides must map CDC_* setting names to strings, got {cdc_overrides!r}"
+                f"{type(self).__name__}: cdc_overrides must map CDC_* setting names to strings, got "
+                f"{cdc_overrides!r}"
             )
         self.cdc_overrides = dict(cdc_overrides or {})
 

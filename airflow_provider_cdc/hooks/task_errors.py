@@ -28,13 +28,18 @@ _PG_TRANSIENT_CODES = {"55P03", "55006"}
 _PG_CONFIG_CLASSES = ("28",)
 _PG_CONFIG_CODES = {"3D000", "42501", "42P01", "3F000"}
 #: libpq's connect-time texts (a connect error has no SQLSTATE in psycopg2)
-_PG_AUTH_TEXT = re.compile(r"password authentication failed|authentication failed for user|no password supplied|"
-                           r"role \"[^\"]*\" does not exist|database \"[^\"]*\" does not exist|"
-                           r"no pg_hba\.conf entry|is not permitted to log in|permission denied")
-_PG_TRANSIENT_TEXT = re.compile(r"could not connect|connection refused|timeout expired|server closed the connection|"
-                                r"the database system is (starting up|shutting down|in recovery mode)|"
-                                r"could not receive data|could not send data|connection to server .* failed: "
-                                r"(?!FATAL)|too many connections|Connection timed out|No route to host", re.I)
+_PG_AUTH_TEXT = re.compile(
+    r"password authentication failed|authentication failed for user|no password supplied|"
+    r"role \"[^\"]*\" does not exist|database \"[^\"]*\" does not exist|"
+    r"no pg_hba\.conf entry|is not permitted to log in|permission denied"
+)
+_PG_TRANSIENT_TEXT = re.compile(
+    r"could not connect|connection refused|timeout expired|server closed the connection|"
+    r"the database system is (starting up|shutting down|in recovery mode)|"
+    r"could not receive data|could not send data|connection to server .* failed: "
+    r"(?!FATAL)|too many connections|Connection timed out|No route to host",
+    re.I,
+)
 #: MySQL/MariaDB error codes of the user's setup: access denied (1044, 1045, 1698), unknown
 #: database (1049), no grant for a command, table or column (1142, 1143, 1227), missing table (1146)
 _MYSQL_CONFIG = {1044, 1045, 1049, 1142, 1143, 1146, 1227, 1698}
@@ -55,7 +60,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 
 def _driver(exc: BaseException) -> str | None:
-    """"postgres" / "mysql" when ``exc`` is an error of that database's driver."""
+    """ "postgres" / "mysql" when ``exc`` is an error of that database's driver."""
     mod = type(exc).__module__ or ""
     if mod.startswith("psycopg2"):
         return "postgres"
@@ -70,7 +75,7 @@ def _mysql_code(exc: BaseException) -> int | None:
 
 
 def _driver_kind(exc: BaseException) -> str | None:
-    """"auth", "config" or "transient" for a driver error (None: not one, or undecided)."""
+    """ "auth", "config" or "transient" for a driver error (None: not one, or undecided)."""
     driver = _driver(exc)
     if driver == "postgres":
         code = getattr(exc, "pgcode", None) or ""
@@ -119,12 +124,16 @@ def connection_help(conn_id: str | None) -> str:
     """Where an Airflow connection is set, said once for every message that names one."""
     if not conn_id:
         return "the source's Airflow connection"
-    return (f"Airflow connection {conn_id!r} (Admin > Connections, a secrets backend, or the environment variable "
-            f"AIRFLOW_CONN_{conn_id.upper()})")
+    return (
+        f"Airflow connection {conn_id!r} (Admin > Connections, a secrets backend, or the environment "
+        "variable "
+        f"AIRFLOW_CONN_{conn_id.upper()})"
+    )
 
 
-def describe_user_error(exc: BaseException, *, conn_id: str | None = None, source: str | None = None,
-                        server: str | None = None) -> str | None:
+def describe_user_error(
+    exc: BaseException, *, conn_id: str | None = None, source: str | None = None, server: str | None = None
+) -> str | None:
     """The message for a user when ``exc`` (or what it was raised from) is a configuration
     error a retry cannot fix: it names the source, the connection and what to check. None when
     the error is transient or not known to be the user's. ``server`` (a connection test: the
@@ -139,29 +148,48 @@ def describe_user_error(exc: BaseException, *, conn_id: str | None = None, sourc
     for e in chain:
         missing = _unknown_connection(e)
         if missing is not None:
-            return (f"{where}Airflow connection {missing!r} is not defined: create it (Admin > Connections, a "
-                    f"secrets backend, or AIRFLOW_CONN_{missing.upper()}='postgresql://user:password@host:5432/db' / "
-                    f"'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's 'conn_id' in "
-                    "the sources config) to the connection that exists")
+            return (
+                f"{where}Airflow connection {missing!r} is not defined: create it (Admin > Connections, a "
+                f"secrets backend, or AIRFLOW_CONN_{missing.upper()}"
+                "='postgresql://user:password@host:5432/db' "
+                "/ "
+                "'mysql://user:password@host:3306/db'), or set CDC_SOURCE_CONN_ID (or the source's "
+                "'conn_id' in "
+                "the sources config) to the connection that exists"
+            )
         kind = _driver_kind(e)
         text = _driver_text(e).rstrip(".")
         no_database = "does not exist" in text or "Unknown database" in text
         if kind == "auth":
             what = "database" if no_database else "login"
-            fix = ("that the database (the connection's schema field) exists on that server and is spelled as the "
-                   "server has it" if no_database else
-                   "the login, password, database (schema field) and host of that connection, and that the server "
-                   "lets this user in from here (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)")
-            return (f"{where}{server or 'the database'} refused the {what} of {connection_help(conn_id)}: "
-                    f"{text}{_stop(text)} Check {fix}")
+            fix = (
+                "that the database (the connection's schema field) exists on that server and is "
+                "spelled as the "
+                "server has it"
+                if no_database
+                else "the login, password, database (schema field) and host of that connection, and "
+                "that the server "
+                "lets this user in from here (PostgreSQL: pg_hba.conf; MariaDB/MySQL: the user's host part)"
+            )
+            return (
+                f"{where}{server or 'the database'} refused the {what} of {connection_help(conn_id)}: "
+                f"{text}{_stop(text)} Check {fix}"
+            )
         if kind == "config" and not isinstance(exc, CdcError):
-            fix = ("Check that the database (the connection's schema field) exists on that server" if no_database else
-                   "Grant what is missing to the connection's user, or correct the table or database it names")
+            fix = (
+                "Check that the database (the connection's schema field) exists on that server"
+                if no_database
+                else "Grant what is missing to the connection's user, or correct the table or database "
+                "it names"
+            )
             on = f" on {server}" if server else ""
             return f"{where}{text} (connection {conn_id!r}{on}). {fix}"
         if kind == "transient":  # only with a server: a task retries instead
-            return (f"connection {conn_id!r}: cannot reach {server}: {text}{_stop(text)} Check the host and port of "
-                    "the connection, and that the server runs and accepts connections from this host")
+            return (
+                f"connection {conn_id!r}: cannot reach {server}: {text}{_stop(text)} Check the host "
+                "and port of "
+                "the connection, and that the server runs and accepts connections from this host"
+            )
     if isinstance(exc, (ConfigurationError, SourceError)):
         return f"{where}{exc}" if source and source not in str(exc) else str(exc)
     return None
@@ -219,8 +247,9 @@ def _not_retried(exc: BaseException, fail: type) -> type:
         if isinstance(exc, base):
             cls = _NOT_RETRIED_CLASSES.get(base)
             if cls is None:
-                cls = _NOT_RETRIED_CLASSES[base] = type(f"NotRetried{base.__name__}", (fail, base),
-                                                        {"__module__": __name__})
+                cls = _NOT_RETRIED_CLASSES[base] = type(
+                    f"NotRetried{base.__name__}", (fail, base), {"__module__": __name__}
+                )
             return cls
     return fail
 

@@ -59,11 +59,17 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
 
         max_events = _opt_int(self.max_events)
         done = run_capture(
-            self.hook, self.data_dir, max_events=max_events, segment_max_events=_opt_int(self.segment_max_events),
+            self.hook,
+            self.data_dir,
+            max_events=max_events,
+            segment_max_events=_opt_int(self.segment_max_events),
             retention=self._retention(),
         )
         if done is None:
-            msg = f"another capture of source {self.hook.source!r} holds the capture lock; nothing captured this run"
+            msg = (
+                f"another capture of source {self.hook.source!r} holds the capture lock; nothing "
+                "captured this run"
+            )
             if self.skip_if_locked:
                 from airflow.sdk.exceptions import AirflowSkipException
 
@@ -95,7 +101,6 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             "retention_warning": None if lag is None else lag.warning,
         }
 
-
     def get_openlineage_facets_on_complete(self, task_instance: Any):
         """OpenLineage (lineage.py): the captured tables in (those with a staged schema), the
         staged changelog out."""
@@ -112,8 +117,14 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             tables = [t for n in names if (t := TableName.from_path_segment(n[: -len(".json")])) is not None]
         tables = [t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables]
         tables = [t for t in tables if storage.exists(schema_path(self.data_dir, source, t))]
-        return tables_lineage(self.hook.connection_params(), self.data_dir, source, tables,
-                              staging=changelog_dir(self.data_dir, source), staging_is_output=True)
+        return tables_lineage(
+            self.hook.connection_params(),
+            self.data_dir,
+            source,
+            tables,
+            staging=changelog_dir(self.data_dir, source),
+            staging_is_output=True,
+        )
 
     def _retention(self) -> RetentionPolicy | None:
         """Staging retention after the capture: the sinks' markers and the snapshots' stored
@@ -158,8 +169,13 @@ def check_log_retention(capture_result: dict | None) -> str:
 
     if not capture_result or capture_result.get("lag_bytes") is None:
         return "no lag reading (capture skipped, or the source cannot tell)"
-    lag = Lag(capture_result["source"], capture_result["log_holder"], capture_result["lag_bytes"],
-              capture_result["lag_seconds"], capture_result.get("retention_risk"))
+    lag = Lag(
+        capture_result["source"],
+        capture_result["log_holder"],
+        capture_result["lag_bytes"],
+        capture_result["lag_seconds"],
+        capture_result.get("retention_risk"),
+    )
     if lag.risk:
         raise RetentionError(f"source {lag.source!r}: {lag.risk}")
     warning = capture_result.get("retention_warning")

@@ -80,8 +80,12 @@ def _run_alive(context: Any) -> Any:
         try:
             state = get_state(ti.dag_id, p.owner)
         except Exception as exc:  # noqa: BLE001 - e.g. the owner run was deleted
-            log.info("snapshot %s: state of run %s unknown (%s); taking the snapshot over", p.snapshot_id, p.owner,
-                     exc)
+            log.info(
+                "snapshot %s: state of run %s unknown (%s); taking the snapshot over",
+                p.snapshot_id,
+                p.owner,
+                exc,
+            )
             return False
         return str(getattr(state, "value", state)).lower() in ("queued", "running")
 
@@ -93,7 +97,9 @@ def pause_for_dag_pause(source: str, table_id: str, snapshot_id: str, data_dir: 
     from .. import airflow_variables
     from ..pipeline import snapshot_controller as controller
 
-    return controller.pause_for_dag_pause(airflow_variables.for_source(source, data_dir), table_id, snapshot_id)
+    return controller.pause_for_dag_pause(
+        airflow_variables.for_source(source, data_dir), table_id, snapshot_id
+    )
 
 
 def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, data_dir: str) -> list[str]:
@@ -109,10 +115,14 @@ def mark_failed(source: str, snapshots: Sequence[tuple[str, str]], error: str, d
     valid = []
     for table_id, snapshot_id in snapshots:
         try:
-            valid.append((table_id, check_snapshot_id(snapshot_id, f"the plan's work item of table {table_id}")))
+            valid.append(
+                (table_id, check_snapshot_id(snapshot_id, f"the plan's work item of table {table_id}"))
+            )
         except ConfigurationError as exc:
             log.warning("not marked failed: %s", exc)
-    return controller.mark_failed(airflow_variables.for_source(source, data_dir), valid, safe_error_text(error))
+    return controller.mark_failed(
+        airflow_variables.for_source(source, data_dir), valid, safe_error_text(error)
+    )
 
 
 def record_snapshot_failure(context: Any) -> None:
@@ -150,13 +160,22 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
     """The snapshot's operators: the source parameters of every task (CdcSourceMixin), named
     again here because the chunk task is mapped (CdcSourceMixin's docstring)."""
 
-    def __init__(self, *, data_dir: str | None = None, cdc_conn_id: str | None = None, source: str | None = None,
-                 cdc_overrides: dict[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(data_dir=data_dir, cdc_conn_id=cdc_conn_id, source=source, cdc_overrides=cdc_overrides,
-                         **kwargs)
+    def __init__(
+        self,
+        *,
+        data_dir: str | None = None,
+        cdc_conn_id: str | None = None,
+        source: str | None = None,
+        cdc_overrides: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            data_dir=data_dir, cdc_conn_id=cdc_conn_id, source=source, cdc_overrides=cdc_overrides, **kwargs
+        )
 
-    def controller(self, context: Any, *, sinks: Any = None, run_id: str | None = None,
-                   **kwargs: Any) -> SnapshotController:
+    def controller(
+        self, context: Any, *, sinks: Any = None, run_id: str | None = None, **kwargs: Any
+    ) -> SnapshotController:
         """The snapshot controller of this task's source and run: the source's progress (the
         authority, each write published to a Variable), its connection, the settings."""
         from .. import airflow_variables
@@ -164,10 +183,17 @@ class _SourceOperator(CdcSourceMixin, BaseOperator):
 
         source, now = self.hook.source, load(overrides=self.cdc_overrides)
         return SnapshotController(
-            source=source, data_dir=self.data_dir, progress=airflow_variables.for_source(source, self.data_dir),
-            connect=self.hook.get_dialect, sinks=sink_names(sinks or now.sinks),
-            compact_budget_rows=now.mirror_compact_budget_rows, retention_hours=now.mirror_retention_hours,
-            chunk_sizing=now.chunk_sizing, run_id=run_id or (context or {}).get("run_id"), **kwargs)
+            source=source,
+            data_dir=self.data_dir,
+            progress=airflow_variables.for_source(source, self.data_dir),
+            connect=self.hook.get_dialect,
+            sinks=sink_names(sinks or now.sinks),
+            compact_budget_rows=now.mirror_compact_budget_rows,
+            retention_hours=now.mirror_retention_hours,
+            chunk_sizing=now.chunk_sizing,
+            run_id=run_id or (context or {}).get("run_id"),
+            **kwargs,
+        )
 
 
 # ----------------------------------------------------------------------- plan
@@ -195,8 +221,12 @@ class SnapshotPlanOperator(_SourceOperator):
     sinks = FromSettings("sinks")  # CDC_SINKS when the task runs: a mirror's limits are checked at plan
 
     def __init__(
-        self, *, conf: dict | None = None, default_tables: Sequence[str] | str | None = None,
-        conf_defaults: dict | None = None, **kwargs: Any
+        self,
+        *,
+        conf: dict | None = None,
+        default_tables: Sequence[str] | str | None = None,
+        conf_defaults: dict | None = None,
+        **kwargs: Any,
     ):
         super().__init__(**kwargs)
         self.conf = conf
@@ -205,15 +235,19 @@ class SnapshotPlanOperator(_SourceOperator):
         self.conf_defaults = dict(conf_defaults or {})
         unknown = sorted(set(self.conf_defaults) - set(THROTTLE_KEYS))
         if unknown:
-            raise ConfigurationError(f"{type(self).__name__}: conf_defaults may hold chunk_size, parallelism and "
-                                     f"delay_seconds, not {unknown}")  # THROTTLE_KEYS, in the words of the docs
+            raise ConfigurationError(
+                f"{type(self).__name__}: conf_defaults may hold chunk_size, parallelism and "
+                f"delay_seconds, not {unknown}"
+            )  # THROTTLE_KEYS, in the words of the docs
 
     def execute(self, context: Any) -> list[dict]:
         conf = self.conf
         dag_run = context.get("dag_run") if context else None
         if conf is None:
             conf = (getattr(dag_run, "conf", None) or {}) if dag_run is not None else {}
-        run_type = str(getattr(getattr(dag_run, "run_type", ""), "value", getattr(dag_run, "run_type", ""))).lower()
+        run_type = str(
+            getattr(getattr(dag_run, "run_type", ""), "value", getattr(dag_run, "run_type", ""))
+        ).lower()
         scheduled = run_type.endswith(("scheduled", "backfill", "backfill_job"))
         if self.conf_defaults and isinstance(conf, dict) and conf.get("action") not in ("pause", "stop"):
             conf = {**self.conf_defaults, **conf}
@@ -226,8 +260,13 @@ class SnapshotPlanOperator(_SourceOperator):
         logical_date = _iso_utc(
             (context.get("logical_date") if context else None) or getattr(dag_run, "logical_date", None)
         )
-        return self.controller(context, run_id=run_id, logical_date=logical_date, owner_alive=_run_alive(context),
-                               sinks=self.sinks).apply(req)
+        return self.controller(
+            context,
+            run_id=run_id,
+            logical_date=logical_date,
+            owner_alive=_run_alive(context),
+            sinks=self.sinks,
+        ).apply(req)
 
 
 # ----------------------------------------------------------------------- chunk
@@ -264,9 +303,14 @@ class SnapshotChunkOperator(_SourceOperator):
 
         work = WorkItem.from_dict(self.work)
         table = TableName.parse(work.table)
-        return tables_lineage(self.hook.connection_params(), self.data_dir, self.hook.source, [table],
-                              staging=snapshot_dir(self.data_dir, self.hook.source, table, work.snapshot_id),
-                              staging_is_output=True)
+        return tables_lineage(
+            self.hook.connection_params(),
+            self.data_dir,
+            self.hook.source,
+            [table],
+            staging=snapshot_dir(self.data_dir, self.hook.source, table, work.snapshot_id),
+            staging_is_output=True,
+        )
 
 
 # ---------------------------------------------------------------------- commit

@@ -52,10 +52,28 @@ def local_max_rows_from_env() -> int:
 
 
 #: extras of a postgres connection that are libpq parameters (the others are the Postgres provider's own)
-_LIBPQ_EXTRAS = ("sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword", "application_name",
-                 "connect_timeout", "options", "keepalives", "keepalives_idle", "keepalives_interval",
-                 "keepalives_count", "target_session_attrs", "gssencmode", "channel_binding", "krbsrvname",
-                 "require_auth", "passfile", "service")
+_LIBPQ_EXTRAS = (
+    "sslmode",
+    "sslcert",
+    "sslkey",
+    "sslrootcert",
+    "sslcrl",
+    "sslpassword",
+    "application_name",
+    "connect_timeout",
+    "options",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "target_session_attrs",
+    "gssencmode",
+    "channel_binding",
+    "krbsrvname",
+    "require_auth",
+    "passfile",
+    "service",
+)
 
 
 def postgres_sink_params(conn_id: str) -> dict[str, str]:
@@ -70,20 +88,28 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
         conn = BaseHook.get_connection(conn_id)
     except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and the like, named
         raise ConfigurationError(
-            f"CDC_POSTGRES_SINK_CONN_ID: Airflow connection {conn_id!r} cannot be read ({type(exc).__name__}); "
+            f"CDC_POSTGRES_SINK_CONN_ID: Airflow connection {conn_id!r} cannot be read ("
+            f"{type(exc).__name__}); "
             "create a connection of type postgres (host, port, schema = database, login, password) for the "
             "'postgres' sink's target"
         ) from None
     if not get_profile("postgres").accepts_conn_type(conn.conn_type):  # PostgreSQL's types, as a source's
         raise ConfigurationError(
-            f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the 'postgres' sink "
+            f"CDC_POSTGRES_SINK_CONN_ID: connection {conn_id!r} is of type {conn.conn_type!r}; the "
+            "'postgres' sink "
             "needs a connection of type postgres"
         )
     extra = conn.extra_dejson if isinstance(conn.extra_dejson, dict) else {}
-    return connection_parameters({
-        "host": conn.host, "port": conn.port, "dbname": conn.schema, "user": conn.login, "password": conn.password,
-        **{k: extra[k] for k in _LIBPQ_EXTRAS if k in extra},
-    })
+    return connection_parameters(
+        {
+            "host": conn.host,
+            "port": conn.port,
+            "dbname": conn.schema,
+            "user": conn.login,
+            "password": conn.password,
+            **{k: extra[k] for k in _LIBPQ_EXTRAS if k in extra},
+        }
+    )
 
 
 def _write_private(path: str, text: str) -> str:
@@ -100,16 +126,50 @@ def _passfile_line(password: str) -> str:
 
 
 #: SparkSubmitOperator's templated arguments (its ``template_fields``): fields of these operators
-_SUBMIT_FIELDS = ("application", "conf", "files", "py_files", "jars", "driver_class_path", "packages",
-                  "exclude_packages", "keytab", "principal", "proxy_user", "name", "application_args", "env_vars",
-                  "post_submit_commands", "properties_file")
+_SUBMIT_FIELDS = (
+    "application",
+    "conf",
+    "files",
+    "py_files",
+    "jars",
+    "driver_class_path",
+    "packages",
+    "exclude_packages",
+    "keytab",
+    "principal",
+    "proxy_user",
+    "name",
+    "application_args",
+    "env_vars",
+    "post_submit_commands",
+    "properties_file",
+)
 #: ... and its other arguments, handed on as given (a test compares both with the provider's signature)
-_SUBMIT_OPTIONS = frozenset({
-    "archives", "java_class", "repositories", "total_executor_cores", "executor_cores", "executor_memory",
-    "driver_memory", "num_executors", "status_poll_interval", "verbose", "spark_binary", "yarn_queue",
-    "deploy_mode", "use_krb5ccache", "track_driver_via_k8s_api", "yarn_track_via_rm_api", "yarn_rm_auth",
-    "openlineage_inject_parent_job_info", "openlineage_inject_transport_info", "reconnect_on_retry", "durable",
-})
+_SUBMIT_OPTIONS = frozenset(
+    {
+        "archives",
+        "java_class",
+        "repositories",
+        "total_executor_cores",
+        "executor_cores",
+        "executor_memory",
+        "driver_memory",
+        "num_executors",
+        "status_poll_interval",
+        "verbose",
+        "spark_binary",
+        "yarn_queue",
+        "deploy_mode",
+        "use_krb5ccache",
+        "track_driver_via_k8s_api",
+        "yarn_track_via_rm_api",
+        "yarn_rm_auth",
+        "openlineage_inject_parent_job_info",
+        "openlineage_inject_transport_info",
+        "reconnect_on_retry",
+        "durable",
+    }
+)
 
 
 def job_application(job: str) -> str:
@@ -159,7 +219,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             isinstance(local_max_rows, bool) or not isinstance(local_max_rows, int) or local_max_rows < 0
         ):
             raise ConfigurationError(
-                f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always spark-submit), "
+                f"{type(self).__name__}: local_max_rows must be a whole number >= 0 (0: always "
+                "spark-submit), "
                 f"got {local_max_rows!r}"
             )
         submit = {f: kwargs.pop(f, None) for f in _SUBMIT_FIELDS}
@@ -184,8 +245,12 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         fields = {f: getattr(self, f) for f in _SUBMIT_FIELDS}
         if application_args is not None:
             fields["application_args"] = application_args
-        op = SparkSubmitOperator(task_id=self.task_id, conn_id=self.conn_id,
-                                 **{k: v for k, v in fields.items() if v is not None}, **self.submit_options)
+        op = SparkSubmitOperator(
+            task_id=self.task_id,
+            conn_id=self.conn_id,
+            **{k: v for k, v in fields.items() if v is not None},
+            **self.submit_options,
+        )
         build = op._get_hook
 
         def get_hook():  # the operator builds its hook in execute, after OpenLineage amended its conf
@@ -257,7 +322,9 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         try:
             return BaseHook.get_connection(load(overrides=self.cdc_overrides).conn_id).schema or None
         except Exception:  # noqa: BLE001 - a connection not found here: the source's name, as before
-            self.log.info("the source connection is not readable here: events name the source, not its database")
+            self.log.info(
+                "the source connection is not readable here: events name the source, not its database"
+            )
             return None
 
     def input_rows(self) -> int:
@@ -272,8 +339,15 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         from ..settings import load
 
         params = CdcSourceHook(load(overrides=self.cdc_overrides).conn_id).connection_params()
-        return tables_lineage(params, self.data_dir, self.source, [TableName.parse(t) for t in tables],
-                              staging=staging, staging_is_output=False, sinks=sink_names(self.sinks))
+        return tables_lineage(
+            params,
+            self.data_dir,
+            self.source,
+            [TableName.parse(t) for t in tables],
+            staging=staging,
+            staging_is_output=False,
+            sinks=sink_names(self.sinks),
+        )
 
     def run_local(self) -> dict:
         raise NotImplementedError
@@ -287,7 +361,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         now = load(overrides=self.cdc_overrides)
         if not now.postgres_sink_conn_id:
             raise ConfigurationError(
-                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to the id of an "
+                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to "
+                "the id of an "
                 "Airflow connection of type postgres"
             )
         return postgres_sink_params(now.postgres_sink_conn_id), now.postgres_sink_schema
@@ -308,12 +383,15 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             if pg is not None:
                 if pg.get("sslpassword"):
                     raise ConfigurationError(
-                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit without showing "
+                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit "
+                        "without showing "
                         "it; use a key file without a passphrase (mode 0600) or run the job in the worker "
                         "(CDC_LOCAL_MAX_ROWS)"
                     )
                 if pg.get("password"):
-                    pg["passfile"] = _write_private(os.path.join(folder, "pgpass"), _passfile_line(pg["password"]))
+                    pg["passfile"] = _write_private(
+                        os.path.join(folder, "pgpass"), _passfile_line(pg["password"])
+                    )
                 args += ["--pg-uri", public_dsn({k: v for k, v in pg.items() if k not in SECRET_PARAMETERS})]
                 if pg_schema:
                     args += ["--pg-schema", pg_schema]
@@ -328,17 +406,26 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         if rows <= self.local_max_rows:
             self.log.info(
                 "%s: %d input rows <= local_max_rows=%d: running the job in this worker (no spark-submit)",
-                self.job, rows, self.local_max_rows,
+                self.job,
+                rows,
+                self.local_max_rows,
             )
             summary = self.run_local()
             # the line the Spark jobs print too (CDC_MERGE_RESULT / CDC_APPLY_RESULT), for logs and the bench
             self.log.info("CDC_%s_RESULT %s", self.job.upper(), json.dumps(summary))
             return summary
-        self.log.info("%s: %d input rows > local_max_rows=%d: spark-submit %s", self.job, rows, self.local_max_rows,
-                      self.application)
+        self.log.info(
+            "%s: %d input rows > local_max_rows=%d: spark-submit %s",
+            self.job,
+            rows,
+            self.local_max_rows,
+            self.application,
+        )
         # the secrets' arguments go to the spark-submit only, never to this task's (rendered) fields
         with self._submit_secrets() as secret_args:
-            return self.spark_submit(context, [*self.job_arguments(), *(self.application_args or []), *secret_args])
+            return self.spark_submit(
+                context, [*self.job_arguments(), *(self.application_args or []), *secret_args]
+            )
 
     def _asset_kinds(self) -> list[str]:
         """The sinks this task emits Asset events for: those with an alias in its outlets."""
@@ -364,8 +451,16 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         from ..pipeline.spark.common import build_sinks
 
         pg, pg_schema = self._postgres_target()  # resolved here, in the worker: the password stays in it
-        return build_sinks(self.sinks, data_dir=self.data_dir, source=self.source, database=self.source_database(),
-                           pg_uri=pg, pg_schema=pg_schema, require_schema=require_schema, fence_tables=fence_tables)
+        return build_sinks(
+            self.sinks,
+            data_dir=self.data_dir,
+            source=self.source,
+            database=self.source_database(),
+            pg_uri=pg,
+            pg_schema=pg_schema,
+            require_schema=require_schema,
+            fence_tables=fence_tables,
+        )
 
 
 def _write_live_round(round_file: str, chunks) -> str:
@@ -380,7 +475,23 @@ def _write_live_round(round_file: str, chunks) -> str:
 
 class SnapshotMergeOperator(_CdcJobOperator):
     """DBLog steps 4-5 for a snapshot round: the chunks listed in ``round_file`` (the
-    ``round`` task's output) merged with their watermark windows, written to the sinks."""
+    ``round`` task's output) merged with their watermark windows, written to the sinks.
+
+    :param round_file: the file that lists the round's chunks (the ``round`` task's output).
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
+    """
 
     job = "merge"
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
@@ -413,8 +524,12 @@ class SnapshotMergeOperator(_CdcJobOperator):
         chunks = self._chunks()
         left = not_merged(chunks)
         if len(left) < len(chunks):  # the merge_while_reading task merged the others (and committed them)
-            self.log.info("merge: %d of %d chunk(s) of this round were merged while reading; %d left",
-                          len(chunks) - len(left), len(chunks), len(left))
+            self.log.info(
+                "merge: %d of %d chunk(s) of this round were merged while reading; %d left",
+                len(chunks) - len(left),
+                len(chunks),
+                len(left),
+            )
             if not left:
                 return {"engine": "none", "chunks": 0, "merged_while_reading": len(chunks)}
             chunks = left
@@ -424,7 +539,9 @@ class SnapshotMergeOperator(_CdcJobOperator):
             live = [c for c in chunks if (c.table, c.snapshot_id) not in dead]
             self.log.info("merge: not merging the chunks of stopped or replaced snapshot(s) %s", sorted(dead))
             if not live:
-                raise AirflowSkipException(f"every snapshot of this round was stopped or replaced: {sorted(dead)}")
+                raise AirflowSkipException(
+                    f"every snapshot of this round was stopped or replaced: {sorted(dead)}"
+                )
             self.round_file = _write_live_round(str(self.round_file), live)
         try:
             summary = super().execute(context)
@@ -434,11 +551,15 @@ class SnapshotMergeOperator(_CdcJobOperator):
             merging = self._chunks()
             gone = self._dead_snapshots(merging)
             if gone and gone == {(c.table, c.snapshot_id) for c in merging}:
-                raise AirflowSkipException(f"merge fenced out: snapshot(s) {sorted(gone)} stopped meanwhile ({exc})") from exc
+                raise AirflowSkipException(
+                    f"merge fenced out: snapshot(s) {sorted(gone)} stopped meanwhile ({exc})"
+                ) from exc
             raise
         from ..pipeline.committed import round_tables  # pyarrow.dataset: not when the DAG file is parsed
 
-        self._emit_assets(context, lambda kinds: round_tables(self._chunks(), self.data_dir, self.source, kinds))
+        self._emit_assets(
+            context, lambda kinds: round_tables(self._chunks(), self.data_dir, self.source, kinds)
+        )
         return summary
 
     def get_openlineage_facets_on_complete(self, task_instance: Any):
@@ -492,14 +613,34 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
     :param min_rows: ready rows that start a merge (``CDC_MERGE_WHILE_READING_ROWS``; 0: never).
     :param reader_task_id: the chunk task whose instances of this run are watched.
     :param cdc_conn_id: the source connection, for the captures that stage high watermarks.
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
     """
 
     template_fields: Sequence[str] = (*SnapshotMergeOperator.template_fields, "work")
     min_rows = FromSettings("merge_while_reading_rows")
     poke_interval = FromSettings("sensor_poke_interval")
 
-    def __init__(self, *, work: Any, min_rows: int | None = None, reader_task_id: str = "read_chunks",
-                 cdc_conn_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        work: Any,
+        min_rows: int | None = None,
+        reader_task_id: str = "read_chunks",
+        cdc_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(round_file="", **kwargs)
         self.work, self.min_rows, self.reader_task_id = work, min_rows, reader_task_id
         self.cdc_conn_id = cdc_conn_id
@@ -551,16 +692,23 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         def no_source():  # a commit never reads the source
             raise RuntimeError("merge_while_reading does not connect to the source")
 
-        SnapshotController(source=self.source, data_dir=self.data_dir,
-                           progress=airflow_variables.for_source(self.source, self.data_dir), connect=no_source,
-                           sinks=sink_names(self.sinks), compact_budget_rows=now.mirror_compact_budget_rows,
-                           retention_hours=now.mirror_retention_hours).commit(chunks, finish=False)
+        SnapshotController(
+            source=self.source,
+            data_dir=self.data_dir,
+            progress=airflow_variables.for_source(self.source, self.data_dir),
+            connect=no_source,
+            sinks=sink_names(self.sinks),
+            compact_budget_rows=now.mirror_compact_budget_rows,
+            retention_hours=now.mirror_retention_hours,
+        ).commit(chunks, finish=False)
 
     def execute(self, context: Any) -> dict:
         work = self._work_items()
         summary: dict[str, Any] = {"batches": 0, "chunks": 0, "rows": 0}
         if not work or not self.min_rows:
-            self.log.info("nothing to merge while reading (%s)", "no work items" if not work else "min_rows is 0")
+            self.log.info(
+                "nothing to merge while reading (%s)", "no work items" if not work else "min_rows is 0"
+            )
             return summary
         try:
             self._merge_while_reading(context, work, summary)
@@ -582,8 +730,10 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         while True:
             readers = self._readers(context)
             if readers is None:
-                self.log.info("Airflow cannot say here whether the chunk tasks still read; the round's merge "
-                              "takes every chunk")
+                self.log.info(
+                    "Airflow cannot say here whether the chunk tasks still read; the round's merge "
+                    "takes every chunk"
+                )
                 return
             if readers is not True:  # "waiting", False or "done"
                 # none running: what is committed is the round's merge's (which finishes the
@@ -611,13 +761,20 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
                     n = summary["batches"] + 1
                     self.round_file = round_path(self.data_dir, self.source, f"{run_id}~early{n}")
                     storage.write_text(self.round_file, json.dumps(ready))
-                    self.log.info("merging %d chunk(s), %d rows, while chunks are read (batch %d; %d chunk(s) "
-                                  "wait for their high watermark)", len(ready), ready_rows, n, missing)
+                    self.log.info(
+                        "merging %d chunk(s), %d rows, while chunks are read (batch %d; %d chunk(s) "
+                        "wait for their high watermark)",
+                        len(ready),
+                        ready_rows,
+                        n,
+                        missing,
+                    )
                     SnapshotMergeOperator.execute(self, context)  # its --chunks: this batch's round file
                     mwr.check_receipt(self.round_file, ready)  # only what this merge wrote is marked merged
                     self._commit(ready)
-                    summary.update(batches=n, chunks=summary["chunks"] + len(ready),
-                                   rows=summary["rows"] + ready_rows)
+                    summary.update(
+                        batches=n, chunks=summary["chunks"] + len(ready), rows=summary["rows"] + ready_rows
+                    )
                     continue
             time.sleep(float(self.poke_interval))
 
@@ -658,7 +815,22 @@ def emit_freshness(data_dir: str, source: str) -> float | None:
 
 
 class ChangelogApplyOperator(_CdcJobOperator):
-    """Staged changelog segments past each sink's applied marker -> the sinks."""
+    """Staged changelog segments past each sink's applied marker -> the sinks.
+
+    :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
+    :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
+    :param sinks: the sinks written, a comma list (``events``, ``mirror``, ``postgres``); default CDC_SINKS.
+    :param database: ``source.db`` of the events written; default the database the source's connection
+        names, else the source's name.
+    :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+    :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
+    :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
+        pass CDC_SPARK_CONN_ID).
+
+    SparkSubmitOperator's arguments (``conf``, ``packages``, ``executor_memory``, ...) are handed to the
+    spark-submit as given; the others are BaseOperator's.
+    """
 
     job = "apply"
 
@@ -668,8 +840,9 @@ class ChangelogApplyOperator(_CdcJobOperator):
 
         before = markers(self.data_dir, self.source, self._asset_kinds())
         if available():  # what this apply covers, for its OpenLineage event
-            self._lineage_before = markers(self.data_dir, self.source,
-                                           [s for s in sink_names(self.sinks) if s in LOCATION_SINKS])
+            self._lineage_before = markers(
+                self.data_dir, self.source, [s for s in sink_names(self.sinks) if s in LOCATION_SINKS]
+            )
         summary = super().execute(context)
         stopped = {}
         if "mirror" in sink_names(self.sinks):
@@ -677,8 +850,10 @@ class ChangelogApplyOperator(_CdcJobOperator):
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
             emit_freshness(self.data_dir, self.source)
-        self._emit_assets(context, lambda kinds: applied_tables(self.data_dir, self.source, before,
-                                                                skip={"mirror": set(stopped)}))
+        self._emit_assets(
+            context,
+            lambda kinds: applied_tables(self.data_dir, self.source, before, skip={"mirror": set(stopped)}),
+        )
         if stopped:
             # every other table was applied (the markers moved) and its Asset events are emitted:
             # this task succeeds so Airflow records them (it drops the outlet events of a failed

@@ -27,8 +27,10 @@ def verify_for_dag(conf: Any, overrides: Mapping[str, str] | None = None) -> dic
     from ..pipeline.verify import verify_table
 
     if not isinstance(conf, dict) or set(conf) != {"table"} or not isinstance(conf["table"], str):
-        raise ConfigurationError(f'a cdc_verify run\'s conf is {{"table": "schema.table"}} and nothing else, got '
-                                 f"{conf!r}: the source is the DAG's own")
+        raise ConfigurationError(
+            f'a cdc_verify run\'s conf is {{"table": "schema.table"}} and nothing else, got '
+            f"{conf!r}: the source is the DAG's own"
+        )
     now = settings.load(overrides=dict(overrides or {}))
     apply_storage_connection(overrides=overrides)
     table = TableName.parse(conf["table"])
@@ -39,8 +41,17 @@ def verify_for_dag(conf: Any, overrides: Mapping[str, str] | None = None) -> dic
             verified_after_gap(dialect, now.data_dir, table.id)
     keep = ("rows_checked", "mismatched", "source_rows", "mirror_rows", "missing", "extra", "different")
     counts = {k: v for k, v in res.to_dict().items() if k in keep}
-    airflow_variables.save_verify(now.source, table.id, {**counts, "repair_conf": res.repair_conf(), "ok": res.ok,
-                                                      "at": round(time.time(), 3), "repair_run": None,
-                                                      "event_violations": None})
+    airflow_variables.save_verify(
+        now.source,
+        table.id,
+        {
+            **counts,
+            "repair_conf": res.repair_conf(),
+            "ok": res.ok,
+            "at": round(time.time(), 3),
+            "repair_run": None,
+            "event_violations": None,
+        },
+    )
     log.info("verify of %s (source %r): %s", table.id, now.source, res.summary())
     return {"table": table.id, "ok": res.ok, **counts}

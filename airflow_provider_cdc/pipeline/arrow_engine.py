@@ -69,12 +69,20 @@ def _read_parquet(path: str, columns: Sequence[str]) -> pa.Table:
         t = f.read(columns=[c for c in columns if c in have])
     for c in columns:
         if c not in have and c in CHANGELOG_SCHEMA.names:
-            t = t.append_column(CHANGELOG_SCHEMA.field(c), pa.nulls(t.num_rows, CHANGELOG_SCHEMA.field(c).type))
+            t = t.append_column(
+                CHANGELOG_SCHEMA.field(c), pa.nulls(t.num_rows, CHANGELOG_SCHEMA.field(c).type)
+            )
     return t.select(list(columns))
 
 
-def segment_table(path: str, *, lower: str = "", after: Position | None = None, upto: Position | None = None,
-                  columns: Sequence[str] | None = None) -> pa.Table:
+def segment_table(
+    path: str,
+    *,
+    lower: str = "",
+    after: Position | None = None,
+    upto: Position | None = None,
+    columns: Sequence[str] | None = None,
+) -> pa.Table:
     """One staged segment's events with ``lower < position`` (its de-duplication bound,
     storage.staged.segment_lower_bounds) and ``after < position <= upto``, in ``columns``
     (position always included)."""
@@ -82,8 +90,14 @@ def segment_table(path: str, *, lower: str = "", after: Position | None = None, 
     if "position" not in cols:
         cols.insert(0, "position")
     t = _read_parquet(path, cols).cast(pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]))
-    return t.filter(_in_range(t["position"], lower, None if after is None else after.encode(),
-                              None if upto is None else upto.encode()))
+    return t.filter(
+        _in_range(
+            t["position"],
+            lower,
+            None if after is None else after.encode(),
+            None if upto is None else upto.encode(),
+        )
+    )
 
 
 def _in_range(positions, lower: str, after: str | None, upto: str | None):
@@ -104,12 +118,18 @@ def segment_units(segments: Segments, after: Position | None, upto: Position | N
     event in overlapping segments counts in the first). Both engines read these."""
     bounds = segment_lower_bounds(segments)
     a, u = (None if p is None else p.encode() for p in (after, upto))
-    return [(path, bounds[path.rsplit("/", 1)[-1]], a, u) for first, last, path in segments
-            if (after is None or last > after) and (upto is None or first <= upto)]
+    return [
+        (path, bounds[path.rsplit("/", 1)[-1]], a, u)
+        for first, last, path in segments
+        if (after is None or last > after) and (upto is None or first <= upto)
+    ]
 
 
 def read_changelog(
-    segments: Segments, *, after: Position | None = None, upto: Position | None = None,
+    segments: Segments,
+    *,
+    after: Position | None = None,
+    upto: Position | None = None,
     columns: Sequence[str] | None = None,
 ) -> pa.Table:
     """Staged events with ``after < position <= upto`` without duplicates, as one Arrow table
@@ -117,9 +137,15 @@ def read_changelog(
     cols = list(columns or SEGMENT_SCHEMA.names)
     if "position" not in cols:
         cols.insert(0, "position")
-    parts = [segment_table(path, lower=lower, after=after, upto=upto, columns=cols)
-             for path, lower, _a, _u in segment_units(segments, after, upto)]
-    return pa.concat_tables(parts) if parts else pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).empty_table()
+    parts = [
+        segment_table(path, lower=lower, after=after, upto=upto, columns=cols)
+        for path, lower, _a, _u in segment_units(segments, after, upto)
+    ]
+    return (
+        pa.concat_tables(parts)
+        if parts
+        else pa.schema([CHANGELOG_SCHEMA.field(c) for c in cols]).empty_table()
+    )
 
 
 def changelog_events(segments: Segments, after: Position | None, upto: Position | None) -> list[TableEvents]:
@@ -137,13 +163,18 @@ def segment_events(unit: tuple) -> list[TableEvents]:
     t = read_table(path)  # every column: the log columns and each table's typed images
     t = t.filter(_in_range(t["position"], lower, after, upto))  # segment_images leaves watermarks out
     name = path.rsplit("/", 1)[-1]
-    batch = "c-" + name[len("seg-"):-len(".parquet")]
+    batch = "c-" + name[len("seg-") : -len(".parquet")]
     out = []
     for table, schema, text, part in segment_images(t):
         n = part.num_rows
-        cols = {**{c: part[c] for c in part.column_names}, "snapshot": pa.repeat(pa.scalar(False), n),
-                "batch": pa.repeat(pa.scalar(batch, pa.string()), n)}
-        out.append(TableEvents(table, schema, tuple(text), typed_events_table(cols, part["before"], part["after"])))
+        cols = {
+            **{c: part[c] for c in part.column_names},
+            "snapshot": pa.repeat(pa.scalar(False), n),
+            "batch": pa.repeat(pa.scalar(batch, pa.string()), n),
+        }
+        out.append(
+            TableEvents(table, schema, tuple(text), typed_events_table(cols, part["before"], part["after"]))
+        )
     return out
 
 
@@ -153,7 +184,9 @@ def _segment_rows(path: str) -> int:
         return pq.ParquetFile(fh).metadata.num_rows
 
 
-def pending_rows(data_dir: str, source: str, sink_names: Sequence[str], *, changelog_dir: str | None = None) -> int:
+def pending_rows(
+    data_dir: str, source: str, sink_names: Sequence[str], *, changelog_dir: str | None = None
+) -> int:
     """Rows of the staged segments the apply job would read (past the oldest applied marker),
     from Parquet footers only: an upper bound (a segment is counted whole)."""
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
@@ -183,9 +216,15 @@ def window_events(w, changes: pa.Table) -> TableEvents:
             f"{w.chunk.rows}; the file was replaced by another attempt: re-run the chunk task"
         )
     survivors = window_survivors(rows, changes, table=w.chunk.table, low=w.low, high=w.high)  # step 4
-    events = read_events(survivors, typed_event_schema(rows.schema.field("after").type), table=w.chunk.table,
-                         high=w.high, high_ts_ms=w.high_ts_ms, watermark=w.chunk.high_watermark,
-                         batch=w.batch)  # step 5
+    events = read_events(
+        survivors,
+        typed_event_schema(rows.schema.field("after").type),
+        table=w.chunk.table,
+        high=w.high,
+        high_ts_ms=w.high_ts_ms,
+        watermark=w.chunk.high_watermark,
+        batch=w.batch,
+    )  # step 5
     return TableEvents(w.chunk.table, schema, tuple(text), events)
 
 
@@ -203,12 +242,18 @@ def chunk_events(unit: tuple) -> list[TableEvents]:
     """The ``r`` events of one chunk window (see :func:`chunk_units`), reading only its
     window's changes: every key changed there drops, whichever segment copy holds it."""
     w, segments = unit
-    changes = read_changelog(segments, after=Position.decode(w.low), upto=Position.decode(w.high),
-                             columns=["position", "table", "op", "key"])
+    changes = read_changelog(
+        segments,
+        after=Position.decode(w.low),
+        upto=Position.decode(w.high),
+        columns=["position", "table", "op", "key"],
+    )
     return [window_events(w, changes)]
 
 
-def merge_chunks(chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None) -> pa.Table:
+def merge_chunks(
+    chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence | None = None
+) -> pa.Table:
     """The round's ``r`` events in the canonical-JSON form (EVENT_SCHEMA), like
     merge_job.merge_chunks but in Arrow: for checks against core's reference; a round's
     write (:func:`merge_round`) hands the typed events to the sinks."""
@@ -230,8 +275,13 @@ def _window_changes(windows: Sequence, changelog_dir: str) -> pa.Table:
 
 
 def merge_round(
-    chunks: Sequence[ChunkResult | dict], *, data_dir: str, source: str, sinks: Sequence[Sink],
-    changelog_dir: str | None = None, max_batch_rows: int = DEFAULT_BATCH_ROWS,
+    chunks: Sequence[ChunkResult | dict],
+    *,
+    data_dir: str,
+    source: str,
+    sinks: Sequence[Sink],
+    changelog_dir: str | None = None,
+    max_batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> dict:
     """Merge a round in this process and write it to ``sinks``; the same summary as the
     Spark merge job (plus ``engine``)."""
@@ -256,18 +306,30 @@ def merge_round(
         log.info("merge group %d of %d: %d chunk(s), %d events written", i, len(groups), len(group), n)
     rows_in = sum(w.chunk.rows for w in windows)
     return {
-        "engine": "local", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
-        "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
+        "engine": "local",
+        "chunks": len(windows),
+        "rows_in": rows_in,
+        "emitted": emitted,
+        "dropped": rows_in - emitted,
+        "seconds": round(time.monotonic() - t0, 3),
+        "sinks": [s.name for s in sinks],
         **{k: round(v, 3) for k, v in timings.items()},
     }
 
 
 # --- apply ---------------------------------------------------------------------------------------
 def apply_segments(
-    read_events: EventReader, data_dir: str, source: str, sinks: Sequence[Sink], *,
-    changelog_dir: str | None = None, max_segments_per_batch: int = 64,
+    read_events: EventReader,
+    data_dir: str,
+    source: str,
+    sinks: Sequence[Sink],
+    *,
+    changelog_dir: str | None = None,
+    max_segments_per_batch: int = 64,
     max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
-    after_mark: Callable | None = None, write: Callable | None = None, count: Callable | None = None,
+    after_mark: Callable | None = None,
+    write: Callable | None = None,
+    count: Callable | None = None,
     release: Callable | None = None,
 ) -> dict:
     """Apply every staged segment past each sink's marker, in batches of whole segments (at
@@ -279,7 +341,9 @@ def apply_segments(
     if max_batch_rows < 1:
         raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
     # the in-process engine's defaults: TableEvents lists; the Spark apply job passes its own
-    after_mark = after_mark or (lambda ts, mark: [t.filter(pc.greater(t.events["position"], mark.encode())) for t in ts])
+    after_mark = after_mark or (
+        lambda ts, mark: [t.filter(pc.greater(t.events["position"], mark.encode())) for t in ts]
+    )
     write = write or _write_each
     count = count or (lambda ts: sum(t.num_rows for t in ts))
     release = release or (lambda t: None)
@@ -303,7 +367,9 @@ def apply_segments(
     for group in groups:
         upto = max(last for _, last, _ in group)
         infos = [index.get(storage.basename(path)) for _, _, path in group]
-        newest_ms = max((i.max_ts_ms for i in infos if i is not None and i.max_ts_ms is not None), default=None)
+        newest_ms = max(
+            (i.max_ts_ms for i in infos if i is not None and i.max_ts_ms is not None), default=None
+        )
         events = read_events(segments, lower, upto)
         behind: dict = {}  # sinks at the same marker take the same events: one write for them
         for sink in sinks:
@@ -319,11 +385,21 @@ def apply_segments(
         release(events)
         applied += n
         batches += 1
-        log.info("apply batch %d of %d: %d events from %d segment(s) up to %s", batches, len(groups), n,
-                 len(group), upto)
+        log.info(
+            "apply batch %d of %d: %d events from %d segment(s) up to %s",
+            batches,
+            len(groups),
+            n,
+            len(group),
+            upto,
+        )
         lower = upto if lower is None or upto > lower else lower
-    return {"segments": len(pending), "batches": batches, "events": applied,
-            "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()}}
+    return {
+        "segments": len(pending),
+        "batches": batches,
+        "events": applied,
+        "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()},
+    }
 
 
 def _write_each(group: Sequence[Sink], events: list[TableEvents]) -> None:

@@ -56,7 +56,9 @@ def stage_changelog(
     schemas: dict = {}
 
     def stage(events: list[LogEvent] | EventBatch) -> None:
-        batch = events if isinstance(events, EventBatch) else events_to_batch(events, dialect.watermark_table.id)
+        batch = (
+            events if isinstance(events, EventBatch) else events_to_batch(events, dialect.watermark_table.id)
+        )
         new = set(batch.tables) - schemas.keys()
         if new:
             schemas.update(follow_log_schemas(dialect, data_dir, dialect.source, new))
@@ -75,7 +77,10 @@ def stage_changelog(
         mark = len(paths)
         remaining = None if max_events is None else max_events - counts[0]
         batch = dialect.read_log(
-            offset, max_events=remaining, segment_max_events=seg_max or None, on_segment=stage if seg_max else None
+            offset,
+            max_events=remaining,
+            segment_max_events=seg_max or None,
+            on_segment=stage if seg_max else None,
         )
         if batch.events:
             stage(batch.events)
@@ -126,18 +131,29 @@ class Lag:
     warning: str | None = None
 
     def describe(self) -> str:
-        return (f"source {self.source!r}: {self.bytes:,} bytes and {self.seconds:,.0f} s behind ({self.holder})"
-                + (f"; {describe_replica_lag(*self.replica)}" if self.replica else "")
-                + (f"; AT RISK: {self.risk}" if self.risk else "")
-                + (f"; WARNING: {self.warning}" if self.warning else ""))
+        return (
+            f"source {self.source!r}: {self.bytes:,} bytes and {self.seconds:,.0f} s behind ({self.holder})"
+            + (f"; {describe_replica_lag(*self.replica)}" if self.replica else "")
+            + (f"; AT RISK: {self.risk}" if self.risk else "")
+            + (f"; WARNING: {self.warning}" if self.warning else "")
+        )
 
     def record(self, at: float) -> dict:
         """The JSON the capture task stores for ``airflow cdc status`` (airflow_variables.save_lag)."""
-        out = {"bytes": self.bytes, "seconds": round(self.seconds, 3), "holder": self.holder, "risk": self.risk,
-               "warning": self.warning, "at": round(at, 3)}
+        out = {
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+            "holder": self.holder,
+            "risk": self.risk,
+            "warning": self.warning,
+            "at": round(at, 3),
+        }
         if self.replica is not None:
             behind, seconds = self.replica
-            out["replica"] = {"bytes": behind, "seconds": None if seconds == float("inf") else round(seconds, 3)}
+            out["replica"] = {
+                "bytes": behind,
+                "seconds": None if seconds == float("inf") else round(seconds, 3),
+            }
         return out
 
 
@@ -148,28 +164,57 @@ def describe_replica_lag(behind: int, seconds: float | None) -> str:
     return f"the replica chunks are read from is {behind:,} bytes, {seconds:,.0f} s behind its primary"
 
 
-def capture_lag(source: str, reading: LogRetention, result: CaptureResult, *, drained: bool,
-                min_headroom: float = DEFAULT_MIN_HEADROOM, now_ms: int | None = None,
-                replica: tuple[int, float] | None = None) -> Lag:
+def capture_lag(
+    source: str,
+    reading: LogRetention,
+    result: CaptureResult,
+    *,
+    drained: bool,
+    min_headroom: float = DEFAULT_MIN_HEADROOM,
+    now_ms: int | None = None,
+    replica: tuple[int, float] | None = None,
+) -> Lag:
     """The lag after a capture run and the retention risk. ``drained``: the run read to the end
     of the log (not stopped by ``max_events``): nothing older than now is left behind.
     At risk: the log is lost already, or less than ``min_headroom`` of the source's size limit
     is left (PostgreSQL max_slot_wal_keep_size), or the capture is behind by more than
     ``1 - min_headroom`` of its age limit (MariaDB binlog expiry)."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    seconds = 0.0 if drained or result.newest_ts_ms is None else max(0.0, (now_ms - result.newest_ts_ms) / 1000)
+    seconds = (
+        0.0 if drained or result.newest_ts_ms is None else max(0.0, (now_ms - result.newest_ts_ms) / 1000)
+    )
     risk = None
     mb = 1024 * 1024
     if reading.lost:
-        risk = f"{reading.holder} is lost: the source already dropped log the capture needs ({reading.setting}); {reading.fix}"
-    elif reading.limit_bytes and reading.safe_bytes is not None and reading.safe_bytes < min_headroom * reading.limit_bytes:
-        risk = (f"{reading.holder} can take {reading.safe_bytes / mb:,.0f} MB more WAL before {reading.setting} "
-                f"({reading.limit_bytes / mb:,.0f} MB) makes the server drop log it needs; {reading.fix}")
+        risk = (
+            f"{reading.holder} is lost: the source already dropped log the capture needs ("
+            f"{reading.setting}); "
+            f"{reading.fix}"
+        )
+    elif (
+        reading.limit_bytes
+        and reading.safe_bytes is not None
+        and reading.safe_bytes < min_headroom * reading.limit_bytes
+    ):
+        risk = (
+            f"{reading.holder} can take {reading.safe_bytes / mb:,.0f} MB more WAL before {reading.setting} "
+            f"({reading.limit_bytes / mb:,.0f} MB) makes the server drop log it needs; {reading.fix}"
+        )
     elif reading.limit_seconds and seconds > (1 - min_headroom) * reading.limit_seconds:
-        risk = (f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
-                f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next change; {reading.fix}")
-    return Lag(source, reading.holder, reading.lag_bytes, seconds, risk, replica,
-               warning=getattr(reading, "unbounded", "") or None)
+        risk = (
+            f"the capture is {seconds:,.0f} s behind and the server purges binlog files older than "
+            f"{reading.limit_seconds:,.0f} s ({reading.setting}); {reading.holder} holds the next "
+            f"change; {reading.fix}"
+        )
+    return Lag(
+        source,
+        reading.holder,
+        reading.lag_bytes,
+        seconds,
+        risk,
+        replica,
+        warning=getattr(reading, "unbounded", "") or None,
+    )
 
 
 def replica_lag(dialect: Dialect) -> tuple[int, float] | None:
@@ -191,7 +236,9 @@ def maintain_staging(data_dir: str, source: str, retention: RetentionPolicy | No
             return None
         return prune_staging(data_dir, source, retention)
     except Exception:  # noqa: BLE001 - maintenance: the next run tries again
-        log.warning("source %r: the staged changelog's index or retention failed this run", source, exc_info=True)
+        log.warning(
+            "source %r: the staged changelog's index or retention failed this run", source, exc_info=True
+        )
         return None
 
 
@@ -222,19 +269,28 @@ def run_capture(
         if not acquired:
             return None
         with source_dialect as dialect:
-            result = stage_changelog(dialect, data_dir, max_events=max_events, segment_max_events=segment_max_events)
+            result = stage_changelog(
+                dialect, data_dir, max_events=max_events, segment_max_events=segment_max_events
+            )
             # after the events, so a column they carry is in the staged schema before apply runs
             stopped = follow_schema_changes(dialect, data_dir, hook.source)
             reading = dialect.log_retention(result.end_offset)
             replica = replica_lag(dialect)
         maintain_staging(data_dir, hook.source, retention)
     drained = max_events is None or result.events < max_events
-    lag = None if reading is None else capture_lag(hook.source, reading, result, drained=drained,
-                                                   min_headroom=min_headroom, replica=replica)
+    lag = (
+        None
+        if reading is None
+        else capture_lag(
+            hook.source, reading, result, drained=drained, min_headroom=min_headroom, replica=replica
+        )
+    )
     if lag is not None and lag.warning:
         log.warning("source %r: %s", hook.source, lag.warning)
     for tid, why in sorted(stopped.items()):
-        log.error("table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why)
+        log.error(
+            "table %s changed in a way its mirror cannot follow (%s): it waits for a re-snapshot", tid, why
+        )
     rate = result.events / result.seconds if result.seconds > 0 else 0.0
     log.info(
         "captured %d events (%d watermarks) of source %r in %.2f s (%.0f events/s), offset %s -> %s, "

@@ -29,8 +29,11 @@ def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) 
     extra = {"source": source, "table": table_id, "kind": kind, **fields}
     if "position" in fields:
         extra["readable_position"] = _readable(fields["position"])
-    extra["location"] = (mirror_dir(data_dir, source, TableName.parse(table_id)) if kind == MIRROR
-                         else events_dir(data_dir, source))
+    extra["location"] = (
+        mirror_dir(data_dir, source, TableName.parse(table_id))
+        if kind == MIRROR
+        else events_dir(data_dir, source)
+    )
     return extra
 
 
@@ -41,13 +44,17 @@ def round_tables(chunks: Sequence[ChunkResult], data_dir: str, source: str, kind
     staged = staged_watermarks(changelog_dir(data_dir, source), [c.high_watermark for c in chunks])
     per: dict[str, dict] = {}
     for c in chunks:
-        t = per.setdefault(c.table, {"snapshot_id": c.snapshot_id, "chunks": 0, "chunk_rows": 0, "position": None})
+        t = per.setdefault(
+            c.table, {"snapshot_id": c.snapshot_id, "chunks": 0, "chunk_rows": 0, "position": None}
+        )
         t["chunks"] += 1
         t["chunk_rows"] += c.rows
         hit = staged.get(c.high_watermark)
         if hit is not None and (t["position"] is None or hit[0] > t["position"]):
             t["position"] = hit[0]
-    return {kind: {tid: table_extra(data_dir, source, tid, kind, **e) for tid, e in per.items()} for kind in kinds}
+    return {
+        kind: {tid: table_extra(data_dir, source, tid, kind, **e) for tid, e in per.items()} for kind in kinds
+    }
 
 
 def _readable(encoded: str | None) -> str | None:
@@ -58,8 +65,9 @@ def markers(data_dir: str, source: str, kinds: Iterable[str]) -> dict[str, Posit
     return {k: read_marker(data_dir, source, k) for k in kinds}
 
 
-def applied_tables(data_dir: str, source: str, before: dict[str, Position | None],
-                   skip: dict[str, set[str]] | None = None) -> dict:
+def applied_tables(
+    data_dir: str, source: str, before: dict[str, Position | None], skip: dict[str, set[str]] | None = None
+) -> dict:
     """kind -> table id -> extra, for a changelog apply: the change events each table got
     between each sink's marker ``before`` and its marker now, and that position. Reads only
     the table/op/position columns of the segments in between, batch by batch."""
@@ -72,14 +80,18 @@ def applied_tables(data_dir: str, source: str, before: dict[str, Position | None
         excluded = (skip or {}).get(kind, set())
         out[kind] = {
             tid: table_extra(data_dir, source, tid, kind, events=n, position=new.encode())
-            for tid, n in counts.items() if tid not in excluded
+            for tid, n in counts.items()
+            if tid not in excluded
         }
     return out
 
 
 def _table_counts(data_dir: str, source: str, after: Position | None, upto: Position) -> Counter:
-    segments = [p for first, last, p in list_segments(changelog_dir(data_dir, source))
-                if (after is None or last > after) and first <= upto]
+    segments = [
+        p
+        for first, last, p in list_segments(changelog_dir(data_dir, source))
+        if (after is None or last > after) and first <= upto
+    ]
     counts: Counter = Counter()
     if not segments:
         return counts

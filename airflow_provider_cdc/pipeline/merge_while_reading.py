@@ -30,7 +30,9 @@ def committed_unmerged(data_dir: str, source: str, work_items: Iterable[dict]) -
     out: list[dict] = []
     for table_id, snapshot_id in snapshots_of(work_items):
         table = TableName.parse(table_id)
-        out += [s["result"] for s in steps.read_sidecars(data_dir, source, table, snapshot_id) if not s["merged"]]
+        out += [
+            s["result"] for s in steps.read_sidecars(data_dir, source, table, snapshot_id) if not s["merged"]
+        ]
     return out
 
 

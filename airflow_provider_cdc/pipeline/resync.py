@@ -19,7 +19,6 @@ from .locks import capture_lock, lock_key
 log = logging.getLogger(__name__)
 
 
-
 def resync(dialect: Dialect, data_dir: str) -> dict:
     """Start capture anew after :class:`SourceChangedError`; returns the gap recorded.
 
@@ -32,46 +31,71 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
     directory = changelog_dir(data_dir, dialect.source)
     with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
         if not acquired:
-            raise StateError(f"source {dialect.source!r}: a capture holds the capture lock; pause the changelog DAG "
-                             "(or wait for its run to end) and resync again")
+            raise StateError(
+                f"source {dialect.source!r}: a capture holds the capture lock; pause the changelog DAG "
+                "(or wait for its run to end) and resync again"
+            )
         try:
             dialect.load_offset(data_dir)
         except SourceChangedError as exc:
             reason = str(exc)
         else:
-            raise StateError(f"source {dialect.source!r}: capture can go on from where it stands on this server, so "
-                             "there is nothing to resync")
+            raise StateError(
+                f"source {dialect.source!r}: capture can go on from where it stands on this server, so "
+                "there is nothing to resync"
+            )
         before = read_server(directory)
         server = dialect.server_identity()
         if before is not None and before.get("system_identifier") != server.get("system_identifier"):
             raise StateError(
                 f"source {dialect.source!r}: the server is another cluster (system identifier "
-                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), whose log positions "
-                "do not continue the captured ones, so the event log and the mirror could not order its changes after "
-                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, then start capture "
-                "and snapshot every captured table")
+                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), "
+                "whose log positions "
+                "do not continue the captured ones, so the event log and the mirror could not order "
+                "its changes after "
+                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, "
+                "then start capture "
+                "and snapshot every captured table"
+            )
         through = staged_through(directory)
         now = dialect.current_position()
         if through is not None and now <= through[0]:
             raise StateError(
-                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what capture staged from the "
-                f"old one ({through[0].encode()}): positions would collide. Wait until the server has written more WAL "
-                "than that (any writes do), then resync again")
-        gap = {"id": uuid.uuid4().hex, "state": "resyncing", "reason": reason,
-               "from": through[0].encode() if through else None, "detected_ms": int(time.time() * 1000),
-               "server_before": before}
+                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what "
+                "capture staged from the "
+                f"old one ({through[0].encode()}): positions would collide. Wait until the server has "
+                "written more WAL "
+                "than that (any writes do), then resync again"
+            )
+        gap = {
+            "id": uuid.uuid4().hex,
+            "state": "resyncing",
+            "reason": reason,
+            "from": through[0].encode() if through else None,
+            "detected_ms": int(time.time() * 1000),
+            "server_before": before,
+        }
         gaps = [*read_gaps(directory), gap]
         write_gaps(directory, gaps)
         drop = getattr(dialect, "drop_slot", None)
         if drop is not None:
             drop()  # a slot of this name here did not continue the captured log
         start = dialect.offset_position(dialect.load_offset(data_dir))
-        gap.update(state="open", to=start.encode() if start is not None else None, server_after=read_server(directory),
-                   tables=[t.id for t in sorted(dialect.scope_tables() or ())])
+        gap.update(
+            state="open",
+            to=start.encode() if start is not None else None,
+            server_after=read_server(directory),
+            tables=[t.id for t in sorted(dialect.scope_tables() or ())],
+        )
         write_gaps(directory, gaps, events_dir(data_dir, dialect.source))
         _gap_events(dialect, data_dir, gap)
-        log.warning("source %r: resynced: capture starts anew at %s; changes after %s may be missing until every "
-                    "captured table is verified and repaired", dialect.source, gap["to"], gap["from"])
+        log.warning(
+            "source %r: resynced: capture starts anew at %s; changes after %s may be missing until every "
+            "captured table is verified and repaired",
+            dialect.source,
+            gap["to"],
+            gap["from"],
+        )
         return gap
 
 
@@ -88,8 +112,17 @@ def _gap_events(dialect: Dialect, data_dir: str, gap: dict) -> None:
     tables = sorted(dialect.scope_tables() or ())
     if not tables or gap.get("to") is None:
         return
-    rows = [{"position": gap["to"], "table": t.id, "op": Op.GAP.value, "ts_ms": gap["detected_ms"], "snapshot": False,
-             "batch": f"g-{gap['to']}-{gap['id'][:12]}"} for t in tables]
+    rows = [
+        {
+            "position": gap["to"],
+            "table": t.id,
+            "op": Op.GAP.value,
+            "ts_ms": gap["detected_ms"],
+            "snapshot": False,
+            "batch": f"g-{gap['to']}-{gap['id'][:12]}",
+        }
+        for t in tables
+    ]
     EventLogSink(data_dir, dialect.source).write(pa.Table.from_pylist(rows, schema=EVENT_SCHEMA))
 
 
@@ -104,7 +137,13 @@ def verified_after_gap(dialect: Dialect, data_dir: str, table_id: str) -> list[d
         return []
     with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
         if not acquired:
-            log.warning("source %r: a capture holds the capture lock: the gap is noted as verified for %s at the "
-                        "next verify", dialect.source, table_id)
+            log.warning(
+                "source %r: a capture holds the capture lock: the gap is noted as verified for %s at the "
+                "next verify",
+                dialect.source,
+                table_id,
+            )
             return []
-        return record_verified(directory, events_dir(data_dir, dialect.source), table_id, int(time.time() * 1000))
+        return record_verified(
+            directory, events_dir(data_dir, dialect.source), table_id, int(time.time() * 1000)
+        )

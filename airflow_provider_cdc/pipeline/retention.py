@@ -68,9 +68,13 @@ class PruneResult:
     held_by: str | None  # why the oldest segment left was kept (None: nothing left)
 
     def describe(self) -> str:
-        return (f"staging retention removed {self.segments_deleted} segment(s) ({self.bytes_deleted:,} bytes) and "
-                f"{self.snapshots_deleted} snapshot folder(s); {self.segments_kept} segment(s) "
-                f"({self.bytes_kept:,} bytes) kept" + (f", the oldest held by {self.held_by}" if self.held_by else ""))
+        return (
+            f"staging retention removed {self.segments_deleted} segment(s) ({self.bytes_deleted:,} "
+            "bytes) and "
+            f"{self.snapshots_deleted} snapshot folder(s); {self.segments_kept} segment(s) "
+            f"({self.bytes_kept:,} bytes) kept"
+            + (f", the oldest held by {self.held_by}" if self.held_by else "")
+        )
 
 
 def _snapshot_folders(data_dir: str, source: str) -> list[tuple[str, str, str]]:
@@ -116,8 +120,15 @@ def _newest_mtime(folder: str) -> float | None:
     return max(times) if times else None
 
 
-def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segments: Sequence[StagedSegment],
-                   *, now: float, horizon: float) -> tuple[list[Hold], list[tuple[str, str]]]:
+def snapshot_holds(
+    data_dir: str,
+    source: str,
+    snapshot_of: SnapshotLookup,
+    segments: Sequence[StagedSegment],
+    *,
+    now: float,
+    horizon: float,
+) -> tuple[list[Hold], list[tuple[str, str]]]:
     """The holds of the open snapshots (and of those done within the horizon), and the
     (snapshot id, folder) of the others."""
     try:
@@ -126,8 +137,14 @@ def snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segm
         return [Hold(f"a snapshot file that cannot be read ({exc}); fix or remove it", everything=True)], []
 
 
-def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, segments: Sequence[StagedSegment],
-                    now: float, horizon: float) -> tuple[list[Hold], list[tuple[str, str]]]:
+def _snapshot_holds(
+    data_dir: str,
+    source: str,
+    snapshot_of: SnapshotLookup,
+    segments: Sequence[StagedSegment],
+    now: float,
+    horizon: float,
+) -> tuple[list[Hold], list[tuple[str, str]]]:
     holds, closed = [], []
     for _table_dir, sid, folder in _snapshot_folders(data_dir, source):
         plan_file = storage.join(folder, "plan.json")
@@ -170,8 +187,13 @@ def _snapshot_holds(data_dir: str, source: str, snapshot_of: SnapshotLookup, seg
         positions = [Position.decode(hit[0]) for hit in found.values()] + reach
         plan_time = _newest_plan_time(folder)
         # an id not staged yet is later than every staged segment: it holds nothing here
-        holds.append(Hold(label, position=min(positions) if positions else None,
-                          since=plan_time if plan_time is not None else 0.0))
+        holds.append(
+            Hold(
+                label,
+                position=min(positions) if positions else None,
+                since=plan_time if plan_time is not None else 0.0,
+            )
+        )
     return holds, closed
 
 
@@ -190,22 +212,32 @@ def _newest_plan_time(folder: str) -> float | None:
     return None
 
 
-def staging_holds(data_dir: str, source: str, policy: RetentionPolicy, segments: Sequence[StagedSegment],
-                  now: float) -> tuple[list[Hold], list[tuple[str, str]]]:
-    holds = [Hold(f"the replay horizon ({policy.horizon_seconds / 3600:g} h)", since=now - policy.horizon_seconds)]
+def staging_holds(
+    data_dir: str, source: str, policy: RetentionPolicy, segments: Sequence[StagedSegment], now: float
+) -> tuple[list[Hold], list[tuple[str, str]]]:
+    holds = [
+        Hold(f"the replay horizon ({policy.horizon_seconds / 3600:g} h)", since=now - policy.horizon_seconds)
+    ]
     for sink in policy.sinks:
         mark = read_marker(data_dir, source, sink)
         if mark is None:
             holds.append(Hold(f"sink {sink!r}, which has applied nothing yet", everything=True))
         else:
             holds.append(Hold(f"sink {sink!r} (applied up to {mark})", after=mark))
-    snap, closed = snapshot_holds(data_dir, source, policy.snapshot_of, segments, now=now,
-                                  horizon=policy.horizon_seconds)
+    snap, closed = snapshot_holds(
+        data_dir, source, policy.snapshot_of, segments, now=now, horizon=policy.horizon_seconds
+    )
     return holds + snap, closed
 
 
-def prune_staging(data_dir: str, source: str, policy: RetentionPolicy, *, now: float | None = None,
-                  before_delete: Callable[[StagedSegment], None] | None = None) -> PruneResult:
+def prune_staging(
+    data_dir: str,
+    source: str,
+    policy: RetentionPolicy,
+    *,
+    now: float | None = None,
+    before_delete: Callable[[StagedSegment], None] | None = None,
+) -> PruneResult:
     """(Under the capture lock.) Remove what nothing holds; the segment index is rewritten
     without the removed segments. ``before_delete``: a test's hook between deciding and deleting."""
     now = time.time() if now is None else now
@@ -226,7 +258,9 @@ def prune_staging(data_dir: str, source: str, policy: RetentionPolicy, *, now: f
         storage.delete(s.path)
     if gone:
         names = {s.name for s in gone}
-        write_index(changelog, {s.name: s.info for s in segments if s.name not in names and s.info is not None})
+        write_index(
+            changelog, {s.name: s.info for s in segments if s.name not in names and s.info is not None}
+        )
     deleted_snapshots = 0
     for sid, folder in closed:
         newest = _newest_mtime(folder)
@@ -235,7 +269,13 @@ def prune_staging(data_dir: str, source: str, policy: RetentionPolicy, *, now: f
             deleted_snapshots += 1
             log.info("staging retention: removed the folder of snapshot %s (%s)", sid, folder)
     kept = [s for s in segments if s not in gone]
-    result = PruneResult(len(gone), sum(s.info.bytes for s in gone if s.info), len(kept),
-                         sum(s.info.bytes for s in kept if s.info), deleted_snapshots, held_by if kept else None)
+    result = PruneResult(
+        len(gone),
+        sum(s.info.bytes for s in gone if s.info),
+        len(kept),
+        sum(s.info.bytes for s in kept if s.info),
+        deleted_snapshots,
+        held_by if kept else None,
+    )
     log.info("%s", result.describe())
     return result

@@ -19,7 +19,10 @@ log = logging.getLogger(__name__)
 
 def staged_schemas(data_dir: str, source: str) -> list[TableSchema]:
     folder = schemas_dir(data_dir, source)
-    return [TableSchema.from_json(storage.read_text(storage.join(folder, n))) for n in storage.list_names(folder, suffix=".json")]
+    return [
+        TableSchema.from_json(storage.read_text(storage.join(folder, n)))
+        for n in storage.list_names(folder, suffix=".json")
+    ]
 
 
 def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None:
@@ -38,7 +41,9 @@ def current_schema(dialect: Dialect, table: TableName) -> tuple[TableSchema | No
         return None, str(exc)
 
 
-def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) -> tuple[TableSchema, list[str]]:
+def follow(
+    dialect: Dialect, data_dir: str, source: str, staged: TableSchema
+) -> tuple[TableSchema, list[str]]:
     """One table: the evolved staged schema (written when it changed) and the conflicts."""
     current, problem = current_schema(dialect, staged.table)
     if current is None:
@@ -47,7 +52,11 @@ def follow(dialect: Dialect, data_dir: str, source: str, staged: TableSchema) ->
     if not conflicts and evolved != staged:
         added = [c for c in evolved.column_names if c not in staged.column_names]
         write_staged_schema(data_dir, source, evolved)
-        log.info("table %s: column(s) %s added at the source; the sinks carry them from now on", staged.table, added)
+        log.info(
+            "table %s: column(s) %s added at the source; the sinks carry them from now on",
+            staged.table,
+            added,
+        )
     return evolved, conflicts
 
 
@@ -56,7 +65,9 @@ def read_log_schema(data_dir: str, source: str, table: TableName) -> TableSchema
     return TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
 
 
-def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) -> dict[str, TableSchema | None]:
+def follow_log_schemas(
+    dialect: Dialect, data_dir: str, source: str, table_ids
+) -> dict[str, TableSchema | None]:
     """The log schema (storage/layout.py) of every table in ``table_ids`` followed to the
     source's catalog now: capture calls it for the tables of each segment before it writes
     the segment (and so before it commits its offset), so the apply that writes those events
@@ -72,8 +83,12 @@ def follow_log_schemas(dialect: Dialect, data_dir: str, source: str, table_ids) 
         followed = previous
         if current is None:
             if problem:
-                log.warning("table %s: its columns cannot be described (%s); the event log keeps its last known "
-                            "columns for it", table, problem)
+                log.warning(
+                    "table %s: its columns cannot be described (%s); the event log keeps its last known "
+                    "columns for it",
+                    table,
+                    problem,
+                )
         else:
             followed = follow_log_schema(previous, current)
             if followed != previous:
@@ -113,9 +128,15 @@ def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSche
     evolved, conflicts = follow(dialect, data_dir, source, staged)
     if conflicts:
         raise SchemaChangeError(
-            f"table {staged.table} changed while its snapshot ran ({'; '.join(conflicts)}): stop this snapshot "
-            "(action 'stop') and start a new one (action 'start'), which rebuilds the mirror with the new schema"
+            f"table {staged.table} changed while its snapshot ran ({'; '.join(conflicts)}): stop this "
+            "snapshot "
+            "(action 'stop') and start a new one (action 'start'), which rebuilds the mirror with the "
+            "new schema"
         )
     now = set(current.column_names)
-    return TableSchema(staged.table, tuple(c for c in evolved.columns if c.name in now), evolved.primary_key,
-                       dict(evolved.extra))
+    return TableSchema(
+        staged.table,
+        tuple(c for c in evolved.columns if c.name in now),
+        evolved.primary_key,
+        dict(evolved.extra),
+    )

@@ -115,15 +115,20 @@ def sidecar_path(chunk_parquet: str) -> str:
 
 def write_sidecar(result: ChunkResult, range_index: int, merged: bool = False) -> None:
     """Commit a chunk: written after its high watermark, atomically (storage.atomic_output)."""
-    storage.write_text(sidecar_path(result.path),
-                       json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}))
+    storage.write_text(
+        sidecar_path(result.path),
+        json.dumps({"result": result.to_dict(), "range_index": range_index, "merged": merged}),
+    )
 
 
 def read_sidecars(data_dir: str, source: str, table: TableName, snapshot_id: str) -> list[dict]:
     """Committed chunks of a snapshot, ordered by seq: ``{"result", "range_index", "merged"}``."""
     d = snapshot_dir(data_dir, source, table, snapshot_id)
-    out = [json.loads(storage.read_text(storage.join(d, n)))
-           for n in storage.list_names(d, suffix=".parquet.json") if n.startswith("chunk-")]
+    out = [
+        json.loads(storage.read_text(storage.join(d, n)))
+        for n in storage.list_names(d, suffix=".parquet.json")
+        if n.startswith("chunk-")
+    ]
     return sorted(out, key=lambda s: s["result"]["seq"])
 
 
@@ -229,10 +234,13 @@ def read_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
     p = plan_path(data_dir, source, table, snapshot_id)
     if not storage.exists(p):
         raise StateError(
-            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder was changed or "
+            f"table {table}: the plan of snapshot {snapshot_id} is missing ({p}); the staging folder "
+            "was changed or "
             "CDC_DATA_DIR points elsewhere. Stop the snapshot and start a new one"
         )
-    return PLAN.read(json.loads(storage.read_text(p)), f"table {table}: the plan of snapshot {snapshot_id} ({p})")
+    return PLAN.read(
+        json.loads(storage.read_text(p)), f"table {table}: the plan of snapshot {snapshot_id} ({p})"
+    )
 
 
 def load_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) -> SnapshotPlan:
@@ -241,8 +249,10 @@ def load_plan(data_dir: str, source: str, table: TableName, snapshot_id: str) ->
 
 
 def write_plan(data_dir: str, source: str, plan: SnapshotPlan) -> None:
-    storage.write_text(plan_path(data_dir, source, TableName.parse(plan.table), plan.snapshot_id),
-                       json.dumps(PLAN.stamp(plan.to_dict())))
+    storage.write_text(
+        plan_path(data_dir, source, TableName.parse(plan.table), plan.snapshot_id),
+        json.dumps(PLAN.stamp(plan.to_dict())),
+    )
 
 
 def new_snapshot_id() -> str:
@@ -263,7 +273,9 @@ def reconcile_mirror(data_dir: str, source: str, schema: TableSchema, *, whole_t
     return reconcile_schema(mirror_dir(data_dir, source, schema.table), schema, whole_table=whole_table)
 
 
-def check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence) -> None:
+def check_advanced(
+    dialect: Dialect, schema: TableSchema, label: str, after: Sequence, last: Sequence
+) -> None:
     """Every chunk ends at a key strictly after the previous chunk's last key (keyset reads
     under the snapshot's fixed upper bound): so a range ends, whatever the filter or the data.
     A chunk that did not advance is a bug, stopped here rather than read forever."""
@@ -274,7 +286,8 @@ def check_advanced(dialect: Dialect, schema: TableSchema, label: str, after: Seq
         advanced = last != after and (lambda r: r[1] > r[0])(dialect.key_ranks(schema, [after, last]))
     if not advanced:
         raise StateError(
-            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; the range "
+            f"{label}: a chunk read after key {list(after)} ended at key {list(last)}, not after it; "
+            "the range "
             "would never end. Stop this snapshot and report this (the chunk query or its filter is wrong)"
         )
 

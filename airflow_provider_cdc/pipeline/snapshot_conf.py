@@ -19,7 +19,13 @@ ACTIONS = ("start", "pause", "resume", "stop", "refresh")
 
 
 # --------------------------------------------------------------------------- conf
-__all__ = ["ACTIONS", "CONF_KEYS", "SnapshotConf", "check_scope", "parse_snapshot_conf"]  # CONF_KEYS: core/plans.py
+__all__ = [
+    "ACTIONS",
+    "CONF_KEYS",
+    "SnapshotConf",
+    "check_scope",
+    "parse_snapshot_conf",
+]  # CONF_KEYS: core/plans.py
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,8 @@ def parse_snapshot_conf(
             tables = [t.strip() for t in tables.split(",") if t.strip()]
         if not tables:
             raise ConfigurationError(
-                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the CDC_TABLES environment variable"
+                "no tables to snapshot: give conf 'tables': ['schema.table', ...] or set the "
+                "CDC_TABLES environment variable"
             )
         conf["tables"] = list(tables)
     kr = conf.pop("key_ranges", None)
@@ -80,5 +87,7 @@ def check_scope(req: SnapshotConf, settings: Any, scope: CaptureScope | None = N
     starts. ``scope``: the source's (its connection's catalogs and watermark table); None:
     the settings'. Raises before anything is written."""
     if scope is None:
-        scope = CaptureScope.of(settings.source, settings.tables or None, all_tables=settings.capture_all_tables)
+        scope = CaptureScope.of(
+            settings.source, settings.tables or None, all_tables=settings.capture_all_tables
+        )
     scope.check_all(req.tables)

@@ -34,7 +34,13 @@ from .snapshot_state import SourceProgress
 
 log = logging.getLogger(__name__)
 
-RUNNING, PAUSED, STOPPED, DONE, FAILED = Status.RUNNING, Status.PAUSED, Status.STOPPED, Status.DONE, Status.FAILED
+RUNNING, PAUSED, STOPPED, DONE, FAILED = (
+    Status.RUNNING,
+    Status.PAUSED,
+    Status.STOPPED,
+    Status.DONE,
+    Status.FAILED,
+)
 
 
 def pause_for_dag_pause(progress: SourceProgress, table_id: str, snapshot_id: str) -> bool:
@@ -54,8 +60,11 @@ def pause_for_dag_pause(progress: SourceProgress, table_id: str, snapshot_id: st
 
     progress.update(table_id, change)
     if paused:
-        log.info("table %s: snapshot %s paused because the DAG was paused; resume it after unpausing", table_id,
-                 snapshot_id)
+        log.info(
+            "table %s: snapshot %s paused because the DAG was paused; resume it after unpausing",
+            table_id,
+            snapshot_id,
+        )
     return bool(paused)
 
 
@@ -111,11 +120,22 @@ class SnapshotController:
     adaptive chunk size (CDC_CHUNK_TARGET_SECONDS and the others), ``clock`` times each chunk.
     """
 
-    def __init__(self, *, source: str, data_dir: str, progress: SourceProgress,
-                 connect: Callable[[], AbstractContextManager[Dialect]], sinks: Sequence[str] = ("mirror",),
-                 compact_budget_rows: int = 4_000_000, retention_hours: float = 1.0, run_id: str | None = None, logical_date: str | None = None,
-                 owner_alive: Callable[[SnapshotProgress], bool] = lambda p: False,
-                 chunk_sizing: ChunkSizing | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        source: str,
+        data_dir: str,
+        progress: SourceProgress,
+        connect: Callable[[], AbstractContextManager[Dialect]],
+        sinks: Sequence[str] = ("mirror",),
+        compact_budget_rows: int = 4_000_000,
+        retention_hours: float = 1.0,
+        run_id: str | None = None,
+        logical_date: str | None = None,
+        owner_alive: Callable[[SnapshotProgress], bool] = lambda p: False,
+        chunk_sizing: ChunkSizing | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if progress.source != source:
             raise StateError(f"the progress of source {progress.source!r} cannot serve source {source!r}")
         self.source, self.data_dir, self.progress = source, data_dir, progress
@@ -142,8 +162,10 @@ class SnapshotController:
             return self._start(req, req.tables, stored)
         if req.action == "refresh":
             fresh = [
-                t for t in req.tables
-                if (stored[t.id] is None or stored[t.id].status in (DONE, STOPPED)) and self._due(t.id, stored[t.id])
+                t
+                for t in req.tables
+                if (stored[t.id] is None or stored[t.id].status in (DONE, STOPPED))
+                and self._due(t.id, stored[t.id])
             ]
             for t in req.tables:
                 if stored[t.id] is not None and stored[t.id].status == PAUSED:
@@ -167,8 +189,13 @@ class SnapshotController:
             return True
         if datetime.fromisoformat(self.logical_date) > datetime.fromisoformat(p.logical_date):
             return True
-        log.info("table %s: snapshot %s was started for logical date %s; this run (%s) starts no other",
-                 table_id, p.snapshot_id, p.logical_date, self.logical_date)
+        log.info(
+            "table %s: snapshot %s was started for logical date %s; this run (%s) starts no other",
+            table_id,
+            p.snapshot_id,
+            p.logical_date,
+            self.logical_date,
+        )
         return False
 
     def _inherit(self, req: SnapshotConf, table: TableName, prior: SnapshotProgress | None) -> SnapshotConf:
@@ -179,11 +206,15 @@ class SnapshotController:
         try:
             plan = steps.load_plan(self.data_dir, self.source, table, prior.snapshot_id)
         except StateError:
-            log.info("table %s: the plan of snapshot %s is gone; refreshing with this run's settings", table,
-                     prior.snapshot_id)
+            log.info(
+                "table %s: the plan of snapshot %s is gone; refreshing with this run's settings",
+                table,
+                prior.snapshot_id,
+            )
             return req
         changes: dict[str, Any] = {
-            k: getattr(plan, k) for k in ("chunk_size", "parallelism")
+            k: getattr(plan, k)
+            for k in ("chunk_size", "parallelism")
             if k not in req.given and getattr(plan, k) is not None
         }
         if "where" not in req.given and plan.where:
@@ -199,7 +230,9 @@ class SnapshotController:
         changed = []
         for tid, p in stored.items():  # every transition is checked before any is saved
             if p is None:
-                raise StateError(f"table {tid} has no snapshot on source {self.source!r}; nothing to {req.action}")
+                raise StateError(
+                    f"table {tid} has no snapshot on source {self.source!r}; nothing to {req.action}"
+                )
             before = p.status
             p.pause() if req.action == "pause" else p.stop()
             if p.status != before:
@@ -207,9 +240,12 @@ class SnapshotController:
             else:
                 log.info("table %s: snapshot %s is already %s", tid, p.snapshot_id, p.status)
         for tid in changed:
+
             def change(q: SnapshotProgress | None, tid: str = tid) -> SnapshotProgress:
                 if q is None:
-                    raise StateError(f"table {tid}: its snapshot was removed meanwhile; nothing to {req.action}")
+                    raise StateError(
+                        f"table {tid}: its snapshot was removed meanwhile; nothing to {req.action}"
+                    )
                 q.pause() if req.action == "pause" else q.stop()
                 return q
 
@@ -219,12 +255,18 @@ class SnapshotController:
                 from ..sinks.mirror_fencing import fence_out_merges
 
                 fence_out_merges(self.data_dir, self.source, tid, p.snapshot_id)
-            log.info("table %s: snapshot %s is now %s (progress kept: %d rows)", tid, p.snapshot_id, p.status,
-                     p.rows)
+            log.info(
+                "table %s: snapshot %s is now %s (progress kept: %d rows)",
+                tid,
+                p.snapshot_id,
+                p.status,
+                p.rows,
+            )
         return []
 
-    def _start(self, req: SnapshotConf, tables: Sequence[TableName],
-               stored: dict[str, SnapshotProgress | None]) -> list[dict]:
+    def _start(
+        self, req: SnapshotConf, tables: Sequence[TableName], stored: dict[str, SnapshotProgress | None]
+    ) -> list[dict]:
         request = req.request
         plans = []
         with self.connect() as dialect:
@@ -240,7 +282,8 @@ class SnapshotController:
                 why = steps.mirror_needs_rebuild(self.data_dir, self.source, schema)
                 if why and steps.is_partial(request, table):
                     raise ConfigurationError(
-                        f"table {table}: its mirror cannot take the source's current schema ({why}); snapshot the "
+                        f"table {table}: its mirror cannot take the source's current schema ({why}); "
+                        "snapshot the "
                         "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
                     )
                 plans.append((table, schema, ranges))
@@ -295,30 +338,46 @@ class SnapshotController:
             started.owner, started.logical_date = self.run_id, self.logical_date
             read_as = stored.get(table.id)
 
-            def claim(q: SnapshotProgress | None, started: SnapshotProgress = started, read_as=read_as,
-                      table: TableName = table) -> SnapshotProgress:
+            def claim(
+                q: SnapshotProgress | None,
+                started: SnapshotProgress = started,
+                read_as=read_as,
+                table: TableName = table,
+            ) -> SnapshotProgress:
                 # another plan run (or a resume) got to this table since this one read it: it wins
                 if (q is not None and q.status in (RUNNING, PAUSED, FAILED)) or (
-                        (q is None) != (read_as is None) or (q is not None and q.snapshot_id != read_as.snapshot_id)):
+                    (q is None) != (read_as is None)
+                    or (q is not None and q.snapshot_id != read_as.snapshot_id)
+                ):
                     raise StateError(
-                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ({q.status if q else 'none'}) "
+                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ("
+                        f"{q.status if q else 'none'}) "
                         f"was stored by another run while this one planned; this run starts no snapshot of it"
                     )
                 return started
 
             self.progress.update(table.id, claim)
-            log.info("table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s", table.id, sid,
-                     len(ranges), upper, "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)")
+            log.info(
+                "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s",
+                table.id,
+                sid,
+                len(ranges),
+                upper,
+                "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)",
+            )
             work += [w.to_dict() for w in plan.work_items(range(len(ranges)))]
         return work
 
     def _resume(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         for tid, p in stored.items():
             if p is None:
-                raise StateError(f"table {tid} has no snapshot on source {self.source!r} to resume; use action=start")
+                raise StateError(
+                    f"table {tid} has no snapshot on source {self.source!r} to resume; use action=start"
+                )
             if p.status == STOPPED:
                 raise StateError(
-                    f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts over: use action=start"
+                    f"table {tid}: snapshot {p.snapshot_id} was stopped; a stopped snapshot starts "
+                    "over: use action=start"
                 )
         work = []
         for tid, p in stored.items():
@@ -327,9 +386,13 @@ class SnapshotController:
                 continue
             if self._owner_elsewhere(p):
                 log.warning(
-                    "table %s: snapshot %s is being read by DAG run %s, which is still running; this run leaves "
-                    "it alone (two runs never read one snapshot at once). Resume again once that run has ended",
-                    tid, p.snapshot_id, p.owner,
+                    "table %s: snapshot %s is being read by DAG run %s, which is still running; this "
+                    "run leaves "
+                    "it alone (two runs never read one snapshot at once). Resume again once that run "
+                    "has ended",
+                    tid,
+                    p.snapshot_id,
+                    p.owner,
                 )
                 continue
             table = TableName.parse(tid)
@@ -341,15 +404,22 @@ class SnapshotController:
             steps.write_plan(self.data_dir, self.source, plan)
             sidecars = steps.read_sidecars(self.data_dir, self.source, table, p.snapshot_id)
             todo = [
-                i for i in range(len(plan.ranges))
+                i
+                for i in range(len(plan.ranges))
                 if not (st := steps.range_state(sidecars, i, plan.upper_bound)).exhausted or st.unmerged
             ]
 
-            def change(q: SnapshotProgress | None, sid: str = p.snapshot_id, tid: str = tid,
-                       done_reading: bool = not todo) -> SnapshotProgress:
+            def change(
+                q: SnapshotProgress | None,
+                sid: str = p.snapshot_id,
+                tid: str = tid,
+                done_reading: bool = not todo,
+            ) -> SnapshotProgress:
                 if q is None or q.snapshot_id != sid:
-                    raise StateError(f"table {tid}: snapshot {sid} was replaced by another run meanwhile; "
-                                     "this run resumes nothing of it")
+                    raise StateError(
+                        f"table {tid}: snapshot {sid} was replaced by another run meanwhile; "
+                        "this run resumes nothing of it"
+                    )
                 q.resume()
                 if done_reading and q.table(tid).done:
                     q.finish()
@@ -357,8 +427,13 @@ class SnapshotController:
                 return q
 
             self.progress.update(tid, change)
-            log.info("table %s: resuming snapshot %s, %d of %d range(s) left", tid, p.snapshot_id, len(todo),
-                     len(plan.ranges))
+            log.info(
+                "table %s: resuming snapshot %s, %d of %d range(s) left",
+                tid,
+                p.snapshot_id,
+                len(todo),
+                len(plan.ranges),
+            )
             work += [w.to_dict() for w in plan.work_items(todo)]
         return work
 
@@ -375,8 +450,9 @@ class SnapshotController:
             return f"snapshot {snapshot_id} of {table_id} is read by DAG run {p.owner} now"
         return None
 
-    def chunk_gate(self, table_id: str, snapshot_id: str,
-                   dag_paused: Callable[[], bool] = lambda: False) -> Callable[[], str | None]:
+    def chunk_gate(
+        self, table_id: str, snapshot_id: str, dag_paused: Callable[[], bool] = lambda: False
+    ) -> Callable[[], str | None]:
         """The check a chunk task makes before each chunk: :meth:`stop_reason`, and a pause
         of its DAG that happened while it runs (the snapshot is then paused too, so its status
         says so and resume continues it). A task that starts while its DAG is paused was run
@@ -392,9 +468,15 @@ class SnapshotController:
 
         return stop
 
-    def _await_replica(self, dialect: Dialect, table_id: str, snapshot_id: str, label: str,
-                       clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
-                       ) -> str | None:
+    def _await_replica(
+        self,
+        dialect: Dialect,
+        table_id: str,
+        snapshot_id: str,
+        label: str,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> str | None:
         """Chunks read from a replica: its lag is logged before each chunk and throttles the
         snapshot (it waits while the replica is more than half its bound behind); a replica still
         beyond ``max_replica_lag_seconds`` after that long pauses the snapshot (resume continues
@@ -412,9 +494,15 @@ class SnapshotController:
             if clock() - start >= bound:
                 break
             sleep(min(5.0, bound / 10))
-        behind_text = ("has stopped replicating (its SQL or I/O thread is not running)" if seconds == float("inf")
-                       else f"is {seconds:.0f} s behind the source, beyond max_replica_lag_seconds={bound:g}")
-        why = f"the replica chunks are read from {behind_text}; the snapshot is paused: resume it once the replica has caught up"
+        behind_text = (
+            "has stopped replicating (its SQL or I/O thread is not running)"
+            if seconds == float("inf")
+            else f"is {seconds:.0f} s behind the source, beyond max_replica_lag_seconds={bound:g}"
+        )
+        why = (
+            f"the replica chunks are read from {behind_text}; the snapshot is paused: resume it once "
+            "the replica has caught up"
+        )
 
         def change(p: SnapshotProgress | None) -> SnapshotProgress | None:
             if p is None or p.snapshot_id != snapshot_id or p.status != RUNNING:
@@ -425,7 +513,9 @@ class SnapshotController:
         self.progress.update(table_id, change)
         return why
 
-    def read_range(self, work: WorkItem | dict, *, dag_paused: Callable[[], bool] = lambda: False) -> list[dict]:
+    def read_range(
+        self, work: WorkItem | dict, *, dag_paused: Callable[[], bool] = lambda: False
+    ) -> list[dict]:
         """Read one planned range (a work item) chunk by chunk, each between a fresh pair of
         watermarks, after its last committed chunk (retry, resume). Stops before the next
         chunk when the snapshot is no longer live (:meth:`stop_reason`) or ``dag_paused()``
@@ -465,8 +555,12 @@ class SnapshotController:
             # a retry or resume goes on with the size its last committed chunk had (the range
             # continues after that chunk's key whatever its size): no restart from the default
             last = [s["result"]["rows"] for s in sidecars if s["range_index"] == ri][-1:]
-            sizer = ChunkSizer(self.chunk_sizing, fixed=work.chunk_size, start=last[0] if last else None,
-                               target_bytes_cap=getattr(dialect, "batch_max_bytes", None))
+            sizer = ChunkSizer(
+                self.chunk_sizing,
+                fixed=work.chunk_size,
+                start=last[0] if last else None,
+                target_bytes_cap=getattr(dialect, "batch_max_bytes", None),
+            )
             while True:
                 if n > st.chunks:
                     reason = stop()
@@ -482,9 +576,18 @@ class SnapshotController:
                 # between this and the SELECT fails the task once; its retry reads on)
                 schema = chunk_schema(dialect, self.data_dir, self.source, staged)
                 size, started = sizer.size, self.clock()
-                res = steps.snapshot_chunk(dialect, schema, rng, data_dir=self.data_dir, snapshot_id=snapshot_id,
-                                           seq=seq, chunk_size=size, after_key=after_key,
-                                           where=work.where, upper_bound=upper)
+                res = steps.snapshot_chunk(
+                    dialect,
+                    schema,
+                    rng,
+                    data_dir=self.data_dir,
+                    snapshot_id=snapshot_id,
+                    seq=seq,
+                    chunk_size=size,
+                    after_key=after_key,
+                    where=work.where,
+                    upper_bound=upper,
+                )
                 took = self.clock() - started
                 if res.rows and after_key is not None and res.last_key is not None:
                     steps.check_advanced(dialect, schema, label, after_key, res.last_key)
@@ -503,12 +606,20 @@ class SnapshotController:
                 staged_bytes = steps.staged_bytes(res.path) if sizer.adaptive else None
                 if not res.exhausted:
                     sizer.observe(res.rows, took, staged_bytes)
-                log.info("%s: chunk %d of %s (%s), %d of %d rows%s in %.2f s, %d rows in range, %.0f rows/s%s",
-                         label, n, f"~{max(n, math.ceil(n / frac))}" if frac else "?",
-                         f"{frac:.0%}" if frac is not None else "?%", res.rows, size,
-                         "" if staged_bytes is None else f", {size_text(staged_bytes)}", took, rows_total,
-                         rows_run / elapsed if elapsed > 0 else 0.0,
-                         "" if res.exhausted else f"; next chunk {sizer.describe()}")
+                log.info(
+                    "%s: chunk %d of %s (%s), %d of %d rows%s in %.2f s, %d rows in range, %.0f rows/s%s",
+                    label,
+                    n,
+                    f"~{max(n, math.ceil(n / frac))}" if frac else "?",
+                    f"{frac:.0%}" if frac is not None else "?%",
+                    res.rows,
+                    size,
+                    "" if staged_bytes is None else f", {size_text(staged_bytes)}",
+                    took,
+                    rows_total,
+                    rows_run / elapsed if elapsed > 0 else 0.0,
+                    "" if res.exhausted else f"; next chunk {sizer.describe()}",
+                )
                 if res.exhausted:
                     break
                 if delay:
@@ -527,7 +638,9 @@ class SnapshotController:
         for c in flatten_chunk_results(chunks):
             sc = steps.sidecar_path(c["path"])
             if not storage.exists(sc):
-                raise StateError(f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?")
+                raise StateError(
+                    f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?"
+                )
             data = json.loads(storage.read_text(sc))
             if not data["merged"]:
                 steps.write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
@@ -538,11 +651,18 @@ class SnapshotController:
         for (tid, sid), count in touched.items():
             p = self.progress.load(tid)
             if p is None or p.snapshot_id != sid:
-                log.info("table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid)
+                log.info(
+                    "table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid
+                )
                 continue
             if p.status in (STOPPED, DONE):
-                log.info("table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged", tid, sid, p.status,
-                         count)
+                log.info(
+                    "table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged",
+                    tid,
+                    sid,
+                    p.status,
+                    count,
+                )
                 if p.status == DONE and finish:  # a retry after `done` was stored: compaction is not skipped
                     self.converge_and_compact(tid, sid)
                 tp = p.table(tid)
@@ -551,8 +671,13 @@ class SnapshotController:
             sidecars = steps.read_sidecars(self.data_dir, self.source, TableName.parse(tid), sid)
             outcome = {"recorded": 0, "finished": False}
 
-            def record(q: SnapshotProgress | None, sid: str = sid, tid: str = tid, sidecars=sidecars,
-                       outcome: dict = outcome) -> SnapshotProgress | None:
+            def record(
+                q: SnapshotProgress | None,
+                sid: str = sid,
+                tid: str = tid,
+                sidecars=sidecars,
+                outcome: dict = outcome,
+            ) -> SnapshotProgress | None:
                 # applied to what is stored now: a pause, stop or takeover that landed meanwhile stays
                 outcome.update(recorded=0, finished=False)
                 if q is None or q.snapshot_id != sid or q.status in (STOPPED, DONE):
@@ -569,11 +694,24 @@ class SnapshotController:
             if p is None or p.snapshot_id != sid:
                 continue
             if outcome["finished"]:
-                done[tid] = {"snapshot_id": sid, "snapshot_done": True, "rows": p.table(tid).rows,
-                             **self.converge_and_compact(tid, sid)}
+                done[tid] = {
+                    "snapshot_id": sid,
+                    "snapshot_done": True,
+                    "rows": p.table(tid).rows,
+                    **self.converge_and_compact(tid, sid),
+                }
             tp = p.table(tid)
-            log.info("table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
-                     tid, sid, p.status, outcome["recorded"], tp.rows, tp.chunks, p.rows_per_second())
+            log.info(
+                "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f "
+                "rows/s",
+                tid,
+                sid,
+                p.status,
+                outcome["recorded"],
+                tp.rows,
+                tp.chunks,
+                p.rows_per_second(),
+            )
             summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
         return summary, done
 
@@ -603,19 +741,32 @@ class SnapshotController:
                 if mark in found:
                     vis, at = plan.converge_visibility, found[mark][0]
                     at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
-                    gone = sweep(mirror_dir(self.data_dir, self.source, table), at,
-                                 reason=f"snapshot {sid} convergence")
+                    gone = sweep(
+                        mirror_dir(self.data_dir, self.source, table),
+                        at,
+                        reason=f"snapshot {sid} convergence",
+                    )
                     converged = {"converged_at": at, "swept_rows": gone}
-                    log.info("table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
-                             tid, sid, gone)
+                    log.info(
+                        "table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
+                        tid,
+                        sid,
+                        gone,
+                    )
                 else:
-                    log.warning("table %s: convergence mark %s of snapshot %s is not staged; mirror rows the source "
-                                "no longer has (if any) stay", tid, mark, sid)
+                    log.warning(
+                        "table %s: convergence mark %s of snapshot %s is not staged; mirror rows the source "
+                        "no longer has (if any) stay",
+                        tid,
+                        mark,
+                        sid,
+                    )
         applied = read_marker(self.data_dir, self.source, "mirror")
         if applied is not None:
             path = mirror_dir(self.data_dir, self.source, table)
-            removed = compact_buckets(path, tombstones_upto=applied.encode(),
-                                      budget_rows=self.compact_budget_rows)["tombstones"]
+            removed = compact_buckets(
+                path, tombstones_upto=applied.encode(), budget_rows=self.compact_budget_rows
+            )["tombstones"]
             vacuum(path, self.retention_hours)
             log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
         return converged

@@ -19,8 +19,16 @@ from ..core.schema import TableName
 from ..storage import join
 from ..storage.register import ConflictError, Register
 
-__all__ = ["ConflictError", "MemoryProgressStore", "ProgressStore", "RegisterProgressStore", "SourceProgress",
-           "Versioned", "progress_location", "update"]
+__all__ = [
+    "ConflictError",
+    "MemoryProgressStore",
+    "ProgressStore",
+    "RegisterProgressStore",
+    "SourceProgress",
+    "Versioned",
+    "progress_location",
+    "update",
+]
 
 #: attempts of one update before it gives up (each conflict means another writer got through)
 UPDATE_ATTEMPTS = 50
@@ -45,9 +53,16 @@ class ProgressStore(Protocol):
 Change = Callable[[SnapshotProgress | None], SnapshotProgress | None]
 
 
-def update(store: ProgressStore, source: str, table_id: str, change: Change, *,
-           attempts: int = UPDATE_ATTEMPTS, between: Callable[[], None] | None = None,
-           written: Callable[[SnapshotProgress], None] | None = None) -> SnapshotProgress | None:
+def update(
+    store: ProgressStore,
+    source: str,
+    table_id: str,
+    change: Change,
+    *,
+    attempts: int = UPDATE_ATTEMPTS,
+    between: Callable[[], None] | None = None,
+    written: Callable[[SnapshotProgress], None] | None = None,
+) -> SnapshotProgress | None:
     """Apply ``change`` to the current progress of ``(source, table_id)`` with compare-and-set,
     again on a fresh read after each conflict. Returns the progress stored after it (the
     current one when the change left it as is). ``between`` runs between the read and the
@@ -87,8 +102,9 @@ class SourceProgress:
     def load(self, table_id: str) -> SnapshotProgress | None:
         return self.store.read(self.source, table_id).progress
 
-    def update(self, table_id: str, change: Change, *,
-               between: Callable[[], None] | None = None) -> SnapshotProgress | None:
+    def update(
+        self, table_id: str, change: Change, *, between: Callable[[], None] | None = None
+    ) -> SnapshotProgress | None:
         published = self.published
         written = None if published is None else (lambda p: published(table_id, p))
         return update(self.store, self.source, table_id, change, between=between, written=written)
@@ -144,5 +160,7 @@ class RegisterProgressStore:
 
 def _check_names(source: str, table_id: str, progress: SnapshotProgress) -> None:
     if progress.source != source or list(progress.tables) != [table_id]:
-        raise StateError(f"progress of source {progress.source!r} tables {sorted(progress.tables)} cannot be stored "
-                         f"as that of table {table_id} of source {source!r}")
+        raise StateError(
+            f"progress of source {progress.source!r} tables {sorted(progress.tables)} cannot be stored "
+            f"as that of table {table_id} of source {source!r}"
+        )

@@ -42,12 +42,17 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
     with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
         if not acquired:
             raise StateError(
-                f"source {dialect.source!r}: a capture holds its capture lock, so nothing was dropped. Pause the "
-                "changelog DAG (cdc_changelog), wait for its running capture to finish, then run drop-source again")
+                f"source {dialect.source!r}: a capture holds its capture lock, so nothing was dropped. "
+                "Pause the "
+                "changelog DAG (cdc_changelog), wait for its running capture to finish, then run "
+                "drop-source again"
+            )
         done: list[str] = []
         slot = getattr(dialect, "slot_name", None)
         if slot is not None:
-            done.append(f"replication slot {slot!r} " + ("dropped" if dialect.drop_slot() else "did not exist"))
+            done.append(
+                f"replication slot {slot!r} " + ("dropped" if dialect.drop_slot() else "did not exist")
+            )
             dialect.drop_publication()
             done.append(f"publication {dialect.publication_name!r} dropped (if it existed)")
             return done

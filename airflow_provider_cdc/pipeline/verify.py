@@ -68,11 +68,15 @@ class Mismatch:
     def describe(self) -> str:
         if self.kind == "different":
             diffs = ", ".join(
-                f"{c}: source={json.dumps((self.source or {}).get(c))} mirror={json.dumps((self.mirror or {}).get(c))}"
+                f"{c}: source={json.dumps((self.source or {}).get(c))} mirror="
+                f"{json.dumps((self.mirror or {}).get(c))}"
                 for c in self.columns
             )
             return f"key {self.key}: different ({diffs})"
-        return f"key {self.key}: {'missing from the mirror' if self.kind == 'missing' else 'in the mirror, not in the source'}"
+        return (
+            f"key {self.key}: "
+            f"{'missing from the mirror' if self.kind == 'missing' else 'in the mirror, not in the source'}"
+        )
 
 
 @dataclass
@@ -217,13 +221,25 @@ class MirrorIndex:
     batches of typed mirror rows (core/arrow_types.py, with ``__key``), read one batch at a
     time; ``count``: how many (it sizes the partitions, PARTITION_ROWS each)."""
 
-    def __init__(self, schema: TableSchema, rows: pa.Table | Iterable, *, count: int | None = None,
-                 fetch: Callable[[list[str]], pa.Table] | None = None, folder: str | None = None,
-                 partition_rows: int = PARTITION_ROWS) -> None:
+    def __init__(
+        self,
+        schema: TableSchema,
+        rows: pa.Table | Iterable,
+        *,
+        count: int | None = None,
+        fetch: Callable[[list[str]], pa.Table] | None = None,
+        folder: str | None = None,
+        partition_rows: int = PARTITION_ROWS,
+    ) -> None:
         if isinstance(rows, pa.Table):
             count = rows.num_rows
-            fetch = fetch or (lambda keys, t=rows: t.filter(pc.is_in(t[KEY_COLUMN], pa.array(keys, pa.string())))
-                              if KEY_COLUMN in t.column_names else t.slice(0, 0))
+            fetch = fetch or (
+                lambda keys, t=rows: (
+                    t.filter(pc.is_in(t[KEY_COLUMN], pa.array(keys, pa.string())))
+                    if KEY_COLUMN in t.column_names
+                    else t.slice(0, 0)
+                )
+            )
             rows = rows.to_batches(max_chunksize=100_000)
         if folder is None:
             folder = tempfile.mkdtemp(prefix="cdc-verify-")
@@ -245,7 +261,8 @@ class MirrorIndex:
         missing_cols = [c for c in self.schema.column_names if c not in present]
         if missing_cols:
             raise ConfigurationError(
-                f"mirror of {self.schema.table} lacks column(s) {missing_cols} the source has; the schema changed "
+                f"mirror of {self.schema.table} lacks column(s) {missing_cols} the source has; the "
+                "schema changed "
                 "since the mirror was written: re-snapshot the table"
             )
         keys = batch.column(KEY_COLUMN).to_pylist() if KEY_COLUMN in present else None
@@ -253,13 +270,17 @@ class MirrorIndex:
         if keys is None:
             keys = [encode_key(self.schema.key_values(r)) for r in rows]
         digests = [row_digest(k, r) for k, r in zip(keys, rows, strict=True)]
-        self.partitions.add(pa.table([pa.array(keys, pa.string()), pa.array(digests, pa.binary())], schema=_MIRROR))
+        self.partitions.add(
+            pa.table([pa.array(keys, pa.string()), pa.array(digests, pa.binary())], schema=_MIRROR)
+        )
         self.rows += len(keys)
 
     def canonical(self, batch) -> list[dict]:
         """Typed mirror rows -> canonical rows (the schema's columns)."""
         names = self.schema.column_names
-        cols = [arrow_canonical(batch.column(batch.schema.get_field_index(c)), self.logical[c]) for c in names]
+        cols = [
+            arrow_canonical(batch.column(batch.schema.get_field_index(c)), self.logical[c]) for c in names
+        ]
         return [dict(zip(names, values, strict=True)) for values in zip(*cols, strict=True)]
 
     def fetch(self, keys: list[str]) -> dict[str, dict]:
@@ -277,8 +298,13 @@ ChunkReader = Callable[[int, tuple | None], list[tuple[str, dict]]]
 
 
 def compare(
-    schema: TableSchema, chunks: Iterable[list[tuple[str, dict]]], mirror: MirrorIndex, *, examples: int = EXAMPLES,
-    reread: ChunkReader | None = None, end_of: Callable[[int], tuple | None] | None = None,
+    schema: TableSchema,
+    chunks: Iterable[list[tuple[str, dict]]],
+    mirror: MirrorIndex,
+    *,
+    examples: int = EXAMPLES,
+    reread: ChunkReader | None = None,
+    end_of: Callable[[int], tuple | None] | None = None,
 ) -> VerifyResult:
     """Each source row's digest against its key's mirror digest, a hash partition at a time
     (pyarrow joins: memory follows a partition, not the table). The source is read once, in
@@ -305,8 +331,16 @@ def compare(
             last = raw_chunk[-1][0]
             keys = [k for k, _ in raw_chunk]
             digests = [row_digest(k, norm(r)) for k, r in raw_chunk]
-            src.add(pa.table([pa.array(keys, pa.string()), pa.array(digests, pa.binary()),
-                              pa.array(np.full(len(keys), n, dtype=np.int64))], schema=_SOURCE))
+            src.add(
+                pa.table(
+                    [
+                        pa.array(keys, pa.string()),
+                        pa.array(digests, pa.binary()),
+                        pa.array(np.full(len(keys), n, dtype=np.int64)),
+                    ],
+                    schema=_SOURCE,
+                )
+            )
             res.source_rows += len(keys)
         src.close()
         res.chunks = len(firsts)
@@ -350,7 +384,9 @@ class _Found:
         head = order[: self.keep]
         ks = keys.take(pa.array(head)).to_pylist()
         cs = [0] * len(ks) if chunks is None else chunks.take(pa.array(head)).to_pylist()
-        self.samples[kind] = sorted(self.samples[kind] + [(c, k, kind) for c, k in zip(cs, ks, strict=True)])[: self.keep]
+        self.samples[kind] = sorted(self.samples[kind] + [(c, k, kind) for c, k in zip(cs, ks, strict=True)])[
+            : self.keep
+        ]
         if chunks is not None:
             self.chunks.update(np.unique(chunks.to_numpy()).tolist())
 
@@ -386,8 +422,15 @@ def _compare_partition(mirror: pa.Table, source: Iterable[pa.RecordBatch], found
     found.add("extra", mirror["key"].combine_chunks().filter(pa.array(~matched)))
 
 
-def _examples(schema: TableSchema, found: _Found, mirror: MirrorIndex, norm: RowNormaliser,
-              reread: ChunkReader | None, afters: list, examples: int) -> list[Mismatch]:
+def _examples(
+    schema: TableSchema,
+    found: _Found,
+    mirror: MirrorIndex,
+    norm: RowNormaliser,
+    reread: ChunkReader | None,
+    afters: list,
+    examples: int,
+) -> list[Mismatch]:
     """The first few mismatches of each kind in source order (extras last), with the rows
     that show them: the source chunks that hold them read again, the mirror rows fetched."""
     picked = sorted(found.samples["missing"] + found.samples["different"])[:examples]
@@ -401,7 +444,11 @@ def _examples(schema: TableSchema, found: _Found, mirror: MirrorIndex, norm: Row
     for _c, key, kind in picked:
         row, mrow = src_rows.get(key), mir_rows.get(key)
         if kind == "different":
-            cols = tuple(c for c in schema.column_names if row is not None and mrow is not None and row.get(c) != mrow.get(c))
+            cols = tuple(
+                c
+                for c in schema.column_names
+                if row is not None and mrow is not None and row.get(c) != mrow.get(c)
+            )
             out.append(Mismatch(key, "different", cols, row, mrow))
         else:
             out.append(Mismatch(key, "missing", source=row))
@@ -409,8 +456,9 @@ def _examples(schema: TableSchema, found: _Found, mirror: MirrorIndex, norm: Row
     return out
 
 
-def source_chunks(dialect, schema: TableSchema, chunk_rows: int, *, after: tuple | None = None,
-                  once: bool = False) -> Iterator[list[tuple[str, dict]]]:
+def source_chunks(
+    dialect, schema: TableSchema, chunk_rows: int, *, after: tuple | None = None, once: bool = False
+) -> Iterator[list[tuple[str, dict]]]:
     """The source's rows in key order, ``chunk_rows`` at a time, as (canonical key, canonical
     row), from after the key ``after`` (None: the start); ``once``: the first chunk only."""
     while True:
@@ -442,9 +490,17 @@ def mirror_position(data_dir: str, source: str, table: TableName) -> Position | 
 
 
 def verify_table(
-    dialect, data_dir: str, source: str, table: TableName, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    examples: int = EXAMPLES, partition_rows: int = PARTITION_ROWS, throttle: Throttle | None = None,
-    method: str = "auto", range_rows: int = DIGEST_RANGE_ROWS,
+    dialect,
+    data_dir: str,
+    source: str,
+    table: TableName,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    examples: int = EXAMPLES,
+    partition_rows: int = PARTITION_ROWS,
+    throttle: Throttle | None = None,
+    method: str = "auto",
+    range_rows: int = DIGEST_RANGE_ROWS,
 ) -> VerifyResult:
     """Compare the mirror of ``table`` with the source the dialect reads (I2). Memory follows
     ``partition_rows``, not the table.
@@ -473,20 +529,55 @@ def verify_table(
     if method == "digests" and why:
         raise ConfigurationError(f"table {table}: no digest verify: {'; '.join(why)}")
     if method == "rows" or why:
-        res = verify_rows(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
-                          partition_rows=partition_rows)
+        res = verify_rows(
+            dialect,
+            data_dir,
+            source,
+            table,
+            schema,
+            chunk_rows=chunk_rows,
+            examples=examples,
+            partition_rows=partition_rows,
+        )
         res.method_note = "; ".join(why)
         return res
     if not ranges_by_key_order(schema):
-        return verify_keyed(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
-                            partition_rows=partition_rows, throttle=throttle or DEFAULT_THROTTLE)
-    return verify_digests(dialect, data_dir, source, table, schema, chunk_rows=chunk_rows, examples=examples,
-                          partition_rows=partition_rows, throttle=throttle or DEFAULT_THROTTLE, range_rows=range_rows)
+        return verify_keyed(
+            dialect,
+            data_dir,
+            source,
+            table,
+            schema,
+            chunk_rows=chunk_rows,
+            examples=examples,
+            partition_rows=partition_rows,
+            throttle=throttle or DEFAULT_THROTTLE,
+        )
+    return verify_digests(
+        dialect,
+        data_dir,
+        source,
+        table,
+        schema,
+        chunk_rows=chunk_rows,
+        examples=examples,
+        partition_rows=partition_rows,
+        throttle=throttle or DEFAULT_THROTTLE,
+        range_rows=range_rows,
+    )
 
 
-def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
-                chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
-                partition_rows: int = PARTITION_ROWS) -> VerifyResult:
+def verify_rows(
+    dialect,
+    data_dir: str,
+    source: str,
+    table: TableName,
+    schema: TableSchema,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    examples: int = EXAMPLES,
+    partition_rows: int = PARTITION_ROWS,
+) -> VerifyResult:
     """Every row canonicalised in Python on both sides and compared by key (the reference the
     digests are checked against): the mirror is read a batch at a time and both sides' digests
     wait in hash partitions on local scratch disk."""
@@ -494,13 +585,21 @@ def verify_rows(dialect, data_dir: str, source: str, table: TableName, schema: T
 
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-        mirror = MirrorIndex(schema, batches, count=count, folder=folder, partition_rows=partition_rows,
-                             fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys))
+        mirror = MirrorIndex(
+            schema,
+            batches,
+            count=count,
+            folder=folder,
+            partition_rows=partition_rows,
+            fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+        )
 
         def reread(_i: int, after: tuple | None) -> list[tuple[str, dict]]:
             return next(source_chunks(dialect, schema, chunk_rows, after=after, once=True), [])
 
-        return compare(schema, source_chunks(dialect, schema, chunk_rows), mirror, examples=examples, reread=reread)
+        return compare(
+            schema, source_chunks(dialect, schema, chunk_rows), mirror, examples=examples, reread=reread
+        )
 
 
 # --- range digests ------------------------------------------------------------------------
@@ -561,7 +660,11 @@ def mirror_digest_sql(schema: TableSchema, arrow: pa.Schema) -> str:
         else:  # integers, decimals, and the views of floats, dates and timestamps
             text = f"CAST({ident} AS VARCHAR)"
         # (|| is null when a part is, unlike concat(): a null value gives the null piece)
-        value = f"CAST(strlen({text}) AS VARCHAR) || ':' || {text}" if c.type in DIGEST_SIZED else f"{text} || ','"
+        value = (
+            f"CAST(strlen({text}) AS VARCHAR) || ':' || {text}"
+            if c.type in DIGEST_SIZED
+            else f"{text} || ','"
+        )
         pieces.append(f"coalesce({value}, '{DIGEST_NULL}')")
     return f"SELECT ('0x' || left(md5(concat({', '.join(pieces)})), 16))::UBIGINT AS h FROM m"  # noqa: S608 - our names
 
@@ -631,15 +734,21 @@ class SourceDigests:
         """The key ``offset`` keys past the first one after ``after`` (at most ``upto``); None
         when the range holds fewer keys."""
         sql, params = self.dialect.key_boundary_query(
-            self.schema, after_key=None if after is None else (after,), upto_key=None if upto is None else (upto,),
-            offset=offset)
+            self.schema,
+            after_key=None if after is None else (after,),
+            upto_key=None if upto is None else (upto,),
+            offset=offset,
+        )
         rows = self._rows(sql, params)
         return int(rows[0][0]) if rows else None
 
     def digest(self, after: int | None, upto: int | None) -> tuple[int, int]:
         """(rows, XOR of their digests as uint64) of the keys in (after, upto]."""
         sql, params = self.dialect.range_digest_query(
-            self.schema, after_key=None if after is None else (after,), upto_key=None if upto is None else (upto,))
+            self.schema,
+            after_key=None if after is None else (after,),
+            upto_key=None if upto is None else (upto,),
+        )
         count, xor = self._rows(sql, params)[0]
         return int(count), int(xor or 0) & _MASK64
 
@@ -711,10 +820,19 @@ def _in_range(keys: np.ndarray, after: int | None, upto: int | None) -> np.ndarr
     return mask
 
 
-def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
-                   chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
-                   partition_rows: int = PARTITION_ROWS, throttle: Throttle = DEFAULT_THROTTLE,
-                   range_rows: int = DIGEST_RANGE_ROWS) -> VerifyResult:
+def verify_digests(
+    dialect,
+    data_dir: str,
+    source: str,
+    table: TableName,
+    schema: TableSchema,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    examples: int = EXAMPLES,
+    partition_rows: int = PARTITION_ROWS,
+    throttle: Throttle = DEFAULT_THROTTLE,
+    range_rows: int = DIGEST_RANGE_ROWS,
+) -> VerifyResult:
     """The mirror against the source by range digests (the work where the data is).
 
     1. The source's key boundaries every ``range_rows`` keys, from its own keyset order
@@ -746,7 +864,9 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
             after = b
         lasts = np.array([b for _a, b in ranges[:-1]], dtype=np.int64)
 
-        def mirror_rows(wanted: np.ndarray | None = None) -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]]:
+        def mirror_rows(
+            wanted: np.ndarray | None = None,
+        ) -> Iterator[tuple[pa.Table, np.ndarray, np.ndarray, np.ndarray]]:
             """(typed rows, their keys, digests, range numbers) a batch at a time; ``wanted``: only
             the rows of these ranges."""
             _count, batches = mirror_batches(data_dir, source, table)
@@ -777,8 +897,15 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
         leaves: list[tuple[int | None, int | None]] = []
         counter = {"ranges": len(ranges)}
 
-        def descend(after: int | None, upto: int | None, n: int, mkeys: np.ndarray, mh: np.ndarray,
-                    idx: np.ndarray, depth: int) -> Iterator[np.ndarray]:
+        def descend(
+            after: int | None,
+            upto: int | None,
+            n: int,
+            mkeys: np.ndarray,
+            mh: np.ndarray,
+            idx: np.ndarray,
+            depth: int,
+        ) -> Iterator[np.ndarray]:
             """Rows of the sub-ranges of (after, upto] that differ, as indices into the held mirror rows."""
             if n <= chunk_rows or depth >= DIGEST_MAX_DEPTH:
                 leaves.append((after, upto))
@@ -831,7 +958,9 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
                         if len(idx) and rows is not None:
                             yield from rows.take(pa.array(idx)).to_batches()
 
-        numbered: list[tuple[int | None, int | None]] = []  # the leaves with source rows, as compare numbers them
+        numbered: list[
+            tuple[int | None, int | None]
+        ] = []  # the leaves with source rows, as compare numbers them
 
         def read_leaf(after: int | None, upto: int | None) -> list[tuple[str, dict]]:
             return _source_rows(dialect, schema, after, upto)
@@ -849,18 +978,31 @@ def verify_digests(dialect, data_dir: str, source: str, table: TableName, schema
             return None if nxt is None else (nxt,)
 
         with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-            mirror = MirrorIndex(schema, leaf_mirror_rows(), count=int(sum(m_count[i] for i in differ)),
-                                 folder=folder, partition_rows=partition_rows,
-                                 fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys))
-            res = compare(schema, leaf_chunks(), mirror, examples=examples,
-                          reread=lambda c, _after: read_leaf(*numbered[c]), end_of=end_of)
+            mirror = MirrorIndex(
+                schema,
+                leaf_mirror_rows(),
+                count=int(sum(m_count[i] for i in differ)),
+                folder=folder,
+                partition_rows=partition_rows,
+                fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+            )
+            res = compare(
+                schema,
+                leaf_chunks(),
+                mirror,
+                examples=examples,
+                reread=lambda c, _after: read_leaf(*numbered[c]),
+                end_of=end_of,
+            )
     finally:
         src.close()
         digest.close()
     res.method = "digests"
     res.digest_ranges = counter["ranges"]
     res.source_rows = sum(n for n, _x in s_digests)
-    res.chunks = -(-res.source_rows // chunk_rows)  # the table in chunks of chunk_rows, as verify_rows reads it
+    res.chunks = -(
+        -res.source_rows // chunk_rows
+    )  # the table in chunks of chunk_rows, as verify_rows reads it
     res.mirror_rows = int(m_count.sum())
     res.rows_checked = res.source_rows + res.extra
     return res
@@ -872,9 +1014,18 @@ _MIRROR_H = pa.schema([("key", pa.string()), ("mdigest", pa.uint64())])
 _SOURCE_H = pa.schema([("key", pa.string()), ("sdigest", pa.uint64()), ("chunk", pa.int64())])
 
 
-def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: TableSchema, *,
-                 chunk_rows: int = DEFAULT_CHUNK_ROWS, examples: int = EXAMPLES,
-                 partition_rows: int = PARTITION_ROWS, throttle: Throttle = DEFAULT_THROTTLE) -> VerifyResult:
+def verify_keyed(
+    dialect,
+    data_dir: str,
+    source: str,
+    table: TableName,
+    schema: TableSchema,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    examples: int = EXAMPLES,
+    partition_rows: int = PARTITION_ROWS,
+    throttle: Throttle = DEFAULT_THROTTLE,
+) -> VerifyResult:
     """The mirror against the source by row digests matched by key, for keys the mirror cannot
     order as the database does (text in a collation, composite keys).
 
@@ -902,8 +1053,12 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
                 if not batch.num_rows:
                     continue
                 rows = pa.Table.from_batches([batch])
-                mp.add(pa.table([rows[KEY_COLUMN].cast(pa.string()), pa.array(digest(rows), pa.uint64())],
-                                schema=_MIRROR_H))
+                mp.add(
+                    pa.table(
+                        [rows[KEY_COLUMN].cast(pa.string()), pa.array(digest(rows), pa.uint64())],
+                        schema=_MIRROR_H,
+                    )
+                )
                 n_mirror += rows.num_rows
             mp.close()
             sp = _Partitions(folder, "source", _SOURCE_H, parts)
@@ -922,8 +1077,16 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
                     break
                 afters.append(after)
                 firsts.append(tuple(json.loads(keys[0])))
-                sp.add(pa.table([pa.array(keys, pa.string()), pa.array(hs, pa.uint64()),
-                                 pa.array(np.full(len(keys), len(firsts) - 1, dtype=np.int64))], schema=_SOURCE_H))
+                sp.add(
+                    pa.table(
+                        [
+                            pa.array(keys, pa.string()),
+                            pa.array(hs, pa.uint64()),
+                            pa.array(np.full(len(keys), len(firsts) - 1, dtype=np.int64)),
+                        ],
+                        schema=_SOURCE_H,
+                    )
+                )
                 n_src += len(keys)
                 if throttle.delay_seconds:
                     time.sleep(throttle.delay_seconds)
@@ -935,7 +1098,9 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
             for p in range(parts):
                 _compare_partition(mp.table(p), sp.batches(p), found)
             flagged = sorted(found.chunks)
-            flagged_keys: list[str] = []  # the source keys of the chunks that differ (their mirror rows are read)
+            flagged_keys: list[
+                str
+            ] = []  # the source keys of the chunks that differ (their mirror rows are read)
             if flagged:
                 wanted = pa.array(flagged, pa.int64())
                 for p in range(parts):
@@ -945,7 +1110,7 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
 
             def mirror_rows() -> Iterator[pa.RecordBatch]:
                 for lo in range(0, len(flagged_keys), max(1, partition_rows)):
-                    t = mirror_rows_of(data_dir, source, table, flagged_keys[lo:lo + partition_rows])
+                    t = mirror_rows_of(data_dir, source, table, flagged_keys[lo : lo + partition_rows])
                     if t.num_rows:
                         yield from t.to_batches()
 
@@ -961,17 +1126,30 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
                         numbered.append(i)
                         yield rows
 
-            mirror = MirrorIndex(schema, mirror_rows(), count=len(flagged_keys), folder=folder,
-                                 partition_rows=partition_rows,
-                                 fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys))
-            res = compare(schema, flagged_chunks(), mirror, examples=examples,
-                          reread=lambda c, _after: chunk_rows_of(numbered[c]),
-                          end_of=lambda c: firsts[numbered[c] + 1] if numbered[c] + 1 < len(firsts) else None)
+            mirror = MirrorIndex(
+                schema,
+                mirror_rows(),
+                count=len(flagged_keys),
+                folder=folder,
+                partition_rows=partition_rows,
+                fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+            )
+            res = compare(
+                schema,
+                flagged_chunks(),
+                mirror,
+                examples=examples,
+                reread=lambda c, _after: chunk_rows_of(numbered[c]),
+                end_of=lambda c: firsts[numbered[c] + 1] if numbered[c] + 1 < len(firsts) else None,
+            )
     finally:
         digest.close()
     # keys only the mirror has: found by the key match, exact (a digest plays no part)
     res.extra = found.extra
-    res.examples += [Mismatch(k, "extra") for _c, k, _kind in found.samples["extra"][: max(0, examples - len(res.examples))]]
+    res.examples += [
+        Mismatch(k, "extra")
+        for _c, k, _kind in found.samples["extra"][: max(0, examples - len(res.examples))]
+    ]
     res.method = "digests"
     res.digest_ranges = len(firsts)
     res.chunks = len(firsts)
@@ -982,8 +1160,13 @@ def verify_keyed(dialect, data_dir: str, source: str, table: TableName, schema: 
 
 def _source_rows(dialect, schema: TableSchema, after: int | None, upto: int | None) -> list[tuple[str, dict]]:
     """The source's rows with keys in (after, upto], in key order, as (canonical key, canonical row)."""
-    sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None if after is None else (after,), limit=None,
-                                      upper_bound=None if upto is None else (upto,))
+    sql, params = dialect.chunk_query(
+        schema,
+        FULL_RANGE,
+        after_key=None if after is None else (after,),
+        limit=None,
+        upper_bound=None if upto is None else (upto,),
+    )
     out = []
     for batch in dialect.stream_query(sql, params):
         for raw in batch:
@@ -1106,7 +1289,9 @@ def check_event_tuples(
                 if prev[2] == op and _same(prev[3], before) and _same(prev[4], after):
                     rep.duplicates += 1
                 else:
-                    violation(f"key {key}: two different events at position {_readable(pos)}: {prev[2]} and {op}")
+                    violation(
+                        f"key {key}: two different events at position {_readable(pos)}: {prev[2]} and {op}"
+                    )
                 continue
             rep.events += 1
             problem = None
@@ -1116,13 +1301,25 @@ def check_event_tuples(
                 if op == "c" and live:
                     problem = f"create of a live key (previous {pop} at {_readable(ppos)})"
                 elif op in ("u", "d", "r") and not live:
-                    problem = f"{op} after a delete at {_readable(ppos)}" + (" (resurrected by a chunk row)" if op == "r" else "")
+                    problem = f"{op} after a delete at {_readable(ppos)}" + (
+                        " (resurrected by a chunk row)" if op == "r" else ""
+                    )
                 elif op == "r" and not _same(after, pafter):
-                    problem = f"chunk row is not the state at its position (stale; previous {pop} at {_readable(ppos)})"
-                elif op in ("u", "d") and before is not None and pafter is not None and not _same(before, pafter):
+                    problem = (
+                        f"chunk row is not the state at its position (stale; previous {pop} at "
+                        f"{_readable(ppos)})"
+                    )
+                elif (
+                    op in ("u", "d")
+                    and before is not None
+                    and pafter is not None
+                    and not _same(before, pafter)
+                ):
                     b, pa_ = _obj(before), _obj(pafter)
                     if _full(b, pa_, primary_key):
-                        problem = f"before-image differs from the previous after-image ({pop} at {_readable(ppos)})"
+                        problem = (
+                            f"before-image differs from the previous after-image ({pop} at {_readable(ppos)})"
+                        )
             if problem:
                 violation(f"key {key}: {op} at {_readable(pos)}: {problem}")
             prev = ev
@@ -1132,7 +1329,9 @@ def check_event_tuples(
 def _full(before: dict, after: dict, primary_key: tuple[str, ...]) -> bool:
     """A before-image is comparable when it has every column (REPLICA IDENTITY FULL / binlog
     FULL); a key-only before-image (PostgreSQL's default identity) is not."""
-    return bool(set(before) & (set(after) - set(primary_key))) and (not primary_key or set(before) != set(primary_key))
+    return bool(set(before) & (set(after) - set(primary_key))) and (
+        not primary_key or set(before) != set(primary_key)
+    )
 
 
 def _readable(encoded: str) -> str:
@@ -1142,7 +1341,9 @@ def _readable(encoded: str) -> str:
         return encoded
 
 
-def check_event_log(data_dir: str, source: str, table: TableName, *, primary_key: tuple[str, ...] = ()) -> EventLogReport:
+def check_event_log(
+    data_dir: str, source: str, table: TableName, *, primary_key: tuple[str, ...] = ()
+) -> EventLogReport:
     """Read the event log of ``table`` and check it per key (I1); see :func:`check_events`."""
     from ..storage.layout import events_dir
     from ..storage.source_server import read_gaps

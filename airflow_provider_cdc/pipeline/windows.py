@@ -41,7 +41,10 @@ class ChunkWindow:
 
 
 def describe(chunk: ChunkResult) -> str:
-    return f"chunk {chunk.seq} of table {chunk.table} (snapshot {chunk.snapshot_id}, high watermark {chunk.high_watermark})"
+    return (
+        f"chunk {chunk.seq} of table {chunk.table} (snapshot {chunk.snapshot_id}, high watermark "
+        f"{chunk.high_watermark})"
+    )
 
 
 def load_chunks(path: str) -> list[ChunkResult]:
@@ -96,27 +99,36 @@ def locate_windows(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: s
     for i, c in enumerate(sorted(chunks, key=lambda c: (c.table, c.snapshot_id, c.seq, c.high_watermark))):
         lo, hi = found.get(c.low_watermark), found.get(c.high_watermark)
         if hi is None:
-            missing.append(f"{describe(c)}: high watermark {c.high_watermark!r} (low watermark "
-                           f"{'staged' if lo is not None else 'not staged either'})")
+            missing.append(
+                f"{describe(c)}: high watermark {c.high_watermark!r} (low watermark "
+                f"{'staged' if lo is not None else 'not staged either'})"
+            )
             continue
         if lo is None:
             raise WatermarkError(
-                f"{describe(c)}: the high watermark is staged at {Position.decode(hi[0])} but the low watermark "
-                f"{c.low_watermark!r} is not; the staged changelog at {changelog_dir} must start before the chunk's "
+                f"{describe(c)}: the high watermark is staged at {Position.decode(hi[0])} but the low "
+                "watermark "
+                f"{c.low_watermark!r} is not; the staged changelog at {changelog_dir} must start "
+                "before the chunk's "
                 "low watermark (was a segment removed?). Re-read this chunk"
             )
         if lo[0] > hi[0] or (lo[0] == hi[0] and marked_position(c.low_watermark) is None):
             raise WatermarkError(
-                f"{describe(c)}: low watermark at {Position.decode(lo[0])} is not before the high watermark at "
+                f"{describe(c)}: low watermark at {Position.decode(lo[0])} is not before the high "
+                "watermark at "
                 f"{Position.decode(hi[0])}; the watermark ids are mixed up. Re-read this chunk"
             )
         low = lowered_low(c.visibility, lo[0], hi[0], log)  # one read of the log for the whole round
         windows.append(ChunkWindow(i, c, low, hi[0], int(hi[1] or 0)))
     if missing:
         raise NotReadyError(
-            f"{len(missing)} chunk(s) of the round have a high watermark that is not in the staged changelog at "
-            f"{changelog_dir} yet: " + "; ".join(missing[:10]) + (" ..." if len(missing) > 10 else "")
-            + ". The high-watermark sensor should have waited for them; capture the changelog and retry the merge."
+            f"{len(missing)} chunk(s) of the round have a high watermark that is not in the staged "
+            "changelog at "
+            f"{changelog_dir} yet: "
+            + "; ".join(missing[:10])
+            + (" ..." if len(missing) > 10 else "")
+            + ". The high-watermark sensor should have waited for them; capture the changelog and "
+            "retry the merge."
         )
     return windows
 

@@ -23,7 +23,6 @@ from ..settings import load
 log = logging.getLogger(__name__)
 
 
-
 def previous_run_active(dag_run: Any, ti: Any) -> str | None:
     """For a backfill run: the run id of the previous run (by logical date) while it is still
     queued or running, else None. Other run types never wait (None)."""
@@ -34,8 +33,6 @@ def previous_run_active(dag_run: Any, ti: Any) -> str | None:
         return None
     log.info("waiting for the previous interval's run %s (%s) to finish first", prev.run_id, prev.state)
     return prev.run_id
-
-
 
 
 def deferrable_from_env() -> bool | None:
@@ -64,6 +61,7 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
 
     template_fields: Sequence[str] = ("chunks", "data_dir", "source", "cdc_conn_id")
     ui_color = "#fff2b3"
+
     def __init__(
         self,
         *,

@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 # the staged changelog columns, plus the snapshot flag and the batch that wrote the event,
 # with images as canonical JSON text (the hand-built form; see TableEvents for the typed one)
-EVENT_SCHEMA = pa.schema([*CHANGELOG_SCHEMA, pa.field("snapshot", pa.bool_()), pa.field("batch", pa.string())])
+EVENT_SCHEMA = pa.schema(
+    [*CHANGELOG_SCHEMA, pa.field("snapshot", pa.bool_()), pa.field("batch", pa.string())]
+)
 EVENT_COLUMNS = tuple(EVENT_SCHEMA.names)
 #: the columns of TableEvents.events other than the two images
 META_EVENT_FIELDS = [f for f in EVENT_SCHEMA if f.name not in ("before", "after")]
@@ -43,8 +45,10 @@ def typed_events_table(columns, before, after) -> pa.Table:
     """EVENT_SCHEMA's columns taken by name from ``columns`` (a table or a mapping), with the
     typed ``before`` / ``after`` images instead of theirs: TableEvents.events."""
     images = {"before": before, "after": after}
-    return pa.table([images[f.name] if f.name in images else columns[f.name] for f in EVENT_SCHEMA],
-                    schema=typed_event_schema(after.type))
+    return pa.table(
+        [images[f.name] if f.name in images else columns[f.name] for f in EVENT_SCHEMA],
+        schema=typed_event_schema(after.type),
+    )
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,9 @@ def type_json_events(table: str, events: pa.Table, schema: TableSchema | None) -
     with ``schema`` (None: text columns the rows name, :func:`inferred_schema`)."""
     n = events.num_rows
     have = set(events.column_names)  # a hand-built table may leave columns out: they read null
-    events = pa.table({f.name: events[f.name] if f.name in have else pa.nulls(n, f.type) for f in EVENT_SCHEMA})
+    events = pa.table(
+        {f.name: events[f.name] if f.name in have else pa.nulls(n, f.type) for f in EVENT_SCHEMA}
+    )
     schema = schema or at.inferred_schema(TableName.parse(table), events)
     before, after, schema, text = at.type_images(schema, events["before"], events["after"])
     return TableEvents(table, schema, tuple(text), typed_events_table(events, before, after))
@@ -99,8 +105,10 @@ def table_events(events: Events, schema_of: Callable[[str], TableSchema | None])
         return []
     if pa.types.is_struct(events.schema.field("after").type):
         raise TypeError("typed events come as TableEvents, which name their schema")
-    return [type_json_events(t, events.filter(pc.equal(events["table"], t)), schema_of(t))
-            for t in pc.unique(events["table"]).to_pylist()]
+    return [
+        type_json_events(t, events.filter(pc.equal(events["table"], t)), schema_of(t))
+        for t in pc.unique(events["table"]).to_pylist()
+    ]
 
 
 def join_table_events(parts: Iterable[TableEvents]) -> list[TableEvents]:
@@ -126,7 +134,9 @@ def join_table_events(parts: Iterable[TableEvents]) -> list[TableEvents]:
                 tables = [_conformed(p, schema, text) for p in ps]
                 break
             except ConfigurationError as exc:
-                bad = next((c for c in schema.column_names if f"column {c!r}" in str(exc) and c not in text), None)
+                bad = next(
+                    (c for c in schema.column_names if f"column {c!r}" in str(exc) and c not in text), None
+                )
                 if bad is None:
                     raise
                 text = sorted({*text, bad})
@@ -150,10 +160,16 @@ def to_json_events(parts: Iterable[TableEvents]) -> pa.Table:
     for p in parts:
         if not p.num_rows:
             continue
-        images = {c: string_array([None if r is None else encode_row(r) for r in p.canonical(c)])
-                  for c in ("before", "after")}
-        tables.append(pa.table([images[f.name] if f.name in images else p.events[f.name]
-                                for f in EVENT_SCHEMA], schema=EVENT_SCHEMA))
+        images = {
+            c: string_array([None if r is None else encode_row(r) for r in p.canonical(c)])
+            for c in ("before", "after")
+        }
+        tables.append(
+            pa.table(
+                [images[f.name] if f.name in images else p.events[f.name] for f in EVENT_SCHEMA],
+                schema=EVENT_SCHEMA,
+            )
+        )
     return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
 
 
@@ -209,7 +225,9 @@ class SchemaCache:
     def get(self, table_id: str) -> TableSchema | None:
         if table_id not in self._cache:
             path = schema_path(self.data_dir, self.source, TableName.parse(table_id))
-            self._cache[table_id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+            self._cache[table_id] = (
+                TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+            )
         return self._cache[table_id]
 
     def lookup(self, table_id: str, *, require: bool, sink: str) -> TableSchema | None:
@@ -241,7 +259,9 @@ def write_to_sinks(sinks: Iterable[Sink], events: Events) -> None:
 def marker_path(data_dir: str, source: str, sink_name: str) -> str:
     from ..storage.layout import path_component
 
-    return storage.join(data_dir, "output", path_component(source, "source name"), "_applied", f"{sink_name}.json")
+    return storage.join(
+        data_dir, "output", path_component(source, "source name"), "_applied", f"{sink_name}.json"
+    )
 
 
 def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:
@@ -252,8 +272,9 @@ def read_marker(data_dir: str, source: str, sink_name: str) -> Position | None:
     return Position.decode(json.loads(storage.read_text(p))["position"])
 
 
-def write_marker(data_dir: str, source: str, sink_name: str, position: Position,
-                 committed_ms: int | None = None) -> None:
+def write_marker(
+    data_dir: str, source: str, sink_name: str, position: Position, committed_ms: int | None = None
+) -> None:
     """Written only after the sink committed: a crash before it replays the batch (idempotent).
     ``committed_ms``: the newest source commit time among the changes applied up to
     ``position`` (status.freshness), when the staged changelog's index knows it."""
@@ -263,7 +284,9 @@ def write_marker(data_dir: str, source: str, sink_name: str, position: Position,
     storage.write_text(marker_path(data_dir, source, sink_name), json.dumps(doc))
 
 
-def applied_everywhere(data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")) -> bool:
+def applied_everywhere(
+    data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")
+) -> bool:
     """Whether every one of ``sinks`` has applied the staged changelog up to ``position``. A
     position past every staged event (a position mark of an idle log) is reached once every
     staged event before it is applied."""

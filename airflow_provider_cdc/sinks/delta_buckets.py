@@ -36,8 +36,10 @@ WRITER_APP_ID = "cdc-mirror"
 
 def check_buckets(n: int, setting: str = "buckets") -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BUCKETS:
-        raise ConfigurationError(f"{setting} must be a whole number from 1 to {MAX_BUCKETS}, got {n!r}; "
-                                 "a mirror's bucket count is fixed when it is created")
+        raise ConfigurationError(
+            f"{setting} must be a whole number from 1 to {MAX_BUCKETS}, got {n!r}; "
+            "a mirror's bucket count is fixed when it is created"
+        )
     return n
 
 
@@ -158,7 +160,11 @@ class MirrorVersion:
     @property
     def inner(self) -> frozenset[int]:
         """The split buckets: those with files below them."""
-        return split_nodes((b for b, f in self.files.items() if f), self.buckets) if self.bucketed else frozenset()
+        return (
+            split_nodes((b for b, f in self.files.items() if f), self.buckets)
+            if self.bucketed
+            else frozenset()
+        )
 
     def nodes_of(self, keys: pa.Array | pa.ChunkedArray) -> pa.Array:
         """The bucket each key's rows live in, in this version."""
@@ -173,8 +179,10 @@ def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     parts = list(dt.metadata().partition_columns or [])
     bucketed = parts == [BUCKET_COLUMN]
     raw = props.get(BUCKETS_PROPERTY, "1") if bucketed else "1"
-    buckets = check_buckets(int(raw) if raw.isdigit() else -1,
-                            f"mirror {location}: table property {BUCKETS_PROPERTY} ({raw!r}, set by hand?)")
+    buckets = check_buckets(
+        int(raw) if raw.isdigit() else -1,
+        f"mirror {location}: table property {BUCKETS_PROPERTY} ({raw!r}, set by hand?)",
+    )
     actions = pa.table(dt.get_add_actions(flatten=True))
     files: dict[int, list[str]] = {b: [] for b in range(buckets)}
     sizes: dict[str, int] = {}
@@ -182,28 +190,47 @@ def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     if actions.num_rows:
         paths = actions["path"].to_pylist()
         sizes = dict(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
-        counts = actions["num_records"].to_pylist() if "num_records" in actions.column_names else [None] * len(paths)
+        counts = (
+            actions["num_records"].to_pylist()
+            if "num_records" in actions.column_names
+            else [None] * len(paths)
+        )
         col = f"partition.{BUCKET_COLUMN}"
         owners = actions[col].to_pylist() if bucketed and col in actions.column_names else [0] * len(paths)
         for p, b, n in zip(paths, owners, counts, strict=True):
             files.setdefault(int(b), []).append(p)
-            info[p] = FileInfo(p, int(sizes[p]), None if n is None else int(n),
-                               p.rsplit("/", 1)[-1].startswith(CHANGE_PREFIX))
+            info[p] = FileInfo(
+                p,
+                int(sizes[p]),
+                None if n is None else int(n),
+                p.rsplit("/", 1)[-1].startswith(CHANGE_PREFIX),
+            )
     schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
     # base files first, then change files oldest first (names carry the write time): the
     # order resolve() breaks ties of equal positions in
     order = {p: (info[p].change, p.rsplit("/", 1)[-1]) for p in info}
-    return MirrorVersion(dt, location, dt.version(), buckets, bucketed,
-                         {b: tuple(sorted(f, key=order.__getitem__)) for b, f in files.items()},
-                         sizes, schema, props, int(dt.transaction_version(WRITER_APP_ID) or 0), info)
+    return MirrorVersion(
+        dt,
+        location,
+        dt.version(),
+        buckets,
+        bucketed,
+        {b: tuple(sorted(f, key=order.__getitem__)) for b, f in files.items()},
+        sizes,
+        schema,
+        props,
+        int(dt.transaction_version(WRITER_APP_ID) or 0),
+        info,
+    )
 
 
 def _location(table_uri: str, relative: str) -> str:
     return storage.join(table_uri, *relative.split("/"))
 
 
-def read_bucket(table_uri: str, paths: Iterable[str], schema: pa.Schema, *,
-                part: tuple[int, int] | None = None) -> pa.Table:
+def read_bucket(
+    table_uri: str, paths: Iterable[str], schema: pa.Schema, *, part: tuple[int, int] | None = None
+) -> pa.Table:
     """The rows of a bucket's files, in ``schema`` (columns added since a file was written
     read as null); with ``part`` = (i, n) only the rows whose key hash is i mod n (each
     file's key column read first, so a file is held only as that part)."""
@@ -231,8 +258,10 @@ def conform(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     extra = set(rows.column_names) - set(schema.names)
     if extra:
         raise ConfigurationError(f"mirror rows have column(s) {sorted(extra)} the table lacks")
-    cols = [rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
-            for f in schema]
+    cols = [
+        rows[f.name].cast(f.type) if f.name in rows.column_names else pa.nulls(rows.num_rows, f.type)
+        for f in schema
+    ]
     return pa.table(cols, schema=schema)
 
 
@@ -241,18 +270,21 @@ def change_version(path: str) -> int | None:
     name = path.rsplit("/", 1)[-1]
     if not name.startswith(CHANGE_PREFIX):
         return None
-    digits = name[len(CHANGE_PREFIX):].split("-", 1)[0]
+    digits = name[len(CHANGE_PREFIX) :].split("-", 1)[0]
     return int(digits) if digits.isdigit() else None
 
 
-def write_bucket_file(table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True,
-                      change: int | None = None) -> AddAction:
+def write_bucket_file(
+    table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True, change: int | None = None
+) -> AddAction:
     """One new data file of ``bucket`` (not visible until committed): a base file of
     resolved rows, or with ``change`` a change file of that commit version (its name carries
     it, so a bucket's change files sort in commit order: resolve() keeps the first of equal
     positions). Its AddAction, with the row count and the position range as Delta
     statistics."""
-    name = (f"{CHANGE_PREFIX}{change:020d}-" if change is not None else BASE_PREFIX) + f"{uuid.uuid4().hex}.parquet"
+    name = (
+        f"{CHANGE_PREFIX}{change:020d}-" if change is not None else BASE_PREFIX
+    ) + f"{uuid.uuid4().hex}.parquet"
     rel = f"{BUCKET_COLUMN}={bucket}/{name}" if bucketed else name
     location = _location(table_uri, rel)
     storage.makedirs(storage.parent(location))
@@ -262,10 +294,19 @@ def write_bucket_file(table_uri: str, bucket: int, rows: pa.Table, *, bucketed: 
     stats: dict = {"numRecords": rows.num_rows}
     if rows.num_rows and POSITION_COLUMN in rows.column_names:
         lo, hi = pc.min_max(rows[POSITION_COLUMN]).values()
-        stats.update(minValues={POSITION_COLUMN: lo.as_py()}, maxValues={POSITION_COLUMN: hi.as_py()},
-                     nullCount={POSITION_COLUMN: 0})
-    return AddAction(rel, int(size), {BUCKET_COLUMN: str(bucket)} if bucketed else {}, int(time.time() * 1000),
-                     True, json.dumps(stats))
+        stats.update(
+            minValues={POSITION_COLUMN: lo.as_py()},
+            maxValues={POSITION_COLUMN: hi.as_py()},
+            nullCount={POSITION_COLUMN: 0},
+        )
+    return AddAction(
+        rel,
+        int(size),
+        {BUCKET_COLUMN: str(bucket)} if bucketed else {},
+        int(time.time() * 1000),
+        True,
+        json.dumps(stats),
+    )
 
 
 def discard(table_uri: str, adds: Iterable[AddAction]) -> None:
@@ -287,7 +328,10 @@ def commit(v: MirrorVersion, adds: list[AddAction], removed: Iterable[str], *, o
     if not actions:
         return
     v.dt.create_write_transaction(
-        actions, mode="append", schema=v.dt.schema(), partition_by=[BUCKET_COLUMN] if v.bucketed else None,
+        actions,
+        mode="append",
+        schema=v.dt.schema(),
+        partition_by=[BUCKET_COLUMN] if v.bucketed else None,
         commit_properties=CommitProperties(
             custom_metadata={"cdc.operation": operation},
             max_commit_retries=0,
@@ -341,8 +385,11 @@ def admit(new: pa.Table, horizon: str | None, current: Callable[[], pa.Table]) -
     if not pc.any(old).as_py():
         return new
     cur = current()
-    idx = pc.index_in(new[KEY_COLUMN], value_set=cur[KEY_COLUMN].combine_chunks()) if cur.num_rows else \
-        pa.nulls(new.num_rows, pa.int32())
+    idx = (
+        pc.index_in(new[KEY_COLUMN], value_set=cur[KEY_COLUMN].combine_chunks())
+        if cur.num_rows
+        else pa.nulls(new.num_rows, pa.int32())
+    )
     stored_pos = pc.take(cur[POSITION_COLUMN], idx) if cur.num_rows else pa.nulls(new.num_rows, pa.string())
     updates = pc.fill_null(pc.greater(new[POSITION_COLUMN], stored_pos), False)
     return new.filter(pc.or_(pc.invert(old), updates))
@@ -356,13 +403,15 @@ def read_resolved_keys(table_uri: str, paths: Iterable[str]) -> pa.Table:
         fs, p = storage.filesystem(_location(table_uri, rel))
         parts.append(pq.read_table(p, filesystem=fs, columns=cols))
     if not parts:
-        return pa.schema([(KEY_COLUMN, pa.string()), (POSITION_COLUMN, pa.string()),
-                          (DELETED_COLUMN, pa.bool_())]).empty_table()
+        return pa.schema(
+            [(KEY_COLUMN, pa.string()), (POSITION_COLUMN, pa.string()), (DELETED_COLUMN, pa.bool_())]
+        ).empty_table()
     return resolve(pa.concat_tables(parts, promote_options="permissive"))
 
 
-def any_dropped(table_uri: str, paths: Iterable[str], *, before: str | None = None,
-                tombstones_upto: str | None = None) -> bool:
+def any_dropped(
+    table_uri: str, paths: Iterable[str], *, before: str | None = None, tombstones_upto: str | None = None
+) -> bool:
     """Would :func:`drop_rows` remove a row of these files? Reads only the position (and
     deleted) column, a row group at a time: memory does not follow the bucket's size."""
     if before is None and tombstones_upto is None:
@@ -373,12 +422,19 @@ def any_dropped(table_uri: str, paths: Iterable[str], *, before: str | None = No
         with fs.open_input_file(p) as fh:
             f = pq.ParquetFile(fh)
             for i in range(f.num_row_groups):
-                if drop_rows(f.read_row_group(i, columns=cols), before=before, tombstones_upto=tombstones_upto) is not None:
+                if (
+                    drop_rows(
+                        f.read_row_group(i, columns=cols), before=before, tombstones_upto=tombstones_upto
+                    )
+                    is not None
+                ):
                     return True
     return False
 
 
-def drop_rows(current: pa.Table, *, before: str | None = None, tombstones_upto: str | None = None) -> pa.Table | None:
+def drop_rows(
+    current: pa.Table, *, before: str | None = None, tombstones_upto: str | None = None
+) -> pa.Table | None:
     """``current`` without rows older than ``before`` (any state) or tombstones at or
     before ``tombstones_upto``; None when nothing goes."""
     if current.num_rows == 0:
@@ -387,7 +443,9 @@ def drop_rows(current: pa.Table, *, before: str | None = None, tombstones_upto: 
     if before is not None:
         gone = pc.or_(gone, pc.less(current[POSITION_COLUMN], before))
     if tombstones_upto is not None:
-        gone = pc.or_(gone, pc.and_(current[DELETED_COLUMN], pc.less_equal(current[POSITION_COLUMN], tombstones_upto)))
+        gone = pc.or_(
+            gone, pc.and_(current[DELETED_COLUMN], pc.less_equal(current[POSITION_COLUMN], tombstones_upto))
+        )
     if not pc.any(gone).as_py():
         return None
     return current.filter(pc.invert(gone))

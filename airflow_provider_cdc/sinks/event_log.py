@@ -73,7 +73,9 @@ def _binlog_fields(positions: pa.ChunkedArray | pa.Array, connector: str | None)
         return [pa.nulls(n, pa.int64()), pa.nulls(n, pa.int32())]
     arr = positions.combine_chunks() if isinstance(positions, pa.ChunkedArray) else positions
     offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1]
-    chars = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(n, ENCODED_LENGTH)
+    chars = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]].reshape(
+        n, ENCODED_LENGTH
+    )
     digits = np.where(chars >= ord("a"), chars - (ord("a") - 10), chars - ord("0")).astype(np.uint64)
 
     def number(first: int, last: int) -> np.ndarray:
@@ -81,8 +83,10 @@ def _binlog_fields(positions: pa.ChunkedArray | pa.Array, connector: str | None)
         return (digits[:, first:last] << shifts).sum(axis=1, dtype=np.uint64).astype(np.int64)
 
     pos, row = number(16, 32), number(32, 40).astype(np.int32)
-    return [pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(pos)]),
-            pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(row)])]
+    return [
+        pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(pos)]),
+        pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(row)]),
+    ]
 
 
 def table_dir(data_dir: str, source: str, table: TableName) -> str:
@@ -106,7 +110,9 @@ class EventLogSink(Sink):
         while no change of the table was captured, which a snapshot's chunks already read)."""
         if table.id not in self._log_schemas:
             path = log_schema_path(self.data_dir, self.source, table)
-            self._log_schemas[table.id] = TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+            self._log_schemas[table.id] = (
+                TableSchema.from_json(storage.read_text(path)) if storage.exists(path) else None
+            )
         return log_typing_schema(self._log_schemas[table.id], self.staged.get(table.id))
 
     def envelope(self, te: TableEvents) -> pa.Table:
@@ -116,8 +122,12 @@ class EventLogSink(Sink):
         n = events.num_rows
         connector = schema.connector if schema is not None else None
         if te.text_columns:
-            log.warning("event log of %s: column(s) %s hold values their type cannot, kept as canonical text in this "
-                        "file (a column that changed type at the source?)", table, list(te.text_columns))
+            log.warning(
+                "event log of %s: column(s) %s hold values their type cannot, kept as canonical text in this "
+                "file (a column that changed type at the source?)",
+                table,
+                list(te.text_columns),
+            )
         src = pa.StructArray.from_arrays(
             [
                 pa.repeat(pa.scalar(connector, pa.string()), n),
@@ -132,9 +142,13 @@ class EventLogSink(Sink):
             ],
             fields=list(SOURCE_TYPE),
         )
-        out = pa.table([events["op"], events["key"], events["before"], events["after"], src, events["ts_ms"]],
-                       names=list(ENVELOPE_COLUMNS))
-        return out.replace_schema_metadata(images_metadata(schema, te.text_columns) if schema is not None else None)
+        out = pa.table(
+            [events["op"], events["key"], events["before"], events["after"], src, events["ts_ms"]],
+            names=list(ENVELOPE_COLUMNS),
+        )
+        return out.replace_schema_metadata(
+            images_metadata(schema, te.text_columns) if schema is not None else None
+        )
 
     def write(self, events: Events) -> None:
         for te in table_events(events, lambda t: self.schema(TableName.parse(t))):
@@ -177,15 +191,26 @@ def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:
     parts = []
     for name in live_files(storage.list_names(d, suffix=".parquet")):
         t = read_table(storage.join(d, name))
-        images = {c: [None if r is None else encode_row(r) for r in canonical_images(t, c)] for c in ("before", "after")}
-        parts.append(pa.table({
-            "op": t["op"], "key": t["key"],
-            "before": pa.array(images["before"], pa.string()), "after": pa.array(images["after"], pa.string()),
-            "position": t["source"].combine_chunks().field("position"),
-            "file": pa.array([name] * t.num_rows, pa.string()),
-        }))
+        images = {
+            c: [None if r is None else encode_row(r) for r in canonical_images(t, c)]
+            for c in ("before", "after")
+        }
+        parts.append(
+            pa.table(
+                {
+                    "op": t["op"],
+                    "key": t["key"],
+                    "before": pa.array(images["before"], pa.string()),
+                    "after": pa.array(images["after"], pa.string()),
+                    "position": t["source"].combine_chunks().field("position"),
+                    "file": pa.array([name] * t.num_rows, pa.string()),
+                }
+            )
+        )
     if not parts:
-        return pa.table({n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")})
+        return pa.table(
+            {n: pa.array([], pa.string()) for n in ("op", "key", "before", "after", "position", "file")}
+        )
     return pa.concat_tables(parts)
 
 
@@ -210,8 +235,10 @@ def _changelog_range(name: str) -> tuple[str, str] | None:
 def superseded(names: list[str]) -> dict[str, str]:
     """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
     deletion: name -> the file that holds their events (its range covers theirs)."""
-    ranges = sorted(((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
-                    key=lambda x: (x[0], _neg(x[1])))
+    ranges = sorted(
+        ((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
+        key=lambda x: (x[0], _neg(x[1])),
+    )
     out: dict[str, str] = {}
     cover: tuple[str, str] | None = None  # the widest range seen so far: (last, name)
     for _first, last, name in ranges:
@@ -234,9 +261,15 @@ def live_files(names: list[str]) -> list[str]:
     return [n for n in names if n not in gone]
 
 
-def compact_table(folder: str, applied: str, *, target_bytes: int = COMPACT_TARGET_BYTES,
-                  min_files: int = COMPACT_MIN_FILES, grace_seconds: float = COMPACT_GRACE_SECONDS,
-                  now: float | None = None) -> tuple[int, int]:
+def compact_table(
+    folder: str,
+    applied: str,
+    *,
+    target_bytes: int = COMPACT_TARGET_BYTES,
+    min_files: int = COMPACT_MIN_FILES,
+    grace_seconds: float = COMPACT_GRACE_SECONDS,
+    now: float | None = None,
+) -> tuple[int, int]:
     """Merge runs of small changelog files of one table's folder that the event log has applied
     (last position <= ``applied``, an encoded position: apply never writes those again, since a
     replay only rewrites batches past the marker) into one file per run, then remove merged
@@ -255,20 +288,28 @@ def compact_table(folder: str, applied: str, *, target_bytes: int = COMPACT_TARG
     from ..storage.staged import read_table
 
     now = time.time() if now is None else now
-    infos = {i.base_name: i for i in storage.list_dir(folder) if i.base_name.endswith(".parquet")
-             and not i.base_name.startswith(".")}
+    infos = {
+        i.base_name: i
+        for i in storage.list_dir(folder)
+        if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
+    }
     removed = 0
     ranges = {n: r for n in infos if (r := _changelog_range(n)) is not None}
     for name in superseded(sorted(infos)):
         # gone once the first file that held its events is older than the grace: a later merge
         # rewrites the covering file again and again, so the newest cover says nothing
         first, last = ranges[name]
-        covers = [infos[o].mtime.timestamp() for o, (a, b) in ranges.items()
-                  if o != name and a <= first and b >= last and infos[o].mtime is not None]
+        covers = [
+            infos[o].mtime.timestamp()
+            for o, (a, b) in ranges.items()
+            if o != name and a <= first and b >= last and infos[o].mtime is not None
+        ]
         if covers and min(covers) < now - grace_seconds:
             storage.delete(storage.join(folder, name))
             removed += 1
-    live = [n for n in live_files(sorted(infos)) if (r := _changelog_range(n)) is not None and r[1] <= applied]
+    live = [
+        n for n in live_files(sorted(infos)) if (r := _changelog_range(n)) is not None and r[1] <= applied
+    ]
     live.sort(key=lambda n: _changelog_range(n))
     runs: list[list[str]] = []
     run: list[str] = []
@@ -302,14 +343,22 @@ def compact_table(folder: str, applied: str, *, target_bytes: int = COMPACT_TARG
     for names in runs:
         tables = [read_table(storage.join(folder, n)) for n in names]
         t = pa.concat_tables(tables)
-        order = pc.sort_indices(pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
-                                sort_keys=[("p", "ascending"), ("k", "ascending")])
+        order = pc.sort_indices(
+            pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
+            sort_keys=[("p", "ascending"), ("k", "ascending")],
+        )
         t = t.take(order).replace_schema_metadata(tables[0].schema.metadata)
         first, last = _changelog_range(names[0])[0], _changelog_range(names[-1])[1]
         atomic_write_table(t, storage.join(folder, f"c-{first}-{last}.parquet"))
         merged += len(names)
-        log.info("event log %s: %d files merged into c-%s-%s (%d events)", folder, len(names), first, last,
-                 t.num_rows)
+        log.info(
+            "event log %s: %d files merged into c-%s-%s (%d events)",
+            folder,
+            len(names),
+            first,
+            last,
+            t.num_rows,
+        )
     return merged, removed
 
 

@@ -92,8 +92,11 @@ def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None
 
 
 def rewrite_buckets(
-    v: MirrorVersion, transform: Callable[[int, pa.Table], pa.Table | None], buckets: Iterable[int] | None = None,
-    *, unit: int | None = -1,
+    v: MirrorVersion,
+    transform: Callable[[int, pa.Table], pa.Table | None],
+    buckets: Iterable[int] | None = None,
+    *,
+    unit: int | None = -1,
 ) -> tuple[list, list[str]]:
     """Run ``transform(bucket, rows)`` over the buckets of ``v`` (all, or ``buckets``): it
     gets the bucket's stored row versions and returns its new resolved rows (None:
@@ -121,8 +124,15 @@ def rewrite_buckets(
     return adds, removed
 
 
-def _commit_rewrite(path: str, read: Callable[[], MirrorVersion], transform, *, buckets=None, operation: str,
-                    unit: int | None = -1) -> MirrorVersion:
+def _commit_rewrite(
+    path: str,
+    read: Callable[[], MirrorVersion],
+    transform,
+    *,
+    buckets=None,
+    operation: str,
+    unit: int | None = -1,
+) -> MirrorVersion:
     """Read, rewrite the buckets (:func:`rewrite_buckets`), commit, with retries."""
 
     def build(adds: list):
@@ -163,11 +173,19 @@ def _spread(path: str, budget_rows: int | None = None) -> int:
                 node = node_of(crc_of(rows[KEY_COLUMN]), below) + node_id(level + depth, 0, v.buckets)
                 version = change_version(rel)
                 for c in np.unique(node).tolist():
-                    adds.append(write_bucket_file(v.table_uri, int(c), rows.filter(pa.array(node == c)),
-                                                  change=0 if version is None else version))
+                    adds.append(
+                        write_bucket_file(
+                            v.table_uri,
+                            int(c),
+                            rows.filter(pa.array(node == c)),
+                            change=0 if version is None else version,
+                        )
+                    )
                 removed.append(rel)
         if big:
-            log.info("mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit)
+            log.info(
+                "mirror %s: %d oversized bucket(s) split below the unit of %d rows", path, len(big), unit
+            )
         return v, removed, len(big)
 
     return _commit_with_retries(path, build, operation="split")
@@ -191,8 +209,11 @@ def due_buckets(v: MirrorVersion, *, budget_rows: int | None = None) -> list[int
             base, change = change[:1], change[1:]
         base_rows, change_rows = _rows(v, base), _rows(v, change)
         total = base_rows + change_rows
-        due = (len(base) > 1 and not change) or (total > unit and v.bucketed) or (
-            bool(change) and change_rows >= CHANGE_SHARE * base_rows)
+        due = (
+            (len(base) > 1 and not change)
+            or (total > unit and v.bucketed)
+            or (bool(change) and change_rows >= CHANGE_SHARE * base_rows)
+        )
         if due:
             scored.append((-(change_rows / max(1, base_rows)), -len(paths), b, total))
     picked, spent = [], 0
@@ -252,8 +273,11 @@ def merge_change_runs(path: str, *, skip: Iterable[int] = (), budget_rows: int |
             if merged and budget_rows is not None and spent + n > budget_rows:
                 break
             rows = resolve(read_bucket(v.table_uri, run, v.schema))
-            adds.append(write_bucket_file(v.table_uri, b, rows, bucketed=v.bucketed,
-                                          change=change_version(run[0]) or 0))
+            adds.append(
+                write_bucket_file(
+                    v.table_uri, b, rows, bucketed=v.bucketed, change=change_version(run[0]) or 0
+                )
+            )
             removed.extend(run)
             spent += n
             merged += 1
@@ -262,8 +286,13 @@ def merge_change_runs(path: str, *, skip: Iterable[int] = (), budget_rows: int |
     return _commit_with_retries(path, build, operation="merge changes")
 
 
-def compact_buckets(path: str, *, tombstones_upto: str | None = None,
-                    budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS, everything: bool = False) -> dict[str, int]:
+def compact_buckets(
+    path: str,
+    *,
+    tombstones_upto: str | None = None,
+    budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS,
+    everything: bool = False,
+) -> dict[str, int]:
     """Background compaction of the mirror at ``path``: oversized buckets are spread below
     the unit, then the due buckets (:func:`due_buckets`; with ``everything`` each bucket of
     several files or over the unit, or with tombstones to remove) are rewritten as resolved
@@ -276,15 +305,25 @@ def compact_buckets(path: str, *, tombstones_upto: str | None = None,
     out["split"] = _spread(path, budget_rows)
     v = read_version(_delta(path), path)
     if everything:
-        picks = [b for b, paths in v.files.items()
-                 if len(paths) > 1 or _rows(v, paths) > bucket_unit(v)
-                 or any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+        picks = [
+            b
+            for b, paths in v.files.items()
+            if len(paths) > 1
+            or _rows(v, paths) > bucket_unit(v)
+            or any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)
+        ]
     else:
         picks = due_buckets(v, budget_rows=budget_rows)
         if tombstones_upto is not None:  # small buckets whose base holds removable tombstones: cheap to check
-            picks += [b for b, paths in v.files.items() if paths and b not in picks
-                      and not any(v.info[p].change for p in paths) and _rows(v, paths) <= SMALL_BUCKET_ROWS
-                      and any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)]
+            picks += [
+                b
+                for b, paths in v.files.items()
+                if paths
+                and b not in picks
+                and not any(v.info[p].change for p in paths)
+                and _rows(v, paths) <= SMALL_BUCKET_ROWS
+                and any_dropped(v.table_uri, paths, tombstones_upto=tombstones_upto)
+            ]
         out["merged"] = merge_change_runs(path, skip=picks, budget_rows=budget_rows)
     if not picks:
         return out
@@ -293,7 +332,9 @@ def compact_buckets(path: str, *, tombstones_upto: str | None = None,
         newest = None
         for b in picks:  # the newest current tombstone at or before the bound among them
             keys = read_resolved_keys(v.table_uri, v.files.get(b, ()))
-            gone = keys.filter(pc.and_(keys[DELETED_COLUMN], pc.less_equal(keys[POSITION_COLUMN], tombstones_upto)))
+            gone = keys.filter(
+                pc.and_(keys[DELETED_COLUMN], pc.less_equal(keys[POSITION_COLUMN], tombstones_upto))
+            )
             top = pc.max(gone[POSITION_COLUMN]).as_py() if gone.num_rows else None
             newest = top if newest is None or (top is not None and top > newest) else newest
         if newest is not None:
@@ -310,16 +351,28 @@ def compact_buckets(path: str, *, tombstones_upto: str | None = None,
         removed[0] += 0 if out_ is None else rows.num_rows - out_.num_rows
         return rows if out_ is None else out_
 
-    _commit_rewrite(path, read, transform, buckets=lambda v_: [b for b in picks if v_.files.get(b)],
-                    operation="compact")
+    _commit_rewrite(
+        path, read, transform, buckets=lambda v_: [b for b in picks if v_.files.get(b)], operation="compact"
+    )
     out.update(buckets=len(picks), tombstones=removed[0])
-    log.info("mirror %s: %d bucket(s) compacted, %d tombstone(s) removed, %d split", path, len(picks), removed[0],
-             out["split"])
+    log.info(
+        "mirror %s: %d bucket(s) compacted, %d tombstone(s) removed, %d split",
+        path,
+        len(picks),
+        removed[0],
+        out["split"],
+    )
     return out
 
 
-def compact(data_dir: str, source: str, table: str | TableName, *, upto_position: str | None = None,
-            retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
+def compact(
+    data_dir: str,
+    source: str,
+    table: str | TableName,
+    *,
+    upto_position: str | None = None,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+) -> int:
     """Compact every bucket of the mirror that is not one resolved base file, removing its
     tombstones (all, or those at or before ``upto_position``), then vacuum files no version
     younger than ``retention_hours`` references. Returns the number of tombstones removed.
@@ -337,7 +390,12 @@ def compact(data_dir: str, source: str, table: str | TableName, *, upto_position
     removed = compact_buckets(path, tombstones_upto=bound, everything=True)["tombstones"]
     vacuum(path, retention_hours)
     if removed:
-        log.info("mirror %s: %d tombstone(s) removed up to horizon %s", path, removed, _properties(_open(path)).get(HORIZON_PROPERTY))
+        log.info(
+            "mirror %s: %d tombstone(s) removed up to horizon %s",
+            path,
+            removed,
+            _properties(_open(path)).get(HORIZON_PROPERTY),
+        )
     return removed
 
 
@@ -364,7 +422,12 @@ def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
         log.warning("mirror %s: vacuum postponed after a commit conflict (%s)", path, exc)
         return 0
     if gone:
-        log.info("mirror %s: vacuum removed %d unreferenced file(s) older than %s h", path, len(gone), retention_hours)
+        log.info(
+            "mirror %s: vacuum removed %d unreferenced file(s) older than %s h",
+            path,
+            len(gone),
+            retention_hours,
+        )
     return len(gone)
 
 
@@ -374,18 +437,26 @@ def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:
     v = _version(data_dir, source, table)
     if v is None:
         return 0
-    return sum(pc.sum(read_resolved_keys(v.table_uri, paths)[DELETED_COLUMN]).as_py() or 0
-               for paths in v.files.values() if paths)
+    return sum(
+        pc.sum(read_resolved_keys(v.table_uri, paths)[DELETED_COLUMN]).as_py() or 0
+        for paths in v.files.values()
+        if paths
+    )
 
 
 #: snapshot statuses under which a table's chunks may still be merged: no compaction then
 ACTIVE_SNAPSHOT = ("running", "paused", "failed")
 
 
-def compact_inactive(data_dir: str, source: str, status_of: Callable[[str], str | None], *,
-                     retention_hours: float = DEFAULT_RETENTION_HOURS,
-                     budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS,
-                     log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> dict[str, int]:
+def compact_inactive(
+    data_dir: str,
+    source: str,
+    status_of: Callable[[str], str | None],
+    *,
+    retention_hours: float = DEFAULT_RETENTION_HOURS,
+    budget_rows: int | None = DEFAULT_COMPACT_BUDGET_ROWS,
+    log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS,
+) -> dict[str, int]:
     """A changelog round's maintenance of every mirror table: the Delta log's bounds set, the
     due buckets compacted within ``budget_rows`` (:func:`compact_buckets`), and unreferenced
     files vacuumed once past the retention. Tombstones go only from tables whose snapshot is

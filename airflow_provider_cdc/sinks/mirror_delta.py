@@ -90,7 +90,9 @@ def events_to_mirror_rows(schema: TableSchema, events: pa.Table | TableEvents) -
     if pc.any(missing).as_py():
         i = pc.index(missing, True).as_py()
         raise ConfigurationError(
-            f"table {schema.table}: {ev['op'][i].as_py()!r} event for key {ev['key'][i].as_py()} has no 'after' row")
+            f"table {schema.table}: {ev['op'][i].as_py()!r} event for key {ev['key'][i].as_py()} has "
+            "no 'after' row"
+        )
     try:
         arrays = struct_columns(ev["after"], te.schema, te.text_columns, schema)
     except ConfigurationError:
@@ -118,7 +120,9 @@ def _delete_keys(schema: TableSchema, te: TableEvents, is_delete: pa.Array) -> d
         return dict(zip(pk, struct_columns(before, te.schema, te.text_columns, key_schema), strict=True))
     keys = te.events["key"].to_pylist()
     flags = is_delete.to_pylist()
-    rows = [dict(zip(pk, decode_key(k), strict=True)) if d else None for k, d in zip(keys, flags, strict=True)]
+    rows = [
+        dict(zip(pk, decode_key(k), strict=True)) if d else None for k, d in zip(keys, flags, strict=True)
+    ]
     return dict(zip(pk, rows_to_table(key_schema, rows), strict=True))
 
 
@@ -126,7 +130,9 @@ def _combined(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
     return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
 
-def _mirror_table(schema: TableSchema, arrays: list[pa.Array], events: pa.Table, is_delete: pa.Array | None = None) -> pa.Table:
+def _mirror_table(
+    schema: TableSchema, arrays: list[pa.Array], events: pa.Table, is_delete: pa.Array | None = None
+) -> pa.Table:
     """Typed column arrays of ``events`` plus the mirror's ``__key, __position, __deleted``."""
     deleted = _combined(pc.equal(events["op"], "d")) if is_delete is None else is_delete
     meta = [_combined(events["key"]), _combined(events["position"]), deleted]
@@ -165,8 +171,9 @@ class BucketJob(NamedTuple):
     def rows(self, part: TableEvents) -> pa.Table:
         """One table's events (past its TRUNCATE) -> its mirror rows, newest per key, in the
         mirror's schema (ConfigurationError: a value the mirror cannot hold)."""
-        rows = events_to_mirror_rows(TableSchema.from_json(self.table_schema),
-                                     part.with_events(newest_per_key(part.events)))
+        rows = events_to_mirror_rows(
+            TableSchema.from_json(self.table_schema), part.with_events(newest_per_key(part.events))
+        )
         return conform(rows, self.schema)
 
     def bucket_of(self, rows: pa.Table) -> pa.Array:
@@ -176,8 +183,15 @@ class BucketJob(NamedTuple):
     def write(self, bucket: int, rows: pa.Table):
         """Rows of one bucket (from several units: resolved to the newest per key first) as its
         change file (:func:`write_bucket`); None when nothing is left to write."""
-        return write_bucket(self.location, bucket, resolve(rows), self.files.get(bucket, []),
-                            compacted_upto=self.horizon, bucketed=self.bucketed, version=self.version)
+        return write_bucket(
+            self.location,
+            bucket,
+            resolve(rows),
+            self.files.get(bucket, []),
+            compacted_upto=self.horizon,
+            bucketed=self.bucketed,
+            version=self.version,
+        )
 
 
 class MirrorDeltaSink(Sink):
@@ -215,8 +229,11 @@ class MirrorDeltaSink(Sink):
             stopped = schema_stopped(path)
             if stopped:
                 # the event log has them; the re-snapshot that clears the stop rebuilds the mirror
-                log.error("mirror of %s waits for a re-snapshot (%s): its events are not applied to it",
-                          table_id, stopped)
+                log.error(
+                    "mirror of %s waits for a re-snapshot (%s): its events are not applied to it",
+                    table_id,
+                    stopped,
+                )
                 self.schema_stopped[table_id] = stopped
                 continue
             newest_t = truncates[table_id]
@@ -238,9 +255,19 @@ class MirrorDeltaSink(Sink):
         """The version a distributed write of ``table`` is based on (created when absent, new
         columns added, the merge epoch checked: FencedError) and the job its workers get."""
         v = open_for_write(table.path, mirror_schema(table.schema), table.epoch)
-        job = BucketJob(table.table_id, v.location, {b: list(f) for b, f in v.files.items()}, v.schema,
-                        v.buckets if v.bucketed else 1, tuple(sorted(v.inner)), v.bucketed,
-                        v.props.get(HORIZON_PROPERTY), table.schema.to_json(), table.truncate, v.version)
+        job = BucketJob(
+            table.table_id,
+            v.location,
+            {b: list(f) for b, f in v.files.items()},
+            v.schema,
+            v.buckets if v.bucketed else 1,
+            tuple(sorted(v.inner)),
+            v.bucketed,
+            v.props.get(HORIZON_PROPERTY),
+            table.schema.to_json(),
+            table.truncate,
+            v.version,
+        )
         return v, job
 
     def commit_table(self, v: MirrorVersion, written: Sequence[tuple[int, str, int, str]]) -> bool:
@@ -265,7 +292,9 @@ class MirrorDeltaSink(Sink):
         """A value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year
         294247): on the changelog path only this table stops, the others go on; a snapshot's
         merge (fenced) fails its round instead, naming the same (ConfigurationError)."""
-        if self.fence is not None or not stop_for_schema(table.path, f"{error}; correct the value at the source"):
+        if self.fence is not None or not stop_for_schema(
+            table.path, f"{error}; correct the value at the source"
+        ):
             raise ConfigurationError(error)
         self.schema_stopped[table.table_id] = error
 
@@ -287,17 +316,31 @@ class MirrorDeltaSink(Sink):
 
 def add_action(bucket: int, path: str, size: int, stats: str, *, bucketed: bool) -> AddAction:
     """The Delta add action of a change file a worker wrote (its bucket, path, size, stats)."""
-    return AddAction(path, int(size), {BUCKET_COLUMN: str(bucket)} if bucketed else {}, int(time.time() * 1000), True,
-                     stats)
+    return AddAction(
+        path,
+        int(size),
+        {BUCKET_COLUMN: str(bucket)} if bucketed else {},
+        int(time.time() * 1000),
+        True,
+        stats,
+    )
 
 
-def write_bucket(location: str, bucket: int, rows: pa.Table, paths: Sequence[str], *, compacted_upto: str | None,
-                 bucketed: bool, version: int):
+def write_bucket(
+    location: str,
+    bucket: int,
+    rows: pa.Table,
+    paths: Sequence[str],
+    *,
+    compacted_upto: str | None,
+    bucketed: bool,
+    version: int,
+):
     """Write a bucket's new rows (mirror rows of its keys, one per key) as a change file of
     the next version after ``version``, for the commit of that version (both engines: the
-    worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base
-    file (it is resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or
-    before it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
+    worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base file (it is
+    resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or before
+    it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
     (delta_buckets.admit). Returns the AddAction, None when nothing is left to write."""
     new = admit(rows, compacted_upto, lambda: read_resolved_keys(location, paths))
     if not new.num_rows:
@@ -312,21 +355,35 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     rows, never insert (:func:`delta_buckets.admit`), and with an ``epoch`` the commit
     happens only while that merge epoch is the table's own (else :class:`FencedError`,
     nothing written)."""
+
     def build(adds: list):
         v = open_for_write(path, rows.schema, epoch)
         upto = v.props.get(HORIZON_PROPERTY)
         new = conform(rows, v.schema)
         nodes = v.nodes_of(new[KEY_COLUMN])
         for b in pc.unique(nodes).to_pylist():
-            add = write_bucket(v.table_uri, b, new.filter(pc.equal(nodes, b)), v.files.get(b, ()), compacted_upto=upto,
-                               bucketed=v.bucketed, version=v.version)
+            add = write_bucket(
+                v.table_uri,
+                b,
+                new.filter(pc.equal(nodes, b)),
+                v.files.get(b, ()),
+                compacted_upto=upto,
+                bucketed=v.bucketed,
+                version=v.version,
+            )
             if add is not None:
                 adds.append(add)
         return v, (), (v, len(adds))
 
     v, written = _commit_with_retries(path, build, operation="upsert")
-    log.info("mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d", path, rows.num_rows, written,
-             len(v.files), v.version + 1)
+    log.info(
+        "mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d",
+        path,
+        rows.num_rows,
+        written,
+        len(v.files),
+        v.version + 1,
+    )
     return {"num_source_rows": rows.num_rows, "num_buckets_written": written}
 
 
@@ -372,10 +429,12 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
                 kept = rows if kept is None else kept
                 gone += rows.num_rows - kept.num_rows
                 if kept.num_rows:
-                    adds.append(write_bucket_file(v.table_uri, b, kept, bucketed=v.bucketed,
-                                                  change=change_version(rel)))
+                    adds.append(
+                        write_bucket_file(
+                            v.table_uri, b, kept, bucketed=v.bucketed, change=change_version(rel)
+                        )
+                    )
                 removed.append(rel)
         return v, removed, gone
 
     return _commit_with_retries(path, build, operation=operation)
-

@@ -109,7 +109,8 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
         return "evolved" if set(_arrow_schema(add_columns(dt, schema)).names) != before else "none"
     if not whole_table:
         raise ConfigurationError(
-            f"table {table_id}: its mirror cannot take the source's current schema ({why}); snapshot the whole "
+            f"table {table_id}: its mirror cannot take the source's current schema ({why}); snapshot "
+            "the whole "
             "table (no 'keys', 'key_ranges' or 'where') to rebuild it"
         )
     from deltalake import write_deltalake
@@ -121,17 +122,26 @@ def reconcile_schema(path: str, table_schema: TableSchema, *, whole_table: bool)
     for _attempt in commit_attempts(f"mirror {path}: rebuild"):
         v = read_version(_delta(path), path)
         try:  # one commit: no rows, the new columns, in buckets; a writer in flight conflicts
-            write_deltalake(path, bucketed.empty_table(), mode="overwrite", schema_mode="overwrite",
-                            partition_by=[BUCKET_COLUMN], storage_options=storage.delta_storage_options(path),
-                            commit_properties=CommitProperties(
-                                max_commit_retries=0, app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1)]))
+            write_deltalake(
+                path,
+                bucketed.empty_table(),
+                mode="overwrite",
+                schema_mode="overwrite",
+                partition_by=[BUCKET_COLUMN],
+                storage_options=storage.delta_storage_options(path),
+                commit_properties=CommitProperties(
+                    max_commit_retries=0, app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1)]
+                ),
+            )
             break
         except CommitFailedError:
             continue
     if BUCKETS_PROPERTY not in _properties(_delta(path)):
         _set_properties(_delta(path), {BUCKETS_PROPERTY: str(DEFAULT_BUCKETS)})
     _set_properties(_delta(path), {SCHEMA_STOP_PROPERTY: ""})
-    log.warning("mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why)
+    log.warning(
+        "mirror of %s rebuilt with the source's current schema (%s); the snapshot fills it", table_id, why
+    )
     return "rebuilt"
 
 
@@ -228,12 +238,15 @@ class MergeFence:
         current = None if dt is None else _properties(dt).get(EPOCH_PROPERTY)
         if current != str(epoch):
             raise FencedError(
-                f"table {table_id}: this merge holds epoch {epoch} but the mirror's is {current!r}; a newer merge "
+                f"table {table_id}: this merge holds epoch {epoch} but the mirror's is {current!r}; a "
+                "newer merge "
                 "attempt or a stop superseded it. It writes nothing more"
             )
 
 
-def fence_out_merges(data_dir: str, source: str, table: str | TableName, snapshot_id: str | None = None) -> int | None:
+def fence_out_merges(
+    data_dir: str, source: str, table: str | TableName, snapshot_id: str | None = None
+) -> int | None:
     """``stop``: bump the merge epoch of ``table``'s mirror so no merge in flight commits
     again, and record ``snapshot_id`` as stopped so no merge of it can claim later. The
     mirror is created for that when its schema is staged (a first snapshot stopped before

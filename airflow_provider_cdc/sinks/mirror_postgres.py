@@ -67,8 +67,10 @@ def quote_ident(name: str) -> str:
     """core.sqlnames.quote_pg, refusing names PostgreSQL would truncate (two long tables must
     not share one mirror table). Statements here always pass parameters (``%%`` for ``%``)."""
     if isinstance(name, str) and len(name.encode()) > 63:
-        raise ConfigurationError(f"PostgreSQL identifier {name!r} is longer than 63 bytes; choose a shorter "
-                                 "CDC_POSTGRES_SINK_SCHEMA (--pg-schema) or table name")
+        raise ConfigurationError(
+            f"PostgreSQL identifier {name!r} is longer than 63 bytes; choose a shorter "
+            "CDC_POSTGRES_SINK_SCHEMA (--pg-schema) or table name"
+        )
     return quote_pg(name)
 
 
@@ -103,7 +105,9 @@ def connection_parameters(conn: str | Mapping[str, object]) -> dict[str, str]:
         try:
             conn = parse_dsn(conn)
         except Exception as exc:  # noqa: BLE001 - psycopg2's ProgrammingError: said without the text
-            raise ConfigurationError(f"the 'postgres' sink's connection string cannot be parsed ({type(exc).__name__})") from None
+            raise ConfigurationError(
+                f"the 'postgres' sink's connection string cannot be parsed ({type(exc).__name__})"
+            ) from None
     return {str(k): str(v) for k, v in conn.items() if v is not None and str(v) != ""}
 
 
@@ -112,8 +116,10 @@ def public_dsn(params: Mapping[str, str]) -> str:
     secret = sorted(k for k in params if k in SECRET_PARAMETERS)
     if secret:
         raise ConfigurationError(
-            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a command line is "
-            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile parameter or "
+            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a "
+            "command line is "
+            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile "
+            "parameter or "
             "PGPASSFILE) or PGPASSWORD; the operators do this for CDC_POSTGRES_SINK_CONN_ID"
         )
 
@@ -128,8 +134,16 @@ class MirrorPostgresSink(Sink):
     needs_truncates = True
     name = "postgres"
 
-    def __init__(self, conn: str | Mapping[str, object], data_dir: str, source: str, *,
-                 target_schema: str | None = None, require_schema: bool = False, fence=None) -> None:
+    def __init__(
+        self,
+        conn: str | Mapping[str, object],
+        data_dir: str,
+        source: str,
+        *,
+        target_schema: str | None = None,
+        require_schema: bool = False,
+        fence=None,
+    ) -> None:
         self.params, self.source = connection_parameters(conn), source
         self.fence = fence  # a merge's MergeFence (sinks/mirror_fencing.py): refuse once superseded
         self.target_schema = target_schema or f"cdc_{source}"
@@ -162,10 +176,15 @@ class MirrorPostgresSink(Sink):
             return
         clash = set(schema.column_names).intersection(META_COLUMNS)
         if clash:
-            raise ConfigurationError(f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them")
+            raise ConfigurationError(
+                f"table {schema.table} has column(s) {sorted(clash)} that the mirror reserves; rename them"
+            )
         cols = [f"{quote_ident(c.name)} {pg_type(c.type)}" for c in schema.columns]
-        cols += [f'{quote_ident(KEY_COLUMN)} text PRIMARY KEY', f'{quote_ident(POSITION_COLUMN)} text COLLATE "C" NOT NULL',
-                 f"{quote_ident(DELETED_COLUMN)} boolean NOT NULL"]
+        cols += [
+            f"{quote_ident(KEY_COLUMN)} text PRIMARY KEY",
+            f'{quote_ident(POSITION_COLUMN)} text COLLATE "C" NOT NULL',
+            f"{quote_ident(DELETED_COLUMN)} boolean NOT NULL",
+        ]
         with self.conn, self.conn.cursor() as cur:
             # Spark executors create the same schema and table at once, and IF NOT EXISTS is
             # not safe against that (a unique violation in pg_namespace / pg_class): one at a
@@ -185,7 +204,8 @@ class MirrorPostgresSink(Sink):
                 continue
             newest = newest_truncate(part.events)
             if newest is not None:
-                # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page, TRUNCATE)
+                # every row older than the TRUNCATE goes (no horizon here: see the docs' operations page,
+                # TRUNCATE)
                 self._delete_before(schema, newest)
                 part = past_truncate(part, newest)
                 if part.num_rows == 0:
@@ -195,8 +215,10 @@ class MirrorPostgresSink(Sink):
     def _delete_before(self, schema: TableSchema, position: str) -> None:
         self.ensure_table(schema)
         with self.conn, self.conn.cursor() as cur:
-            cur.execute(f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
-                        (position,))
+            cur.execute(
+                f"DELETE FROM {self.target(schema.table)} WHERE {quote_ident(POSITION_COLUMN)} < %s",  # noqa: S608
+                (position,),
+            )
 
     def prepare(self, truncates: Mapping[str, str | None]) -> None:
         """The Spark engine's driver, before its executors write the events past each
@@ -242,8 +264,17 @@ class MirrorPostgresSink(Sink):
             else:
                 row = after
                 if row is None:
-                    raise ConfigurationError(f"table {schema.table}: {ev['op']!r} event for key {ev['key']} has no 'after' row")
-            rows.append((*[_text(row.get(c.name), c.type) for c in schema.columns], ev["key"], ev["position"], deleted))
+                    raise ConfigurationError(
+                        f"table {schema.table}: {ev['op']!r} event for key {ev['key']} has no 'after' row"
+                    )
+            rows.append(
+                (
+                    *[_text(row.get(c.name), c.type) for c in schema.columns],
+                    ev["key"],
+                    ev["position"],
+                    deleted,
+                )
+            )
         tgt = self.target(schema.table)
         quoted = [quote_ident(n) for n in names]
         sets = ", ".join(f"{q} = EXCLUDED.{q}" for q in quoted if q != quote_ident(KEY_COLUMN))

@@ -69,7 +69,9 @@ def read_duckdb(con: Any, data_dir: str, source: str, table: str | TableName, *,
     keep = ", ".join('"' + c.replace('"', '""') + '"' for c in _drop(meta))
     # file URIs and column names are bound or quoted, never pasted as SQL text
     rel = con.read_parquet(files, hive_partitioning=False)
-    newest = rel.select(f'*, row_number() OVER (PARTITION BY "{KEY_COLUMN}" ORDER BY "{POSITION_COLUMN}" DESC) AS __rank')
+    newest = rel.select(
+        f'*, row_number() OVER (PARTITION BY "{KEY_COLUMN}" ORDER BY "{POSITION_COLUMN}" DESC) AS __rank'
+    )
     return newest.filter(f'__rank = 1 AND NOT "{DELETED_COLUMN}"').select(f"* EXCLUDE ({keep}, __rank)")
 
 
@@ -83,8 +85,13 @@ def _keyed_columns(schema: pa.Schema) -> list[str]:
     return [n for n in schema.names if n not in (DELETED_COLUMN, BUCKET_COLUMN, POSITION_COLUMN)]
 
 
-def current_batches(v: MirrorVersion, *, batch_rows: int = 100_000, columns: Sequence[str] | None = None,
-                    tombstones: bool = False) -> Iterator[pa.RecordBatch]:
+def current_batches(
+    v: MirrorVersion,
+    *,
+    batch_rows: int = 100_000,
+    columns: Sequence[str] | None = None,
+    tombstones: bool = False,
+) -> Iterator[pa.RecordBatch]:
     """The current rows of the mirror version ``v`` (live only, or with ``tombstones``), a
     bucket at a time (memory: one bucket, bounded by the unit): a bucket of one file is
     streamed as stored (one file never holds a key twice), a bucket with change files is
@@ -121,7 +128,11 @@ def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta
     v = _version(data_dir, source, table)
     if v is None:
         return pa.table({})
-    cols = [n for n in v.schema.names if n != DELETED_COLUMN and (with_meta or n not in (KEY_COLUMN, POSITION_COLUMN))]
+    cols = [
+        n
+        for n in v.schema.names
+        if n != DELETED_COLUMN and (with_meta or n not in (KEY_COLUMN, POSITION_COLUMN))
+    ]
     keyed = list(dict.fromkeys([*cols, KEY_COLUMN]))
     parts = list(current_batches(v, columns=keyed))
     want = pa.schema([v.schema.field(n) for n in keyed])
@@ -129,8 +140,9 @@ def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta
     return data.sort_by([(KEY_COLUMN, "ascending")]).select(cols)
 
 
-def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
-                   batch_rows: int = 100_000) -> tuple[int, Iterable[pa.RecordBatch]]:
+def mirror_batches(
+    data_dir: str, source: str, table: str | TableName, *, batch_rows: int = 100_000
+) -> tuple[int, Iterable[pa.RecordBatch]]:
     """Live rows of a mirror table with ``__key``, typed, a batch at a time in no particular
     order (a bucket held at a time), and at most how many there are (the stored rows, read
     from the Delta statistics): for readers of a table too large to hold (verify). An absent
@@ -138,8 +150,9 @@ def mirror_batches(data_dir: str, source: str, table: str | TableName, *,
     v = _version(data_dir, source, table)
     if v is None:
         return 0, []
-    return _rows(v, [p for f in v.files.values() for p in f]), \
-        current_batches(v, batch_rows=batch_rows, columns=_keyed_columns(v.schema))
+    return _rows(v, [p for f in v.files.values() for p in f]), current_batches(
+        v, batch_rows=batch_rows, columns=_keyed_columns(v.schema)
+    )
 
 
 def newest_position(data_dir: str, source: str, table: str | TableName) -> str | None:

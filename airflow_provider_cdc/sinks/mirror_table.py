@@ -83,7 +83,8 @@ def check_location(data_dir: str, setting: str = "data_dir") -> str:
     path encoder), only a user's folder can."""
     if "%" in data_dir:
         raise ConfigurationError(
-            f"{setting} {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back URL-decoded "
+            f"{setting} {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
+            "URL-decoded "
             "and cannot find its own files. Choose a data location without '%'"
         )
     return data_dir
@@ -128,7 +129,9 @@ CHECKPOINT_INTERVAL = 100
 DEFAULT_LOG_RETENTION_HOURS = 48.0
 
 
-def log_properties(retention_hours: float, log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> dict[str, str]:
+def log_properties(
+    retention_hours: float, log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS
+) -> dict[str, str]:
     hours = max(1, math.ceil(retention_hours))
     return {
         "delta.checkpointInterval": str(CHECKPOINT_INTERVAL),
@@ -141,8 +144,9 @@ def log_properties(retention_hours: float, log_retention_hours: float = DEFAULT_
     }
 
 
-def ensure_log_properties(path: str, retention_hours: float,
-                          log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS) -> bool:
+def ensure_log_properties(
+    path: str, retention_hours: float, log_retention_hours: float = DEFAULT_LOG_RETENTION_HOURS
+) -> bool:
     """Set :func:`log_properties` on an existing mirror (made by a version without them, or
     with another retention); one commit, only when something differs. True when it committed."""
     dt = _open(path)
@@ -155,7 +159,9 @@ def ensure_log_properties(path: str, retention_hours: float,
     try:
         _set_properties(dt, want)
     except CommitFailedError as exc:  # the next round tries again
-        log.warning("mirror %s: setting the Delta log properties postponed after a commit conflict (%s)", path, exc)
+        log.warning(
+            "mirror %s: setting the Delta log properties postponed after a commit conflict (%s)", path, exc
+        )
         return False
     return True
 
@@ -170,12 +176,22 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
     (sinks/delta_buckets.py), or open it when another writer created it first (False)."""
     storage.makedirs(path)
     table_schema = pa.schema([*schema, pa.field(BUCKET_COLUMN, pa.int32(), False)])
-    config = {**STATS_PROPERTIES, **log_properties(DEFAULT_RETENTION_HOURS), BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
-              MIRROR.key: str(MIRROR.version), **(props or {})}
+    config = {
+        **STATS_PROPERTIES,
+        **log_properties(DEFAULT_RETENTION_HOURS),
+        BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
+        MIRROR.key: str(MIRROR.version),
+        **(props or {}),
+    }
     try:
         return DeltaTable.create(
-            path, table_schema, mode="error", partition_by=[BUCKET_COLUMN], configuration=config,
-            raise_if_key_not_exists=False, storage_options=storage.delta_storage_options(path),
+            path,
+            table_schema,
+            mode="error",
+            partition_by=[BUCKET_COLUMN],
+            configuration=config,
+            raise_if_key_not_exists=False,
+            storage_options=storage.delta_storage_options(path),
         ), True
     except Exception:  # noqa: BLE001 - created meanwhile by another writer: use that one
         dt = _open(path)
@@ -199,8 +215,10 @@ def bucket_unit(v: MirrorVersion) -> int:
     if raw.isdigit() and int(raw) >= 1:
         return int(raw)
     if raw:
-        raise ConfigurationError(f"mirror {v.location}: table property {BUCKET_ROWS_PROPERTY} must be a whole number "
-                                 f"of rows >= 1, got {raw!r}; set it again or remove it")
+        raise ConfigurationError(
+            f"mirror {v.location}: table property {BUCKET_ROWS_PROPERTY} must be a whole number "
+            f"of rows >= 1, got {raw!r}; set it again or remove it"
+        )
     return DEFAULT_BUCKET_ROWS
 
 
@@ -209,8 +227,9 @@ def _rows(v: MirrorVersion, paths: Iterable[str]) -> int:
     return sum(v.info[p].rows if v.info[p].rows is not None else v.sizes[p] // 32 for p in paths)
 
 
-def _commit_with_retries(path: str, build: Callable[[list], tuple[MirrorVersion, Iterable[str], object]], *,
-                         operation: str):
+def _commit_with_retries(
+    path: str, build: Callable[[list], tuple[MirrorVersion, Iterable[str], object]], *, operation: str
+):
     """The one optimistic commit of every mirror writer: ``build(adds)`` reads a version,
     writes its new files (appending their AddActions to ``adds``) and returns the version,
     the paths the files replace and a result; they are committed on top of that version. On
@@ -275,8 +294,11 @@ def add_columns(dt: DeltaTable, schema: pa.Schema) -> DeltaTable:
 def type_conflicts(dt: DeltaTable, schema: pa.Schema) -> list[str]:
     """Columns the table and ``schema`` both have, with different types."""
     have = {f.name: f.type for f in _arrow_schema(dt)}
-    return [f"column {f.name!r} is {have[f.name]} in the mirror and {f.type} now" for f in schema
-            if f.name in have and not have[f.name].equals(f.type)]
+    return [
+        f"column {f.name!r} is {have[f.name]} in the mirror and {f.type} now"
+        for f in schema
+        if f.name in have and not have[f.name].equals(f.type)
+    ]
 
 
 def horizon(data_dir: str, source: str, table: str | TableName) -> str | None:
@@ -307,7 +329,9 @@ def mirror_tables(data_dir: str, source: str) -> list[TableName]:
         if table is None:
             staged = storage.join(schemas_dir(data_dir, source), f"{name}.json")
             if not storage.exists(staged):
-                log.warning("mirror folder %s has a hashed name and no staged schema names its table; skipped", name)
+                log.warning(
+                    "mirror folder %s has a hashed name and no staged schema names its table; skipped", name
+                )
                 continue
             table = TableSchema.from_json(storage.read_text(staged)).table
         found.append(table)
@@ -316,7 +340,9 @@ def mirror_tables(data_dir: str, source: str) -> list[TableName]:
 
 def _position_literal(text: str) -> str:
     if len(text) != 40 or any(c not in "0123456789abcdef" for c in text):
-        raise ConfigurationError(f"upto_position must be an encoded position (40 lowercase hex digits), got {text!r}")
+        raise ConfigurationError(
+            f"upto_position must be an encoded position (40 lowercase hex digits), got {text!r}"
+        )
     return text
 
 

@@ -40,8 +40,9 @@ class SinkEntry:
 _SINKS: dict[str, SinkEntry] = {}
 
 
-def register(name: str, factory: Callable[[SinkContext], Sink], *, claims_fence: bool = False,
-             replace: bool = False) -> None:
+def register(
+    name: str, factory: Callable[[SinkContext], Sink], *, claims_fence: bool = False, replace: bool = False
+) -> None:
     """Register a sink under ``name`` (refused when taken, unless ``replace``)."""
     if name in _SINKS and not replace:
         raise ConfigurationError(f"a sink named {name!r} is registered already")
@@ -88,8 +89,14 @@ def _postgres(c: SinkContext) -> Sink:
         )
     from .mirror_postgres import MirrorPostgresSink
 
-    return MirrorPostgresSink(c.options["pg_uri"], c.data_dir, c.source, target_schema=c.options.get("pg_schema"),
-                              require_schema=c.require_schema, fence=c.fence)
+    return MirrorPostgresSink(
+        c.options["pg_uri"],
+        c.data_dir,
+        c.source,
+        target_schema=c.options.get("pg_schema"),
+        require_schema=c.require_schema,
+        fence=c.fence,
+    )
 
 
 register("events", _events)

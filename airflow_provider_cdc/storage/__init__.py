@@ -61,13 +61,19 @@ def basename(location: str) -> str:
 def check_location(location: str, setting: str = "data location") -> str:
     """A location this package can use, or a ConfigurationError naming the setting."""
     if not isinstance(location, str) or not location.strip():
-        raise ConfigurationError(f"{setting} must be a local path or a URI such as s3://bucket/prefix, got {location!r}")
+        raise ConfigurationError(
+            f"{setting} must be a local path or a URI such as s3://bucket/prefix, got {location!r}"
+        )
     s = scheme(location)
     if s and s not in _REMOTE:
-        raise ConfigurationError(f"{setting} {location!r}: scheme {s!r} is not supported; use a local path, "
-                                 f"file://, or one of {', '.join(_REMOTE)}")
+        raise ConfigurationError(
+            f"{setting} {location!r}: scheme {s!r} is not supported; use a local path, "
+            f"file://, or one of {', '.join(_REMOTE)}"
+        )
     if s and not urlsplit(location).netloc:
-        raise ConfigurationError(f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix")
+        raise ConfigurationError(
+            f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix"
+        )
     rest = location.split("://", 1)[1] if s else ""
     if s and "@" in rest:
         # s3://KEY:SECRET@bucket/ would be printed in lineage namespaces, task logs and on the
@@ -77,14 +83,21 @@ def check_location(location: str, setting: str = "data location") -> str:
         raise ConfigurationError(
             f"{setting} {shown!r} holds credentials in the URI: a location names only the bucket and prefix. "
             "Credentials go in an Airflow connection named by CDC_STORAGE_CONN_ID (or the source's "
-            "storage_conn_id in the sources config), or in the workers' own identity (the docs' security page, 'Where credentials "
-            "come from')")
+            "storage_conn_id in the sources config), or in the workers' own identity (the docs' "
+            "security page, 'Where credentials "
+            "come from')"
+        )
     return location
 
 
 #: where object storage is and how to talk to it: not secret, shipped to Spark executors
-PUBLIC_SETTINGS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION",
-                   "CDC_DELTA_S3_UNSAFE_RENAME")
+PUBLIC_SETTINGS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "CDC_DELTA_S3_UNSAFE_RENAME",
+)
 #: who may use it: resolved where used, never shipped in a closure, never exported
 SECRET_SETTINGS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 #: the environment variables object-storage access is configured by (module docstring)
@@ -181,9 +194,13 @@ def use_executor_settings(shipped: Mapping[str, str]) -> None:
 
 def _s3_settings() -> tuple:
     s = settings()
-    return (s.get("AWS_ENDPOINT_URL_S3") or s.get("AWS_ENDPOINT_URL") or "", s.get("AWS_ACCESS_KEY_ID") or "",
-            s.get("AWS_SECRET_ACCESS_KEY") or "", s.get("AWS_SESSION_TOKEN") or "",
-            s.get("AWS_REGION") or s.get("AWS_DEFAULT_REGION") or "")
+    return (
+        s.get("AWS_ENDPOINT_URL_S3") or s.get("AWS_ENDPOINT_URL") or "",
+        s.get("AWS_ACCESS_KEY_ID") or "",
+        s.get("AWS_SECRET_ACCESS_KEY") or "",
+        s.get("AWS_SESSION_TOKEN") or "",
+        s.get("AWS_REGION") or s.get("AWS_DEFAULT_REGION") or "",
+    )
 
 
 @lru_cache(maxsize=16)
@@ -285,9 +302,13 @@ def list_names(location: str, *, suffix: str = "", files_only: bool = True) -> l
     """Names of the entries right below a folder (hidden temporaries left out)."""
     import pyarrow.fs as pafs
 
-    return [i.base_name for i in list_dir(location)
-            if not i.base_name.startswith(".") and i.base_name.endswith(suffix)
-            and (not files_only or i.type == pafs.FileType.File)]
+    return [
+        i.base_name
+        for i in list_dir(location)
+        if not i.base_name.startswith(".")
+        and i.base_name.endswith(suffix)
+        and (not files_only or i.type == pafs.FileType.File)
+    ]
 
 
 def makedirs(location: str) -> None:
@@ -340,8 +361,10 @@ def atomic_output(location: str, *, replace: bool = True) -> Iterator[tuple[pafs
     ConfigurationError, checked before and, locally, atomically at the publish)."""
     fs, path = filesystem(location)
     if not replace and exists(location):
-        raise ConfigurationError(f"{location} exists already; nothing was written (give another location, or say "
-                                 "that it may be replaced)")
+        raise ConfigurationError(
+            f"{location} exists already; nothing was written (give another location, or say "
+            "that it may be replaced)"
+        )
     head, _, name = path.rpartition("/")
     created: list[str] = []  # folders made here: each needs its parent's entry made durable
     if is_local(location):
@@ -365,7 +388,9 @@ def atomic_output(location: str, *, replace: bool = True) -> Iterator[tuple[pafs
                 try:
                     os.link(tmp, path)  # fails when the file appeared meanwhile: never replaced
                 except FileExistsError:
-                    raise ConfigurationError(f"{location} appeared while it was written; it was not replaced") from None
+                    raise ConfigurationError(
+                        f"{location} appeared while it was written; it was not replaced"
+                    ) from None
                 os.unlink(tmp)
             # the rename lives in the folder's entries: without this a power loss may undo
             # it after the caller went on (e.g. confirmed the slot past the published segment)

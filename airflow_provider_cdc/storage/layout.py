@@ -23,8 +23,10 @@ def path_component(name: str, what: str) -> str:
     from a Variable, XCom or file is checked by its grammar first, core/scope.py; this is the
     last guard)."""
     if not isinstance(name, str) or not name or name in (".", "..") or any(c in name for c in "/\\\x00"):
-        raise ConfigurationError(f"{what} {name!r} cannot be a path component ('/', '\\', '..' or empty): "
-                                 "nothing was read or written for it")
+        raise ConfigurationError(
+            f"{what} {name!r} cannot be a path component ('/', '\\', '..' or empty): "
+            "nothing was read or written for it"
+        )
     return name
 
 
@@ -48,8 +50,12 @@ def parse_segment_name(name: str) -> tuple[Position, Position]:
 
 def snapshot_dir(data_dir: str, source: str, table: TableName, snapshot_id: str) -> str:
     """A snapshot's staged chunks, their sidecars and its plan."""
-    return _join(staging_dir(data_dir, source), "chunks", table.path_segment,
-                 check_snapshot_id(snapshot_id, f"snapshot of table {table}"))
+    return _join(
+        staging_dir(data_dir, source),
+        "chunks",
+        table.path_segment,
+        check_snapshot_id(snapshot_id, f"snapshot of table {table}"),
+    )
 
 
 def chunk_path(data_dir: str, source: str, table: TableName, snapshot_id: str, seq: int, hw_id: str) -> str:

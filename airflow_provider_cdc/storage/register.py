@@ -56,8 +56,10 @@ class Register:
             # location (a data dir named "data dir é" is not at "data%20dir%20%C3%A9")
             rels = pa.table(dt.get_add_actions(flatten=True))["path"].to_pylist()
             if len(rels) != 1:
-                raise StateError(f"register {self.location} holds {len(rels)} files at version {dt.version()}, not 1; "
-                                 "it was written by something else: move it away to start over")
+                raise StateError(
+                    f"register {self.location} holds {len(rels)} files at version {dt.version()}, not 1; "
+                    "it was written by something else: move it away to start over"
+                )
             fs, path = filesystem(join(self.location, *rels[0].split("/")))
             try:
                 values = pq.read_table(path, filesystem=fs, columns=["value"])["value"]
@@ -74,8 +76,13 @@ class Register:
         rows = pa.table({"value": pa.array([value], pa.large_string())}, schema=SCHEMA)
         if expect == 0:
             try:
-                write_deltalake(self.location, rows, mode="error", configuration=PROPERTIES,
-                                storage_options=delta_storage_options(self.location))
+                write_deltalake(
+                    self.location,
+                    rows,
+                    mode="error",
+                    configuration=PROPERTIES,
+                    storage_options=delta_storage_options(self.location),
+                )
             except (DeltaError, CommitFailedError, OSError) as exc:
                 if self._open() is not None:
                     raise ConflictError(f"register {self.location}: created by another writer first") from exc
@@ -93,14 +100,22 @@ class Register:
         pq.write_table(rows, path, filesystem=fs)
         size = fs.get_file_info(path).size
         now = int(time.time() * 1000)
-        actions: list = [RemoveAction(p, True, now, s, {}) for p, s in zip(old["path"], old["size_bytes"], strict=True)]
+        actions: list = [
+            RemoveAction(p, True, now, s, {}) for p, s in zip(old["path"], old["size_bytes"], strict=True)
+        ]
         actions.append(AddAction(name, int(size), {}, now, True, '{"numRecords":1}'))
         try:
-            dt.create_write_transaction(actions, mode="append", schema=dt.schema(),
-                                        commit_properties=CommitProperties(max_commit_retries=0))
+            dt.create_write_transaction(
+                actions,
+                mode="append",
+                schema=dt.schema(),
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
         except CommitFailedError as exc:
             _quiet_delete(target)
-            raise ConflictError(f"register {self.location}: another write committed version {expect + 1} first") from exc
+            raise ConflictError(
+                f"register {self.location}: another write committed version {expect + 1} first"
+            ) from exc
         except BaseException:
             _quiet_delete(target)
             raise

@@ -40,17 +40,26 @@ class SegmentInfo:
     max_ts_ms: int | None = None
 
     def to_json(self) -> dict:
-        return {"rows": self.rows, "bytes": self.bytes, "staged_at": self.staged_at,
-                "watermarks": {k: list(v) for k, v in self.watermarks.items()},
-                "xids": None if self.xids is None else list(self.xids), "max_ts_ms": self.max_ts_ms}
+        return {
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "staged_at": self.staged_at,
+            "watermarks": {k: list(v) for k, v in self.watermarks.items()},
+            "xids": None if self.xids is None else list(self.xids),
+            "max_ts_ms": self.max_ts_ms,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> SegmentInfo:
         xids = d["xids"]
-        return cls(int(d["rows"]), int(d["bytes"]), float(d["staged_at"]),
-                   {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d["watermarks"].items()},
-                   None if xids is None else (int(xids[0]), int(xids[1])),
-                   None if d.get("max_ts_ms") is None else int(d["max_ts_ms"]))
+        return cls(
+            int(d["rows"]),
+            int(d["bytes"]),
+            float(d["staged_at"]),
+            {str(k): (str(v[0]), int(v[1] or 0)) for k, v in d["watermarks"].items()},
+            None if xids is None else (int(xids[0]), int(xids[1])),
+            None if d.get("max_ts_ms") is None else int(d["max_ts_ms"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -81,22 +90,32 @@ def read_index(changelog: str) -> dict[str, SegmentInfo]:
     try:
         doc = json.loads(raw)
     except ValueError as exc:
-        log.warning("the staged changelog's index %s cannot be read (%s): every segment is opened instead",
-                    index_path(changelog), exc)
+        log.warning(
+            "the staged changelog's index %s cannot be read (%s): every segment is opened instead",
+            index_path(changelog),
+            exc,
+        )
         return {}
     doc = SEGMENT_INDEX.read(doc, index_path(changelog))
     try:
         return {name: SegmentInfo.from_json(d) for name, d in doc["segments"].items()}
     except (ValueError, KeyError, TypeError, IndexError) as exc:
-        log.warning("the staged changelog's index %s cannot be read (%s): every segment is opened instead",
-                    index_path(changelog), exc)
+        log.warning(
+            "the staged changelog's index %s cannot be read (%s): every segment is opened instead",
+            index_path(changelog),
+            exc,
+        )
         return {}
 
 
 def write_index(changelog: str, infos: dict[str, SegmentInfo]) -> None:
-    storage.write_text(index_path(changelog), json.dumps(
-        SEGMENT_INDEX.stamp({"segments": {n: i.to_json() for n, i in sorted(infos.items())}}),
-        separators=(",", ":")))
+    storage.write_text(
+        index_path(changelog),
+        json.dumps(
+            SEGMENT_INDEX.stamp({"segments": {n: i.to_json() for n, i in sorted(infos.items())}}),
+            separators=(",", ":"),
+        ),
+    )
 
 
 def record_through(changelog: str, position: Position, ts_ms: int) -> None:
@@ -106,8 +125,10 @@ def record_through(changelog: str, position: Position, ts_ms: int) -> None:
     current = staged_through(changelog)
     if current is not None and current[0] >= position:
         return
-    storage.write_text(storage.join(changelog, THROUGH_NAME),
-                       json.dumps({"position": position.encode(), "ts_ms": int(ts_ms)}))
+    storage.write_text(
+        storage.join(changelog, THROUGH_NAME),
+        json.dumps({"position": position.encode(), "ts_ms": int(ts_ms)}),
+    )
 
 
 def staged_through(changelog: str) -> tuple[Position, int] | None:
@@ -156,8 +177,14 @@ def describe_segment(path: str, *, staged_at: float | None = None) -> SegmentInf
         t = pf.read(columns=["position", "op", "watermark", "ts_ms", "origin"])
     marks = first_writes(t.filter(pc.equal(t["op"], "w")))
     newest = pc.max(t["ts_ms"]).as_py() if t.num_rows else None
-    return SegmentInfo(rows, int(size), time.time() if staged_at is None else staged_at, marks,
-                       xid_range(pc.struct_field(t["origin"], "tx")), None if newest is None else int(newest))
+    return SegmentInfo(
+        rows,
+        int(size),
+        time.time() if staged_at is None else staged_at,
+        marks,
+        xid_range(pc.struct_field(t["origin"], "tx")),
+        None if newest is None else int(newest),
+    )
 
 
 def xid_range(txs) -> tuple[int, int] | None:
@@ -172,7 +199,9 @@ def xid_range(txs) -> tuple[int, int] | None:
     return int(mm["min"].as_py()), int(mm["max"].as_py())
 
 
-def first_writes(watermark_rows, found: dict[str, tuple[str, int]] | None = None) -> dict[str, tuple[str, int]]:
+def first_writes(
+    watermark_rows, found: dict[str, tuple[str, int]] | None = None
+) -> dict[str, tuple[str, int]]:
     """id -> (encoded position, ts_ms) of the first write of each watermark among ``watermark_rows``
     (a table of position, watermark, ts_ms), added to ``found``."""
     found = {} if found is None else found
@@ -187,14 +216,18 @@ def refresh_index(changelog: str) -> list[StagedSegment]:
     """(Under the capture lock.) Describe the segments the index does not name yet, leave out
     the names that are gone, write the index back when it changed; the segments with their infos."""
     index = read_index(changelog)
-    segments = [s if s.info is not None else StagedSegment(s.first, s.last, s.path, describe_segment(s.path))
-                for s in _listed(changelog, index)]
+    segments = [
+        s if s.info is not None else StagedSegment(s.first, s.last, s.path, describe_segment(s.path))
+        for s in _listed(changelog, index)
+    ]
     if set(index) != {s.name for s in segments}:
         write_index(changelog, {s.name: s.info for s in segments})
     return segments
 
 
-def find_in_index(segments: Sequence[StagedSegment], ids: Iterable[str]) -> tuple[dict[str, tuple[str, int]], list]:
+def find_in_index(
+    segments: Sequence[StagedSegment], ids: Iterable[str]
+) -> tuple[dict[str, tuple[str, int]], list]:
     """The first staged write of each id the index knows of, and the segments it does not
     describe (to open): ``(found, unknown)``."""
     wanted = set(ids)

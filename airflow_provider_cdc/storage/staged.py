@@ -25,9 +25,14 @@ from .layout import parse_segment_name
 
 #: the staged changelog's columns with canonical-JSON images: the hand-built event form
 #: (sinks/base.py EVENT_SCHEMA)
-CHANGELOG_SCHEMA = pa.schema([*(f for f in SEGMENT_SCHEMA if f.name not in ("ts_ms", "watermark", "origin")),
-                              ("before", pa.string()), ("after", pa.string()),
-                              *(f for f in SEGMENT_SCHEMA if f.name in ("ts_ms", "watermark", "origin"))])
+CHANGELOG_SCHEMA = pa.schema(
+    [
+        *(f for f in SEGMENT_SCHEMA if f.name not in ("ts_ms", "watermark", "origin")),
+        ("before", pa.string()),
+        ("after", pa.string()),
+        *(f for f in SEGMENT_SCHEMA if f.name in ("ts_ms", "watermark", "origin")),
+    ]
+)
 TABLES_META = b"cdc.tables"
 #: ParquetWriter options of staged chunks: keys and rows are unique, so a dictionary
 #: page only costs memory and time before the writer falls back to plain encoding
@@ -67,11 +72,15 @@ class ChunkWriter:
             closed = self._stack.__exit__(exc_type, exc, tb)
         return bool(closed)
 
-    def add_typed(self, keys: pa.Array, columns: Sequence[pa.Array], text_columns: Sequence[str] = ()) -> None:
+    def add_typed(
+        self, keys: pa.Array, columns: Sequence[pa.Array], text_columns: Sequence[str] = ()
+    ) -> None:
         """A batch already typed: one array per column of the schema (``text_columns``: those
         holding canonical text instead)."""
         fields = [pa.field(c.name, a.type) for c, a in zip(self.schema.columns, columns, strict=True)]
-        self._write(keys, pa.StructArray.from_arrays(list(columns), fields=fields), self.schema, list(text_columns))
+        self._write(
+            keys, pa.StructArray.from_arrays(list(columns), fields=fields), self.schema, list(text_columns)
+        )
 
     def add(self, keys: pa.Array, afters) -> None:
         """``afters``: canonical row JSON texts (an Arrow string array) or canonical row dicts."""
@@ -80,8 +89,13 @@ class ChunkWriter:
     def _open(self, schema: TableSchema, text: list[str]) -> None:
         after = at.conform_images(pa.nulls(0, pa.struct([])), None, [], schema, text)
         empty = chunk_table(string_array([]), after, schema, text)
-        self._writer = pq.ParquetWriter(self._tmp, empty.schema, filesystem=self._fs, **CHUNK_PARQUET_OPTIONS,
-                                        write_statistics=at.statistics_columns(empty.schema, ("key",)))
+        self._writer = pq.ParquetWriter(
+            self._tmp,
+            empty.schema,
+            filesystem=self._fs,
+            **CHUNK_PARQUET_OPTIONS,
+            write_statistics=at.statistics_columns(empty.schema, ("key",)),
+        )
         self._typed = (schema, list(text))
 
     def _write(self, keys: pa.Array, after: pa.StructArray, schema: TableSchema, text: list[str]) -> None:
@@ -118,8 +132,10 @@ def read_chunk(path: str, table: str) -> tuple[pa.Table, TableSchema | None, lis
     t = read_table(path)
     schema, text = at.metadata_schema(t.schema.metadata)
     if schema is None:
-        raise StateError(f"table {table}: the staged chunk {path} names no schema (a file this airflow-provider-cdc "
-                         "did not write, or one from before its first release); stop the snapshot and start a new one")
+        raise StateError(
+            f"table {table}: the staged chunk {path} names no schema (a file this airflow-provider-cdc "
+            "did not write, or one from before its first release); stop the snapshot and start a new one"
+        )
     return t, schema, text
 
 
@@ -139,7 +155,9 @@ def read_chunk_rows(path: str, table: str) -> list[tuple[str, dict]]:
     """A staged chunk as (canonical key, canonical row) pairs in key order: for checks and
     the reference merge (core.window.WindowChunk), never the hot path."""
     t, schema, text = read_chunk(path, table)
-    return list(zip(t["key"].to_pylist(), at.canonical_rows(t["after"], schema, text, keep_nulls=True), strict=True))
+    return list(
+        zip(t["key"].to_pylist(), at.canonical_rows(t["after"], schema, text, keep_nulls=True), strict=True)
+    )
 
 
 def events_to_table(events: Iterable[LogEvent], watermark_table: str, schemas=None) -> pa.Table:
@@ -183,7 +201,9 @@ def batch_to_table(batch: EventBatch, schemas=None) -> pa.Table:
         arrays += [b.take(take), a.take(take)]
         fields += [pa.field(f"before_{i}", b.type), pa.field(f"after_{i}", a.type)]
         meta.append({"table": table, "schema": json.loads(schema.to_json()), "text_columns": text})
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata={TABLES_META: json.dumps(meta).encode()}))
+    return pa.Table.from_arrays(
+        arrays, schema=pa.schema(fields, metadata={TABLES_META: json.dumps(meta).encode()})
+    )
 
 
 def _inferred(table: str, key: str | None, befores: list, afters: list) -> TableSchema:
@@ -192,7 +212,9 @@ def _inferred(table: str, key: str | None, befores: list, afters: list) -> Table
     return at.text_schema(TableName.parse(table), names, len(json.loads(key)) if key else 0)
 
 
-def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark_table: str, schemas=None) -> str:
+def write_segment(
+    events: list[LogEvent] | EventBatch, directory: str, watermark_table: str, schemas=None
+) -> str:
     """Stage events (already in position order; LogEvents or an EventBatch) as one segment
     named by its position range, each table's images typed with ``schemas[table]`` (see
     :func:`batch_to_table`)."""
@@ -206,8 +228,12 @@ def write_segment(events: list[LogEvent] | EventBatch, directory: str, watermark
     # no min/max statistics of row values: they copy a large value several times; no
     # dictionaries (as chunk files): a segment's values are mostly distinct, and measured 2.8x
     # faster to write and smaller without them
-    atomic_write_table(table, path, write_statistics=at.statistics_columns(table.schema, SEGMENT_SCHEMA.names),
-                       **CHUNK_PARQUET_OPTIONS)
+    atomic_write_table(
+        table,
+        path,
+        write_statistics=at.statistics_columns(table.schema, SEGMENT_SCHEMA.names),
+        **CHUNK_PARQUET_OPTIONS,
+    )
     return path
 
 
@@ -217,8 +243,10 @@ def segment_tables(meta) -> list[tuple[str, TableSchema, list[str]]]:
     raw = (meta or {}).get(TABLES_META)
     if raw is None:
         return []
-    return [(m["table"], TableSchema.from_json(json.dumps(m["schema"])), list(m["text_columns"]))
-            for m in json.loads(raw)]
+    return [
+        (m["table"], TableSchema.from_json(json.dumps(m["schema"])), list(m["text_columns"]))
+        for m in json.loads(raw)
+    ]
 
 
 def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str], pa.Table]]:
@@ -231,8 +259,10 @@ def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str]
     tables = segment_tables(t.schema.metadata)
     common = list(SEGMENT_SCHEMA.names)
     if not tables and "after" in t.column_names:
-        raise StateError("a staged segment holds canonical JSON images without the cdc.tables metadata (a file from "
-                         "before airflow-provider-cdc's first release); move the staging folder away and resync")
+        raise StateError(
+            "a staged segment holds canonical JSON images without the cdc.tables metadata (a file from "
+            "before airflow-provider-cdc's first release); move the staging folder away and resync"
+        )
     for i, (table, schema, text) in enumerate(tables):
         part = t.filter(pc.equal(t["table"], table))
         if part.num_rows == 0:
@@ -243,8 +273,10 @@ def segment_images(t: pa.Table) -> list[tuple[str, TableSchema | None, list[str]
 
 
 def _with_images(part: pa.Table, common: list[str], before, after) -> pa.Table:
-    cols = {c: (part[c] if c in part.column_names else pa.nulls(part.num_rows, SEGMENT_SCHEMA.field(c).type))
-            for c in common}
+    cols = {
+        c: (part[c] if c in part.column_names else pa.nulls(part.num_rows, SEGMENT_SCHEMA.field(c).type))
+        for c in common
+    }
     cols["before"], cols["after"] = before, after
     return pa.table(cols)
 
@@ -273,8 +305,10 @@ def read_log_events(
         tbl = read_table(path)
         images: dict[str, tuple] = {}  # position -> (before, after) as canonical rows
         for _table, schema, text, part in segment_images(tbl):
-            rows = (at.canonical_rows(part["before"], schema, text),
-                    at.canonical_rows(part["after"], schema, text, keep_nulls=True))
+            rows = (
+                at.canonical_rows(part["before"], schema, text),
+                at.canonical_rows(part["after"], schema, text, keep_nulls=True),
+            )
             for j, p in enumerate(part["position"].to_pylist()):
                 images[p] = (rows[0][j], rows[1][j])
         cols = ["position", "table", "op", "key", "ts_ms", "watermark"]
@@ -293,8 +327,14 @@ def read_log_events(
                 origin = rec.get("origin")
                 before, after_row = images.get(rec["position"], (None, None))
                 yield ChangeEvent(
-                    rec["table"], rec["op"], rec["key"], pos, before, after_row,
-                    rec["ts_ms"], origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
+                    rec["table"],
+                    rec["op"],
+                    rec["key"],
+                    pos,
+                    before,
+                    after_row,
+                    rec["ts_ms"],
+                    origin=None if origin is None else tuple(origin[f] for f in ORIGIN_FIELDS),
                 )
 
 
@@ -314,7 +354,9 @@ def segment_lower_bounds(segments: Sequence[tuple[Position, Position, str]]) -> 
     return bounds
 
 
-def find_watermarks(segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]) -> dict[str, tuple[str, int]]:
+def find_watermarks(
+    segments: Sequence[tuple[Position, Position, str]], ids: Iterable[str]
+) -> dict[str, tuple[str, int]]:
     """id -> (encoded position, ts_ms) of the first staged write of each watermark id.
 
     Read on the driver with pyarrow (only the op/watermark/position/ts_ms columns, ``op = 'w'``
@@ -350,7 +392,9 @@ def staged_watermarks(changelog: str, ids: Iterable[str], *, attempts: int = 3) 
     if marks:  # a position mark is staged once the changelog is complete through its position
         wanted -= marks.keys()
         through = staged_through(changelog)
-        covered = {i: (p.encode(), ts) for i, (p, ts) in marks.items() if through is not None and through[0] >= p}
+        covered = {
+            i: (p.encode(), ts) for i, (p, ts) in marks.items() if through is not None and through[0] >= p
+        }
         return {**(staged_watermarks(changelog, wanted, attempts=attempts) if wanted else {}), **covered}
     for attempt in range(attempts):
         try:

@@ -116,7 +116,8 @@ class HighWatermarkTrigger(BaseTrigger):
                 yield TriggerEvent(
                     {
                         "status": "error",
-                        "message": f"{len(missing)} of {len(self.watermark_ids)} high watermarks of source {self.source!r} "
+                        "message": f"{len(missing)} of {len(self.watermark_ids)} high watermarks of "
+                        f"source {self.source!r} "
                         f"not in the staged changelog after {self.timeout:.0f} s (first: {missing[0]}); "
                         "is the cdc_changelog DAG (capture) running?",
                     }

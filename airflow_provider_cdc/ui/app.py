@@ -67,8 +67,9 @@ def _may(user: Any, dag_id: str, *, act: bool) -> bool:
 
     details = DagDetails(id=dag_id)
     if act:
-        return get_auth_manager().is_authorized_dag(method="POST", access_entity=DagAccessEntity.RUN,
-                                                    details=details, user=user)
+        return get_auth_manager().is_authorized_dag(
+            method="POST", access_entity=DagAccessEntity.RUN, details=details, user=user
+        )
     return get_auth_manager().is_authorized_dag(method="GET", details=details, user=user)
 
 
@@ -79,8 +80,9 @@ def _visible(user: Any, source: str | None = None) -> tuple[list[dict], dict[str
     from ..status import overview
 
     sources = overview(source, include=lambda _name, dag_id: _may(user, dag_id, act=False))
-    return sources, {s["source"]: bool(s.get("known")) and _may(user, s["snapshot_dag"], act=True)
-                     for s in sources}
+    return sources, {
+        s["source"]: bool(s.get("known")) and _may(user, s["snapshot_dag"], act=True) for s in sources
+    }
 
 
 def _readable_or_403(user: Any, source: str | None = None) -> tuple[list[dict], dict[str, bool]]:
@@ -91,16 +93,29 @@ def _readable_or_403(user: Any, source: str | None = None) -> tuple[list[dict], 
 
 
 @app.get("/", response_class=HTMLResponse)
-async def index(request: Request, source: str | None = None, refresh: int | None = None,
-                done: str | None = None, table: str | None = None) -> HTMLResponse:
+async def index(
+    request: Request,
+    source: str | None = None,
+    refresh: int | None = None,
+    done: str | None = None,
+    table: str | None = None,
+) -> HTMLResponse:
     """The page: every source the user may read, or ``?source=NAME`` alone; it reloads itself
     every ``?refresh=N`` seconds (default 60, 0: never). ``?done=ACTION&table=T`` (where an
     action redirects to) shows that action's fixed sentence, for a table the page shows: a
     link cannot put text of its own into Airflow's UI."""
     user = await _user(request)
     sources, can_act = await run_in_threadpool(_readable_or_403, user, source or None)
-    return HTMLResponse(render(sources, user=user.get_name(), can_act=can_act, flash=_flash(sources, done, table),
-                               only=source or None, refresh=refresh_seconds(refresh)))
+    return HTMLResponse(
+        render(
+            sources,
+            user=user.get_name(),
+            can_act=can_act,
+            flash=_flash(sources, done, table),
+            only=source or None,
+            refresh=refresh_seconds(refresh),
+        )
+    )
 
 
 def _flash(sources: list[dict], done: str | None, table: str | None) -> str | None:
@@ -109,7 +124,10 @@ def _flash(sources: list[dict], done: str | None, table: str | None) -> str | No
     if not any(t["table"] == table for s in sources for t in s["tables"]):
         return None
     if done == "verify":
-        return f"verify of {table}: a run of the source's verify DAG is queued or running; its result appears here"
+        return (
+            f"verify of {table}: a run of the source's verify DAG is queued or running; its result "
+            "appears here"
+        )
     return f"{done} of {table}: a run of the source's snapshot DAG is queued"
 
 
@@ -131,11 +149,14 @@ def _same_origin(request: Request) -> bool:
 
 
 @app.post("/action")
-async def action(request: Request, source: str = Form(...), table: str = Form(...),
-                 action: str = Form(...)) -> Any:
+async def action(
+    request: Request, source: str = Form(...), table: str = Form(...), action: str = Form(...)
+) -> Any:
     user = await _user(request)
     if not _same_origin(request):
-        raise HTTPException(403, "an action must come from the CDC page itself (or a script with a bearer token)")
+        raise HTTPException(
+            403, "an action must come from the CDC page itself (or a script with a bearer token)"
+        )
     if action not in ACTIONS:
         raise HTTPException(400, f"action {action!r}: one of {', '.join(ACTIONS)}")
     sources, can_act = await run_in_threadpool(_visible, user, source)
@@ -143,8 +164,11 @@ async def action(request: Request, source: str = Form(...), table: str = Form(..
     if src is None or not any(t["table"] == table for t in src["tables"]):
         raise HTTPException(404, f"no table {table!r} of source {source!r} you may read")
     if not src.get("known"):  # named only by a Variable: no DAG, no connection of its own
-        raise HTTPException(403, f"source {source!r} is not named by the sources config or the environment: the CDC "
-                                 "page acts only on those")
+        raise HTTPException(
+            403,
+            f"source {source!r} is not named by the sources config or the environment: the CDC "
+            "page acts only on those",
+        )
     row = next(t for t in src["tables"] if t["table"] == table)
     if row.get("refused"):  # the one scope check (I15)
         raise HTTPException(403, row["refused"])
@@ -157,8 +181,9 @@ async def action(request: Request, source: str = Form(...), table: str = Form(..
         msg, run_id = await run_in_threadpool(_trigger, dag_id, action, table, user.get_name())
     if "application/json" in request.headers.get("accept", ""):
         return JSONResponse({"ok": True, "message": msg, "dag_id": dag_id, "run_id": run_id})
-    return RedirectResponse(f"./?source={quote(source, safe='')}&done={action}&table={quote(table, safe='')}",
-                            status_code=303)
+    return RedirectResponse(
+        f"./?source={quote(source, safe='')}&done={action}&table={quote(table, safe='')}", status_code=303
+    )
 
 
 def _trigger(dag_id: str, action: str, table: str, user_name: str) -> tuple[str, str]:
@@ -168,8 +193,12 @@ def _trigger(dag_id: str, action: str, table: str, user_name: str) -> tuple[str,
     from airflow.utils.types import DagRunTriggeredByType
 
     try:
-        run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user_name,
-                          conf={"action": action, "tables": [table]})
+        run = trigger_dag(
+            dag_id,
+            triggered_by=DagRunTriggeredByType.UI,
+            triggering_user_name=user_name,
+            conf={"action": action, "tables": [table]},
+        )
     except DagNotFound as exc:
         raise HTTPException(404, f"DAG {dag_id} is not known to Airflow: {exc}") from exc
     return f"{action} of {table}: DAG run {run.run_id} of {dag_id} queued", run.run_id
@@ -192,16 +221,27 @@ def _trigger_verify(dag_id: str, table: str, user_name: str) -> tuple[str, str]:
 
     with _verify_lock:
         with create_session() as session:
-            active = (session.query(DagRun.run_id, DagRun.conf)
-                      .filter(DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING]))
-                      .all())
-        same = next((run_id for run_id, conf in active if isinstance(conf, dict) and conf.get("table") == table), None)
+            active = (
+                session.query(DagRun.run_id, DagRun.conf)
+                .filter(DagRun.dag_id == dag_id, DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING]))
+                .all()
+            )
+        same = next(
+            (run_id for run_id, conf in active if isinstance(conf, dict) and conf.get("table") == table), None
+        )
         if same is not None:
             return f"verify of {table}: DAG run {same} of {dag_id} is already queued or running", same
         try:
-            run = trigger_dag(dag_id, triggered_by=DagRunTriggeredByType.UI, triggering_user_name=user_name,
-                              conf={"table": table})
+            run = trigger_dag(
+                dag_id,
+                triggered_by=DagRunTriggeredByType.UI,
+                triggering_user_name=user_name,
+                conf={"table": table},
+            )
         except DagNotFound as exc:
-            raise HTTPException(404, f"DAG {dag_id} is not known to Airflow (dags/cdc_verify.py, or cdc_sources.py "
-                                     f"for a source of the sources config, in the DAG folder): {exc}") from exc
+            raise HTTPException(
+                404,
+                f"DAG {dag_id} is not known to Airflow (dags/cdc_verify.py, or cdc_sources.py "
+                f"for a source of the sources config, in the DAG folder): {exc}",
+            ) from exc
     return f"verify of {table}: DAG run {run.run_id} of {dag_id} queued", run.run_id

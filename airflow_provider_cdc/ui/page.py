@@ -13,9 +13,10 @@ from typing import Any
 from urllib.parse import quote
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:12px 16px;color:#1b1f24;
-background:#fff;max-width:1200px}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:17px;margin:20px 0 6px;border-bottom:1px solid #ccd;padding-bottom:3px}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;padding:12px 16px;
+color:#1b1f24;background:#fff;max-width:1200px}
+h1{font-size:20px;margin:0 0 4px}
+h2{font-size:17px;margin:20px 0 6px;border-bottom:1px solid #ccd;padding-bottom:3px}
 .meta{color:#555;font-size:12px}.box{border:1px solid #ccd;border-radius:6px;padding:8px 10px;margin:8px 0}
 .risk{border:2px solid #a40000;background:#fff3f3}.risk strong{color:#a40000}
 .warn{border:2px solid #8a5a00;background:#fff8e6}.warn strong{color:#8a5a00}
@@ -24,13 +25,14 @@ th,td{border-bottom:1px solid #e3e3ea;padding:5px 6px;text-align:left;vertical-a
 th{font-size:12px;color:#444;background:#f6f7f9}
 .state{font-weight:700;text-transform:uppercase;font-size:12px;letter-spacing:.03em}
 .state.failed,.state.stopped{color:#a40000}.state.done{color:#1a6b1a}.state.paused{color:#8a5a00}
-.bar{display:inline-block;width:140px;height:12px;border:1px solid #667;border-radius:3px;vertical-align:middle;
-background:repeating-linear-gradient(45deg,#fff,#fff 3px,#eef 3px,#eef 6px)}
+.bar{display:inline-block;width:140px;height:12px;border:1px solid #667;border-radius:3px;
+vertical-align:middle;background:repeating-linear-gradient(45deg,#fff,#fff 3px,#eef 3px,#eef 6px)}
 .bar>span{display:block;height:100%;background:#3b5bdb}
 .err{color:#a40000;white-space:pre-wrap;font-size:12px}
 form{display:inline}button{font:inherit;font-size:12px;padding:2px 8px;margin:1px;border:1px solid #667;
 border-radius:4px;background:#f6f7f9;cursor:pointer}button:focus{outline:2px solid #3b5bdb}
-svg text{font-size:10px;fill:#333}.flash{padding:6px 10px;border:1px solid #667;border-radius:6px;background:#f6f7f9}
+svg text{font-size:10px;fill:#333}
+.flash{padding:6px 10px;border:1px solid #667;border-radius:6px;background:#f6f7f9}
 code{font-size:12px}
 """
 
@@ -56,8 +58,11 @@ def lag_charts(history: list) -> str:
     """The lag in seconds and in bytes over the readings kept (the last day), side by side."""
     if len([h for h in history if isinstance(h, list) and len(h) == 3]) < 2:
         return "<p class='meta'>Not enough lag readings for a chart yet (one per capture run).</p>"
-    return (f"<div style='display:flex;flex-wrap:wrap;gap:12px'><div style='flex:1 1 360px'>{lag_chart(history)}</div>"
-            f"<div style='flex:1 1 360px'>{lag_chart(history, unit='bytes')}</div></div>")
+    return (
+        "<div style='display:flex;flex-wrap:wrap;gap:12px'><div style='flex:1 1 360px'>"
+        f"{lag_chart(history)}</div>"
+        f"<div style='flex:1 1 360px'>{lag_chart(history, unit='bytes')}</div></div>"
+    )
 
 
 def lag_chart(history: list, *, unit: str = "s", width: int = 560, height: int = 120) -> str:
@@ -74,11 +79,15 @@ def lag_chart(history: list, *, unit: str = "s", width: int = 560, height: int =
     left, pad = 44, 14
 
     def xy(t: float, v: float) -> str:
-        return f"{left + (t - t0) / span * (width - left - 6):.1f},{pad + (1 - v / top) * (height - 2 * pad):.1f}"
+        return (
+            f"{left + (t - t0) / span * (width - left - 6):.1f},"
+            f"{pad + (1 - v / top) * (height - 2 * pad):.1f}"
+        )
 
     line = " ".join(xy(t, v) for t, v in pts)
     return (
-        f"<svg role='img' aria-label='capture lag in {what} from {_t(t0)} to {_t(t1)}, at most {top:,.0f} {unit}' "
+        f"<svg role='img' aria-label='capture lag in {what} from {_t(t0)} to {_t(t1)}, at most "
+        f"{top:,.0f} {unit}' "
         f"width='100%' viewBox='0 0 {width} {height}' preserveAspectRatio='none' style='max-width:{width}px'>"
         f"<line x1='{left}' y1='{pad}' x2='{left}' y2='{height - pad}' stroke='#667'/>"
         f"<line x1='{left}' y1='{height - pad}' x2='{width - 6}' y2='{height - pad}' stroke='#667'/>"
@@ -97,16 +106,22 @@ def _short(v: float) -> str:
 
 
 def _lag_table(history: list) -> str:
-    rows = "".join(f"<tr><td>{_t(h[0])}</td><td>{_n(int(h[1]))}</td><td>{h[2]:,.1f}</td></tr>"
-                   for h in reversed(history[-50:]))
-    return (f"<details><summary>Last {min(len(history), 50)} lag readings</summary><div class='scroll'><table>"
-            f"<tr><th>read at</th><th>bytes behind</th><th>seconds behind</th></tr>{rows}</table></div></details>")
+    rows = "".join(
+        f"<tr><td>{_t(h[0])}</td><td>{_n(int(h[1]))}</td><td>{h[2]:,.1f}</td></tr>"
+        for h in reversed(history[-50:])
+    )
+    return (
+        f"<details><summary>Last {min(len(history), 50)} lag readings</summary><div class='scroll'><table>"
+        f"<tr><th>read at</th><th>bytes behind</th><th>seconds behind</th></tr>{rows}</table></div></details>"
+    )
 
 
 def _malformed(why: Any) -> str:
     """A value read back from a Variable that this page cannot use, marked as such (I15)."""
-    return (f"<div class='err' data-testid='malformed'><strong>MALFORMED</strong> (not used): "
-            f"{escape(_error(why))}</div>")
+    return (
+        f"<div class='err' data-testid='malformed'><strong>MALFORMED</strong> (not used): "
+        f"{escape(_error(why))}</div>"
+    )
 
 
 def _error(text: Any) -> str:
@@ -129,25 +144,38 @@ def _source_block(src: dict) -> str:
     parts = [
         f"<div class='box{' risk' if risk else ' warn' if warning else ''}' data-testid='lag'>",
         f"<div><strong>Capture lag:</strong> {_n(int(lag.get('bytes') or 0))} bytes, "
-        f"{float(lag.get('seconds') or 0):,.0f} s behind the log; read {_t(lag.get('at'))} (last capture)</div>",
+        f"{float(lag.get('seconds') or 0):,.0f} s behind the log; read {_t(lag.get('at'))} (last "
+        "capture)</div>",
         f"<div><strong>Log held by:</strong> {escape(str(lag.get('holder') or '?'))}</div>",
-        f"<div><strong>Log retention:</strong> {'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
-        if risk or not warning else
-        f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> (warning): "
+        "<div><strong>Log retention:</strong> "
+        f"{'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
+        if risk or not warning
+        else "<div data-testid='retention-warning' role='alert'><strong>Log retention: "
+        "UNBOUNDED</strong> (warning): "
         f"{escape(str(warning))}</div>",
     ]
     if risk and warning:
-        parts.append(f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> "
-                     f"(warning): {escape(str(warning))}</div>")
+        parts.append(
+            f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> "
+            f"(warning): {escape(str(warning))}</div>"
+        )
     replica = lag.get("replica")
     if isinstance(replica, dict):
         s = replica.get("seconds")
-        parts.append("<div><strong>Replica:</strong> " + (
-            "not replicating" if s is None else f"{_n(int(replica.get('bytes') or 0))} bytes, {s:,.0f} s behind its "
-            "primary") + "</div>")
+        parts.append(
+            "<div><strong>Replica:</strong> "
+            + (
+                "not replicating"
+                if s is None
+                else f"{_n(int(replica.get('bytes') or 0))} bytes, {s:,.0f} s behind its primary"
+            )
+            + "</div>"
+        )
     for sink, a in sorted((src.get("applied") or {}).items()):
-        parts.append(f"<div><strong>Applied to {escape(sink)}:</strong> through {escape(str(a.get('position')))}, "
-                     f"{_t(a.get('at'))}</div>")
+        parts.append(
+            f"<div><strong>Applied to {escape(sink)}:</strong> through {escape(str(a.get('position')))}, "
+            f"{_t(a.get('at'))}</div>"
+        )
     parts.append(_freshness(src.get("freshness")))
     history = lag.get("history") or []
     parts += [lag_charts(history), _lag_table(history) if history else "", "</div>"]
@@ -161,22 +189,32 @@ def _freshness(f: Any) -> str:
     age, as_of = f.get("age_s"), f.get("as_of")
     if not isinstance(age, (int, float)) or not isinstance(as_of, (int, float)):
         return "<div data-testid='freshness'><strong>Mirror freshness:</strong> unknown</div>"
-    how = ("changes are pending; it shows the source's commit of " if f.get("pending") else
-           "nothing staged is pending; it shows the source as capture last read it, ")
-    return (f"<div data-testid='freshness'><strong>Mirror freshness:</strong> {_duration(age)} behind ({how}"
-            f"{_t(as_of)})</div>")
+    how = (
+        "changes are pending; it shows the source's commit of "
+        if f.get("pending")
+        else "nothing staged is pending; it shows the source as capture last read it, "
+    )
+    return (
+        f"<div data-testid='freshness'><strong>Mirror freshness:</strong> {_duration(age)} behind ({how}"
+        f"{_t(as_of)})</div>"
+    )
 
 
 def _progress(snap: dict) -> str:
     frac = snap.get("fraction")
     pct = None if frac is None else round(frac * 100)
-    bar = ("<span class='bar' role='progressbar' aria-valuemin='0' aria-valuemax='100' "
-           f"aria-valuenow='{pct if pct is not None else 0}'><span style='width:{pct or 0}%'></span></span>")
+    bar = (
+        "<span class='bar' role='progressbar' aria-valuemin='0' aria-valuemax='100' "
+        f"aria-valuenow='{pct if pct is not None else 0}'><span style='width:{pct or 0}%'></span></span>"
+    )
     planned = snap.get("rows_planned")
     rows, chunks = snap.get("rows_read", snap.get("rows")), snap.get("chunks_read", snap.get("chunks"))
-    text = [f"{pct}% read" if pct is not None else "share read unknown (keys are not numbers)",
-            f"chunks {_n(chunks)}", f"rows {_n(rows)}" + (f" of ~{_n(planned)}" if planned else ""),
-            f"{_n(snap.get('rows_per_second'))} rows/s"]
+    text = [
+        f"{pct}% read" if pct is not None else "share read unknown (keys are not numbers)",
+        f"chunks {_n(chunks)}",
+        f"rows {_n(rows)}" + (f" of ~{_n(planned)}" if planned else ""),
+        f"{_n(snap.get('rows_per_second'))} rows/s",
+    ]
     if "rows_read" in snap:
         text.append(f"{_n(snap.get('rows'))} rows merged")
     if snap.get("status") == "running":
@@ -191,10 +229,15 @@ def _ranges(snap: dict) -> str:
     def key(k):
         return "start" if k is None else json.dumps(k)
 
-    items = "".join(f"<li>{escape(key(r['start']))} .. {escape('end' if r['end'] is None else key(r['end']))}: "
-                    f"{'done' if r['done'] else 'not done'}</li>" for r in ranges)
-    return (f"<details><summary>key ranges done {done}/{snap.get('ranges', len(ranges))}</summary>"
-            f"<ul>{items}</ul></details>")
+    items = "".join(
+        f"<li>{escape(key(r['start']))} .. {escape('end' if r['end'] is None else key(r['end']))}: "
+        f"{'done' if r['done'] else 'not done'}</li>"
+        for r in ranges
+    )
+    return (
+        f"<details><summary>key ranges done {done}/{snap.get('ranges', len(ranges))}</summary>"
+        f"<ul>{items}</ul></details>"
+    )
 
 
 def _verify(v: dict | None) -> str:
@@ -202,9 +245,12 @@ def _verify(v: dict | None) -> str:
         return "never verified"
     if v.get("malformed"):
         return _malformed(v["malformed"])
-    head = (f"<span class='state {'done' if v.get('ok') else 'failed'}'>{'ok' if v.get('ok') else 'differs'}</span> "
-            f"{_t(v.get('at'))}: {_n(v.get('rows_checked'))} rows checked, {_n(v.get('mismatched'))} mismatched "
-            f"(missing {_n(v.get('missing'))}, extra {_n(v.get('extra'))}, different {_n(v.get('different'))})")
+    head = (
+        f"<span class='state {'done' if v.get('ok') else 'failed'}'>"
+        f"{'ok' if v.get('ok') else 'differs'}</span> "
+        f"{_t(v.get('at'))}: {_n(v.get('rows_checked'))} rows checked, {_n(v.get('mismatched'))} mismatched "
+        f"(missing {_n(v.get('missing'))}, extra {_n(v.get('extra'))}, different {_n(v.get('different'))})"
+    )
     if v.get("repair_conf"):
         head += f"<div>repair conf: <code>{escape(json.dumps(v['repair_conf']))}</code></div>"
     if v.get("repair_run"):
@@ -213,16 +259,21 @@ def _verify(v: dict | None) -> str:
 
 
 def _form(action: str, source: str, table: str, label: str) -> str:
-    return (f"<form method='post' action='action'><input type='hidden' name='source' value='{escape(source, True)}'>"
-            f"<input type='hidden' name='table' value='{escape(table, True)}'>"
-            f"<input type='hidden' name='action' value='{action}'>"
-            f"<button type='submit' aria-label='{escape(label, True)}'>{escape(action)}</button></form>")
+    return (
+        "<form method='post' action='action'><input type='hidden' name='source' value='"
+        f"{escape(source, True)}'>"
+        f"<input type='hidden' name='table' value='{escape(table, True)}'>"
+        f"<input type='hidden' name='action' value='{action}'>"
+        f"<button type='submit' aria-label='{escape(label, True)}'>{escape(action)}</button></form>"
+    )
 
 
 def _actions(source: str, table: str, status: str | None, can_act: bool) -> str:
     if not can_act:
         return "<span class='meta'>read only</span>"
-    which = {"running": ("pause", "stop"), "paused": ("resume", "stop"), "failed": ("resume", "stop")}.get(status or "", ())
+    which = {"running": ("pause", "stop"), "paused": ("resume", "stop"), "failed": ("resume", "stop")}.get(
+        status or "", ()
+    )
     buttons = [_form(a, source, table, f"{a} the snapshot of {table}") for a in which]
     buttons.append(_form("verify", source, table, f"verify {table} against the source"))
     return "".join(buttons)
@@ -233,8 +284,11 @@ def _table_row(src: dict, row: dict, can_act: bool) -> str:
     try:
         return _table_row_of(src, row, can_act)
     except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
-        return (f"<tr data-table='{escape(str(row.get('table')), True)}'><th scope='row'>{escape(str(row.get('table')))}"
-                f"</th><td colspan='5'>{_malformed(f'{type(exc).__name__}: {exc}')}</td></tr>")
+        return (
+            f"<tr data-table='{escape(str(row.get('table')), True)}'><th scope='row'>"
+            f"{escape(str(row.get('table')))}"
+            f"</th><td colspan='5'>{_malformed(f'{type(exc).__name__}: {exc}')}</td></tr>"
+        )
 
 
 def _table_row_of(src: dict, row: dict, can_act: bool) -> str:
@@ -245,25 +299,31 @@ def _table_row_of(src: dict, row: dict, can_act: bool) -> str:
     if status == "malformed":
         state = _malformed(snap.get("error"))
     else:
-        state = (f"<span class='state {escape(status or '')}'>{escape(status or 'no snapshot')}</span>"
-                 + (" (DAG paused)" if snap.get("dag_paused") else ""))
+        state = f"<span class='state {escape(status or '')}'>{escape(status or 'no snapshot')}</span>" + (
+            " (DAG paused)" if snap.get("dag_paused") else ""
+        )
         if snap.get("error"):
             state += f"<div class='err'>{escape(_error(snap['error']))}</div>"
     if row.get("refused"):  # the one scope check (I15): shown, never acted on
         state += f"<div class='err' data-testid='refused'>refused: {escape(str(row['refused']))}</div>"
         can_act = False
     mirror = row.get("mirror")
-    mirror_text = ("no mirror" if not mirror else
-                   f"version {_n(mirror.get('version'))}, {_n(mirror.get('stored_rows'))} rows stored")
+    mirror_text = (
+        "no mirror"
+        if not mirror
+        else f"version {_n(mirror.get('version'))}, {_n(mirror.get('stored_rows'))} rows stored"
+    )
     verify = row.get("verify") or {}
     if verify.get("mirror_rows") is not None:
         mirror_text += f"; {_n(verify['mirror_rows'])} live rows at the last verify"
-    return (f"<tr data-table='{escape(row['table'], True)}'><th scope='row'>{escape(row['table'])}</th>"
-            f"<td>{state}<div class='meta'>{escape(str(snap.get('snapshot_id') or ''))}</div></td>"
-            f"<td>{_progress(snap) if snap and status != 'malformed' else ''}"
-            f"{_ranges(snap) if snap.get('ranges_list') else ''}</td>"
-            f"<td>{_verify(row.get('verify'))}</td><td>{escape(mirror_text)}</td>"
-            f"<td>{_actions(src['source'], row['table'], status, can_act)}</td></tr>")
+    return (
+        f"<tr data-table='{escape(row['table'], True)}'><th scope='row'>{escape(row['table'])}</th>"
+        f"<td>{state}<div class='meta'>{escape(str(snap.get('snapshot_id') or ''))}</div></td>"
+        f"<td>{_progress(snap) if snap and status != 'malformed' else ''}"
+        f"{_ranges(snap) if snap.get('ranges_list') else ''}</td>"
+        f"<td>{_verify(row.get('verify'))}</td><td>{escape(mirror_text)}</td>"
+        f"<td>{_actions(src['source'], row['table'], status, can_act)}</td></tr>"
+    )
 
 
 def _index(sources: list[dict]) -> str:
@@ -273,8 +333,10 @@ def _index(sources: list[dict]) -> str:
         states = sorted({(t.get("snapshot") or {}).get("status") or "no snapshot" for t in src["tables"]})
         lag = src.get("lag") or {}
         risk = " AT RISK" if lag.get("risk") else " LOG RETENTION UNBOUNDED" if lag.get("warning") else ""
-        items.append(f"<li><a href='./?source={quote(src['source'], safe='')}'>{escape(src['source'])}</a>: "
-                     f"{len(src['tables'])} table(s), {escape(', '.join(states) or 'no tables')}{risk}</li>")
+        items.append(
+            f"<li><a href='./?source={quote(src['source'], safe='')}'>{escape(src['source'])}</a>: "
+            f"{len(src['tables'])} table(s), {escape(', '.join(states) or 'no tables')}{risk}</li>"
+        )
     return f"<nav aria-label='sources'><ul>{''.join(items)}</ul></nav>"
 
 
@@ -292,20 +354,36 @@ def refresh_seconds(asked: int | None) -> int:
 def _url(only: str | None, refresh: int | None) -> str:
     """The page's own address (relative): one source's or all, with its refresh setting."""
     query = ([f"source={quote(only, safe='')}"] if only else []) + (
-        [] if refresh is None or refresh == DEFAULT_REFRESH_SECONDS else [f"refresh={refresh}"])
+        [] if refresh is None or refresh == DEFAULT_REFRESH_SECONDS else [f"refresh={refresh}"]
+    )
     return "./" + ("?" + "&".join(query) if query else "")
 
 
-def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: str | None = None,
-           now: float | None = None, only: str | None = None, refresh: int = DEFAULT_REFRESH_SECONDS) -> str:
+def render(
+    sources: list[dict],
+    *,
+    user: str,
+    can_act: dict[str, bool],
+    flash: str | None = None,
+    now: float | None = None,
+    only: str | None = None,
+    refresh: int = DEFAULT_REFRESH_SECONDS,
+) -> str:
     """The whole page: one section per source the user may read (``sources``; ``only``: the
     page of that one source), actions where ``can_act[source]``. ``refresh``: the page reloads
     itself every that many seconds (a meta refresh, no script; without the action's message)."""
-    again = ("reloads itself every " + _duration(refresh) + f" (<a href='{escape(_url(only, 0), True)}'>stop reloading</a>)"
-             if refresh else f"reload the page to refresh (<a href='{escape(_url(only, None), True)}'>reload every "
-             f"{_duration(DEFAULT_REFRESH_SECONDS)}</a>)")
-    body = [f"<h1>CDC</h1><div class='meta'>Signed in as {escape(user)}; shown {_t(now or time.time())}; "
-            f"{again}. The same state as <code>airflow cdc status</code>.</div>"]
+    again = (
+        "reloads itself every "
+        + _duration(refresh)
+        + f" (<a href='{escape(_url(only, 0), True)}'>stop reloading</a>)"
+        if refresh
+        else f"reload the page to refresh (<a href='{escape(_url(only, None), True)}'>reload every "
+        f"{_duration(DEFAULT_REFRESH_SECONDS)}</a>)"
+    )
+    body = [
+        f"<h1>CDC</h1><div class='meta'>Signed in as {escape(user)}; shown {_t(now or time.time())}; "
+        f"{again}. The same state as <code>airflow cdc status</code>.</div>"
+    ]
     if flash:
         body.append(f"<p class='flash' role='status'>{escape(flash)}</p>")
     if only:
@@ -313,17 +391,23 @@ def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: s
     elif sources:  # one line per source, also for a single one: its worst state at a glance
         body.append(_index(sources))
     if not sources:
-        body.append("<p>No CDC source has recorded anything yet: run a capture (cdc_changelog) or a snapshot "
-                    "(cdc_snapshot).</p>")
+        body.append(
+            "<p>No CDC source has recorded anything yet: run a capture (cdc_changelog) or a snapshot "
+            "(cdc_snapshot).</p>"
+        )
     for src in sources:
         name = src["source"]
         body.append(f"<section aria-label='source {escape(name, True)}'><h2>Source {escape(name)}</h2>")
         if src.get("unknown"):  # named only by Variables: shown, never acted on (I15)
-            body.append(f"<div class='err' data-testid='unknown-source'><strong>UNKNOWN SOURCE</strong>: "
-                        f"{escape(str(src['unknown']))}</div>")
+            body.append(
+                f"<div class='err' data-testid='unknown-source'><strong>UNKNOWN SOURCE</strong>: "
+                f"{escape(str(src['unknown']))}</div>"
+            )
         else:
-            body.append(f"<div class='meta'>snapshot DAG {escape(src.get('snapshot_dag') or '')}, verify DAG "
-                        f"{escape(src.get('verify_dag') or '')}</div>")
+            body.append(
+                f"<div class='meta'>snapshot DAG {escape(src.get('snapshot_dag') or '')}, verify DAG "
+                f"{escape(src.get('verify_dag') or '')}</div>"
+            )
         try:
             body.append(_source_block(src))
         except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
@@ -331,11 +415,18 @@ def render(sources: list[dict], *, user: str, can_act: dict[str, bool], flash: s
         if src["tables"]:
             act = can_act.get(name, False) and not src.get("unknown")
             rows = "".join(_table_row(src, r, act) for r in src["tables"])
-            body.append("<div class='scroll'><table><tr><th>table</th><th>snapshot</th><th>progress</th>"
-                        f"<th>last verify</th><th>mirror</th><th>actions</th></tr>{rows}</table></div>")
+            body.append(
+                "<div class='scroll'><table><tr><th>table</th><th>snapshot</th><th>progress</th>"
+                f"<th>last verify</th><th>mirror</th><th>actions</th></tr>{rows}</table></div>"
+            )
         body.append("</section>")
-    reload = (f"<meta http-equiv='refresh' content='{refresh}; url={escape(_url(only, refresh), True)}'>"
-              if refresh else "")
-    return ("<!doctype html><html lang='en'><head><meta charset='utf-8'>"
-            f"<meta name='viewport' content='width=device-width, initial-scale=1'>{reload}"
-            f"<title>CDC</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>")
+    reload = (
+        f"<meta http-equiv='refresh' content='{refresh}; url={escape(_url(only, refresh), True)}'>"
+        if refresh
+        else ""
+    )
+    return (
+        "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
+        f"<meta name='viewport' content='width=device-width, initial-scale=1'>{reload}"
+        f"<title>CDC</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>"
+    )

@@ -12,10 +12,12 @@ from .app import app
 class CdcUiPlugin(AirflowPlugin):
     name = "cdc_ui"
     fastapi_apps = [{"app": app, "url_prefix": "/cdc", "name": "CDC"}]
-    external_views = [{
-        "name": "CDC",
-        "href": "/cdc/",  # the trailing slash: a bare /cdc is Airflow's own page
-        "destination": "nav",
-        "url_route": "cdc",  # shown in the UI at /plugin/cdc, in a frame of this origin
-        "category": "browse",
-    }]
+    external_views = [
+        {
+            "name": "CDC",
+            "href": "/cdc/",  # the trailing slash: a bare /cdc is Airflow's own page
+            "destination": "nav",
+            "url_route": "cdc",  # shown in the UI at /plugin/cdc, in a frame of this origin
+            "category": "browse",
+        }
+    ]

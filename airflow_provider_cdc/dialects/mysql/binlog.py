@@ -45,8 +45,9 @@ class BinlogOffset:
         return binlog_epoch(self.major)[0]
 
     @classmethod
-    def of(cls, file: str, pos: int, epoch: int = 0, server: int | None = None, gtid: str | None = None
-           ) -> BinlogOffset:
+    def of(
+        cls, file: str, pos: int, epoch: int = 0, server: int | None = None, gtid: str | None = None
+    ) -> BinlogOffset:
         return cls(binlog_major(binlog_file_index(file), epoch), int(pos), file, server, gtid or None)
 
     def at(self, file: str, pos: int) -> BinlogOffset:
@@ -71,8 +72,13 @@ class BinlogOffset:
         try:
             d = json.loads(text)
             server = d.get("server_id")
-            return cls.of(d["file"], d["pos"], int(d.get("epoch") or 0), None if server is None else int(server),
-                          d.get("gtid"))
+            return cls.of(
+                d["file"],
+                d["pos"],
+                int(d.get("epoch") or 0),
+                None if server is None else int(server),
+                d.get("gtid"),
+            )
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise StateError(
                 f'not a MySQL binlog offset: {text!r} (want JSON {{"file": "binlog.000001", "pos": 4}})'

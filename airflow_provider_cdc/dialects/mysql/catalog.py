@@ -34,7 +34,9 @@ class MyCatalog:
             if not self.server.query(
                 "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (table.schema,)
             ):
-                raise TableNotFoundError(f"table {table}: database {table.schema!r} does not exist on the source")
+                raise TableNotFoundError(
+                    f"table {table}: database {table.schema!r} does not exist on the source"
+                )
             raise TableNotFoundError(
                 f"table {table} does not exist in database {table.schema!r} (check the name and case)"
             )
@@ -56,9 +58,18 @@ class MyCatalog:
             )
         pk, why = self._table_key(table, {c.name: c.nullable for c in cols})
         if not pk:
-            raise SourceError(f"table {table} {why}; DBLog chunks and de-duplicates by key, or exclude the table")
-        return TableSchema(table, tuple(cols), tuple(pk), {"flavour": self.server.flavour.name,
-                                                           "connector": "mariadb" if self.server.flavour.is_mariadb else "mysql"})
+            raise SourceError(
+                f"table {table} {why}; DBLog chunks and de-duplicates by key, or exclude the table"
+            )
+        return TableSchema(
+            table,
+            tuple(cols),
+            tuple(pk),
+            {
+                "flavour": self.server.flavour.name,
+                "connector": "mariadb" if self.server.flavour.is_mariadb else "mysql",
+            },
+        )
 
     def _table_key(self, table: TableName, nullable: dict[str, bool]) -> tuple[tuple[str, ...] | None, str]:
         """The columns that key ``table``'s rows: the primary key, or the columns CDC_KEY_COLUMNS
@@ -67,16 +78,21 @@ class MyCatalog:
         indexes: dict[str, list[str | None]] = {}
         prefixed: set[str] = set()
         for name, col, sub_part in self.server.query(
-            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s "
-            "AND TABLE_NAME = %s AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, SEQ_IN_INDEX",
+            "SELECT INDEX_NAME, COLUMN_NAME, SUB_PART FROM information_schema.STATISTICS WHERE "
+            "TABLE_SCHEMA = %s "
+            "AND TABLE_NAME = %s AND NON_UNIQUE = 0 ORDER BY INDEX_NAME <> 'PRIMARY', INDEX_NAME, "
+            "SEQ_IN_INDEX",
             (table.schema, table.name),
         ):
             name = as_text(name)
             indexes.setdefault(name, []).append(None if col is None else as_text(col))
             if sub_part is not None:
                 prefixed.add(name)
-        usable = {n: tuple(c) for n, c in indexes.items()
-                  if n not in prefixed and None not in c and not any(nullable.get(x, True) for x in c)}
+        usable = {
+            n: tuple(c)
+            for n, c in indexes.items()
+            if n not in prefixed and None not in c and not any(nullable.get(x, True) for x in c)
+        }
         want = self.key_columns.get(table)
         qt = self.server.quote_table(table)
         if want:
@@ -85,25 +101,37 @@ class MyCatalog:
             near = [n for n, c in indexes.items() if sorted(x or "" for x in c) == sorted(want)]
             null = [c for c in want if nullable.get(c, True)]
             if near and null:
-                return None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {null!r} allow NULL, which a unique "
-                              f"index does not make unique: ALTER TABLE {qt} MODIFY each as NOT NULL")
-            return None, (f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (whole columns, no "
-                          "prefix), so they need not identify a row: CREATE UNIQUE INDEX ... ON "
-                          f"{qt} ({', '.join(map(self.server.quote_ident, want))}), or name another key")
+                return None, (
+                    f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {null!r} allow NULL, which a unique "
+                    f"index does not make unique: ALTER TABLE {qt} MODIFY each as NOT NULL"
+                )
+            return None, (
+                f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (whole columns, no "
+                "prefix), so they need not identify a row: CREATE UNIQUE INDEX ... ON "
+                f"{qt} ({', '.join(map(self.server.quote_ident, want))}), or name another key"
+            )
         if "PRIMARY" in usable:
             return usable["PRIMARY"], ""
         example = next(iter(usable.values()), None)
-        hint = (f"name the columns of a unique index on NOT NULL columns in CDC_KEY_COLUMNS, e.g. "
-                f"{json.dumps({table.id: list(example)}, ensure_ascii=False)}" if example else
-                "or create a unique index on NOT NULL columns and name them in CDC_KEY_COLUMNS")
+        hint = (
+            f"name the columns of a unique index on NOT NULL columns in CDC_KEY_COLUMNS, e.g. "
+            f"{json.dumps({table.id: list(example)}, ensure_ascii=False)}"
+            if example
+            else "or create a unique index on NOT NULL columns and name them in CDC_KEY_COLUMNS"
+        )
         return None, f"has no primary key: ALTER TABLE {qt} ADD PRIMARY KEY (...), {hint}"
 
     def scope_problems(self, tables) -> list[str]:
         problems = []
         for t in tables:
-            nullable = {as_text(c): n == "YES" for c, n in self.server.query(
-                "SELECT COLUMN_NAME, IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
-                "AND TABLE_NAME = %s", (t.schema, t.name))}
+            nullable = {
+                as_text(c): n == "YES"
+                for c, n in self.server.query(
+                    "SELECT COLUMN_NAME, IS_NULLABLE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s "
+                    "AND TABLE_NAME = %s",
+                    (t.schema, t.name),
+                )
+            }
             if nullable:
                 key, why = self._table_key(t, nullable)
                 if key is None:

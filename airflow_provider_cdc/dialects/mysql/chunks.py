@@ -64,14 +64,20 @@ class MyChunkReader:
         q = self.server.quote_ident
         names = list(columns or schema.column_names)
         plain = ", ".join(q(c) for c in names)
-        widened = ", ".join(f"{q(c)} + 0e0 AS {q(c)}" if schema.column(c).type == "float32" else q(c) for c in names)
+        widened = ", ".join(
+            f"{q(c)} + 0e0 AS {q(c)}" if schema.column(c).type == "float32" else q(c) for c in names
+        )
         prefix = f"SELECT {plain} FROM "  # noqa: S608
         if widened != plain and sql.startswith(prefix):
             sql = f"SELECT {widened} FROM " + sql[len(prefix) :]  # noqa: S608
         return sql
 
     def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None,
+        self,
+        sql: str,
+        params: Sequence[Any],
+        batch_size: int = 10_000,
+        max_bytes: int | None = None,
         snapshot: list | None = None,
     ) -> Iterator[list[tuple]]:
         """A fresh autocommit statement on its own connection with an unbuffered cursor:
@@ -115,12 +121,16 @@ class MyChunkReader:
             cur.execute("SELECT @@server_id")
             server_id = int(cur.fetchall()[0][0])
         except pymysql.err.MySQLError as exc:
-            raise SourceError(f"source {self.server.source!r}: could not start a consistent snapshot ({exc.args[-1]})") from exc
+            raise SourceError(
+                f"source {self.server.source!r}: could not start a consistent snapshot ({exc.args[-1]})"
+            ) from exc
         file, pos = status.get("binlog_snapshot_file"), status.get("binlog_snapshot_position")
         if not file or pos in (None, ""):
             raise SourceError(
-                f"source {self.server.source!r}: the server reports no binlog position for a consistent snapshot "
-                f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary logging on. "
+                f"source {self.server.source!r}: the server reports no binlog position for a "
+                "consistent snapshot "
+                f"(binlog_snapshot_file={file!r}); watermark_strategy 'log' needs MariaDB with binary "
+                "logging on. "
                 "Use watermark_strategy 'table' on this server"
             )
         # the epoch of the server capture reads (failover.py): a chunk of another server waits for capture
@@ -140,14 +150,20 @@ class MyChunkReader:
             row = self.server.slave_status()
         except ReplicaStatusDenied as exc:  # not asked again
             self._replica_status_denied = True
-            log.info("source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
-                     "to see it (%s)", self.server.source, exc)
+            log.info(
+                "source %r: its replica lag is not shown: grant SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
+                "to see it (%s)",
+                self.server.source,
+                exc,
+            )
             return None
         if row is None:
             return None
         seconds = row.get("Seconds_Behind_Master")
         read, done = int(row.get("Read_Master_Log_Pos") or 0), int(row.get("Exec_Master_Log_Pos") or 0)
-        behind = max(0, read - done) if row.get("Master_Log_File") == row.get("Relay_Master_Log_File") else read
+        behind = (
+            max(0, read - done) if row.get("Master_Log_File") == row.get("Relay_Master_Log_File") else read
+        )
         if seconds is None:  # the SQL or IO thread is not running: it does not catch up
             return behind, float("inf")
         return behind, float(seconds)
@@ -205,7 +221,8 @@ class MyChunkReader:
         FLOAT key printed with 6 digits is not the stored value, so a bound taken from it
         would cut off the largest key (or split a range between two keys)."""
         return ", ".join(
-            f"{self.server.quote_ident(k)} + 0e0 AS {self.server.quote_ident(k)}" if schema.column(k).type == "float32"
+            f"{self.server.quote_ident(k)} + 0e0 AS {self.server.quote_ident(k)}"
+            if schema.column(k).type == "float32"
             else self.server.quote_ident(k)
             for k in schema.primary_key
         )
@@ -242,7 +259,8 @@ class MyChunkReader:
         exact = self._key_columns(schema)  # FLOAT keys as stored (see _key_columns)
         rows = self.server.query(
             f"SELECT {pk} FROM (SELECT {exact}, ROW_NUMBER() OVER (ORDER BY {pk}) AS `__cdc_rn`"  # noqa: S608
-            f" FROM {self.server.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = 0 ORDER BY {pk} LIMIT %s",
+            f" FROM {self.server.quote_table(schema.table)}) AS `__cdc_s` WHERE MOD(`__cdc_rn`, %s) = "
+            f"0 ORDER BY {pk} LIMIT %s",
             (step, count),
         )
         return [self._key_tuple(schema, r) for r in rows]

@@ -73,7 +73,9 @@ class MySqlDialect(Dialect):
         # set for one run once the tables it changed are re-snapshotted, warns and passes it
         self.on_unreadable = self.options.get("on_unreadable", "fail")
         if self.on_unreadable not in ("fail", "skip"):
-            raise ConfigurationError(f"on_unreadable must be 'fail' (default) or 'skip', got {self.on_unreadable!r}")
+            raise ConfigurationError(
+                f"on_unreadable must be 'fail' (default) or 'skip', got {self.on_unreadable!r}"
+            )
         tables = self.options.get("tables")
         if isinstance(tables, str):  # "db.a,db.b" or a JSON list
             tables = split_table_list(tables, "dialect option 'tables'")
@@ -83,18 +85,31 @@ class MySqlDialect(Dialect):
             else frozenset(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
         )
         # the collaborators, each given what it uses (docs/DESIGN.md, "The dialects")
-        self.server = MyServer(params, self.source, connect_timeout=int(self.options.get("connect_timeout", 10)))
+        self.server = MyServer(
+            params, self.source, connect_timeout=int(self.options.get("connect_timeout", 10))
+        )
         self.catalog = MyCatalog(self.server, self.key_columns)
         self.watermark_rows = MyWatermarkTable(self.server, self.watermark_table)
-        self.prerequisites = MyPrerequisites(self.server, tables=self.tables, watermark_table=self.watermark_table,
-                                             strategy=self.watermarks)
-        self.failover = MyFailover(self.server, capture_server_id=self.server_id, resync_hint=self._resync_hint())
-        self.log = MyLogReader(self.server, source=self.source, watermark_table=self.watermark_table,
-                               tables=self.tables, key_columns=self.key_columns, capture_server_id=self.server_id,
-                               on_truncate=self.on_truncate, on_unreadable=self.on_unreadable,
-                               rows_decoder=self.options.get("rows_decoder"),
-                               segment_max_events=self.segment_max_events, segment_max_bytes=self.segment_max_bytes,
-                               require_scope=self.require_capture_scope)
+        self.prerequisites = MyPrerequisites(
+            self.server, tables=self.tables, watermark_table=self.watermark_table, strategy=self.watermarks
+        )
+        self.failover = MyFailover(
+            self.server, capture_server_id=self.server_id, resync_hint=self._resync_hint()
+        )
+        self.log = MyLogReader(
+            self.server,
+            source=self.source,
+            watermark_table=self.watermark_table,
+            tables=self.tables,
+            key_columns=self.key_columns,
+            capture_server_id=self.server_id,
+            on_truncate=self.on_truncate,
+            on_unreadable=self.on_unreadable,
+            rows_decoder=self.options.get("rows_decoder"),
+            segment_max_events=self.segment_max_events,
+            segment_max_bytes=self.segment_max_bytes,
+            require_scope=self.require_capture_scope,
+        )
         self.offsets = MyOffsets(self.server, self.failover, self.log.xa)
         self.chunks = MyChunkReader(self.server, self.offsets)
         self.digests = MyDigest(self.server, self.digest_where)
@@ -164,15 +179,37 @@ class MySqlDialect(Dialect):
         self.watermark_rows.write(watermark_id)
 
     # chunks
-    def chunk_query(self, schema: TableSchema, rng: ChunkRange, *, after_key, limit, where=None, columns=None,
-                    upper_bound=None):
+    def chunk_query(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key,
+        limit,
+        where=None,
+        columns=None,
+        upper_bound=None,
+    ):
         """The shared keyset SELECT, with FLOAT columns widened to DOUBLE (MyChunkReader.widen_floats)."""
-        sql, params = super().chunk_query(schema, rng, after_key=after_key, limit=limit, where=where,
-                                          columns=columns, upper_bound=upper_bound)
+        sql, params = super().chunk_query(
+            schema,
+            rng,
+            after_key=after_key,
+            limit=limit,
+            where=where,
+            columns=columns,
+            upper_bound=upper_bound,
+        )
         return self.chunks.widen_floats(schema, sql, columns), params
 
-    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000, max_bytes: int | None = None,
-                     snapshot: list | None = None) -> Iterator[list[tuple]]:
+    def stream_query(
+        self,
+        sql: str,
+        params: Sequence[Any],
+        batch_size: int = 10_000,
+        max_bytes: int | None = None,
+        snapshot: list | None = None,
+    ) -> Iterator[list[tuple]]:
         return self.chunks.stream_query(sql, params, batch_size, max_bytes, snapshot)
 
     def replica_lag(self) -> tuple[int, float] | None:
@@ -194,12 +231,14 @@ class MySqlDialect(Dialect):
     def digest_problems(self, schema: TableSchema) -> list[str]:
         return self.digests.digest_problems(schema)
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def range_digest_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
         return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
 
-    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                          limit: int) -> tuple[str, list[Any]]:
+    def row_digests_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
+    ) -> tuple[str, list[Any]]:
         return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
 
     # offsets and the server behind them
@@ -241,10 +280,17 @@ class MySqlDialect(Dialect):
         return self.offsets.log_bytes_between(start, end)
 
     # the log
-    def read_log(self, offset: str, *, max_events: int | None = None, segment_max_events: int | None = None,
-                 on_segment: SegmentSink | None = None) -> LogBatch:
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
         """See MyLogReader.read_log."""
-        return self.log.read_log(offset, max_events=max_events, segment_max_events=segment_max_events,
-                                 on_segment=on_segment)
+        return self.log.read_log(
+            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
+        )
 
     stream_max_bytes = True

@@ -41,46 +41,70 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
     zero = f"MONTH({ident}) = 0 OR DAYOFMONTH({ident}) = 0"
     # (CAST AS SIGNED: the server's arithmetic on fractional temporals is DECIMAL, printed with a fraction)
     if t == "date":
-        return (f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} ELSE TO_DAYS({ident}) - {_EPOCH_TO_DAYS} END "
-                "AS SIGNED) AS CHAR)")
+        return (
+            f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} ELSE TO_DAYS({ident}) - "
+            f"{_EPOCH_TO_DAYS} END "
+            "AS SIGNED) AS CHAR)"
+        )
     if t in ("timestamp", "timestamptz"):  # TIMESTAMP read in the session's UTC
-        clock = f"((HOUR({ident}) * 60 + MINUTE({ident})) * 60 + SECOND({ident})) * 1000000 + MICROSECOND({ident})"
-        return (f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} * {temporal.US_PER_DAY} + {clock} "
-                f"ELSE TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {ident}) END AS SIGNED) AS CHAR)")
+        clock = (
+            f"((HOUR({ident}) * 60 + MINUTE({ident})) * 60 + SECOND({ident})) * 1000000 + "
+            f"MICROSECOND({ident})"
+        )
+        return (
+            f"CAST(CAST(CASE WHEN {zero} THEN {_zero_day(ident)} * {temporal.US_PER_DAY} + {clock} "
+            f"ELSE TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {ident}) END AS SIGNED) AS CHAR)"
+        )
     return None  # float32, float64
 
 
 class MyDigest:
     """Range digests: the dialect's ``digests``."""
 
-    def __init__(self, server: MyServer,
-                 digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]]) -> None:
+    def __init__(
+        self,
+        server: MyServer,
+        digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]],
+    ) -> None:
         self.server = server
         self.digest_where = digest_where  # the one keyset predicate builder (dialects/base.py)
 
     def digest_problems(self, schema: TableSchema) -> list[str]:
-        return [f"column {c.name!r} ({c.source_type or c.type}): no digest form for {c.type}"
-                for c in schema.columns if digest_text_sql(c, self.server.quote_ident(c.name)) is None]
+        return [
+            f"column {c.name!r} ({c.source_type or c.type}): no digest form for {c.type}"
+            for c in schema.columns
+            if digest_text_sql(c, self.server.quote_ident(c.name)) is None
+        ]
 
     def _row_digest_sql(self, schema: TableSchema) -> str:
         """The SQL of a row's 64-bit digest."""
         pieces = []
         for col in schema.columns:
             text = digest_text_sql(col, self.server.quote_ident(col.name))
-            value = f"CONCAT(LENGTH({text}), ':', {text})" if col.type in DIGEST_SIZED else f"CONCAT({text}, ',')"
+            value = (
+                f"CONCAT(LENGTH({text}), ':', {text})" if col.type in DIGEST_SIZED else f"CONCAT({text}, ',')"
+            )
             pieces.append(f"IF({text} IS NULL, '{DIGEST_NULL}', {value})")
         return f"CAST(CONV(LEFT(MD5(CONCAT({', '.join(pieces)})), 16), 16, 10) AS UNSIGNED)"
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def range_digest_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, upto_key)
-        sql = f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM {self.server.quote_table(schema.table)}{where}"  # noqa: S608
+        sql = (
+            f"SELECT COUNT(*), BIT_XOR({self._row_digest_sql(schema)}) FROM "  # noqa: S608
+            f"{self.server.quote_table(schema.table)}{where}"
+        )
         return sql, params
 
-    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                          limit: int) -> tuple[str, list[Any]]:
+    def row_digests_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
+    ) -> tuple[str, list[Any]]:
         where, params = self.digest_where(schema, after_key, None)
         pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
-        sql = (f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.server.quote_table(schema.table)}{where} "  # noqa: S608
-               f"ORDER BY {pk} LIMIT %s")
+        sql = (
+            f"SELECT {pk}, {self._row_digest_sql(schema)} FROM {self.server.quote_table(schema.table)}"  # noqa: S608
+            f"{where} "
+            f"ORDER BY {pk} LIMIT %s"
+        )
         return sql, [*params, int(limit)]

@@ -43,7 +43,9 @@ class GtidState:
             try:
                 d, s, n = (int(x) for x in part.split("-"))
             except ValueError:
-                raise StateError(f"not a MariaDB GTID position: {text!r} (want e.g. '0-1-42,1-2-7')") from None
+                raise StateError(
+                    f"not a MariaDB GTID position: {text!r} (want e.g. '0-1-42,1-2-7')"
+                ) from None
             found[d] = (d, s, n)
         return cls(tuple(found[d] for d in sorted(found)))
 
@@ -91,39 +93,69 @@ class MyFailover:
         same domain, server and sequence; the server checks it, in strict mode, when it is asked
         to send its binlog from there). The new offset is where the first group after it starts
         here (or the end of this binlog), in the next epoch. Otherwise SourceChangedError."""
-        what = (f"source {self.server.source!r}: MariaDB at {self.server.params.host}:{self.server.params.port} (server_id {server}) is not "
-                f"the server capture read before (server_id {old.server})")
+        what = (
+            f"source {self.server.source!r}: MariaDB at {self.server.params.host}:{self.server.params.port} "
+            f"(server_id {server}) is not "
+            f"the server capture read before (server_id {old.server})"
+        )
         if not self.server.flavour.is_mariadb:
-            raise SourceChangedError(f"{what}; following a MySQL failover by its GTIDs is not implemented, so capture "
-                                     f"stops. {self.resync_hint}")
+            raise SourceChangedError(
+                f"{what}; following a MySQL failover by its GTIDs is not implemented, so capture "
+                f"stops. {self.resync_hint}"
+            )
         ours = GtidState.parse(old.gtid)
         if not ours.groups:
-            raise SourceChangedError(f"{what}, and the committed offset records no GTID position that could be found "
-                                     f"on it. {self.resync_hint}")
+            raise SourceChangedError(
+                f"{what}, and the committed offset records no GTID position that could be found "
+                f"on it. {self.resync_hint}"
+            )
         if len(ours.groups) > 1:
             raise SourceChangedError(
-                f"{what}. Capture stands at GTID position {ours}, in {len(ours.groups)} domains; this version proves "
-                f"where capture goes on in one domain only, so it stops. {self.resync_hint}")
+                f"{what}. Capture stands at GTID position {ours}, in {len(ours.groups)} domains; this "
+                "version proves "
+                f"where capture goes on in one domain only, so it stops. {self.resync_hint}"
+            )
         domain, _sid, seq = ours.groups[0]
         here = GtidState.parse(self.server.gtid())
         have = here.domain(domain)
         if have is None:
             raise SourceChangedError(
-                f"{what}, and its binlog has no GTID of domain {domain} (its GTID position: {here or 'empty'}), while "
-                f"capture stands at {ours}: it is not a replica of the server captured before (a fresh server, or "
-                f"another topology), so nothing proves its binlog continues the captured one. {self.resync_hint}")
+                f"{what}, and its binlog has no GTID of domain {domain} (its GTID position: "
+                f"{here or 'empty'}), while "
+                f"capture stands at {ours}: it is not a replica of the server captured before (a fresh "
+                "server, or "
+                "another topology), so nothing proves its binlog continues the captured one. "
+                f"{self.resync_hint}"
+            )
         if have[2] < seq:
             raise SourceChangedError(
-                f"{what}, and its binlog ends at GTID {GtidState((have,))} in domain {domain}, before {ours} where capture "
-                "stands: changes capture staged are not on it (a replica promoted before it had applied them, or "
-                f"another server), so nothing proves its binlog continues the captured one. {self.resync_hint}")
+                f"{what}, and its binlog ends at GTID {GtidState((have,))} in domain {domain}, before "
+                f"{ours} where capture "
+                "stands: changes capture staged are not on it (a replica promoted before it had "
+                "applied them, or "
+                "another server), so nothing proves its binlog continues the captured one. "
+                f"{self.resync_hint}"
+            )
         start = self._gtid_continuation(str(ours), what)
         new = BinlogOffset.of(start.file, start.pos, old.epoch + 1, server, old.gtid)
         self._drop_uncommitted_segments(directory, old)
-        log.warning("source %r: MariaDB server_id %s at %s:%s replaces server_id %s (a failover): its binlog holds GTID "
-                    "%s where capture stood (%s:%s there), so capture goes on from %s:%s on it, positions in epoch %d",
-                    self.server.source, server, self.server.params.host, self.server.params.port, old.server, ours, old.file, old.pos,
-                    new.file, new.pos, new.epoch)
+        log.warning(
+            "source %r: MariaDB server_id %s at %s:%s replaces server_id %s (a failover): its binlog "
+            "holds GTID "
+            "%s where capture stood (%s:%s there), so capture goes on from %s:%s on it, positions in "
+            "epoch %d",
+            self.server.source,
+            server,
+            self.server.params.host,
+            self.server.params.port,
+            old.server,
+            ours,
+            old.file,
+            old.pos,
+            new.file,
+            new.pos,
+            new.epoch,
+        )
         return new
 
     def _gtid_continuation(self, gtid: str, what: str) -> BinlogOffset:
@@ -136,8 +168,13 @@ class MyFailover:
 
         end = self.server.binlog_end()
         stream = BinLogStreamReader(
-            connection_settings=self.server.stream_settings(), server_id=self.capture_server_id, blocking=False,
-            is_mariadb=True, auto_position=gtid, only_events=[RotateEvent, MariadbGtidEvent], enable_logging=False,
+            connection_settings=self.server.stream_settings(),
+            server_id=self.capture_server_id,
+            blocking=False,
+            is_mariadb=True,
+            auto_position=gtid,
+            only_events=[RotateEvent, MariadbGtidEvent],
+            enable_logging=False,
         )
         file = None
         try:
@@ -150,8 +187,10 @@ class MyFailover:
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceChangedError(
-                    f"{what}, and it cannot send its binlog from GTID {gtid}, where capture stands: {exc.args[-1]} "
-                    f"(the group is not in its binlog, or only in purged files). {self.resync_hint}") from exc
+                    f"{what}, and it cannot send its binlog from GTID {gtid}, where capture stands: "
+                    f"{exc.args[-1]} "
+                    f"(the group is not in its binlog, or only in purged files). {self.resync_hint}"
+                ) from exc
             raise
         finally:
             stream.close()
@@ -165,6 +204,9 @@ class MyFailover:
 
         for first, _last, path in list_segments(directory):
             if first >= committed.position():
-                log.info("source %r: removing %s, staged past the committed offset on the old server", self.server.source,
-                         path)
+                log.info(
+                    "source %r: removing %s, staged past the committed offset on the old server",
+                    self.server.source,
+                    path,
+                )
                 storage.delete(path)

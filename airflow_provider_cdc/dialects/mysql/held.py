@@ -85,30 +85,44 @@ class Xid:
             return None
 
         def val(hexa: str | None, text: str | None) -> bytes:
-            return bytes.fromhex(hexa) if hexa is not None else (text or "").replace("''", "'").encode("utf-8")
+            return (
+                bytes.fromhex(hexa) if hexa is not None else (text or "").replace("''", "'").encode("utf-8")
+            )
 
         return cls(int(m.group(5) or 1), val(m.group(1), m.group(2)), val(m.group(3), m.group(4)))
 
 
 def savepoint_name(sql: str) -> str:
     """``SAVEPOINT `a` `` / ``ROLLBACK TO [SAVEPOINT] `a` `` -> ``a`` (case-insensitive, as the server)."""
-    name = re.sub(r"^(?:SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?)\s+", "", sql.strip(), flags=re.I)
+    name = re.sub(
+        r"^(?:SAVEPOINT|ROLLBACK\s+(?:WORK\s+)?TO(?:\s+SAVEPOINT)?)\s+", "", sql.strip(), flags=re.I
+    )
     return unquote(name.strip().rstrip(";").strip()).lower()
 
 
 def _event_json(e: LogEvent) -> str:
     if isinstance(e, WatermarkEvent):
         return json.dumps(["w", e.id, e.position.encode(), e.ts_ms])
-    return json.dumps(["c", e.table, e.op, e.key, e.position.encode(), e.before, e.after, e.ts_ms, e.origin],
-                      ensure_ascii=False)
+    return json.dumps(
+        ["c", e.table, e.op, e.key, e.position.encode(), e.before, e.after, e.ts_ms, e.origin],
+        ensure_ascii=False,
+    )
 
 
 def _event_from_json(line: str) -> LogEvent:
     r = json.loads(line)
     if r[0] == "w":
         return WatermarkEvent(r[1], Position.decode(r[2]), r[3])
-    return ChangeEvent(r[1], r[2], r[3], Position.decode(r[4]), r[5], r[6], r[7],
-                       origin=None if r[8] is None else tuple(r[8]))
+    return ChangeEvent(
+        r[1],
+        r[2],
+        r[3],
+        Position.decode(r[4]),
+        r[5],
+        r[6],
+        r[7],
+        origin=None if r[8] is None else tuple(r[8]),
+    )
 
 
 class Scratch:
@@ -137,8 +151,14 @@ class HeldGroup:
     prepare (I6). Rolled-back ranges are kept as event index ranges and applied when the
     events are read back, so they work on parts already on disk."""
 
-    def __init__(self, reader: GroupReader, max_events: int, max_bytes: int, scratch: Scratch | None,
-                 start: tuple[int, int] | None) -> None:
+    def __init__(
+        self,
+        reader: GroupReader,
+        max_events: int,
+        max_bytes: int,
+        scratch: Scratch | None,
+        start: tuple[int, int] | None,
+    ) -> None:
         self.reader, self.max_events, self.max_bytes, self.scratch = reader, max_events, max_bytes, scratch
         self.start = start or (0, 0)  # (file index, offset) of the group's first event: names its folder
         self.events: list[LogEvent] = []
@@ -158,7 +178,9 @@ class HeldGroup:
         if self.xa:
             return
         if self.parts:
-            raise SourceError(f"source {self.reader.source!r}: XA START after {self.count} events of its group")
+            raise SourceError(
+                f"source {self.reader.source!r}: XA START after {self.count} events of its group"
+            )
         self.xa, self.dir = True, storage.join(root, self._name())
 
     def add(self, events: list[LogEvent], nbytes: int) -> None:
@@ -185,8 +207,10 @@ class HeldGroup:
     def rollback_to(self, name: str) -> None:
         start = self.savepoints.get(name)
         if start is None:
-            self.reader.refuse(f"ROLLBACK TO SAVEPOINT {name} without its SAVEPOINT in the same binlog group "
-                                 f"(group at {self._name()})")
+            self.reader.refuse(
+                f"ROLLBACK TO SAVEPOINT {name} without its SAVEPOINT in the same binlog group "
+                f"(group at {self._name()})"
+            )
             return
         if start < self.count:
             self.drops.append((start, self.count))
@@ -194,8 +218,14 @@ class HeldGroup:
     def persist(self, manifest: str, xid: Xid, where: str) -> None:
         """XA PREPARE: every event in part files, then the manifest naming them (I6)."""
         self.spill()
-        meta = {"xid": str(xid), "prepare": where, "dir": storage.basename(self.dir) if self.parts else None,
-                "parts": self.parts, "drops": self.drops, "count": self.count}
+        meta = {
+            "xid": str(xid),
+            "prepare": where,
+            "dir": storage.basename(self.dir) if self.parts else None,
+            "parts": self.parts,
+            "drops": self.drops,
+            "count": self.count,
+        }
         storage.write_text(manifest, json.dumps(meta))
 
     @classmethod
@@ -216,8 +246,9 @@ class HeldGroup:
         if self.events:
             yield self.events, self.bytes
 
-    def drain(self, *, rollback: bool, at: tuple[int, int] | None = None
-              ) -> Iterator[tuple[list[LogEvent], int]]:
+    def drain(
+        self, *, rollback: bool, at: tuple[int, int] | None = None
+    ) -> Iterator[tuple[list[LogEvent], int]]:
         """The events that stand, part by part: all but the transactional tables' changes of
         rolled-back ranges (every change when ``rollback``). ``at``: (file index, offset) of an
         XA COMMIT, which becomes their position, numbered in order."""

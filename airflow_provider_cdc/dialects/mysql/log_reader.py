@@ -58,7 +58,12 @@ class _ZeroDateRows:
         data = self.packet.read_int_be_by_size(5)
         part = self._RowsEvent__read_binary_slice
         year, month = divmod(part(data, 1, 17, 40), 13)
-        day, hour, minute, second = part(data, 18, 5, 40), part(data, 23, 5, 40), part(data, 28, 6, 40), part(data, 34, 6, 40)
+        day, hour, minute, second = (
+            part(data, 18, 5, 40),
+            part(data, 23, 5, 40),
+            part(data, 28, 6, 40),
+            part(data, 34, 6, 40),
+        )
         try:
             t = dt.datetime(year, month, day, hour, minute, second)
         except ValueError:
@@ -88,8 +93,10 @@ def _rows_subclasses() -> dict[type, type]:
         WriteRowsEvent,
     )
 
-    return {c: type(c.__name__, (_ZeroDateRows, c), {"__module__": __name__})
-            for c in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent)}
+    return {
+        c: type(c.__name__, (_ZeroDateRows, c), {"__module__": __name__})
+        for c in (WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent, PartialUpdateRowsEvent)
+    }
 
 
 def _own_rows(ev: Any) -> Any:
@@ -99,6 +106,8 @@ def _own_rows(ev: Any) -> Any:
     if sub is not None:
         ev.__class__ = sub
     return ev
+
+
 _TRUNCATE_RE = re.compile(
     rf"^\s*TRUNCATE\s+(?:TABLE\s+)?(?P<a>{IDENTIFIER})(?:\s*\.\s*(?P<b>{IDENTIFIER}))?\s*(?:(?:WAIT\s+\d+|NOWAIT)\s*)?;?\s*$",
     re.IGNORECASE | re.DOTALL,
@@ -116,21 +125,26 @@ def parse_truncate(sql: str, default_schema: str | None) -> TableName | None:
     if not default_schema:
         return None
     return TableName(default_schema, unquote(m.group("a")))
+
+
 _ANONYMOUS_GTID = 0x22  # MySQL without GTIDs: the event that starts a group
 #: event types the reader does not decode whose changes would be lost if passed over
 _UNREADABLE_EVENTS: dict[int, str] = {
     **{t: "a LOAD DATA event of statement-based logging" for t in (0x06, 0x08, 0x09, 0x0A, 0x0B, 0x0C)},
     **{t: "a pre-GA rows event" for t in (0x14, 0x15, 0x16)},
     0x1A: "an INCIDENT event: the server recorded that changes may be missing from the binlog (for "
-          "example a non-transactional write that could not be logged)",
+    "example a non-transactional write that could not be logged)",
     0x28: "a compressed transaction (MySQL binlog_transaction_compression = ON: SET GLOBAL "
-          "binlog_transaction_compression = OFF)",
-    **{t: "a compressed event (MariaDB log_bin_compress = ON: SET GLOBAL log_bin_compress = OFF)"
-       for t in range(0xA5, 0xAC)},
+    "binlog_transaction_compression = OFF)",
+    **{
+        t: "a compressed event (MariaDB log_bin_compress = ON: SET GLOBAL log_bin_compress = OFF)"
+        for t in range(0xA5, 0xAC)
+    },
 }
 #: a change logged as a statement (the writer's session not in binlog_format=ROW)
-_STATEMENT_DML_RE = re.compile(r"^(?:/\*.*?\*/\s*)*(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+(?:DATA|XML))\b",
-                               re.IGNORECASE | re.DOTALL)
+_STATEMENT_DML_RE = re.compile(
+    r"^(?:/\*.*?\*/\s*)*(?:INSERT|UPDATE|DELETE|REPLACE|LOAD\s+(?:DATA|XML))\b", re.IGNORECASE | re.DOTALL
+)
 
 
 class _BinlogRead:
@@ -139,8 +153,17 @@ class _BinlogRead:
     event type, looked up in :attr:`handlers` by the event's class. A handler returns True when
     the read stops at the group end it reached (``max_events``)."""
 
-    def __init__(self, reader: MyLogReader, start: BinlogOffset, end: BinlogOffset, gtids: GtidState | None, *,
-                 max_events: int | None, seg_max: int | None, on_segment: SegmentSink | None) -> None:
+    def __init__(
+        self,
+        reader: MyLogReader,
+        start: BinlogOffset,
+        end: BinlogOffset,
+        gtids: GtidState | None,
+        *,
+        max_events: int | None,
+        seg_max: int | None,
+        on_segment: SegmentSink | None,
+    ) -> None:
         from pymysqlreplication.event import (
             ExecuteLoadQueryEvent,
             GtidEvent,
@@ -261,7 +284,7 @@ class _BinlogRead:
         while len(out) + len(events) - i > self.inside_max:
             # the segment would pass twice its events inside a group: stage it full, go on
             room = self.inside_max - len(out)
-            out.extend(events[i:i + room])
+            out.extend(events[i : i + room])
             i += room
             self.flush()
         out.extend(events[i:] if i else events)
@@ -282,8 +305,11 @@ class _BinlogRead:
             self.d._unclosed_group(self.where, self.group_count + (self.held.count if self.held else 0))
             self.close_open_group()
         self.in_group, self.group_count, self.group_mark = True, 0, len(self.out)
-        self.held = HeldGroup(self.d, self.hold_max, self.max_bytes, self.scratch, self.group_start) \
-            if hold or xa else None
+        self.held = (
+            HeldGroup(self.d, self.hold_max, self.max_bytes, self.scratch, self.group_start)
+            if hold or xa
+            else None
+        )
         if xa:
             self.held.make_xa(self.d.xa.root())
 
@@ -362,8 +388,10 @@ class _BinlogRead:
             return self.end_group()
         xid = Xid(ev.xid_format_id, bytes(ev.xid_gtrid), bytes(ev.xid_bqual))
         if self.held is None or not self.held.xa:
-            self.d.refuse(f"XA PREPARE of {xid} at {self.where} ends a group this capture did not hold "
-                           "as an XA transaction; its changes would be lost")
+            self.d.refuse(
+                f"XA PREPARE of {xid} at {self.where} ends a group this capture did not hold "
+                "as an XA transaction; its changes would be lost"
+            )
             self.held = None
         else:
             self.held.persist(self.d.xa.manifest(xid, self.held.start), xid, self.where)
@@ -394,8 +422,10 @@ class _BinlogRead:
             if held is not None:
                 held.rollback_to(savepoint_name(raw))
             elif self.group_count:
-                self.d.refuse(f"{raw!r} at {self.where} rolls back part of a group already staged as "
-                               "committed (a MariaDB group flagged transactional)")
+                self.d.refuse(
+                    f"{raw!r} at {self.where} rolls back part of a group already staged as "
+                    "committed (a MariaDB group flagged transactional)"
+                )
         elif text.startswith(("XA COMMIT", "XA ROLLBACK")):
             return self.xa_end(raw, commit=text.startswith("XA COMMIT"))
         elif text.startswith("XA "):
@@ -414,7 +444,14 @@ class _BinlogRead:
             # inside a transaction (SAVEPOINT, ROLLBACK TO ...) they end nothing
             self.d._binlog_converters.clear()  # DDL may change a table's columns
             if text.startswith("TRUNCATE"):
-                origin = (self.group_gtid, None, None, ev.packet.server_id, ev.slave_proxy_id, self.current_file)
+                origin = (
+                    self.group_gtid,
+                    None,
+                    None,
+                    ev.packet.server_id,
+                    ev.slave_proxy_id,
+                    self.current_file,
+                )
                 self.add(self.d._truncate(ev, self.current_file, origin), 0)
             return self.end_group()
         return False
@@ -429,7 +466,9 @@ class _BinlogRead:
         if xid is None:
             self.d.refuse(f"cannot read the transaction id of {raw!r} at {self.where}")
         elif commit:
-            for events, nbytes in self.d.xa.commit(xid, self.current_file, self.ev_start, self.ev_end, self.where):
+            for events, nbytes in self.d.xa.commit(
+                xid, self.current_file, self.ev_start, self.ev_end, self.where
+            ):
                 self.emit(events, nbytes)
         else:
             self.d.xa.forget(xid, self.current_file, self.ev_start, self.ev_end)
@@ -444,8 +483,10 @@ class _BinlogRead:
             self.begin_group(hold=True)
             self.in_txn, self.thread = False, None
         elif kind in _UNREADABLE_EVENTS:
-            self.d.refuse(f"{_UNREADABLE_EVENTS[kind]} at {self.where} (event type {kind}): capture cannot "
-                           "read the changes it carries")
+            self.d.refuse(
+                f"{_UNREADABLE_EVENTS[kind]} at {self.where} (event type {kind}): capture cannot "
+                "read the changes it carries"
+            )
         return False
 
     def on_other(self, ev: Any) -> bool:
@@ -455,10 +496,22 @@ class _BinlogRead:
 class MyLogReader:
     """Read the binlog into the segment sink: the dialect's ``log``."""
 
-    def __init__(self, server: MyServer, *, source: str, watermark_table: TableName,
-                 tables: frozenset[TableName] | None, key_columns: dict[TableName, tuple[str, ...]],
-                 capture_server_id: int, on_truncate: str, on_unreadable: str, rows_decoder: Any,
-                 segment_max_events: int, segment_max_bytes: int, require_scope: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        server: MyServer,
+        *,
+        source: str,
+        watermark_table: TableName,
+        tables: frozenset[TableName] | None,
+        key_columns: dict[TableName, tuple[str, ...]],
+        capture_server_id: int,
+        on_truncate: str,
+        on_unreadable: str,
+        rows_decoder: Any,
+        segment_max_events: int,
+        segment_max_bytes: int,
+        require_scope: Callable[[], None],
+    ) -> None:
         self.server = server
         self.source = source
         self.watermark_table = watermark_table
@@ -534,7 +587,8 @@ class MyLogReader:
         end = self.server.binlog_end(start.epoch)
         if start > end:
             raise StateError(
-                f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of the binlog "
+                f"source {self.source!r}: committed offset {start.file}:{start.pos} is past the end of "
+                "the binlog "
                 f"({end.file}:{end.pos}); the offset belongs to another server or the binlog was reset. "
                 f"Re-snapshot and delete {OFFSET_FILE}."
             )
@@ -580,16 +634,24 @@ class MyLogReader:
             only_schemas=only_schemas,
             enable_logging=False,
         )
-        read = _BinlogRead(self, start, end, gtids, max_events=max_events,
-                           seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
-                           on_segment=on_segment)
+        read = _BinlogRead(
+            self,
+            start,
+            end,
+            gtids,
+            max_events=max_events,
+            seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
+            on_segment=on_segment,
+        )
         try:
             read.run(stream)
         except pymysql.err.OperationalError as exc:
             if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
                 raise SourceError(
-                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:{start.pos} "
-                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete {OFFSET_FILE}"
+                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:"
+                    f"{start.pos} "
+                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete "
+                    f"{OFFSET_FILE}"
                 ) from exc
             raise
         finally:
@@ -603,9 +665,12 @@ class MyLogReader:
         if start.file not in files:
             oldest = files[0] if files else "none"
             raise SourceError(
-                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos {start.pos}) is no "
-                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. Re-snapshot the "
-                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog staging dir)."
+                f"source {self.source!r}: binlog file {start.file} of the committed offset (pos "
+                f"{start.pos}) is no "
+                f"longer on the server (oldest binlog: {oldest}); the changes since were purged. "
+                "Re-snapshot the "
+                f"captured tables and reset the capture offset (delete {OFFSET_FILE} in the changelog "
+                "staging dir)."
             )
 
     def binlog_major(self, file: str) -> int:
@@ -621,15 +686,18 @@ class MyLogReader:
             log.warning("%s; passed because on_unreadable='skip': re-snapshot the tables it changed", msg)
             return
         raise SourceError(
-            f"{msg}. After re-snapshotting the tables it changed, set the dialect option on_unreadable='skip' "
+            f"{msg}. After re-snapshotting the tables it changed, set the dialect option "
+            "on_unreadable='skip' "
             "for one capture run to pass this point"
         )
 
     def _unclosed_group(self, where: str, events: int) -> None:
         """A new group began while one was open: nothing the reader knows ends groups that way."""
         if events:
-            self.refuse(f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
-                         f"or XA PREPARE) before the group at {where}")
+            self.refuse(
+                f"a binlog group with {events} captured change(s) did not end (no XID, COMMIT, ROLLBACK "
+                f"or XA PREPARE) before the group at {where}"
+            )
 
     def _may_touch_captured(self, sql: str) -> bool:
         """Whether a statement's text names a captured table (every statement when capturing
@@ -654,8 +722,10 @@ class MyLogReader:
             )
             if not rows:
                 raise SourceError(
-                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and whether "
-                    "its engine is transactional cannot be read (the table no longer exists), so capture cannot tell "
+                    f"source {self.source!r}: a binlog group rolled back changes of table {table}, and "
+                    "whether "
+                    "its engine is transactional cannot be read (the table no longer exists), so "
+                    "capture cannot tell "
                     "which of them stand. Re-snapshot the table and reset the capture offset (delete "
                     f"{OFFSET_FILE} in the changelog staging dir)"
                 )
@@ -671,7 +741,8 @@ class MyLogReader:
         pk = table.primary_key
         # a table without a primary key is keyed by its CDC_KEY_COLUMNS (the binlog has whole rows)
         pk_cols = self.key_columns.get(TableName(ev.schema, ev.table)) or (
-            (pk,) if isinstance(pk, str) and pk else tuple(pk or ()))
+            (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
+        )
         convs: dict[str, Callable[[Any], Any] | None] = {}
         for c in table.columns:
             conv = binlog_converter(c)
@@ -690,25 +761,43 @@ class MyLogReader:
         table = parse_truncate(sql, query_text(ev.schema) if ev.schema else None)
         if table is None:
             raise SourceError(
-                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} truncates; "
-                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to let capture "
+                f"source {self.source!r}: cannot tell which table the statement {sql!r} at {where} "
+                "truncates; "
+                "re-snapshot the tables it may name, and set the dialect option on_truncate='skip' to "
+                "let capture "
                 "pass this point"
             )
         if table == self.watermark_table or not self._capture_table(table.schema, table.name):
             return []
         if self.on_truncate == "skip":
-            log.warning("source %r: TRUNCATE of %s at %s skipped (on_truncate='skip'); re-snapshot it",
-                        self.source, table, where)
+            log.warning(
+                "source %r: TRUNCATE of %s at %s skipped (on_truncate='skip'); re-snapshot it",
+                self.source,
+                table,
+                where,
+            )
             return []
         if self.on_truncate == "fail":
             raise SourceError(
-                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and on_truncate='fail'. "
-                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let capture pass"
+                f"source {self.source!r}: TRUNCATE of {table} at {where} is in the binlog and "
+                "on_truncate='fail'. "
+                "Re-snapshot the table, and set on_truncate='event' (the default) or 'skip' to let "
+                "capture pass"
             )
         start_pos = ev.packet.log_pos - ev.packet.event_size
         log.info("source %r: TRUNCATE of %s at %s staged as a 't' event", self.source, table, where)
-        return [ChangeEvent(table.id, Op.TRUNCATE.value, None, Position(self.binlog_major(file), start_pos, 0), None, None,
-                            int(ev.timestamp) * 1000, origin=origin)]
+        return [
+            ChangeEvent(
+                table.id,
+                Op.TRUNCATE.value,
+                None,
+                Position(self.binlog_major(file), start_pos, 0),
+                None,
+                None,
+                int(ev.timestamp) * 1000,
+                origin=origin,
+            )
+        ]
 
     def _rows_walker(self, ev: Any, pk: tuple[str, ...]) -> TableWalker | None:
         """The compiled walker of the rows event's table map (None: the pure-Python reader
@@ -727,8 +816,9 @@ class MyLogReader:
         cache[key] = got
         return got
 
-    def _row_events(self, ev: Any, file: str, wm: TableName, skipped: set[str],
-                    origin: tuple | None = None) -> list[LogEvent] | RowsRun:
+    def _row_events(
+        self, ev: Any, file: str, wm: TableName, skipped: set[str], origin: tuple | None = None
+    ) -> list[LogEvent] | RowsRun:
         from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
         start_pos = ev.packet.log_pos - ev.packet.event_size
@@ -791,7 +881,15 @@ class MyLogReader:
                 keyrow = after if after is not None else before
                 pos = Position(file_index, start_pos, len(events))
                 events.append(
-                    ChangeEvent(table_id, op, encode_key([keyrow[k] for k in pk]), pos, before, after, ts_ms,
-                                origin=origin)
+                    ChangeEvent(
+                        table_id,
+                        op,
+                        encode_key([keyrow[k] for k in pk]),
+                        pos,
+                        before,
+                        after,
+                        ts_ms,
+                        origin=origin,
+                    )
                 )
         return events

@@ -22,7 +22,14 @@ from .held import XA_DIR
 from .server import MyServer
 from .xa import MyXa
 
-__all__ = ["OFFSET_FILE", "_ER_MASTER_FATAL_ERROR_READING_BINLOG", "BinlogOffset", "MyOffsets", "binlog_bytes"]
+__all__ = [
+    "OFFSET_FILE",
+    "_ER_MASTER_FATAL_ERROR_READING_BINLOG",
+    "BinlogOffset",
+    "MyOffsets",
+    "binlog_bytes",
+]
+
 
 class MyOffsets:
     """The offset file (and the data dir it is under), the epoch of the server read now, the
@@ -68,9 +75,13 @@ class MyOffsets:
             return 0
         if stored.server is not None and stored.server != server_id:
             raise SourceError(
-                f"source {self.server.source!r}: the chunk was read on MariaDB server_id {server_id}, but capture "
-                f"last read server_id {stored.server} (a failover or promotion): run the capture (the changelog DAG) "
-                "first, so that it follows the new server or names why it cannot; the chunk is read again after that")
+                f"source {self.server.source!r}: the chunk was read on MariaDB server_id {server_id}, "
+                "but capture "
+                f"last read server_id {stored.server} (a failover or promotion): run the capture (the "
+                "changelog DAG) "
+                "first, so that it follows the new server or names why it cannot; the chunk is read "
+                "again after that"
+            )
         return stored.epoch
 
     def offset_position(self, offset: str) -> Position:
@@ -134,12 +145,19 @@ class MyOffsets:
         files = [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")]
         end = self.server.binlog_end()
         lost = start.file not in [f for f, _ in files]
-        lag = 0 if lost else binlog_bytes(files, Position.binlog(start.index, start.pos),
-                                          Position.binlog(end.index, end.pos))
+        lag = (
+            0
+            if lost
+            else binlog_bytes(
+                files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos)
+            )
+        )
         expire, setting = None, "binlog_expire_logs_seconds"
         for name, scale in (("binlog_expire_logs_seconds", 1), ("expire_logs_days", 86400)):
             try:
-                value = self.server.query(f"SELECT @@{name}")[0][0]  # a fixed name: no identifier from outside
+                value = self.server.query(f"SELECT @@{name}")[0][
+                    0
+                ]  # a fixed name: no identifier from outside
             except pymysql.err.MySQLError:  # a server without it (expire_logs_days only, or neither)
                 continue
             setting = name
@@ -147,9 +165,14 @@ class MyOffsets:
                 expire = float(value) * scale
             break
         return LogRetention(
-            holder=f"binlog file {start.file!r}", lag_bytes=lag, lost=lost, limit_seconds=expire, setting=setting,
-            fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once the file "
-                f"is purged the captured tables need a re-snapshot and a new capture offset",
+            holder=f"binlog file {start.file!r}",
+            lag_bytes=lag,
+            lost=lost,
+            limit_seconds=expire,
+            setting=setting,
+            fix=f"run the capture more often (the changelog DAG's schedule), or raise {setting}; once "
+            "the file "
+            f"is purged the captured tables need a re-snapshot and a new capture offset",
         )
 
     def log_bytes_between(self, start: Position, end: Position) -> int:
@@ -157,7 +180,13 @@ class MyOffsets:
         ``start`` on the server before a failover counts from this server's oldest file)."""
         if end <= start:
             return 0
-        (start_epoch, start_index), (end_epoch, end_index) = binlog_epoch(start.major), binlog_epoch(end.major)
+        (start_epoch, start_index), (end_epoch, end_index) = (
+            binlog_epoch(start.major),
+            binlog_epoch(end.major),
+        )
         first = Position(start_index, start.minor) if start_epoch == end_epoch else Position(0, 0)
-        return binlog_bytes([(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")], first,
-                            Position(end_index, end.minor))
+        return binlog_bytes(
+            [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")],
+            first,
+            Position(end_index, end.minor),
+        )

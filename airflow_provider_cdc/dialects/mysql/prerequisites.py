@@ -85,8 +85,14 @@ def prerequisite_problems(
 class MyPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
-    def __init__(self, server: MyServer, *, tables: frozenset[TableName] | None, watermark_table: TableName,
-                 strategy: WatermarkStrategy) -> None:
+    def __init__(
+        self,
+        server: MyServer,
+        *,
+        tables: frozenset[TableName] | None,
+        watermark_table: TableName,
+        strategy: WatermarkStrategy,
+    ) -> None:
         self.server = server
         self.tables = tables  # the capture scope
         self.watermark_table = watermark_table
@@ -102,13 +108,15 @@ class MyPrerequisites:
         settings: dict[str, str | None] = {n: None for n in names}
         settings.update({name.lower(): value for name, value in rows})
         grants = [r[0] for r in self.server.query("SHOW GRANTS FOR CURRENT_USER()")]
-        problems = prerequisite_problems(settings, grants, self.server.flavour) + self.privilege_problems(grants)
+        problems = prerequisite_problems(settings, grants, self.server.flavour) + self.privilege_problems(
+            grants
+        )
         problems += self.replica_problems()
         if problems:
             where = f"{self.server.params.host}:{self.server.params.port or 3306}"
             raise SourceError(
-                f"{self.server.flavour.name} server {where} (source {self.server.source!r}) cannot serve CDC:\n- "
-                + "\n- ".join(problems)
+                f"{self.server.flavour.name} server {where} (source {self.server.source!r}) cannot "
+                "serve CDC:\n- " + "\n- ".join(problems)
             )
 
     def replica_problems(self) -> list[str]:
@@ -117,18 +125,27 @@ class MyPrerequisites:
         without it capture there would see none of the primary's changes. Whether the server is
         a replica is ``SHOW SLAVE STATUS``'s (``SLAVE MONITOR``; MySQL ``REPLICATION CLIENT``); a
         role that may not ask is warned once, not refused."""
-        rows = self.server.query("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_slave_updates', 'log_replica_updates')")
+        rows = self.server.query(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('log_slave_updates', 'log_replica_updates')"
+        )
         if any(str(v).upper() in ("ON", "1") for _, v in rows):
             return []
-        if self.server.flavour.name == "mariadb" and not self.server.query("SELECT @@global.gtid_slave_pos")[0][0]:
+        if (
+            self.server.flavour.name == "mariadb"
+            and not self.server.query("SELECT @@global.gtid_slave_pos")[0][0]
+        ):
             return []  # it never applied a primary's transaction (readable without SLAVE MONITOR)
         of = self.replica_of()
         if of is None:
             return []
-        return [f"this server is a replica (of {of}) and log_slave_updates is OFF: what it applies from its primary "
-                "is not in its own binlog, so capture here would see none of the primary's changes. Set "
-                "log_slave_updates=ON in the replica's server config (needs a restart), or point the source at the "
-                "primary"]
+        return [
+            f"this server is a replica (of {of}) and log_slave_updates is OFF: what it applies from "
+            "its primary "
+            "is not in its own binlog, so capture here would see none of the primary's changes. Set "
+            "log_slave_updates=ON in the replica's server config (needs a restart), or point the "
+            "source at the "
+            "primary"
+        ]
 
     def replica_of(self) -> str | None:
         """``host:port`` of the primary this server replicates from; None when it does not (or
@@ -136,9 +153,13 @@ class MyPrerequisites:
         try:
             row = self.server.slave_status()
         except ReplicaStatusDenied as exc:
-            log.warning("source %r: cannot tell whether the server is a replica (SHOW SLAVE STATUS: %s); if it is, "
-                        "it must run with log_slave_updates=ON. GRANT SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
-                        "to have this checked", self.server.source, exc)
+            log.warning(
+                "source %r: cannot tell whether the server is a replica (SHOW SLAVE STATUS: %s); if it is, "
+                "it must run with log_slave_updates=ON. GRANT SLAVE MONITOR (MySQL: REPLICATION CLIENT) "
+                "to have this checked",
+                self.server.source,
+                exc,
+            )
             return None
         return None if row is None else f"{row.get('Master_Host')}:{row.get('Master_Port')}"
 
@@ -148,7 +169,8 @@ class MyPrerequisites:
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
                 raise SourceError(
-                    f"user {self.server.params.user!r} may not read table {table} ({exc.args[-1]}): GRANT SELECT ON "
+                    f"user {self.server.params.user!r} may not read table {table} ({exc.args[-1]}): "
+                    "GRANT SELECT ON "
                     f"{self.server.quote_table(table)} TO {self.server.params.user!r}"
                 ) from None
             if exc.args and exc.args[0] in (1049, 1146):  # unknown database / table: describe_table names it
@@ -169,8 +191,11 @@ class MyPrerequisites:
     def log_watermark_problems(self, *context: Any) -> list[str]:
         """Watermark strategy "log": no watermark table, a MariaDB snapshot position."""
         if self.server.flavour.name != "mariadb":
-            return [f"watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog position); "
-                    f"this server is {self.server.flavour.name}: use watermark_strategy 'table'"]
+            return [
+                "watermark_strategy 'log' needs MariaDB (its consistent snapshots report their binlog "
+                "position); "
+                f"this server is {self.server.flavour.name}: use watermark_strategy 'table'"
+            ]
         return []
 
     def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
@@ -181,12 +206,20 @@ class MyPrerequisites:
             self.server.query(f"SELECT `value` FROM {self.server.quote_table(wm)} WHERE 1 = 0")  # noqa: S608
         except pymysql.err.MySQLError as exc:
             if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
-                problems.append(f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {user!r} (the watermark table)")
-            elif exc.args and exc.args[0] in (1049, 1146) and not held_privileges(grants, ("*.*", f"{wm.schema}.*")) & {
-                    "CREATE", "ALL", "ALL PRIVILEGES"}:
                 problems.append(
-                    f"the watermark table {wm} does not exist and user {user!r} may not create it: GRANT CREATE ON "
-                    f"{self.server.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator create it (the docs' "
+                    f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {user!r} (the watermark table)"
+                )
+            elif (
+                exc.args
+                and exc.args[0] in (1049, 1146)
+                and not held_privileges(grants, ("*.*", f"{wm.schema}.*"))
+                & {"CREATE", "ALL", "ALL PRIVILEGES"}
+            ):
+                problems.append(
+                    f"the watermark table {wm} does not exist and user {user!r} may not create it: "
+                    "GRANT CREATE ON "
+                    f"{self.server.quote_ident(wm.schema)}.* TO {user!r}, or have an administrator "
+                    "create it (the docs' "
                     "connections page, 'Grants', set-up 2)"
                 )
         return problems

@@ -28,8 +28,14 @@ class MySqlProfile(DatabaseProfile):
     option_keys = frozenset({"server_id", "connect_timeout", "on_truncate", "rows_decoder"})
     debezium_connectors = ("mysql", "mariadb")
     debezium_source_fields = (
-        ("string", "table", True), ("int64", "server_id", False), ("string", "gtid", True), ("string", "file", False),
-        ("int64", "pos", False), ("int32", "row", False), ("int64", "thread", True), ("string", "query", True),
+        ("string", "table", True),
+        ("int64", "server_id", False),
+        ("string", "gtid", True),
+        ("string", "file", False),
+        ("int64", "pos", False),
+        ("int32", "row", False),
+        ("int64", "thread", True),
+        ("string", "query", True),
     )
     dialect_path = "airflow_provider_cdc.dialects.mysql.dialect:MySqlDialect"
 
@@ -40,7 +46,11 @@ class MySqlProfile(DatabaseProfile):
     def owned_objects(self, source: str, options: Mapping[str, Any]) -> list[OwnedObject]:
         """A replication server id is unique per server; it defaults to one derived from the source."""
         sid = options.get("server_id")
-        return [OwnedObject("server_id", "server_id", SERVER, int(sid) if sid is not None else default_server_id(source))]
+        return [
+            OwnedObject(
+                "server_id", "server_id", SERVER, int(sid) if sid is not None else default_server_id(source)
+            )
+        ]
 
 
 PROFILE = MySqlProfile()

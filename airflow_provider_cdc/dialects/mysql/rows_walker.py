@@ -17,8 +17,8 @@ columns, unnamed columns), an event it refuses (it raises ValueError: the event 
 the pure-Python way), every event when the extension is not built, and it is the reference
 the walker is tested against on every type (tests/integration/test_mysql_rows_walker.py).
 Which one runs: the dialect option ``rows_decoder`` (the connection extra of that name; a
-setting of one source, never a process-wide environment variable): ``auto`` (default: compiled where it can), ``compiled`` (an
-error when the extension is not built), ``python``.
+setting of one source, never a process-wide environment variable): ``auto`` (default: compiled where it
+can), ``compiled`` (an error when the extension is not built), ``python``.
 
 Covered (binlog_row_metadata=FULL, binlog_row_image=FULL, MariaDB's and MySQL 5.6+'s temporal
 formats): TINYINT..BIGINT signed and unsigned, YEAR, FLOAT, DOUBLE, DECIMAL, BIT, CHAR,
@@ -71,8 +71,13 @@ _VARCHAR, _BIT, _TIMESTAMP2, _DATETIME2, _TIME2 = 15, 16, 17, 18, 19
 _NEWDECIMAL, _ENUM, _SET, _BLOB, _STRING = 246, 247, 248, 252, 254
 _INT_WIDTH = {_TINY: 1, _SHORT: 2, _INT24: 3, _LONG: 4, _LONGLONG: 8}
 # logical types as catalog.logical_type gives them (signed, unsigned)
-_INT_LOGICAL = {1: ("int16", "int16"), 2: ("int16", "int32"), 3: ("int32", "int32"), 4: ("int32", "int64"),
-                8: ("int64", "uint64")}
+_INT_LOGICAL = {
+    1: ("int16", "int16"),
+    2: ("int16", "int32"),
+    3: ("int32", "int32"),
+    4: ("int32", "int64"),
+    8: ("int64", "uint64"),
+}
 _TEXT_CHARSETS = frozenset({"utf8mb4", "utf8mb3", "utf8"})
 _OPS = at.string_array([Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value])
 _WRITE, _UPDATE, _DELETE = 0, 1, 2
@@ -89,11 +94,15 @@ def decoder_mode(option: object = None) -> str:
     raw = "" if option is None else option
     mode = str(raw).strip().lower() or "auto"
     if mode not in MODES:
-        raise ConfigurationError(f"rows_decoder ({ENV_VAR}) must be 'auto', 'compiled' or 'python', got {raw!r}")
+        raise ConfigurationError(
+            f"rows_decoder ({ENV_VAR}) must be 'auto', 'compiled' or 'python', got {raw!r}"
+        )
     if mode == "compiled" and _rows is None:
         raise ConfigurationError(
-            f"rows_decoder ({ENV_VAR}) is 'compiled' but the compiled binlog rows walker was not built at install: "
-            "install gcc and the Python headers (python3-dev) and reinstall the package (make setup), or use 'auto'"
+            f"rows_decoder ({ENV_VAR}) is 'compiled' but the compiled binlog rows walker was not built "
+            "at install: "
+            "install gcc and the Python headers (python3-dev) and reinstall the package (make setup), "
+            "or use 'auto'"
         )
     if mode == "auto":
         mode = "compiled" if _rows is not None else "python"
@@ -118,7 +127,13 @@ def column_spec(col) -> tuple[tuple, str] | str:
     if ft == _DOUBLE:
         return (K_DOUBLE, 0, 0, 0, None), "float64"
     if ft == _NEWDECIMAL:
-        return (K_DECIMAL, int(col.precision), int(col.decimals), 0, None), f"decimal({col.precision},{col.decimals})"
+        return (
+            K_DECIMAL,
+            int(col.precision),
+            int(col.decimals),
+            0,
+            None,
+        ), f"decimal({col.precision},{col.decimals})"
     if ft == _BIT:
         return (K_BIT, int(col.bits), 0, 0, None), "uint64" if col.bits == 64 else "int64"
     if ft in (_VARCHAR, _STRING, _BLOB):
@@ -135,7 +150,13 @@ def column_spec(col) -> tuple[tuple, str] | str:
         names = col.enum_values if ft == _ENUM else col.set_values
         if names is None:
             return "an ENUM or SET without its values in the table map"
-        return ((K_ENUM if ft == _ENUM else K_SET), int(col.size), 0, 0, tuple(str(n).encode() for n in names)), "string"
+        return (
+            (K_ENUM if ft == _ENUM else K_SET),
+            int(col.size),
+            0,
+            0,
+            tuple(str(n).encode() for n in names),
+        ), "string"
     if ft == _DATE:
         return (K_DATE, 0, 0, 0, None), "date"
     if ft == _DATETIME2:
@@ -153,15 +174,23 @@ class TableWalker:
 
     __slots__ = ("table_id", "names", "spec", "key_idx", "logicals", "schema")
 
-    def __init__(self, table: TableName, names: Sequence[str], spec: tuple, key_idx: tuple, logicals: Sequence[str],
-                 key_names: Sequence[str]) -> None:
+    def __init__(
+        self,
+        table: TableName,
+        names: Sequence[str],
+        spec: tuple,
+        key_idx: tuple,
+        logicals: Sequence[str],
+        key_names: Sequence[str],
+    ) -> None:
         self.table_id = table.id
         self.names = tuple(names)
         self.spec = spec
         self.key_idx = key_idx
         self.logicals = tuple(logicals)
-        self.schema = TableSchema(table, tuple(Column(n, t) for n, t in zip(names, logicals, strict=True)),
-                                  tuple(key_names))
+        self.schema = TableSchema(
+            table, tuple(Column(n, t) for n, t in zip(names, logicals, strict=True)), tuple(key_names)
+        )
 
     @classmethod
     def of(cls, table: TableName, columns: Sequence, key_names: Sequence[str]) -> TableWalker | str:
@@ -192,23 +221,31 @@ class TableWalker:
         data, start = getattr(raw, "_data", None), getattr(raw, "_position", None)
         pushed_back = getattr(wrapper, "_BinLogPacketWrapper__data_buffer", None)
         if data is None or start is None or pushed_back is None or pushed_back:
-            return None  # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
+            # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
+            return None
         ncols = len(self.spec)
         if ev.number_of_columns != ncols:
             return None
         full = _full_bitmap(ncols)
-        if bytes(ev.columns_present_bitmap) != full or (kind == _UPDATE and bytes(ev.columns_present_bitmap2) != full):
+        if bytes(ev.columns_present_bitmap) != full or (
+            kind == _UPDATE and bytes(ev.columns_present_bitmap2) != full
+        ):
             return None  # a partial row image (binlog_row_image is not FULL)
         end = start + ev.event_size - wrapper.read_bytes  # the rows, without the checksum
         try:
             out = _rows.decode(data, start, end, kind, self.spec, self.key_idx)
         except ValueError as exc:
-            log.warning("the compiled rows walker cannot decode a rows event of %s (%s): read the pure-Python way",
-                        self.table_id, exc)
+            log.warning(
+                "the compiled rows walker cannot decode a rows event of %s (%s): read the pure-Python way",
+                self.table_id,
+                exc,
+            )
             return None
         images, ops, before, after, kdata, klens, cols = out
         n = len(ops)
-        return RowsRun(self, major, minor, ts_ms, origin, images, ops, before, after, kdata, klens, cols, 0, n)
+        return RowsRun(
+            self, major, minor, ts_ms, origin, images, ops, before, after, kdata, klens, cols, 0, n
+        )
 
 
 _FULL: dict[int, bytes] = {}
@@ -253,8 +290,22 @@ class RowsRun:
             raise TypeError("a RowsRun is sliced by a range of its events")
         lo, hi, _ = s.indices(len(self))
         hi = max(lo, hi)
-        return RowsRun(self.walker, self.major, self.minor, self.ts_ms, self.origin, self.images, self.ops, self.before,
-                       self.after, self.key_data, self.key_lengths, self.columns, self.lo + lo, self.lo + hi)
+        return RowsRun(
+            self.walker,
+            self.major,
+            self.minor,
+            self.ts_ms,
+            self.origin,
+            self.images,
+            self.ops,
+            self.before,
+            self.after,
+            self.key_data,
+            self.key_lengths,
+            self.columns,
+            self.lo + lo,
+            self.lo + hi,
+        )
 
     def events(self, watermark_table: str = "") -> list[LogEvent]:
         """The run as ChangeEvents with canonical row images (a held group keeps these)."""
@@ -297,7 +348,7 @@ class EventBuffer:
                     self.items.pop()
                     self.runs -= 1
                 else:
-                    self.items[-1] = last[:len(last) - drop]
+                    self.items[-1] = last[: len(last) - drop]
                 self.n -= drop
             else:
                 self.items.pop()
@@ -360,18 +411,24 @@ def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
     position = encode_positions(major, minor, index)
     table_names = sorted({r.walker.table_id for r in runs})
     tcode = {t: i for i, t in enumerate(table_names)}
-    table = at.string_array(table_names).take(at.index_array(
-        np.fromiter((tcode[r.walker.table_id] for r in runs), dtype=np.int64, count=len(runs))[run_of]))
+    table = at.string_array(table_names).take(
+        at.index_array(
+            np.fromiter((tcode[r.walker.table_id] for r in runs), dtype=np.int64, count=len(runs))[run_of]
+        )
+    )
     if all(r.lo == 0 and r.hi == len(r.ops) for r in runs):
         opcode = np.frombuffer(b"".join(r.ops for r in runs), dtype=np.uint8).astype(np.int64)
     else:
-        opcode = np.concatenate([np.frombuffer(r.ops, dtype=np.uint8)[r.lo:r.hi] for r in runs]).astype(np.int64)
+        opcode = np.concatenate([np.frombuffer(r.ops, dtype=np.uint8)[r.lo : r.hi] for r in runs]).astype(
+            np.int64
+        )
     op = _OPS.take(at.index_array(opcode))
     key = _strings([(r.key_data, r.key_lengths, r.lo, r.hi) for r in runs], pa.string())
     ts = at.index_array(np.fromiter((r.ts_ms for r in runs), dtype=np.int64, count=len(runs))[run_of])
     origin = origin_array([r.origin for r in runs]).take(at.index_array(run_of))
-    run_log = pa.Table.from_arrays([position, table, op, key, ts, pa.nulls(n_run_events, pa.string()), origin],
-                                   schema=SEGMENT_SCHEMA)
+    run_log = pa.Table.from_arrays(
+        [position, table, op, key, ts, pa.nulls(n_run_events, pa.string()), origin], schema=SEGMENT_SCHEMA
+    )
 
     parts: list[ImagePart] = []
     # the runs' images, one typed part per table map (a table described anew is another part)
@@ -379,7 +436,7 @@ def build_batch(items: Sequence, watermark_table: str) -> EventBatch:
     for k, r in enumerate(runs):
         walkers.setdefault(id(r.walker), []).append(k)
     for ks in walkers.values():
-        rows = np.concatenate([run_rows[starts[k]:starts[k] + counts[k]] for k in ks])
+        rows = np.concatenate([run_rows[starts[k] : starts[k] + counts[k]] for k in ks])
         parts.append(_typed_part([runs[k] for k in ks], rows))
 
     if not loose:
@@ -407,8 +464,9 @@ def _typed_part(runs: list[RowsRun], rows: np.ndarray) -> ImagePart:
     arrays = []
     for j, (spec, logical) in enumerate(zip(w.spec, w.logicals, strict=True)):
         arrays.append(_column([r.columns[j] for r in runs], spec, logical, n_images, w, j))
-    struct = pa.StructArray.from_arrays(arrays, fields=[pa.field(nm, a.type) for nm, a in zip(w.names, arrays,
-                                                                                                 strict=True)])
+    struct = pa.StructArray.from_arrays(
+        arrays, fields=[pa.field(nm, a.type) for nm, a in zip(w.names, arrays, strict=True)]
+    )
     # each event's image numbers, from the run's own to the part's (-1: none)
     run_base = np.repeat(base, np.fromiter((len(r) for r in runs), dtype=np.int64, count=len(runs)))
     b_idx, a_idx = (_image_numbers(runs, which, run_base) for which in ("before", "after"))
@@ -420,7 +478,9 @@ def _image_numbers(runs: list[RowsRun], which: str, run_base: np.ndarray) -> np.
     if whole:
         idx = np.frombuffer(b"".join(getattr(r, which) for r in runs), dtype=np.int32).astype(np.int64)
     else:
-        idx = np.concatenate([np.frombuffer(getattr(r, which), dtype=np.int32)[r.lo:r.hi] for r in runs]).astype(np.int64)
+        idx = np.concatenate(
+            [np.frombuffer(getattr(r, which), dtype=np.int32)[r.lo : r.hi] for r in runs]
+        ).astype(np.int64)
     return np.where(idx >= 0, idx + run_base, -1)
 
 
@@ -441,7 +501,7 @@ def _strings(pieces: list[tuple[bytes, bytes, int, int]], typ: pa.DataType) -> p
         ln = np.frombuffer(lengths, dtype=np.int32)
         if lo or hi != len(ln):
             skip = int(ln[:lo].sum())
-            datas.append(memoryview(data)[skip:skip + int(ln[lo:hi].sum())])
+            datas.append(memoryview(data)[skip : skip + int(ln[lo:hi].sum())])
             ln = ln[lo:hi]
         else:
             datas.append(data)
@@ -498,8 +558,9 @@ def _column(pieces: list[tuple], spec: tuple, logical: str, n: int, w: TableWalk
         try:
             text.validate(full=True)
         except pa.ArrowInvalid as exc:
-            raise SourceError(f"table {w.table_id}, column {w.names[j]!r}: the binlog holds text that is not UTF-8 "
-                              f"({exc})") from exc
+            raise SourceError(
+                f"table {w.table_id}, column {w.names[j]!r}: the binlog holds text that is not UTF-8 ({exc})"
+            ) from exc
         return text
     target = at.arrow_type(logical)
     if target == pa.string():
@@ -511,4 +572,3 @@ def _column(pieces: list[tuple], spec: tuple, logical: str, n: int, w: TableWalk
         return text.cast(target)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return at.decode_column(text.to_pylist(), logical)
-

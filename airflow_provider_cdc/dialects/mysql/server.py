@@ -167,8 +167,14 @@ class MyServer:
         from pymysql.constants import CLIENT
 
         p = self.params
-        settings = {"host": p.host, "port": p.port or 3306, "user": p.user or "root", "passwd": p.password or "",
-                    "charset": "utf8mb4", **self.driver_settings()}
+        settings = {
+            "host": p.host,
+            "port": p.port or 3306,
+            "user": p.user or "root",
+            "passwd": p.password or "",
+            "charset": "utf8mb4",
+            **self.driver_settings(),
+        }
         # Without TLS settings pymysql tries TLS if the server offers it, and builds a default SSL
         # context for that on every connection (~20 ms: the system's CA store), offered or not. When
         # this dialect's own connection found no TLS on the server, the stream's two connections

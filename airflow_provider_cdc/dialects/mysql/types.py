@@ -106,11 +106,16 @@ def _zero_dates_as_text(fn: Callable[[Any], Any], logical: str) -> Callable[[Any
         text = v.decode("ascii") if isinstance(v, bytes) else v
         m = _ZERO_TEXT_RE.match(text)
         if m is None:
-            raise SourceError(f"MySQL returned the {logical} value {text!r}, which is not a date this package knows")
+            raise SourceError(
+                f"MySQL returned the {logical} value {text!r}, which is not a date this package knows"
+            )
         day = f"{m.group(1)}-{m.group(2)}-{m.group(3)}"
         if logical == "date":
             return day
-        clock = f"{m.group(4) or '00'}:{m.group(5) or '00'}:{m.group(6) or '00'}.{(m.group(7) or '').ljust(6, '0')}"
+        clock = (
+            f"{m.group(4) or '00'}:{m.group(5) or '00'}:{m.group(6) or '00'}."
+            f"{(m.group(7) or '').ljust(6, '0')}"
+        )
         return f"{day}T{clock}" + ("Z" if logical == "timestamptz" else "")
 
     return conv

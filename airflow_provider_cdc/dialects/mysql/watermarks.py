@@ -30,28 +30,37 @@ class MyWatermarkTable:
                 return
         except pymysql.err.MySQLError as exc:
             if not (exc.args and exc.args[0] in (1049, 1146)):
-                raise self._grant_error(exc, f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)}") from None
+                raise self._grant_error(
+                    exc, f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)}"
+                ) from None
         try:
-            if not self.server.query("SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (wm.schema,)):
+            if not self.server.query(
+                "SELECT 1 FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s", (wm.schema,)
+            ):
                 self.server.query(f"CREATE DATABASE IF NOT EXISTS {self.server.quote_ident(wm.schema)}")
             self.server.query(
                 f"CREATE TABLE IF NOT EXISTS {self.server.quote_table(wm)} ("
                 "`id` TINYINT UNSIGNED NOT NULL PRIMARY KEY, `value` VARCHAR(64) NOT NULL"
                 ") ENGINE=InnoDB"
             )
-            self.server.query(f"INSERT IGNORE INTO {self.server.quote_table(wm)} (`id`, `value`) VALUES (1, '')")  # noqa: S608
+            self.server.query(
+                f"INSERT IGNORE INTO {self.server.quote_table(wm)} (`id`, `value`) VALUES (1, '')"  # noqa: S608
+            )
         except pymysql.err.MySQLError as exc:
             raise self._grant_error(
-                exc, f"GRANT CREATE, INSERT, SELECT, UPDATE ON {self.server.quote_ident(wm.schema)}.*",
-                "or have an administrator create the watermark table (the docs' connections page, 'Grants', set-up 2)") from None
+                exc,
+                f"GRANT CREATE, INSERT, SELECT, UPDATE ON {self.server.quote_ident(wm.schema)}.*",
+                "or have an administrator create the watermark table (the docs' connections page, "
+                "'Grants', set-up 2)",
+            ) from None
 
     def _grant_error(self, exc: Exception, grant: str, alternative: str = "") -> Exception:
         """A permission error as a SourceError naming the grant; any other error as it is."""
         if not (getattr(exc, "args", None) and exc.args[0] in _ER_ACCESS_DENIED):
             return exc
         return SourceError(
-            f"user {self.server.params.user!r} lacks a privilege ({exc.args[-1]}): {grant} TO {self.server.params.user!r}"
-            + (f", {alternative}" if alternative else "")
+            f"user {self.server.params.user!r} lacks a privilege ({exc.args[-1]}): {grant} TO "
+            f"{self.server.params.user!r}" + (f", {alternative}" if alternative else "")
         )
 
     def write(self, watermark_id: str) -> None:
@@ -65,11 +74,14 @@ class MyWatermarkTable:
                     )
                 except pymysql.err.MySQLError as exc:
                     if exc.args and exc.args[0] in _ER_ACCESS_DENIED:
-                        raise self._grant_error(exc, f"GRANT SELECT, UPDATE ON {self.server.quote_table(self.table)}") from None
+                        raise self._grant_error(
+                            exc, f"GRANT SELECT, UPDATE ON {self.server.quote_table(self.table)}"
+                        ) from None
                     if not isinstance(exc, pymysql.err.ProgrammingError):
                         raise
                     raise WatermarkError(
-                        f"watermark table {self.table} is missing ({exc.args[-1]}); run ensure_watermark_table()"
+                        f"watermark table {self.table} is missing ({exc.args[-1]}); run "
+                        "ensure_watermark_table()"
                     ) from exc
         if n != 1:
             raise WatermarkError(

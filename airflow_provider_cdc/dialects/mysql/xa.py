@@ -44,8 +44,12 @@ class MyXa:
             import tempfile
 
             tmp = self._tmp = tempfile.mkdtemp(prefix="cdc-mysql-xa-")
-            log.warning("source %r: read_log without a data dir: prepared XA transactions are kept in %s, "
-                        "which does not outlive this process", self.reader.source, tmp)
+            log.warning(
+                "source %r: read_log without a data dir: prepared XA transactions are kept in %s, "
+                "which does not outlive this process",
+                self.reader.source,
+                tmp,
+            )
         return tmp
 
     def manifest(self, xid: Xid, start: tuple[int, int]) -> str:
@@ -59,7 +63,7 @@ class MyXa:
         found = []
         for name in storage.list_names(root, suffix=".json"):
             if name.startswith(prefix):
-                idx, _, off = name[len(prefix):-len(".json")].partition("-")
+                idx, _, off = name[len(prefix) : -len(".json")].partition("-")
                 at = (int(idx), int(off))
                 if at < (major, pos):
                     found.append((at, storage.join(root, name)))
@@ -69,21 +73,28 @@ class MyXa:
         """Delete these manifests and their parts once the offset passes ``ev_end`` (commit_offset)."""
         self._resolved.append((ev_end, manifests))
 
-    def commit(self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset, where: str
-                   ) -> Iterator[tuple[list[LogEvent], int]]:
+    def commit(
+        self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset, where: str
+    ) -> Iterator[tuple[list[LogEvent], int]]:
         """The events of the XA transaction ``xid`` (its latest prepare before this commit),
         placed at the commit's position in their order."""
         prepared = self._prepared(xid, self.reader.binlog_major(file), pos)
         if not prepared:
             self.reader.refuse(
-                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came before the "
+                f"XA COMMIT of {xid} at {where}, but this capture never read its XA PREPARE (it came "
+                "before the "
                 f"capture's first offset, or {self.root()} lost it): its changes are not staged"
             )
             return
         self._done([m for _, m in prepared], ev_end)
         group = HeldGroup.load(self.reader, prepared[-1][1])
-        log.info("source %r: XA transaction %s committed at %s: %d event(s) staged at the commit's position",
-                 self.reader.source, xid, where, group.count)
+        log.info(
+            "source %r: XA transaction %s committed at %s: %d event(s) staged at the commit's position",
+            self.reader.source,
+            xid,
+            where,
+            group.count,
+        )
         yield from group.drain(rollback=False, at=(self.reader.binlog_major(file), pos))
 
     def forget(self, xid: Xid, file: str, pos: int, ev_end: BinlogOffset) -> None:

@@ -30,7 +30,9 @@ class PgCatalog:
         self.server = server
         self.key_columns = key_columns  # CDC_KEY_COLUMNS, by table
         self._types: dict[int, PgType] = {}
-        self._key_cache: dict[tuple[int, str], tuple[tuple[str, ...] | None, str]] = {}  # (relid, identity) -> table_key
+        self._key_cache: dict[
+            tuple[int, str], tuple[tuple[str, ...] | None, str]
+        ] = {}  # (relid, identity) -> table_key
 
     def pg_type(self, oid: int) -> PgType:
         t = self._types.get(oid)
@@ -46,7 +48,8 @@ class PgCatalog:
         todo = [o for o in set(oids) if o not in self._types]
         while todo:
             rows = self.server.query(
-                "SELECT t.oid, t.typname, n.nspname, t.typtype, t.typelem, t.typbasetype, t.typtypmod, t.typcategory "
+                "SELECT t.oid, t.typname, n.nspname, t.typtype, t.typelem, t.typbasetype, t.typtypmod, "
+                "t.typcategory "
                 "FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = ANY(%s::oid[])",
                 (list(todo),),
             )
@@ -74,12 +77,15 @@ class PgCatalog:
             "      JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
             "      WHERE k.ord <= i.indnkeyatts AND NOT a.attnotnull ORDER BY k.ord) "
             "FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid "
-            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND i.indexprs IS NULL "
+            "WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid AND i.indpred IS NULL AND "
+            "i.indexprs IS NULL "
             "ORDER BY NOT i.indisprimary, NOT i.indisreplident, ic.relname",
             (relid,),
         )
-        return [UniqueIndex(name, primary, identity, tuple(cols), tuple(nullable))
-                for name, primary, identity, cols, nullable in rows]
+        return [
+            UniqueIndex(name, primary, identity, tuple(cols), tuple(nullable))
+            for name, primary, identity, cols, nullable in rows
+        ]
 
     def table_key(self, table: TableName, relid: int, ident: str) -> tuple[tuple[str, ...] | None, str]:
         """The columns that key ``table``'s rows in chunks, windows and the mirror, or None and
@@ -97,46 +103,84 @@ class PgCatalog:
         qt = self.server.quote_table(table)
         usable = [x for x in idx if not x.nullable]
         example = json.dumps({table.id: list(usable[0].columns)}, ensure_ascii=False) if usable else ""
-        full = (f"ALTER TABLE {qt} REPLICA IDENTITY FULL and name its key in CDC_KEY_COLUMNS "
-                f"(e.g. {example})" if usable else
-                f"ALTER TABLE {qt} ADD PRIMARY KEY (...) on columns that identify a row")
-        fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY USING INDEX {self.server.quote_ident(usable[0].name)}"]
-                 if usable else []) + [full]
+        full = (
+            f"ALTER TABLE {qt} REPLICA IDENTITY FULL and name its key in CDC_KEY_COLUMNS (e.g. {example})"
+            if usable
+            else f"ALTER TABLE {qt} ADD PRIMARY KEY (...) on columns that identify a row"
+        )
+        fixes = (
+            [f"ALTER TABLE {qt} REPLICA IDENTITY USING INDEX {self.server.quote_ident(usable[0].name)}"]
+            if usable
+            else []
+        ) + [full]
         key: tuple[str, ...] | None = None
         if ident == "n":
-            why = "has REPLICA IDENTITY NOTHING, so once published PostgreSQL refuses every UPDATE and DELETE on it"
+            why = (
+                "has REPLICA IDENTITY NOTHING, so once published PostgreSQL refuses every UPDATE and "
+                "DELETE on it"
+            )
             fixes = ([f"ALTER TABLE {qt} REPLICA IDENTITY DEFAULT"] if pk else []) + fixes
         elif ident == "d":
             key = pk.columns if pk else None
-            why = ("has no primary key and REPLICA IDENTITY DEFAULT, so once published PostgreSQL refuses every "
-                   "UPDATE and DELETE on it")
+            why = (
+                "has no primary key and REPLICA IDENTITY DEFAULT, so once published PostgreSQL refuses every "
+                "UPDATE and DELETE on it"
+            )
         elif ident == "i":
             ri = next((x for x in idx if x.identity), None)
             key = ri.columns if ri else None
-            why = "has REPLICA IDENTITY USING INDEX, but that index no longer exists (the table publishes no key)"
+            why = (
+                "has REPLICA IDENTITY USING INDEX, but that index no longer exists (the table "
+                "publishes no key)"
+            )
         else:  # "f": the log carries whole old rows, any unique NOT NULL key will do
             key = want or (pk.columns if pk else None)
-            why = ("has REPLICA IDENTITY FULL but no primary key, and CDC_KEY_COLUMNS names none of its unique "
-                   "indexes: name its key there" + (f", e.g. {example}"
-                                                    if usable else " after creating a unique index on NOT NULL columns"))
+            why = (
+                "has REPLICA IDENTITY FULL but no primary key, and CDC_KEY_COLUMNS names none of its unique "
+                "indexes: name its key there"
+                + (f", e.g. {example}" if usable else " after creating a unique index on NOT NULL columns")
+            )
             fixes = []
         if key and want and ident == "f":
             match = [x for x in idx if sorted(x.columns) == sorted(want)]
             if not match:
-                key, why = None, (f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (without a "
-                                  "predicate or expressions), so they need not identify a row")
+                key, why = (
+                    None,
+                    (
+                        f"has no unique index on exactly the CDC_KEY_COLUMNS {list(want)!r} (without a "
+                        "predicate or expressions), so they need not identify a row"
+                    ),
+                )
                 fixes = [f"CREATE UNIQUE INDEX ON {qt} ({', '.join(map(self.server.quote_ident, want))})"]
             elif match[0].nullable:
-                key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {list(match[0].nullable)!r} "
-                                  "allow NULL, which a unique index does not make unique")
-                fixes = [f"ALTER TABLE {qt} ALTER COLUMN {self.server.quote_ident(c)} SET NOT NULL" for c in match[0].nullable]
+                key, why = (
+                    None,
+                    (
+                        f"has CDC_KEY_COLUMNS {list(want)!r}, but column(s) {list(match[0].nullable)!r} "
+                        "allow NULL, which a unique index does not make unique"
+                    ),
+                )
+                fixes = [
+                    f"ALTER TABLE {qt} ALTER COLUMN {self.server.quote_ident(c)} SET NOT NULL"
+                    for c in match[0].nullable
+                ]
         elif key and want and sorted(want) != sorted(key):
             kind = {"d": "its primary key", "i": "its REPLICA IDENTITY index"}[ident]
-            key, why = None, (f"has CDC_KEY_COLUMNS {list(want)!r}, but its UPDATEs and DELETEs carry {kind} only, "
-                              "so a change of those columns would go unseen")
-            fixes = [f"ALTER TABLE {qt} REPLICA IDENTITY FULL (the log then carries whole old rows)",
-                     f"remove {table} from CDC_KEY_COLUMNS"]
-        out = (key, "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why)
+            key, why = (
+                None,
+                (
+                    f"has CDC_KEY_COLUMNS {list(want)!r}, but its UPDATEs and DELETEs carry {kind} only, "
+                    "so a change of those columns would go unseen"
+                ),
+            )
+            fixes = [
+                f"ALTER TABLE {qt} REPLICA IDENTITY FULL (the log then carries whole old rows)",
+                f"remove {table} from CDC_KEY_COLUMNS",
+            ]
+        out = (
+            key,
+            "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why,
+        )
         self._key_cache[(relid, ident)] = out
         return out
 
@@ -188,8 +232,10 @@ class PgCatalog:
                 lt = logical_type(oid, typmod, self.pg_type)
             except UnsupportedType as exc:
                 raise SourceError(
-                    f"table {table}: column {name!r} has type {display} ({exc.type_name}), which CDC does not "
-                    f"support; supported: {', '.join(SUPPORTED_TYPES)}. Change the column's type or leave the "
+                    f"table {table}: column {name!r} has type {display} ({exc.type_name}), which CDC "
+                    "does not "
+                    f"support; supported: {', '.join(SUPPORTED_TYPES)}. Change the column's type or "
+                    "leave the "
                     "table out of CDC"
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
@@ -197,7 +243,8 @@ class PgCatalog:
         pk, why = self.table_key(table, relid, ident)
         if not pk:
             raise SourceError(
-                f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by key, so "
+                f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by "
+                "key, so "
                 "it needs a key the log carries; or leave the table out of CDC"
             )
         extra = {"replica_identity": REPLICA_IDENTITY.get(ident, ident), "connector": "postgresql"}
@@ -222,8 +269,11 @@ class PgCatalog:
                 enum_of[name] = t.oid
         if not enum_of:
             return {}
-        rows = self.server.query("SELECT enumtypid, enumlabel FROM pg_enum WHERE enumtypid = ANY(%s::oid[]) "
-                           "ORDER BY enumtypid, enumsortorder", (sorted(set(enum_of.values())),))
+        rows = self.server.query(
+            "SELECT enumtypid, enumlabel FROM pg_enum WHERE enumtypid = ANY(%s::oid[]) "
+            "ORDER BY enumtypid, enumsortorder",
+            (sorted(set(enum_of.values())),),
+        )
         labels: dict[int, list[str]] = {}
         for oid, label in rows:
             labels.setdefault(oid, []).append(label)

@@ -31,16 +31,26 @@ DEFAULT_COPY_BATCH_ROWS = 2_000
 #: what to do when a standby did not reach a read floor in time, by what the floor stands for
 WAIT_ADVICE = {
     READ_FLOOR_SNAPSHOT: "the task retries: check the standby's replication",
-    READ_FLOOR_MIRROR: "check the standby's replication (or raise max_replica_lag_seconds) and verify again: a "
-                       "standby behind the mirror would show its lag as mismatches",
+    READ_FLOOR_MIRROR: "check the standby's replication (or raise max_replica_lag_seconds) and verify "
+    "again: a "
+    "standby behind the mirror would show its lag as mismatches",
 }
 
 
 class PgChunkReader:
     """Read chunks and keys (on a connection of their own, REPEATABLE READ per chunk)."""
 
-    def __init__(self, server: PgServer, catalog: PgCatalog, offsets: PgOffsets, strategy: WatermarkStrategy, *,
-                 max_replica_lag_seconds: float, copy_batch_rows: int, batch_max_bytes: int) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        catalog: PgCatalog,
+        offsets: PgOffsets,
+        strategy: WatermarkStrategy,
+        *,
+        max_replica_lag_seconds: float,
+        copy_batch_rows: int,
+        batch_max_bytes: int,
+    ) -> None:
         self.server = server
         self.catalog = catalog
         self.offsets = offsets
@@ -187,8 +197,13 @@ class PgChunkReader:
             if replay is None:  # (only in recovery is there a replay position)
                 raise SourceError(self._not_a_standby)
             # (the floor stays: a reconnect may reach another standby, not as far on)
-            if self._read_floor is None or just_before(Position.pg(
-                    next_record_start(lsn_to_int(replay), *self.server.wal_geometry()))) >= self._read_floor:
+            if (
+                self._read_floor is None
+                or just_before(
+                    Position.pg(next_record_start(lsn_to_int(replay), *self.server.wal_geometry()))
+                )
+                >= self._read_floor
+            ):
                 return replay
             if time.monotonic() >= deadline:
                 raise SourceBehindError(self._behind_the_floor(conn, replay))  # retried: it may catch up
@@ -203,7 +218,10 @@ class PgChunkReader:
         state = ""
         try:
             paused, seconds = self._standby_row(
-                conn, "SELECT pg_is_wal_replay_paused(), extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
+                conn,
+                "SELECT pg_is_wal_replay_paused(), extract(epoch FROM now() - "
+                "pg_last_xact_replay_timestamp())",
+            )
             if paused in (True, "t"):
                 state += ", its replay is paused (pg_wal_replay_resume())"
             if seconds is not None:
@@ -211,20 +229,33 @@ class PgChunkReader:
         except Exception:  # noqa: BLE001 - the error below says what is known
             pass
         p = self.server.read_params or self.server.params
-        which = "the connection extra chunk_conn_id" if self.server.read_params is not None else "the source's connection"
+        which = (
+            "the connection extra chunk_conn_id"
+            if self.server.read_params is not None
+            else "the source's connection"
+        )
         advice = WAIT_ADVICE.get(why, WAIT_ADVICE[READ_FLOOR_SNAPSHOT])
-        return (f"source {self.server.source!r}: the hot standby chunks are read from ({p.host}:{p.port or 5432}, "
-                f"{which}) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
-                f"replayed {replay}, {behind:,} bytes behind it{state}) within "
-                f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}")
+        return (
+            f"source {self.server.source!r}: the hot standby chunks are read from ({p.host}:"
+            f"{p.port or 5432}, "
+            f"{which}) has not replayed up to {why} ({int_to_lsn(floor.major)}; "
+            f"replayed {replay}, {behind:,} bytes behind it{state}) within "
+            f"max_replica_lag_seconds={self.max_replica_lag_seconds:g}; {advice}"
+        )
 
     @property
     def _not_a_standby(self) -> str:
         if self.server.read_params is None:
-            return (f"source {self.server.source!r}: the source's server was a hot standby when this run started and is not "
-                    "in recovery any more (promoted): the task retries, reading it as a primary")
-        return (f"source {self.server.source!r}: the chunk connection is not a hot standby (it is not in recovery); name a "
-                "standby of the source, or remove chunk_conn_id")
+            return (
+                f"source {self.server.source!r}: the source's server was a hot standby when this run "
+                "started and is not "
+                "in recovery any more (promoted): the task retries, reading it as a primary"
+            )
+        return (
+            f"source {self.server.source!r}: the chunk connection is not a hot standby (it is not in "
+            "recovery); name a "
+            "standby of the source, or remove chunk_conn_id"
+        )
 
     def _standby_row(self, conn: Any, sql: str) -> tuple:
         """One row from the chunk connection between chunks, in a transaction of its own (a
@@ -255,16 +286,21 @@ class PgChunkReader:
             raise SourceError(self._not_a_standby)
         if standby:
             if replayed is None:  # (read as a primary's when the run started)
-                raise SourceError(f"source {self.server.source!r}: the source's connection reached a hot standby in the "
-                                  "middle of a run that started on a primary: the task retries")
+                raise SourceError(
+                    f"source {self.server.source!r}: the source's connection reached a hot standby in the "
+                    "middle of a run that started on a primary: the task retries"
+                )
             visibility = ReplayedBefore.text(replayed)
         if self.read_snapshot_hook is not None:
             self.read_snapshot_hook()
         if standby:
             cur.execute("SELECT pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text")
             replay, received = cur.fetchone()
-            at = standby_mark(lsn_to_int(replay), None if received is None else lsn_to_int(received),
-                              *self.server.wal_geometry())
+            at = standby_mark(
+                lsn_to_int(replay),
+                None if received is None else lsn_to_int(received),
+                *self.server.wal_geometry(),
+            )
         else:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             at = just_before(Position.pg(cur.fetchone()[0]))
@@ -278,8 +314,10 @@ class PgChunkReader:
             return None
         primary = lsn_to_int(self.server.query("SELECT pg_current_wal_lsn()::text")[0][0])
         recovering, replay, seconds = self._standby_row(
-            self.server.read_conn(), "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
-            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())")
+            self.server.read_conn(),
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, "
+            "extract(epoch FROM now() - pg_last_xact_replay_timestamp())",
+        )
         if recovering in (False, "f"):  # (the chunk connection returns every value as its text)
             raise SourceError(self._not_a_standby)
         behind = max(0, primary - lsn_to_int(replay or "0/0"))
@@ -340,7 +378,8 @@ class PgChunkReader:
             raise SourceError(f"table {schema.table} not found")
         pages = self.server.query(  # every partition of a partitioned table (or the table itself)
             # pg_partition_tree() has no rows for a plain table: then the table's own size
-            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM pg_partition_tree(%s::oid)), 0), "
+            "SELECT (greatest(coalesce((SELECT sum(pg_relation_size(relid)) FROM "
+            "pg_partition_tree(%s::oid)), 0), "
             "pg_relation_size(%s::oid)) / current_setting('block_size')::bigint)::bigint",
             (rel[0], rel[0]),
         )[0][0]
@@ -348,7 +387,10 @@ class PgChunkReader:
             return []
         pct = min(100.0, 100.0 * max(4 * count, 8) / pages)
         pk = ", ".join(self.server.quote_ident(k) for k in schema.primary_key)
-        sql = f"SELECT {pk} FROM {self.server.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) REPEATABLE (7) ORDER BY {pk}"  # noqa: S608
+        sql = (
+            f"SELECT {pk} FROM {self.server.quote_table(schema.table)} TABLESAMPLE SYSTEM (%s) "  # noqa: S608
+            f"REPEATABLE (7) ORDER BY {pk}"
+        )
         keys = self._key_rows(schema, sql, [pct])
         if len(keys) <= count:
             return keys

@@ -43,6 +43,7 @@ class PostgresDialect(Dialect):
     (rows per Arrow batch of a COPY chunk read, default 2,000: bounds the chunk step's memory),
     ``capture_decode`` ("batch", default: pgoutput decoded a segment at a time, a column at a time;
     "rows": a message at a time)."""
+
     # 64 bits of the lock name's md5 (hashtext's 32 bits would make unrelated slots share a lock)
     lock_acquire_sql = "SELECT pg_try_advisory_lock(('x' || left(md5(%s), 16))::bit(64)::bigint)"
     lock_release_sql = "SELECT pg_advisory_unlock(('x' || left(md5(%s), 16))::bit(64)::bigint)"
@@ -66,7 +67,8 @@ class PostgresDialect(Dialect):
         self.slot_name = o.get("slot_name") or default_object_name(self.source)
         if not SLOT_NAME_RE.match(self.slot_name):
             raise ConfigurationError(
-                f"slot_name {self.slot_name!r} is not a valid replication slot name: use 1-63 lowercase letters, digits, '_'"
+                f"slot_name {self.slot_name!r} is not a valid replication slot name: use 1-63 "
+                "lowercase letters, digits, '_'"
             )
         self.publication_name = o.get("publication_name") or default_object_name(self.source)
         tables = o.get("tables")
@@ -79,8 +81,10 @@ class PostgresDialect(Dialect):
         # sync_replication_slots carries it through a promotion (offsets.py ``_create_slot``)
         failover = str(o.get("failover_slot", True)).strip().lower()
         if failover not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ConfigurationError(f"source {self.source!r}: connection extra failover_slot must be true or false, got "
-                                     f"{o.get('failover_slot')!r}")
+            raise ConfigurationError(
+                f"source {self.source!r}: connection extra failover_slot must be true or false, got "
+                f"{o.get('failover_slot')!r}"
+            )
         self.failover_slot = failover in ("true", "1", "yes", "on")
         self.on_truncate = o.get("on_truncate", "event")
         if self.on_truncate not in ("event", "fail", "skip"):
@@ -102,28 +106,55 @@ class PostgresDialect(Dialect):
         # (dialects/pgbatch.py); "rows": one message at a time (the reference it is tested against)
         self.capture_decode = str(o.get("capture_decode", "batch"))
         if self.capture_decode not in ("batch", "rows"):
-            raise ConfigurationError(f"capture_decode must be 'batch' (default) or 'rows', got {self.capture_decode!r}")
+            raise ConfigurationError(
+                f"capture_decode must be 'batch' (default) or 'rows', got {self.capture_decode!r}"
+            )
         # chunks from a hot standby: its connection (the glue resolves the connection extra
         # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
         self.read_params: ConnectionParams | None = o.get("read_params")
         # the collaborators, each given what it uses (docs/DESIGN.md, "The dialects")
         self.server = PgServer(params, self.source, self.read_params)
         self.catalog = PgCatalog(self.server, self.key_columns)
-        self.offsets = PgOffsets(self.server, self.catalog, slot_name=self.slot_name,
-                                 publication_name=self.publication_name, tables=self.tables,
-                                 failover_slot=self.failover_slot, read_timeout=self.read_timeout,
-                                 watermark_tables=self.watermarks.tables, resync_hint=self._resync_hint())
+        self.offsets = PgOffsets(
+            self.server,
+            self.catalog,
+            slot_name=self.slot_name,
+            publication_name=self.publication_name,
+            tables=self.tables,
+            failover_slot=self.failover_slot,
+            read_timeout=self.read_timeout,
+            watermark_tables=self.watermarks.tables,
+            resync_hint=self._resync_hint(),
+        )
         self.watermark_rows = PgWatermarkTable(self.server, self.catalog, self.offsets, self.watermark_table)
-        self.prerequisites = PgPrerequisites(self.server, self.offsets, self.watermark_rows,
-                                             all_tables=self.all_tables, watermark_tables=self.watermarks.tables)
-        self.chunks = PgChunkReader(self.server, self.catalog, self.offsets, self.watermarks,
-                                    max_replica_lag_seconds=self.max_replica_lag_seconds,
-                                    copy_batch_rows=self.copy_batch_rows, batch_max_bytes=self.batch_max_bytes)
+        self.prerequisites = PgPrerequisites(
+            self.server,
+            self.offsets,
+            self.watermark_rows,
+            all_tables=self.all_tables,
+            watermark_tables=self.watermarks.tables,
+        )
+        self.chunks = PgChunkReader(
+            self.server,
+            self.catalog,
+            self.offsets,
+            self.watermarks,
+            max_replica_lag_seconds=self.max_replica_lag_seconds,
+            copy_batch_rows=self.copy_batch_rows,
+            batch_max_bytes=self.batch_max_bytes,
+        )
         self.digests = PgDigest(self.server, self.chunks, self.digest_where)
-        self.log = PgLogReader(self.server, self.catalog, self.offsets, watermark_table=self.watermark_table,
-                               on_truncate=self.on_truncate, read_timeout=self.read_timeout,
-                               capture_step_messages=self.capture_step_messages,
-                               capture_decode=self.capture_decode, segment_max_bytes=self.segment_max_bytes)
+        self.log = PgLogReader(
+            self.server,
+            self.catalog,
+            self.offsets,
+            watermark_table=self.watermark_table,
+            on_truncate=self.on_truncate,
+            read_timeout=self.read_timeout,
+            capture_step_messages=self.capture_step_messages,
+            capture_decode=self.capture_decode,
+            segment_max_bytes=self.segment_max_bytes,
+        )
 
     # --- the collaborators' public faces (callers keep calling the dialect) ----------------
     # connections
@@ -210,19 +241,31 @@ class PostgresDialect(Dialect):
     def read_snapshot_hook(self, hook) -> None:
         self.chunks.read_snapshot_hook = hook
 
-    def stream_query(self, sql: str, params: Sequence[Any], batch_size: int = 10_000,
-                     snapshot: list | None = None) -> Iterator[list[tuple]]:
+    def stream_query(
+        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, snapshot: list | None = None
+    ) -> Iterator[list[tuple]]:
         return self.chunks.stream_query(sql, params, batch_size, snapshot)
 
-    def read_chunk(self, schema: TableSchema, rng: ChunkRange, *, after_key: Sequence | None, limit: int, path: str,
-                   where: str | None = None, upper_bound: Sequence | None = None) -> ChunkReadResult:
+    def read_chunk(
+        self,
+        schema: TableSchema,
+        rng: ChunkRange,
+        *,
+        after_key: Sequence | None,
+        limit: int,
+        path: str,
+        where: str | None = None,
+        upper_bound: Sequence | None = None,
+    ) -> ChunkReadResult:
         """DBLog step 2 through COPY (PgChunkReader.read_chunk); option ``fast_chunks=False``
         uses the generic path (dialects/base.py)."""
         if not self.fast_chunks:
-            return super().read_chunk(schema, rng, after_key=after_key, limit=limit, path=path, where=where,
-                                      upper_bound=upper_bound)
-        sql, params = self.chunk_query(schema, rng, after_key=after_key, limit=limit, where=where,
-                                       upper_bound=upper_bound)
+            return super().read_chunk(
+                schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
+            )
+        sql, params = self.chunk_query(
+            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
+        )
         return self.chunks.read_chunk(schema, sql, params, path)
 
     def read_floor(self) -> Position | None:
@@ -250,12 +293,14 @@ class PostgresDialect(Dialect):
     def digest_problems(self, schema: TableSchema) -> list[str]:
         return self.digests.digest_problems(schema)
 
-    def range_digest_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                           upto_key: Sequence | None) -> tuple[str, list[Any]]:
+    def range_digest_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
         return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
 
-    def row_digests_query(self, schema: TableSchema, *, after_key: Sequence | None,
-                          limit: int) -> tuple[str, list[Any]]:
+    def row_digests_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
+    ) -> tuple[str, list[Any]]:
         return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
 
     def digest_session(self) -> Any:
@@ -278,8 +323,9 @@ class PostgresDialect(Dialect):
         configured and capturable: nothing is created on the source before."""
         self.require_capture_scope()
         self.refuse_uncapturable(self.tables or ())
-        return self.offsets.load_offset(data_dir, check_prerequisites=self.check_prerequisites,
-                                        prepare_watermarks=self.prepare_watermarks)
+        return self.offsets.load_offset(
+            data_dir, check_prerequisites=self.check_prerequisites, prepare_watermarks=self.prepare_watermarks
+        )
 
     def ensure_publication(self) -> None:
         self.require_capture_scope()
@@ -325,8 +371,15 @@ class PostgresDialect(Dialect):
         return self.offsets.log_bytes_between(start, end)
 
     # the log
-    def read_log(self, offset: str, *, max_events: int | None = None, segment_max_events: int | None = None,
-                 on_segment: SegmentSink | None = None) -> LogBatch:
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
         """See PgLogReader.read_log."""
-        return self.log.read_log(offset, max_events=max_events, segment_max_events=segment_max_events,
-                                 on_segment=on_segment)
+        return self.log.read_log(
+            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
+        )

@@ -48,8 +48,11 @@ class _RelInfo:
         self.key_names = tuple(self.names[i] for i in self.key_idx)
         self.conversions = tuple((i, d) for i, d in enumerate(self.decoders) if d is not identity)
         if self.kind == "table":
-            self.batch = pgbatch.Relation(self.table, self.names, self.logicals, self.decoders, self.key_names,
-                                          self.replica_identity)
+            self.batch = pgbatch.Relation(
+                self.table, self.names, self.logicals, self.decoders, self.key_names, self.replica_identity
+            )
+
+
 _UNSET = Position(0)  # the position of an event made one at a time, until its segment is built
 
 
@@ -73,8 +76,14 @@ class _SlotRead:
     read with numpy, runs of row messages go to the segment as they are (decoded when it is
     built), and the few others (Begin, Commit, Relation, TRUNCATE) are handled one at a time."""
 
-    def __init__(self, reader: PgLogReader, start: int, max_events: int | None, seg_max: int | None,
-                 on_segment: SegmentSink | None) -> None:
+    def __init__(
+        self,
+        reader: PgLogReader,
+        start: int,
+        max_events: int | None,
+        seg_max: int | None,
+        on_segment: SegmentSink | None,
+    ) -> None:
         self.d = reader
         self.offset = int_to_lsn(start)
         self.max_events = max_events
@@ -112,7 +121,9 @@ class _SlotRead:
         if self.header and rows:
             first = rows[0]
             if not first.startswith(_COPY_SIGNATURE) or len(first) < 19:
-                raise pgoutput.ProtocolError("the slot's COPY stream does not start with a binary COPY header")
+                raise pgoutput.ProtocolError(
+                    "the slot's COPY stream does not start with a binary COPY header"
+                )
             skip = 19 + int.from_bytes(first[15:19], "big")
             rows[0] = first[skip:]
             if not rows[0]:
@@ -145,7 +156,7 @@ class _SlotRead:
         rows_head = rows
         if int(sizes.sum()) > 4096 * n:  # large messages: a copy of their headers only, not of the block
             sizes = np.full(n, _ROW_HEAD + 1, dtype=np.int64)
-            rows_head = [r[:_ROW_HEAD + 1] for r in rows]
+            rows_head = [r[: _ROW_HEAD + 1] for r in rows]
         base = np.zeros(n, dtype=np.int64)
         np.cumsum(sizes[:-1], out=base[1:])
         buf = np.frombuffer(b"".join(rows_head), dtype=np.uint8)
@@ -153,7 +164,9 @@ class _SlotRead:
             raise pgoutput.ProtocolError("a row of the slot's COPY stream does not hold two fields")
         lsn = buf[base[:, None] + np.arange(6, 14)].view(">u8").ravel().astype(np.int64)
         kind = buf[base + _ROW_HEAD]
-        ctrl = np.flatnonzero((kind != 0x49) & (kind != 0x55) & (kind != 0x44)).tolist()  # not Insert/Update/Delete
+        ctrl = np.flatnonzero(
+            (kind != 0x49) & (kind != 0x55) & (kind != 0x44)
+        ).tolist()  # not Insert/Update/Delete
         i = 0
         for c in ctrl + [n]:
             if c > i:
@@ -184,12 +197,12 @@ class _SlotRead:
             by_bytes = max(int(np.searchsorted(cum, self.cut_bytes - self.seg_bytes + kept, side="left")), at)
             k = min(by_count, by_bytes)
             if k >= j - i:
-                self.seg.payloads.extend(rows[i + at:j])
-                self.seg.lsns.extend(lsn[i + at:j].tolist())
+                self.seg.payloads.extend(rows[i + at : j])
+                self.seg.lsns.extend(lsn[i + at : j].tolist())
                 self.seg_bytes += int(cum[-1]) - kept
                 return
-            self.seg.payloads.extend(rows[i + at:i + k + 1])
-            self.seg.lsns.extend(lsn[i + at:i + k + 1].tolist())
+            self.seg.payloads.extend(rows[i + at : i + k + 1])
+            self.seg.lsns.extend(lsn[i + at : i + k + 1].tolist())
             at, kept = k + 1, int(cum[k])
             self._cut()
 
@@ -222,11 +235,17 @@ class _SlotRead:
         kind = payload[0]
         if kind == 66:  # Begin
             commit_lsn, ts_us, xid = pgoutput.BEGIN.unpack_from(payload, 1)
-            self.in_txn, self.ts_ms, self.txn_start = True, ts_us // 1000 + pgoutput.PG_EPOCH_MS, len(self.seg)
+            self.in_txn, self.ts_ms, self.txn_start = (
+                True,
+                ts_us // 1000 + pgoutput.PG_EPOCH_MS,
+                len(self.seg),
+            )
             self.txn_begin = (commit_lsn, self.ts_ms, str(xid), self.last_commit)
             self.seg.begin(*self.txn_begin)
         elif kind == 67:  # Commit
-            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(payload, 1)  # Debezium's lastCommitLsn next
+            _flags, self.last_commit, end_lsn, _ts = pgoutput.COMMIT.unpack_from(
+                payload, 1
+            )  # Debezium's lastCommitLsn next
             self.in_txn = False
             self.total += len(self.seg) - self.txn_start
             self.end = max(self.end, end_lsn)
@@ -262,9 +281,19 @@ class _SlotRead:
 class PgLogReader:
     """Read the slot's stream into the segment sink, whole transactions only: the dialect's ``log``."""
 
-    def __init__(self, server: PgServer, catalog: PgCatalog, offsets: PgOffsets, *, watermark_table: TableName,
-                 on_truncate: str, read_timeout: float, capture_step_messages: int, capture_decode: str,
-                 segment_max_bytes: int) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        catalog: PgCatalog,
+        offsets: PgOffsets,
+        *,
+        watermark_table: TableName,
+        on_truncate: str,
+        read_timeout: float,
+        capture_step_messages: int,
+        capture_decode: str,
+        segment_max_bytes: int,
+    ) -> None:
         self.server = server
         self.catalog = catalog
         self.offsets = offsets  # the slot and publication read, and their errors
@@ -300,10 +329,13 @@ class PgLogReader:
         if generated:
             q = self.server.quote_ident(self.publication_name)
             problem = (
-                f"publication {self.publication_name!r} publishes generated column(s) {', '.join(generated)} of table "
-                f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming them), which "
+                f"publication {self.publication_name!r} publishes generated column(s) "
+                f"{', '.join(generated)} of table "
+                f"{table} (PostgreSQL 18's publish_generated_columns = stored, or a column list naming "
+                "them), which "
                 "chunks never read: the mirror's rows would differ by the way they came. "
-                f"Run ALTER PUBLICATION {q} SET (publish_generated_columns = none) and leave them out of its column "
+                f"Run ALTER PUBLICATION {q} SET (publish_generated_columns = none) and leave them out "
+                "of its column "
                 "list"
             )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
@@ -311,7 +343,8 @@ class PgLogReader:
         if narrowed:
             q, qt = self.server.quote_ident(self.publication_name), self.server.quote_table(table)
             problem = (
-                f"publication {self.publication_name!r} carries {narrowed} of table {table}, while chunks read all of "
+                f"publication {self.publication_name!r} carries {narrowed} of table {table}, while "
+                "chunks read all of "
                 "it: the mirror would keep values and rows the log never updates. Publish the whole table: "
                 f"ALTER PUBLICATION {q} DROP TABLE {qt}; ALTER PUBLICATION {q} ADD TABLE {qt}"
             )
@@ -325,7 +358,10 @@ class PgLogReader:
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         pk, why = self.catalog.table_key(table, rel.relid, rel.replica_identity)
         if not pk or any(k not in names for k in pk):
-            problem = f"table {table} {why or 'has a key column the publication does not carry'}, so its changes cannot be keyed"
+            problem = (
+                f"table {table} {why or 'has a key column the publication does not carry'}, so "
+                "its changes cannot be keyed"
+            )
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         return _RelInfo(
             table,
@@ -344,9 +380,14 @@ class PgLogReader:
         never). describe_table and the chunk reads leave generated columns out."""
         if self.server.conn.server_version < 180000:
             return []
-        generated = {r[0] for r in self.server.query(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-            "AND attgenerated <> ''", (rel.relid,))}
+        generated = {
+            r[0]
+            for r in self.server.query(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
+                "AND attgenerated <> ''",
+                (rel.relid,),
+            )
+        }
         return [c.name for c in rel.columns if c.name in generated]
 
     def _publication_narrowing(self, rel: pgoutput.Relation) -> str | None:
@@ -357,7 +398,8 @@ class PgLogReader:
             return None
         rows = self.server.query(
             "SELECT pt.rowfilter, ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid "
-            "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL (pt.attnames)) "
+            "AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' AND a.attname <> ALL "
+            "(pt.attnames)) "
             "FROM pg_publication_tables pt JOIN pg_namespace n ON n.nspname = pt.schemaname "
             "JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename "
             "WHERE pt.pubname = %s AND pt.schemaname = %s AND pt.tablename = %s",
@@ -408,12 +450,18 @@ class PgLogReader:
         subtransaction's changes), so its parts are final; the offset still only moves to a
         commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
         start = lsn_to_int(offset)
-        upto, self._read_upto = (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto), None
+        upto, self._read_upto = (
+            (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto),
+            None,
+        )
         if start >= upto:  # the end this run aims at is reached
             return LogBatch([], offset, offset)
-        step = self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
-        reader = _SlotRead(self, start, max_events, segment_max_events if on_segment is not None else None,
-                           on_segment)
+        step = (
+            self.capture_step_messages if max_events is None else min(self.capture_step_messages, max_events)
+        )
+        reader = _SlotRead(
+            self, start, max_events, segment_max_events if on_segment is not None else None, on_segment
+        )
         messages = self._peek(upto, step, reader)
         batch = reader.finish(upto, messages >= step)
         self._read_upto = upto if batch.more else None
@@ -452,24 +500,37 @@ class PgLogReader:
                         f"({self.read_timeout:.0f} s) for one step of {step} messages: raise the option "
                         "read_timeout, or lower capture_step_messages"
                     ) from exc
-                if isinstance(exc, psycopg2.errors.ObjectInUse) and time.monotonic() < deadline and not reader.messages:
+                if (
+                    isinstance(exc, psycopg2.errors.ObjectInUse)
+                    and time.monotonic() < deadline
+                    and not reader.messages
+                ):
                     time.sleep(0.2)  # a reader that just stopped still holds the slot for a moment
                     continue
                 if isinstance(exc, psycopg2.errors.UndefinedObject) and "slot" in msg:
                     raise self.offsets.resnapshot_error("does not exist") from exc
-                if "invalidated" in msg or "can no longer get changes" in msg or "has already been removed" in msg:
-                    raise self.offsets.resnapshot_error(slot_invalidated_why(_invalidation_reason(msg))) from exc
-                raise SourceError(f"cannot read the changes of replication slot {self.slot_name!r}: {msg}") from exc
+                if (
+                    "invalidated" in msg
+                    or "can no longer get changes" in msg
+                    or "has already been removed" in msg
+                ):
+                    raise self.offsets.resnapshot_error(
+                        slot_invalidated_why(_invalidation_reason(msg))
+                    ) from exc
+                raise SourceError(
+                    f"cannot read the changes of replication slot {self.slot_name!r}: {msg}"
+                ) from exc
             finally:
                 conn.close()
-
 
     def _toast_error(self, rel: pgbatch.Relation, missing: list[str]) -> SourceError:
         return SourceError(
             f"table {rel.table}: an UPDATE left the large (TOASTed) column(s) {missing} unchanged and, with "
-            f"REPLICA IDENTITY {REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
+            "REPLICA IDENTITY "
+            f"{REPLICA_IDENTITY.get(rel.replica_identity, rel.replica_identity).upper()}, the "
             "changelog does not carry their values, so the full after-image cannot be built. Run "
-            f"ALTER TABLE {self.server.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction cannot be "
+            f"ALTER TABLE {self.server.quote_table(rel.table)} REPLICA IDENTITY FULL; this transaction "
+            "cannot be "
             "completed: re-snapshot the table and restart capture from a new slot (drop_slot())"
         )
 
@@ -479,15 +540,23 @@ class PgLogReader:
                 txn.append(WatermarkEvent(m.new[info.value_idx], pos(), ts_ms))
         elif info.kind == "error":
             raise SourceError(
-                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from publication "
+                f"{info.problem}. It is in the capture scope (CDC_TABLES); remove it there and from "
+                "publication "
                 f"{self.publication_name!r}, or fix the table"
             )
         elif info.table not in warned:
             warned.add(info.table)
             log.warning("capture skips changes of %s: %s", info.table, info.problem)
 
-    def _row_events(self, info: _RelInfo, m, pos: Callable[[], Position], txn: list, ts_ms: int,
-                    origin: tuple | None = None) -> None:
+    def _row_events(
+        self,
+        info: _RelInfo,
+        m,
+        pos: Callable[[], Position],
+        txn: list,
+        ts_ms: int,
+        origin: tuple | None = None,
+    ) -> None:
         tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
 
         conversions = info.conversions
@@ -562,8 +631,15 @@ class PgLogReader:
         else:
             txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms, origin=origin))
 
-    def _truncate(self, m: pgoutput.Truncate, rels: dict[int, _RelInfo], pos, txn: list, ts_ms: int,
-                  origin: tuple | None = None) -> None:
+    def _truncate(
+        self,
+        m: pgoutput.Truncate,
+        rels: dict[int, _RelInfo],
+        pos,
+        txn: list,
+        ts_ms: int,
+        origin: tuple | None = None,
+    ) -> None:
         """One Truncate message may name several tables (TRUNCATE a, b; CASCADE): a ``t``
         event for each captured one, at its place in the transaction."""
         hit = [rels[r].table for r in m.relids if r in rels and rels[r].kind in ("table", "error")]
@@ -572,13 +648,17 @@ class PgLogReader:
         if self.on_truncate == "event":
             for table in hit:
                 log.info("capture: TRUNCATE of %s staged as a 't' event", table)
-                txn.append(ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin))
+                txn.append(
+                    ChangeEvent(table.id, Op.TRUNCATE.value, None, pos(), None, None, ts_ms, origin=origin)
+                )
             return
         if self.on_truncate == "skip":
             log.warning("capture skips TRUNCATE of %s (on_truncate='skip'): re-snapshot these tables", hit)
             return
         raise SourceError(
-            f"TRUNCATE of {', '.join(map(str, hit))} is in the changelog; it removes rows without row events, so "
-            "the mirror cannot follow it. Re-snapshot these tables, and set the dialect option on_truncate='skip' "
+            f"TRUNCATE of {', '.join(map(str, hit))} is in the changelog; it removes rows without row "
+            "events, so "
+            "the mirror cannot follow it. Re-snapshot these tables, and set the dialect option "
+            "on_truncate='skip' "
             "to let capture pass this point"
         )

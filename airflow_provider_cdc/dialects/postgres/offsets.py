@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 _INVALIDATED_BECAUSE = {
     "wal_removed": "the WAL it needed was removed, see max_slot_wal_keep_size",
-    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the capture "
-                    "more often than that, or raise the setting (0 turns it off)",
+    "idle_timeout": "it stayed idle longer than idle_replication_slot_timeout (PostgreSQL 18): run the "
+    "capture "
+    "more often than that, or raise the setting (0 turns it off)",
     "rows_removed": "catalog rows it needed were vacuumed away",
     "wal_level_insufficient": "wal_level was lowered below logical",
 }
@@ -42,13 +43,22 @@ def _invalidation_reason(message: str) -> str | None:
     return m.group(1) if m else None
 
 
-
 class PgOffsets:
     """The slot (created, checked, confirmed, dropped) and the publication (its tables)."""
 
-    def __init__(self, server: PgServer, catalog: PgCatalog, *, slot_name: str, publication_name: str,
-                 tables: list[TableName] | None, failover_slot: bool, read_timeout: float,
-                 watermark_tables: Callable[[], list[TableName]], resync_hint: str) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        catalog: PgCatalog,
+        *,
+        slot_name: str,
+        publication_name: str,
+        tables: list[TableName] | None,
+        failover_slot: bool,
+        read_timeout: float,
+        watermark_tables: Callable[[], list[TableName]],
+        resync_hint: str,
+    ) -> None:
         self.server = server
         self.catalog = catalog
         self.slot_name = slot_name
@@ -63,7 +73,9 @@ class PgOffsets:
     def current_position(self) -> Position:
         """The end of the log capture can read: the WAL written (a primary), or replayed (a hot
         standby the source captures from: what its slot can decode)."""
-        return Position.pg(self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_lsn')}::text")[0][0])
+        return Position.pg(
+            self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_lsn')}::text")[0][0]
+        )
 
     def mark_position(self) -> Position:
         """Just before the WAL insert position, where a chunk read now records itself
@@ -82,10 +94,14 @@ class PgOffsets:
         present = [t for t in (self.tables or []) if not self._missing_table(t)]
         if self.tables and not present:
             raise SourceError(
-                f"source {self.server.source!r}: none of the tables of its capture scope exists on PostgreSQL at "
-                f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ({', '.join(map(str, self.tables))}), "
-                "or the connection's user cannot see them. Correct CDC_TABLES (or the source's 'tables' in the "
-                "sources config): schema.table, names exact, case included")
+                f"source {self.server.source!r}: none of the tables of its capture scope exists on "
+                "PostgreSQL at "
+                f"{self.server.params.host}:{self.server.params.port}/{self.server.params.database} ("
+                f"{', '.join(map(str, self.tables))}), "
+                "or the connection's user cannot see them. Correct CDC_TABLES (or the source's "
+                "'tables' in the "
+                "sources config): schema.table, names exact, case included"
+            )
         return [*present, *self.watermark_tables()]
 
     def _missing_table(self, table: TableName) -> bool:
@@ -95,17 +111,29 @@ class PgOffsets:
         warned = self._warned_missing
         if table not in warned:
             warned.add(table)
-            close = [f"{a}.{b}" for a, b in self.server.query(
-                "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind IN ('r', 'p')",
-                (table.schema, table.name))]
+            close = [
+                f"{a}.{b}"
+                for a, b in self.server.query(
+                    "SELECT n.nspname, c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                    "c.relnamespace "
+                    "WHERE lower(n.nspname) = lower(%s) AND lower(c.relname) = lower(%s) AND c.relkind "
+                    "IN ('r', 'p')",
+                    (table.schema, table.name),
+                )
+            ]
             log.warning(
-                "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at %s:%s/%s, or "
+                "source %r: table %s of its capture scope (CDC_TABLES) does not exist on PostgreSQL at "
+                "%s:%s/%s, or "
                 "the connection's user cannot see it%s. Capture goes on for the other tables and adds it to "
                 "publication %r once it exists (then snapshot it); else remove it from CDC_TABLES",
-                self.server.source, table, self.server.params.host, self.server.params.port, self.server.params.database,
+                self.server.source,
+                table,
+                self.server.params.host,
+                self.server.params.port,
+                self.server.params.database,
                 f"; did you mean {' or '.join(close)}? (names are exact, case included)" if close else "",
-                self.publication_name)
+                self.publication_name,
+            )
         return True
 
     def add_to_publication(self, tables: Sequence[TableName]) -> None:
@@ -119,7 +147,8 @@ class PgOffsets:
         missing = [t for t in tables if t not in have]
         if missing:
             self.server.query(
-                f"ALTER PUBLICATION {self.server.quote_ident(self.publication_name)} ADD TABLE {self.server.qlist(missing)}"
+                f"ALTER PUBLICATION {self.server.quote_ident(self.publication_name)} ADD TABLE "
+                f"{self.server.qlist(missing)}"
             )
 
     def ensure_publication(self) -> None:
@@ -135,7 +164,9 @@ class PgOffsets:
         if not pub:
             if not self.tables:
                 self._refuse_unidentified_tables()
-                self.server.query(f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)")
+                self.server.query(
+                    f"CREATE PUBLICATION {q} FOR ALL TABLES WITH (publish_via_partition_root = true)"
+                )
             else:
                 self.server.query(
                     f"CREATE PUBLICATION {q} FOR TABLE {self.server.qlist(self._publication_tables())} "
@@ -150,23 +181,37 @@ class PgOffsets:
         runs on the primary; None when the publication carries ``tables`` (default: the scope)."""
         q = self.server.quote_ident(self.publication_name)
         where = f"PostgreSQL at {self.server.params.host}:{self.server.params.port} is a hot standby"
-        pub = self.server.query("SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,))
+        pub = self.server.query(
+            "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.publication_name,)
+        )
         wanted = list(self.tables or []) if tables is None else list(tables)
         if not pub:
             what = f"FOR TABLE {self.server.qlist(wanted)}" if wanted else "FOR ALL TABLES"
-            return (f"{where}, where publication {self.publication_name!r} cannot be created (a standby is read-only; "
-                    f"publications come from the primary through the WAL). Run on the primary: CREATE PUBLICATION {q} "
-                    f"{what} WITH (publish_via_partition_root = true); then capture again once the standby replayed it")
+            return (
+                f"{where}, where publication {self.publication_name!r} cannot be created (a standby is "
+                "read-only; "
+                "publications come from the primary through the WAL). Run on the primary: CREATE "
+                f"PUBLICATION {q} "
+                f"{what} WITH (publish_via_partition_root = true); then capture again once the standby "
+                "replayed it"
+            )
         if pub[0][0] or not wanted:
             return None
-        have = {TableName(a, b) for a, b in self.server.query(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.publication_name,))}
+        have = {
+            TableName(a, b)
+            for a, b in self.server.query(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                (self.publication_name,),
+            )
+        }
         missing = [t for t in wanted if t not in have]
         if not missing:
             return None
-        return (f"{where}, where publication {self.publication_name!r} cannot be altered, and it lacks "
-                f"{', '.join(map(str, missing))}. Run on the primary: ALTER PUBLICATION {q} ADD TABLE "
-                f"{self.server.qlist(missing)}")
+        return (
+            f"{where}, where publication {self.publication_name!r} cannot be altered, and it lacks "
+            f"{', '.join(map(str, missing))}. Run on the primary: ALTER PUBLICATION {q} ADD TABLE "
+            f"{self.server.qlist(missing)}"
+        )
 
     def _refuse_unidentified_tables(self) -> None:
         """Once a FOR ALL TABLES publication exists, PostgreSQL refuses UPDATE and DELETE on
@@ -183,9 +228,12 @@ class PgOffsets:
         if rows:
             raise ConfigurationError(
                 f"source {self.server.source!r} (CDC_CAPTURE_ALL_TABLES): not creating publication "  # noqa: S608 - a message, not SQL
-                f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse UPDATE and DELETE "
-                f"on these tables, which have no replica identity, and break the applications that write them: "
-                f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture instead, or give "
+                f"{self.publication_name!r} FOR ALL TABLES, because PostgreSQL would then refuse "
+                "UPDATE and DELETE "
+                "on these tables, which have no replica identity, and break the applications that "
+                "write them: "
+                f"{', '.join(f'{a}.{b}' for a, b in rows)}. Set CDC_TABLES to the tables to capture "
+                "instead, or give "
                 "those tables a primary key or REPLICA IDENTITY FULL first"
             )
 
@@ -193,7 +241,8 @@ class PgOffsets:
         v17 = self.server.server_version >= 170000  # (columns failover and invalidation_reason)
         rows = self.server.query(
             f"SELECT confirmed_flush_lsn::text, wal_status, plugin, database, active, "  # noqa: S608 - column names
-            f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots WHERE slot_name = %s",
+            f"{'failover, invalidation_reason' if v17 else 'false, NULL'} FROM pg_replication_slots "
+            "WHERE slot_name = %s",
             (self.slot_name,),
         )
         return rows[0] if rows else None
@@ -204,8 +253,13 @@ class PgOffsets:
             + self.resync_hint
         )
 
-    def load_offset(self, data_dir: str, *, check_prerequisites: Callable[[], None],
-                    prepare_watermarks: Callable[[], None]) -> str:
+    def load_offset(
+        self,
+        data_dir: str,
+        *,
+        check_prerequisites: Callable[[], None],
+        prepare_watermarks: Callable[[], None],
+    ) -> str:
         """The slot's confirmed position; creates publication and slot on first use. The server
         must be the one capture read before, or a promoted standby the slot followed (I14,
         :meth:`_check_continuity`); a slot that vanished after capture had staged segments means
@@ -224,9 +278,7 @@ class PgOffsets:
 
             # (segments, or the index that outlives the segments staging retention removed)
             if changelog_used(directory) and not resync_pending(directory):
-                raise self.resnapshot_error(
-                    "does not exist although changes were captured through it before"
-                )
+                raise self.resnapshot_error("does not exist although changes were captured through it before")
             check_prerequisites()
         else:
             self._check_slot(row)
@@ -249,17 +301,21 @@ class PgOffsets:
         cloned from it, another after a restore into a new cluster) and its timeline (a promotion
         starts a new one)."""
         sysid, recovering = self.server.query(
-            "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()")[0]
+            "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()"
+        )[0]
         self.server.on_standby = bool(recovering)
         if recovering:
             # (pg_walfile_name fails in recovery) the timeline the standby receives, or, while its
             # WAL receiver is not running, the one of its last restartpoint
             timeline = self.server.query(
                 "SELECT coalesce((SELECT received_tli FROM pg_stat_wal_receiver), "
-                "(SELECT timeline_id FROM pg_control_checkpoint()))")[0][0]
+                "(SELECT timeline_id FROM pg_control_checkpoint()))"
+            )[0][0]
             timeline = None if timeline is None else int(timeline)
         else:
-            timeline = int(self.server.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16)
+            timeline = int(
+                self.server.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16
+            )
         return {"system_identifier": sysid, "timeline": timeline}
 
     def _create_slot(self) -> None:
@@ -270,16 +326,27 @@ class PgOffsets:
         if self.server.on_standby:
             self._create_standby_slot()
         elif self.server.server_version >= 170000 and self.failover_slot:
-            self.server.query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
-                        (self.slot_name,))
+            self.server.query(
+                "SELECT pg_create_logical_replication_slot(%s, 'pgoutput', false, false, true)",
+                (self.slot_name,),
+            )
             standbys, held = self.server.query(
-                "SELECT (SELECT count(*) FROM pg_stat_replication), current_setting('synchronized_standby_slots')")[0]
+                "SELECT (SELECT count(*) FROM pg_stat_replication), "
+                "current_setting('synchronized_standby_slots')"
+            )[0]
             if standbys and not held:
                 log.warning(
-                    "source %r: failover slot %r created, but synchronized_standby_slots is empty while %d standby(s) "
-                    "stream from this server: capture may read changes a standby has not received yet, and after that "
-                    "standby is promoted capture stops (those changes are not on it) instead of going on. Set "
-                    "synchronized_standby_slots to the standbys' physical slots", self.server.source, self.slot_name, standbys)
+                    "source %r: failover slot %r created, but synchronized_standby_slots is empty "
+                    "while %d standby(s) "
+                    "stream from this server: capture may read changes a standby has not received yet, "
+                    "and after that "
+                    "standby is promoted capture stops (those changes are not on it) instead of going "
+                    "on. Set "
+                    "synchronized_standby_slots to the standbys' physical slots",
+                    self.server.source,
+                    self.slot_name,
+                    standbys,
+                )
         else:
             self.server.query("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
 
@@ -292,9 +359,16 @@ class PgOffsets:
         import psycopg2
 
         where = f"the hot standby at {self.server.params.host}:{self.server.params.port}"
-        log.info("source %r: creating replication slot %r on %s: it waits for the primary's next running-transactions "
-                 "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on the primary "
-                 "logs one now)", self.server.source, self.slot_name, where)
+        log.info(
+            "source %r: creating replication slot %r on %s: it waits for the primary's next "
+            "running-transactions "
+            "record (one every 15 s while the primary writes WAL; SELECT pg_log_standby_snapshot() on "
+            "the primary "
+            "logs one now)",
+            self.server.source,
+            self.slot_name,
+            where,
+        )
         conn = self.server.new_connection()
         try:
             conn.autocommit = True
@@ -303,16 +377,24 @@ class PgOffsets:
                 cur.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot_name,))
         except psycopg2.errors.QueryCanceled as exc:
             raise SourceError(
-                f"source {self.server.source!r}: creating replication slot {self.slot_name!r} on {where} waited longer than "
-                f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the primary. The "
+                f"source {self.server.source!r}: creating replication slot {self.slot_name!r} on "
+                f"{where} waited longer than "
+                f"read_timeout ({self.read_timeout:.0f} s) for a running-transactions record from the "
+                "primary. The "
                 "primary logs one every 15 s while it writes WAL, none while it is idle: run SELECT "
-                "pg_log_standby_snapshot() on the primary (PostgreSQL 16+), or capture again once it writes") from exc
+                "pg_log_standby_snapshot() on the primary (PostgreSQL 16+), or capture again once it writes"
+            ) from exc
         except psycopg2.Error as exc:
             msg = pg_message(exc)
-            fix = (" Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then restart it)"
-                   if "wal_level" in msg else "")
+            fix = (
+                " Set wal_level = logical on the primary (ALTER SYSTEM SET wal_level = logical, then "
+                "restart it)"
+                if "wal_level" in msg
+                else ""
+            )
             raise SourceError(
-                f"source {self.server.source!r}: cannot create replication slot {self.slot_name!r} on {where}: {msg}.{fix}"
+                f"source {self.server.source!r}: cannot create replication slot {self.slot_name!r} on "
+                f"{where}: {msg}.{fix}"
             ) from exc
         finally:
             conn.close()
@@ -323,21 +405,34 @@ class PgOffsets:
         (typically on a promoted standby that kept its old primary's setting) or a lost slot
         makes every read wait until read_timeout: said at once instead."""
         rows = self.server.query(
-            "SELECT n, s.wal_status, s.active FROM unnest(string_to_array(current_setting('synchronized_standby_slots'), "
+            "SELECT n, s.wal_status, s.active FROM "
+            "unnest(string_to_array(current_setting('synchronized_standby_slots'), "
             "',')) AS u(raw) CROSS JOIN LATERAL trim(u.raw) AS n LEFT JOIN pg_replication_slots s "
-            "ON s.slot_name = n AND s.slot_type = 'physical' WHERE n <> '' AND n <> '*'")
+            "ON s.slot_name = n AND s.slot_type = 'physical' WHERE n <> '' AND n <> '*'"
+        )
         missing = [n for n, status, _active in rows if status is None or status == "lost"]
         if missing:
             raise SourceError(
-                f"source {self.server.source!r}: synchronized_standby_slots on PostgreSQL at {self.server.params.host}:"
-                f"{self.server.params.port} names {', '.join(map(repr, missing))}, which is not a usable physical slot here, "
-                f"and decoding failover slot {self.slot_name!r} waits for every slot named there: capture would wait "
-                "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or '' without "
-                "standbys) and reload the configuration (after a promotion, the old primary's setting is often kept)")
+                f"source {self.server.source!r}: synchronized_standby_slots on PostgreSQL at "
+                f"{self.server.params.host}:"
+                f"{self.server.params.port} names {', '.join(map(repr, missing))}, which is not a "
+                "usable physical slot here, "
+                f"and decoding failover slot {self.slot_name!r} waits for every slot named there: "
+                "capture would wait "
+                "forever. Set synchronized_standby_slots to this server's standbys' physical slots (or "
+                "'' without "
+                "standbys) and reload the configuration (after a promotion, the old primary's setting "
+                "is often kept)"
+            )
         idle = [n for n, _status, active in rows if active is False]
         if idle:
-            log.warning("source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: capture waits "
-                        "until they receive the WAL it decodes", self.server.source, ", ".join(idle))
+            log.warning(
+                "source %r: standby slot(s) %s of synchronized_standby_slots are not streaming: "
+                "capture waits "
+                "until they receive the WAL it decodes",
+                self.server.source,
+                ", ".join(idle),
+            )
 
     def _check_continuity(self, known: dict, server: dict, row: tuple | None, directory: str) -> None:
         """I14: capture goes on only from a position proven to continue the captured log. The
@@ -354,18 +449,27 @@ class PgOffsets:
         where = f"PostgreSQL at {self.server.params.host}:{self.server.params.port}"
         if not same_system:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {where} is not the server capture read before (system identifier "
-                f"{known.get('system_identifier')} before, {server['system_identifier']} now: a restore, or another "
-                f"cluster). Nothing proves its log continues the captured one, so capture stops. {self.resync_hint}")
+                f"source {self.server.source!r}: {where} is not the server capture read before (system "
+                "identifier "
+                f"{known.get('system_identifier')} before, {server['system_identifier']} now: a "
+                "restore, or another "
+                "cluster). Nothing proves its log continues the captured one, so capture stops. "
+                f"{self.resync_hint}"
+            )
         promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
         if row is None:
-            why = (f"PostgreSQL {self.server.server_version // 10000} has no failover slots (17 and newer do)"
-                   if self.server.server_version < 170000 else
-                   "it was not a synchronized failover slot on that standby (the standby needs sync_replication_slots "
-                   "= on, hot_standby_feedback = on and a primary_slot_name)")
+            why = (
+                f"PostgreSQL {self.server.server_version // 10000} has no failover slots (17 and newer do)"
+                if self.server.server_version < 170000
+                else "it was not a synchronized failover slot on that standby (the standby needs "
+                "sync_replication_slots "
+                "= on, hot_standby_feedback = on and a primary_slot_name)"
+            )
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted} and replication slot {self.slot_name!r} did not follow it: {why}. "
-                f"The changes between the last capture and the promotion may be lost. {self.resync_hint}")
+                f"source {self.server.source!r}: {promoted} and replication slot {self.slot_name!r} "
+                f"did not follow it: {why}. "
+                f"The changes between the last capture and the promotion may be lost. {self.resync_hint}"
+            )
         from ...storage.segment_index import staged_through
 
         fork = self._fork_point(before, now)
@@ -373,19 +477,31 @@ class PgOffsets:
         staged = through[0] if through else None
         if fork is None:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted}, and the point where timeline {now} forked from {before} cannot be "
-                "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that the changes capture "
-                f"staged are on this server. {self.resync_hint}")
+                f"source {self.server.source!r}: {promoted}, and the point where timeline {now} forked "
+                f"from {before} cannot be "
+                "read (TIMELINE_HISTORY over a replication connection), so it cannot be proven that "
+                "the changes capture "
+                f"staged are on this server. {self.resync_hint}"
+            )
         fork_pos = Position.pg(next_record_start(fork, *self.server.wal_geometry()))
         if staged is not None and staged > fork_pos:
             raise SourceChangedError(
-                f"source {self.server.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had staged changes up to "
+                f"source {self.server.source!r}: {promoted} at {int_to_lsn(fork)}, but capture had "
+                "staged changes up to "
                 f"{staged.encode()}, past that point: some of them are not on this server (set "
                 "synchronized_standby_slots on the primary so that logical decoding waits for the standby). "
-                f"{self.resync_hint}")
-        log.warning("source %r: %s at %s; capture goes on from failover slot %r, which followed it (confirmed %s, "
-                    "staged through %s)", self.server.source, promoted, int_to_lsn(fork), self.slot_name, row[0],
-                    staged.encode() if staged else "nothing")
+                f"{self.resync_hint}"
+            )
+        log.warning(
+            "source %r: %s at %s; capture goes on from failover slot %r, which followed it (confirmed %s, "
+            "staged through %s)",
+            self.server.source,
+            promoted,
+            int_to_lsn(fork),
+            self.slot_name,
+            row[0],
+            staged.encode() if staged else "nothing",
+        )
 
     def _fork_point(self, old_timeline: int, new_timeline: int) -> int | None:
         """Where timeline ``old_timeline`` ends in this server's history (the timeline history
@@ -398,14 +514,20 @@ class PgOffsets:
         try:
             conn = psycopg2.connect(**kw, connection_factory=psycopg2.extras.PhysicalReplicationConnection)
         except psycopg2.Error as exc:
-            log.warning("source %r: no replication connection for TIMELINE_HISTORY: %s", self.server.source, pg_message(exc))
+            log.warning(
+                "source %r: no replication connection for TIMELINE_HISTORY: %s",
+                self.server.source,
+                pg_message(exc),
+            )
             return None
         try:
             with conn.cursor() as cur:
                 cur.execute(f"TIMELINE_HISTORY {int(new_timeline)}")
                 _name, content = cur.fetchone()
         except psycopg2.Error as exc:
-            log.warning("source %r: TIMELINE_HISTORY %d failed: %s", self.server.source, new_timeline, pg_message(exc))
+            log.warning(
+                "source %r: TIMELINE_HISTORY %d failed: %s", self.server.source, new_timeline, pg_message(exc)
+            )
             return None
         finally:
             conn.close()
@@ -420,22 +542,34 @@ class PgOffsets:
         confirmed, wal_status, plugin, database, _active, _failover, invalidated = row
         if plugin != "pgoutput":
             raise ConfigurationError(
-                f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give another slot_name"
+                f"replication slot {self.slot_name!r} uses plugin {plugin!r}, not pgoutput: give "
+                "another slot_name"
             )
         if database != (self.server.params.database or "postgres"):
             raise ConfigurationError(
-                f"replication slot {self.slot_name!r} belongs to database {database!r}: give another slot_name"
+                f"replication slot {self.slot_name!r} belongs to database {database!r}: give another "
+                "slot_name"
             )
         if wal_status == "lost" or confirmed is None or invalidated is not None:
             # (PostgreSQL 17+ says why: the WAL, idle_replication_slot_timeout on 18, wal_level...)
             raise self.resnapshot_error(slot_invalidated_why(invalidated))
-        if self.server.on_standby and self.server.server_version >= 170000 and self.server.query(
-                "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)) == [(True,)]:
+        if (
+            self.server.on_standby
+            and self.server.server_version >= 170000
+            and self.server.query(
+                "SELECT synced FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)
+            )
+            == [(True,)]
+        ):
             raise ConfigurationError(
-                f"source {self.server.source!r}: replication slot {self.slot_name!r} on the hot standby at {self.server.params.host}:"
-                f"{self.server.params.port} is the primary's failover slot, synchronized here (sync_replication_slots): "
-                "nothing may decode it on the standby. Give this source another slot_name (capture then creates its "
-                "own slot on the standby), or point its connection at the primary")
+                f"source {self.server.source!r}: replication slot {self.slot_name!r} on the hot "
+                f"standby at {self.server.params.host}:"
+                f"{self.server.params.port} is the primary's failover slot, synchronized here "
+                "(sync_replication_slots): "
+                "nothing may decode it on the standby. Give this source another slot_name (capture "
+                "then creates its "
+                "own slot on the standby), or point its connection at the primary"
+            )
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """The slot's lag (WAL written past its confirmed position) and, when
@@ -461,29 +595,40 @@ class PgOffsets:
         limit = None if limit_mb is None or int(limit_mb) < 0 else int(limit_mb) * 1024 * 1024
         unbounded = "" if limit is not None else self.unbounded_wal_warning()
         return LogRetention(
-            holder=f"replication slot {self.slot_name!r}", lag_bytes=lag, lost=wal_status == "lost",
-            limit_bytes=limit, safe_bytes=None if limit is None else max(0, limit - lag),
+            holder=f"replication slot {self.slot_name!r}",
+            lag_bytes=lag,
+            lost=wal_status == "lost",
+            limit_bytes=limit,
+            safe_bytes=None if limit is None else max(0, limit - lag),
             setting="max_slot_wal_keep_size",
             fix="run the capture more often (the changelog DAG's schedule), or raise max_slot_wal_keep_size; "
-                "a slot already lost needs airflow-cdc resync, which starts capture anew and repairs only what "
-                "differs (docs: operations, 'Failover')",
+            "a slot already lost needs airflow-cdc resync, which starts capture anew and repairs only what "
+            "differs (docs: operations, 'Failover')",
             unbounded=unbounded,
         )
 
     def wal_keep_limit_mb(self) -> int:
         """``max_slot_wal_keep_size`` in MB (-1, PostgreSQL's default: nothing bounds a slot's WAL)."""
-        return int(self.server.query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")[0][0])
+        return int(
+            self.server.query(
+                "SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'"
+            )[0][0]
+        )
 
     def unbounded_wal_warning(self) -> str:
         """What status, the CDC page, doctor and a connection test say while
         ``max_slot_wal_keep_size = -1`` (:meth:`wal_keep_limit_mb`)."""
         return (
             f"nothing bounds the WAL replication slot {self.slot_name!r} holds (max_slot_wal_keep_size = -1, "
-            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, the source "
-            "removed but its slot left), the server keeps every WAL file from the slot's position on and can fill "
+            "PostgreSQL's default): while capture does not run (the changelog DAG paused or failing, "
+            "the source "
+            "removed but its slot left), the server keeps every WAL file from the slot's position on "
+            "and can fill "
             "its disk, which stops the database. Set a limit, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = "
-            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), and drop "
-            "the slots of sources no longer captured (airflow-cdc drop-source)")
+            "'50GB'; SELECT pg_reload_conf(); (a slot past it is lost and needs airflow-cdc resync), "
+            "and drop "
+            "the slots of sources no longer captured (airflow-cdc drop-source)"
+        )
 
     def drop_slot(self, timeout: float = 10.0) -> bool:
         """Drop the slot (it retains WAL forever otherwise). Waits while a just-closed
@@ -495,14 +640,16 @@ class PgOffsets:
             try:
                 with self.server.conn.cursor() as cur:
                     cur.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE "
+                        "slot_name = %s",
                         (self.slot_name,),
                     )
                     return bool(cur.fetchall())
             except psycopg2.errors.ObjectInUse as exc:
                 if time.monotonic() > deadline:
                     raise SourceError(
-                        f"replication slot {self.slot_name!r} is in use ({pg_message(exc)}): stop the capture "
+                        f"replication slot {self.slot_name!r} is in use ({pg_message(exc)}): stop the "
+                        "capture "
                         "that reads it, then drop it"
                     ) from exc
                 time.sleep(0.1)
@@ -512,7 +659,9 @@ class PgOffsets:
 
     def flush_lsn(self) -> int:
         """Where a read of the slot ends: the WAL flushed (a primary), or replayed (a standby)."""
-        return lsn_to_int(self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_flush_lsn')}::text")[0][0])
+        return lsn_to_int(
+            self.server.query(f"SELECT {self.server.wal_end_sql('pg_current_wal_flush_lsn')}::text")[0][0]
+        )
 
     def visibility(self) -> str | None:
         """A primary's snapshot now (commit order is not visibility order there). None on a hot

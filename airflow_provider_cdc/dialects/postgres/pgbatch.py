@@ -61,9 +61,11 @@ class Relation:
     def schema(self) -> TableSchema:
         """The columns as the relation message describes them (the images' types here)."""
         if self._schema is None:
-            self._schema = TableSchema(self.table, tuple(Column(n, t) for n, t in zip(self.names, self.logicals,
-                                                                                       strict=True)),
-                                       self.key_names)
+            self._schema = TableSchema(
+                self.table,
+                tuple(Column(n, t) for n, t in zip(self.names, self.logicals, strict=True)),
+                self.key_names,
+            )
         return self._schema
 
 
@@ -87,15 +89,23 @@ class Segment:
     :class:`Relation` for a captured table, None otherwise) when the segment starts;
     :meth:`relation` records a relation described anew inside it, from that slot on."""
 
-    def __init__(self, watermark_table: str, toast_error: ToastError, rels: dict,
-                 other: Callable[[object, bytes], list[LogEvent]], header: int = 0) -> None:
+    def __init__(
+        self,
+        watermark_table: str,
+        toast_error: ToastError,
+        rels: dict,
+        other: Callable[[object, bytes], list[LogEvent]],
+        header: int = 0,
+    ) -> None:
         self.watermark_table = watermark_table
         self.header = header  # bytes before the message in each kept payload (a COPY row's header)
         self.toast_error = toast_error
         self.other = other
         self.payloads: list[bytes] = []  # per slot: the message (a placeholder for ready events)
         self.lsns: list[int] = []  # per slot: the message's WAL position
-        self.txn_first: list[int] = []  # per transaction: its first slot, commit LSN, time, xid, the commit before it
+        self.txn_first: list[
+            int
+        ] = []  # per transaction: its first slot, commit LSN, time, xid, the commit before it
         self.txn_lsn: list[int] = []
         self.txn_ts: list[int] = []
         self.txn_xid: list[str] = []
@@ -162,7 +172,9 @@ class Segment:
         for rid in np.unique(relid[rows]).tolist():
             versions = [(first, info) for first, r, info in self.relations if r == rid]
             mine = rows[relid[rows] == rid]
-            version = np.searchsorted(np.asarray([f for f, _ in versions], dtype=np.int64), mine, side="right") - 1
+            version = (
+                np.searchsorted(np.asarray([f for f, _ in versions], dtype=np.int64), mine, side="right") - 1
+            )
             if not versions or (version < 0).any():
                 raise pgoutput.ProtocolError(f"a change of relation {rid} before its Relation message")
             for v in np.unique(version).tolist():
@@ -171,24 +183,41 @@ class Segment:
                 rel = info.batch
                 if rel is None:  # the watermark table, a table capture skips or fails on
                     for m in msgs.tolist():
-                        ready.extend((m, sub, ev) for sub, ev in enumerate(self.other(info, self.payloads[m][h:])))
+                        ready.extend(
+                            (m, sub, ev) for sub, ev in enumerate(self.other(info, self.payloads[m][h:]))
+                        )
                     continue
                 ev = decode_rows(rel, buf, base[msgs], sizes[msgs], self.toast_error)
                 tid = rel.table.id
-                pieces.append((msgs[ev.message], ev.sub, _repeat(tid, len(ev.sub)), ev.op, ev.key,
-                               pa.nulls(len(ev.sub), pa.string()), (tid, ev.before, ev.after, rel.schema,
-                                                                   ev.text_columns)))
+                pieces.append(
+                    (
+                        msgs[ev.message],
+                        ev.sub,
+                        _repeat(tid, len(ev.sub)),
+                        ev.op,
+                        ev.key,
+                        pa.nulls(len(ev.sub), pa.string()),
+                        (tid, ev.before, ev.after, rel.schema, ev.text_columns),
+                    )
+                )
         if ready:
             r_slot = np.fromiter((s for s, _, _ in ready), dtype=np.int64, count=len(ready))
             r_sub = np.fromiter((s for _, s, _ in ready), dtype=np.int64, count=len(ready))
             evs = [e for _, _, e in ready]
             wm = [isinstance(e, WatermarkEvent) for e in evs]
-            pieces.append((r_slot, r_sub,
-                           string_array([self.watermark_table if w else e.table for w, e in zip(wm, evs, strict=True)]),
-                           string_array([WATERMARK_OP if w else e.op for w, e in zip(wm, evs, strict=True)]),
-                           string_array([None if w else e.key for w, e in zip(wm, evs, strict=True)]),
-                           string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
-                           evs))
+            pieces.append(
+                (
+                    r_slot,
+                    r_sub,
+                    string_array(
+                        [self.watermark_table if w else e.table for w, e in zip(wm, evs, strict=True)]
+                    ),
+                    string_array([WATERMARK_OP if w else e.op for w, e in zip(wm, evs, strict=True)]),
+                    string_array([None if w else e.key for w, e in zip(wm, evs, strict=True)]),
+                    string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
+                    evs,
+                )
+            )
         if not pieces:
             self.open_txn_events = self.txn_base[-1] if self.txn_base else 0
             return None
@@ -224,7 +253,7 @@ class Segment:
             n = len(p[0])
             if isinstance(p[6], tuple):
                 tid, before, after, schema, text = p[6]
-                parts.append(ImagePart(tid, rank[offset:offset + n], before, after, schema, tuple(text)))
+                parts.append(ImagePart(tid, rank[offset : offset + n], before, after, schema, tuple(text)))
             else:
                 for j, ev in enumerate(p[6]):
                     if isinstance(ev, ChangeEvent):
@@ -235,8 +264,14 @@ class Segment:
             offset += n
         for tid, (rows_, befores, afters) in dicts.items():
             by_row = np.argsort(np.asarray(rows_, dtype=np.int64), kind="stable")
-            parts.append(ImagePart(tid, np.asarray(rows_, dtype=np.int64)[by_row],
-                                   [befores[i] for i in by_row], [afters[i] for i in by_row]))
+            parts.append(
+                ImagePart(
+                    tid,
+                    np.asarray(rows_, dtype=np.int64)[by_row],
+                    [befores[i] for i in by_row],
+                    [afters[i] for i in by_row],
+                )
+            )
         return EventBatch(log, tuple(parts))
 
     def _origin(self, slots: np.ndarray, txn: np.ndarray, is_watermark: pa.Array) -> pa.Array:
@@ -274,8 +309,9 @@ class RowEvents:
 _OPS = string_array([Op.CREATE.value, Op.UPDATE.value, Op.DELETE.value])
 
 
-def decode_rows(rel: Relation, buf: np.ndarray, base: np.ndarray, sizes: np.ndarray,
-                toast_error: ToastError) -> RowEvents:
+def decode_rows(
+    rel: Relation, buf: np.ndarray, base: np.ndarray, sizes: np.ndarray, toast_error: ToastError
+) -> RowEvents:
     """Insert/Update/Delete messages of one relation (in log order), at ``base`` (``sizes``
     bytes each) in ``buf`` -> their events."""
     n = len(base)
@@ -336,8 +372,9 @@ def decode_rows(rel: Relation, buf: np.ndarray, base: np.ndarray, sizes: np.ndar
     b_idx = np.where(is_first, oi[message], -1)
     a_idx = np.where(is_first & changed[message], -1, ni[message])
     old_key = opcode == 2  # deletes (and a key change's delete) carry the old key
-    keys = pc.coalesce(_take(key_old, np.where(old_key, oi[message], -1)),
-                       _take(key_new, np.where(old_key, -1, ni[message])))
+    keys = pc.coalesce(
+        _take(key_old, np.where(old_key, oi[message], -1)), _take(key_new, np.where(old_key, -1, ni[message]))
+    )
 
     text = sorted(set(text_new) | set(text_old))
     names = list(rel.names)
@@ -348,8 +385,14 @@ def decode_rows(rel: Relation, buf: np.ndarray, base: np.ndarray, sizes: np.ndar
     return RowEvents(message, sub, _OPS.take(index_array(opcode)), keys, before, after, text)
 
 
-def _fill_unchanged(rel: Relation, new: pgoutput.TupleColumns, old: pgoutput.TupleColumns, old_of_new: np.ndarray,
-                    old_is_row: np.ndarray, toast_error: ToastError) -> None:
+def _fill_unchanged(
+    rel: Relation,
+    new: pgoutput.TupleColumns,
+    old: pgoutput.TupleColumns,
+    old_of_new: np.ndarray,
+    old_is_row: np.ndarray,
+    toast_error: ToastError,
+) -> None:
     """Unchanged TOASTed values of new rows ('u') take the old row's value (REPLICA IDENTITY
     FULL sends it); without one the after-image cannot be built: ``toast_error``."""
     unchanged = new.kinds == _UNCHANGED
@@ -376,8 +419,9 @@ def _type(logical: str) -> pa.DataType:
     return arrow_type(logical)
 
 
-def _struct(arrays: list[pa.Array], names: list[str], schema: TableSchema, text: list[str],
-            want_text: list[str]) -> pa.StructArray:
+def _struct(
+    arrays: list[pa.Array], names: list[str], schema: TableSchema, text: list[str], want_text: list[str]
+) -> pa.StructArray:
     fields = [pa.field(nm, a.type) for nm, a in zip(names, arrays, strict=True)]
     s = pa.StructArray.from_arrays(arrays, fields=fields)
     if sorted(text) != want_text:  # a column typed in one image and text in the other: text in both

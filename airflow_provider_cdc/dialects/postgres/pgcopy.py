@@ -154,7 +154,11 @@ def fragment_builder(logical: str, decode: Callable[[str], object]) -> Callable[
 # --- typed columns straight from the server's text (the chunk path: no JSON in between) -----------
 def _typed_temporal(logical: str) -> Callable[[pa.Array], pa.Array | None]:
     pattern = _TEMPORAL[logical][0]
-    target = {"date": pa.date32(), "timestamp": pa.timestamp("us"), "timestamptz": pa.timestamp("us", tz="UTC")}.get(logical)
+    target = {
+        "date": pa.date32(),
+        "timestamp": pa.timestamp("us"),
+        "timestamptz": pa.timestamp("us", tz="UTC"),
+    }.get(logical)
 
     def build(arr: pa.Array) -> pa.Array | None:
         m = pc.extract_regex(arr, pattern)
@@ -163,7 +167,9 @@ def _typed_temporal(logical: str) -> Callable[[pa.Array], pa.Array | None]:
         if logical == "time":  # canonical text, microseconds padded
             frac = pc.utf8_rpad(m.field("f"), width=6, padding="0")
             # a null value's match is a null struct whose fields are not null: keep it null
-            return pc.if_else(pc.is_null(arr), pa.nulls(len(arr), pa.string()), _join(m.field("t"), ".", frac))
+            return pc.if_else(
+                pc.is_null(arr), pa.nulls(len(arr), pa.string()), _join(m.field("t"), ".", frac)
+            )
         return arr.cast(target)  # the server's ISO text: Arrow's own parser
 
     return build
@@ -191,12 +197,19 @@ def _typed_binary(arr: pa.Array) -> pa.Array | None:
         return pa.nulls(n, pa.binary())
     arr = arr.cast(pa.string()) if arr.type != pa.string() else arr
     valid = validity_mask(arr)
-    bounds = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset:arr.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
+    bounds = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset : arr.offset + n + 1].astype(np.int64)
+    data = (
+        np.frombuffer(arr.buffers()[2], dtype=np.uint8)
+        if arr.buffers()[2] is not None
+        else np.zeros(0, np.uint8)
+    )
     starts, lengths = bounds[:-1] + 2, np.where(valid, bounds[1:] - bounds[:-1] - 2, 0)
     prefix_at = bounds[:-1][valid]
-    if (lengths < 0).any() or (lengths % 2).any() or not (
-            (data[prefix_at] == 0x5C).all() and (data[prefix_at + 1] == 0x78).all()):  # "\\x"
+    if (
+        (lengths < 0).any()
+        or (lengths % 2).any()
+        or not ((data[prefix_at] == 0x5C).all() and (data[prefix_at + 1] == 0x78).all())
+    ):  # "\\x"
         return None
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths // 2, out=offsets[1:])
@@ -212,11 +225,11 @@ def _typed_binary(arr: pa.Array) -> pa.Array | None:
             s, o = int(starts[i]), int(offsets[i])
             for k in range(0, int(lengths[i]), HEX_BLOCK_BYTES):
                 m = min(HEX_BLOCK_BYTES, int(lengths[i]) - k)
-                if not _unhex_into(data[s + k:s + k + m], out[o + k // 2:o + (k + m) // 2]):
+                if not _unhex_into(data[s + k : s + k + m], out[o + k // 2 : o + (k + m) // 2]):
                     return None
         else:
             digits, _ = gather_slices(data, starts[i:j], lengths[i:j])
-            if not _unhex_into(digits, out[int(offsets[i]):int(offsets[j])]):
+            if not _unhex_into(digits, out[int(offsets[i]) : int(offsets[j])]):
                 return None
         i = j
     return slices_array(pa.binary(), out, offsets, valid if arr.null_count else None)
@@ -240,12 +253,18 @@ def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:
 
     target = arrow_type(logical)
     if logical in _INTS or logical in ("float32", "float64") or pa.types.is_decimal(target):
+
         def cast(arr: pa.Array) -> pa.Array | None:
             try:
                 # float32 rounds from the double, as Python's float() and the JSON path do
-                return arr.cast(pa.float64()).cast(target, safe=False) if logical == "float32" else arr.cast(target)
+                return (
+                    arr.cast(pa.float64()).cast(target, safe=False)
+                    if logical == "float32"
+                    else arr.cast(target)
+                )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 return None
+
         return cast
     if logical == "bool":
         return lambda arr: pc.equal(arr, _lit("t"))
@@ -263,6 +282,7 @@ def typed_builder(logical: str) -> Callable[[pa.Array], pa.Array | None]:
                 return build(arr)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
                 return None
+
         return temporal
     return lambda arr: None
 
@@ -283,7 +303,7 @@ def read_csv_batch(data: bytes | bytearray, names: Sequence[str]) -> list[pa.Arr
             quoted_strings_can_be_null=False,
             null_values=[""],
         ),
-            )
+    )
     return [table.column(c).combine_chunks() for c in cols]
 
 
@@ -310,8 +330,9 @@ class ChunkAssembler:
         from ...core.errors import ConfigurationError
 
         arrays, text = [], []
-        for name, logical, build, decode, col in zip(self.names, self.logical, self.typed, self.decoders, columns,
-                                                      strict=True):
+        for name, logical, build, decode, col in zip(
+            self.names, self.logical, self.typed, self.decoders, columns, strict=True
+        ):
             arr = build(col)
             if arr is None:
                 vals = [None if v is None else decode(v) for v in col.to_pylist()]

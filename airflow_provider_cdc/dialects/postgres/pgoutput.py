@@ -243,8 +243,12 @@ def be32(buf, at):
     """The big-endian unsigned 32-bit integers at offsets ``at`` of ``buf`` (numpy)."""
     import numpy as np
 
-    return ((buf[at].astype(np.int64) << 24) | (buf[at + 1].astype(np.int64) << 16)
-            | (buf[at + 2].astype(np.int64) << 8) | buf[at + 3])
+    return (
+        (buf[at].astype(np.int64) << 24)
+        | (buf[at + 1].astype(np.int64) << 16)
+        | (buf[at + 2].astype(np.int64) << 8)
+        | buf[at + 3]
+    )
 
 
 def parse_tuples(buf, pos, ncols: int) -> TupleColumns:
@@ -270,7 +274,9 @@ def parse_tuples(buf, pos, ncols: int) -> TupleColumns:
         p = p + 1 + np.where(is_t, 4 + ln, 0)
         unknown = (k != 0x74) & (k != 0x6E) & (k != 0x75)
         if unknown.any():
-            raise ProtocolError(f"tuple value kind {chr(int(k[unknown][0]))!r} not supported (binary mode is not used)")
+            raise ProtocolError(
+                f"tuple value kind {chr(int(k[unknown][0]))!r} not supported (binary mode is not used)"
+            )
         if (p > limit).any():
             raise ProtocolError("a tuple runs past the end of its message")
     return TupleColumns(buf, kinds, starts, lengths, p)

@@ -52,21 +52,30 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if s.in_recovery and s.server_version_num < STANDBY_DECODING_VERSION:
         problems.append(
-            f"this server is a hot standby, and PostgreSQL {s.server_version_num // 10000} cannot decode logically on "
-            "a standby (16 and newer can): point the source's connection at the primary, and name the standby as "
+            f"this server is a hot standby, and PostgreSQL {s.server_version_num // 10000} cannot "
+            "decode logically on "
+            "a standby (16 and newer can): point the source's connection at the primary, and name the "
+            "standby as "
             "chunk_conn_id to read chunks there"
         )
     if s.wal_level != "logical":
         problems.append(
             f"wal_level is {s.wal_level!r}: run ALTER SYSTEM SET wal_level = logical (or set it in "
             "postgresql.conf) and restart the server"
-            + (" (on this hot standby and on its primary: decoding on a standby needs both)" if s.in_recovery else "")
+            + (
+                " (on this hot standby and on its primary: decoding on a standby needs both)"
+                if s.in_recovery
+                else ""
+            )
         )
     if s.in_recovery and not s.hot_standby_feedback:
         problems.append(
-            "hot_standby_feedback is off on this hot standby: the primary's vacuum would then remove catalog rows the "
-            "slot still needs, and the standby invalidates the slot (rows_removed). Run on the standby: ALTER SYSTEM "
-            "SET hot_standby_feedback = on; SELECT pg_reload_conf() (and give it a physical slot on the primary, "
+            "hot_standby_feedback is off on this hot standby: the primary's vacuum would then remove "
+            "catalog rows the "
+            "slot still needs, and the standby invalidates the slot (rows_removed). Run on the "
+            "standby: ALTER SYSTEM "
+            "SET hot_standby_feedback = on; SELECT pg_reload_conf() (and give it a physical slot on "
+            "the primary, "
             "primary_slot_name, so the feedback outlives a reconnect)"
         )
     if not (s.replication_role or s.superuser):
@@ -81,7 +90,8 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
             )
         elif s.slots_used >= s.max_replication_slots:
             problems.append(
-                f"all {s.max_replication_slots} replication slots are in use and slot {slot_name!r} does not exist: "
+                f"all {s.max_replication_slots} replication slots are in use and slot {slot_name!r} "
+                "does not exist: "
                 "raise max_replication_slots and restart, or drop an unused slot (pg_drop_replication_slot)"
             )
     if s.max_wal_senders < 1:
@@ -90,7 +100,8 @@ def prerequisite_problems(s: PgSettings, slot_name: str) -> list[str]:
         )
     if not s.publication_exists and s.all_tables and not s.superuser and not s.in_recovery:
         problems.append(
-            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: set CDC_TABLES "
+            f"user {s.user!r} is not a superuser, so it cannot create a publication FOR ALL TABLES: "
+            "set CDC_TABLES "
             "to the tables to capture instead (CDC_CAPTURE_ALL_TABLES unset), or have a superuser create the "
             "publication"
         )
@@ -124,8 +135,15 @@ def default_object_name(source: str) -> str:
 class PgPrerequisites:
     """Checks of the source, read-only: nothing is created before every one holds."""
 
-    def __init__(self, server: PgServer, offsets: PgOffsets, watermark_rows: PgWatermarkTable, *,
-                 all_tables: bool, watermark_tables: Callable[[], list[TableName]]) -> None:
+    def __init__(
+        self,
+        server: PgServer,
+        offsets: PgOffsets,
+        watermark_rows: PgWatermarkTable,
+        *,
+        all_tables: bool,
+        watermark_tables: Callable[[], list[TableName]],
+    ) -> None:
         self.server = server
         self.offsets = offsets
         self.watermark_rows = watermark_rows
@@ -143,8 +161,12 @@ class PgPrerequisites:
             "FROM pg_roles r WHERE r.rolname = current_user",
             (self.offsets.slot_name, self.offsets.publication_name),
         )[0]
-        return PgSettings(*row[:10], all_tables=self.all_tables and not self.offsets.tables, in_recovery=bool(row[10]),
-                          hot_standby_feedback=bool(row[11]))
+        return PgSettings(
+            *row[:10],
+            all_tables=self.all_tables and not self.offsets.tables,
+            in_recovery=bool(row[10]),
+            hot_standby_feedback=bool(row[11]),
+        )
 
     def check(self) -> None:
         """Every unmet prerequisite at once. On a hot standby (capture from a standby,
@@ -166,9 +188,9 @@ class PgPrerequisites:
             )
 
     def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
-        """Every grant the configured set-up lacks, each as the statement that gives it (the docs' connections page,
-        "Security" lists both set-ups: the provider creates publication and watermark table, or
-        an administrator did, and the provider then needs no ownership and runs no DDL)."""
+        """Every grant the configured set-up lacks, each as the statement that gives it (the docs' connections
+        page, "Security" lists both set-ups: the provider creates publication and watermark table, or an
+        administrator did, and the provider then needs no ownership and runs no DDL)."""
         s = s or self.read_settings()
         if s.superuser:
             return []
@@ -177,26 +199,43 @@ class PgPrerequisites:
         db_create = self.server.query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
         wm = self.watermark_rows.table
         wms = self.watermark_tables()  # watermark strategy "log": no watermark table
-        wm_row = [] if not wms else self.server.query(
-            "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
-            "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
-            (wm.schema, wm.name),
+        wm_row = (
+            []
+            if not wms
+            else self.server.query(
+                "SELECT has_table_privilege(c.oid, 'SELECT'), has_table_privilege(c.oid, 'UPDATE'), "
+                "has_schema_privilege(n.oid, 'USAGE') FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                "c.relnamespace "
+                "WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+                (wm.schema, wm.name),
+            )
         )
         if wm_row:
             if not wm_row[0][2]:
-                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the watermark table's schema)")
+                problems.append(
+                    f"GRANT USAGE ON SCHEMA {self.server.quote_ident(wm.schema)} TO {role} (the "
+                    "watermark table's schema)"
+                )
             if not (wm_row[0][0] and wm_row[0][1]):
-                problems.append(f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {role} (the watermark table: "
-                                "DBLog's watermarks are UPDATEs of its one row)")
+                problems.append(
+                    f"GRANT SELECT, UPDATE ON {self.server.quote_table(wm)} TO {role} (the watermark table: "
+                    "DBLog's watermarks are UPDATEs of its one row)"
+                )
         elif wms:
-            nsp = self.server.query("SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
-                              (wm.schema,))
+            nsp = self.server.query(
+                "SELECT has_schema_privilege(n.oid, 'CREATE') FROM pg_namespace n WHERE n.nspname = %s",
+                (wm.schema,),
+            )
             if (nsp and not nsp[0][0]) or (not nsp and not db_create):
-                what = f"SCHEMA {self.server.quote_ident(wm.schema)}" if nsp else "DATABASE " + self.server.quote_ident(
-                    self.server.params.database or "postgres")
-                problems.append(f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
-                                f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')")
+                what = (
+                    f"SCHEMA {self.server.quote_ident(wm.schema)}"
+                    if nsp
+                    else "DATABASE " + self.server.quote_ident(self.server.params.database or "postgres")
+                )
+                problems.append(
+                    f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
+                    f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')"
+                )
         scope = list(self.offsets.tables or [])
         rows = {
             TableName(sch, name): (sel, usage, owner)
@@ -204,7 +243,8 @@ class PgPrerequisites:
                 "SELECT n.nspname, c.relname, has_table_privilege(c.oid, 'SELECT'), "
                 "has_schema_privilege(n.oid, 'USAGE'), pg_has_role(c.relowner, 'USAGE') "
                 "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                "WHERE c.relkind IN ('r', 'p') AND (n.nspname, c.relname) IN (SELECT * FROM "
+                "unnest(%s::text[], %s::text[]))",
                 ([t.schema for t in scope] or [""], [t.name for t in scope] or [""]),
             )
         }
@@ -215,35 +255,46 @@ class PgPrerequisites:
             if not sel:
                 problems.append(f"GRANT SELECT ON {self.server.quote_table(t)} TO {role}")
         pub = self.server.query(
-            "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE p.pubname = %s",
+            "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE "
+            "p.pubname = %s",
             (self.offsets.publication_name,),
         )
         if s.in_recovery:
             pass  # a standby's publication is the primary's: check_prerequisites names what it lacks
         elif pub and not pub[0][0] and scope:
             published = {
-                TableName(a, b) for a, b in self.server.query(
-                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (self.offsets.publication_name,))
+                TableName(a, b)
+                for a, b in self.server.query(
+                    "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                    (self.offsets.publication_name,),
+                )
             }
             missing = [t for t in [*scope, *wms] if t not in published and (t in rows or t in wms)]
             not_owned = [t for t in missing if t not in wms and not rows[t][2]]
             if missing and (not pub[0][1] or not_owned):
                 problems.append(
-                    f"publication {self.offsets.publication_name!r} lacks {', '.join(map(str, missing))} and role {s.user!r} "
-                    "may not add them (PostgreSQL demands ownership of the publication and of each table): have an "
-                    f"administrator run ALTER PUBLICATION {self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
+                    f"publication {self.offsets.publication_name!r} lacks "
+                    f"{', '.join(map(str, missing))} and role {s.user!r} "
+                    "may not add them (PostgreSQL demands ownership of the publication and of each "
+                    "table): have an "
+                    "administrator run ALTER PUBLICATION "
+                    f"{self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
                     f"{self.server.qlist(missing)}"
                 )
         elif not pub and scope:
             not_owned = [t for t in scope if t in rows and not rows[t][2]]
             if not db_create or not_owned:
-                why = [] if db_create else [f"CREATE on database {self.server.params.database or 'postgres'!r}"]
+                why = (
+                    [] if db_create else [f"CREATE on database {self.server.params.database or 'postgres'!r}"]
+                )
                 if not_owned:
                     why.append(f"ownership of {', '.join(map(str, not_owned))}")
                 problems.append(
-                    f"publication {self.offsets.publication_name!r} does not exist and role {s.user!r} cannot create it (it "
+                    f"publication {self.offsets.publication_name!r} does not exist and role {s.user!r} "
+                    "cannot create it (it "
                     f"needs {' and '.join(why)}): have an administrator run CREATE PUBLICATION "
-                    f"{self.server.quote_ident(self.offsets.publication_name)} FOR TABLE {self.server.qlist([*scope, *wms])} WITH "
+                    f"{self.server.quote_ident(self.offsets.publication_name)} FOR TABLE "
+                    f"{self.server.qlist([*scope, *wms])} WITH "
                     "(publish_via_partition_root = true) (the docs' connections page, 'Grants', set-up 2)"
                 )
         return problems
@@ -251,11 +302,15 @@ class PgPrerequisites:
     def check_readable(self, table: TableName) -> None:
         row = self.server.query(
             "SELECT has_schema_privilege(n.oid, 'USAGE'), has_table_privilege(c.oid, 'SELECT'), current_user "
-            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
+            "c.relname = %s",
             (table.schema, table.name),
         )
         if row and not (row[0][0] and row[0][1]):
             role = self.server.quote_ident(row[0][2])
-            grant = (f"GRANT USAGE ON SCHEMA {self.server.quote_ident(table.schema)} TO {role}" if not row[0][0]
-                     else f"GRANT SELECT ON {self.server.quote_table(table)} TO {role}")
+            grant = (
+                f"GRANT USAGE ON SCHEMA {self.server.quote_ident(table.schema)} TO {role}"
+                if not row[0][0]
+                else f"GRANT SELECT ON {self.server.quote_table(table)} TO {role}"
+            )
             raise SourceError(f"role {row[0][2]!r} may not read table {table}: {grant}")

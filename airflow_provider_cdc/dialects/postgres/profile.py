@@ -18,12 +18,28 @@ class PostgresProfile(DatabaseProfile):
     conn_types = ("postgres", "postgresql")
     default_port = 5432
     lineage_scheme = "postgres"
-    option_keys = frozenset({"slot_name", "publication_name", "on_truncate", "read_timeout", "copy_batch_rows",
-                             "capture_step_messages", "chunk_conn_id", "max_replica_lag_seconds", "failover_slot"})
+    option_keys = frozenset(
+        {
+            "slot_name",
+            "publication_name",
+            "on_truncate",
+            "read_timeout",
+            "copy_batch_rows",
+            "capture_step_messages",
+            "chunk_conn_id",
+            "max_replica_lag_seconds",
+            "failover_slot",
+        }
+    )
     debezium_connectors = ("postgresql",)
     debezium_source_fields = (
-        ("string", "schema", False), ("string", "table", False), ("int64", "txId", True), ("int64", "lsn", True),
-        ("int64", "xmin", True), ("string", "origin", True), ("int64", "origin_lsn", True),
+        ("string", "schema", False),
+        ("string", "table", False),
+        ("int64", "txId", True),
+        ("int64", "lsn", True),
+        ("int64", "xmin", True),
+        ("string", "origin", True),
+        ("int64", "origin_lsn", True),
     )
     dialect_path = "airflow_provider_cdc.dialects.postgres.dialect:PostgresDialect"
 
@@ -35,9 +51,12 @@ class PostgresProfile(DatabaseProfile):
         """A slot is unique per server (cluster), a publication per database; both default to
         a name derived from the source."""
         default = default_object_name(source)
-        return [OwnedObject("replication slot", "slot_name", SERVER, str(options.get("slot_name") or default)),
-                OwnedObject("publication", "publication_name", DATABASE,
-                            str(options.get("publication_name") or default))]
+        return [
+            OwnedObject("replication slot", "slot_name", SERVER, str(options.get("slot_name") or default)),
+            OwnedObject(
+                "publication", "publication_name", DATABASE, str(options.get("publication_name") or default)
+            ),
+        ]
 
 
 PROFILE = PostgresProfile()

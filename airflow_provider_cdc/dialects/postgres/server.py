@@ -20,7 +20,9 @@ APPLICATION_NAME = "airflow-provider-cdc"  # in pg_stat_activity
 class PgServer:
     """Connections to one source's server; shared by the dialect's collaborators."""
 
-    def __init__(self, params: ConnectionParams, source: str, read_params: ConnectionParams | None = None) -> None:
+    def __init__(
+        self, params: ConnectionParams, source: str, read_params: ConnectionParams | None = None
+    ) -> None:
         self.params = params
         self.source = source
         #: chunks from a hot standby (connection extra ``chunk_conn_id``); None: from ``params``
@@ -70,7 +72,9 @@ class PgServer:
             import psycopg2.extensions as ext
 
             c = self.new_connection(self.read_params)
-            c.set_session(isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True, autocommit=False)
+            c.set_session(
+                isolation_level=ext.ISOLATION_LEVEL_REPEATABLE_READ, readonly=True, autocommit=False
+            )
             oids = tuple(set(ext.string_types) | set(getattr(ext, "binary_types", {})))
             ext.register_type(ext.new_type(oids, "CDC_RAW_TEXT", lambda value, cur: value), c)
             self._rconn = c
@@ -139,8 +143,10 @@ class PgServer:
     def wal_geometry(self) -> tuple[int, int]:
         """(wal_block_size, wal_segment_size) in bytes, read once."""
         if self._wal_geo is None:
-            row = self.query("SELECT current_setting('wal_block_size')::bigint, "
-                             "pg_size_bytes(current_setting('wal_segment_size'))::bigint")[0]
+            row = self.query(
+                "SELECT current_setting('wal_block_size')::bigint, "
+                "pg_size_bytes(current_setting('wal_segment_size'))::bigint"
+            )[0]
             self._wal_geo = (int(row[0]), int(row[1]))
         return self._wal_geo
 

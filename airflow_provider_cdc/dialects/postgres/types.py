@@ -133,8 +133,10 @@ _TS_RE = re.compile(r"^(-?\d{4,}-\d\d-\d\d) (\d\d:\d\d:\d\d(?:\.\d+)?)([+-]\d\d(
 
 
 def _not_temporal(s: str, logical: str) -> SourceError:
-    return SourceError(f"PostgreSQL rendered a {logical} value as {s!r}, which is not a form this package knows; "
-                       "the session must use DateStyle ISO and TimeZone UTC")
+    return SourceError(
+        f"PostgreSQL rendered a {logical} value as {s!r}, which is not a form this package knows; "
+        "the session must use DateStyle ISO and TimeZone UTC"
+    )
 
 
 def _date(s: str) -> str:

@@ -39,17 +39,22 @@ class PgWatermarkTable:
                 self.offsets.add_to_publication([table])
             except SourceError as exc:
                 raise SourceError(
-                    f"table {table} is not in publication {self.offsets.publication_name!r} and could not be added "
+                    f"table {table} is not in publication {self.offsets.publication_name!r} and could "
+                    "not be added "
                     f"({exc.__cause__ or exc}): have an administrator run ALTER PUBLICATION "
-                    f"{self.server.quote_ident(self.offsets.publication_name)} ADD TABLE {self.server.quote_table(table)}"
+                    f"{self.server.quote_ident(self.offsets.publication_name)} ADD TABLE "
+                    f"{self.server.quote_table(table)}"
                 ) from exc
 
     @property
     def standby_watermark_problem(self) -> str:
-        return ("watermark_strategy 'table' writes watermark rows, and PostgreSQL at "
-                f"{self.server.params.host}:{self.server.params.port} is a hot standby, which cannot be written. Set "
-                "watermark_strategy to 'log' (positions read around each chunk, nothing written), or point the "
-                "source's connection at the primary")
+        return (
+            "watermark_strategy 'table' writes watermark rows, and PostgreSQL at "
+            f"{self.server.params.host}:{self.server.params.port} is a hot standby, which cannot be "
+            "written. Set "
+            "watermark_strategy to 'log' (positions read around each chunk, nothing written), or point the "
+            "source's connection at the primary"
+        )
 
     # --- watermarks ---------------------------------------------------------------------
     def ensure(self) -> None:
@@ -65,7 +70,8 @@ class PgWatermarkTable:
                 if not self.server.query("SELECT 1 FROM pg_namespace WHERE nspname = %s", (wm.schema,)):
                     self.server.query(f"CREATE SCHEMA IF NOT EXISTS {self.server.quote_ident(wm.schema)}")
                 self.server.query(
-                    f"CREATE TABLE IF NOT EXISTS {self.server.quote_table(wm)} (id integer PRIMARY KEY CHECK (id = 1), "
+                    f"CREATE TABLE IF NOT EXISTS {self.server.quote_table(wm)} (id integer PRIMARY KEY "
+                    "CHECK (id = 1), "
                     "value text NOT NULL, updated_at timestamptz NOT NULL DEFAULT now())"
                 )
                 break
@@ -74,7 +80,8 @@ class PgWatermarkTable:
                     raise
         if not self.server.query(f"SELECT 1 FROM {self.server.quote_table(wm)} WHERE id = 1"):  # noqa: S608
             self.server.query(
-                f"INSERT INTO {self.server.quote_table(wm)} (id, value) VALUES (1, '') ON CONFLICT (id) DO NOTHING"  # noqa: S608
+                f"INSERT INTO {self.server.quote_table(wm)} (id, value) VALUES (1, '') ON CONFLICT "  # noqa: S608
+                "(id) DO NOTHING"
             )
         pub = self.server.query(
             "SELECT puballtables FROM pg_publication WHERE pubname = %s", (self.offsets.publication_name,)
@@ -89,7 +96,8 @@ class PgWatermarkTable:
         if not self._ready:
             self.ensure()
         rows = self.server.query(
-            f"UPDATE {self.server.quote_table(self.table)} SET value = %s, updated_at = now() WHERE id = 1 RETURNING id",  # noqa: S608
+            f"UPDATE {self.server.quote_table(self.table)} SET value = %s, updated_at = now() WHERE id "  # noqa: S608
+            "= 1 RETURNING id",
             (watermark_id,),
         )
         if not rows:

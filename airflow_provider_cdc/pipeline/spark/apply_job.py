@@ -41,7 +41,9 @@ class Batch:
     the range ``(after, upto]`` the executors read them in (arrow_engine.segment_events);
     ``count`` is the batch's events once a write counted them."""
 
-    def __init__(self, segments, after: Position | None, upto: Position | None, root: Batch | None = None) -> None:
+    def __init__(
+        self, segments, after: Position | None, upto: Position | None, root: Batch | None = None
+    ) -> None:
         self.segments, self.after, self.upto, self.root = segments, after, upto, root or self
         self.count: int | None = None
 
@@ -82,18 +84,32 @@ def apply_changelog(
             batch.count = distributed.unit_events(spark, batch.units(), segment_events).count()
         return batch.count
 
-    return apply_segments(lambda segments, after, upto: Batch(segments, after, upto), data_dir, source, sinks,
-                          changelog_dir=changelog_dir, max_segments_per_batch=max_segments_per_batch,
-                          max_batch_rows=max_batch_rows, after_mark=lambda b, mark: b.past(mark), write=write,
-                          count=count)
+    return apply_segments(
+        lambda segments, after, upto: Batch(segments, after, upto),
+        data_dir,
+        source,
+        sinks,
+        changelog_dir=changelog_dir,
+        max_segments_per_batch=max_segments_per_batch,
+        max_batch_rows=max_batch_rows,
+        after_mark=lambda b, mark: b.past(mark),
+        write=write,
+        count=count,
+    )
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="apply_job", description="Apply staged changelog segments to the sinks.")
     common.add_common_arguments(p)
-    p.add_argument("--max-segments-per-batch", type=int, default=1024, help="segments per apply batch (one marker move)")
-    p.add_argument("--max-batch-rows", type=int, default=SPARK_APPLY_BATCH_ROWS,
-                   help="staged rows per apply batch (whole segments; a bigger one alone)")
+    p.add_argument(
+        "--max-segments-per-batch", type=int, default=1024, help="segments per apply batch (one marker move)"
+    )
+    p.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=SPARK_APPLY_BATCH_ROWS,
+        help="staged rows per apply batch (whole segments; a bigger one alone)",
+    )
     return p.parse_args(argv)
 
 
@@ -102,15 +118,24 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = _parse_arguments(argv)
     common.apply_job_arguments(args)
     sinks = common.build_sinks(
-        args.sinks, data_dir=args.data_dir, source=args.source, database=args.database,
-        pg_uri=args.pg_uri, pg_schema=args.pg_schema, require_schema=False,
+        args.sinks,
+        data_dir=args.data_dir,
+        source=args.source,
+        database=args.database,
+        pg_uri=args.pg_uri,
+        pg_schema=args.pg_schema,
+        require_schema=False,
     )
     spark = common.get_session("cdc-apply")
     t0 = time.monotonic()
     try:
         summary = apply_changelog(
-            spark, args.data_dir, args.source, sinks,
-            changelog_dir=args.changelog_dir, max_segments_per_batch=args.max_segments_per_batch,
+            spark,
+            args.data_dir,
+            args.source,
+            sinks,
+            changelog_dir=args.changelog_dir,
+            max_segments_per_batch=args.max_segments_per_batch,
             max_batch_rows=args.max_batch_rows,
         )
     finally:

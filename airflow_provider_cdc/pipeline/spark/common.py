@@ -89,7 +89,6 @@ def package_zip(dest: str) -> str:
     return dest
 
 
-
 #: shuffle partitions per core of the job, at least, when ``spark.sql.shuffle.partitions`` is not set
 SHUFFLE_PARTITIONS_PER_CORE = 2
 #: ... and one per this many input rows: a partition of 100,000 demo rows is ~20-40 MB in the JVM
@@ -130,11 +129,15 @@ def size_shuffle_partitions(spark, rows: int | None = None) -> int:
 
 
 def configure_logging() -> None:
-    logging.basicConfig(level=os.environ.get("CDC_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("CDC_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
 
 
 CHANGELOG_DDL = (
-    "position string, table string, op string, key string, before string, after string, ts_ms long, watermark string, "
+    "position string, table string, op string, key string, before string, after string, ts_ms long, "
+    "watermark string, "
     "origin struct<tx: string, lsn: long, last_commit_lsn: long, server_id: long, thread: long, file: string>"
 )
 
@@ -148,16 +151,24 @@ def to_event_table(arrow: pa.Table) -> pa.Table:
     return arrow.select(list(EVENT_COLUMNS)).cast(EVENT_SCHEMA)
 
 
-def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
-                pg_uri: str | Mapping[str, object] | None = None, pg_schema: str | None = None, require_schema: bool,
-                fence_tables: Iterable | None = None) -> list[Sink]:
-    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the 'postgres' sink's target: a libpq URI or
-    ``key=value`` string, or psycopg2.connect keywords (the operators resolve
-    CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit
-    gets it without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
-    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch
-    on each of their mirrors before anything is read (refused if a snapshot was stopped), and
-    every sink refuses to write once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
+def build_sinks(
+    names: str,
+    *,
+    data_dir: str,
+    source: str,
+    database: str | None,
+    pg_uri: str | Mapping[str, object] | None = None,
+    pg_schema: str | None = None,
+    require_schema: bool,
+    fence_tables: Iterable | None = None,
+) -> list[Sink]:
+    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the
+    'postgres' sink's target: a libpq URI or ``key=value`` string, or psycopg2.connect keywords (the operators
+    resolve CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit gets it
+    without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
+    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch on each of
+    their mirrors before anything is read (refused if a snapshot was stopped), and every sink refuses to write
+    once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
     from ...sinks.mirror_fencing import MergeFence
@@ -172,24 +183,42 @@ def build_sinks(names: str, *, data_dir: str, source: str, database: str | None,
             tid, sid = (item, None) if isinstance(item, str) else item
             rounds.setdefault(tid, set()).update([sid] if sid else [])
         fence = MergeFence(data_dir, source).claim((schemas.require(t) for t in sorted(rounds)), rounds)
-    context = registry.SinkContext(data_dir, source, database, require_schema=require_schema, fence=fence,
-                                   options={"pg_uri": pg_uri, "pg_schema": pg_schema})
+    context = registry.SinkContext(
+        data_dir,
+        source,
+        database,
+        require_schema=require_schema,
+        fence=fence,
+        options={"pg_uri": pg_uri, "pg_schema": pg_schema},
+    )
     return [registry.create(n, context) for n in wanted]
 
 
 def add_common_arguments(parser) -> None:
     parser.add_argument("--data-dir", required=True, help="staging/output root (storage/layout.py)")
     parser.add_argument("--source", required=True, help="source name (staging/{source}/...)")
-    parser.add_argument("--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)")
-    parser.add_argument("--database", default=None, help="source.db in the event envelope (default: --source)")
+    parser.add_argument(
+        "--changelog-dir", default=None, help="staged changelog (default: from --data-dir/--source)"
+    )
+    parser.add_argument(
+        "--database", default=None, help="source.db in the event envelope (default: --source)"
+    )
     parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")
-    parser.add_argument("--pg-uri", default=None,
-                        help="target PostgreSQL of the 'postgres' sink: a libpq URI or key=value string WITHOUT a "
-                             "password (refused: a command line is public); libpq reads it from its passfile")
-    parser.add_argument("--pg-schema", default=None, help="target schema of the 'postgres' sink (default cdc_{source})")
-    parser.add_argument("--storage-credentials", default=None,
-                        help="a 0600 JSON file of storage settings (AWS_*) for this job: its path, never its content, "
-                             "on the command line (the operators write it from CDC_STORAGE_CONN_ID)")
+    parser.add_argument(
+        "--pg-uri",
+        default=None,
+        help="target PostgreSQL of the 'postgres' sink: a libpq URI or key=value string WITHOUT a "
+        "password (refused: a command line is public); libpq reads it from its passfile",
+    )
+    parser.add_argument(
+        "--pg-schema", default=None, help="target schema of the 'postgres' sink (default cdc_{source})"
+    )
+    parser.add_argument(
+        "--storage-credentials",
+        default=None,
+        help="a 0600 JSON file of storage settings (AWS_*) for this job: its path, never its content, "
+        "on the command line (the operators write it from CDC_STORAGE_CONN_ID)",
+    )
 
 
 def apply_job_arguments(args) -> None:
@@ -200,10 +229,14 @@ def apply_job_arguments(args) -> None:
     from ...sinks.mirror_postgres import connection_parameters, public_dsn
 
     if args.storage_credentials and not os.path.isfile(args.storage_credentials):
-        log.warning("storage credentials file %s is not on this host (a driver in cluster deploy mode): this "
-                    "host's own storage settings and identity are used", args.storage_credentials)
+        log.warning(
+            "storage credentials file %s is not on this host (a driver in cluster deploy mode): this "
+            "host's own storage settings and identity are used",
+            args.storage_credentials,
+        )
     elif args.storage_credentials:
-        storage.use_settings(storage.read_credentials_file(args.storage_credentials),
-                             credentials_file=args.storage_credentials)
+        storage.use_settings(
+            storage.read_credentials_file(args.storage_credentials), credentials_file=args.storage_credentials
+        )
     if args.pg_uri:
         public_dsn(connection_parameters(args.pg_uri))  # raises on a password

@@ -32,8 +32,17 @@ UNIT_META = pa.schema([("table", pa.string()), ("events", pa.int64()), ("truncat
 #: what the mirror job's map side ships per (table, bucket): typed mirror rows as Arrow IPC
 #: blobs of at most _BLOB_ROWS rows; bucket _COUNT_ROW rows count a unit's events of a table
 #: (all of them, and those past its TRUNCATE the mirror applies), _ERROR_ROW ones carry an error
-_BLOBS = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("slice", pa.int32()), ("events", pa.int64()),
-                    ("applied", pa.int64()), ("payload", pa.binary()), ("error", pa.string())])
+_BLOBS = pa.schema(
+    [
+        ("table", pa.string()),
+        ("bucket", pa.int32()),
+        ("slice", pa.int32()),
+        ("events", pa.int64()),
+        ("applied", pa.int64()),
+        ("payload", pa.binary()),
+        ("error", pa.string()),
+    ]
+)
 #: units whose rows one executor group takes per bucket (a slice): a group's memory follows a
 #: slice of the round (chunks of 50,000 rows: under a million rows), not the round; each
 #: slice of a bucket is its own change file (merge-on-read resolves across them)
@@ -43,15 +52,28 @@ _COUNT_ROW, _ERROR_ROW = -2, -1
 
 _BLOB_ROWS = 100_000
 #: one row per rewritten bucket (and per count or error group): all the driver gets back
-_RESULT = pa.schema([("table", pa.string()), ("bucket", pa.int32()), ("events", pa.int64()), ("applied", pa.int64()),
-                     ("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("removed", pa.string()),
-                     ("error", pa.string()), ("stats", pa.string())])
+_RESULT = pa.schema(
+    [
+        ("table", pa.string()),
+        ("bucket", pa.int32()),
+        ("events", pa.int64()),
+        ("applied", pa.int64()),
+        ("path", pa.string()),
+        ("size", pa.int64()),
+        ("rows", pa.int64()),
+        ("removed", pa.string()),
+        ("error", pa.string()),
+        ("stats", pa.string()),
+    ]
+)
 
 
 # --- the units on the executors -----------------------------------------------------------------
 def _units_df(spark, n: int):
     """``unit`` ids 0..n-1 in contiguous slices, two per core: no shuffle to spread them."""
-    return spark.range(0, n, 1, max(1, min(n, spark.sparkContext.defaultParallelism * 2))).withColumnRenamed("id", "unit")
+    return spark.range(0, n, 1, max(1, min(n, spark.sparkContext.defaultParallelism * 2))).withColumnRenamed(
+        "id", "unit"
+    )
 
 
 def _schema(arrow_schema: pa.Schema):
@@ -92,8 +114,14 @@ def _batches(events: list[TableEvents]):
     return to_json_events(events).to_batches()
 
 
-def _on_executors(units: Sequence, produce: Producer, then: Callable, writers: Sequence[Sink] = (), *,
-                  with_unit: bool = False):
+def _on_executors(
+    units: Sequence,
+    produce: Producer,
+    then: Callable,
+    writers: Sequence[Sink] = (),
+    *,
+    with_unit: bool = False,
+):
     """The mapInArrow function of every unit job: on an executor, each unit of the slice is
     produced (``produce``), written to each of ``writers`` (UNITS sinks), and turned into output
     batches by ``then(events)`` (``then(events, unit_index)`` ``with_unit``; a module-level
@@ -125,8 +153,10 @@ def unit_meta(events: Sequence[TableEvents]) -> pa.Table:
         tables.append(te.table)
         counts.append(te.num_rows)
         truncates.append(pc.max(ev.filter(pc.equal(ev["op"], "t"))["position"]).as_py())
-    return pa.table([pa.array(tables, pa.string()), pa.array(counts, pa.int64()), pa.array(truncates, pa.string())],
-                    schema=UNIT_META)
+    return pa.table(
+        [pa.array(tables, pa.string()), pa.array(counts, pa.int64()), pa.array(truncates, pa.string())],
+        schema=UNIT_META,
+    )
 
 
 def _meta_batches(events: Sequence[TableEvents]):
@@ -149,8 +179,9 @@ def log_units(spark, units: Sequence, produce: Producer, writers: Sequence[Sink]
 
 
 # --- the sinks --------------------------------------------------------------------------------
-def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink], *,
-                tables: Sequence[str] | None = None) -> dict[str, int]:
+def write_sinks(
+    spark, units: Sequence, produce: Producer, sinks: Sequence[Sink], *, tables: Sequence[str] | None = None
+) -> dict[str, int]:
     """Write every unit's events to ``sinks``, each where its ``placement`` says (sinks/base.py
     Sink; the engine knows no concrete sink): BUCKETS sinks (the Delta mirror) by one job per
     sink that shuffles typed rows to their key buckets, UNITS sinks (the event log) on the
@@ -173,8 +204,14 @@ def write_sinks(spark, units: Sequence, produce: Producer, sinks: Sequence[Sink]
             out.setdefault("events_in", sum(n for n, _ in meta.values()))
             for s in pending:
                 out[s.name] = out["events_in"]
-                log.info("%s: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
-                         s.name, out["events_in"], len(meta), len(units), time.monotonic() - t0)
+                log.info(
+                    "%s: %d events of %d table(s) from %d unit(s) written on the executors in %.1f s",
+                    s.name,
+                    out["events_in"],
+                    len(meta),
+                    len(units),
+                    time.monotonic() - t0,
+                )
             pending = []
         return meta
 
@@ -234,7 +271,9 @@ def unit_writer(units: Sequence, produce: Producer, sink: Sink, truncates: dict[
 postgres_unit_writer = unit_writer
 
 
-def write_units(spark, units: Sequence, produce: Producer, sink: Sink, truncates: dict[str, str | None]) -> int:
+def write_units(
+    spark, units: Sequence, produce: Producer, sink: Sink, truncates: dict[str, str | None]
+) -> int:
     """A UNITS sink that needs the round's TRUNCATEs (the PostgreSQL mirror, whose upsert keeps a
     row only when newer), written from the executors a unit at a time (module docstring),
     after its ``prepare`` on the driver. Returns the events written."""
@@ -247,8 +286,15 @@ def write_units(spark, units: Sequence, produce: Producer, sink: Sink, truncates
     return n
 
 
-def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dict[str, str | None], *,
-                 writers: Sequence[Sink] = ()) -> dict[str, int]:
+def write_mirror(
+    spark,
+    units: Sequence,
+    produce: Producer,
+    sink,
+    truncates: dict[str, str | None],
+    *,
+    writers: Sequence[Sink] = (),
+) -> dict[str, int]:
     """A BUCKETS sink (the Delta mirror) of the units' events (``truncates``: table -> its
     newest TRUNCATE among them, or None): the sink plans every table on the driver
     (MirrorDeltaSink.plan: the per-table policy both engines share), one job rewrites the
@@ -284,16 +330,21 @@ def write_mirror(spark, units: Sequence, produce: Producer, sink, truncates: dic
                 sink.stop_table(plan[table_id], error)
             else:
                 counts["applied"] += applied[table_id]
-        log.info("mirror: %d table(s) rewritten on the executors in %.1f s (%d to retry)", len(pending) - len(conflicted),
-                 time.monotonic() - t0, len(conflicted))
+        log.info(
+            "mirror: %d table(s) rewritten on the executors in %.1f s (%d to retry)",
+            len(pending) - len(conflicted),
+            time.monotonic() - t0,
+            len(conflicted),
+        )
         pending = conflicted
         if not pending:
             break
     return counts
 
 
-def _rewrite_buckets(spark, units: Sequence, produce: Producer, jobs: dict,
-                     writers: Sequence[Sink] = ()) -> list:
+def _rewrite_buckets(
+    spark, units: Sequence, produce: Producer, jobs: dict, writers: Sequence[Sink] = ()
+) -> list:
     """One Spark job over the units. The map side produces each unit's events (writing them to
     ``writers``), turns those of ``jobs``' tables (past each one's TRUNCATE) into
     typed mirror rows and ships them per (table, bucket) as Arrow IPC blobs: the shuffle moves
@@ -318,10 +369,18 @@ def mirror_blobs(events: Sequence[TableEvents], unit: int, jobs: dict):
     from airflow_provider_cdc.sinks.base import past_truncate
 
     def row(table_id, bucket, events=0, applied=0, payload=None, error=None):
-        return pa.record_batch([pa.array([table_id], pa.string()), pa.array([bucket], pa.int32()),
-                                pa.array([unit // UNITS_PER_SLICE], pa.int32()),
-                                pa.array([events], pa.int64()), pa.array([applied], pa.int64()),
-                                pa.array([payload], pa.binary()), pa.array([error], pa.string())], schema=_BLOBS)
+        return pa.record_batch(
+            [
+                pa.array([table_id], pa.string()),
+                pa.array([bucket], pa.int32()),
+                pa.array([unit // UNITS_PER_SLICE], pa.int32()),
+                pa.array([events], pa.int64()),
+                pa.array([applied], pa.int64()),
+                pa.array([payload], pa.binary()),
+                pa.array([error], pa.string()),
+            ],
+            schema=_BLOBS,
+        )
 
     for part in events:
         table_id = part.table
@@ -357,9 +416,18 @@ def _rewrite_bucket(jobs, env, key, blobs):
 
     st.use_executor_settings(env)
     table_id, bucket = key[0].as_py(), int(key[1].as_py())
-    out = {"table": [table_id], "bucket": [bucket], "events": [pc.sum(blobs["events"]).as_py() or 0],
-           "applied": [pc.sum(blobs["applied"]).as_py() or 0], "path": [None], "size": [None], "rows": [None],
-           "removed": [None], "error": [None], "stats": [None]}
+    out = {
+        "table": [table_id],
+        "bucket": [bucket],
+        "events": [pc.sum(blobs["events"]).as_py() or 0],
+        "applied": [pc.sum(blobs["applied"]).as_py() or 0],
+        "path": [None],
+        "size": [None],
+        "rows": [None],
+        "removed": [None],
+        "error": [None],
+        "stats": [None],
+    }
     if bucket == _ERROR_ROW:
         out["error"] = [blobs["error"][0].as_py()]
     if bucket < 0:
@@ -369,15 +437,20 @@ def _rewrite_bucket(jobs, env, key, blobs):
     add = job.write(bucket, pa.concat_tables(parts))  # units of a slice may share keys: resolved
     out["removed"] = ["[]"]
     if add is not None:
-        out.update(path=[add.path], size=[add.size], rows=[json.loads(add.stats)["numRecords"]], stats=[add.stats])
+        out.update(
+            path=[add.path], size=[add.size], rows=[json.loads(add.stats)["numRecords"]], stats=[add.stats]
+        )
     return pa.table(out, schema=_RESULT)
 
 
 def _commit_table(sink, path: str, v, rows: list) -> tuple[str | None, bool]:
     """Commit one table's rewritten buckets: (the error text of a value the mirror cannot
     hold or None, whether another writer committed first)."""
-    written = [(r["bucket"], r["path"], r["size"], r["stats"] or json.dumps({"numRecords": int(r["rows"])}))
-               for r in rows if r["path"]]
+    written = [
+        (r["bucket"], r["path"], r["size"], r["stats"] or json.dumps({"numRecords": int(r["rows"])}))
+        for r in rows
+        if r["path"]
+    ]
     errors_ = [r["error"] for r in rows if r["error"]]
     if errors_:
         sink.discard(v, written)
@@ -386,6 +459,10 @@ def _commit_table(sink, path: str, v, rows: list) -> tuple[str | None, bool]:
         return None, False
     if not sink.commit_table(v, written):
         return None, True
-    log.info("mirror %s: %d bucket(s) rewritten on the executors, committed at version %d", path, len(rows),
-             v.version + 1)
+    log.info(
+        "mirror %s: %d bucket(s) rewritten on the executors, committed at version %d",
+        path,
+        len(rows),
+        v.version + 1,
+    )
     return None, False

@@ -35,7 +35,13 @@ from airflow_provider_cdc.storage.staged import list_segments  # noqa: E402
 log = logging.getLogger("airflow_provider_cdc.pipeline.spark.merge_job")
 
 
-def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str, *, windows: Sequence[ChunkWindow] | None = None):
+def merge_chunks(
+    spark,
+    chunks: Sequence[ChunkResult | dict],
+    changelog_dir: str,
+    *,
+    windows: Sequence[ChunkWindow] | None = None,
+):
     """DataFrame of the round's ``r`` events (sinks/base.py EVENT_SCHEMA columns), each
     chunk's produced on an executor (arrow_engine.chunk_events)."""
     if windows is None:
@@ -43,7 +49,9 @@ def merge_chunks(spark, chunks: Sequence[ChunkResult | dict], changelog_dir: str
     return distributed.unit_events(spark, chunk_units(windows, list_segments(changelog_dir)), chunk_events)
 
 
-def write_round(spark, windows: Sequence[ChunkWindow], changelog_dir: str, sinks, *, timings: dict | None = None) -> int:
+def write_round(
+    spark, windows: Sequence[ChunkWindow], changelog_dir: str, sinks, *, timings: dict | None = None
+) -> int:
     """Merge the round and write its events to every sink from the executors: each chunk's
     event-log file by the task that merged it, the mirror's buckets after one shuffle
     (distributed.write_sinks: the driver only commits file metadata). Returns the number of
@@ -51,17 +59,25 @@ def write_round(spark, windows: Sequence[ChunkWindow], changelog_dir: str, sinks
     timings = {} if timings is None else timings
     t0 = time.monotonic()
     units = chunk_units(windows, list_segments(changelog_dir))
-    counts = distributed.write_sinks(spark, units, chunk_events, sinks, tables=sorted({w.chunk.table for w in windows}))
+    counts = distributed.write_sinks(
+        spark, units, chunk_events, sinks, tables=sorted({w.chunk.table for w in windows})
+    )
     timings["sinks_s"] = time.monotonic() - t0
     return counts["events_in"]
 
 
 def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="merge_job", description="Merge a round of snapshot chunks with their watermark windows.")
+    p = argparse.ArgumentParser(
+        prog="merge_job", description="Merge a round of snapshot chunks with their watermark windows."
+    )
     p.add_argument("--chunks", required=True, help="JSON file with the round's ChunkResult dicts")
     common.add_common_arguments(p)
-    p.add_argument("--max-batch-rows", type=int, default=DEFAULT_BATCH_ROWS,
-                   help="unused since the sinks are written from the executors (kept for old callers)")
+    p.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=DEFAULT_BATCH_ROWS,
+        help="unused since the sinks are written from the executors (kept for old callers)",
+    )
     return p.parse_args(argv)
 
 
@@ -72,8 +88,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
     chunks = load_chunks(args.chunks)
     changelog = args.changelog_dir or staged_changelog_dir(args.data_dir, args.source)
     sinks = common.build_sinks(
-        args.sinks, data_dir=args.data_dir, source=args.source, database=args.database,
-        pg_uri=args.pg_uri, pg_schema=args.pg_schema, require_schema=True,
+        args.sinks,
+        data_dir=args.data_dir,
+        source=args.source,
+        database=args.database,
+        pg_uri=args.pg_uri,
+        pg_schema=args.pg_schema,
+        require_schema=True,
         fence_tables=[(c.table, c.snapshot_id) for c in chunks],  # claimed before anything is read
     )
     spark = common.get_session("cdc-merge", rows=sum(c.rows for c in chunks))
@@ -87,8 +108,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
             s.close()
     rows_in = sum(w.chunk.rows for w in windows)
     summary = {
-        "engine": "spark", "chunks": len(windows), "rows_in": rows_in, "emitted": emitted, "dropped": rows_in - emitted,
-        "seconds": round(time.monotonic() - t0, 3), "sinks": [s.name for s in sinks],
+        "engine": "spark",
+        "chunks": len(windows),
+        "rows_in": rows_in,
+        "emitted": emitted,
+        "dropped": rows_in - emitted,
+        "seconds": round(time.monotonic() - t0, 3),
+        "sinks": [s.name for s in sinks],
         "shuffle_partitions": int(spark.conf.get("spark.sql.shuffle.partitions")),
         **{k: round(v, 3) for k, v in timings.items()},
     }
