@@ -103,7 +103,7 @@ class PostgresDialect(Dialect):
         self.copy_batch_rows = int(o.get("copy_batch_rows", DEFAULT_COPY_BATCH_ROWS))
         self.fast_chunks = str(o.get("fast_chunks", True)).lower() not in ("false", "0", "no")
         # "batch": a segment's row messages decoded together, a column at a time
-        # (dialects/pgbatch.py); "rows": one message at a time (the reference it is tested against)
+        # (dialects/postgres/pgbatch.py); "rows": one message at a time (the reference it is tested against)
         self.capture_decode = str(o.get("capture_decode", "batch"))
         if self.capture_decode not in ("batch", "rows"):
             raise ConfigurationError(

@@ -201,7 +201,7 @@ def parse(buf: bytes) -> Message:
     raise ProtocolError(f"unknown pgoutput message {kind!r} (protocol version 1 expected)")
 
 
-# --- many messages at once: tuple data as columns (dialects/pgbatch.py) ---------------------------
+# --- many messages at once: tuple data as columns (dialects/postgres/pgbatch.py) ---------------------------
 class TupleColumns:
     """The TupleData of ``n`` messages, parsed together: for column ``j``, ``kinds[j]`` is each
     message's value kind (``t``, ``n``, ``u`` as bytes), ``starts[j]``/``lengths[j]`` where
