@@ -159,7 +159,8 @@ def describe_user_error(
             )
         kind = _driver_kind(e)
         text = _driver_text(e).rstrip(".")
-        no_database = "does not exist" in text or "Unknown database" in text
+        # the database, not the role ('role "x" does not exist' is a login the server refused)
+        no_database = re.search(r'database "[^"]*" does not exist|Unknown database', text) is not None
         if kind == "auth":
             what = "database" if no_database else "login"
             fix = (
