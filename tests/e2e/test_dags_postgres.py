@@ -117,10 +117,24 @@ def test_snapshot_then_changelog_mirror_equals_source(pg_source, unique_name, en
     wrong = sorted(k for k in set(expected) & set(got) if expected[k] != got[k])[:5]
     assert got == expected, f"mirror differs: missing {missing}, extra {extra}, wrong {wrong}"
 
-    # the snapshot is done, so the changelog run compacted the delete tombstones away
-    from airflow_provider_cdc.sinks.mirror_compaction import tombstone_count
+    # rounds fold a bucket once its changes reach its base (mirror_compaction.CHANGE_SHARE), so
+    # the stored rows (versions and tombstones) stay within twice the live ones; the snapshot is
+    # done, so a fold removes the delete tombstones (compact: every bucket folded now)
+    from airflow_provider_cdc.sinks.mirror_compaction import CHANGE_SHARE, compact, tombstone_count
     from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
 
     assert sum(1 for k in expected if k <= 3000) < 3000, "the writers deleted original rows"
+    from airflow_provider_cdc.core.schema import TableName
+    from airflow_provider_cdc.sinks.delta_buckets import read_version
+    from airflow_provider_cdc.sinks.mirror_table import _delta, _rows
+    from airflow_provider_cdc.storage.layout import mirror_dir
+
+    path = mirror_dir(src["data_dir"], src["conn_id"], TableName.parse(table_id))
+    v = read_version(_delta(path), path)
+    for b, files in v.files.items():  # after the round's compaction no bucket is due a fold
+        base = [f for f in files if not v.info[f].change] or list(files[:1])
+        change = [f for f in files if f not in base]
+        assert _rows(v, change) < max(1, CHANGE_SHARE * _rows(v, base)), (b, files)
+    compact(src["data_dir"], src["conn_id"], table_id)
     assert tombstone_count(src["data_dir"], src["conn_id"], table_id) == 0
     assert read_mirror_raw(src["data_dir"], src["conn_id"], table_id).num_rows == len(expected)
