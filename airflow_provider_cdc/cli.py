@@ -390,7 +390,7 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
     try:
         c = caught_up(data_dir, source)
         if c is not None:
-            c["freshness"] = freshness(data_dir, source)
+            c["freshness"] = freshness(data_dir, source, caught=c)
     except Exception:  # noqa: BLE001 - staging unreadable: status still shows the rest
         return None
     if c is None or not live:

@@ -363,14 +363,15 @@ def caught_up(data_dir: str, source: str) -> dict | None:
     }
 
 
-def freshness(data_dir: str, source: str, now: float | None = None) -> dict | None:
+def freshness(data_dir: str, source: str, now: float | None = None, caught: Any = ...) -> dict | None:
     """How fresh the mirror of ``source`` is (every table of a source is applied together, so
     this holds for each): ``visible_commit_at``, the source commit time (s) of the newest
     change it shows (its marker's; None when the staged changelog's index did not know it);
     ``pending``, whether staged changes are still to apply; ``as_of``, the time of the
     source's state the mirror shows: that commit time while changes are pending, else when
     capture last read the log to its end; ``age_s``, how long ago that was. None before the
-    mirror applied anything."""
+    mirror applied anything. ``caught``: :func:`caught_up` of the source when the caller read
+    it already (it lists the staged changelog)."""
     from . import storage
     from .sinks.base import marker_path
 
@@ -380,7 +381,7 @@ def freshness(data_dir: str, source: str, now: float | None = None) -> dict | No
     doc = json.loads(storage.read_text(path))
     committed = doc.get("committed_ms")
     visible = None if not isinstance(committed, int) else committed / 1000
-    c = caught_up(data_dir, source)
+    c = caught_up(data_dir, source) if caught is ... else caught
     pending = bool(c and c["pending_segments"])
     as_of = visible if pending or c is None else c["staged_at"]
     now = time.time() if now is None else now
