@@ -5,7 +5,7 @@ driver-free ``profile`` module does not import the dialect and its driver."""
 
 from __future__ import annotations
 
-import importlib
+from ..lazy import lazy_exports
 
 #: exported name -> the module that defines it
 _EXPORTS = {
@@ -29,18 +29,6 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str):
-    try:
-        module = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 __all__ = sorted(_EXPORTS)
