@@ -45,6 +45,25 @@ def event_log_asset(source: str, table_id: str) -> Asset:
     return table_asset(source, table_id, EVENTS)
 
 
+#: CDC_CHANGELOG_SCHEDULE's value for rounds started by the source's activity
+LOG_SCHEDULE = "@log"
+
+
+def log_asset(source: str, trigger=None) -> Asset:
+    """The Asset of a source's log: ``cdc_changelog`` scheduled ``@log`` runs on its events,
+    which ``trigger`` (a ``LogActivityTrigger``, run by the triggerer) emits when the source
+    wrote something (triggers/log_activity.py)."""
+    from airflow.sdk import AssetWatcher
+
+    watchers = [] if trigger is None else [AssetWatcher(name=f"cdc_log_{source}", trigger=trigger)]
+    return Asset(
+        name=f"cdc/{source}/log",
+        uri=f"x-cdc://{quote(source, safe='')}/log",
+        group="cdc",
+        watchers=watchers,
+    )
+
+
 def table_alias(source: str, kind: str) -> AssetAlias:
     """The alias a writer of ``kind`` for ``source`` emits its tables' Asset events through."""
     _check(kind)

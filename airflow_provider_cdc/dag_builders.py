@@ -18,7 +18,7 @@ import pendulum
 from airflow.sdk import DAG, task
 
 from . import settings
-from .assets import EVENTS, MIRROR, table_alias
+from .assets import EVENTS, LOG_SCHEDULE, MIRROR, log_asset, table_alias
 from .operators.capture import ChangelogCaptureOperator
 from .operators.snapshot import (
     SnapshotChunkOperator,
@@ -108,7 +108,10 @@ finished (a backfill ignores ``max_active_runs``), and every other task has
 Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
 schedule and the Spark connection/conf, read when the file is parsed):
 CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id), CDC_DATA_DIR (default
-$AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only),
+$AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only;
+"@log": a round starts when the source writes to the capture scope, watched by the triggerer
+every CDC_CHANGELOG_POLL_SECONDS, default 2, and every CDC_CHANGELOG_HEARTBEAT_SECONDS, default 600,
+on an idle source),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
@@ -262,6 +265,24 @@ def snapshot_dag(
     return dag
 
 
+def changelog_schedule(parse: settings.Settings):
+    """The changelog DAG's schedule: the setting as given, or for ``@log`` the source's log
+    Asset, watched in the triggerer (triggers/log_activity.py)."""
+    if (parse.changelog_schedule or "").lower() != LOG_SCHEDULE:
+        return parse.changelog_schedule
+    from .triggers.log_activity import LogActivityTrigger
+
+    trigger = LogActivityTrigger(
+        conn_id=parse.conn_id,
+        source=parse.source,
+        data_dir=parse.data_dir,
+        poll_interval=parse.changelog_poll_seconds,
+        heartbeat=parse.changelog_heartbeat_seconds,
+        storage_conn_id=parse.storage_conn_id,
+    )
+    return [log_asset(parse.source, trigger)]
+
+
 def changelog_dag(
     dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *, tags: tuple[str, ...] = ()
 ) -> DAG:
@@ -271,7 +292,7 @@ def changelog_dag(
     with DAG(
         dag_id=dag_id,
         description="Changelog capture (logical slot / binlog) to staging, then apply to the sinks",
-        schedule=parse.changelog_schedule,
+        schedule=changelog_schedule(parse),
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
         catchup=False,
         max_active_runs=1,

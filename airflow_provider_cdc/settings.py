@@ -145,7 +145,25 @@ OPTIONS: tuple[Option, ...] = (
         "cron or preset of periodic refresh snapshots (unset: manual only)",
         "@weekly",
     ),
-    Option("CDC_CHANGELOG_SCHEDULE", "* * * * *", "cron or preset of the changelog DAG (none: manual only)"),
+    Option(
+        "CDC_CHANGELOG_SCHEDULE",
+        "* * * * *",
+        "cron or preset of the changelog DAG (none: manual only); '@log': a round starts when the "
+        "source writes to the capture scope (the triggerer watches it) and every "
+        "CDC_CHANGELOG_HEARTBEAT_SECONDS on an idle source",
+        "@log",
+    ),
+    Option(
+        "CDC_CHANGELOG_POLL_SECONDS",
+        "2",
+        "with CDC_CHANGELOG_SCHEDULE=@log: seconds between two readings of the source's activity",
+    ),
+    Option(
+        "CDC_CHANGELOG_HEARTBEAT_SECONDS",
+        "600",
+        "with CDC_CHANGELOG_SCHEDULE=@log: seconds after which a round starts on an idle source "
+        "(log retention checks, compaction)",
+    ),
     Option(
         "CDC_MIRROR_RETENTION_HOURS",
         "1",
@@ -322,6 +340,8 @@ class Settings:
     sensor_timeout: float = DEFAULT_SENSOR_TIMEOUT
     snapshot_schedule: str | None = None
     changelog_schedule: str | None = DEFAULT_CHANGELOG_SCHEDULE
+    changelog_poll_seconds: float = 2.0
+    changelog_heartbeat_seconds: float = 600.0
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 1.0
@@ -430,6 +450,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         sensor_timeout=_seconds(env, "CDC_SENSOR_TIMEOUT", DEFAULT_SENSOR_TIMEOUT),
         snapshot_schedule=_schedule(env, "CDC_SNAPSHOT_SCHEDULE", None),
         changelog_schedule=_schedule(env, "CDC_CHANGELOG_SCHEDULE", DEFAULT_CHANGELOG_SCHEDULE),
+        changelog_poll_seconds=_seconds(env, "CDC_CHANGELOG_POLL_SECONDS", 2.0),
+        changelog_heartbeat_seconds=_seconds(env, "CDC_CHANGELOG_HEARTBEAT_SECONDS", 600.0),
         capture_max_events=_int(
             env, "CDC_CAPTURE_MAX_EVENTS", None, "a whole number >= 1 (unset: unbounded)", minimum=1
         ),

@@ -42,6 +42,8 @@ KEYS: dict[str, str] = {
     "sensor_timeout": "CDC_SENSOR_TIMEOUT",
     "snapshot_schedule": "CDC_SNAPSHOT_SCHEDULE",
     "changelog_schedule": "CDC_CHANGELOG_SCHEDULE",
+    "changelog_poll_seconds": "CDC_CHANGELOG_POLL_SECONDS",
+    "changelog_heartbeat_seconds": "CDC_CHANGELOG_HEARTBEAT_SECONDS",
     "capture_max_events": "CDC_CAPTURE_MAX_EVENTS",
     "capture_segment_max_events": "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
     "mirror_retention_hours": "CDC_MIRROR_RETENTION_HOURS",

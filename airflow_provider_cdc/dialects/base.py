@@ -170,6 +170,18 @@ class LogRetention:
     unbounded: str = ""
 
 
+@dataclass(frozen=True)
+class LogActivity:
+    """A cheap, read-only reading of whether the source wrote anything the capture may need
+    (``Dialect.log_activity``), for the trigger that starts changelog rounds
+    (triggers/log_activity.py). ``token`` changes whenever the tables in the capture scope
+    (or, where the source cannot tell tables apart, its log) were written; ``pending_bytes``
+    is the log past the capture's committed offset (None: no offset yet, or unknown)."""
+
+    token: str
+    pending_bytes: int | None = None
+
+
 #: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
 SegmentSink = Callable[[list[LogEvent] | EventBatch], None]
 
@@ -694,6 +706,11 @@ class Dialect(ABC):
     def log_retention(self, offset: str) -> LogRetention | None:
         """How far ``offset`` (a committed offset) is behind the end of the log and how long the
         source keeps the log from there (None: the dialect cannot tell)."""
+        return None
+
+    def log_activity(self, data_dir: str) -> LogActivity | None:
+        """What the source wrote lately (:class:`LogActivity`), read without creating or
+        committing anything; None: the dialect cannot tell (rounds then start on a timer)."""
         return None
 
     # --- lifecycle --------------------------------------------------------------------

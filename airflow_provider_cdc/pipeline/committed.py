@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
@@ -29,6 +30,8 @@ def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) 
     extra = {"source": source, "table": table_id, "kind": kind, **fields}
     if "position" in fields:
         extra["readable_position"] = _readable(fields["position"])
+    if "from_position" in fields:
+        extra["readable_from_position"] = _readable(fields["from_position"])
     extra["location"] = (
         mirror_dir(data_dir, source, TableName.parse(table_id))
         if kind == MIRROR
@@ -69,32 +72,71 @@ def applied_tables(
     data_dir: str, source: str, before: dict[str, Position | None], skip: dict[str, set[str]] | None = None
 ) -> dict:
     """kind -> table id -> extra, for a changelog apply: the change events each table got
-    between each sink's marker ``before`` and its marker now, and that position. Reads only
-    the table/op/position columns of the segments in between, batch by batch."""
+    between each sink's marker ``before`` and its marker now; that range (``from_position``,
+    exclusive, None from the start, to ``position``, inclusive); and the source commit time of
+    the table's newest change in it (``committed_at``, epoch seconds, and ``committed_at_iso``),
+    so a consumer knows how fresh its input is. Reads only the table/op/position/ts_ms columns
+    of the segments in between, batch by batch."""
     out: dict[str, dict] = {}
     for kind, old in before.items():
         new = read_marker(data_dir, source, kind)
         if new is None or (old is not None and new <= old):
             continue
-        counts = _table_counts(data_dir, source, old, new)
+        counts, newest = _table_counts(data_dir, source, old, new)
         excluded = (skip or {}).get(kind, set())
         out[kind] = {
-            tid: table_extra(data_dir, source, tid, kind, events=n, position=new.encode())
+            tid: table_extra(
+                data_dir,
+                source,
+                tid,
+                kind,
+                events=n,
+                position=new.encode(),
+                from_position=None if old is None else old.encode(),
+                **_commit_time(newest.get(tid)),
+            )
             for tid, n in counts.items()
             if tid not in excluded
         }
     return out
 
 
-def _table_counts(data_dir: str, source: str, after: Position | None, upto: Position) -> Counter:
+def _commit_time(ts_ms: int | None) -> dict:
+    if ts_ms is None:
+        return {"committed_at": None, "committed_at_iso": None}
+    from datetime import datetime, timezone
+
+    at = ts_ms / 1000
+    return {"committed_at": at, "committed_at_iso": datetime.fromtimestamp(at, timezone.utc).isoformat()}
+
+
+def _table_counts(data_dir: str, source: str, after: Position | None, upto: Position) -> tuple[Counter, dict]:
+    """(table id -> change events, table id -> newest commit time in ms) between the positions."""
     segments = [
         p
         for first, last, p in list_segments(changelog_dir(data_dir, source))
         if (after is None or last > after) and first <= upto
     ]
     counts: Counter = Counter()
+    newest: dict[str, int] = {}
     if not segments:
-        return counts
+        return counts, newest
+    fs, _ = storage.filesystem(segments[0])
+    rows = (pc.field("op") != WATERMARK_OP) & (pc.field("position") <= upto.encode())
+    if after is not None:
+        rows &= pc.field("position") > after.encode()
+    dataset = ds.dataset([storage.filesystem(p)[1] for p in segments], filesystem=fs, format="parquet")
+    for batch in dataset.to_batches(columns=["table", "ts_ms"], filter=rows):
+        if not batch.num_rows:
+            continue
+        per = pa.Table.from_batches([batch]).group_by("table").aggregate([("table", "count"), ("ts_ms", "max")])
+        for tid, n, ts in zip(
+            per.column("table").to_pylist(), per.column("table_count").to_pylist(), per.column("ts_ms_max").to_pylist()
+        ):
+            counts[tid] += n
+            if ts is not None:
+                newest[tid] = max(ts, newest.get(tid, ts))
+    return counts, newest
     fs, _ = storage.filesystem(segments[0])
     rows = (pc.field("op") != WATERMARK_OP) & (pc.field("position") <= upto.encode())
     if after is not None:

@@ -11,6 +11,7 @@ deployment tier (tests/deployment/test_scenarios.py).
 from __future__ import annotations
 
 import runpy
+import time
 import uuid
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def test_two_sources_from_one_config(pg_uri, mysql_uri, unique_name, tmp_path, m
             applied = [e for e in asset_events(p.source, p.table.id) if "events" in e]
             assert applied and sum(e["events"] for e in applied) >= 10, applied
             assert applied[-1]["position"] > merged[-1]["position"]
+            # the range the apply made visible and the commit time of its newest change
+            last = applied[-1]
+            assert last["from_position"] is None or last["from_position"] < last["position"]
+            assert last["committed_at"] is not None and abs(time.time() - last["committed_at"]) < 3600
         assert not decoy.exists(), "a task used the environment's data location instead of its source's"
     finally:
         for p in pipes:

@@ -6,6 +6,7 @@ when capture last read the log to its end."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import pytest
 
@@ -13,8 +14,9 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.operators.spark_jobs import emit_freshness
 from airflow_provider_cdc.pipeline import arrow_engine
+from airflow_provider_cdc.pipeline.committed import applied_tables, markers
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
-from airflow_provider_cdc.sinks.base import marker_path
+from airflow_provider_cdc.sinks.base import marker_path, read_marker
 from airflow_provider_cdc.status import freshness
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.segment_index import read_index, record_through, refresh_index
@@ -65,8 +67,17 @@ def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path
     record_through(changelog, st.log[-1].position, 2_000_000)
     got = freshness(st.data_dir, SOURCE, now=newest / 1000 + 30)
     assert got["pending"] and got["as_of"] == newest / 1000 and got["age_s"] == pytest.approx(30)
+    before = markers(st.data_dir, SOURCE, ["mirror"])
     _apply(st)
     after = max(e.ts_ms for e in st.log if isinstance(e, ChangeEvent))
+    # the Asset event of each table this apply covered: the range it made visible and the
+    # commit time of the table's newest change in it (what a downstream DAG reads)
+    covered = applied_tables(st.data_dir, SOURCE, before)["mirror"]
+    (extra,) = covered.values()
+    assert extra["from_position"] == before["mirror"].encode() < extra["position"]
+    assert extra["position"] == read_marker(st.data_dir, SOURCE, "mirror").encode()
+    assert extra["committed_at"] == after / 1000 and extra["events"] == 3
+    assert extra["committed_at_iso"].startswith(datetime.fromtimestamp(after / 1000, timezone.utc).isoformat()[:19])
     got = freshness(st.data_dir, SOURCE, now=2_005.0)
     assert got["visible_commit_at"] == after / 1000 and not got["pending"] and got["age_s"] == pytest.approx(5)
     # the metric an apply task sends (operators/spark_jobs.py), tagged with the source

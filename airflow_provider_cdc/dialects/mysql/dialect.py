@@ -16,7 +16,7 @@ from ...core.position import Position
 from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema, split_table_list
 from ...core.sqlnames import quote_mysql
-from ..base import ConnectionParams, Dialect, LogBatch, LogRetention, SegmentSink
+from ..base import ConnectionParams, Dialect, LogActivity, LogBatch, LogRetention, SegmentSink
 from .binlog import BinlogOffset
 from .catalog import MyCatalog
 from .chunks import MyChunkReader
@@ -272,6 +272,9 @@ class MySqlDialect(Dialect):
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
         self.offsets.commit_offset(offset, data_dir)
+
+    def log_activity(self, data_dir: str) -> LogActivity | None:
+        return self.offsets.log_activity(data_dir)
 
     def log_retention(self, offset: str) -> LogRetention | None:
         return self.offsets.log_retention(offset)

@@ -15,7 +15,7 @@ from ...core.errors import SourceError
 from ...core.position import Position, binlog_epoch
 from ...storage.layout import changelog_dir
 from ...storage.source_server import resync_pending
-from ..base import LogRetention
+from ..base import LogActivity, LogRetention
 from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset, binlog_bytes
 from .failover import MyFailover
 from .held import XA_DIR
@@ -135,6 +135,21 @@ class MyOffsets:
         storage.write_text(self.offset_path(data_dir), offset)
         self.bind_data_dir(data_dir)
         self.xa.cleanup(offset)
+
+    def log_activity(self, data_dir: str) -> LogActivity:
+        """The binlog's end (any write on the server moves it: the binlog has no per-table
+        counter) and the bytes past the committed offset; reads the offset, never writes it."""
+        end = self.server.binlog_end()
+        p = self.offset_path(data_dir)
+        pending = None
+        if storage.exists(p):
+            start = BinlogOffset.from_json(storage.read_text(p))
+            files = [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")]
+            if start.file in [f for f, _ in files]:
+                pending = binlog_bytes(
+                    files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos)
+                )
+        return LogActivity(token=f"binlog {end.file}:{end.pos}", pending_bytes=pending)
 
     def log_retention(self, offset: str) -> LogRetention | None:
         """Binlog bytes written past ``offset``, and the age after which the server purges a

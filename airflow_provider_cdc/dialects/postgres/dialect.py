@@ -19,6 +19,7 @@ from ..base import (
     ConnectionParams,
     Dialect,
     LogBatch,
+    LogActivity,
     LogRetention,
     SegmentSink,
 )
@@ -348,6 +349,9 @@ class PostgresDialect(Dialect):
 
     def log_retention(self, offset: str) -> LogRetention | None:
         return self.offsets.log_retention(offset)
+
+    def log_activity(self, data_dir: str) -> LogActivity | None:
+        return self.offsets.log_activity()
 
     def wal_keep_limit_mb(self) -> int:
         return self.offsets.wal_keep_limit_mb()

@@ -13,7 +13,7 @@ from ...core.errors import ConfigurationError, SourceChangedError, SourceError
 from ...core.position import Position, int_to_lsn, just_before, lsn_to_int, next_record_start
 from ...core.schema import TableName
 from ...storage.source_server import read_server, resync_pending, write_server
-from ..base import LogRetention
+from ..base import LogActivity, LogRetention
 from .catalog import PgCatalog
 from .server import PgServer
 from .types import pg_message
@@ -605,6 +605,29 @@ class PgOffsets:
             "a slot already lost needs airflow-cdc resync, which starts capture anew and repairs only what "
             "differs (docs: operations, 'Failover')",
             unbounded=unbounded,
+        )
+
+    def log_activity(self) -> LogActivity:
+        """The write counters of the publication's tables and the watermark tables
+        (``pg_stat_user_tables``, readable by any role; a backend publishes its counters within
+        about a second of a commit), so writes elsewhere in the cluster, which move the WAL
+        too, start no round; and the slot's lag. On a standby, whose counters do not follow
+        replay, the replayed WAL position instead."""
+        marks = self.watermark_tables()
+        rows = self.server.query(
+            "SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del + s.n_live_tup), 0)::text, "
+            f"(SELECT pg_wal_lsn_diff({self.server.wal_end_sql('pg_current_wal_lsn')}, confirmed_flush_lsn)"  # noqa: S608 - a function
+            "::bigint FROM pg_replication_slots WHERE slot_name = %s), "
+            f"{self.server.wal_end_sql('pg_current_wal_lsn')}::text "
+            "FROM pg_stat_user_tables s "
+            "WHERE (s.schemaname, s.relname) IN (SELECT schemaname, tablename FROM pg_publication_tables "
+            "WHERE pubname = %s) OR (s.schemaname, s.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            (self.slot_name, self.publication_name, [t.schema for t in marks], [t.name for t in marks]),
+        )
+        counters, lag, end = rows[0]
+        return LogActivity(
+            token=f"wal {end}" if self.server.on_standby else f"writes {counters}",
+            pending_bytes=None if lag is None else max(0, int(lag)),
         )
 
     def wal_keep_limit_mb(self) -> int:
