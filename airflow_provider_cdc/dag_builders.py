@@ -101,7 +101,7 @@ and ``airflow cdc status`` and the CDC page show the warning with the setting to
 Schedules and backfills: each run captures the log up to now and applies it; a run is not
 tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
 DAG was off) and its intervals run one at a time in logical-date order: a backfill run's
-first task, ``earlier_intervals_done``, waits until the run of the previous interval has
+first task, ``earlier_intervals_done`` (only with a periodic schedule), waits until the run of the previous interval has
 finished (a backfill ignores ``max_active_runs``), and every other task has
 ``max_active_tis_per_dag=1``, so two captures or two applies never overlap.
 
@@ -265,6 +265,11 @@ def snapshot_dag(
     return dag
 
 
+def periodic(schedule: str | None) -> bool:
+    """Whether a schedule has intervals (a cron or preset), so runs of it can be backfilled."""
+    return bool(schedule) and schedule.lower() not in (LOG_SCHEDULE, "@continuous", "@once")
+
+
 def changelog_schedule(parse: settings.Settings):
     """The changelog DAG's schedule: the setting as given, or for ``@log`` the source's log
     Asset, watched in the triggerer (triggers/log_activity.py)."""
@@ -328,30 +333,12 @@ def changelog_dag(
         capture = ChangelogCaptureOperator(task_id="capture", **given)
         apply = ChangelogApplyOperator(
             task_id="apply",
+            trigger_rule="none_failed",  # also after a capture skipped for the lock: apply what is staged
             conn_id=parse.spark_conn_id,
             conf=parse.spark_conf,
             outlets=_outlets(parse.source, parse.sinks),
             **given,
         )
-
-        @task.short_circuit(
-            task_id="anything_to_apply", trigger_rule="none_failed", ignore_downstream_trigger_rules=False
-        )
-        def anything_to_apply(data_dir: str, source: str, sinks: str) -> bool:
-            """Skip the spark-submit (seconds of JVM start) when no staged segment is past
-            every sink's applied-position marker."""
-            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
-            from airflow_provider_cdc.sinks.base import read_marker
-            from airflow_provider_cdc.storage.layout import changelog_dir
-            from airflow_provider_cdc.storage.staged import list_segments
-
-            apply_storage_connection(overrides=overrides)
-            segments = list_segments(changelog_dir(data_dir, source))
-            if not segments:
-                return False
-            newest = max(last for _first, last, _path in segments)
-            markers = [read_marker(data_dir, source, s) for s in settings.sink_names(sinks)]
-            return any(m is None or newest > m for m in markers)
 
         # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
         # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
@@ -405,8 +392,9 @@ def changelog_dag(
             raise_schema_stops(apply_result)
 
         now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
-        check = anything_to_apply(sinks="{{ cdc_settings().sinks }}", **now)
-        earlier_intervals_done() >> capture >> check >> apply >> compact_tombstones(**now)
+        if periodic(parse.changelog_schedule):  # only a periodic schedule can be backfilled
+            earlier_intervals_done() >> capture
+        capture >> apply >> compact_tombstones(**now)
         mirror_schema_stops(apply.output)  # after apply (its XCom), a leaf of its own
         log_retention(capture.output)  # after capture (its XCom), a leaf of its own
     return dag

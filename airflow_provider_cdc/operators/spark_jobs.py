@@ -815,7 +815,8 @@ def emit_freshness(data_dir: str, source: str) -> float | None:
 
 
 class ChangelogApplyOperator(_CdcJobOperator):
-    """Staged changelog segments past each sink's applied marker -> the sinks.
+    """Staged changelog segments past each sink's applied marker -> the sinks; skipped when
+    nothing is staged past them.
 
     :param data_dir: the root of staging and outputs (a path or URI); default CDC_DATA_DIR.
     :param source: the source's name (its staging folder); default CDC_SOURCE, else the connection id.
@@ -835,8 +836,15 @@ class ChangelogApplyOperator(_CdcJobOperator):
     job = "apply"
 
     def execute(self, context: Any) -> dict | None:
+        from airflow.sdk.exceptions import AirflowSkipException
+
         from ..lineage import LOCATION_SINKS, available
         from ..pipeline.committed import applied_tables, markers
+        from ..sinks.base import staged_past_markers
+
+        if not staged_past_markers(self.data_dir, self.source, sink_names(self.sinks)):
+            # nothing staged past every sink's marker: no job (a spark-submit is seconds of JVM start)
+            raise AirflowSkipException("nothing staged past the sinks' applied markers")
 
         before = markers(self.data_dir, self.source, self._asset_kinds())
         if available():  # what this apply covers, for its OpenLineage event

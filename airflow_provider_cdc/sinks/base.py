@@ -284,6 +284,20 @@ def write_marker(
     storage.write_text(marker_path(data_dir, source, sink_name), json.dumps(doc))
 
 
+def staged_past_markers(data_dir: str, source: str, sinks: Sequence[str]) -> bool:
+    """Whether a staged segment ends past some sink's applied marker (a sink that applied
+    nothing yet counts as behind): the apply has something to do, watermark-only segments
+    included (their positions move the markers)."""
+    from ..storage.layout import changelog_dir
+    from ..storage.staged import list_segments
+
+    segments = list_segments(changelog_dir(data_dir, source))
+    if not segments:
+        return False
+    newest = max(last for _first, last, _path in segments)
+    return any(m is None or newest > m for m in (read_marker(data_dir, source, s) for s in sinks))
+
+
 def applied_everywhere(
     data_dir: str, source: str, position: Position, sinks: Sequence[str] = ("events", "mirror")
 ) -> bool:

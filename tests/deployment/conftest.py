@@ -32,8 +32,32 @@ CHANGELOG_SCHEDULE = "0 0 1 * *"
 #: rows of each table of the two sources of the sources config
 CONFIG_ROWS = 3_000
 CONFIG_SOURCES = ("cfg_pg", "cfg_my")
-ALL_DAGS = ("cdc_snapshot", "cdc_changelog", "cdc_mirror_consumer",
+#: a source whose changelog runs only when it writes (CDC_CHANGELOG_SCHEDULE=@log), and a DAG
+#: scheduled on its table's mirror Asset; built by a DAG file of the session's folder
+LOG_SOURCE = "log_src"
+ALL_DAGS = ("cdc_snapshot", "cdc_changelog", "cdc_mirror_consumer", f"cdc_changelog__{LOG_SOURCE}",
+            f"{LOG_SOURCE}_consumer",
             *(f"{kind}__{s}" for s in CONFIG_SOURCES for kind in ("cdc_snapshot", "cdc_changelog")))
+
+LOG_DAGS = '''"""The session's @log source (tests/deployment/conftest.py) and a consumer of its mirror."""
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_provider_cdc.assets import mirror_asset
+from airflow_provider_cdc.dag_builders import changelog_dag
+
+changelog = changelog_dag("cdc_changelog__{source}", {overrides!r})
+
+with DAG(dag_id="{source}_consumer", schedule=[mirror_asset("{source}", "{table}")],
+         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"), catchup=False, max_active_runs=1):
+
+    @task
+    def read(*, triggering_asset_events=None) -> list:
+        return [dict(ev.extra or {{}}) for evs in (triggering_asset_events or {{}}).values() for ev in evs]
+
+    read()
+'''
+
 
 
 #: the harness's error, under the name the scenarios use
@@ -66,6 +90,11 @@ def deployment(pg_uri, mysql_uri):
         (dags / f.name).symlink_to(f)
     (dags / "cdc_mirror_consumer.py").symlink_to(ROOT / "examples" / "cdc_mirror_consumer.py")
     cfg_slot = f"cdc_deploy_cfg_{suffix}"
+    log_slot, log_table, log_marks = f"cdc_deploy_log_{suffix}", f"deploy_{suffix}_log", f"wm_log_{suffix}"
+    create_demo_table(pg_uri, TableName("public", log_table), CONFIG_ROWS)
+    (dags / "cdc_log_source.py").write_text(LOG_DAGS.format(source=LOG_SOURCE, table=f"public.{log_table}", overrides={
+        "CDC_SOURCE_CONN_ID": LOG_SOURCE, "CDC_SOURCE": LOG_SOURCE, "CDC_TABLES": f"public.{log_table}",
+        "CDC_CHANGELOG_SCHEDULE": "@log", "CDC_CHANGELOG_POLL_SECONDS": "1"}))
     (dags / "cdc_sources.yaml").write_text(json.dumps({
         "defaults": {"changelog_schedule": None, "data_dir": str(home / "data")},
         "sources": {name: {"conn_id": name, "tables": [table.id]} for name, (_, table) in config_tables.items()},
@@ -79,6 +108,8 @@ def deployment(pg_uri, mysql_uri):
         }),
         "AIRFLOW_CONN_CFG_PG": f"{pg_uri}?slot_name={cfg_slot}&publication_name={cfg_slot}",
         "AIRFLOW_CONN_CFG_MY": mysql_uri,
+        f"AIRFLOW_CONN_{LOG_SOURCE.upper()}": f"{pg_uri}?slot_name={log_slot}&publication_name={log_slot}"
+                                              f"&watermark_table={log_marks}",
         "CDC_TABLES": json.dumps([f"public.{t}" for t in tables.values()]),
         "CDC_SOURCE_CONN_ID": CONN_ID,
         "CDC_DATA_DIR": str(home / "data"),
@@ -90,6 +121,8 @@ def deployment(pg_uri, mysql_uri):
         with launch(pg_uri, home, dags, env=env, dags=ALL_DAGS) as dep:
             dep.tables = tables
             dep.config_tables = config_tables
+            dep.log_table = log_table
+            dep.started = time.time()
             # the first changelog run creates the slot and publication: the log is captured from here
             run_id = dep.trigger("cdc_changelog", tag="first")
             dep.wait_run("cdc_changelog", run_id, timeout=240)
@@ -98,14 +131,17 @@ def deployment(pg_uri, mysql_uri):
         for _ in range(30):
             try:
                 admin.cursor().execute(
-                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN (%s, %s)",
-                    (slot, cfg_slot))
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name IN (%s, %s, %s)",
+                    (slot, cfg_slot, log_slot))
                 break
             except psycopg2.Error:
                 time.sleep(0.5)
         cur = admin.cursor()
         cur.execute(f'DROP PUBLICATION IF EXISTS "{slot}"')
         cur.execute(f'DROP PUBLICATION IF EXISTS "{cfg_slot}"')
+        cur.execute(f'DROP PUBLICATION IF EXISTS "{log_slot}"')
+        cur.execute(f'DROP TABLE IF EXISTS public."{log_table}"')
+        cur.execute(f'DROP TABLE IF EXISTS cdc."{log_marks}"')
         for uri, table in config_tables.values():
             drop_table(uri, table)
         for t in tables.values():

@@ -419,6 +419,50 @@ def test_config_sources_run_and_a_consumer_scheduled_on_their_mirrors_runs_after
         assert proc.returncode == 0, f"verify of {s} {table.id}:\n{(proc.stdout + proc.stderr)[-3000:]}"
 
 
+# --- (10) a source scheduled on its own writes, and a consumer of its mirror --------------------------
+def test_a_write_reaches_a_consumer_of_the_mirror_with_nothing_triggered_by_hand(deployment):
+    """The @log source's changelog (CDC_CHANGELOG_SCHEDULE=@log) runs only when its table is
+    written (plus a heartbeat every 10 minutes): the other scenarios' writes on the same server
+    started none of its rounds. One insert then starts a round through the triggerer's watch,
+    its apply emits the mirror's Asset event, and the consumer scheduled on it runs; its
+    triggering event carries the position range and the insert's commit time."""
+    import psycopg2
+
+    from .conftest import LOG_SOURCE
+
+    dep = deployment
+    dag, consumer = f"cdc_changelog__{LOG_SOURCE}", f"{LOG_SOURCE}_consumer"
+    # the watch's first round (no slot yet) created the slot; nothing else of this session
+    # wrote to its table
+    poll(f"the first {dag} run", lambda: [r for r in dep.runs(dag) if r["state"] == "success"], 240, dep)
+    heartbeats = int((time.time() - dep.started) // 600)
+    before = dep.runs(dag)
+    assert all(r["run_type"] == "asset_triggered" for r in before), before
+    assert len(before) <= 2 + heartbeats, f"rounds without writes to the source: {before}"
+    seen = {r["dag_run_id"] for r in dep.runs(consumer)}
+    conn = psycopg2.connect(dep.pg_uri)
+    try:
+        with conn, conn.cursor() as cur:
+            cur.execute(f'UPDATE public."{dep.log_table}" SET "note" = %s WHERE "id" = 1', ("fresh",))
+        committed = time.time()
+    finally:
+        conn.close()
+    new = poll(f"a {consumer} run after the write",
+               lambda: [r for r in dep.runs(consumer) if r["dag_run_id"] not in seen and r["state"] == "success"],
+               180, dep)
+    run = new[0]
+    events = dep.api("GET", f"/api/v2/dags/{consumer}/dagRuns/{run['dag_run_id']}/upstreamAssetEvents")["asset_events"]
+    extras = [e["extra"] for e in events if e["extra"].get("committed_at")]
+    assert extras, events
+    newest = max(extras, key=lambda e: e["committed_at"])
+    assert newest["committed_at"] >= committed - 5 and newest["events"] >= 1, newest
+    assert newest["from_position"] is None or newest["from_position"] < newest["position"]
+    started = datetime.fromisoformat(run["start_date"]).timestamp()
+    print(f"{consumer} started {started - newest['committed_at']:.1f} s after the commit it reads")
+    assert [r for r in dep.runs(dag) if r["dag_run_id"] not in {b["dag_run_id"] for b in before}], "no round ran"
+    assert all(r["run_type"] == "asset_triggered" for r in dep.runs(dag)), dep.runs(dag)
+
+
 def test_deployment_components_still_up(deployment):
     """Last: every component survived the scenarios."""
     try:
