@@ -85,7 +85,8 @@ sensor waits in all, default 21600).
 
 CHANGELOG_DOC = """cdc_changelog: capture the source's changelog to staging, then apply it to the sinks.
 
-Short schedule, one active run, never waits for snapshots (I5). The capture holds the
+Short schedule, one active run (two with ``@log``: the next round's capture overlaps this one's
+apply; every task runs one at a time), never waits for snapshots (I5). The capture holds the
 source's capture lock (an advisory lock on the source) so it never runs at the same
 time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
 is held, the capture task is skipped and the apply still runs. The apply (a spark-submit,
@@ -101,8 +102,8 @@ and ``airflow cdc status`` and the CDC page show the warning with the setting to
 Schedules and backfills: each run captures the log up to now and applies it; a run is not
 tied to its interval's data. ``airflow backfill create`` works (e.g. to catch up after the
 DAG was off) and its intervals run one at a time in logical-date order: a backfill run's
-first task, ``earlier_intervals_done`` (only with a periodic schedule), waits until the run of the previous interval has
-finished (a backfill ignores ``max_active_runs``), and every other task has
+first task, ``earlier_intervals_done`` (only with a periodic schedule), waits until the run of
+the previous interval has finished (a backfill ignores ``max_active_runs``), and every other task has
 ``max_active_tis_per_dag=1``, so two captures or two applies never overlap.
 
 Environment (read when the tasks run, airflow_provider_cdc/settings.py, except the
@@ -300,7 +301,13 @@ def changelog_dag(
         schedule=changelog_schedule(parse),
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
         catchup=False,
-        max_active_runs=1,
+        # @log: the next round may start (its capture) while this one applies. It also keeps
+        # rounds coming despite an Airflow race: the dag-processor recomputes "at
+        # max_active_runs" from a read taken before a run ended and can overwrite the
+        # scheduler's reset, which then holds queued Asset events until the next parse (about
+        # a minute); with room for two runs a stale count of one no longer blocks. Every task
+        # still runs one at a time (max_active_tis_per_dag=1 below).
+        max_active_runs=2 if (parse.changelog_schedule or "").lower() == LOG_SCHEDULE else 1,
         # Backfill runs ignore max_active_runs (a backfill has its own, default 10) but every
         # task honours max_active_tis_per_dag: across all runs, one capture, one apply and one
         # compaction at a time, taken in logical-date order by the scheduler.

@@ -3,7 +3,8 @@ sources config have been updated since its last run (Airflow Assets; see
 airflow_provider_cdc/assets.py and the README's "Assets").
 
 Copy it into your DAG folder next to dags/cdc_sources.py. Each run's triggering Asset events
-carry the source, the table, the position the mirror is complete up to and the row counts.
+carry the source, the table, the position the mirror is complete up to, the row counts and, for
+a changelog apply, the commit time of the table's newest change it made visible (``committed_at``).
 """
 
 from __future__ import annotations
@@ -33,12 +34,15 @@ with DAG(
     @task
     def report(*, triggering_asset_events=None) -> dict[str, int]:
         """What changed: the Asset events that started this run, per mirror."""
+        import time
+
         seen: dict[str, int] = {}
         for asset, events in (triggering_asset_events or {}).items():
             for ev in events:
                 extra = ev.extra or {}
                 seen[asset.name] = seen.get(asset.name, 0) + int(extra.get("events") or extra.get("chunk_rows") or 0)
-                print(f"{asset.name}: position {extra.get('readable_position')}, {extra}")
+                age = f", newest change {time.time() - extra['committed_at']:.1f} s old" if extra.get("committed_at") else ""
+                print(f"{asset.name}: position {extra.get('readable_position')}{age}, {extra}")
         return seen
 
     report()

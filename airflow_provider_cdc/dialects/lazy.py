@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 
-def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str]) -> tuple[
-    Callable[[str], Any], Callable[[], list[str]]
-]:
+def lazy_exports(
+    package: str, namespace: dict[str, Any], exports: dict[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """The ``__getattr__`` and ``__dir__`` of ``package`` (its ``globals()`` is ``namespace``)
     for ``exports``: exported name -> the relative module that defines it."""
 

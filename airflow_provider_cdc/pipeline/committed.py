@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from datetime import UTC
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -104,10 +105,10 @@ def applied_tables(
 def _commit_time(ts_ms: int | None) -> dict:
     if ts_ms is None:
         return {"committed_at": None, "committed_at_iso": None}
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     at = ts_ms / 1000
-    return {"committed_at": at, "committed_at_iso": datetime.fromtimestamp(at, timezone.utc).isoformat()}
+    return {"committed_at": at, "committed_at_iso": datetime.fromtimestamp(at, UTC).isoformat()}
 
 
 def _table_counts(data_dir: str, source: str, after: Position | None, upto: Position) -> tuple[Counter, dict]:
@@ -129,9 +130,14 @@ def _table_counts(data_dir: str, source: str, after: Position | None, upto: Posi
     for batch in dataset.to_batches(columns=["table", "ts_ms"], filter=rows):
         if not batch.num_rows:
             continue
-        per = pa.Table.from_batches([batch]).group_by("table").aggregate([("table", "count"), ("ts_ms", "max")])
+        per = (
+            pa.Table.from_batches([batch]).group_by("table").aggregate([("table", "count"), ("ts_ms", "max")])
+        )
         for tid, n, ts in zip(
-            per.column("table").to_pylist(), per.column("table_count").to_pylist(), per.column("ts_ms_max").to_pylist()
+            per.column("table").to_pylist(),
+            per.column("table_count").to_pylist(),
+            per.column("ts_ms_max").to_pylist(),
+            strict=False,
         ):
             counts[tid] += n
             if ts is not None:

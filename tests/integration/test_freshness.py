@@ -6,7 +6,7 @@ when capture last read the log to its end."""
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -77,7 +77,7 @@ def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path
     assert extra["from_position"] == before["mirror"].encode() < extra["position"]
     assert extra["position"] == read_marker(st.data_dir, SOURCE, "mirror").encode()
     assert extra["committed_at"] == after / 1000 and extra["events"] == 3
-    assert extra["committed_at_iso"].startswith(datetime.fromtimestamp(after / 1000, timezone.utc).isoformat()[:19])
+    assert extra["committed_at_iso"].startswith(datetime.fromtimestamp(after / 1000, UTC).isoformat()[:19])
     got = freshness(st.data_dir, SOURCE, now=2_005.0)
     assert got["visible_commit_at"] == after / 1000 and not got["pending"] and got["age_s"] == pytest.approx(5)
     # the metric an apply task sends (operators/spark_jobs.py), tagged with the source

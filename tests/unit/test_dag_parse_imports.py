@@ -82,6 +82,18 @@ def test_parsing_a_dag_file_loads_no_heavy_library_and_stays_in_budget(dag_file,
 
 
 @pytest.mark.slow
+def test_the_log_schedule_s_watcher_adds_no_heavy_import():
+    """With CDC_CHANGELOG_SCHEDULE=@log the DAG file builds the source's log Asset and its
+    trigger (triggers/log_activity.py): still nothing heavy at parse."""
+    import os
+
+    got = _parse("cdc_changelog.py", {**os.environ, "CDC_CHANGELOG_SCHEDULE": "@log"})
+    assert got["forbidden"] == [], got["forbidden"]
+    assert "airflow_provider_cdc.triggers.log_activity" in got["new"]
+    assert len(got["new"]) <= MODULE_BUDGET, got["new"]
+
+
+@pytest.mark.slow
 def test_the_probe_sees_a_heavy_import(tmp_path):
     """The check above can fail: a DAG file that imports a Spark job's module (pyarrow) is caught."""
     dags = tmp_path / "dags"

@@ -18,8 +18,8 @@ from ..base import (
     ChunkReadResult,
     ConnectionParams,
     Dialect,
-    LogBatch,
     LogActivity,
+    LogBatch,
     LogRetention,
     SegmentSink,
 )

@@ -614,14 +614,19 @@ class PgOffsets:
         too, start no round; and the slot's lag. On a standby, whose counters do not follow
         replay, the replayed WAL position instead."""
         marks = self.watermark_tables()
-        rows = self.server.query(
-            "SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del + s.n_live_tup), 0)::text, "
-            f"(SELECT pg_wal_lsn_diff({self.server.wal_end_sql('pg_current_wal_lsn')}, confirmed_flush_lsn)"  # noqa: S608 - a function
-            "::bigint FROM pg_replication_slots WHERE slot_name = %s), "
-            f"{self.server.wal_end_sql('pg_current_wal_lsn')}::text "
-            "FROM pg_stat_user_tables s "
+        end_sql = self.server.wal_end_sql("pg_current_wal_lsn")  # a function name, no input
+        # the only text put in is a function name
+        sql = (
+            "SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del + s.n_live_tup), 0)::text, "  # noqa: S608
+            f"(SELECT pg_wal_lsn_diff({end_sql}, confirmed_flush_lsn)::bigint "
+            "FROM pg_replication_slots WHERE slot_name = %s), "
+            f"{end_sql}::text FROM pg_stat_user_tables s "
             "WHERE (s.schemaname, s.relname) IN (SELECT schemaname, tablename FROM pg_publication_tables "
-            "WHERE pubname = %s) OR (s.schemaname, s.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+            "WHERE pubname = %s) "
+            "OR (s.schemaname, s.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[]))"
+        )
+        rows = self.server.query(
+            sql,
             (self.slot_name, self.publication_name, [t.schema for t in marks], [t.name for t in marks]),
         )
         counters, lag, end = rows[0]
