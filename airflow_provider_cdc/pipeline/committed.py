@@ -137,18 +137,9 @@ def _table_counts(data_dir: str, source: str, after: Position | None, upto: Posi
             per.column("table").to_pylist(),
             per.column("table_count").to_pylist(),
             per.column("ts_ms_max").to_pylist(),
-            strict=False,
+            strict=True,
         ):
             counts[tid] += n
             if ts is not None:
                 newest[tid] = max(ts, newest.get(tid, ts))
     return counts, newest
-    fs, _ = storage.filesystem(segments[0])
-    rows = (pc.field("op") != WATERMARK_OP) & (pc.field("position") <= upto.encode())
-    if after is not None:
-        rows &= pc.field("position") > after.encode()
-    dataset = ds.dataset([storage.filesystem(p)[1] for p in segments], filesystem=fs, format="parquet")
-    for batch in dataset.to_batches(columns=["table"], filter=rows):
-        for item in pc.value_counts(batch.column(0)).to_pylist():
-            counts[item["values"]] += item["counts"]
-    return counts
