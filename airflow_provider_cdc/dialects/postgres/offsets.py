@@ -611,13 +611,15 @@ class PgOffsets:
         """The write counters of the publication's tables and the watermark tables
         (``pg_stat_user_tables``, readable by any role; a backend publishes its counters within
         about a second of a commit), so writes elsewhere in the cluster, which move the WAL
-        too, start no round; and the slot's lag. On a standby, whose counters do not follow
+        too, start no round; and the slot's lag. Only the rows inserted, updated and deleted:
+        ``n_live_tup`` moves with ANALYZE's estimates too, and a TRUNCATE moves none of them
+        (the next write or the heartbeat's round captures it). On a standby, whose counters do not follow
         replay, the replayed WAL position instead."""
         marks = self.watermark_tables()
         end_sql = self.server.wal_end_sql("pg_current_wal_lsn")  # a function name, no input
         # the only text put in is a function name
         sql = (
-            "SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del + s.n_live_tup), 0)::text, "  # noqa: S608
+            "SELECT coalesce(sum(s.n_tup_ins + s.n_tup_upd + s.n_tup_del), 0)::text, "  # noqa: S608
             f"(SELECT pg_wal_lsn_diff({end_sql}, confirmed_flush_lsn)::bigint "
             "FROM pg_replication_slots WHERE slot_name = %s), "
             f"{end_sql}::text FROM pg_stat_user_tables s "
