@@ -84,3 +84,27 @@ def test_the_mirror_marker_carries_the_newest_commit_and_status_its_age(tmp_path
     age = emit_freshness(st.data_dir, SOURCE)
     assert age is not None and age >= 0
     assert [(s, t) for s, _v, t in gauges.gauges] == [("cdc.mirror.freshness_seconds", {"source": SOURCE})]
+
+
+def test_the_apply_has_work_while_a_segment_ends_past_a_marker_a_watermark_only_one_too(tmp_path):
+    """The apply task skips itself (no spark-submit, no task after it to wait for) exactly when
+    no staged segment ends past every sink's marker (sinks/base.staged_past_markers)."""
+    from airflow_provider_cdc.sinks.base import staged_past_markers
+    from airflow_provider_cdc.storage.staged import write_segment
+
+    from .staged_scenario import SCHEMAS, WM_TABLE
+
+    st = Stage(tmp_path)
+    sinks = ["events", "mirror"]
+    assert not staged_past_markers(st.data_dir, SOURCE, sinks)  # nothing staged
+    st.change(ITEMS, "c", [1], item(1, 0))
+    st.stage_log([])
+    assert staged_past_markers(st.data_dir, SOURCE, sinks)  # no sink applied anything yet
+    _apply(st)
+    assert not staged_past_markers(st.data_dir, SOURCE, sinks)
+    done = len(st.log)
+    st.watermark("w-after")  # a segment of a watermark alone: its position moves the markers
+    write_segment(st.log[done:], changelog_dir(st.data_dir, SOURCE), WM_TABLE, SCHEMAS)
+    assert staged_past_markers(st.data_dir, SOURCE, sinks)
+    _apply(st)
+    assert not staged_past_markers(st.data_dir, SOURCE, sinks)
