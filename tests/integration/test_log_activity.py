@@ -24,9 +24,9 @@ from .helpers import Handle
 pytestmark = pytest.mark.integration
 
 
-def _next(agen, timeout: float = 30):
+def _next(loop, agen, timeout: float = 30):
     """The trigger's next event, or a failure after ``timeout`` seconds of polls without one."""
-    return asyncio.get_event_loop().run_until_complete(asyncio.wait_for(agen.__anext__(), timeout))
+    return loop.run_until_complete(asyncio.wait_for(agen.__anext__(), timeout))
 
 
 @pytest.fixture
@@ -87,22 +87,24 @@ def test_the_trigger_starts_a_round_at_its_start_with_log_pending_then_on_each_w
     data_dir = str(tmp_path)
     trigger = LogActivityTrigger(conn_id=source, source=source, data_dir=data_dir, poll_interval=0.05, heartbeat=3600)
     agen = trigger.run()
+    loop = asyncio.new_event_loop()  # the triggerer's, here the test's own
     try:
         run_capture(handle, data_dir)
         write(inside, 1)  # not captured yet
-        first = _next(agen)
+        first = _next(loop, agen)
         assert first.payload["source"] == source and first.payload["pending_bytes"] > 0
         assert first.payload["reason"].startswith("the watch started with")
         run_capture(handle, data_dir)
         write(inside, 2)
-        second = _next(agen)
+        second = _next(loop, agen)
         assert second.payload["reason"] == "the source wrote to the capture scope", second.payload
         # serialised as the triggerer stores it, and built again the same
         path, kwargs = trigger.serialize()
         assert path == "airflow_provider_cdc.triggers.log_activity.LogActivityTrigger"
         assert LogActivityTrigger(**kwargs).serialize() == (path, kwargs)
     finally:
-        asyncio.get_event_loop().run_until_complete(agen.aclose())
+        loop.run_until_complete(agen.aclose())
+        loop.close()
         assert trigger._dialect is None  # its connection closed with the watch
         with handle.get_dialect() as d:
             d.drop_slot()
