@@ -182,8 +182,16 @@ def _ts(s: str | None) -> float | None:
 def rounds_between(dep, t0: float, t1: float) -> dict:
     """The changelog runs that started in [t0, t1): their count, median length and gap, and
     each task's median duration."""
-    runs = [r for r in dep.api("GET", "/api/v2/dags/cdc_changelog/dagRuns?limit=1000&order_by=start_date")["dag_runs"]
-            if r.get("start_date") and t0 <= _ts(r["start_date"]) < t1]
+    runs: list[dict] = []
+    offset = 0
+    while True:  # newest first, a page of 100 at a time (the API's most), back to t0
+        page = dep.api("GET", f"/api/v2/dags/cdc_changelog/dagRuns?limit=100&offset={offset}"
+                              "&order_by=-start_date")["dag_runs"]
+        runs += [r for r in page if r.get("start_date") and t0 <= _ts(r["start_date"]) < t1]
+        if len(page) < 100 or any(r.get("start_date") and _ts(r["start_date"]) < t0 for r in page):
+            break
+        offset += 100
+    runs.sort(key=lambda r: r["start_date"])
     spans = [(_ts(r["start_date"]), _ts(r["end_date"])) for r in runs if r.get("end_date")]
     lengths = [b - a for a, b in spans]
     gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
