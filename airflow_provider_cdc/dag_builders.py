@@ -271,10 +271,15 @@ def periodic(schedule: str | None) -> bool:
     return bool(schedule) and schedule.lower() not in (LOG_SCHEDULE, "@continuous", "@once")
 
 
+def on_log(parse: settings.Settings) -> bool:
+    """Whether the changelog DAG runs when the source writes (``CDC_CHANGELOG_SCHEDULE=@log``)."""
+    return (parse.changelog_schedule or "").lower() == LOG_SCHEDULE
+
+
 def changelog_schedule(parse: settings.Settings):
     """The changelog DAG's schedule: the setting as given, or for ``@log`` the source's log
     Asset, watched in the triggerer (triggers/log_activity.py)."""
-    if (parse.changelog_schedule or "").lower() != LOG_SCHEDULE:
+    if not on_log(parse):
         return parse.changelog_schedule
     from .triggers.log_activity import LogActivityTrigger
 
@@ -307,7 +312,7 @@ def changelog_dag(
         # scheduler's reset, which then holds queued Asset events until the next parse (about
         # a minute); with room for two runs a stale count of one no longer blocks. Every task
         # still runs one at a time (max_active_tis_per_dag=1 below).
-        max_active_runs=2 if (parse.changelog_schedule or "").lower() == LOG_SCHEDULE else 1,
+        max_active_runs=2 if on_log(parse) else 1,
         # Backfill runs ignore max_active_runs (a backfill has its own, default 10) but every
         # task honours max_active_tis_per_dag: across all runs, one capture, one apply and one
         # compaction at a time, taken in logical-date order by the scheduler.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import UTC
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -105,8 +105,6 @@ def applied_tables(
 def _commit_time(ts_ms: int | None) -> dict:
     if ts_ms is None:
         return {"committed_at": None, "committed_at_iso": None}
-    from datetime import datetime
-
     at = ts_ms / 1000
     return {"committed_at": at, "committed_at_iso": datetime.fromtimestamp(at, UTC).isoformat()}
 

@@ -136,19 +136,25 @@ class MyOffsets:
         self.bind_data_dir(data_dir)
         self.xa.cleanup(offset)
 
+    def _behind(self, start: BinlogOffset) -> tuple[BinlogOffset, int | None]:
+        """The binlog's end and the bytes written from ``start`` to it (None: the file of
+        ``start`` was purged)."""
+        files = [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")]
+        end = self.server.binlog_end()
+        if start.file not in [f for f, _ in files]:
+            return end, None
+        return end, binlog_bytes(
+            files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos)
+        )
+
     def log_activity(self, data_dir: str) -> LogActivity:
         """The binlog's end (any write on the server moves it: the binlog has no per-table
         counter) and the bytes past the committed offset; reads the offset, never writes it."""
-        end = self.server.binlog_end()
         p = self.offset_path(data_dir)
-        pending = None
-        if storage.exists(p):
-            start = BinlogOffset.from_json(storage.read_text(p))
-            files = [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")]
-            if start.file in [f for f, _ in files]:
-                pending = binlog_bytes(
-                    files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos)
-                )
+        if not storage.exists(p):
+            end, pending = self.server.binlog_end(), None
+        else:
+            end, pending = self._behind(BinlogOffset.from_json(storage.read_text(p)))
         return LogActivity(token=f"binlog {end.file}:{end.pos}", pending_bytes=pending)
 
     def log_retention(self, offset: str) -> LogRetention | None:
@@ -157,16 +163,9 @@ class MyOffsets:
         The file holding the next change to capture was written to after the newest change
         captured, so the capture's lag in seconds bounds that file's age from above."""
         start = BinlogOffset.from_json(offset)
-        files = [(r[0], int(r[1])) for r in self.server.query("SHOW BINARY LOGS")]
-        end = self.server.binlog_end()
-        lost = start.file not in [f for f, _ in files]
-        lag = (
-            0
-            if lost
-            else binlog_bytes(
-                files, Position.binlog(start.index, start.pos), Position.binlog(end.index, end.pos)
-            )
-        )
+        _end, behind = self._behind(start)
+        lost = behind is None
+        lag = behind or 0
         expire, setting = None, "binlog_expire_logs_seconds"
         for name, scale in (("binlog_expire_logs_seconds", 1), ("expire_logs_days", 86400)):
             try:
