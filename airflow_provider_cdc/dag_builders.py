@@ -20,6 +20,7 @@ from airflow.sdk import DAG, task
 from . import settings
 from .assets import EVENTS, LOG_SCHEDULE, MIRROR, log_asset, table_alias
 from .operators.capture import ChangelogCaptureOperator
+from .operators.changelog_round import ChangelogRoundOperator
 from .operators.snapshot import (
     SnapshotChunkOperator,
     SnapshotCommitOperator,
@@ -85,8 +86,12 @@ sensor waits in all, default 21600).
 
 CHANGELOG_DOC = """cdc_changelog: capture the source's changelog to staging, then apply it to the sinks.
 
-Short schedule, one active run (two with ``@log``: the next round's capture overlaps this one's
-apply; every task runs one at a time), never waits for snapshots (I5). The capture holds the
+Short schedule, one active run (two with ``@log``: the next run is queued while this one
+ends; every task runs one at a time), never waits for snapshots (I5). With ``@log`` and
+``@continuous`` a round is one task, ``round``: capture, then apply, in one process; its
+follow-ups ``mirror_schema_stops`` and ``log_retention`` run only to fail the run when they
+have something to report, and ``compact_tombstones`` every CDC_MAINTENANCE_INTERVAL_SECONDS
+(default 300); the round skips the others. A periodic schedule runs the tasks below. The capture holds the
 source's capture lock (an advisory lock on the source) so it never runs at the same
 time as another capture, e.g. the snapshot DAG's sensor draining the log; when the lock
 is held, the capture task is skipped and the apply still runs. The apply (a spark-submit,
@@ -111,8 +116,8 @@ schedule and the Spark connection/conf, read when the file is parsed):
 CDC_SOURCE_CONN_ID (default cdc_source), CDC_SOURCE (default the conn id), CDC_DATA_DIR (default
 $AIRFLOW_HOME/cdc-data), CDC_CHANGELOG_SCHEDULE (default every minute; "none" for manual only;
 "@log": a round starts when the source writes to the capture scope, watched by the triggerer
-every CDC_CHANGELOG_POLL_SECONDS, default 2, and every CDC_CHANGELOG_HEARTBEAT_SECONDS, default 600,
-on an idle source),
+every CDC_CHANGELOG_POLL_SECONDS, default 2, at most every CDC_CHANGELOG_MIN_INTERVAL_SECONDS,
+default 5, and every CDC_CHANGELOG_HEARTBEAT_SECONDS, default 600, on an idle source),
 CDC_SPARK_CONN_ID (default spark_default), CDC_SPARK_CONF (JSON of Spark settings),
 CDC_SINKS (default events,mirror), CDC_LOCAL_MAX_ROWS (default 100000; 0 = always Spark),
 CDC_CAPTURE_MAX_EVENTS (cap per capture; default unbounded),
@@ -276,6 +281,14 @@ def on_log(parse: settings.Settings) -> bool:
     return (parse.changelog_schedule or "").lower() == LOG_SCHEDULE
 
 
+def one_task_rounds(schedule: str | None) -> bool:
+    """Whether the changelog DAG's round is one task (capture and apply in one process, the
+    follow-ups only when they have work: operators/changelog_round.py): the schedules that run
+    rounds every few seconds, ``@log`` and ``@continuous``, where starting five tasks a round
+    would cost more than the round's work."""
+    return (schedule or "").lower() in (LOG_SCHEDULE, "@continuous")
+
+
 def changelog_schedule(parse: settings.Settings):
     """The changelog DAG's schedule: the setting as given, or for ``@log`` the source's log
     Asset, watched in the triggerer (triggers/log_activity.py)."""
@@ -289,6 +302,7 @@ def changelog_schedule(parse: settings.Settings):
         data_dir=parse.data_dir,
         poll_interval=parse.changelog_poll_seconds,
         heartbeat=parse.changelog_heartbeat_seconds,
+        min_interval=parse.changelog_min_interval_seconds,
         storage_conn_id=parse.storage_conn_id,
     )
     return [log_asset(parse.source, trigger)]
@@ -342,15 +356,25 @@ def changelog_dag(
             ctx = get_current_context()
             return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
 
-        capture = ChangelogCaptureOperator(task_id="capture", **given)
-        apply = ChangelogApplyOperator(
-            task_id="apply",
-            trigger_rule="none_failed",  # also after a capture skipped for the lock: apply what is staged
-            conn_id=parse.spark_conn_id,
-            conf=parse.spark_conf,
-            outlets=_outlets(parse.source, parse.sinks),
-            **given,
-        )
+        one_task = one_task_rounds(parse.changelog_schedule)
+        if one_task:
+            capture = apply = ChangelogRoundOperator(
+                task_id="round",
+                conn_id=parse.spark_conn_id,
+                conf=parse.spark_conf,
+                outlets=_outlets(parse.source, parse.sinks),
+                **given,
+            )
+        else:
+            capture = ChangelogCaptureOperator(task_id="capture", **given)
+            apply = ChangelogApplyOperator(
+                task_id="apply",
+                trigger_rule="none_failed",  # also after a capture skipped for the lock: apply what is staged
+                conn_id=parse.spark_conn_id,
+                conf=parse.spark_conf,
+                outlets=_outlets(parse.source, parse.sinks),
+                **given,
+            )
 
         # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
         # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
@@ -382,6 +406,10 @@ def changelog_dag(
                 from airflow_provider_cdc.sinks.event_log import compact_event_log
 
                 compact_event_log(data_dir, source, read_marker(data_dir, source, "events"))
+            if one_task:  # the round starts this task again CDC_MAINTENANCE_INTERVAL_SECONDS from now
+                from airflow_provider_cdc.pipeline.maintenance import record_maintenance
+
+                record_maintenance(data_dir, source)
             return removed
 
         @task(task_id="log_retention")
@@ -406,7 +434,10 @@ def changelog_dag(
         now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
         if periodic(parse.changelog_schedule):  # only a periodic schedule can be backfilled
             earlier_intervals_done() >> capture
-        capture >> apply >> compact_tombstones(**now)
+        if not one_task:
+            capture >> apply
+        # one-task rounds: the three below follow the round, which skips those without work
+        apply >> compact_tombstones(**now)
         mirror_schema_stops(apply.output)  # after apply (its XCom), a leaf of its own
         log_retention(capture.output)  # after capture (its XCom), a leaf of its own
     return dag

@@ -165,6 +165,20 @@ OPTIONS: tuple[Option, ...] = (
         "(log retention checks, compaction)",
     ),
     Option(
+        "CDC_CHANGELOG_MIN_INTERVAL_SECONDS",
+        "5",
+        "with CDC_CHANGELOG_SCHEDULE=@log: seconds between the starts of two rounds at least (the "
+        "mirror's age under steady writes is about this plus a round; fewer rounds cost less CPU and "
+        "fewer, fuller files)",
+    ),
+    Option(
+        "CDC_MAINTENANCE_INTERVAL_SECONDS",
+        "300",
+        "with CDC_CHANGELOG_SCHEDULE=@log or @continuous: seconds between two runs of the mirrors' "
+        "background compaction and vacuum (the compact_tombstones task); periodic schedules run it "
+        "every round",
+    ),
+    Option(
         "CDC_MIRROR_RETENTION_HOURS",
         "1",
         "hours unreferenced mirror files stay for readers of older "
@@ -295,16 +309,17 @@ def _int(env: Mapping[str, str], name: str, default: int | None, what: str, mini
     return value
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+def _seconds(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
+    """A number of seconds > 0 (``zero``: >= 0)."""
     raw = _raw(env, name)
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        value = 0.0
-    if not value > 0 or value == float("inf"):
-        raise ConfigurationError(f"{name} must be a number of seconds > 0, got {raw!r}")
+        value = -1.0
+    if not (value >= 0 if zero else value > 0) or value == float("inf"):
+        raise ConfigurationError(f"{name} must be a number of seconds {'>=' if zero else '>'} 0, got {raw!r}")
     return value
 
 
@@ -342,6 +357,8 @@ class Settings:
     changelog_schedule: str | None = DEFAULT_CHANGELOG_SCHEDULE
     changelog_poll_seconds: float = 2.0
     changelog_heartbeat_seconds: float = 600.0
+    changelog_min_interval_seconds: float = 5.0
+    maintenance_interval_seconds: float = 300.0
     capture_max_events: int | None = None
     capture_segment_max_events: int | None = None
     mirror_retention_hours: float = 1.0
@@ -452,6 +469,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         changelog_schedule=_schedule(env, "CDC_CHANGELOG_SCHEDULE", DEFAULT_CHANGELOG_SCHEDULE),
         changelog_poll_seconds=_seconds(env, "CDC_CHANGELOG_POLL_SECONDS", 2.0),
         changelog_heartbeat_seconds=_seconds(env, "CDC_CHANGELOG_HEARTBEAT_SECONDS", 600.0),
+        changelog_min_interval_seconds=_seconds(env, "CDC_CHANGELOG_MIN_INTERVAL_SECONDS", 5.0, zero=True),
+        maintenance_interval_seconds=_seconds(env, "CDC_MAINTENANCE_INTERVAL_SECONDS", 300.0, zero=True),
         capture_max_events=_int(
             env, "CDC_CAPTURE_MAX_EVENTS", None, "a whole number >= 1 (unset: unbounded)", minimum=1
         ),

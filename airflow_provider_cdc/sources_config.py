@@ -44,6 +44,8 @@ KEYS: dict[str, str] = {
     "changelog_schedule": "CDC_CHANGELOG_SCHEDULE",
     "changelog_poll_seconds": "CDC_CHANGELOG_POLL_SECONDS",
     "changelog_heartbeat_seconds": "CDC_CHANGELOG_HEARTBEAT_SECONDS",
+    "changelog_min_interval_seconds": "CDC_CHANGELOG_MIN_INTERVAL_SECONDS",
+    "maintenance_interval_seconds": "CDC_MAINTENANCE_INTERVAL_SECONDS",
     "capture_max_events": "CDC_CAPTURE_MAX_EVENTS",
     "capture_segment_max_events": "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
     "mirror_retention_hours": "CDC_MIRROR_RETENTION_HOURS",

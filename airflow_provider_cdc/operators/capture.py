@@ -55,17 +55,14 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
         self.skip_if_locked = skip_if_locked
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from ..pipeline.capture import run_capture
-
-        max_events = _opt_int(self.max_events)
-        done = run_capture(
+        result = capture_changes(
             self.hook,
             self.data_dir,
-            max_events=max_events,
+            overrides=getattr(self, "cdc_overrides", None),
+            max_events=_opt_int(self.max_events),
             segment_max_events=_opt_int(self.segment_max_events),
-            retention=self._retention(),
         )
-        if done is None:
+        if result is None:
             msg = (
                 f"another capture of source {self.hook.source!r} holds the capture lock; nothing "
                 "captured this run"
@@ -77,29 +74,7 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             from ..core.errors import StateError
 
             raise StateError(msg + "; retry later")
-        result, lag = done
-        if lag is not None:
-            _emit_lag_metrics(lag)
-            from .. import airflow_variables
-
-            airflow_variables.save_lag(lag.source, lag.record(time.time()))
-        return {
-            "source": self.hook.source,
-            "events": result.events,
-            "watermarks": result.watermarks,
-            "segment": result.segment,
-            "segments": list(result.segments),
-            "start_offset": result.start_offset,
-            "end_offset": result.end_offset,
-            "seconds": round(result.seconds, 3),
-            # read by the changelog DAG's check_log_retention, which fails the run loudly on a risk
-            "lag_bytes": None if lag is None else lag.bytes,
-            "lag_seconds": None if lag is None else round(lag.seconds, 3),
-            "log_holder": None if lag is None else lag.holder,
-            "retention_risk": None if lag is None else lag.risk,
-            # nothing bounds the log the source keeps for this capture (a warning, not a failure)
-            "retention_warning": None if lag is None else lag.warning,
-        }
+        return result
 
     def get_openlineage_facets_on_complete(self, task_instance: Any):
         """OpenLineage (lineage.py): the captured tables in (those with a staged schema), the
@@ -126,22 +101,70 @@ class ChangelogCaptureOperator(CdcSourceMixin, BaseOperator):
             staging_is_output=True,
         )
 
-    def _retention(self) -> RetentionPolicy | None:
-        """Staging retention after the capture: the sinks' markers and the snapshots' stored
-        progress hold what they still need (pipeline/retention.py)."""
-        now = load(overrides=getattr(self, "cdc_overrides", None))
-        if now.staging_retention_hours is None:
-            return None
+
+def capture_changes(
+    hook: Any,
+    data_dir: str,
+    *,
+    overrides: dict[str, str] | None = None,
+    max_events: int | None = None,
+    segment_max_events: int | None = None,
+) -> dict[str, Any] | None:
+    """Drain the log of ``hook``'s source to staging, then commit the offset (I6); the lag's
+    metrics and Variable recorded. Returns the capture's result as a dict (XCom), None when
+    another capture of the source holds the capture lock."""
+    from ..pipeline.capture import run_capture
+
+    done = run_capture(
+        hook,
+        data_dir,
+        max_events=max_events,
+        segment_max_events=segment_max_events,
+        retention=_retention(hook, data_dir, overrides),
+    )
+    if done is None:
+        return None
+    result, lag = done
+    if lag is not None:
+        _emit_lag_metrics(lag)
         from .. import airflow_variables
-        from ..pipeline.retention import RetentionPolicy
 
-        source = self.hook.source
+        airflow_variables.save_lag(lag.source, lag.record(time.time()))
+    return {
+        "source": hook.source,
+        "events": result.events,
+        "watermarks": result.watermarks,
+        "segment": result.segment,
+        "segments": list(result.segments),
+        "start_offset": result.start_offset,
+        "end_offset": result.end_offset,
+        "seconds": round(result.seconds, 3),
+        # read by the changelog DAG's check_log_retention, which fails the run loudly on a risk
+        "lag_bytes": None if lag is None else lag.bytes,
+        "lag_seconds": None if lag is None else round(lag.seconds, 3),
+        "log_holder": None if lag is None else lag.holder,
+        "retention_risk": None if lag is None else lag.risk,
+        # nothing bounds the log the source keeps for this capture (a warning, not a failure)
+        "retention_warning": None if lag is None else lag.warning,
+    }
 
-        def snapshot_of(table_id: str) -> tuple[str, str, float | None] | None:
-            p = airflow_variables.load(source, table_id, self.data_dir)
-            return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
 
-        return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)
+def _retention(hook: Any, data_dir: str, overrides: dict[str, str] | None) -> RetentionPolicy | None:
+    """Staging retention after the capture: the sinks' markers and the snapshots' stored
+    progress hold what they still need (pipeline/retention.py)."""
+    now = load(overrides=overrides)
+    if now.staging_retention_hours is None:
+        return None
+    from .. import airflow_variables
+    from ..pipeline.retention import RetentionPolicy
+
+    source = hook.source
+
+    def snapshot_of(table_id: str) -> tuple[str, str, float | None] | None:
+        p = airflow_variables.load(source, table_id, data_dir)
+        return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
+
+    return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)
 
 
 def _emit_lag_metrics(lag) -> None:

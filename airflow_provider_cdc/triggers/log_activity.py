@@ -4,9 +4,10 @@ runs for each source whose ``cdc_changelog`` is scheduled ``@log`` (dag_builders
 It reads ``Dialect.log_activity`` every ``poll_interval`` seconds (PostgreSQL: the write
 counters of the publication's tables; MySQL/MariaDB: the binlog's end), read-only, on one
 connection it keeps, and yields an event, which Airflow turns into an Asset event that
-schedules the DAG, when the reading changed, and every ``heartbeat`` seconds otherwise, so the
-round's bookkeeping (log retention, compaction) still runs on an idle source. Events that come
-while a round runs are folded by the scheduler into the next run (``max_active_runs=1``).
+schedules the DAG, when the reading changed since the last round started (at most every
+``min_interval`` seconds), and every ``heartbeat`` seconds otherwise, so the round's bookkeeping
+(log retention, compaction) still runs on an idle source. Events that come while a round runs
+are folded by the scheduler into the next run.
 """
 
 from __future__ import annotations
@@ -26,17 +27,30 @@ UNKNOWN_INTERVAL = 60.0
 
 
 def round_reason(
-    previous: Any, reading: Any, *, first: bool, since_last: float, heartbeat: float
+    previous: Any,
+    reading: Any,
+    *,
+    first: bool,
+    since_last: float,
+    heartbeat: float,
+    min_interval: float = 0.0,
 ) -> str | None:
-    """Why a round should start now (None: no round). ``previous``/``reading``: the last and
-    this poll's ``LogActivity`` (None: not read, or the dialect cannot tell); ``since_last``:
-    seconds since the last round this trigger started."""
+    """Why a round should start now (None: no round). ``previous``: the ``LogActivity`` read
+    when the last round started (or when the watch started), ``reading``: this poll's (None: not
+    read, or the dialect cannot tell); ``since_last``: seconds since the last round this
+    trigger started. A write starts a round only ``min_interval`` seconds after the last one:
+    writes in between are taken by that next round (fewer, fuller rounds)."""
     if first:
         if reading is None or reading.pending_bytes is None:
             return "the watch started and the capture's position is not known"
         if reading.pending_bytes > 0:
             return f"the watch started with {reading.pending_bytes:,} bytes of log not captured"
-    elif reading is not None and previous is not None and reading.token != previous.token:
+    elif (
+        reading is not None
+        and previous is not None
+        and reading.token != previous.token
+        and since_last >= min_interval
+    ):
         return "the source wrote to the capture scope"
     if since_last >= heartbeat:
         return "heartbeat"
@@ -53,6 +67,8 @@ class LogActivityTrigger(BaseEventTrigger):
     :param data_dir: the root of staging (a path or URI), where MySQL's committed offset is.
     :param poll_interval: seconds between two readings of the source.
     :param heartbeat: seconds after which a round starts even on an idle source.
+    :param min_interval: seconds between the starts of two rounds at least (writes in between
+        wait for the next one).
     :param storage_conn_id: the storage connection's id (never its secrets), resolved in the triggerer.
     """
 
@@ -64,6 +80,7 @@ class LogActivityTrigger(BaseEventTrigger):
         data_dir: str,
         poll_interval: float = 2.0,
         heartbeat: float = 600.0,
+        min_interval: float = 0.0,
         storage_conn_id: str | None = None,
     ) -> None:
         super().__init__()
@@ -72,6 +89,7 @@ class LogActivityTrigger(BaseEventTrigger):
         self.data_dir = data_dir
         self.poll_interval = float(poll_interval)
         self.heartbeat = float(heartbeat)
+        self.min_interval = float(min_interval)
         self.storage_conn_id = storage_conn_id
         self._dialect = None
         self._storage: dict[str, str] | None = None
@@ -85,6 +103,7 @@ class LogActivityTrigger(BaseEventTrigger):
                 "data_dir": self.data_dir,
                 "poll_interval": self.poll_interval,
                 "heartbeat": self.heartbeat,
+                "min_interval": self.min_interval,
                 "storage_conn_id": self.storage_conn_id,
             },
         )
@@ -125,11 +144,16 @@ class LogActivityTrigger(BaseEventTrigger):
                     await asyncio.to_thread(self._close)
                 now = time.monotonic()
                 reason = round_reason(
-                    previous, reading, first=first, since_last=now - last_round, heartbeat=self.heartbeat
+                    previous,
+                    reading,
+                    first=first,
+                    since_last=now - last_round,
+                    heartbeat=self.heartbeat,
+                    min_interval=self.min_interval,
                 )
+                if reading is not None and (first or previous is None or reason is not None):
+                    previous = reading  # what the next round is compared with
                 first = False
-                if reading is not None:
-                    previous = reading
                 if reason is not None:
                     last_round = now
                     log.info("source %r: a changelog round starts: %s", self.source, reason)
