@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_cdc.operators.changelog_round import LOG_RETENTION, MAINTENANCE, SCHEMA_STOPS, follow_ups
+from airflow_provider_cdc.operators.changelog_round import (
+    LOG_RETENTION,
+    MAINTENANCE,
+    SCHEMA_STOPS,
+    follow_ups,
+)
 from airflow_provider_cdc.pipeline.maintenance import (
     last_maintenance,
     maintenance_due,
