@@ -41,3 +41,38 @@ def test_writes_start_a_round_only_min_interval_after_the_last_and_are_not_forgo
     # the watch's start and the heartbeat are not held back by it
     assert "300 bytes" in round_reason(None, busy, first=True, since_last=0, heartbeat=600, min_interval=5)
     assert round_reason(IDLE, IDLE, first=False, since_last=600, heartbeat=600, min_interval=900) == "heartbeat"
+
+
+def test_the_watch_holds_writes_for_min_interval_then_starts_one_round_for_them(monkeypatch):
+    """The trigger's loop, on scripted readings and a clock that moves 1 s a poll: a write
+    2 s after the last round waits until 3 s have passed, compared with the reading taken when
+    the last round started, so it is not lost."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from airflow_provider_cdc.triggers import log_activity
+    from airflow_provider_cdc.triggers.log_activity import LogActivityTrigger
+
+    clock = [0.0]
+    script = iter(["w1", "w2", "w2", "w2", "w3", "w3", "w3"])
+    monkeypatch.setattr(log_activity, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    trigger = LogActivityTrigger(conn_id="c", source="s", data_dir="/d", poll_interval=0, heartbeat=3600, min_interval=3)
+
+    def read():
+        clock[0] += 1.0
+        return LogActivity(next(script), 0)
+
+    monkeypatch.setattr(trigger, "_read", read)
+    loop = asyncio.new_event_loop()
+    agen = trigger.run()
+    try:
+        at = []
+        for _ in range(2):
+            event = loop.run_until_complete(asyncio.wait_for(agen.__anext__(), 10))
+            assert event.payload["reason"] == "the source wrote to the capture scope"
+            at.append(clock[0])
+        # w2 read at 2 s waits to 3 s; w3 read at 5 s (2 s after that round) waits to 6 s
+        assert at == [3.0, 6.0]
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
