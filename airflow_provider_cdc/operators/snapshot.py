@@ -337,7 +337,20 @@ class SnapshotCommitOperator(_SourceOperator):
         summary, done = self.controller(context).commit(self.chunks)
         if done:
             self._emit_done(context, self.hook.source, done)
+            self._request_maintenance()
         return summary
+
+    def _request_maintenance(self) -> None:
+        """The changelog's next round compacts (pipeline/maintenance.py): the finished snapshot
+        left its chunks to fold and its tombstones to remove. Never fails the commit."""
+        from ..pipeline.maintenance import request_maintenance
+
+        try:
+            request_maintenance(self.data_dir, self.hook.source)
+        except OSError:
+            log.warning(
+                "could not ask for the mirrors' maintenance; it runs on its own cadence", exc_info=True
+            )
 
     def _emit_done(self, context: Any, source: str, done: dict[str, dict[str, Any]]) -> None:
         """A mirror Asset event per table whose snapshot finished (and converged) here: the

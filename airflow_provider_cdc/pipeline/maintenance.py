@@ -3,7 +3,8 @@ runs under the one-task rounds of ``@log`` and ``@continuous`` (dag_builders.py)
 ``CDC_MAINTENANCE_INTERVAL_SECONDS``, not every round. The time of the last maintenance that
 finished is a small file in the source's staging folder, written through the storage layer.
 A round that finds it missing or unreadable runs maintenance: it can only come too often,
-never be lost.
+never be lost. A snapshot that finishes removes it, so the next round compacts what the
+snapshot wrote.
 """
 
 from __future__ import annotations
@@ -43,3 +44,11 @@ def record_maintenance(data_dir: str, source: str, at: float | None = None) -> N
     """Record that maintenance of ``source`` finished (now, or at ``at``)."""
     at = time.time() if at is None else at
     storage.write_text(maintenance_path(data_dir, source), json.dumps({"finished_at": at}))
+
+
+def request_maintenance(data_dir: str, source: str) -> None:
+    """Make maintenance due at the next round: a snapshot that finished left work for it (its
+    merged chunks to fold into the buckets' base, the tombstones it held back)."""
+    path = maintenance_path(data_dir, source)
+    if storage.exists(path):
+        storage.delete(path)

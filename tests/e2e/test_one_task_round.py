@@ -3,9 +3,9 @@ through the real DAG (``dag.test()``: the task runner, XCom, skips, Asset events
 
 - The round captures and applies in one task: the mirror equals the source and the apply's
   Asset event is recorded.
-- Its follow-ups run only with work: compaction on the first round (never ran) and not again
-  within CDC_MAINTENANCE_INTERVAL_SECONDS; the schema-stop and log-retention checks are
-  skipped.
+- Its follow-ups run only with work: compaction on the first round (never ran), not again
+  within CDC_MAINTENANCE_INTERVAL_SECONDS, and again after a snapshot finished; the
+  schema-stop and log-retention checks are skipped.
 - A type change: the round succeeds (its Asset events are kept), ``mirror_schema_stops`` runs
   and fails the run naming the table.
 """
@@ -68,6 +68,13 @@ def test_a_round_is_one_task_whose_follow_ups_run_only_with_work(pipeline, monke
                            "mirror_schema_stops": "skipped", "log_retention": "skipped"}
     assert round_result(run)["follow_ups"] == []
     p.assert_equal()
+
+    # a snapshot that finishes leaves work for compaction: the next round runs it
+    p.snapshot()
+    assert last_maintenance(p.data_dir, p.source) is None
+    run = p.run("cdc_changelog")
+    assert round_result(run)["follow_ups"] == ["compact_tombstones"]
+    assert states(run)["compact_tombstones"] == "success"
 
     # a type change the mirror cannot follow: the round succeeds and keeps its Asset events,
     # mirror_schema_stops fails the run

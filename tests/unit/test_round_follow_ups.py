@@ -16,6 +16,7 @@ from airflow_provider_cdc.pipeline.maintenance import (
     maintenance_due,
     maintenance_path,
     record_maintenance,
+    request_maintenance,
 )
 
 pytestmark = pytest.mark.unit
@@ -54,6 +55,10 @@ def test_the_last_maintenance_is_recorded_in_staging_and_an_unreadable_record_me
     record_maintenance(data, "shop", at=1234.5)
     assert last_maintenance(data, "shop") == 1234.5
     assert last_maintenance(data, "other") is None
+    request_maintenance(data, "other")  # nothing recorded: nothing to do
+    request_maintenance(data, "shop")  # a finished snapshot: due at the next round
+    assert last_maintenance(data, "shop") is None
+    record_maintenance(data, "shop", at=1234.5)
     path = maintenance_path(data, "shop")
     assert path.startswith(f"{data}/staging/shop/")
     for junk in ("{not json", '{"finished_at": "soon"}', "[1]", '{"finished_at": true}'):
