@@ -13,7 +13,8 @@ the snapshot's cost, not the changes'); the seconds it took are printed.
 Freshness is measured from outside the package: the newest ``updated_at`` (the writer's
 commit-time clock) among the mirror's files, read from the Delta log's file statistics, against
 the poller's clock. Printed per phase: p50/p90/p99/max freshness; rounds (count, median
-length and gap), each task's median duration (start-up and ``execute``), the scheduler's CPU
+length and gap), each task's median duration, and from its log its DAG-file parse and its work
+(``execute``), the scheduler's CPU
 seconds (its own, and its whole tree with the task processes) scaled to 10 minutes; the bytes
 the mirror's folder gained against the bytes of the rows the phase changed (change events x
 the live mirror's bytes per row); the folder's size against the live mirror's; and the
@@ -212,10 +213,16 @@ def rounds_between(dep, t0: float, t1: float) -> dict:
     lengths = [b - a for a, b in spans]
     gaps = [spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1)]
     tasks: dict[str, list[float]] = {}
+    split: dict[str, list[tuple[float, float]]] = {}
     for r in runs[-30:]:  # the last 30 runs' tasks (the REST API per run)
         for ti in dep.tis("cdc_changelog", r["dag_run_id"]):
             if ti.get("start_date") and ti.get("end_date") and ti["state"] == "success":
                 tasks.setdefault(ti["task_id"], []).append(_ts(ti["end_date"]) - _ts(ti["start_date"]))
+                log = (dep.home / "logs" / "dag_id=cdc_changelog" / f"run_id={r['dag_run_id']}"
+                       / f"task_id={ti['task_id']}" / f"attempt={ti.get('try_number') or 1}.log")
+                got = parse_and_execute(log)
+                if got is not None:
+                    split.setdefault(ti["task_id"], []).append(got)
     return {
         "runs": len(runs),
         "failed": sum(1 for r in runs if r["state"] == "failed"),
@@ -223,7 +230,30 @@ def rounds_between(dep, t0: float, t1: float) -> dict:
         "median_length_s": statistics.median(lengths) if lengths else None,
         "median_gap_s": statistics.median(gaps) if gaps else None,
         "task_median_s": {k: round(statistics.median(v), 2) for k, v in sorted(tasks.items())},
+        # from the task's own log: its first line to the DAG file's parse done, then to "Done"
+        "task_parse_execute_median_s": {
+            k: (round(statistics.median(p for p, _ in v), 2), round(statistics.median(e for _, e in v), 2))
+            for k, v in sorted(split.items())
+        },
     }
+
+
+def parse_and_execute(log: Path) -> tuple[float, float] | None:
+    """(seconds from the task process's first log line to "Worker startup parse complete",
+    seconds from there to "Done. Returned value" or "Skipping downstream tasks"): the DAG
+    file's parse and the task's work,
+    as the task's own log times them; None without both lines."""
+    try:
+        lines = [json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")]
+    except (OSError, ValueError):
+        return None
+    times = [(_ts(x.get("timestamp")), str(x.get("event", ""))) for x in lines if x.get("timestamp")]
+    parsed = next((t for t, e in times if e.startswith("Worker startup parse complete")), None)
+    # a task that skipped the tasks after it (a one-task round) ends with that line instead
+    done = next((t for t, e in times if e.startswith(("Done. Returned value", "Skipping downstream tasks"))), None)
+    if not times or parsed is None or done is None:
+        return None
+    return parsed - times[0][0], done - parsed
 
 
 def _changed_events(data_dir: str, source: str, t0: float, t1: float) -> int:
@@ -410,7 +440,8 @@ def render(R: dict, mach: dict, started: str) -> str:
     lines.append("")
     for ph in R["phases"]:
         lines.append(f"- {ph['tps']:.0f} TPS: writer {ph['writer']}; catch-up after the writer stopped "
-                     f"{ph['catch_up_s']:.1f} s; task medians (s) {ph['rounds']['task_median_s']}")
+                     f"{ph['catch_up_s']:.1f} s; task medians (s) {ph['rounds']['task_median_s']}; "
+                     f"(parse, execute) medians (s) {ph['rounds'].get('task_parse_execute_median_s')}")
     idle = R.get("idle")
     if idle:
         lines.append(f"- idle {idle['seconds']:.0f} s: {idle['rounds']['runs']} round(s) "
