@@ -31,7 +31,7 @@ from typing import Any
 from airflow.sdk.bases.skipmixin import SkipMixin
 
 from ..hooks.task_errors import wrap_task_methods
-from ..settings import load
+from ..settings import FromSettings, load
 from .spark_jobs import ChangelogApplyOperator
 
 #: the round's follow-up tasks (dag_builders.changelog_dag names them the same)
@@ -68,6 +68,9 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
     """
 
     ui_color = "#b9dcff"
+    # not given: the settings when the task runs, as ChangelogCaptureOperator's
+    max_events = FromSettings("capture_max_events")
+    segment_max_events = FromSettings("capture_segment_max_events")
 
     def __init__(
         self, *, max_events: int | None = None, segment_max_events: int | None = None, **kwargs: Any
@@ -89,12 +92,8 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
             hook,
             self.data_dir,
             overrides=self.cdc_overrides,
-            max_events=self.max_events if self.max_events is not None else now.capture_max_events,
-            segment_max_events=(
-                self.segment_max_events
-                if self.segment_max_events is not None
-                else now.capture_segment_max_events
-            ),
+            max_events=self.max_events,
+            segment_max_events=self.segment_max_events,
         )
         if captured is None:
             self.log.info(

@@ -30,12 +30,9 @@ def maintenance_due(last_at: float | None, now: float, interval: float) -> bool:
 
 def last_maintenance(data_dir: str, source: str) -> float | None:
     """The time (epoch s) the last maintenance of ``source`` finished; None when unknown."""
-    path = maintenance_path(data_dir, source)
-    try:
-        if not storage.exists(path):
-            return None
-        at = json.loads(storage.read_text(path)).get("finished_at")
-    except (OSError, ValueError, AttributeError):  # unreadable: run it again
+    try:  # one read a round, no existence check first (a request on object storage)
+        at = json.loads(storage.read_text(maintenance_path(data_dir, source))).get("finished_at")
+    except (OSError, ValueError, AttributeError):  # missing or unreadable: run it again
         return None
     return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
 
