@@ -97,7 +97,7 @@ def build(data_dir: str, rows: int, unit: int) -> None:
     for c in range(leaves):
         mine = ids[order[bounds[c]:bounds[c + 1]]]
         if len(mine):
-            adds.append(db.write_bucket_file(v.table_uri, offset + c, _rows_of(mine)))
+            adds.append(db.write_bucket_file(v.table_uri, offset + c, _rows_of(mine).sort_by("__key")))
     db.commit(v, adds, (), operation="build")
 
 

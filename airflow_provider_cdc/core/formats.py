@@ -84,7 +84,9 @@ SEGMENT_INDEX = Format(
 #: a mirror's Delta table properties (``cdc.*``, sinks/mirror_table.py)
 MIRROR = Format(
     "mirror table",
-    1,
+    # 2: superseded rows and tombstones masked by deletion vectors (sinks/delta_buckets.py);
+    # a mirror of version 1 is upgraded in place by its next commit, not by a migration here
+    2,
     "re-snapshot the table into a new mirror (airflow cdc snapshot start)",
     key="cdc.format_version",
 )

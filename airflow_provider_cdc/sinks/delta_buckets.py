@@ -5,25 +5,27 @@ files; the bucket tree, merge-on-read resolution and the one serialising commit
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
-from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
 
 from .. import storage
 from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.errors import ConfigurationError
 from ..core.formats import MIRROR
+from . import deletion_vectors as dvs
+from .delta_log import log_state, write_commit
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,12 @@ class FileInfo:
     size: int
     rows: int | None  # from the Delta statistics (None: not recorded)
     change: bool  # a change file (not yet compacted into the bucket's base)
+    dv: Mapping | None = None  # its deletion vector's descriptor (None: every row visible)
+
+    @property
+    def masked(self) -> int:
+        """Rows its deletion vector masks."""
+        return int(self.dv.get("cardinality", 0)) if self.dv else 0
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,11 @@ class MirrorVersion:
     props: Mapping[str, str]
     txn: int
     info: Mapping[str, FileInfo] = field(default_factory=dict)
+    #: the active add actions by path, as the log holds them (a remove must name the vector)
+    adds: Mapping[str, Mapping] = field(default_factory=dict)
+    #: the mirror masks superseded rows and tombstones with deletion vectors (format 2); False:
+    #: a mirror written before them, upgraded in place by its next commit
+    masked: bool = True
 
     @property
     def table_uri(self) -> str:
@@ -171,11 +184,25 @@ class MirrorVersion:
         return nodes_of_keys(keys, self.buckets if self.bucketed else 1, self.inner)
 
 
+#: the mirror format (core/formats.py MIRROR) from which superseded rows and tombstones are
+#: masked by deletion vectors
+MASKED_FORMAT = 2
+
+
+def mirror_format(props: Mapping[str, str], location: str) -> int:
+    """The mirror's format version: 1 for a mirror made before deletion vectors (upgraded in
+    place by its next commit), else the current one (FormatError for a newer package's)."""
+    found = MIRROR.found(props)
+    if found is None or found < MASKED_FORMAT:
+        return 1
+    MIRROR.read(props, f"mirror {location}")
+    return MIRROR.version
+
+
 def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
     """``location``: where the table is (what the package opened it from)."""
     props = dict(dt.metadata().configuration or {})
-    if MIRROR.key in props:  # core/formats.py; a mirror without it predates the stamp
-        MIRROR.read(props, f"mirror {location}")
+    masked = mirror_format(props, location) >= MASKED_FORMAT
     parts = list(dt.metadata().partition_columns or [])
     bucketed = parts == [BUCKET_COLUMN]
     raw = props.get(BUCKETS_PROPERTY, "1") if bucketed else "1"
@@ -183,45 +210,52 @@ def read_version(dt: DeltaTable, location: str) -> MirrorVersion:
         int(raw) if raw.isdigit() else -1,
         f"mirror {location}: table property {BUCKETS_PROPERTY} ({raw!r}, set by hand?)",
     )
-    actions = pa.table(dt.get_add_actions(flatten=True))
+    state = log_state(location, dt.version(), dt.metadata().id)
     files: dict[int, list[str]] = {b: [] for b in range(buckets)}
     sizes: dict[str, int] = {}
     info: dict[str, FileInfo] = {}
-    if actions.num_rows:
-        paths = actions["path"].to_pylist()
-        sizes = dict(zip(paths, actions["size_bytes"].to_pylist(), strict=True))
-        counts = (
-            actions["num_records"].to_pylist()
-            if "num_records" in actions.column_names
-            else [None] * len(paths)
+    for p, add in state.adds.items():
+        b = int((add.get("partitionValues") or {}).get(BUCKET_COLUMN, 0)) if bucketed else 0
+        files.setdefault(b, []).append(p)
+        sizes[p] = int(add["size"])
+        try:
+            n = json.loads(add.get("stats") or "{}").get("numRecords")
+        except ValueError:
+            n = None
+        info[p] = FileInfo(
+            p,
+            sizes[p],
+            None if n is None else int(n),
+            p.rsplit("/", 1)[-1].startswith(CHANGE_PREFIX),
+            add.get("deletionVector") or None,
         )
-        col = f"partition.{BUCKET_COLUMN}"
-        owners = actions[col].to_pylist() if bucketed and col in actions.column_names else [0] * len(paths)
-        for p, b, n in zip(paths, owners, counts, strict=True):
-            files.setdefault(int(b), []).append(p)
-            info[p] = FileInfo(
-                p,
-                int(sizes[p]),
-                None if n is None else int(n),
-                p.rsplit("/", 1)[-1].startswith(CHANGE_PREFIX),
-            )
     schema = pa.schema([f for f in pa.schema(dt.schema().to_arrow()) if f.name != BUCKET_COLUMN])
-    # base files first, then change files oldest first (names carry the write time): the
-    # order resolve() breaks ties of equal positions in
-    order = {p: (info[p].change, p.rsplit("/", 1)[-1]) for p in info}
     return MirrorVersion(
         dt,
         location,
         dt.version(),
         buckets,
         bucketed,
-        {b: tuple(sorted(f, key=order.__getitem__)) for b, f in files.items()},
+        {b: read_order(f) for b, f in files.items()},
         sizes,
         schema,
         props,
         int(dt.transaction_version(WRITER_APP_ID) or 0),
         info,
+        state.adds,
+        masked,
     )
+
+
+def read_order(paths: Iterable[str]) -> tuple[str, ...]:
+    """A bucket's files in the order resolve() breaks ties of equal positions in: base files
+    first, then change files oldest first (their names carry the commit version)."""
+
+    def key(p: str):
+        name = p.rsplit("/", 1)[-1]
+        return (name.startswith(CHANGE_PREFIX), name)
+
+    return tuple(sorted(paths, key=key))
 
 
 def _location(table_uri: str, relative: str) -> str:
@@ -274,14 +308,78 @@ def change_version(path: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+@dataclass(frozen=True)
+class Remask:
+    """An active file of the version a writer read, re-added with another deletion vector
+    (its remove names the old one: Delta identifies a file by path and vector)."""
+
+    path: str
+    dv: Mapping | None
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A data file a writer wrote, not visible until committed: the ``add`` it gets, and what
+    the writer worked out of the bucket's vectors: its own (``dv``) and the other files'
+    (``remasks``), or ``remasks`` None when the commit must work them out from the bucket's
+    files (:func:`bucket_masks`)."""
+
+    path: str  # relative to the table root
+    size: int
+    partition: Mapping[str, str]
+    stats: str
+    dv: Mapping | None = None
+    remasks: tuple[Remask, ...] | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(json.loads(self.stats)["numRecords"])
+
+    @property
+    def bucket(self) -> int:
+        return int(self.partition.get(BUCKET_COLUMN, 0))
+
+    def add(self, now: int) -> dict:
+        add = {
+            "path": self.path,
+            "partitionValues": dict(self.partition),
+            "size": int(self.size),
+            "modificationTime": now,
+            "dataChange": True,
+            "stats": self.stats,
+        }
+        if self.dv:
+            add["deletionVector"] = dict(self.dv)
+        return {"add": add}
+
+    def to_json(self) -> str:
+        """For a worker's result (Spark executors to the driver)."""
+        return json.dumps(
+            {
+                "path": self.path,
+                "size": self.size,
+                "partition": dict(self.partition),
+                "stats": self.stats,
+                "dv": self.dv,
+                "remasks": None if self.remasks is None else [[r.path, r.dv] for r in self.remasks],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> NewFile:
+        d = json.loads(text)
+        remasks = None if d["remasks"] is None else tuple(Remask(p, dv) for p, dv in d["remasks"])
+        return cls(d["path"], int(d["size"]), d["partition"], d["stats"], d["dv"], remasks)
+
+
 def write_bucket_file(
     table_uri: str, bucket: int, rows: pa.Table, *, bucketed: bool = True, change: int | None = None
-) -> AddAction:
+) -> NewFile:
     """One new data file of ``bucket`` (not visible until committed): a base file of
     resolved rows, or with ``change`` a change file of that commit version (its name carries
     it, so a bucket's change files sort in commit order: resolve() keeps the first of equal
-    positions). Its AddAction, with the row count and the position range as Delta
-    statistics."""
+    positions). With the row count and the position range as Delta statistics; its deletion
+    vector is worked out at the commit (:func:`commit`) unless the writer gives it."""
     name = (
         f"{CHANGE_PREFIX}{change:020d}-" if change is not None else BASE_PREFIX
     ) + f"{uuid.uuid4().hex}.parquet"
@@ -289,7 +387,7 @@ def write_bucket_file(
     location = _location(table_uri, rel)
     storage.makedirs(storage.parent(location))
     fs, p = storage.filesystem(location)
-    pq.write_table(rows, p, filesystem=fs)
+    pq.write_table(rows, p, filesystem=fs, row_group_size=ROW_GROUP_ROWS)
     size = fs.get_file_info(p).size
     stats: dict = {"numRecords": rows.num_rows}
     if rows.num_rows and POSITION_COLUMN in rows.column_names:
@@ -299,45 +397,411 @@ def write_bucket_file(
             maxValues={POSITION_COLUMN: hi.as_py()},
             nullCount={POSITION_COLUMN: 0},
         )
-    return AddAction(
-        rel,
-        int(size),
-        {BUCKET_COLUMN: str(bucket)} if bucketed else {},
-        int(time.time() * 1000),
-        True,
-        json.dumps(stats),
-    )
+    return NewFile(rel, int(size), {BUCKET_COLUMN: str(bucket)} if bucketed else {}, json.dumps(stats))
 
 
-def discard(table_uri: str, adds: Iterable[AddAction]) -> None:
-    """Delete files a writer wrote but could not commit."""
+#: rows per Parquet row group of the mirror's files: a write that looks up the stored versions
+#: of its keys reads only the row groups whose key range holds one (files are sorted by key)
+ROW_GROUP_ROWS = 65_536
+
+
+def discard(table_uri: str, adds: Iterable[NewFile]) -> None:
+    """Delete files a writer wrote but could not commit (data files and deletion vectors)."""
     for a in adds:
-        try:
-            storage.delete(_location(table_uri, a.path))
-        except OSError:  # noqa: PERF203 - vacuum removes what is left
-            log.warning("could not delete uncommitted file %s; vacuum removes it", a.path)
+        names = [a.path, *dvs.referenced_files([a.dv, *(r.dv for r in a.remasks or ())])]
+        for rel in names:
+            try:
+                storage.delete(_location(table_uri, rel))
+            except OSError:  # noqa: PERF203 - vacuum removes what is left
+                log.warning("could not delete uncommitted file %s; vacuum removes it", rel)
 
 
-def commit(v: MirrorVersion, adds: list[AddAction], removed: Iterable[str], *, operation: str) -> None:
-    """Replace ``removed`` (paths of ``v``) by ``adds`` in one commit on top of ``v``, as the
-    next ``cdc-mirror`` transaction: CommitFailedError when another writer committed since."""
-    now = int(time.time() * 1000)
-    part = (lambda p: {BUCKET_COLUMN: p.split("/", 1)[0].split("=", 1)[1]}) if v.bucketed else (lambda p: {})
-    actions: list = [RemoveAction(p, True, now, v.sizes.get(p), part(p)) for p in removed]
-    actions += adds
-    if not actions:
-        return
-    v.dt.create_write_transaction(
-        actions,
-        mode="append",
-        schema=v.dt.schema(),
-        partition_by=[BUCKET_COLUMN] if v.bucketed else None,
-        commit_properties=CommitProperties(
-            custom_metadata={"cdc.operation": operation},
-            max_commit_retries=0,
-            app_transactions=[Transaction(WRITER_APP_ID, v.txn + 1, now)],
-        ),
+# --- deletion vectors: every stored row that is not its key's live row is masked -----------
+#
+# A key's live row is its stored version with the highest position (of equal positions the one
+# read first: base files, then change files in commit order), unless that is a tombstone. The
+# package reads the files whole (the position guard needs every version and tombstone); the
+# vectors make any Delta reader see exactly the live rows. They are a function of the bucket's
+# rows, so a commit can always work them out again (bucket_masks), and a writer of a few keys
+# works out only what its rows change (stored_winners, in write_change).
+
+_WINNER_SCHEMA = pa.schema(
+    [
+        ("k", pa.int32()),
+        ("file", pa.int32()),
+        ("row", pa.int64()),
+        (POSITION_COLUMN, pa.string()),
+        (DELETED_COLUMN, pa.bool_()),
+    ]
+)
+
+
+def _first_of_runs(col: pa.Array) -> pa.Array:
+    n = len(col)
+    if n == 0:
+        return pa.array([], pa.bool_())
+    same = pc.equal(col.slice(1), col.slice(0, n - 1))
+    return pa.concat_arrays([pa.array([True]), pc.invert(same)])
+
+
+def _winners(candidates: pa.Table) -> pa.Table:
+    """The winning version per ``k`` among candidate rows (k, file, row, position, deleted):
+    the highest position, of equal ones the first file in read order."""
+    if candidates.num_rows == 0:
+        return candidates
+    ordered = candidates.sort_by(
+        [("k", "ascending"), (POSITION_COLUMN, "descending"), ("file", "ascending"), ("row", "ascending")]
     )
+    return ordered.filter(_first_of_runs(ordered["k"].combine_chunks()))
+
+
+def stored_winners(table_uri: str, paths: Sequence[str], keys: pa.Array) -> pa.Table:
+    """For the canonical ``keys`` (sorted, distinct), the stored version of each that wins in
+    the bucket made of ``paths`` (read order): columns k (index into keys), file (index into
+    paths), row, ``__position``, ``__deleted``; keys with no stored version are absent. Reads the
+    key column of the row groups whose key range holds a wanted key, and the position and
+    deleted columns only where one matched: a write's cost follows its keys where they are
+    sparse, and is at most the bucket's key column where they are dense."""
+    wanted = sorted(keys.to_pylist())
+    parts = []
+    for i, rel in enumerate(paths):
+        fs, p = storage.filesystem(_location(table_uri, rel))
+        with fs.open_input_file(p) as fh:
+            f = pq.ParquetFile(fh)
+            meta = f.metadata
+            key_col = f.schema_arrow.get_field_index(KEY_COLUMN)
+            offset = 0
+            for g in range(meta.num_row_groups):
+                n = meta.row_group(g).num_rows
+                st = meta.row_group(g).column(key_col).statistics if key_col >= 0 else None
+                if st is not None and st.has_min_max:
+                    lo = bisect.bisect_left(wanted, st.min)
+                    if lo >= len(wanted) or wanted[lo] > st.max:
+                        offset += n
+                        continue
+                col = f.read_row_group(g, columns=[KEY_COLUMN])[KEY_COLUMN].combine_chunks()
+                idx = pc.index_in(col, value_set=keys)
+                hit = pc.indices_nonzero(pc.is_valid(idx))
+                if len(hit):
+                    rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
+                    parts.append(
+                        pa.table(
+                            [
+                                pc.take(idx, hit),
+                                pa.array(np.full(len(hit), i, dtype=np.int32)),
+                                pc.add(hit.cast(pa.int64()), offset),
+                                pc.take(rest[POSITION_COLUMN], hit).cast(pa.string()),
+                                pc.take(rest[DELETED_COLUMN], hit),
+                            ],
+                            schema=_WINNER_SCHEMA,
+                        )
+                    )
+                offset += n
+    if not parts:
+        return _WINNER_SCHEMA.empty_table()
+    return _winners(pa.concat_tables(parts))
+
+
+def _union(table_uri: str, dv: Mapping | None, rows: Iterable[int]) -> np.ndarray:
+    return np.union1d(dvs.read_vector(table_uri, dv), np.fromiter(rows, dtype=np.uint64))
+
+
+def write_change(
+    table_uri: str,
+    bucket: int,
+    rows: pa.Table,
+    paths: Sequence[str],
+    current: Mapping[str, Mapping | None],
+    *,
+    bucketed: bool,
+    change: int | None,
+) -> NewFile | None:
+    """Append ``rows`` (resolved: one per key, sorted by key) to the bucket made of ``paths``
+    (read order; ``current``: their deletion vectors) as one file, with the vectors the write
+    changes: a row that is not newer than its key's stored winner is left out (it would never
+    be live), a tombstone is written and masked (the guard needs it), and the stored live row
+    of a key the file supersedes is masked in its file. None: nothing newer to write."""
+    rows = rows.sort_by(KEY_COLUMN)  # files sorted by key: lookups skip row groups by their range
+    won = stored_winners(table_uri, paths, rows[KEY_COLUMN].combine_chunks()) if paths else None
+    if won is not None and won.num_rows:
+        stored = _scatter(rows.num_rows, won["k"], won[POSITION_COLUMN])
+        newer = pc.fill_null(pc.greater(rows[POSITION_COLUMN], stored), True)
+        rows = rows.filter(newer)
+        beaten = won.filter(pc.and_(pc.take(newer, won["k"]), pc.invert(won[DELETED_COLUMN])))
+    else:
+        beaten = _WINNER_SCHEMA.empty_table()
+    if not rows.num_rows:
+        return None
+    add = write_bucket_file(table_uri, bucket, rows, bucketed=bucketed, change=change)
+    vectors, owners = [], []
+    own = pc.indices_nonzero(rows[DELETED_COLUMN]).to_numpy()
+    if len(own):
+        vectors.append(own.astype(np.uint64))
+        owners.append(None)
+    files = beaten["file"].to_numpy()
+    hit_rows = beaten["row"].to_numpy()
+    for i in np.unique(files).tolist():
+        rel = paths[i]
+        vectors.append(_union(table_uri, current.get(rel), hit_rows[files == i].tolist()))
+        owners.append(rel)
+    try:
+        descriptors = dvs.write_vectors(table_uri, vectors) if vectors else []
+    except BaseException:
+        discard(table_uri, [add])
+        raise
+    given = dict(zip(owners, descriptors, strict=True))
+    return replace(add, dv=given.pop(None, None), remasks=tuple(Remask(rel, dv) for rel, dv in given.items()))
+
+
+def _scatter(n: int, at: pa.ChunkedArray | pa.Array, values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """An array of ``n`` nulls with ``values`` at the indices ``at``."""
+    out = np.full(n, None, dtype=object)
+    out[np.asarray(at)] = values.to_numpy(zero_copy_only=False)
+    return pa.array(out, pa.string())
+
+
+def bucket_masks(
+    table_uri: str, paths: Sequence[str], known: Mapping[str, pa.Table] | None = None
+) -> list[np.ndarray]:
+    """The rows each file of a bucket (``paths``, read order) must mask: every row that is not
+    its key's winner, and winners that are tombstones. Reads the key, position and deleted
+    columns of the bucket (``known``: those of files a writer holds already)."""
+    cols = [KEY_COLUMN, POSITION_COLUMN, DELETED_COLUMN]
+    parts, sizes = [], []
+    for i, rel in enumerate(paths):
+        t = (known or {}).get(rel)
+        if t is None:
+            fs, p = storage.filesystem(_location(table_uri, rel))
+            t = pq.read_table(p, filesystem=fs, columns=cols)
+        t = t.select(cols)
+        n = t.num_rows
+        sizes.append(n)
+        parts.append(
+            pa.table(
+                [
+                    t[KEY_COLUMN].cast(pa.string()),
+                    pa.array(np.full(n, i, dtype=np.int32)),
+                    pa.array(np.arange(n, dtype=np.int64)),
+                    t[POSITION_COLUMN].cast(pa.string()),
+                    t[DELETED_COLUMN],
+                ],
+                names=["key", "file", "row", POSITION_COLUMN, DELETED_COLUMN],
+            )
+        )
+    out = [np.zeros(0, dtype=np.uint64) for _ in paths]
+    if not parts:
+        return out
+    allrows = pa.concat_tables(parts)
+    if allrows.num_rows == 0:
+        return out
+    ordered = allrows.sort_by(
+        [("key", "ascending"), (POSITION_COLUMN, "descending"), ("file", "ascending"), ("row", "ascending")]
+    )
+    first = _first_of_runs(ordered["key"].combine_chunks())
+    visible = pc.and_(first, pc.invert(ordered[DELETED_COLUMN].combine_chunks()))
+    hidden = ordered.filter(pc.invert(visible))
+    files = hidden["file"].to_numpy()
+    rows = hidden["row"].to_numpy()
+    for i in np.unique(files).tolist():
+        out[i] = np.sort(rows[files == i]).astype(np.uint64)
+    return out
+
+
+def _remask_buckets(
+    v: MirrorVersion, adds: list[NewFile], removed: set[str], buckets: Iterable[int]
+) -> tuple[list[NewFile], list[Remask]]:
+    """Work out the vectors of ``buckets`` after the commit from their files (bucket_masks):
+    the new files get theirs, and each kept file whose vector changes is re-added."""
+    adds = list(adds)
+    remasks: list[Remask] = []
+    for b in sorted(set(buckets)):
+        new = {a.path: i for i, a in enumerate(adds) if a.bucket == b or not v.bucketed}
+        for i in new.values():
+            adds[i] = replace(adds[i], dv=None, remasks=())
+        kept = [p for p in v.files.get(b, ()) if p not in removed]
+        paths = read_order([*kept, *new])
+        masks = bucket_masks(v.table_uri, paths)
+        vectors, owners = [], []
+        for rel, mask in zip(paths, masks, strict=True):
+            if rel in new:
+                if len(mask):
+                    vectors.append(mask)
+                    owners.append(rel)
+                continue
+            old = v.info[rel].dv if rel in v.info else None
+            if not np.array_equal(dvs.read_vector(v.table_uri, old), mask):
+                vectors.append(mask)
+                owners.append(rel)
+        descriptors = dvs.write_vectors(v.table_uri, vectors) if vectors else []
+        for rel, dv in zip(owners, descriptors, strict=True):
+            if rel in new:
+                adds[new[rel]] = replace(adds[new[rel]], dv=dv)
+            else:
+                remasks.append(Remask(rel, dv if dv["cardinality"] else None))
+    return adds, remasks
+
+
+def commit(v: MirrorVersion, adds: Sequence[NewFile], removed: Iterable[str], *, operation: str) -> int:
+    """Replace ``removed`` (paths of ``v``) by ``adds`` in one commit on top of ``v``, as the
+    next ``cdc-mirror`` transaction, with the deletion vectors that keep exactly the live rows
+    visible: a bucket that one writer appended one file to takes that writer's vectors (it read
+    the bucket's winners of its keys); any other bucket the commit touches has its vectors
+    worked out from its files (:func:`bucket_masks`). A mirror of format 1 is upgraded in the
+    same commit (protocol, the ``deletionVectors`` feature, every bucket masked), so no version
+    has the feature without the masks. CommitFailedError when another writer committed since;
+    returns the version committed (-1: nothing to commit)."""
+    removed = list(removed)
+    if not adds and not removed and v.masked:
+        return -1
+    gone = set(removed)
+    per_bucket: dict[int, list[NewFile]] = {}
+    for a in adds:
+        per_bucket.setdefault(a.bucket if v.bucketed else 0, []).append(a)
+    owner = {p: b for b, ps in v.files.items() for p in ps}
+    if v.masked:
+        redo = {owner[p] for p in gone if p in owner}
+        redo |= {b for b, ps in per_bucket.items() if len(ps) > 1 or ps[0].remasks is None}
+    else:
+        redo = {b for b, ps in v.files.items() if ps} | set(per_bucket)
+    given = [a for a in adds if (a.bucket if v.bucketed else 0) not in redo]
+    try:
+        done, remasks = _remask_buckets(v, [a for a in adds if a not in given], gone, redo)
+    except BaseException:
+        discard(v.table_uri, adds)
+        raise
+    superseded = [a for a in adds if a not in given]  # their own vectors were worked out again
+    remasks += [r for a in given for r in a.remasks or ()]
+    final = [*given, *done]
+    now = int(time.time() * 1000)
+    actions: list[dict] = [
+        {
+            "commitInfo": {
+                "timestamp": now,
+                "operation": "WRITE" if v.masked else "UPGRADE PROTOCOL",
+                "operationParameters": {"mode": "Append"},
+                "cdc.operation": operation,
+                "engineInfo": "airflow-provider-cdc",
+            }
+        },
+        {"txn": {"appId": WRITER_APP_ID, "version": v.txn + 1, "lastUpdated": now}},
+    ]
+    if not v.masked:
+        actions += _upgrade_actions(v)
+    part = (lambda p: {BUCKET_COLUMN: p.split("/", 1)[0].split("=", 1)[1]}) if v.bucketed else (lambda p: {})
+
+    def remove(rel: str) -> dict:
+        old = v.adds.get(rel, {})
+        r = {
+            "path": rel,
+            "deletionTimestamp": now,
+            "dataChange": True,
+            "extendedFileMetadata": True,
+            "partitionValues": old.get("partitionValues", part(rel)),
+            "size": int(old.get("size", v.sizes.get(rel, 0))),
+        }
+        if old.get("deletionVector"):
+            r["deletionVector"] = old["deletionVector"]
+        return {"remove": r}
+
+    actions += [remove(p) for p in removed]
+    for r in remasks:
+        old = dict(v.adds[r.path])
+        actions.append(remove(r.path))
+        old.pop("deletionVector", None)
+        if r.dv:
+            old["deletionVector"] = dict(r.dv)
+        old["dataChange"] = True
+        actions.append({"add": old})
+    actions += [a.add(now) for a in final]
+    try:
+        write_commit(v.table_uri, v.version + 1, actions)
+    except BaseException:
+        discard(v.table_uri, final)
+        raise
+    discard_vectors(v.table_uri, superseded)
+    _after_commit(v, v.version + 1)
+    return v.version + 1
+
+
+def discard_vectors(table_uri: str, files: Iterable[NewFile]) -> None:
+    """Delete the vectors a writer wrote that its commit replaced (worked out again)."""
+    for a in files:
+        for rel in dvs.referenced_files([a.dv, *(r.dv for r in a.remasks or ())]):
+            try:
+                storage.delete(_location(table_uri, rel))
+            except OSError:  # noqa: PERF203 - vacuum removes what is left
+                pass
+
+
+def _upgrade_actions(v: MirrorVersion) -> list[dict]:
+    """The protocol and metadata of a format-1 mirror upgraded to deletion vectors (reader 3,
+    writer 7 with the ``deletionVectors`` feature and those its old versions implied)."""
+    proto = v.dt.protocol()
+    implied_writer = {
+        2: ["appendOnly", "invariants"],
+        3: ["checkConstraints"],
+        4: ["changeDataFeed", "generatedColumns"],
+        5: ["columnMapping"],
+        6: ["identityColumns"],
+    }
+    writer = set(proto.writer_features or [])
+    if proto.min_writer_version < 7:
+        for level, feats in implied_writer.items():
+            if proto.min_writer_version >= level:
+                writer.update(feats)
+    reader = set(proto.reader_features or [])
+    if proto.min_reader_version == 2:
+        reader.add("columnMapping")
+    writer.add("deletionVectors")
+    reader.add("deletionVectors")
+    md = v.dt.metadata()
+    config = dict(md.configuration or {})
+    config.update({DV_PROPERTY: "true", MIRROR.key: str(MIRROR.version)})
+    meta = {
+        "id": md.id,
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": v.dt.schema().to_json(),
+        "partitionColumns": list(md.partition_columns or []),
+        "configuration": config,
+        "createdTime": md.created_time,
+    }
+    if md.name:
+        meta["name"] = md.name
+    if md.description:
+        meta["description"] = md.description
+    return [
+        {
+            "protocol": {
+                "minReaderVersion": 3,
+                "minWriterVersion": 7,
+                "readerFeatures": sorted(reader),
+                "writerFeatures": sorted(writer),
+            }
+        },
+        {"metaData": meta},
+    ]
+
+
+#: the Delta table property that lets writers add deletion vectors
+DV_PROPERTY = "delta.enableDeletionVectors"
+
+
+def _after_commit(v: MirrorVersion, version: int) -> None:
+    """What delta-rs's post-commit hook does after its own commits: a checkpoint every
+    ``delta.checkpointInterval`` versions and, then, the expired log entries removed."""
+    raw = v.props.get("delta.checkpointInterval", "100")
+    every = int(raw) if raw.isdigit() and int(raw) > 0 else 100
+    if version % every:
+        return
+    try:
+        dt = DeltaTable(
+            v.table_uri, storage_options=storage.delta_storage_options(v.table_uri), version=version
+        )
+        dt.create_checkpoint()
+        if v.props.get("delta.enableExpiredLogCleanup", "true") == "true":
+            dt.cleanup_metadata()
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the next interval tries again
+        log.warning("mirror %s: checkpoint at version %d postponed (%s)", v.table_uri, version, exc)
 
 
 def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
 
+from .. import storage
 from ..core.arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,
@@ -22,6 +24,7 @@ from ..core.arrow_types import (
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
+from . import deletion_vectors as dvs
 from .base import read_marker
 from .delta_buckets import (
     MirrorVersion,
@@ -40,6 +43,7 @@ from .delta_buckets import (
     resolve,
     write_bucket_file,
 )
+from .delta_log import log_state
 from .mirror_table import (
     DEFAULT_LOG_RETENTION_HOURS,
     DEFAULT_RETENTION_HOURS,
@@ -402,9 +406,8 @@ def compact(
 def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
     """Delete the data files of the mirror at ``path`` that the current version does not
     reference and no version of the last ``retention_hours`` did (replaced by merges,
-    compaction, deletes). Readers that follow the Delta log never need them; readers of a
-    plain folder glob would see them as rows (use mirror_readers instead). Returns the
-    number of files removed."""
+    compaction, deletes), and likewise its deletion-vector files (:func:`vacuum_vectors`).
+    Readers that follow the Delta log never need them. Returns the number of files removed."""
     if retention_hours < 0:
         raise ConfigurationError(f"mirror retention must be >= 0 hours, got {retention_hours}")
     dt = _open(path)
@@ -412,23 +415,60 @@ def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
         return 0
     # the retention also covers writers in flight: a file written but not committed yet is
     # as young as its writer, so it is never older than the retention (keep it >= 1 h)
+    gone: list = []
     try:
         hours = math.ceil(retention_hours)
-        # a dry run first: a vacuum commits twice (START, END) even when it removes nothing
-        if not dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=True):
-            return 0
-        gone = dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
+        # a dry run first: a vacuum commits twice (START, END) even when it removes nothing.
+        # delta-rs's lite vacuum only: its full vacuum deletes deletion vectors still in use
+        if dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=True):
+            gone = dt.vacuum(retention_hours=hours, enforce_retention_duration=False, dry_run=False)
     except CommitFailedError as exc:  # an optimisation: a concurrent commit only postpones it
         log.warning("mirror %s: vacuum postponed after a commit conflict (%s)", path, exc)
         return 0
-    if gone:
+    vectors = vacuum_vectors(path, retention_hours)
+    if gone or vectors:
         log.info(
-            "mirror %s: vacuum removed %d unreferenced file(s) older than %s h",
+            "mirror %s: vacuum removed %d data and %d deletion-vector file(s) unreferenced for %s h",
             path,
             len(gone),
+            vectors,
             retention_hours,
         )
-    return len(gone)
+    return len(gone) + vectors
+
+
+def vacuum_vectors(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
+    """Delete the deletion-vector files of the mirror at ``path`` that neither the current
+    version nor a version of the last ``retention_hours`` references (delta-rs's vacuum never
+    removes them), and that are older than that themselves (a writer in flight has not
+    committed its own yet). The references come from the log: the active files' vectors and
+    those of the files removed within the retention (the log keeps removes twice as long,
+    mirror_table.log_properties). Returns the number of files removed."""
+    dt = _open(path)
+    if dt is None:
+        return 0
+    state = log_state(path, dt.version(), dt.metadata().id)
+    horizon_ms = (time.time() - retention_hours * 3600) * 1000
+    kept = [a.get("deletionVector") for a in state.adds.values()]
+    for removes in state.removes.values():
+        kept += [
+            r.get("deletionVector") for r in removes if int(r.get("deletionTimestamp") or 0) >= horizon_ms
+        ]
+    referenced = dvs.referenced_files(kept)
+    removed = 0
+    for info in storage.list_dir(path):
+        name = storage.basename(info.path)
+        if not (name.startswith(dvs.PREFIX) and name.endswith(".bin")) or name in referenced:
+            continue
+        mtime = info.mtime.timestamp() * 1000 if info.mtime is not None else time.time() * 1000
+        if mtime >= horizon_ms:
+            continue
+        try:
+            storage.delete(storage.join(path, name))
+            removed += 1
+        except OSError:  # noqa: PERF203 - the next vacuum tries again
+            log.warning("mirror %s: could not delete unreferenced %s", path, name)
+    return removed
 
 
 def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:

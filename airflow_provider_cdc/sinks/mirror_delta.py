@@ -6,7 +6,6 @@ with the fence; an event wins only with a newer position (I1), a delete is a tom
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -14,7 +13,6 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake.exceptions import CommitFailedError
-from deltalake.transaction import AddAction
 
 from ..core.arrow_types import (
     KEY_COLUMN,
@@ -37,8 +35,8 @@ from .base import (
     type_json_events,
 )
 from .delta_buckets import (
-    BUCKET_COLUMN,
     MirrorVersion,
+    NewFile,
     admit,
     any_dropped,
     change_version,
@@ -53,6 +51,7 @@ from .delta_buckets import (
     read_version,
     resolve,
     write_bucket_file,
+    write_change,
 )
 from .mirror_fencing import MergeFence, open_for_write, schema_stopped, stop_for_schema
 from .mirror_table import (
@@ -167,6 +166,7 @@ class BucketJob(NamedTuple):
     table_schema: str  # TableSchema JSON
     truncate: str | None  # the newest TRUNCATE among the events: older events are swept already
     version: int  # the version read: the change files are written for the next one
+    vectors: dict  # path -> its deletion vector's descriptor (files that have one)
 
     def rows(self, part: TableEvents) -> pa.Table:
         """One table's events (past its TRUNCATE) -> its mirror rows, newest per key, in the
@@ -188,6 +188,7 @@ class BucketJob(NamedTuple):
             bucket,
             resolve(rows),
             self.files.get(bucket, []),
+            self.vectors,
             compacted_upto=self.horizon,
             bucketed=self.bucketed,
             version=self.version,
@@ -267,26 +268,26 @@ class MirrorDeltaSink(Sink):
             table.schema.to_json(),
             table.truncate,
             v.version,
+            {p: dict(i.dv) for p, i in v.info.items() if i.dv},
         )
         return v, job
 
-    def commit_table(self, v: MirrorVersion, written: Sequence[tuple[int, str, int, str]]) -> bool:
-        """Commit the change files the workers wrote for version ``v`` (bucket, path, size,
-        stats each): False when another writer committed first (the files are deleted; read
-        and write again)."""
-        adds = [add_action(*w, bucketed=v.bucketed) for w in written]
-        if not adds:
+    def commit_table(self, v: MirrorVersion, written: Sequence[NewFile]) -> bool:
+        """Commit the change files the workers wrote for version ``v`` (with the deletion
+        vectors they worked out): False when another writer committed first (the files are
+        deleted; read and write again)."""
+        if not written:
             return True
         try:
-            commit(v, adds, (), operation="upsert")
+            commit(v, list(written), (), operation="upsert")
         except CommitFailedError:
-            discard(v.location, adds)
+            discard(v.location, written)
             return False
         return True
 
-    def discard(self, v: MirrorVersion, written: Sequence[tuple[int, str, int, str]]) -> None:
+    def discard(self, v: MirrorVersion, written: Sequence[NewFile]) -> None:
         """Delete change files written for a commit that will not happen."""
-        discard(v.location, [add_action(*w, bucketed=v.bucketed) for w in written])
+        discard(v.location, written)
 
     def stop_table(self, table: TablePlan, error: str) -> None:
         """A value the mirror's type cannot hold (numeric(p,s) NaN, a timestamp past year
@@ -314,38 +315,37 @@ class MirrorDeltaSink(Sink):
             upsert(table.path, rows, epoch=table.epoch)
 
 
-def add_action(bucket: int, path: str, size: int, stats: str, *, bucketed: bool) -> AddAction:
-    """The Delta add action of a change file a worker wrote (its bucket, path, size, stats)."""
-    return AddAction(
-        path,
-        int(size),
-        {BUCKET_COLUMN: str(bucket)} if bucketed else {},
-        int(time.time() * 1000),
-        True,
-        stats,
-    )
-
-
 def write_bucket(
     location: str,
     bucket: int,
     rows: pa.Table,
     paths: Sequence[str],
+    vectors: Mapping[str, Mapping],
     *,
     compacted_upto: str | None,
     bucketed: bool,
     version: int,
-):
+) -> NewFile | None:
     """Write a bucket's new rows (mirror rows of its keys, one per key) as a change file of
     the next version after ``version``, for the commit of that version (both engines: the
     worker's :func:`upsert` and the Spark executors); into a bucket without files, as its base file (it is
     resolved: one row per key), so a first write is not folded again. Fenced by the horizon: rows at or before
     it (``compacted_upto``, the horizon) only update live rows of ``paths`` (the bucket's files), never insert
-    (delta_buckets.admit). Returns the AddAction, None when nothing is left to write."""
+    (delta_buckets.admit). The deletion vectors of the write (``vectors``: the current ones
+    of ``paths``) come with it (delta_buckets.write_change). Returns the new file, None when
+    nothing is left to write."""
     new = admit(rows, compacted_upto, lambda: read_resolved_keys(location, paths))
     if not new.num_rows:
         return None
-    return write_bucket_file(location, bucket, new, bucketed=bucketed, change=version + 1 if paths else None)
+    return write_change(
+        location,
+        bucket,
+        new,
+        paths,
+        vectors,
+        bucketed=bucketed,
+        change=version + 1 if paths else None,
+    )
 
 
 def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
@@ -367,6 +367,7 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
                 b,
                 new.filter(pc.equal(nodes, b)),
                 v.files.get(b, ()),
+                {p: i.dv for p, i in v.info.items() if i.dv},
                 compacted_upto=upto,
                 bucketed=v.bucketed,
                 version=v.version,

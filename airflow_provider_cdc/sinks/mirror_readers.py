@@ -1,6 +1,9 @@
 """Reading a mirror's live rows from any engine, Delta jars or not: pyarrow (:func:`read_mirror`,
-a bucket at a time), Spark, duckdb, pandas. Each takes the current file list from the Delta log,
-keeps the newest version of each key, then drops tombstones (docs/DESIGN.md, "The mirror").
+a file at a time), Spark, duckdb, pandas. A mirror masks every row that is not live with Delta
+deletion vectors, so any Delta reader that implements them sees the live rows as they are
+(docs/outputs.md); these readers take the current files from the Delta log and skip the masked
+rows (pyarrow), or keep the newest version of each key and drop tombstones (Spark and duckdb
+without a Delta reader: the same rows, docs/DESIGN.md, "The mirror").
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..core.arrow_types import (
 )
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
+from .deletion_vectors import keep_mask
 from .delta_buckets import (
     BUCKET_COLUMN,
     MirrorVersion,
@@ -92,14 +96,19 @@ def current_batches(
     columns: Sequence[str] | None = None,
     tombstones: bool = False,
 ) -> Iterator[pa.RecordBatch]:
-    """The current rows of the mirror version ``v`` (live only, or with ``tombstones``), a
-    bucket at a time (memory: one bucket, bounded by the unit): a bucket of one file is
+    """The current rows of the mirror version ``v`` (live only, or with ``tombstones``). Live
+    rows of a mirror with deletion vectors: each file's unmasked rows, a batch at a time (what
+    any Delta reader sees). Otherwise (tombstones wanted, or a mirror of format 1) a bucket at
+    a time (memory: one bucket, bounded by the unit): a bucket of one file is
     streamed as stored (one file never holds a key twice), a bucket with change files is
     resolved first (the newest position per key wins); a bucket that grew past twice the unit
     before compaction spread it is resolved in parts of about a unit, by key hash, one pass
     over its files each."""
     cols = list(columns or v.schema.names)
     need = list(dict.fromkeys([*cols, DELETED_COLUMN]))
+    if v.masked and not tombstones:
+        yield from _unmasked_batches(v, cols, batch_rows)
+        return
     for b in sorted(v.files):
         paths = v.files[b]
         if not paths:
@@ -119,6 +128,29 @@ def current_batches(
             rows = read_bucket(v.table_uri, paths, v.schema, part=(part, parts) if parts > 1 else None)
             rows = resolve(rows)
             yield from (rows if tombstones else live(rows)).select(cols).to_batches(max_chunksize=batch_rows)
+
+
+def _unmasked_batches(v: MirrorVersion, cols: list[str], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """Each current file's rows its deletion vector keeps, in ``cols``, a batch at a time."""
+    want = pa.schema([v.schema.field(n) for n in cols])
+    for b in sorted(v.files):
+        for rel in v.files[b]:
+            info = v.info[rel]
+            if info.rows is not None and info.masked >= info.rows:
+                continue  # every row masked (tombstones, superseded versions)
+            fs, p = storage.filesystem(storage.join(v.table_uri, *rel.split("/")))
+            with fs.open_input_file(p) as fh:
+                f = pq.ParquetFile(fh)
+                keep = keep_mask(v.table_uri, info.dv, f.metadata.num_rows)
+                present = [c for c in cols if c in f.schema_arrow.names]
+                start = 0
+                for batch in f.iter_batches(batch_size=batch_rows, columns=present):
+                    t = pa.Table.from_batches([batch])
+                    if keep is not None:
+                        t = t.filter(pa.array(keep[start : start + batch.num_rows]))
+                    start += batch.num_rows
+                    if t.num_rows:
+                        yield from conform(t, want).to_batches()
 
 
 def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
@@ -205,8 +237,25 @@ def read_mirror_raw(data_dir: str, source: str, table: str | TableName) -> pa.Ta
 
 
 def read_mirror_files(data_dir: str, source: str, table: str | TableName) -> pa.Table:
-    """Every stored row version, superseded ones and tombstones included, with its bucket:
-    what a plain Delta reader sees."""
+    """Every stored row version of the current files, superseded ones and tombstones included
+    (masked or not), with its bucket: what the package's own position guard reads."""
+    v = _version(data_dir, source, table)
+    if v is None:
+        return pa.table({})
+    parts = []
+    for b, paths in sorted(v.files.items()):
+        rows = read_bucket(v.table_uri, paths, v.schema)
+        parts.append(rows.append_column(BUCKET_COLUMN, pa.array([b] * rows.num_rows, pa.int32())))
+    return pa.concat_tables(parts) if parts else pa.table({})
+
+
+def read_delta(data_dir: str, source: str, table: str | TableName, *, version: int | None = None) -> pa.Table:
+    """The mirror as deltalake (delta-rs) reads it, deletion vectors applied: what any Delta
+    reader sees (``version``: time travel to that Delta version)."""
     t = table if isinstance(table, TableName) else TableName.parse(table)
     dt = _open(mirror_dir(data_dir, source, t))
-    return pa.table({}) if dt is None else dt.to_pyarrow_dataset().to_table()
+    if dt is None:
+        return pa.table({})
+    if version is not None:
+        dt.load_as_version(version)
+    return pa.table(dt.scan())

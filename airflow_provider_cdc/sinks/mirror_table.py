@@ -27,6 +27,7 @@ from .delta_buckets import (
     BUCKET_COLUMN,
     BUCKETS_PROPERTY,
     DEFAULT_BUCKETS,
+    DV_PROPERTY,
     MirrorVersion,
     commit,
     discard,
@@ -180,6 +181,7 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
         **STATS_PROPERTIES,
         **log_properties(DEFAULT_RETENTION_HOURS),
         BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
+        DV_PROPERTY: "true",  # delta-rs then makes the protocol reader 3 / writer 7 with the feature
         MIRROR.key: str(MIRROR.version),
         **(props or {}),
     }

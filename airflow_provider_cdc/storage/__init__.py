@@ -409,6 +409,74 @@ def atomic_output(location: str, *, replace: bool = True) -> Iterator[tuple[pafs
         raise
 
 
+class AlreadyExists(Exception):
+    """:func:`put_if_absent` found an object at the location: another writer was first."""
+
+
+def put_if_absent(location: str, data: bytes) -> None:
+    """Create the object at ``location`` with ``data`` only if nothing is there, atomically
+    against any other writer (:class:`AlreadyExists` otherwise): the primitive of a Delta
+    commit, whose next version must be claimed by exactly one writer. Local files: a hard
+    link of a complete temporary file (never replaces). S3: a conditional put (``If-None-Match:
+    *``, AWS since 2024 and most compatible servers), or with ``CDC_DELTA_S3_UNSAFE_RENAME``
+    a check and a put (then run one writer per table at a time, as for delta-rs). Other
+    schemes: ConfigurationError, nothing written."""
+    s = scheme(location)
+    if not s:
+        path = local_path(location)
+        head, name = os.path.split(path)
+        os.makedirs(head, exist_ok=True)
+        tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise AlreadyExists(location) from None
+        finally:
+            os.unlink(tmp)
+        _fsync(head)
+        return
+    if s == "s3":
+        u = urlsplit(location)
+        bucket, key = u.netloc, u.path.lstrip("/")
+        if settings().get("CDC_DELTA_S3_UNSAFE_RENAME", "").strip().lower() in ("1", "true", "yes"):
+            if exists(location):
+                raise AlreadyExists(location)
+            write_bytes(location, data)
+            return
+        from botocore.exceptions import ClientError
+
+        try:
+            _boto_s3(_s3_settings()).put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                raise AlreadyExists(location) from None
+            raise
+        return
+    raise ConfigurationError(
+        f"{location}: the mirror's commits need a put-if-absent on the store, which this package "
+        "implements for local folders and S3 only; put CDC_DATA_DIR on one of those"
+    )
+
+
+@lru_cache(maxsize=16)
+def _boto_s3(settings: tuple):
+    import boto3
+
+    endpoint, key, secret, token, region = settings
+    kwargs: dict = {"region_name": region or "us-east-1"}
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    if key and secret:
+        kwargs.update(aws_access_key_id=key, aws_secret_access_key=secret, aws_session_token=token or None)
+    return boto3.session.Session().client("s3", **kwargs)
+
+
 def write_bytes(location: str, data: bytes) -> None:
     """One whole file (see :func:`atomic_output`)."""
     with atomic_output(location) as (fs, tmp), fs.open_output_stream(tmp) as f:

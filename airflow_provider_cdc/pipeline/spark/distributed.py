@@ -8,7 +8,6 @@ driver commits. Why it is split this way: docs/DESIGN.md, "Scale" (the Spark eng
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import re
 import time
@@ -64,6 +63,7 @@ _RESULT = pa.schema(
         ("removed", pa.string()),
         ("error", pa.string()),
         ("stats", pa.string()),
+        ("file", pa.string()),  # the new file with its deletion vectors (delta_buckets.NewFile JSON)
     ]
 )
 
@@ -427,6 +427,7 @@ def _rewrite_bucket(jobs, env, key, blobs):
         "removed": [None],
         "error": [None],
         "stats": [None],
+        "file": [None],
     }
     if bucket == _ERROR_ROW:
         out["error"] = [blobs["error"][0].as_py()]
@@ -437,20 +438,16 @@ def _rewrite_bucket(jobs, env, key, blobs):
     add = job.write(bucket, pa.concat_tables(parts))  # units of a slice may share keys: resolved
     out["removed"] = ["[]"]
     if add is not None:
-        out.update(
-            path=[add.path], size=[add.size], rows=[json.loads(add.stats)["numRecords"]], stats=[add.stats]
-        )
+        out.update(path=[add.path], size=[add.size], rows=[add.rows], stats=[add.stats], file=[add.to_json()])
     return pa.table(out, schema=_RESULT)
 
 
 def _commit_table(sink, path: str, v, rows: list) -> tuple[str | None, bool]:
     """Commit one table's rewritten buckets: (the error text of a value the mirror cannot
     hold or None, whether another writer committed first)."""
-    written = [
-        (r["bucket"], r["path"], r["size"], r["stats"] or json.dumps({"numRecords": int(r["rows"])}))
-        for r in rows
-        if r["path"]
-    ]
+    from airflow_provider_cdc.sinks.delta_buckets import NewFile
+
+    written = [NewFile.from_json(r["file"]) for r in rows if r["path"]]
     errors_ = [r["error"] for r in rows if r["error"]]
     if errors_:
         sink.discard(v, written)
