@@ -6,7 +6,9 @@ with the fence; an event wins only with a newer position (I1), a delete is a tom
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -348,6 +350,10 @@ def write_bucket(
     )
 
 
+#: buckets one in-worker apply writes at a time
+WRITE_THREADS = min(4, os.cpu_count() or 1)
+
+
 def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     """Apply mirror rows (one per key) to the Delta table at ``path``: one change file per
     bucket they fall in, appended (creates the table if absent); readers take the newest
@@ -361,19 +367,36 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
         upto = v.props.get(HORIZON_PROPERTY)
         new = conform(rows, v.schema)
         nodes = v.nodes_of(new[KEY_COLUMN])
-        for b in pc.unique(nodes).to_pylist():
-            add = write_bucket(
+        vectors = {p: i.dv for p, i in v.info.items() if i.dv}
+
+        def one(b: int):
+            return write_bucket(
                 v.table_uri,
                 b,
                 new.filter(pc.equal(nodes, b)),
                 v.files.get(b, ()),
-                {p: i.dv for p, i in v.info.items() if i.dv},
+                vectors,
                 compacted_upto=upto,
                 bucketed=v.bucketed,
                 version=v.version,
             )
-            if add is not None:
-                adds.append(add)
+
+        # buckets are independent (their own files and vectors); Arrow's Parquet reads and
+        # kernels release the GIL, so the lookups of the stored winners overlap
+        with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
+            futures = [pool.submit(one, b) for b in pc.unique(nodes).to_pylist()]
+            for f in futures:  # every file written is collected, so a failure discards them all
+                try:
+                    add = f.result()
+                except BaseException as exc:  # noqa: BLE001 - raised after the others are collected
+                    adds.append(exc)
+                    continue
+                if add is not None:
+                    adds.append(add)
+        failed = [a for a in adds if isinstance(a, BaseException)]
+        adds[:] = [a for a in adds if not isinstance(a, BaseException)]
+        if failed:
+            raise failed[0]
         return v, (), (v, len(adds))
 
     v, written = _commit_with_retries(path, build, operation="upsert")

@@ -59,3 +59,14 @@ def test_locations_are_checked():
     assert storage.join("s3://b/p/", "x", "y") == "s3://b/p/x/y"
     assert storage.parent("s3://b/p/x") == "s3://b/p" and storage.basename("s3://b/p/x") == "x"
     assert storage.is_local("file:///tmp/x") and storage.local_path("file:///tmp/x") == "/tmp/x"
+
+
+def test_put_if_absent_lets_exactly_one_writer_create_a_file(base):
+    """The primitive of the mirror's own Delta commits (sinks/delta_log.py): the second writer of
+    a location is told, and the first one's bytes stay (S3: a conditional PutObject)."""
+    target = storage.join(base, "log", "00000000000000000001.json")
+    storage.put_if_absent(target, b"first")
+    with pytest.raises(storage.AlreadyExists):
+        storage.put_if_absent(target, b"second")
+    assert storage.read_bytes(target) == b"first"
+    assert storage.list_names(storage.join(base, "log")) == ["00000000000000000001.json"]  # no temporaries left
