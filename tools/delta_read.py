@@ -37,7 +37,7 @@ def _safe(value):
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, dt.datetime):
-        return (value.astimezone(dt.timezone.utc) if value.tzinfo else value).isoformat()
+        return (value.astimezone(dt.UTC) if value.tzinfo else value).isoformat()
     if isinstance(value, (dt.date, dt.time)):
         return value.isoformat()
     if isinstance(value, (bytes, bytearray, memoryview)):

@@ -423,7 +423,7 @@ def discard(table_uri: str, adds: Iterable[NewFile]) -> None:
 # package reads the files whole (the position guard needs every version and tombstone); the
 # vectors make any Delta reader see exactly the live rows. They are a function of the bucket's
 # rows, so a commit can always work them out again (bucket_masks), and a writer of a few keys
-# works out only what its rows change (stored_winners, in write_change).
+# works out only what its rows change (stored_versions, in write_change).
 
 _WINNER_SCHEMA = pa.schema(
     [
@@ -455,13 +455,17 @@ def _winners(candidates: pa.Table) -> pa.Table:
     return ordered.filter(_first_of_runs(ordered["k"].combine_chunks()))
 
 
-def stored_winners(table_uri: str, paths: Sequence[str], keys: pa.Array) -> pa.Table:
-    """For the canonical ``keys`` (sorted, distinct), the stored version of each that wins in
-    the bucket made of ``paths`` (read order): columns k (index into keys), file (index into
-    paths), row, ``__position``, ``__deleted``; keys with no stored version are absent. Reads the
-    key column of the row groups whose key range holds a wanted key, and the position and
-    deleted columns only where one matched: a write's cost follows its keys where they are
-    sparse, and is at most the bucket's key column where they are dense."""
+def stored_versions(
+    table_uri: str, paths: Sequence[str], keys: pa.Array, older_than: str | None = None
+) -> pa.Table:
+    """The stored versions of the canonical ``keys`` (distinct) in the bucket made of ``paths``
+    (read order): columns k (index into keys), file (index into paths), row, ``__position``,
+    ``__deleted``. Reads the key column of the row groups whose key range holds a wanted key
+    (files are sorted by key), and the position and deleted columns only where a key matched
+    in a row group whose positions are not all older than ``older_than`` (the oldest new row):
+    there the position given is the row group's newest (at least the row's own) and deleted is
+    null. A changelog apply, newer than everything stored, so reads keys only: its cost follows
+    its keys where they are sparse, and is at most the bucket's key column where dense."""
     wanted = sorted(keys.to_pylist())
     parts = []
     for i, rel in enumerate(paths):
@@ -470,10 +474,12 @@ def stored_winners(table_uri: str, paths: Sequence[str], keys: pa.Array) -> pa.T
             f = pq.ParquetFile(fh)
             meta = f.metadata
             key_col = f.schema_arrow.get_field_index(KEY_COLUMN)
+            pos_col = f.schema_arrow.get_field_index(POSITION_COLUMN)
             offset = 0
             for g in range(meta.num_row_groups):
-                n = meta.row_group(g).num_rows
-                st = meta.row_group(g).column(key_col).statistics if key_col >= 0 else None
+                group = meta.row_group(g)
+                n = group.num_rows
+                st = group.column(key_col).statistics if key_col >= 0 else None
                 if st is not None and st.has_min_max:
                     lo = bisect.bisect_left(wanted, st.min)
                     if lo >= len(wanted) or wanted[lo] > st.max:
@@ -483,15 +489,23 @@ def stored_winners(table_uri: str, paths: Sequence[str], keys: pa.Array) -> pa.T
                 idx = pc.index_in(col, value_set=keys)
                 hit = pc.indices_nonzero(pc.is_valid(idx))
                 if len(hit):
-                    rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
+                    ps = group.column(pos_col).statistics if pos_col >= 0 else None
+                    newest = ps.max if ps is not None and ps.has_min_max else None
+                    if older_than is not None and isinstance(newest, str) and newest < older_than:
+                        position = pa.array(np.full(len(hit), newest, dtype=object), pa.string())
+                        deleted = pa.nulls(len(hit), pa.bool_())
+                    else:
+                        rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
+                        position = pc.take(rest[POSITION_COLUMN], hit).cast(pa.string())
+                        deleted = pc.take(rest[DELETED_COLUMN], hit)
                     parts.append(
                         pa.table(
                             [
                                 pc.take(idx, hit),
                                 pa.array(np.full(len(hit), i, dtype=np.int32)),
                                 pc.add(hit.cast(pa.int64()), offset),
-                                pc.take(rest[POSITION_COLUMN], hit).cast(pa.string()),
-                                pc.take(rest[DELETED_COLUMN], hit),
+                                position,
+                                deleted,
                             ],
                             schema=_WINNER_SCHEMA,
                         )
@@ -499,7 +513,7 @@ def stored_winners(table_uri: str, paths: Sequence[str], keys: pa.Array) -> pa.T
                 offset += n
     if not parts:
         return _WINNER_SCHEMA.empty_table()
-    return _winners(pa.concat_tables(parts))
+    return pa.concat_tables(parts)
 
 
 def _union(table_uri: str, dv: Mapping | None, rows: Iterable[int]) -> np.ndarray:
@@ -522,12 +536,25 @@ def write_change(
     be live), a tombstone is written and masked (the guard needs it), and the stored live row
     of a key the file supersedes is masked in its file. None: nothing newer to write."""
     rows = rows.sort_by(KEY_COLUMN)  # files sorted by key: lookups skip row groups by their range
-    won = stored_winners(table_uri, paths, rows[KEY_COLUMN].combine_chunks()) if paths else None
-    if won is not None and won.num_rows:
-        stored = _scatter(rows.num_rows, won["k"], won[POSITION_COLUMN])
+    found = (
+        stored_versions(
+            table_uri, paths, rows[KEY_COLUMN].combine_chunks(), pc.min(rows[POSITION_COLUMN]).as_py()
+        )
+        if paths
+        else None
+    )
+    if found is not None and found.num_rows:
+        # per key the newest stored position (exact, or a row group's newest where all of it is
+        # older than this write's rows): a row must be strictly newer to be written
+        top = _winners(found)
+        stored = _scatter(rows.num_rows, top["k"], top[POSITION_COLUMN])
         newer = pc.fill_null(pc.greater(rows[POSITION_COLUMN], stored), True)
         rows = rows.filter(newer)
-        beaten = won.filter(pc.and_(pc.take(newer, won["k"]), pc.invert(won[DELETED_COLUMN])))
+        # every stored version of a key the write supersedes is masked (the winner among them;
+        # the others are masked already, so the union changes nothing for them)
+        beaten = found.filter(
+            pc.and_(pc.take(newer, found["k"]), pc.invert(pc.fill_null(found[DELETED_COLUMN], False)))
+        )
     else:
         beaten = _WINNER_SCHEMA.empty_table()
     if not rows.num_rows:

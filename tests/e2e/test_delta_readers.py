@@ -26,10 +26,11 @@ import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -101,7 +102,7 @@ def norm(value, is_json: bool = False):
     if isinstance(value, int):
         return value
     if isinstance(value, datetime):
-        return (value.astimezone(timezone.utc) if value.tzinfo else value).isoformat()
+        return (value.astimezone(UTC) if value.tzinfo else value).isoformat()
     if isinstance(value, date):
         return value.isoformat()
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -170,6 +171,7 @@ class Stage:
     name: str
     version: int
     source: SourceRows
+    masked: int  # stored row versions its deletion vectors mask
 
 
 class Consumers:
@@ -186,7 +188,10 @@ class Consumers:
         if verify:
             self.p.assert_equal()  # the package's own verify and event log, as a baseline
         src = read_source(self.p)
-        version = DeltaTable(self.path).version()
+        dt = DeltaTable(self.path)
+        version = dt.version()
+        stored = sum(pa.table(dt.get_add_actions(flatten=True)).column("num_records").to_pylist())
+        masked = sum(v.count(False) for v in pa.table(dt.deletion_vectors()).column("selection_vector").to_pylist())
         t0 = time.monotonic()
         got = run_readers(self.py.current, self.path)
         problems = []
@@ -195,11 +200,15 @@ class Consumers:
                 problems.append(f"[{stage}] {reader} refused the mirror (exit {rc}): {err.strip()[-2000:]}")
             else:
                 problems += differences(stage, reader, src, rows)
-        self.log.append(f"{stage}: Delta version {version}, {len(src.rows)} source rows, "
-                        f"readers in {time.monotonic() - t0:.1f} s")
+        self.log.append(f"{stage}: Delta version {version}, {len(src.rows)} source rows, {stored} stored row "
+                        f"versions of which {masked} masked, readers in {time.monotonic() - t0:.1f} s")
         print(self.log[-1])
+        # the Delta statistics agree: stored row versions less those masked are the live rows
+        if stored - masked != len(src.rows):
+            problems.append(f"[{stage}] the Delta log counts {stored} stored rows and {masked} masked by deletion "
+                            f"vectors: {stored - masked} live, the source has {len(src.rows)}")
         assert problems == [], "\n".join(problems)
-        self.stages.append(Stage(stage, version, src))
+        self.stages.append(Stage(stage, version, src, masked))
 
     def time_travel(self) -> None:
         """Every stage's Delta version, read again by each reader, equals the source as it was."""
@@ -236,7 +245,7 @@ def fill(t: str, lo: int, hi: int, label: str, *, note: bool = True, extra: bool
         cols.append("extra")
         vals.append(f"'{label} extra ' || g")
     return (f"INSERT INTO {t} ({', '.join(cols)}) SELECT {', '.join(vals)} "  # noqa: S608
-            f"FROM generate_series({lo}, {hi}) AS g")
+            f"FROM generate_series({lo}::bigint, {hi}::bigint) AS g")
 
 
 def dml_round(t: str, label: str, *, note: bool = True, base: int = 0) -> list[str]:
@@ -282,6 +291,7 @@ def test_independent_delta_readers_see_exactly_the_source(pipeline, delta_reader
     run_sql(p, dml_round(t, "r1"), one_transaction=False)
     p.catch_up()
     c.check("round 1")
+    assert c.stages[-1].masked > 0, "round 1 left no masked row version: the readers' deletion vectors went untested"
     run_sql(p, [f"INSERT INTO {t} (id, name, amount, updated_at, active) VALUES (101, 'r2 upsert', 1, now(), true) "
                 f"ON CONFLICT (id) DO UPDATE SET name = 'r2 upserted'",
                 f"UPDATE {t} SET id = id - 5000000 WHERE id BETWEEN 5000201 AND 5000210",  # back to their old keys
@@ -327,6 +337,7 @@ def test_independent_delta_readers_see_exactly_the_source(pipeline, delta_reader
                 f"UPDATE {t} SET name = 'spark', amount = amount * 2 WHERE id BETWEEN 1 AND 400"], one_transaction=False)
     p.catch_up()
     c.check("spark round")
+    assert c.stages[-1].masked > 0, "the Spark round left no masked row version: its deletion vectors went unread"
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", "1000000")
 
     # compaction (the tombstones removed, buckets rewritten), every stage's version read again,
