@@ -27,7 +27,6 @@ from .delta_buckets import (
     BUCKET_COLUMN,
     BUCKETS_PROPERTY,
     DEFAULT_BUCKETS,
-    DV_PROPERTY,
     MirrorVersion,
     commit,
     discard,
@@ -181,12 +180,15 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
         **STATS_PROPERTIES,
         **log_properties(DEFAULT_RETENTION_HOURS),
         BUCKETS_PROPERTY: str(DEFAULT_BUCKETS),
-        DV_PROPERTY: "true",  # delta-rs then makes the protocol reader 3 / writer 7 with the feature
-        MIRROR.key: str(MIRROR.version),
+        # created as format 1 and upgraded at once by the package's own commit: delta-rs 1.6 given
+        # delta.enableDeletionVectors also demands the variantType reader feature, which readers
+        # that know deletion vectors but not variants would refuse; the upgrade asks only for
+        # deletionVectors (and the features the legacy writer version implied)
+        MIRROR.key: "1",
         **(props or {}),
     }
     try:
-        return DeltaTable.create(
+        dt = DeltaTable.create(
             path,
             table_schema,
             mode="error",
@@ -194,12 +196,17 @@ def _create(path: str, schema: pa.Schema, props: dict[str, str] | None = None) -
             configuration=config,
             raise_if_key_not_exists=False,
             storage_options=storage.delta_storage_options(path),
-        ), True
+        )
     except Exception:  # noqa: BLE001 - created meanwhile by another writer: use that one
         dt = _open(path)
         if dt is None:
             raise
         return dt, False
+    try:
+        commit(read_version(dt, path), [], (), operation="create")
+    except CommitFailedError:  # another writer committed first: its commit upgrades the mirror
+        pass
+    return _delta(path), True
 
 
 #: the size unit of a bucket (rows): compaction splits a bucket that outgrows it, so what one

@@ -31,6 +31,9 @@ def test_a_mirror_is_stamped_and_a_newer_one_refused(tmp_path):
     path = mirror_dir(data_dir, "src", T)
     dt = mirror_table._delta(path)
     assert dt.metadata().configuration[MIRROR.key] == str(MIRROR.version)
+    # deletion vectors and nothing a reader of them might not know (delta-rs would add variantType)
+    assert dt.protocol().reader_features == ["deletionVectors"]
+    assert db.read_version(dt, path).masked
     mirror_table._set_properties(dt, {MIRROR.key: str(MIRROR.version + 1)})
     with pytest.raises(FormatError, match=f"^mirror {path}: this mirror table has format version "
                                           f"{MIRROR.version + 1}, written by a newer .*Upgrade"):

@@ -38,4 +38,4 @@ def test_older_versions_go_through_the_registered_migrations():
 
 
 def test_a_table_property_holds_the_version_as_text():
-    assert MIRROR.read({"cdc.format_version": str(MIRROR.version)}, "t")["cdc.format_version"] == "1"
+    assert MIRROR.read({"cdc.format_version": str(MIRROR.version)}, "t")["cdc.format_version"] == str(MIRROR.version)
