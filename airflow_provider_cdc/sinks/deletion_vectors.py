@@ -14,13 +14,14 @@ inline example in PROTOCOL.md uses an older magic that delta-kernel rejects.)
 
 from __future__ import annotations
 
+import array
 import struct
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
-from pyroaring import BitMap64
+from pyroaring import BitMap, BitMap64
 
 from .. import storage
 from ..core.errors import StateError
@@ -68,20 +69,18 @@ def dv_file_name(descriptor: Mapping) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def unique_id(descriptor: Mapping | None) -> str | None:
-    """The vector's identity (Delta: storage type, path and offset), None for no vector."""
-    if not descriptor:
-        return None
-    offset = descriptor.get("offset")
-    return f"{descriptor['storageType']}{descriptor['pathOrInlineDv']}" + (
-        "" if offset is None else f"@{offset}"
-    )
-
-
 def _payload(rows: np.ndarray) -> bytes:
-    bitmap = BitMap64(rows.astype(np.uint64, copy=False).tolist()) if len(rows) else BitMap64()
-    # pyroaring's BitMap64 serialises to the portable RoaringTreemap format Delta reads
-    return struct.pack("<I", MAGIC) + bitmap.serialize()
+    """Magic and the portable RoaringTreemap of ``rows`` (row indices of one file: below 2^32,
+    so one 32-bit bitmap under high key 0, built from the array's buffer, no Python int per row)."""
+    rows = np.asarray(rows)
+    if len(rows) and int(rows.max()) >= 2**32:
+        raise StateError(
+            "a deletion vector of a file with 2^32 rows or more: the mirror's files are far smaller"
+        )
+    if not len(rows):
+        return struct.pack("<IQ", MAGIC, 0)
+    bitmap = BitMap(array.array("I", rows.astype(np.uint32).tobytes()))
+    return struct.pack("<IQI", MAGIC, 1, 0) + bitmap.serialize()
 
 
 def write_vectors(table_uri: str, vectors: Sequence[np.ndarray]) -> list[dict]:
@@ -134,7 +133,7 @@ def read_vector(table_uri: str, descriptor: Mapping | None) -> np.ndarray:
             raise StateError(f"deletion vector {where} at offset {offset} is damaged (size or checksum)")
     if struct.unpack("<I", payload[:4])[0] != MAGIC:
         raise StateError(f"{where}: not a deletion vector (magic)")
-    return np.fromiter(BitMap64.deserialize(payload[4:]), dtype=np.uint64)
+    return np.frombuffer(BitMap64.deserialize(payload[4:]).to_array(), dtype=np.uint64)
 
 
 def keep_mask(table_uri: str, descriptor: Mapping | None, rows: int) -> np.ndarray | None:

@@ -492,7 +492,7 @@ def stored_versions(
                     ps = group.column(pos_col).statistics if pos_col >= 0 else None
                     newest = ps.max if ps is not None and ps.has_min_max else None
                     if older_than is not None and isinstance(newest, str) and newest < older_than:
-                        position = pa.array(np.full(len(hit), newest, dtype=object), pa.string())
+                        position = pa.repeat(pa.scalar(newest, pa.string()), len(hit))
                         deleted = pa.nulls(len(hit), pa.bool_())
                     else:
                         rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
@@ -514,10 +514,6 @@ def stored_versions(
     if not parts:
         return _WINNER_SCHEMA.empty_table()
     return pa.concat_tables(parts)
-
-
-def _union(table_uri: str, dv: Mapping | None, rows: Iterable[int]) -> np.ndarray:
-    return np.union1d(dvs.read_vector(table_uri, dv), np.fromiter(rows, dtype=np.uint64))
 
 
 def write_change(
@@ -547,7 +543,9 @@ def write_change(
         # per key the newest stored position (exact, or a row group's newest where all of it is
         # older than this write's rows): a row must be strictly newer to be written
         top = _winners(found)
-        stored = _scatter(rows.num_rows, top["k"], top[POSITION_COLUMN])
+        at = np.full(rows.num_rows, -1, dtype=np.int64)  # row -> its key's entry in top, or none
+        at[top["k"].to_numpy()] = np.arange(top.num_rows)
+        stored = pc.take(top[POSITION_COLUMN], pa.array(at, mask=at < 0))
         newer = pc.fill_null(pc.greater(rows[POSITION_COLUMN], stored), True)
         rows = rows.filter(newer)
         # every stored version of a key the write supersedes is masked (the winner among them;
@@ -569,7 +567,9 @@ def write_change(
     hit_rows = beaten["row"].to_numpy()
     for i in np.unique(files).tolist():
         rel = paths[i]
-        vectors.append(_union(table_uri, current.get(rel), hit_rows[files == i].tolist()))
+        vectors.append(
+            np.union1d(dvs.read_vector(table_uri, current.get(rel)), hit_rows[files == i].astype(np.uint64))
+        )
         owners.append(rel)
     try:
         descriptors = dvs.write_vectors(table_uri, vectors) if vectors else []
@@ -578,13 +578,6 @@ def write_change(
         raise
     given = dict(zip(owners, descriptors, strict=True))
     return replace(add, dv=given.pop(None, None), remasks=tuple(Remask(rel, dv) for rel, dv in given.items()))
-
-
-def _scatter(n: int, at: pa.ChunkedArray | pa.Array, values: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """An array of ``n`` nulls with ``values`` at the indices ``at``."""
-    out = np.full(n, None, dtype=object)
-    out[np.asarray(at)] = values.to_numpy(zero_copy_only=False)
-    return pa.array(out, pa.string())
 
 
 def bucket_masks(
@@ -690,13 +683,13 @@ def commit(v: MirrorVersion, adds: Sequence[NewFile], removed: Iterable[str], *,
         redo |= {b for b, ps in per_bucket.items() if len(ps) > 1 or ps[0].remasks is None}
     else:
         redo = {b for b, ps in v.files.items() if ps} | set(per_bucket)
-    given = [a for a in adds if (a.bucket if v.bucketed else 0) not in redo]
+    given = [a for b, ps in per_bucket.items() if b not in redo for a in ps]
+    superseded = [a for b, ps in per_bucket.items() if b in redo for a in ps]  # vectors worked out again
     try:
-        done, remasks = _remask_buckets(v, [a for a in adds if a not in given], gone, redo)
+        done, remasks = _remask_buckets(v, superseded, gone, redo)
     except BaseException:
         discard(v.table_uri, adds)
         raise
-    superseded = [a for a in adds if a not in given]  # their own vectors were worked out again
     remasks += [r for a in given for r in a.remasks or ()]
     final = [*given, *done]
     now = int(time.time() * 1000)

@@ -385,18 +385,17 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
         # kernels release the GIL, so the lookups of the stored winners overlap
         with ThreadPoolExecutor(max_workers=WRITE_THREADS) as pool:
             futures = [pool.submit(one, b) for b in pc.unique(nodes).to_pylist()]
-            for f in futures:  # every file written is collected, so a failure discards them all
-                try:
-                    add = f.result()
-                except BaseException as exc:  # noqa: BLE001 - raised after the others are collected
-                    adds.append(exc)
-                    continue
-                if add is not None:
-                    adds.append(add)
-        failed = [a for a in adds if isinstance(a, BaseException)]
-        adds[:] = [a for a in adds if not isinstance(a, BaseException)]
-        if failed:
-            raise failed[0]
+        error = None
+        for f in futures:  # every file written is collected, so a failure discards them all
+            try:
+                add = f.result()
+            except BaseException as exc:  # noqa: BLE001 - raised once the others are collected
+                error = error or exc
+                continue
+            if add is not None:
+                adds.append(add)
+        if error is not None:
+            raise error
         return v, (), (v, len(adds))
 
     v, written = _commit_with_retries(path, build, operation="upsert")
