@@ -151,6 +151,24 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument(
         "--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)"
     )
+    mv = sub.add_parser(
+        "mirror-version",
+        help="the mirror's Delta version that equals the source's table at a source position "
+        "(time travel: versionAsOf in Spark, duckdb, polars)",
+    )
+    mv.add_argument("--table", required=True, help="SCHEMA.TABLE (MySQL: DATABASE.TABLE)")
+    mv.add_argument(
+        "--at",
+        required=True,
+        help="the source position: a PostgreSQL LSN ('16/B374D848'), a binlog file and offset "
+        "('binlog.000042:1234'), or an encoded position (the event log's source.position)",
+    )
+    mv.add_argument(
+        "--source",
+        help="source name of the output folders (default $CDC_SOURCE or the connection id); "
+        "a source of the sources config brings its data location and storage",
+    )
+    mv.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
     _add_admin_commands(sub)
     return p
 
@@ -779,6 +797,50 @@ def _record_verify(source: str, table_id: str, res, events, failed: bool, repair
         print(f"warning: the verify's result was not recorded for the CDC page: {exc}", file=sys.stderr)
 
 
+def cmd_mirror_version(args: argparse.Namespace) -> int:
+    """The mirror version of a table for a source position, and how to read it (exit 0: it
+    equals the source there; 1: no version does, or the event log cannot tell)."""
+    from . import settings, storage
+    from .core.position import parse_position
+    from .hooks.cdc_source import CdcSourceHook
+    from .sinks.mirror_history import version_at
+    from .storage.layout import mirror_dir
+
+    now = settings.load()
+    entry = _config_source(args.source, now) if args.source else None
+    if entry is not None:
+        now = entry.settings
+        if now.storage_conn_id:
+            from .hooks.cdc_storage import apply_storage_connection
+
+            apply_storage_connection(now.storage_conn_id)
+    source = args.source or now.explicit_source or now.conn_id
+    data_dir = storage.check_location(args.data_dir or now.data_dir, "--data-dir")
+    table = TableName.parse(args.table)
+    CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)  # I15
+    try:
+        position = parse_position(args.at, "--at")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    found = version_at(data_dir, source, table, position)
+    if found is None:
+        print(
+            f"{table.id}: no mirror version the Delta log still holds was brought to a position at or before "
+            f"{args.at} (a version needs a row written; the log keeps CDC_MIRROR_LOG_RETENTION_HOURS)"
+        )
+        return EXIT_MISMATCH
+    print(found.describe())
+    path = mirror_dir(data_dir, source, table)
+    print(f"  folder: {path}")
+    sql_path = path.replace("'", "''")
+    print(f"  Spark:  spark.read.format('delta').option('versionAsOf', {found.version}).load({path!r})")
+    print(f"  duckdb: ATTACH '{sql_path}' AS m (TYPE delta, VERSION {found.version})")
+    print(f"  polars: pl.read_delta({path!r}, version={found.version})")
+    print(f"  Python: read_mirror(data_dir, source, {table.id!r}, as_of={args.at!r})")
+    return EXIT_OK if found.exact else EXIT_MISMATCH
+
+
 def cmd_export_debezium(args: argparse.Namespace) -> int:
     from . import settings
     from .export.debezium import DebeziumOptions, export_table
@@ -1326,6 +1388,7 @@ COMMANDS = {
     "verify": cmd_verify,
     "resync": cmd_resync,
     "export-debezium": cmd_export_debezium,
+    "mirror-version": cmd_mirror_version,
     "snapshot": cmd_snapshot,
     "drop-source": cmd_drop_source,
     "doctor": cmd_doctor,

@@ -163,3 +163,29 @@ def just_before(position: Position) -> Position:
         raise ValueError("no position is before the zero position")
     n -= 1
     return Position(n >> 96, (n >> 32) & _MAX64, n & _MAX32)
+
+
+def parse_position(text: str, setting: str = "position") -> Position:
+    """A source position as a user writes it, as the position *after* everything committed at
+    it: an encoded position (40 hex digits, as the event log's ``source.position``), a
+    PostgreSQL LSN (``'16/B374D848'``: every transaction committed at or before it), or a
+    binlog file and offset (``'binlog.000042:1234'``: every event at or before that offset; the
+    epoch of a server capture reached through a failover as ``'binlog.000042:1234@1'``).
+    ValueError names ``setting`` and the forms."""
+    raw = (text or "").strip()
+    try:
+        if len(raw) == ENCODED_LENGTH and all(c in "0123456789abcdef" for c in raw):
+            return Position.decode(raw)
+        if "/" in raw and ":" not in raw:
+            return Position.pg(lsn_to_int(raw), _MAX32)
+        if ":" in raw:
+            file_part, _, rest = raw.rpartition(":")
+            offset, _, epoch = rest.partition("@")
+            return Position.binlog(file_part, int(offset), _MAX32, int(epoch or 0))
+    except ValueError:
+        pass
+    raise ValueError(
+        f"{setting} {text!r} is not a source position: give a PostgreSQL LSN ('16/B374D848'), a "
+        "binlog file and offset ('binlog.000042:1234'), or an encoded position (40 lowercase hex "
+        "digits, as the event log's source.position)"
+    )

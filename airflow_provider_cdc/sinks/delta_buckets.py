@@ -661,15 +661,25 @@ def _remask_buckets(
     return adds, remasks
 
 
-def commit(v: MirrorVersion, adds: Sequence[NewFile], removed: Iterable[str], *, operation: str) -> int:
+def commit(
+    v: MirrorVersion,
+    adds: Sequence[NewFile],
+    removed: Iterable[str],
+    *,
+    operation: str,
+    position: str | None = None,
+) -> int:
     """Replace ``removed`` (paths of ``v``) by ``adds`` in one commit on top of ``v``, as the
     next ``cdc-mirror`` transaction, with the deletion vectors that keep exactly the live rows
     visible: a bucket that one writer appended one file to takes that writer's vectors (it read
     the bucket's winners of its keys); any other bucket the commit touches has its vectors
     worked out from its files (:func:`bucket_masks`). A mirror of format 1 is upgraded in the
     same commit (protocol, the ``deletionVectors`` feature, every bucket masked), so no version
-    has the feature without the masks. CommitFailedError when another writer committed since;
-    returns the version committed (-1: nothing to commit)."""
+    has the feature without the masks. The commit records the source position it brings the
+    mirror to (``cdc.position`` in its commitInfo, :mod:`sinks.mirror_history`): ``position``,
+    or for a write of rows (``upsert``, ``merge``) the newest position among them.
+    CommitFailedError when another writer committed since; returns the version committed (-1:
+    nothing to commit)."""
     removed = list(removed)
     if not adds and not removed and v.masked:
         return -1
@@ -701,6 +711,7 @@ def commit(v: MirrorVersion, adds: Sequence[NewFile], removed: Iterable[str], *,
                 "operationParameters": {"mode": "Append"},
                 "cdc.operation": operation,
                 "engineInfo": "airflow-provider-cdc",
+                **_position_info(operation, position, adds),
             }
         },
         {"txn": {"appId": WRITER_APP_ID, "version": v.txn + 1, "lastUpdated": now}},
@@ -741,6 +752,19 @@ def commit(v: MirrorVersion, adds: Sequence[NewFile], removed: Iterable[str], *,
     discard_vectors(v.table_uri, superseded)
     _after_commit(v, v.version + 1)
     return v.version + 1
+
+
+#: the operations that bring the mirror's rows to a source position (mirror_history.py)
+ROW_WRITES = ("upsert", "merge")
+
+
+def _position_info(operation: str, position: str | None, adds: Sequence[NewFile]) -> dict:
+    """``cdc.position``: the source position a commit brings the mirror to (none for
+    maintenance, which changes no row's content)."""
+    if position is None and operation in ROW_WRITES:
+        tops = [json.loads(a.stats).get("maxValues", {}).get(POSITION_COLUMN) for a in adds]
+        position = max((t for t in tops if t), default=None)
+    return {} if position is None else {"cdc.position": position}
 
 
 def discard_vectors(table_uri: str, files: Iterable[NewFile]) -> None:

@@ -281,7 +281,7 @@ class MirrorDeltaSink(Sink):
         if not written:
             return True
         try:
-            commit(v, list(written), (), operation="upsert")
+            commit(v, list(written), (), operation="upsert" if self.fence is None else "merge")
         except CommitFailedError:
             discard(v.location, written)
             return False
@@ -398,7 +398,7 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
             raise error
         return v, (), (v, len(adds))
 
-    v, written = _commit_with_retries(path, build, operation="upsert")
+    v, written = _commit_with_retries(path, build, operation="upsert" if epoch is None else "merge")
     log.info(
         "mirror %s: %d row(s) appended to %d of %d bucket(s) at version %d",
         path,
@@ -426,12 +426,12 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
             return 0
         dt = _create(path, schema, {HORIZON_PROPERTY: bound})[0]
     _raise_horizon(path, bound)
-    removed = _drop_everywhere(path, operation="sweep", before=bound)
+    removed = _drop_everywhere(path, operation="sweep", before=bound, position=bound)
     log.info("mirror %s: %s removed %d row(s) older than %s", path, reason, removed, bound)
     return removed
 
 
-def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
+def _drop_everywhere(path: str, *, operation: str, before: str, position: str | None = None) -> int:
     """Remove every stored row version older than ``before`` (live or tombstone), a file at a
     time: a file holding such a row is written again without it (a change file stays a change
     file of its version), the others are not touched; returns how many rows went. Per file is
@@ -460,4 +460,4 @@ def _drop_everywhere(path: str, *, operation: str, before: str) -> int:
                 removed.append(rel)
         return v, removed, gone
 
-    return _commit_with_retries(path, build, operation=operation)
+    return _commit_with_retries(path, build, operation=operation, position=position)

@@ -22,6 +22,8 @@ from ..core.arrow_types import (
     KEY_COLUMN,
     POSITION_COLUMN,
 )
+from ..core.errors import ConfigurationError
+from ..core.position import Position, parse_position
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
 from .deletion_vectors import keep_mask
@@ -153,11 +155,24 @@ def _unmasked_batches(v: MirrorVersion, cols: list[str], batch_rows: int) -> Ite
                         yield from conform(t, want).to_batches()
 
 
-def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta: bool = False) -> pa.Table:
+def read_mirror(
+    data_dir: str,
+    source: str,
+    table: str | TableName,
+    *,
+    with_meta: bool = False,
+    as_of: Position | str | None = None,
+) -> pa.Table:
     """Live rows of a mirror table (tombstones and superseded versions left out), typed,
     sorted by ``__key``; ``with_meta`` keeps ``__key`` and ``__position``. An absent mirror
-    reads as an empty table with no columns."""
-    v = _version(data_dir, source, table)
+    reads as an empty table with no columns. ``as_of``: the table as the source had it at
+    that position (a :class:`Position` or the text :func:`core.position.parse_position`
+    reads), from the mirror version that equals it (sinks/mirror_history.py);
+    ConfigurationError when none does."""
+    version = None
+    if as_of is not None:
+        version = _version_as_of(data_dir, source, table, as_of)
+    v = _version(data_dir, source, table, version)
     if v is None:
         return pa.table({})
     cols = [
@@ -170,6 +185,24 @@ def read_mirror(data_dir: str, source: str, table: str | TableName, *, with_meta
     want = pa.schema([v.schema.field(n) for n in keyed])
     data = pa.Table.from_batches(parts, schema=want) if parts else want.empty_table()
     return data.sort_by([(KEY_COLUMN, "ascending")]).select(cols)
+
+
+def _version_as_of(data_dir: str, source: str, table: str | TableName, as_of: Position | str) -> int:
+    from .mirror_history import version_at
+
+    try:
+        position = as_of if isinstance(as_of, Position) else parse_position(as_of, "as_of")
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+    found = version_at(data_dir, source, table, position)
+    if found is None:
+        raise ConfigurationError(
+            f"table {_table(table)}: no mirror version the Delta log still holds was brought to a source "
+            f"position at or before {as_of} (the log keeps CDC_MIRROR_LOG_RETENTION_HOURS of versions)"
+        )
+    if found.exact is False:
+        raise ConfigurationError(found.describe())
+    return found.version
 
 
 def mirror_batches(

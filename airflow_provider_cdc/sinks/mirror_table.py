@@ -237,7 +237,11 @@ def _rows(v: MirrorVersion, paths: Iterable[str]) -> int:
 
 
 def _commit_with_retries(
-    path: str, build: Callable[[list], tuple[MirrorVersion, Iterable[str], object]], *, operation: str
+    path: str,
+    build: Callable[[list], tuple[MirrorVersion, Iterable[str], object]],
+    *,
+    operation: str,
+    position: str | None = None,
 ):
     """The one optimistic commit of every mirror writer: ``build(adds)`` reads a version,
     writes its new files (appending their AddActions to ``adds``) and returns the version,
@@ -249,7 +253,7 @@ def _commit_with_retries(
         adds: list = []
         try:
             v, removed, result = build(adds)
-            commit(v, adds, removed, operation=operation)
+            commit(v, adds, removed, operation=operation, position=position)
             return result
         except CommitFailedError:
             discard(path, adds)
@@ -355,8 +359,12 @@ def _position_literal(text: str) -> str:
     return text
 
 
-def _version(data_dir: str, source: str, table: str | TableName) -> MirrorVersion | None:
+def _version(
+    data_dir: str, source: str, table: str | TableName, version: int | None = None
+) -> MirrorVersion | None:
     t = table if isinstance(table, TableName) else TableName.parse(table)
     path = mirror_dir(data_dir, source, t)
     dt = _open(path)
+    if dt is not None and version is not None:
+        dt.load_as_version(version)
     return None if dt is None else read_version(dt, path)

@@ -34,7 +34,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from airflow_provider_cdc.core.position import parse_position
 from airflow_provider_cdc.sinks import mirror_compaction
+from airflow_provider_cdc.sinks.mirror_history import version_at
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
 
@@ -117,6 +119,7 @@ class SourceRows:
     columns: tuple[str, ...]
     json_columns: frozenset[str]
     rows: tuple[tuple, ...]  # normalised, in ``columns`` order
+    lsn: str = ""  # the source's WAL position when the copy was taken (nothing was writing)
 
 
 def read_source(p: Pipeline) -> SourceRows:
@@ -129,10 +132,12 @@ def read_source(p: Pipeline) -> SourceRows:
         cur.execute(f"SELECT * FROM {qt(p)}")  # noqa: S608
         cols = tuple(d[0] for d in cur.description)
         rows = tuple(tuple(norm(v, c in json_cols) for c, v in zip(cols, r, strict=True)) for r in cur.fetchall())
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        lsn = cur.fetchone()[0]
     finally:
         conn.rollback()
         conn.close()
-    return SourceRows(cols, json_cols, rows)
+    return SourceRows(cols, json_cols, rows, lsn)
 
 
 def _sorted(rows) -> list[tuple]:
@@ -211,16 +216,26 @@ class Consumers:
         self.stages.append(Stage(stage, version, src, masked))
 
     def time_travel(self) -> None:
-        """Every stage's Delta version, read again by each reader, equals the source as it was."""
+        """Every stage's Delta version, and the version the package names for the source position
+        the stage's copy was taken at (sinks/mirror_history.py), read again by each reader, equals
+        the source as it was."""
         problems = []
         for st in self.stages:
-            for reader, (rc, rows, err) in run_readers(self.py.current, self.path, version=st.version).items():
-                if rc != 0:
-                    problems.append(f"[time travel to {st.name}, v{st.version}] {reader} failed (exit {rc}): "
-                                    f"{err.strip()[-2000:]}")
-                else:
-                    problems += differences(f"time travel to {st.name}, v{st.version}", reader, st.source, rows)
+            found = version_at(self.p.data_dir, self.p.source, self.p.table, parse_position(st.source.lsn))
+            assert found is not None and found.exact, f"{st.name} at {st.source.lsn}: {found}"
+            for version in sorted({st.version, found.version}):
+                problems += self._read_at(st, version)
         assert problems == [], "\n".join(problems)
+
+    def _read_at(self, st: Stage, version: int) -> list[str]:
+        problems = []
+        for reader, (rc, rows, err) in run_readers(self.py.current, self.path, version=version).items():
+            if rc != 0:
+                problems.append(f"[time travel to {st.name}, v{version}] {reader} failed (exit {rc}): "
+                                f"{err.strip()[-2000:]}")
+            else:
+                problems += differences(f"time travel to {st.name}, v{version}", reader, st.source, rows)
+        return problems
 
     def old_reader_refuses(self) -> None:
         rc, rows, err = run_readers(self.py.old, self.path, readers=("deltalake",))["deltalake"]
