@@ -7,7 +7,8 @@ round (the rule before: a bucket under 100,000 rows was folded whenever it chang
     python -m bench storage --rows 1000000 --rounds 30 --changed 5000
 
 Prints, per rule: the live mirror's bytes, the change files' bytes, what compaction wrote, the
-ratio written / changed, and the most files a bucket held."""
+deletion-vector files written, the ratio written (all three) / changed, and the most files a
+bucket held."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
+from airflow_provider_cdc.sinks import deletion_vectors as dvs
 from airflow_provider_cdc.sinks import mirror_compaction, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
@@ -43,6 +45,11 @@ def _sizes(path: str) -> dict[str, int]:
     return dict(db.read_version(mirror_table._delta(path), path).sizes)
 
 
+def _vectors(path: str) -> dict[str, int]:
+    """The deletion-vector files in the table's folder (sinks/deletion_vectors.py) and their sizes."""
+    return {i.base_name: i.size for i in storage.list_dir(path) if i.base_name.startswith(dvs.PREFIX)}
+
+
 def run(rows: int, rounds: int, changed: int, *, fold_every_change: bool) -> dict:
     share = mirror_compaction.CHANGE_SHARE
     mirror_compaction.CHANGE_SHARE = 0.0 if fold_every_change else share
@@ -57,6 +64,7 @@ def run(rows: int, rounds: int, changed: int, *, fold_every_change: bool) -> dic
         seen = _sizes(path)
         live = sum(seen.values())
         rng, pos, change_bytes, compaction_bytes = random.Random(7), 10 * rows, 0, 0
+        vectors_seen, vector_bytes = _vectors(path), 0
         t0 = time.perf_counter()
         for r in range(rounds):
             events = []
@@ -70,11 +78,15 @@ def run(rows: int, rounds: int, changed: int, *, fold_every_change: bool) -> dic
             seen, now = now, _sizes(path)
             compaction_bytes += sum(now[p] for p in set(now) - set(seen))
             seen = now
+            vectors = _vectors(path)  # the masks of superseded rows: written by the round and compaction
+            vector_bytes += sum(size for name, size in vectors.items() if name not in vectors_seen)
+            vectors_seen = vectors
             if (r + 1) % 10 == 0:
                 print(f"  round {r + 1}/{rounds}", flush=True)
         v = db.read_version(mirror_table._delta(path), path)
         return {"live_mb": live / 1e6, "change_mb": change_bytes / 1e6, "compaction_mb": compaction_bytes / 1e6,
-                "ratio": (change_bytes + compaction_bytes) / max(1, change_bytes),
+                "vector_mb": vector_bytes / 1e6,
+                "ratio": (change_bytes + compaction_bytes + vector_bytes) / max(1, change_bytes),
                 "max_files": max(len(f) for f in v.files.values()), "seconds": time.perf_counter() - t0}
     finally:
         mirror_compaction.CHANGE_SHARE = share
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {args.rows:,} rows, {args.rounds} rounds of {args.changed:,} changed rows", flush=True)
         got = run(args.rows, args.rounds, args.changed, fold_every_change=fold)
         print(f"{name}: live {got['live_mb']:.2f} MB; change files {got['change_mb']:.2f} MB; compaction "
-              f"{got['compaction_mb']:.2f} MB; written / changed {got['ratio']:.2f}x; at most {got['max_files']} "
+              f"{got['compaction_mb']:.2f} MB; deletion vectors {got['vector_mb']:.2f} MB; written / changed {got['ratio']:.2f}x; at most {got['max_files']} "
               f"files a bucket; {got['seconds']:.0f} s", flush=True)
     return 0
 
