@@ -23,8 +23,8 @@ import pyarrow as pa
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
-from airflow_provider_cdc.sinks import delta_buckets as db
 from airflow_provider_cdc.sinks import deletion_vectors as dvs
+from airflow_provider_cdc.sinks import delta_buckets as db
 from airflow_provider_cdc.sinks import mirror_compaction, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
