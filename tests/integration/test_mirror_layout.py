@@ -233,7 +233,7 @@ def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monk
     expect = {i: (f"w{i}" if i % 2 == 0 else f"v{i}") for i in range(50) if i != 3}
     seen, real_commit = [], db.commit
 
-    def commit_after_a_write(v, adds, removed, *, operation):
+    def commit_after_a_write(v, adds, removed, *, operation, **kw):
         if operation == "compact" and not seen:
             assert all(r == expect for r in every_reader(data_dir))  # compaction's files are not visible yet
             write(data_dir, [ev(300, "u", 1, "during"), ev(301, "d", 4)])
@@ -241,7 +241,7 @@ def test_every_reader_returns_the_live_rows_while_compaction_runs(data_dir, monk
             expect.pop(4)
             seen.append(v.version)
             assert all(r == expect for r in every_reader(data_dir))
-        return real_commit(v, adds, removed, operation=operation)
+        return real_commit(v, adds, removed, operation=operation, **kw)
 
     monkeypatch.setattr(mirror_table, "commit", commit_after_a_write)
     monkeypatch.setattr(mirror_compaction, "CHANGE_SHARE", 0.0)  # any change makes a bucket due
