@@ -800,24 +800,11 @@ def _record_verify(source: str, table_id: str, res, events, failed: bool, repair
 def cmd_mirror_version(args: argparse.Namespace) -> int:
     """The mirror version of a table for a source position, and how to read it (exit 0: it
     equals the source there; 1: no version does, or the event log cannot tell)."""
-    from . import settings, storage
     from .core.position import parse_position
-    from .hooks.cdc_source import CdcSourceHook
     from .sinks.mirror_history import version_at
     from .storage.layout import mirror_dir
 
-    now = settings.load()
-    entry = _config_source(args.source, now) if args.source else None
-    if entry is not None:
-        now = entry.settings
-        if now.storage_conn_id:
-            from .hooks.cdc_storage import apply_storage_connection
-
-            apply_storage_connection(now.storage_conn_id)
-    source = args.source or now.explicit_source or now.conn_id
-    data_dir = storage.check_location(args.data_dir or now.data_dir, "--data-dir")
-    table = TableName.parse(args.table)
-    CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)  # I15
+    source, data_dir, table = _table_outputs(args)
     try:
         position = parse_position(args.at, "--at")
     except ValueError as exc:
@@ -841,9 +828,13 @@ def cmd_mirror_version(args: argparse.Namespace) -> int:
     return EXIT_OK if found.exact else EXIT_MISMATCH
 
 
-def cmd_export_debezium(args: argparse.Namespace) -> int:
-    from . import settings
-    from .export.debezium import DebeziumOptions, export_table
+def _table_outputs(args: argparse.Namespace) -> tuple[str, str, TableName]:
+    """A command on one table's outputs (``--table``, ``--source``, ``--data-dir``): the source
+    name, its data location (a source of the sources config brings its own, and its storage
+    connection) and the table, which the one scope check (I15) admits: these commands read only
+    tables of the source's capture scope."""
+    from . import settings, storage
+    from .hooks.cdc_source import CdcSourceHook
 
     now = settings.load()
     entry = _config_source(args.source, now) if args.source else None
@@ -853,15 +844,19 @@ def cmd_export_debezium(args: argparse.Namespace) -> int:
             from .hooks.cdc_storage import apply_storage_connection
 
             apply_storage_connection(now.storage_conn_id)
-    from . import storage
-    from .hooks.cdc_source import CdcSourceHook
-
     source = args.source or now.explicit_source or now.conn_id
     data_dir = storage.check_location(args.data_dir or now.data_dir, "--data-dir")
-    storage.check_location(args.out, "--out")
     table = TableName.parse(args.table)
-    # the one scope check (I15): an export reads only tables of the source's capture scope
     CdcSourceHook.for_settings(now, None, source).capture_scope().check(table)
+    return source, data_dir, table
+
+
+def cmd_export_debezium(args: argparse.Namespace) -> int:
+    from . import storage
+    from .export.debezium import DebeziumOptions, export_table
+
+    storage.check_location(args.out, "--out")
+    source, data_dir, table = _table_outputs(args)
     if not args.force and storage.exists(args.out):
         print(
             f"error: --out {args.out} exists already; nothing was written. Give another location, or "
