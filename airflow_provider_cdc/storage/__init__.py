@@ -427,7 +427,7 @@ def put_if_absent(location: str, data: bytes) -> None:
         head, name = os.path.split(path)
         os.makedirs(head, exist_ok=True)
         tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, LOCAL_FILE_MODE), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
