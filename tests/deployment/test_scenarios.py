@@ -461,11 +461,15 @@ def test_a_write_reaches_a_consumer_of_the_mirror_with_nothing_triggered_by_hand
     assert newest["from_position"] is None or newest["from_position"] < newest["position"]
     started = datetime.fromisoformat(run["start_date"]).timestamp()
     print(f"{consumer} started {started - newest['committed_at']:.1f} s after the commit it reads")
-    rounds = [r for r in dep.runs(dag) if r["dag_run_id"] not in {b["dag_run_id"] for b in before}]
-    assert rounds, "no round ran"
+    # the consumer starts on the apply's Asset event, which the round task emits before its
+    # run's other tasks are done: wait for the run itself to end
+    earlier = {b["dag_run_id"] for b in before}
+    rounds = poll(f"a successful {dag} run after the write",
+                  lambda: [r for r in dep.runs(dag) if r["dag_run_id"] not in earlier and r["state"] == "success"],
+                  120, dep)
     assert all(r["run_type"] == "asset_triggered" for r in dep.runs(dag)), dep.runs(dag)
     # a round is one task: the checks that fail a run were skipped, no process started for them
-    done = next(r for r in rounds if r["state"] == "success")
+    done = rounds[0]
     tis = dep.api("GET", f"/api/v2/dags/{dag}/dagRuns/{done['dag_run_id']}/taskInstances")["task_instances"]
     states = {t["task_id"]: t["state"] for t in tis}
     assert states["round"] == "success", states
