@@ -25,7 +25,7 @@ from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.errors import ConfigurationError
 from ..core.formats import MIRROR
 from . import deletion_vectors as dvs
-from .delta_log import log_state, write_commit
+from .delta_log import after_commit, log_state, write_commit
 
 log = logging.getLogger(__name__)
 
@@ -831,21 +831,8 @@ DV_PROPERTY = "delta.enableDeletionVectors"
 
 
 def _after_commit(v: MirrorVersion, version: int) -> None:
-    """What delta-rs's post-commit hook does after its own commits: a checkpoint every
-    ``delta.checkpointInterval`` versions and, then, the expired log entries removed."""
-    raw = v.props.get("delta.checkpointInterval", "100")
-    every = int(raw) if raw.isdigit() and int(raw) > 0 else 100
-    if version % every:
-        return
-    try:
-        dt = DeltaTable(
-            v.table_uri, storage_options=storage.delta_storage_options(v.table_uri), version=version
-        )
-        dt.create_checkpoint()
-        if v.props.get("delta.enableExpiredLogCleanup", "true") == "true":
-            dt.cleanup_metadata()
-    except Exception as exc:  # noqa: BLE001 - an optimisation: the next interval tries again
-        log.warning("mirror %s: checkpoint at version %d postponed (%s)", v.table_uri, version, exc)
+    """What delta-rs's post-commit hook does after its own commits (delta_log.after_commit)."""
+    after_commit(v.table_uri, version, v.props)
 
 
 def newest(t: pa.Table, keys: Sequence[str], position: str) -> pa.Table:

@@ -53,6 +53,8 @@ class LogState:
     version: int
     adds: dict[str, dict] = field(default_factory=dict)
     removes: dict[str, list[dict]] = field(default_factory=dict)
+    metadata: dict | None = None  # the newest metaData action (its configuration a dict)
+    protocol: dict | None = None
 
     def apply(self, actions: Iterable[Mapping]) -> None:
         adds, removes = [], []
@@ -61,6 +63,10 @@ class LogState:
                 adds.append(a["add"])
             elif "remove" in a:
                 removes.append(a["remove"])
+            elif "metaData" in a:
+                self.metadata = _clean(a["metaData"])
+            elif "protocol" in a:
+                self.protocol = _clean(a["protocol"])
         for r in removes:  # a commit's removes first: a remove + add of one path replaces its vector
             r = _clean(r)
             self.adds.pop(r["path"], None)
@@ -92,8 +98,13 @@ def _read_checkpoint(table_uri: str, files: list[str], state: LogState) -> None:
     for name in files:
         fs, p = storage.filesystem(_log_file(table_uri, name))
         schema = pq.read_schema(p, filesystem=fs)
-        cols = [c for c in ("add", "remove") if c in schema.names]
+        cols = [c for c in ("add", "remove", "metaData", "protocol") if c in schema.names]
         t = pq.read_table(p, filesystem=fs, columns=cols)
+        for kind in ("metaData", "protocol"):
+            if kind in cols:
+                found = [_clean(x) for x in t.column(kind).to_pylist() if x]
+                if found:
+                    setattr(state, "metadata" if kind == "metaData" else "protocol", found[-1])
         if "remove" in cols:
             for r in t.column("remove").to_pylist():
                 if r:
@@ -124,7 +135,13 @@ def log_state(table_uri: str, version: int, table_id: str = "") -> LogState:
     with _cache_lock:
         cached = _cache.get(key)
     if cached is not None and cached.version <= version:
-        state = LogState(cached.version, dict(cached.adds), {k: list(v) for k, v in cached.removes.items()})
+        state = LogState(
+            cached.version,
+            dict(cached.adds),
+            {k: list(v) for k, v in cached.removes.items()},
+            cached.metadata,
+            cached.protocol,
+        )
         start = cached.version + 1
     else:
         cp = _checkpoint_before(table_uri, version)
@@ -157,3 +174,47 @@ def write_commit(table_uri: str, version: int, actions: list[Mapping]) -> None:
         storage.put_if_absent(_log_file(table_uri, f"{version:020d}.json"), body)
     except storage.AlreadyExists:
         raise CommitFailedError(f"version {version} of {table_uri} was committed by another writer") from None
+
+
+_latest: dict[str, int] = {}
+
+
+def latest_version(table_uri: str) -> int:
+    """The table's newest version (-1: no log there). The newest one this process saw is the
+    start, checked to be there still (a table removed and made again starts over), then the
+    versions after it are probed one by one: a writer that commits every round asks for one or
+    two objects, not a listing of the whole log."""
+    v = _latest.get(table_uri, -1)
+    if v >= 0 and not storage.exists(_log_file(table_uri, f"{v:020d}.json")):
+        v = -1  # the table was removed (and maybe made again): nothing cached of it holds
+        with _cache_lock:
+            for key in [k for k in _cache if k.split("|", 1)[1] == table_uri]:
+                del _cache[key]
+    if v < 0:
+        names = storage.list_names(storage.join(table_uri, LOG_DIR), suffix=".json")
+        found = [int(n[:20]) for n in names if len(n) == 25 and n[:20].isdigit()]
+        v = max(found, default=-1)
+    while storage.exists(_log_file(table_uri, f"{v + 1:020d}.json")):
+        v += 1
+    if v >= 0:
+        _latest[table_uri] = v
+    return v
+
+
+def after_commit(table_uri: str, version: int, props: Mapping[str, str]) -> None:
+    """What delta-rs's post-commit hook does after its own commits: a checkpoint every
+    ``delta.checkpointInterval`` versions (table property ``props``) and, then, the expired
+    log entries removed."""
+    from deltalake import DeltaTable
+
+    raw = props.get("delta.checkpointInterval", "100")
+    every = int(raw) if raw.isdigit() and int(raw) > 0 else 100
+    if version == 0 or version % every:
+        return
+    try:
+        dt = DeltaTable(table_uri, storage_options=storage.delta_storage_options(table_uri), version=version)
+        dt.create_checkpoint()
+        if props.get("delta.enableExpiredLogCleanup", "true") == "true":
+            dt.cleanup_metadata()
+    except Exception as exc:  # noqa: BLE001 - an optimisation: the next interval tries again
+        log.warning("Delta table %s: checkpoint at version %d postponed (%s)", table_uri, version, exc)
