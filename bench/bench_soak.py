@@ -37,7 +37,7 @@ from airflow_provider_cdc.pipeline.retention import RetentionPolicy
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.pipeline.verify import verify_table
 from airflow_provider_cdc.sinks.base import read_marker
-from airflow_provider_cdc.sinks.event_log import compact_event_log, live_files, table_dir
+from airflow_provider_cdc.sinks.event_log import compact_event_log, event_files, table_dir
 from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir, mirror_dir, schema_path
 from airflow_provider_cdc.storage.segment_index import staged_segments
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             pokes.append(time.perf_counter() - t1)
             log_seen.append(_delta_log(mirror_dir(data, source, table)))
             ev_seen.append((_files(events_dir(data, source), ".parquet")[0],
-                            len(live_files(storage.list_names(table_dir(data, source, table), suffix=".parquet")))))
+                            len(event_files(table_dir(data, source, table)))))
             if r in report:
                 segs = staged_segments(changelog_dir(data, source))
                 ev_files, ev_live = ev_seen[-1]

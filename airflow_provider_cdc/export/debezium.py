@@ -692,7 +692,7 @@ def export_table(
     import pyarrow.parquet as pq
 
     from .. import storage
-    from ..sinks.event_log import live_files, table_dir
+    from ..sinks.event_log import event_files, table_dir
 
     d = table_dir(data_dir, source, table)
     exports: dict = {}
@@ -710,10 +710,8 @@ def export_table(
                     skipped=skipped_truncates,
                 )
 
-    # files merged into a larger one (event_log.compact_table) hold its events twice: left out
-    names = sorted(
-        live_files(storage.list_names(d, suffix=".parquet")), key=lambda n: (_first_position(n), n)
-    )
+    # the files of the table's Delta log (never a compaction's inputs beside its output)
+    names = sorted(event_files(d), key=lambda n: (_first_position(n), n))
     if not names:
         raise ConfigurationError(
             f"no event log for table {table} of source {source!r} at {d}: check the table name "

@@ -11,6 +11,7 @@ import logging
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake.exceptions import CommitFailedError
 
 from .. import storage
 from ..core.arrow_types import (
@@ -21,34 +22,20 @@ from ..core.arrow_types import (
 from ..core.position import ENCODED_LENGTH
 from ..core.schema import TableName, TableSchema, log_typing_schema
 from ..storage.layout import events_dir, log_schema_path
-from ..storage.staged import atomic_write_table
 from .base import UNITS, Events, SchemaCache, Sink, TableEvents, table_events
+from .event_log_table import (  # noqa: F401 - the envelope and the file names, re-exported
+    ENVELOPE_COLUMNS,
+    SOURCE_TYPE,
+    _changelog_range,
+    active_files,
+    current,
+    ensure,
+    live_files,
+    superseded,
+)
+from .event_log_table import commit as commit_files
 
 log = logging.getLogger(__name__)
-
-SOURCE_TYPE = pa.struct(
-    [
-        ("connector", pa.string()),  # postgresql, mysql or mariadb (Debezium's names); null when unknown
-        ("db", pa.string()),
-        ("schema", pa.string()),
-        ("table", pa.string()),
-        ("position", pa.string()),
-        ("snapshot", pa.bool_()),
-        ("watermark", pa.string()),
-        # where the source logged the change (staging's origin, core/events.py ORIGIN_FIELDS)
-        ("tx", pa.string()),
-        ("lsn", pa.int64()),
-        ("last_commit_lsn", pa.int64()),
-        ("server_id", pa.int64()),
-        ("thread", pa.int64()),
-        ("file", pa.string()),
-        # MariaDB/MySQL: the binlog offset of the rows event and the row in it (from position)
-        ("pos", pa.int64()),
-        ("row", pa.int32()),
-    ]
-)
-#: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
-ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
 
 
 def _origin_fields(events: pa.Table) -> list[pa.Array]:
@@ -153,15 +140,24 @@ class EventLogSink(Sink):
     def write(self, events: Events) -> None:
         for te in table_events(events, lambda t: self.schema(TableName.parse(t))):
             table = TableName.parse(te.table)
+            files = []
             for batch in pc.unique(te.events["batch"]).to_pylist():
                 part = te.events.filter(pc.equal(te.events["batch"], batch))
                 # (position, key): the same file content whatever order the engine delivered the rows in
                 part = part.sort_by([("position", "ascending"), ("key", "ascending")])
-                if self.fence is not None:
-                    self.fence.check(te.table)
-                path = storage.join(table_dir(self.data_dir, self.source, table), f"{batch}.parquet")
-                atomic_write_table(self.envelope(te.with_events(part)), path)
-                log.info("event log: %d events of %s -> %s", part.num_rows, table, path)
+                files.append((f"{batch}.parquet", self.envelope(te.with_events(part))))
+            check = None if self.fence is None else (lambda t=te.table: self.fence.check(t))
+            folder = table_dir(self.data_dir, self.source, table)
+            # the files, then one commit of the table's Delta log naming them (sinks/event_log_table.py)
+            version = commit_files(folder, files, check=check)
+            log.info(
+                "event log: %d events of %s -> %s, version %d (%s)",
+                sum(t.num_rows for _, t in files),
+                table,
+                folder,
+                version,
+                ", ".join(n for n, _ in files),
+            )
 
 
 # --- reading -------------------------------------------------------------------------------------
@@ -189,7 +185,7 @@ def read_events(data_dir: str, source: str, table: TableName) -> pa.Table:
 
     d = table_dir(data_dir, source, table)
     parts = []
-    for name in live_files(storage.list_names(d, suffix=".parquet")):
+    for name in event_files(d):
         t = read_table(storage.join(d, name))
         images = {
             c: [None if r is None else encode_row(r) for r in canonical_images(t, c)]
@@ -223,42 +219,11 @@ COMPACT_MIN_FILES = 50
 COMPACT_GRACE_SECONDS = 3600.0
 
 
-def _changelog_range(name: str) -> tuple[str, str] | None:
-    """(first, last) encoded positions of a changelog file ``c-{first}-{last}.parquet``."""
-    stem = name.removesuffix(".parquet")
-    parts = stem.split("-")
-    if len(parts) == 3 and parts[0] == "c" and len(parts[1]) == len(parts[2]) == ENCODED_LENGTH:
-        return parts[1], parts[2]
-    return None
-
-
-def superseded(names: list[str]) -> dict[str, str]:
-    """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
-    deletion: name -> the file that holds their events (its range covers theirs)."""
-    ranges = sorted(
-        ((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
-        key=lambda x: (x[0], _neg(x[1])),
-    )
-    out: dict[str, str] = {}
-    cover: tuple[str, str] | None = None  # the widest range seen so far: (last, name)
-    for _first, last, name in ranges:
-        if cover is not None and last <= cover[0]:
-            out[name] = cover[1]
-        elif cover is None or last > cover[0]:
-            cover = (last, name)
-    return out
-
-
-def _neg(hex_text: str) -> str:
-    """A key that sorts hex text descending."""
-    return hex_text.translate(str.maketrans("0123456789abcdef", "fedcba9876543210"))
-
-
-def live_files(names: list[str]) -> list[str]:
-    """The event-log files a reader takes: every file but those merged into a larger one
-    (they hold the same events; they stay for a while for readers that listed them)."""
-    gone = superseded(names)
-    return [n for n in names if n not in gone]
+def event_files(folder: str) -> list[str]:
+    """The files of one table's event log a reader takes, sorted: those of its Delta log's
+    newest version (sinks/event_log_table.py); a folder without a log, its live files."""
+    found = active_files(folder)
+    return found if found is not None else live_files(storage.list_names(folder, suffix=".parquet"))
 
 
 def compact_table(
@@ -272,15 +237,18 @@ def compact_table(
 ) -> tuple[int, int]:
     """Merge runs of small changelog files of one table's folder that the event log has applied
     (last position <= ``applied``, an encoded position: apply never writes those again, since a
-    replay only rewrites batches past the marker) into one file per run, then remove merged
-    files older than ``grace_seconds``. Snapshot files (``r-``) are left as they are.
+    replay only rewrites batches past the marker) into one file per run, then delete the files
+    the table's Delta log removed more than ``grace_seconds`` ago (and files no version ever
+    named, left by a writer that stopped before its commit, once that old). Snapshot files
+    (``r-``) are left as they are.
 
     A run holds consecutive files typed alike (the same ``cdc.schema`` and text columns: a
     schema change starts a new run) and is merged once it reaches ``target_bytes`` or
     ``min_files`` files. The merged file is ``c-{first}-{last}`` of the run, sorted by (position,
     key) like every file, with the run's metadata: readers see the same events in the same
-    order. It is written before anything is removed; until the inputs go, readers skip them
-    (:func:`live_files`). Returns (files merged, files removed)."""
+    order. One commit of the table's Delta log removes the inputs and adds it
+    (sinks/event_log_table.py), so a reader of the log never sees both. A folder written before
+    the log existed is adopted first. Returns (files merged, files deleted)."""
     import time
 
     import pyarrow.parquet as pq
@@ -288,28 +256,29 @@ def compact_table(
     from ..storage.staged import read_table
 
     now = time.time() if now is None else now
+    ensure(folder)
+    version, state = current(folder)
+    if version < 0:
+        return 0, 0
     infos = {
         i.base_name: i
         for i in storage.list_dir(folder)
         if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
     }
     removed = 0
-    ranges = {n: r for n in infos if (r := _changelog_range(n)) is not None}
-    for name in superseded(sorted(infos)):
-        # gone once the first file that held its events is older than the grace: a later merge
-        # rewrites the covering file again and again, so the newest cover says nothing
-        first, last = ranges[name]
-        covers = [
-            infos[o].mtime.timestamp()
-            for o, (a, b) in ranges.items()
-            if o != name and a <= first and b >= last and infos[o].mtime is not None
-        ]
-        if covers and min(covers) < now - grace_seconds:
+    for name, info in infos.items():
+        if name in state.adds:
+            continue
+        gone = state.removes.get(name)
+        when = (
+            max(int(r.get("deletionTimestamp") or 0) for r in gone) / 1000.0
+            if gone
+            else (info.mtime.timestamp() if info.mtime is not None else now)
+        )
+        if when < now - grace_seconds:
             storage.delete(storage.join(folder, name))
             removed += 1
-    live = [
-        n for n in live_files(sorted(infos)) if (r := _changelog_range(n)) is not None and r[1] <= applied
-    ]
+    live = [n for n in state.adds if (r := _changelog_range(n)) is not None and r[1] <= applied]
     live.sort(key=lambda n: _changelog_range(n))
     runs: list[list[str]] = []
     run: list[str] = []
@@ -321,7 +290,7 @@ def compact_table(
             runs.append(list(run))
 
     for name in live:
-        size = infos[name].size or 0
+        size = int(state.adds[name].get("size") or 0)
         if size >= target_bytes:  # large already: ends the run
             close()
             run, run_meta, run_bytes = [], None, 0
@@ -349,15 +318,20 @@ def compact_table(
         )
         t = t.take(order).replace_schema_metadata(tables[0].schema.metadata)
         first, last = _changelog_range(names[0])[0], _changelog_range(names[-1])[1]
-        atomic_write_table(t, storage.join(folder, f"c-{first}-{last}.parquet"))
+        out = f"c-{first}-{last}.parquet"
+        try:
+            v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)
+        except CommitFailedError as exc:  # another compaction took the run: it is merged already
+            log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
+            continue
         merged += len(names)
         log.info(
-            "event log %s: %d files merged into c-%s-%s (%d events)",
+            "event log %s: %d files merged into %s (%d events), version %d",
             folder,
             len(names),
-            first,
-            last,
+            out,
             t.num_rows,
+            v,
         )
     return merged, removed
 

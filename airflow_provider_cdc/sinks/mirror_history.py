@@ -96,14 +96,14 @@ def changes_between(data_dir: str, source: str, table: TableName, after: str, up
     ``upto`` (None: the table has no event log). Reads only the files whose position range
     overlaps (their names carry it), and of them the position column."""
     from ..storage.staged import read_table
-    from .event_log import _changelog_range, live_files, table_dir
+    from .event_log import _changelog_range, event_files, table_dir
 
     folder = table_dir(data_dir, source, table)
-    names = storage.list_names(folder, suffix=".parquet")
+    names = event_files(folder)
     if not names:
         return None
     count = 0
-    for name in live_files(names):
+    for name in names:
         span = _changelog_range(name)
         if span is None or span[1] <= after or span[0] > upto:
             continue

@@ -14,7 +14,10 @@ meta columns, equal the source's (a plain SELECT) row for row:
   time travel to every stage's Delta version (all three readers); a vacuum at 0 hours.
 
 A reader without the feature (deltalake 1.0.2) must refuse the table rather than show masked
-rows. Slow (Airflow runs, a Spark submit, virtualenvs): marked ``consumer``.
+rows. The same readers read the table's event log through its own Delta log
+(sinks/event_log_table.py) after the snapshot, the Spark round and an event-log compaction whose
+inputs are still in the folder: each sees every event the package's reader sees, once.
+Slow (Airflow runs, a Spark submit, virtualenvs): marked ``consumer``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from deltalake import DeltaTable
 
 from airflow_provider_cdc.core.position import parse_position
 from airflow_provider_cdc.sinks import mirror_compaction
+from airflow_provider_cdc.sinks.base import read_marker
+from airflow_provider_cdc.sinks.event_log import compact_event_log, read_events, table_dir
 from airflow_provider_cdc.sinks.mirror_history import version_at
 from airflow_provider_cdc.storage.layout import mirror_dir
 from tools import workload as w
@@ -215,6 +220,26 @@ class Consumers:
         assert problems == [], "\n".join(problems)
         self.stages.append(Stage(stage, version, src, masked))
 
+    def check_events(self, stage: str) -> None:
+        """Each reader of the table's event log (its Delta log) sees exactly the events the
+        package's reader does, each once: (op, key, position)."""
+        ev = read_events(self.p.data_dir, self.p.source, self.p.table)
+        want = Counter(zip(ev["op"].to_pylist(), ev["key"].to_pylist(), ev["position"].to_pylist(), strict=True))
+        assert want and max(want.values()) == 1, f"[{stage}] the package's reader repeats events"
+        folder = str(table_dir(self.p.data_dir, self.p.source, self.p.table))
+        problems = []
+        for reader, (rc, rows, err) in run_readers(self.py.current, folder).items():
+            if rc != 0:
+                problems.append(f"[{stage}] {reader} refused the event log (exit {rc}): {err.strip()[-2000:]}")
+                continue
+            have = Counter((r["op"], r["key"], r["source"]["position"]) for r in rows)
+            if have != want:
+                problems.append(f"[{stage}] event log, {reader}: {sum(have.values())} events, the package's "
+                                f"reader {sum(want.values())}; extra {list((have - want).elements())[:5]}, "
+                                f"missing {list((want - have).elements())[:5]}")
+        print(f"{stage}: event log of {sum(want.values())} events, read alike by {len(READERS)} readers")
+        assert problems == [], "\n".join(problems)
+
     def time_travel(self) -> None:
         """Every stage's Delta version, and the version the package names for the source position
         the stage's copy was taken at (sinks/mirror_history.py), read again by each reader, equals
@@ -300,6 +325,7 @@ def test_independent_delta_readers_see_exactly_the_source(pipeline, delta_reader
     assert writer.stats().committed > 0
     p.catch_up()
     c.check("snapshot under a writer")
+    c.check_events("snapshot under a writer")
     c.old_reader_refuses()
 
     # rounds of updates, deletes, re-inserts of deleted keys and primary-key changes
@@ -353,6 +379,11 @@ def test_independent_delta_readers_see_exactly_the_source(pipeline, delta_reader
     p.catch_up()
     c.check("spark round")
     assert c.stages[-1].masked > 0, "the Spark round left no masked row version: its deletion vectors went unread"
+    c.check_events("spark round")
+    # the event log's small changelog files merged; their inputs stay in the folder for an hour
+    merged = compact_event_log(p.data_dir, p.source, read_marker(p.data_dir, p.source, "events"), min_files=2)
+    assert merged, "no event-log run to merge: the compaction's single commit went untested"
+    c.check_events("event-log compaction")
     p.mp.setenv("CDC_LOCAL_MAX_ROWS", "1000000")
 
     # compaction (the tombstones removed, buckets rewritten), every stage's version read again,

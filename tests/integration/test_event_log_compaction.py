@@ -1,6 +1,7 @@
 """Event-log compaction (issue 33): runs of small changelog files the event log has applied are
 merged into one file per run, and the readers (the Debezium export, read_events) see the same
-events in the same order before, during (merged file and its inputs side by side) and after."""
+events in the same order before, during (merged file and its inputs side by side in the folder,
+only the merged file in the table's Delta log) and after."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from airflow_provider_cdc.sinks.event_log import (
     EventLogSink,
     compact_event_log,
     compact_table,
-    live_files,
+    event_files,
     read_events,
     table_dir,
 )
@@ -67,6 +68,10 @@ def events(data: str) -> list:
     return sorted(zip(*(t[c].to_pylist() for c in t.column_names), strict=True))
 
 
+def parquet(folder: str) -> list[str]:
+    return sorted(n.name for n in Path(folder).iterdir() if n.name.endswith(".parquet"))
+
+
 def test_applied_runs_merge_and_readers_see_the_same_events_before_during_and_after(tmp_path):
     data = str(tmp_path / "d")
     write_batches(data, range(1, 13))
@@ -74,15 +79,15 @@ def test_applied_runs_merge_and_readers_see_the_same_events_before_during_and_af
     before_export, before_events = exported(data, tmp_path, "before"), events(data)
     applied = Position(10 * 10 + 3)  # the event log applied batches 1..10; 11 and 12 are past its marker
     merged, removed = compact_table(folder, applied.encode(), min_files=4)
-    names = sorted(n.name for n in Path(folder).iterdir())
+    names = parquet(folder)
     assert merged == 10 and removed == 0 and len(names) == 13  # inputs stay for their grace period
-    assert live_files(names) == [f"c-{p(11)}-{p(103)}.parquet", f"c-{p(111)}-{p(113)}.parquet",
-                                 f"c-{p(121)}-{p(123)}.parquet"]
+    assert event_files(folder) == [f"c-{p(11)}-{p(103)}.parquet", f"c-{p(111)}-{p(113)}.parquet",
+                                   f"c-{p(121)}-{p(123)}.parquet"]
     assert exported(data, tmp_path, "during") == before_export and events(data) == before_events
     import time
 
     merged, removed = compact_table(folder, applied.encode(), min_files=4, now=time.time() + 7200)
-    assert merged == 0 and removed == 10 and len(list(Path(folder).iterdir())) == 3
+    assert merged == 0 and removed == 10 and len(parquet(folder)) == 3
     assert exported(data, tmp_path, "after") == before_export and events(data) == before_events
 
 
@@ -94,15 +99,14 @@ def test_a_schema_change_starts_a_new_run_and_short_runs_wait(tmp_path):
     before = exported(data, tmp_path, "before")
     merged, _ = compact_table(folder, p(10 ** 6), min_files=3)
     assert merged == 8
-    assert live_files(sorted(n.name for n in Path(folder).iterdir())) == [
-        f"c-{p(11)}-{p(53)}.parquet", f"c-{p(61)}-{p(83)}.parquet"]
+    assert event_files(folder) == [f"c-{p(11)}-{p(53)}.parquet", f"c-{p(61)}-{p(83)}.parquet"]
     assert exported(data, tmp_path, "after") == before
     write_batches(data, range(9, 10), WIDER)  # one more small file: a run of 2 < min_files waits
     assert compact_event_log(data, "src", Position(10 ** 6), min_files=3) == {}
     write_batches(data, range(10, 11), WIDER)  # a merged file under the target joins the next run
     expected = exported(data, tmp_path, "expected")
     assert compact_event_log(data, "src", Position(10 ** 6), min_files=3) == {"table=public.orders": (3, 0)}
-    assert live_files(sorted(n.name for n in Path(folder).iterdir()))[-1] == f"c-{p(61)}-{p(103)}.parquet"
+    assert event_files(folder)[-1] == f"c-{p(61)}-{p(103)}.parquet"
     assert exported(data, tmp_path, "later") == expected
 
 
@@ -111,14 +115,14 @@ def test_nothing_past_the_applied_marker_or_without_one_is_merged(tmp_path):
     write_batches(data, range(1, 8))
     assert compact_event_log(data, "src", None, min_files=2) == {}
     assert compact_event_log(data, "src", Position(10 * 1 + 3), min_files=2) == {}  # one file applied: no run
-    assert len(list(Path(table_dir(data, "src", T)).iterdir())) == 7
+    assert len(parquet(table_dir(data, "src", T))) == 7
 
 
-def test_merged_inputs_go_after_the_grace_of_their_first_merge_however_often_it_is_merged_again(tmp_path):
-    """A merged file under the target is merged again with the next run, so the newest file
-    covering an input is always young: the input goes once the first file that held its events
-    is older than the grace, not never."""
-    import os
+def test_merged_inputs_go_once_their_removal_is_older_than_the_grace_however_often_merged_again(tmp_path):
+    """A merged file under the target is merged again with the next run: each file goes once the
+    commit that removed it from the table's Delta log is older than the grace, so the first
+    merge's inputs go on time although the file that now holds their events is young, and that
+    first merged file stays for its own grace (readers of an older version may still open it)."""
     import time
 
     data = str(tmp_path / "d")
@@ -126,13 +130,20 @@ def test_merged_inputs_go_after_the_grace_of_their_first_merge_however_often_it_
     folder = Path(table_dir(data, "src", T))
     compact_table(str(folder), p(10 ** 6), min_files=2)
     first_merge = folder / f"c-{p(11)}-{p(43)}.parquet"
-    now = time.time()
-    os.utime(first_merge, (now - 1000, now - 1000))  # merged long ago
+    removed_at = time.time()
     write_batches(data, range(5, 7))
-    compact_table(str(folder), p(10 ** 6), min_files=2)  # merged again with the new files, just now
+    time.sleep(0.01)  # the two commits' removals are at different milliseconds
+    compact_table(str(folder), p(10 ** 6), min_files=2)  # the first merge merged again with the new files
+    again_at = time.time()
     assert (folder / f"c-{p(11)}-{p(63)}.parquet").exists()
-    merged, removed = compact_table(str(folder), p(10 ** 6), min_files=2, grace_seconds=500, now=now)
-    left = sorted(n.name for n in folder.iterdir())
-    assert removed == 4  # batches 1-4: their first merge is 1000 s old
-    assert first_merge.name in left  # its own cover is young: it stays for readers that listed it
+    # between the two removals' graces: batches 1-4 go, the first merge and batches 5-6 stay
+    grace = 500.0
+    merged, removed = compact_table(str(folder), p(10 ** 6), min_files=2, grace_seconds=grace,
+                                    now=removed_at + grace + (again_at - removed_at) / 2 + 0.001)
+    left = parquet(str(folder))
+    assert removed == 4, left
+    assert first_merge.name in left
     assert f"c-{p(51)}-{p(53)}.parquet" in left and f"c-{p(61)}-{p(63)}.parquet" in left
+    merged, removed = compact_table(str(folder), p(10 ** 6), min_files=2, grace_seconds=grace,
+                                    now=again_at + grace + 1)
+    assert removed == 3 and parquet(str(folder)) == [f"c-{p(11)}-{p(63)}.parquet"]

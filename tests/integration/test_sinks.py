@@ -163,7 +163,7 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
     sink = EventLogSink(str(tmp_path), SOURCE, database="shop")
     sink.write(events)
     base = Path(events_dir(str(tmp_path), SOURCE))
-    files = sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet"))
+    files = sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet") if "_delta_log" not in p.parts)
     assert files == ["table=public.typed/c-1-3.parquet", "table=public.typed/r-9-hw.parquet", "table=sales.orders/c-1-3.parquet"]
     first = {f: pq.read_table(base / f).to_pylist() for f in files}
     rows = first["table=public.typed/c-1-3.parquet"]
@@ -184,9 +184,15 @@ def test_event_log_is_partitioned_enveloped_and_idempotent(tmp_path):
     assert orders.schema.field("after").type == pa.struct([("k", pa.string())])
     snap = first["table=public.typed/r-9-hw.parquet"][0]
     assert snap["source"]["snapshot"] is True and snap["source"]["watermark"] == "hw"
-    sink.write(events)  # a retried task: same files, same contents, nothing added
-    assert sorted(str(p.relative_to(base)) for p in base.rglob("*.parquet")) == files
+    sink.write(events)  # a retried task: each batch's file replaced by one of the same contents
+    from airflow_provider_cdc.sinks.event_log import event_files
+
+    again = sorted(f"{d}/{n}" for d in ("table=public.typed", "table=sales.orders") for n in event_files(str(base / d)))
+    # new names (version 0 still reads its own files), the same contents
+    assert [re.sub(r"\.g1-[0-9a-f]{8}\.parquet$", ".parquet", f) for f in again] == files
+    assert [pq.read_table(base / f).to_pylist() for f in again] == [first[f] for f in files]
     assert {f: pq.read_table(base / f).to_pylist() for f in files} == first
+    assert len(read_events(str(tmp_path), SOURCE, TableName("public", "typed"))) == 3  # nothing twice
     assert not list(base.rglob("*.tmp"))
 
 
@@ -227,8 +233,21 @@ def test_event_log_types_events_with_the_log_schema_and_keeps_what_a_type_cannot
     assert file_schema(t) == (logged, ["n"])
     assert [r["n"] for r in canonical_images(t, "before")] == ["6", "six"]
     assert [r["n"] for r in canonical_images(t, "after")] == ["six", "7"]
+    # Delta holds one type per column: n became text in the table's typing, and the file written
+    # before was rewritten under it in the same commit (its events as they were, n as text)
     ev_table = read_events(data, SOURCE, T)
-    assert ev_table.num_rows == 4 and sorted(ev_table["file"].to_pylist()) == ["c-1.parquet"] * 2 + ["c-3.parquet"] * 2
+    files = sorted(ev_table["file"].to_pylist())
+    assert ev_table.num_rows == 4 and files[2:] == ["c-3.parquet"] * 2 and re.fullmatch(r"c-1\.g1-[0-9a-f]{8}\.parquet", files[0])
+    folder = Path(events_dir(data, SOURCE)) / f"table={T.path_segment}"
+    rewritten = pq.read_table(folder / files[0])
+    assert file_schema(rewritten) == (logged, ["n"])
+    assert canonical_images(rewritten, "after") == [{"id": 1, "n": "5", "gone": "x"}, {"id": 1, "n": "6", "added": "2024-01-02"}]
+    from deltalake import DeltaTable
+
+    plain = DeltaTable(str(folder)).to_pyarrow_table()
+    assert sorted(plain["after"].to_pylist(), key=lambda r: r["n"]) == [
+        {"id": 1, "n": "5", "gone": "x", "added": None}, {"id": 1, "n": "6", "gone": None, "added": date(2024, 1, 2)},
+        {"id": 1, "n": "7", "gone": None, "added": None}, {"id": 1, "n": "six", "gone": None, "added": None}]
 
 
 def test_the_event_log_keeps_columns_its_log_schema_lacks(tmp_path):

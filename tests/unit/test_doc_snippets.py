@@ -26,8 +26,8 @@ Two HTML comments (they render as nothing on GitHub and in the site) before a bl
 
 runs the ``python`` block in a working directory holding ``lake/cdc``, a small pipeline data
 location: the Delta mirror of table ``public.orders`` for the sources ``shop`` and
-``cdc_source`` (a copy of tests/fixtures/mirror_v1, columns ``id`` and ``v``) and an event-log
-file with the envelope's ``op``, ``key``, ``source.position`` and ``after.amount``; and
+``cdc_source`` (a copy of tests/fixtures/mirror_v1, columns ``id`` and ``v``) and its event
+log, three events of key 42 with ``after.amount`` (a Delta table, as the sink writes it); and
 
     <!-- doc-test: skip (why) -->
 
@@ -199,23 +199,33 @@ def check_sources_config(doc: object, block: Block) -> None:
 
 def make_lake(root: Path) -> None:
     """``root/lake/cdc``: a data location with the mirror of public.orders (sources shop and
-    cdc_source) and one event-log file of it."""
+    cdc_source) and its event log (three events of key 42, written by the event-log sink: a
+    Delta table)."""
     import shutil
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_row
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.event_log import EventLogSink
+    from airflow_provider_cdc.storage.layout import schema_path
 
     data_dir = root / "lake" / "cdc"
+    table = TableName("public", "orders")
+    schema = TableSchema(table, (Column("id", "int64"), Column("amount", "float64")), ("id",))
     for source in ("shop", "cdc_source"):
         shutil.copytree(ROOT / "tests" / "fixtures" / "mirror_v1", data_dir / "output" / source / "mirror" / "public.orders")
-        events = data_dir / "output" / source / "events" / "table=public.orders"
-        events.mkdir(parents=True)
-        pq.write_table(pa.table({
-            "op": ["r", "u", "d"],
-            "key": ["[42]", "[42]", "[42]"],
-            "source": [{"position": p} for p in ("0001", "0002", "0003")],
-            "after": [{"amount": 1.5}, {"amount": 2.5}, None],
-        }), events / "c-0001-0003.parquet")
+        staged = Path(schema_path(str(data_dir), source, table))
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(schema.to_json())
+        pos = [Position(i).encode() for i in (1, 2, 3)]
+        rows = [("r", {"id": 42, "amount": 1.5}), ("u", {"id": 42, "amount": 2.5}), ("d", None)]
+        EventLogSink(str(data_dir), source).write(pa.Table.from_pylist([
+            {"position": p, "table": table.id, "op": op, "key": "[42]", "before": None,
+             "after": None if after is None else encode_row(after), "ts_ms": i, "watermark": None,
+             "snapshot": op == "r", "batch": f"c-{pos[0]}-{pos[-1]}"}
+            for i, (p, (op, after)) in enumerate(zip(pos, rows, strict=True))], schema=EVENT_SCHEMA))
 
 
 def check_python(block: Block, tmp_path: Path) -> None:

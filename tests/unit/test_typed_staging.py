@@ -111,7 +111,7 @@ def test_images_typed_at_different_positions_join_under_the_newest_columns():
     assert "n" in te.text_columns and te.canonical("after") == [{"code": "a", "n": "1"}, {"code": "b", "n": "two"}]
 
 
-CHUNK_ROWS = 300
+CHUNK_ROWS = 1000  # enough rows that a parse per row would dwarf the per-file and per-commit metadata
 
 
 def _stage_round(d: str) -> list[ChunkResult]:

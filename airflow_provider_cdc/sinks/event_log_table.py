@@ -1,0 +1,556 @@
+"""The event log's Delta log: each table's folder of the event log is a Delta table too, so a
+reader that lists it through the log (Spark, Trino, duckdb, polars, deltalake, and this
+package's own readers) sees exactly the live files: never a compaction's inputs beside its
+output, never a file a writer left behind.
+
+- A write (sinks/event_log.EventLogSink) puts its batch files, then commits their ``add``
+  actions as the next version, put-if-absent (delta_log.write_commit); another writer's
+  version first means: read the log again and try again. A batch written again (a retried
+  task) replaces its earlier file in the same commit: its files are named by the batch.
+- A compaction (event_log.compact_table) removes its inputs and adds its output in one commit.
+- Delta holds one type per column, and the files of a table are typed as the source was when
+  they were written. The table's typing (``cdc.eventImages`` in the table's configuration: the
+  columns, their types and the columns held as canonical text) only ever grows: a new column
+  joins; a file whose column holds another type is converted to the table's type where every
+  value fits; otherwise the table takes the file's type where every earlier value fits it (a
+  widened number), else the column becomes canonical text. Then the files already there are
+  rewritten under the new typing, in the same commit (``{batch}.g{version}.parquet``): once per
+  such type change of a table, never for an added or dropped column (a file without a
+  column reads null there).
+- A folder written before this log existed is adopted by the first write or compaction: its
+  live files are added (superseded compaction inputs recorded as removed, so they keep their
+  grace period), converted as above where their types differ.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake.exceptions import CommitFailedError
+
+from .. import storage
+from ..core.arrow_types import (
+    SCHEMA_META,
+    TEXT_COLUMNS_META,
+    arrow_type,
+    column_as,
+    conform_images,
+    images_metadata,
+    metadata_schema,
+)
+from ..core.errors import ConfigurationError
+from ..core.position import ENCODED_LENGTH
+from ..core.schema import Column, TableSchema
+from ..storage.staged import atomic_write_table, read_table
+from .delta_log import LogState, after_commit, latest_version, log_state, write_commit
+
+log = logging.getLogger(__name__)
+
+SOURCE_TYPE = pa.struct(
+    [
+        ("connector", pa.string()),  # postgresql, mysql or mariadb (Debezium's names); null when unknown
+        ("db", pa.string()),
+        ("schema", pa.string()),
+        ("table", pa.string()),
+        ("position", pa.string()),
+        ("snapshot", pa.bool_()),
+        ("watermark", pa.string()),
+        # where the source logged the change (staging's origin, core/events.py ORIGIN_FIELDS)
+        ("tx", pa.string()),
+        ("lsn", pa.int64()),
+        ("last_commit_lsn", pa.int64()),
+        ("server_id", pa.int64()),
+        ("thread", pa.int64()),
+        ("file", pa.string()),
+        # MariaDB/MySQL: the binlog offset of the rows event and the row in it (from position)
+        ("pos", pa.int64()),
+        ("row", pa.int32()),
+    ]
+)
+#: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
+ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
+
+
+def _changelog_range(name: str) -> tuple[str, str] | None:
+    """(first, last) encoded positions of a changelog file ``c-{first}-{last}.parquet`` (or
+    ``c-{first}-{last}.g{version}.parquet``, the same batch retyped: sinks/event_log_table.py)."""
+    stem = name.removesuffix(".parquet").split(".")[0]
+    parts = stem.split("-")
+    if len(parts) == 3 and parts[0] == "c" and len(parts[1]) == len(parts[2]) == ENCODED_LENGTH:
+        return parts[1], parts[2]
+    return None
+
+
+def superseded(names: list[str]) -> dict[str, str]:
+    """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
+    deletion: name -> the file that holds their events (its range covers theirs)."""
+    ranges = sorted(
+        ((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
+        key=lambda x: (x[0], _neg(x[1])),
+    )
+    out: dict[str, str] = {}
+    cover: tuple[str, str] | None = None  # the widest range seen so far: (last, name)
+    for _first, last, name in ranges:
+        if cover is not None and last <= cover[0]:
+            out[name] = cover[1]
+        elif cover is None or last > cover[0]:
+            cover = (last, name)
+    return out
+
+
+def _neg(hex_text: str) -> str:
+    """A key that sorts hex text descending."""
+    return hex_text.translate(str.maketrans("0123456789abcdef", "fedcba9876543210"))
+
+
+def live_files(names: list[str]) -> list[str]:
+    """Of a folder's listing without a Delta log (written before the event log had one), the
+    files a reader takes: every file but those merged into a larger one (they hold the same
+    events; they stay for a while for readers that listed them)."""
+    gone = superseded(names)
+    return [n for n in names if n not in gone]
+
+
+#: the table property holding the typing every file of the table is held in
+TYPING_PROPERTY = "cdc.eventImages"
+#: a write that loses the race for a version this many times in a row gives up (CommitFailedError)
+COMMIT_ATTEMPTS = 100
+_IMAGES = ("before", "after")
+
+
+@dataclass(frozen=True)
+class Typing:
+    """The columns of a table's event images as its Delta table holds them: ``schema`` (the
+    newest source type of each column) and ``text`` (columns held as canonical text)."""
+
+    schema: TableSchema
+    text: tuple[str, ...]
+
+    def logical(self) -> dict[str, str]:
+        return {c.name: ("string" if c.name in self.text else c.type) for c in self.schema.columns}
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"schema": json.loads(self.schema.to_json()), "text": list(self.text)}, sort_keys=True
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Typing:
+        d = json.loads(text)
+        return cls(TableSchema.from_json(json.dumps(d["schema"])), tuple(d["text"]))
+
+    def metadata(self) -> dict[bytes, bytes]:
+        return images_metadata(self.schema, self.text)
+
+
+def envelope_schema(typing: Typing) -> pa.Schema:
+    """The Arrow schema of every file of a table held in ``typing`` (and of its Delta table)."""
+    logical = typing.logical()
+    images = pa.struct([pa.field(c.name, arrow_type(logical[c.name])) for c in typing.schema.columns])
+    return pa.schema(
+        [
+            ("op", pa.string()),
+            ("key", pa.string()),
+            ("before", images),
+            ("after", images),
+            ("source", SOURCE_TYPE),
+            ("ts_ms", pa.int64()),
+        ]
+    )
+
+
+def _file_typing(t) -> Typing | None:
+    """The typing a file's images carry in their metadata (a table or a stand-in with ``schema``)."""
+    meta = t.schema.metadata or {}
+    return _metadata_typing(meta.get(SCHEMA_META), meta.get(TEXT_COLUMNS_META))
+
+
+@functools.lru_cache(maxsize=256)
+def _metadata_typing(schema: bytes | None, text: bytes | None) -> Typing | None:
+    if schema is None:
+        return None
+    found, columns = metadata_schema({SCHEMA_META: schema, TEXT_COLUMNS_META: text or b"[]"})
+    return Typing(found, tuple(sorted(columns)))
+
+
+def _fits(t: pa.Table, name: str, have: str, want: str, table) -> bool:
+    """Whether every value of column ``name`` (logical ``have``) of both images of ``t`` fits ``want``."""
+    for image in _IMAGES:
+        images = t[image].combine_chunks() if t[image].num_chunks else pa.nulls(0, t[image].type)
+        idx = images.type.get_field_index(name)
+        if idx < 0:
+            continue
+        try:
+            column_as(images.field(idx), have, want, name=name, table=table)
+        except ConfigurationError:
+            return False
+    return True
+
+
+def join_typing(typing: Typing | None, t: pa.Table) -> tuple[Typing, dict[str, str]]:
+    """The typing once file ``t`` joins a table held in ``typing``: (the new typing, the columns
+    whose type the table's files already there must change: name -> the file's logical type).
+    A new column joins as the file has it; a column of another type keeps the table's type
+    where every value of ``t`` fits it; else it is a candidate for the file's type (decided by
+    :func:`settle` against the files already there)."""
+    mine = _file_typing(t)
+    if mine is None:
+        raise ConfigurationError(
+            "an event-log file without its images' schema (cdc.schema): written by hand?"
+        )
+    if typing is None:
+        return mine, {}
+    cols = list(typing.schema.columns)
+    index = {c.name: i for i, c in enumerate(cols)}
+    text = set(typing.text)
+    theirs, candidates = mine.logical(), {}
+    current = typing.logical()
+    for c in mine.schema.columns:
+        if c.name not in index:
+            cols.append(Column(c.name, c.type, c.source_type, True))
+            if c.name in mine.text:
+                text.add(c.name)
+            continue
+        if c.name in text or theirs[c.name] == current[c.name]:
+            continue
+        if _fits(t, c.name, theirs[c.name], current[c.name], typing.schema.table):
+            continue
+        candidates[c.name] = theirs[c.name]
+    schema = TableSchema(
+        typing.schema.table, tuple(cols), typing.schema.primary_key, dict(typing.schema.extra)
+    )
+    return Typing(schema, tuple(sorted(text))), candidates
+
+
+def settle(
+    typing: Typing, candidates: dict[str, str], tables: Sequence[tuple[str, Callable[[], pa.Table]]]
+) -> Typing:
+    """``typing`` with each candidate column (:func:`join_typing`) given its candidate type when
+    every value of ``tables`` (the files already there) fits it, else held as text."""
+    if not candidates:
+        return typing
+    cols = list(typing.schema.columns)
+    index = {c.name: i for i, c in enumerate(cols)}
+    text = set(typing.text)
+    ok = {n: want != "string" for n, want in candidates.items()}
+    for _name, load in tables:
+        if not any(ok.values()):
+            break
+        t = load()
+        have = (_file_typing(t) or typing).logical()
+        for n, want in candidates.items():
+            if (
+                ok[n]
+                and n in have
+                and have[n] != want
+                and not _fits(t, n, have[n], want, typing.schema.table)
+            ):
+                ok[n] = False
+    for n, want in candidates.items():
+        if ok[n]:
+            old = cols[index[n]]
+            cols[index[n]] = Column(n, want, old.source_type, True)
+        else:
+            text.add(n)
+    schema = TableSchema(
+        typing.schema.table, tuple(cols), typing.schema.primary_key, dict(typing.schema.extra)
+    )
+    return Typing(schema, tuple(sorted(text)))
+
+
+def conform(t: pa.Table, typing: Typing) -> pa.Table:
+    """An event-log file's table readable under ``typing``: as it is when its columns already
+    have the table's types (it keeps its own schema and metadata, so an export of its events
+    is the same before and after it joins), else its columns converted to the table's types
+    (still only the columns it has)."""
+    if _physical_matches(t.schema, envelope_schema(typing)):
+        return t
+    have = _file_typing(t)
+    names = set(have.schema.column_names)
+    sub = Typing(
+        TableSchema(
+            typing.schema.table,
+            tuple(c for c in typing.schema.columns if c.name in names),
+            typing.schema.primary_key,
+            dict(typing.schema.extra),
+        ),
+        tuple(n for n in typing.text if n in names),
+    )
+    want = envelope_schema(sub)
+    images = []
+    for image in _IMAGES:
+        col = t[image].combine_chunks() if t[image].num_chunks else pa.nulls(0, t[image].type)
+        images.append(conform_images(col, have.schema, have.text, sub.schema, sub.text))
+    out = pa.table([t["op"], t["key"], *images, t["source"], t["ts_ms"]], names=want.names)
+    return out.cast(want).replace_schema_metadata(sub.metadata())
+
+
+def _physical_matches(schema: pa.Schema, want: pa.Schema) -> bool:
+    """Whether a file of ``schema`` reads as ``want`` (a column it lacks reads null)."""
+    for image in _IMAGES:
+        have, need = schema.field(image).type, want.field(image).type
+        for f in have:
+            idx = need.get_field_index(f.name)
+            if idx < 0 or need.field(idx).type != f.type:
+                return False
+    return True
+
+
+def _renamed(name: str, version: int) -> str:
+    """A new file of ``name``'s batch for commit ``version``; unique, so a writer that loses the
+    race for that version never overwrites a file the winner committed."""
+    return f"{batch_of(name)}.g{version}-{uuid.uuid4().hex[:8]}.parquet"
+
+
+def batch_of(name: str) -> str:
+    """The batch a file of the event log holds: ``c-{first}-{last}`` of ``c-{first}-{last}.g7.parquet``."""
+    return name.removesuffix(".parquet").split(".")[0]
+
+
+def _protocol(schema: pa.Schema, current: dict | None) -> dict:
+    def ntz(t: pa.DataType) -> bool:
+        if pa.types.is_struct(t):
+            return any(ntz(f.type) for f in t)
+        return pa.types.is_timestamp(t) and t.tz is None
+
+    need = any(ntz(f.type) for f in schema)
+    if current and int(current.get("minReaderVersion", 1)) >= 3:
+        features = set(current.get("readerFeatures") or [])
+        if need and "timestampNtz" not in features:
+            features.add("timestampNtz")
+            return {
+                **current,
+                "readerFeatures": sorted(features),
+                "writerFeatures": sorted(set(current.get("writerFeatures") or []) | {"timestampNtz"}),
+            }
+        return current
+    if need:  # timestamps without a zone: Delta's timestamp_ntz, a table feature
+        return {
+            "minReaderVersion": 3,
+            "minWriterVersion": 7,
+            "readerFeatures": ["timestampNtz"],
+            "writerFeatures": ["timestampNtz"],
+        }
+    return current or {"minReaderVersion": 1, "minWriterVersion": 2}
+
+
+def _metadata(state: LogState, typing: Typing) -> dict:
+    from deltalake import Schema
+
+    old = state.metadata or {}
+    config = dict(old.get("configuration") or {})
+    config[TYPING_PROPERTY] = typing.to_json()
+    return {
+        "id": old.get("id") or str(uuid.uuid4()),
+        "description": f"the event log of {typing.schema.table} (airflow-provider-cdc)",
+        "format": {"provider": "parquet", "options": {}},
+        "schemaString": Schema.from_arrow(envelope_schema(typing)).to_json(),
+        "partitionColumns": [],
+        "configuration": config,
+        "createdTime": old.get("createdTime") or int(time.time() * 1000),
+    }
+
+
+def _add(folder: str, name: str, rows: int, *, data_change: bool) -> dict:
+    fs, path = storage.filesystem(storage.join(folder, name))
+    st = fs.get_file_info(path)
+    return {
+        "add": {
+            "path": name,
+            "size": int(st.size),
+            "partitionValues": {},
+            "modificationTime": int(st.mtime.timestamp() * 1000) if st.mtime else int(time.time() * 1000),
+            "dataChange": data_change,
+            "stats": json.dumps({"numRecords": rows}),
+        }
+    }
+
+
+def _remove(add: dict, *, data_change: bool) -> dict:
+    return {
+        "remove": {
+            "path": add["path"],
+            "deletionTimestamp": int(time.time() * 1000),
+            "dataChange": data_change,
+            "extendedFileMetadata": True,
+            "partitionValues": {},
+            "size": int(add.get("size", 0)),
+        }
+    }
+
+
+def typing_of(state: LogState) -> Typing | None:
+    raw = ((state.metadata or {}).get("configuration") or {}).get(TYPING_PROPERTY)
+    return _typing(raw) if raw else None
+
+
+@functools.lru_cache(maxsize=256)
+def _typing(raw: str) -> Typing:
+    return Typing.from_json(raw)
+
+
+def current(folder: str) -> tuple[int, LogState]:
+    """The table's newest version and its state (-1 and an empty state: no log yet)."""
+    v = latest_version(folder)
+    return (v, log_state(folder, v)) if v >= 0 else (-1, LogState(-1))
+
+
+def active_files(folder: str) -> list[str] | None:
+    """The files of the table's newest version, sorted; None when the folder has no log."""
+    v, state = current(folder)
+    return None if v < 0 else sorted(state.adds)
+
+
+def _legacy(folder: str, skip: set[str]) -> tuple[list[str], list[str]]:
+    """A folder without a log: (its live files, the compaction inputs waiting for removal)."""
+    names = [n for n in storage.list_names(folder, suffix=".parquet") if n not in skip]
+    gone = superseded(names)
+    return [n for n in names if n not in gone], sorted(gone)
+
+
+def commit(
+    folder: str,
+    files: Sequence[tuple[str, pa.Table]] = (),
+    *,
+    replace: Sequence[str] = (),
+    operation: str = "WRITE",
+    check: Callable[[], None] | None = None,
+    data_change: bool = True,
+) -> int:
+    """Write ``files`` (name, an envelope table with its images metadata) into the table at
+    ``folder`` and commit them, with the removal of ``replace`` (files they take the place of: a
+    compaction's inputs), as one version; returns it. A file of a batch already in the table
+    replaces it. ``check`` runs before each attempt (a merge's fence). Raises CommitFailedError
+    when ``replace`` is no longer all in the table (another compaction took them) or after
+    COMMIT_ATTEMPTS lost races."""
+    names = [n for n, _ in files]
+    for _attempt in range(COMMIT_ATTEMPTS):
+        if check is not None:
+            check()
+        v, state = current(folder)
+        legacy, superseded_names = ([], []) if v >= 0 else _legacy(folder, set(names))
+        active = dict(state.adds)
+        missing = [r for r in replace if r not in active and r not in legacy]
+        if missing:
+            raise CommitFailedError(f"event log {folder}: {missing} left the table meanwhile")
+        typing = typing_of(state)
+        loaders: list[tuple[str, Callable[[], pa.Table]]] = []
+        for n in legacy:
+            loaders.append((n, (lambda n=n: read_table(storage.join(folder, n)))))
+        candidates: dict[str, str] = {}
+        for n, load in loaders:  # a folder being adopted: its files' typings first, in order
+            schema = _read_schema(folder, n)
+            typing, more = join_typing(typing, _schema_only(schema, load))
+            candidates.update(more)
+        for _n, t in files:
+            typing, more = join_typing(typing, t)
+            candidates.update(more)
+        old_typing = typing_of(state)
+        existing = [
+            (p, (lambda p=p: read_table(storage.join(folder, p)))) for p in active if p not in replace
+        ]
+        if typing is None:  # nothing written and nothing to adopt
+            return v
+        typing = settle(typing, candidates, existing + loaders)
+        want = envelope_schema(typing)
+        actions: list[dict] = []
+        written = []
+        for n, t in files:
+            out = conform(t, typing)
+            # a batch written before (a retried task) gets a new name: a version that names the
+            # file it had must still read those bytes
+            name = (
+                n if n not in active and not storage.exists(storage.join(folder, n)) else _renamed(n, v + 1)
+            )
+            atomic_write_table(out, storage.join(folder, name))
+            actions.append(_add(folder, name, out.num_rows, data_change=data_change))
+            written.append(name)
+        batches = {batch_of(n) for n in names}
+        # the files already there that must change type; a folder being adopted: every file
+        retype = (old_typing is not None and typing != old_typing and candidates) or v < 0
+        for p, load in (existing + loaders) if retype else []:
+            if batch_of(p) in batches:  # replaced by the batch written now
+                continue
+            if _physical_matches(_read_schema(folder, p), want):
+                if p in legacy:
+                    actions.append(_add(folder, p, _rows(folder, p), data_change=True))
+                continue
+            t = conform(load(), typing)
+            new = _renamed(p, v + 1)
+            atomic_write_table(t, storage.join(folder, new))
+            if p in active:
+                actions.append(_remove(active[p], data_change=False))
+            actions.append(_add(folder, new, t.num_rows, data_change=p in legacy))
+        for p, add in active.items():
+            if p in replace or (batch_of(p) in batches and p not in written):
+                actions.append(_remove(add, data_change=data_change))
+        for p in superseded_names:
+            actions.append(_remove({"path": p}, data_change=False))
+        head = [
+            {
+                "commitInfo": {
+                    "timestamp": int(time.time() * 1000),
+                    "operation": operation,
+                    "operationParameters": {},
+                    "clientVersion": "airflow-provider-cdc",
+                }
+            }
+        ]
+        protocol = _protocol(want, state.protocol)
+        if protocol != state.protocol:
+            head.append({"protocol": protocol})
+        if typing != old_typing or v < 0:
+            head.append({"metaData": _metadata(state, typing)})
+        if check is not None:
+            check()
+        try:
+            write_commit(folder, v + 1, head + actions)
+        except CommitFailedError:
+            continue
+        props = dict(((state.metadata or {}).get("configuration")) or {})
+        after_commit(folder, v + 1, props)
+        return v + 1
+    raise CommitFailedError(f"event log {folder}: no version won in {COMMIT_ATTEMPTS} attempts")
+
+
+def _read_schema(folder: str, name: str) -> pa.Schema:
+    fs, path = storage.filesystem(storage.join(folder, name))
+    return pq.read_schema(path, filesystem=fs)
+
+
+def _rows(folder: str, name: str) -> int:
+    fs, path = storage.filesystem(storage.join(folder, name))
+    with fs.open_input_file(path) as fh:
+        return pq.ParquetFile(fh).metadata.num_rows
+
+
+def _schema_only(schema: pa.Schema, load: Callable[[], pa.Table]) -> pa.Table:
+    """A stand-in for a file whose values :func:`join_typing` may need (then it reads them)."""
+    return _LazyTable(schema, load)
+
+
+class _LazyTable:
+    def __init__(self, schema: pa.Schema, load: Callable[[], pa.Table]) -> None:
+        self.schema, self._load, self._t = schema, load, None
+
+    def __getitem__(self, name: str):
+        if self._t is None:
+            self._t = self._load()
+        return self._t[name]
+
+
+def ensure(folder: str) -> int:
+    """Adopt a folder written before the log existed (see the module docstring); the newest
+    version (-1: nothing in the folder)."""
+    v = latest_version(folder)
+    if v >= 0 or not storage.list_names(folder, suffix=".parquet"):
+        return v
+    return commit(folder, operation="ADOPT", data_change=True)
