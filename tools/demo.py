@@ -165,13 +165,13 @@ def how_to_read(data_dir: str, source: str, table: TableName) -> str:
     return f"""
 Where the outputs are
   staged changelog : {changelog_dir(data_dir, source)}/seg-<first>-<last>.parquet
-  event log        : {ev}/*.parquet   (Debezium envelope: op, key, typed before/after structs, source{{position,...}}, ts_ms)
-  mirror           : {mir}   (Delta Lake, merge-on-read: newest __position per __key, then drop __deleted)
+  event log        : {ev}   (a Delta table; Debezium envelope: op, key, typed before/after structs, source{{position,...}}, ts_ms)
+  mirror           : {mir}   (a Delta table: deletion vectors mask every row that is not live)
 
-How to read them (venv python; `source scripts/env.sh` first)
-  duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, count(*) FROM '{ev}/*.parquet' GROUP BY op\\"))"
-  duckdb   : python -c "import duckdb; print(duckdb.sql(\\"SELECT op, source.position, after.amount FROM read_parquet('{ev}/*.parquet', union_by_name=true) WHERE key = '[42]' ORDER BY source.position\\"))"
-  deltalake: python -c "from deltalake import DeltaTable, QueryBuilder; print(QueryBuilder().register('t', DeltaTable('{mir}')).execute('SELECT count(*) AS live_rows FROM (SELECT __deleted, row_number() OVER (PARTITION BY __key ORDER BY __position DESC) AS n FROM t) WHERE n = 1 AND NOT __deleted').read_all())"
+How to read them with any Delta reader (venv python; `source scripts/env.sh` first)
+  event log: python -c "from deltalake import DeltaTable; t = DeltaTable('{ev}').to_pyarrow_table(columns=['op', 'key']); print(t.group_by('op').aggregate([('key', 'count')]))"
+  mirror   : python -c "from deltalake import DeltaTable, QueryBuilder; print(QueryBuilder().register('t', DeltaTable('{mir}')).execute('SELECT count(*) AS live_rows FROM t').read_all())"
+  as of    : airflow-cdc mirror-version --source {source} --table {table.id} --data-dir {data_dir} --at <LSN>
   pyarrow  : python -c "from airflow_provider_cdc.sinks.mirror_readers import read_mirror; print(read_mirror('{data_dir}', '{source}', '{table.id}').slice(0, 2).to_pylist())"
   status   : airflow-cdc status
   verify   : airflow-cdc verify --conn-id {source} --table {table.id} --data-dir {data_dir} --events
