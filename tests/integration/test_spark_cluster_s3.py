@@ -62,12 +62,21 @@ def cluster(tmp_path, s3_server):
 
 
 def _event_log_rows(data_dir: str) -> int:
-    import pyarrow.fs as pafs
+    """Events in the event log, through each table's Delta log (sinks/event_log_table.py)."""
     import pyarrow.parquet as pq
 
-    fs, base = storage.filesystem(events_dir(data_dir, SOURCE))
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True))
-    return sum(pq.ParquetFile(fs.open_input_file(i.path)).metadata.num_rows for i in infos if i.path.endswith(".parquet"))
+    from airflow_provider_cdc.sinks.event_log import event_files
+
+    total = 0
+    root = events_dir(data_dir, SOURCE)
+    for name in storage.list_names(root, files_only=False):
+        if name.startswith("table="):
+            folder = storage.join(root, name)
+            for f in event_files(folder):
+                fs, path = storage.filesystem(storage.join(folder, f))
+                with fs.open_input_file(path) as fh:
+                    total += pq.ParquetFile(fh).metadata.num_rows
+    return total
 
 
 def _submit(job: str, args: list[str], master: str) -> str:
