@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
@@ -130,13 +129,19 @@ def _merged(engine: Engine, st: Stage) -> set:
 
 
 def event_rows(data_dir: str) -> dict[str, list[dict]]:
-    """Every event-log file (relative name -> rows), on any storage."""
-    fs, base = storage.filesystem(events_dir(data_dir, SOURCE))
-    infos = fs.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    """Every file of the event log's tables, through their Delta logs (table folder/batch ->
+    rows; a batch written again has a new file name, the same rows), on any storage."""
+    from airflow_provider_cdc.sinks.event_log import event_files
+    from airflow_provider_cdc.sinks.event_log_table import batch_of
+
+    root = events_dir(data_dir, SOURCE)
     out = {}
-    for i in sorted(infos, key=lambda i: i.path):
-        if i.type == pafs.FileType.File and i.path.endswith(".parquet"):
-            out[i.path[len(base):].lstrip("/")] = pq.read_table(i.path, filesystem=fs).to_pylist()
+    for name in storage.list_names(root, files_only=False):
+        if name.startswith("table="):
+            folder = storage.join(root, name)
+            for f in event_files(folder):
+                fs, path = storage.filesystem(storage.join(folder, f))
+                out[f"{name}/{batch_of(f)}"] = pq.read_table(path, filesystem=fs).to_pylist()
     return out
 
 
