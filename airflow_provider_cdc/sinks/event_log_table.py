@@ -47,6 +47,7 @@ from ..core.arrow_types import (
     metadata_schema,
 )
 from ..core.errors import ConfigurationError
+from ..core.event_batch import ORIGIN_TYPE
 from ..core.position import ENCODED_LENGTH
 from ..core.schema import Column, TableSchema
 from ..storage.staged import atomic_write_table, read_table
@@ -64,12 +65,7 @@ SOURCE_TYPE = pa.struct(
         ("snapshot", pa.bool_()),
         ("watermark", pa.string()),
         # where the source logged the change (staging's origin, core/events.py ORIGIN_FIELDS)
-        ("tx", pa.string()),
-        ("lsn", pa.int64()),
-        ("last_commit_lsn", pa.int64()),
-        ("server_id", pa.int64()),
-        ("thread", pa.int64()),
-        ("file", pa.string()),
+        *((f.name, f.type) for f in ORIGIN_TYPE),
         # MariaDB/MySQL: the binlog offset of the rows event and the row in it (from position)
         ("pos", pa.int64()),
         ("row", pa.int32()),
