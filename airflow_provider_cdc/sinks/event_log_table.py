@@ -455,6 +455,9 @@ def commit(
         ]
         if typing is None:  # nothing written and nothing to adopt
             return v
+        clash = case_clash(typing)
+        if clash is not None:
+            return _without_log(folder, v, files, typing, clash)
         typing = settle(typing, candidates, existing + loaders)
         want = envelope_schema(typing)
         actions: list[dict] = []
@@ -515,6 +518,39 @@ def commit(
         after_commit(folder, v + 1, props)
         return v + 1
     raise CommitFailedError(f"event log {folder}: no version won in {COMMIT_ATTEMPTS} attempts")
+
+
+def case_clash(typing: Typing) -> tuple[str, str] | None:
+    """Two columns whose names differ only in case (Delta compares names without case, so its
+    schema cannot hold both), or None."""
+    seen: dict[str, str] = {}
+    for c in typing.schema.columns:
+        other = seen.setdefault(c.name.lower(), c.name)
+        if other != c.name:
+            return other, c.name
+    return None
+
+
+def _without_log(folder: str, v: int, files, typing: Typing, clash: tuple[str, str]) -> int:
+    """A table whose columns Delta cannot hold: its event log stays plain files (written as
+    before the log existed: a batch rewrites its own file), read by listing; -1. A table that
+    has a log already cannot take such a column: ConfigurationError, nothing written."""
+    if v >= 0:
+        raise ConfigurationError(
+            f"table {typing.schema.table}: columns {clash[0]!r} and {clash[1]!r} differ only in case, and "
+            f"its event log at {folder} is a Delta table, which compares column names without case and "
+            "cannot hold both. Rename one of them at the source; the events stay staged until then"
+        )
+    for n, t in files:
+        atomic_write_table(t, storage.join(folder, n))
+    if files:
+        log.warning(
+            "event log of %s: columns %r and %r differ only in case, which a Delta table cannot hold; "
+            "this table's event log is plain Parquet files without a Delta log (docs/outputs.md)",
+            typing.schema.table,
+            *clash,
+        )
+    return -1
 
 
 def _read_schema(folder: str, name: str) -> pa.Schema:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_cdc import airflow_variables
+from airflow_provider_cdc import airflow_variables, storage
 from airflow_provider_cdc.pipeline import snapshot as snapshot_mod
 from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 from tools import workload as w
@@ -115,5 +115,10 @@ def test_columns_only_case_apart_fail_the_plan_for_the_mirror_and_snapshot_to_ev
         monkeypatch.setenv("CDC_SINKS", "events")
         snap(p)
         assert p.progress().status == "done"
+        # Delta cannot hold both columns either: this table's event log stays plain files, all read
+        from airflow_provider_cdc.sinks.event_log import read_events, table_dir
+
+        assert not storage.exists(storage.join(table_dir(p.data_dir, p.source, p.table), "_delta_log"))
+        assert read_events(p.data_dir, p.source, p.table).num_rows == 300
     finally:
         p.cleanup()

@@ -206,10 +206,22 @@ def expected_mirror_list(st: Stage, schema: TableSchema) -> list[dict]:
 
 
 def event_files(data_dir: str) -> dict[str, list[dict]]:
-    base = Path(events_dir(data_dir, SOURCE))
-    # the data files (the tables' Delta logs hold checkpoints in Parquet too)
-    return {str(p.relative_to(base)): pq.read_table(p).to_pylist() for p in sorted(base.rglob("*.parquet"))
-            if "_delta_log" not in p.parts}
+    """The event log's files through its tables' Delta logs, on any storage: ``table=.../batch``
+    -> rows (a batch written again is a new file of the same rows, so it compares equal)."""
+
+    from airflow_provider_cdc import storage
+    from airflow_provider_cdc.sinks.event_log import event_files as files_of
+    from airflow_provider_cdc.sinks.event_log_table import batch_of
+
+    root = events_dir(data_dir, SOURCE)
+    out = {}
+    for name in storage.list_names(root, files_only=False):
+        if name.startswith("table="):
+            folder = storage.join(root, name)
+            for f in files_of(folder):
+                fs, path = storage.filesystem(storage.join(folder, f))
+                out[f"{name}/{batch_of(f)}"] = pq.read_table(path, filesystem=fs).to_pylist()
+    return out
 
 
 def as_tuples(events) -> set:

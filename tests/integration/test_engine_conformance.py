@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_cdc import storage
@@ -34,7 +33,7 @@ from airflow_provider_cdc.pipeline import arrow_engine
 from airflow_provider_cdc.pipeline.spark import apply_job, merge_job
 from airflow_provider_cdc.pipeline.spark.common import build_sinks
 from airflow_provider_cdc.sinks.mirror_readers import read_mirror_raw
-from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
+from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import atomic_write_table, read_log_events, read_table
 
 from .staged_scenario import (
@@ -46,6 +45,7 @@ from .staged_scenario import (
     Stage,
     as_tuples,
     build_scenario,
+    event_files,
     expected_mirror_list,
     item,
     mirror_list,
@@ -126,23 +126,6 @@ def root(request, tmp_path, monkeypatch) -> str:
 
 def _merged(engine: Engine, st: Stage) -> set:
     return spark_tuples(engine.merge(st.chunks, changelog_dir(st.data_dir, SOURCE)))
-
-
-def event_rows(data_dir: str) -> dict[str, list[dict]]:
-    """Every file of the event log's tables, through their Delta logs (table folder/batch ->
-    rows; a batch written again has a new file name, the same rows), on any storage."""
-    from airflow_provider_cdc.sinks.event_log import event_files
-    from airflow_provider_cdc.sinks.event_log_table import batch_of
-
-    root = events_dir(data_dir, SOURCE)
-    out = {}
-    for name in storage.list_names(root, files_only=False):
-        if name.startswith("table="):
-            folder = storage.join(root, name)
-            for f in event_files(folder):
-                fs, path = storage.filesystem(storage.join(folder, f))
-                out[f"{name}/{batch_of(f)}"] = pq.read_table(path, filesystem=fs).to_pylist()
-    return out
 
 
 # --- merge: DBLog steps 4-5 ---------------------------------------------------------------------
@@ -237,14 +220,14 @@ def test_merge_and_apply_write_the_mirror_core_expects(engine, root):
     assert ap["events"] == sum(1 for e in read_log_events(changelog_dir(st.data_dir, SOURCE)) if isinstance(e, ChangeEvent))
     for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
         assert mirror_list(st.data_dir, schema) == expected_mirror_list(st, schema)
-    files = event_rows(st.data_dir)
+    files = event_files(st.data_dir)
     assert sum(len(rows) for rows in files.values()) == ms["emitted"] + ap["events"]
     mirror = read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist()
     for sink in ("events", "mirror"):  # forget what was applied: everything is written again
         storage.delete(storage.join(st.data_dir, "output", SOURCE, "_applied", f"{sink}.json"))
     engine.merge_round(st, st.round_file())
     engine.apply(st)
-    assert event_rows(st.data_dir) == files
+    assert event_files(st.data_dir) == files
     assert read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist() == mirror
 
 
@@ -294,7 +277,7 @@ def test_a_value_the_mirror_cannot_hold_stops_only_its_table(engine, tmp_path):
     assert re.search(r"table public\.items, column 'amount', key \[1\]", schema_stopped(mirror_dir(st.data_dir, SOURCE, ITEMS)))
     assert [r["n"] for r in mirror_list(st.data_dir, OTHER_SCHEMA)] == [1, 2]
     assert [r["name"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)] == ["item 1 v0 ü"]
-    assert sum(len(rows) for rows in event_rows(st.data_dir).values()) == 4
+    assert sum(len(rows) for rows in event_files(st.data_dir).values()) == 4
     bad = Stage(tmp_path / f"{engine.name}-merge")
     bad.watermark("lw0")
     bad.watermark("hw0")
@@ -313,7 +296,7 @@ def test_the_engines_write_the_same_event_log_and_mirror(spark, tmp_path):
         st = build_scenario(tmp_path / e.name)
         e.merge_round(st, st.round_file())
         e.apply(st)
-        out[e.name] = (event_rows(st.data_dir),
+        out[e.name] = (event_files(st.data_dir),
                        {s.table.id: read_mirror_raw(st.data_dir, SOURCE, s.table).to_pylist()
                         for s in (ITEMS_SCHEMA, OTHER_SCHEMA)})
     assert out["arrow"][0] and out["arrow"][1][ITEMS.id]
@@ -333,6 +316,6 @@ def test_object_storage_gives_what_local_disk_gives(s3_server, tmp_path, monkeyp
         st = build_scenario(root)
         ARROW.merge_round(st, st.round_file())
         ARROW.apply(st)
-        out.append((event_rows(st.data_dir), read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist()))
+        out.append((event_files(st.data_dir), read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist()))
     assert out[0][0] and out[0] == out[1]
     assert json.dumps(out[0], default=str) == json.dumps(out[1], default=str)

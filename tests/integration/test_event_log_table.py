@@ -184,3 +184,32 @@ def test_a_folder_written_before_the_log_is_adopted_and_a_left_file_is_never_rea
     merged, removed = compact_table(folder(data), "", grace_seconds=3600, now=time.time() + 7200)
     assert removed == 5 and not orphan.exists()  # the four inputs (removed at the adoption) and it
     assert len(plain(data)) == 5
+
+
+def test_columns_apart_only_in_case_keep_a_new_table_plain_and_stop_one_with_a_log(tmp_path):
+    """Delta compares column names without case. A table whose columns clash so has no Delta
+    log (its files read by listing); a clash arriving in a table that has one stops its event
+    log with an error naming both columns, nothing written."""
+    from airflow_provider_cdc.core.errors import ConfigurationError
+
+    clash = str(tmp_path / "clash")
+    path = Path(log_schema_path(clash, SOURCE, T))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(TableSchema(T, (Column("id", "int64"), Column("Þ", "bool"), Column("þ", "bool")), ("id",)).to_json())
+    EventLogSink(clash, SOURCE).write(pa.Table.from_pylist([{
+        "position": p(10), "table": T.id, "op": "c", "key": encode_key([1]), "before": None,
+        "after": encode_row({"id": 1, "Þ": True, "þ": False}), "ts_ms": 1, "watermark": None, "snapshot": False,
+        "batch": "c-1"}], schema=EVENT_SCHEMA))
+    assert not (Path(folder(clash)) / "_delta_log").exists() and len(ours(clash)) == 1
+    assert compact_table(folder(clash), p(10 ** 6), min_files=1) == (0, 0)
+
+    data = str(tmp_path / "later")
+    write(data, 1, 5)
+    path = Path(log_schema_path(data, SOURCE, T))
+    path.write_text(TableSchema(T, (Column("id", "int64"), Column("n", "int32"), Column("N", "int32")), ("id",)).to_json())
+    with pytest.raises(ConfigurationError, match="'n' and 'N' differ only in case"):
+        EventLogSink(data, SOURCE).write(pa.Table.from_pylist([{
+            "position": p(20), "table": T.id, "op": "c", "key": encode_key([2]), "before": None,
+            "after": encode_row({"id": 2, "n": 1, "N": 2}), "ts_ms": 2, "watermark": None, "snapshot": False,
+            "batch": "c-2"}], schema=EVENT_SCHEMA))
+    assert len(plain(data)) == 1 and not (Path(folder(data)) / "c-2.parquet").exists()
