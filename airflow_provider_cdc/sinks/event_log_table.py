@@ -428,6 +428,7 @@ def commit(
     when ``replace`` is no longer all in the table (another compaction took them) or after
     COMMIT_ATTEMPTS lost races."""
     names = [n for n, _ in files]
+    mine: set[str] = set()
     for _attempt in range(COMMIT_ATTEMPTS):
         if check is not None:
             check()
@@ -466,9 +467,11 @@ def commit(
             out = conform(t, typing)
             # a batch written before (a retried task) gets a new name: a version that names the
             # file it had must still read those bytes
-            name = (
-                n if n not in active and not storage.exists(storage.join(folder, n)) else _renamed(n, v + 1)
-            )
+            # (a file this call wrote in an attempt that lost its race is its own to write again)
+            fresh = n not in active and (n in mine or not storage.exists(storage.join(folder, n)))
+            name = n if fresh else _renamed(n, v + 1)
+            if fresh:
+                mine.add(n)
             atomic_write_table(out, storage.join(folder, name))
             actions.append(_add(folder, name, out.num_rows, data_change=data_change))
             written.append(name)

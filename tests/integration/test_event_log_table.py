@@ -148,6 +148,9 @@ def test_a_writer_that_loses_the_race_for_a_version_commits_the_next_one(tmp_pat
     assert raced == [1] and DeltaTable(folder(data)).version() == 2
     assert [r[2]["n"] for r in plain(data)] == [5, 2**40, 7]
     assert len(ours(data)) == 3
+    # the loser wrote its own file again under its own name (no version named it): nothing left over
+    assert f"c-{p(30)}-{p(30)}.parquet" in event_files(folder(data))
+    assert not list(Path(folder(data)).glob(f"c-{p(30)}-*.g*.parquet"))
 
 
 def test_a_fenced_writer_commits_nothing(tmp_path):
