@@ -429,6 +429,7 @@ def commit(
     COMMIT_ATTEMPTS lost races."""
     names = [n for n, _ in files]
     mine: set[str] = set()
+    done: dict[str, tuple[Typing, str, int]] = {}  # batch file -> (typing, name, rows) written
     for _attempt in range(COMMIT_ATTEMPTS):
         if check is not None:
             check()
@@ -464,16 +465,23 @@ def commit(
         actions: list[dict] = []
         written = []
         for n, t in files:
-            out = conform(t, typing)
-            # a batch written before (a retried task) gets a new name: a version that names the
-            # file it had must still read those bytes
-            # (a file this call wrote in an attempt that lost its race is its own to write again)
-            fresh = n not in active and (n in mine or not storage.exists(storage.join(folder, n)))
-            name = n if fresh else _renamed(n, v + 1)
-            if fresh:
-                mine.add(n)
-            atomic_write_table(out, storage.join(folder, name))
-            actions.append(_add(folder, name, out.num_rows, data_change=data_change))
+            prev = done.get(n)
+            if prev is not None and prev[0] == typing and prev[1] not in active:
+                # written by an attempt of this call that lost its race, under the same typing,
+                # and still named by no version: only the commit is tried again
+                name, rows = prev[1], prev[2]
+            else:
+                out = conform(t, typing)
+                # a batch written before (a retried task) gets a new name: a version that names
+                # the file it had must still read those bytes
+                fresh = n not in active and (n in mine or not storage.exists(storage.join(folder, n)))
+                name = n if fresh else _renamed(n, v + 1)
+                if fresh:
+                    mine.add(n)
+                atomic_write_table(out, storage.join(folder, name))
+                rows = out.num_rows
+                done[n] = (typing, name, rows)
+            actions.append(_add(folder, name, rows, data_change=data_change))
             written.append(name)
         batches = {batch_of(n) for n in names}
         # the files already there that must change type; a folder being adopted: every file

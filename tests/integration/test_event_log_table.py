@@ -216,3 +216,25 @@ def test_columns_apart_only_in_case_keep_a_new_table_plain_and_stop_one_with_a_l
             "after": encode_row({"id": 2, "n": 1, "N": 2}), "ts_ms": 2, "watermark": None, "snapshot": False,
             "batch": "c-2"}], schema=EVENT_SCHEMA))
     assert len(plain(data)) == 1 and not (Path(folder(data)) / "c-2.parquet").exists()
+
+
+def test_a_lost_race_under_the_same_typing_retries_only_the_commit(tmp_path, monkeypatch):
+    """The other writer changed nothing about the types: the loser's file, already written, is
+    committed as it is (a large chunk file is not written once per lost race)."""
+    data = str(tmp_path)
+    write(data, 1, 5)
+    real = event_log_table.write_commit
+    mine = Path(folder(data)) / f"c-{p(30)}-{p(30)}.parquet"
+    seen = []
+
+    def hooked(uri, version, actions):
+        if not seen:
+            seen.append(mine.stat().st_ino)
+            monkeypatch.setattr(event_log_table, "write_commit", real)
+            write(data, 2, 6)  # the other writer, same types: takes the version
+        return real(uri, version, actions)
+
+    monkeypatch.setattr(event_log_table, "write_commit", hooked)
+    write(data, 3, 7)
+    assert DeltaTable(folder(data)).version() == 2 and [r[2]["n"] for r in plain(data)] == [5, 6, 7]
+    assert mine.stat().st_ino == seen[0]  # the same file: not written again
