@@ -439,7 +439,7 @@ def commit(
         missing = [r for r in replace if r not in active and r not in legacy]
         if missing:
             raise CommitFailedError(f"event log {folder}: {missing} left the table meanwhile")
-        typing = typing_of(state)
+        old_typing = typing = typing_of(state)
         loaders: list[tuple[str, Callable[[], pa.Table]]] = []
         for n in legacy:
             loaders.append((n, (lambda n=n: read_table(storage.join(folder, n)))))
@@ -451,7 +451,6 @@ def commit(
         for _n, t in files:
             typing, more = join_typing(typing, t)
             candidates.update(more)
-        old_typing = typing_of(state)
         existing = [
             (p, (lambda p=p: read_table(storage.join(folder, p)))) for p in active if p not in replace
         ]
