@@ -25,6 +25,7 @@ from ..core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from ..core.errors import ConfigurationError
 from ..core.formats import MIRROR
 from . import deletion_vectors as dvs
+from . import key_index
 from .delta_log import after_commit, log_state, write_commit
 
 log = logging.getLogger(__name__)
@@ -387,6 +388,8 @@ def write_bucket_file(
     location = _location(table_uri, rel)
     storage.makedirs(storage.parent(location))
     fs, p = storage.filesystem(location)
+    if KEY_COLUMN in rows.column_names and key_index.wanted_for(rows[KEY_COLUMN]):
+        key_index.write(table_uri, rel, rows[KEY_COLUMN])  # before the file: never a file without it
     pq.write_table(rows, p, filesystem=fs, row_group_size=ROW_GROUP_ROWS)
     size = fs.get_file_info(p).size
     stats: dict = {"numRecords": rows.num_rows}
@@ -409,6 +412,7 @@ def discard(table_uri: str, adds: Iterable[NewFile]) -> None:
     """Delete files a writer wrote but could not commit (data files and deletion vectors)."""
     for a in adds:
         names = [a.path, *dvs.referenced_files([a.dv, *(r.dv for r in a.remasks or ())])]
+        key_index.delete(table_uri, [a.path])
         for rel in names:
             try:
                 storage.delete(_location(table_uri, rel))
@@ -460,34 +464,51 @@ def stored_versions(
 ) -> pa.Table:
     """The stored versions of the canonical ``keys`` (distinct) in the bucket made of ``paths``
     (read order): columns k (index into keys), file (index into paths), row, ``__position``,
-    ``__deleted``. Reads the key column of the row groups whose key range holds a wanted key
-    (files are sorted by key), and the position and deleted columns only where a key matched
-    in a row group whose positions are not all older than ``older_than`` (the oldest new row):
-    there the position given is the row group's newest (at least the row's own) and deleted is
-    null. A changelog apply, newer than everything stored, so reads keys only: its cost follows
-    its keys where they are sparse, and is at most the bucket's key column where dense."""
+    ``__deleted``. Finds the rows through a file's key index (sinks/key_index.py) or else by
+    reading the key column of the row groups whose key range holds a wanted key (files are
+    sorted by key); reads the position and deleted columns only of row groups with a match
+    whose positions are not all older than ``older_than`` (the oldest new row): there the
+    position given is the row group's newest (at least the row's own) and deleted is null. A
+    changelog apply, newer than everything stored, so reads keys only: its cost follows its
+    keys, through the index, or is at most the bucket's key column without one."""
     wanted = sorted(keys.to_pylist())
     parts = []
     for i, rel in enumerate(paths):
+        indexed = key_index.lookup(table_uri, rel, keys)
         fs, p = storage.filesystem(_location(table_uri, rel))
         with fs.open_input_file(p) as fh:
             f = pq.ParquetFile(fh)
             meta = f.metadata
+            if indexed is not None and meta.num_rows != indexed.file_rows:
+                log.warning(
+                    "key index of %s counts %d rows, the file %d: reading its keys",
+                    rel,
+                    indexed.file_rows,
+                    meta.num_rows,
+                )
+                indexed = None
+            if indexed is not None and not len(indexed.rows):
+                continue
             key_col = f.schema_arrow.get_field_index(KEY_COLUMN)
             pos_col = f.schema_arrow.get_field_index(POSITION_COLUMN)
             offset = 0
             for g in range(meta.num_row_groups):
                 group = meta.row_group(g)
                 n = group.num_rows
-                st = group.column(key_col).statistics if key_col >= 0 else None
-                if st is not None and st.has_min_max:
-                    lo = bisect.bisect_left(wanted, st.min)
-                    if lo >= len(wanted) or wanted[lo] > st.max:
-                        offset += n
-                        continue
-                col = f.read_row_group(g, columns=[KEY_COLUMN])[KEY_COLUMN].combine_chunks()
-                idx = pc.index_in(col, value_set=keys)
-                hit = pc.indices_nonzero(pc.is_valid(idx))
+                if indexed is not None:
+                    lo, hi = np.searchsorted(indexed.rows, [offset, offset + n])
+                    k_of, hit = pa.array(indexed.keys[lo:hi]), pa.array(indexed.rows[lo:hi] - offset)
+                else:
+                    st = group.column(key_col).statistics if key_col >= 0 else None
+                    if st is not None and st.has_min_max:
+                        lo = bisect.bisect_left(wanted, st.min)
+                        if lo >= len(wanted) or wanted[lo] > st.max:
+                            offset += n
+                            continue
+                    col = f.read_row_group(g, columns=[KEY_COLUMN])[KEY_COLUMN].combine_chunks()
+                    idx = pc.index_in(col, value_set=keys)
+                    hit = pc.indices_nonzero(pc.is_valid(idx))
+                    k_of = pc.take(idx, hit)
                 if len(hit):
                     ps = group.column(pos_col).statistics if pos_col >= 0 else None
                     newest = ps.max if ps is not None and ps.has_min_max else None
@@ -501,7 +522,7 @@ def stored_versions(
                     parts.append(
                         pa.table(
                             [
-                                pc.take(idx, hit),
+                                k_of.cast(pa.int32()),
                                 pa.array(np.full(len(hit), i, dtype=np.int32)),
                                 pc.add(hit.cast(pa.int64()), offset),
                                 position,

@@ -25,6 +25,7 @@ from ..core.errors import ConfigurationError
 from ..core.schema import TableName
 from ..storage.layout import mirror_dir
 from . import deletion_vectors as dvs
+from . import key_index
 from .base import read_marker
 from .delta_buckets import (
     MirrorVersion,
@@ -439,24 +440,32 @@ def vacuum(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
     return len(gone) + vectors
 
 
+def _retained(path: str, retention_hours: float) -> tuple[list[dict], float] | None:
+    """The add and remove actions of the files a version of the last ``retention_hours`` of the
+    mirror at ``path`` references (the log keeps removes twice as long,
+    mirror_table.log_properties), and that horizon in ms; None without a table."""
+    dt = _open(path)
+    if dt is None:
+        return None
+    state = log_state(path, dt.version(), dt.metadata().id)
+    horizon_ms = (time.time() - retention_hours * 3600) * 1000
+    actions = list(state.adds.values())
+    for removes in state.removes.values():
+        actions += [r for r in removes if int(r.get("deletionTimestamp") or 0) >= horizon_ms]
+    return actions, horizon_ms
+
+
 def vacuum_vectors(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) -> int:
     """Delete the deletion-vector files of the mirror at ``path`` that neither the current
     version nor a version of the last ``retention_hours`` references (delta-rs's vacuum never
     removes them), and that are older than that themselves (a writer in flight has not
-    committed its own yet). The references come from the log: the active files' vectors and
-    those of the files removed within the retention (the log keeps removes twice as long,
-    mirror_table.log_properties). Returns the number of files removed."""
-    dt = _open(path)
-    if dt is None:
+    committed its own yet), and likewise the key indexes of data files no such version
+    references (sinks/key_index.py). Returns the number of files removed."""
+    retained = _retained(path, retention_hours)
+    if retained is None:
         return 0
-    state = log_state(path, dt.version(), dt.metadata().id)
-    horizon_ms = (time.time() - retention_hours * 3600) * 1000
-    kept = [a.get("deletionVector") for a in state.adds.values()]
-    for removes in state.removes.values():
-        kept += [
-            r.get("deletionVector") for r in removes if int(r.get("deletionTimestamp") or 0) >= horizon_ms
-        ]
-    referenced = dvs.referenced_files(kept)
+    actions, horizon_ms = retained
+    referenced = dvs.referenced_files([a.get("deletionVector") for a in actions])
     removed = 0
     for info in storage.list_dir(path):
         name = storage.basename(info.path)
@@ -470,7 +479,7 @@ def vacuum_vectors(path: str, retention_hours: float = DEFAULT_RETENTION_HOURS) 
             removed += 1
         except OSError:  # noqa: PERF203 - the next vacuum tries again
             log.warning("mirror %s: could not delete unreferenced %s", path, name)
-    return removed
+    return removed + key_index.sweep(path, {a["path"] for a in actions}, horizon_ms)
 
 
 def tombstone_count(data_dir: str, source: str, table: str | TableName) -> int:

@@ -22,7 +22,7 @@ from airflow_provider_cdc.core import arrow_types
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import mirror_compaction, mirror_readers, mirror_table
+from airflow_provider_cdc.sinks import key_index, mirror_compaction, mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
@@ -362,6 +362,7 @@ class MirrorMachine(RuleBasedStateMachine):
 
     def teardown(self):
         mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE = POLICY
+        key_index.MIN_ROWS, key_index.BLOCK = INDEXING
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _apply(self, events: list[dict]) -> None:
@@ -416,6 +417,44 @@ class MirrorMachine(RuleBasedStateMachine):
         """How soon change files merge among themselves and fold into the base."""
         mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE = files, share
 
+    @rule(min_rows=st.sampled_from([2, 10**9]), block=st.sampled_from([1, 3, 256]))
+    def key_indexes(self, min_rows, block):
+        """Files written from now on get a key index (or not), in blocks of this size: a write
+        finds the rows it masks through it (sinks/key_index.py)."""
+        key_index.MIN_ROWS, key_index.BLOCK = min_rows, block
+
+    @rule(i=st.integers(0, 100), how=st.sampled_from(["delete", "truncate", "foreign"]))
+    def damage_an_index(self, i, how):
+        """A missing, torn or misplaced index only costs time: the write reads the keys."""
+        if mirror_table._open(mirror_dir(self.dir, SOURCE, T)) is None:
+            return
+        uri = version(self.dir).table_uri
+        indexed = [p for p in version(self.dir).sizes if storage.exists(key_index.location(uri, p))]
+        if not indexed:
+            return
+        where = key_index.location(uri, indexed[i % len(indexed)])
+        if how == "delete":
+            storage.delete(where)
+        elif how == "truncate":
+            data = storage.read_bytes(where)
+            storage.write_bytes(where, data[: len(data) // 2])
+        else:
+            others = [p for p in indexed if key_index.location(uri, p) != where]
+            if others:
+                storage.write_bytes(where, storage.read_bytes(key_index.location(uri, others[0])))
+
+    @rule()
+    def vacuum_now(self):
+        """Past the retention: an index goes with its file, and stays while its file is live."""
+        path = mirror_dir(self.dir, SOURCE, T)
+        if mirror_table._open(path) is None:
+            return
+        mirror_compaction.vacuum(path, 0)
+        active = set(version(self.dir).sizes)
+        root = Path(storage.local_path(storage.join(version(self.dir).table_uri, key_index.INDEX_DIR)))
+        left = {str(p.relative_to(root))[: -len(key_index.SUFFIX)] for p in root.rglob("*" + key_index.SUFFIX)}
+        assert left <= active, f"indexes of removed files kept: {sorted(left - active)}"
+
     @rule(unit=st.sampled_from([3, 8, 1000]))
     def unit(self, unit):
         if mirror_table._open(mirror_dir(self.dir, SOURCE, T)) is not None:
@@ -442,6 +481,7 @@ class MirrorMachine(RuleBasedStateMachine):
 
 
 POLICY = mirror_compaction.CHANGE_FILES, mirror_compaction.CHANGE_SHARE
+INDEXING = key_index.MIN_ROWS, key_index.BLOCK
 TestMirrorMachine = MirrorMachine.TestCase
 TestMirrorMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])
