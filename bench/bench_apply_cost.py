@@ -200,8 +200,10 @@ def main(argv: list[str] | None = None) -> int:
             wrong = sum(1 for k, want in expect.items() if seen.get(k) != want)
             failed += wrong
             results.append((n, sum(1 for f in v.files.values() if f), r, c, wrong))
+            share = 100 * r["bytes"] / max(1, sum(v.sizes.values()))  # of the live data files' bytes
             print(f"  {n:>11,} rows, {results[-1][1]:>3} buckets: apply {r['seconds']:6.2f} s, "
-                  f"{r['bytes'] / 1e6:7.2f} MB in {r['files']} files, peak {r['peak_mb']:6.0f} MB | "
+                  f"{r['bytes'] / 1e6:7.2f} MB in {r['files']} files ({share:.2f}% of the mirror's "
+                  f"{sum(v.sizes.values()) / 1e6:,.0f} MB), peak {r['peak_mb']:6.0f} MB | "
                   f"compaction step {c['seconds']:6.2f} s, {c['bytes'] / 1e6:7.1f} MB, peak {c['peak_mb']:6.0f} MB | "
                   f"{wrong} wrong", flush=True)
         base = results[0]
