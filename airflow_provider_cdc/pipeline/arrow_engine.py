@@ -34,6 +34,7 @@ from ..sinks.base import (
     write_to_sinks,
 )
 from ..storage.layout import changelog_dir as staged_changelog_dir
+from ..storage.layout import parse_segment_name
 from ..storage.segment_index import read_index
 from ..storage.staged import (
     CHANGELOG_SCHEMA,
@@ -162,8 +163,26 @@ def segment_events(unit: tuple) -> list[TableEvents]:
     path, lower, after, upto = unit
     t = read_table(path)  # every column: the log columns and each table's typed images
     t = t.filter(_in_range(t["position"], lower, after, upto))  # segment_images leaves watermarks out
-    name = path.rsplit("/", 1)[-1]
-    batch = "c-" + name[len("seg-") : -len(".parquet")]
+    return _segment_table_events(t, batch_name(path, t["position"], lower, after, upto))
+
+
+def batch_name(path: str, positions: pa.ChunkedArray | pa.Array, *bounds: str | None) -> str:
+    """``c-{first}-{last}``: the staged segment's range, narrowed to the ``positions`` it keeps
+    where a bound (a de-duplication bound, a marker, ``upto``) cuts it. An event-log file
+    claims its name's range (sinks/event_log_table.superseded): a segment re-read after a
+    failover from before the applied mark, named for all of it, claimed events other files hold."""
+    first, last = parse_segment_name(path.rsplit("/", 1)[-1])
+    lo, hi = first.encode(), last.encode()
+    cut_low = any(b is not None and b >= lo for b in bounds[:2])
+    cut_high = bounds[2] is not None and bounds[2] < hi
+    if (cut_low or cut_high) and len(positions):
+        kept_lo, kept_hi = (x.as_py() for x in pc.min_max(positions).values())
+        lo = kept_lo if cut_low else lo
+        hi = kept_hi if cut_high else hi
+    return f"c-{lo}-{hi}"
+
+
+def _segment_table_events(t: pa.Table, batch: str) -> list[TableEvents]:
     out = []
     for table, schema, text, part in segment_images(t):
         n = part.num_rows

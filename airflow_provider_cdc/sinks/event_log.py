@@ -223,7 +223,7 @@ def event_files(folder: str) -> list[str]:
     """The files of one table's event log a reader takes, sorted: those of its Delta log's
     newest version (sinks/event_log_table.py); a folder without a log, its live files."""
     found = active_files(folder)
-    return found if found is not None else live_files(storage.list_names(folder, suffix=".parquet"))
+    return found if found is not None else live_files(storage.list_names(folder, suffix=".parquet"), folder)
 
 
 def compact_table(
@@ -317,7 +317,8 @@ def compact_table(
             sort_keys=[("p", "ascending"), ("k", "ascending")],
         )
         t = t.take(order).replace_schema_metadata(tables[0].schema.metadata)
-        first, last = _changelog_range(names[0])[0], _changelog_range(names[-1])[1]
+        spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
+        first, last = min(r[0] for r in spans), max(r[1] for r in spans)
         out = f"c-{first}-{last}.parquet"
         try:
             v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)

@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.exceptions import CommitFailedError
 
@@ -85,20 +86,37 @@ def _changelog_range(name: str) -> tuple[str, str] | None:
     return None
 
 
-def superseded(names: list[str]) -> dict[str, str]:
+def superseded(
+    names: list[str], held: Callable[[str], tuple[str, str] | None] | None = None
+) -> dict[str, str]:
     """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
-    deletion: name -> the file that holds their events (its range covers theirs)."""
+    deletion: name -> the file that holds their events. A file is merged into another when the
+    other's name covers its name's range and, with ``held`` (a file's name -> the first and last
+    position of the events it holds, None when it holds none), the events the other holds cover
+    the positions of its own: a name alone is a claim (a batch re-read after a failover was once
+    named for more than it held, and hid the files it overlapped)."""
     ranges = sorted(
         ((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
         key=lambda x: (x[0], _neg(x[1])),
     )
+    memo: dict[str, tuple[str, str] | None] = {}
+
+    def holds(name: str) -> tuple[str, str] | None:
+        if name not in memo:
+            memo[name] = held(name) if held is not None else _changelog_range(name)
+        return memo[name]
+
     out: dict[str, str] = {}
-    cover: tuple[str, str] | None = None  # the widest range seen so far: (last, name)
-    for _first, last, name in ranges:
-        if cover is not None and last <= cover[0]:
-            out[name] = cover[1]
-        elif cover is None or last > cover[0]:
-            cover = (last, name)
+    for i, (first, last, name) in enumerate(ranges):
+        mine = None
+        for other_first, other_last, other in ranges[:i]:  # sorted by first: covers come earlier
+            if other_first > first or other_last < last or other in out:
+                continue
+            mine = mine or holds(name)
+            theirs = holds(other)
+            if mine is None or (theirs is not None and theirs[0] <= mine[0] and theirs[1] >= mine[1]):
+                out[name] = other
+                break
     return out
 
 
@@ -107,12 +125,41 @@ def _neg(hex_text: str) -> str:
     return hex_text.translate(str.maketrans("0123456789abcdef", "fedcba9876543210"))
 
 
-def live_files(names: list[str]) -> list[str]:
+def live_files(names: list[str], folder: str | None = None) -> list[str]:
     """Of a folder's listing without a Delta log (written before the event log had one), the
     files a reader takes: every file but those merged into a larger one (they hold the same
-    events; they stay for a while for readers that listed them)."""
-    gone = superseded(names)
+    events; they stay for a while for readers that listed them). With ``folder`` what each file
+    holds is checked, not only its name (:func:`superseded`)."""
+    gone = superseded(names, None if folder is None else held_in(folder))
     return [n for n in names if n not in gone]
+
+
+def held_in(folder: str) -> Callable[[str], tuple[str, str] | None]:
+    """A file of ``folder`` -> the first and last position of the events it holds (None: none),
+    from its Parquet statistics, or its position column where they are missing."""
+
+    def held(name: str) -> tuple[str, str] | None:
+        fs, p = storage.filesystem(storage.join(folder, name))
+        with fs.open_input_file(p) as fh:
+            f = pq.ParquetFile(fh)
+            meta = f.metadata
+            if meta.num_rows == 0:
+                return None
+            column = next(
+                (i for i in range(meta.num_columns) if meta.schema.column(i).path == "source.position"), None
+            )
+            lows, highs = [], []
+            for g in range(meta.num_row_groups):
+                st = meta.row_group(g).column(column).statistics if column is not None else None
+                if st is None or not st.has_min_max:
+                    positions = pc.struct_field(f.read(columns=["source"])["source"], "position")
+                    lo, hi = pc.min_max(positions).values()
+                    return (lo.as_py(), hi.as_py()) if lo.is_valid else None
+                lows.append(st.min)
+                highs.append(st.max)
+            return min(lows), max(highs)
+
+    return held
 
 
 #: the table property holding the typing every file of the table is held in
@@ -408,7 +455,7 @@ def active_files(folder: str) -> list[str] | None:
 def _legacy(folder: str, skip: set[str]) -> tuple[list[str], list[str]]:
     """A folder without a log: (its live files, the compaction inputs waiting for removal)."""
     names = [n for n in storage.list_names(folder, suffix=".parquet") if n not in skip]
-    gone = superseded(names)
+    gone = superseded(names, held_in(folder))
     return [n for n in names if n not in gone], sorted(gone)
 
 

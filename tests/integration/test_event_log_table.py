@@ -238,3 +238,80 @@ def test_a_lost_race_under_the_same_typing_retries_only_the_commit(tmp_path, mon
     write(data, 3, 7)
     assert DeltaTable(folder(data)).version() == 2 and [r[2]["n"] for r in plain(data)] == [5, 6, 7]
     assert mine.stat().st_ino == seen[0]  # the same file: not written again
+
+
+def test_a_re_read_from_before_the_applied_mark_hides_and_deletes_nothing(tmp_path):
+    """Issue 57: after a failover capture re-reads from the synchronized slot's older point, a
+    segment that starts before what was applied. Its events after the applied mark are the only
+    new ones; its event-log file must be named for those, so neither the reader of a folder
+    without a log nor compaction takes it for a file that holds the earlier files' events."""
+    from airflow_provider_cdc import storage
+    from airflow_provider_cdc.pipeline import arrow_engine
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.staged import list_segments, write_segment
+
+    from .staged_scenario import ITEMS, SCHEMAS, WM_TABLE, Stage, item
+
+    st = Stage(tmp_path)
+    for i in range(10):
+        st.change(ITEMS, "c", [i], item(i, 1))
+    staged = changelog_dir(st.data_dir, "src")
+    write_segment(st.log[:5], staged, WM_TABLE, SCHEMAS)
+    write_segment(st.log[5:], staged, WM_TABLE, SCHEMAS)
+    sink = EventLogSink(st.data_dir, "src")
+    arrow_engine.apply_changelog(st.data_dir, "src", [sink])
+    for i in range(10, 15):
+        st.change(ITEMS, "u", [i - 10], item(i - 10, 2))
+    # the re-read: from the fourth event (before the applied mark) to the newest; capture then
+    # deletes the staged segments inside its range (pipeline/capture.py)
+    path = write_segment(st.log[3:], staged, WM_TABLE, SCHEMAS)
+    for first, _last, other in list_segments(staged):
+        if other != path and first >= st.log[3].position:
+            storage.delete(other)
+    arrow_engine.apply_changelog(st.data_dir, "src", [sink])
+
+    where = table_dir(st.data_dir, "src", ITEMS)
+    held = event_log_table.held_in(where)
+    for name in event_files(where):
+        first, last = event_log_table._changelog_range(name)
+        lo, hi = held(name)
+        assert first <= lo and hi <= last, name
+    expected = sorted((e.position.encode(), e.key) for e in st.log)
+
+    def seen() -> list:
+        t = read_events(st.data_dir, "src", ITEMS)
+        return sorted(zip(t["position"].to_pylist(), t["key"].to_pylist(), strict=True))
+
+    assert seen() == expected
+    assert event_log_table.superseded(event_files(where)) == {}  # no name claims another file's events
+    shutil.rmtree(Path(where) / "_delta_log")  # a folder without a log: its listing, adopted later
+    assert seen() == expected
+    compact_table(where, "", now=time.time() + 7200)  # adopts the folder; nothing it holds is removed
+    compact_table(where, "", now=time.time() + 7200)
+    assert seen() == expected
+
+
+def test_a_name_that_claims_more_than_its_file_holds_hides_nothing(tmp_path):
+    """A file already on disk named for more than it holds (written before the naming fix)
+    covers no other file; a compaction's output still covers its inputs."""
+    for b in (1, 2, 3):
+        write(str(tmp_path), b, b)
+    where = folder(str(tmp_path))
+    names = event_files(where)
+    held = event_log_table.held_in(where)
+    wide = f"c-{p(5)}-{p(40)}.parquet"  # holds only position 40
+    shutil.copy(Path(where) / names[0], Path(where) / wide)
+    t = pq.read_table(Path(where) / wide)
+    source = t["source"].combine_chunks()
+    fields = {f.name: source.field(f.name) for f in source.type}
+    fields["position"] = pa.array([p(40)] * len(t))
+    pq.write_table(t.set_column(t.schema.get_field_index("source"), "source",
+                                pa.StructArray.from_arrays(list(fields.values()), names=list(fields))),
+                   Path(where) / wide)
+    assert event_log_table.superseded([*names, wide], held) == {}
+    assert set(event_log_table.superseded([*names, wide])) == set(names)  # the name alone would hide them
+    merged = f"c-{p(10)}-{p(30)}.parquet"
+    shutil.copy(Path(where) / names[0], Path(where) / merged)
+    t = pa.concat_tables([pq.read_table(Path(where) / n) for n in names])
+    pq.write_table(t, Path(where) / merged)
+    assert event_log_table.superseded([*names, merged], held) == dict.fromkeys(names, merged)
