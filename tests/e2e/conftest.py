@@ -33,8 +33,8 @@ def connection_json(uri: str, **extra) -> str:
 
 
 #: the servers ``pipeline`` runs on: PostgreSQL 15 and MariaDB for every test; a test of the core
-#: promises adds PostgreSQL 18 (test_snapshot_invariants.WITH_PG18)
-PIPELINE_SERVERS = {"pg": "pg_uri", "mysql": "mysql_uri", "pg18": "pg18_uri"}
+#: promises adds PostgreSQL 16, 17 and 18 (test_snapshot_invariants.WITH_PG16_TO_18)
+PIPELINE_SERVERS = {"pg": "pg_uri", "mysql": "mysql_uri", "pg16": "pg16_uri", "pg17": "pg17_uri", "pg18": "pg18_uri"}
 
 
 @pytest.fixture(params=["pg", "mysql"])

@@ -24,12 +24,12 @@ from tools import workload as w
 
 from .helpers import BOTH_STRATEGIES, CHUNK, ROWS
 
-#: the e2e core (snapshot under writers, capture, verify) on PostgreSQL 15, PostgreSQL 18 and
-#: MariaDB (conftest ``pipeline``; the other tests run on 15 and MariaDB only, to keep CI short)
-WITH_PG18 = pytest.mark.parametrize("pipeline", ["pg", "pg18", "mysql"], indirect=True)
+#: the e2e core (snapshot under writers, capture, verify) on PostgreSQL 15 to 18 and MariaDB
+#: (conftest ``pipeline``; the other tests run on 15 and MariaDB only, to keep CI short)
+WITH_PG16_TO_18 = pytest.mark.parametrize("pipeline", ["pg", "pg16", "pg17", "pg18", "mysql"], indirect=True)
 
 @BOTH_STRATEGIES
-@WITH_PG18
+@WITH_PG16_TO_18
 def test_snapshot_under_concurrent_writers_with_a_killed_chunk_and_a_killed_capture(pipeline):
     """Writers on 3 connections during the snapshot; the 3rd chunk SELECT dies mid-stream and its
     task is retried; then the catch-up capture dies before its commit and is retried."""

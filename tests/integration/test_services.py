@@ -41,7 +41,9 @@ def _env(local_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
     env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()),
                CDC_PG_STANDBY_PORT=str(_free_port()), CDC_MYSQL_REPLICA_PORT=str(_free_port()),
-               CDC_PG18_PORT=str(_free_port()))
+               CDC_PG18_PORT=str(_free_port()), CDC_PG16_PORT=str(_free_port()),
+               CDC_PG16_STANDBY_PORT=str(_free_port()), CDC_PG17_PORT=str(_free_port()),
+               CDC_PG17_STANDBY_PORT=str(_free_port()))
     env.update(extra)
     return env
 
@@ -64,7 +66,8 @@ def _run(args, env, user: str | None = None, timeout: float = 120, script: Path 
 
 @pytest.mark.parametrize(
     ("command", "port_var"),
-    [("start-pg", "CDC_PG_PORT"), ("start-mariadb", "CDC_MYSQL_PORT"), ("start-pg18", "CDC_PG18_PORT")],
+    [("start-pg", "CDC_PG_PORT"), ("start-mariadb", "CDC_MYSQL_PORT"), ("start-pg18", "CDC_PG18_PORT"),
+     ("start-pg16", "CDC_PG16_PORT"), ("start-pg17", "CDC_PG17_PORT")],
 )
 def test_port_in_use_is_named_with_what_to_do(local_dir, command, port_var):
     with socket.socket() as blocker:
@@ -186,6 +189,12 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"mysql://root@127.0.0.1:{replica_port}/cdc_test" in first.stdout
         assert f"PostgreSQL 18 started on 127.0.0.1:{pg18_port}" in first.stderr
         assert f"export CDC_TEST_PG18_URI='postgresql://postgres@127.0.0.1:{pg18_port}/cdc_test'" in first.stdout
+        for v in (16, 17):
+            port, sport = env[f"CDC_PG{v}_PORT"], env[f"CDC_PG{v}_STANDBY_PORT"]
+            assert f"PostgreSQL {v} started on 127.0.0.1:{port}" in first.stderr
+            assert f"PostgreSQL {v} hot standby started on 127.0.0.1:{sport}" in first.stderr
+            assert f"export CDC_TEST_PG{v}_URI='postgresql://postgres@127.0.0.1:{port}/cdc_test'" in first.stdout
+            assert f"export CDC_TEST_PG{v}_STANDBY_URI='postgresql://postgres@127.0.0.1:{sport}/cdc_test'" in first.stdout
         if private:
             assert "the postgres user cannot run" in first.stderr and "copying the PostgreSQL 18 install" in first.stderr
 
@@ -196,6 +205,17 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{pg18_port}/cdc_test") as c, c.cursor() as cur:
             cur.execute("SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level')")
             assert cur.fetchone() == (18, "logical")
+        for v in (16, 17):  # and 16 and 17 with their standbys, through the physical slot
+            with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{env[f'CDC_PG{v}_PORT']}/cdc_test") as c, \
+                    c.cursor() as cur:
+                cur.execute("SELECT current_setting('server_version_num')::int / 10000, current_setting('wal_level'), "
+                            "(SELECT active FROM pg_replication_slots WHERE slot_name = 'cdc_standby')")
+                assert cur.fetchone() == (v, "logical", True)
+            with psycopg2.connect(f"postgresql://postgres@127.0.0.1:{env[f'CDC_PG{v}_STANDBY_PORT']}/cdc_test") as c, \
+                    c.cursor() as cur:
+                cur.execute("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver), "
+                            "current_setting('hot_standby_feedback')")
+                assert cur.fetchone() == (True, "streaming", "on")
         my = pymysql.connect(host="127.0.0.1", port=int(my_port), user="root", database="cdc_test")
         try:
             with my.cursor() as cur:
@@ -224,6 +244,9 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"PostgreSQL already running on port {pg_port}" in second.stderr
         assert f"MariaDB already running on port {my_port}" in second.stderr
         assert f"PostgreSQL 18 already running on port {pg18_port}" in second.stderr
+        for v in (16, 17):
+            assert f"PostgreSQL {v} already running on port {env[f'CDC_PG{v}_PORT']}" in second.stderr
+            assert f"PostgreSQL {v} standby already running on port {env[f'CDC_PG{v}_STANDBY_PORT']}" in second.stderr
         assert second.stdout == first.stdout
 
         status = _run(["status"], env)
@@ -232,25 +255,30 @@ def test_start_is_idempotent_and_stop_stops_only_its_own(local_dir, pg_uri, mysq
         assert f"postgresql standby: running on 127.0.0.1:{standby_port}" in status.stdout
         assert f"mariadb replica: running on 127.0.0.1:{replica_port}" in status.stdout
         assert f"postgresql 18: running on 127.0.0.1:{pg18_port}" in status.stdout
+        for v in (16, 17):
+            assert f"postgresql {v}: running on 127.0.0.1:{env[f'CDC_PG{v}_PORT']}" in status.stdout
+            assert f"postgresql {v} standby: running on 127.0.0.1:{env[f'CDC_PG{v}_STANDBY_PORT']}" in status.stdout
     finally:
         stop = _run(["stop"], env)
-        pg_link, pg18_link = local_dir / "pg", local_dir / "pg18"
-        pg_target = pg_link.resolve() if pg_link.is_symlink() else None
-        pg18_target = pg18_link.resolve() if pg18_link.is_symlink() else None
-        if pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."):
-            shutil.rmtree(pg_target, ignore_errors=True)
-        if pg18_target is not None and str(pg18_target).startswith("/var/tmp/cdc-local-pg18."):
-            shutil.rmtree(pg18_target, ignore_errors=True)
+        targets = {}  # pg, pg16, pg17, pg18: the /var/tmp folder behind the link, if any
+        for name in ("pg", "pg16", "pg17", "pg18"):
+            link = local_dir / name
+            targets[name] = link.resolve() if link.is_symlink() else None
+            if targets[name] is not None and str(targets[name]).startswith(f"/var/tmp/cdc-local-{name}."):
+                shutil.rmtree(targets[name], ignore_errors=True)
     assert stop.returncode == 0, stop.stderr
     assert "PostgreSQL stopped" in stop.stderr and "MariaDB stopped" in stop.stderr
     assert "PostgreSQL standby stopped" in stop.stderr and "MariaDB replica stopped" in stop.stderr
     assert "PostgreSQL 18 stopped" in stop.stderr
+    for v in (16, 17):
+        assert f"PostgreSQL {v} standby stopped" in stop.stderr and f"PostgreSQL {v} stopped" in stop.stderr
     assert _run(["status"], env).stdout == (
         "postgresql: stopped\nmariadb: stopped\npostgresql standby: stopped\nmariadb replica: stopped\n"
-        "postgresql 18: stopped\n")
+        "postgresql 18: stopped\npostgresql 16: stopped\npostgresql 16 standby: stopped\n"
+        "postgresql 17: stopped\npostgresql 17 standby: stopped\n")
     if private:
-        assert pg_target is not None and str(pg_target).startswith("/var/tmp/cdc-local-pg."), pg_target
-        assert pg18_target is not None and str(pg18_target).startswith("/var/tmp/cdc-local-pg18."), pg18_target
+        for name, target in targets.items():
+            assert target is not None and str(target).startswith(f"/var/tmp/cdc-local-{name}."), (name, target)
     # The suite's own instances are still up.
     psycopg2.connect(pg_uri, connect_timeout=5).close()
     p = urlsplit(mysql_uri)
