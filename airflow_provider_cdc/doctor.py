@@ -30,6 +30,7 @@ def has_errors(findings: list[Finding]) -> bool:
 
 
 def _user_error(exc: BaseException, conn_id: str | None) -> str:
+    from .core.errors import SourceUnreachableError
     from .error_text import safe_error_text
     from .hooks.task_errors import describe_user_error
 
@@ -37,7 +38,8 @@ def _user_error(exc: BaseException, conn_id: str | None) -> str:
     if told:
         return told
     text = safe_error_text(exc)
-    if text.startswith("cannot connect") or "Can't connect" in text:  # the server is not reached at all
+    unreached = text.startswith("cannot connect") or "Can't connect" in text
+    if isinstance(exc, SourceUnreachableError) or unreached:  # the server is not reached at all
         return (
             f"{text} (connection {conn_id!r}): check that connection's host and port, that the server "
             "runs, and "

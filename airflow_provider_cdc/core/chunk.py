@@ -27,6 +27,11 @@ class ChunkResult:
     #: PostgreSQL: the snapshot the chunk's SELECT read (core/visibility.py): the window also
     #: drops keys of transactions before it that this snapshot did not see
     visibility: str | None = None
+    #: where the source's log stood just after the high watermark row was committed (encoded
+    #: position; "table" watermarks): once capture has staged the log past it without the
+    #: watermark, the watermark's transaction is on no server any more (a failover lost it) and
+    #: the chunk is re-read (pipeline/snapshot.py lost_chunks). None: unknown (older results)
+    high_position: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)

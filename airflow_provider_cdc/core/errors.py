@@ -18,6 +18,30 @@ class SourceError(CdcError):
     retryable = False
 
 
+class SourceUnreachableError(SourceError):
+    """The source's server refused or dropped the connection (stopped, restarting, failing over,
+    or the network in between): nothing is wrong with the tables or the settings, and a later
+    attempt (at the new primary, once the connection points there) may succeed. Never a schema
+    change: no table's mirror is stopped for it (pipeline/schema_changes.py). The dialects decide
+    which driver errors are this one (core stays free of drivers)."""
+
+    retryable = True
+
+    @classmethod
+    def at(cls, server: str, detail: str = "", *, source: str | None = None) -> "SourceUnreachableError":
+        """The error for ``server`` (what and where, as ``PostgreSQL at host:port``: never
+        credentials) with the driver's own words ``detail``."""
+        who = f"source {source!r}: " if source else ""
+        said = " ".join(detail.split()).rstrip(".")
+        return cls(
+            f"{who}cannot connect to {server}: the server refused or dropped the connection"
+            + (f" ({said})" if said else "")
+            + ". If it is failing over, point the source's Airflow connection (or its DNS name) at the "
+            "new primary; if it is down or restarting, wait for it. The task is retried (its retries "
+            "setting); see docs/operations.md 'Failover'"
+        )
+
+
 class SourceBehindError(SourceError):
     """A standby or replica has not replayed far enough yet: a later attempt may find it there."""
 
@@ -45,6 +69,19 @@ class WatermarkError(CdcError):
 
 class NotReadyError(WatermarkError):
     """A chunk's high watermark is not in the staged changelog yet: never emit early; wait and retry."""
+
+
+class WatermarkLostError(WatermarkError):
+    """A chunk's high watermark is on no server any more: capture staged the source's log past
+    where it was written without it (a failover lost its transaction). Waiting cannot cure it:
+    the snapshot's resume discards the chunk and reads it again."""
+
+
+class ChunkStraddledFailoverError(WatermarkLostError):
+    """The server behind the source changed between a chunk's watermarks (a promotion during
+    its read): the chunk was discarded, and a retry of the reading task reads it again."""
+
+    retryable = True
 
 
 class StateError(CdcError):

@@ -428,6 +428,11 @@ class Dialect(ABC):
         """What the server lacks for strategy "log"."""
         return []
 
+    def server_identity(self) -> dict | None:
+        """Which server this is (its system identifier and timeline, or server id): what a
+        failover changes. None where the dialect cannot tell."""
+        return None
+
     def mark_position(self) -> Position:
         """Where a position mark taken now sits ("log"): no later than the mark of any chunk read
         after it, so a chunk never lands before the convergence mark of its own snapshot."""

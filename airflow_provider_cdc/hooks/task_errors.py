@@ -141,7 +141,10 @@ def describe_user_error(
     transient fault is then worded too: a test reports it, it retries nothing."""
     chain = list(_chain(exc))
     if server is None:
-        for e in chain:  # a transient fault anywhere underneath: retry, even when wrapped
+        # a transient fault anywhere underneath: retry, even when wrapped (a driver's, or one the
+        # package marks retryable: SourceUnreachableError, a server that refused or dropped the
+        # connection, worded so by its dialect; SourceBehindError)
+        for e in chain:
             if _driver_kind(e) == "transient" or getattr(e, "retryable", False):
                 return None
     where = f"source {source!r}: " if source else ""

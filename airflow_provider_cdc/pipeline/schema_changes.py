@@ -1,7 +1,8 @@
 """Schema changes of captured tables, followed after each capture by the staged schemas and the
 Delta mirror: ADD COLUMN joins, DROP COLUMN reads null, a changed type or key stops that table's
-mirror until a re-snapshot (docs/operations.md). No Airflow: the capture operator calls
-:func:`follow_schema_changes`.
+mirror until a re-snapshot (docs/operations.md). A server that refused or dropped the connection
+(SourceUnreachableError) is never a schema change: it is raised as it is, and no mirror stops for
+it. No Airflow: the capture operator calls :func:`follow_schema_changes`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 
 from .. import storage
-from ..core.errors import CdcError, TableNotFoundError
+from ..core.errors import CdcError, SchemaChangeError, SourceUnreachableError, TableNotFoundError
 from ..core.schema import TableName, TableSchema, evolve_schema, follow_log_schema, log_typing_schema
 from ..dialects.base import Dialect
 from ..storage.layout import log_schema_path, mirror_dir, schema_path, schemas_dir
@@ -29,22 +30,32 @@ def write_staged_schema(data_dir: str, source: str, schema: TableSchema) -> None
     storage.write_text(schema_path(data_dir, source, schema.table), schema.to_json())
 
 
-def current_schema(dialect: Dialect, table: TableName) -> tuple[TableSchema | None, str | None]:
-    """The source's schema of the table now: (schema, None), (None, None) when the table is
-    gone (its DROP is the user's business), or (None, why) when it cannot be described any more
-    (a column of a type CDC does not support was added)."""
+def _describe(dialect: Dialect, table: TableName) -> tuple[TableSchema | None, CdcError | None]:
+    """:func:`current_schema` with the error itself (to chain) instead of its text."""
     try:
         return dialect.describe_table(table), None
     except TableNotFoundError:
         return None, None
+    except SourceUnreachableError:
+        raise  # the server went away: it says nothing about the table
     except CdcError as exc:
-        return None, str(exc)
+        return None, exc
+
+
+def current_schema(dialect: Dialect, table: TableName) -> tuple[TableSchema | None, str | None]:
+    """The source's schema of the table now: (schema, None), (None, None) when the table is
+    gone (its DROP is the user's business), or (None, why) when it cannot be described any more
+    (a column of a type CDC does not support was added). Raises SourceUnreachableError when
+    the server refused or dropped the connection: that is no answer about the table."""
+    current, problem = _describe(dialect, table)
+    return current, None if problem is None else str(problem)
 
 
 def follow(
     dialect: Dialect, data_dir: str, source: str, staged: TableSchema
 ) -> tuple[TableSchema, list[str]]:
-    """One table: the evolved staged schema (written when it changed) and the conflicts."""
+    """One table: the evolved staged schema (written when it changed) and the conflicts.
+    SourceUnreachableError passes (never a conflict)."""
     current, problem = current_schema(dialect, staged.table)
     if current is None:
         return staged, [problem] if problem else []
@@ -74,7 +85,8 @@ def follow_log_schemas(
     finds their columns. A table that is gone or cannot be described keeps its last log
     schema. Returns table id -> the schema its staged images are typed with
     (core/schema.py log_typing_schema: the log schema plus columns only the staged schema
-    has; None: never described, the images keep text columns)."""
+    has; None: never described, the images keep text columns). SourceUnreachableError passes:
+    the segment is not written, and the capture is retried."""
     out: dict[str, TableSchema | None] = {}
     for tid in sorted(table_ids):
         table = TableName.parse(tid)
@@ -100,7 +112,9 @@ def follow_log_schemas(
 
 
 def follow_schema_changes(dialect: Dialect, data_dir: str, source: str) -> dict[str, str]:
-    """Every staged table (see the module docstring). Returns table id -> why it stopped."""
+    """Every staged table (see the module docstring). Returns table id -> why it stopped.
+    SourceUnreachableError passes, stopping no mirror: the capture fails and is retried, and
+    its retry follows every table again."""
     from ..sinks.mirror_fencing import stop_for_schema
 
     stopped = {}
@@ -117,13 +131,12 @@ def chunk_schema(dialect: Dialect, data_dir: str, source: str, staged: TableSche
     """The columns a snapshot chunk of the table reads now: the staged schema followed to the
     source's current one (new columns in, dropped ones left out: they read null), so a DROP
     or ADD COLUMN while a snapshot runs does not fail it. A change the mirror cannot follow
-    stops the snapshot of this table (SchemaChangeError naming it; other tables go on)."""
-    from ..core.errors import SchemaChangeError
-
-    current, problem = current_schema(dialect, staged.table)
+    stops the snapshot of this table (SchemaChangeError naming it; other tables go on). A server
+    that refused or dropped the connection raises SourceUnreachableError (the task retries)."""
+    current, problem = _describe(dialect, staged.table)
     if current is None:
-        if problem:
-            raise SchemaChangeError(f"table {staged.table} cannot be read any more: {problem}")
+        if problem is not None:
+            raise SchemaChangeError(f"table {staged.table} cannot be read any more: {problem}") from problem
         return staged  # gone: the chunk's SELECT says so
     evolved, conflicts = follow(dialect, data_dir, source, staged)
     if conflicts:

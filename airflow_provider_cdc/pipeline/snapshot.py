@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.errors import StateError
+from ..core.errors import ChunkStraddledFailoverError, StateError
 from ..core.formats import PLAN
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
@@ -65,6 +65,8 @@ def snapshot_chunk(
     if bind is not None:  # MariaDB: the committed offset gives the epoch of the chunk's log position
         bind(data_dir)
     window = dialect.watermarks  # "table": watermark rows; "log": the read's snapshot position
+    rows_written = window.name == "table"
+    server = dialect.server_identity() if rows_written else None
     window.open(low)  # step 1
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
@@ -74,6 +76,16 @@ def snapshot_chunk(
     if hooks.before_high_watermark:
         hooks.before_high_watermark()
     low, high = window.close(low, high, res, schema.table)  # step 3
+    high_position = dialect.mark_position().encode() if rows_written else None
+    if rows_written and (now := dialect.server_identity()) != server:
+        # a promotion between the watermarks: the low one may be on no server any more, and
+        # the read may have seen transactions the new primary never had. Read it again
+        storage.delete(path)
+        raise ChunkStraddledFailoverError(
+            f"{schema.table}: the server of source {dialect.source!r} changed while chunk {seq} was "
+            f"read (from {server} to {now}: a failover); the chunk is discarded and the retry reads it "
+            "again on the new server"
+        )
     return ChunkResult(
         source=dialect.source,
         table=schema.table.id,
@@ -88,6 +100,7 @@ def snapshot_chunk(
         rows=res.rows,
         exhausted=res.rows < chunk_size,
         visibility=res.visibility,
+        high_position=high_position,
     )
 
 
@@ -159,6 +172,73 @@ def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool
     ):
         return lk > ub
     return False
+
+
+def lost_chunks(data_dir: str, source: str, chunks: Iterable[dict]) -> list[dict]:
+    """Of ``chunks`` (ChunkResult dicts), those whose high watermark is on no server any more:
+    not staged, although capture has staged the log complete past where the source's log stood
+    just after it was committed (``high_position``; a failover lost its transaction). Chunks
+    without that position (older results, "log" watermarks) are never called lost."""
+    from ..storage.layout import changelog_dir
+    from ..storage.segment_index import staged_through
+    from ..storage.staged import staged_watermarks
+
+    known = {c["high_watermark"]: c for c in chunks if c.get("high_position")}
+    if not known:
+        return []
+    changelog = changelog_dir(data_dir, source)
+    through = staged_through(changelog)
+    if through is None:
+        return []
+    past = {w: c for w, c in known.items() if c["high_position"] <= through[0].encode()}
+    if not past:
+        return []
+    found = staged_watermarks(changelog, past)
+    return [c for w, c in past.items() if w not in found]
+
+
+def lost_message(lost: Sequence[dict], what_now: str) -> str:
+    """What a lost high watermark means, naming the chunks (at most five)."""
+    named = ", ".join(
+        f"{c['table']} chunk {c['seq']} (high watermark {c['high_watermark']})" for c in lost[:5]
+    )
+    return (
+        f"{len(lost)} chunk(s) have a high watermark that is on no server any more: {named}"
+        f"{' ...' if len(lost) > 5 else ''}. Capture has staged the source's log past where each was "
+        "written without finding it: a failover lost the transaction that wrote it. " + what_now
+    )
+
+
+def discard_lost(data_dir: str, source: str, sidecars: list[dict], range_index: int) -> list[dict]:
+    """The committed chunks of a snapshot (``read_sidecars``) without those of ``range_index``
+    from its first chunk whose high watermark was lost (:func:`lost_chunks`) on: their files
+    and sidecars are deleted, so the range is read again after its last chunk that holds."""
+    mine = [s for s in sidecars if s["range_index"] == range_index and not s["merged"]]
+    lost = lost_chunks(data_dir, source, [s["result"] for s in mine])
+    if not lost:
+        return sidecars
+    first = min(c["seq"] for c in lost)
+    merged_after = [
+        s for s in sidecars if s["range_index"] == range_index and s["merged"] and s["result"]["seq"] > first
+    ]
+    if merged_after:  # merges go in key order within a range: never after an unmerged chunk
+        raise StateError(
+            f"{lost[0]['table']}: chunk {first} lost its high watermark but later chunks of its range "
+            "are merged already; stop this snapshot and start the table's anew"
+        )
+    gone = [s for s in mine if s["result"]["seq"] >= first]
+    log.warning(
+        "%s",
+        lost_message(
+            lost,
+            f"Discarding {len(gone)} chunk(s) of range {range_index + 1} from the first of them "
+            "on, to read them again on the server the source is now.",
+        ),
+    )
+    for s in gone:
+        storage.delete(sidecar_path(s["result"]["path"]))
+        storage.delete(s["result"]["path"])
+    return [s for s in sidecars if s not in gone]
 
 
 def range_state(sidecars: list[dict], range_index: int, upper_bound: Sequence | None) -> RangeState:

@@ -532,6 +532,8 @@ class SnapshotController:
         snapshot_id, ri, rng, upper = work.snapshot_id, work.range_index, work.range, work.upper_bound
         delay = work.delay_seconds
         sidecars = steps.read_sidecars(self.data_dir, self.source, table, snapshot_id)
+        # a chunk whose high watermark a failover lost is read again, and the range after it
+        sidecars = steps.discard_lost(self.data_dir, self.source, sidecars, ri)
         st = steps.range_state(sidecars, ri, upper)
         results = list(st.unmerged)
         label = f"{table} range {ri + 1}/{work.ranges_total}"

@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from ..core.chunk import flatten_chunk_results  # noqa: F401 - part of this module's API for DAGs
-from ..core.errors import NotReadyError
+from ..core.chunk import flatten_chunk_results
+from ..core.errors import NotReadyError, WatermarkLostError
 from ..hooks.cdc_source import CdcSourceMixin
 from ..settings import load
 
@@ -84,17 +84,32 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
 
         ids = self._watermark_ids()
         missing = missing_watermarks(self.data_dir, self.hook.source, ids)
+        self._raise_lost(missing)
         if missing and self.drain:
             from ..pipeline.capture import run_capture
 
             if run_capture(self.hook, self.data_dir) is None:
                 log.info("the changelog of %r is being captured elsewhere; waiting for it", self.hook.source)
             missing = missing_watermarks(self.data_dir, self.hook.source, ids)
+            self._raise_lost(missing)
         if missing:
             log.info("%d of %d high watermarks not staged yet (e.g. %s)", len(missing), len(ids), missing[0])
             return False
         log.info("all %d high watermarks are staged", len(ids))
         return True
+
+    def _raise_lost(self, missing: list[str]) -> None:
+        """WatermarkLostError when a failover lost some of the ``missing`` high watermarks."""
+        if not missing:
+            return
+        from ..pipeline.snapshot import lost_chunks, lost_message
+        from ..triggers.high_watermark import RESUME
+
+        wanted = set(missing)
+        chunks = [c for c in flatten_chunk_results(self.chunks) if c["high_watermark"] in wanted]
+        lost = lost_chunks(self.data_dir, self.hook.source, chunks)
+        if lost:
+            raise WatermarkLostError(lost_message(lost, RESUME))
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
@@ -116,6 +131,11 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
                 recheck_after=float(self.poke_interval) * 6 if self.drain else None,
                 timeout=float(timeout) if timeout else None,
                 storage_conn_id=load(overrides=self.cdc_overrides).storage_conn_id,
+                high_positions={
+                    c["high_watermark"]: c["high_position"]
+                    for c in flatten_chunk_results(self.chunks)
+                    if c.get("high_position")
+                },
             ),
             method_name="execute_complete",
         )
@@ -124,6 +144,8 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
         """Back from the trigger. Returns (as XCom) how the deferred wait ended: the
         trigger's last event status ("success": it saw the watermarks staged; "pending":
         the sensor's own poke after a recheck did) and how many watermarks it waited for."""
+        if event and event.get("status") == "error" and event.get("lost"):
+            raise WatermarkLostError(event["message"])
         if not event or event.get("status") == "error":
             raise NotReadyError((event or {}).get("message", "high watermark trigger ended without an event"))
         if event.get("status") == "pending" and not self.poke(context):

@@ -14,8 +14,16 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from .. import storage
+from ..pipeline.snapshot import lost_chunks, lost_message
 from ..storage.layout import changelog_dir
 from ..storage.staged import staged_watermarks
+
+#: what to do about a lost high watermark (pipeline/snapshot.py discard_lost)
+RESUME = (
+    "Waiting cannot bring it back: resume the snapshot (airflow-cdc snapshot resume --table TABLE, "
+    'or trigger the snapshot DAG with conf {"action": "resume"}), which discards these chunks '
+    "and reads them again on the server the source is now."
+)
 
 
 def missing_watermarks(data_dir: str, source: str, watermark_ids: Iterable[str]) -> list[str]:
@@ -44,6 +52,9 @@ class HighWatermarkTrigger(BaseTrigger):
     :param timeout: seconds after ``started_at`` to give up with an error (None: never).
     :param started_at: when the wait began (epoch seconds; default now), kept across deferrals.
     :param storage_conn_id: the storage connection's id (never its secrets), resolved in the triggerer.
+    :param high_positions: per watermark id, where the source's log stood just after it was
+        written (ChunkResult.high_position): a watermark capture has staged past without finding
+        it is lost (a failover), an error event with ``lost`` at once instead of a wait.
     """
 
     def __init__(
@@ -57,6 +68,7 @@ class HighWatermarkTrigger(BaseTrigger):
         timeout: float | None = None,
         started_at: float | None = None,
         storage_conn_id: str | None = None,
+        high_positions: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         self.data_dir = data_dir
@@ -67,6 +79,7 @@ class HighWatermarkTrigger(BaseTrigger):
         self.timeout = None if timeout is None else float(timeout)
         self.started_at = time.time() if started_at is None else float(started_at)
         self.storage_conn_id = storage_conn_id  # the connection's id only: never its secrets
+        self.high_positions = dict(high_positions or {})
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -80,14 +93,23 @@ class HighWatermarkTrigger(BaseTrigger):
                 "timeout": self.timeout,
                 "started_at": self.started_at,
                 "storage_conn_id": self.storage_conn_id,
+                "high_positions": dict(self.high_positions),
             },
         )
 
-    def _missing(self, settings: dict[str, str] | None) -> list[str]:
+    def _missing(self, settings: dict[str, str] | None) -> tuple[list[str], str | None]:
         """One poll, with this trigger's storage settings for this call only: the triggerer's
-        process is shared by every source's triggers, so nothing goes to its os.environ."""
+        process is shared by every source's triggers, so nothing goes to its os.environ. The
+        ids not staged yet, and what is wrong when some of them are lost."""
         with storage.scoped_settings(settings):
-            return missing_watermarks(self.data_dir, self.source, self.watermark_ids)
+            missing = missing_watermarks(self.data_dir, self.source, self.watermark_ids)
+            known = [
+                {"high_watermark": w, "high_position": self.high_positions[w], "table": "", "seq": "?"}
+                for w in missing
+                if self.high_positions.get(w)
+            ]
+            lost = lost_chunks(self.data_dir, self.source, known) if known else []
+        return missing, (lost_message(lost, RESUME) if lost else None)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         entered = time.time()
@@ -98,7 +120,7 @@ class HighWatermarkTrigger(BaseTrigger):
                     from ..hooks.cdc_storage import storage_settings
 
                     settings = await asyncio.to_thread(storage_settings, self.storage_conn_id)
-                missing = await asyncio.to_thread(self._missing, settings)
+                missing, lost = await asyncio.to_thread(self._missing, settings)
             except Exception as exc:  # noqa: BLE001 - surfaced to the task, which raises it
                 yield TriggerEvent(
                     {
@@ -110,6 +132,9 @@ class HighWatermarkTrigger(BaseTrigger):
                 return
             if not missing:
                 yield TriggerEvent({"status": "success", "watermarks": len(self.watermark_ids)})
+                return
+            if lost:
+                yield TriggerEvent({"status": "error", "lost": True, "message": lost})
                 return
             now = time.time()
             if self.timeout is not None and now - self.started_at >= self.timeout:

@@ -20,6 +20,7 @@ Hooks a subclass provides (keep them small)::
         def type_parity_cases(self): ...             # list[ParityCase]
         def cleanup_capture(self, dialect): ...      # optional: drop slot / publication
         def is_deadlock(self, exc): ...               # optional: writer errors to retry
+        def drop_session(self, ctx, dialect): ...     # optional: the server ends the dialect's session
 
 What the dialect must do, as these tests read it:
 
@@ -33,12 +34,14 @@ What the dialect must do, as these tests read it:
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.parquet as pq
 import pytest
@@ -193,6 +196,11 @@ class DialectSuite(ABC):
 
     def cleanup_capture(self, dialect: Dialect) -> None:  # noqa: B027 - optional hook
         """Drop what ``load_offset`` created on the server (e.g. a replication slot)."""
+
+    def drop_session(self, ctx: Ctx, dialect: Dialect) -> None:
+        """Optional hook: the server ends ``dialect``'s own session from another one (as a
+        primary that stops or fails over does) and it is gone when this returns."""
+        pytest.skip("this suite cannot end a session on its server")
 
     # --- plumbing ---------------------------------------------------------------------
     @pytest.fixture
@@ -769,6 +777,82 @@ class DialectSuite(ABC):
         typed = self._event_log_afters(ctx, t)
         assert typed == {1: {"id": 1, "v": "one", "n": 10}, 2: {"id": 2, "v": "two", "x": 7}, 3: {"id": 3, "x": 8}}
 
+    # --- a server that refused or dropped the connection is no schema change ----------------
+    @staticmethod
+    def _followed_table(ctx: Ctx) -> tuple[TableName, Any, str]:
+        """A table with its staged schema and a Delta mirror: (table, staged schema, mirror path)."""
+        from airflow_provider_cdc.core.arrow_types import mirror_schema
+        from airflow_provider_cdc.pipeline.schema_changes import write_staged_schema
+        from airflow_provider_cdc.sinks.mirror_fencing import open_for_write
+        from airflow_provider_cdc.storage.layout import mirror_dir
+
+        t = ctx.suite._kv_table(ctx, 2)
+        staged = ctx.dialect([t]).describe_table(t)
+        write_staged_schema(ctx.data_dir, ctx.source, staged)
+        mirror = mirror_dir(ctx.data_dir, ctx.source, t)
+        open_for_write(mirror, mirror_schema(staged))
+        return t, staged, mirror
+
+    def test_a_refused_connection_is_no_schema_change_and_stops_no_mirror(self, ctx):
+        """A server that refuses the connection (nothing listens on its port: a primary down or
+        failing over) raises SourceUnreachableError naming host and port, never credentials, from
+        every schema follow: a chunk's (not SchemaChangeError "cannot be read any more") and
+        capture's, which stops no mirror for it."""
+        from airflow_provider_cdc.core.errors import SchemaChangeError, SourceUnreachableError
+        from airflow_provider_cdc.pipeline.schema_changes import (
+            chunk_schema,
+            current_schema,
+            follow_log_schemas,
+            follow_schema_changes,
+        )
+        from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
+
+        from .helpers import _free_port
+
+        t, staged, mirror = self._followed_table(ctx)
+        port = _free_port()  # bound and released: nothing listens there
+        u = urlsplit(ctx.uri)
+        closed = urlunsplit((u.scheme, f"{u.username or 'root'}:pw-not-shown@127.0.0.1:{port}", u.path, "", ""))
+        down = self.make_dialect(closed, source=ctx.source, tables=[t], watermark_table=ctx.watermark_table)
+        try:
+            for follow in (
+                lambda: current_schema(down, t),
+                lambda: chunk_schema(down, ctx.data_dir, ctx.source, staged),
+                lambda: follow_schema_changes(down, ctx.data_dir, ctx.source),
+                lambda: follow_log_schemas(down, ctx.data_dir, ctx.source, [t.id]),
+            ):
+                with pytest.raises(SourceUnreachableError) as info:
+                    follow()
+                text = str(info.value)
+                assert not isinstance(info.value, SchemaChangeError) and info.value.retryable
+                assert f"127.0.0.1:{port}" in text and "docs/operations.md 'Failover'" in text, text
+                assert "new primary" in text and "pw-not-shown" not in text, text
+                assert info.value.__cause__ is not None  # the driver's error, chained
+        finally:
+            down.close()
+        assert schema_stopped(mirror) is None
+
+    def test_a_dropped_session_is_no_schema_change_and_the_next_attempt_reads_on(self, ctx):
+        """The server ends the dialect's session (a primary stopping or failing over, an
+        administrator): the schema follows raise SourceUnreachableError, the mirror is not
+        stopped, and the next attempt reconnects and follows the table as before."""
+        from airflow_provider_cdc.core.errors import SourceUnreachableError
+        from airflow_provider_cdc.pipeline.schema_changes import chunk_schema, follow_schema_changes
+        from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
+
+        t, staged, mirror = self._followed_table(ctx)
+        d = ctx.dialects[-1]
+        self.drop_session(ctx, d)
+        with pytest.raises(SourceUnreachableError, match="refused or dropped the connection"):
+            chunk_schema(d, ctx.data_dir, ctx.source, staged)
+        assert chunk_schema(d, ctx.data_dir, ctx.source, staged) == staged  # reconnected
+        self.drop_session(ctx, d)
+        with pytest.raises(SourceUnreachableError, match="refused or dropped the connection"):
+            follow_schema_changes(d, ctx.data_dir, ctx.source)
+        assert schema_stopped(mirror) is None
+        assert follow_schema_changes(d, ctx.data_dir, ctx.source) == {}
+        assert schema_stopped(mirror) is None
+
     # --- keyset chunking, composite keys, planning ------------------------------------
     def test_composite_key_chunks_cover_the_table_once(self, ctx):
         t = ctx.create_table("ck", [("a", "int"), ("b", "text"), ("v", "int")], ["a", "b"])
@@ -957,3 +1041,38 @@ class DialectSuite(ABC):
         assert sum(isinstance(e, WatermarkEvent) for e in events) == 2
         assert d.max_key(schema) == (5, "k'5\"")
         assert set(d.sample_keys(schema, 2)) <= {(i, f"k'{i}\"") for i in (1, 2, 4, 5)}
+
+    def test_a_chunk_records_where_its_high_watermark_is_staged_by_and_a_promotion_discards_it(self, ctx, monkeypatch):
+        """Issue 57. A chunk records where the source's log stood just after its high watermark
+        (``high_position``): once capture has staged the log past it, the watermark is staged
+        (or lost, were it another's). A chunk read while the server behind the source changed
+        (a promotion between its watermarks: injected, as no test can move a connection's
+        server) is discarded for the task's retry."""
+        from airflow_provider_cdc.core.errors import ChunkStraddledFailoverError
+        from airflow_provider_cdc.pipeline.snapshot import lost_chunks
+
+        t = ctx.create_table("hwpos", [("id", "int"), ("v", "text")], ["id"])
+        for i in range(1, 6):
+            ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (%s, %s)", (i, f"v{i}"))
+        d = ctx.dialect([t])
+        d.ensure_watermark_table()
+        d.load_offset(ctx.data_dir)
+        schema = d.describe_table(t)
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=0, chunk_size=3)
+        assert res.high_position is not None
+        events = ctx.capture_all(d)
+        (hw,) = [e for e in events if isinstance(e, WatermarkEvent) and e.id == res.high_watermark]
+        assert hw.position.encode() < res.high_position
+        assert lost_chunks(ctx.data_dir, ctx.source, [res.to_dict()]) == []  # staged: not lost
+        never = {**res.to_dict(), "high_watermark": "written-on-a-server-that-failed"}
+        assert lost_chunks(ctx.data_dir, ctx.source, [never]) == [never]  # staged past, not found: lost
+
+        real = d.server_identity()
+        assert real is not None and real.get("system_identifier")
+        answers = iter([real, {**real, "server_id_or_timeline": "after a promotion"}])
+        monkeypatch.setattr(d, "server_identity", lambda: next(answers))
+        with pytest.raises(ChunkStraddledFailoverError, match="changed while chunk 1 was read"):
+            snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=1, chunk_size=3,
+                           after_key=res.last_key)
+        folder = res.path.rsplit("/", 1)[0]
+        assert [n for n in os.listdir(folder) if n.startswith("chunk-000001-")] == []  # nothing left of it

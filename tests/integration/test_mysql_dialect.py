@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -738,6 +739,14 @@ class TestMySqlDialect(DialectSuite):
     def is_deadlock(self, exc):
         # 1213 deadlock victim, 1205 lock wait timeout: InnoDB rolls the writer back
         return isinstance(exc, pymysql.err.OperationalError) and exc.args[0] in (1213, 1205)
+
+    def drop_session(self, ctx, dialect):
+        session = dialect.server.conn.thread_id()
+        ctx.execute(f"KILL CONNECTION {int(session)}")
+        deadline = time.monotonic() + 10
+        while ctx.execute("SELECT 1 FROM information_schema.PROCESSLIST WHERE ID = %s", (session,)):
+            assert time.monotonic() < deadline, f"session {session} was not ended"
+            time.sleep(0.02)
 
     def type_parity_cases(self):
         b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731

@@ -222,6 +222,14 @@ class TestPostgresDialect(DialectSuite):
         dialect.drop_slot()
         dialect.drop_publication()
 
+    def drop_session(self, ctx, dialect):
+        pid = dialect.server.conn.get_backend_pid()
+        ctx.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        deadline = time.monotonic() + 10
+        while ctx.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)):
+            assert time.monotonic() < deadline, f"backend {pid} was not terminated"
+            time.sleep(0.02)
+
     def unique_keyed_options(self, ctx, table, variant):
         # the table's owner makes the unique index the key its UPDATEs and DELETEs publish
         if variant == "identity_index":
@@ -415,6 +423,24 @@ class TestPostgresDialect(DialectSuite):
         t = ctx.create_table("geo", [("id", "int"), ("where it is", "point")], ["id"])
         with pytest.raises(SourceError, match="'where it is'.*point"):
             ctx.dialect([t]).describe_table(t)
+
+    def test_a_column_cdc_cannot_read_still_stops_the_mirror_with_its_cause_chained(self, ctx):
+        """The other side of SourceUnreachableError: a table that can no longer be described (a
+        column of an unsupported type added) is a schema change: the chunk's SchemaChangeError
+        carries the dialect's error as its cause, and capture's follow stops the table's mirror."""
+        from airflow_provider_cdc.core.errors import SchemaChangeError
+        from airflow_provider_cdc.pipeline.schema_changes import chunk_schema, follow_schema_changes
+        from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
+
+        t, staged, mirror = self._followed_table(ctx)
+        ctx.execute(f"ALTER TABLE {ctx.qt(t)} ADD COLUMN {ctx.q('at')} point")
+        d = ctx.dialects[-1]
+        with pytest.raises(SchemaChangeError, match="cannot be read any more") as info:
+            chunk_schema(d, ctx.data_dir, ctx.source, staged)
+        assert isinstance(info.value.__cause__, SourceError) and "'at'" in str(info.value.__cause__)
+        assert schema_stopped(mirror) is None
+        assert list(follow_schema_changes(d, ctx.data_dir, ctx.source)) == [t.id]
+        assert "'at'" in schema_stopped(mirror)
 
     def test_batch_decode_stages_what_the_message_at_a_time_decode_stages(self, ctx):
         """The batch decode (dialects/postgres/pgbatch.py) against the reference, one message at a time,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg2
 import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError, SourceBehindError, SourceError
@@ -60,3 +61,39 @@ def test_package_errors_are_the_users_unless_a_transient_fault_is_underneath():
         assert describe_user_error(wrapped) is None
     assert describe_user_error(RuntimeError("anything else")) is None
     assert describe_user_error(SourceBehindError("the standby is 3 MB behind the snapshot's start")) is None
+
+
+def test_a_server_that_refuses_or_drops_the_connection_is_unreachable_and_retried(mysql_uri, pg_uri):
+    """A closed port and a session the server ends: SourceUnreachableError (the driver's error
+    chained), named by host and port without the password, retried by a task, and worded as a
+    connection problem by a connection test; a refused login stays the user's to fix."""
+    from airflow_provider_cdc.core.errors import SourceUnreachableError
+    from airflow_provider_cdc.hooks.task_errors import describe_connection_failure
+
+    from .helpers import _free_port
+
+    port = _free_port()
+    for uri in (f"postgresql://postgres:pw-not-shown@127.0.0.1:{port}/db", f"mysql://root:pw-not-shown@127.0.0.1:{port}/db"):
+        exc = _raised(lambda uri=uri: _dialect(uri).current_position())
+        assert isinstance(exc, SourceUnreachableError) and exc.__cause__ is not None, repr(exc)
+        assert f"127.0.0.1:{port}" in str(exc) and "pw-not-shown" not in str(exc), exc
+        assert "refused or dropped the connection" in str(exc) and "'Failover'" in str(exc), exc
+        assert describe_user_error(exc, conn_id="c", source="s") is None  # retried
+        test = describe_connection_failure(exc, "c", f"the server at 127.0.0.1:{port}")
+        assert test.startswith(f"connection 'c': cannot reach the server at 127.0.0.1:{port}"), test
+
+    d = _dialect(pg_uri)
+    try:
+        pid = d.server.conn.get_backend_pid()
+        with psycopg2.connect(pg_uri) as admin, admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+        exc = _raised(lambda: d.server.query("SELECT 1"))
+        assert isinstance(exc, SourceUnreachableError) and describe_user_error(exc, conn_id="c") is None, repr(exc)
+        assert d.server.query("SELECT 1") == [(1,)]  # the next attempt reconnects
+    finally:
+        d.close()
+
+    q = urlsplit(pg_uri)
+    nobody = urlunsplit((q.scheme, f"nobody_at_all@{q.hostname}:{q.port}", q.path, "", ""))
+    refused = _raised(lambda: _dialect(nobody).current_position())
+    assert isinstance(refused, SourceError) and not isinstance(refused, SourceUnreachableError), repr(refused)

@@ -160,3 +160,42 @@ def test_chunks_from_a_replica_wait_for_the_later_of_the_plans_read_floor_and_co
     assert read_floor({"converge_watermark": "a-table-watermark-id", "read_floor": early.encode()}) == early
     assert read_floor({"converge_watermark": None, "read_floor": None}) is None
     assert read_floor({"converge_watermark": position_mark(early, 1)}) == early  # a plan from before read_floor
+
+
+def test_a_chunk_whose_high_watermark_a_failover_lost_is_read_again_with_the_rest_of_its_range(setup, tmp_path):
+    """Issue 57: resume (any read of the range) discards the first chunk whose high watermark is
+    on no server any more and every later chunk of its range, and reads on after the last chunk
+    that holds; a watermark capture has not passed yet is waited for, not discarded."""
+    from dataclasses import replace
+
+    from airflow_provider_cdc.core.events import WatermarkEvent
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.pipeline.snapshot import read_sidecars, sidecar_path
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.segment_index import record_through
+    from airflow_provider_cdc.storage.staged import write_segment
+
+    _progress, plan, make = setup
+    staged = changelog_dir(str(tmp_path), "src")
+    good = chunk(tmp_path, 0, 0, 10, 10, False)
+    lost = replace(chunk(tmp_path, 1, 0, 20, 10, False, after=10), high_position=Position(300, 0, 0).encode())
+    write_sidecar(lost, 0)
+    last = replace(chunk(tmp_path, 2, 0, 49, 9, True, after=20), high_position=Position(320, 0, 0).encode())
+    write_sidecar(last, 0)
+    for c in (good, lost, last):
+        pathlib.Path(c.path).write_bytes(b"chunk")
+    write_segment([WatermarkEvent("hw0", Position(200, 0, 0)), WatermarkEvent("hw2", Position(321, 0, 0))],
+                  staged, "cdc.watermark")
+    from airflow_provider_cdc.core.schema import Column, TableSchema
+    from airflow_provider_cdc.storage.layout import schema_path
+
+    storage.write_text(schema_path(str(tmp_path), "src", T), TableSchema(T, (Column("id", "int64"),), ("id",)).to_json())
+    item = work_items(plan, [0])[0]
+    record_through(staged, Position(299, 0, 0), 1)
+    assert [c["seq"] for c in make().read_range(item)] == [0, 1, 2]  # read already: not lost yet
+    record_through(staged, Position(330, 0, 0), 2)
+    with pytest.raises(AssertionError, match="connected to the source"):  # reads the range again
+        make().read_range(item)
+    assert [s["result"]["seq"] for s in read_sidecars(str(tmp_path), "src", T, "S1")] == [0]
+    assert not pathlib.Path(lost.path).exists() and not pathlib.Path(sidecar_path(last.path)).exists()
+    assert pathlib.Path(good.path).exists()

@@ -12,7 +12,7 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from ...core.errors import SourceError
+from ...core.errors import SourceError, SourceUnreachableError
 from ...core.schema import TableName
 from ..watermark_strategy import WatermarkStrategy
 from .server import Flavour, MyServer, ReplicaStatusDenied
@@ -184,6 +184,8 @@ class MyPrerequisites:
         for table in sorted(self.tables or (), key=str):
             try:
                 self.check_readable(table)
+            except SourceUnreachableError:
+                raise  # not a missing grant: the check cannot run now
             except SourceError as exc:
                 problems.append(str(exc))
         return problems + self.strategy.problems(grants)

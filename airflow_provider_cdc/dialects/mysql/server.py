@@ -15,7 +15,7 @@ from typing import Any
 import pymysql
 import pymysql.cursors
 
-from ...core.errors import SourceError
+from ...core.errors import SourceError, SourceUnreachableError
 from ...core.schema import TableName
 from ...core.sqlnames import quote_mysql
 from ..base import ConnectionParams
@@ -78,6 +78,19 @@ def flavour_for(version: str) -> Flavour:
     return MYSQL_84 if (major, minor) >= (8, 2) else MYSQL_80
 
 
+#: pymysql OperationalError codes of a server that refused or dropped the connection: can't
+#: connect through the socket (2002) or TCP (2003), server has gone away (2006), lost connection
+#: during a query (2013), server shutdown in progress (1053)
+CONNECTION_LOST = frozenset({2002, 2003, 2006, 2013, 1053})
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """``exc`` says the server refused or dropped the connection (nothing listens, it stopped,
+    it is failing over, the network between), not that it refused a statement or a login."""
+    args = getattr(exc, "args", ())
+    return isinstance(exc, pymysql.err.OperationalError) and bool(args) and args[0] in CONNECTION_LOST
+
+
 class ReplicaStatusDenied(Exception):
     """The role may not run SHOW SLAVE STATUS (it needs SLAVE MONITOR; MySQL REPLICATION CLIENT)."""
 
@@ -117,24 +130,41 @@ class MyServer:
         return out
 
     def connect(self, **kw: Any) -> pymysql.connections.Connection:
+        """A new connection; :class:`SourceUnreachableError` when the server refuses or drops
+        it (:func:`connection_lost`), any other driver error as it is (a refused login...)."""
         p = self.params
         kw = {**self.driver_settings(), **kw}
-        conn = pymysql.connect(
-            host=p.host,
-            port=p.port or 3306,
-            user=p.user or "root",
-            password=p.password or "",
-            charset="utf8mb4",
-            autocommit=True,
-            connect_timeout=self.connect_timeout,
-            init_command="SET time_zone = '+00:00'",  # TIMESTAMP reads and writes in UTC
-            **kw,
-        )
-        with conn.cursor() as cur:
-            # no statement is ever served from an older REPEATABLE READ snapshot
-            # (non-stale chunk reads; with autocommit every statement gets a new read view)
-            cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        try:
+            conn = pymysql.connect(
+                host=p.host,
+                port=p.port or 3306,
+                user=p.user or "root",
+                password=p.password or "",
+                charset="utf8mb4",
+                autocommit=True,
+                connect_timeout=self.connect_timeout,
+                init_command="SET time_zone = '+00:00'",  # TIMESTAMP reads and writes in UTC
+                **kw,
+            )
+            with conn.cursor() as cur:
+                # no statement is ever served from an older REPEATABLE READ snapshot
+                # (non-stale chunk reads; with autocommit every statement gets a new read view)
+                cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        except pymysql.err.OperationalError as exc:
+            if connection_lost(exc):
+                raise self.unreachable(exc) from exc
+            raise
         return conn
+
+    def unreachable(self, exc: BaseException) -> SourceUnreachableError:
+        """The error for a connection the server refused or dropped: host and port, no
+        credentials."""
+        p = self.params
+        args = getattr(exc, "args", ())
+        detail = str(args[1]) if len(args) >= 2 else str(exc)
+        return SourceUnreachableError.at(
+            f"MySQL/MariaDB at {p.host}:{p.port or 3306}", detail, source=self.source
+        )
 
     @property
     def conn(self) -> pymysql.connections.Connection:
@@ -150,8 +180,10 @@ class MyServer:
                 with self.conn.cursor() as cur:
                     cur.execute(sql, tuple(params) if params is not None else ())
                     return list(cur.fetchall())
-            except pymysql.err.OperationalError:
+            except pymysql.err.OperationalError as exc:
                 self.close()  # a dead connection is reopened by the next call
+                if connection_lost(exc):
+                    raise self.unreachable(exc) from exc
                 raise
 
     def close(self) -> None:

@@ -5,16 +5,43 @@ the server every part of the dialect asks (hot standby or not, version, WAL geom
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
-from ...core.errors import SourceError
+from ...core.errors import SourceError, SourceUnreachableError
 from ...core.schema import TableName
 from ...core.sqlnames import quote_pg
 from ..base import ConnectionParams
 from .types import SESSION_OPTIONS, pg_message
 
 APPLICATION_NAME = "airflow-provider-cdc"  # in pg_stat_activity
+
+#: SQLSTATEs of a server that went away under a session: admin_shutdown, crash_shutdown,
+#: cannot_connect_now (a primary stopping, restarting or failing over); besides class 08
+#: (connection exception)
+_GONE_CODES = ("57P01", "57P02", "57P03")
+#: a server's own refusal at connect (psycopg2 gives a connect error no SQLSTATE): its FATAL
+#: message (a login, a database, pg_hba.conf: the user's to fix), unless that says the server
+#: is starting, stopping or recovering
+_SERVER_FATAL = re.compile(r"\bFATAL:")
+_GOING_AWAY = re.compile(r"the database system is|terminating connection due to", re.I)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """``exc`` (a psycopg2 error) says the server refused or dropped the connection (nothing
+    listens, it stopped, it is failing over, the network between), not that it refused a
+    statement or a login: SQLSTATE class 08 or 57P01-57P03, or an OperationalError or
+    InterfaceError without a SQLSTATE that is not the server's own refusal."""
+    import psycopg2
+
+    code = getattr(exc, "pgcode", None) or ""
+    if code:
+        return code.startswith("08") or code in _GONE_CODES
+    if not isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+        return False
+    text = str(exc)
+    return not _SERVER_FATAL.search(text) or _GOING_AWAY.search(text) is not None
 
 
 class PgServer:
@@ -53,6 +80,8 @@ class PgServer:
         try:
             return psycopg2.connect(**self.connect_kwargs(p), **extra)
         except psycopg2.OperationalError as exc:
+            if connection_lost(exc):
+                raise self.unreachable(exc, p) from exc
             raise SourceError(
                 f"cannot connect to PostgreSQL at {p.host}:{p.port}/{p.database}: {str(exc).strip()}"
             ) from exc
@@ -96,7 +125,19 @@ class PgServer:
                 cur.execute(sql, tuple(params))
                 return cur.fetchall() if cur.description else []
         except psycopg2.Error as exc:
+            if connection_lost(exc):
+                raise self.unreachable(exc) from exc
             raise SourceError(f"PostgreSQL rejected a statement: {pg_message(exc)}\nSQL: {sql}") from exc
+
+    def unreachable(
+        self, exc: BaseException, params: ConnectionParams | None = None
+    ) -> SourceUnreachableError:
+        """The error for a connection to ``params``' server (default: the source's own) that the
+        server refused or dropped (:func:`connection_lost`): host and port, no credentials."""
+        p = params or self.params
+        return SourceUnreachableError.at(
+            f"PostgreSQL at {p.host}:{p.port or 5432}", str(exc), source=self.source
+        )
 
     def close(self) -> None:
         for c in (self._conn, self._rconn):

@@ -4,7 +4,7 @@ updates, one UPDATE per watermark; the dialect's ``watermark_rows``.
 
 from __future__ import annotations
 
-from ...core.errors import ConfigurationError, SourceError, WatermarkError
+from ...core.errors import ConfigurationError, SourceError, SourceUnreachableError, WatermarkError
 from ...core.schema import TableName
 from .catalog import PgCatalog
 from .offsets import PgOffsets
@@ -37,6 +37,8 @@ class PgWatermarkTable:
         if pub and not pub[0][0]:
             try:
                 self.offsets.add_to_publication([table])
+            except SourceUnreachableError:
+                raise  # the server went away: not a grant an administrator must give
             except SourceError as exc:
                 raise SourceError(
                     f"table {table} is not in publication {self.offsets.publication_name!r} and could "

@@ -154,3 +154,30 @@ def test_a_backfill_interval_waits_for_the_previous_one():
     assert previous_run_active(backfill, ti(None)) is None
     assert previous_run_active(manual, ti(running)) is None  # only backfills wait
     assert previous_run_active(NS(run_type="scheduled"), ti(running)) is None
+
+
+def test_a_high_watermark_a_failover_lost_fails_at_once_naming_the_chunk(tmp_path):
+    """Issue 57: a chunk committed on a primary that then failed before its high watermark
+    reached the standby: that watermark is on no server. Once capture has staged the log past
+    where it was written, waiting cannot help; the sensor says so, and what resumes it."""
+    from airflow_provider_cdc.core.errors import WatermarkLostError
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.segment_index import record_through
+
+    lost = {**chunk("hw-2", seq=7), "high_position": Position(300, 0, 0).encode()}
+    s = sensor(tmp_path, [[{**chunk("hw-1"), "high_position": Position(100, 0, 0).encode()}], [lost]])
+    stage(str(tmp_path), "src", "hw-1")
+    record_through(changelog_dir(str(tmp_path), "src"), Position(299, 0, 0), 1)
+    assert s.poke({}) is False  # not past it yet: it may still come
+    record_through(changelog_dir(str(tmp_path), "src"), Position(301, 0, 0), 2)
+    with pytest.raises(WatermarkLostError, match=r"public.t chunk 7 \(high watermark hw-2\).*resume"):
+        s.poke({})
+    # a result without the position (written before it was recorded) is only waited for
+    assert sensor(tmp_path, [[chunk("hw-1")], [chunk("hw-2")]]).poke({}) is False
+    # deferred: the trigger carries the positions and ends with the same error
+    d = sensor(tmp_path, [[lost]], deferrable=True)
+    with pytest.raises(WatermarkLostError):
+        d.execute({})
+    with pytest.raises(WatermarkLostError, match="on no server"):
+        d.execute_complete({}, {"status": "error", "lost": True, "message": "1 chunk(s) ... on no server any more"})

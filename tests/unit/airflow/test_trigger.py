@@ -92,3 +92,22 @@ def test_unreadable_segment_is_an_error_event(tmp_path):
 @pytest.mark.parametrize("ids", [[], [None, ""]])
 def test_nothing_to_wait_for(tmp_path, ids):
     assert missing_watermarks(str(tmp_path), "src", ids) == []
+
+
+def test_a_lost_high_watermark_ends_the_wait_with_an_error_at_once(tmp_path):
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.storage.layout import changelog_dir
+    from airflow_provider_cdc.storage.segment_index import record_through
+
+    stage(str(tmp_path), "src", "hw-1")
+    record_through(changelog_dir(str(tmp_path), "src"), Position(400, 0, 0), 1)
+    t = HighWatermarkTrigger(data_dir=str(tmp_path), source="src", watermark_ids=["hw-1", "hw-2"],
+                             poll_interval=0.05, high_positions={"hw-2": Position(300, 0, 0).encode()})
+    classpath, kwargs = t.serialize()
+    assert kwargs["high_positions"] == {"hw-2": Position(300, 0, 0).encode()}
+    ev = first_event(HighWatermarkTrigger(**kwargs))
+    assert ev["status"] == "error" and ev["lost"] is True and "hw-2" in ev["message"] and "resume" in ev["message"]
+    # past nothing it was written at: pending as before
+    late = HighWatermarkTrigger(data_dir=str(tmp_path), source="src", watermark_ids=["hw-2"], poll_interval=0.05,
+                                recheck_after=0, high_positions={"hw-2": Position(500, 0, 0).encode()})
+    assert first_event(late)["status"] == "pending"
