@@ -132,3 +132,57 @@ def test_a_promoted_standby_without_the_slot_stops_capture_by_name(pg15_pair, tm
     assert "airflow-cdc resync" in text and f"PostgreSQL {major} has no failover slots" in text, text
     assert c.standby.sql("SELECT count(*) FROM pg_replication_slots WHERE slot_type = 'logical'") == [(0,)]
     d2.close()
+
+
+def test_an_unplanned_promotion_loses_a_chunks_high_watermark_and_the_chunk_is_read_again(pg18_pair, tmp_path):
+    """Issue 57, on 17 and 18: the standby stops receiving, the old primary commits an UPDATE and a
+    whole chunk (both watermarks) that no other server ever gets, then dies and the standby is
+    promoted. Capture follows the failover slot; once it has staged the new timeline past where
+    the chunk's high watermark was written, that watermark counts as lost (not as "not staged
+    yet"), and the chunk read again on the new primary gives a mirror equal to it, without the
+    lost UPDATE."""
+    from airflow_provider_cdc.pipeline.snapshot import lost_chunks
+
+    c = pg18_pair
+    data_dir = str(tmp_path / "data")
+    d = _dialect(c.primary.uri)
+    d.load_offset(data_dir)
+    results, after, done = _chunks(d, data_dir, None, 0, 3)
+    assert not done
+    c.wait(lambda: (stage_changelog(d, data_dir), c.slot_synced(d.slot_name))[1], "the failover slot is synced")
+    # the standby stops receiving: what the primary commits from here is on no other server
+    c.standby.sql("ALTER SYSTEM SET primary_conninfo = ''")
+    c.standby.sql("SELECT pg_reload_conf()")
+    c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)], "the standby is cut off")
+    c.primary.sql("UPDATE orders SET v = 'lost' WHERE id > %s", (after[0],))
+    (doomed,), _after, _done = _chunks(d, data_dir, after, len(results), 1)
+    assert doomed.high_position is not None
+    d.close()
+    c.primary.ctl("-m", "immediate", "-w", "stop")  # the primary dies
+    c.standby.promote()
+    c.wait(lambda: c.standby.sql("SELECT pg_is_in_recovery()") == [(False,)], "the standby is promoted")
+    d2 = _dialect(c.standby.uri)
+    stage_changelog(d2, data_dir)  # follows the failover slot
+    assert lost_chunks(data_dir, "shop", [doomed.to_dict()]) == []  # not passed yet: only waited for
+    # the new timeline's positions continue from the fork: written past the lost watermark's
+    for _ in range(20):
+        if lost_chunks(data_dir, "shop", [doomed.to_dict()]):
+            break
+        c.standby.sql("UPDATE orders SET n = n + 1 WHERE id = 1")
+        c.standby.sql("SELECT pg_switch_wal()")
+        stage_changelog(d2, data_dir)
+    assert lost_chunks(data_dir, "shop", [doomed.to_dict()]) == [doomed.to_dict()]
+    assert lost_chunks(data_dir, "shop", [r.to_dict() for r in results]) == []  # the chunks before hold
+    more, _after, done = _chunks(d2, data_dir, after, len(results) + 1, 100)  # read again, and on
+    assert done
+    results += more
+    stage_changelog(d2, data_dir)
+    events = list(read_log_events(changelog_dir(data_dir, "shop")))
+    chunks = [WindowChunk.from_result(r, read_chunk_rows(r.path, r.table)) for r in results]
+    state = mirror_apply({}, table_events(events, TABLE))
+    mirror_apply(state, merge_window(chunks, events))
+    source = {r for r in c.standby.sql("SELECT id, v, n FROM orders")}
+    mirror = {tuple(v[k] for k in ("id", "v", "n")) for v in mirror_rows(state, TABLE.id).values()}
+    assert mirror == source and not any(v == "lost" for _i, v, _n in mirror)
+    d2.drop_slot()
+    d2.close()
