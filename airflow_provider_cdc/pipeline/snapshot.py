@@ -372,6 +372,28 @@ def check_advanced(
         )
 
 
+def converges_in_ranges(request: SnapshotRequest, table: TableName, schema: TableSchema) -> bool:
+    """A snapshot of key ranges only (no chosen keys, no filter) of a table whose key is one
+    integer column: once done, every live row inside its ranges was re-emitted or changed after
+    its convergence mark, so mirror rows there older than the mark are ghosts; the mirror
+    compares such keys as the database orders them (pipeline/verify.ranges_by_key_order)."""
+    from .verify import ranges_by_key_order
+
+    return (
+        table.id in request.ranges
+        and table.id not in request.keys
+        and not request.where_for(table)
+        and ranges_by_key_order(schema)
+    )
+
+
+def covers_every_key(ranges: Sequence[ChunkRange]) -> bool:
+    """Whether plan ranges (ordered) join into the whole key space (a whole-table plan)."""
+    if not ranges or ranges[0].start is not None or ranges[-1].end is not None:
+        return False
+    return all(a.end is not None and a.end == b.start for a, b in zip(ranges, ranges[1:], strict=False))
+
+
 def is_partial(request: SnapshotRequest, table: TableName) -> bool:
     """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
     return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)

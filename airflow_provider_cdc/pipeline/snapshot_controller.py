@@ -314,16 +314,20 @@ class SnapshotController:
         for table, schema, ranges, upper in plans:
             sid = steps.new_snapshot_id()
             partial = steps.is_partial(request, table)
+            # a snapshot of key ranges (no filter, no chosen keys) of a one-integer key converges
+            # inside its ranges: a repair after a lost delete re-reads its ranges, not the table
+            converges = not partial or steps.converges_in_ranges(request, table, schema)
             plan = SnapshotPlan(
                 table=table.id,
                 snapshot_id=sid,
                 ranges=tuple(ranges),
                 upper_bound=upper,
                 where=request.where_for(table),
-                # whole-table snapshots only: one limited by keys, ranges or a filter does not
-                # re-emit the rows outside what it read, so it cannot tell ghosts from them
-                converge_watermark=None if partial else converge_mark,
-                converge_visibility=None if partial else converge_visibility,
+                # whole-table snapshots, and key ranges of an integer key (swept inside them):
+                # one limited by keys or a filter does not re-emit the rows outside what it
+                # read, so it cannot tell ghosts from them
+                converge_watermark=converge_mark if converges else None,
+                converge_visibility=converge_visibility if converges else None,
                 read_floor=None if read_floor is None else read_floor.encode(),
                 chunk_size=request.chunk_size,
                 parallelism=request.parallelism,
@@ -747,6 +751,7 @@ class SnapshotController:
                         mirror_dir(self.data_dir, self.source, table),
                         at,
                         reason=f"snapshot {sid} convergence",
+                        within=None if steps.covers_every_key(plan.ranges) else plan.ranges,
                     )
                     converged = {"converged_at": at, "swept_rows": gone}
                     log.info(

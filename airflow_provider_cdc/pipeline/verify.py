@@ -94,6 +94,9 @@ class VerifyResult:
     #: the key ranges of the source chunks that differed (start inclusive, end exclusive: the
     #: next chunk's first key), adjacent ones joined; in the database's own key order
     repair_ranges: list[ChunkRange] = field(default_factory=list)
+    #: the repair ranges also hold the extra rows' keys (one integer key column): a snapshot of
+    #: those ranges removes them (it converges inside its ranges), no whole table needed
+    extra_in_ranges: bool = False
     #: how the table was compared: "digests" (range digests computed in the source and over the
     #: mirror, rows compared only inside ranges that differ) or "rows" (every row in Python)
     method: str = "rows"
@@ -136,13 +139,13 @@ class VerifyResult:
         """The snapshot conf that repairs what this verify found (None: nothing to repair).
 
         Missing and different rows: a snapshot of only the key ranges of the chunks that
-        differed. Rows the mirror has and the source does not: the whole table, since only a
-        whole-table snapshot converges (removes mirror rows no chunk re-emitted, I9); a
-        ranged one leaves them."""
+        differed. Rows the mirror has and the source does not: with a one-integer key, those
+        ranges hold their keys too and a snapshot of key ranges removes them (it converges inside
+        its ranges, I9); otherwise the whole table, the only snapshot that converges there."""
         if self.ok:
             return None
         conf: dict[str, Any] = {"action": "start", "tables": [self.table]}
-        if not self.extra and self.repair_ranges:
+        if (not self.extra or self.extra_in_ranges) and self.repair_ranges:
             conf["key_ranges"] = {self.table: [json.loads(r.to_json()) for r in self.repair_ranges]}
             # a run reads `parallelism` ranges at once; more ranges continue in resume runs
             conf["parallelism"] = min(len(self.repair_ranges), REPAIR_PARALLELISM)
@@ -345,8 +348,23 @@ def compare(
         src.close()
         res.chunks = len(firsts)
         found = _Found(examples)
+        numbered = ends = None
+        if ranges_by_key_order(schema) and firsts:
+            numbered = np.array([f[0] for f in firsts], dtype=np.int64)
+            top = np.iinfo(np.int64).max
+            ends = np.array(
+                [
+                    top if e is None else int(e[0])
+                    for e in (
+                        end_of(i) if end_of is not None else (firsts[i + 1] if i + 1 < len(firsts) else None)
+                        for i in range(len(firsts))
+                    )
+                ],
+                dtype=np.int64,
+            )
         for p in range(mirror.parts):
-            _compare_partition(mirror.partitions.table(p), src.batches(p), found)
+            _compare_partition(mirror.partitions.table(p), src.batches(p), found, numbered, ends)
+        res.extra_in_ranges = ranges_by_key_order(schema) and not found.unassigned
     finally:
         src.remove()
     res.missing, res.different, res.extra = found.missing, found.different, found.extra
@@ -355,10 +373,11 @@ def compare(
     res.mismatched_chunks = len(bad)
     for i in bad:  # adjacent chunks join into one range (end exclusive: the next chunk's first key)
         end = end_of(i) if end_of is not None else (firsts[i + 1] if i + 1 < len(firsts) else None)
-        if res.repair_ranges and res.repair_ranges[-1].end == firsts[i]:
+        start = (found.below,) if i == 0 and found.below is not None else firsts[i]  # extra keys below
+        if res.repair_ranges and res.repair_ranges[-1].end == start:
             res.repair_ranges[-1] = ChunkRange(res.repair_ranges[-1].start, end)
         else:
-            res.repair_ranges.append(ChunkRange(firsts[i], end))
+            res.repair_ranges.append(ChunkRange(start, end))
     res.examples = _examples(schema, found, mirror, norm, reread, afters, examples)
     return res
 
@@ -374,6 +393,10 @@ class _Found:
     extra: int = 0
     chunks: set = field(default_factory=set)
     samples: dict = field(default_factory=lambda: {"missing": [], "different": [], "extra": []})
+    #: where chunks' first keys order as integers: the lowest extra key below the first chunk
+    below: int | None = None
+    #: extra rows no chunk's range could be given (no source chunk at all)
+    unassigned: bool = False
 
     def add(self, kind: str, keys: pa.Array, chunks: pa.Array | None = None) -> None:
         n = len(keys)
@@ -405,10 +428,20 @@ def _pieces(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[pa.Table]:
         yield pa.Table.from_batches(held)
 
 
-def _compare_partition(mirror: pa.Table, source: Iterable[pa.RecordBatch], found: _Found) -> None:
+def _compare_partition(
+    mirror: pa.Table,
+    source: Iterable[pa.RecordBatch],
+    found: _Found,
+    firsts: np.ndarray | None = None,
+    ends: np.ndarray | None = None,
+) -> None:
     """One hash partition: the mirror's (the join's build side, whole) against the source's,
     in pieces as large as the mirror's partition (each piece hashes the build side once: the
-    source's spill holds a small batch per chunk); mirror rows no source row matched are extra."""
+    source's spill holds a small batch per chunk); mirror rows no source row matched are extra.
+    With ``firsts`` (the chunks' first keys, integers in key order) and ``ends`` (where each
+    chunk's range ends, exclusive) an extra row counts in the chunk whose range holds its key,
+    so a repair re-reads that range (and sweeps it); one below the first chunk widens the first
+    range down to it; one between two ranges (no source row near it) is left unassigned."""
     mirror = mirror.append_column("mrow", pa.array(np.arange(mirror.num_rows, dtype=np.int64)))
     matched = np.zeros(mirror.num_rows, dtype=bool)
     for piece in _pieces(source, max(mirror.num_rows, 100_000)):
@@ -419,7 +452,19 @@ def _compare_partition(mirror: pa.Table, source: Iterable[pa.RecordBatch], found
         found.add("missing", miss["key"].combine_chunks(), miss["chunk"].combine_chunks())
         diff = j.filter(pc.and_(hit, pc.not_equal(j["sdigest"], j["mdigest"])))
         found.add("different", diff["key"].combine_chunks(), diff["chunk"].combine_chunks())
-    found.add("extra", mirror["key"].combine_chunks().filter(pa.array(~matched)))
+    extra = mirror["key"].combine_chunks().filter(pa.array(~matched))
+    if firsts is None or not len(extra) or not len(firsts):
+        found.unassigned = found.unassigned or bool(len(extra))
+        found.add("extra", extra)
+        return
+    ints = pc.utf8_slice_codeunits(extra, 1, -1).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    at = np.searchsorted(firsts, ints, side="right") - 1
+    if ends is not None and (ints >= ends[np.maximum(at, 0)])[at >= 0].any():
+        found.unassigned = True
+    if (at < 0).any():
+        low = int(ints[at < 0].min())
+        found.below = low if found.below is None else min(found.below, low)
+    found.add("extra", extra, pa.array(np.maximum(at, 0)))
 
 
 def _examples(

@@ -925,14 +925,38 @@ def read_resolved_keys(table_uri: str, paths: Iterable[str]) -> pa.Table:
     return resolve(pa.concat_tables(parts, promote_options="permissive"))
 
 
+def keys_within(keys: pa.Array | pa.ChunkedArray, ranges: Sequence) -> pa.Array:
+    """Which canonical keys of a one-integer-column key (``[123]``) lie in one of ``ranges``
+    (ChunkRange-like: ``start`` inclusive, ``end`` exclusive, None open; one-element tuples),
+    compared as integers, as the source orders them."""
+    col = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    ints = pc.utf8_slice_codeunits(col, 1, -1).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    inside = np.zeros(len(ints), dtype=bool)
+    for r in ranges:
+        m = np.ones(len(ints), dtype=bool)
+        if r.start is not None:
+            m &= ints >= int(r.start[0])
+        if r.end is not None:
+            m &= ints < int(r.end[0])
+        inside |= m
+    return pa.array(inside)
+
+
 def any_dropped(
-    table_uri: str, paths: Iterable[str], *, before: str | None = None, tombstones_upto: str | None = None
+    table_uri: str,
+    paths: Iterable[str],
+    *,
+    before: str | None = None,
+    tombstones_upto: str | None = None,
+    within: Sequence | None = None,
 ) -> bool:
     """Would :func:`drop_rows` remove a row of these files? Reads only the position (and
-    deleted) column, a row group at a time: memory does not follow the bucket's size."""
+    deleted, and with ``within`` key) column, a row group at a time: memory does not follow
+    the bucket's size."""
     if before is None and tombstones_upto is None:
         return False
     cols = [POSITION_COLUMN] + ([DELETED_COLUMN] if tombstones_upto is not None else [])
+    cols += [KEY_COLUMN] if within is not None else []
     for rel in paths:
         fs, p = storage.filesystem(_location(table_uri, rel))
         with fs.open_input_file(p) as fh:
@@ -940,7 +964,10 @@ def any_dropped(
             for i in range(f.num_row_groups):
                 if (
                     drop_rows(
-                        f.read_row_group(i, columns=cols), before=before, tombstones_upto=tombstones_upto
+                        f.read_row_group(i, columns=cols),
+                        before=before,
+                        tombstones_upto=tombstones_upto,
+                        within=within,
                     )
                     is not None
                 ):
@@ -949,15 +976,23 @@ def any_dropped(
 
 
 def drop_rows(
-    current: pa.Table, *, before: str | None = None, tombstones_upto: str | None = None
+    current: pa.Table,
+    *,
+    before: str | None = None,
+    tombstones_upto: str | None = None,
+    within: Sequence | None = None,
 ) -> pa.Table | None:
-    """``current`` without rows older than ``before`` (any state) or tombstones at or
-    before ``tombstones_upto``; None when nothing goes."""
+    """``current`` without rows older than ``before`` (any state; with ``within`` only rows
+    whose key lies in those ranges: :func:`keys_within`) or tombstones at or before
+    ``tombstones_upto``; None when nothing goes."""
     if current.num_rows == 0:
         return None
     gone = pa.array(np.zeros(current.num_rows, dtype=bool))
     if before is not None:
-        gone = pc.or_(gone, pc.less(current[POSITION_COLUMN], before))
+        older = pc.less(current[POSITION_COLUMN], before)
+        if within is not None:
+            older = pc.and_(older, keys_within(current[KEY_COLUMN], within))
+        gone = pc.or_(gone, older)
     if tombstones_upto is not None:
         gone = pc.or_(
             gone, pc.and_(current[DELETED_COLUMN], pc.less_equal(current[POSITION_COLUMN], tombstones_upto))

@@ -410,7 +410,14 @@ def upsert(path: str, rows: pa.Table, *, epoch: int | None = None) -> dict:
     return {"num_source_rows": rows.num_rows, "num_buckets_written": written}
 
 
-def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, reason: str = "sweep") -> int:
+def sweep(
+    path: str,
+    before_position: str,
+    schema: pa.Schema | None = None,
+    *,
+    reason: str = "sweep",
+    within: Sequence | None = None,
+) -> int:
     """Every row (live or tombstone) with a position before ``before_position`` is gone, and
     stays gone: the compaction horizon is raised to it first (one commit), then the rows are
     deleted (a second); a writer in between conflicts and re-reads the horizon, and a crash in
@@ -418,7 +425,10 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
     apply batch) can then only update live rows newer than it, never insert (I7, I9).
     Creates the table (with ``schema``) when absent, so the horizon holds before the first
     row arrives. Used for TRUNCATE events and for a finished snapshot's convergence.
-    Idempotent; retried on commit conflicts. Returns the number of rows deleted."""
+    Idempotent; retried on commit conflicts. Returns the number of rows deleted. With
+    ``within`` (a ranged snapshot's key ranges, one integer key column) only rows whose key
+    lies in those ranges go; the horizon still rises for the whole table (a row older than the
+    mark can only come from a replay of what the mirror has applied)."""
     bound = _position_literal(before_position)
     dt = _open(path)
     if dt is None:
@@ -426,12 +436,14 @@ def sweep(path: str, before_position: str, schema: pa.Schema | None = None, *, r
             return 0
         dt = _create(path, schema, {HORIZON_PROPERTY: bound})[0]
     _raise_horizon(path, bound)
-    removed = _drop_everywhere(path, operation="sweep", before=bound, position=bound)
+    removed = _drop_everywhere(path, operation="sweep", before=bound, position=bound, within=within)
     log.info("mirror %s: %s removed %d row(s) older than %s", path, reason, removed, bound)
     return removed
 
 
-def _drop_everywhere(path: str, *, operation: str, before: str, position: str | None = None) -> int:
+def _drop_everywhere(
+    path: str, *, operation: str, before: str, position: str | None = None, within: Sequence | None = None
+) -> int:
     """Remove every stored row version older than ``before`` (live or tombstone), a file at a
     time: a file holding such a row is written again without it (a change file stays a change
     file of its version), the others are not touched; returns how many rows went. Per file is
@@ -445,10 +457,10 @@ def _drop_everywhere(path: str, *, operation: str, before: str, position: str | 
         gone = 0
         for b, paths in sorted(v.files.items()):
             for rel in paths:
-                if not any_dropped(v.table_uri, [rel], before=before):
+                if not any_dropped(v.table_uri, [rel], before=before, within=within):
                     continue
                 rows = read_bucket(v.table_uri, [rel], v.schema)
-                kept = drop_rows(rows, before=before)
+                kept = drop_rows(rows, before=before, within=within)
                 kept = rows if kept is None else kept
                 gone += rows.num_rows - kept.num_rows
                 if kept.num_rows:

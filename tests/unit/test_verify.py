@@ -50,7 +50,7 @@ def row(i: int, **over) -> dict:
     return r
 
 
-def mirror_of(rows: list[dict], **kw) -> MirrorIndex:
+def mirror_of(rows: list[dict], schema: TableSchema = SCHEMA, **kw) -> MirrorIndex:
     events = pa.table(
         {
             "table": ["s.t"] * len(rows),
@@ -60,7 +60,7 @@ def mirror_of(rows: list[dict], **kw) -> MirrorIndex:
             "after": [encode_row(r) for r in rows],
         }
     )
-    return MirrorIndex(SCHEMA, events_to_mirror_rows(SCHEMA, events), **kw)
+    return MirrorIndex(schema, events_to_mirror_rows(schema, events), **kw)
 
 
 def chunks(rows: list[dict], n: int):
@@ -83,7 +83,7 @@ def test_missing_extra_and_different_rows_are_found_and_named():
     res = compare(SCHEMA, chunks(src, 10), mirror_of(mir))
     assert (res.missing, res.extra, res.different) == (1, 1, 1)
     assert res.mismatched == 3 and res.rows_checked == 26
-    assert res.mismatched_chunks == 2  # chunks 1-10 and 11-20; 21-25 equal
+    assert res.mismatched_chunks == 3  # chunks 1-10 and 11-20, and 21-25, whose range holds the extra key 99
     text = "\n".join(m.describe() for m in res.examples)
     assert "key [5]: missing from the mirror" in text
     assert "key [99]: in the mirror, not in the source" in text
@@ -157,11 +157,24 @@ def test_repair_covers_only_the_chunks_that_differed_and_joins_adjacent_ones():
     assert res.to_dict()["repair_ranges"] == [{"start": [1], "end": [21]}, {"start": [41], "end": None}]
 
 
-def test_repair_of_rows_the_source_no_longer_has_is_the_whole_table():
-    src = [row(i) for i in range(1, 26)]
-    res = compare(SCHEMA, chunks(src, 10), mirror_of(src + [row(99)]))
-    assert res.extra == 1 and res.repair_conf() == {"action": "start", "tables": ["s.t"]}
+def test_repair_of_rows_the_source_no_longer_has_reads_the_ranges_that_hold_them():
+    """Issue 57: with a one-integer key an extra mirror row counts in the chunk whose range
+    holds its key (one below the first chunk widens the first range down to it), so the repair
+    is a snapshot of those ranges, which converges inside them; the whole table otherwise."""
+    src = [row(i) for i in range(3, 46)]  # chunks of 10: 3-12, 13-22, 23-32, 33-42, 43-45
+    res = compare(SCHEMA, chunks(src, 10), mirror_of([row(1), *src, row(99)]))
+    assert res.extra == 2 and res.different == 0, res.to_dict()
+    assert [(r.start, r.end) for r in res.repair_ranges] == [((1,), (13,)), ((43,), None)]
+    assert res.repair_conf()["key_ranges"] == {"s.t": [{"start": [1], "end": [13]}, {"start": [43], "end": None}]}
     assert compare(SCHEMA, chunks(src, 10), mirror_of(src)).repair_conf() is None
+    # a text key: the mirror cannot place a key in the database's order, so the whole table
+    text = TableSchema(SCHEMA.table, tuple(Column(c.name, "string" if c.name == "id" else c.type) for c in SCHEMA.columns),
+                       ("id",))
+    trows = [{**r, "id": f"k{r['id']:03d}"} for r in src]
+    tpairs = [(encode_key([r["id"]]), r) for r in trows]
+    tres = compare(text, [tpairs[i:i + 10] for i in range(0, len(tpairs), 10)],
+                   mirror_of(trows + [{**row(99), "id": "k999"}], schema=text))
+    assert tres.extra == 1 and tres.repair_conf() == {"action": "start", "tables": ["s.t"]}
 
 
 def _found(res) -> tuple:
@@ -176,7 +189,7 @@ def test_hash_partitions_find_what_one_partition_finds():
     mir = [r for r in src if r["id"] not in (5, 33)] + [row(99), row(100)]
     mir = [row(r["id"], name="x") if r["id"] in (15, 44, 45) else r for r in mir]
     whole = compare(SCHEMA, chunks(src, 10), mirror_of(mir))
-    assert (whole.missing, whole.extra, whole.different, whole.mismatched_chunks) == (2, 2, 3, 4)
+    assert (whole.missing, whole.extra, whole.different, whole.mismatched_chunks) == (2, 2, 3, 5)  # 51-59: 99, 100
     for partition_rows in (7, 2, 1):
         index = mirror_of(mir, partition_rows=partition_rows)
         assert index.parts == -(-len(mir) // partition_rows)
