@@ -2,7 +2,7 @@
 the mirror, and rows re-read to get the mirror equal to the source again, per case:
 
 - ``slot``: PostgreSQL 18 with a synchronized failover slot. Capture goes on from the slot; no
-  row is re-read.
+  row is re-read. ``slot17``: the same on PostgreSQL 17.
 - ``resync``: PostgreSQL 15 (no failover slots), promoted after ``--gap-seconds`` of writes that
   were replicated but never captured. Capture stops (SourceChangedError), ``resync`` starts it
   anew, verify finds what differs and a snapshot of only those key ranges repairs it.
@@ -12,11 +12,13 @@ the mirror, and rows re-read to get the mirror equal to the source again, per ca
 Each case runs on a primary/standby pair of its own (tests/pg_cluster.py), a table of ``--rows``
 rows snapshotted into a Delta mirror first, writers at ``--rate`` transactions/s (updates and
 inserts; a delete lost in a gap would make the repair whole-table, see README "Failover") on
-whichever server is the primary. The figures are seconds on this machine and rows; the rows
-re-read are also given as a share of the table.
+whichever server is the primary; in ``resync`` one transaction in ten is a delete, so deletes
+are lost in the gap too: the repair's snapshot of key ranges converges inside them (removes the
+mirror rows the source no longer has), as the snapshot DAG's commit does. The figures are
+seconds on this machine and rows; the rows re-read are also given as a share of the table.
 
     python -m bench failover [--rows 100000] [--rate 50] [--gap-seconds 1] [--verify-chunk-rows 1000]
-                             [--cases slot,resync,mariadb]
+                             [--cases slot,slot17,resync,mariadb]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import random
 import tempfile
 import threading
 import time
+import uuid
 
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.errors import SourceChangedError
@@ -56,8 +59,8 @@ class Writer:
     """Updates and inserts at ``rate`` on the current primary (``server``), reconnecting to
     whichever server that is after a failover."""
 
-    def __init__(self, server, rows: int, rate: float) -> None:
-        self.server, self.rows, self.rate = server, rows, rate
+    def __init__(self, server, rows: int, rate: float, deletes: bool = False) -> None:
+        self.server, self.rows, self.rate, self.deletes = server, rows, rate, deletes
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -68,7 +71,9 @@ class Writer:
                 if conn is None:
                     conn = _connect(self.server)
                 with conn.cursor() as cur:
-                    if rnd.random() < 0.8:
+                    if self.deletes and rnd.random() < 0.1:
+                        cur.execute("DELETE FROM orders WHERE id = %s", (rnd.randint(1, self.rows),))
+                    elif rnd.random() < 0.8:
                         cur.execute("UPDATE orders SET v = %s, n = n + 1 WHERE id = %s",
                                     (f"u{rnd.random()}", rnd.randint(1, self.rows)))
                     else:
@@ -104,9 +109,10 @@ class _Pair:
             self.cluster = mariadb_cluster.Cluster().start()
             self.old, self.new, self.table = self.cluster.primary, self.cluster.replica, TableName("cdc_test", "orders")
         else:
-            self.cluster = Cluster(18 if case == "slot" else 15, failover=case == "slot").start()
+            self.major = {"slot": 18, "slot17": 17}.get(case, 15)
+            self.cluster = Cluster(self.major, failover=case.startswith("slot")).start()
             self.old, self.new, self.table = self.cluster.primary, self.cluster.standby, TABLE
-        self.database = "MariaDB" if case == "mariadb" else f"PostgreSQL {18 if case == 'slot' else 15}"
+        self.database = "MariaDB" if case == "mariadb" else f"PostgreSQL {self.major}"
 
     def load(self, rows: int) -> None:
         self.old.sql("CREATE TABLE orders (id int PRIMARY KEY, v text, n int)")
@@ -119,7 +125,7 @@ class _Pair:
     def ready(self, d, data_dir: str) -> None:
         """What must hold before the promotion: the failover slot is synchronized (slot), or the
         replica has applied everything (mariadb)."""
-        if self.case == "slot":
+        if self.case.startswith("slot"):
             self.cluster.wait(lambda: (stage_changelog(d, data_dir), self.cluster.slot_synced(d.slot_name))[1],
                               "the failover slot is synced")
         elif self.case == "mariadb":
@@ -170,6 +176,22 @@ def _until_marker_applied(d, data_dir: str, timeout: float = 120) -> None:
     raise AssertionError("the new primary's first change never reached the mirror")
 
 
+def _converge(d, data_dir: str, table: TableName, mark: str, vis, ranges) -> None:
+    """What the snapshot DAG's commit does once a snapshot of key ranges is merged: mirror rows
+    inside the ranges older than its convergence mark go (pipeline/snapshot_controller.py)."""
+    from airflow_provider_cdc.core.window import lowered_low
+    from airflow_provider_cdc.pipeline.windows import staged_log
+    from airflow_provider_cdc.sinks.mirror_delta import sweep
+    from airflow_provider_cdc.storage.layout import changelog_dir, mirror_dir
+    from airflow_provider_cdc.storage.staged import staged_watermarks
+
+    stage_changelog(d, data_dir)
+    changelog = changelog_dir(data_dir, SOURCE)
+    at = staged_watermarks(changelog, [mark])[mark][0]
+    at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
+    sweep(mirror_dir(data_dir, SOURCE, table), at, within=ranges, reason="repair convergence")
+
+
 def run_case(case: str, args) -> dict:
     pair = _Pair(case)
     data_dir = tempfile.mkdtemp(prefix=f"bench-failover-{case}-")
@@ -179,7 +201,7 @@ def run_case(case: str, args) -> dict:
         d = _dialect(pair.old.uri, table)
         d.prepare_watermarks()
         d.load_offset(data_dir)
-        writer = Writer(pair.old, args.rows, args.rate)
+        writer = Writer(pair.old, args.rows, args.rate, deletes=case == "resync")
         writer.thread.start()
         try:
             _snapshot(d, data_dir)
@@ -215,8 +237,11 @@ def run_case(case: str, args) -> dict:
         if not res.ok:
             conf = res.repair_conf()
             if "key_ranges" in (conf or {}):
+                # the convergence mark first, as the snapshot DAG's plan takes it
+                mark, vis = d2.mark(f"converge-{uuid.uuid4().hex}"), d2.visibility()
                 for i, r in enumerate(res.repair_ranges):
                     reread += _snapshot(d2, data_dir, r, snapshot_id=f"repair{i}")
+                _converge(d2, data_dir, table, mark, vis, res.repair_ranges)
             else:
                 reread += _snapshot(d2, data_dir, snapshot_id="repair")
         consistent = time.monotonic()
@@ -224,12 +249,13 @@ def run_case(case: str, args) -> dict:
         total = again.source_rows
         if case != "mariadb":
             d2.drop_slot()
+        extra = res.extra
         d2.close()
         return {
             "case": case, "database": pair.database, "rows": total,
             "promotion_s": round(promoted - t0, 2),
             "promotion_to_first_change_applied_s": round(first_applied - promoted, 2),
-            "mismatched_after_catch_up": res.mismatched, "repair_ranges": ranges,
+            "mismatched_after_catch_up": res.mismatched, "extra_after_catch_up": extra, "repair_ranges": ranges,
             "rows_reread": reread, "rows_reread_share": round(reread / total, 4) if total else None,
             "promotion_to_mirror_equal_s": round(consistent - promoted, 2),
             "verify_after_repair_mismatched": again.mismatched,
@@ -245,7 +271,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rate", type=float, default=50.0, help="writer transactions/s")
     ap.add_argument("--gap-seconds", type=float, default=1.0, help="resync: seconds of writes never captured")
     ap.add_argument("--verify-chunk-rows", type=int, default=1000)
-    ap.add_argument("--cases", default="slot,resync,mariadb")
+    ap.add_argument("--cases", default="slot,slot17,resync,mariadb")
     args = ap.parse_args(argv)
     failed = 0
     for case in args.cases.split(","):
