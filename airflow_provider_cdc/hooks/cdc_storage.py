@@ -20,9 +20,9 @@ _EXTRA = {
 
 def storage_environment(conn_id: str) -> dict[str, str]:
     """The AWS variables that connection ``conn_id`` stands for."""
-    from airflow.sdk import BaseHook
+    from .cdc_source import CdcSourceHook  # its lookup also reads the metadata database from a CLI
 
-    conn = BaseHook.get_connection(conn_id)
+    conn = CdcSourceHook.get_connection(conn_id)
     env: dict[str, str] = {}
     if conn.login:
         env["AWS_ACCESS_KEY_ID"] = conn.login

@@ -6,6 +6,8 @@ deltalake and child processes get the endpoint and keys from it."""
 from __future__ import annotations
 
 import json
+import os
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -64,3 +66,33 @@ def test_the_trigger_carries_the_connection_id_never_its_secrets():
     assert kwargs["storage_conn_id"] == "cdc_test_s3"
     assert "test" not in json.dumps(kwargs).replace("cdc_test_s3", "")
     assert HighWatermarkTrigger(**kwargs).storage_conn_id == "cdc_test_s3"
+
+
+def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, unique_name):
+    """Issue 58: a connection made in the UI or with ``airflow connections add`` lives in the
+    metadata database; a task reads it through the API server, and the package's CLI, outside a
+    task, reads it there too, as ``airflow connections get`` does (before, only AIRFLOW_CONN_*
+    variables were seen)."""
+    import subprocess
+
+    from airflow_provider_cdc.hooks.cdc_source import CdcSourceHook
+    from airflow_provider_cdc.hooks.cdc_storage import storage_environment
+
+    conn_id = f"meta_{unique_name}"
+    store_id = f"meta_store_{unique_name}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
+    for cid, uri in ((conn_id, pg_uri), (store_id, "aws://AKIDEXAMPLE:s3cr3t@/?region_name=eu-west-1")):
+        subprocess.run(["airflow", "connections", "add", cid, "--conn-uri", uri], check=True, env=env,
+                       capture_output=True, timeout=120)
+    try:
+        params = CdcSourceHook(conn_id).connection_params()
+        assert (params.host, params.port) == (urlsplit(pg_uri).hostname, urlsplit(pg_uri).port)
+        assert storage_environment(store_id)["AWS_ACCESS_KEY_ID"] == "AKIDEXAMPLE"
+        out = subprocess.run(["airflow-cdc", "doctor", "--conn-id", conn_id, "--source", unique_name],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert "is not defined" not in out.stdout + out.stderr, out.stdout + out.stderr
+        with pytest.raises(Exception, match="isn't defined"):
+            CdcSourceHook(f"nope_{unique_name}").connection_params()
+    finally:
+        for cid in (conn_id, store_id):
+            subprocess.run(["airflow", "connections", "delete", cid], env=env, capture_output=True, timeout=120)
