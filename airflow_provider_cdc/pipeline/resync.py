@@ -8,12 +8,13 @@ import logging
 import time
 import uuid
 
-from ..core.errors import SourceChangedError, StateError
+from ..core.errors import ConfigurationError, SourceChangedError, StateError
 from ..core.events import Op
 from ..dialects.base import Dialect
 from ..storage.layout import changelog_dir, events_dir
 from ..storage.segment_index import staged_through
 from ..storage.source_server import read_gaps, read_server, write_gaps
+from ..storage.staged import list_segments
 from .locks import capture_lock, lock_key
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,14 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
     log starts; changes committed before it and after ``from`` may be missing until every
     captured table is verified and repaired (``airflow-cdc verify --repair``)."""
     directory = changelog_dir(data_dir, dialect.source)
+    if read_server(directory) is None and not list_segments(directory) and staged_through(directory) is None:
+        # before anything touches the server: capture's start would create a slot (and a
+        # publication) for a name that was never captured, e.g. a typo, and keep WAL for it
+        raise ConfigurationError(
+            f"source {dialect.source!r} was never captured into {data_dir} (no staged changelog at "
+            f"{directory}), so there is nothing to resync and nothing was created on the server. "
+            "Check the source's name (airflow-cdc sources lists them) and --data-dir"
+        )
     with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
         if not acquired:
             raise StateError(

@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 
 def held_objects(dialect: Dialect, data_dir: str) -> list[str]:
     """What ``dialect``'s source holds, in words (the objects drop-source removes)."""
-    slot = getattr(dialect, "slot_name", None)
-    if slot is not None:
-        return [f"replication slot {slot!r}", f"publication {dialect.publication_name!r}"]
+    held = getattr(dialect, "held_objects", None)
+    if held is not None:  # PostgreSQL: what exists on the server now, and whose it is
+        return held()
     path = _offset_path(dialect, data_dir)
     return [f"binlog offset {path}"] if path else []
 
@@ -50,11 +50,17 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
         done: list[str] = []
         slot = getattr(dialect, "slot_name", None)
         if slot is not None:
+            # a slot of that name this package did not make is refused before anything is dropped
             done.append(
                 f"replication slot {slot!r} " + ("dropped" if dialect.drop_slot() else "did not exist")
             )
-            dialect.drop_publication()
-            done.append(f"publication {dialect.publication_name!r} dropped (if it existed)")
+            if dialect.drop_publication():
+                done.append(f"publication {dialect.publication_name!r} dropped (if it existed)")
+            else:
+                done.append(
+                    f"publication {dialect.publication_name!r} left: another role owns it (drop it as that "
+                    "role if nothing else uses it)"
+                )
             return done
         path = _offset_path(dialect, data_dir)
         if path and storage.exists(path):

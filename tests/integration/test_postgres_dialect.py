@@ -1035,3 +1035,83 @@ def test_a_change_committed_but_not_yet_visible_when_the_chunk_reads_is_not_lost
         cur.execute(f'DROP TABLE IF EXISTS {t.schema}."{t.name}"')
         cur.execute(f'DROP TABLE IF EXISTS cdc."wm_{unique_name}"')
         admin.close()
+
+
+@pytest.mark.parametrize("kind", ["physical", "test_decoding", "another database"])
+def test_drop_source_and_resync_never_drop_a_slot_the_package_did_not_make(server_uri, unique_name, tmp_path, kind):
+    """Issue 58: a slot of the source's name that is a physical slot, another plugin's or another
+    database's is someone else's: drop-source (and resync, which drops a slot that did not follow
+    a failover) refuses naming what it is, and it stays. status --live says whose it is."""
+    from airflow_provider_cdc.pipeline.source_admin import drop_source, held_objects
+
+    admin = _connect(server_uri, autocommit=True)
+    cur = admin.cursor()
+    slot = f"cdc_{unique_name}"
+    if kind == "physical":
+        cur.execute("SELECT pg_create_physical_replication_slot(%s)", (slot,))
+    elif kind == "test_decoding":
+        cur.execute("SELECT pg_create_logical_replication_slot(%s, 'test_decoding')", (slot,))
+    else:
+        other = _connect(server_uri.rsplit("/", 1)[0] + "/postgres", autocommit=True)
+        other.cursor().execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (slot,))
+        other.close()
+    d = PostgresDialect(ConnectionParams.from_uri(server_uri), source=unique_name, slot_name=slot)
+    try:
+        (said,) = [h for h in held_objects(d, str(tmp_path)) if "slot" in h]
+        assert "not this source's" in said and "left" in said, said
+        with pytest.raises(SourceError, match=f"replication slot '{slot}' .* is not a slot of source .* not dropped"):
+            drop_source(d, str(tmp_path))
+        cur.execute("SELECT slot_type FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        assert cur.fetchall(), "the slot is gone"
+    finally:
+        d.close()
+        cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        admin.close()
+
+
+def test_drop_source_leaves_a_publication_another_role_owns(server_uri, unique_name, tmp_path):
+    """An administrator's publication (the least-privilege set-up) is left and said so, instead of
+    failing raw on "must be owner" after the slot went; the slot the source made is dropped."""
+    from airflow_provider_cdc.pipeline.source_admin import drop_source, held_objects
+
+    t = TableName("public", f"pub_{unique_name}")
+    role = f"r_{unique_name}"
+    admin = _connect(server_uri, autocommit=True)
+    cur = admin.cursor()
+    cur.execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    cur.execute(f'CREATE ROLE "{role}"')
+    cur.execute(f'CREATE PUBLICATION "cdc_{unique_name}" FOR TABLE "{t.name}"')
+    cur.execute(f'ALTER PUBLICATION "cdc_{unique_name}" OWNER TO "{role}"')
+    d = PostgresDialect(ConnectionParams.from_uri(server_uri), source=unique_name, tables=[t],
+                        watermark_table=f"wm_{unique_name}")
+    try:
+        d.load_offset(str(tmp_path))
+        held = held_objects(d, str(tmp_path))
+        assert any(f"publication 'cdc_{unique_name}' (owned by '{role}'" in h for h in held), held
+        done = drop_source(d, str(tmp_path))
+        assert any("dropped" in x and "replication slot" in x for x in done), done
+        assert any("left: another role owns it" in x for x in done), done
+        cur.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (f"cdc_{unique_name}",))
+        assert cur.fetchall()
+    finally:
+        d.close()
+        cur.execute(f'DROP PUBLICATION IF EXISTS "cdc_{unique_name}"')
+        cur.execute(f'DROP TABLE "{t.name}", "cdc"."wm_{unique_name}"')
+        cur.execute(f'DROP ROLE "{role}"')
+        admin.close()
+
+
+def test_resync_of_a_source_never_captured_creates_nothing(server_uri, unique_name, tmp_path):
+    """Issue 58: ``resync --source <typo>`` created a publication and a slot, said "nothing to
+    resync", and left the slot keeping WAL. Refused now before the server is touched."""
+    from airflow_provider_cdc.pipeline.resync import resync
+
+    d = PostgresDialect(ConnectionParams.from_uri(server_uri), source=f"typo_{unique_name}")
+    try:
+        with pytest.raises(ConfigurationError, match="was never captured into .* nothing was created"):
+            resync(d, str(tmp_path))
+        rows = d._query("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (d.slot_name,))
+        pubs = d._query("SELECT count(*) FROM pg_publication WHERE pubname = %s", (d.publication_name,))
+        assert rows == [(0,)] and pubs == [(0,)]
+    finally:
+        d.close()

@@ -362,8 +362,12 @@ class PostgresDialect(Dialect):
     def drop_slot(self, timeout: float = 10.0) -> bool:
         return self.offsets.drop_slot(timeout)
 
-    def drop_publication(self) -> None:
-        self.offsets.drop_publication()
+    def drop_publication(self) -> bool:
+        return self.offsets.drop_publication()
+
+    def held_objects(self) -> list[str]:
+        """What the source holds on its server now, in words (PgOffsets.held)."""
+        return self.offsets.held()
 
     def visibility(self) -> str | None:
         return self.offsets.visibility()

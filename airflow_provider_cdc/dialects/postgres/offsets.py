@@ -660,11 +660,56 @@ class PgOffsets:
             "the slots of sources no longer captured (airflow-cdc drop-source)"
         )
 
+    def slot_not_ours(self) -> str | None:
+        """Why the slot of the source's name is not one this package made (a physical slot,
+        another plugin's, another database's), in words; None when it is (or does not exist).
+        Nothing that is not ours is ever dropped."""
+        rows = self.server.query(
+            "SELECT slot_type, coalesce(plugin, ''), coalesce(database::text, ''), current_database() "
+            "FROM pg_replication_slots WHERE slot_name = %s",
+            (self.slot_name,),
+        )
+        if not rows:
+            return None
+        kind, plugin, database, here = rows[0]
+        if kind != "logical":
+            return f"it is a {kind} replication slot"
+        if plugin != "pgoutput":
+            return f"it decodes with plugin {plugin!r}, not pgoutput"
+        if database != here:
+            return f"it belongs to database {database!r}, not {here!r}"
+        return None
+
+    def held(self) -> list[str]:
+        """What the source holds on this server, in words, as drop-source treats it: only what
+        exists, and what is not the source's said so (it is left)."""
+        out = []
+        if self.server.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)):
+            why = self.slot_not_ours()
+            note = "" if why is None else f" (not this source's: {why}; left)"
+            out.append(f"replication slot {self.slot_name!r}{note}")
+        if self.server.query("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication_name,)):
+            owner = self.publication_owner()
+            out.append(
+                f"publication {self.publication_name!r}"
+                + ("" if owner is None else f" (owned by {owner!r}, not this connection's role: left)")
+            )
+        return out
+
     def drop_slot(self, timeout: float = 10.0) -> bool:
         """Drop the slot (it retains WAL forever otherwise). Waits while a just-closed
-        stream still holds it. Returns False when it did not exist."""
+        stream still holds it. Returns False when it did not exist. Refuses (SourceError, nothing
+        dropped) a slot of that name this package did not make (:meth:`slot_not_ours`)."""
         import psycopg2
 
+        why = self.slot_not_ours()
+        if why is not None:
+            raise SourceError(
+                f"replication slot {self.slot_name!r} on {self.server.params.host}:{self.server.params.port} "
+                f"is not a slot of source {self.server.source!r} ({why}), so it was not dropped. Another "
+                "tool may use it: if nothing does, drop it by hand; or give this source another "
+                "slot_name (connection extra)"
+            )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -684,8 +729,24 @@ class PgOffsets:
                     ) from exc
                 time.sleep(0.1)
 
-    def drop_publication(self) -> None:
+    def publication_owner(self) -> str | None:
+        """The role owning the source's publication when that is not this connection's role
+        (an administrator made it, or another tool); None when this role owns it or it does not
+        exist."""
+        rows = self.server.query(
+            "SELECT pg_get_userbyid(pubowner)::text FROM pg_publication WHERE pubname = %s AND pubowner <> "
+            "(SELECT oid FROM pg_roles WHERE rolname = current_user)",
+            (self.publication_name,),
+        )
+        return rows[0][0] if rows else None
+
+    def drop_publication(self) -> bool:
+        """Drop the source's publication if this connection's role owns it (the package made
+        it); one another role owns (an administrator's, another tool's) is left: returns False."""
+        if self.publication_owner() is not None:
+            return False
         self.server.query(f"DROP PUBLICATION IF EXISTS {self.server.quote_ident(self.publication_name)}")
+        return True
 
     def flush_lsn(self) -> int:
         """Where a read of the slot ends: the WAL flushed (a primary), or replayed (a standby)."""
