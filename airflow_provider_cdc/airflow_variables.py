@@ -175,6 +175,30 @@ def save_lag(source: str, lag: dict) -> None:
     _set(key, json.dumps({"source": source, **lag, "history": history}, sort_keys=True))
 
 
+def save_capture_failure(source: str, error: str, at: float | None = None) -> None:
+    """A capture of ``source`` failed: its lag Variable keeps the last good reading and gains
+    ``failing`` ({since, at, attempts, error}), which status and the CDC page show first, so a
+    failing capture never reads as "0 s behind". The next successful capture's reading replaces
+    it (:func:`save_lag`). ``error`` is safe text (no credentials)."""
+    key = lag_key(source)
+    try:
+        doc = json.loads(_get(key) or "{}")
+        if not isinstance(doc, dict):
+            doc = {}
+    except (TypeError, ValueError):
+        doc = {}
+    now = float(at or time.time())
+    before = doc.get("failing") if isinstance(doc.get("failing"), dict) else {}
+    doc["source"] = source
+    doc["failing"] = {
+        "since": float(before.get("since") or now),
+        "at": now,
+        "attempts": int(before.get("attempts") or 0) + 1,
+        "error": error[:2000],
+    }
+    _set(key, json.dumps(doc, sort_keys=True))
+
+
 # --- the last verify of each table ---------------------------------------------------------------
 VERIFY_PREFIX = "cdc_verify__"
 

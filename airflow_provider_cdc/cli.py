@@ -357,7 +357,20 @@ def _data_dir_of(source: str) -> str | None:
         return None
 
 
+def describe_failing(failing: dict[str, Any]) -> str:
+    """A failing capture, first: since when, how many attempts, the last error."""
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(failing.get("since") or 0)) + "Z"
+    return (
+        f"CAPTURE FAILING since {since} ({int(failing.get('attempts') or 0)} failed attempt(s)): "
+        f"{failing.get('error') or '?'}"
+    )
+
+
 def describe_lag(lag: dict[str, Any]) -> str:
+    failing = lag.get("failing")
+    if isinstance(failing, dict):
+        good = "; the last good reading: " + describe_lag({k: v for k, v in lag.items() if k != "failing"})
+        return describe_failing(failing) + (good if lag.get("at") else "; no capture has succeeded yet")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(lag.get("at") or 0)) + "Z"
     text = (
         f"capture lag {lag.get('bytes', 0):,} bytes, {lag.get('seconds') or 0:,.0f} s behind the log "

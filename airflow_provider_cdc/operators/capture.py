@@ -115,13 +115,17 @@ def capture_changes(
     another capture of the source holds the capture lock."""
     from ..pipeline.capture import run_capture
 
-    done = run_capture(
-        hook,
-        data_dir,
-        max_events=max_events,
-        segment_max_events=segment_max_events,
-        retention=_retention(hook, data_dir, overrides),
-    )
+    try:
+        done = run_capture(
+            hook,
+            data_dir,
+            max_events=max_events,
+            segment_max_events=segment_max_events,
+            retention=_retention(hook, data_dir, overrides),
+        )
+    except Exception as exc:
+        _record_failure(hook.source, exc)
+        raise
     if done is None:
         return None
     result, lag = done
@@ -165,6 +169,17 @@ def _retention(hook: Any, data_dir: str, overrides: dict[str, str] | None) -> Re
         return None if p is None else (p.snapshot_id, str(p.status), p.updated_at)
 
     return RetentionPolicy(now.staging_retention_hours * 3600, tuple(sink_names(now.sinks)), snapshot_of)
+
+
+def _record_failure(source: str, exc: BaseException) -> None:
+    """Where status and the CDC page look: the capture of ``source`` is failing, and why."""
+    from .. import airflow_variables
+    from ..error_text import safe_error_text
+
+    try:
+        airflow_variables.save_capture_failure(source, f"{type(exc).__name__}: {safe_error_text(exc)}")
+    except Exception:  # noqa: BLE001 - the capture's own error is what the task raises
+        log.warning("could not record the failed capture of %r for status", source, exc_info=True)
 
 
 def _emit_lag_metrics(lag) -> None:

@@ -137,6 +137,16 @@ def _source_block(src: dict) -> str:
         return "<div class='box'>No capture lag recorded yet (the changelog DAG's capture records it).</div>"
     if lag.get("malformed"):
         return f"<div class='box' data-testid='lag'>{_malformed(lag['malformed'])}</div>"
+    failing = lag.get("failing")
+    if isinstance(failing, dict):  # shown first: the figures below are the last good reading's
+        head = (
+            "<div class='box risk' data-testid='capture-failing' role='alert'>"
+            f"<strong>Capture FAILING</strong> since {_t(failing.get('since'))} "
+            f"({int(failing.get('attempts') or 0)} failed attempt(s), the last {_t(failing.get('at'))}): "
+            f"{escape(str(failing.get('error') or '?'))}</div>"
+        )
+        rest = {k: v for k, v in lag.items() if k != "failing"}
+        return head + (_source_block({**src, "lag": rest}) if rest.get("at") else "")
     risk = lag.get("risk")
     # nothing bounds the log the source keeps for this capture (max_slot_wal_keep_size = -1):
     # not a failed run like a risk, a standing warning until a limit is set

@@ -116,3 +116,44 @@ def test_the_variable_is_a_copy_written_after_the_authority(tmp_path, variables)
     assert airflow_variables.status("src", T.id, str(tmp_path)) == "paused"  # decisions read the authority
     shutil.rmtree(tmp_path / "control")  # the authority removed (a data dir deleted): the copy is never read back
     assert airflow_variables.load("src", T.id, str(tmp_path)) is None
+
+
+def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(variables, monkeypatch, tmp_path):
+    """Issue 58: with the slot dropped or a keyless table in scope, cdc_changelog failed every
+    minute while status showed "0 s behind the log". A failed capture now marks the source's lag
+    record as failing (since, attempts, the error, never a credential); status and the CDC page
+    say so before the last good reading; the next good capture clears it."""
+    import json
+
+    import pytest
+
+    from airflow_provider_cdc import airflow_variables
+    from airflow_provider_cdc.cli import describe_lag
+    from airflow_provider_cdc.core.errors import SourceError
+    from airflow_provider_cdc.operators import capture as capture_op
+    from airflow_provider_cdc.pipeline import capture as capture_pipeline
+    from airflow_provider_cdc.ui.page import render
+
+    from airflow.sdk._shared.secrets_masker import mask_secret
+
+    mask_secret("hunter2")  # as a task registers the password of each connection it reads
+    airflow_variables.save_lag("shop", {"bytes": 0, "seconds": 0.0, "holder": "slot 'cdc_shop'", "at": 100.0})
+
+    def refused(*_a, **_k):  # the fault a dropped slot produces, injected
+        raise SourceError("replication slot 'cdc_shop' does not exist (password=hunter2)")
+
+    monkeypatch.setattr(capture_pipeline, "run_capture", refused)
+    hook = type("Hook", (), {"source": "shop"})()
+    for _ in range(2):
+        with pytest.raises(SourceError):
+            capture_op.capture_changes(hook, str(tmp_path))
+    doc = json.loads(variables.store[airflow_variables.lag_key("shop")])
+    assert doc["failing"]["attempts"] == 2 and "does not exist" in doc["failing"]["error"]
+    assert "hunter2" not in json.dumps(doc)
+    text = describe_lag(doc)
+    assert text.startswith("CAPTURE FAILING since") and "2 failed attempt(s)" in text and "last good reading" in text
+    html = render([{"source": "shop", "snapshot_dag": "cdc_snapshot", "applied": {}, "lag": doc, "tables": []}],
+                  user="u", can_act={})
+    assert html.index("capture-failing") < html.index("Capture lag:")
+    airflow_variables.save_lag("shop", {"bytes": 5, "seconds": 1.0, "holder": "slot 'cdc_shop'", "at": 200.0})
+    assert "failing" not in json.loads(variables.store[airflow_variables.lag_key("shop")])
