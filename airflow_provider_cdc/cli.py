@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any
 
-from .core.errors import CdcError
+from .core.errors import CdcError, ConfigurationError
 from .core.schema import TableName
 from .dialects.registry import debezium_connectors
 
@@ -202,6 +202,21 @@ def _add_admin_commands(sub) -> None:
         "a source of the sources config: cdc_snapshot__<source>)",
     )
     sn.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
+    sn.add_argument(
+        "--key-range",
+        action="append",
+        default=None,
+        metavar="JSON",
+        help='start: a key range to read, {"start": [1], "end": [1000]} (end exclusive; repeat for '
+        "several); the conf's key_ranges",
+    )
+    sn.add_argument(
+        "--keys", default=None, metavar="JSON", help="start: chosen keys, e.g. [[5], [7]]; the conf's keys"
+    )
+    sn.add_argument("--where", default=None, help="start: a row filter in the source's SQL; the conf's where")
+    sn.add_argument("--chunk-size", default=None, help='start/resume: rows a chunk, or "auto"')
+    sn.add_argument("--parallelism", type=int, default=None, help="start/resume: chunk tasks at once")
+    sn.add_argument("--delay-seconds", type=float, default=None, help="start/resume: a pause between chunks")
     d = sub.add_parser(
         "drop-source",
         help="drop what a source holds on its server: PostgreSQL its replication slot "
@@ -1045,11 +1060,27 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from airflow.api.common.trigger_dag import trigger_dag
     from airflow.utils.types import DagRunTriggeredByType
 
+    from .pipeline.snapshot_conf import parse_snapshot_conf
     from .status import source_scope
 
-    scope = source_scope(st)  # refused here, before a run is triggered, as the run's plan would refuse it
-    tables = [scope.check(TableName.parse(t)).id for t in tables]
-    conf = {"action": args.action, "tables": tables}
+    try:
+        scope = source_scope(st)  # refused here, before a run is triggered, as the run's plan would refuse it
+        tables = [scope.check(TableName.parse(t)).id for t in tables]
+        conf = _snapshot_conf(args, tables)
+        parse_snapshot_conf(conf)  # the plan task's own check: a bad conf never reaches a run
+        if args.action == "resume":
+            done = [
+                t for t in tables if (p := airflow_variables.load(source, t, data_dir)) and p.status == "done"
+            ]
+            if done:
+                raise ConfigurationError(
+                    f"the snapshot of {', '.join(done)} is done: nothing to resume (start a new one: "
+                    f"airflow-cdc snapshot start --source {source} --table ...)"
+                )
+        _check_dag_runnable(dag_id)
+    except (CdcError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     run = trigger_dag(
         dag_id,
         triggered_by=DagRunTriggeredByType.CLI,
@@ -1061,6 +1092,58 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
         "its progress)"
     )
     return EXIT_OK
+
+
+def _snapshot_conf(args: argparse.Namespace, tables: list[str]) -> dict:
+    """The snapshot DAG's conf for ``snapshot start|resume`` from the command's options (JSON
+    where the conf holds JSON); ValueError naming the option when one does not parse."""
+    conf: dict[str, Any] = {"action": args.action, "tables": tables}
+
+    def as_json(option: str, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ValueError(f"{option} must be JSON, got {text!r}") from None
+
+    if args.action == "start":
+        if args.key_range:
+            conf["key_ranges"] = [as_json("--key-range", r) for r in args.key_range]
+        if args.keys is not None:
+            conf["keys"] = {t: as_json("--keys", args.keys) for t in tables}
+        if args.where is not None:
+            conf["where"] = args.where
+    elif args.key_range or args.keys is not None or args.where is not None:
+        raise ValueError(
+            f"--key-range, --keys and --where choose what a new snapshot reads: not for {args.action}"
+        )
+    if args.chunk_size is not None:
+        conf["chunk_size"] = (
+            args.chunk_size if args.chunk_size == "auto" else as_json("--chunk-size", args.chunk_size)
+        )
+    if args.parallelism is not None:
+        conf["parallelism"] = args.parallelism
+    if args.delay_seconds is not None:
+        conf["delay_seconds"] = args.delay_seconds
+    return conf
+
+
+def _check_dag_runnable(dag_id: str) -> None:
+    """Refuse, saying what to do, a trigger that would fail raw (the DAG not parsed yet) or sit
+    queued for ever (the DAG paused)."""
+    from airflow.models.dag import DagModel
+
+    model = DagModel.get_dagmodel(dag_id)
+    if model is None:
+        raise ConfigurationError(
+            f"Airflow does not know DAG {dag_id!r} yet: its dag-processor has not parsed the DAG files (is "
+            "it running, and do its DAG folders hold the package's dags, see the getting-started page? "
+            "`airflow dags list` shows the DAGs it knows)"
+        )
+    if model.is_paused:
+        raise ConfigurationError(
+            f"DAG {dag_id!r} is paused: a run triggered now would wait queued until it is unpaused. "
+            f"Unpause it (airflow dags unpause {dag_id}, or the toggle in the UI), then run this again"
+        )
 
 
 def cmd_drop_source(args: argparse.Namespace) -> int:

@@ -24,6 +24,15 @@ def serialized_dags():
             bundle.initialize()
         sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name),
                        bundle.name, bundle.version)
+    _pause("cdc_snapshot", False)  # new DAGs are paused (Airflow's default): a trigger is refused then
+
+
+def _pause(dag_id: str, paused: bool) -> None:
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        session.query(DagModel).filter(DagModel.dag_id == dag_id).update({"is_paused": paused})
 
 
 def _runs(dag_id: str, prefix: str):
@@ -85,3 +94,35 @@ def test_snapshot_start_refuses_an_unknown_source_or_a_table_outside_the_scope_b
     _delete_runs("cdc_snapshot", triggered)
     assert code == cli.EXIT_ERROR and says in err, err
     assert not triggered
+
+
+def test_snapshot_start_takes_what_a_conf_takes_and_refuses_what_would_hang_or_fail_raw(
+        serialized_dags, scoped, capsys):
+    """Issue 58: the options of a run's conf (key ranges, keys, a filter, chunk size, parallelism)
+    from the command line, checked as the plan checks them; a DAG Airflow has not parsed, a paused
+    DAG (the run would sit queued for ever) and a resume of a finished snapshot are refused,
+    saying what to do, before anything is triggered."""
+    before = {r[0] for r in _runs("cdc_snapshot", "start")}
+    code = cli.run(["snapshot", "start", "--table", "public.orders", "--key-range", '{"start": [1], "end": [100]}',
+                    "--chunk-size", "500", "--parallelism", "2", "--where", "amount > 1"])
+    out = capsys.readouterr()
+    new = [r for r in _runs("cdc_snapshot", "start") if r[0] not in before]
+    _delete_runs("cdc_snapshot", [r[0] for r in new])
+    assert code == cli.EXIT_OK, out.err
+    assert [r[1] for r in new] == [{"action": "start", "tables": ["public.orders"], "chunk_size": 500, "parallelism": 2,
+                                    "key_ranges": [{"start": [1], "end": [100]}], "where": "amount > 1"}]
+    for args, says in [
+        (["--key-range", "1-100"], "--key-range must be JSON"),
+        (["--parallelism", "0"], "parallelism"),
+        (["--snapshot-dag", "cdc_snapshot_no_such_dag"], "does not know DAG 'cdc_snapshot_no_such_dag' yet"),
+    ]:
+        code = cli.run(["snapshot", "start", "--table", "public.orders", *args])
+        assert code == cli.EXIT_ERROR and says in capsys.readouterr().err, args
+    _pause("cdc_snapshot", True)
+    try:
+        code = cli.run(["snapshot", "start", "--table", "public.orders"])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_ERROR and "is paused" in err and "airflow dags unpause cdc_snapshot" in err, err
+    finally:
+        _pause("cdc_snapshot", False)
+    assert {r[0] for r in _runs("cdc_snapshot", "start")} == before
