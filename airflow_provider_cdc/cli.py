@@ -1176,14 +1176,59 @@ def cmd_drop_source(args: argparse.Namespace) -> int:
                 "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)"
             )
             return EXIT_MISMATCH
-        done = drop_source(dialect, data_dir)
+        try:
+            done = drop_source(dialect, data_dir)
+        except CdcError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        watermark = getattr(dialect, "watermark_table", None)
     for line in done:
+        print(f"source {args.source!r}: {line}")
+    for line in _retire_source(args.source, now):
         print(f"source {args.source!r}: {line}")
     print(
         f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept; delete them when "
         "nothing reads them"
+        + (
+            f". The watermark table {watermark} stays: other sources of that database may share it; drop "
+            "it when none does"
+            if watermark is not None
+            else ""
+        )
     )
     return EXIT_OK
+
+
+def _retire_source(source: str, now) -> list[str]:
+    """After drop-source: the source's DAGs paused (each later round would fail and advise a
+    resync) and its last capture reading forgotten (status would go on warning about the WAL a
+    slot that is gone held). What was done, in words."""
+    from . import airflow_variables
+
+    out = []
+    entry = _config_source(source, now)
+    dags = (
+        [f"cdc_changelog__{entry.name}", f"cdc_snapshot__{entry.name}"]
+        if entry is not None
+        else (["cdc_changelog", "cdc_snapshot"] if source == now.source else [])
+    )
+    try:
+        from airflow.models.dag import DagModel
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            for dag_id in dags:
+                n = session.query(DagModel).filter(DagModel.dag_id == dag_id).update({"is_paused": True})
+                if n:
+                    out.append(f"DAG {dag_id} paused (unpause it to capture this source again)")
+    except Exception as exc:  # noqa: BLE001 - the objects are dropped; say what to do by hand
+        out.append(f"its DAGs ({', '.join(dags)}) were not paused ({type(exc).__name__}): pause them by hand")
+    try:
+        airflow_variables._delete(airflow_variables.lag_key(source))
+        out.append("its last capture reading forgotten")
+    except Exception:  # noqa: BLE001 - status then shows the old reading until the next capture
+        pass
+    return out
 
 
 def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:

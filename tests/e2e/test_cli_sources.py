@@ -76,6 +76,7 @@ def test_status_live_shows_the_slot_of_a_source_no_capture_ran_for_and_drop_sour
     airflow_variables._delete(airflow_variables.variable_key(source.source, source.table.id))
     code, out, err = _cli(capsys, "drop-source", "--source", source.source, "--yes")
     assert code == cli.EXIT_OK, err
+    assert "its last capture reading forgotten" in out and "watermark table" in out, out
     if held:
         assert f"replication slot {held!r} dropped" in out and not _slot_exists(source)
     else:
