@@ -372,6 +372,13 @@ def _data_dir_of(source: str) -> str | None:
         return None
 
 
+def short_warning(text: str) -> str:
+    """A standing warning as status lines repeat it: its first clause, and where the whole
+    of it (what happens, how to fix it) is said once (``airflow-cdc doctor``)."""
+    head = str(text).split(": while", 1)[0].split(". ", 1)[0]
+    return head if head == str(text) else f"{head} (airflow-cdc doctor says why and how to bound it)"
+
+
 def describe_failing(failing: dict[str, Any]) -> str:
     """A failing capture, first: since when, how many attempts, the last error."""
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(failing.get("since") or 0)) + "Z"
@@ -399,7 +406,7 @@ def describe_lag(lag: dict[str, Any]) -> str:
     return (
         text
         + (f"; AT RISK: {lag['risk']}" if lag.get("risk") else "")
-        + (f"; WARNING: {lag['warning']}" if lag.get("warning") else "")
+        + (f"; WARNING: {short_warning(lag['warning'])}" if lag.get("warning") else "")
     )
 
 
@@ -1258,7 +1265,7 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
         out[s] = (
             f"no capture has run, but {reading.holder} (and publication {pub!r}) holds "
             f"{reading.lag_bytes:,} bytes of WAL"
-            + (f"; WARNING: {reading.unbounded}" if reading.unbounded else "")
+            + (f"; WARNING: {short_warning(reading.unbounded)}" if reading.unbounded else "")
             + f". Run the changelog DAG, or airflow-cdc drop-source --source {s} --yes"
         )
     return out

@@ -131,6 +131,14 @@ def _error(text: Any) -> str:
     return safe_error_text(str(text))
 
 
+def _folded(text: str) -> str:
+    """A long standing warning: its first clause shown, the rest one click away."""
+    head, sep, rest = text.partition(": while")
+    if not sep:
+        return escape(text)
+    return f"{escape(head)} <details><summary>why, and the fix</summary>{escape(sep[2:] + rest)}</details>"
+
+
 def _source_block(src: dict) -> str:
     lag = src.get("lag")
     if not lag:
@@ -161,13 +169,12 @@ def _source_block(src: dict) -> str:
         f"{'<strong>AT RISK</strong>: ' + escape(str(risk)) if risk else 'ok'}</div>"
         if risk or not warning
         else "<div data-testid='retention-warning' role='alert'><strong>Log retention: "
-        "UNBOUNDED</strong> (warning): "
-        f"{escape(str(warning))}</div>",
+        f"UNBOUNDED</strong> (warning): {_folded(str(warning))}</div>",
     ]
     if risk and warning:
         parts.append(
             f"<div data-testid='retention-warning' role='alert'><strong>Log retention: UNBOUNDED</strong> "
-            f"(warning): {escape(str(warning))}</div>"
+            f"(warning): {_folded(str(warning))}</div>"
         )
     replica = lag.get("replica")
     if isinstance(replica, dict):
