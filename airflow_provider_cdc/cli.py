@@ -1545,6 +1545,9 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(command: str, args: argparse.Namespace) -> int:
+    from .hooks.connections import read_metadata_database
+
+    read_metadata_database()  # a command runs outside a task: connections of the UI are in the database
     try:
         return COMMANDS[command](args)
     except Exception as exc:  # noqa: BLE001 - a missing connection or unreachable source: say so, exit 2

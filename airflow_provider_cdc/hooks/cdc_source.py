@@ -64,14 +64,6 @@ def dialect_name_for(conn_type: str | None, extra: dict[str, Any] | None = None,
         ) from None
 
 
-def _in_task() -> bool:
-    """Whether this process runs a task (or parses DAGs) for Airflow's supervisor, which reads
-    connections through the API server."""
-    import sys
-
-    return hasattr(sys.modules.get("airflow.sdk.execution_time.task_runner"), "SUPERVISOR_COMMS")
-
-
 class CdcSourceHook(BaseHook):
     """The source database of a CDC pipeline (PostgreSQL or MySQL/MariaDB).
 
@@ -141,26 +133,11 @@ class CdcSourceHook(BaseHook):
 
     @classmethod
     def get_connection(cls, conn_id: str) -> Any:
-        """The Airflow connection ``conn_id``. In a task, Airflow's own lookup (the API server
-        reads the metadata database for it). Outside a task (``airflow-cdc``, ``airflow cdc``),
-        that lookup sees only environment variables and secrets backends, so a connection made in
-        the UI or with ``airflow connections add`` is then read from the metadata database, as
-        ``airflow connections get`` does."""
-        try:
-            return super().get_connection(conn_id)
-        except Exception as exc:
-            if type(exc).__name__ != "AirflowNotFoundException" or _in_task():
-                raise
-            try:
-                from airflow.models.connection import Connection  # the metadata database's
-            except ImportError:  # an install without Airflow's core (task SDK only)
-                raise exc from None
-            try:
-                return Connection.get_connection_from_secrets(conn_id)
-            except Exception as again:
-                if type(again).__name__ == "AirflowNotFoundException":
-                    raise exc from None
-                raise
+        """The Airflow connection ``conn_id`` (hooks/connections.py: from the package's CLI also
+        one kept in the metadata database)."""
+        from .connections import airflow_connection
+
+        return airflow_connection(conn_id)
 
     def _split_extra(self, conn: Any = None) -> tuple[str, dict[str, Any], dict[str, Any]]:
         conn = conn or self.connection

@@ -20,9 +20,9 @@ _EXTRA = {
 
 def storage_environment(conn_id: str) -> dict[str, str]:
     """The AWS variables that connection ``conn_id`` stands for."""
-    from .cdc_source import CdcSourceHook  # its lookup also reads the metadata database from a CLI
+    from .connections import airflow_connection  # from the CLI also the metadata database
 
-    conn = CdcSourceHook.get_connection(conn_id)
+    conn = airflow_connection(conn_id)
     env: dict[str, str] = {}
     if conn.login:
         env["AWS_ACCESS_KEY_ID"] = conn.login

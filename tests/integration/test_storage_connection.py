@@ -84,7 +84,13 @@ def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, un
     for cid, uri in ((conn_id, pg_uri), (store_id, "aws://AKIDEXAMPLE:s3cr3t@/?region_name=eu-west-1")):
         subprocess.run(["airflow", "connections", "add", cid, "--conn-uri", uri], check=True, env=env,
                        capture_output=True, timeout=120)
+    from airflow_provider_cdc.hooks.connections import read_metadata_database
+
     try:
+        # a DAG file's parse (not the CLI) does not load Airflow's database models for it
+        with pytest.raises(Exception, match="isn't defined"):
+            CdcSourceHook(conn_id).connection_params()
+        read_metadata_database()  # as the CLI does for its commands
         params = CdcSourceHook(conn_id).connection_params()
         assert (params.host, params.port) == (urlsplit(pg_uri).hostname, urlsplit(pg_uri).port)
         assert storage_environment(store_id)["AWS_ACCESS_KEY_ID"] == "AKIDEXAMPLE"
@@ -94,5 +100,6 @@ def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, un
         with pytest.raises(Exception, match="isn't defined"):
             CdcSourceHook(f"nope_{unique_name}").connection_params()
     finally:
+        read_metadata_database(False)
         for cid in (conn_id, store_id):
             subprocess.run(["airflow", "connections", "delete", cid], env=env, capture_output=True, timeout=120)
