@@ -88,6 +88,7 @@ def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, un
 
     try:
         # a DAG file's parse (not the CLI) does not load Airflow's database models for it
+        read_metadata_database(False)  # (an earlier in-process CLI test may have switched it on)
         with pytest.raises(Exception, match="isn't defined"):
             CdcSourceHook(conn_id).connection_params()
         read_metadata_database()  # as the CLI does for its commands

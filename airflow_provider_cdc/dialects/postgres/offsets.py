@@ -734,11 +734,13 @@ class PgOffsets:
         (an administrator made it, or another tool); None when this role owns it or it does not
         exist."""
         rows = self.server.query(
-            "SELECT pg_get_userbyid(pubowner)::text FROM pg_publication WHERE pubname = %s AND pubowner <> "
-            "(SELECT oid FROM pg_roles WHERE rolname = current_user)",
+            "SELECT pg_get_userbyid(pubowner)::text, pubowner FROM pg_publication WHERE pubname = %s",
             (self.publication_name,),
         )
-        return rows[0][0] if rows else None
+        if not rows:  # (asked first: the session's role may be gone, and with it current_user)
+            return None
+        me = self.server.query("SELECT oid FROM pg_roles WHERE rolname = current_user")
+        return None if me and me[0][0] == rows[0][1] else rows[0][0]
 
     def drop_publication(self) -> bool:
         """Drop the source's publication if this connection's role owns it (the package made
