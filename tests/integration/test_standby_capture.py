@@ -235,3 +235,29 @@ def test_a_synchronized_failover_slot_on_the_standby_is_refused_by_name(tmp_path
         on_primary.close()
     finally:
         c.remove()
+
+
+def test_the_lag_of_a_standby_captured_from_is_shown_and_a_stopped_receiver_is_said(pair, tmp_path):
+    """Issue 57: a source that is a hot standby shows how far it is behind its primary with the
+    capture's lag (status); once it stops receiving (its primary failed) it says it does not
+    replicate, rather than "0 s behind"."""
+    from airflow_provider_cdc.pipeline.capture import describe_replica_lag
+
+    c = pair
+    d = _dialect(c.standby.uri, publication_name=PUBLICATION)
+    (conninfo,) = c.standby.sql("SHOW primary_conninfo")[0]
+    try:
+        d.server_identity()  # (what a capture's first step learns: this is a standby)
+        behind, seconds = d.replica_lag()
+        assert behind >= 0 and seconds != float("inf"), (behind, seconds)
+        assert "behind its primary" in describe_replica_lag(behind, seconds)
+        c.standby.sql("ALTER SYSTEM SET primary_conninfo = ''")
+        c.standby.sql("SELECT pg_reload_conf()")
+        c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)], "the receiver stops")
+        assert d.replica_lag() == (0, float("inf"))
+        assert describe_replica_lag(*d.replica_lag()).endswith("is not replicating")
+    finally:
+        c.standby.sql(f"ALTER SYSTEM SET primary_conninfo = '{conninfo.replace(chr(39), chr(39) * 2)}'")
+        c.standby.sql("SELECT pg_reload_conf()")
+        c.wait(lambda: c.standby.sql("SELECT status FROM pg_stat_wal_receiver") == [("streaming",)], "it streams")
+        d.close()

@@ -307,11 +307,25 @@ class PgChunkReader:
         return ReadSnapshot(self.strategy.snapshot_mark(at), visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:
-        """(bytes, seconds) the standby chunks are read from is behind the primary; None when
-        chunks are read from the primary. Seconds: since the last transaction it replayed, 0
+        """(bytes, seconds) the standby chunks are read from (a ``chunk_conn_id`` standby, or the
+        source itself when it is a hot standby capture reads) is behind its primary; None when
+        chunks are read from a primary. Seconds: since the last transaction it replayed, 0
         when it has replayed everything the primary has written."""
         if self.server.read_params is None:
-            return None
+            if not self.server.on_standby:
+                return None
+            # the source itself is a hot standby (capture and chunks read there): how much of what
+            # it received it has not replayed yet, and for how long (a receiver that stopped, e.g.
+            # its primary failed: not replicating). Any role may ask these, unlike
+            # pg_stat_wal_receiver
+            received, replay, seconds = self.server.query(
+                "SELECT pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
+                "extract(epoch FROM now() - pg_last_xact_replay_timestamp())"
+            )[0]
+            if received is None or not self.server.query("SELECT count(*) FROM pg_stat_wal_receiver")[0][0]:
+                return 0, float("inf")
+            behind = max(0, lsn_to_int(received) - lsn_to_int(replay or "0/0"))
+            return behind, (float(seconds or 0.0) if behind else 0.0)
         primary = lsn_to_int(self.server.query("SELECT pg_current_wal_lsn()::text")[0][0])
         recovering, replay, seconds = self._standby_row(
             self.server.read_conn(),
