@@ -19,8 +19,9 @@ from dataclasses import replace
 import pytest
 
 from airflow_provider_cdc.core.errors import CdcError
+from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.core.ranges import FULL_RANGE
-from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.core.schema import TableName, encode_key
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
 from airflow_provider_cdc.dialects.base import ConnectionParams
@@ -261,3 +262,48 @@ def test_the_lag_of_a_standby_captured_from_is_shown_and_a_stopped_receiver_is_s
         c.standby.sql("SELECT pg_reload_conf()")
         c.wait(lambda: c.standby.sql("SELECT status FROM pg_stat_wal_receiver") == [("streaming",)], "it streams")
         d.close()
+
+
+@pytest.mark.parametrize("major", [17, 18])
+def test_a_standby_captured_from_that_is_promoted_is_followed(major, tmp_path):
+    """Issue 57: the hot standby a source captures from is promoted (its primary failed): its
+    own slot goes on on the new timeline, capture follows it (logging the promotion), and every
+    change, before and after, is staged once."""
+    if pg_bin(major) is None:
+        pytest.fail(f"PostgreSQL {major} server binaries are missing (scripts/setup.sh installs them)")
+    c = Cluster(major).start()
+    try:
+        c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
+        c.primary.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE public.orders")
+        c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_publication_tables WHERE pubname = %s",
+                                     (PUBLICATION,)) == [(1,)], "the standby replayed the publication")
+        data = str(tmp_path / "data")
+        d = _dialect(c.standby.uri, publication_name=PUBLICATION)
+        stop = threading.Event()
+
+        def nudge() -> None:
+            while not stop.is_set():
+                c.primary.sql("SELECT pg_log_standby_snapshot()")
+                stop.wait(0.5)
+
+        nudger = threading.Thread(target=nudge, daemon=True)
+        nudger.start()
+        try:
+            d.load_offset(data)
+        finally:
+            stop.set()
+            nudger.join()
+        c.primary.sql("INSERT INTO orders VALUES (1, 'before', 1)")
+        _caught_up(c)
+        assert stage_changelog(d, data).events == 1
+        d.close()
+        c.fail_over()
+        c.standby.sql("INSERT INTO orders VALUES (2, 'after', 2)")
+        d2 = _dialect(c.standby.uri, publication_name=PUBLICATION)
+        stage_changelog(d2, data)
+        keys = [e.key for e in read_log_events(changelog_dir(data, "shop")) if isinstance(e, ChangeEvent)]
+        assert keys == [encode_key([1]), encode_key([2])], keys
+        d2.drop_slot()
+        d2.close()
+    finally:
+        c.remove()
