@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -174,39 +174,60 @@ def key_reached(last_key: Sequence | None, upper_bound: Sequence | None) -> bool
     return False
 
 
-def lost_chunks(data_dir: str, source: str, chunks: Iterable[dict]) -> list[dict]:
-    """Of ``chunks`` (ChunkResult dicts), those whose high watermark is on no server any more:
-    not staged, although capture has staged the log complete past where the source's log stood
-    just after it was committed (``high_position``; a failover lost its transaction). Chunks
-    without that position (older results, "log" watermarks) are never called lost."""
+def lost_watermarks(
+    data_dir: str, source: str, positions: Mapping[str, str], missing: Iterable[str] | None = None
+) -> list[str]:
+    """Of the high watermarks ``positions`` names (id -> where the source's log stood just after
+    it was committed: ChunkResult.high_position), those on no server any more: not staged,
+    although capture has staged the log complete past that position (a failover lost the
+    transaction). ``missing``: the ids the caller found not staged already (not read again)."""
     from ..storage.layout import changelog_dir
     from ..storage.segment_index import staged_through
     from ..storage.staged import staged_watermarks
 
-    known = {c["high_watermark"]: c for c in chunks if c.get("high_position")}
+    known = {w: p for w, p in positions.items() if p}
+    if missing is not None:
+        known = {w: known[w] for w in set(missing) & known.keys()}
     if not known:
         return []
     changelog = changelog_dir(data_dir, source)
     through = staged_through(changelog)
     if through is None:
         return []
-    past = {w: c for w, c in known.items() if c["high_position"] <= through[0].encode()}
-    if not past:
-        return []
+    past = sorted(w for w, p in known.items() if p <= through[0].encode())
+    if not past or missing is not None:
+        return past
     found = staged_watermarks(changelog, past)
-    return [c for w, c in past.items() if w not in found]
+    return [w for w in past if w not in found]
 
 
-def lost_message(lost: Sequence[dict], what_now: str) -> str:
-    """What a lost high watermark means, naming the chunks (at most five)."""
-    named = ", ".join(
-        f"{c['table']} chunk {c['seq']} (high watermark {c['high_watermark']})" for c in lost[:5]
+def lost_chunks(
+    data_dir: str, source: str, chunks: Iterable[dict], missing: Iterable[str] | None = None
+) -> list[dict]:
+    """Of ``chunks`` (ChunkResult dicts), those whose high watermark is lost
+    (:func:`lost_watermarks`). Chunks without ``high_position`` (older results, "log"
+    watermarks) are never called lost."""
+    chunks = list(chunks)
+    lost = set(
+        lost_watermarks(
+            data_dir, source, {c["high_watermark"]: c.get("high_position") for c in chunks}, missing
+        )
     )
+    return [c for c in chunks if c["high_watermark"] in lost]
+
+
+def lost_message(named: Sequence[str], what_now: str) -> str:
+    """What a lost high watermark means, naming the chunks or watermarks (at most five)."""
     return (
-        f"{len(lost)} chunk(s) have a high watermark that is on no server any more: {named}"
-        f"{' ...' if len(lost) > 5 else ''}. Capture has staged the source's log past where each was "
+        f"{len(named)} chunk(s) have a high watermark that is on no server any more: {', '.join(named[:5])}"
+        f"{' ...' if len(named) > 5 else ''}. Capture has staged the source's log past where each was "
         "written without finding it: a failover lost the transaction that wrote it. " + what_now
     )
+
+
+def chunk_names(chunks: Iterable[dict]) -> list[str]:
+    """How :func:`lost_message` names chunks."""
+    return [f"{c['table']} chunk {c['seq']} (high watermark {c['high_watermark']})" for c in chunks]
 
 
 def discard_lost(data_dir: str, source: str, sidecars: list[dict], range_index: int) -> list[dict]:
@@ -230,7 +251,7 @@ def discard_lost(data_dir: str, source: str, sidecars: list[dict], range_index: 
     log.warning(
         "%s",
         lost_message(
-            lost,
+            chunk_names(lost),
             f"Discarding {len(gone)} chunk(s) of range {range_index + 1} from the first of them "
             "on, to read them again on the server the source is now.",
         ),

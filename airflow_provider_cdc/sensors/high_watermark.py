@@ -102,14 +102,12 @@ class HighWatermarkSensor(CdcSourceMixin, BaseSensorOperator):
         """WatermarkLostError when a failover lost some of the ``missing`` high watermarks."""
         if not missing:
             return
-        from ..pipeline.snapshot import lost_chunks, lost_message
+        from ..pipeline.snapshot import chunk_names, lost_chunks, lost_message
         from ..triggers.high_watermark import RESUME
 
-        wanted = set(missing)
-        chunks = [c for c in flatten_chunk_results(self.chunks) if c["high_watermark"] in wanted]
-        lost = lost_chunks(self.data_dir, self.hook.source, chunks)
+        lost = lost_chunks(self.data_dir, self.hook.source, flatten_chunk_results(self.chunks), missing)
         if lost:
-            raise WatermarkLostError(lost_message(lost, RESUME))
+            raise WatermarkLostError(lost_message(chunk_names(lost), RESUME))
 
     def execute(self, context: Any) -> Any:
         if not self.deferrable:

@@ -474,7 +474,7 @@ def stored_versions(
     wanted = sorted(keys.to_pylist())
     parts = []
     for i, rel in enumerate(paths):
-        indexed = key_index.lookup(table_uri, rel, keys)
+        indexed = key_index.lookup(table_uri, rel, keys, wanted)
         fs, p = storage.filesystem(_location(table_uri, rel))
         with fs.open_input_file(p) as fh:
             f = pq.ParquetFile(fh)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -96,9 +96,10 @@ def _none(rows: int) -> Hits:
     return Hits(np.zeros(0, np.int64), np.zeros(0, np.int64), rows)
 
 
-def lookup(table_uri: str, rel: str, keys: pa.Array) -> Hits | None:
+def lookup(table_uri: str, rel: str, keys: pa.Array, wanted: Sequence[str] | None = None) -> Hits | None:
     """Rows of the data file ``rel`` that hold one of ``keys`` (distinct), or None when the
-    file has no usable index (the caller reads its key column)."""
+    file has no usable index (the caller reads its key column). ``wanted``: the same keys as
+    Python strings, when the caller holds them already (a bucket's files share them)."""
     where = location(table_uri, rel)
     try:
         fs, p = storage.filesystem(where)
@@ -120,7 +121,11 @@ def lookup(table_uri: str, rel: str, keys: pa.Array) -> Hits | None:
                 return _none(rows)
             lowest = firsts[0]
             blocks = sorted(
-                {bisect.bisect_right(firsts, k) - 1 for k in keys.to_pylist() if k and k >= lowest}
+                {
+                    bisect.bisect_right(firsts, k) - 1
+                    for k in (keys.to_pylist() if wanted is None else wanted)
+                    if k and k >= lowest
+                }
             )
             if not blocks:
                 return _none(rows)

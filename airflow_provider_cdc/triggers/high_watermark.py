@@ -14,7 +14,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from .. import storage
-from ..pipeline.snapshot import lost_chunks, lost_message
+from ..pipeline.snapshot import lost_message, lost_watermarks
 from ..storage.layout import changelog_dir
 from ..storage.staged import staged_watermarks
 
@@ -103,13 +103,8 @@ class HighWatermarkTrigger(BaseTrigger):
         ids not staged yet, and what is wrong when some of them are lost."""
         with storage.scoped_settings(settings):
             missing = missing_watermarks(self.data_dir, self.source, self.watermark_ids)
-            known = [
-                {"high_watermark": w, "high_position": self.high_positions[w], "table": "", "seq": "?"}
-                for w in missing
-                if self.high_positions.get(w)
-            ]
-            lost = lost_chunks(self.data_dir, self.source, known) if known else []
-        return missing, (lost_message(lost, RESUME) if lost else None)
+            lost = lost_watermarks(self.data_dir, self.source, self.high_positions, missing)
+        return missing, (lost_message([f"high watermark {w}" for w in lost], RESUME) if lost else None)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         entered = time.time()

@@ -318,11 +318,12 @@ class PgChunkReader:
             # it received it has not replayed yet, and for how long (a receiver that stopped, e.g.
             # its primary failed: not replicating). Any role may ask these, unlike
             # pg_stat_wal_receiver
-            received, replay, seconds = self.server.query(
+            received, replay, seconds, receiving = self.server.query(
                 "SELECT pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
-                "extract(epoch FROM now() - pg_last_xact_replay_timestamp())"
+                "extract(epoch FROM now() - pg_last_xact_replay_timestamp()), "
+                "EXISTS (SELECT 1 FROM pg_stat_wal_receiver)"
             )[0]
-            if received is None or not self.server.query("SELECT count(*) FROM pg_stat_wal_receiver")[0][0]:
+            if received is None or not receiving:
                 return 0, float("inf")
             behind = max(0, lsn_to_int(received) - lsn_to_int(replay or "0/0"))
             return behind, (float(seconds or 0.0) if behind else 0.0)

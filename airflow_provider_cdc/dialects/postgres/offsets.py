@@ -300,22 +300,21 @@ class PgOffsets:
         """Which server this is: its system identifier (the same on a primary and the standbys
         cloned from it, another after a restore into a new cluster) and its timeline (a promotion
         starts a new one)."""
-        sysid, recovering = self.server.query(
-            "SELECT system_identifier::text, pg_is_in_recovery() FROM pg_control_system()"
+        # one round trip (snapshot chunks ask it at both watermarks). In recovery pg_walfile_name
+        # fails: there the timeline the standby receives, or, while its WAL receiver is not
+        # running, the one of its last restartpoint (CASE evaluates only the branch taken)
+        sysid, recovering, received, primary = self.server.query(
+            "SELECT system_identifier::text, pg_is_in_recovery(), "
+            "CASE WHEN pg_is_in_recovery() THEN coalesce((SELECT received_tli FROM pg_stat_wal_receiver), "
+            "(SELECT timeline_id FROM pg_control_checkpoint())) END, "
+            "CASE WHEN NOT pg_is_in_recovery() THEN substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END "
+            "FROM pg_control_system()"
         )[0]
         self.server.on_standby = bool(recovering)
         if recovering:
-            # (pg_walfile_name fails in recovery) the timeline the standby receives, or, while its
-            # WAL receiver is not running, the one of its last restartpoint
-            timeline = self.server.query(
-                "SELECT coalesce((SELECT received_tli FROM pg_stat_wal_receiver), "
-                "(SELECT timeline_id FROM pg_control_checkpoint()))"
-            )[0][0]
-            timeline = None if timeline is None else int(timeline)
+            timeline = None if received is None else int(received)
         else:
-            timeline = int(
-                self.server.query("SELECT substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8)")[0][0], 16
-            )
+            timeline = int(primary, 16)
         return {"system_identifier": sysid, "timeline": timeline}
 
     def _create_slot(self) -> None:
@@ -660,18 +659,23 @@ class PgOffsets:
             "the slots of sources no longer captured (airflow-cdc drop-source)"
         )
 
-    def slot_not_ours(self) -> str | None:
-        """Why the slot of the source's name is not one this package made (a physical slot,
-        another plugin's, another database's), in words; None when it is (or does not exist).
-        Nothing that is not ours is ever dropped."""
+    def _slot_row(self) -> tuple | None:
+        """(type, plugin, database, this database) of the slot of the source's name, or None."""
         rows = self.server.query(
             "SELECT slot_type, coalesce(plugin, ''), coalesce(database::text, ''), current_database() "
             "FROM pg_replication_slots WHERE slot_name = %s",
             (self.slot_name,),
         )
-        if not rows:
+        return rows[0] if rows else None
+
+    def slot_not_ours(self, row: tuple | None = None) -> str | None:
+        """Why the slot of the source's name is not one this package made (a physical slot,
+        another plugin's, another database's), in words; None when it is (or does not exist).
+        Nothing that is not ours is ever dropped. ``row``: its :meth:`_slot_row`, when read."""
+        row = self._slot_row() if row is None else row
+        if row is None:
             return None
-        kind, plugin, database, here = rows[0]
+        kind, plugin, database, here = row
         if kind != "logical":
             return f"it is a {kind} replication slot"
         if plugin != "pgoutput":
@@ -684,12 +688,14 @@ class PgOffsets:
         """What the source holds on this server, in words, as drop-source treats it: only what
         exists, and what is not the source's said so (it is left)."""
         out = []
-        if self.server.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot_name,)):
-            why = self.slot_not_ours()
+        slot = self._slot_row()
+        if slot is not None:
+            why = self.slot_not_ours(slot)
             note = "" if why is None else f" (not this source's: {why}; left)"
             out.append(f"replication slot {self.slot_name!r}{note}")
-        if self.server.query("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication_name,)):
-            owner = self.publication_owner()
+        publication = self._publication_row()
+        if publication is not None:
+            owner = self.publication_owner(publication)
             out.append(
                 f"publication {self.publication_name!r}"
                 + ("" if owner is None else f" (owned by {owner!r}, not this connection's role: left)")
@@ -729,18 +735,23 @@ class PgOffsets:
                     ) from exc
                 time.sleep(0.1)
 
-    def publication_owner(self) -> str | None:
-        """The role owning the source's publication when that is not this connection's role
-        (an administrator made it, or another tool); None when this role owns it or it does not
-        exist."""
+    def _publication_row(self) -> tuple | None:
+        """(owner's name, owner's oid) of the source's publication, or None."""
         rows = self.server.query(
             "SELECT pg_get_userbyid(pubowner)::text, pubowner FROM pg_publication WHERE pubname = %s",
             (self.publication_name,),
         )
-        if not rows:  # (asked first: the session's role may be gone, and with it current_user)
+        return rows[0] if rows else None
+
+    def publication_owner(self, row: tuple | None = None) -> str | None:
+        """The role owning the source's publication when that is not this connection's role
+        (an administrator made it, or another tool); None when this role owns it or it does not
+        exist. ``row``: its :meth:`_publication_row`, when read."""
+        row = self._publication_row() if row is None else row
+        if row is None:  # (asked first: the session's role may be gone, and with it current_user)
             return None
         me = self.server.query("SELECT oid FROM pg_roles WHERE rolname = current_user")
-        return None if me and me[0][0] == rows[0][1] else rows[0][0]
+        return None if me and me[0][0] == row[1] else row[0]
 
     def drop_publication(self) -> bool:
         """Drop the source's publication if this connection's role owns it (the package made
