@@ -10,14 +10,17 @@ setup:
 demo: setup
 	@$(ENV) python -m tools.demo
 
+# two pytest sessions side by side (scripts/run_tests.py says why and how they are kept apart), then
+# the 30 slowest tests, where the suite's time goes (the quick tier's budget per test is in
+# tests/conftest.py: one over it is named at the end); CDC_TEST_STREAMS=1: one session
 test: setup
-	@$(ENV) python -m pytest tests $(PYTEST_ARGS)
+	@$(ENV) python scripts/run_tests.py $(PYTEST_ARGS)
 
 # what to run on every change: everything but the slow tests, the deployment and consumer tiers
 # (benchmarks are slow too): a few minutes on 2 cores; `make test` runs them all
 QUICK := not slow and not deployment and not consumer
 test-quick: setup
-	@$(ENV) python -m pytest tests -m "$(QUICK)" $(PYTEST_ARGS)
+	@$(ENV) python -m pytest tests -m "$(QUICK)" --durations=30 $(PYTEST_ARGS)
 
 test-unit: setup
 	@$(ENV) python -m pytest tests -m unit $(PYTEST_ARGS)

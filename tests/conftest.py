@@ -53,6 +53,37 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.slow)
 
 
+#: the tier budget of one test left in ``make test-quick`` (not slow, deployment or consumer): a
+#: test over it is named at the end of the session, to be sped up or marked slow with its reason
+QUICK_TEST_BUDGET_SECONDS = float(os.environ.get("CDC_QUICK_TEST_BUDGET_SECONDS", "60"))
+_over_budget: list[tuple[str, float]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.when != "call" or report.duration <= QUICK_TEST_BUDGET_SECONDS:
+        return
+    if not ({"slow", "deployment", "consumer"} & set(report.keywords)):
+        _over_budget.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _over_budget:
+        return
+    terminalreporter.section("quick-tier budget")
+    for nodeid, seconds in _over_budget:
+        terminalreporter.write_line(
+            f"{seconds:.0f} s > {QUICK_TEST_BUDGET_SECONDS:.0f} s and not marked slow: {nodeid} "
+            "(speed it up, or mark it slow in tests/conftest.py with why)"
+        )
+    if os.environ.get("CDC_TIER_BUDGET_STRICT", "").lower() in ("1", "true", "yes"):
+        terminalreporter.write_line("CDC_TIER_BUDGET_STRICT: the session fails")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _over_budget and os.environ.get("CDC_TIER_BUDGET_STRICT", "").lower() in ("1", "true", "yes"):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(autouse=True)
 def _storage_settings_of_this_test_only():
     """A task run in this process (dag.test) hands its storage connection to the storage layer

@@ -25,7 +25,8 @@ CONN_ID = "cdc_source"
 LOCAL_MAX_ROWS = 25_000
 LOCAL_ROWS, SPARK_ROWS = 12_000, 30_000
 SCENARIO_TABLES = {"stop": SPARK_ROWS, "pause": LOCAL_ROWS, "killchunk": LOCAL_ROWS, "termchunk": LOCAL_ROWS,
-                   "killmerge": SPARK_ROWS, "clear": LOCAL_ROWS, "backfill": 4_000, "sensor": 4_000}
+                   "killmerge": SPARK_ROWS, "clear": LOCAL_ROWS, "backfill": 4_000, "sensor": 4_000,
+                   "range": LOCAL_ROWS}
 # cdc_changelog needs a schedule for `airflow backfill create`: monthly, so the scheduler
 # itself never starts one during the session (catchup=False: only the latest interval, once).
 CHANGELOG_SCHEDULE = "0 0 1 * *"
