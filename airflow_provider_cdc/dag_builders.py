@@ -484,3 +484,45 @@ def verify_dag(
 
         verify_table()
     return dag
+
+
+REFRESH_DOC = """cdc_refresh: tables refreshed whole instead of captured (CDC_REFRESH_TABLES), tables
+without any key included. Each refresh reads its table in one consistent snapshot of the source
+(PostgreSQL: physical ``ctid`` ranges in one transaction) and publishes it as one new version of
+a plain Delta table (``output/<source>/refreshed/<table>``): readers see the previous version or
+the new one, never part of a refresh. Nothing is created or changed on the source.
+
+Schedule: CDC_REFRESH_SCHEDULE (unset: trigger by hand). Conf: none (every refresh table), or
+``{"tables": ["schema.table"]}`` to refresh some of them. One run at a time.
+"""
+
+
+def refresh_dag(
+    dag_id: str = "cdc_refresh", overrides: Mapping[str, str] | None = None, *, tags: tuple[str, ...] = ()
+) -> DAG:
+    """The whole-table refresh DAG of one source (pipeline/refresh.py)."""
+    overrides = _data_only(overrides or {})
+    parse = settings.load(overrides=overrides)
+    with DAG(
+        dag_id=dag_id,
+        description="Refresh tables without a key whole (CDC_REFRESH_TABLES)",
+        schedule=parse.refresh_schedule,
+        start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,  # each run reads whole tables on the source: one at a time
+        default_args={"retries": 1, "retry_delay": timedelta(minutes=1)},
+        tags=["cdc", "refresh", *tags],
+        doc_md=REFRESH_DOC,
+    ) as dag:
+
+        @task(task_id="refresh", max_active_tis_per_dag=1)
+        def refresh_tables() -> dict:
+            """Refresh the source's refresh tables (or the conf's among them)."""
+            from airflow.sdk import get_current_context
+
+            from airflow_provider_cdc.operators.refresh import refresh_for_dag
+
+            return refresh_for_dag(get_current_context()["dag_run"].conf, overrides)
+
+        refresh_tables()
+    return dag

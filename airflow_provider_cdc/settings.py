@@ -52,6 +52,21 @@ OPTIONS: tuple[Option, ...] = (
         "public.orders,public.customers",
     ),
     Option(
+        "CDC_REFRESH_TABLES",
+        None,
+        "tables refreshed whole instead of captured (the cdc_refresh DAG): tables without any key "
+        "included; each refresh reads the table in one consistent snapshot and publishes it as one new "
+        "version of a plain Delta table, and nothing is created or changed on the source for them. "
+        "Never in CDC_TABLES; a comma list or a JSON list",
+        "public.audit_log",
+    ),
+    Option(
+        "CDC_REFRESH_SCHEDULE",
+        None,
+        "cron or preset of the cdc_refresh DAG's runs (unset: triggered by hand only)",
+        "@daily",
+    ),
+    Option(
         "CDC_CAPTURE_ALL_TABLES",
         None,
         "true: capture every table of the database instead of CDC_TABLES (PostgreSQL: "
@@ -323,6 +338,17 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, zero: bool = 
     return value
 
 
+def _table_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """A list of table names (a comma list or a JSON list), each checked, errors naming ``name``."""
+    tables = tuple(split_table_list(_raw(env, name), name))
+    for t in tables:
+        try:
+            TableName.parse(t)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"{name}: {exc}") from None
+    return tables
+
+
 def _schedule(env: Mapping[str, str], name: str, default: str | None) -> str | None:
     raw = env.get(name)
     if raw is None:
@@ -339,6 +365,8 @@ class Settings:
     data_dir: str = field(default_factory=default_data_dir)
     tables: tuple[str, ...] = ()
     capture_all_tables: bool = False
+    refresh_tables: tuple[str, ...] = ()  # CDC_REFRESH_TABLES: refreshed whole, never captured
+    refresh_schedule: str | None = None
     key_columns: dict = field(default_factory=dict)  # table text -> key columns (CDC_KEY_COLUMNS)
     sinks: str = DEFAULT_SINKS
     spark_conn_id: str = DEFAULT_SPARK_CONN_ID
@@ -398,16 +426,20 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         raise ConfigurationError(
             f"CDC_CAPTURE_ALL_TABLES must be true or false, got {_raw(env, 'CDC_CAPTURE_ALL_TABLES')!r}"
         )
-    tables = tuple(split_table_list(_raw(env, "CDC_TABLES"), "CDC_TABLES"))
-    for t in tables:
-        try:
-            TableName.parse(t)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"CDC_TABLES: {exc}") from None
+    tables = _table_list(env, "CDC_TABLES")
     if tables and all_raw in _TRUE:
         raise ConfigurationError(
             "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the "
             "other; unset one"
+        )
+    refresh_tables = _table_list(env, "CDC_REFRESH_TABLES")
+    both = sorted(
+        {str(TableName.parse(t)) for t in tables} & {str(TableName.parse(t)) for t in refresh_tables}
+    )
+    if both:
+        raise ConfigurationError(
+            f"table(s) {', '.join(both)} are in both CDC_TABLES and CDC_REFRESH_TABLES: a table is either "
+            "captured (CDC_TABLES) or refreshed whole (CDC_REFRESH_TABLES); remove it from one"
         )
     key_columns = parse_key_columns(_raw(env, "CDC_KEY_COLUMNS"), "CDC_KEY_COLUMNS")
     for t in key_columns:
@@ -435,6 +467,8 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
         data_dir=data_dir,
         tables=tables,
         capture_all_tables=all_raw in _TRUE,
+        refresh_tables=refresh_tables,
+        refresh_schedule=_schedule(env, "CDC_REFRESH_SCHEDULE", None),
         key_columns=key_columns,
         sinks=sinks,
         spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,

@@ -11,6 +11,12 @@ Each side runs ``--repeat`` times, interleaved, best time kept (the machine is s
 the ratios (ours / baseline throughput) are printed last.
 
     python -m bench postgres [--rows 100000] [--chunk-size 50000] [--repeat 2] [--profile]
+    python -m bench postgres --ctid [--rows 5000000] [--chunk-size 500000]
+
+``--ctid``: no capture; a whole-table read of the keyless-table refresh (physical ``ctid``
+ranges in one transaction, Dialect.read_whole_table) against the snapshot's key-range read
+(keyset chunks of ``--chunk-size``) and the raw ``COPY (SELECT *) TO STDOUT``, same table,
+same run; both reads stage the same typed Parquet.
     python -m bench.bench_postgres --uri postgresql://postgres@127.0.0.1:55432/cdc_test
 """
 
@@ -42,6 +48,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rows", type=int, default=100_000, help="rows inserted (plus rows/2 updates)")
     ap.add_argument("--chunk-size", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--ctid", action="store_true",
+                    help="compare the ctid-range whole-table read with the key-range read and raw COPY")
     ap.add_argument("--profile", action="store_true",
                     help="one more capture of the same changes under cProfile: its top functions (what bounds it)")
     return ap.parse_args(argv)
@@ -82,8 +90,80 @@ def _raw_drain(cur, slot: str, publication: str) -> int:
     return changes
 
 
+def _ctid(args: argparse.Namespace) -> int:
+    """``--ctid`` (module docstring)."""
+    params = ConnectionParams.from_uri(args.uri)
+    u = uuid.uuid4().hex[:8]
+    tname = TableName("public", f"bench_ctid_{u}")
+    work = Path(tempfile.mkdtemp(prefix="bench_pg_ctid_"))
+    admin = psycopg2.connect(args.uri)
+    admin.autocommit = True
+    cur = admin.cursor()
+    d: PostgresDialect = get_dialect(params, source=f"bench_{u}", watermark_table=f"wm_bench_{u}", tables=[tname])
+    qtable = d.quote_table(tname)
+    try:
+        cur.execute(
+            f"CREATE TABLE {qtable} (id bigint PRIMARY KEY, a integer, b text, c double precision, "
+            "d timestamptz, e numeric(14,2), g boolean)"
+        )
+        t0 = time.perf_counter()
+        cur.execute(
+            f"INSERT INTO {qtable} SELECT i, i %% 1000, 'name-' || i, i * 0.5, "
+            "'2024-01-01'::timestamptz + i * interval '1 second', i * 1.25, i %% 2 = 0 "
+            "FROM generate_series(1, %s) i",
+            (args.rows,),
+        )
+        cur.execute(f"VACUUM ANALYZE {qtable}")
+        cur.execute("SELECT pg_relation_size(%s::regclass)", (qtable,))
+        size = cur.fetchone()[0]
+        print(f"bench postgres --ctid: {args.rows:,} rows, {size / 1e6:,.0f} MB, loaded in {time.perf_counter() - t0:.1f} s")
+        keyed = d.describe_table(tname)
+        whole = d.describe_table(tname, keyed=False)
+        best = {"ctid": float("inf"), "key": float("inf"), "copy": float("inf")}
+        rows = {}
+        for r in range(args.repeat):
+            t = time.perf_counter()
+            out = d.read_whole_table(whole, lambda i, r=r: str(work / f"ctid-{r}-{i:06d}.parquet"), args.chunk_size)
+            best["ctid"] = min(best["ctid"], time.perf_counter() - t)
+            rows["ctid"] = out.rows
+            files = len(out.files)
+
+            t, after, n, seq = time.perf_counter(), None, 0, 0
+            while True:
+                res = d.read_chunk(
+                    keyed, FULL_RANGE, after_key=after, limit=args.chunk_size, path=str(work / f"key-{r}-{seq}.parquet")
+                )
+                n, seq, after = n + res.rows, seq + 1, res.last_key
+                if res.rows < args.chunk_size:
+                    break
+            best["key"] = min(best["key"], time.perf_counter() - t)
+            rows["key"] = n
+
+            t, sink = time.perf_counter(), _Counter()
+            cur.copy_expert(f"COPY (SELECT * FROM {qtable}) TO STDOUT", sink)
+            best["copy"] = min(best["copy"], time.perf_counter() - t)
+            rows["copy"] = sink.rows
+            for f in work.glob("*.parquet"):
+                f.unlink()
+        rate = {k: rows[k] / best[k] for k in best}
+        print(f"  ctid ranges, one transaction ({files} files):    {rows['ctid']:,} rows in {best['ctid']:.2f} s = {rate['ctid']:,.0f} rows/s")
+        print(f"  key ranges (keyset chunks of {args.chunk_size:,}):      {rows['key']:,} rows in {best['key']:.2f} s = {rate['key']:,.0f} rows/s")
+        print(f"  COPY (SELECT *) TO STDOUT, bytes counted only:  {rows['copy']:,} rows in {best['copy']:.2f} s = {rate['copy']:,.0f} rows/s")
+        print(f"RATIO ctid_read/key_read = {rate['ctid'] / rate['key']:.2f}")
+        print(f"RATIO ctid_read/copy_to_stdout = {rate['ctid'] / rate['copy']:.2f}")
+        print(f"RATIO key_read/copy_to_stdout = {rate['key'] / rate['copy']:.2f}")
+        return 0 if rows["ctid"] == rows["key"] == rows["copy"] == args.rows else 1
+    finally:
+        cur.execute(f"DROP TABLE IF EXISTS {qtable}")
+        d.close()
+        admin.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.ctid:
+        return _ctid(args)
     params = ConnectionParams.from_uri(args.uri)
     u = uuid.uuid4().hex[:8]
     tname = TableName("public", f"bench_{u}")

@@ -288,6 +288,10 @@ class Column:
         validate_logical_type(self.type)
 
 
+#: ``TableSchema.extra`` of a table described for a whole-table refresh (no key needed)
+WHOLE_TABLE = "whole_table_refresh"
+
+
 @dataclass(frozen=True, slots=True)
 class TableSchema:
     table: TableName
@@ -297,13 +301,20 @@ class TableSchema:
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
-        if not self.primary_key:
+        if not self.primary_key and not self.whole_table:
             raise ConfigurationError(f"table {self.table} has no primary key")
         missing = [k for k in self.primary_key if k not in names]
         if missing:
             raise ConfigurationError(
                 f"table {self.table}: primary key column(s) {missing} not among columns {names}"
             )
+
+    @property
+    def whole_table(self) -> bool:
+        """Described for a whole-table refresh (a dialect's ``describe_table(keyed=False)``):
+        read in physical order, never by key, so it has none (chunks, windows and the keyed
+        mirror never take it)."""
+        return self.extra.get(WHOLE_TABLE) == "true"
 
     @property
     def connector(self) -> str | None:

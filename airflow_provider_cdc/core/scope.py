@@ -199,11 +199,24 @@ _MYSQL_VALUES = re.compile(
     r"(Duplicate entry |Incorrect \w+ value: |Truncated incorrect \w+ value: )'(?:[^'\\]|\\.|'')*'"
 )
 ROW_VALUES_DROPPED = "(row values dropped)"
+#: PostgreSQL messages whose main line quotes the value that failed (a column's value: an SSN
+#: in a text column cast to integer), e.g. ``invalid input syntax for type integer: "ssn-1"``
+_PG_QUOTED_VALUE = re.compile(
+    r"((?:invalid input syntax for(?: type)? [^:\n]{1,80}|invalid input value for enum [^:\n]{1,120}|"
+    r"(?:date/time )?field value out of range|invalid byte sequence for encoding [^:\n]{1,40}|"
+    r"malformed (?:array|range|record) literal|invalid (?:hexadecimal|binary) (?:data|digit)[^:\n]{0,40}): )"
+    r'"(?:[^"\\]|\\.|"")*"'
+)
+#: ``value "123456789012" is out of range for type integer``
+_PG_VALUE_OUT_OF_RANGE = re.compile(r'\bvalue "(?:[^"\\]|\\.|"")*" (is out of range)')
 
 
 def drop_row_values(text: str) -> str:
     """A database error's text without the row values it may carry: PostgreSQL's DETAIL
     (``Key (id)=(5) already exists``, ``Failing row contains (...)``), HINT, CONTEXT, WHERE
-    and QUERY lines, and MySQL's quoted values (``Duplicate entry 'x' for key``)."""
+    and QUERY lines and the value a main line quotes (``invalid input syntax for type integer:
+    "..."``), and MySQL's quoted values (``Duplicate entry 'x' for key``)."""
     out = _DETAIL.sub(lambda m: f"{m.group(1)}: {ROW_VALUES_DROPPED}", str(text))
+    out = _PG_QUOTED_VALUE.sub(lambda m: f"{m.group(1)}{ROW_VALUES_DROPPED}", out)
+    out = _PG_VALUE_OUT_OF_RANGE.sub(lambda m: f"value {ROW_VALUES_DROPPED} {m.group(1)}", out)
     return _MYSQL_VALUES.sub(lambda m: f"{m.group(1)}{ROW_VALUES_DROPPED}", out)

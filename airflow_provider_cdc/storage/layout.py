@@ -91,6 +91,23 @@ def mirror_dir(data_dir: str, source: str, table: TableName) -> str:
     return _join(mirrors_dir(data_dir, source), table.path_segment)
 
 
+def source_roots(data_dir: str, source: str) -> tuple[str, ...]:
+    """Every folder that holds something of ``source`` (``drop-source --purge-outputs`` removes
+    them): its staging, its outputs, its snapshot registers."""
+    name = path_component(source, "source name")
+    return (staging_dir(data_dir, source), _join(data_dir, "output", name), _join(data_dir, "control", name))
+
+
+def refreshed_dir(data_dir: str, source: str, table: TableName) -> str:
+    """A table refreshed whole (sinks/refreshed.py): a plain Delta table beside the mirrors."""
+    return _join(data_dir, "output", path_component(source, "source name"), "refreshed", table.path_segment)
+
+
+def refresh_staging_dir(data_dir: str, source: str, table: TableName, run: str) -> str:
+    """One refresh's staged read, removed once it is published or failed."""
+    return _join(staging_dir(data_dir, source), "refresh", table.path_segment, encode_path_segment(run))
+
+
 def round_path(data_dir: str, source: str, run_id: str) -> str:
     """The chunk results of one snapshot run's round (the merge's input), named by its run
     through the one name encoder, so two run ids (``x:1``, ``x+1``) never share a file."""

@@ -80,7 +80,7 @@ def test_run_capture_takes_the_lock_of_the_slot_the_connection_names(monkeypatch
     taken = []
 
     @contextmanager
-    def fake_lock(params, key):
+    def fake_lock(params, key, source=None):
         taken.append(key)
         yield False  # held elsewhere: run_capture returns before connecting
 

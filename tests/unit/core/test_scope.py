@@ -101,3 +101,14 @@ def test_row_values_of_database_errors_are_dropped():
     my = "(1062, \"Duplicate entry 'alice@example.com' for key 'email'\")"
     assert drop_row_values(my) == f"(1062, \"Duplicate entry {ROW_VALUES_DROPPED} for key 'email'\")"
     assert drop_row_values("plain text, no values") == "plain text, no values"
+    # PostgreSQL's main line quotes the failing value (audit, issue 58)
+    for msg in ('invalid input syntax for type integer: "ssn-123-45-6789"',
+                'invalid input value for enum mood: "ssn-123-45-6789"',
+                'date/time field value out of range: "ssn-123-45-6789"',
+                'malformed array literal: "ssn-123-45-6789"',
+                'invalid input syntax for type json: "ssn-123-45-6789 \\" quoted"',
+                'value "123456789" is out of range for type integer'):
+        out = drop_row_values(msg)
+        assert "ssn" not in out and "123456789" not in out and ROW_VALUES_DROPPED in out, (msg, out)
+    assert drop_row_values('relation "public.orders" does not exist') == 'relation "public.orders" does not exist'
+    assert drop_row_values('column "ssn" is of type integer') == 'column "ssn" is of type integer'
