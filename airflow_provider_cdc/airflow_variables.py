@@ -199,6 +199,57 @@ def save_capture_failure(source: str, error: str, at: float | None = None) -> No
     _set(key, json.dumps(doc, sort_keys=True))
 
 
+# --- a snapshot run that failed before it had snapshots to mark failed -------------------------
+RUN_FAILED_PREFIX = "cdc_run_failed__"
+
+
+def run_failed_key(source: str) -> str:
+    return f"{RUN_FAILED_PREFIX}{encode_path_segment(source, leading_dot_ok=True)}"
+
+
+def save_run_failure(source: str, run_id: str, task_id: str, error: str, at: float | None = None) -> None:
+    """A snapshot run of ``source`` failed for good before it planned anything (a bad conf, an
+    unreachable source at planning): no snapshot's progress can say so, so the source keeps this
+    record, which status and the CDC page show until a snapshot run of the source plans again
+    (:func:`clear_run_failure`). ``error`` is safe text (no credentials, no row values)."""
+    doc = {
+        "source": source,
+        "run_id": run_id,
+        "task_id": task_id,
+        "at": float(at or time.time()),
+        "error": error[:2000],
+    }
+    _set(run_failed_key(source), json.dumps(doc, sort_keys=True))
+
+
+def clear_run_failure(source: str) -> None:
+    """A snapshot run of ``source`` planned: the failure before is over (read first: no write
+    when there is none)."""
+    key = run_failed_key(source)
+    if _get(key) is not None:
+        _delete(key)
+
+
+def load_run_failures(source: str | None = None) -> dict[str, dict]:
+    """source -> its failed snapshot run (metadata database; CLI, page, tests)."""
+    return _by_source(RUN_FAILED_PREFIX, source)
+
+
+def _by_source(prefix: str, source: str | None) -> dict[str, dict]:
+    """source -> the JSON object of each Variable under ``prefix`` that names its source (only
+    ``source``'s when given); values that are not such objects are left out."""
+    out = {}
+    for _key, val in stored_values(prefix):
+        try:
+            doc = json.loads(val)
+        except (TypeError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("source"), str) and doc["source"]:
+            if source is None or doc["source"] == source:
+                out[doc["source"]] = doc
+    return dict(sorted(out.items()))
+
+
 # --- the last verify of each table ---------------------------------------------------------------
 VERIFY_PREFIX = "cdc_verify__"
 
@@ -249,12 +300,4 @@ def stored_values(prefix: str) -> list[tuple[str, str]]:
 
 def load_lags(source: str | None = None) -> dict[str, dict]:
     """source -> its last lag reading, from the metadata database (outside tasks: CLI, tests)."""
-    out = {}
-    for _key, val in stored_values(LAG_PREFIX):
-        try:
-            lag = json.loads(val)
-        except (TypeError, json.JSONDecodeError):
-            continue
-        if isinstance(lag, dict) and lag.get("source") and (source is None or lag["source"] == source):
-            out[lag["source"]] = lag
-    return dict(sorted(out.items()))
+    return _by_source(LAG_PREFIX, source)

@@ -10,6 +10,7 @@ credentials come from its Airflow connection, never from the command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -33,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     st = sub.add_parser(
         "status",
         help="progress of each table's snapshot and each source's capture lag (from the Airflow Variables)",
+        description="Progress of each table's snapshot, each source's capture lag, open failover gaps. "
+        "Exit 1 when anything is failing (a capture failing, a snapshot failed, a malformed reading, "
+        "an open gap), so it can gate a DAG or a monitor; 0 otherwise; 2 on an error.",
     )
     st.add_argument("--source", help="only this source (default: all)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -211,11 +215,22 @@ def _add_admin_commands(sub) -> None:
         "several); the conf's key_ranges",
     )
     sn.add_argument(
+        "--range",
+        action="append",
+        default=None,
+        dest="simple_range",
+        metavar="START:END",
+        help="start: a range of a one-column key, e.g. 5000:6000 (END exclusive; either side may be "
+        "left out; repeat for several): --key-range for the common case",
+    )
+    sn.add_argument(
         "--keys", default=None, metavar="JSON", help="start: chosen keys, e.g. [[5], [7]]; the conf's keys"
     )
     sn.add_argument("--where", default=None, help="start: a row filter in the source's SQL; the conf's where")
     sn.add_argument("--chunk-size", default=None, help='start/resume: rows a chunk, or "auto"')
-    sn.add_argument("--parallelism", type=int, default=None, help="start/resume: chunk tasks at once")
+    sn.add_argument(
+        "--parallelism", "--parallel", type=int, default=None, help="start/resume: chunk tasks at once"
+    )
     sn.add_argument("--delay-seconds", type=float, default=None, help="start/resume: a pause between chunks")
     d = sub.add_parser(
         "drop-source",
@@ -228,6 +243,12 @@ def _add_admin_commands(sub) -> None:
     d.add_argument("--conn-id", default=None, help="its Airflow connection (default: the source's)")
     d.add_argument("--data-dir", default=None, help="its data dir (default: the source's)")
     d.add_argument("--yes", action="store_true", help="drop them; without it, only say what would be dropped")
+    d.add_argument(
+        "--purge-outputs",
+        action="store_true",
+        help="also delete the source's staging, outputs (event log, mirror, refreshed tables) and "
+        "snapshot registers under its data dir; without it they are kept for their readers",
+    )
     _add_doctor_and_sources(sub)
 
 
@@ -453,9 +474,7 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
     try:
         conn_id, settings = _source_connection(source, now)
         with open_dialect(conn_id, source, settings) as dialect:
-            bind = getattr(dialect, "bind_data_dir", None)  # MariaDB: the epoch of the server read now
-            if bind is not None:
-                bind(data_dir)
+            dialect.bind_data_dir(data_dir)  # MariaDB: the epoch of the server read now
             server = dialect.current_position()
             upto = Position.decode(c["position"])
             behind = dialect.log_bytes_between(upto, server)
@@ -502,6 +521,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from .status import _checked_numbers, _table_refusal, known_source, source_scope
 
     items = list_progress(args.source)
+    from .airflow_variables import load_run_failures
+
+    failed_runs = load_run_failures(args.source)
     # read back from Variables: a reading of the wrong type is said as such (I15)
     lags = {
         s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
@@ -524,7 +546,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         summary["dag_paused"] = dag_paused and summary["status"] == "running"
         summaries[(s, t)] = summary
     now = settings.load() if args.live else None
-    sources = sorted({s for s, _t, _p in items} | set(lags) | ({args.source} if args.source else set()))
+    sources = sorted(
+        {s for s, _t, _p in items} | set(lags) | set(failed_runs) | ({args.source} if args.source else set())
+    )
     caught = {}
     for s in sources:
         if s not in data_dirs:
@@ -535,6 +559,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.live:  # also the deployment's sources nothing is recorded for yet
         asked = sorted(set(sources) | ({args.source} if args.source else set(known_sources(now))))
         holders = _live_holders(asked, lags, now)
+    from .status import open_gaps_of
+
+    gaps = {s: open_gaps_of(s, data_dirs.get(s)) for s in sources}  # read once per source
+    unhealthy = _unhealthy(lags, summaries, gaps)
+    unhealthy += [f"a snapshot run of {s} failed" for s in failed_runs]
+    code = EXIT_MISMATCH if unhealthy else EXIT_OK
     if args.json:
         print(
             json.dumps(
@@ -546,16 +576,31 @@ def cmd_status(args: argparse.Namespace) -> int:
                         "progress": p,
                         "source_lag": lags.get(s),
                         "source_caught_up": caught.get(s),
-                        "source_gaps": _open_gaps_of(s, data_dirs.get(s)),
+                        "source_gaps": gaps.get(s, []),
                         "source_log_holder": holders.get(s),
+                        "source_failed_run": failed_runs.get(s),
                     }
                     for s, t, p in items
+                ]
+                + [  # a source with no snapshot recorded: its capture and gaps still (table null)
+                    {
+                        "source": s,
+                        "table": None,
+                        "status": None,
+                        "source_lag": lags.get(s),
+                        "source_caught_up": caught.get(s),
+                        "source_gaps": gaps.get(s, []),
+                        "source_log_holder": holders.get(s),
+                        "source_failed_run": failed_runs.get(s),
+                    }
+                    for s in sources
+                    if s not in {src for src, _t, _p in items}
                 ],
                 indent=2,
                 sort_keys=True,
             )
         )
-        return EXIT_OK
+        return code
     if not items:
         print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
     width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in [*sources, *holders]] + [1])
@@ -567,31 +612,40 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
     for s, held in holders.items():
         print(f"{s:<{width}}  {held}")
+    for s, run in failed_runs.items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(run.get("at") or 0))) + "Z"
+        print(
+            f"{s:<{width}}  SNAPSHOT RUN FAILED {run.get('run_id')} at {when} before planning: "
+            f"{run.get('error')} (fix it, then start the snapshot again)"
+        )
     for s in sources:
         if caught[s] is not None:
             print(f"{s:<{width}}  {describe_caught_up(caught[s])}")
     for s in sources:
-        for gap in _open_gaps_of(s, data_dirs.get(s)):
+        for gap in gaps[s]:
             todo = sorted(set(gap.get("tables", [])) - set(gap.get("verified", {})))
             print(
                 f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and "
                 f"{gap.get('to')} may be "
                 f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}"
             )
-    return EXIT_OK
+    if unhealthy:
+        print(f"NOT HEALTHY (exit {code}): {'; '.join(unhealthy)}")
+    return code
 
 
-def _open_gaps_of(source: str, data_dir: str | None) -> list[dict]:
-    """The failover gaps of ``source`` not closed yet (storage/source_server.py)."""
-    if data_dir is None:
-        return []
-    from .storage.layout import changelog_dir
-    from .storage.source_server import open_gaps
-
-    try:
-        return open_gaps(changelog_dir(data_dir, source))
-    except Exception:  # noqa: BLE001 - staging unreadable: status still shows the rest
-        return []
+def _unhealthy(lags: dict, summaries: dict, gaps: dict) -> list[str]:
+    """What makes ``status`` exit non-zero (so it can gate a DAG or a monitor): a failing
+    capture, a failed or malformed snapshot, a malformed reading, an open failover gap."""
+    out = [f"capture of {s} failing" for s, lag in lags.items() if isinstance(lag.get("failing"), dict)]
+    out += [f"lag reading of {s} malformed" for s, lag in lags.items() if lag.get("malformed")]
+    out += [
+        f"snapshot of {s}:{t} {sm['status']}"
+        for (s, t), sm in summaries.items()
+        if sm.get("status") in ("failed", "malformed")
+    ]
+    out += [f"{len(g)} open gap(s) of {s}" for s, g in gaps.items() if g]
+    return out
 
 
 def _status_caught_up_to(args: argparse.Namespace) -> int:
@@ -1112,16 +1166,38 @@ def _snapshot_conf(args: argparse.Namespace, tables: list[str]) -> dict:
         except ValueError:
             raise ValueError(f"{option} must be JSON, got {text!r}") from None
 
+    def bound(text: str) -> list | None:  # one side of --range: a JSON value, else the text itself
+        if text == "":
+            return None
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        return [value]
+
+    def simple(text: str) -> dict:
+        start, sep, end = text.partition(":")
+        if not sep or ":" in end:
+            raise ValueError(f"--range is START:END (e.g. 5000:6000), got {text!r}")
+        rng = {k: v for k, v in (("start", bound(start)), ("end", bound(end))) if v is not None}
+        if not rng:
+            raise ValueError(f"--range {text!r} names neither a start nor an end")
+        return rng
+
+    simple_ranges = getattr(args, "simple_range", None) or []
     if args.action == "start":
-        if args.key_range:
-            conf["key_ranges"] = [as_json("--key-range", r) for r in args.key_range]
+        if args.key_range or simple_ranges:
+            conf["key_ranges"] = [as_json("--key-range", r) for r in args.key_range or []] + [
+                simple(r) for r in simple_ranges
+            ]
         if args.keys is not None:
             conf["keys"] = {t: as_json("--keys", args.keys) for t in tables}
         if args.where is not None:
             conf["where"] = args.where
-    elif args.key_range or args.keys is not None or args.where is not None:
+    elif args.key_range or simple_ranges or args.keys is not None or args.where is not None:
         raise ValueError(
-            f"--key-range, --keys and --where choose what a new snapshot reads: not for {args.action}"
+            "--range, --key-range, --keys and --where choose what a new snapshot reads: not for "
+            f"{args.action}"
         )
     if args.chunk_size is not None:
         conf["chunk_size"] = (
@@ -1155,7 +1231,7 @@ def _check_dag_runnable(dag_id: str) -> None:
 
 def cmd_drop_source(args: argparse.Namespace) -> int:
     from . import settings
-    from .pipeline.source_admin import drop_source, held_objects
+    from .pipeline.source_admin import drop_source
 
     now = settings.load()
     why = unknown_source_error(args.source, known_sources(now))
@@ -1175,12 +1251,18 @@ def cmd_drop_source(args: argparse.Namespace) -> int:
     dialect, st = _source_dialect(args.source, now, args.conn_id)
     data_dir = args.data_dir or st.data_dir
     with dialect:
-        held = held_objects(dialect, data_dir)
+        held = dialect.held_objects(data_dir)  # PostgreSQL: what exists on the server now, and whose
         if not args.yes:
+            from .storage.layout import source_roots
+
+            kept = (
+                f"and delete {', '.join(source_roots(data_dir, args.source))}"
+                if args.purge_outputs
+                else "(the staged changelog and the outputs stay: --purge-outputs deletes them)"
+            )
             print(
-                f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes "
-                "to drop them "
-                "(the staged changelog and the outputs stay; capturing this source again needs new snapshots)"
+                f"source {args.source!r} holds: {', '.join(held) or 'nothing'}. Run again with --yes to "
+                f"drop them {kept}"
             )
             return EXIT_MISMATCH
         try:
@@ -1188,21 +1270,32 @@ def cmd_drop_source(args: argparse.Namespace) -> int:
         except CdcError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ERROR
-        watermark = getattr(dialect, "watermark_table", None)
+        watermark = dialect.watermark_table
     for line in done:
         print(f"source {args.source!r}: {line}")
     for line in _retire_source(args.source, now):
         print(f"source {args.source!r}: {line}")
-    print(
-        f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept; delete them when "
-        "nothing reads them"
-        + (
-            f". The watermark table {watermark} stays: other sources of that database may share it; drop "
-            "it when none does"
-            if watermark is not None
-            else ""
+    if args.purge_outputs:
+        from . import storage
+        from .storage.layout import source_roots
+
+        for root in source_roots(data_dir, args.source):
+            storage.delete_dir(root)
+            print(f"source {args.source!r}: {root} deleted")
+        text = "capturing it again starts afresh, with new snapshots"
+    else:
+        text = (
+            f"the staged changelog and outputs of {args.source!r} under {data_dir} are kept for their "
+            "readers (--purge-outputs deletes them); capturing it again into that data dir starts with "
+            "`airflow-cdc resync` (what was committed meanwhile is in no slot), then verify --repair or new "
+            "snapshots"
         )
-    )
+    if watermark is not None:
+        text += (
+            f". The watermark table {watermark} stays: other sources of that database may share it; drop it "
+            "when none does"
+        )
+    print(text)
     return EXIT_OK
 
 
@@ -1254,7 +1347,7 @@ def _live_holders(sources: list[str], lags: dict, now) -> dict[str, str]:
             dialect, _st = _source_dialect(s, now)
             with dialect:
                 reading = log_holder(dialect)
-                pub = getattr(dialect, "publication_name", None)
+                pub = dialect.publication_name
         except Exception as exc:  # noqa: BLE001 - said on its line, not a failed status
             from .error_text import safe_error_text
 
@@ -1425,23 +1518,17 @@ def _ask_server(row: dict[str, Any], source: str, st) -> None:
     try:
         with open_dialect(st.conn_id, source, st) as dialect:
             row["database"] = dialect.name
-            if getattr(dialect, "slot_name", None) is not None:
+            if dialect.slot_name is not None:
                 row["holder"] = f"replication slot {dialect.slot_name!r}"
                 row["publication"] = dialect.publication_name
-                row["publication_exists"] = bool(
-                    dialect._query(
-                        "SELECT 1 FROM pg_publication WHERE pubname = %s", (dialect.publication_name,)
-                    )
-                )
+                row["publication_exists"] = dialect.publication_exists()
                 reading = log_holder(dialect)
             else:
-                path = dialect._offset_path(st.data_dir)
+                path = dialect.offset_path(st.data_dir)
                 row["holder"] = f"binlog offset {path}"
                 reading = None
-                if storage.exists(path):
-                    bind = getattr(dialect, "bind_data_dir", None)
-                    if bind is not None:
-                        bind(st.data_dir)
+                if path and storage.exists(path):
+                    dialect.bind_data_dir(st.data_dir)
                     reading = dialect.log_retention(storage.read_text(path))
             row["holder_exists"] = reading is not None
             if reading is not None:
@@ -1544,12 +1631,48 @@ def run(argv: list[str] | None = None) -> int:
     return _dispatch(args.command, args)
 
 
+@contextlib.contextmanager
+def _quiet_airflow():
+    """While a command runs, Airflow's own INFO lines ("creating dag run", the DagBag's filling)
+    are not its output: only Airflow's warnings and errors reach the terminal
+    (AIRFLOW__LOGGING__LOGGING_LEVEL=DEBUG still shows everything). The levels are put back
+    after the command (a command run in-process, as tests and ``airflow cdc`` do, leaves the
+    process's logging as it found it)."""
+    import importlib
+    import logging
+
+    if os.environ.get("AIRFLOW__LOGGING__LOGGING_LEVEL", "").upper() == "DEBUG":
+        yield
+        return
+    stdlib = logging.getLogger("airflow")
+    before = stdlib.level
+    stdlib.setLevel(logging.WARNING)
+    # Airflow 3's structlog loggers take their level per namespace from a table (the core's and
+    # the task SDK's copies); a namespace level the deployment set stays
+    added = []
+    for module in ("airflow._shared.logging.structlog", "airflow.sdk._shared.logging.structlog"):
+        try:
+            levels = importlib.import_module(module).PER_LOGGER_LEVELS
+            if "airflow" not in levels:
+                levels["airflow"] = logging.WARNING
+                added.append(levels)
+        except Exception:  # noqa: BLE001, S112 - another Airflow: its INFO lines show, nothing else changes
+            continue
+    try:
+        yield
+    finally:
+        stdlib.setLevel(before)
+        for levels in added:
+            levels.pop("airflow", None)
+
+
 def _dispatch(command: str, args: argparse.Namespace) -> int:
     from .hooks.connections import read_metadata_database
 
     read_metadata_database()  # a command runs outside a task: connections of the UI are in the database
     try:
-        return COMMANDS[command](args)
+        with _quiet_airflow():
+            return COMMANDS[command](args)
     except Exception as exc:  # noqa: BLE001 - a missing connection or unreachable source: say so, exit 2
         from .hooks.task_errors import describe_user_error
 

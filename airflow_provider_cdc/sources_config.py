@@ -28,6 +28,8 @@ KEYS: dict[str, str] = {
     "postgres_sink_conn_id": "CDC_POSTGRES_SINK_CONN_ID",
     "postgres_sink_schema": "CDC_POSTGRES_SINK_SCHEMA",
     "capture_all_tables": "CDC_CAPTURE_ALL_TABLES",
+    "refresh_tables": "CDC_REFRESH_TABLES",
+    "refresh_schedule": "CDC_REFRESH_SCHEDULE",
     "key_columns": "CDC_KEY_COLUMNS",
     "spark_conn_id": "CDC_SPARK_CONN_ID",
     "spark_conf": "CDC_SPARK_CONF",

@@ -1,5 +1,5 @@
 """cdc_snapshot__<source>, cdc_changelog__<source> and cdc_verify__<source> for every source of the
-sources config.
+sources config, and cdc_refresh__<source> for those that name refresh tables.
 
 The config is ``CDC_SOURCES_FILE`` (a path or URI), else ``cdc_sources.yaml`` next to this
 file; without either, this file builds no DAG. Its format and keys:
@@ -13,7 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from airflow_provider_cdc import settings
-from airflow_provider_cdc.dag_builders import changelog_dag, connection_options, snapshot_dag, verify_dag
+from airflow_provider_cdc.dag_builders import (
+    changelog_dag,
+    connection_options,
+    refresh_dag,
+    snapshot_dag,
+    verify_dag,
+)
 from airflow_provider_cdc.sources_config import read_sources
 
 _GIVEN = settings.load().sources_file  # CDC_SOURCES_FILE, or [cdc] sources_file
@@ -30,3 +36,6 @@ if _GIVEN or Path(_CONFIG).exists():
             f"cdc_changelog__{_entry.name}", _entry.overrides, tags=(_entry.name,))
         globals()[f"verify__{_entry.name}"] = verify_dag(
             f"cdc_verify__{_entry.name}", _entry.overrides, tags=(_entry.name,))
+        if _entry.settings.refresh_tables:
+            globals()[f"refresh__{_entry.name}"] = refresh_dag(
+                f"cdc_refresh__{_entry.name}", _entry.overrides, tags=(_entry.name,))

@@ -180,6 +180,20 @@ def _record_failure(source: str, exc: BaseException) -> None:
         airflow_variables.save_capture_failure(source, f"{type(exc).__name__}: {safe_error_text(exc)}")
     except Exception:  # noqa: BLE001 - the capture's own error is what the task raises
         log.warning("could not record the failed capture of %r for status", source, exc_info=True)
+    _emit_failing(source, True)
+
+
+def _emit_failing(source: str, failing: bool) -> None:
+    """``cdc.capture.failing``: 1 while the source's captures fail, 0 after one succeeds (an
+    alert rule on it needs no log reading)."""
+    try:
+        from airflow.sdk.observability.stats import gauge
+    except ImportError:  # an Airflow without the Task SDK's metrics
+        return
+    try:
+        gauge("cdc.capture.failing", 1 if failing else 0, tags={"source": source})
+    except Exception:  # noqa: BLE001 - a metrics backend's failure never fails the capture
+        log.warning("could not emit cdc.capture.failing for %r", source, exc_info=True)
 
 
 def _emit_lag_metrics(lag) -> None:
@@ -190,6 +204,7 @@ def _emit_lag_metrics(lag) -> None:
     except ImportError:  # an Airflow without the Task SDK's metrics
         return
     tags = {"source": lag.source}
+    _emit_failing(lag.source, False)
     gauge("cdc.capture.lag_bytes", lag.bytes, tags=tags)
     gauge("cdc.capture.lag_seconds", lag.seconds, tags=tags)
     gauge("cdc.capture.retention_at_risk", 1 if lag.risk else 0, tags=tags)

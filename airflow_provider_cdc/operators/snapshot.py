@@ -145,14 +145,20 @@ def record_snapshot_failure(context: Any) -> None:
     if isinstance(work, dict):
         work = [work]
     snapshots = [(w["table"], w["snapshot_id"]) for w in work if isinstance(w, dict) and "snapshot_id" in w]
-    if not snapshots:
-        return
     hook = getattr(task, "hook", None)
     now = settings.load(overrides=getattr(task, "cdc_overrides", None))
     source = getattr(hook, "source", None) or getattr(task, "source", None) or now.source
     data_dir = getattr(task, "data_dir", None) or now.data_dir
     exc = context.get("exception")
     error = f"task {ti.task_id} failed: {safe_error_text(exc) if exc is not None else 'unknown error'}"
+    if not snapshots:  # failed before planning anything (a bad conf): the source keeps the record
+        from .. import airflow_variables
+
+        try:
+            airflow_variables.save_run_failure(source, str(ti.run_id), str(ti.task_id), error)
+        except Exception as rec:  # noqa: BLE001 - a callback must not hide the task's own error
+            log.warning("could not record the failed snapshot run of %r: %s", source, rec)
+        return
     mark_failed(source, snapshots, error, data_dir)
 
 
@@ -260,13 +266,20 @@ class SnapshotPlanOperator(_SourceOperator):
         logical_date = _iso_utc(
             (context.get("logical_date") if context else None) or getattr(dag_run, "logical_date", None)
         )
-        return self.controller(
+        work = self.controller(
             context,
             run_id=run_id,
             logical_date=logical_date,
             owner_alive=_run_alive(context),
             sinks=self.sinks,
         ).apply(req)
+        from .. import airflow_variables
+
+        try:  # a run of this source plans again: an earlier run's failure is over
+            airflow_variables.clear_run_failure(self.hook.source)
+        except Exception as exc:  # noqa: BLE001 - the record is for status; the plan stands
+            log.warning("could not clear the failed-run record of %r: %s", self.hook.source, exc)
+        return work
 
 
 # ----------------------------------------------------------------------- chunk

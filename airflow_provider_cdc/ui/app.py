@@ -61,11 +61,21 @@ async def _user(request: Request):
     return await get_user(request, None, bearer)
 
 
+def _team_of(dag_id: str) -> str | None:
+    """The team that owns ``dag_id`` (its bundle's), as Airflow's own routes pass it to the auth
+    manager: under multi-team deployments a user of another team is refused. None on an Airflow
+    without teams."""
+    from airflow.models.dag import DagModel
+
+    get_team_name = getattr(DagModel, "get_team_name", None)  # Airflow 3.1+
+    return get_team_name(dag_id) if get_team_name is not None else None
+
+
 def _may(user: Any, dag_id: str, *, act: bool) -> bool:
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 
-    details = DagDetails(id=dag_id)
+    details = DagDetails(id=dag_id, team_name=_team_of(dag_id))
     if act:
         return get_auth_manager().is_authorized_dag(
             method="POST", access_entity=DagAccessEntity.RUN, details=details, user=user

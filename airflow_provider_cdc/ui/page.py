@@ -343,6 +343,17 @@ def _table_row_of(src: dict, row: dict, can_act: bool) -> str:
     )
 
 
+def _gap_box(gap: dict) -> str:
+    """An open failover gap: what may be missing, and the tables still to verify."""
+    todo = sorted(set(gap.get("tables") or []) - set(gap.get("verified") or {}))
+    return (
+        "<div class='box risk' data-testid='open-gap' role='alert'><strong>Open gap</strong> "
+        f"({escape(str(gap.get('state') or '?'))}): changes between {escape(str(gap.get('from')))} and "
+        f"{escape(str(gap.get('to')))} may be missing ({escape(str(gap.get('reason') or 'a failover'))}). "
+        f"Verify with repair: {escape(', '.join(todo) or 'after the next capture')}</div>"
+    )
+
+
 def _index(sources: list[dict]) -> str:
     """One line per source: its worst state, linking to its section alone."""
     items = []
@@ -350,6 +361,12 @@ def _index(sources: list[dict]) -> str:
         states = sorted({(t.get("snapshot") or {}).get("status") or "no snapshot" for t in src["tables"]})
         lag = src.get("lag") or {}
         risk = " AT RISK" if lag.get("risk") else " LOG RETENTION UNBOUNDED" if lag.get("warning") else ""
+        if isinstance(lag.get("failing"), dict):
+            risk = " CAPTURE FAILING" + risk
+        if src.get("gaps"):
+            risk += f" {len(src['gaps'])} OPEN GAP(S)"
+        if src.get("failed_run"):
+            risk += " SNAPSHOT RUN FAILED"
         items.append(
             f"<li><a href='./?source={quote(src['source'], safe='')}'>{escape(src['source'])}</a>: "
             f"{len(src['tables'])} table(s), {escape(', '.join(states) or 'no tables')}{risk}</li>"
@@ -426,7 +443,15 @@ def render(
                 f"{escape(src.get('verify_dag') or '')}</div>"
             )
         try:
+            run = src.get("failed_run")
+            if isinstance(run, dict):
+                body.append(
+                    "<div class='box risk' data-testid='failed-run' role='alert'><strong>Snapshot run "
+                    f"FAILED</strong> {escape(str(run.get('run_id')))} at {_t(run.get('at'))}, before it "
+                    f"planned: {escape(str(run.get('error') or '?'))}</div>"
+                )
             body.append(_source_block(src))
+            body.extend(_gap_box(g) for g in src.get("gaps") or [])
         except Exception as exc:  # noqa: BLE001 - one bad value must not take the page down
             body.append(f"<div class='box'>{_malformed(f'{type(exc).__name__}: {exc}')}</div>")
         if src["tables"]:

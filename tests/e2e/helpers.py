@@ -224,6 +224,7 @@ class Pipeline:
                 Variable.delete(airflow_variables.variable_key(self.source, t.id))
                 Variable.delete(airflow_variables.verify_key(self.source, t.id))
             Variable.delete(airflow_variables.lag_key(self.source))
+            Variable.delete(airflow_variables.run_failed_key(self.source))
 
     def drop(self) -> None:
         w.drop_table(self.uri, self.table)

@@ -15,73 +15,63 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 
-from airflow_provider_cdc.core.position import Position
-from airflow_provider_cdc.core.ranges import FULL_RANGE
-from airflow_provider_cdc.core.schema import encode_key, encode_row
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.storage.layout import schema_path
+from airflow_provider_cdc.dialects import ConnectionParams
 from tools import workload as w
 
+from ..integration.helpers import write_mirror_equal_to_source
 from .helpers import CLI
 
 AIRFLOW = Path(sys.executable).with_name("airflow")
 
 
-@pytest.fixture(params=["airflow-cdc", "airflow cdc"])
-def entry(request) -> list[str]:
-    """The command line that starts the CLI."""
-    if request.param == "airflow cdc":
+def command_line(name: str) -> list[str]:
+    """The command line that starts the CLI by ``name``: "airflow-cdc" or "airflow cdc"."""
+    if name == "airflow cdc":
         return [str(AIRFLOW), "cdc"]
     return [str(CLI)] if CLI.exists() else [sys.executable, "-m", "airflow_provider_cdc.cli"]
+
+
+@pytest.fixture(params=["airflow-cdc", "airflow cdc"])
+def entry(request) -> list[str]:
+    """The command line that starts the CLI, each entry point."""
+    return command_line(request.param)
 
 
 def run_cli(entry: list[str], *args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([*entry, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
-@pytest.fixture(params=["pg", "mysql"])
-def uri(request):
-    return request.getfixturevalue("pg_uri" if request.param == "pg" else "mysql_uri")
+#: each database once and each entry point once (pairwise): the entry points differ only in how the
+#: command line reaches cli.main, which test_airflow_cdc_parses_what_airflow_cdc_parses holds equal
+PAIRS = [("pg", "airflow-cdc"), ("mysql", "airflow cdc")]
+
+
+@pytest.fixture(params=PAIRS, ids=[f"{db}-{name}" for db, name in PAIRS])
+def pair(request):
+    return request.param
+
+
+@pytest.fixture
+def uri(request, pair):
+    return request.getfixturevalue("pg_uri" if pair[0] == "pg" else "mysql_uri")
+
+
+@pytest.fixture
+def paired_entry(pair) -> list[str]:
+    """The entry point paired with the test's database."""
+    return command_line(pair[1])
 
 
 @pytest.fixture
 def mirrored(uri, unique_name, tmp_path):
     """A 2,500-row demo table and a mirror equal to it; yields (table, conn_id, data_dir, env)."""
-    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
-    from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
-
     table = w.default_table(uri, f"cli_{unique_name}")
     w.create_demo_table(uri, table, 2500)
     conn_id = f"cdc_cli_{unique_name}"
     data_dir = str(tmp_path / "data")
-    with get_dialect(ConnectionParams.from_uri(uri), source=conn_id) as dialect:
-        schema = dialect.describe_table(table)
-        p = Path(schema_path(data_dir, conn_id, table))
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(schema.to_json())
-        sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None, limit=None)
-        rows = [dialect.row_to_canonical(schema, raw) for batch in dialect.stream_query(sql, params) for raw in batch]
-    n = len(rows)
-    events = pa.table(
-        {
-            "position": [Position(100).encode()] * n,
-            "table": [table.id] * n,
-            "op": ["r"] * n,
-            "key": [encode_key(schema.key_values(r)) for r in rows],
-            "before": [None] * n,
-            "after": [encode_row(r) for r in rows],
-            "ts_ms": [0] * n,
-            "watermark": ["hw-test"] * n,
-            "origin": [None] * n,
-            "snapshot": [True] * n,
-            "batch": ["r-test"] * n,
-        },
-        schema=EVENT_SCHEMA,
-    )
-    MirrorDeltaSink(data_dir, conn_id, require_schema=True).write(events)
+    write_mirror_equal_to_source(uri, table, conn_id, data_dir)
     env = dict(os.environ)
     env[f"AIRFLOW_CONN_{conn_id.upper()}"] = uri
     env["CDC_TABLES"] = table.id  # the capture scope: verify reads only its tables (I15)
@@ -89,15 +79,15 @@ def mirrored(uri, unique_name, tmp_path):
     w.drop_table(uri, table)
 
 
-def test_verify_equal_mirror_exits_0(mirrored, entry):
+def test_verify_equal_mirror_exits_0(mirrored, paired_entry):
     table, conn_id, data_dir, env = mirrored
-    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--chunk-rows", "700", env=env)
+    r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--chunk-rows", "700", env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2500 rows checked, 0 mismatched" in r.stdout
     assert "4 chunks compared, 0 differed" in r.stdout
 
 
-def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored, entry):
+def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored, paired_entry):
     table, conn_id, data_dir, env = mirrored
     p = ConnectionParams.from_uri(uri)
     t = w.quote_table(p, table)
@@ -109,27 +99,27 @@ def test_verify_finds_changes_made_behind_the_mirror(uri, mirrored, entry):
         conn.commit()
     finally:
         conn.close()
-    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=env)
+    r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=env)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "2500 rows checked, 2 mismatched" in r.stdout
     assert "key [1700]: different (amount:" in r.stdout
     assert "key [42]: in the mirror, not in the source" in r.stdout
 
-    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--json", env=env)
+    r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, "--json", env=env)
     assert r.returncode == 1
     out = json.loads(r.stdout)
     assert (out["rows_checked"], out["mismatched"], out["different"], out["extra"], out["ok"]) == (2500, 2, 1, 1, False)
 
 
-def test_verify_errors_exit_2_and_say_why(mirrored, entry):
+def test_verify_errors_exit_2_and_say_why(mirrored, paired_entry):
     table, conn_id, data_dir, env = mirrored
-    r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", "no_schema_given", "--data-dir", data_dir, env=env)
+    r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", "no_schema_given", "--data-dir", data_dir, env=env)
     assert r.returncode == 2 and "schema.table" in r.stderr
-    r = run_cli(entry, "verify", "--conn-id", "cdc_cli_no_such_conn", "--table", table.id, "--data-dir", data_dir, env=env)
+    r = run_cli(paired_entry, "verify", "--conn-id", "cdc_cli_no_such_conn", "--table", table.id, "--data-dir", data_dir, env=env)
     assert r.returncode == 2 and "cdc_cli_no_such_conn" in r.stderr
 
 
-def test_verify_refuses_a_system_table_and_one_outside_the_scope_before_reading_anything(uri, mirrored, entry,
+def test_verify_refuses_a_system_table_and_one_outside_the_scope_before_reading_anything(uri, mirrored, paired_entry,
                                                                                           unique_name):
     """Issue 46: verify went straight to describe_table and full-table reads of any table the
     connection could see (``pg_catalog.pg_authid`` included). Now it asks the one scope check
@@ -151,10 +141,10 @@ def test_verify_refuses_a_system_table_and_one_outside_the_scope_before_reading_
                         f"(CDC_TABLES, or the sources config's 'tables': {table})"}
         for t, want in wants.items():  # the same text the plan and export give (tests/unit/core/test_scope.py)
             for e in (env, closed):
-                r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", t.id, "--data-dir", data_dir, env=e)
+                r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", t.id, "--data-dir", data_dir, env=e)
                 assert r.returncode == 2 and want in r.stderr, r.stdout + r.stderr
                 assert "rows checked" not in r.stdout
-        r = run_cli(entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=closed)
+        r = run_cli(paired_entry, "verify", "--conn-id", conn_id, "--table", table.id, "--data-dir", data_dir, env=closed)
         assert r.returncode == 2 and "is not captured" not in r.stderr  # a table of the scope is read (and fails here)
     finally:
         w.drop_table(uri, other)

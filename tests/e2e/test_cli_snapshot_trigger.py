@@ -111,8 +111,18 @@ def test_snapshot_start_takes_what_a_conf_takes_and_refuses_what_would_hang_or_f
     assert code == cli.EXIT_OK, out.err
     assert [r[1] for r in new] == [{"action": "start", "tables": ["public.orders"], "chunk_size": 500, "parallelism": 2,
                                     "key_ranges": [{"start": [1], "end": [100]}], "where": "amount > 1"}]
+    # the issue's own command: a range of a one-column key, as START:END
+    code = cli.run(["snapshot", "start", "--table", "public.orders", "--range", "5000:6000", "--range", "9000:",
+                    "--chunk-size", "500", "--parallel", "3"])
+    out = capsys.readouterr()
+    new = [r for r in _runs("cdc_snapshot", "start") if r[0] not in before]
+    _delete_runs("cdc_snapshot", [r[0] for r in new])
+    assert code == cli.EXIT_OK, out.err
+    assert [r[1] for r in new] == [{"action": "start", "tables": ["public.orders"], "chunk_size": 500, "parallelism": 3,
+                                    "key_ranges": [{"start": [5000], "end": [6000]}, {"start": [9000]}]}]
     for args, says in [
         (["--key-range", "1-100"], "--key-range must be JSON"),
+        (["--range", "5000-6000"], "--range is START:END"),
         (["--parallelism", "0"], "parallelism"),
         (["--snapshot-dag", "cdc_snapshot_no_such_dag"], "does not know DAG 'cdc_snapshot_no_such_dag' yet"),
     ]:
@@ -120,9 +130,28 @@ def test_snapshot_start_takes_what_a_conf_takes_and_refuses_what_would_hang_or_f
         assert code == cli.EXIT_ERROR and says in capsys.readouterr().err, args
     _pause("cdc_snapshot", True)
     try:
-        code = cli.run(["snapshot", "start", "--table", "public.orders"])
+        code = cli.run(["snapshot", "start", "--table", "public.orders", "--range", "5000:6000", "--chunk-size", "500"])
         err = capsys.readouterr().err
         assert code == cli.EXIT_ERROR and "is paused" in err and "airflow dags unpause cdc_snapshot" in err, err
     finally:
         _pause("cdc_snapshot", False)
     assert {r[0] for r in _runs("cdc_snapshot", "start")} == before
+
+
+def test_the_command_prints_its_own_lines_only(serialized_dags, scoped, tmp_path):
+    """Issue 58: Airflow's own INFO lines ("creating dag run") cluttered the CLI's output; a
+    command prints what it did, and Airflow's warnings and errors only."""
+    import os
+    import subprocess
+    import sys
+
+    before = {r[0] for r in _runs("cdc_snapshot", "start")}
+    out = subprocess.run([sys.executable, "-m", "airflow_provider_cdc.cli", "snapshot", "start", "--table",
+                          "public.orders"], capture_output=True, text=True, env=dict(os.environ), timeout=300,
+                         cwd=str(tmp_path))  # (not the checkout: its egg-info would list the plugin twice)
+    new = [r[0] for r in _runs("cdc_snapshot", "start") if r[0] not in before]
+    _delete_runs("cdc_snapshot", new)
+    assert out.returncode == 0, out.stderr
+    assert len(new) == 1 and f"triggered cdc_snapshot run {new[0]}" in out.stdout, out.stdout
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1, lines

@@ -50,8 +50,8 @@ def test_status_of_an_unknown_source_fails_naming_the_known_ones(source, capsys)
 
 def test_status_live_shows_the_slot_of_a_source_no_capture_ran_for_and_drop_source_drops_it(source, capsys):
     with source.dialect() as d:
-        held = getattr(d, "slot_name", None)
-        offset_file = None if held else d._offset_path(source.data_dir)
+        held = d.slot_name
+        offset_file = None if held else d.offset_path(source.data_dir)
     if held:  # PostgreSQL: the slot holds WAL, and nothing else would say so
         code, out, err = _cli(capsys, "status", "--live")
         line = next((x for x in out.splitlines() if x.startswith(source.source)
@@ -79,8 +79,20 @@ def test_status_live_shows_the_slot_of_a_source_no_capture_ran_for_and_drop_sour
     assert "its last capture reading forgotten" in out and "watermark table" in out, out
     if held:
         assert f"replication slot {held!r} dropped" in out and not _slot_exists(source)
+        assert "airflow-cdc resync" in out  # what capturing it again into the same data dir needs
     else:
         assert "forgotten" in out and not w_exists(offset_file)
+    # the lake is kept unless asked: --purge-outputs deletes the source's staging, outputs and registers
+    from airflow_provider_cdc.pipeline.capture import stage_changelog
+    from airflow_provider_cdc.storage.layout import source_roots
+
+    roots = source_roots(source.data_dir, source.source)
+    assert any(w_exists(r) for r in roots), roots
+    code, out, err = _cli(capsys, "drop-source", "--source", source.source, "--yes", "--purge-outputs")
+    assert code == cli.EXIT_OK, err
+    assert not any(w_exists(r) for r in roots) and "starts afresh" in out, out
+    with source.dialect() as d:  # and a capture of it starts afresh indeed
+        stage_changelog(d, source.data_dir)
 
 
 def w_exists(path: str) -> bool:

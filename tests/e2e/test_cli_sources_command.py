@@ -63,14 +63,14 @@ def test_sources_lists_a_snapshot_only_source_with_what_its_server_holds(source,
     assert row["server_error"] is None, row
     assert row["holder_exists"] is True and isinstance(row["held_bytes"], int) and row["held_bytes"] > 0, row
     with pipe.dialect() as d:
-        slot = getattr(d, "slot_name", None)
+        slot = d.slot_name
         if slot is not None:
             assert row["database"] == "postgres" and row["holder"] == f"replication slot {slot!r}", row
             assert row["publication"] == d.publication_name
             limit = d._query("SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'")[0][0]
             assert (row["unbounded"] is not None) == (int(limit) < 0), row  # the retention check's warning
         else:
-            assert row["database"] == "mysql" and row["holder"] == f"binlog offset {d._offset_path(pipe.data_dir)}"
+            assert row["database"] == "mysql" and row["holder"] == f"binlog offset {d.offset_path(pipe.data_dir)}"
             assert row["publication"] is None
     # a source only a Variable names is listed, never asked (I15)
     g = rows[ghost]

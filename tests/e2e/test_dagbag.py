@@ -41,12 +41,14 @@ def dagbag_problems(folder: Path) -> tuple[list[str], dict[str, list[str]]]:
 def test_every_dag_file_imports_and_defines_a_dag(monkeypatch):
     # dags/cdc_sources.py builds DAGs from a sources config: the shipped example's
     monkeypatch.setenv("CDC_SOURCES_FILE", str(DAGS.parent / "examples" / "cdc_sources.example.yaml"))
+    # dags/cdc_refresh.py builds its DAG only for a source that refreshes tables (CDC_REFRESH_TABLES)
+    monkeypatch.setenv("CDC_REFRESH_TABLES", "public.audit_log")
     problems, by_file = dagbag_problems(DAGS)
     assert not problems, "\n\n".join(problems)
     assert sorted(by_file) == sorted(str(p.resolve()) for p in dag_files(DAGS))
     assert by_file[str((DAGS / "cdc_sources.py").resolve())] == [
-        "cdc_changelog__billing", "cdc_changelog__shop", "cdc_snapshot__billing", "cdc_snapshot__shop",
-        "cdc_verify__billing", "cdc_verify__shop"]
+        "cdc_changelog__billing", "cdc_changelog__shop", "cdc_refresh__billing", "cdc_refresh__shop",
+        "cdc_snapshot__billing", "cdc_snapshot__shop", "cdc_verify__billing", "cdc_verify__shop"]
 
 
 def test_the_example_consumer_is_scheduled_on_every_configured_mirror(monkeypatch, tmp_path):

@@ -88,13 +88,18 @@ def test_a_data_location_with_credentials_in_its_uri_is_refused(tmp_path):
     from airflow_provider_cdc.settings import load
     from airflow_provider_cdc.sources_config import parse_sources
 
-    for uri in ("s3://k:s@b/", "s3://AKIAXXXX:wJalr/xyz@bucket/cdc", "gs://user@bucket/x"):
+    for uri in ("s3://k:s@b/", "s3://AKIAXXXX:wJalr/xyz@bucket/cdc", "gs://user@bucket/x",
+                "abfss://key:secret@acct.dfs.core.windows.net/cdc", "abfss://lake@acct.dfs.core.windows.net/x@y",
+                "abfss://lake@user:pw@acct.dfs.core.windows.net/cdc", "s3://lake@acct.dfs.core.windows.net/cdc"):
         with pytest.raises(ConfigurationError, match="holds credentials in the URI") as err:
             load({"CDC_DATA_DIR": uri})
         assert "CDC_STORAGE_CONN_ID" in str(err.value) and ":s@" not in str(err.value) and "wJalr" not in str(err.value)
     with pytest.raises(ConfigurationError, match="source 'shop', key 'data_dir'.*holds credentials in the URI"):
         parse_sources({"sources": {"shop": {"conn_id": "c", "tables": ["public.t"], "data_dir": "s3://k:s@b/"}}}, env={})
     assert load({"CDC_DATA_DIR": "s3://bucket/cdc"}).data_dir == "s3://bucket/cdc"
+    # Azure names the container in the user part: its normal URIs are locations, not credentials
+    for uri in ("abfss://lake@acct.dfs.core.windows.net/cdc", "abfs://raw-data@acct01.dfs.core.usgovcloudapi.net/"):
+        assert load({"CDC_DATA_DIR": uri}).data_dir == uri
 
 
 @pytest.mark.parametrize("pipeline", ["pg"], indirect=True)
@@ -167,8 +172,9 @@ def test_status_marks_what_it_cannot_use_and_what_the_scope_refuses(tmp_path, un
         variables_cleanup.append(airflow_variables.variable_key(source, table))
     variables_cleanup.append(airflow_variables.lag_key(source))
     Variable.set(airflow_variables.lag_key(source), json.dumps({"source": source, "bytes": "lots", "at": 1.0}))
-    assert cli.run(["status", "--source", source]) == 0
+    assert cli.run(["status", "--source", source]) == 1  # a malformed reading: not healthy, said
     out = capsys.readouterr().out
+    assert "NOT HEALTHY (exit 1): lag reading of" in out, out
     [orders] = [ln for ln in out.splitlines() if ln.startswith(f"{source}:public.orders")]
     [secrets] = [ln for ln in out.splitlines() if ln.startswith(f"{source}:public.secrets")]
     assert "refused" not in orders

@@ -118,7 +118,7 @@ def test_the_variable_is_a_copy_written_after_the_authority(tmp_path, variables)
     assert airflow_variables.load("src", T.id, str(tmp_path)) is None
 
 
-def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(variables, monkeypatch, tmp_path):
+def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(variables, monkeypatch, tmp_path, gauges):
     """Issue 58: with the slot dropped or a keyless table in scope, cdc_changelog failed every
     minute while status showed "0 s behind the log". A failed capture now marks the source's lag
     record as failing (since, attempts, the error, never a credential); status and the CDC page
@@ -126,6 +126,7 @@ def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(vari
     import json
 
     import pytest
+    from airflow.sdk._shared.secrets_masker import mask_secret
 
     from airflow_provider_cdc import airflow_variables
     from airflow_provider_cdc.cli import describe_lag
@@ -133,8 +134,6 @@ def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(vari
     from airflow_provider_cdc.operators import capture as capture_op
     from airflow_provider_cdc.pipeline import capture as capture_pipeline
     from airflow_provider_cdc.ui.page import render
-
-    from airflow.sdk._shared.secrets_masker import mask_secret
 
     mask_secret("hunter2")  # as a task registers the password of each connection it reads
     airflow_variables.save_lag("shop", {"bytes": 0, "seconds": 0.0, "holder": "slot 'cdc_shop'", "at": 100.0})
@@ -148,6 +147,8 @@ def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(vari
         with pytest.raises(SourceError):
             capture_op.capture_changes(hook, str(tmp_path))
     doc = json.loads(variables.store[airflow_variables.lag_key("shop")])
+    assert [(s, v, t) for s, v, t in gauges.gauges if s == "cdc.capture.failing"] == [
+        ("cdc.capture.failing", 1, {"source": "shop"})] * 2  # the metric an alert rule watches
     assert doc["failing"]["attempts"] == 2 and "does not exist" in doc["failing"]["error"]
     assert "hunter2" not in json.dumps(doc)
     text = describe_lag(doc)
@@ -155,5 +156,20 @@ def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(vari
     html = render([{"source": "shop", "snapshot_dag": "cdc_snapshot", "applied": {}, "lag": doc, "tables": []}],
                   user="u", can_act={})
     assert html.index("capture-failing") < html.index("Capture lag:")
+    # status exits non-zero while it fails (it can gate a DAG or a monitor), 0 once it recovers
+    import argparse
+
+    from airflow_provider_cdc import cli
+
+    monkeypatch.setattr(cli, "_data_dir_of", lambda _s: str(tmp_path))
+    monkeypatch.setattr(  # the metadata database's listing, of the test's Variables
+        airflow_variables,
+        "stored_values",
+        lambda prefix: [(k, v) for k, v in variables.store.items() if k.startswith(prefix)],
+    )
+    ask = argparse.Namespace(source=None, caught_up_to=None, live=False, json=False)
+    assert cli.cmd_status(ask) == cli.EXIT_MISMATCH
+    assert cli.cmd_status(argparse.Namespace(**{**vars(ask), "json": True})) == cli.EXIT_MISMATCH
     airflow_variables.save_lag("shop", {"bytes": 5, "seconds": 1.0, "holder": "slot 'cdc_shop'", "at": 200.0})
     assert "failing" not in json.loads(variables.store[airflow_variables.lag_key("shop")])
+    assert cli.cmd_status(ask) == cli.EXIT_OK
