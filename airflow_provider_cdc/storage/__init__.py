@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import re
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -58,6 +59,28 @@ def basename(location: str) -> str:
     return os.path.basename(location) if is_local(location) else location.rstrip("/").rsplit("/", 1)[-1]
 
 
+#: ``abfss://<container>@<account>.dfs.core.windows.net/<path>``: Azure names the container in the
+#: user part (3-63 lower-case letters, digits and single hyphens; never a ':' of a password)
+_AZURE_CONTAINER = re.compile(r"[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}")
+_AZURE_HOST = re.compile(r"[a-z0-9]{3,24}\.(?:dfs|blob)\.core\.[a-z0-9.-]+")
+
+
+def _azure_container(s: str, rest: str) -> bool:
+    """``rest`` (a location after ``scheme://``) is Azure's ``container@account.host/path``:
+    its one '@' names the container, not credentials."""
+    if s not in ("abfs", "abfss"):
+        return False
+    netloc, _slash, path = rest.partition("/")
+    container, at, host = netloc.partition("@")
+    return (
+        bool(at)
+        and "@" not in host
+        and "@" not in path
+        and bool(_AZURE_CONTAINER.fullmatch(container))
+        and bool(_AZURE_HOST.fullmatch(host.lower()))
+    )
+
+
 def check_location(location: str, setting: str = "data location") -> str:
     """A location this package can use, or a ConfigurationError naming the setting."""
     if not isinstance(location, str) or not location.strip():
@@ -75,7 +98,7 @@ def check_location(location: str, setting: str = "data location") -> str:
             f"{setting} {location!r} names no bucket or container; write {s}://bucket/prefix"
         )
     rest = location.split("://", 1)[1] if s else ""
-    if s and "@" in rest:
+    if s and "@" in rest and not _azure_container(s, rest):
         # s3://KEY:SECRET@bucket/ would be printed in lineage namespaces, task logs and on the
         # spark-submit command line; the location is not where credentials go. (A secret with a
         # '/' moves the '@' past the host part, so any '@' of a URI is refused.)
@@ -311,10 +334,29 @@ def list_names(location: str, *, suffix: str = "", files_only: bool = True) -> l
     ]
 
 
+#: the mode of a local folder the package creates: its owner's only, so every file the package or
+#: delta-rs writes inside (the mirror's and the event log's data files, which pyarrow and delta-rs
+#: create with the umask's mode) is as private as a staged file (LOCAL_FILE_MODE)
+LOCAL_DIR_MODE = 0o700
+
+
 def makedirs(location: str) -> None:
-    """Create a folder and its parents on a file system (object stores have none to create)."""
+    """Create a folder and its parents on a file system (object stores have none to create); a
+    local folder created here is its owner's only (LOCAL_DIR_MODE; existing ones are left)."""
     if is_local(location):
-        os.makedirs(local_path(location), exist_ok=True)
+        path = local_path(location)
+        missing = []
+        while path and not os.path.isdir(path):
+            missing.append(path)
+            parent_path = os.path.dirname(path)
+            if parent_path == path:
+                break
+            path = parent_path
+        for p in reversed(missing):
+            try:
+                os.mkdir(p, LOCAL_DIR_MODE)
+            except FileExistsError:  # made meanwhile by another writer
+                continue
 
 
 def delete(location: str) -> None:
@@ -373,7 +415,7 @@ def atomic_output(location: str, *, replace: bool = True) -> Iterator[tuple[pafs
         while folder and not os.path.isdir(folder):
             created.append(folder)
             folder = os.path.dirname(folder)
-        os.makedirs(head, exist_ok=True)
+        makedirs(head)
         tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
     else:
         tmp = f"{head}/.{name}.{uuid.uuid4().hex}.tmp"
@@ -425,7 +467,7 @@ def put_if_absent(location: str, data: bytes) -> None:
     if not s:
         path = local_path(location)
         head, name = os.path.split(path)
-        os.makedirs(head, exist_ok=True)
+        makedirs(head)
         tmp = os.path.join(head, f".{name}.{uuid.uuid4().hex}.tmp")
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, LOCAL_FILE_MODE), "wb") as f:
             f.write(data)

@@ -70,3 +70,29 @@ def test_put_if_absent_lets_exactly_one_writer_create_a_file(base):
         storage.put_if_absent(target, b"second")
     assert storage.read_bytes(target) == b"first"
     assert storage.list_names(storage.join(base, "log")) == ["00000000000000000001.json"]  # no temporaries left
+
+
+def test_local_outputs_are_their_owners_only(tmp_path):
+    """Audit (issue 58): staged files were 0600 while the mirror's data files (written by pyarrow
+    and delta-rs with the umask's mode) were 0644. Every folder the package creates is 0700, so
+    no file of a mirror, staged or not, can be read by another user."""
+    import stat
+
+    import pyarrow as pa
+
+    from airflow_provider_cdc.sinks.delta_buckets import write_bucket_file
+    from airflow_provider_cdc.sinks.mirror_fencing import claim_epoch
+
+    lake = tmp_path / "lake"
+    table = storage.join(str(lake), "output", "shop", "mirror", "public.t")
+    rows = pa.table({"id": [1, 2], "__key": ["[1]", "[2]"], "__position": ["a", "b"], "__deleted": [False, False]})
+    claim_epoch(table, rows.schema)
+    write_bucket_file(table, 0, rows)
+    with storage.atomic_output(storage.join(str(lake), "staging", "shop", "x.json")) as (_fs, tmp):
+        open(tmp, "w").write("{}")
+    files = [p for p in lake.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".parquet" for p in files) and any(p.name == "x.json" for p in files), files
+    for p in files:
+        guarded = [d for d in p.parents if d.is_relative_to(lake) and not stat.S_IMODE(d.stat().st_mode) & 0o077]
+        assert guarded or not stat.S_IMODE(p.stat().st_mode) & 0o077, f"{p} readable by others"
+    assert stat.S_IMODE(lake.stat().st_mode) == 0o700

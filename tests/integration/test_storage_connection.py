@@ -5,16 +5,23 @@ deltalake and child processes get the endpoint and keys from it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from urllib.parse import urlsplit
 
+import psycopg2
 import pytest
 
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.errors import ConfigurationError
+from airflow_provider_cdc.core.schema import TableName
+from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.hooks.cdc_storage import StorageConnectionMixin, storage_environment
+from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.triggers.high_watermark import HighWatermarkTrigger
+
+from .helpers import write_mirror_equal_to_source
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +75,7 @@ def test_the_trigger_carries_the_connection_id_never_its_secrets():
     assert HighWatermarkTrigger(**kwargs).storage_conn_id == "cdc_test_s3"
 
 
-def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, unique_name):
+def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, unique_name, tmp_path):
     """Issue 58: a connection made in the UI or with ``airflow connections add`` lives in the
     metadata database; a task reads it through the API server, and the package's CLI, outside a
     task, reads it there too, as ``airflow connections get`` does (before, only AIRFLOW_CONN_*
@@ -98,9 +105,58 @@ def test_the_cli_reads_connections_kept_in_airflows_metadata_database(pg_uri, un
         out = subprocess.run(["airflow-cdc", "doctor", "--conn-id", conn_id, "--source", unique_name],
                              env=env, capture_output=True, text=True, timeout=300)
         assert "is not defined" not in out.stdout + out.stderr, out.stdout + out.stderr
+        # drop-source's dry run connects to list what the source holds on that server
+        out = subprocess.run(["airflow-cdc", "drop-source", "--source", conn_id],
+                             env={**env, "CDC_SOURCE_CONN_ID": conn_id}, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 1 and f"source {conn_id!r} holds: nothing" in out.stdout, out.stdout + out.stderr
+        # verify and resync through the same lookup, each doing its work: verify compares a mirror
+        # equal to the source; resync, after a capture whose slot was then lost, records the gap and
+        # starts capture anew. An id no store holds stops each at "is not defined".
+        table = TableName("public", f"meta_{unique_name}")
+        source, data_dir = unique_name, str(tmp_path / "data")
+        with psycopg2.connect(pg_uri) as c, c.cursor() as cur:
+            cur.execute(f"CREATE TABLE {table.id} (id int PRIMARY KEY, v text)")
+            cur.execute(f"INSERT INTO {table.id} SELECT g, 'v' || g FROM generate_series(1, 10) g")
+        write_mirror_equal_to_source(pg_uri, table, source, data_dir)
+        with get_dialect(ConnectionParams.from_uri(pg_uri), source=source, tables=[table]) as d:
+            stage_changelog(d, data_dir)  # the slot exists and capture has staged from it
+            d.drop_slot()  # lost, as a promotion the slot did not follow loses it
+        scoped = {**env, "CDC_TABLES": table.id, "CDC_DATA_DIR": data_dir}
+
+        def cli(*argv: str, conn: str) -> subprocess.CompletedProcess:
+            return subprocess.run(["airflow-cdc", *argv, "--conn-id", conn, "--source", source],
+                                  env={**scoped, "CDC_SOURCE_CONN_ID": conn}, capture_output=True, text=True,
+                                  timeout=300)
+
+        for argv in (["verify", "--table", table.id], ["resync"]):
+            out = cli(*argv, conn=f"nope_{unique_name}")
+            assert out.returncode == 2 and "is not defined" in out.stderr, out.stdout + out.stderr
+        out = cli("verify", "--table", table.id, conn=conn_id)
+        assert out.returncode == 0 and "10 rows checked, 0 mismatched" in out.stdout, out.stdout + out.stderr
+        with psycopg2.connect(pg_uri) as c, c.cursor() as cur:
+            cur.execute(f"INSERT INTO {table.id} VALUES (11, 'after')")  # the log moves past what was staged
+        out = cli("resync", conn=conn_id)
+        assert out.returncode == 0 and f"source {source!r}: resynced" in out.stdout, out.stdout + out.stderr
+        out = cli("verify", "--table", table.id, conn=conn_id)  # the row written in the gap, found
+        assert out.returncode == 1 and "missing from the mirror: 1" in out.stdout, out.stdout + out.stderr
+        # snapshot start reads no connection itself (the snapshot DAG's tasks do, through Airflow,
+        # which sees the metadata database): it goes on to ask Airflow for the DAG
+        # (a DAG of the test's own name, which no deployment knows: nothing is triggered)
+        dag = f"cdc_snapshot_{unique_name}"
+        out = subprocess.run(["airflow-cdc", "snapshot", "start", "--table", table.id, "--source", conn_id,
+                              "--snapshot-dag", dag], env={**scoped, "CDC_SOURCE_CONN_ID": conn_id},
+                             capture_output=True, text=True, timeout=300)
+        assert "is not defined" not in out.stdout + out.stderr and f"does not know DAG {dag!r}" in out.stderr, (
+            out.stdout + out.stderr)
         with pytest.raises(Exception, match="isn't defined"):
             CdcSourceHook(f"nope_{unique_name}").connection_params()
     finally:
         read_metadata_database(False)
+        with get_dialect(ConnectionParams.from_uri(pg_uri), source=unique_name) as d:
+            for drop in (d.drop_slot, d.drop_publication):  # (none if the test stopped before its capture)
+                with contextlib.suppress(Exception):
+                    drop()
+        with psycopg2.connect(pg_uri) as c, c.cursor() as cur:
+            cur.execute(f"DROP TABLE IF EXISTS public.meta_{unique_name}")
         for cid in (conn_id, store_id):
             subprocess.run(["airflow", "connections", "delete", cid], env=env, capture_output=True, timeout=120)

@@ -342,6 +342,8 @@ class ChunkAssembler:
                     arr = decode_column(vals, "string")
                     text.append(name)
             arrays.append(arr)
+        if not self.pk_idx:  # a whole-table refresh: no key (core/schema.py, WHOLE_TABLE)
+            return pa.repeat(pa.scalar("[]"), len(columns[0]) if columns else 0), arrays, text, ()
         kparts: list = ["["]
         for j, i in enumerate(self.pk_idx):
             if j:
