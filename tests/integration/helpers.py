@@ -384,3 +384,81 @@ class Handle:
     def get_dialect(self):
         own = {"watermark_table": f"wm_{self.source}"} if self.own_watermark_table else {}
         return get_dialect(self.connection_params(), source=self.source, tables=self.tables, **own)
+
+
+def write_mirror_equal_to_source(uri: str, table: TableName, source: str, data_dir: str) -> int:
+    """Write ``source``'s mirror of ``table`` equal to the table as it is now (its rows as a
+    snapshot's ``r`` events, through the real sink code), for tests of verify; returns the rows."""
+    import pyarrow as pa
+
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.core.ranges import FULL_RANGE
+    from airflow_provider_cdc.core.schema import encode_key, encode_row
+    from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
+    from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+    from airflow_provider_cdc.storage.layout import schema_path
+
+    with get_dialect(ConnectionParams.from_uri(uri), source=source) as dialect:
+        schema = dialect.describe_table(table)
+        p = Path(schema_path(data_dir, source, table))
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(schema.to_json())
+        sql, params = dialect.chunk_query(schema, FULL_RANGE, after_key=None, limit=None)
+        rows = [dialect.row_to_canonical(schema, raw) for batch in dialect.stream_query(sql, params) for raw in batch]
+    n = len(rows)
+    events = pa.table(
+        {
+            "position": [Position(100).encode()] * n,
+            "table": [table.id] * n,
+            "op": ["r"] * n,
+            "key": [encode_key(schema.key_values(r)) for r in rows],
+            "before": [None] * n,
+            "after": [encode_row(r) for r in rows],
+            "ts_ms": [0] * n,
+            "watermark": ["hw-test"] * n,
+            "origin": [None] * n,
+            "snapshot": [True] * n,
+            "batch": ["r-test"] * n,
+        },
+        schema=EVENT_SCHEMA,
+    )
+    MirrorDeltaSink(data_dir, source, require_schema=True).write(events)
+    return n
+
+
+@contextlib.contextmanager
+def standalone_spark(folder: Path, env: dict, workers: list[tuple[int, str]]):
+    """A Spark standalone master and ``workers`` ((cores, memory) each) from the pyspark package on
+    127.0.0.1; yields the master's URL as its log says it (Spark moves to the next port when the one
+    asked for was taken meanwhile). Every daemon is stopped on the way out."""
+    import re
+    import shutil
+
+    spark_class = shutil.which("spark-class")
+    assert spark_class, "spark-class is not on PATH: run `source scripts/env.sh` (pyspark's bin/ from the venv)"
+    env = dict(env, SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
+    procs: list[subprocess.Popen] = []
+    try:
+        log = folder / "master.log"
+        with open(log, "wb") as out:
+            procs.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                 "--port", str(_free_port()), "--webui-port", str(_free_port())],
+                stdout=out, stderr=subprocess.STDOUT, env=env))
+        _wait_for(log, "I have been elected leader", procs[0])
+        found = re.search(r"Starting Spark master at (spark://\S+)", log.read_text(errors="replace"))
+        assert found, f"the master's log names no URL:\n{log.read_text(errors='replace')[-3000:]}"
+        url = found.group(1)
+        for i, (cores, memory) in enumerate(workers):
+            log = folder / f"worker{i}.log"
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(
+                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
+                     "--webui-port", str(_free_port()), "--cores", str(cores), "--memory", memory,
+                     "--work-dir", str(folder / f"work{i}"), url],
+                    stdout=out, stderr=subprocess.STDOUT, env=env))
+            _wait_for(log, "Successfully registered with master", procs[-1])
+        yield url
+    finally:
+        for p in reversed(procs):
+            _stop(p)

@@ -19,7 +19,7 @@ from airflow_provider_cdc.pipeline.spark.common import spark_submit_command
 from airflow_provider_cdc.storage.layout import changelog_dir, events_dir
 from airflow_provider_cdc.storage.staged import read_log_events
 
-from .helpers import _free_port, _stop, _wait_for
+from .helpers import standalone_spark
 from .staged_scenario import OTHER, OTHER_SCHEMA, SOURCE, Stage, expected_mirror_list, mirror_list
 
 pytestmark = pytest.mark.integration
@@ -31,34 +31,10 @@ LIMITS = {"spark.driver.memory": "512m", "spark.driver.maxResultSize": "2m", "sp
 
 @pytest.fixture
 def cluster(tmp_path, s3_server):
-    import shutil
-
-    spark_class = shutil.which("spark-class")
-    assert spark_class, "spark-class is not on PATH: run `source scripts/env.sh`"
     # the workers' own identity: the driver ships them the storage's endpoint, never its keys
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, SPARK_NO_DAEMONIZE="1",
-               **s3_server["env"])
-    port = _free_port()
-    procs = []
-    try:
-        log = tmp_path / "master.log"
-        with open(log, "wb") as out:
-            procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                           "--port", str(port), "--webui-port", str(_free_port())],
-                                          stdout=out, stderr=subprocess.STDOUT, env=env))
-        _wait_for(log, "I have been elected leader", procs[0])
-        for i in range(2):
-            log = tmp_path / f"worker{i}.log"
-            with open(log, "wb") as out:
-                procs.append(subprocess.Popen(
-                    [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--webui-port",
-                     str(_free_port()), "-c", "1", "-m", "1g", "--work-dir", str(tmp_path / f"work{i}"),
-                     f"spark://127.0.0.1:{port}"], stdout=out, stderr=subprocess.STDOUT, env=env))
-            _wait_for(log, "Successfully registered with master", procs[-1])
-        yield f"spark://127.0.0.1:{port}"
-    finally:
-        for p in reversed(procs):
-            _stop(p)
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, **s3_server["env"])
+    with standalone_spark(tmp_path, env, [(1, "1g"), (1, "1g")]) as url:
+        yield url
 
 
 def _event_log_rows(data_dir: str) -> int:
