@@ -112,9 +112,10 @@ class Cluster:
         self.primary = Server(bin_dir, self.root / "primary", _free_port())
         self.standby = Server(bin_dir, self.root / "standby", _free_port())
         self.failover = failover
+        self.second: Server | None = None
 
     def start(self) -> Cluster:
-        p, s = self.primary, self.standby
+        p = self.primary
         _as_pg([str(p.bin / "initdb"), "-D", str(p.data), "-U", "postgres", "--auth=trust", "-E", "UTF8",
                 "--locale=C.UTF-8"])
         conf = ["listen_addresses = '127.0.0.1'", f"unix_socket_directories = '{self.root}'", "wal_level = logical",
@@ -125,18 +126,40 @@ class Cluster:
         _append(p.data / "postgresql.conf", conf)
         p.start()
         p.sql("CREATE DATABASE cdc_test", database="postgres")
-        p.sql("SELECT pg_create_physical_replication_slot('standby1')")
+        self._clone(self.standby, "standby1", sync_slots=self.failover)
+        return self
+
+    def _clone(self, s: Server, slot: str, *, sync_slots: bool = False) -> None:
+        """``s``: a hot standby of the primary through the physical slot ``slot``, streaming."""
+        p = self.primary
+        p.sql("SELECT pg_create_physical_replication_slot(%s)", (slot,))
         _as_pg([str(p.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres",
                 "-D", str(s.data), "-X", "stream", "-c", "fast", "-R"])
         standby_conf = [f"primary_conninfo = 'host=127.0.0.1 port={p.port} user=postgres dbname=cdc_test'",
-                        "primary_slot_name = 'standby1'", "hot_standby_feedback = on"]
-        if self.failover:
+                        f"primary_slot_name = '{slot}'", "hot_standby_feedback = on"]
+        if sync_slots:
             # its copy of the primary's synchronized_standby_slots names a slot it does not have
             standby_conf += ["sync_replication_slots = on", "synchronized_standby_slots = ''"]
         _append(s.data / "postgresql.auto.conf", standby_conf)
         s.start()
         self.wait(lambda: s.sql("SELECT status FROM pg_stat_wal_receiver") == [("streaming",)], "the standby streams")
-        return self
+
+    def add_standby(self) -> Server:
+        """A second hot standby of the primary (slot ``standby2``): the third server of a cascade,
+        which a test may promote while the first standby follows it (:meth:`follow`)."""
+        self.second = Server(self.primary.bin, self.root / "standby2", _free_port())
+        self._clone(self.second, "standby2")
+        return self.second
+
+    def follow(self, standby: Server, upstream: Server, slot: str) -> None:
+        """``standby`` streams from ``upstream`` (a promoted server) through its physical slot
+        ``slot``, as an administrator re-points a standby after a failover (primary_conninfo is
+        reloaded; recovery_target_timeline is 'latest' by default)."""
+        upstream.sql("SELECT pg_create_physical_replication_slot(%s)", (slot,))
+        standby.sql(f"ALTER SYSTEM SET primary_conninfo = "
+                    f"'host=127.0.0.1 port={upstream.port} user=postgres dbname=cdc_test'")
+        standby.sql(f"ALTER SYSTEM SET primary_slot_name = '{slot}'")
+        standby.sql("SELECT pg_reload_conf()")
 
     @staticmethod
     def wait(ok, what: str, timeout: float = 60) -> None:
@@ -160,7 +183,7 @@ class Cluster:
         self.wait(lambda: self.standby.sql("SELECT pg_is_in_recovery()") == [(False,)], "the standby is promoted")
 
     def remove(self) -> None:
-        for srv in (self.standby, self.primary):
+        for srv in (*([self.second] if self.second else []), self.standby, self.primary):
             try:
                 srv.ctl("-m", "immediate", "-w", "stop")
             except subprocess.CalledProcessError:

@@ -12,6 +12,7 @@ written) and a publication that does not exist yet (created on the primary, not 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import replace
@@ -72,6 +73,26 @@ def _caught_up(c: Cluster) -> None:
            "the standby replayed the primary's WAL")
 
 
+@contextlib.contextmanager
+def _nudging(c: Cluster):
+    """The primary logs a running-transactions record every 0.5 s meanwhile: a slot made on the
+    standby starts at the next one (the primary would log one within 15 s of writing WAL)."""
+    stop = threading.Event()
+
+    def nudge() -> None:
+        while not stop.is_set():
+            c.primary.sql("SELECT pg_log_standby_snapshot()")
+            stop.wait(0.5)
+
+    nudger = threading.Thread(target=nudge, daemon=True)
+    nudger.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        nudger.join()
+
+
 def _logical_slots(server) -> list[tuple]:
     return server.sql("SELECT slot_name, slot_type FROM pg_replication_slots ORDER BY 1")
 
@@ -128,22 +149,10 @@ def test_capture_and_chunks_from_the_standby_mirror_the_primary(pair, tmp_path):
     d.check_prerequisites()
     # the standby's slot starts at the primary's next running-transactions record: logged at
     # once here (the primary would log one within 15 s of writing WAL)
-    stop = threading.Event()
-
-    def nudge() -> None:
-        while not stop.is_set():
-            c.primary.sql("SELECT pg_log_standby_snapshot()")
-            stop.wait(0.5)
-
-    nudger = threading.Thread(target=nudge, daemon=True)
-    nudger.start()
-    try:
+    with _nudging(c):
         t0 = time.monotonic()
         start = d.load_offset(data_dir)
         created = time.monotonic() - t0
-    finally:
-        stop.set()
-        nudger.join()
     assert _logical_slots(c.standby) == [("cdc_shop", "logical")], created
     _nothing_written(c)
     schema = d.describe_table(TABLE)
@@ -273,26 +282,8 @@ def test_a_standby_captured_from_that_is_promoted_is_followed(major, tmp_path):
         pytest.fail(f"PostgreSQL {major} server binaries are missing (scripts/setup.sh installs them)")
     c = Cluster(major).start()
     try:
-        c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
-        c.primary.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE public.orders")
-        c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_publication_tables WHERE pubname = %s",
-                                     (PUBLICATION,)) == [(1,)], "the standby replayed the publication")
         data = str(tmp_path / "data")
-        d = _dialect(c.standby.uri, publication_name=PUBLICATION)
-        stop = threading.Event()
-
-        def nudge() -> None:
-            while not stop.is_set():
-                c.primary.sql("SELECT pg_log_standby_snapshot()")
-                stop.wait(0.5)
-
-        nudger = threading.Thread(target=nudge, daemon=True)
-        nudger.start()
-        try:
-            d.load_offset(data)
-        finally:
-            stop.set()
-            nudger.join()
+        d = _start_standby_capture(c, data)
         c.primary.sql("INSERT INTO orders VALUES (1, 'before', 1)")
         _caught_up(c)
         assert stage_changelog(d, data).events == 1
@@ -305,5 +296,117 @@ def test_a_standby_captured_from_that_is_promoted_is_followed(major, tmp_path):
         assert keys == [encode_key([1]), encode_key([2])], keys
         d2.drop_slot()
         d2.close()
+    finally:
+        c.remove()
+
+
+def _start_standby_capture(c: Cluster, data: str):
+    """The source's slot on the hot standby (``c.standby``), created while the primary logs the
+    running-transactions records a standby slot starts at."""
+    c.primary.sql("CREATE TABLE public.orders (id int PRIMARY KEY, v text, n int)")
+    c.primary.sql(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE public.orders")
+    c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_publication_tables WHERE pubname = %s",
+                                 (PUBLICATION,)) == [(1,)], "the standby replayed the publication")
+    d = _dialect(c.standby.uri, publication_name=PUBLICATION)
+    with _nudging(c):
+        d.load_offset(data)
+    return d
+
+
+def _replayed(standby, upstream) -> None:
+    target = upstream.sql("SELECT pg_current_wal_lsn()::text")[0][0]
+    Cluster.wait(lambda: standby.sql("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,)) == [(True,)],
+                 "the standby replayed its upstream's WAL")
+
+
+def _staged_keys(data: str) -> list:
+    return [e.key for e in read_log_events(changelog_dir(data, "shop")) if isinstance(e, ChangeEvent)]
+
+
+@pytest.mark.parametrize("major", [17, 18])
+def test_a_standby_captured_from_follows_its_primarys_failover_to_a_third_server(major, tmp_path, caplog):
+    """Issue 57: the source is hot standby S1 of primary P, and P has a second standby S2. P fails
+    over to S2 and S1 is re-pointed at S2 (as an administrator or an HA manager does). S1 replays
+    S2's new timeline and its own slot goes on along it: capture proves continuity (everything it
+    staged lies before the fork), says so, and every change, before and after, is staged once."""
+    if pg_bin(major) is None:
+        pytest.fail(f"PostgreSQL {major} server binaries are missing (scripts/setup.sh installs them)")
+    c = Cluster(major).start()
+    try:
+        s2 = c.add_standby()
+        data = str(tmp_path / "data")
+        d = _start_standby_capture(c, data)
+        c.primary.sql("INSERT INTO orders VALUES (1, 'before', 1)")
+        _caught_up(c)
+        assert stage_changelog(d, data).events == 1
+        d.close()
+        c.primary.stop()  # a clean stop: both standbys received everything it wrote
+        s2.promote()
+        c.wait(lambda: s2.sql("SELECT pg_is_in_recovery()") == [(False,)], "S2 is promoted")
+        c.follow(c.standby, s2, "standby1")
+        c.wait(lambda: c.standby.sql("SELECT status, received_tli FROM pg_stat_wal_receiver") == [("streaming", 2)],
+               "S1 streams S2's timeline 2")
+        s2.sql("INSERT INTO orders VALUES (2, 'after', 2)")
+        _replayed(c.standby, s2)
+        d2 = _dialect(c.standby.uri, publication_name=PUBLICATION)
+        with caplog.at_level("WARNING"):
+            assert stage_changelog(d2, data).events == 1
+        assert "(a hot standby) failed over and it follows the new one (timeline 1 -> 2)" in caplog.text
+        assert _staged_keys(data) == [encode_key([1]), encode_key([2])]
+        behind, seconds = d2.replica_lag()
+        assert seconds != float("inf"), (behind, seconds)  # S1 replicates again, from S2
+        d2.close()
+        # S2 stops: with no WAL receiver, S1 tells the timeline of its last restartpoint, which may
+        # still be 1; a timeline never goes back, so capture goes on (it is not a new failover)
+        s2.stop()
+        c.wait(lambda: c.standby.sql("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)], "S1's receiver stops")
+        d2 = _dialect(c.standby.uri, publication_name=PUBLICATION)
+        assert stage_changelog(d2, data).events == 0
+        d2.drop_slot()
+        d2.close()
+    finally:
+        c.remove()
+
+
+def test_a_standby_captured_from_that_cannot_follow_its_primarys_failover_says_it_does_not_replicate(tmp_path):
+    """Issue 57: S2 was cut off from P before P's last commit, which S1 replayed and capture
+    staged; P fails over to S2, whose timeline forks before that commit, so S1 cannot follow it.
+    S1's lag says it does not replicate (its receiver restarts over and over: not streaming), and
+    capture stages nothing of S2's timeline: no change that is not on the new primary's history
+    is mixed with its own."""
+    if pg_bin(18) is None:
+        pytest.fail("PostgreSQL 18 server binaries are missing (scripts/setup.sh installs them)")
+    c = Cluster(18).start()
+    try:
+        s2 = c.add_standby()
+        data = str(tmp_path / "data")
+        d = _start_standby_capture(c, data)
+        s2.sql("ALTER SYSTEM SET primary_conninfo = ''")  # S2 is cut off from P
+        s2.sql("SELECT pg_reload_conf()")
+        c.wait(lambda: s2.sql("SELECT count(*) FROM pg_stat_wal_receiver") == [(0,)], "S2's receiver stops")
+        c.primary.sql("INSERT INTO orders VALUES (3, 'only on S1', 3)")
+        _caught_up(c)
+        assert stage_changelog(d, data).events == 1
+        c.primary.stop()
+        s2.promote()
+        c.wait(lambda: s2.sql("SELECT pg_is_in_recovery()") == [(False,)], "S2 is promoted")
+        c.follow(c.standby, s2, "standby1")
+        s2.sql("INSERT INTO orders VALUES (4, 'on S2', 4)")
+        # S1's receiver reaches S2 but cannot stream S2's timeline: it stays up, "waiting" (an
+        # unfiltered look at pg_stat_wal_receiver read that as replicating, "0 s behind"). Over a
+        # few seconds, and a retry period of the receiver (wal_retrieve_retry_interval, 5 s), every
+        # reading says S1 does not replicate
+        seen, readings = set(), []
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            seen.update(r[0] for r in c.standby.sql("SELECT status FROM pg_stat_wal_receiver"))
+            readings.append(d.replica_lag())
+            time.sleep(0.05)
+        assert set(readings) == {(0, float("inf"))}, (set(readings), seen)
+        assert stage_changelog(d, data).events == 0
+        assert _staged_keys(data) == [encode_key([3])]
+        assert c.standby.sql("SELECT count(*) FROM orders WHERE id = 4") == [(0,)]
+        d.drop_slot()
+        d.close()
     finally:
         c.remove()

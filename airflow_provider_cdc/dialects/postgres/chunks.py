@@ -20,7 +20,7 @@ from ...core.position import (
 )
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
-from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot
+from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot, WholeTableRead
 from ..watermark_strategy import WatermarkStrategy
 from .catalog import PgCatalog
 from .offsets import PgOffsets
@@ -106,13 +106,12 @@ class PgChunkReader:
             except psycopg2.Error:
                 conn.close()
 
-    def read_chunk(self, schema: TableSchema, sql: str, params: Sequence[Any], path: str) -> ChunkReadResult:
-        """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
-        column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
-        several times faster). The COPY runs in a transaction of its own begun after the low
-        watermark committed, whose snapshot is recorded first (:meth:`_read_snapshot`)."""
-        import psycopg2
-
+    def _copy_staged(
+        self, cur: Any, schema: TableSchema, copy_sql: str, path: str
+    ) -> tuple[int, tuple | None]:
+        """Run ``copy_sql`` (a ``COPY (SELECT) TO STDOUT (FORMAT csv)``) on ``cur`` into a staged
+        chunk file at ``path``, decoded per column with Arrow in batches bounded by rows and
+        bytes (see :mod:`.pgcopy`): (rows, the last row's key)."""
         from ...storage.staged import ChunkWriter
         from .pgcopy import ChunkAssembler, read_csv_batch
 
@@ -148,26 +147,90 @@ class PgChunkReader:
                         flush()
                     return len(data)
 
-            conn = self.server.read_conn()
-            try:
-                replayed = self.replayed_before_snapshot(conn)
-                with conn.cursor() as cur:
-                    seen = self._read_snapshot(cur, replayed)
-                    copy_sql = (
-                        f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
-                    )
-                    cur.copy_expert(copy_sql, _Sink())
-                conn.commit()
-            except psycopg2.Error as exc:
-                self.server.reset_read_conn()
-                raise SourceError(
-                    f"PostgreSQL rejected the chunk query: {pg_message(exc)}\nSQL: {sql}"
-                ) from exc
-            except BaseException:
-                self.server.reset_read_conn()
-                raise
+            cur.copy_expert(copy_sql, _Sink())
             flush()
-        return ChunkReadResult(state["rows"], state["last"], seen.mark, seen.visibility)
+        return state["rows"], state["last"]
+
+    def read_chunk(self, schema: TableSchema, sql: str, params: Sequence[Any], path: str) -> ChunkReadResult:
+        """DBLog step 2 through ``COPY (chunk SELECT) TO STDOUT (FORMAT csv)``, decoded per
+        column with Arrow (see :mod:`.pgcopy`; same rows and bytes as the generic path,
+        several times faster). The COPY runs in a transaction of its own begun after the low
+        watermark committed, whose snapshot is recorded first (:meth:`_read_snapshot`)."""
+        import psycopg2
+
+        conn = self.server.read_conn()
+        try:
+            replayed = self.replayed_before_snapshot(conn)
+            with conn.cursor() as cur:
+                seen = self._read_snapshot(cur, replayed)
+                copy_sql = f"COPY ({cur.mogrify(sql, tuple(params)).decode()}) TO STDOUT WITH (FORMAT csv)"
+                rows, last = self._copy_staged(cur, schema, copy_sql, path)
+            conn.commit()
+        except psycopg2.Error as exc:
+            self.server.reset_read_conn()
+            raise SourceError(f"PostgreSQL rejected the chunk query: {pg_message(exc)}\nSQL: {sql}") from exc
+        except BaseException:
+            self.server.reset_read_conn()
+            raise
+        return ChunkReadResult(rows, last, seen.mark, seen.visibility)
+
+    def read_whole(
+        self,
+        schema: TableSchema,
+        select: str,
+        path_of: Callable[[int], str],
+        rows_per_file: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> WholeTableRead:
+        """A whole-table refresh's read (Dialect.read_whole_table) in physical ``ctid`` ranges:
+        one REPEATABLE READ transaction (one snapshot, recorded first as a chunk's is), the
+        table's blocks split into spans of about ``rows_per_file`` rows by the planner's
+        rows-per-page, each span one ``COPY (SELECT ... WHERE ctid >= '(a,0)' AND ctid <
+        '(b,0)')`` (a TID range scan: it reads those blocks only) into a file of its own; the
+        last span is open-ended. Duplicate rows are read as they are. ``select``: the SELECT of
+        every row (:meth:`Dialect.whole_table_query`)."""
+        import psycopg2
+
+        conn = self.server.read_conn()
+        files: list[tuple[str, int]] = []
+        try:
+            replayed = self.replayed_before_snapshot(conn)
+            with conn.cursor() as cur:
+                seen = self._read_snapshot(cur, replayed)
+                qt = self.server.quote_table(schema.table)
+                cur.execute(
+                    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, c.reltuples, "
+                    "c.relpages FROM pg_class c WHERE c.oid = %s::regclass",
+                    (qt,),
+                )
+                blocks, tuples, pages = cur.fetchone()  # (as text: the chunk connection's values)
+                blocks, tuples, pages = int(blocks), float(tuples), int(pages)
+                per_block = tuples / pages if pages > 0 and tuples > 0 else 50.0
+                span = max(1, int(rows_per_file / max(per_block, 1.0)))
+                start = 0
+                while True:
+                    end = start + span
+                    cond = f"ctid >= '({start},0)'::tid"
+                    if end < blocks:
+                        cond += f" AND ctid < '({end},0)'::tid"
+                    copy_sql = f"COPY ({select} WHERE {cond}) TO STDOUT WITH (FORMAT csv)"
+                    rows, _last = self._copy_staged(cur, schema, copy_sql, path_of(len(files)))
+                    files.append((path_of(len(files)), rows))
+                    if progress is not None:
+                        progress(sum(n for _p, n in files))
+                    if end >= blocks:
+                        break
+                    start = end
+            conn.commit()
+        except psycopg2.Error as exc:
+            self.server.reset_read_conn()
+            raise SourceError(
+                f"table {schema.table}: PostgreSQL rejected the whole-table read: {pg_message(exc)}"
+            ) from exc
+        except BaseException:
+            self.server.reset_read_conn()
+            raise
+        return WholeTableRead(tuple(files), seen.mark)
 
     def read_floor(self) -> Position | None:
         """Chunks from a hot standby: the primary's position now (after the slot exists and after
@@ -316,12 +379,19 @@ class PgChunkReader:
                 return None
             # the source itself is a hot standby (capture and chunks read there): how much of what
             # it received it has not replayed yet, and for how long (a receiver that stopped, e.g.
-            # its primary failed: not replicating). Any role may ask these, unlike
-            # pg_stat_wal_receiver
+            # its primary failed: not replicating). Any role may ask these; pg_stat_wal_receiver
+            # shows its details only to pg_read_all_stats (NULL to others: taken as streaming).
+            # A primary it cannot follow (its timeline forked before what this standby replayed)
+            # makes the receiver cycle: "streaming" for a moment, while its new primary sends the
+            # old timeline up to the fork, then "waiting". What that primary last said its WAL
+            # ends at (latest_end_lsn, kept across the cycles) lies before what this standby
+            # replayed, which no primary it follows can say: such a receiver is not replicating
             received, replay, seconds, receiving = self.server.query(
                 "SELECT pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
                 "extract(epoch FROM now() - pg_last_xact_replay_timestamp()), "
-                "EXISTS (SELECT 1 FROM pg_stat_wal_receiver)"
+                "EXISTS (SELECT 1 FROM pg_stat_wal_receiver "
+                "WHERE coalesce(status, 'streaming') = 'streaming' "
+                "AND coalesce(latest_end_lsn >= pg_last_wal_replay_lsn(), true))"
             )[0]
             if received is None or not receiving:
                 return 0, float("inf")

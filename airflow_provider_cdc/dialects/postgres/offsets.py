@@ -271,14 +271,25 @@ class PgOffsets:
         server = self.server_identity()
         known = read_server(directory)
         row = self.slot_row()
+        if (
+            known is not None
+            and self.server.on_standby
+            and known.get("system_identifier") == server["system_identifier"]
+            and (known.get("timeline") or 0) > (server["timeline"] or 0)
+        ):
+            # a timeline never goes back: while a standby's WAL receiver restarts, the reading is
+            # its last restartpoint's, which may still be the timeline before its primary's failover
+            server["timeline"] = known["timeline"]
         if known is not None:
             self._check_continuity(known, server, row, directory)
         if row is None:
             from ...storage.segment_index import changelog_used
 
-            # (segments, or the index that outlives the segments staging retention removed)
-            if changelog_used(directory) and not resync_pending(directory):
-                raise self.resnapshot_error("does not exist although changes were captured through it before")
+            # (segments, or the index that outlives the segments staging retention removed; or a
+            # capture that staged nothing yet: the slot it confirmed is gone all the same, and what
+            # was committed since is not in any new slot)
+            if (known is not None or changelog_used(directory)) and not resync_pending(directory):
+                raise self.resnapshot_error("does not exist although capture read through it before")
             check_prerequisites()
         else:
             self._check_slot(row)
@@ -455,7 +466,14 @@ class PgOffsets:
                 "cluster). Nothing proves its log continues the captured one, so capture stops. "
                 f"{self.resync_hint}"
             )
-        promoted = f"{where} was promoted from a standby (timeline {before} -> {now})"
+        promoted = (
+            # a hot standby capture reads from, whose primary failed over to another server that it
+            # now follows: its own slot is still here; the same proof applies
+            f"the primary of {where} (a hot standby) failed over and it follows the new one "
+            f"(timeline {before} -> {now})"
+            if self.server.on_standby
+            else f"{where} was promoted from a standby (timeline {before} -> {now})"
+        )
         if row is None:
             why = (
                 f"PostgreSQL {self.server.server_version // 10000} has no failover slots (17 and newer do)"
@@ -492,7 +510,7 @@ class PgOffsets:
                 f"{self.resync_hint}"
             )
         log.warning(
-            "source %r: %s at %s; capture goes on from failover slot %r, which followed it (confirmed %s, "
+            "source %r: %s at %s; capture goes on from slot %r, which followed it (confirmed %s, "
             "staged through %s)",
             self.server.source,
             promoted,
