@@ -271,6 +271,16 @@ def _changed_events(data_dir: str, source: str, t0: float, t1: float) -> int:
     return ds.dataset(files, format="parquet").count_rows(filter=flt)
 
 
+def wait_first_round(dep, timeout: float = 300) -> None:
+    """Until a cdc_changelog run succeeded (the first creates the slot or the offset)."""
+    deadline = time.monotonic() + timeout
+    while not any(r["state"] == "success" for r in dep.runs("cdc_changelog")):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no cdc_changelog run succeeded in {timeout:.0f} s")
+        dep.check_alive()
+        time.sleep(1)
+
+
 def _wait_applied(dep, src: Src, rec: dict, timeout: float = 600) -> float:
     """Write a watermark and wait until the changelog staged and applied it (the @log trigger
     starts the rounds; a run is triggered by hand after 60 s without). Seconds it took."""
@@ -332,12 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit("--schedule none: nothing would run the changelog")
             # the first round (started by the trigger: no slot yet) creates the slot: the log is
             # captured from there
-            deadline = time.monotonic() + 300
-            while not any(r["state"] == "success" for r in dep.runs("cdc_changelog")):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("no cdc_changelog run succeeded in 300 s")
-                dep.check_alive()
-                time.sleep(1)
+            wait_first_round(dep)
             _say(f"catch-up after the first round: {_wait_applied(dep, src, rec):.1f}s")
             t0 = time.monotonic()
             run_id = dep.trigger("cdc_snapshot", {"action": "start", "tables": [table.id]}, tag="snap")
