@@ -179,7 +179,7 @@ def _postgres(d: Any, conn_id: str | None) -> list[Finding]:
         pub = d.standby_publication_problem()
         if pub:
             out.append(Finding(ERROR, "publication", pub))
-    strategy = getattr(d, "watermark_strategy", "table")
+    strategy = d.watermark_strategy
     out += [
         Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}): {p}") for p in grants
     ]
@@ -293,7 +293,7 @@ def _mysql(d: Any) -> list[Finding]:
     for var in REQUIRED_SETTINGS:
         if not any(f.check == var for f in out):
             out.append(Finding(OK, var, str(settings.get(var))))
-    strategy = getattr(d, "watermark_strategy", "table")
+    strategy = d.watermark_strategy
     problems = d.privilege_problems(grants)
     out += [
         Finding(ERROR, "grants", f"user {d.params.user!r} (watermark strategy {strategy!r}): {p}")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+import pyarrow as pa
+
 from ..core.arrow_types import string_array
 from ..core.errors import ConfigurationError
 from ..core.event_batch import EventBatch
@@ -127,6 +129,19 @@ class ReadSnapshot:
 
     mark: str | None
     visibility: str | None = None
+
+
+@dataclass(frozen=True)
+class WholeTableRead:
+    """A whole-table read (:meth:`Dialect.read_whole_table`): the staged files in read order
+    with their rows, and the position mark of the one snapshot every file was read in."""
+
+    files: tuple[tuple[str, int], ...]
+    mark: str | None
+
+    @property
+    def rows(self) -> int:
+        return sum(n for _p, n in self.files)
 
 
 @dataclass(frozen=True)
@@ -341,7 +356,8 @@ class Dialect(ABC):
                 "was created or "
                 "published on the source:\n"
                 + "\n".join(f"- {p}" for p in problems)
-                + "\nor remove them from CDC_TABLES"
+                + "\nor remove them from CDC_TABLES (a table without any key can be refreshed whole instead: "
+                "CDC_REFRESH_TABLES, docs: operations, 'Tables without a primary key')"
             )
 
     def _resync_hint(self) -> str:
@@ -394,9 +410,10 @@ class Dialect(ABC):
         """Raise SourceError naming every unmet CDC prerequisite and how to fix it."""
 
     @abstractmethod
-    def describe_table(self, table: TableName) -> TableSchema:
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
         """Columns, logical types and primary key; SourceError for a missing table, no
-        primary key, or an unsupported column type (named)."""
+        primary key, or an unsupported column type (named). ``keyed`` False: for a whole-table
+        refresh, no key asked for (core/schema.py, WHOLE_TABLE)."""
 
     # --- watermarks (DBLog steps 1 and 3) ---------------------------------------------
     #: the strategies this database supports, and why "log" is not among them where it is not
@@ -664,6 +681,59 @@ class Dialect(ABC):
         seen = snapshot[0] if snapshot else ReadSnapshot(None)
         return ChunkReadResult(rows, last_key, seen.mark, seen.visibility)
 
+    def whole_table_query(self, schema: TableSchema) -> str:
+        """The SELECT of every row of ``schema``'s table, in no order (identifiers quoted)."""
+        cols = ", ".join(self.quote_ident(c) for c in schema.column_names)
+        return f"SELECT {cols} FROM {self.quote_table(schema.table)}"  # noqa: S608 - identifiers quoted
+
+    def read_whole_table(
+        self,
+        schema: TableSchema,
+        path_of: Callable[[int], str],
+        rows_per_file: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> WholeTableRead:
+        """Every row of ``schema``'s table (described with ``keyed=False``: no key needed) read
+        in ONE consistent snapshot, staged as typed chunk files (storage/staged.py) of about
+        ``rows_per_file`` rows each at ``path_of(0)``, ``path_of(1)``...: a whole-table refresh
+        (pipeline/refresh.py). Generic: one streamed SELECT in a snapshot whose log position is
+        recorded (MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT``), rows decoded batch by
+        batch, so memory holds one batch. ``progress``: called with the rows read so far."""
+        from contextlib import ExitStack
+
+        files: list[tuple[str, int]] = []
+        snapshot: list[ReadSnapshot] = []
+        bound: dict[str, Any] = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
+        with ExitStack() as stack:
+            writer: ChunkWriter | None = None
+            for batch in self.stream_query(
+                self.whole_table_query(schema),
+                [],
+                batch_size=max(1, self.fetch_batch_rows),
+                snapshot=snapshot,
+                **bound,
+            ):
+                if writer is None:
+                    writer = stack.enter_context(ChunkWriter(schema, path_of(len(files))))
+                afters = [self.row_to_canonical(schema, raw) for raw in batch]
+                del batch
+                writer.add(pa.repeat(pa.scalar("[]"), len(afters)), afters)
+                del afters
+                if writer.rows >= rows_per_file:
+                    stack.close()  # the file appears
+                    files.append((writer.path, writer.rows))
+                    writer = None
+                    if progress is not None:
+                        progress(sum(n for _p, n in files))
+            if writer is not None:
+                stack.close()
+                files.append((writer.path, writer.rows))
+        if not files:  # an empty table: one empty file, so the refresh publishes the columns
+            with ChunkWriter(schema, path_of(0)) as w:
+                pass
+            files.append((w.path, 0))
+        return WholeTableRead(tuple(files), snapshot[0].mark if snapshot else None)
+
     @abstractmethod
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
         """Largest primary key now (canonical values): the snapshot's upper bound."""
@@ -716,6 +786,48 @@ class Dialect(ABC):
     def log_activity(self, data_dir: str) -> LogActivity | None:
         """What the source wrote lately (:class:`LogActivity`), read without creating or
         committing anything; None: the dialect cannot tell (rounds then start on a timer)."""
+        return None
+
+    # --- what the source holds on its server and in the data location -------------------
+    # (drop-source, resync, the capture lock, the CLI's sources: one contract instead of probes
+    # for attributes one database has and another has not)
+    #: the replication slot the source reads through (PostgreSQL); None: it holds none (MariaDB)
+    slot_name: str | None = None
+    #: the publication that slot decodes (PostgreSQL); None without a slot
+    publication_name: str | None = None
+
+    def publication_exists(self) -> bool:
+        """Whether the publication exists on the server now (False without one)."""
+        return False
+
+    def capture_lock_key(self, data_dir: str) -> str:
+        """What a capture of this source into ``data_dir`` must hold alone; by default the
+        source's name (PostgreSQL: the slot; MariaDB: the offset file)."""
+        return f"source.{self.source}"
+
+    def offset_path(self, data_dir: str) -> str | None:
+        """Where the committed log offset is kept in ``data_dir``; None when the server keeps it
+        (a PostgreSQL slot's confirmed position)."""
+        return None
+
+    def bind_data_dir(self, data_dir: str) -> None:  # noqa: B027 - optional: nothing to bind
+        """Bind what positions read from now on depend on in ``data_dir`` (MariaDB: the epoch of
+        the server read, recorded beside the offset); before a chunk's watermarks or a verify."""
+
+    def held_objects(self, data_dir: str) -> list[str]:
+        """What the source holds, in words (the objects drop-source removes): by default its
+        committed offset file."""
+        path = self.offset_path(data_dir)
+        return [f"binlog offset {path}"] if path else []
+
+    def drop_slot(self, timeout: float = 10.0) -> bool:
+        """Drop the source's replication slot if it made it; False: there was none (a source
+        that holds no slot has none to drop)."""
+        return False
+
+    def wal_keep_limit_mb(self) -> int | None:
+        """The server's bound on the log a slot may hold (PostgreSQL max_slot_wal_keep_size, -1:
+        unbounded); None when the source holds no slot."""
         return None
 
     # --- lifecycle --------------------------------------------------------------------

@@ -255,11 +255,9 @@ class CdcSourceHook(BaseHook):
 def _retention_warning(dialect: Dialect) -> str:
     """What a connection test warns about beside success: nothing bounds the WAL a replication
     slot may hold (PostgreSQL's default ``max_slot_wal_keep_size = -1``; "" otherwise)."""
-    limit = getattr(dialect, "wal_keep_limit_mb", None)  # a database whose log a slot can hold unbounded
-    if limit is None:
-        return ""
     try:
-        unbounded = limit() < 0
+        limit = dialect.wal_keep_limit_mb()  # None: no slot holds this database's log
+        unbounded = limit is not None and limit < 0
     except Exception:  # noqa: BLE001 - a warning that cannot be read is not a failed test
         return ""
     return dialect.unbounded_wal_warning() if unbounded else ""

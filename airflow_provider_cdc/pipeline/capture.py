@@ -265,7 +265,7 @@ def run_capture(
     """
     params = hook.connection_params()
     source_dialect = hook.get_dialect()  # not connected yet: its options name the slot the lock keys on
-    with capture_lock(params, lock_key(source_dialect, data_dir)) as acquired:
+    with capture_lock(params, lock_key(source_dialect, data_dir), source_dialect.source) as acquired:
         if not acquired:
             return None
         with source_dialect as dialect:

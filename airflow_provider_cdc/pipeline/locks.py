@@ -16,10 +16,9 @@ log = logging.getLogger(__name__)
 
 
 def lock_key(dialect: Dialect, data_dir: str) -> str:
-    """What a capture of ``dialect`` into ``data_dir`` must hold alone (the dialect's
-    ``capture_lock_key``: the slot, the offset file); the source's name for a dialect without one."""
-    key_of = getattr(dialect, "capture_lock_key", None)
-    return key_of(data_dir) if key_of is not None else f"source.{dialect.source}"
+    """What a capture of ``dialect`` into ``data_dir`` must hold alone: the dialect's
+    ``capture_lock_key`` (PostgreSQL the slot, MariaDB the offset file, else the source's name)."""
+    return dialect.capture_lock_key(data_dir)
 
 
 def lock_name(key: str) -> str:
@@ -31,11 +30,12 @@ def lock_name(key: str) -> str:
 
 
 @contextmanager
-def capture_lock(params: ConnectionParams, key: str) -> Iterator[bool]:
+def capture_lock(params: ConnectionParams, key: str, source: str | None = None) -> Iterator[bool]:
     """Yield True while this process holds the capture lock ``key`` (:func:`lock_key`); False if
     another capture holds it (never waits: the caller skips this round or re-checks later)."""
     name = lock_name(key)
-    dialect = get_dialect(params)  # one connection builder: TLS and extras kept
+    # one connection builder (TLS and extras kept); ``source`` names the source in its errors
+    dialect = get_dialect(params, **({"source": source} if source else {}))
     conn = dialect.open_session()
     acquire, release = dialect.lock_acquire_sql, dialect.lock_release_sql
     try:

@@ -38,7 +38,7 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
             f"{directory}), so there is nothing to resync and nothing was created on the server. "
             "Check the source's name (airflow-cdc sources lists them) and --data-dir"
         )
-    with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
+    with capture_lock(dialect.params, lock_key(dialect, data_dir), dialect.source) as acquired:
         if not acquired:
             raise StateError(
                 f"source {dialect.source!r}: a capture holds the capture lock; pause the changelog DAG "
@@ -86,9 +86,7 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
         }
         gaps = [*read_gaps(directory), gap]
         write_gaps(directory, gaps)
-        drop = getattr(dialect, "drop_slot", None)
-        if drop is not None:
-            drop()  # a slot of this name here did not continue the captured log
+        dialect.drop_slot()  # a slot of this name here did not continue the captured log (none: nothing)
         start = dialect.offset_position(dialect.load_offset(data_dir))
         gap.update(
             state="open",
@@ -144,7 +142,7 @@ def verified_after_gap(dialect: Dialect, data_dir: str, table_id: str) -> list[d
 
     if not open_gaps(directory):
         return []
-    with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
+    with capture_lock(dialect.params, lock_key(dialect, data_dir), dialect.source) as acquired:
         if not acquired:
             log.warning(
                 "source %r: a capture holds the capture lock: the gap is noted as verified for %s at the "

@@ -61,9 +61,7 @@ def snapshot_chunk(
     hooks = gap_hooks or GapHooks()
     low, high = str(uuid.uuid4()), str(uuid.uuid4())
     path = chunk_path(data_dir, dialect.source, schema.table, snapshot_id, seq, high)
-    bind = getattr(dialect, "bind_data_dir", None)
-    if bind is not None:  # MariaDB: the committed offset gives the epoch of the chunk's log position
-        bind(data_dir)
+    dialect.bind_data_dir(data_dir)  # MariaDB: the committed offset gives the log position's epoch
     window = dialect.watermarks  # "table": watermark rows; "log": the read's snapshot position
     rows_written = window.name == "table"
     server = dialect.server_identity() if rows_written else None

@@ -565,7 +565,7 @@ class SnapshotController:
                 self.chunk_sizing,
                 fixed=work.chunk_size,
                 start=last[0] if last else None,
-                target_bytes_cap=getattr(dialect, "batch_max_bytes", None),
+                target_bytes_cap=dialect.batch_max_bytes,
             )
             while True:
                 if n > st.chunks:

@@ -6,7 +6,6 @@ its offset is a file in staging), shown and removed by hand (``airflow-cdc statu
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .. import storage
 from ..core.errors import StateError
@@ -16,19 +15,10 @@ from .locks import capture_lock, lock_key
 log = logging.getLogger(__name__)
 
 
-def held_objects(dialect: Dialect, data_dir: str) -> list[str]:
-    """What ``dialect``'s source holds, in words (the objects drop-source removes)."""
-    held = getattr(dialect, "held_objects", None)
-    if held is not None:  # PostgreSQL: what exists on the server now, and whose it is
-        return held()
-    path = _offset_path(dialect, data_dir)
-    return [f"binlog offset {path}"] if path else []
-
-
 def log_holder(dialect: Dialect) -> LogRetention | None:
     """The source's replication slot as its server sees it now (the WAL it holds, whether a limit
     bounds it); None when the source holds no log on its server (MariaDB) or has no slot."""
-    if getattr(dialect, "slot_name", None) is None:
+    if dialect.slot_name is None:
         return None
     return dialect.log_retention("")
 
@@ -37,9 +27,10 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
     """Drop what the source holds: PostgreSQL its replication slot and publication, MariaDB its
     committed binlog offset. Under the source's capture lock, so never under a running capture
     (StateError then). Returns what was removed, in words. The staged changelog and the outputs
-    are left in ``data_dir``; capturing the source again starts from the log's end, after a new
-    snapshot of its tables."""
-    with capture_lock(dialect.params, lock_key(dialect, data_dir)) as acquired:
+    are left in ``data_dir``; on PostgreSQL capturing the source again into the same data location
+    is refused until ``airflow-cdc resync`` records the gap (what was committed meanwhile is in no
+    slot), then a repair or a new snapshot of its tables fills it."""
+    with capture_lock(dialect.params, lock_key(dialect, data_dir), dialect.source) as acquired:
         if not acquired:
             raise StateError(
                 f"source {dialect.source!r}: a capture holds its capture lock, so nothing was dropped. "
@@ -48,7 +39,7 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
                 "drop-source again"
             )
         done: list[str] = []
-        slot = getattr(dialect, "slot_name", None)
+        slot = dialect.slot_name
         if slot is not None:
             # a slot of that name this package did not make is refused before anything is dropped
             done.append(
@@ -62,7 +53,7 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
                     "role if nothing else uses it)"
                 )
             return done
-        path = _offset_path(dialect, data_dir)
+        path = dialect.offset_path(data_dir)
         if path and storage.exists(path):
             storage.delete(path)
             done.append(f"binlog offset {path} forgotten")
@@ -70,7 +61,3 @@ def drop_source(dialect: Dialect, data_dir: str) -> list[str]:
             done.append("no binlog offset was stored")
         return done
 
-
-def _offset_path(dialect: Any, data_dir: str) -> str | None:
-    fn = getattr(dialect, "_offset_path", None)
-    return fn(data_dir) if callable(fn) else None

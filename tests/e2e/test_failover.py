@@ -115,7 +115,7 @@ def test_a_promotion_the_slot_did_not_follow_is_resynced_by_verify_and_repair(pa
     (gap,) = read_gaps(events_dir(p.data_dir, p.source))
     assert gap["state"] == "open" and "did not follow" in gap["reason"] and gap["from"] < gap["to"], gap
     assert gap["tables"] == [p.table.id]
-    assert cli_run(["status", "--source", p.source]) == 0
+    assert cli_run(["status", "--source", p.source]) == 1  # an open gap: not healthy (it gates monitors)
     assert f"gap (open): changes between {gap['from']} and {gap['to']}" in capsys.readouterr().out
     events = read_events(p.data_dir, p.source, p.table)
     gaps = events.filter(pc.equal(events["op"], "g")).to_pylist()

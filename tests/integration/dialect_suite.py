@@ -541,6 +541,93 @@ class DialectSuite(ABC):
         with pytest.raises(SourceError, match="ALTER TABLE"):
             d.describe_table(t)
 
+    # --- tables without a key: the whole-table refresh (pipeline/refresh.py) --------------
+    def _keyless_rows(self, ctx: Ctx, t: TableName, rows: int, copies: int = 2) -> None:
+        """``rows`` distinct (id, v, n) rows, each ``copies`` times."""
+        values = [x for i in range(1, rows + 1) for _c in range(copies) for x in (i, f"v{i}", i * 10)]
+        for at in range(0, len(values), 3000):
+            part = values[at : at + 3000]
+            ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES " + ", ".join(["(%s, %s, %s)"] * (len(part) // 3)), part)
+
+    @staticmethod
+    def _multiset(rows) -> dict:
+        from collections import Counter
+
+        return dict(Counter(tuple(r) for r in rows))
+
+    def _refreshed(self, uri: str, version: int | None = None) -> dict:
+        from deltalake import DeltaTable
+
+        t = DeltaTable(uri, version=version).to_pyarrow_table()
+        return self._multiset(zip(*(t[c].to_pylist() for c in ("id", "v", "n")), strict=True))
+
+    def test_a_keyless_table_is_refreshed_whole_in_one_snapshot_with_its_duplicates(self, ctx, monkeypatch):
+        """A table with no key at all, with duplicate rows, refreshed twice: each refresh is one
+        Delta version equal (as a multiset, read by deltalake) to one state of the source, the
+        version before stays readable, and nothing is created on the source. Between the read's
+        files a writer moves every row and deletes some (a forced interleaving): the refresh
+        still holds the state its snapshot began with, not rows read twice or missed."""
+        from airflow_provider_cdc.pipeline.refresh import refresh_table
+
+        t = ctx.create_table("nokey", [("id", "int"), ("v", "text"), ("n", "int")], None)
+        self._keyless_rows(ctx, t, 1500)
+        d = ctx.dialect([], fetch_batch_rows=300)  # (the generic read's files end at batch ends)
+        before_objects = self.source_objects(ctx, d)
+        cols = f"{ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}"
+        state1 = self._multiset(ctx.execute(f"SELECT {cols} FROM {ctx.qt(t)}"))
+        assert max(state1.values()) == 2
+        orig = d.read_whole_table
+        fired = []
+
+        def read(schema, path_of, rows, progress=None):
+            def between(n):
+                if not fired:
+                    fired.append(n)
+                    ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('n')} = {ctx.q('n')} + 1")
+                    ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE {ctx.q('id')} > 1400")
+                if progress is not None:
+                    progress(n)
+
+            return orig(schema, path_of, rows, between)
+
+        monkeypatch.setattr(d, "read_whole_table", read)
+        first = refresh_table(d, ctx.data_dir, ctx.source, t, file_rows=400)
+        assert fired and first.files >= 3, first
+        assert first.rows == sum(state1.values())
+        assert self._refreshed(first.location) == state1
+        state2 = self._multiset(ctx.execute(f"SELECT {cols} FROM {ctx.qt(t)}"))
+        assert state2 != state1
+        monkeypatch.setattr(d, "read_whole_table", orig)
+        second = refresh_table(d, ctx.data_dir, ctx.source, t, file_rows=400)
+        assert second.version > first.version
+        assert self._refreshed(second.location) == state2
+        assert self._refreshed(first.location, first.version) == state1  # time travel: the version before
+        assert self.source_objects(ctx, d) == before_objects
+
+    def test_a_superseded_refresh_publishes_nothing(self, ctx):
+        """Fencing: a refresh that a newer one claimed after it (a zombie task, a retry that
+        overtook it) cannot publish; it leaves no file behind, and the newer one publishes."""
+        from airflow_provider_cdc.core.errors import FencedError
+        from airflow_provider_cdc.pipeline.refresh import refresh_table
+
+        t = ctx.create_table("nokey", [("id", "int"), ("v", "text"), ("n", "int")], None)
+        self._keyless_rows(ctx, t, 20)
+        d = ctx.dialect([])
+        newer = []
+
+        def overtaken():
+            ctx.execute(f"DELETE FROM {ctx.qt(t)} WHERE {ctx.q('id')} = 1")
+            newer.append(refresh_table(d, ctx.data_dir, ctx.source, t))
+
+        with pytest.raises(FencedError, match="newer refresh"):
+            refresh_table(d, ctx.data_dir, ctx.source, t, before_publish=overtaken)
+        assert sum(self._refreshed(newer[0].location).values()) == 38
+        from deltalake import DeltaTable
+
+        live = set(DeltaTable(newer[0].location).file_uris())
+        on_disk = {str(p) for p in __import__("pathlib").Path(newer[0].location).glob("*.parquet")}
+        assert on_disk == {u.removeprefix("file://") for u in live}, "the fenced refresh left files"
+
     def test_key_columns_that_no_unique_index_covers_are_refused_by_name(self, ctx):
         t = self._unique_keyed_table(ctx, 0)
         options = self.unique_keyed_options(ctx, t, "key_columns")

@@ -56,3 +56,15 @@ def test_two_sources_configured_with_one_slot_share_its_lock(pg_uri, unique_name
             assert second is False
         with capture_lock(params, lock_key(c, str(tmp_path / "one"))) as other:
             assert other is True
+
+
+@pytest.mark.parametrize("uri", ["postgresql://postgres@127.0.0.1:1/x", "mysql://root@127.0.0.1:1/x"])
+def test_an_unreachable_server_is_named_by_its_source(uri):
+    """Issue 58: the lock's own connection failed as "source 'default'"; it names the source."""
+    from airflow_provider_cdc.core.errors import SourceUnreachableError
+    from airflow_provider_cdc.dialects import ConnectionParams
+    from airflow_provider_cdc.pipeline.locks import capture_lock
+
+    with pytest.raises(SourceUnreachableError, match="^source 'shop': cannot connect"):
+        with capture_lock(ConnectionParams.from_uri(uri), "k", "shop"):
+            pass

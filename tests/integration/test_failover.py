@@ -95,7 +95,7 @@ def test_a_failover_slot_carries_capture_and_the_snapshot_through_a_promotion(pg
         c.wait(lambda: c.standby.sql("SHOW synchronized_standby_slots") == [("",)], "the setting applies")
         with caplog.at_level(logging.WARNING):
             stage_changelog(d2, data_dir)  # capture goes on from the synchronized slot
-        assert "capture goes on from failover slot" in caplog.text
+        assert "capture goes on from slot" in caplog.text
         more, _after, done = _chunks(d2, data_dir, after, len(results), 100)
         assert done
         results += more

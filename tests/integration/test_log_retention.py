@@ -32,15 +32,17 @@ def _xcom(lag) -> dict:
             "retention_risk": lag.risk}
 
 
-def test_postgres_slot_near_max_slot_wal_keep_size_is_at_risk_until_captured(pg_uri, unique_name, tmp_path):
+def test_postgres_slot_near_max_slot_wal_keep_size_is_at_risk_until_captured(own_pg, unique_name, tmp_path):
+    """On a server of its own (``own_pg``): the shared one's max_slot_wal_keep_size is not changed
+    under the tests that run beside this one (`make test` runs two sessions at once)."""
     import psycopg2
 
-    admin = psycopg2.connect(pg_uri)
+    admin = psycopg2.connect(own_pg)
     admin.autocommit = True
     cur = admin.cursor()
     t = TableName("public", f"rt_{unique_name}")
     cur.execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
-    handle = Handle(pg_uri, f"rt_{unique_name}", [t])
+    handle = Handle(own_pg, f"rt_{unique_name}", [t])
     data_dir = str(tmp_path)
     try:
         cur.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '64MB'")

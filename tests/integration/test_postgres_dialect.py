@@ -1042,7 +1042,7 @@ def test_drop_source_and_resync_never_drop_a_slot_the_package_did_not_make(serve
     """Issue 58: a slot of the source's name that is a physical slot, another plugin's or another
     database's is someone else's: drop-source (and resync, which drops a slot that did not follow
     a failover) refuses naming what it is, and it stays. status --live says whose it is."""
-    from airflow_provider_cdc.pipeline.source_admin import drop_source, held_objects
+    from airflow_provider_cdc.pipeline.source_admin import drop_source
 
     admin = _connect(server_uri, autocommit=True)
     cur = admin.cursor()
@@ -1057,7 +1057,7 @@ def test_drop_source_and_resync_never_drop_a_slot_the_package_did_not_make(serve
         other.close()
     d = PostgresDialect(ConnectionParams.from_uri(server_uri), source=unique_name, slot_name=slot)
     try:
-        (said,) = [h for h in held_objects(d, str(tmp_path)) if "slot" in h]
+        (said,) = [h for h in d.held_objects(str(tmp_path)) if "slot" in h]
         assert "not this source's" in said and "left" in said, said
         with pytest.raises(SourceError, match=f"replication slot '{slot}' .* is not a slot of source .* not dropped"):
             drop_source(d, str(tmp_path))
@@ -1072,7 +1072,7 @@ def test_drop_source_and_resync_never_drop_a_slot_the_package_did_not_make(serve
 def test_drop_source_leaves_a_publication_another_role_owns(server_uri, unique_name, tmp_path):
     """An administrator's publication (the least-privilege set-up) is left and said so, instead of
     failing raw on "must be owner" after the slot went; the slot the source made is dropped."""
-    from airflow_provider_cdc.pipeline.source_admin import drop_source, held_objects
+    from airflow_provider_cdc.pipeline.source_admin import drop_source
 
     t = TableName("public", f"pub_{unique_name}")
     role = f"r_{unique_name}"
@@ -1086,7 +1086,7 @@ def test_drop_source_leaves_a_publication_another_role_owns(server_uri, unique_n
                         watermark_table=f"wm_{unique_name}")
     try:
         d.load_offset(str(tmp_path))
-        held = held_objects(d, str(tmp_path))
+        held = d.held_objects(str(tmp_path))
         assert any(f"publication 'cdc_{unique_name}' (owned by '{role}'" in h for h in held), held
         done = drop_source(d, str(tmp_path))
         assert any("dropped" in x and "replication slot" in x for x in done), done

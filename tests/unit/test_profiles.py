@@ -155,3 +155,28 @@ def test_every_registered_database_has_a_debezium_type_map_and_source_values():
 
     assert set(debezium._FIELD_MAPS) == set(PROFILES) == set(debezium._SOURCE_VALUES)
     assert debezium.CONNECTORS == tuple(c for p in profiles() for c in p.debezium_connectors)
+
+
+def _dialect_probes(root: Path) -> dict[str, list[int]]:
+    """``getattr(<a dialect>, "...")`` outside dialects/: a variable named dialect or d."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("dialects/"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        lines = [n.lineno for n in ast.walk(tree)
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+                 and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id in ("dialect", "d")]
+        if lines:
+            out[rel] = lines
+    return out
+
+
+def test_no_module_outside_dialects_probes_a_dialect_for_an_attribute(tmp_path):
+    """What a source holds (slot, publication, offset file, lock key...) is declared by
+    dialects/base.Dialect with a default; callers use it, they do not probe (issue 60)."""
+    assert _dialect_probes(PKG) == {}, "declare the attribute on dialects/base.Dialect and use it"
+    (tmp_path / "glue.py").write_text('def f(dialect, d):\n    return getattr(dialect, "slot_name", None) or '
+                                      'hasattr(d, "x") or getattr(other, "y", 1)\n')
+    assert _dialect_probes(tmp_path) == {"glue.py": [2, 2]}

@@ -11,7 +11,7 @@ import pymysql
 import pymysql.cursors
 
 from ...core.errors import SourceError, TableNotFoundError
-from ...core.schema import Column, TableName, TableSchema
+from ...core.schema import WHOLE_TABLE, Column, TableName, TableSchema
 from .server import MyServer
 from .types import as_text, logical_type
 
@@ -23,7 +23,8 @@ class MyCatalog:
         self.server = server
         self.key_columns = key_columns  # CDC_KEY_COLUMNS, by table
 
-    def describe_table(self, table: TableName) -> TableSchema:
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
+        """``keyed`` False: for a whole-table refresh, which needs no key (core/schema.py, WHOLE_TABLE)."""
         rows = self.server.query(
             "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, IS_NULLABLE, NUMERIC_PRECISION, NUMERIC_SCALE"
             " FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s"
@@ -56,20 +57,20 @@ class MyCatalog:
                 f"table {table}: column(s) of unsupported type: {', '.join(unsupported)}; "
                 f"exclude the table or change the column type"
             )
+        extra = {
+            "flavour": self.server.flavour.name,
+            "connector": "mariadb" if self.server.flavour.is_mariadb else "mysql",
+        }
+        if not keyed:
+            return TableSchema(table, tuple(cols), (), {**extra, WHOLE_TABLE: "true"})
         pk, why = self._table_key(table, {c.name: c.nullable for c in cols})
         if not pk:
             raise SourceError(
-                f"table {table} {why}; DBLog chunks and de-duplicates by key, or exclude the table"
+                f"table {table} {why}; DBLog chunks and de-duplicates by key: name it in "
+                "CDC_REFRESH_TABLES instead, which refreshes it whole without a key (docs: operations, "
+                "'Tables without a primary key'), or exclude the table"
             )
-        return TableSchema(
-            table,
-            tuple(cols),
-            tuple(pk),
-            {
-                "flavour": self.server.flavour.name,
-                "connector": "mariadb" if self.server.flavour.is_mariadb else "mysql",
-            },
-        )
+        return TableSchema(table, tuple(cols), tuple(pk), extra)
 
     def _table_key(self, table: TableName, nullable: dict[str, bool]) -> tuple[tuple[str, ...] | None, str]:
         """The columns that key ``table``'s rows: the primary key, or the columns CDC_KEY_COLUMNS

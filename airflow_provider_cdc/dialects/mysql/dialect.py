@@ -48,7 +48,7 @@ class MySqlDialect(Dialect):
     def capture_lock_key(self, data_dir: str) -> str:
         """What the capture lock protects: the staged offset file (the binlog is only read, and
         the server keeps no per-reader state; readers are told apart by their server_id)."""
-        return f"offset.{self._offset_path(data_dir)}"
+        return f"offset.{self.offset_path(data_dir)}"
 
     name: ClassVar[str] = "mysql"
     system_schemas: ClassVar[frozenset[str]] = SYSTEM_SCHEMAS
@@ -165,8 +165,8 @@ class MySqlDialect(Dialect):
         return self.prerequisites.watermark_table_problems(grants)
 
     # catalog
-    def describe_table(self, table: TableName) -> TableSchema:
-        return self.catalog.describe_table(table)
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
+        return self.catalog.describe_table(table, keyed=keyed)
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         return self.catalog.scope_problems(tables)
@@ -212,6 +212,9 @@ class MySqlDialect(Dialect):
     ) -> Iterator[list[tuple]]:
         return self.chunks.stream_query(sql, params, batch_size, max_bytes, snapshot)
 
+    def whole_table_query(self, schema: TableSchema) -> str:
+        return self.chunks.widen_floats(schema, super().whole_table_query(schema), None)
+
     def replica_lag(self) -> tuple[int, float] | None:
         return self.chunks.replica_lag()
 
@@ -245,7 +248,7 @@ class MySqlDialect(Dialect):
     def binlog_end(self, epoch: int = 0) -> BinlogOffset:
         return self.server.binlog_end(epoch)
 
-    def _offset_path(self, data_dir: str) -> str:
+    def offset_path(self, data_dir: str) -> str:
         return self.offsets.offset_path(data_dir)
 
     def bind_data_dir(self, data_dir: str) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...core.errors import SourceError, TableNotFoundError
-from ...core.schema import Column, TableName, TableSchema
+from ...core.schema import WHOLE_TABLE, Column, TableName, TableSchema
 from .server import PgServer
 from .types import REPLICA_IDENTITY, SUPPORTED_TYPES, PgType, UnsupportedType, logical_type
 
@@ -197,7 +197,8 @@ class PgCatalog:
                     problems.append(f"table {t} {why}")
         return problems
 
-    def describe_table(self, table: TableName) -> TableSchema:
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
+        """``keyed`` False: for a whole-table refresh, which needs no key (core/schema.py, WHOLE_TABLE)."""
         rel = self.relation(table)
         if rel is None:
             kind = self.server.query(
@@ -240,16 +241,20 @@ class PgCatalog:
                 ) from None
             columns.append(Column(name, lt, display, not notnull))
         enums = self._enum_labels({c[0]: c[1] for c in cols})
+        extra = {"replica_identity": REPLICA_IDENTITY.get(ident, ident), "connector": "postgresql"}
+        if enums:
+            extra["enum_labels"] = json.dumps(enums, ensure_ascii=False, sort_keys=True)
+        if not keyed:
+            return TableSchema(table, tuple(columns), (), {**extra, WHOLE_TABLE: "true"})
         pk, why = self.table_key(table, relid, ident)
         if not pk:
             raise SourceError(
                 f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by "
                 "key, so "
-                "it needs a key the log carries; or leave the table out of CDC"
+                "it needs a key the log carries; or name it in CDC_REFRESH_TABLES instead, which "
+                "refreshes it whole without a key (docs: operations, 'Tables without a primary key'); "
+                "or leave the table out of CDC"
             )
-        extra = {"replica_identity": REPLICA_IDENTITY.get(ident, ident), "connector": "postgresql"}
-        if enums:
-            extra["enum_labels"] = json.dumps(enums, ensure_ascii=False, sort_keys=True)
         return TableSchema(table, tuple(columns), pk, extra)
 
     def _enum_labels(self, oids: dict[str, int]) -> dict[str, list[str]]:

@@ -5,7 +5,7 @@ answers the Dialect contract by delegating to them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...core.errors import ConfigurationError
@@ -22,6 +22,7 @@ from ..base import (
     LogBatch,
     LogRetention,
     SegmentSink,
+    WholeTableRead,
 )
 from .catalog import PgCatalog
 from .chunks import DEFAULT_COPY_BATCH_ROWS, PgChunkReader
@@ -212,8 +213,8 @@ class PostgresDialect(Dialect):
                 self.watermark_rows.ensure_published(table)
 
     # catalog
-    def describe_table(self, table: TableName) -> TableSchema:
-        return self.catalog.describe_table(table)
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
+        return self.catalog.describe_table(table, keyed=keyed)
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         return self.catalog.scope_problems(tables)
@@ -246,6 +247,16 @@ class PostgresDialect(Dialect):
         self, sql: str, params: Sequence[Any], batch_size: int = 10_000, snapshot: list | None = None
     ) -> Iterator[list[tuple]]:
         return self.chunks.stream_query(sql, params, batch_size, snapshot)
+
+    def read_whole_table(
+        self,
+        schema: TableSchema,
+        path_of: Callable[[int], str],
+        rows_per_file: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> WholeTableRead:
+        select = self.whole_table_query(schema)
+        return self.chunks.read_whole(schema, select, path_of, rows_per_file, progress)
 
     def read_chunk(
         self,
@@ -365,7 +376,10 @@ class PostgresDialect(Dialect):
     def drop_publication(self) -> bool:
         return self.offsets.drop_publication()
 
-    def held_objects(self) -> list[str]:
+    def publication_exists(self) -> bool:
+        return bool(self._query("SELECT 1 FROM pg_publication WHERE pubname = %s", (self.publication_name,)))
+
+    def held_objects(self, data_dir: str) -> list[str]:
         """What the source holds on its server now, in words (PgOffsets.held)."""
         return self.offsets.held()
 
