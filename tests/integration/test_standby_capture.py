@@ -390,12 +390,14 @@ def test_a_standby_captured_from_that_cannot_follow_its_primarys_failover_says_i
         c.primary.stop()
         s2.promote()
         c.wait(lambda: s2.sql("SELECT pg_is_in_recovery()") == [(False,)], "S2 is promoted")
-        c.follow(c.standby, s2, "standby1")
         s2.sql("INSERT INTO orders VALUES (4, 'on S2', 4)")
-        # S1's receiver reaches S2 but cannot stream S2's timeline: it stays up, "waiting" (an
-        # unfiltered look at pg_stat_wal_receiver read that as replicating, "0 s behind"). Over a
-        # few seconds, and a retry period of the receiver (wal_retrieve_retry_interval, 5 s), every
-        # reading says S1 does not replicate
+        c.follow(c.standby, s2, "standby1")
+        # S1's receiver reaches S2 but cannot stream S2's timeline: it cycles, "streaming" for a
+        # moment (S2 sends timeline 1 up to the fork), then "waiting" (an unfiltered look at
+        # pg_stat_wal_receiver read that as replicating, "0 s behind"). From the moment S1 is
+        # pointed at S2 (its new receiver says "streaming" before S2 said anything, with P's last
+        # reading), over a retry period of the receiver (wal_retrieve_retry_interval, 5 s) and
+        # more, every reading says S1 does not replicate
         seen, readings = set(), []
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:

@@ -381,17 +381,20 @@ class PgChunkReader:
             # it received it has not replayed yet, and for how long (a receiver that stopped, e.g.
             # its primary failed: not replicating). Any role may ask these; pg_stat_wal_receiver
             # shows its details only to pg_read_all_stats (NULL to others: taken as streaming).
-            # A primary it cannot follow (its timeline forked before what this standby replayed)
-            # makes the receiver cycle: "streaming" for a moment, while its new primary sends the
-            # old timeline up to the fork, then "waiting". What that primary last said its WAL
-            # ends at (latest_end_lsn, kept across the cycles) lies before what this standby
-            # replayed, which no primary it follows can say: such a receiver is not replicating
+            # A receiver says "streaming" from the moment it starts, before its primary said
+            # anything: until a first message its send and receipt times are the one value it
+            # started with, and latest_end_lsn is still the previous primary's. A primary it
+            # cannot follow (its timeline forked before what this standby replayed) makes the
+            # receiver cycle: "streaming" while that primary sends the old timeline up to the fork,
+            # then "waiting"; what it last said its WAL ends at lies before what this standby
+            # replayed, which no primary it follows can say. Neither receiver replicates
             received, replay, seconds, receiving = self.server.query(
                 "SELECT pg_last_wal_receive_lsn()::text, pg_last_wal_replay_lsn()::text, "
                 "extract(epoch FROM now() - pg_last_xact_replay_timestamp()), "
                 "EXISTS (SELECT 1 FROM pg_stat_wal_receiver "
-                "WHERE coalesce(status, 'streaming') = 'streaming' "
-                "AND coalesce(latest_end_lsn >= pg_last_wal_replay_lsn(), true))"
+                "WHERE coalesce(status, 'streaming') = 'streaming' AND (last_msg_receipt_time IS NULL "
+                "OR (last_msg_send_time <> last_msg_receipt_time "
+                "AND latest_end_lsn >= pg_last_wal_replay_lsn())))"
             )[0]
             if received is None or not receiving:
                 return 0, float("inf")
