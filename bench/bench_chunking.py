@@ -166,9 +166,14 @@ def _snapshot(uri: str, t: TableName, work_dir: str, chunk_size: int | None, siz
     try:
         (work,) = controller.apply(parse_snapshot_conf(conf))
         chunks = [ChunkResult.from_dict(c) for c in controller.read_range(work)]
-        return [{"rows": c.rows, "seconds": s, "bytes": staged_bytes(c.path), "last": c.exhausted,
-                 "from": c.after_key[0] if c.after_key else None, "to": c.last_key[0] if c.last_key else None}
-                for c, s in zip(chunks, clock.durations(), strict=True)]
+        durations = clock.durations()  # an adaptive range's probe first (read_range times it too)
+        probes = durations[: len(durations) - len(chunks)]
+        out = [{"rows": c.rows, "seconds": s, "bytes": staged_bytes(c.path), "last": c.exhausted,
+                "from": c.after_key[0] if c.after_key else None, "to": c.last_key[0] if c.last_key else None}
+               for c, s in zip(chunks, durations[len(probes):], strict=True)]
+        if out and probes:
+            out[0]["probe"] = sum(probes)
+        return out
     finally:
         with get_dialect(params, **options) as d:
             d.drop_slot()
@@ -230,6 +235,8 @@ def _report(kind: str, rows: int, runs: dict[str, list[dict]], target: float,
 
         lines.append("  median rows per chunk, narrow / wide region: " + ", ".join(
             f"{label} {region(cs, False)} / {region(cs, True)}" for label, cs in runs.items()))
+    if adaptive and "probe" in adaptive[0]:
+        lines.append(f"  adaptive: the probe (two reads) before the first chunk took {adaptive[0]['probe']:.3f} s")
     ok, n = _within(adaptive, target)
     warm = _warm_up(adaptive)
     ok_w, n_w = _within(adaptive[warm:], target)

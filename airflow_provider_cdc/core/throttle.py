@@ -69,9 +69,16 @@ class Throttle:
 MB = 1024 * 1024
 #: rows of a range's first adaptive chunk (the fixed default of earlier versions), within the bounds
 DEFAULT_START_ROWS = 10_000
+#: rows a range's probe reads before its first adaptive chunk (:meth:`ChunkSizer.probe`): enough
+#: that a query's own cost (a few ms) does not dominate the per-row cost it measures, a fifth
+#: of the start size the first chunk had without it
+PROBE_ROWS = 2_000
 #: a chunk asks at most this many times the rows of the one before: one fast chunk (a cached
 #: page, an idle moment) does not make a huge next one. Shrinking has no limit.
 MAX_GROWTH = 2.0
+#: a chunk whose rows take less than this share of the bytes a row took before entered narrower
+#: rows (a property of the data, not a busy moment): its per-row duration applies at once
+NARROWER = 0.5
 #: weight of the newest chunk's per-row cost in the estimate: one chunk slowed down by a busy
 #: moment moves the next size only part of the way, and the size follows a real change within
 #: two or three chunks. Bytes per row that rise apply at once (a wide region's second chunk
@@ -195,15 +202,37 @@ class ChunkSizer:
         (None: unknown). Returns the next chunk's row count (also ``self.size``)."""
         if self.fixed is not None or rows <= 0:
             return self.size
-        self._seconds_per_row = _estimate(self._seconds_per_row, max(0.0, float(seconds)) / rows)
+        per_row = max(0.0, float(seconds)) / rows
+        narrower = (
+            nbytes is not None
+            and self._bytes_per_row is not None
+            and max(0, int(nbytes)) / rows < NARROWER * self._bytes_per_row
+        )
+        self._seconds_per_row = per_row if narrower else _estimate(self._seconds_per_row, per_row)
         if nbytes is not None:
             self._bytes_per_row = _estimate(
-                self._bytes_per_row, max(0, int(nbytes)) / rows, rise_at_once=True
+                self._bytes_per_row, max(0, int(nbytes)) / rows, rise_at_once=True, at_once=narrower
             )
-        s, last = self.sizing, max(self.size, rows)
+        return self._next(max(self.size, rows) * MAX_GROWTH)
+
+    def probe(self, rows: int, seconds: float, nbytes: int | None) -> int:
+        """A read of ``rows`` rows before the range's first chunk (a sample: nothing of it is
+        committed) took ``seconds`` and staged ``nbytes``: the first chunk is sized from its
+        per-row costs (no growth cap: a probe is not a chunk size to grow from), not from a
+        fixed start. Returns that size (also ``self.size``)."""
+        if self.fixed is not None or rows <= 0:
+            return self.size
+        self._seconds_per_row = max(0.0, float(seconds)) / rows
+        if nbytes is not None:
+            self._bytes_per_row = max(0, int(nbytes)) / rows
+        return self._next(float("inf"))
+
+    def _next(self, cap: float) -> int:
+        """The size that meets both targets at the estimated costs, at most ``cap`` rows."""
+        s = self.sizing
         want, reason = _rows_for(s.target_seconds, self._seconds_per_row), "duration"
-        if want > last * MAX_GROWTH:
-            want, reason = last * MAX_GROWTH, "growth cap"
+        if want > cap:
+            want, reason = cap, "growth cap"
         if want > s.max_rows:
             want, reason = s.max_rows, "max rows"
         if want < s.min_rows:
@@ -238,8 +267,8 @@ def size_text(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def _estimate(old: float | None, new: float, rise_at_once: bool = False) -> float:
-    if old is None or (rise_at_once and new >= old):
+def _estimate(old: float | None, new: float, rise_at_once: bool = False, at_once: bool = False) -> float:
+    if old is None or at_once or (rise_at_once and new >= old):
         return new
     return old + SMOOTHING * (new - old)
 

@@ -94,11 +94,16 @@ def test_wide_rows_get_smaller_chunks_and_the_mirror_equals_the_source(source):
     narrow = [rows for start, last, rows, _ in sizes[1:-1] if last < WIDE_FROM]  # not the first (start size)
     wide = [rows for start, last, rows, _ in sizes if start >= WIDE_FROM and last <= WIDE_TO]
     assert narrow and wide and max(wide) * 10 < min(narrow), sizes  # fewer rows per chunk where rows are wide
-    # the bytes target holds within 2x in the wide region; above it only the one chunk that
-    # entered the region sized for narrow rows (a chunk's size is known once it is read)
-    assert all(TARGET / 2 <= b <= 2 * TARGET for start, last, rows, b in sizes if start >= WIDE_FROM and last <= WIDE_TO)
-    over = [s for s in sizes if s[3] > 2 * TARGET]
-    assert len(over) == 1 and over[0][0] < WIDE_FROM <= over[0][1], over
+    # the bytes target holds within 2x in the wide region but at its entry: above it the chunk
+    # that entered the region sized for narrow rows (a chunk's size is known once it is read)
+    # and, when that chunk held few of the wide rows, the one after it (sized from that chunk's
+    # average width, still far below a wide row's); every chunk after those two is within 2x
+    entry = next(i for i, s in enumerate(sizes) if s[1] >= WIDE_FROM)
+    assert sizes[entry][0] < WIDE_FROM and sizes[entry][3] > 2 * TARGET, sizes[entry]
+    inside = [b for start, last, rows, b in sizes[entry + 2 :] if last <= WIDE_TO]
+    assert inside and all(TARGET / 2 <= b <= 2 * TARGET for b in inside), sizes
+    over = [i for i, s in enumerate(sizes) if s[3] > 2 * TARGET]
+    assert set(over) <= {entry, entry + 1}, [sizes[i] for i in over]
 
     with connect() as d:
         stage_changelog(d, data_dir)

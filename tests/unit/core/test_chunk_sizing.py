@@ -149,3 +149,37 @@ def test_bad_settings_name_the_variable(texts, message):
     with pytest.raises(ConfigurationError, match=message):
         ChunkSizing.parse(texts)
 
+
+
+def test_a_probe_sizes_the_first_chunk_from_its_costs_without_the_growth_cap():
+    s = ChunkSizer(SIZING)
+    # 2,000 rows in 20 ms (10 us a row), 10 bytes a row: the duration target's 100,000 rows at
+    # once, not 10,000 growing 2x a step
+    assert s.probe(2_000, 0.02, 20_000) == 100_000 and s.reason == "duration"
+    assert run(s, 1e-5, 10, 1) == [(100_000, "duration")]  # the chunks that follow keep it
+    # the bounds and the bytes target hold for a probe too
+    assert ChunkSizer(SIZING).probe(2_000, 0.0002, 20_000) == SIZING.max_rows
+    wide = ChunkSizer(SIZING)
+    assert (wide.probe(2_000, 0.02, 2_000 * 10_240), wide.reason) == (1_024, "bytes")
+    # a fixed size ignores it; an empty probe changes nothing
+    assert ChunkSizer(SIZING, fixed=500).probe(2_000, 0.02, 20_000) == 500
+    empty = ChunkSizer(SIZING)
+    assert (empty.probe(0, 0.0, 0), empty.reason) == (DEFAULT_START_ROWS, "start")
+
+
+def test_rows_that_become_narrower_apply_their_duration_at_once_a_cheaper_moment_does_not():
+    wide = ChunkSizer(SIZING, start=1_000)
+    wide.observe(1_000, 0.1, 1_000 * 10_240)  # 100 us and 10 KB a row
+    assert (wide.size, wide.reason) == (1_024, "bytes")
+    # rows 100x narrower and 10x cheaper: a property of the data, the next chunk is sized for it
+    # (within the 2x growth cap), not 60% of the way to it
+    wide.observe(1_024, 1_024 * 1e-5, 1_024 * 100)
+    assert (wide.size, wide.reason) == (2_048, "growth cap")
+    wide.observe(2_048, 2_048 * 1e-5, 2_048 * 100)
+    assert (wide.size, wide.reason) == (4_096, "growth cap")
+    # the same rows, one chunk 10x faster (a cached page): the estimate moves 60% of the way
+    same = ChunkSizer(SIZING, start=1_000)
+    same.observe(1_000, 0.1, 1_000 * 100)
+    same.observe(1_000, 0.01, 1_000 * 100)
+    assert same._seconds_per_row == pytest.approx(1e-4 + 0.6 * (1e-5 - 1e-4))
+    assert wide._seconds_per_row == pytest.approx(1e-5)
