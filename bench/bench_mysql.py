@@ -14,7 +14,7 @@ Each side runs ``--repeat`` times, interleaved, best time kept (the machine is s
 the ratios (ours / baseline throughput) are printed last. ``--profile``: the costliest
 functions of the compiled capture's last run.
 
-    python -m bench mysql [--rows 100000] [--chunk-size 50000] [--repeat 2] [--profile]
+    python -m bench mysql [--rows 100000] [--chunk-size 50000] [--repeat 2] [--profile] [--single-row]
     python -m bench.bench_mysql --uri mysql://root@127.0.0.1:53306/cdc_test
 """
 
@@ -50,6 +50,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--chunk-size", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--profile", action="store_true", help="cProfile the compiled capture's last run")
+    ap.add_argument("--single-row", action="store_true",
+                    help="one transaction per row change (an OLTP writer's binlog) instead of large ones")
     return ap.parse_args(argv)
 
 
@@ -65,7 +67,17 @@ def _connect(p: ConnectionParams, **kw) -> pymysql.connections.Connection:
     )
 
 
-def _load(cur, table: str, rows: int) -> None:
+def _load(cur, table: str, rows: int, single: bool = False) -> None:
+    if single:  # a transaction per row change (autocommit): GTID, table map and XID events each
+        for i in range(rows):
+            cur.execute(
+                f"INSERT INTO {table} (id, a, b, c, d, e, f) VALUES (%s, %s, %s, %s, %s, %s, %s)",  # noqa: S608
+                (i, i * 7 % 1000, f"name-{i}-😀", i / 3, "2024-01-02 03:04:05.123456", f"{i}.25",
+                 bytes([i % 256]) * 8),
+            )
+        for i in range(rows // 2):
+            cur.execute(f"UPDATE {table} SET a = a + 1, b = CONCAT(b, 'u') WHERE id = %s", (i,))  # noqa: S608
+        return
     batch = 2000
     for lo in range(0, rows, batch):
         n = min(batch, rows - lo)
@@ -238,10 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         dialect.ensure_watermark_table()
         print(
             f"bench mysql: {args.rows} inserts + {args.rows // 2} updates into {tname}, {dialect.flavour.name}"
+            + (", a transaction each" if args.single_row else "")
         )
         t0 = time.perf_counter()
         start = dialect.binlog_end()
-        _load(cur, qtable, args.rows)
+        _load(cur, qtable, args.rows, args.single_row)
         end = dialect.binlog_end()
         print(
             f"  load: {time.perf_counter() - t0:.1f} s; binlog range {start.file}:{start.pos} .. {end.file}:{end.pos}"

@@ -243,6 +243,11 @@ class _BinlogRead:
             # transaction); cut it so each event is freed when the next one is read
             ev.packet.event = None
             if isinstance(ev, RotateEvent):
+                if ev.next_binlog != self.current_file:
+                    # table ids are the server's, per run of it: a new file may come from a
+                    # restart that reuses them, and its first rotate event (timestamp 0) does not
+                    # clear the library's table map (freeze_schema, see MyLogReader.read_log)
+                    stream.table_map = {}
                 self.on_rotate(ev)
                 continue
             if isinstance(ev, FormatDescriptionEvent):
@@ -632,6 +637,13 @@ class MyLogReader:
                 NotImplementedEvent,
             ],
             only_schemas=only_schemas,
+            # a table map event precedes each transaction's rows events of a table: parsing it
+            # again (types, metadata, column names) cost 45% of a capture of single-row
+            # transactions. The server gives a table a new id whenever its definition changes
+            # (ALTER, or its share reopened), so an id already mapped in this server's run is the
+            # same table: the library keeps that map. A new file may come from a restart, where
+            # ids restart too: _BinlogRead.run clears the map at each one
+            freeze_schema=True,
             enable_logging=False,
         )
         read = _BinlogRead(
