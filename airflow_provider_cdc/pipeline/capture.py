@@ -3,10 +3,13 @@ offset (I6), one capture per source at a time (the capture lock)."""
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .. import storage
 from ..core.event_batch import EventBatch, events_to_batch
@@ -21,6 +24,57 @@ from .retention import PruneResult, RetentionPolicy, prune_staging
 from .schema_changes import follow_log_schemas, follow_schema_changes
 
 log = logging.getLogger(__name__)
+
+
+class SegmentWriter:
+    """Writes a capture's segments on one thread of its own, in order, one at a time, while
+    the capture decodes the next: a segment's Parquet encoding and its fsyncs release the GIL
+    (they took a quarter of a PostgreSQL capture's own time). At most one segment is written
+    while the next is built (:meth:`submit` waits for the one before), so memory holds two
+    segments, as a capture that wrote each in turn held one being built and one being written.
+    :meth:`written` waits for every segment submitted and returns their locations in order, or
+    raises the first write's error: the caller commits its offset only after it (I6). Each
+    write runs in the submitter's context (the storage settings of a task, storage.scoped_settings).
+    ``pause``: a hook a test sets to hold each write before it starts (a forced interleaving)."""
+
+    def __init__(self, write: Callable[..., str], pause: Callable[[], None] | None = None) -> None:
+        self._write = write
+        self._pause = pause
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
+        self._done: list[str] = []
+
+    def submit(self, *args: Any) -> None:
+        self._collect()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cdc-segment-writer")
+        self._pending = self._pool.submit(contextvars.copy_context().run, self._run, *args)
+
+    def _run(self, *args: Any) -> str:
+        if self._pause is not None:
+            self._pause()
+        return self._write(*args)
+
+    def _collect(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._done.append(pending.result())
+
+    def written(self) -> list[str]:
+        """The locations of every segment submitted since the last call, in order."""
+        self._collect()
+        done, self._done = self._done, []
+        return done
+
+    def close(self) -> None:
+        """Waits for a write still running (its error, if any, is the caller's to have seen or
+        not: a capture that failed already re-reads from its offset) and stops the thread."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            wait([pending])
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 class SourceHandle(Protocol):
@@ -55,6 +109,8 @@ def stage_changelog(
     # their first segment, which is typed with them (storage/staged.py)
     schemas: dict = {}
 
+    writer = SegmentWriter(write_segment, pause=_segment_write_pause)
+
     def stage(events: list[LogEvent] | EventBatch) -> None:
         batch = (
             events if isinstance(events, EventBatch) else events_to_batch(events, dialect.watermark_table.id)
@@ -62,7 +118,8 @@ def stage_changelog(
         new = set(batch.tables) - schemas.keys()
         if new:
             schemas.update(follow_log_schemas(dialect, data_dir, dialect.source, new))
-        paths.append(write_segment(batch, directory, dialect.watermark_table.id, schemas))
+        mine = {t: schemas[t] for t in batch.tables if t in schemas}  # this segment's, as they are now
+        writer.submit(batch, directory, dialect.watermark_table.id, mine)
         spans.append((batch.first, batch.last))
         counts[0] += len(batch)
         counts[1] += batch.watermarks
@@ -71,6 +128,31 @@ def stage_changelog(
             counts[2] = max(newest, counts[2] or 0)
 
     start_offset = offset
+    try:
+        offset = _read_and_stage(dialect, data_dir, directory, offset, max_events, seg_max, stage, writer,
+                                 paths, spans, counts)
+    finally:
+        writer.close()
+    return CaptureResult(
+        counts[0],
+        counts[1],
+        paths[-1] if paths else None,
+        start_offset,
+        offset,
+        time.monotonic() - t0,
+        tuple(paths),
+        counts[2],
+    )
+
+
+#: a test's hook: called on the segment writer's thread before each segment is written
+_segment_write_pause: Callable[[], None] | None = None
+
+
+def _read_and_stage(dialect, data_dir, directory, offset, max_events, seg_max, stage, writer, paths, spans,
+                    counts) -> str:
+    """stage_changelog's reads: each read staged (its segments written, in order), then its
+    offset committed, until the end the run aims at; the offset reached."""
     while True:
         # one read of the dialect (a PostgreSQL read is one bounded step: ``more`` says there is
         # more up to the end the run aims at), staged, then committed before the next
@@ -84,6 +166,7 @@ def stage_changelog(
         )
         if batch.events:
             stage(batch.events)
+        paths.extend(writer.written())  # every segment of the read is durable before its offset moves
         if len(paths) > mark:
             first, last = spans[mark][0], spans[-1][1]
             mine = set(paths[mark:])
@@ -98,17 +181,7 @@ def stage_changelog(
             record_through(directory, through, int(time.time() * 1000))
         offset = batch.end_offset
         if not batch.more or (max_events is not None and counts[0] >= max_events):
-            break
-    return CaptureResult(
-        counts[0],
-        counts[1],
-        paths[-1] if paths else None,
-        start_offset,
-        offset,
-        time.monotonic() - t0,
-        tuple(paths),
-        counts[2],
-    )
+            return offset
 
 
 #: the share of the source's log retention limit that may be used before capture warns

@@ -58,3 +58,52 @@ def test_captures_prune_what_every_sink_applied_and_a_lost_slot_is_still_noticed
             d.drop_publication()
         cur.execute(f'DROP TABLE "{t.name}"')
         admin.close()
+
+
+def test_a_segment_write_that_fails_in_the_background_leaves_the_offset_and_the_next_capture_stages_all(
+    pg_uri, unique_name, tmp_path, monkeypatch
+):
+    """I6 with the background segment writer: the second segment's write fails while the read
+    goes on; the capture fails, the slot's offset does not move, and the next capture stages
+    every event once (the first attempt's segment is rewritten under the same name)."""
+    from airflow_provider_cdc.pipeline import capture
+    from airflow_provider_cdc.pipeline.capture import stage_changelog
+    from airflow_provider_cdc.storage.staged import read_log_events
+
+    admin = psycopg2.connect(pg_uri)
+    admin.autocommit = True
+    cur = admin.cursor()
+    t = TableName("public", f"sw_{unique_name}")
+    cur.execute(f'CREATE TABLE "{t.name}" (id int PRIMARY KEY)')
+    handle = Handle(pg_uri, f"sw_{unique_name}", [t])
+    data = str(tmp_path)
+    try:
+        with handle.get_dialect() as d:
+            start = d.load_offset(data)  # creates the slot
+            for i in range(30):
+                cur.execute(f'INSERT INTO "{t.name}" VALUES (%s)', (i,))
+        writes = []
+
+        def fail_second() -> None:
+            writes.append(1)
+            if len(writes) == 2:
+                raise OSError("object storage refused the write")
+
+        monkeypatch.setattr(capture, "_segment_write_pause", fail_second)
+        with handle.get_dialect() as d, pytest.raises(OSError, match="refused the write"):
+            stage_changelog(d, data, segment_max_events=10)
+        assert len(writes) >= 2
+        with handle.get_dialect() as d:
+            assert d.load_offset(data) == start  # nothing committed past a segment not written
+        monkeypatch.setattr(capture, "_segment_write_pause", None)
+        with handle.get_dialect() as d:
+            res = stage_changelog(d, data, segment_max_events=10)
+        assert res.events == 30 and len(res.paths) == 3
+        keys = [e.key for e in read_log_events(changelog_dir(data, handle.source)) if e.table == t.id]
+        assert sorted(keys) == sorted(f"[{i}]" for i in range(30))  # each once
+    finally:
+        with handle.get_dialect() as d:
+            d.drop_slot()
+            d.drop_publication()
+        cur.execute(f'DROP TABLE "{t.name}"')
+        admin.close()
