@@ -22,6 +22,7 @@ from ..core.arrow_types import string_array
 from ..core.errors import ConfigurationError
 from ..core.event_batch import EventBatch
 from ..core.events import LogEvent
+from ..core.findings import Finding
 from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
@@ -829,6 +830,25 @@ class Dialect(ABC):
         """The server's bound on the log a slot may hold (PostgreSQL max_slot_wal_keep_size, -1:
         unbounded); None when the source holds no slot."""
         return None
+
+    # --- airflow-cdc doctor: a source checked before its first run ------------------------
+    @abstractmethod
+    def begin_read_only(self) -> None:
+        """Make this dialect's session read-only (doctor's checks never write); it connects,
+        so an unreachable server or a refused login is raised here."""
+
+    def server_label(self) -> str:
+        """What the connection reaches, in words (``postgres``, ``MariaDB``)."""
+        return self.name
+
+    @abstractmethod
+    def doctor_findings(self) -> list[Finding]:
+        """Every finding of this database's own checks (settings, grants, log retention,
+        replication) as core.findings.Finding; doctor.py adds the scope's and the tables'."""
+
+    @abstractmethod
+    def existing_tables(self, tables: Sequence[TableName]) -> dict[TableName, bool]:
+        """Which of ``tables`` exist (and this role can see), for doctor's table findings."""
 
     # --- lifecycle --------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional for dialects holding connections

@@ -75,8 +75,6 @@ def test_reading_every_profile_imports_no_driver():
 ALLOWED = {
     "hooks/task_errors.py": "classifies an exception by the driver module that raised it (psycopg2 or "
                             "pymysql): the driver's error types, read without importing either driver",
-    "doctor.py": "the doctor's per-database checks (_postgres/_mysql) and its read-only statement; they query "
-                 "a live dialect and are the next to move behind it",
     "sinks/event_log.py": "MySQL/MariaDB-only staging detail of the event log (a connector named in the staged "
                           "schema); sinks sit beside dialects and may not import them",
     "core/scope.py": "each server's system catalogs, checked before a dialect exists; core imports no dialect",
@@ -180,3 +178,28 @@ def test_no_module_outside_dialects_probes_a_dialect_for_an_attribute(tmp_path):
     (tmp_path / "glue.py").write_text('def f(dialect, d):\n    return getattr(dialect, "slot_name", None) or '
                                       'hasattr(d, "x") or getattr(other, "y", 1)\n')
     assert _dialect_probes(tmp_path) == {"glue.py": [2, 2]}
+
+
+def _dialect_private_calls(root: Path) -> dict[str, list[int]]:
+    """``<a dialect>._member`` outside dialects/: a variable named dialect, d or base."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("dialects/"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        lines = [n.lineno for n in ast.walk(tree)
+                 if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+                 and isinstance(n.value, ast.Name) and n.value.id in ("dialect", "d", "base")]
+        if lines:
+            out[rel] = lines
+    return out
+
+
+def test_no_module_outside_dialects_uses_a_dialects_private_members(tmp_path):
+    """doctor's checks are the dialects' own (Dialect.doctor_findings, begin_read_only,
+    existing_tables): no caller reaches into a dialect's session or catalog (issue 60)."""
+    assert _dialect_private_calls(PKG) == {}, "declare what the caller needs on dialects/base.Dialect"
+    (tmp_path / "glue.py").write_text('def f(dialect, d):\n    dialect._query("x")\n    return d._relation(1), '
+                                      'other._x, d.__class__\n')
+    assert _dialect_private_calls(tmp_path) == {"glue.py": [2, 3]}

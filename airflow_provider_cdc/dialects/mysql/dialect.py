@@ -12,6 +12,7 @@ import pymysql
 import pymysql.cursors
 
 from ...core.errors import ConfigurationError
+from ...core.findings import Finding
 from ...core.position import Position
 from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema, split_table_list
@@ -128,6 +129,22 @@ class MySqlDialect(Dialect):
 
     def _query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
         return self.server.query(sql, params)
+
+    def begin_read_only(self) -> None:
+        self._query("SET SESSION TRANSACTION READ ONLY")
+
+    def server_label(self) -> str:
+        return self.flavour.name
+
+    def doctor_findings(self) -> list[Finding]:
+        from .doctor import findings
+
+        return findings(self)
+
+    def existing_tables(self, tables: Sequence[TableName]) -> dict[TableName, bool]:
+        from .doctor import existing_tables
+
+        return existing_tables(self, list(tables))
 
     @property
     def flavour(self) -> Flavour:

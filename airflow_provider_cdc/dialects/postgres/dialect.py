@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...core.errors import ConfigurationError
+from ...core.findings import Finding
 from ...core.position import Position
 from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema
@@ -218,6 +219,17 @@ class PostgresDialect(Dialect):
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         return self.catalog.scope_problems(tables)
+
+    def begin_read_only(self) -> None:
+        self._query("SET default_transaction_read_only = on")
+
+    def doctor_findings(self) -> list[Finding]:
+        from .doctor import findings
+
+        return findings(self)
+
+    def existing_tables(self, tables: Sequence[TableName]) -> dict[TableName, bool]:
+        return {t: self._relation(t) is not None for t in tables}
 
     def _relation(self, table: TableName) -> tuple[int, str] | None:
         return self.catalog.relation(table)
