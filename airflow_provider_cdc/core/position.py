@@ -18,6 +18,7 @@ positions as plain strings.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 _MAX64 = (1 << 64) - 1
@@ -98,6 +99,7 @@ def binlog_epoch(major: int) -> tuple[int, int]:
     return major >> BINLOG_EPOCH_SHIFT, major & _MAX32
 
 
+@functools.lru_cache(maxsize=256)  # a few names, asked for every binlog event
 def binlog_file_index(name: str) -> int:
     """``'binlog.000042'`` -> 42 (the numeric suffix orders binlog files)."""
     suffix = name.rsplit(".", 1)[-1]

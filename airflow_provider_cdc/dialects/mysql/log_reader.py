@@ -531,6 +531,7 @@ class MyLogReader:
         self.require_scope = require_scope  # the dialect's capture-scope rule (dialects/base.py)
         self.xa = MyXa(self)
         self._binlog_converters: dict = {}  # per table map (table ids are per binlog session)
+        self._captured: dict[tuple[str, str], str | None] = {}  # per read: _row_events
         self._read_epoch = 0  # positions read carry the offset's epoch
         self._engines: dict[str, bool] = {}  # table -> transactional
         self._rows_mode = "python"
@@ -601,6 +602,7 @@ class MyLogReader:
             return LogBatch([], offset, offset)
         self.check_not_purged(start)
         self._binlog_converters.clear()  # table ids are per binlog session
+        self._captured.clear()
         self._read_epoch = start.epoch  # positions read carry the offset's epoch
         gtids = GtidState.parse(start.gtid) if self.server.flavour.is_mariadb else None  # at ``committed``
         self._engines = {}  # table -> transactional, looked up when a held group rolls back
@@ -843,9 +845,14 @@ class MyLogReader:
                 WatermarkEvent(str(r["after_values"]["value"]), Position(file_index, start_pos, i), ts_ms)
                 for i, r in enumerate(ev.rows)
             ]
-        if not self._capture_table(ev.schema, ev.table):
+        # (schema, table) -> its id when captured, else None: once per table and read, not per event
+        table_id = self._captured.get((ev.schema, ev.table), "")
+        if table_id == "":
+            captured = self._capture_table(ev.schema, ev.table)
+            table_id = TableName(ev.schema, ev.table).id if captured else None
+            self._captured[ev.schema, ev.table] = table_id
+        if table_id is None:
             return []
-        table_id = TableName(ev.schema, ev.table).id
         convs, pk = self._table_converters(ev)
         if not pk:
             if self.tables is not None:
