@@ -98,7 +98,7 @@ def test_a_segment_write_that_fails_in_the_background_leaves_the_offset_and_the_
         monkeypatch.setattr(capture, "_segment_write_pause", None)
         with handle.get_dialect() as d:
             res = stage_changelog(d, data, segment_max_events=10)
-        assert res.events == 30 and len(res.paths) == 3
+        assert res.events == 30 and len(res.segments) == 3
         keys = [e.key for e in read_log_events(changelog_dir(data, handle.source)) if e.table == t.id]
         assert sorted(keys) == sorted(f"[{i}]" for i in range(30))  # each once
     finally:
