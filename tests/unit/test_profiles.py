@@ -155,20 +155,24 @@ def test_every_registered_database_has_a_debezium_type_map_and_source_values():
     assert debezium.CONNECTORS == tuple(c for p in profiles() for c in p.debezium_connectors)
 
 
-def _dialect_probes(root: Path) -> dict[str, list[int]]:
-    """``getattr(<a dialect>, "...")`` outside dialects/: a variable named dialect or d."""
+def _outside_dialects(root: Path, hit) -> dict[str, list[int]]:
+    """Lines of every module outside dialects/ with an AST node ``hit`` says yes to."""
     out = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         if rel.startswith("dialects/"):
             continue
-        tree = ast.parse(path.read_text(), str(path))
-        lines = [n.lineno for n in ast.walk(tree)
-                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
-                 and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id in ("dialect", "d")]
+        lines = [n.lineno for n in ast.walk(ast.parse(path.read_text(), str(path))) if hit(n)]
         if lines:
             out[rel] = lines
     return out
+
+
+def _dialect_probes(root: Path) -> dict[str, list[int]]:
+    """``getattr(<a dialect>, "...")`` outside dialects/: a variable named dialect or d."""
+    return _outside_dialects(root, lambda n: (
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("getattr", "hasattr")
+        and bool(n.args) and isinstance(n.args[0], ast.Name) and n.args[0].id in ("dialect", "d")))
 
 
 def test_no_module_outside_dialects_probes_a_dialect_for_an_attribute(tmp_path):
@@ -182,18 +186,9 @@ def test_no_module_outside_dialects_probes_a_dialect_for_an_attribute(tmp_path):
 
 def _dialect_private_calls(root: Path) -> dict[str, list[int]]:
     """``<a dialect>._member`` outside dialects/: a variable named dialect, d or base."""
-    out = {}
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith("dialects/"):
-            continue
-        tree = ast.parse(path.read_text(), str(path))
-        lines = [n.lineno for n in ast.walk(tree)
-                 if isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
-                 and isinstance(n.value, ast.Name) and n.value.id in ("dialect", "d", "base")]
-        if lines:
-            out[rel] = lines
-    return out
+    return _outside_dialects(root, lambda n: (
+        isinstance(n, ast.Attribute) and n.attr.startswith("_") and not n.attr.startswith("__")
+        and isinstance(n.value, ast.Name) and n.value.id in ("dialect", "d", "base")))
 
 
 def test_no_module_outside_dialects_uses_a_dialects_private_members(tmp_path):
