@@ -15,12 +15,9 @@ from urllib.parse import urlsplit
 from .core.schema import TableName, TableSchema
 from .dialects.base import ConnectionParams
 from .dialects.registry import get_profile
+from .sinks.registry import location_sinks
 
 log = logging.getLogger(__name__)
-
-#: the sinks whose outputs are locations of the storage layer (the postgres sink is a database)
-LOCATION_SINKS = ("events", "mirror")
-
 
 def source_namespace(params: ConnectionParams) -> str:
     profile = get_profile(params.scheme)
@@ -146,7 +143,7 @@ def tables_lineage(
     ``sinks`` as outputs. None without the OpenLineage provider."""
     if not available():
         return None
-    sinks = [s for s in sinks if s in LOCATION_SINKS]
+    sinks = location_sinks(sinks)  # (the postgres sink writes a database, no location)
     inputs, outputs = [], []
     for table in sorted(set(tables), key=lambda t: t.id):
         schema = staged_schema(data_dir, source, table)

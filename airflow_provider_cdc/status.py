@@ -248,9 +248,10 @@ def applied(data_dir: str, source: str) -> dict[str, dict]:
     log and the mirror."""
     from . import storage
     from .sinks.base import marker_path
+    from .sinks.registry import location_sinks
 
     out = {}
-    for sink in ("events", "mirror"):
+    for sink in location_sinks():
         try:
             doc = json.loads(storage.read_text(marker_path(data_dir, source, sink)))
         except (OSError, ValueError):
@@ -341,6 +342,7 @@ def caught_up(data_dir: str, source: str) -> dict | None:
     "log" too, where no watermark is written that one could wait for), or, earlier, the first
     staged change a sink has not applied yet. None before the first capture recorded it."""
     from .sinks.base import read_marker
+    from .sinks.registry import location_sinks
     from .storage.layout import changelog_dir
     from .storage.segment_index import staged_through
     from .storage.staged import list_segments
@@ -349,7 +351,7 @@ def caught_up(data_dir: str, source: str) -> dict | None:
     through = staged_through(changelog)
     if through is None:
         return None
-    marks = [m for m in (read_marker(data_dir, source, s) for s in ("events", "mirror")) if m is not None]
+    marks = [m for m in (read_marker(data_dir, source, s) for s in location_sinks()) if m is not None]
     applied = min(marks) if marks else None
     pending = [first for first, last, _ in list_segments(changelog) if applied is None or last > applied]
     upto = min([through[0], *pending])

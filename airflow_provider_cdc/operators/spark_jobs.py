@@ -838,9 +838,10 @@ class ChangelogApplyOperator(_CdcJobOperator):
     def execute(self, context: Any) -> dict | None:
         from airflow.sdk.exceptions import AirflowSkipException
 
-        from ..lineage import LOCATION_SINKS, available
+        from ..lineage import available
         from ..pipeline.committed import applied_tables, markers
         from ..sinks.base import staged_past_markers
+        from ..sinks.registry import location_sinks
 
         if not staged_past_markers(self.data_dir, self.source, sink_names(self.sinks)):
             # nothing staged past every sink's marker: no job (a spark-submit is seconds of JVM start)
@@ -849,7 +850,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
         before = markers(self.data_dir, self.source, self._asset_kinds())
         if available():  # what this apply covers, for its OpenLineage event
             self._lineage_before = markers(
-                self.data_dir, self.source, [s for s in sink_names(self.sinks) if s in LOCATION_SINKS]
+                self.data_dir, self.source, location_sinks(sink_names(self.sinks))
             )
         summary = super().execute(context)
         stopped = {}

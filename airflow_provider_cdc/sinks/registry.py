@@ -8,7 +8,7 @@ protocol (sinks/base.py), so a new table format is one class and one :func:`regi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigurationError
@@ -35,18 +35,27 @@ class SinkEntry:
     #: a snapshot merge claims a merge epoch on each round table's mirror when one of its
     #: sinks says so (sinks/mirror_fencing.py): the fence every sink of the merge then checks
     claims_fence: bool = False
+    #: its outputs are locations under the data location (the storage layer's: lineage names
+    #: them, status reads how far it applied from its marker there); False: it writes elsewhere
+    #: (a database)
+    in_data_location: bool = False
 
 
 _SINKS: dict[str, SinkEntry] = {}
 
 
 def register(
-    name: str, factory: Callable[[SinkContext], Sink], *, claims_fence: bool = False, replace: bool = False
+    name: str,
+    factory: Callable[[SinkContext], Sink],
+    *,
+    claims_fence: bool = False,
+    in_data_location: bool = False,
+    replace: bool = False,
 ) -> None:
     """Register a sink under ``name`` (refused when taken, unless ``replace``)."""
     if name in _SINKS and not replace:
         raise ConfigurationError(f"a sink named {name!r} is registered already")
-    _SINKS[name] = SinkEntry(factory, claims_fence)
+    _SINKS[name] = SinkEntry(factory, claims_fence, in_data_location)
 
 
 def unregister(name: str) -> None:
@@ -61,6 +70,12 @@ def entry(name: str) -> SinkEntry:
     if name not in _SINKS:
         raise ConfigurationError(f"unknown sink {name!r} in --sinks; known: {', '.join(_SINKS)}")
     return _SINKS[name]
+
+
+def location_sinks(among: Iterable[str] | None = None) -> list[str]:
+    """The sinks (of ``among``, in its order; None: every registered one) whose outputs are
+    under the data location."""
+    return [n for n in (names() if among is None else among) if n in _SINKS and _SINKS[n].in_data_location]
 
 
 def create(name: str, context: SinkContext) -> Sink:
@@ -99,6 +114,6 @@ def _postgres(c: SinkContext) -> Sink:
     )
 
 
-register("events", _events)
-register("mirror", _mirror, claims_fence=True)
+register("events", _events, in_data_location=True)
+register("mirror", _mirror, claims_fence=True, in_data_location=True)
 register("postgres", _postgres)

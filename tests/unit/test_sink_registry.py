@@ -45,3 +45,16 @@ def test_a_registered_sink_is_built_by_name_and_an_unknown_name_is_refused(tmp_p
 def test_the_postgres_sink_without_a_target_is_refused_by_its_factory(tmp_path):
     with pytest.raises(ConfigurationError, match="CDC_POSTGRES_SINK_CONN_ID"):
         build_sinks("events,postgres", data_dir=str(tmp_path), source="s", database=None, require_schema=False)
+
+
+def test_the_sinks_under_the_data_location_are_the_registrys_word_not_a_list_of_names():
+    """Lineage, status and the apply task ask the registry which sinks write under the data
+    location (the postgres sink writes a database): a new location sink is one register()."""
+    assert registry.location_sinks() == ["events", "mirror"]
+    assert registry.location_sinks(["postgres", "mirror", "events", "unknown"]) == ["mirror", "events"]
+    registry.register(Nothing.name, Nothing, in_data_location=True)
+    try:
+        assert registry.location_sinks([Nothing.name, "postgres"]) == [Nothing.name]
+        assert Nothing.name in registry.location_sinks()
+    finally:
+        registry.unregister(Nothing.name)
