@@ -1147,6 +1147,9 @@ class DialectSuite(ABC):
         schema = d.describe_table(t)
         res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=0, chunk_size=3)
         assert res.high_position is not None
+        # a commit flushes the log past the position recorded (another session's WAL inserted
+        # before it may not be flushed yet, and capture reads to the flushed end)
+        ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (%s, %s)", (6, "v6"))
         events = ctx.capture_all(d)
         (hw,) = [e for e in events if isinstance(e, WatermarkEvent) and e.id == res.high_watermark]
         assert hw.position.encode() < res.high_position

@@ -30,10 +30,29 @@ def _connect(uri: str, *, autocommit: bool):
 
 
 @contextlib.contextmanager
-def _replay_paused(standby_uri: str):
-    """WAL replay paused on the standby for the block (resumed whatever happens)."""
+def _replay_paused(standby_uri: str, primary_uri: str | None = None):
+    """WAL replay paused on the standby for the block (resumed whatever happens). With
+    ``primary_uri``: once the standby replayed all the primary wrote so far (a table the test
+    just created is there), waited for as long as a recovery conflict may hold replay
+    (max_standby_streaming_delay, 30 s) and more: the other test session reads there too."""
     standby = _connect(standby_uri, autocommit=True)
     try:
+        if primary_uri is not None:
+            primary = _connect(primary_uri, autocommit=True)
+            try:
+                with primary.cursor() as c:
+                    c.execute("SELECT pg_current_wal_insert_lsn()::text")
+                    target = c.fetchone()[0]
+            finally:
+                primary.close()
+            deadline = time.monotonic() + 120
+            with standby.cursor() as c:
+                while True:
+                    c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
+                    if c.fetchone()[0]:
+                        break
+                    assert time.monotonic() < deadline, f"the standby did not replay up to {target} in 120 s"
+                    time.sleep(0.01)
         standby.cursor().execute("SELECT pg_wal_replay_pause()")
         yield standby
     finally:

@@ -46,7 +46,7 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri))
         d.prepare_watermarks()
         d.load_offset(ctx.data_dir)
-        with _replay_paused(pg_standby_uri):
+        with _replay_paused(pg_standby_uri, ctx.uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
                                  chunk_size=10)
@@ -80,7 +80,9 @@ class TestPostgresDialect(DialectSuite):
 
         def replayed_to_primary() -> None:
             target = ctx.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0]
-            deadline = time.monotonic() + 30
+            # beyond max_standby_streaming_delay (30 s): the other test session's reads on the
+            # standby may hold its replay that long
+            deadline = time.monotonic() + 120
             with standby.cursor() as c:
                 while True:
                     c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
@@ -133,7 +135,7 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy=strategy,
                         max_replica_lag_seconds=1)
         d.prepare_watermarks()
-        with _replay_paused(pg_standby_uri):
+        with _replay_paused(pg_standby_uri, ctx.uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             d.load_offset(ctx.data_dir)  # capture starts after the change
             floor = d.read_floor()
@@ -180,7 +182,7 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t], read_params=ConnectionParams.from_uri(pg_standby_uri), watermark_strategy="log",
                         max_replica_lag_seconds=1)
         d.load_offset(ctx.data_dir)
-        with _replay_paused(pg_standby_uri):
+        with _replay_paused(pg_standby_uri, ctx.uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             converge = marked_position(d.mark("converge"))[0]
             d.read_no_older_than(converge)
