@@ -129,8 +129,35 @@ def stage_changelog(
 
     start_offset = offset
     try:
-        offset = _read_and_stage(dialect, data_dir, directory, offset, max_events, seg_max, stage, writer,
-                                 paths, spans, counts)
+        while True:
+            # one read of the dialect (a PostgreSQL read is one bounded step: ``more`` says there is
+            # more up to the end the run aims at), staged, then committed before the next
+            mark = len(paths)
+            remaining = None if max_events is None else max_events - counts[0]
+            batch = dialect.read_log(
+                offset,
+                max_events=remaining,
+                segment_max_events=seg_max or None,
+                on_segment=stage if seg_max else None,
+            )
+            if batch.events:
+                stage(batch.events)
+            paths.extend(writer.written())  # every segment of the read is durable before its offset moves
+            if len(paths) > mark:
+                first, last = spans[mark][0], spans[-1][1]
+                mine = set(paths[mark:])
+                for f_first, f_last, f_path in list_segments(directory):
+                    # a segment left by a capture that crashed before committing: this read
+                    # re-read the same events (and maybe more), so it supersedes the orphan
+                    if f_path not in mine and f_first >= first and f_last <= last:
+                        storage.delete(f_path)
+            dialect.commit_offset(batch.end_offset, data_dir)
+            through = dialect.offset_position(batch.end_offset)
+            if through is not None:  # position marks up to here are found (watermark strategy "log")
+                record_through(directory, through, int(time.time() * 1000))
+            offset = batch.end_offset
+            if not batch.more or (max_events is not None and counts[0] >= max_events):
+                break
     finally:
         writer.close()
     return CaptureResult(
@@ -147,41 +174,6 @@ def stage_changelog(
 
 #: a test's hook: called on the segment writer's thread before each segment is written
 _segment_write_pause: Callable[[], None] | None = None
-
-
-def _read_and_stage(dialect, data_dir, directory, offset, max_events, seg_max, stage, writer, paths, spans,
-                    counts) -> str:
-    """stage_changelog's reads: each read staged (its segments written, in order), then its
-    offset committed, until the end the run aims at; the offset reached."""
-    while True:
-        # one read of the dialect (a PostgreSQL read is one bounded step: ``more`` says there is
-        # more up to the end the run aims at), staged, then committed before the next
-        mark = len(paths)
-        remaining = None if max_events is None else max_events - counts[0]
-        batch = dialect.read_log(
-            offset,
-            max_events=remaining,
-            segment_max_events=seg_max or None,
-            on_segment=stage if seg_max else None,
-        )
-        if batch.events:
-            stage(batch.events)
-        paths.extend(writer.written())  # every segment of the read is durable before its offset moves
-        if len(paths) > mark:
-            first, last = spans[mark][0], spans[-1][1]
-            mine = set(paths[mark:])
-            for f_first, f_last, f_path in list_segments(directory):
-                # a segment left by a capture that crashed before committing: this read
-                # re-read the same events (and maybe more), so it supersedes the orphan
-                if f_path not in mine and f_first >= first and f_last <= last:
-                    storage.delete(f_path)
-        dialect.commit_offset(batch.end_offset, data_dir)
-        through = dialect.offset_position(batch.end_offset)
-        if through is not None:  # position marks up to here are found (watermark strategy "log")
-            record_through(directory, through, int(time.time() * 1000))
-        offset = batch.end_offset
-        if not batch.more or (max_events is not None and counts[0] >= max_events):
-            return offset
 
 
 #: the share of the source's log retention limit that may be used before capture warns
