@@ -29,6 +29,26 @@ def _connect(uri: str, *, autocommit: bool):
     return c
 
 
+def wait_replayed(standby, primary_uri: str, timeout: float = 120) -> None:
+    """Until ``standby`` (a connection) replayed all the primary wrote so far; ``timeout`` beyond
+    max_standby_streaming_delay (30 s): the other test session's reads there may hold replay."""
+    primary = _connect(primary_uri, autocommit=True)
+    try:
+        with primary.cursor() as c:
+            c.execute("SELECT pg_current_wal_insert_lsn()::text")
+            target = c.fetchone()[0]
+    finally:
+        primary.close()
+    deadline = time.monotonic() + timeout
+    with standby.cursor() as c:
+        while True:
+            c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
+            if c.fetchone()[0]:
+                return
+            assert time.monotonic() < deadline, f"the standby did not replay up to {target} in {timeout:.0f} s"
+            time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def _replay_paused(standby_uri: str, primary_uri: str | None = None):
     """WAL replay paused on the standby for the block (resumed whatever happens). With
@@ -38,21 +58,7 @@ def _replay_paused(standby_uri: str, primary_uri: str | None = None):
     standby = _connect(standby_uri, autocommit=True)
     try:
         if primary_uri is not None:
-            primary = _connect(primary_uri, autocommit=True)
-            try:
-                with primary.cursor() as c:
-                    c.execute("SELECT pg_current_wal_insert_lsn()::text")
-                    target = c.fetchone()[0]
-            finally:
-                primary.close()
-            deadline = time.monotonic() + 120
-            with standby.cursor() as c:
-                while True:
-                    c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
-                    if c.fetchone()[0]:
-                        break
-                    assert time.monotonic() < deadline, f"the standby did not replay up to {target} in 120 s"
-                    time.sleep(0.01)
+            wait_replayed(standby, primary_uri)
         standby.cursor().execute("SELECT pg_wal_replay_pause()")
         yield standby
     finally:

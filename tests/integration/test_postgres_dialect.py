@@ -26,7 +26,7 @@ from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
 from airflow_provider_cdc.storage.staged import read_chunk_rows
 
 from .dialect_suite import DialectSuite, ParityCase, table_events
-from .helpers import _connect, _replay_paused
+from .helpers import _connect, _replay_paused, wait_replayed
 
 
 class TestPostgresDialect(DialectSuite):
@@ -79,17 +79,7 @@ class TestPostgresDialect(DialectSuite):
         standby = _connect(pg_standby_uri, autocommit=True)
 
         def replayed_to_primary() -> None:
-            target = ctx.execute("SELECT pg_current_wal_insert_lsn()::text")[0][0]
-            # beyond max_standby_streaming_delay (30 s): the other test session's reads on the
-            # standby may hold its replay that long
-            deadline = time.monotonic() + 120
-            with standby.cursor() as c:
-                while True:
-                    c.execute("SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (target,))
-                    if c.fetchone()[0]:
-                        return
-                    assert time.monotonic() < deadline, "the standby did not replay"
-                    time.sleep(0.01)
+            wait_replayed(standby, ctx.uri)
 
         def resume() -> None:
             standby.cursor().execute("SELECT pg_wal_replay_resume()")
