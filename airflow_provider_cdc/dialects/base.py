@@ -51,7 +51,7 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 _SIZED = frozenset({bytes, str, bytearray, memoryview})
 
 
-#: verify's digest forms (pipeline/verify.py): the text each logical type's value becomes, the
+#: verify's digest forms (pipeline/verify/digests.py): the text each logical type's value becomes, the
 #: same in the source's SQL (the dialects) and over the mirror's typed Arrow columns (duckdb):
 #:
 #: - int16/32/64, uint64: the integer in decimal; bool: ``t`` / ``f``
@@ -496,7 +496,7 @@ class Dialect(ABC):
     def write_watermark(self, watermark_id: str) -> None:
         """UPDATE the one watermark row to ``watermark_id`` in its own committed transaction."""
 
-    # --- verify's range digests (pipeline/verify.py) ------------------------------------
+    # --- verify's range digests (pipeline/verify/digests.py) ------------------------------------
     def digest_problems(self, schema: TableSchema) -> list[str]:
         """Why the source cannot compute verify's digests of ``schema`` (a column whose type has
         no digest form here, named with its type; a server setting), one reason each; empty:
