@@ -154,10 +154,10 @@ def test_status_prints_each_tables_progress(unique_name, entry):
     from airflow.models.variable import Variable
 
     from airflow_provider_cdc import airflow_variables
-    from airflow_provider_cdc.cli import snapshot_dag_paused
     from airflow_provider_cdc.core.chunk import ChunkResult
     from airflow_provider_cdc.core.progress import SnapshotProgress
     from airflow_provider_cdc.core.ranges import ChunkRange
+    from airflow_provider_cdc.status import snapshot_dag_paused
 
     source = f"cdc_cli_{unique_name}"
     ranges = [ChunkRange(None, (500,)), ChunkRange((500,), None)]

@@ -160,8 +160,9 @@ def test_a_failing_capture_is_recorded_where_status_and_the_page_look_first(vari
     import argparse
 
     from airflow_provider_cdc import cli
+    from airflow_provider_cdc.cli import status_cmd
 
-    monkeypatch.setattr(cli, "_data_dir_of", lambda _s: str(tmp_path))
+    monkeypatch.setattr(status_cmd, "_data_dir_of", lambda _s: str(tmp_path))
     monkeypatch.setattr(  # the metadata database's listing, of the test's Variables
         airflow_variables,
         "stored_values",

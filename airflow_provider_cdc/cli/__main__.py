@@ -1,0 +1,7 @@
+"""``python -m airflow_provider_cdc.cli``: the ``airflow-cdc`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
