@@ -27,14 +27,12 @@ from ..storage.layout import mirror_dir
 from . import deletion_vectors as dvs
 from . import key_index
 from .base import read_marker
+from .bucket_fold import fold_bucket
 from .delta_buckets import (
     MirrorVersion,
     any_dropped,
     change_version,
-    children_of,
     crc_of,
-    discard,
-    drop_rows,
     level_of,
     node_id,
     node_of,
@@ -82,73 +80,6 @@ CHANGE_FILES = 12
 #: a bucket of at most this many rows whose base holds tombstones the horizon lets go is
 #: rewritten without them (reading its key columns each round is cheap)
 SMALL_BUCKET_ROWS = 100_000
-
-
-def _write_split(v: MirrorVersion, bucket: int, rows: pa.Table, unit: int | None) -> list:
-    """``rows`` (resolved) as base files of ``bucket``, or of its descendants when more than
-    ``unit`` rows (the bucket splits; only a bucketed table can)."""
-    if unit is None or not v.bucketed or rows.num_rows <= unit:
-        return [write_bucket_file(v.table_uri, bucket, rows, bucketed=v.bucketed)] if rows.num_rows else []
-    level = level_of(bucket, v.buckets)
-    crc = crc_of(rows[KEY_COLUMN])
-    child = node_of(crc, v.buckets * 2 ** (level + 1)) + node_id(level + 1, 0, v.buckets)
-    adds = []
-    for c in children_of(bucket, v.buckets):
-        adds += _write_split(v, c, rows.filter(pa.array(child == c)), unit)
-    return adds
-
-
-def rewrite_buckets(
-    v: MirrorVersion,
-    transform: Callable[[int, pa.Table], pa.Table | None],
-    buckets: Iterable[int] | None = None,
-    *,
-    unit: int | None = -1,
-) -> tuple[list, list[str]]:
-    """Run ``transform(bucket, rows)`` over the buckets of ``v`` (all, or ``buckets``): it
-    gets the bucket's stored row versions and returns its new resolved rows (None:
-    unchanged). A bucket it changes, or of several files, is written as one base file (or
-    split, past ``unit`` rows). Returns the AddActions and the paths they replace, for
-    :func:`delta_buckets.commit`."""
-    unit = bucket_unit(v) if unit == -1 else unit
-    adds: list = []
-    removed: list[str] = []
-    try:
-        for b in sorted(v.files if buckets is None else set(buckets)):
-            paths = v.files.get(b, ())
-            rows = read_bucket(v.table_uri, paths, v.schema)
-            out = transform(b, rows)
-            if out is None and len(paths) <= 1 and (unit is None or rows.num_rows <= unit):
-                continue
-            if out is None:  # several files (change files, or a table written before buckets): one again
-                out = resolve(rows)
-            # an emptied bucket has no file (DataFusion cannot read an empty one on S3)
-            adds += _write_split(v, b, out, unit)
-            removed.extend(paths)
-    except BaseException:
-        discard(v.table_uri, adds)
-        raise
-    return adds, removed
-
-
-def _commit_rewrite(
-    path: str,
-    read: Callable[[], MirrorVersion],
-    transform,
-    *,
-    buckets=None,
-    operation: str,
-    unit: int | None = -1,
-) -> MirrorVersion:
-    """Read, rewrite the buckets (:func:`rewrite_buckets`), commit, with retries."""
-
-    def build(adds: list):
-        v = read()
-        new, removed = rewrite_buckets(v, transform, buckets(v) if callable(buckets) else buckets, unit=unit)
-        adds.extend(new)
-        return v, removed, v
-
-    return _commit_with_retries(path, build, operation=operation)
 
 
 def _spread(path: str, budget_rows: int | None = None) -> int:
@@ -348,19 +279,21 @@ def compact_buckets(
             target = _raise_horizon(path, newest)
     removed = [0]
 
-    def read() -> MirrorVersion:
+    def build(adds: list):
+        # each bucket folded a key range at a time (sinks/bucket_fold.py): memory follows the
+        # slice, not the bucket
+        v_ = read_version(_delta(path), path)
+        replaced: list[str] = []
         removed[0] = 0
-        return read_version(_delta(path), path)
+        unit = bucket_unit(v_)
+        for b in sorted(b for b in picks if v_.files.get(b)):
+            new, dropped = fold_bucket(v_, b, tombstones_upto=target, unit=unit)
+            adds.extend(new)
+            replaced.extend(v_.files[b])
+            removed[0] += dropped
+        return v_, replaced, v_
 
-    def transform(_b: int, current: pa.Table) -> pa.Table | None:
-        rows = resolve(current)
-        out_ = drop_rows(rows, tombstones_upto=target) if target is not None else None
-        removed[0] += 0 if out_ is None else rows.num_rows - out_.num_rows
-        return rows if out_ is None else out_
-
-    _commit_rewrite(
-        path, read, transform, buckets=lambda v_: [b for b in picks if v_.files.get(b)], operation="compact"
-    )
+    _commit_with_retries(path, build, operation="compact")
     out.update(buckets=len(picks), tombstones=removed[0])
     log.info(
         "mirror %s: %d bucket(s) compacted, %d tombstone(s) removed, %d split",

@@ -21,8 +21,8 @@ from airflow_provider_cdc import storage
 from airflow_provider_cdc.core import arrow_types
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema, encode_key, encode_row
+from airflow_provider_cdc.sinks import bucket_fold, key_index, mirror_compaction, mirror_readers, mirror_table
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import key_index, mirror_compaction, mirror_readers, mirror_table
 from airflow_provider_cdc.sinks.base import EVENT_SCHEMA
 from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
 from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
@@ -154,6 +154,60 @@ def test_compaction_splits_a_bucket_past_the_unit_and_writes_follow_the_split(da
     check_layout(version(data_dir))
     expect = {i: (f"w{i}" if i % 3 == 0 else f"v{i}") for i in range(400) if i != 7}
     assert all(r == expect for r in every_reader(data_dir))
+
+
+def _layout(data_dir: str) -> dict[int, list[tuple[int, list]]]:
+    """Per bucket with files: each file's rows and keys, in file order."""
+    v = version(data_dir)
+    return {
+        b: sorted((v.info[p].rows, db.read_bucket(v.table_uri, [p], v.schema)[arrow_types.KEY_COLUMN].to_pylist())
+                  for p in paths)
+        for b, paths in v.files.items() if paths
+    }
+
+
+def test_compaction_folds_a_bucket_a_key_range_at_a_time(data_dir, monkeypatch):
+    """Compaction holds a slice of a bucket's rows, not the bucket (sinks/bucket_fold.py): folded
+    in slices of 10 kept rows, buckets that split past the unit and drop tombstones end as the
+    fold in one slice leaves them (same files, rows and key order), and no read holds more than
+    the versions of a slice's keys."""
+    write(data_dir, [ev(1 + i, "c", i, f"v{i}") for i in range(4000)])
+    write(data_dir, [ev(10_000 + i, "u", i, f"w{i}") for i in range(0, 4000, 2)])
+    write(data_dir, [ev(20_000 + i, "d", i) for i in range(0, 4000, 5)])
+    set_unit(data_dir, 300)
+    whole = tempfile.mkdtemp(dir=Path(data_dir).parent)
+    shutil.copytree(data_dir, whole, dirs_exist_ok=True)
+    reads: list[int] = []
+    real = bucket_fold.read_range
+
+    def spy(*args, **kwargs):
+        t = real(*args, **kwargs)
+        reads.append(t.num_rows)
+        return t
+
+    monkeypatch.setattr(bucket_fold, "read_range", spy)
+    upto = Position(30_000).encode()
+    monkeypatch.setattr(bucket_fold, "FOLD_SLICE_ROWS", 10**9)
+    one = mirror_compaction.compact_buckets(mirror_dir(whole, SOURCE, T), tombstones_upto=upto,
+                                            budget_rows=None, everything=True)
+    whole_reads, reads[:] = list(reads), []
+    monkeypatch.setattr(bucket_fold, "FOLD_SLICE_ROWS", 10)
+    sliced = mirror_compaction.compact_buckets(mirror_dir(data_dir, SOURCE, T), tombstones_upto=upto,
+                                               budget_rows=None, everything=True)
+    assert sliced == one and sliced["tombstones"] == 800
+    expect = {i: (f"w{i}" if i % 2 == 0 else f"v{i}") for i in range(4000) if i % 5}
+    assert live(data_dir) == expect == live(whole)
+    assert mirror_readers.read_mirror_files(data_dir, SOURCE, T).num_rows == len(expect)
+    v = version(data_dir)
+    check_layout(v)
+    assert v.inner, "no bucket split past the unit of 300 rows"
+    assert _layout(data_dir) == _layout(whole)
+    for _b, files in _layout(data_dir).items():
+        assert all(keys == sorted(keys) for _n, keys in files)
+    # a slice: the versions of 10 kept keys and of the deleted keys between them; the bucket
+    # whole: hundreds of keys
+    assert 3 * max(reads) < max(whole_reads), (max(reads), max(whole_reads))
+    assert len(reads) > 2 * len(whole_reads)
 
 
 def test_a_bucket_past_twice_the_unit_is_read_a_part_at_a_time(data_dir, monkeypatch):
