@@ -20,6 +20,7 @@ Targets (met / MISSED): the largest transaction's peak within 250 MB of the smal
     python -m bench capture_memory                                  # the issue's sizes (long)
     python -m bench capture_memory --rows 20000,200000 --value-mb 16 --dialects mysql
     python -m bench capture_memory --no-values                      # transactions only
+    python -m bench capture_memory --whole-round                    # a whole round's process (bench_round_memory)
 """
 
 # ruff: noqa: S608 - SQL for generated table names, quoted; values bound
@@ -72,8 +73,19 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dialects", default="postgres,mysql", help="comma list of postgres, mysql")
     ap.add_argument("--pg-uri", default=os.environ.get("CDC_TEST_PG_URI", DEFAULT_PG))
     ap.add_argument("--mysql-uri", default=os.environ.get("CDC_TEST_MYSQL_URI", DEFAULT_MY))
-    ap.add_argument("--rows", default="100000,1000000,5000000",
-                    help="rows updated by the one transaction, one capture per size (comma list)")
+    ap.add_argument("--rows", default=None,
+                    help="rows updated by the one transaction, one capture per size (comma list; default "
+                         "100000,1000000,5000000, with --whole-round 500000,3000000)")
+    ap.add_argument("--whole-round", action="store_true",
+                    help="measure a whole `airflow dags test cdc_changelog` process per transaction instead "
+                         "(bench/bench_round_memory.py)")
+    ap.add_argument("--schedule", default=None,
+                    help="with --whole-round: CDC_CHANGELOG_SCHEDULE of the runs (default none: the task DAG; "
+                         "@continuous: the one-task round)")
+    ap.add_argument("--keep", action="store_true", help="with --whole-round: keep the work folder (logs)")
+    ap.add_argument("--no-snapshot", action="store_true",
+                    help="with --whole-round: no snapshot first (the rounds write the event log only: the "
+                         "mirror takes changes once its table is snapshotted)")
     ap.add_argument("--value-mb", type=float, default=64.0, help="size of each large value, MB")
     ap.add_argument("--value-rows", type=int, default=2, help="rows holding one large value each")
     ap.add_argument("--no-values", action="store_true", help="skip the large-value probes")
@@ -85,6 +97,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for d in a.dialects:
         if d not in ("postgres", "mysql"):
             ap.error(f"unknown dialect {d!r}; known: postgres, mysql")
+    if a.rows is None:
+        from bench.bench_round_memory import DEFAULT_ROWS
+
+        a.rows = DEFAULT_ROWS if a.whole_round else "100000,1000000,5000000"
     a.rows = sorted({int(x) for x in a.rows.split(",") if x.strip()})
     if any(n <= 0 for n in a.rows):
         ap.error("--rows: sizes must be > 0")
@@ -376,6 +392,8 @@ def render(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parse(argv)
+    if a.whole_round:
+        return _whole_round(a)
     results: list[dict[str, Any]] = []
     failed = False
     for kind in a.dialects:
@@ -397,6 +415,24 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
         results.append(res)
     print(render(results), flush=True)
+    print("RESULT " + json.dumps(results, default=str))
+    return 1 if failed else 0
+
+
+def _whole_round(a: argparse.Namespace) -> int:
+    from bench import bench_round_memory
+
+    results, failed = [], False
+    for kind in a.dialects:
+        try:
+            results.append(bench_round_memory.bench_rounds(kind, a.pg_uri if kind == "postgres" else a.mysql_uri, a))
+        except Exception as exc:  # noqa: BLE001 - report the other database too
+            import traceback
+
+            traceback.print_exc()
+            results.append({"kind": kind, "error": repr(exc)})
+            failed = True
+    print(bench_round_memory.render(results), flush=True)
     print("RESULT " + json.dumps(results, default=str))
     return 1 if failed else 0
 
