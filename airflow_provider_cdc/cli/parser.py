@@ -13,6 +13,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
+    _add_status(sub)
+    _add_verify(sub)
+    _add_table_commands(sub)
+    _add_admin_commands(sub)
+    return p
+
+
+def _add_status(sub) -> None:
     st = sub.add_parser(
         "status",
         help="progress of each table's snapshot and each source's capture lag (from the Airflow Variables)",
@@ -37,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         "log and the mirror, 1 when not yet",
     )
 
+
+def _add_verify(sub) -> None:
     v = sub.add_parser("verify", help="compare the mirror with the source by chunked checksums")
     v.add_argument(
         "--conn-id",
@@ -72,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the snapshot DAG --repair triggers (default cdc_snapshot; a source of the sources config: "
         "cdc_snapshot__<source>)",
     )
+
+
+def _add_table_commands(sub) -> None:
+    """resync, export-debezium and mirror-version."""
     r = sub.add_parser(
         "resync",
         help="after a failover capture could not follow (SourceChangedError): record the "
@@ -137,6 +151,10 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument(
         "--force", action="store_true", help="replace --out when it exists (default: refuse, write nothing)"
     )
+    _add_mirror_version(sub)
+
+
+def _add_mirror_version(sub) -> None:
     mv = sub.add_parser(
         "mirror-version",
         help="the mirror's Delta version that equals the source's table at a source position "
@@ -155,8 +173,6 @@ def _parser() -> argparse.ArgumentParser:
         "a source of the sources config brings its data location and storage",
     )
     mv.add_argument("--data-dir", default=None, help="the pipeline's data dir (default $CDC_DATA_DIR)")
-    _add_admin_commands(sub)
-    return p
 
 
 def _add_admin_commands(sub) -> None:

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 # --- status -------------------------------------------------------------------------------
@@ -172,10 +173,127 @@ def _caught_up_of(source: str, data_dir: str | None, live: bool, now) -> dict[st
     return c
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from .. import settings
-    from ..airflow_variables import load_lags
+@dataclass
+class _Report:
+    """What ``status`` found: each table's snapshot, each source's capture, gaps and runs."""
 
+    items: list
+    summaries: dict = field(default_factory=dict)
+    data_dirs: dict = field(default_factory=dict)
+    lags: dict = field(default_factory=dict)
+    failed_runs: dict = field(default_factory=dict)
+    sources: list = field(default_factory=list)
+    caught: dict = field(default_factory=dict)
+    holders: dict = field(default_factory=dict)
+    gaps: dict = field(default_factory=dict)
+
+
+def _summarise(report: _Report, dag_paused: bool) -> None:
+    """Each table's progress summary, the capture scope's refusal shown instead of its data."""
+    from ..status import _table_refusal, known_source, source_scope
+
+    scopes: dict = {}
+    for s, t, p in report.items:
+        if s not in report.data_dirs:
+            report.data_dirs[s] = _data_dir_of(s)
+            try:
+                known = known_source(s)
+            except Exception:  # noqa: BLE001 - a sources config that cannot be read: no scope known here
+                known = None
+            scopes[s] = source_scope(known) if known is not None else None
+        refused = _table_refusal(scopes[s], t) if scopes[s] is not None else None
+        summary = progress_summary(t, p, data_dir=None if refused else report.data_dirs[s])
+        if refused:  # the one scope check: shown, nothing of the table read
+            summary["refused"] = refused
+        summary["dag_paused"] = dag_paused and summary["status"] == "running"
+        report.summaries[(s, t)] = summary
+
+
+def _gather(args: argparse.Namespace) -> _Report:
+    from .. import settings
+    from ..airflow_variables import load_lags, load_run_failures
+    from ..status import _checked_numbers, open_gaps_of
+
+    r = _Report(list_progress(args.source))
+    r.failed_runs = load_run_failures(args.source)
+    # read back from Variables: a reading of the wrong type is said as such (I15)
+    r.lags = {
+        s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
+        for s, lag in load_lags(args.source).items()
+    }
+    _summarise(r, bool(r.items) and snapshot_dag_paused())
+    now = settings.load() if args.live else None
+    r.sources = sorted(
+        {s for s, _t, _p in r.items}
+        | set(r.lags)
+        | set(r.failed_runs)
+        | ({args.source} if args.source else set())
+    )
+    for s in r.sources:
+        if s not in r.data_dirs:
+            r.data_dirs[s] = _data_dir_of(s)
+        r.caught[s] = _caught_up_of(s, r.data_dirs[s], args.live, now)
+    # --live: what the server holds for sources no capture has run for (a snapshot's slot)
+    if args.live:  # also the deployment's sources nothing is recorded for yet
+        asked = sorted(set(r.sources) | ({args.source} if args.source else set(known_sources(now))))
+        r.holders = _live_holders(asked, r.lags, now)
+    r.gaps = {s: open_gaps_of(s, r.data_dirs.get(s)) for s in r.sources}  # read once per source
+    return r
+
+
+def _print_json(r: _Report) -> None:
+    def capture(s: str) -> dict:
+        return {
+            "source_lag": r.lags.get(s),
+            "source_caught_up": r.caught.get(s),
+            "source_gaps": r.gaps.get(s, []),
+            "source_log_holder": r.holders.get(s),
+            "source_failed_run": r.failed_runs.get(s),
+        }
+
+    tables = [
+        {"source": s, "table": t, **r.summaries[(s, t)], "progress": p, **capture(s)} for s, t, p in r.items
+    ]
+    with_tables = {src for src, _t, _p in r.items}
+    # a source with no snapshot recorded: its capture and gaps still (table null)
+    bare = [
+        {"source": s, "table": None, "status": None, **capture(s)} for s in r.sources if s not in with_tables
+    ]
+    print(json.dumps(tables + bare, indent=2, sort_keys=True))
+
+
+def _print_text(r: _Report, args: argparse.Namespace) -> None:
+    if not r.items:
+        print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
+    width = max([len(f"{s}:{t}") for s, t, _ in r.items] + [len(s) for s in [*r.sources, *r.holders]] + [1])
+    for s, t, _p in r.items:
+        print(f"{f'{s}:{t}':<{width}}  {describe_progress(r.summaries[(s, t)])}")
+    for s, lag in r.lags.items():
+        print(
+            f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}"
+        )
+    for s, held in r.holders.items():
+        print(f"{s:<{width}}  {held}")
+    for s, run in r.failed_runs.items():
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(run.get("at") or 0))) + "Z"
+        print(
+            f"{s:<{width}}  SNAPSHOT RUN FAILED {run.get('run_id')} at {when} before planning: "
+            f"{run.get('error')} (fix it, then start the snapshot again)"
+        )
+    for s in r.sources:
+        if r.caught[s] is not None:
+            print(f"{s:<{width}}  {describe_caught_up(r.caught[s])}")
+    for s in r.sources:
+        for gap in r.gaps[s]:
+            todo = sorted(set(gap.get("tables", [])) - set(gap.get("verified", {})))
+            print(
+                f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and "
+                f"{gap.get('to')} may be "
+                f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}"
+            )
+
+
+def cmd_status(args: argparse.Namespace) -> int:
     if args.source:  # a typo must not read as "nothing recorded" with exit 0
         why = unknown_source_error(args.source, known_sources())
         if why is not None:
@@ -183,117 +301,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             return EXIT_ERROR
     if args.caught_up_to is not None:
         return _status_caught_up_to(args)
-    from ..status import _checked_numbers, _table_refusal, known_source, source_scope
-
-    items = list_progress(args.source)
-    from ..airflow_variables import load_run_failures
-
-    failed_runs = load_run_failures(args.source)
-    # read back from Variables: a reading of the wrong type is said as such (I15)
-    lags = {
-        s: _checked_numbers(lag, ("bytes", "seconds", "at"), "capture lag reading")
-        for s, lag in load_lags(args.source).items()
-    }
-    dag_paused = bool(items) and snapshot_dag_paused()
-    summaries, data_dirs, scopes = {}, {}, {}
-    for s, t, p in items:
-        if s not in data_dirs:
-            data_dirs[s] = _data_dir_of(s)
-            try:
-                known = known_source(s)
-            except Exception:  # noqa: BLE001 - a sources config that cannot be read: no scope known here
-                known = None
-            scopes[s] = source_scope(known) if known is not None else None
-        refused = _table_refusal(scopes[s], t) if scopes[s] is not None else None
-        summary = progress_summary(t, p, data_dir=None if refused else data_dirs[s])
-        if refused:  # the one scope check: shown, nothing of the table read
-            summary["refused"] = refused
-        summary["dag_paused"] = dag_paused and summary["status"] == "running"
-        summaries[(s, t)] = summary
-    now = settings.load() if args.live else None
-    sources = sorted(
-        {s for s, _t, _p in items} | set(lags) | set(failed_runs) | ({args.source} if args.source else set())
-    )
-    caught = {}
-    for s in sources:
-        if s not in data_dirs:
-            data_dirs[s] = _data_dir_of(s)
-        caught[s] = _caught_up_of(s, data_dirs[s], args.live, now)
-    # --live: what the server holds for sources no capture has run for (a snapshot's slot)
-    holders = {}
-    if args.live:  # also the deployment's sources nothing is recorded for yet
-        asked = sorted(set(sources) | ({args.source} if args.source else set(known_sources(now))))
-        holders = _live_holders(asked, lags, now)
-    from ..status import open_gaps_of
-
-    gaps = {s: open_gaps_of(s, data_dirs.get(s)) for s in sources}  # read once per source
-    unhealthy = _unhealthy(lags, summaries, gaps)
-    unhealthy += [f"a snapshot run of {s} failed" for s in failed_runs]
+    r = _gather(args)
+    unhealthy = _unhealthy(r.lags, r.summaries, r.gaps)
+    unhealthy += [f"a snapshot run of {s} failed" for s in r.failed_runs]
     code = EXIT_MISMATCH if unhealthy else EXIT_OK
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "source": s,
-                        "table": t,
-                        **summaries[(s, t)],
-                        "progress": p,
-                        "source_lag": lags.get(s),
-                        "source_caught_up": caught.get(s),
-                        "source_gaps": gaps.get(s, []),
-                        "source_log_holder": holders.get(s),
-                        "source_failed_run": failed_runs.get(s),
-                    }
-                    for s, t, p in items
-                ]
-                + [  # a source with no snapshot recorded: its capture and gaps still (table null)
-                    {
-                        "source": s,
-                        "table": None,
-                        "status": None,
-                        "source_lag": lags.get(s),
-                        "source_caught_up": caught.get(s),
-                        "source_gaps": gaps.get(s, []),
-                        "source_log_holder": holders.get(s),
-                        "source_failed_run": failed_runs.get(s),
-                    }
-                    for s in sources
-                    if s not in {src for src, _t, _p in items}
-                ],
-                indent=2,
-                sort_keys=True,
-            )
-        )
+        _print_json(r)
         return code
-    if not items:
-        print("no snapshots recorded" + (f" for source {args.source!r}" if args.source else ""))
-    width = max([len(f"{s}:{t}") for s, t, _ in items] + [len(s) for s in [*sources, *holders]] + [1])
-    for s, t, _p in items:
-        print(f"{f'{s}:{t}':<{width}}  {describe_progress(summaries[(s, t)])}")
-    for s, lag in lags.items():
-        print(
-            f"{s:<{width}}  {'MALFORMED: ' + lag['malformed'] if lag.get('malformed') else describe_lag(lag)}"
-        )
-    for s, held in holders.items():
-        print(f"{s:<{width}}  {held}")
-    for s, run in failed_runs.items():
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(run.get("at") or 0))) + "Z"
-        print(
-            f"{s:<{width}}  SNAPSHOT RUN FAILED {run.get('run_id')} at {when} before planning: "
-            f"{run.get('error')} (fix it, then start the snapshot again)"
-        )
-    for s in sources:
-        if caught[s] is not None:
-            print(f"{s:<{width}}  {describe_caught_up(caught[s])}")
-    for s in sources:
-        for gap in gaps[s]:
-            todo = sorted(set(gap.get("tables", [])) - set(gap.get("verified", {})))
-            print(
-                f"{s:<{width}}  gap ({gap['state']}): changes between {gap.get('from')} and "
-                f"{gap.get('to')} may be "
-                f"missing (a failover); verify --repair: {', '.join(todo) or 'after the next capture'}"
-            )
+    _print_text(r, args)
     if unhealthy:
         print(f"NOT HEALTHY (exit {code}): {'; '.join(unhealthy)}")
     return code

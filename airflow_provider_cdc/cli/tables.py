@@ -43,16 +43,17 @@ def cmd_resync(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
-    from .. import settings
-    from ..pipeline.verify import check_event_log, verify_table
+def _verify_settings(args: argparse.Namespace):
+    """The settings a verify runs with (a source of the sources config brings its own), the
+    arguments' defaults filled from them; None after saying why it cannot run."""
+    from .. import settings, storage
 
     try:
         now = settings.load()  # the same defaults as the DAGs' tasks
         entry = _config_source(args.source, now) if args.source else _config_source_of_conn(args.conn_id, now)
     except Exception as exc:  # noqa: BLE001 - a ConfigurationError naming the variable or config entry
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return None
     if entry is not None:  # a source of the sources config: its connection, data location, storage
         now = entry.settings
         args.snapshot_dag = args.snapshot_dag or f"cdc_snapshot__{entry.name}"
@@ -65,10 +66,56 @@ def cmd_verify(args: argparse.Namespace) -> int:
     args.source = args.source or now.explicit_source
     if args.chunk_rows < 1:
         print(f"error: --chunk-rows must be >= 1, got {args.chunk_rows}", file=sys.stderr)
-        return EXIT_ERROR
-    from .. import storage
-
+        return None
     storage.check_location(args.data_dir, "--data-dir")
+    return now
+
+
+def _print_verify(args, table: TableName, source: str, res, events, repair, triggered) -> None:
+    if args.json:
+        out: dict[str, Any] = res.to_dict()
+        if events is not None:
+            out["events"] = {
+                "events": events.events,
+                "keys": events.keys,
+                "duplicates": events.duplicates,
+                "violations": events.violation_count,
+                "examples": events.violations,
+            }
+        out["ok"] = res.ok and (events is None or events.ok)
+        out["repair_run"] = triggered
+        print(json.dumps(out, indent=2))
+        return
+    print(
+        f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
+        f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows"
+    )
+    if not res.ok:
+        print(
+            f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, "
+            f"different: {res.different}"
+        )
+        for m in res.examples:
+            print(f"  {m.describe()}")
+    if events is not None:
+        print(events.summary())
+        for v in events.violations:
+            print(f"  {v}")
+    print(res.summary())
+    if repair is not None:
+        dag = args.snapshot_dag or "cdc_snapshot"
+        if triggered:
+            print(f"repair: triggered {dag} run {triggered} with conf {json.dumps(repair)}")
+        else:
+            print(f"to repair: airflow dags trigger {dag} -c '{json.dumps(repair)}' (or verify --repair)")
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..pipeline.verify import check_event_log, verify_table
+
+    now = _verify_settings(args)
+    if now is None:
+        return EXIT_ERROR
     table = TableName.parse(args.table)
     source = args.source or args.conn_id
     with open_dialect(args.conn_id, source, now) as dialect:
@@ -89,8 +136,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             for gap in verified_after_gap(dialect, args.data_dir, table.id):
                 print(
                     f"gap {gap['from']} .. {gap['to']} of source {source!r} closed: every captured "
-                    "table verified "
-                    "equal to the source since",
+                    "table verified equal to the source since",
                     file=sys.stderr,
                 )
     events = check_event_log(args.data_dir, source, table, primary_key=pk) if args.events else None
@@ -106,42 +152,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             print(f"error: cannot trigger the repair snapshot: {exc}", file=sys.stderr)
             return EXIT_ERROR
     _record_verify(source, table.id, res, events, failed, triggered)
-    if args.json:
-        out: dict[str, Any] = res.to_dict()
-        if events is not None:
-            out["events"] = {
-                "events": events.events,
-                "keys": events.keys,
-                "duplicates": events.duplicates,
-                "violations": events.violation_count,
-                "examples": events.violations,
-            }
-        out["ok"] = not failed
-        out["repair_run"] = triggered
-        print(json.dumps(out, indent=2))
-    else:
-        print(
-            f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
-            f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows"
-        )
-        if not res.ok:
-            print(
-                f"  missing from the mirror: {res.missing}, extra in the mirror: {res.extra}, "
-                f"different: {res.different}"
-            )
-            for m in res.examples:
-                print(f"  {m.describe()}")
-        if events is not None:
-            print(events.summary())
-            for v in events.violations:
-                print(f"  {v}")
-        print(res.summary())
-        if repair is not None:
-            dag = args.snapshot_dag or "cdc_snapshot"
-            if triggered:
-                print(f"repair: triggered {dag} run {triggered} with conf {json.dumps(repair)}")
-            else:
-                print(f"to repair: airflow dags trigger {dag} -c '{json.dumps(repair)}' (or verify --repair)")
+    _print_verify(args, table, source, res, events, repair, triggered)
     return EXIT_MISMATCH if failed else EXIT_OK
 
 
