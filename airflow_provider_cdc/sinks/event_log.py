@@ -311,13 +311,17 @@ def compact_table(
     merged = 0
     for names in runs:
         tables = [read_table(storage.join(folder, n)) for n in names]
-        t = pa.concat_tables(tables)
-        order = pc.sort_indices(
-            pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
-            sort_keys=[("p", "ascending"), ("k", "ascending")],
-        )
-        t = t.take(order).replace_schema_metadata(tables[0].schema.metadata)
+        t = pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
+        del tables
         spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
+        if any(a[1] >= b[0] for a, b in zip(spans, spans[1:], strict=False)):
+            # ranges that overlap (a segment read again after a failover): sorted again; else each
+            # file is sorted and the run in order already, and sorting would copy every event
+            order = pc.sort_indices(
+                pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
+                sort_keys=[("p", "ascending"), ("k", "ascending")],
+            )
+            t = t.take(order)
         first, last = min(r[0] for r in spans), max(r[1] for r in spans)
         out = f"c-{first}-{last}.parquet"
         try:
