@@ -20,6 +20,7 @@ from airflow.sdk import DAG, task
 from . import settings
 from .assets import EVENTS, LOG_SCHEDULE, MIRROR, log_asset, table_alias
 from .operators.capture import ChangelogCaptureOperator
+from .operators.changelog_apply import ChangelogApplyOperator
 from .operators.changelog_round import ChangelogRoundOperator
 from .operators.snapshot import (
     SnapshotChunkOperator,
@@ -27,11 +28,7 @@ from .operators.snapshot import (
     SnapshotPlanOperator,
     record_snapshot_failure,
 )
-from .operators.spark_jobs import (
-    ChangelogApplyOperator,
-    SnapshotMergeOperator,
-    SnapshotMergeWhileReadingOperator,
-)
+from .operators.snapshot_merge import SnapshotMergeOperator, SnapshotMergeWhileReadingOperator
 from .sensors.high_watermark import HighWatermarkSensor
 
 SNAPSHOT_DOC = """cdc_snapshot: DBLog watermark snapshot of source tables, one bounded job per DAG run.
@@ -427,7 +424,7 @@ def changelog_dag(
             """Fail the run when the apply left tables whose mirror waits for a re-snapshot (a
             schema change it cannot follow), naming them and what to do. A task of its own so
             the apply succeeds and Airflow records the Asset events of the tables it applied."""
-            from airflow_provider_cdc.operators.spark_jobs import raise_schema_stops
+            from airflow_provider_cdc.operators.changelog_apply import raise_schema_stops
 
             raise_schema_stops(apply_result)
 

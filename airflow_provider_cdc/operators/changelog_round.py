@@ -32,7 +32,7 @@ from airflow.sdk.bases.skipmixin import SkipMixin
 
 from ..hooks.task_errors import wrap_task_methods
 from ..settings import FromSettings, load
-from .spark_jobs import ChangelogApplyOperator
+from .changelog_apply import ChangelogApplyOperator
 
 #: the round's follow-up tasks (dag_builders.changelog_dag names them the same)
 SCHEMA_STOPS = "mirror_schema_stops"

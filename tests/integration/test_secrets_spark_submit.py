@@ -20,11 +20,8 @@ import pytest
 
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.hooks.cdc_storage import storage_environment
-from airflow_provider_cdc.operators.spark_jobs import (
-    ChangelogApplyOperator,
-    _passfile_line,
-    postgres_sink_params,
-)
+from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator, postgres_sink_params
+from airflow_provider_cdc.operators.spark_submit import _passfile_line
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
 from airflow_provider_cdc.sinks.mirror_readers import read_mirror
 

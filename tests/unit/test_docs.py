@@ -60,27 +60,29 @@ def test_every_constructor_argument_of_the_airflow_classes_has_a_param_line():
 
     def arguments(cls, classes, own=True):
         """``cls``'s constructor arguments, and those of the private base classes of its module
-        (spark_jobs._CdcJobOperator), which a public class takes as its own."""
+        (spark_submit._CdcJobOperator), which a public class takes as its own."""
         init = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
         args = init.args.args[1:] + init.args.kwonlyargs if init and (own or cls.name.startswith("_")) else []
-        for base in cls.bases:
-            if isinstance(base, ast.Name) and base.id in classes:
+        for base in cls.bases:  # a public base documents its own (a subclass may point to it)
+            if isinstance(base, ast.Name) and base.id in classes and base.id.startswith("_"):
                 args += arguments(classes[base.id], classes, own=False)
         return args
 
     root = Path(__file__).resolve().parents[2] / "airflow_provider_cdc"
     missing = []
     for part in ("operators", "sensors", "hooks", "triggers"):
-        for path in sorted((root / part).glob("*.py")):
-            if path.name == "__init__.py":
-                continue
-            classes = {c.name: c for c in ast.parse(path.read_text()).body if isinstance(c, ast.ClassDef)}
+        paths = [p for p in sorted((root / part).glob("*.py")) if p.name != "__init__.py"]
+        trees = {p: ast.parse(p.read_text()) for p in paths}
+        # a base class may live in another module of the part (spark_submit._CdcJobOperator)
+        known = {c.name: c for t in trees.values() for c in t.body if isinstance(c, ast.ClassDef)}
+        for path in paths:
+            classes = {c.name: c for c in trees[path].body if isinstance(c, ast.ClassDef)}
 
             for cls in classes.values():
                 if cls.name.startswith("_"):
                     continue
                 doc = ast.get_docstring(cls) or ""
-                for a in dict.fromkeys(a.arg for a in arguments(cls, classes)):
+                for a in dict.fromkeys(a.arg for a in arguments(cls, known)):
                     if f":param {a}:" not in doc:
                         missing.append(f"{path.name} {cls.name}({a})")
     assert not missing, "arguments without a :param line: " + ", ".join(missing)

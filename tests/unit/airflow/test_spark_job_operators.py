@@ -84,7 +84,7 @@ def test_the_operators_take_every_argument_of_airflows_spark_submit_operator():
 
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from airflow_provider_cdc.operators.spark_jobs import _SUBMIT_FIELDS, _SUBMIT_OPTIONS, job_application
+    from airflow_provider_cdc.operators.spark_submit import _SUBMIT_FIELDS, _SUBMIT_OPTIONS, job_application
 
     params = {p for p in inspect.signature(SparkSubmitOperator.__init__).parameters if p not in ("self", "kwargs")}
     assert set(_SUBMIT_FIELDS) == set(SparkSubmitOperator.template_fields)
