@@ -253,8 +253,6 @@ def compact_table(
 
     import pyarrow.parquet as pq
 
-    from ..storage.staged import read_table
-
     now = time.time() if now is None else now
     ensure(folder)
     version, state = current(folder)
@@ -265,19 +263,7 @@ def compact_table(
         for i in storage.list_dir(folder)
         if i.base_name.endswith(".parquet") and not i.base_name.startswith(".")
     }
-    removed = 0
-    for name, info in infos.items():
-        if name in state.adds:
-            continue
-        gone = state.removes.get(name)
-        when = (
-            max(int(r.get("deletionTimestamp") or 0) for r in gone) / 1000.0
-            if gone
-            else (info.mtime.timestamp() if info.mtime is not None else now)
-        )
-        if when < now - grace_seconds:
-            storage.delete(storage.join(folder, name))
-            removed += 1
+    removed = _delete_unreferenced(folder, state, infos, now - grace_seconds)
     live = [n for n in state.adds if (r := _changelog_range(n)) is not None and r[1] <= applied]
     live.sort(key=lambda n: _changelog_range(n))
     runs: list[list[str]] = []
@@ -310,34 +296,7 @@ def compact_table(
     close()
     merged = 0
     for names in runs:
-        tables = [read_table(storage.join(folder, n)) for n in names]
-        t = pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
-        del tables
-        spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
-        if any(a[1] >= b[0] for a, b in zip(spans, spans[1:], strict=False)):
-            # ranges that overlap (a segment read again after a failover): sorted again; else each
-            # file is sorted and the run in order already, and sorting would copy every event
-            order = pc.sort_indices(
-                pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
-                sort_keys=[("p", "ascending"), ("k", "ascending")],
-            )
-            t = t.take(order)
-        first, last = min(r[0] for r in spans), max(r[1] for r in spans)
-        out = f"c-{first}-{last}.parquet"
-        try:
-            v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)
-        except CommitFailedError as exc:  # another compaction took the run: it is merged already
-            log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
-            continue
-        merged += len(names)
-        log.info(
-            "event log %s: %d files merged into %s (%d events), version %d",
-            folder,
-            len(names),
-            out,
-            t.num_rows,
-            v,
-        )
+        merged += _merge_run(folder, names)
     return merged, removed
 
 
@@ -354,3 +313,58 @@ def compact_event_log(data_dir: str, source: str, applied, **kwargs) -> dict[str
             if any(res):
                 out[name] = res
     return out
+
+
+def _merge_run(folder: str, names: list[str]) -> int:
+    """One run of a table's changelog files merged into ``c-{first}-{last}`` of the run, sorted
+    by (position, key), committed in place of them; returns the files merged (0: another
+    compaction took the run)."""
+    from ..storage.staged import read_table
+
+    tables = [read_table(storage.join(folder, n)) for n in names]
+    t = pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
+    del tables
+    spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
+    if any(a[1] >= b[0] for a, b in zip(spans, spans[1:], strict=False)):
+        # ranges that overlap (a segment read again after a failover): sorted again; else each
+        # file is sorted and the run in order already, and sorting would copy every event
+        order = pc.sort_indices(
+            pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
+            sort_keys=[("p", "ascending"), ("k", "ascending")],
+        )
+        t = t.take(order)
+    first, last = min(r[0] for r in spans), max(r[1] for r in spans)
+    out = f"c-{first}-{last}.parquet"
+    try:
+        v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)
+    except CommitFailedError as exc:  # another compaction took the run: it is merged already
+        log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
+        return 0
+    log.info(
+        "event log %s: %d files merged into %s (%d events), version %d",
+        folder,
+        len(names),
+        out,
+        t.num_rows,
+        v,
+    )
+    return len(names)
+
+
+def _delete_unreferenced(folder: str, state, infos: dict, before: float) -> int:
+    """Delete the table's files its Delta log removed before ``before`` (unix time), and files no
+    version named (a writer that stopped before its commit) written before then."""
+    removed = 0
+    for name, info in infos.items():
+        if name in state.adds:
+            continue
+        gone = state.removes.get(name)
+        when = (
+            max(int(r.get("deletionTimestamp") or 0) for r in gone) / 1000.0
+            if gone
+            else (info.mtime.timestamp() if info.mtime is not None else before + 1)
+        )
+        if when < before:
+            storage.delete(storage.join(folder, name))
+            removed += 1
+    return removed
