@@ -69,6 +69,7 @@ def bench_rounds(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
             _say(f"{kind}: one UPDATE of {n:,} rows committed in {took:.1f}s; running cdc_changelog")
             r = run_dag("cdc_changelog", None, rec["env"], logs, f"r{n}")
             m = re.search(r"captured (\d+) events", r.text)
+            at, rss, line = _peak_line(r)
             one = {
                 "rows": n,
                 "events": int(m.group(1)) if m else None,
@@ -77,17 +78,37 @@ def bench_rounds(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
                 "spark_peak_mb": r.spark_peak_mb,
                 "tasks": r.task_memory(),
                 "log": str(r.log),
+                "peak_after": line,
             }
             out["rounds"].append(one)
             rises = ", ".join(f"{t} +{m['rise_mb']:.0f}" for t, m in one["tasks"].items())
             _say(f"{kind}: {n:,}-row transaction: round {r.seconds:.1f}s, process peak {r.airflow_peak_mb:.0f} MB "
-                 f"(tasks: {rises}), Spark peak {r.spark_peak_mb:.0f} MB")
+                 f"(tasks: {rises}), Spark peak {r.spark_peak_mb:.0f} MB; the peak came after: {line}")
     finally:
         src.cleanup()
         drop_table(uri, table)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     return out
+
+
+def _peak_line(r) -> tuple[float, int, str]:
+    """When the process's peak was sampled, and the last line its log wrote before then (what
+    it was doing)."""
+    import datetime as dt
+
+    if not r.samples:
+        return 0.0, 0, "-"
+    at, rss, _spark = max(r.samples, key=lambda s: s[1])
+    last = "-"
+    for text in r.text.splitlines():
+        m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z (.*)", text)
+        if not m:
+            continue
+        if dt.datetime.fromisoformat(m.group(1)).replace(tzinfo=dt.UTC).timestamp() > at:
+            break
+        last = m.group(2)[:160]
+    return at, rss, last
 
 
 def verdict(res: dict[str, Any]) -> tuple[float, bool] | None:
