@@ -430,7 +430,7 @@ def follow_log_schema(previous: TableSchema | None, current: TableSchema) -> Tab
     events from before the DROP hold its values), each with its newest type and source type,
     new columns appended; the primary key is the current one. Unlike :func:`evolve_schema` it
     never refuses a change: the event log keeps every event whatever the mirror can follow
-    (a value its column's newer type cannot hold is kept as text, core/arrow_types.py)."""
+    (a value its column's newer type cannot hold is kept as text, core/arrow_types/)."""
     if previous is None:
         return current
     now = {c.name: c for c in current.columns}

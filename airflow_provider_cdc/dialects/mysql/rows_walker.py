@@ -534,7 +534,7 @@ def _validity(valid: np.ndarray | None, n: int) -> tuple[pa.Buffer | None, int]:
 
 
 def _column(pieces: list[tuple], spec: tuple, logical: str, n: int, w: TableWalker, j: int) -> pa.Array:
-    """One column of the images of several runs -> its typed Arrow array (core/arrow_types.py
+    """One column of the images of several runs -> its typed Arrow array (core/arrow_types/
     arrow_type(logical)), typed as staging types the same canonical values."""
     code = spec[0]
     valid = np.frombuffer(b"".join(p[0] for p in pieces), dtype=np.uint8)

@@ -206,7 +206,7 @@ class MirrorIndex:
     """The mirror's live rows as (canonical key, digest of the canonical row), hash-partitioned
     into a local scratch folder (``folder``; a temporary one by default), and a way back to
     the rows of a few keys (``fetch``, for the examples of a mismatch). ``rows``: a table or
-    batches of typed mirror rows (core/arrow_types.py, with ``__key``), read one batch at a
+    batches of typed mirror rows (core/arrow_types/, with ``__key``), read one batch at a
     time; ``count``: how many (it sizes the partitions, PARTITION_ROWS each)."""
 
     def __init__(
