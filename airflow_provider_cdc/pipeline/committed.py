@@ -125,7 +125,11 @@ def _table_counts(data_dir: str, source: str, after: Position | None, upto: Posi
     if after is not None:
         rows &= pc.field("position") > after.encode()
     dataset = ds.dataset([storage.filesystem(p)[1] for p in segments], filesystem=fs, format="parquet")
-    for batch in dataset.to_batches(columns=["table", "ts_ms"], filter=rows):
+    # one batch at a time (pyarrow reads ahead 16 batches of 4 files by default: ~100 MB for a
+    # 3M-row transaction's segments)
+    for batch in dataset.to_batches(
+        columns=["table", "ts_ms"], filter=rows, batch_readahead=0, fragment_readahead=0
+    ):
         if not batch.num_rows:
             continue
         per = (
