@@ -397,12 +397,9 @@ def changelog_dag(
                 budget_rows=now.mirror_compact_budget_rows,
                 log_retention_hours=now.mirror_log_retention_hours,
             )
-            if "events" in settings.sink_names(now.sinks):
-                # the event log's small changelog files it has applied, merged (sinks/event_log.py)
-                from airflow_provider_cdc.sinks.base import read_marker
-                from airflow_provider_cdc.sinks.event_log import compact_event_log
+            from airflow_provider_cdc.sinks import registry
 
-                compact_event_log(data_dir, source, read_marker(data_dir, source, "events"))
+            registry.maintain(settings.sink_names(now.sinks), data_dir, source)  # the event log's small files
             if one_task:  # the round starts this task again CDC_MAINTENANCE_INTERVAL_SECONDS from now
                 from airflow_provider_cdc.pipeline.maintenance import record_maintenance
 

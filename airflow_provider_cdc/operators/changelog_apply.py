@@ -72,7 +72,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
         from ..lineage import available
         from ..pipeline.committed import applied_tables, markers
         from ..sinks.base import staged_past_markers
-        from ..sinks.registry import location_sinks
+        from ..sinks.registry import location_sinks, table_stopping
 
         if not staged_past_markers(self.data_dir, self.source, sink_names(self.sinks)):
             # nothing staged past every sink's marker: no job (a spark-submit is seconds of JVM start)
@@ -83,14 +83,15 @@ class ChangelogApplyOperator(_CdcJobOperator):
             self._lineage_before = markers(self.data_dir, self.source, location_sinks(sink_names(self.sinks)))
         summary = super().execute(context)
         stopped = {}
-        if "mirror" in sink_names(self.sinks):
+        stopping = table_stopping(sink_names(self.sinks))
+        if stopping:
             from ..sinks.mirror_fencing import schema_stopped_tables
 
             stopped = schema_stopped_tables(self.data_dir, self.source)
             emit_freshness(self.data_dir, self.source)
+        skip = {n: set(stopped) for n in stopping}
         self._emit_assets(
-            context,
-            lambda kinds: applied_tables(self.data_dir, self.source, before, skip={"mirror": set(stopped)}),
+            context, lambda kinds: applied_tables(self.data_dir, self.source, before, skip=skip)
         )
         if stopped:
             # every other table was applied (the markers moved) and its Asset events are emitted:

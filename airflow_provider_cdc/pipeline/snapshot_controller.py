@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any
 
 from .. import storage
-from ..core.arrow_types import mirror_schema
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import ConfigurationError, StateError
 from ..core.plans import SnapshotPlan, WorkItem
@@ -28,6 +27,7 @@ from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import PROBE_ROWS, ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
+from ..sinks import registry
 from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
 from .snapshot_conf import SnapshotConf
@@ -277,8 +277,7 @@ class SnapshotController:
             dialect.check_snapshot_tables(tables)
             for table in tables:
                 schema = dialect.describe_table(table)
-                if "mirror" in self.sinks:
-                    mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named
+                registry.check_schema(self.sinks, schema)  # a table a sink cannot hold fails here, named
                 ranges = steps.plan_table_ranges(dialect, schema, request)
                 why = steps.mirror_needs_rebuild(self.data_dir, self.source, schema)
                 if why and steps.is_partial(request, table):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigurationError
+from ..core.schema import TableSchema
 from .base import Sink
 
 
@@ -39,6 +40,15 @@ class SinkEntry:
     #: them, status reads how far it applied from its marker there); False: it writes elsewhere
     #: (a database)
     in_data_location: bool = False
+    #: the check a table's schema must pass before a snapshot plans it (raises ConfigurationError
+    #: naming what the sink cannot hold); None: it holds any table
+    check_schema: Callable[[TableSchema], object] | None = None
+    #: it stops a table whose schema changed until a re-snapshot (sinks/mirror_fencing.py): an
+    #: apply then lists the stopped tables, and reports how fresh the sink is
+    stops_tables: bool = False
+    #: its background maintenance, ``maintain(data_dir, source)``, run by the changelog's
+    #: maintenance task (the event log's small files merged); None: nothing to do
+    maintain: Callable[[str, str], object] | None = None
 
 
 _SINKS: dict[str, SinkEntry] = {}
@@ -50,12 +60,16 @@ def register(
     *,
     claims_fence: bool = False,
     in_data_location: bool = False,
+    check_schema: Callable[[TableSchema], object] | None = None,
+    stops_tables: bool = False,
+    maintain: Callable[[str, str], object] | None = None,
     replace: bool = False,
 ) -> None:
-    """Register a sink under ``name`` (refused when taken, unless ``replace``)."""
+    """Register a sink under ``name`` (refused when taken, unless ``replace``); the keywords are
+    :class:`SinkEntry`'s."""
     if name in _SINKS and not replace:
         raise ConfigurationError(f"a sink named {name!r} is registered already")
-    _SINKS[name] = SinkEntry(factory, claims_fence, in_data_location)
+    _SINKS[name] = SinkEntry(factory, claims_fence, in_data_location, check_schema, stops_tables, maintain)
 
 
 def unregister(name: str) -> None:
@@ -80,6 +94,27 @@ def location_sinks(among: Iterable[str] | None = None) -> list[str]:
 
 def create(name: str, context: SinkContext) -> Sink:
     return entry(name).factory(context)
+
+
+def check_schema(names: Iterable[str], schema: TableSchema) -> None:
+    """Every named sink's check of a table's schema (raises the first refusal)."""
+    for n in names:
+        check = entry(n).check_schema
+        if check is not None:
+            check(schema)
+
+
+def table_stopping(names: Iterable[str]) -> list[str]:
+    """The named sinks that stop a table on a schema change."""
+    return [n for n in names if entry(n).stops_tables]
+
+
+def maintain(names: Iterable[str], data_dir: str, source: str) -> None:
+    """Every named sink's background maintenance."""
+    for n in names:
+        work = entry(n).maintain
+        if work is not None:
+            work(data_dir, source)
 
 
 # --- the package's sinks --------------------------------------------------------------------------
@@ -114,6 +149,27 @@ def _postgres(c: SinkContext) -> Sink:
     )
 
 
-register("events", _events, in_data_location=True)
-register("mirror", _mirror, claims_fence=True, in_data_location=True)
+def _mirror_schema(schema: TableSchema) -> None:
+    from ..core.arrow_types import mirror_schema
+
+    mirror_schema(schema)  # a table the Delta mirror cannot hold fails here, named
+
+
+def _compact_event_log(data_dir: str, source: str) -> None:
+    # the event log's small changelog files it has applied, merged (sinks/event_log.py)
+    from .base import read_marker
+    from .event_log import compact_event_log
+
+    compact_event_log(data_dir, source, read_marker(data_dir, source, "events"))
+
+
+register("events", _events, in_data_location=True, maintain=_compact_event_log)
+register(
+    "mirror",
+    _mirror,
+    claims_fence=True,
+    in_data_location=True,
+    check_schema=_mirror_schema,
+    stops_tables=True,
+)
 register("postgres", _postgres)

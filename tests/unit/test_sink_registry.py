@@ -58,3 +58,31 @@ def test_the_sinks_under_the_data_location_are_the_registrys_word_not_a_list_of_
         assert Nothing.name in registry.location_sinks()
     finally:
         registry.unregister(Nothing.name)
+
+
+def test_what_a_sink_can_hold_stop_and_maintain_is_its_entrys_word(tmp_path):
+    """The snapshot's plan, the apply and the maintenance task ask the registry, not a sink's
+    name: a sink brings its schema check, whether it stops tables on a schema change, and its
+    background maintenance with its register()."""
+    from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
+
+    clashing = TableSchema(TableName("public", "t"), (Column("id", "int64"), Column("ID", "int64")), ("id",))
+    with pytest.raises(ConfigurationError, match="differ only in case"):
+        registry.check_schema(["events", "mirror"], clashing)
+    registry.check_schema(["events", "postgres"], clashing)  # they hold it
+    assert registry.table_stopping(["events", "mirror", "postgres"]) == ["mirror"]
+    done = []
+
+    def refuse(schema):
+        raise ConfigurationError(f"{Nothing.name} cannot hold {schema.table}")
+
+    registry.register(Nothing.name, Nothing, check_schema=refuse, stops_tables=True,
+                      maintain=lambda d, s: done.append((d, s)))
+    try:
+        with pytest.raises(ConfigurationError, match="nothing_unit cannot hold public.t"):
+            registry.check_schema(["events", Nothing.name], clashing)
+        assert registry.table_stopping([Nothing.name, "events"]) == [Nothing.name]
+        registry.maintain(["postgres", Nothing.name], str(tmp_path), "s")
+        assert done == [(str(tmp_path), "s")]
+    finally:
+        registry.unregister(Nothing.name)
