@@ -24,12 +24,11 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..core.arrow_types import KEY_COLUMN
-from . import key_index
+from . import bucket_files, key_index
 from .delta_buckets import (
     BASE_PREFIX,
     BUCKET_COLUMN,
     POSITION_COLUMN,
-    ROW_GROUP_ROWS,
     MirrorVersion,
     NewFile,
     _location,
@@ -70,7 +69,7 @@ class BaseFileWriter:
     def write(self, rows: pa.Table) -> None:
         if not rows.num_rows:
             return
-        self.writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
+        self.writer.write_table(rows, row_group_size=bucket_files.ROW_GROUP_ROWS)
         self.keys.append(rows[KEY_COLUMN])
         self.rows += rows.num_rows
         lo, hi = (x.as_py() for x in pc.min_max(rows[POSITION_COLUMN]).values())

@@ -16,8 +16,8 @@ import pytest
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.core.arrow_types import DELETED_COLUMN, KEY_COLUMN, POSITION_COLUMN
 from airflow_provider_cdc.core.schema import encode_key
+from airflow_provider_cdc.sinks import bucket_files, key_index
 from airflow_provider_cdc.sinks import delta_buckets as db
-from airflow_provider_cdc.sinks import key_index
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def _found(uri: str, rel: str, wanted: list[str]) -> list[tuple]:
 
 
 def test_a_lookup_through_the_index_finds_what_reading_the_keys_finds(tmp_path, small_index, monkeypatch):
-    monkeypatch.setattr(db, "ROW_GROUP_ROWS", 50)  # several row groups: rows numbered across them
+    monkeypatch.setattr(bucket_files, "ROW_GROUP_ROWS", 50)  # several row groups: rows numbered across them
     rnd = random.Random(5)
     keys = _keys(3_000, rnd)
     rows = _rows(keys)

@@ -24,23 +24,22 @@ LONG_MODULES = {
     "sinks/event_log_table.py": 645,
     "dialects/postgres/log_reader.py": 664,
     "export/debezium.py": 746,
-    "pipeline/snapshot_controller.py": 821,
+    "pipeline/snapshot_controller.py": 820,
     "dialects/postgres/offsets.py": 828,
     "dialects/base.py": 866,
     "dialects/mysql/log_reader.py": 914,
-    "sinks/delta_buckets.py": 1002,
 }
 
 #: module:function -> its lines today
 LONG_FUNCTIONS = {
-    "dag_builders.py:changelog_dag": 133,
+    "dag_builders.py:changelog_dag": 130,
     "dialects/mysql/log_reader.py:read_log": 130,
     "settings.py:load": 123,
     "dialects/postgres/pgbatch.py:build": 121,
     "pipeline/snapshot_controller.py:read_range": 117,
     "sinks/event_log_table.py:commit": 116,
     "dialects/postgres/prerequisites.py:privilege_problems": 111,
-    "pipeline/snapshot_controller.py:_start": 107,
+    "pipeline/snapshot_controller.py:_start": 106,
     "dag_builders.py:snapshot_dag": 105,
     "dialects/postgres/catalog.py:table_key": 96,
     "dialects/postgres/dialect.py:__init__": 94,

@@ -1,0 +1,111 @@
+"""The mirror's bucket tree: a key's bucket is its key hash modulo the roots; a bucket past its unit
+splits into two children (docs/DESIGN.md, "The mirror")."""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from ..core.errors import ConfigurationError
+
+BUCKET_COLUMN = "__bucket"
+BUCKETS_PROPERTY = "cdc.buckets"
+DEFAULT_BUCKETS = 8
+MAX_BUCKETS = 4096
+WRITER_APP_ID = "cdc-mirror"
+
+
+def check_buckets(n: int, setting: str = "buckets") -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BUCKETS:
+        raise ConfigurationError(
+            f"{setting} must be a whole number from 1 to {MAX_BUCKETS}, got {n!r}; "
+            "a mirror's bucket count is fixed when it is created"
+        )
+    return n
+
+
+def crc_of(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """crc32 of each canonical key's UTF-8 bytes (the same in every process and engine,
+    unlike Python's salted ``hash``). A per-key loop, measured against a numpy hash over the
+    Arrow buffers (polynomial, ``reduceat``): 0.16 s against 0.57 s for 1M keys; pyarrow
+    has no hash kernel."""
+    values = keys.to_pylist()
+    return np.fromiter((zlib.crc32(k.encode("utf-8")) for k in values), dtype=np.uint64, count=len(values))
+
+
+def bucket_of(keys: pa.Array | pa.ChunkedArray, buckets: int) -> pa.Array:
+    """The root bucket of each canonical key: crc32 mod ``buckets`` (also the partitions of
+    verify's spill files)."""
+    if buckets == 1:
+        return pa.array(np.zeros(len(keys), dtype=np.int32))
+    return pa.array((crc_of(keys) % buckets).astype(np.int32))
+
+
+def level_of(node: int, roots: int) -> int:
+    """The tree level of bucket ``node`` (module docstring): level l holds ids
+    N·(2^l - 1) .. N·(2^(l+1) - 1) - 1."""
+    level = 0
+    while node >= roots * (2 ** (level + 1) - 1):
+        level += 1
+    return level
+
+
+def node_id(level: int, residue: int, roots: int) -> int:
+    return roots * (2**level - 1) + residue
+
+
+def parent_of(node: int, roots: int) -> int | None:
+    level = level_of(node, roots)
+    if level == 0:
+        return None
+    residue = node - node_id(level, 0, roots)
+    return node_id(level - 1, residue % (roots * 2 ** (level - 1)), roots)
+
+
+def children_of(node: int, roots: int) -> tuple[int, int]:
+    level = level_of(node, roots)
+    residue = node - node_id(level, 0, roots)
+    return node_id(level + 1, residue, roots), node_id(level + 1, residue + roots * 2**level, roots)
+
+
+def split_nodes(nodes: Iterable[int], roots: int) -> frozenset[int]:
+    """The split (inner) nodes of a tree whose leaves with files are ``nodes``: their ancestors."""
+    inner: set[int] = set()
+    for n in nodes:
+        p = parent_of(n, roots)
+        while p is not None and p not in inner:
+            inner.add(p)
+            p = parent_of(p, roots)
+    return frozenset(inner)
+
+
+def node_of(crc: np.ndarray, roots: int, inner: Iterable[int] = ()) -> np.ndarray:
+    """The leaf bucket of each key hash ``crc`` (:func:`crc_of`) in the tree whose split
+    nodes are ``inner``."""
+    ids = (crc % roots).astype(np.int64)
+    inner_arr = np.fromiter(inner, dtype=np.int64)
+    if inner_arr.size == 0:
+        return ids.astype(np.int32)
+    active = np.isin(ids, inner_arr)
+    level = 0
+    while active.any():
+        level += 1
+        where = np.flatnonzero(active)
+        ids[where] = roots * (2**level - 1) + (crc[where] % (roots * 2**level)).astype(np.int64)
+        active[where] = np.isin(ids[where], inner_arr)
+    return ids.astype(np.int32)
+
+
+def nodes_of_keys(keys: pa.Array | pa.ChunkedArray, roots: int, inner: Iterable[int] = ()) -> pa.Array:
+    """The leaf bucket of each canonical key."""
+    if roots == 1 and not inner:
+        return pa.array(np.zeros(len(keys), dtype=np.int32))
+    return pa.array(node_of(crc_of(keys), roots, inner))
+
+
+#: file name prefixes: compaction's resolved base files (and every file written before
+#: merge-on-read) and the change files writes append
+BASE_PREFIX, CHANGE_PREFIX = "part-", "chg-"
