@@ -533,3 +533,28 @@ class Numbered:
 
     def reread(self, c: int, _after: tuple | None = None) -> list[tuple[str, dict]]:
         return self.read(self.kept[c])
+
+
+def mirror_index(
+    schema: TableSchema,
+    batches,
+    *,
+    count: int,
+    folder: str,
+    partition_rows: int,
+    data_dir: str,
+    source: str,
+    table,
+) -> MirrorIndex:
+    """A :class:`MirrorIndex` of typed mirror ``batches`` that fetches the rows of keys it must
+    show again from the mirror of ``table``."""
+    from ...sinks.mirror_readers import mirror_rows_of
+
+    return MirrorIndex(
+        schema,
+        batches,
+        count=count,
+        folder=folder,
+        partition_rows=partition_rows,
+        fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+    )

@@ -21,10 +21,10 @@ from .compare import (
     DEFAULT_THROTTLE,
     EXAMPLES,
     PARTITION_ROWS,
-    MirrorIndex,
     Numbered,
     VerifyResult,
     compare,
+    mirror_index,
 )
 
 #: source rows of a top-level digest range: the source returns (count, XOR of the rows' digests)
@@ -417,7 +417,6 @@ def verify_digests(
        as :func:`verify_rows` compares them (:func:`compare`), which makes the report, the
        examples and the repair conf (a digest that differs while the rows are equal counts
        nothing)."""
-    from ...sinks.mirror_readers import mirror_rows_of
 
     work = _RangeDescent(
         dialect,
@@ -433,13 +432,15 @@ def verify_digests(
         work.top_level(range_rows)
         leaves = Numbered(work.leaves, lambda leaf: _source_rows(dialect, schema, *leaf))
         with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-            mirror = MirrorIndex(
+            mirror = mirror_index(
                 schema,
                 work.leaf_mirror_rows(),
                 count=int(sum(work.m_count[i] for i in work.differ)),
                 folder=folder,
                 partition_rows=partition_rows,
-                fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+                data_dir=data_dir,
+                source=source,
+                table=table,
             )
             res = compare(
                 schema,

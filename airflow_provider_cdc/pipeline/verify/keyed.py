@@ -20,7 +20,6 @@ from .compare import (
     DEFAULT_THROTTLE,
     EXAMPLES,
     PARTITION_ROWS,
-    MirrorIndex,
     Mismatch,
     Numbered,
     VerifyResult,
@@ -28,6 +27,7 @@ from .compare import (
     _Found,
     _Partitions,
     compare,
+    mirror_index,
     source_chunks,
 )
 from .digests import MirrorDigests, prefetched
@@ -154,7 +154,7 @@ def verify_keyed(
     missing or extra rows, and the chunks holding a missing row or a digest that differs are read
     again and compared row by row (:func:`compare`), which makes the report, the examples and the
     repair conf. No range is ever formed by comparing keys outside the database."""
-    from ...sinks.mirror_readers import mirror_batches, mirror_rows_of
+    from ...sinks.mirror_readers import mirror_batches
 
     count, batches = mirror_batches(data_dir, source, table)
     parts = max(1, -(-(count or 0) // max(1, partition_rows)))
@@ -178,13 +178,15 @@ def verify_keyed(
                     source_chunks(dialect, schema, chunk_rows, after=src.afters[i], once=True), []
                 ),
             )
-            mirror = MirrorIndex(
+            mirror = mirror_index(
                 schema,
                 _mirror_rows_of(data_dir, source, table, keys, partition_rows),
                 count=len(keys),
                 folder=folder,
                 partition_rows=partition_rows,
-                fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+                data_dir=data_dir,
+                source=source,
+                table=table,
             )
             res = compare(
                 schema,

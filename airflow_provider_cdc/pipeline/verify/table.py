@@ -13,9 +13,9 @@ from .compare import (
     DEFAULT_THROTTLE,
     EXAMPLES,
     PARTITION_ROWS,
-    MirrorIndex,
     VerifyResult,
     compare,
+    mirror_index,
     ranges_by_key_order,
     source_chunks,
 )
@@ -128,17 +128,19 @@ def verify_rows(
     """Every row canonicalised in Python on both sides and compared by key (the reference the
     digests are checked against): the mirror is read a batch at a time and both sides' digests
     wait in hash partitions on local scratch disk."""
-    from ...sinks.mirror_readers import mirror_batches, mirror_rows_of
+    from ...sinks.mirror_readers import mirror_batches
 
     count, batches = mirror_batches(data_dir, source, table)
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-        mirror = MirrorIndex(
+        mirror = mirror_index(
             schema,
             batches,
             count=count,
             folder=folder,
             partition_rows=partition_rows,
-            fetch=lambda keys: mirror_rows_of(data_dir, source, table, keys),
+            data_dir=data_dir,
+            source=source,
+            table=table,
         )
 
         def reread(_i: int, after: tuple | None) -> list[tuple[str, dict]]:
