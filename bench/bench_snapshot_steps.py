@@ -93,8 +93,7 @@ def bench_one(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
         for label, sinks in (("merge_events", "events"), ("merge", "events,mirror")):
             out = str(work / f"out-{label}")
             shutil.copytree(data_dir, out)  # the same staged inputs, a fresh output
-            built = build_sinks(sinks, data_dir=out, source=source, database=None, pg_uri=None, pg_schema=None,
-                                require_schema=True)
+            built = build_sinks(sinks, data_dir=out, source=source, database=None, require_schema=True)
             moved = [c.__class__(**{**{f: getattr(c, f) for f in c.__dataclass_fields__},
                                     "path": c.path.replace(data_dir, out, 1)}) for c in chunks]
             t0 = time.perf_counter()

@@ -111,19 +111,6 @@ def postgres_sink_params(conn_id: str) -> dict[str, str]:
     )
 
 
-def _write_private(path: str, text: str) -> str:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
-
-
-def _passfile_line(password: str) -> str:
-    """A libpq passfile line for any host, port, database and user: the file is named only by
-    this job's one connection (its ``passfile`` parameter), so the wildcards match nothing else."""
-    return "*:*:*:*:" + password.replace("\\", "\\\\").replace(":", "\\:") + "\n"
-
-
 #: SparkSubmitOperator's templated arguments (its ``template_fields``): fields of these operators
 _SUBMIT_FIELDS = (
     "application",
@@ -351,20 +338,16 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
     def run_local(self) -> dict:
         raise NotImplementedError
 
-    def _postgres_target(self) -> tuple[dict[str, str] | None, str | None]:
-        """The 'postgres' sink's connection (password included) and target schema, when it is a sink."""
-        if "postgres" not in sink_names(self.sinks):
-            return None, None
+    def _sink_options(self) -> dict[str, dict]:
+        """Each sink's own options (sinks/registry.py, SinkOptions), resolved here in the worker from
+        this task's settings: the 'postgres' sink's connection, its password included, stays in it."""
         from ..settings import load
+        from ..sinks import registry
 
         now = load(overrides=self.cdc_overrides)
-        if not now.postgres_sink_conn_id:
-            raise ConfigurationError(
-                "sink 'postgres' (CDC_SINKS) has no target database: set CDC_POSTGRES_SINK_CONN_ID to "
-                "the id of an "
-                "Airflow connection of type postgres"
-            )
-        return postgres_sink_params(now.postgres_sink_conn_id), now.postgres_sink_schema
+        return registry.resolve_options(
+            sink_names(self.sinks), lambda name: getattr(now, name), postgres_sink_params
+        )
 
     @contextmanager
     def _submit_secrets(self) -> Iterator[list[str]]:
@@ -372,28 +355,13 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         of 0600 files in a private folder, removed when the block ends."""
         from .. import storage
         from ..hooks.cdc_storage import storage_settings
-        from ..sinks.mirror_postgres import SECRET_PARAMETERS, public_dsn
+        from ..sinks import registry
 
-        pg, pg_schema = self._postgres_target()
+        options = self._sink_options()
         given = storage_settings(overrides=self.cdc_overrides)
         folder = tempfile.mkdtemp(prefix="cdc-submit-")  # mode 0700
         try:
-            args: list[str] = []
-            if pg is not None:
-                if pg.get("sslpassword"):
-                    raise ConfigurationError(
-                        "CDC_POSTGRES_SINK_CONN_ID: an sslpassword cannot be handed to a spark-submit "
-                        "without showing "
-                        "it; use a key file without a passphrase (mode 0600) or run the job in the worker "
-                        "(CDC_LOCAL_MAX_ROWS)"
-                    )
-                if pg.get("password"):
-                    pg["passfile"] = _write_private(
-                        os.path.join(folder, "pgpass"), _passfile_line(pg["password"])
-                    )
-                args += ["--pg-uri", public_dsn({k: v for k, v in pg.items() if k not in SECRET_PARAMETERS})]
-                if pg_schema:
-                    args += ["--pg-schema", pg_schema]
+            args = registry.job_arguments(options, folder)
             if given:
                 args += ["--storage-credentials", storage.write_credentials_file(folder, given)]
             yield args
@@ -449,14 +417,12 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
     def _sinks(self, *, require_schema: bool, fence_tables=None):
         from ..pipeline.spark.common import build_sinks
 
-        pg, pg_schema = self._postgres_target()  # resolved here, in the worker: the password stays in it
         return build_sinks(
             self.sinks,
             data_dir=self.data_dir,
             source=self.source,
             database=self.source_database(),
-            pg_uri=pg,
-            pg_schema=pg_schema,
+            options=self._sink_options(),  # resolved here, in the worker: a password stays in it
             require_schema=require_schema,
             fence_tables=fence_tables,
         )

@@ -29,6 +29,7 @@ from .base import (
     type_json_events,
 )
 from .mirror_delta import newest_per_key
+from .postgres_target import SECRET_PARAMETERS, connection_parameters, public_dsn  # noqa: F401 - offered here too
 
 log = logging.getLogger(__name__)
 
@@ -91,42 +92,6 @@ def _text(value, logical: str):
     if isinstance(value, float):
         return repr(value)
     return str(value)
-
-
-#: libpq parameters that are secrets: never shipped to executors, never on a command line
-SECRET_PARAMETERS = ("password", "sslpassword")
-
-
-def connection_parameters(conn: str | Mapping[str, object]) -> dict[str, str]:
-    """libpq parameters of a URI, a ``key=value`` string or a mapping (empty values left out)."""
-    if isinstance(conn, str):
-        from psycopg2.extensions import parse_dsn
-
-        try:
-            conn = parse_dsn(conn)
-        except Exception as exc:  # noqa: BLE001 - psycopg2's ProgrammingError: said without the text
-            raise ConfigurationError(
-                f"the 'postgres' sink's connection string cannot be parsed ({type(exc).__name__})"
-            ) from None
-    return {str(k): str(v) for k, v in conn.items() if v is not None and str(v) != ""}
-
-
-def public_dsn(params: Mapping[str, str]) -> str:
-    """``params`` as a libpq ``key=value`` string, refusing secrets: for a command line."""
-    secret = sorted(k for k in params if k in SECRET_PARAMETERS)
-    if secret:
-        raise ConfigurationError(
-            f"the 'postgres' sink's connection for the command line carries {', '.join(secret)}: a "
-            "command line is "
-            "visible to every user of the host (ps). Give the password in a passfile (libpq's passfile "
-            "parameter or "
-            "PGPASSFILE) or PGPASSWORD; the operators do this for CDC_POSTGRES_SINK_CONN_ID"
-        )
-
-    def quoted(v: str) -> str:
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-    return " ".join(f"{k}={quoted(v)}" for k, v in params.items())
 
 
 class MirrorPostgresSink(Sink):

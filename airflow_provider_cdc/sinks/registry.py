@@ -19,8 +19,8 @@ from .base import Sink
 @dataclass(frozen=True)
 class SinkContext:
     """What a sink factory may use: where the lake is, whose events, whether a merge requires
-    every table's staged schema, the merge's fence (None outside a merge), and ``options``
-    of sinks that write elsewhere (the 'postgres' sink's ``pg_uri`` and ``pg_schema``)."""
+    every table's staged schema, the merge's fence (None outside a merge), and the sink's own
+    ``options`` (:class:`SinkOptions`: the 'postgres' sink's ``pg_uri`` and ``pg_schema``)."""
 
     data_dir: str
     source: str
@@ -28,6 +28,21 @@ class SinkContext:
     require_schema: bool = False
     fence: object | None = None
     options: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """How a sink that writes elsewhere gets its target: ``resolve(setting, connection)`` in the
+    worker, from the task's settings (the glue gives ``setting(name)`` and ``connection(conn_id)``,
+    an Airflow connection's libpq parameters with its password: that process only);
+    ``to_job(options, folder)``, the spark-submit's arguments (secrets as 0600 files in the job's
+    private ``folder``, never on the command line); ``add_job_arguments(parser)`` and
+    ``from_job(args)``, the job's side."""
+
+    resolve: Callable[[Callable[[str], object], Callable[[str], dict]], dict]
+    to_job: Callable[[Mapping[str, object], str], list[str]]
+    add_job_arguments: Callable[[object], None]
+    from_job: Callable[[object], dict]
 
 
 @dataclass(frozen=True)
@@ -49,6 +64,8 @@ class SinkEntry:
     #: its background maintenance, ``maintain(data_dir, source)``, run by the changelog's
     #: maintenance task (the event log's small files merged); None: nothing to do
     maintain: Callable[[str, str], object] | None = None
+    #: its own options (a target outside the data location); None: it needs none
+    options: SinkOptions | None = None
 
 
 _SINKS: dict[str, SinkEntry] = {}
@@ -63,13 +80,16 @@ def register(
     check_schema: Callable[[TableSchema], object] | None = None,
     stops_tables: bool = False,
     maintain: Callable[[str, str], object] | None = None,
+    options: SinkOptions | None = None,
     replace: bool = False,
 ) -> None:
     """Register a sink under ``name`` (refused when taken, unless ``replace``); the keywords are
     :class:`SinkEntry`'s."""
     if name in _SINKS and not replace:
         raise ConfigurationError(f"a sink named {name!r} is registered already")
-    _SINKS[name] = SinkEntry(factory, claims_fence, in_data_location, check_schema, stops_tables, maintain)
+    _SINKS[name] = SinkEntry(
+        factory, claims_fence, in_data_location, check_schema, stops_tables, maintain, options
+    )
 
 
 def unregister(name: str) -> None:
@@ -107,6 +127,35 @@ def check_schema(names: Iterable[str], schema: TableSchema) -> None:
 def table_stopping(names: Iterable[str]) -> list[str]:
     """The named sinks that stop a table on a schema change."""
     return [n for n in names if entry(n).stops_tables]
+
+
+def resolve_options(
+    names: Iterable[str], setting: Callable[[str], object], connection: Callable[[str], dict]
+) -> dict[str, dict]:
+    """Sink name -> its options, for the named sinks that take any (in the worker)."""
+    return {n: e.options.resolve(setting, connection) for n in names if (e := entry(n)).options is not None}
+
+
+def job_arguments(options: Mapping[str, Mapping[str, object]], folder: str) -> list[str]:
+    """The spark-submit arguments of every sink's options (secrets as files in ``folder``)."""
+    out: list[str] = []
+    for n, opts in options.items():
+        sink_options = entry(n).options
+        if sink_options is not None:
+            out += sink_options.to_job(opts, folder)
+    return out
+
+
+def add_job_arguments(parser) -> None:
+    """Every registered sink's job arguments, on a job's parser."""
+    for e in _SINKS.values():
+        if e.options is not None:
+            e.options.add_job_arguments(parser)
+
+
+def options_from_job(names: Iterable[str], args) -> dict[str, dict]:
+    """Sink name -> the options a job was given, for the named sinks that take any."""
+    return {n: e.options.from_job(args) for n in names if (e := entry(n)).options is not None}
 
 
 def maintain(names: Iterable[str], data_dir: str, source: str) -> None:
@@ -172,4 +221,12 @@ register(
     check_schema=_mirror_schema,
     stops_tables=True,
 )
-register("postgres", _postgres)
+
+
+def _postgres_options() -> SinkOptions:
+    from . import postgres_target as t
+
+    return SinkOptions(t.resolve, t.to_job, t.add_job_arguments, t.from_job)
+
+
+register("postgres", _postgres, options=_postgres_options())

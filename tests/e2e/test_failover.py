@@ -132,7 +132,7 @@ def test_a_switchover_with_the_synced_slot_behind_what_capture_applied_loses_no_
             cluster.wait(lambda: (stage_changelog(d, p.data_dir), _slot_lsn(cluster.primary, slot) > synced)[1],
                          "capture confirmed past the standby's copy of the slot")
             sinks = build_sinks("events,mirror", data_dir=p.data_dir, source=p.source, database=None,
-                                pg_uri=None, pg_schema=None, require_schema=True)
+                                require_schema=True)
             apply_changelog(p.data_dir, p.source, sinks)
             assert _slot_lsn(cluster.standby, slot) == synced < _slot_lsn(cluster.primary, slot)
         events = read_events(p.data_dir, p.source, p.table)

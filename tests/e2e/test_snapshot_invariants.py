@@ -127,7 +127,7 @@ def test_stop_during_the_merge_never_brings_deleted_rows_back(pipeline):
             conn.close()
         p.capture_now()
         apply_sinks = common.build_sinks("events,mirror", data_dir=p.data_dir, source=p.source, database=None,
-                                         pg_uri=None, pg_schema=None, require_schema=False)
+                                         require_schema=False)
         local_jobs.apply_changelog(p.data_dir, p.source, apply_sinks)
         state["compacted"] = compact_inactive(p.data_dir, p.source, lambda t: airflow_variables.status(p.source, t, p.data_dir))
 

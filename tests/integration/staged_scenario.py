@@ -247,8 +247,7 @@ def run_local(job: str, st: Stage, round_file: str | None = None, sinks: str = "
     """The in-process engine, the way the operators run it (operators/spark_jobs.py)."""
     from airflow_provider_cdc.pipeline.spark.common import build_sinks
 
-    built = build_sinks(sinks, data_dir=st.data_dir, source=SOURCE, database=None, pg_uri=None, pg_schema=None,
-                        require_schema=job == "merge")
+    built = build_sinks(sinks, data_dir=st.data_dir, source=SOURCE, database=None, require_schema=job == "merge")
     try:
         if job == "merge":
             return arrow_engine.merge_round(merge_job.load_chunks(round_file), data_dir=st.data_dir, source=SOURCE,

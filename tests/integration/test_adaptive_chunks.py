@@ -107,8 +107,7 @@ def test_wide_rows_get_smaller_chunks_and_the_mirror_equals_the_source(source):
 
     with connect() as d:
         stage_changelog(d, data_dir)
-        sinks = build_sinks("events,mirror", data_dir=data_dir, source=name, database=None, pg_uri=None,
-                            pg_schema=None, require_schema=True)
+        sinks = build_sinks("events,mirror", data_dir=data_dir, source=name, database=None, require_schema=True)
         merge_round(chunks, data_dir=data_dir, source=name, sinks=sinks)
         apply_changelog(data_dir, name, sinks)
         res = verify_table(d, data_dir, name, table, chunk_rows=1000)

@@ -69,8 +69,7 @@ class Engine:
 
 
 def _sinks(st: Stage, job: str):
-    return build_sinks("events,mirror", data_dir=st.data_dir, source=SOURCE, database=None, pg_uri=None,
-                       pg_schema=None, require_schema=job == "merge")
+    return build_sinks("events,mirror", data_dir=st.data_dir, source=SOURCE, database=None, require_schema=job == "merge")
 
 
 def _arrow_round(st: Stage, round_file: str) -> dict:

@@ -191,8 +191,7 @@ def test_an_unplanned_promotion_loses_a_chunks_high_watermark_and_the_chunk_is_r
 def _sinks(data_dir: str):
     from airflow_provider_cdc.pipeline.spark.common import build_sinks
 
-    return build_sinks("events,mirror", data_dir=data_dir, source="shop", database=None, pg_uri=None, pg_schema=None,
-                       require_schema=True)
+    return build_sinks("events,mirror", data_dir=data_dir, source="shop", database=None, require_schema=True)
 
 
 def _round(d, data_dir: str, chunks: list) -> None:

@@ -91,8 +91,7 @@ def test_stop_during_a_merge_cannot_bring_a_deleted_row_back(data_dir):
     compaction removes the tombstone, then the merge's next batch arrives."""
     mirror = MirrorDeltaSink(data_dir, SOURCE)
     mirror.write(events(ev(1, "c", 1, 10), ev(2, "c", 2, 20)))
-    sinks = build_sinks("events,mirror", data_dir=data_dir, source=SOURCE, database=None, pg_uri=None,
-                        pg_schema=None, require_schema=True, fence_tables=[T.id])
+    sinks = build_sinks("events,mirror", data_dir=data_dir, source=SOURCE, database=None, require_schema=True, fence_tables=[T.id])
     merge_events, merge_mirror = sinks
     merge_mirror.write(events(ev(5, "r", 1, 10)))  # batch 1 of the round, chunk rows at hw 5
     fence_out_merges(data_dir, SOURCE, T)  # `stop`
@@ -114,8 +113,7 @@ def test_a_stop_before_the_merge_claims_still_wins(data_dir):
     mirror did not exist yet (the stop creates it from the staged schema)."""
     assert fence_out_merges(data_dir, SOURCE, T, "S1") == 1  # no mirror before: created by the stop
     with pytest.raises(FencedError, match="S1 were stopped"):
-        build_sinks("events,mirror", data_dir=data_dir, source=SOURCE, database=None, pg_uri=None, pg_schema=None,
-                    require_schema=True, fence_tables=[(T.id, "S1")])
+        build_sinks("events,mirror", data_dir=data_dir, source=SOURCE, database=None, require_schema=True, fence_tables=[(T.id, "S1")])
     fence = MergeFence(data_dir, SOURCE).claim([SCHEMA], {T.id: {"S2"}})  # a new snapshot merges normally
     MirrorDeltaSink(data_dir, SOURCE, fence=fence).write(events(ev(5, "r", 1, 10)))
     assert mirror_state(data_dir) == {1: (5, False)}
@@ -379,8 +377,7 @@ def test_a_truncate_removes_older_rows_and_a_late_chunk_cannot_bring_them_back(d
     mirror.write(events(ev(3, "u", 1, 11), trunc(6), ev(7, "c", 3, 30), ev(8, "c", 1, 12)))
     assert mirror_state(data_dir) == {3: (7, False), 1: (8, False)}
     assert horizon(data_dir, SOURCE, T) == Position(6).encode()
-    late = build_sinks("mirror", data_dir=data_dir, source=SOURCE, database=None, pg_uri=None, pg_schema=None,
-                       require_schema=True, fence_tables=[T.id])[0]
+    late = build_sinks("mirror", data_dir=data_dir, source=SOURCE, database=None, require_schema=True, fence_tables=[T.id])[0]
     late.write(events(ev(5, "r", 1, 10), ev(5, "r", 2, 20)))  # the chunk read before the TRUNCATE
     assert mirror_state(data_dir) == {3: (7, False), 1: (8, False)}
     mirror.write(events(ev(3, "u", 1, 11), trunc(6), ev(7, "c", 3, 30)))  # the batch replayed: no change

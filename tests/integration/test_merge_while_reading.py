@@ -150,8 +150,7 @@ def test_chunks_merged_while_reading_reach_the_sinks_once_and_the_round_merges_t
         assert len({(e["key"], e["position"]) for e in r}) == len(r) == sum(c["rows"] for c in results)
 
         run_capture(plan.hook, data)
-        sinks = build_sinks("events,mirror", data_dir=data, source=source, database=None, pg_uri=None,
-                            pg_schema=None, require_schema=True)
+        sinks = build_sinks("events,mirror", data_dir=data, source=source, database=None, require_schema=True)
         try:
             apply_changelog(data, source, sinks)
         finally:

@@ -242,8 +242,7 @@ def run_case(db: str, uri: str, case: dict, tmp: Path) -> None:
             if at >= seq:
                 change(i, op, pick)
         stage_changelog(s.d, s.data_dir)
-        sinks = build_sinks("events,mirror", data_dir=s.data_dir, source=s.source, database=None, pg_uri=None,
-                            pg_schema=None, require_schema=True)
+        sinks = build_sinks("events,mirror", data_dir=s.data_dir, source=s.source, database=None, require_schema=True)
         steps = [lambda: merge_round(chunks, data_dir=s.data_dir, source=s.source, sinks=sinks),
                  lambda: apply_changelog(s.data_dir, s.source, sinks)]
         for step in steps if case["merge_first"] else reversed(steps):

@@ -21,9 +21,9 @@ import pytest
 from airflow_provider_cdc import storage
 from airflow_provider_cdc.hooks.cdc_storage import storage_environment
 from airflow_provider_cdc.operators.spark_jobs import ChangelogApplyOperator, postgres_sink_params
-from airflow_provider_cdc.operators.spark_submit import _passfile_line
 from airflow_provider_cdc.sinks.mirror_postgres import MirrorPostgresSink
 from airflow_provider_cdc.sinks.mirror_readers import read_mirror
+from airflow_provider_cdc.sinks.postgres_target import passfile_line
 
 from .staged_scenario import ITEMS_SCHEMA, OTHER_SCHEMA, SOURCE, build_scenario
 
@@ -85,7 +85,7 @@ def test_libpq_reads_the_password_from_the_passfile_the_operator_writes(tmp_path
     """The passfile handed to a spark-submit is read by libpq (escaped ':' and '\\' included)."""
     password = "p:w\\d-" + uuid.uuid4().hex
     passfile = tmp_path / "pgpass"
-    passfile.write_text(_passfile_line(password))
+    passfile.write_text(passfile_line(password))
     passfile.chmod(0o600)
     conn = psycopg2.connect(pg_uri, passfile=str(passfile))
     try:

@@ -80,7 +80,6 @@ ALLOWED = {
     "core/scope.py": "each server's system catalogs, checked before a dialect exists; core imports no dialect",
     "export/debezium.py": "MariaDB's JSON column is text to Debezium: a connector of the MySQL type map, "
                           "not a database",
-    "operators/spark_submit.py": "'postgres' there is the name of a sink (CDC_SINKS), not of a source database",
 }
 
 

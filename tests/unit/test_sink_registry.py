@@ -86,3 +86,39 @@ def test_what_a_sink_can_hold_stop_and_maintain_is_its_entrys_word(tmp_path):
         assert done == [(str(tmp_path), "s")]
     finally:
         registry.unregister(Nothing.name)
+
+
+def test_a_sinks_own_options_come_from_its_entry_from_settings_to_a_job_and_back(tmp_path):
+    """The 'postgres' sink's target is its own (sinks/postgres_target.py): resolved from the
+    task's settings in the worker, handed to a spark-submit without its password (a 0600
+    passfile), read back by the job; the operators and build_sinks know no sink by name."""
+    import argparse
+    import os
+    import stat
+
+    settings = {"postgres_sink_conn_id": "pg_target", "postgres_sink_schema": "lake"}
+    asked = []
+
+    def connection(conn_id):
+        asked.append(conn_id)
+        return {"host": "db", "port": "5432", "dbname": "d", "user": "u", "password": "p:w"}
+
+    options = registry.resolve_options(["events", "mirror", "postgres"], settings.get, connection)
+    assert list(options) == ["postgres"] and asked == ["pg_target"]
+    assert options["postgres"]["pg_uri"]["password"] == "p:w" and options["postgres"]["pg_schema"] == "lake"
+    with pytest.raises(ConfigurationError, match="CDC_POSTGRES_SINK_CONN_ID"):
+        registry.resolve_options(["postgres"], {}.get, connection)
+
+    args = registry.job_arguments(options, str(tmp_path))
+    assert "p:w" not in " ".join(args)  # a command line is public
+    passfile = tmp_path / "pgpass"
+    assert stat.S_IMODE(os.stat(passfile).st_mode) == 0o600 and passfile.read_text() == "*:*:*:*:p\\:w\n"
+    assert f"passfile='{passfile}'" in args[args.index("--pg-uri") + 1]
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sinks")
+    registry.add_job_arguments(parser)
+    back = registry.options_from_job(["mirror", "postgres"], parser.parse_args(["--sinks", "postgres", *args]))
+    assert back == {"postgres": {"pg_uri": args[args.index("--pg-uri") + 1], "pg_schema": "lake"}}
+    with pytest.raises(ConfigurationError, match="visible to every user"):
+        registry.options_from_job(["postgres"], parser.parse_args(["--pg-uri", "host=db password=x"]))

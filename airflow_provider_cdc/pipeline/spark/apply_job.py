@@ -116,14 +116,13 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     common.configure_logging()
     args = _parse_arguments(argv)
-    common.apply_job_arguments(args)
+    options = common.apply_job_arguments(args)
     sinks = common.build_sinks(
         args.sinks,
         data_dir=args.data_dir,
         source=args.source,
         database=args.database,
-        pg_uri=args.pg_uri,
-        pg_schema=args.pg_schema,
+        options=options,
         require_schema=False,
     )
     spark = common.get_session("cdc-apply")

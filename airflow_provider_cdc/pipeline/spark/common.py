@@ -157,18 +157,17 @@ def build_sinks(
     data_dir: str,
     source: str,
     database: str | None,
-    pg_uri: str | Mapping[str, object] | None = None,
-    pg_schema: str | None = None,
+    options: Mapping[str, Mapping[str, object]] | None = None,
     require_schema: bool,
     fence_tables: Iterable | None = None,
 ) -> list[Sink]:
-    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``pg_uri`` is the
-    'postgres' sink's target: a libpq URI or ``key=value`` string, or psycopg2.connect keywords (the operators
-    resolve CDC_POSTGRES_SINK_CONN_ID into these, the password included, in the worker; a spark-submit gets it
-    without its password, sinks/mirror_postgres.py). A snapshot merge passes ``fence_tables`` (the (table id,
-    snapshot id) pairs of its round's chunks, or bare table ids): it then claims a merge epoch on each of
-    their mirrors before anything is read (refused if a snapshot was stopped), and every sink refuses to write
-    once a newer merge or a stop took the table (sinks/mirror_fencing.py)."""
+    """The sinks named in ``names``, made by the sink registry (sinks/registry.py). ``options``:
+    sink name -> its own options (registry.resolve_options in the worker, registry.options_from_job
+    in a Spark job; the 'postgres' sink's target, sinks/postgres_target.py). A snapshot merge
+    passes ``fence_tables`` (the (table id, snapshot id) pairs of its round's chunks, or bare table
+    ids): it then claims a merge epoch on each of their mirrors before anything is read (refused
+    if a snapshot was stopped), and every sink refuses to write once a newer merge or a stop took
+    the table (sinks/mirror_fencing.py)."""
     from ...sinks import registry
     from ...sinks.base import SchemaCache
     from ...sinks.mirror_fencing import MergeFence
@@ -183,15 +182,21 @@ def build_sinks(
             tid, sid = (item, None) if isinstance(item, str) else item
             rounds.setdefault(tid, set()).update([sid] if sid else [])
         fence = MergeFence(data_dir, source).claim((schemas.require(t) for t in sorted(rounds)), rounds)
-    context = registry.SinkContext(
-        data_dir,
-        source,
-        database,
-        require_schema=require_schema,
-        fence=fence,
-        options={"pg_uri": pg_uri, "pg_schema": pg_schema},
-    )
-    return [registry.create(n, context) for n in wanted]
+    given = options or {}
+    return [
+        registry.create(
+            n,
+            registry.SinkContext(
+                data_dir,
+                source,
+                database,
+                require_schema=require_schema,
+                fence=fence,
+                options=given.get(n, {}),
+            ),
+        )
+        for n in wanted
+    ]
 
 
 def add_common_arguments(parser) -> None:
@@ -203,16 +208,14 @@ def add_common_arguments(parser) -> None:
     parser.add_argument(
         "--database", default=None, help="source.db in the event envelope (default: --source)"
     )
-    parser.add_argument("--sinks", default="events,mirror", help="comma list of: events, mirror, postgres")
+    from ...sinks import registry
+
     parser.add_argument(
-        "--pg-uri",
-        default=None,
-        help="target PostgreSQL of the 'postgres' sink: a libpq URI or key=value string WITHOUT a "
-        "password (refused: a command line is public); libpq reads it from its passfile",
+        "--sinks", default="events,mirror", help=f"comma list of: {', '.join(registry.names())}"
     )
-    parser.add_argument(
-        "--pg-schema", default=None, help="target schema of the 'postgres' sink (default cdc_{source})"
-    )
+    registry.add_job_arguments(
+        parser
+    )  # each sink's own options (the 'postgres' sink's --pg-uri, --pg-schema)
     parser.add_argument(
         "--storage-credentials",
         default=None,
@@ -221,12 +224,13 @@ def add_common_arguments(parser) -> None:
     )
 
 
-def apply_job_arguments(args) -> None:
+def apply_job_arguments(args) -> dict[str, dict]:
     """What a job does with its secret-bearing arguments before anything else: adopt the
     storage credentials file (this process only: storage.use_settings, nothing exported;
-    the executors on this host read the same file) and refuse a --pg-uri with a password."""
+    the executors on this host read the same file) and read each sink's options (a --pg-uri
+    with a password is refused): sink name -> options, for :func:`build_sinks`."""
     from ... import storage
-    from ...sinks.mirror_postgres import connection_parameters, public_dsn
+    from ...sinks import registry
 
     if args.storage_credentials and not os.path.isfile(args.storage_credentials):
         log.warning(
@@ -238,5 +242,4 @@ def apply_job_arguments(args) -> None:
         storage.use_settings(
             storage.read_credentials_file(args.storage_credentials), credentials_file=args.storage_credentials
         )
-    if args.pg_uri:
-        public_dsn(connection_parameters(args.pg_uri))  # raises on a password
+    return registry.options_from_job([n.strip() for n in args.sinks.split(",") if n.strip()], args)

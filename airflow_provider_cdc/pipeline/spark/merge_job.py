@@ -84,7 +84,7 @@ def _parse_arguments(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict:
     common.configure_logging()
     args = _parse_arguments(argv)
-    common.apply_job_arguments(args)
+    options = common.apply_job_arguments(args)
     chunks = load_chunks(args.chunks)
     changelog = args.changelog_dir or staged_changelog_dir(args.data_dir, args.source)
     sinks = common.build_sinks(
@@ -92,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         data_dir=args.data_dir,
         source=args.source,
         database=args.database,
-        pg_uri=args.pg_uri,
-        pg_schema=args.pg_schema,
+        options=options,
         require_schema=True,
         fence_tables=[(c.table, c.snapshot_id) for c in chunks],  # claimed before anything is read
     )
