@@ -26,6 +26,7 @@ from .base import UNITS, Events, SchemaCache, Sink, TableEvents, table_events
 from .event_log_table import (  # noqa: F401 - the envelope and the file names, re-exported
     ENVELOPE_COLUMNS,
     SOURCE_TYPE,
+    RetypedError,
     _changelog_range,
     active_files,
     current,
@@ -315,26 +316,87 @@ def compact_event_log(data_dir: str, source: str, applied, **kwargs) -> dict[str
     return out
 
 
+class _NotAlike(Exception):
+    """A run's files differ in their Arrow schema: merged in memory instead."""
+
+
+def _write_in_order(folder: str, names: list[str], location: str) -> int:
+    """The run's files, each sorted and the run in order, copied a batch at a time into one file
+    at ``location`` (published whole or not at all); returns its rows."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    with storage.atomic_output(location) as (fs, tmp):
+        writer = None
+        try:
+            for n in names:
+                in_fs, path = storage.filesystem(storage.join(folder, n))
+                with in_fs.open_input_file(path) as fh:
+                    f = pq.ParquetFile(fh)
+                    if writer is None:
+                        writer = pq.ParquetWriter(tmp, f.schema_arrow, filesystem=fs)
+                    elif not f.schema_arrow.equals(writer.schema, check_metadata=True):
+                        raise _NotAlike(n)
+                    for batch in f.iter_batches(batch_size=65_536):
+                        writer.write_batch(batch)
+                        rows += batch.num_rows
+        finally:
+            if writer is not None:
+                writer.close()
+    return rows
+
+
 def _merge_run(folder: str, names: list[str]) -> int:
     """One run of a table's changelog files merged into ``c-{first}-{last}`` of the run, sorted
     by (position, key), committed in place of them; returns the files merged (0: another
-    compaction took the run)."""
+    compaction took the run). A run in order (no two files' ranges overlap: each file is sorted)
+    is copied a batch at a time; one whose ranges overlap (a segment read again after a
+    failover) is sorted again, in memory."""
+    spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
+    first, last = min(r[0] for r in spans), max(r[1] for r in spans)
+    out = f"c-{first}-{last}.parquet"
+    location = storage.join(folder, out)
+    in_order = all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    if in_order and not storage.exists(location):
+        try:
+            rows = _write_in_order(folder, names, location)
+        except _NotAlike:
+            pass
+        else:
+            try:
+                v = commit_files(
+                    folder, replace=names, operation="OPTIMIZE", data_change=False, prewritten=[(out, rows)]
+                )
+            except RetypedError:  # a column widened meanwhile: merged in memory, in the new types
+                storage.delete(location)
+                return _merge_run_in_memory(folder, names, out)
+            except CommitFailedError as exc:  # another compaction took the run: it is merged already
+                storage.delete(location)
+                log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
+                return 0
+            log.info(
+                "event log %s: %d files merged into %s (%d events), version %d",
+                folder,
+                len(names),
+                out,
+                rows,
+                v,
+            )
+            return len(names)
+    return _merge_run_in_memory(folder, names, out)
+
+
+def _merge_run_in_memory(folder: str, names: list[str], out: str) -> int:
     from ..storage.staged import read_table
 
     tables = [read_table(storage.join(folder, n)) for n in names]
     t = pa.concat_tables(tables).replace_schema_metadata(tables[0].schema.metadata)
     del tables
-    spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
-    if any(a[1] >= b[0] for a, b in zip(spans, spans[1:], strict=False)):
-        # ranges that overlap (a segment read again after a failover): sorted again; else each
-        # file is sorted and the run in order already, and sorting would copy every event
-        order = pc.sort_indices(
-            pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
-            sort_keys=[("p", "ascending"), ("k", "ascending")],
-        )
-        t = t.take(order)
-    first, last = min(r[0] for r in spans), max(r[1] for r in spans)
-    out = f"c-{first}-{last}.parquet"
+    order = pc.sort_indices(
+        pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
+        sort_keys=[("p", "ascending"), ("k", "ascending")],
+    )
+    t = t.take(order)
     try:
         v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)
     except CommitFailedError as exc:  # another compaction took the run: it is merged already

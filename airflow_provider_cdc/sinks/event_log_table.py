@@ -459,6 +459,11 @@ def _legacy(folder: str, skip: set[str]) -> tuple[list[str], list[str]]:
     return [n for n in names if n not in gone], sorted(gone)
 
 
+class RetypedError(CommitFailedError):
+    """A file written for a commit is not in the table's types any more (a column widened
+    meanwhile): write it again from its inputs."""
+
+
 def commit(
     folder: str,
     files: Sequence[tuple[str, pa.Table]] = (),
@@ -467,13 +472,16 @@ def commit(
     operation: str = "WRITE",
     check: Callable[[], None] | None = None,
     data_change: bool = True,
+    prewritten: Sequence[tuple[str, int]] = (),
 ) -> int:
     """Write ``files`` (name, an envelope table with its images metadata) into the table at
     ``folder`` and commit them, with the removal of ``replace`` (files they take the place of: a
     compaction's inputs), as one version; returns it. A file of a batch already in the table
     replaces it. ``check`` runs before each attempt (a merge's fence). Raises CommitFailedError
     when ``replace`` is no longer all in the table (another compaction took them) or after
-    COMMIT_ATTEMPTS lost races."""
+    COMMIT_ATTEMPTS lost races. ``prewritten``: (name, rows) of files the caller wrote into the
+    folder already in the table's types (a compaction's merge, written a batch at a time); one
+    whose types the table no longer has raises RetypedError."""
     names = [n for n, _ in files]
     mine: set[str] = set()
     done: dict[str, tuple[Typing, str, int]] = {}  # batch file -> (typing, name, rows) written
@@ -527,6 +535,11 @@ def commit(
                 atomic_write_table(out, storage.join(folder, name))
                 rows = out.num_rows
                 done[n] = (typing, name, rows)
+            actions.append(_add(folder, name, rows, data_change=data_change))
+            written.append(name)
+        for name, rows in prewritten:
+            if not _physical_matches(_read_schema(folder, name), want):
+                raise RetypedError(f"event log {folder}: {name} is not in the table's types any more")
             actions.append(_add(folder, name, rows, data_change=data_change))
             written.append(name)
         batches = {batch_of(n) for n in names}

@@ -147,3 +147,35 @@ def test_merged_inputs_go_once_their_removal_is_older_than_the_grace_however_oft
     merged, removed = compact_table(str(folder), p(10 ** 6), min_files=2, grace_seconds=grace,
                                     now=again_at + grace + 1)
     assert removed == 3 and parquet(str(folder)) == [f"c-{p(11)}-{p(63)}.parquet"]
+
+
+def test_a_run_in_order_is_copied_a_batch_at_a_time_and_a_widened_table_merges_it_again(tmp_path, monkeypatch):
+    """Each file is sorted and a run of files whose ranges do not overlap is in order: it is copied
+    a batch at a time, never held whole or sorted (sinks/event_log.py). When a column widens
+    between that copy and the commit, the copy is not in the table's types: it is dropped and
+    the run merged again in memory, in the new types. Readers see the same events either way."""
+    from airflow_provider_cdc.sinks import event_log, event_log_table
+
+    data = str(tmp_path / "d")
+    write_batches(data, range(1, 9))
+    folder = table_dir(data, "src", T)
+    before = events(data)
+    in_memory = []
+    real_in_memory = event_log._merge_run_in_memory
+    monkeypatch.setattr(event_log, "_merge_run_in_memory",
+                        lambda *a: in_memory.append(a[1]) or real_in_memory(*a))
+    assert compact_table(folder, p(43), min_files=4) == (4, 0)
+    assert in_memory == [] and event_files(folder)[0] == f"c-{p(11)}-{p(43)}.parquet"
+    assert events(data) == before
+
+    real_matches = event_log_table._physical_matches
+    checks = []
+
+    def widened_once(schema, want):  # the first check of the copied file: a column widened meanwhile
+        checks.append(schema)
+        return len(checks) > 1 and real_matches(schema, want)
+
+    monkeypatch.setattr(event_log_table, "_physical_matches", widened_once)
+    assert compact_table(folder, p(83), min_files=4) == (5, 0)  # the small merged file joins the run
+    assert len(in_memory) == 1 and events(data) == before
+    assert event_files(folder) == [f"c-{p(11)}-{p(83)}.parquet"]
