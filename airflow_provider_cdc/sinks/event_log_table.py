@@ -33,7 +33,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake.exceptions import CommitFailedError
 
@@ -49,10 +48,10 @@ from ..core.arrow_types import (
 )
 from ..core.errors import ConfigurationError
 from ..core.event_batch import ORIGIN_TYPE
-from ..core.position import ENCODED_LENGTH
 from ..core.schema import Column, TableSchema
 from ..storage.staged import atomic_write_table, read_table
 from .delta_log import LogState, after_commit, latest_version, log_state, write_commit
+from .event_log_names import _changelog_range, held_in, live_files, superseded  # noqa: F401 - offered here too
 
 log = logging.getLogger(__name__)
 
@@ -74,92 +73,6 @@ SOURCE_TYPE = pa.struct(
 )
 #: the envelope's columns; ``before`` and ``after`` are structs whose fields depend on the table
 ENVELOPE_COLUMNS = ("op", "key", "before", "after", "source", "ts_ms")
-
-
-def _changelog_range(name: str) -> tuple[str, str] | None:
-    """(first, last) encoded positions of a changelog file ``c-{first}-{last}.parquet`` (or
-    ``c-{first}-{last}.g{version}.parquet``, the same batch retyped: sinks/event_log_table.py)."""
-    stem = name.removesuffix(".parquet").split(".")[0]
-    parts = stem.split("-")
-    if len(parts) == 3 and parts[0] == "c" and len(parts[1]) == len(parts[2]) == ENCODED_LENGTH:
-        return parts[1], parts[2]
-    return None
-
-
-def superseded(
-    names: list[str], held: Callable[[str], tuple[str, str] | None] | None = None
-) -> dict[str, str]:
-    """Changelog files merged into a larger one (:func:`compact_table`) that still wait for
-    deletion: name -> the file that holds their events. A file is merged into another when the
-    other's name covers its name's range and, with ``held`` (a file's name -> the first and last
-    position of the events it holds, None when it holds none), the events the other holds cover
-    the positions of its own: a name alone is a claim (a batch re-read after a failover was once
-    named for more than it held, and hid the files it overlapped)."""
-    ranges = sorted(
-        ((r[0], r[1], n) for n in names if (r := _changelog_range(n)) is not None),
-        key=lambda x: (x[0], _neg(x[1])),
-    )
-    memo: dict[str, tuple[str, str] | None] = {}
-
-    def holds(name: str) -> tuple[str, str] | None:
-        if name not in memo:
-            memo[name] = held(name) if held is not None else _changelog_range(name)
-        return memo[name]
-
-    out: dict[str, str] = {}
-    for i, (first, last, name) in enumerate(ranges):
-        mine = None
-        for other_first, other_last, other in ranges[:i]:  # sorted by first: covers come earlier
-            if other_first > first or other_last < last or other in out:
-                continue
-            mine = mine or holds(name)
-            theirs = holds(other)
-            if mine is None or (theirs is not None and theirs[0] <= mine[0] and theirs[1] >= mine[1]):
-                out[name] = other
-                break
-    return out
-
-
-def _neg(hex_text: str) -> str:
-    """A key that sorts hex text descending."""
-    return hex_text.translate(str.maketrans("0123456789abcdef", "fedcba9876543210"))
-
-
-def live_files(names: list[str], folder: str | None = None) -> list[str]:
-    """Of a folder's listing without a Delta log (written before the event log had one), the
-    files a reader takes: every file but those merged into a larger one (they hold the same
-    events; they stay for a while for readers that listed them). With ``folder`` what each file
-    holds is checked, not only its name (:func:`superseded`)."""
-    gone = superseded(names, None if folder is None else held_in(folder))
-    return [n for n in names if n not in gone]
-
-
-def held_in(folder: str) -> Callable[[str], tuple[str, str] | None]:
-    """A file of ``folder`` -> the first and last position of the events it holds (None: none),
-    from its Parquet statistics, or its position column where they are missing."""
-
-    def held(name: str) -> tuple[str, str] | None:
-        fs, p = storage.filesystem(storage.join(folder, name))
-        with fs.open_input_file(p) as fh:
-            f = pq.ParquetFile(fh)
-            meta = f.metadata
-            if meta.num_rows == 0:
-                return None
-            column = next(
-                (i for i in range(meta.num_columns) if meta.schema.column(i).path == "source.position"), None
-            )
-            lows, highs = [], []
-            for g in range(meta.num_row_groups):
-                st = meta.row_group(g).column(column).statistics if column is not None else None
-                if st is None or not st.has_min_max:
-                    positions = pc.struct_field(f.read(columns=["source"])["source"], "position")
-                    lo, hi = pc.min_max(positions).values()
-                    return (lo.as_py(), hi.as_py()) if lo.is_valid else None
-                lows.append(st.min)
-                highs.append(st.max)
-            return min(lows), max(highs)
-
-    return held
 
 
 #: the table property holding the typing every file of the table is held in
@@ -459,6 +372,27 @@ def _legacy(folder: str, skip: set[str]) -> tuple[list[str], list[str]]:
     return [n for n in names if n not in gone], sorted(gone)
 
 
+def _head(operation: str, state: LogState, want: pa.Schema, typing: Typing | None) -> list[dict]:
+    """A commit's first actions: its commitInfo, the protocol when ``want`` needs a newer one, and
+    the metadata when the typing changed (``typing``; None: it did not)."""
+    head: list[dict] = [
+        {
+            "commitInfo": {
+                "timestamp": int(time.time() * 1000),
+                "operation": operation,
+                "operationParameters": {},
+                "clientVersion": "airflow-provider-cdc",
+            }
+        }
+    ]
+    protocol = _protocol(want, state.protocol)
+    if protocol != state.protocol:
+        head.append({"protocol": protocol})
+    if typing is not None:
+        head.append({"metaData": _metadata(state, typing)})
+    return head
+
+
 class RetypedError(CommitFailedError):
     """A file written for a commit is not in the table's types any more (a column widened
     meanwhile): write it again from its inputs."""
@@ -563,21 +497,7 @@ def commit(
                 actions.append(_remove(add, data_change=data_change))
         for p in superseded_names:
             actions.append(_remove({"path": p}, data_change=False))
-        head = [
-            {
-                "commitInfo": {
-                    "timestamp": int(time.time() * 1000),
-                    "operation": operation,
-                    "operationParameters": {},
-                    "clientVersion": "airflow-provider-cdc",
-                }
-            }
-        ]
-        protocol = _protocol(want, state.protocol)
-        if protocol != state.protocol:
-            head.append({"protocol": protocol})
-        if typing != old_typing or v < 0:
-            head.append({"metaData": _metadata(state, typing)})
+        head = _head(operation, state, want, typing if typing != old_typing or v < 0 else None)
         if check is not None:
             check()
         try:

@@ -21,7 +21,6 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 #: module -> its lines today (to be split by purpose)
 LONG_MODULES = {
     "settings.py": 601,
-    "sinks/event_log_table.py": 645,
     "dialects/postgres/log_reader.py": 664,
     "export/debezium.py": 746,
     "pipeline/snapshot_controller.py": 820,
@@ -37,7 +36,7 @@ LONG_FUNCTIONS = {
     "settings.py:load": 123,
     "dialects/postgres/pgbatch.py:build": 121,
     "pipeline/snapshot_controller.py:read_range": 117,
-    "sinks/event_log_table.py:commit": 116,
+    "sinks/event_log_table.py:commit": 110,
     "dialects/postgres/prerequisites.py:privilege_problems": 111,
     "pipeline/snapshot_controller.py:_start": 106,
     "dag_builders.py:snapshot_dag": 105,
