@@ -43,7 +43,7 @@ from .delta_buckets import (
 
 #: kept rows per slice of a fold: what compaction holds of a bucket's rows at once (x the
 #: versions of a key it reads: the stored versions of the slice's keys)
-FOLD_SLICE_ROWS = 131_072
+FOLD_SLICE_ROWS = 65_536
 
 Bound = tuple[str | None, str | None]  # (after, upto] of keys; None: open
 
