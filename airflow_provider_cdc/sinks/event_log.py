@@ -353,37 +353,23 @@ def _merge_run(folder: str, names: list[str]) -> int:
     is copied a batch at a time; one whose ranges overlap (a segment read again after a
     failover) is sorted again, in memory."""
     spans = [_changelog_range(n) for n in names]  # overlapping names: the widest claim
-    first, last = min(r[0] for r in spans), max(r[1] for r in spans)
-    out = f"c-{first}-{last}.parquet"
+    out = f"c-{min(r[0] for r in spans)}-{max(r[1] for r in spans)}.parquet"
     location = storage.join(folder, out)
     in_order = all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
-    if in_order and not storage.exists(location):
-        try:
-            rows = _write_in_order(folder, names, location)
-        except _NotAlike:
-            pass
-        else:
-            try:
-                v = commit_files(
-                    folder, replace=names, operation="OPTIMIZE", data_change=False, prewritten=[(out, rows)]
-                )
-            except RetypedError:  # a column widened meanwhile: merged in memory, in the new types
-                storage.delete(location)
-                return _merge_run_in_memory(folder, names, out)
-            except CommitFailedError as exc:  # another compaction took the run: it is merged already
-                storage.delete(location)
-                log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
-                return 0
-            log.info(
-                "event log %s: %d files merged into %s (%d events), version %d",
-                folder,
-                len(names),
-                out,
-                rows,
-                v,
-            )
-            return len(names)
-    return _merge_run_in_memory(folder, names, out)
+    if not in_order or storage.exists(location):
+        return _merge_run_in_memory(folder, names, out)
+    try:
+        rows = _write_in_order(folder, names, location)
+    except _NotAlike:
+        return _merge_run_in_memory(folder, names, out)
+    try:
+        merged = _commit_run(folder, names, out, rows, prewritten=[(out, rows)])
+    except RetypedError:  # a column widened meanwhile: merged in memory, in the new types
+        storage.delete(location)
+        return _merge_run_in_memory(folder, names, out)
+    if not merged:  # another compaction took the run: the copy is nobody's
+        storage.delete(location)
+    return merged
 
 
 def _merge_run_in_memory(folder: str, names: list[str], out: str) -> int:
@@ -396,19 +382,22 @@ def _merge_run_in_memory(folder: str, names: list[str], out: str) -> int:
         pa.table({"p": pc.struct_field(t["source"], "position"), "k": t["key"]}),
         sort_keys=[("p", "ascending"), ("k", "ascending")],
     )
-    t = t.take(order)
+    return _commit_run(folder, names, out, t.num_rows, files=[(out, t.take(order))])
+
+
+def _commit_run(folder: str, names: list[str], out: str, rows: int, **files) -> int:
+    """The merged file of a run committed in place of its inputs (``files`` or ``prewritten``, as
+    :func:`event_log_table.commit` takes them); returns the files merged, 0 when another
+    compaction took the run."""
     try:
-        v = commit_files(folder, [(out, t)], replace=names, operation="OPTIMIZE", data_change=False)
+        v = commit_files(folder, replace=names, operation="OPTIMIZE", data_change=False, **files)
+    except RetypedError:  # (a CommitFailedError) the caller merges the run again
+        raise
     except CommitFailedError as exc:  # another compaction took the run: it is merged already
         log.info("event log %s: run %s..%s left alone (%s)", folder, names[0], names[-1], exc)
         return 0
     log.info(
-        "event log %s: %d files merged into %s (%d events), version %d",
-        folder,
-        len(names),
-        out,
-        t.num_rows,
-        v,
+        "event log %s: %d files merged into %s (%d events), version %d", folder, len(names), out, rows, v
     )
     return len(names)
 
