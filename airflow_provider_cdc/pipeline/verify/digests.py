@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...core.ranges import FULL_RANGE
+from ...core.row_digest import digest_input as _digest_input
+from ...core.row_digest import mirror_digest_sql
 from ...core.schema import TableName, TableSchema, encode_key
 from ...core.throttle import Throttle
 from .compare import (
@@ -40,57 +42,6 @@ def digest_problems(dialect, schema: TableSchema) -> list[str]:
     """Why ``schema``'s table is verified row by row rather than by digests (empty: it is not):
     the source must compute a digest form of every column (dialects/base.py DIGEST_FORMS)."""
     return list(dialect.digest_problems(schema))
-
-
-def _duck_ident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _digest_input(batch: pa.RecordBatch | pa.Table, schema: TableSchema) -> pa.Table:
-    """The schema's columns of typed mirror rows as the digest forms read them: floats as their
-    bits, dates as their days, timestamps as their microseconds (zero-copy views)."""
-    cols = []
-    for c in schema.columns:
-        arr = batch.column(batch.schema.get_field_index(c.name))
-        if isinstance(arr, pa.ChunkedArray):
-            arr = arr.combine_chunks()
-        t = arr.type
-        if pa.types.is_float64(t) and c.type == "float64":
-            arr = arr.view(pa.int64())
-        elif pa.types.is_float32(t) and c.type == "float32":
-            arr = arr.view(pa.int32())
-        elif pa.types.is_date32(t):
-            arr = arr.view(pa.int32())
-        elif pa.types.is_timestamp(t):
-            arr = arr.view(pa.int64())
-        cols.append(arr)
-    return pa.table(cols, names=[f"c{i}" for i in range(len(cols))])
-
-
-def mirror_digest_sql(schema: TableSchema, arrow: pa.Schema) -> str:
-    """duckdb SQL of each row's 64-bit digest (``h``) over :func:`_digest_input`'s table ``m``: the
-    same text the source's SQL builds (dialects/base.py DIGEST_FORMS), vectorised."""
-    from ...dialects.base import DIGEST_NULL, DIGEST_SIZED
-
-    pieces = []
-    for i, c in enumerate(schema.columns):
-        ident, t = f"c{i}", arrow.field(i).type
-        if pa.types.is_string(t) or pa.types.is_large_string(t):
-            text = ident  # strings, and values the mirror keeps as their canonical text
-        elif pa.types.is_boolean(t):
-            text = f"CASE WHEN {ident} THEN 't' WHEN NOT {ident} THEN 'f' END"
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            text = f"lower(hex({ident}))"
-        else:  # integers, decimals, and the views of floats, dates and timestamps
-            text = f"CAST({ident} AS VARCHAR)"
-        # (|| is null when a part is, unlike concat(): a null value gives the null piece)
-        value = (
-            f"CAST(strlen({text}) AS VARCHAR) || ':' || {text}"
-            if c.type in DIGEST_SIZED
-            else f"{text} || ','"
-        )
-        pieces.append(f"coalesce({value}, '{DIGEST_NULL}')")
-    return f"SELECT ('0x' || left(md5(concat({', '.join(pieces)})), 16))::UBIGINT AS h FROM m"  # noqa: S608 - our names
 
 
 class MirrorDigests:
