@@ -137,7 +137,8 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
     """The key of tables without a primary key (Debezium's ``message.key.columns``): a mapping
     table -> columns, given as a JSON object (``{"s.events": ["uid"]}``: any names) or as
     ``s.events:uid;s.lines:order_id,line_no`` (names without ``:``, ``;`` or ``,``). Table
-    names stay text, as in :func:`split_table_list`."""
+    names stay text, as in :func:`split_table_list`. ``*`` alone (:data:`WHOLE_ROW`) keys a
+    table by its whole row: captured as a multiset."""
     if value is None or value == "":
         return {}
     if isinstance(value, str):
@@ -181,8 +182,33 @@ def parse_key_columns(value: object, setting: str) -> dict[str, tuple[str, ...]]
             )
         if len(set(cols)) != len(cols):
             raise ConfigurationError(f"{setting}: table {table!r} names a key column twice: {list(cols)!r}")
+        if "*" in cols and len(cols) > 1:
+            raise ConfigurationError(
+                f"{setting}: table {table!r} names '*' (the whole row: captured as a multiset) with other "
+                f"columns {list(cols)!r}: give '*' alone, or the columns of a unique index"
+            )
         result[table] = tuple(cols)
     return result
+
+
+def multiset_key(
+    table: TableName, *, has_key: bool, whole_old_rows: bool
+) -> tuple[tuple[str, ...] | None, str]:
+    """The key of a table CDC_KEY_COLUMNS names with ``*`` (:data:`WHOLE_ROW`): ``()``, "keyed by
+    its whole row", when it has no key of its own and the log carries the whole old row of each
+    UPDATE and DELETE (``whole_old_rows``); else None and why not."""
+    if has_key:
+        return None, (
+            "is named in CDC_KEY_COLUMNS with '*' (captured as a multiset), but it has a primary key, "
+            "which keys it: remove it from CDC_KEY_COLUMNS"
+        )
+    if not whole_old_rows:
+        return None, (
+            "is named in CDC_KEY_COLUMNS with '*' (captured as a multiset: each change is matched to "
+            "a copy by its whole row), but the log does not carry the whole old row of its UPDATEs "
+            "and DELETEs"
+        )
+    return (), ""
 
 
 def _quote_id_part(part: str) -> str:
@@ -290,6 +316,11 @@ class Column:
 
 #: ``TableSchema.extra`` of a table described for a whole-table refresh (no key needed)
 WHOLE_TABLE = "whole_table_refresh"
+#: ``TableSchema.extra`` of a table without a key captured as a multiset (CDC_KEY_COLUMNS names
+#: it with :data:`WHOLE_ROW`): its whole row is its key and duplicate rows are counted
+MULTISET = "multiset"
+#: the CDC_KEY_COLUMNS value of a table captured as a multiset: ``{"s.t": "*"}`` or ``s.t:*``
+WHOLE_ROW = ("*",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +332,7 @@ class TableSchema:
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.columns]
-        if not self.primary_key and not self.whole_table:
+        if not self.primary_key and not self.whole_table and not self.multiset:
             raise ConfigurationError(f"table {self.table} has no primary key")
         missing = [k for k in self.primary_key if k not in names]
         if missing:
@@ -315,6 +346,12 @@ class TableSchema:
         read in physical order, never by key, so it has none (chunks, windows and the keyed
         mirror never take it)."""
         return self.extra.get(WHOLE_TABLE) == "true"
+
+    @property
+    def multiset(self) -> bool:
+        """A table without a key captured as a multiset (docs/DESIGN.md, "Tables without a key"):
+        never chunked by key; its mirror counts copies of whole rows (sinks/multiset.py)."""
+        return self.extra.get(MULTISET) == "true"
 
     @property
     def connector(self) -> str | None:

@@ -27,6 +27,7 @@ from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.ranges import ChunkRange
+from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
 from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
 from ..core.scope import CaptureScope, is_system_schema, no_scope_error
 from ..storage.staged import ChunkWriter
@@ -51,24 +52,7 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 _SIZED = frozenset({bytes, str, bytearray, memoryview})
 
 
-#: verify's digest forms (pipeline/verify/digests.py): the text each logical type's value becomes, the
-#: same in the source's SQL (the dialects) and over the mirror's typed Arrow columns (duckdb):
-#:
-#: - int16/32/64, uint64: the integer in decimal; bool: ``t`` / ``f``
-#: - float32/float64: the IEEE 754 bits read as a signed 32/64-bit integer, in decimal
-#: - decimal(p,s): the number with exactly s fraction digits; decimal: the source's exact text
-#: - string, uuid, json: the text (UTF-8); binary: lowercase hex; time: ``[-]HH:MM:SS.ffffff``
-#: - date: days since 1970-01-01, timestamp/timestamptz: microseconds since 1970-01-01 UTC,
-#:   infinities and zero dates encoded as core/temporal.py encodes them
-#:
-#: A row's text is its columns' pieces in column order: ``N`` for NULL, else the text and
-#: ``,`` (``<byte length>:<text>`` for the SIZED types, whose text may hold anything), so two
-#: different rows never make the same text. Its digest: the first 64 bits of md5(row text),
-#: big-endian; a key range's digest: the row count and the XOR of its rows' digests. Types
-#: without a form (arrays; MariaDB's FLOAT and DOUBLE, whose text the server prints its own
-#: way) make verify compare that table's rows in Python.
-DIGEST_SIZED = frozenset({"string", "uuid", "json"})
-DIGEST_NULL = "N"
+# verify's digest forms: core/row_digest.py (the dialects build the same text in SQL)
 
 
 def value_bytes(row: Sequence[Any]) -> int:
@@ -139,6 +123,8 @@ class WholeTableRead:
 
     files: tuple[tuple[str, int], ...]
     mark: str | None
+    #: PostgreSQL: which transactions the snapshot saw (core/visibility.py); None elsewhere
+    visibility: str | None = None
 
     @property
     def rows(self) -> int:
@@ -404,6 +390,12 @@ class Dialect(ABC):
     def check_readable(self, table: TableName) -> None:
         """Raise SourceError naming the grant when the connection's role cannot SELECT ``table``
         (a missing table is left to :meth:`describe_table`, which names it)."""
+
+    def settle_running_transactions(self, timeout_seconds: float = 300.0) -> None:  # noqa: B027 - optional
+        """Before a multiset table's load (pipeline/multiset.py): wait until every transaction
+        running now has ended, where a transaction that wrote the table before capture began to
+        carry it could otherwise be in neither the load's snapshot nor the log (PostgreSQL, a
+        table just added to the publication). Nothing to wait for by default."""
 
     # --- prerequisites and metadata ---------------------------------------------------
     @abstractmethod

@@ -11,7 +11,7 @@ import pymysql
 import pymysql.cursors
 
 from ...core.errors import SourceError, TableNotFoundError
-from ...core.schema import WHOLE_TABLE, Column, TableName, TableSchema
+from ...core.schema import MULTISET, WHOLE_ROW, WHOLE_TABLE, Column, TableName, TableSchema, multiset_key
 from .server import MyServer
 from .types import as_text, logical_type
 
@@ -64,6 +64,8 @@ class MyCatalog:
         if not keyed:
             return TableSchema(table, tuple(cols), (), {**extra, WHOLE_TABLE: "true"})
         pk, why = self._table_key(table, {c.name: c.nullable for c in cols})
+        if pk == ():
+            return TableSchema(table, tuple(cols), (), {**extra, MULTISET: "true"})
         if not pk:
             raise SourceError(
                 f"table {table} {why}; DBLog chunks and de-duplicates by key: name it in "
@@ -96,6 +98,9 @@ class MyCatalog:
         }
         want = self.key_columns.get(table)
         qt = self.server.quote_table(table)
+        if want == WHOLE_ROW:  # a multiset: () is "keyed by the whole row"
+            # (binlog_row_image=FULL, every capture's prerequisite, logs whole old rows)
+            return multiset_key(table, has_key="PRIMARY" in indexes, whole_old_rows=True)
         if want:
             if any(sorted(c) == sorted(want) for c in usable.values()):
                 return want, ""

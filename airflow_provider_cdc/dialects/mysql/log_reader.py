@@ -21,7 +21,7 @@ import pymysql.cursors
 from ...core.errors import SourceError, StateError
 from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ...core.position import Position, binlog_file_index, binlog_major
-from ...core.schema import TableName, encode_key
+from ...core.schema import WHOLE_ROW, TableName, encode_key
 from ..base import LogBatch, SegmentSink
 from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .failover import GtidState
@@ -753,10 +753,9 @@ class MyLogReader:
         if hit is not None:
             return hit
         pk = table.primary_key
-        # a table without a primary key is keyed by its CDC_KEY_COLUMNS (the binlog has whole rows)
-        pk_cols = self.key_columns.get(TableName(ev.schema, ev.table)) or (
-            (pk,) if isinstance(pk, str) and pk else tuple(pk or ())
-        )
+        # no primary key: keyed by its CDC_KEY_COLUMNS (the binlog has whole rows; '*', a multiset: none)
+        want, own = self.key_columns.get(TableName(ev.schema, ev.table)), (pk,) if isinstance(pk, str) else pk
+        pk_cols = () if want == WHOLE_ROW else want or tuple(x for x in own or () if x)
         convs: dict[str, Callable[[Any], Any] | None] = {}
         for c in table.columns:
             conv = binlog_converter(c)
@@ -854,7 +853,7 @@ class MyLogReader:
         if table_id is None:
             return []
         convs, pk = self._table_converters(ev)
-        if not pk:
+        if not pk and self.key_columns.get(TableName(ev.schema, ev.table)) != WHOLE_ROW:
             if self.tables is not None:
                 raise SourceError(
                     f"table {table_id} has no primary key in the binlog's row metadata; add one"

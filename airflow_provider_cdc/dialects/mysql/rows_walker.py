@@ -48,7 +48,7 @@ from ...core.event_batch import (
     origin_array,
 )
 from ...core.events import LogEvent, Op
-from ...core.schema import Column, TableName, TableSchema
+from ...core.schema import MULTISET, Column, TableName, TableSchema
 
 try:
     from . import _rows
@@ -189,7 +189,10 @@ class TableWalker:
         self.key_idx = key_idx
         self.logicals = tuple(logicals)
         self.schema = TableSchema(
-            table, tuple(Column(n, t) for n, t in zip(names, logicals, strict=True)), tuple(key_names)
+            table,
+            tuple(Column(n, t) for n, t in zip(names, logicals, strict=True)),
+            tuple(key_names),
+            {} if key_names else {MULTISET: "true"},  # no key: a multiset, keyed by the whole row
         )
 
     @classmethod

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...core.errors import SourceError, TableNotFoundError
-from ...core.schema import WHOLE_TABLE, Column, TableName, TableSchema
+from ...core.schema import MULTISET, WHOLE_ROW, WHOLE_TABLE, Column, TableName, TableSchema, multiset_key
 from .server import PgServer
 from .types import REPLICA_IDENTITY, SUPPORTED_TYPES, PgType, UnsupportedType, logical_type
 
@@ -87,20 +87,29 @@ class PgCatalog:
             for name, primary, identity, cols, nullable in rows
         ]
 
+    def _whole_row_key(
+        self, table: TableName, at: tuple[int, str], has_key: bool
+    ) -> tuple[tuple[str, ...] | None, str]:
+        key, why = multiset_key(table, has_key=has_key, whole_old_rows=at[1] == "f")
+        if key is None and at[1] != "f":
+            qt = self.server.quote_table(table)
+            why += f". Have the table's owner run: ALTER TABLE {qt} REPLICA IDENTITY FULL"
+        return self._key_cache.setdefault(at, (key, why))
+
     def table_key(self, table: TableName, relid: int, ident: str) -> tuple[tuple[str, ...] | None, str]:
-        """The columns that key ``table``'s rows in chunks, windows and the mirror, or None and
-        why not, with the statements that would make it capturable. Only a key the log carries
-        for every UPDATE and DELETE will do: the primary key under REPLICA IDENTITY DEFAULT, the
-        identity's index under USING INDEX, or under FULL (whole old rows) the primary key or
-        the unique NOT NULL columns named in CDC_KEY_COLUMNS. Anything else would also make
-        PostgreSQL refuse the application's UPDATE and DELETE once the table is published."""
-        hit = self._key_cache.get((relid, ident))
-        if hit is not None:
+        """The columns that key ``table``'s rows, or None and why not, with the statements that
+        would make it capturable: a key the log carries for every UPDATE and DELETE (the primary
+        key under REPLICA IDENTITY DEFAULT, the identity's index under USING INDEX, under FULL the
+        primary key or the unique NOT NULL columns CDC_KEY_COLUMNS names; ``()``: '*', a multiset).
+        Anything else also makes PostgreSQL refuse the application's UPDATE and DELETE."""
+        if (hit := self._key_cache.get((relid, ident))) is not None:
             return hit
         idx = self._unique_indexes(relid)
         pk = next((x for x in idx if x.primary), None)
         want = self.key_columns.get(table)
         qt = self.server.quote_table(table)
+        if want == WHOLE_ROW:  # a multiset: () is "keyed by the whole row"
+            return self._whole_row_key(table, (relid, ident), pk is not None)
         usable = [x for x in idx if not x.nullable]
         example = json.dumps({table.id: list(usable[0].columns)}, ensure_ascii=False) if usable else ""
         full = (
@@ -247,6 +256,8 @@ class PgCatalog:
         if not keyed:
             return TableSchema(table, tuple(columns), (), {**extra, WHOLE_TABLE: "true"})
         pk, why = self.table_key(table, relid, ident)
+        if pk == ():
+            return TableSchema(table, tuple(columns), (), {**extra, MULTISET: "true"})
         if not pk:
             raise SourceError(
                 f"table {table} {why}. DBLog reads chunks in key order and matches changelog events by "

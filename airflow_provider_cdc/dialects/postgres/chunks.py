@@ -16,6 +16,7 @@ from ...core.position import (
     just_before,
     lsn_to_int,
     next_record_start,
+    position_mark,
     standby_mark,
 )
 from ...core.schema import TableSchema
@@ -196,7 +197,7 @@ class PgChunkReader:
         try:
             replayed = self.replayed_before_snapshot(conn)
             with conn.cursor() as cur:
-                seen = self._read_snapshot(cur, replayed)
+                seen = self._read_snapshot(cur, replayed, always_mark=True)
                 qt = self.server.quote_table(schema.table)
                 cur.execute(
                     "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, c.reltuples, "
@@ -230,7 +231,7 @@ class PgChunkReader:
         except BaseException:
             self.server.reset_read_conn()
             raise
-        return WholeTableRead(tuple(files), seen.mark)
+        return WholeTableRead(tuple(files), seen.mark, seen.visibility)
 
     def read_floor(self) -> Position | None:
         """Chunks from a hot standby: the primary's position now (after the slot exists and after
@@ -330,7 +331,7 @@ class PgChunkReader:
         finally:
             conn.rollback()
 
-    def _read_snapshot(self, cur: Any, replayed: str | None) -> ReadSnapshot:
+    def _read_snapshot(self, cur: Any, replayed: str | None, *, always_mark: bool = False) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
         chunk's SELECT then reads, and records which transactions it sees: on a primary
         ``pg_current_snapshot()``; on a hot standby ``replayed``, the replay position read before
@@ -367,6 +368,8 @@ class PgChunkReader:
         else:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             at = just_before(Position.pg(cur.fetchone()[0]))
+        if always_mark:  # (a whole-table read: its mark aligns it with the log whatever the strategy)
+            return ReadSnapshot(position_mark(at, int(time.time() * 1000)), visibility)
         return ReadSnapshot(self.strategy.snapshot_mark(at), visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from ...core.errors import ConfigurationError
+from ...core.errors import ConfigurationError, SourceBehindError
 from ...core.findings import Finding
 from ...core.position import Position
 from ...core.ranges import ChunkRange
@@ -397,6 +397,32 @@ class PostgresDialect(Dialect):
 
     def visibility(self) -> str | None:
         return self.offsets.visibility()
+
+    def settle_running_transactions(self, timeout_seconds: float = 300.0) -> None:
+        """Wait until every transaction older than now has ended (its xid is below the oldest a
+        new snapshot still sees running): one that changed a table before the table joined the
+        publication commits in no log the slot decodes, and must be in the load's snapshot."""
+        import time
+
+        horizon = int(self.server.query("SELECT pg_snapshot_xmax(pg_current_snapshot())::text")[0][0])
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            oldest = int(self.server.query("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")[0][0])
+            if oldest >= horizon:
+                return
+            if time.monotonic() >= deadline:
+                who = self.server.query(
+                    "SELECT pid, state, now() - xact_start FROM pg_stat_activity WHERE backend_xid IS NOT "
+                    "NULL AND backend_xid::text::bigint < %s ORDER BY xact_start LIMIT 3",
+                    (horizon & 0xFFFFFFFF,),
+                )
+                raise SourceBehindError(
+                    f"source {self.source!r}: transactions older than the load "
+                    f"({who or 'not visible to this role'}: pid, state, age) did not end within "
+                    f"{timeout_seconds:.0f} s; a load waits for them so that none of their changes is "
+                    "lost. End them, or load again later"
+                )
+            time.sleep(0.05)
 
     def offset_position(self, offset: str) -> Position:
         return self.offsets.offset_position(offset)

@@ -357,7 +357,7 @@ class PgLogReader:
             problem = f"table {table} has a column of type {exc.type_name}, which CDC does not support"
             return _RelInfo(table, "error" if explicit else "skip", names, problem=problem)
         pk, why = self.catalog.table_key(table, rel.relid, rel.replica_identity)
-        if not pk or any(k not in names for k in pk):
+        if pk is None or any(k not in names for k in pk):  # (() is a multiset: keyed by its whole row)
             problem = (
                 f"table {table} {why or 'has a key column the publication does not carry'}, so "
                 "its changes cannot be keyed"

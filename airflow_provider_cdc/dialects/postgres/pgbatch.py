@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from ...core.arrow_types import bools_to_numpy, conform_images, index_array, string_array, validity_mask
 from ...core.event_batch import ORIGIN_TYPE, SEGMENT_SCHEMA, EventBatch, ImagePart, encode_positions
 from ...core.events import WATERMARK_OP, ChangeEvent, LogEvent, Op, WatermarkEvent
-from ...core.schema import Column, TableName, TableSchema
+from ...core.schema import MULTISET, Column, TableName, TableSchema
 from . import pgoutput
 from .pgcopy import ChunkAssembler
 
@@ -65,6 +65,7 @@ class Relation:
                 self.table,
                 tuple(Column(n, t) for n, t in zip(self.names, self.logicals, strict=True)),
                 self.key_names,
+                {} if self.key_names else {MULTISET: "true"},  # no key: a multiset, keyed by the whole row
             )
         return self._schema
 
