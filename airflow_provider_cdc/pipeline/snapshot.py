@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.errors import ChunkStraddledFailoverError, StateError
+from ..core.errors import ChunkStraddledFailoverError, ConfigurationError, StateError
 from ..core.formats import PLAN
 from ..core.planning import SnapshotRequest, check_ranges_ranked
 from ..core.planning import plan_ranges as core_plan_ranges
@@ -416,3 +416,15 @@ def covers_every_key(ranges: Sequence[ChunkRange]) -> bool:
 def is_partial(request: SnapshotRequest, table: TableName) -> bool:
     """A snapshot of chosen keys, key ranges or a filter: it re-emits only what it reads."""
     return bool(request.where_for(table) or table.id in request.keys or table.id in request.ranges)
+
+
+def check_multiset_request(request: SnapshotRequest, table: TableName) -> TableName:
+    """``table`` (captured as a multiset: no key) when the request snapshots it whole, which for
+    such a table is a load (pipeline/multiset.py); ConfigurationError for chosen keys, key
+    ranges or a filter, which it has no key to choose by."""
+    if is_partial(request, table):
+        raise ConfigurationError(
+            f"table {table} has no key and is captured as a multiset: its snapshot loads it whole; "
+            "remove its 'keys', 'key_ranges' and 'where' from the run's conf"
+        )
+    return table

@@ -30,6 +30,7 @@ from ..dialects.base import Dialect
 from ..sinks import registry
 from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
+from .multiset import load_table
 from .snapshot_conf import SnapshotConf
 from .snapshot_state import SourceProgress
 
@@ -275,9 +276,13 @@ class SnapshotController:
             # read-only: every table is checked before anything is written (a conf narrows the
             # capture scope, never widens it; system and unreadable tables are refused, named)
             dialect.check_snapshot_tables(tables)
+            multisets = []  # tables without a key: loaded whole, not chunked (pipeline/multiset.py)
             for table in tables:
                 schema = dialect.describe_table(table)
                 registry.check_schema(self.sinks, schema)  # a table a sink cannot hold fails here, named
+                if schema.multiset:
+                    multisets.append(steps.check_multiset_request(request, table))
+                    continue
                 ranges = steps.plan_table_ranges(dialect, schema, request)
                 why = steps.mirror_needs_rebuild(self.data_dir, self.source, schema)
                 if why and steps.is_partial(request, table):
@@ -291,6 +296,8 @@ class SnapshotController:
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
+            for table in multisets:  # (capture started: their changes from here on are in the log)
+                load_table(dialect, self.data_dir, self.source, table)
             # The convergence mark (DESIGN.md, I9 Convergence), before the upper bounds: once a
             # whole-table snapshot is done, every live row of the table was re-emitted after
             # this mark (a chunk at its high watermark) or changed after it (a row above the

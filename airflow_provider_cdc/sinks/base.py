@@ -197,6 +197,14 @@ class Sink(ABC):
     @abstractmethod
     def write(self, events: Events) -> None: ...
 
+    def deferred(self) -> frozenset[str]:
+        """Tables a BUCKETS sink's ``plan`` left out, whose events the engine hands to
+        :meth:`write_deferred` on the driver instead (the mirror's tables without a key)."""
+        return frozenset()
+
+    def write_deferred(self, events: Sequence[TableEvents]) -> None:  # noqa: B027 - optional
+        """On the driver: the events of the :meth:`deferred` tables, one TableEvents per table."""
+
     def prepare(self, truncates: Mapping[str, str | None]) -> None:  # noqa: B027 - optional
         """On the driver, before a round's units are written (``needs_truncates`` sinks)."""
 

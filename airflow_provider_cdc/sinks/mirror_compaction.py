@@ -59,6 +59,7 @@ from .mirror_table import (
     ensure_log_properties,
     mirror_tables,
 )
+from .multiset import is_multiset
 
 log = logging.getLogger(__name__)
 
@@ -456,6 +457,9 @@ def compact_inactive(
         path = mirror_dir(data_dir, source, table)
         ensure_log_properties(path, retention_hours, log_retention_hours)
         upto = None if applied is None or status_of(table.id) in ACTIVE_SNAPSHOT else applied.encode()
+        if is_multiset(path):  # no key buckets, no tombstones: its replaced files only (sinks/multiset.py)
+            vacuum(path, retention_hours)
+            continue
         try:
             got = compact_buckets(path, tombstones_upto=upto, budget_rows=budget_rows)
         except CommitFailedError as exc:  # a writer kept committing first: the next round goes on

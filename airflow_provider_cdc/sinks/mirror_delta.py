@@ -25,6 +25,7 @@ from ..core.arrow_types import (
 from ..core.errors import ConfigurationError
 from ..core.schema import TableSchema, decode_key
 from ..storage.layout import mirror_dir
+from . import multiset
 from .base import (
     BUCKETS,
     Events,
@@ -216,6 +217,7 @@ class MirrorDeltaSink(Sink):
         self.require_schema = require_schema
         self.fence = fence
         self.schema_stopped: dict[str, str] = {}  # tables whose events this sink skipped, and why
+        self.multisets: dict[str, TableSchema] = {}  # tables without a key plan() left to write_deferred
 
     def plan(self, truncates: Mapping[str, str | None]) -> dict[str, TablePlan]:
         """The per-table policy of a write, on the driver (``truncates``: table id -> its
@@ -227,6 +229,9 @@ class MirrorDeltaSink(Sink):
         for table_id in sorted(truncates):
             schema = self.schemas.lookup(table_id, require=self.require_schema, sink="mirror")
             if schema is None:
+                continue
+            if schema.multiset:  # no key buckets: its changes are counted copies (sinks/multiset.py)
+                self.multisets[table_id] = schema
                 continue
             path = mirror_dir(self.data_dir, self.source, schema.table)
             stopped = schema_stopped(path)
@@ -301,8 +306,23 @@ class MirrorDeltaSink(Sink):
             raise ConfigurationError(error)
         self.schema_stopped[table.table_id] = error
 
+    def deferred(self) -> frozenset[str]:
+        return frozenset(self.multisets)
+
+    def write_deferred(self, events: Sequence[TableEvents]) -> None:
+        """The tables without a key among those :meth:`plan` saw, each applied to its multiset
+        mirror on the driver, a table's events at a time."""
+        for part in events:
+            schema = self.multisets.get(part.table)
+            if schema is not None and part.num_rows:
+                multiset.apply(mirror_dir(self.data_dir, self.source, schema.table), part, schema)
+
     def write(self, events: Events) -> None:
         for part in table_events(events, self.schemas.get):
+            schema = self.schemas.get(part.table)
+            if schema is not None and schema.multiset:
+                multiset.apply(mirror_dir(self.data_dir, self.source, schema.table), part, schema)
+                continue
             table = self.plan({part.table: newest_truncate(part.events)}).get(part.table)
             if table is None:
                 continue

@@ -229,4 +229,13 @@ def _postgres_options() -> SinkOptions:
     return SinkOptions(t.resolve, t.to_job, t.add_job_arguments, t.from_job)
 
 
-register("postgres", _postgres, options=_postgres_options())
+def _keyed_rows(schema: TableSchema) -> None:
+    if schema.multiset:
+        raise ConfigurationError(
+            f"table {schema.table} has no key and is captured as a multiset, which the 'postgres' sink "
+            "cannot hold (it keeps one row per key): capture it to the Delta mirror and the event log "
+            "only (CDC_SINKS), or give the table a key"
+        )
+
+
+register("postgres", _postgres, options=_postgres_options(), check_schema=_keyed_rows)

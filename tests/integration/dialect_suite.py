@@ -604,6 +604,113 @@ class DialectSuite(ABC):
         assert self._refreshed(first.location, first.version) == state1  # time travel: the version before
         assert self.source_objects(ctx, d) == before_objects
 
+    # --- tables without a key captured as multisets (pipeline/multiset.py) -----------------
+    def multiset_options(self, ctx: Ctx, table: TableName) -> dict[str, Any]:
+        """What makes the keyless ``table`` capturable as a multiset (PostgreSQL: the owner's
+        REPLICA IDENTITY FULL), with the dialect options that name it so."""
+        return {"key_columns": {table.id: ["*"]}}
+
+    def one_copy_sql(self, ctx: Ctx, t: TableName, statement: str) -> str:
+        """``statement`` ("UPDATE ... SET ..." or "DELETE FROM ...", for the rows WHERE id = %s)
+        limited to one copy of the matching rows."""
+        return f"{statement} WHERE {ctx.q('id')} = %s LIMIT 1"
+
+    #: whether :meth:`during_load_snapshot` runs its function (a dialect with the hook)
+    commits_at_load_snapshot = False
+
+    def during_load_snapshot(self, d: Dialect, fn) -> None:  # noqa: B027 - optional hook
+        """Run ``fn`` right after a whole-table read took its snapshot (PostgreSQL: before the
+        position that bounds it is read)."""
+
+    def test_a_keyless_table_captured_as_a_multiset_equals_the_source_through_single_copy_changes(self, ctx):
+        """A keyless table with three copies of each row, captured as a multiset: loaded while
+        changes commit at the snapshot, between the read and the publish (staged: the load's
+        catch-up applies them) and after it (the apply), then rounds that update, delete and
+        insert single copies. The mirror (read by deltalake, not this package) equals the source
+        as a multiset; a replayed round changes nothing; verify compares multisets, 0 mismatched,
+        and counts a copy the mirror lost."""
+        from deltalake import DeltaTable
+
+        from airflow_provider_cdc.pipeline.arrow_engine import apply_changelog
+        from airflow_provider_cdc.pipeline.multiset import load_table, verify_multiset
+        from airflow_provider_cdc.sinks.mirror_delta import MirrorDeltaSink
+        from airflow_provider_cdc.storage.layout import mirror_dir
+
+        t = ctx.create_table("ms", [("id", "int"), ("v", "text"), ("n", "int")], None)
+        self._keyless_rows(ctx, t, 300, copies=3)
+        d = ctx.dialect([t], **self.multiset_options(ctx, t))
+        d.load_offset(ctx.data_dir)  # capture starts: the table joins the publication
+        schema = d.describe_table(t)
+        assert schema.multiset and schema.primary_key == ()
+        upd = self.one_copy_sql(ctx, t, f"UPDATE {ctx.qt(t)} SET {ctx.q('n')} = {ctx.q('n')} + 1")
+        dele = self.one_copy_sql(ctx, t, f"DELETE FROM {ctx.qt(t)}")
+        ins = f"INSERT INTO {ctx.qt(t)} VALUES (%s, %s, %s)"
+        cols = f"{ctx.q('id')}, {ctx.q('v')}, {ctx.q('n')}"
+
+        def source() -> dict:
+            return self._multiset(ctx.execute(f"SELECT {cols} FROM {ctx.qt(t)}"))
+
+        def mirror() -> dict:
+            m = DeltaTable(mirror_dir(ctx.data_dir, ctx.source, t)).to_pyarrow_table()
+            return self._multiset(zip(*(m[c].to_pylist() for c in ("id", "v", "n")), strict=True))
+
+        at_snapshot: list = []
+
+        def once() -> None:  # (the hook stays on the dialect: verify's reads come later)
+            if not at_snapshot:
+                at_snapshot.append(1)
+                ctx.execute(upd, (1,))
+                ctx.execute(dele, (2,))
+
+        self.during_load_snapshot(d, once)
+
+        def between():  # after the read, before the publish: staged, so the catch-up applies them
+            ctx.execute(upd, (3,))
+            ctx.execute(ins, (4, "v4", 40))
+            ctx.execute(dele, (5,))
+            stage_changelog(d, ctx.data_dir)
+            ctx.execute(upd, (6,))  # not staged yet: the apply's
+
+        load_table(d, ctx.data_dir, ctx.source, t, before_publish=between)
+        assert at_snapshot or not self.commits_at_load_snapshot, "the forced interleaving did not run"
+        sink = MirrorDeltaSink(ctx.data_dir, ctx.source)
+        rng = random.Random(7)
+        for _round in range(4):
+            for _ in range(40):
+                i = rng.randint(1, 320)
+                stmt = rng.choice([upd, dele, ins])
+                ctx.execute(stmt, (i, f"v{i}", i * 10) if stmt is ins else (i,))
+            stage_changelog(d, ctx.data_dir)
+            apply_changelog(ctx.data_dir, ctx.source, [sink])
+            assert mirror() == source()
+        want = source()
+        assert max(want.values()) >= 3 and min(want.values()) >= 1
+        # a replay of every staged change (the markers lost) changes nothing
+        from airflow_provider_cdc.sinks.base import marker_path
+
+        os.remove(marker_path(ctx.data_dir, ctx.source, "mirror"))
+        apply_changelog(ctx.data_dir, ctx.source, [sink])
+        assert mirror() == want
+        res = verify_multiset(d, ctx.data_dir, ctx.source, t, schema)
+        assert res.ok and res.method == "multiset" and res.source_rows == sum(want.values()), res.to_dict()
+        ctx.execute(upd, (7,))  # staged, not applied: verify brings the mirror to its read
+        stage_changelog(d, ctx.data_dir)
+        assert verify_multiset(d, ctx.data_dir, ctx.source, t, schema).ok
+        apply_changelog(ctx.data_dir, ctx.source, [sink])
+        # a copy the mirror lost is found, as one missing copy
+        uri = mirror_dir(ctx.data_dir, ctx.source, t)
+        got = DeltaTable(uri).to_pyarrow_table()
+        DeltaTable(uri).delete(f"id = {got['id'][0].as_py()} AND n = {got['n'][0].as_py()}")
+        bad = verify_multiset(d, ctx.data_dir, ctx.source, t, schema)
+        assert bad.missing >= 1 and bad.extra == 0, bad.to_dict()
+
+    def test_a_multiset_needs_a_table_without_a_key(self, ctx):
+        """'*' in CDC_KEY_COLUMNS on a table with a primary key is refused by name."""
+        t = self._kv_table(ctx, 3)
+        d = ctx.dialect([t], key_columns={t.id: ["*"]})
+        with pytest.raises(ConfigurationError, match="has a primary key"):
+            d.load_offset(ctx.data_dir)
+
     def test_a_superseded_refresh_publishes_nothing(self, ctx):
         """Fencing: a refresh that a newer one claimed after it (a zombie task, a retry that
         overtook it) cannot publish; it leaves no file behind, and the newer one publishes."""

@@ -230,6 +230,28 @@ class TestPostgresDialect(DialectSuite):
         ctx.execute(f"ALTER TABLE {ctx.qt(table)} REPLICA IDENTITY FULL")
         return {"key_columns": {table.id: ["id"]}}
 
+    def multiset_options(self, ctx, table):
+        ctx.execute(f"ALTER TABLE {ctx.qt(table)} REPLICA IDENTITY FULL")  # the table's owner's choice
+        return {"key_columns": {table.id: ["*"]}}
+
+    def one_copy_sql(self, ctx, t, statement):
+        return (
+            f"{statement} WHERE ctid = (SELECT ctid FROM {ctx.qt(t)} WHERE {ctx.q('id')} = %s LIMIT 1)"
+        )
+
+    commits_at_load_snapshot = True
+
+    def during_load_snapshot(self, d, fn):
+        # a transaction that begins after the snapshot and commits before the position bounding it
+        # is read: its changes lie before that position but the read did not see them
+        d.read_snapshot_hook = fn
+
+    def test_a_keyless_table_without_replica_identity_full_is_refused_as_a_multiset(self, ctx):
+        t = ctx.create_table("msd", [("id", "int"), ("v", "text")], None)
+        d = ctx.dialect([t], key_columns={t.id: ["*"]})
+        with pytest.raises(ConfigurationError, match="REPLICA IDENTITY FULL"):
+            d.load_offset(ctx.data_dir)
+
     def source_objects(self, ctx, d):
         return [*super().source_objects(ctx, d),
                 *ctx.execute("SELECT pubname FROM pg_publication WHERE pubname = %s", (d.publication_name,)),

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from ... import storage
 from ...core import errors
-from ...sinks.base import BUCKETS, UNITS, Sink, TableEvents, past_truncate
+from ...sinks.base import BUCKETS, UNITS, Sink, TableEvents, join_table_events, past_truncate
 from . import common
 
 log = logging.getLogger(__name__)
@@ -303,6 +303,9 @@ def write_mirror(
     rewritten again). Returns the ``events`` produced and the events ``applied`` to it."""
     plan = sink.plan(truncates)
     counts = {"events": 0, "applied": 0}
+    deferred = sink.deferred()
+    if deferred:  # (tables without a key: their few changes read on the driver, sinks/multiset.py)
+        sink.write_deferred(join_table_events(te for u in units for te in produce(u) if te.table in deferred))
     pending = sorted(plan)
     for attempt in sink.commit_attempts(f"mirror commit of {', '.join(pending)}"):
         if not pending and (attempt or not writers):

@@ -69,6 +69,10 @@ def verify_table(
     if method not in ("auto", "rows", "digests"):
         raise ConfigurationError(f"verify method must be 'auto', 'rows' or 'digests', got {method!r}")
     schema = dialect.describe_table(table)
+    if schema.multiset:  # a table without a key: its copies per row (pipeline/multiset.py)
+        from ..multiset import verify_multiset
+
+        return verify_multiset(dialect, data_dir, source, table, schema)
     floor = mirror_position(data_dir, source, table)
     if floor is not None:
         dialect.read_no_older_than(floor, READ_FLOOR_MIRROR)
