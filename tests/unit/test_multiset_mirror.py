@@ -169,3 +169,35 @@ def test_loads_and_applies_in_any_batches_with_replays_equal_the_model(tmp_path_
                 model[a] += 1
         done = hi
         assert _table(uri) == +model
+
+
+def test_a_load_racing_an_apply_recomputes_its_catch_up_and_a_superseded_load_publishes_nothing(tmp_path):
+    """An apply commits between a reload's catch-up read and its commit (forced by the catch-up
+    hook): the reload's put-if-absent commit loses, it reads the staged changes again and wins
+    with them. A load whose epoch a newer load claimed cannot publish."""
+    from airflow_provider_cdc.core.errors import FencedError
+
+    uri = str(tmp_path / "t")
+    r1, r2 = (1, "a"), (2, "b")
+    _load(uri, Counter({r1: 2}), Alignment(Position(999).encode()))
+    staged = [("c", None, r2, 0, 10), ("d", r1, None, 1, 11)]  # what capture staged after the reload's read
+    calls = []
+
+    def catch_up():
+        calls.append(1)
+        if len(calls) == 1:  # the race: an apply of the first change commits now
+            assert multiset.apply(uri, _events(staged[:1]), SCHEMA) == 1
+        return _events(staged), Position(1001).encode()
+
+    # the reload's snapshot saw the table as it was loaded (its mark before the staged changes)
+    _load(uri, Counter({r1: 2}), Alignment(Position(999).encode()), catch_up)
+    assert len(calls) == 2, "the reload's first commit must have lost to the apply"
+    assert _table(uri) == Counter({r1: 1, r2: 1})
+    assert multiset.apply(uri, _events(staged), SCHEMA) == 0  # the apply's replay: applied already
+
+    old = refreshed.claim(uri, multiset.table_schema(SCHEMA), 1.0)
+    refreshed.claim(uri, multiset.table_schema(SCHEMA), 1.0)  # a newer load
+    base = multiset.write_base(uri, SCHEMA, [], 1)
+    with pytest.raises(FencedError):
+        multiset.publish(uri, old, SCHEMA, base, Alignment(Position(999).encode()), lambda: (None, None), {})
+    assert _table(uri) == Counter({r1: 1, r2: 1})
