@@ -318,3 +318,50 @@ def test_object_storage_gives_what_local_disk_gives(s3_server, tmp_path, monkeyp
         out.append((event_files(st.data_dir), read_mirror_raw(st.data_dir, SOURCE, ITEMS).to_pylist()))
     assert out[0][0] and out[0] == out[1]
     assert json.dumps(out[0], default=str) == json.dumps(out[1], default=str)
+
+
+def test_a_multiset_table_applies_its_single_copy_changes_in_each_engine(engine, tmp_path):
+    """A keyless table captured as a multiset among keyed ones: each engine (the Spark apply hands
+    it to the driver, sinks/base.py Sink.deferred) applies its changes to its copies, the keyed
+    table's mirror as before, and a replay of every batch changes nothing."""
+    from collections import Counter
+
+    from deltalake import DeltaTable
+
+    from airflow_provider_cdc.core.multiset import Alignment
+    from airflow_provider_cdc.core.position import Position
+    from airflow_provider_cdc.core.schema import MULTISET, Column, TableName, TableSchema
+    from airflow_provider_cdc.sinks import multiset, refreshed
+    from airflow_provider_cdc.storage.layout import mirror_dir, schema_path
+    from airflow_provider_cdc.storage.staged import write_segment
+
+    from .staged_scenario import SCHEMAS, WM_TABLE
+
+    lines = TableName("public", "lines")
+    schema = TableSchema(lines, (Column("sku", "string"), Column("qty", "int32")), (), {MULTISET: "true"})
+    st = Stage(tmp_path / engine.name)
+    storage.write_text(schema_path(st.data_dir, SOURCE, lines), schema.to_json())
+    uri = mirror_dir(st.data_dir, SOURCE, lines)
+    multiset.mark(uri)
+    epoch = refreshed.claim(uri, multiset.table_schema(schema), 1.0)
+    base = multiset.write_base(uri, schema, [], 1)  # loaded empty, before the changes below
+    multiset.publish(uri, epoch, schema, base, Alignment(Position(1).encode()), lambda: (None, None), {})
+    a, b = {"sku": "a", "qty": 1}, {"sku": "b", "qty": 2}
+    for op, before, after in [("c", None, a), ("c", None, a), ("c", None, b), ("u", a, b), ("d", b, None), ("c", None, a)]:
+        st.log.append(ChangeEvent(lines.id, op, "[]", st._next(), before, after, ts_ms=st.pos, origin=(str(st.pos),) + (None,) * 5))
+    st.change(ITEMS, "c", [1], item(1, 0))
+    bounds = [0, 3, len(st.log)]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        write_segment(st.log[lo:hi], changelog_dir(st.data_dir, SOURCE), WM_TABLE, {**SCHEMAS, lines.id: schema})
+    engine.apply(st)
+
+    def copies() -> Counter:
+        t = DeltaTable(uri).to_pyarrow_table(columns=["sku", "qty"])
+        return Counter(zip(t["sku"].to_pylist(), t["qty"].to_pylist(), strict=True))
+
+    assert copies() == Counter({("a", 1): 2, ("b", 2): 1})
+    assert [r["id"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)] == [1]
+    for sink in ("events", "mirror"):
+        storage.delete(storage.join(st.data_dir, "output", SOURCE, "_applied", f"{sink}.json"))
+    engine.apply(st)
+    assert copies() == Counter({("a", 1): 2, ("b", 2): 1})
