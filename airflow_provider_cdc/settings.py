@@ -78,11 +78,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "CDC_KEY_COLUMNS",
         None,
-        "the key of scope tables without a primary key: the columns of a unique index "
-        "on NOT NULL columns, per table (Debezium's message.key.columns). PostgreSQL takes a table's REPLICA "
-        "IDENTITY USING INDEX by itself; under REPLICA IDENTITY FULL name the key here. '*' instead of "
-        "columns: a table without any key, captured as a multiset (PostgreSQL: under REPLICA IDENTITY "
-        "FULL). A JSON object, or 'schema.table:col1,col2;schema.other:col'",
+        "the key of scope tables without a primary key: the columns of a unique index on NOT NULL columns, "
+        "per table (Debezium's message.key.columns). PostgreSQL takes a table's REPLICA IDENTITY USING INDEX "
+        "by itself; under REPLICA IDENTITY FULL name the key here. '*': no key at all, captured as a "
+        "multiset. A JSON object, or 'schema.table:col1,col2;schema.other:col'",
         '{"public.events": ["event_uid"]}',
     ),
     Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),

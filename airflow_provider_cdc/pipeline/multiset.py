@@ -25,11 +25,14 @@ from .. import storage
 from ..core.errors import ConfigurationError, StateError
 from ..core.multiset import Alignment
 from ..core.position import Position
+from ..core.progress import SnapshotProgress
+from ..core.ranges import FULL_RANGE
 from ..core.schema import TableName, TableSchema
 from ..sinks import multiset, refreshed
 from ..sinks.base import TableEvents, join_table_events
 from ..storage import layout
 from ..storage.staged import list_segments
+from .snapshot import new_snapshot_id
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +158,16 @@ def load_table(
         res.seconds,
     )
     return res
+
+
+def loaded(source: str, res: LoadResult, owner: str | None, logical_date) -> SnapshotProgress:
+    """A load as the snapshot progress status and the UI show: one range, done."""
+    p = SnapshotProgress.start(source, new_snapshot_id(), {res.table: [FULL_RANGE]}, {res.table: None})
+    tp = p.table(res.table)
+    tp.rows, tp.chunks, tp.ranges[0].done = res.rows, 1, True
+    p.owner, p.logical_date = owner, logical_date
+    p.finish()
+    return p
 
 
 def _progress(table: TableName) -> Callable[[int], None]:

@@ -428,3 +428,28 @@ def check_multiset_request(request: SnapshotRequest, table: TableName) -> TableN
             "remove its 'keys', 'key_ranges' and 'where' from the run's conf"
         )
     return table
+
+
+def plan_tables(
+    dialect, tables: Sequence[TableName], request: SnapshotRequest, sinks, data_dir: str, source: str
+) -> tuple[list, list]:
+    """(table, schema, ranges) of each table a snapshot chunks, and the tables without a key it
+    loads whole instead (pipeline/multiset.py); read-only, every table checked first."""
+    from ..sinks import registry
+
+    plans, multisets = [], []
+    for table in tables:
+        schema = dialect.describe_table(table)
+        registry.check_schema(sinks, schema)  # a table a sink cannot hold fails here, named
+        if schema.multiset:
+            multisets.append(check_multiset_request(request, table))
+            continue
+        ranges = plan_table_ranges(dialect, schema, request)
+        why = mirror_needs_rebuild(data_dir, source, schema)
+        if why and is_partial(request, table):
+            raise ConfigurationError(
+                f"table {table}: its mirror cannot take the source's current schema ({why}); snapshot "
+                "the whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
+            )
+        plans.append((table, schema, ranges))
+    return plans, multisets

@@ -20,17 +20,16 @@ from typing import Any
 
 from .. import storage
 from ..core.chunk import ChunkResult, flatten_chunk_results
-from ..core.errors import ConfigurationError, StateError
+from ..core.errors import StateError
 from ..core.plans import SnapshotPlan, WorkItem
 from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import PROBE_ROWS, ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
-from ..sinks import registry
 from ..storage.layout import changelog_dir, mirror_dir, schema_path
 from . import snapshot as steps
-from .multiset import load_table
+from .multiset import load_table, loaded
 from .snapshot_conf import SnapshotConf
 from .snapshot_state import SourceProgress
 
@@ -270,34 +269,22 @@ class SnapshotController:
         self, req: SnapshotConf, tables: Sequence[TableName], stored: dict[str, SnapshotProgress | None]
     ) -> list[dict]:
         request = req.request
-        plans = []
         with self.connect() as dialect:
             dialect.check_prerequisites()
             # read-only: every table is checked before anything is written (a conf narrows the
             # capture scope, never widens it; system and unreadable tables are refused, named)
             dialect.check_snapshot_tables(tables)
-            multisets = []  # tables without a key: loaded whole, not chunked (pipeline/multiset.py)
-            for table in tables:
-                schema = dialect.describe_table(table)
-                registry.check_schema(self.sinks, schema)  # a table a sink cannot hold fails here, named
-                if schema.multiset:
-                    multisets.append(steps.check_multiset_request(request, table))
-                    continue
-                ranges = steps.plan_table_ranges(dialect, schema, request)
-                why = steps.mirror_needs_rebuild(self.data_dir, self.source, schema)
-                if why and steps.is_partial(request, table):
-                    raise ConfigurationError(
-                        f"table {table}: its mirror cannot take the source's current schema ({why}); "
-                        "snapshot the "
-                        "whole table (no 'keys', 'key_ranges' or 'where') to rebuild it"
-                    )
-                plans.append((table, schema, ranges))
+            plans, multisets = steps.plan_tables(
+                dialect, tables, request, self.sinks, self.data_dir, self.source
+            )
             dialect.prepare_watermarks()
             # The changelog must exist before the first low watermark, or the windows are
             # never captured: creates the slot/publication (PG) or records the binlog start.
             dialect.load_offset(self.data_dir)
             for table in multisets:  # (capture started: their changes from here on are in the log)
-                load_table(dialect, self.data_dir, self.source, table)
+                res = load_table(dialect, self.data_dir, self.source, table)
+                done = loaded(self.source, res, self.run_id, self.logical_date)
+                self.progress.update(table.id, lambda _q, done=done: done)
             # The convergence mark (DESIGN.md, I9 Convergence), before the upper bounds: once a
             # whole-table snapshot is done, every live row of the table was re-emitted after
             # this mark (a chunk at its high watermark) or changed after it (a row above the

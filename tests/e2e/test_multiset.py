@@ -120,4 +120,8 @@ def test_a_keyless_table_captured_as_a_multiset_under_single_copy_writers_equals
         res = verify_table(d, p.data_dir, p.source, table)
     assert res.ok and res.method == "multiset", res.to_dict()
     assert res.source_rows == sum(want.values()) and res.rows_checked == len(want)
+    from airflow_provider_cdc import cli
+
+    assert cli.run(["status", "--source", p.source]) == 0
+    assert cli.run(["verify", "--source", p.source, "--table", table.id, "--events"]) == 0
     p.cleanup()
