@@ -367,7 +367,7 @@ def publish(
     the table's. Returns the version. The base files are discarded on failure."""
     buckets, adds = base
     want = table_schema(schema)
-    schema_string = refreshed._schema_string(want)
+    schema_string = refreshed.schema_string(want)
     try:
         for _attempt in commit_attempts(f"multiset table {uri}: the load"):
             version = delta_log.latest_version(uri)
@@ -395,7 +395,7 @@ def publish(
                 BUCKETS_PROPERTY: str(buckets),
             }
             try:
-                v = refreshed._write(
+                v = refreshed.commit_actions(
                     uri, version, state, config, schema_string, removes + [{"add": a} for a in live], "WRITE"
                 )
             except CommitFailedError:
@@ -436,7 +436,9 @@ def apply(uri: str, te: TableEvents, schema: TableSchema) -> int:
         )
         try:
             config = {**have, APPLIED_PROPERTY: newest}
-            refreshed._write(uri, version, state, config, None, removes + [{"add": a} for a in adds], "WRITE")
+            refreshed.commit_actions(
+                uri, version, state, config, None, removes + [{"add": a} for a in adds], "WRITE"
+            )
         except CommitFailedError:
             refreshed.discard(uri, adds)
             continue

@@ -91,14 +91,16 @@ def claim(uri: str, schema: pa.Schema, retention_hours: float) -> int:
         have = dict((state.metadata or {}).get("configuration") or {})
         epoch = int(have.get(EPOCH_PROPERTY, "0")) + 1
         try:
-            _write(uri, version, state, {**have, EPOCH_PROPERTY: str(epoch)}, None, [], "SET TBLPROPERTIES")
+            commit_actions(
+                uri, version, state, {**have, EPOCH_PROPERTY: str(epoch)}, None, [], "SET TBLPROPERTIES"
+            )
             return epoch
         except CommitFailedError:
             continue
     raise AssertionError("unreachable")
 
 
-def _write(
+def commit_actions(
     uri: str,
     version: int,
     state: delta_log.LogState,
@@ -207,12 +209,12 @@ def publish(uri: str, epoch: int, adds: Sequence[dict], want: pa.Schema, props: 
                 for path, add in state.adds.items()
             ]
             try:
-                return _write(
+                return commit_actions(
                     uri,
                     version,
                     state,
                     {**have, **props},
-                    _schema_string(want),
+                    schema_string(want),
                     removes + [{"add": a} for a in adds],
                     "WRITE",
                 )
@@ -224,7 +226,7 @@ def publish(uri: str, epoch: int, adds: Sequence[dict], want: pa.Schema, props: 
     raise AssertionError("unreachable")
 
 
-def _schema_string(schema: pa.Schema) -> str:
+def schema_string(schema: pa.Schema) -> str:
     from deltalake import Schema
 
     return Schema.from_arrow(schema).to_json()
