@@ -16,44 +16,10 @@ from typing import Any
 
 from .core.errors import ConfigurationError
 from .core.throttle import Throttle
-from .settings import Settings, load
+from .settings import OPTIONS, Settings, load
 
-#: entry key -> the environment variable it stands for
-KEYS: dict[str, str] = {
-    "conn_id": "CDC_SOURCE_CONN_ID",
-    "data_dir": "CDC_DATA_DIR",
-    "tables": "CDC_TABLES",
-    "sinks": "CDC_SINKS",
-    "storage_conn_id": "CDC_STORAGE_CONN_ID",
-    "postgres_sink_conn_id": "CDC_POSTGRES_SINK_CONN_ID",
-    "postgres_sink_schema": "CDC_POSTGRES_SINK_SCHEMA",
-    "capture_all_tables": "CDC_CAPTURE_ALL_TABLES",
-    "refresh_tables": "CDC_REFRESH_TABLES",
-    "refresh_schedule": "CDC_REFRESH_SCHEDULE",
-    "key_columns": "CDC_KEY_COLUMNS",
-    "spark_conn_id": "CDC_SPARK_CONN_ID",
-    "spark_conf": "CDC_SPARK_CONF",
-    "local_max_rows": "CDC_LOCAL_MAX_ROWS",
-    "max_parallel_chunks": "CDC_MAX_PARALLEL_CHUNKS",
-    "chunk_target_seconds": "CDC_CHUNK_TARGET_SECONDS",
-    "chunk_target_mb": "CDC_CHUNK_TARGET_MB",
-    "chunk_min_rows": "CDC_CHUNK_MIN_ROWS",
-    "chunk_max_rows": "CDC_CHUNK_MAX_ROWS",
-    "sensor_deferrable": "CDC_SENSOR_DEFERRABLE",
-    "sensor_poke_interval": "CDC_SENSOR_POKE_INTERVAL",
-    "sensor_timeout": "CDC_SENSOR_TIMEOUT",
-    "snapshot_schedule": "CDC_SNAPSHOT_SCHEDULE",
-    "changelog_schedule": "CDC_CHANGELOG_SCHEDULE",
-    "changelog_poll_seconds": "CDC_CHANGELOG_POLL_SECONDS",
-    "changelog_heartbeat_seconds": "CDC_CHANGELOG_HEARTBEAT_SECONDS",
-    "changelog_min_interval_seconds": "CDC_CHANGELOG_MIN_INTERVAL_SECONDS",
-    "maintenance_interval_seconds": "CDC_MAINTENANCE_INTERVAL_SECONDS",
-    "capture_max_events": "CDC_CAPTURE_MAX_EVENTS",
-    "capture_segment_max_events": "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
-    "mirror_retention_hours": "CDC_MIRROR_RETENTION_HOURS",
-    "mirror_log_retention_hours": "CDC_MIRROR_LOG_RETENTION_HOURS",
-    "mirror_compact_budget_rows": "CDC_MIRROR_COMPACT_BUDGET_ROWS",
-}
+#: entry key -> the environment variable it stands for (settings.OPTIONS: those a source may set)
+KEYS: dict[str, str] = {o.entry: o.var for o in OPTIONS if o.per_source}
 #: entry keys that are not settings
 EXTRA_KEYS = ("throttle",)
 #: a source name: it becomes part of DAG ids (letters, digits, '_', '-', '.') and of paths

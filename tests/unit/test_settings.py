@@ -144,7 +144,10 @@ def test_every_setting_is_in_the_provider_config_the_readme_and_the_loader():
     for o in s.OPTIONS:
         assert f"`{o.var}`" in reference, f"{o.var} is not in the docs' configuration reference"
         assert " ".join(str(o.description).split()), f"{o.var} has no description for the configuration reference"
-        assert source.count(f'"{o.var}"') >= 2, f"{o.var} is declared but load() never reads it"
+        # read by its reader, or composed by load() (which then names it)
+        assert o.read is not None or source.count(f'"{o.var}"') >= 2 or o.var.startswith("CDC_CHUNK_"), (
+            f"{o.var} is declared but load() never reads it"
+        )
         assert options[o.key]["default"] == (o.default and o.default.replace("{", "{{").replace("}", "}}"))
     from airflow.configuration import conf
 
@@ -161,3 +164,23 @@ def test_staging_retention_hours_default_never_and_bad_values_named():
     for bad in ("0.5", "-1", "inf", "soon"):
         with pytest.raises(ConfigurationError, match="CDC_STAGING_RETENTION_HOURS must be a number of hours >= 1"):
             load({"CDC_STAGING_RETENTION_HOURS": bad})
+
+
+def test_every_setting_is_declared_once_by_its_option():
+    """A setting is one Option (variable, default, meaning, how it is read): Settings' fields are
+    the options' fields plus the few load composes, the sources config's entry keys are the
+    options a source may set, and a default lives in the option alone (load of an empty
+    environment gives each option's default)."""
+    from dataclasses import fields
+
+    from airflow_provider_cdc import settings, sources_config
+
+    read = [o.field for o in settings.OPTIONS if o.read is not None]
+    assert len(read) == len(set(read)), "two options fill one field"
+    composed = {"source", "explicit_source", "data_dir", "chunk_sizing"}
+    assert {f.name for f in fields(settings.Settings)} == set(read) | composed
+    assert sources_config.KEYS == {o.entry: o.var for o in settings.OPTIONS if o.per_source}
+    empty = settings.load({"AIRFLOW_HOME": "/tmp/cdc-home"})
+    for o in settings.OPTIONS:
+        if o.read is not None and o.default is not None:
+            assert getattr(empty, o.field) == o.read({o.var: o.default}, o), o.var

@@ -6,35 +6,80 @@ from, first found wins: docs/configuration.md.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from .core.errors import ConfigurationError
-from .core.schema import TableName, parse_key_columns, split_table_list
-from .core.throttle import ChunkSizing
+from ..core.errors import ConfigurationError
+from ..core.schema import TableName
+from ..core.throttle import ChunkSizing
+from .readers import (
+    Reader,
+    flag,
+    hours,
+    key_columns,
+    raw_value,
+    schedule,
+    seconds,
+    sink_names,
+    sinks,
+    spark_conf,
+    table_list,
+    text,
+    whole,
+)
 
 
 @dataclass(frozen=True)
 class Option:
-    """One setting: its variable, default (as text; None: none, or computed) and meaning."""
+    """One setting, declared once: its variable, default (as text; None: none, or computed),
+    meaning, and how it is read (``read``: its value in :class:`Settings`, attribute
+    :attr:`field`; None: :func:`load` composes it with others). The docs' configuration page,
+    Airflow's ``[cdc]`` section and the sources config's entry keys all come from here."""
 
     var: str
     default: str | None
     description: str
     example: str | None = None
+    read: Reader | None = None
+    #: a source of the sources config may set it, under :attr:`entry`
+    per_source: bool = True
+    field_name: str | None = None
+    entry_key: str | None = None
 
     @property
     def key(self) -> str:
-        """Its option name in Airflow's ``[cdc]`` section and in the sources config."""
+        """Its option name in Airflow's ``[cdc]`` section."""
         return self.var.removeprefix("CDC_").lower()
+
+    @property
+    def field(self) -> str:
+        """Its attribute in :class:`Settings`."""
+        return self.field_name or self.key
+
+    @property
+    def entry(self) -> str:
+        """Its key in a source of the sources config."""
+        return self.entry_key or self.key
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("CDC_SOURCE_CONN_ID", "cdc_source", "Airflow connection of the source database"),
-    Option("CDC_SOURCE", None, "staging name of the source (default: the connection id)", "shop"),
+    Option(
+        "CDC_SOURCE_CONN_ID",
+        "cdc_source",
+        "Airflow connection of the source database",
+        read=text,
+        field_name="conn_id",
+        entry_key="conn_id",
+    ),
+    Option(
+        "CDC_SOURCE",
+        None,
+        "staging name of the source (default: the connection id)",
+        "shop",
+        per_source=False,
+    ),
     Option(
         "CDC_DATA_DIR",
         None,
@@ -50,6 +95,7 @@ OPTIONS: tuple[Option, ...] = (
         "none; a comma "
         "list, or a JSON list for names holding commas. Unset: nothing is captured",
         "public.orders,public.customers",
+        read=table_list,
     ),
     Option(
         "CDC_REFRESH_TABLES",
@@ -59,12 +105,14 @@ OPTIONS: tuple[Option, ...] = (
         "version of a plain Delta table, and nothing is created or changed on the source for them. "
         "Never in CDC_TABLES; a comma list or a JSON list",
         "public.audit_log",
+        read=table_list,
     ),
     Option(
         "CDC_REFRESH_SCHEDULE",
         None,
         "cron or preset of the cdc_refresh DAG's runs (unset: triggered by hand only)",
         "@daily",
+        read=schedule,
     ),
     Option(
         "CDC_CAPTURE_ALL_TABLES",
@@ -74,6 +122,7 @@ OPTIONS: tuple[Option, ...] = (
         "identity, "
         "so it is refused while any exists; MariaDB/MySQL: every database of the server). System "
         "schemas never",
+        read=flag,
     ),
     Option(
         "CDC_KEY_COLUMNS",
@@ -83,8 +132,9 @@ OPTIONS: tuple[Option, ...] = (
         "by itself; under REPLICA IDENTITY FULL name the key here. '*': no key at all, captured as a "
         "multiset. A JSON object, or 'schema.table:col1,col2;schema.other:col'",
         '{"public.events": ["event_uid"]}',
+        read=key_columns,
     ),
-    Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)"),
+    Option("CDC_SINKS", "events,mirror", "sinks of merge and apply, a comma list (postgres too)", read=sinks),
     Option(
         "CDC_STORAGE_CONN_ID",
         None,
@@ -92,6 +142,7 @@ OPTIONS: tuple[Option, ...] = (
         "credentials, resolved where used: in the task, per poll in the triggerer, a 0600 file for a "
         "spark-submit "
         "(unset: the workers' AWS_* variables)",
+        read=text,
     ),
     Option(
         "CDC_POSTGRES_SINK_CONN_ID",
@@ -99,33 +150,44 @@ OPTIONS: tuple[Option, ...] = (
         "Airflow connection (type postgres) of the 'postgres' sink's target "
         "database; its password reaches a spark-submit only as a 0600 passfile, never on the command line",
         "cdc_mirror_pg",
+        read=text,
     ),
     Option(
         "CDC_POSTGRES_SINK_SCHEMA",
         None,
         "target schema of the 'postgres' sink (default: cdc_{source})",
         "lake",
+        read=text,
     ),
-    Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits"),
+    Option("CDC_SPARK_CONN_ID", "spark_default", "Spark connection of the merge/apply submits", read=text),
     Option(
         "CDC_SPARK_CONF",
         "{}",
         "JSON object of Spark settings for those submits: tuning only (memory, cores, "
         "instances, dynamic allocation, shuffle and SQL tuning; core/spark_settings.py lists them)",
         '{"spark.executor.memory": "4g"}',
+        read=spark_conf,
     ),
     Option(
         "CDC_LOCAL_MAX_ROWS",
         "100000",
         "rounds/batches up to this many rows run in the worker (0: always spark-submit)",
+        read=whole("a whole number >= 0 (0: always spark-submit)"),
     ),
     Option(
         "CDC_MERGE_WHILE_READING_ROWS",
         "2000000",
         "committed chunk rows (high watermark staged) that start a "
         "merge while later chunks are still read (0: merge only after reading)",
+        read=whole("a whole number of rows >= 0 (0: merge only after the chunks are read)"),
+        per_source=False,
     ),
-    Option("CDC_MAX_PARALLEL_CHUNKS", "4", "chunk tasks at once per snapshot run"),
+    Option(
+        "CDC_MAX_PARALLEL_CHUNKS",
+        "4",
+        "chunk tasks at once per snapshot run",
+        read=whole("a whole number >= 1", minimum=1),
+    ),
     Option(
         "CDC_CHUNK_TARGET_SECONDS",
         "1",
@@ -151,14 +213,18 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "true: the high-watermark sensor waits in the triggerer (unset: "
         "Airflow's [operators] default_deferrable)",
+        read=flag,
     ),
-    Option("CDC_SENSOR_POKE_INTERVAL", "5", "seconds between the high-watermark sensor's checks"),
-    Option("CDC_SENSOR_TIMEOUT", "21600", "seconds the sensor waits in all before failing"),
+    Option(
+        "CDC_SENSOR_POKE_INTERVAL", "5", "seconds between the high-watermark sensor's checks", read=seconds()
+    ),
+    Option("CDC_SENSOR_TIMEOUT", "21600", "seconds the sensor waits in all before failing", read=seconds()),
     Option(
         "CDC_SNAPSHOT_SCHEDULE",
         None,
         "cron or preset of periodic refresh snapshots (unset: manual only)",
         "@weekly",
+        read=schedule,
     ),
     Option(
         "CDC_CHANGELOG_SCHEDULE",
@@ -167,17 +233,20 @@ OPTIONS: tuple[Option, ...] = (
         "source writes to the capture scope (the triggerer watches it) and every "
         "CDC_CHANGELOG_HEARTBEAT_SECONDS on an idle source",
         "@log",
+        read=schedule,
     ),
     Option(
         "CDC_CHANGELOG_POLL_SECONDS",
         "2",
         "with CDC_CHANGELOG_SCHEDULE=@log: seconds between two readings of the source's activity",
+        read=seconds(),
     ),
     Option(
         "CDC_CHANGELOG_HEARTBEAT_SECONDS",
         "600",
         "with CDC_CHANGELOG_SCHEDULE=@log: seconds after which a round starts on an idle source "
         "(log retention checks, compaction)",
+        read=seconds(),
     ),
     Option(
         "CDC_CHANGELOG_MIN_INTERVAL_SECONDS",
@@ -185,6 +254,7 @@ OPTIONS: tuple[Option, ...] = (
         "with CDC_CHANGELOG_SCHEDULE=@log: seconds between the starts of two rounds at least (the "
         "mirror's age under steady writes is about this plus a round; fewer rounds cost less CPU and "
         "fewer, fuller files)",
+        read=seconds(zero=True),
     ),
     Option(
         "CDC_MAINTENANCE_INTERVAL_SECONDS",
@@ -192,6 +262,7 @@ OPTIONS: tuple[Option, ...] = (
         "with CDC_CHANGELOG_SCHEDULE=@log or @continuous: seconds between two runs of the mirrors' "
         "background compaction and vacuum (the compact_tombstones task); periodic schedules run it "
         "every round",
+        read=seconds(zero=True),
     ),
     Option(
         "CDC_MIRROR_RETENTION_HOURS",
@@ -199,18 +270,21 @@ OPTIONS: tuple[Option, ...] = (
         "hours unreferenced mirror files stay for readers of older "
         "versions before vacuum removes them (at least 1; raise it for time travel: the folder then holds "
         "about that many hours of writes beside the live rows)",
+        read=hours(1, "files younger than that may belong to a writer still in flight"),
     ),
     Option(
         "CDC_MIRROR_LOG_RETENTION_HOURS",
         "48",
         "hours a mirror's Delta log keeps commits a checkpoint "
         "already covers (how far back a reader can time-travel; fractions allowed, at least 0.01)",
+        read=hours(0.01),
     ),
     Option(
         "CDC_MIRROR_COMPACT_BUDGET_ROWS",
         "4000000",
         "stored rows one changelog round's background compaction "
         "may rewrite per mirror table (the due buckets with most change first; at least 1)",
+        read=whole("a whole number of rows >= 1", minimum=1),
     ),
     Option(
         "CDC_STAGING_RETENTION_HOURS",
@@ -219,13 +293,21 @@ OPTIONS: tuple[Option, ...] = (
         "after nothing else holds them (every sink applied them, no open snapshot needs them), for "
         "replays and "
         "late readers; at least 1, or 'never' to keep staging forever",
+        read=hours(1, "a reader that listed a segment may still be reading it", never=True),
+        per_source=False,
     ),
-    Option("CDC_CAPTURE_MAX_EVENTS", None, "cap on the events of one capture (unset: unbounded)"),
+    Option(
+        "CDC_CAPTURE_MAX_EVENTS",
+        None,
+        "cap on the events of one capture (unset: unbounded)",
+        read=whole("a whole number >= 1 (unset: unbounded)", minimum=1),
+    ),
     Option(
         "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
         None,
         "events per staged segment (the connection's segment_max_events "
         "extra, else 20000; 0: one segment per capture)",
+        read=whole("a whole number >= 0 (0: one segment per capture)"),
     ),
     Option(
         "CDC_SOURCES_FILE",
@@ -233,6 +315,8 @@ OPTIONS: tuple[Option, ...] = (
         "the sources config that dags/cdc_sources.py turns into DAGs (default: "
         "cdc_sources.yaml next to that file)",
         "/opt/airflow/dags/cdc_sources.yaml",
+        read=text,
+        per_source=False,
     ),
 )
 
@@ -279,18 +363,13 @@ def provider_config() -> dict:
     }
 
 
-DEFAULT_CONN_ID = "cdc_source"
-DEFAULT_SINKS = "events,mirror"
-DEFAULT_SPARK_CONN_ID = "spark_default"
-DEFAULT_LOCAL_MAX_ROWS = 100_000
-#: committed chunk rows whose high watermark is staged that start a merge while later chunks
-#: are read (the snapshot DAG's merge_while_reading task; 0: merge only after reading)
-DEFAULT_MERGE_WHILE_READING_ROWS = 2_000_000
-DEFAULT_MAX_PARALLEL_CHUNKS = 4
-DEFAULT_POKE_INTERVAL = 5.0
-DEFAULT_SENSOR_TIMEOUT = 6 * 3600.0
-DEFAULT_CHANGELOG_SCHEDULE = "* * * * *"
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+def option(var: str) -> Option:
+    """The declaration of the setting ``var``."""
+    return _BY_VAR[var]
+
+
+_BY_VAR = {o.var: o for o in OPTIONS}
+DEFAULT_LOCAL_MAX_ROWS = int(option("CDC_LOCAL_MAX_ROWS").default or 0)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> str:
@@ -302,98 +381,48 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> str:
     return str(Path(home).expanduser() / "cdc-data")
 
 
-def sink_names(sinks: str) -> list[str]:
-    """The names in a comma list of sinks (``CDC_SINKS``, an operator's ``sinks``)."""
-    return [n.strip() for n in sinks.split(",") if n.strip()]
-
-
-def _raw(env: Mapping[str, str], name: str) -> str:
-    return (env.get(name) or "").strip()
-
-
-def _int(env: Mapping[str, str], name: str, default: int | None, what: str, minimum: int = 0) -> int | None:
-    raw = _raw(env, name)
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ConfigurationError(f"{name} must be {what}, got {raw!r}")
-    return value
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float, *, zero: bool = False) -> float:
-    """A number of seconds > 0 (``zero``: >= 0)."""
-    raw = _raw(env, name)
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (value >= 0 if zero else value > 0) or value == float("inf"):
-        raise ConfigurationError(f"{name} must be a number of seconds {'>=' if zero else '>'} 0, got {raw!r}")
-    return value
-
-
-def _table_list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    """A list of table names (a comma list or a JSON list), each checked, errors naming ``name``."""
-    tables = tuple(split_table_list(_raw(env, name), name))
-    for t in tables:
-        try:
-            TableName.parse(t)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"{name}: {exc}") from None
-    return tables
-
-
-def _schedule(env: Mapping[str, str], name: str, default: str | None) -> str | None:
-    raw = env.get(name)
-    if raw is None:
-        return default
-    raw = raw.strip()
-    return None if raw.lower() in ("", "none", "null") else raw
-
-
 @dataclass(frozen=True)
 class Settings:
-    conn_id: str = DEFAULT_CONN_ID
-    source: str = DEFAULT_CONN_ID
-    explicit_source: str | None = None  # CDC_SOURCE as given (None: each connection's own id)
-    data_dir: str = field(default_factory=default_data_dir)
-    tables: tuple[str, ...] = ()
-    capture_all_tables: bool = False
-    refresh_tables: tuple[str, ...] = ()  # CDC_REFRESH_TABLES: refreshed whole, never captured
-    refresh_schedule: str | None = None
-    key_columns: dict = field(default_factory=dict)  # table text -> key columns (CDC_KEY_COLUMNS)
-    sinks: str = DEFAULT_SINKS
-    spark_conn_id: str = DEFAULT_SPARK_CONN_ID
-    storage_conn_id: str | None = None
-    postgres_sink_conn_id: str | None = None
-    postgres_sink_schema: str | None = None
-    spark_conf: dict = field(default_factory=dict)
-    local_max_rows: int = DEFAULT_LOCAL_MAX_ROWS
-    merge_while_reading_rows: int = DEFAULT_MERGE_WHILE_READING_ROWS
-    max_parallel_chunks: int = DEFAULT_MAX_PARALLEL_CHUNKS
-    chunk_sizing: ChunkSizing = field(default_factory=ChunkSizing)  # CDC_CHUNK_TARGET_SECONDS, ...
-    sensor_deferrable: bool | None = None
-    sensor_poke_interval: float = DEFAULT_POKE_INTERVAL
-    sensor_timeout: float = DEFAULT_SENSOR_TIMEOUT
-    snapshot_schedule: str | None = None
-    changelog_schedule: str | None = DEFAULT_CHANGELOG_SCHEDULE
-    changelog_poll_seconds: float = 2.0
-    changelog_heartbeat_seconds: float = 600.0
-    changelog_min_interval_seconds: float = 5.0
-    maintenance_interval_seconds: float = 300.0
-    capture_max_events: int | None = None
-    capture_segment_max_events: int | None = None
-    mirror_retention_hours: float = 1.0
-    mirror_log_retention_hours: float = 48.0
-    mirror_compact_budget_rows: int = 4_000_000
-    staging_retention_hours: float | None = 72.0  # None: staging is kept forever
-    sources_file: str | None = None
+    """Every setting's value (:data:`OPTIONS` declares them, with their defaults; :func:`load`
+    reads them). The fields named by an option's :attr:`Option.field`, and those load composes:
+    ``source`` and ``explicit_source`` (CDC_SOURCE), ``data_dir`` (CDC_DATA_DIR, checked), and
+    ``chunk_sizing`` (the CDC_CHUNK_* options)."""
+
+    conn_id: str
+    source: str
+    explicit_source: str | None  # CDC_SOURCE as given (None: each connection's own id)
+    data_dir: str
+    tables: tuple[str, ...]
+    capture_all_tables: bool
+    refresh_tables: tuple[str, ...]  # refreshed whole, never captured
+    refresh_schedule: str | None
+    key_columns: dict  # table text -> key columns
+    sinks: str
+    spark_conn_id: str
+    storage_conn_id: str | None
+    postgres_sink_conn_id: str | None
+    postgres_sink_schema: str | None
+    spark_conf: dict
+    local_max_rows: int
+    merge_while_reading_rows: int
+    max_parallel_chunks: int
+    chunk_sizing: ChunkSizing
+    sensor_deferrable: bool | None
+    sensor_poke_interval: float
+    sensor_timeout: float
+    snapshot_schedule: str | None
+    changelog_schedule: str | None
+    changelog_poll_seconds: float
+    changelog_heartbeat_seconds: float
+    changelog_min_interval_seconds: float
+    maintenance_interval_seconds: float
+    capture_max_events: int | None
+    capture_segment_max_events: int | None
+    mirror_retention_hours: float
+    mirror_log_retention_hours: float
+    mirror_compact_budget_rows: int
+    staging_retention_hours: float | None  # None: staging is kept forever
+    sources_file: str | None
 
 
 def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | None = None) -> Settings:
@@ -404,173 +433,40 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
     env = {**airflow_section(), **os.environ} if env is None else env
     if overrides:
         env = {**env, **overrides}
-    conn_id = _raw(env, "CDC_SOURCE_CONN_ID") or DEFAULT_CONN_ID
-    raw_conf = _raw(env, "CDC_SPARK_CONF")
-    try:
-        spark_conf = json.loads(raw_conf) if raw_conf else {}
-    except ValueError as exc:
-        raise ConfigurationError(
-            "CDC_SPARK_CONF must be a JSON object of Spark settings, e.g. "
-            f'\'{{"spark.executor.memory": "4g"}}\': {exc}'
-        ) from None
-    if not isinstance(spark_conf, dict):
-        raise ConfigurationError(f"CDC_SPARK_CONF must be a JSON object of Spark settings, got {raw_conf!r}")
-    from .core.spark_settings import check_spark_conf
-
-    spark_conf = check_spark_conf(spark_conf)  # tuning only: it reaches spark-submit's --conf
-    sinks = ",".join(sink_names(_raw(env, "CDC_SINKS") or DEFAULT_SINKS))
-    if not sinks:
-        raise ConfigurationError("CDC_SINKS must name at least one sink, e.g. 'events,mirror'")
-    all_raw = _raw(env, "CDC_CAPTURE_ALL_TABLES").lower()
-    if all_raw and all_raw not in _TRUE + _FALSE:
-        raise ConfigurationError(
-            f"CDC_CAPTURE_ALL_TABLES must be true or false, got {_raw(env, 'CDC_CAPTURE_ALL_TABLES')!r}"
-        )
-    tables = _table_list(env, "CDC_TABLES")
-    if tables and all_raw in _TRUE:
+    values = {o.field: o.read(env, o) for o in OPTIONS if o.read is not None}
+    values["capture_all_tables"] = bool(values["capture_all_tables"])
+    if values["tables"] and values["capture_all_tables"]:
         raise ConfigurationError(
             "CDC_TABLES and CDC_CAPTURE_ALL_TABLES=true are both set: the capture scope is one or the "
             "other; unset one"
         )
-    refresh_tables = _table_list(env, "CDC_REFRESH_TABLES")
     both = sorted(
-        {str(TableName.parse(t)) for t in tables} & {str(TableName.parse(t)) for t in refresh_tables}
+        {str(TableName.parse(t)) for t in values["tables"]}
+        & {str(TableName.parse(t)) for t in values["refresh_tables"]}
     )
     if both:
         raise ConfigurationError(
             f"table(s) {', '.join(both)} are in both CDC_TABLES and CDC_REFRESH_TABLES: a table is either "
             "captured (CDC_TABLES) or refreshed whole (CDC_REFRESH_TABLES); remove it from one"
         )
-    key_columns = parse_key_columns(_raw(env, "CDC_KEY_COLUMNS"), "CDC_KEY_COLUMNS")
-    for t in key_columns:
-        try:
-            TableName.parse(t)
-        except ConfigurationError as exc:
-            raise ConfigurationError(f"CDC_KEY_COLUMNS: {exc}") from None
-    deferrable_raw = _raw(env, "CDC_SENSOR_DEFERRABLE").lower()
-    if deferrable_raw and deferrable_raw not in _TRUE + _FALSE:
-        raise ConfigurationError(
-            f"CDC_SENSOR_DEFERRABLE must be true or false, got {_raw(env, 'CDC_SENSOR_DEFERRABLE')!r}"
-        )
-    from . import storage
+    from .. import storage
 
-    data_dir = storage.check_location(_raw(env, "CDC_DATA_DIR") or default_data_dir(env), "CDC_DATA_DIR")
-    if "mirror" in sink_names(sinks) and "%" in data_dir:
+    data_dir = storage.check_location(raw_value(env, "CDC_DATA_DIR") or default_data_dir(env), "CDC_DATA_DIR")
+    if "mirror" in sink_names(values["sinks"]) and "%" in data_dir:
         raise ConfigurationError(
             f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
             "URL-decoded and cannot find its own files. Choose a data location without '%'"
         )
+    chunk = {
+        k: raw_value(env, f"CDC_CHUNK_{k.upper()}")
+        for k in ("target_seconds", "target_mb", "min_rows", "max_rows")
+    }
     return Settings(
-        conn_id=conn_id,
-        source=_raw(env, "CDC_SOURCE") or conn_id,
-        explicit_source=_raw(env, "CDC_SOURCE") or None,
+        **values,
+        source=raw_value(env, "CDC_SOURCE") or values["conn_id"],
+        explicit_source=raw_value(env, "CDC_SOURCE") or None,
         data_dir=data_dir,
-        tables=tables,
-        capture_all_tables=all_raw in _TRUE,
-        refresh_tables=refresh_tables,
-        refresh_schedule=_schedule(env, "CDC_REFRESH_SCHEDULE", None),
-        key_columns=key_columns,
-        sinks=sinks,
-        spark_conn_id=_raw(env, "CDC_SPARK_CONN_ID") or DEFAULT_SPARK_CONN_ID,
-        storage_conn_id=_raw(env, "CDC_STORAGE_CONN_ID") or None,
-        postgres_sink_conn_id=_raw(env, "CDC_POSTGRES_SINK_CONN_ID") or None,
-        postgres_sink_schema=_raw(env, "CDC_POSTGRES_SINK_SCHEMA") or None,
-        spark_conf=spark_conf,
-        local_max_rows=_int(
-            env, "CDC_LOCAL_MAX_ROWS", DEFAULT_LOCAL_MAX_ROWS, "a whole number >= 0 (0: always spark-submit)"
-        ),
-        merge_while_reading_rows=_int(
-            env,
-            "CDC_MERGE_WHILE_READING_ROWS",
-            DEFAULT_MERGE_WHILE_READING_ROWS,
-            "a whole number of rows >= 0 (0: merge only after the chunks are read)",
-        ),
-        max_parallel_chunks=_int(
-            env, "CDC_MAX_PARALLEL_CHUNKS", DEFAULT_MAX_PARALLEL_CHUNKS, "a whole number >= 1", minimum=1
-        ),
-        chunk_sizing=ChunkSizing.parse(
-            {
-                "target_seconds": _raw(env, "CDC_CHUNK_TARGET_SECONDS"),
-                "target_mb": _raw(env, "CDC_CHUNK_TARGET_MB"),
-                "min_rows": _raw(env, "CDC_CHUNK_MIN_ROWS"),
-                "max_rows": _raw(env, "CDC_CHUNK_MAX_ROWS"),
-            }
-        ),
-        sensor_deferrable=(deferrable_raw in _TRUE) if deferrable_raw else None,
-        sensor_poke_interval=_seconds(env, "CDC_SENSOR_POKE_INTERVAL", DEFAULT_POKE_INTERVAL),
-        sensor_timeout=_seconds(env, "CDC_SENSOR_TIMEOUT", DEFAULT_SENSOR_TIMEOUT),
-        snapshot_schedule=_schedule(env, "CDC_SNAPSHOT_SCHEDULE", None),
-        changelog_schedule=_schedule(env, "CDC_CHANGELOG_SCHEDULE", DEFAULT_CHANGELOG_SCHEDULE),
-        changelog_poll_seconds=_seconds(env, "CDC_CHANGELOG_POLL_SECONDS", 2.0),
-        changelog_heartbeat_seconds=_seconds(env, "CDC_CHANGELOG_HEARTBEAT_SECONDS", 600.0),
-        changelog_min_interval_seconds=_seconds(env, "CDC_CHANGELOG_MIN_INTERVAL_SECONDS", 5.0, zero=True),
-        maintenance_interval_seconds=_seconds(env, "CDC_MAINTENANCE_INTERVAL_SECONDS", 300.0, zero=True),
-        capture_max_events=_int(
-            env, "CDC_CAPTURE_MAX_EVENTS", None, "a whole number >= 1 (unset: unbounded)", minimum=1
-        ),
-        capture_segment_max_events=_int(
-            env, "CDC_CAPTURE_SEGMENT_MAX_EVENTS", None, "a whole number >= 0 (0: one segment per capture)"
-        ),
-        mirror_retention_hours=_retention_hours(env),
-        mirror_log_retention_hours=_log_retention_hours(env),
-        mirror_compact_budget_rows=_int(
-            env, "CDC_MIRROR_COMPACT_BUDGET_ROWS", 4_000_000, "a whole number of rows >= 1", minimum=1
-        ),
-        staging_retention_hours=_staging_retention_hours(env),
-        sources_file=_raw(env, "CDC_SOURCES_FILE") or None,
-    )
-
-
-def _hours(
-    env: Mapping[str, str], name: str, default: float, why: str, *, never: bool = False
-) -> float | None:
-    """A number of hours >= 1 (``why``: the reason for the minimum), or None for ``never``."""
-    raw = _raw(env, name)
-    if not raw:
-        return default
-    if never and raw.strip().lower() == "never":
-        return None
-    try:
-        hours = float(raw)
-    except ValueError:
-        hours = float("nan")
-    if not hours >= 1 or hours == float("inf"):
-        alternative = " or 'never'" if never else ""
-        raise ConfigurationError(f"{name} must be a number of hours >= 1 ({why}){alternative}, got {raw!r}")
-    return hours
-
-
-def _retention_hours(env: Mapping[str, str]) -> float:
-    return _hours(
-        env,
-        "CDC_MIRROR_RETENTION_HOURS",
-        1.0,
-        "files younger than that may belong to a writer still in flight",
-    )
-
-
-def _log_retention_hours(env: Mapping[str, str]) -> float:
-    """Any positive number of hours, not below 36 seconds: commits a checkpoint covers are
-    only history (a reader loads the newest checkpoint), so no writer needs them kept."""
-    name, raw = "CDC_MIRROR_LOG_RETENTION_HOURS", _raw(env, "CDC_MIRROR_LOG_RETENTION_HOURS")
-    if not raw:
-        return 48.0
-    try:
-        hours = float(raw)
-    except ValueError:
-        hours = float("nan")
-    if not hours >= 0.01 or hours == float("inf"):
-        raise ConfigurationError(f"{name} must be a number of hours >= 0.01, got {raw!r}")
-    return hours
-
-
-def _staging_retention_hours(env: Mapping[str, str]) -> float | None:
-    return _hours(
-        env,
-        "CDC_STAGING_RETENTION_HOURS",
-        72.0,
-        "a reader that listed a segment may still be reading it",
-        never=True,
+        chunk_sizing=ChunkSizing.parse(chunk),
     )
 
 
