@@ -27,7 +27,8 @@ from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import PROBE_ROWS, ChunkSizer, ChunkSizing, size_text
 from ..dialects.base import Dialect
-from ..storage.layout import changelog_dir, mirror_dir, schema_path
+from ..sinks import registry
+from ..storage.layout import changelog_dir, schema_path
 from . import snapshot as steps
 from .multiset import load_table, loaded
 from .snapshot_conf import SnapshotConf
@@ -757,58 +758,39 @@ class SnapshotController:
         return summary, done
 
     def converge_and_compact(self, tid: str, sid: str | None = None) -> dict[str, Any]:
-        """Every chunk of the snapshot is merged. First convergence (whole-table snapshots):
-        mirror rows older than the plan's convergence mark were neither re-emitted by a chunk
-        nor changed since, so the source no longer has them (a TRUNCATE, lost events, drift):
-        they go, behind a horizon (sinks.mirror_delta.sweep). Then tombstones up to what the
-        mirror has applied go, within the changelog rounds' compaction budget (a large
-        snapshot's buckets are folded over the next rounds). Idempotent; a no-op without a
-        Delta mirror."""
+        """Every chunk of the snapshot is merged. First convergence (whole-table snapshots): rows
+        older than the plan's convergence mark were neither re-emitted by a chunk nor changed
+        since, so the source no longer has them (a TRUNCATE, lost events, drift): each sink that
+        keeps rows removes them (sinks/registry.py converge; the Delta mirror behind a horizon).
+        Then each sink's upkeep once a snapshot is done (the mirror folds its tombstones within
+        the changelog rounds' compaction budget). Idempotent."""
         from ..core.window import lowered_low
-        from ..sinks.base import read_marker
-        from ..sinks.mirror_compaction import compact_buckets, vacuum
-        from ..sinks.mirror_delta import sweep
         from ..storage.staged import staged_watermarks
         from .windows import staged_log
 
         table = TableName.parse(tid)
         converged: dict[str, Any] = {}
-        if sid is not None:
-            plan = steps.load_plan(self.data_dir, self.source, table, sid)
-            mark = plan.converge_watermark
-            if mark:
-                changelog = changelog_dir(self.data_dir, self.source)
-                found = staged_watermarks(changelog, [mark])
-                if mark in found:
-                    vis, at = plan.converge_visibility, found[mark][0]
-                    at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
-                    gone = sweep(
-                        mirror_dir(self.data_dir, self.source, table),
-                        at,
-                        reason=f"snapshot {sid} convergence",
-                        within=None if steps.covers_every_key(plan.ranges) else plan.ranges,
-                    )
-                    converged = {"converged_at": at, "swept_rows": gone}
-                    log.info(
-                        "table %s: snapshot %s converged: %d mirror row(s) the source no longer has removed",
-                        tid,
-                        sid,
-                        gone,
-                    )
-                else:
-                    log.warning(
-                        "table %s: convergence mark %s of snapshot %s is not staged; mirror rows the source "
-                        "no longer has (if any) stay",
-                        tid,
-                        mark,
-                        sid,
-                    )
-        applied = read_marker(self.data_dir, self.source, "mirror")
-        if applied is not None:
-            path = mirror_dir(self.data_dir, self.source, table)
-            removed = compact_buckets(
-                path, tombstones_upto=applied.encode(), budget_rows=self.compact_budget_rows
-            )["tombstones"]
-            vacuum(path, self.retention_hours)
-            log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", tid, removed)
+        plan = None if sid is None else steps.load_plan(self.data_dir, self.source, table, sid)
+        mark = None if plan is None else plan.converge_watermark
+        if mark:
+            changelog = changelog_dir(self.data_dir, self.source)
+            found = staged_watermarks(changelog, [mark])
+            if mark in found:
+                vis, at = plan.converge_visibility, found[mark][0]
+                at = lowered_low(vis, at, at, staged_log(changelog, [vis], at))
+                within = None if steps.covers_every_key(plan.ranges) else plan.ranges
+                why = {"reason": f"snapshot {sid} convergence", "within": within}
+                gone = registry.converge(self.sinks, self.data_dir, self.source, table, at, **why)
+                converged = {"converged_at": at, "swept_rows": gone}
+                log.info("table %s: snapshot %s converged: %d row(s) the source lost removed", tid, sid, gone)
+            else:
+                log.warning(
+                    "table %s: convergence mark %s of snapshot %s is not staged; rows the source no longer "
+                    "has (if any) stay",
+                    tid,
+                    mark,
+                    sid,
+                )
+        upkeep = {"budget_rows": self.compact_budget_rows, "retention_hours": self.retention_hours}
+        registry.after_snapshot(self.sinks, self.data_dir, self.source, table, **upkeep)
         return converged

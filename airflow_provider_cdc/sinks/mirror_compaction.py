@@ -469,3 +469,22 @@ def compact_inactive(
             removed[table.id] = got["tombstones"]
         vacuum(path, retention_hours)
     return removed
+
+
+def after_snapshot(
+    data_dir: str, source: str, table: TableName, *, budget_rows: int, retention_hours: float
+) -> int:
+    """Once a snapshot of ``table`` is done: its mirror's tombstones up to what the mirror has
+    applied are folded away, within ``budget_rows`` (a large snapshot's buckets are folded over
+    the next rounds), and its replaced files vacuumed. The tombstones removed."""
+    applied = read_marker(data_dir, source, "mirror")
+    if applied is None:
+        return 0
+    path = mirror_dir(data_dir, source, table)
+    if is_multiset(path):
+        vacuum(path, retention_hours)
+        return 0
+    removed = compact_buckets(path, tombstones_upto=applied.encode(), budget_rows=budget_rows)["tombstones"]
+    vacuum(path, retention_hours)
+    log.info("table %s: snapshot done, %d mirror tombstone(s) compacted away", table, removed)
+    return removed

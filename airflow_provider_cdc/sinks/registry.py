@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..core.errors import ConfigurationError
-from ..core.schema import TableSchema
+from ..core.schema import TableName, TableSchema
 from .base import Sink
 
 
@@ -66,6 +66,13 @@ class SinkEntry:
     maintain: Callable[[str, str], object] | None = None
     #: its own options (a target outside the data location); None: it needs none
     options: SinkOptions | None = None
+    #: a whole-table snapshot's convergence, ``converge(data_dir, source, table, at, reason,
+    #: within)``: rows older than position ``at`` (inside the key ranges ``within``; None: all)
+    #: that no chunk re-emitted are gone from the source; returns the rows it removed
+    converge: Callable[..., int] | None = None
+    #: after a snapshot is done, ``after_snapshot(data_dir, source, table, budget_rows,
+    #: retention_hours)``: the table's upkeep (the Delta mirror folds its tombstones)
+    after_snapshot: Callable[..., object] | None = None
 
 
 _SINKS: dict[str, SinkEntry] = {}
@@ -81,6 +88,8 @@ def register(
     stops_tables: bool = False,
     maintain: Callable[[str, str], object] | None = None,
     options: SinkOptions | None = None,
+    converge: Callable[..., int] | None = None,
+    after_snapshot: Callable[..., object] | None = None,
     replace: bool = False,
 ) -> None:
     """Register a sink under ``name`` (refused when taken, unless ``replace``); the keywords are
@@ -88,7 +97,15 @@ def register(
     if name in _SINKS and not replace:
         raise ConfigurationError(f"a sink named {name!r} is registered already")
     _SINKS[name] = SinkEntry(
-        factory, claims_fence, in_data_location, check_schema, stops_tables, maintain, options
+        factory,
+        claims_fence=claims_fence,
+        in_data_location=in_data_location,
+        check_schema=check_schema,
+        stops_tables=stops_tables,
+        maintain=maintain,
+        options=options,
+        converge=converge,
+        after_snapshot=after_snapshot,
     )
 
 
@@ -122,6 +139,19 @@ def check_schema(names: Iterable[str], schema: TableSchema) -> None:
         check = entry(n).check_schema
         if check is not None:
             check(schema)
+
+
+def converge(names: Iterable[str], data_dir: str, source: str, table: TableName, at: str, **kw) -> int:
+    """Every named sink's convergence of ``table`` after a whole-table snapshot (SinkEntry.converge):
+    the rows they removed."""
+    return sum(int(e.converge(data_dir, source, table, at, **kw)) for n in names if (e := entry(n)).converge)
+
+
+def after_snapshot(names: Iterable[str], data_dir: str, source: str, table: TableName, **kw) -> None:
+    """Every named sink's upkeep of ``table`` once a snapshot of it is done (SinkEntry.after_snapshot)."""
+    for n in names:
+        if (e := entry(n)).after_snapshot is not None:
+            e.after_snapshot(data_dir, source, table, **kw)
 
 
 def table_stopping(names: Iterable[str]) -> list[str]:
@@ -213,6 +243,19 @@ def _compact_event_log(data_dir: str, source: str) -> None:
 
 
 register("events", _events, in_data_location=True, maintain=_compact_event_log)
+def _mirror_converge(data_dir: str, source: str, table: TableName, at: str, **kw) -> int:
+    from ..storage.layout import mirror_dir
+    from .mirror_delta import sweep
+
+    return sweep(mirror_dir(data_dir, source, table), at, **kw)
+
+
+def _mirror_after_snapshot(data_dir: str, source: str, table: TableName, **kw) -> None:
+    from .mirror_compaction import after_snapshot
+
+    after_snapshot(data_dir, source, table, **kw)
+
+
 register(
     "mirror",
     _mirror,
@@ -220,6 +263,8 @@ register(
     in_data_location=True,
     check_schema=_mirror_schema,
     stops_tables=True,
+    converge=_mirror_converge,
+    after_snapshot=_mirror_after_snapshot,
 )
 
 

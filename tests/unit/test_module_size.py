@@ -22,7 +22,7 @@ MODULE_LINES, FUNCTION_LINES = 600, 80
 LONG_MODULES = {
     "dialects/postgres/log_reader.py": 664,
     "export/debezium.py": 746,
-    "pipeline/snapshot_controller.py": 814,
+    "pipeline/snapshot_controller.py": 796,
     "dialects/postgres/offsets.py": 828,
     "dialects/base.py": 858,
     "dialects/mysql/log_reader.py": 913,

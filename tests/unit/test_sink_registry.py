@@ -122,3 +122,28 @@ def test_a_sinks_own_options_come_from_its_entry_from_settings_to_a_job_and_back
     assert back == {"postgres": {"pg_uri": args[args.index("--pg-uri") + 1], "pg_schema": "lake"}}
     with pytest.raises(ConfigurationError, match="visible to every user"):
         registry.options_from_job(["postgres"], parser.parse_args(["--pg-uri", "host=db password=x"]))
+
+
+def test_a_snapshot_s_convergence_and_upkeep_are_each_sinks_word():
+    """What a finished snapshot does to a sink's rows (convergence: rows older than the mark that
+    no chunk re-emitted; upkeep: the mirror folds its tombstones) is registered with the sink:
+    the snapshot controller names no sink, and a sink without the hooks is left alone."""
+    from airflow_provider_cdc.core.schema import TableName
+
+    calls = []
+    registry.register(
+        Nothing.name, Nothing,
+        converge=lambda d, s, t, at, **kw: calls.append(("converge", t.id, at, kw)) or 3,
+        after_snapshot=lambda d, s, t, **kw: calls.append(("after", t.id, kw)),
+    )
+    try:
+        t = TableName("s", "t")
+        assert registry.converge([Nothing.name, "events"], "/d", "src", t, "p1", reason="r", within=None) == 3
+        registry.after_snapshot([Nothing.name, "events"], "/d", "src", t, budget_rows=5, retention_hours=1.0)
+        assert calls == [
+            ("converge", "s.t", "p1", {"reason": "r", "within": None}),
+            ("after", "s.t", {"budget_rows": 5, "retention_hours": 1.0}),
+        ]
+        assert registry.entry("mirror").converge is not None and registry.entry("events").converge is None
+    finally:
+        registry.unregister(Nothing.name)
