@@ -13,7 +13,7 @@ _EXPORTS = {
     "MySqlDialect": ".dialect",
     "default_server_id": ".profile",
     "XA_DIR": ".held",
-    "parse_truncate": ".log_reader",
+    "parse_truncate": ".binlog_read",
     "OFFSET_FILE": ".offsets",
     "BinlogOffset": ".offsets",
     "MARIADB": ".server",
