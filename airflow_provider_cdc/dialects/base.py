@@ -11,26 +11,33 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
-from urllib.parse import parse_qsl, unquote, urlsplit
 
-import pyarrow as pa
-
-from ..core.arrow_types import string_array
 from ..core.errors import ConfigurationError
-from ..core.event_batch import EventBatch
-from ..core.events import LogEvent
 from ..core.findings import Finding
 from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.ranges import ChunkRange
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
-from ..core.schema import TableName, TableSchema, encode_key, parse_key_columns
+from ..core.schema import TableName, TableSchema, parse_key_columns
 from ..core.scope import CaptureScope, is_system_schema, no_scope_error
-from ..storage.staged import ChunkWriter
+from .reads import SharedReads
+from .results import (  # noqa: F401 - their home for the dialects and callers
+    READ_FLOOR_MIRROR,
+    READ_FLOOR_SNAPSHOT,
+    CaptureResult,
+    ChunkReadResult,
+    ConnectionParams,
+    LogActivity,
+    LogBatch,
+    LogRetention,
+    ReadSnapshot,
+    SegmentSink,
+    WholeTableRead,
+    value_bytes,
+)
 from .watermark_strategy import STRATEGIES, WATERMARK_STRATEGIES, WatermarkStrategy
 
 log = logging.getLogger(__name__)
@@ -49,150 +56,10 @@ DEFAULT_SEGMENT_MAX_EVENTS = 20_000
 DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 
 
-_SIZED = frozenset({bytes, str, bytearray, memoryview})
-
-
 # verify's digest forms: core/row_digest.py (the dialects build the same text in SQL)
 
 
-def value_bytes(row: Sequence[Any]) -> int:
-    """The size a driver row's values take, as counted against ``batch_max_bytes``: the
-    length of every bytes and str value (numbers, dates: a few bytes, not counted)."""
-    n = 0
-    for v in row:
-        if v.__class__ in _SIZED:
-            n += len(v)
-    return n
-
-
-@dataclass(frozen=True)
-class ConnectionParams:
-    scheme: str  # postgres | mysql | mariadb
-    host: str = "127.0.0.1"
-    port: int | None = None
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-    database: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_uri(cls, uri: str) -> ConnectionParams:
-        parts = urlsplit(uri)
-        scheme = parts.scheme.split("+")[0].lower()
-        if scheme in ("postgresql", "postgres"):
-            scheme = "postgres"
-        if scheme not in ("postgres", "mysql", "mariadb"):
-            raise ConfigurationError(
-                f"connection URI scheme {parts.scheme!r} not supported; use postgresql:// or mysql://"
-            )
-        return cls(
-            scheme=scheme,
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port,
-            user=unquote(parts.username) if parts.username else None,
-            password=unquote(parts.password) if parts.password else None,
-            database=parts.path.lstrip("/") or None,
-            extra=dict(parse_qsl(parts.query)),
-        )
-
-
-@dataclass(frozen=True)
-class ChunkReadResult:
-    rows: int
-    last_key: tuple | None  # canonical key values of the last row, None if no rows
-    #: watermark strategy "log": the position mark (core.position.position_mark) of the
-    #: snapshot the SELECT read, which both bounds of the chunk's window are
-    snapshot_mark: str | None = None
-    #: PostgreSQL: the snapshot the SELECT read (core/visibility.py)
-    visibility: str | None = None
-
-
-@dataclass(frozen=True)
-class ReadSnapshot:
-    """What a chunk read records of the snapshot its SELECT read (``stream_query``'s
-    ``snapshot`` list): its position mark (strategy "log") and, on PostgreSQL, its visibility."""
-
-    mark: str | None
-    visibility: str | None = None
-
-
-@dataclass(frozen=True)
-class WholeTableRead:
-    """A whole-table read (:meth:`Dialect.read_whole_table`): the staged files in read order
-    with their rows, and the position mark of the one snapshot every file was read in."""
-
-    files: tuple[tuple[str, int], ...]
-    mark: str | None
-    #: PostgreSQL: which transactions the snapshot saw (core/visibility.py); None elsewhere
-    visibility: str | None = None
-
-    @property
-    def rows(self) -> int:
-        return sum(n for _p, n in self.files)
-
-
-@dataclass(frozen=True)
-class LogBatch:
-    events: list[LogEvent] | EventBatch  # in position order, whole transactions only
-    end_offset: str  # opaque: where the next read starts; safe to commit after staging
-    start_offset: str
-    #: the read stopped short of the end it aimed at (a step bound or ``max_events``): after
-    #: staging and committing, read again from ``end_offset``
-    more: bool = False
-
-
-@dataclass(frozen=True)
-class CaptureResult:
-    events: int
-    watermarks: int
-    segment: str | None  # the last segment staged by this run (None: nothing captured)
-    start_offset: str
-    end_offset: str
-    seconds: float
-    segments: tuple[str, ...] = ()  # every segment staged by this run, in position order
-    newest_ts_ms: int | None = None  # commit time of the newest event staged by this run
-
-
-@dataclass(frozen=True)
-class LogRetention:
-    """How far a capture's committed offset is behind the source's log, and how long the
-    source keeps the log it still needs (``Dialect.log_retention``). The policy that turns
-    it into a warning is pipeline.capture.capture_lag."""
-
-    holder: str  # what keeps the log for the capture, e.g. "replication slot 'x'"
-    lag_bytes: int  # log written past the committed offset
-    lost: bool = False  # the source already dropped log the capture needs
-    limit_bytes: int | None = None  # a size limit of the retained log (None: none)
-    safe_bytes: int | None = None  # log the source may still write before it drops what the capture needs
-    limit_seconds: float | None = None  # an age limit of the retained log (None: none)
-    setting: str = ""  # the source setting that sets the limit
-    fix: str = ""  # what to do about it, in the source's terms
-    #: nothing bounds the log the holder may keep (PostgreSQL max_slot_wal_keep_size = -1): why
-    #: that can fill the source's disk and what to set ("": bounded, or the source cannot tell)
-    unbounded: str = ""
-
-
-@dataclass(frozen=True)
-class LogActivity:
-    """A cheap, read-only reading of whether the source wrote anything the capture may need
-    (``Dialect.log_activity``), for the trigger that starts changelog rounds
-    (triggers/log_activity.py). ``token`` changes whenever the tables in the capture scope
-    (or, where the source cannot tell tables apart, its log) were written; ``pending_bytes``
-    is the log past the capture's committed offset (None: no offset yet, or unknown)."""
-
-    token: str
-    pending_bytes: int | None = None
-
-
-#: A segment handler of ``Dialect.read_log``: stages events of whole transactions.
-SegmentSink = Callable[[list[LogEvent] | EventBatch], None]
-
-#: what a replica's read floor stands for (:meth:`Dialect.read_no_older_than`), said when it is not reached
-READ_FLOOR_SNAPSHOT = "the snapshot's start"
-READ_FLOOR_MIRROR = "what the mirror has applied"
-
-
-class Dialect(ABC):
+class Dialect(SharedReads, ABC):
     name: ClassVar[str]
     #: row-value keyset comparison ``(a, b) > (?, ?)``; False -> expanded OR form
     row_value_keyset: ClassVar[bool] = True
@@ -566,166 +433,6 @@ class Dialect(ABC):
     @abstractmethod
     def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
         """Canonical key value -> a value the driver binds (e.g. base64 -> bytes)."""
-
-    def key_ranks(self, schema: TableSchema, keys: Sequence[Sequence]) -> list[int]:
-        """The dense rank of each key (equal keys share one) in the database's own order of
-        the primary key, its types and collations: how key ranges of any key type (text under
-        an ICU or case-insensitive collation, dates, decimals) are checked for order and
-        overlap. The keys go through a UNION ALL whose first branch is the table's key columns
-        (no rows), so the bound values take the columns' types and collations."""
-        if not keys:
-            return []
-        q = self.quote_ident
-        pk = ", ".join(q(k) for k in schema.primary_key)
-        idx = q("__cdc_i")
-        marks = ", ".join([self.placeholder] * len(schema.primary_key))
-        branches = [f"SELECT {pk}, -1 AS {idx} FROM {self.quote_table(schema.table)} WHERE 1 = 0"]  # noqa: S608
-        branches += [f"SELECT {marks}, {i}" for i in range(len(keys))]
-        sql = (
-            f"SELECT {idx}, DENSE_RANK() OVER (ORDER BY {pk}) FROM ({' UNION ALL '.join(branches)}) "  # noqa: S608
-            f"AS {q('__cdc_k')}"
-        )
-        params = [
-            self.to_db_value(schema, c, v)
-            for key in keys
-            for c, v in zip(schema.primary_key, key, strict=True)
-        ]
-        ranks = [0] * len(keys)
-        for batch in self.stream_query(sql, params):
-            for i, rank in batch:
-                ranks[int(i)] = int(rank)
-        return ranks
-
-    def chunk_query(
-        self,
-        schema: TableSchema,
-        rng: ChunkRange,
-        *,
-        after_key: Sequence | None,
-        limit: int | None,
-        where: str | None = None,
-        columns: Sequence[str] | None = None,
-        upper_bound: Sequence | None = None,
-    ) -> tuple[str, list[Any]]:
-        """Keyset SELECT of the next chunk: ``key > after_key``, inside ``rng``, ordered by key.
-
-        ``upper_bound`` (inclusive) is the snapshot's max key when it started: compared by
-        the database in its own collation, so rows inserted above it later cannot make a
-        snapshot endless (they reach the sinks through the changelog)."""
-        pk = [self.quote_ident(k) for k in schema.primary_key]
-        cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
-        preds = chunk_predicates(schema.primary_key, rng, after_key=after_key, upper_bound=upper_bound)
-        cond, params = render_predicates(
-            preds,
-            self.quote_ident,
-            row_values=self.row_value_keyset,
-            placeholder=self.placeholder,
-            convert=lambda c, v: self.to_db_value(schema, c, v),
-        )
-        conds: list[str] = [cond] if cond else []
-        if where:
-            # parsed, allowlisted and rendered with bound literals (core/filters.py): never pasted
-            w, wparams = self.render_filter(where, schema)
-            conds.append(w)
-            params += wparams
-        sql = f"SELECT {cols} FROM {self.quote_table(schema.table)}"  # noqa: S608 - identifiers quoted, values bound
-        if conds:
-            sql += " WHERE " + " AND ".join(conds)
-        sql += " ORDER BY " + ", ".join(pk)
-        if limit is not None:
-            sql += f" LIMIT {self.placeholder}"
-            params.append(int(limit))
-        return sql, params
-
-    def read_chunk(
-        self,
-        schema: TableSchema,
-        rng: ChunkRange,
-        *,
-        after_key: Sequence | None,
-        limit: int,
-        path: str,
-        where: str | None = None,
-        upper_bound: Sequence | None = None,
-    ) -> ChunkReadResult:
-        """DBLog step 2: stream the next chunk to a typed Parquet file at ``path`` (storage/staged.py)."""
-        sql, params = self.chunk_query(
-            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
-        )
-        last_key: tuple | None = None
-        pk = schema.primary_key
-        snapshot: list[ReadSnapshot] = []
-        with ChunkWriter(schema, path) as writer:
-            bound = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
-            if self.watermarks.reads_snapshot_position or self.records_visibility:
-                bound["snapshot"] = snapshot
-            for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows), **bound):
-                keys, afters = [], []
-                for raw in batch:
-                    row = self.row_to_canonical(schema, raw)
-                    kv = tuple(row[k] for k in pk)
-                    keys.append(encode_key(kv))
-                    afters.append(row)
-                    last_key = kv
-                # the driver rows (the loop's last one too): the batch's largest part, no longer needed
-                del batch, raw
-                writer.add(string_array(keys), afters)
-        rows = writer.rows
-        seen = snapshot[0] if snapshot else ReadSnapshot(None)
-        return ChunkReadResult(rows, last_key, seen.mark, seen.visibility)
-
-    def whole_table_query(self, schema: TableSchema) -> str:
-        """The SELECT of every row of ``schema``'s table, in no order (identifiers quoted)."""
-        cols = ", ".join(self.quote_ident(c) for c in schema.column_names)
-        return f"SELECT {cols} FROM {self.quote_table(schema.table)}"  # noqa: S608 - identifiers quoted
-
-    def read_whole_table(
-        self,
-        schema: TableSchema,
-        path_of: Callable[[int], str],
-        rows_per_file: int,
-        progress: Callable[[int], None] | None = None,
-    ) -> WholeTableRead:
-        """Every row of ``schema``'s table (described with ``keyed=False``: no key needed) read
-        in ONE consistent snapshot, staged as typed chunk files (storage/staged.py) of about
-        ``rows_per_file`` rows each at ``path_of(0)``, ``path_of(1)``...: a whole-table refresh
-        (pipeline/refresh.py). Generic: one streamed SELECT in a snapshot whose log position is
-        recorded (MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT``), rows decoded batch by
-        batch, so memory holds one batch. ``progress``: called with the rows read so far."""
-        from contextlib import ExitStack
-
-        files: list[tuple[str, int]] = []
-        snapshot: list[ReadSnapshot] = []
-        bound: dict[str, Any] = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
-        with ExitStack() as stack:
-            writer: ChunkWriter | None = None
-            for batch in self.stream_query(
-                self.whole_table_query(schema),
-                [],
-                batch_size=max(1, self.fetch_batch_rows),
-                snapshot=snapshot,
-                **bound,
-            ):
-                if writer is None:
-                    writer = stack.enter_context(ChunkWriter(schema, path_of(len(files))))
-                afters = [self.row_to_canonical(schema, raw) for raw in batch]
-                del batch
-                writer.add(pa.repeat(pa.scalar("[]"), len(afters)), afters)
-                del afters
-                if writer.rows >= rows_per_file:
-                    stack.close()  # the file appears
-                    files.append((writer.path, writer.rows))
-                    writer = None
-                    if progress is not None:
-                        progress(sum(n for _p, n in files))
-            if writer is not None:
-                stack.close()
-                files.append((writer.path, writer.rows))
-        if not files:  # an empty table: one empty file, so the refresh publishes the columns
-            with ChunkWriter(schema, path_of(0)) as w:
-                pass
-            files.append((w.path, 0))
-        return WholeTableRead(tuple(files), snapshot[0].mark if snapshot else None)
 
     @abstractmethod
     def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
