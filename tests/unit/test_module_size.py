@@ -18,17 +18,15 @@ pytestmark = pytest.mark.unit
 PKG = Path(__file__).resolve().parents[2] / "airflow_provider_cdc"
 MODULE_LINES, FUNCTION_LINES = 600, 80
 
-#: module -> its lines today (to be split by purpose)
-LONG_MODULES = {
-    "pipeline/snapshot_controller.py": 796,
-}
+#: module -> its lines today (to be split by purpose): none left over the limit
+LONG_MODULES: dict[str, int] = {}
 
 #: module:function -> its lines today
 LONG_FUNCTIONS = {
     "dag_builders.py:changelog_dag": 130,
     "dialects/mysql/log_reader.py:read_log": 130,
     "dialects/postgres/pgbatch.py:build": 121,
-    "pipeline/snapshot_controller.py:read_range": 117,
+    "pipeline/snapshot_reads.py:read_range": 117,
     "sinks/event_log_table.py:commit": 110,
     "dialects/postgres/prerequisites.py:privilege_problems": 111,
     "pipeline/snapshot_controller.py:_start": 100,
@@ -45,7 +43,6 @@ LONG_FUNCTIONS = {
     "status.py:overview": 81,
 }
 
-
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
     modules: dict[str, int] = {}
     functions: dict[str, int] = {}
@@ -58,7 +55,6 @@ def _sizes() -> tuple[dict[str, int], dict[str, int]]:
                 name = f"{rel}:{node.name}"
                 functions[name] = max(functions.get(name, 0), node.end_lineno - node.lineno + 1)
     return modules, functions
-
 
 def _check(sizes: dict[str, int], listed: dict[str, int], limit: int, what: str) -> list[str]:
     problems = []
@@ -75,16 +71,13 @@ def _check(sizes: dict[str, int], listed: dict[str, int], limit: int, what: str)
             problems.append(f"{name}: {sizes[name]} lines, below its listed {ceiling}: lower the ceiling")
     return problems
 
-
 def test_no_module_passes_600_lines_or_grows_past_its_ceiling():
     modules, _ = _sizes()
     assert _check(modules, LONG_MODULES, MODULE_LINES, "module") == []
 
-
 def test_no_function_passes_80_lines_or_grows_past_its_ceiling():
     _, functions = _sizes()
     assert _check(functions, LONG_FUNCTIONS, FUNCTION_LINES, "function") == []
-
 
 def test_the_check_sees_a_new_long_module_a_grown_one_and_one_split_below_the_limit():
     sizes = {"a.py": 700, "b.py": 650, "c.py": 500, "d.py": 620}
