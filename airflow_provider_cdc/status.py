@@ -500,24 +500,9 @@ def overview(
         data_dir = known.data_dir if known is not None else None
         tables = sorted({t for s, t, _p in items if s == name} | {t for s, t in verifies if s == name})
         progress = {t: p for s, t, p in items if s == name}
-        rows = []
-        for t in tables:
-            row: dict[str, Any] = {"table": t}
-            try:
-                refused = _table_refusal(scope, t) if scope is not None else None
-                if refused:
-                    row["refused"] = refused
-                reads = data_dir if not refused else None
-                if t in progress:
-                    row["snapshot"] = progress_summary(t, progress[t], data_dir=reads)
-                verify = verifies.get((name, t))
-                row["verify"] = (
-                    None if verify is None else _checked_numbers(verify, _VERIFY_NUMBERS, "verify record")
-                )
-                row["mirror"] = mirror_summary(reads, name, t) if reads is not None else None
-            except Exception as exc:  # noqa: BLE001 - one bad value is shown as such, never a failed page
-                row = {"table": t, "malformed": f"{type(exc).__name__}: {exc}"[:500]}
-            rows.append(row)
+        rows = [
+            _table_row(name, t, scope, data_dir, progress.get(t), verifies.get((name, t))) for t in tables
+        ]
         lag = lags.get(name)
         entry: dict[str, Any] = {
             "source": name,
@@ -540,6 +525,24 @@ def overview(
             entry["gaps"] = open_gaps_of(name, data_dir)
         out.append(entry)
     return out
+
+
+def _table_row(source: str, t: str, scope, data_dir: str | None, progress, verify) -> dict[str, Any]:
+    """A table's row of :func:`overview`: refused (outside the scope), its snapshot, last verify and
+    mirror; ``malformed`` when a value it reads has the wrong type."""
+    row: dict[str, Any] = {"table": t}
+    try:
+        refused = _table_refusal(scope, t) if scope is not None else None
+        if refused:
+            row["refused"] = refused
+        reads = data_dir if not refused else None
+        if progress is not None:
+            row["snapshot"] = progress_summary(t, progress, data_dir=reads)
+        row["verify"] = None if verify is None else _checked_numbers(verify, _VERIFY_NUMBERS, "verify record")
+        row["mirror"] = mirror_summary(reads, source, t) if reads is not None else None
+    except Exception as exc:  # noqa: BLE001 - one bad value is shown as such, never a failed page
+        row = {"table": t, "malformed": f"{type(exc).__name__}: {exc}"[:500]}
+    return row
 
 
 def open_gaps_of(source: str, data_dir: str | None) -> list[dict]:

@@ -372,15 +372,7 @@ def apply_segments(
     segments = list_segments(changelog)
     index = read_index(changelog)  # each segment's newest commit time, for the markers
     pending = [s for s in segments if start is None or s[1] > start]
-    groups: list[list] = []
-    rows_in_group = 0
-    for seg in pending:
-        n = _segment_rows(seg[2])
-        if not groups or len(groups[-1]) >= max_segments_per_batch or rows_in_group + n > max_batch_rows:
-            groups.append([])
-            rows_in_group = 0
-        groups[-1].append(seg)
-        rows_in_group += n
+    groups = _batches_of(pending, max_segments_per_batch, max_batch_rows)
     applied = batches = 0
     lower = start
     for group in groups:
@@ -419,6 +411,21 @@ def apply_segments(
         "events": applied,
         "markers": {k: (None if v is None else v.encode()) for k, v in markers.items()},
     }
+
+
+def _batches_of(segments: Segments, max_segments: int, max_rows: int) -> list[list]:
+    """Whole segments in order, cut into batches of at most ``max_segments`` and ``max_rows``
+    staged rows (a bigger segment alone)."""
+    groups: list[list] = []
+    rows_in_group = 0
+    for seg in segments:
+        n = _segment_rows(seg[2])
+        if not groups or len(groups[-1]) >= max_segments or rows_in_group + n > max_rows:
+            groups.append([])
+            rows_in_group = 0
+        groups[-1].append(seg)
+        rows_in_group += n
+    return groups
 
 
 def _write_each(group: Sequence[Sink], events: list[TableEvents]) -> None:

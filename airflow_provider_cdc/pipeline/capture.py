@@ -144,13 +144,7 @@ def stage_changelog(
                 stage(batch.events)
             paths.extend(writer.written())  # every segment of the read is durable before its offset moves
             if len(paths) > mark:
-                first, last = spans[mark][0], spans[-1][1]
-                mine = set(paths[mark:])
-                for f_first, f_last, f_path in list_segments(directory):
-                    # a segment left by a capture that crashed before committing: this read
-                    # re-read the same events (and maybe more), so it supersedes the orphan
-                    if f_path not in mine and f_first >= first and f_last <= last:
-                        storage.delete(f_path)
+                _remove_superseded(directory, spans[mark][0], spans[-1][1], set(paths[mark:]))
             dialect.commit_offset(batch.end_offset, data_dir)
             through = dialect.offset_position(batch.end_offset)
             if through is not None:  # position marks up to here are found (watermark strategy "log")
@@ -170,6 +164,15 @@ def stage_changelog(
         tuple(paths),
         counts[2],
     )
+
+
+def _remove_superseded(directory: str, first: Position, last: Position, mine: set[str]) -> None:
+    """Segments left by a capture that crashed before committing, inside the range a read just
+    staged again (``first`` .. ``last``, its own segments ``mine``): this read re-read the same
+    events (and maybe more), so it supersedes them."""
+    for f_first, f_last, f_path in list_segments(directory):
+        if f_path not in mine and f_first >= first and f_last <= last:
+            storage.delete(f_path)
 
 
 #: a test's hook: called on the segment writer's thread before each segment is written

@@ -54,28 +54,7 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
                 "there is nothing to resync"
             )
         before = read_server(directory)
-        server = dialect.server_identity()
-        if before is not None and before.get("system_identifier") != server.get("system_identifier"):
-            raise StateError(
-                f"source {dialect.source!r}: the server is another cluster (system identifier "
-                f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), "
-                "whose log positions "
-                "do not continue the captured ones, so the event log and the mirror could not order "
-                "its changes after "
-                "the old ones. Re-snapshot instead: drop the source's staged changelog and outputs, "
-                "then start capture "
-                "and snapshot every captured table"
-            )
-        through = staged_through(directory)
-        now = dialect.current_position()
-        if through is not None and now <= through[0]:
-            raise StateError(
-                f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what "
-                "capture staged from the "
-                f"old one ({through[0].encode()}): positions would collide. Wait until the server has "
-                "written more WAL "
-                "than that (any writes do), then resync again"
-            )
+        through = _check_continues(dialect, directory, before)
         gap = {
             "id": uuid.uuid4().hex,
             "state": "resyncing",
@@ -104,6 +83,30 @@ def resync(dialect: Dialect, data_dir: str) -> dict:
             gap["from"],
         )
         return gap
+
+
+def _check_continues(dialect: Dialect, directory: str, before: dict | None):
+    """How far capture staged the old log (``staged_through``), once the server is checked to
+    continue it: the same cluster, its log already past that point; StateError saying what to do
+    otherwise."""
+    server = dialect.server_identity()
+    if before is not None and before.get("system_identifier") != server.get("system_identifier"):
+        raise StateError(
+            f"source {dialect.source!r}: the server is another cluster (system identifier "
+            f"{before.get('system_identifier')} before, {server.get('system_identifier')} now), whose log "
+            "positions do not continue the captured ones, so the event log and the mirror could not order "
+            "its changes after the old ones. Re-snapshot instead: drop the source's staged changelog and "
+            "outputs, then start capture and snapshot every captured table"
+        )
+    through = staged_through(directory)
+    now = dialect.current_position()
+    if through is not None and now <= through[0]:
+        raise StateError(
+            f"source {dialect.source!r}: the server's log ends at {now.encode()}, before what capture "
+            f"staged from the old one ({through[0].encode()}): positions would collide. Wait until the "
+            "server has written more WAL than that (any writes do), then resync again"
+        )
+    return through
 
 
 def _gap_events(dialect: Dialect, data_dir: str, gap: dict) -> None:

@@ -35,12 +35,8 @@ LONG_FUNCTIONS = {
     "dialects/postgres/dialect.py:__init__": 94,
     "sinks/delta_buckets.py:commit": 91,
     "pipeline/snapshot_controller.py:commit": 87,
-    "pipeline/resync.py:resync": 84,
-    "pipeline/capture.py:stage_changelog": 83,
-    "pipeline/arrow_engine.py:apply_segments": 82,
     "dialects/postgres/log_reader.py:_row_events": 82,
     "dialects/mysql/log_reader.py:_row_events": 82,
-    "status.py:overview": 81,
 }
 
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
