@@ -45,8 +45,6 @@ def event_log_asset(source: str, table_id: str) -> Asset:
     return table_asset(source, table_id, EVENTS)
 
 
-#: CDC_CHANGELOG_SCHEDULE's value for rounds started by the source's activity
-LOG_SCHEDULE = "@log"
 
 
 def log_asset(source: str, trigger=None) -> Asset:

@@ -18,7 +18,8 @@ import pendulum
 from airflow.sdk import DAG, task
 
 from . import settings
-from .assets import EVENTS, LOG_SCHEDULE, MIRROR, log_asset, table_alias
+from .assets import EVENTS, MIRROR, log_asset, table_alias
+from .core.rounds import RoundSchedule
 from .operators.capture import ChangelogCaptureOperator
 from .operators.changelog_apply import ChangelogApplyOperator
 from .operators.changelog_round import ChangelogRoundOperator
@@ -268,28 +269,10 @@ def snapshot_dag(
     return dag
 
 
-def periodic(schedule: str | None) -> bool:
-    """Whether a schedule has intervals (a cron or preset), so runs of it can be backfilled."""
-    return bool(schedule) and schedule.lower() not in (LOG_SCHEDULE, "@continuous", "@once")
-
-
-def on_log(parse: settings.Settings) -> bool:
-    """Whether the changelog DAG runs when the source writes (``CDC_CHANGELOG_SCHEDULE=@log``)."""
-    return (parse.changelog_schedule or "").lower() == LOG_SCHEDULE
-
-
-def one_task_rounds(schedule: str | None) -> bool:
-    """Whether the changelog DAG's round is one task (capture and apply in one process, the
-    follow-ups only when they have work: operators/changelog_round.py): the schedules that run
-    rounds every few seconds, ``@log`` and ``@continuous``, where starting five tasks a round
-    would cost more than the round's work."""
-    return (schedule or "").lower() in (LOG_SCHEDULE, "@continuous")
-
-
 def changelog_schedule(parse: settings.Settings):
     """The changelog DAG's schedule: the setting as given, or for ``@log`` the source's log
     Asset, watched in the triggerer (triggers/log_activity.py)."""
-    if not on_log(parse):
+    if not RoundSchedule(parse.changelog_schedule).on_log:
         return parse.changelog_schedule
     from .triggers.log_activity import LogActivityTrigger
 
@@ -311,19 +294,16 @@ def changelog_dag(
     """The changelog DAG of one source."""
     overrides = _data_only(overrides or {})
     parse = settings.load(overrides=overrides)
+    rounds = RoundSchedule(parse.changelog_schedule)
     with DAG(
         dag_id=dag_id,
         description="Changelog capture (logical slot / binlog) to staging, then apply to the sinks",
         schedule=changelog_schedule(parse),
         start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
         catchup=False,
-        # @log: the next round may start (its capture) while this one applies. It also keeps
-        # rounds coming despite an Airflow race: the dag-processor recomputes "at
-        # max_active_runs" from a read taken before a run ended and can overwrite the
-        # scheduler's reset, which then holds queued Asset events until the next parse (about
-        # a minute); with room for two runs a stale count of one no longer blocks. Every task
-        # still runs one at a time (max_active_tis_per_dag=1 below).
-        max_active_runs=2 if on_log(parse) else 1,
+        # @log: two, so the next round's capture may start while this one applies (core/rounds.py);
+        # every task still runs one at a time (max_active_tis_per_dag=1 below)
+        max_active_runs=rounds.max_active_runs,
         # Backfill runs ignore max_active_runs (a backfill has its own, default 10) but every
         # task honours max_active_tis_per_dag: across all runs, one capture, one apply and one
         # compaction at a time, taken in logical-date order by the scheduler.
@@ -353,7 +333,7 @@ def changelog_dag(
             ctx = get_current_context()
             return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
 
-        one_task = one_task_rounds(parse.changelog_schedule)
+        one_task = rounds.one_task
         if one_task:
             capture = apply = ChangelogRoundOperator(
                 task_id="round",
@@ -426,7 +406,7 @@ def changelog_dag(
             raise_schema_stops(apply_result)
 
         now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
-        if periodic(parse.changelog_schedule):  # only a periodic schedule can be backfilled
+        if rounds.periodic:  # only a periodic schedule can be backfilled
             earlier_intervals_done() >> capture
         if not one_task:
             capture >> apply
