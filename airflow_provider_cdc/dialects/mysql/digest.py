@@ -1,4 +1,4 @@
-"""verify's range digests computed by MySQL/MariaDB (dialects/base.py ``DIGEST_FORMS``): each
+"""verify's range digests computed by MySQL/MariaDB (core/row_digest.py, the digest forms): each
 row's columns become their digest text in SQL, the row's MD5 is cut to 64 bits, and one
 aggregate returns a key range's row count and the XOR of its rows' digests; the dialect's ``digests``.
 

@@ -282,7 +282,7 @@ class PostgresDialect(Dialect):
         upper_bound: Sequence | None = None,
     ) -> ChunkReadResult:
         """DBLog step 2 through COPY (PgChunkReader.read_chunk); option ``fast_chunks=False``
-        uses the generic path (dialects/base.py)."""
+        uses the generic path (dialects/reads.py)."""
         if not self.fast_chunks:
             return super().read_chunk(
                 schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound

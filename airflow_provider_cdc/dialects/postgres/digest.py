@@ -1,4 +1,4 @@
-"""verify's range digests computed by PostgreSQL (dialects/base.py ``DIGEST_FORMS``): each row's
+"""verify's range digests computed by PostgreSQL (core/row_digest.py, the digest forms): each row's
 columns become their digest text in SQL, the row's md5 is cut to 64 bits, and one aggregate
 returns a key range's row count and the XOR of its rows' digests. Nothing but two numbers per
 range leaves the server. The dialect's ``digests``.

@@ -40,7 +40,7 @@ DIGEST_MAX_DEPTH = 12
 
 def digest_problems(dialect, schema: TableSchema) -> list[str]:
     """Why ``schema``'s table is verified row by row rather than by digests (empty: it is not):
-    the source must compute a digest form of every column (dialects/base.py DIGEST_FORMS)."""
+    the source must compute a digest form of every column (core/row_digest.py, the digest forms)."""
     return list(dialect.digest_problems(schema))
 
 
