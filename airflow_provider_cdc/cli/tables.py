@@ -86,9 +86,14 @@ def _print_verify(args, table: TableName, source: str, res, events, repair, trig
         out["repair_run"] = triggered
         print(json.dumps(out, indent=2))
         return
+    compared = (
+        f"{res.rows_checked} distinct rows' copies compared (a multiset)"
+        if res.method == "multiset"
+        else f"{res.chunks} chunks compared, {res.mismatched_chunks} differed"
+    )
     print(
-        f"{table.id} (source {source!r}, data dir {args.data_dir}): {res.chunks} chunks compared, "
-        f"{res.mismatched_chunks} differed; source {res.source_rows} rows, mirror {res.mirror_rows} rows"
+        f"{table.id} (source {source!r}, data dir {args.data_dir}): {compared}; source {res.source_rows} "
+        f"rows, mirror {res.mirror_rows} rows"
     )
     if not res.ok:
         print(
