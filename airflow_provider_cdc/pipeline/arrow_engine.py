@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
+from ..core.arrow_types import release_memory
 from ..core.chunk import ChunkResult
 from ..core.errors import ConfigurationError
 from ..core.position import Position
@@ -436,5 +437,8 @@ def _write_each(group: Sequence[Sink], events: list[TableEvents]) -> None:
 def apply_changelog(data_dir: str, source: str, sinks: Sequence[Sink], **kwargs) -> dict:
     """The apply job in this process: staged segments past the sinks' markers -> the sinks."""
     t0 = time.monotonic()
-    summary = apply_segments(changelog_events, data_dir, source, sinks, **kwargs)
+    try:
+        summary = apply_segments(changelog_events, data_dir, source, sinks, **kwargs)
+    finally:
+        release_memory()  # (the round's next task, compaction, runs in this process too)
     return {"engine": "local", **summary, "seconds": round(time.monotonic() - t0, 3)}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import storage
+from ..core.arrow_types import release_memory
 from ..core.event_batch import EventBatch, events_to_batch
 from ..core.events import LogEvent
 from ..core.position import Position
@@ -154,6 +155,7 @@ def stage_changelog(
                 break
     finally:
         writer.close()
+        release_memory()
     return CaptureResult(
         counts[0],
         counts[1],

@@ -20,6 +20,7 @@ from ..core.arrow_types import (
     DELETED_COLUMN,
     KEY_COLUMN,
     POSITION_COLUMN,
+    release_memory,
 )
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName
@@ -453,6 +454,7 @@ def compact_inactive(
     horizon and insert normally."""
     applied = read_marker(data_dir, source, "mirror")
     removed: dict[str, int] = {}
+    release_memory()  # what the round's capture and apply left in Arrow's pool, before the folds
     for table in mirror_tables(data_dir, source):
         path = mirror_dir(data_dir, source, table)
         ensure_log_properties(path, retention_hours, log_retention_hours)

@@ -20,6 +20,7 @@ from .arrays import (  # noqa: F401
     gather_slices,
     index_array,
     int64_array,
+    release_memory,
     slices_array,
     spread_index,
     statistics_columns,

@@ -238,3 +238,10 @@ def spread_index(present: np.ndarray) -> pa.Array:
     """The ``take`` indices that spread values of the ``present`` slots back to one slot each:
     slot i takes value number (present slots before i), null where not present."""
     return index_array(np.cumsum(present) - 1, present)
+
+
+def release_memory() -> None:
+    """Hand the memory Arrow's allocator keeps after a step (freed buffers it holds for reuse)
+    back to the system: a round's tasks run in one process (``airflow dags test``, a worker that
+    runs them in turn), and the next task's peak would otherwise stand on this one's leftovers."""
+    pa.default_memory_pool().release_unused()
