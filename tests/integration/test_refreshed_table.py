@@ -58,9 +58,9 @@ def test_claims_are_unique_and_a_superseded_refresh_cannot_publish(uri):
     version = delta_log.latest_version(uri)
     state = delta_log.log_state(uri, version)
     have = dict(state.metadata["configuration"])
-    refreshed._write(uri, version, state, {**have, refreshed.EPOCH_PROPERTY: "2"}, None, [], "SET TBLPROPERTIES")
+    refreshed.commit_actions(uri, version, state, {**have, refreshed.EPOCH_PROPERTY: "2"}, None, [], "SET TBLPROPERTIES")
     with pytest.raises(CommitFailedError):
-        refreshed._write(uri, version, state, {**have, refreshed.EPOCH_PROPERTY: "2"}, None, [], "SET TBLPROPERTIES")
+        refreshed.commit_actions(uri, version, state, {**have, refreshed.EPOCH_PROPERTY: "2"}, None, [], "SET TBLPROPERTIES")
     third = refreshed.claim(uri, SCHEMA, 1.0)
     assert third == 3
     stale = _files(uri, [(9, "stale")])
