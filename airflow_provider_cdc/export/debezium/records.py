@@ -227,7 +227,7 @@ def file_records(
 ) -> Iterator[tuple[str, str, list]]:
     """The records of one event-log file (sinks/event_log.py), in its order, as (position, key,
     the event's records). ``skipped`` collects the positions of TRUNCATEs left out."""
-    from ..sinks.event_log import canonical_images, file_schema
+    from ...sinks.event_log import canonical_images, file_schema
 
     schema, _ = file_schema(t)
     if schema is None:
@@ -262,7 +262,7 @@ def file_records(
 def _first_position(name: str) -> str:
     """The first position of an event-log file from its name (``c-{first}-{last}``, ``r-{hw}-{id}``);
     "" (open it first) for a name of another form."""
-    from ..core.position import ENCODED_LENGTH
+    from ...core.position import ENCODED_LENGTH
 
     parts = name.split("-")
     first = parts[1] if len(parts) >= 3 else ""
@@ -294,8 +294,8 @@ def export_table(
 
     import pyarrow.parquet as pq
 
-    from .. import storage
-    from ..sinks.event_log import event_files, table_dir
+    from ... import storage
+    from ...sinks.event_log import event_files, table_dir
 
     d = table_dir(data_dir, source, table)
     exports: dict = {}
