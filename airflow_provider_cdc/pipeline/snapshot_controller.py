@@ -20,7 +20,7 @@ from .. import storage
 from ..core.chunk import ChunkResult, flatten_chunk_results
 from ..core.errors import StateError
 from ..core.plans import SnapshotPlan
-from ..core.progress import SnapshotProgress, Status
+from ..core.progress import SnapshotProgress
 from ..core.schema import TableName
 from ..core.throttle import ChunkSizing
 from ..dialects.base import Dialect
@@ -29,18 +29,20 @@ from ..storage.layout import changelog_dir, schema_path
 from . import snapshot as steps
 from .multiset import load_table, loaded
 from .snapshot_conf import SnapshotConf
-from .snapshot_reads import ChunkLoop, pause_for_dag_pause, read_floor  # noqa: F401 - their callers import them here
+from .snapshot_reads import (  # noqa: F401 - pause_for_dag_pause and read_floor: their callers import them here
+    DONE,
+    FAILED,
+    PAUSED,
+    RUNNING,
+    STOPPED,
+    ChunkLoop,
+    pause_for_dag_pause,
+    read_floor,
+)
 from .snapshot_state import SourceProgress
 
 log = logging.getLogger(__name__)
 
-RUNNING, PAUSED, STOPPED, DONE, FAILED = (
-    Status.RUNNING,
-    Status.PAUSED,
-    Status.STOPPED,
-    Status.DONE,
-    Status.FAILED,
-)
 
 
 def mark_failed(progress: SourceProgress, snapshots: Iterable[tuple[str, str]], error: str) -> list[str]:
