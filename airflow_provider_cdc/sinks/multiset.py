@@ -460,4 +460,4 @@ def read_counts(uri: str) -> tuple[pa.Table, dict[str, str]]:
     if not parts:
         return pa.table({ROW_COLUMN: pa.array([], pa.string()), "copies": pa.array([], pa.int64())}), props
     t = pa.concat_tables(parts).group_by(ROW_COLUMN).aggregate([("count_all", "sum")])
-    return t.rename_columns([ROW_COLUMN, "copies"]) if t.column_names[0] == ROW_COLUMN else t, props
+    return pa.table({ROW_COLUMN: t[ROW_COLUMN], "copies": t["count_all_sum"]}), props
