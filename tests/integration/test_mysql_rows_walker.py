@@ -25,7 +25,7 @@ from airflow_provider_cdc.core.event_batch import EventBatch
 from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
-from airflow_provider_cdc.dialects.mysql import rows_walker
+from airflow_provider_cdc.dialects.mysql import binlog_read, packets, rows_walker
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.storage.layout import changelog_dir
 from airflow_provider_cdc.storage.staged import list_segments, read_log_events
@@ -134,6 +134,7 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
                                                                            monkeypatch):
     t, aria, latin, fkey = (f"rw_{unique_name}", f"rw_aria_{unique_name}", f"rw_latin_{unique_name}",
                             f"rw_fkey_{unique_name}")
+    other = f"rw_other_{unique_name}"  # not captured
     q = f"`{DB}`.`{t}`"
     with closing(_connect(mysql_uri)) as conn:
         cur = conn.cursor()
@@ -160,6 +161,13 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             cur.execute(f"UPDATE {q} SET bu = bu DIV 3, d65 = -d65 WHERE id >= 100 AND id < 700")
             cur.execute("COMMIT")
             cur.execute(f"DELETE FROM {q} WHERE id >= 2000 AND id < 2300")
+            # a new binlog file mid-range (the table ids mapped before it are forgotten), and
+            # single-row transactions of a captured and of an uncaptured table after it
+            cur.execute("FLUSH BINARY LOGS")
+            cur.execute(f"CREATE TABLE `{DB}`.`{other}` (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+            for k in range(5):
+                cur.execute(f"INSERT INTO `{DB}`.`{other}` VALUES ({k}, {k})")
+                cur.execute(f"UPDATE {q} SET n = IFNULL(n, 0) + {k} WHERE id = 3")
             # a minimal row image: the DELETE logs only the key (the walker leaves it to the reference)
             cur.execute("SET SESSION binlog_row_image = 'MINIMAL'")
             cur.execute(f"DELETE FROM {q} WHERE id = 1")
@@ -176,7 +184,22 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             src = f"rw_{unique_name}"
             wm = f"wm_{unique_name}"
             _, ref, ref_segs = _capture(mysql_uri, src, wm, tables, start, tmp_path / "python", "python")
+            # the read loop takes common events from their packets (packets.py): count them
+            fast = [0]
+            real_fast_rows = binlog_read._BinlogRead.fast_rows
+
+            def counted(self, *args):
+                fast[0] += 1
+                return real_fast_rows(self, *args)
+
+            monkeypatch.setattr(binlog_read._BinlogRead, "fast_rows", counted)
             _, got, got_segs = _capture(mysql_uri, src, wm, tables, start, tmp_path / "compiled", "compiled")
+            monkeypatch.setattr(binlog_read._BinlogRead, "fast_rows", real_fast_rows)
+            assert fast[0] >= 10
+            # the same range with every event built by mysql-replication (RawStream off)
+            monkeypatch.setattr(packets.RawStream, "of", classmethod(lambda cls, stream: None))
+            _, lib, lib_segs = _capture(mysql_uri, src, wm, tables, start, tmp_path / "library", "compiled")
+            monkeypatch.undo()
             # a rows event the walker refuses (fault injected: every other one) is read the pure-Python way
             calls = [0]
             real = rows_walker._rows
@@ -192,12 +215,13 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             monkeypatch.setattr(rows_walker, "_rows", real)
             assert calls[0] > 10 and mixed.events == ref.events
 
-            assert ref.events == got.events > 3000
+            assert ref.events == got.events == lib.events > 3000
+            assert ref.end_offset == got.end_offset == lib.end_offset == mixed.end_offset
             assert [Path(p).name for *_, p in ref_segs] == [Path(p).name for *_, p in got_segs]
             assert len(ref_segs) >= 5  # cut inside the large transaction
-            for (*_, rp), (*_, gp), (*_, mp) in zip(ref_segs, got_segs, mixed_segs, strict=True):
+            for (*_, rp), (*_, gp), (*_, mp), (*_, lp) in zip(ref_segs, got_segs, mixed_segs, lib_segs, strict=True):
                 a = pq.read_table(rp)
-                for b in (pq.read_table(gp), pq.read_table(mp)):
+                for b in (pq.read_table(gp), pq.read_table(mp), pq.read_table(lp)):
                     assert a.schema.equals(b.schema, check_metadata=True), Path(rp).name
                     for name in a.column_names:
                         assert a[name].equals(b[name]), (Path(rp).name, name)
@@ -239,7 +263,7 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             finally:
                 d.close()
         finally:
-            for x in tables:
+            for x in [*tables, other]:
                 cur.execute(f"DROP TABLE IF EXISTS `{DB}`.`{x}`")
             probe._query(f"DROP TABLE IF EXISTS {probe.quote_table(probe.watermark_table)}")
             probe.close()

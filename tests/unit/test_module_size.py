@@ -36,7 +36,6 @@ LONG_FUNCTIONS = {
     "sinks/delta_buckets.py:commit": 91,
     "pipeline/snapshot_controller.py:commit": 87,
     "dialects/postgres/log_reader.py:_row_events": 82,
-    "dialects/mysql/log_reader.py:_row_events": 82,
 }
 
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:

@@ -19,6 +19,7 @@ from ..base import LogBatch, SegmentSink
 from .binlog import BinlogOffset
 from .failover import GtidState
 from .held import HeldGroup, Scratch, Xid, savepoint_name
+from .packets import FAST_TYPES, PacketEvents, RawStream
 from .rows_walker import EventBuffer, RowsRun
 from .types import IDENTIFIER, query_text, unquote
 
@@ -137,7 +138,7 @@ _STATEMENT_DML_RE = re.compile(
 )
 
 
-class _BinlogRead:
+class _BinlogRead(PacketEvents):
     """One :meth:`MyLogReader.read_log`: the read's state (the segment being filled, the open
     group, whether it is held, the last whole group's position and GTID) and one method per binlog
     event type, looked up in :attr:`handlers` by the event's class. A handler returns True when
@@ -172,7 +173,7 @@ class _BinlogRead:
 
         self.d = reader
         self.start, self.end = start, end
-        self.gtids = gtids  # MariaDB: the GTID position at ``committed``
+        self.gtids = gtids  # MariaDB: the GTID position at the start (gtid_state: at ``committed``)
         self.max_events = max_events
         self.seg_max = seg_max
         self.on_segment = on_segment
@@ -197,9 +198,11 @@ class _BinlogRead:
         self.group_gtid = self.committed_gtid = None  # GTID of the last whole group (for the record)
         self.thread = None  # thread id of the transaction's BEGIN (Debezium's source.thread)
         # the event being handled: where it ends and starts, and "file:offset" for messages
-        self.ev_end = start
+        self.ev_pos = start.pos  # where it ends (ev_end: as an offset)
         self.ev_start = 0
-        self.where = ""
+        self.end_file, self.end_pos = end.file, end.pos
+        #: MariaDB: per GTID domain the last group read whole (``gtids`` is the position at the start)
+        self.last_groups: dict[str, str] = {}
         #: the handler of each event type (a subclass finds its closest class: _own_rows's subclasses,
         #: MariadbGtidEvent before GtidEvent, PartialUpdateRowsEvent before UpdateRowsEvent)
         self.handlers: dict[type, Callable[[Any], bool]] = {
@@ -225,30 +228,68 @@ class _BinlogRead:
         return h
 
     def run(self, stream: Any) -> None:
+        self.stream = stream
+        self.fast_raw = raw = RawStream.of(stream)
+        if raw is None:  # not the mysql-replication this reads the packets of: its events
+            for ev in stream:
+                if self.on_event(ev):
+                    break
+            return
+        for pkt in raw.packets():
+            data = pkt._data
+            if data[5] in FAST_TYPES:
+                done = self.on_packet(data, stream)
+                if done is not None:
+                    if done:
+                        break
+                    continue
+            ev = raw.event(pkt)
+            if ev is not None and self.on_event(ev):
+                break
+
+    def on_event(self, ev: Any) -> bool:
+        """One event as mysql-replication built it; True when the read stops."""
         from pymysqlreplication.event import FormatDescriptionEvent, RotateEvent
 
-        for ev in map(_own_rows, stream):
-            # the reader's packet and event point at each other: a cycle per event that only
-            # the cyclic GC frees, late in a process of many objects (memory would follow the
-            # transaction); cut it so each event is freed when the next one is read
-            ev.packet.event = None
-            if isinstance(ev, RotateEvent):
-                if ev.next_binlog != self.current_file:
-                    # table ids are the server's, per run of it: a new file may come from a
-                    # restart that reuses them, and its first rotate event (timestamp 0) does not
-                    # clear the library's table map (freeze_schema, see MyLogReader.read_log)
-                    stream.table_map = {}
-                self.on_rotate(ev)
-                continue
-            if isinstance(ev, FormatDescriptionEvent):
-                continue
-            self.ev_end = self.start.at(self.current_file, ev.packet.log_pos)
-            if self.ev_end > self.end:
-                break  # written after this read began: the next capture takes it
-            self.ev_start = ev.packet.log_pos - ev.packet.event_size
-            self.where = f"{self.current_file}:{self.ev_start}"
-            if self.handler(type(ev))(ev) or self.ev_end == self.end:
-                break
+        ev = _own_rows(ev)
+        # the reader's packet and event point at each other: a cycle per event that only
+        # the cyclic GC frees, late in a process of many objects (memory would follow the
+        # transaction); cut it so each event is freed when the next one is read
+        ev.packet.event = None
+        if isinstance(ev, RotateEvent):
+            if ev.next_binlog != self.current_file:
+                # table ids are the server's, per run of it: a new file may come from a
+                # restart that reuses them, and its first rotate event (timestamp 0) does not
+                # clear the library's table map (freeze_schema, see MyLogReader.read_log)
+                self.stream.table_map = {}
+            self.on_rotate(ev)
+            return False
+        if isinstance(ev, FormatDescriptionEvent):
+            return False
+        if self.at_event(ev.packet.log_pos, ev.packet.event_size):
+            return True  # written after this read began: the next capture takes it
+        return self.handler(type(ev))(ev) or self.at_end()
+
+    def at_event(self, log_pos: int, size: int) -> bool:
+        """Where the event being read lies; True when it was written after this read began."""
+        self.ev_pos, self.ev_start = log_pos, log_pos - size
+        if self.current_file == self.end_file:
+            return log_pos > self.end_pos
+        return self.ev_end > self.end
+
+    @property
+    def ev_end(self) -> BinlogOffset:
+        """Where the event being read ends, as an offset."""
+        return self.start.at(self.current_file, self.ev_pos)
+
+    def at_end(self) -> bool:
+        """Whether the event read last ends where this read ends."""
+        return self.ev_pos == self.end_pos and self.current_file == self.end_file
+
+    @property
+    def where(self) -> str:
+        """The event being read, as ``file:offset`` for messages."""
+        return f"{self.current_file}:{self.ev_start}"
 
     def close(self) -> None:
         if self.in_group:
@@ -261,8 +302,12 @@ class _BinlogRead:
             return LogBatch(out, offset, offset)
         # MariaDB: the GTID position at the offset (per domain its last group), which a promoted
         # replica must hold for capture to follow it; MySQL: the last group's GTID, for the record
-        gtid = str(self.gtids) if self.gtids is not None else self.committed_gtid
+        gtid = str(self.gtid_state()) if self.gtids is not None else self.committed_gtid
         return LogBatch(out, replace(self.committed, gtid=gtid or None).to_json(), offset)
+
+    def gtid_state(self) -> GtidState:
+        """MariaDB's GTID position at ``committed``: the start's, with each domain's last group."""
+        return functools.reduce(GtidState.after, self.last_groups.values(), self.gtids)
 
     # --- the segment and the open group -----------------------------------------------------
     def flush(self) -> None:
@@ -329,7 +374,7 @@ class _BinlogRead:
         self.in_group, self.held, self.in_txn, self.group_count = False, None, False, 0
         self.committed, self.committed_gtid = self.ev_end, self.group_gtid
         if self.gtids is not None and self.group_gtid:
-            self.gtids = self.gtids.after(self.group_gtid)
+            self.last_groups[self.group_gtid.partition("-")[0]] = self.group_gtid
         if self.seg_max is not None and (len(self.out) >= self.seg_max or self.seg_bytes >= self.max_bytes):
             self.flush()  # ends at this group's end
         return self.max_events is not None and self.total >= self.max_events
@@ -360,14 +405,17 @@ class _BinlogRead:
         return False
 
     def on_mariadb_gtid(self, ev: Any) -> bool:
+        self.mariadb_group(ev.gtid, ev.flags)
+        return False
+
+    def mariadb_group(self, gtid: str, flags: int) -> None:
         # a MariaDB group starts here. flags2: FL_STANDALONE (1, one statement, no
         # BEGIN), FL_TRANSACTIONAL (4, InnoDB changes only: it ends with its XID and
         # nothing in it is rolled back), FL_PREPARED_XA (64, an XA PREPARE group)
         self.start_of_group()
-        standalone, xa = bool(ev.flags & 1), bool(ev.flags & 64)
-        self.begin_group(hold=not (standalone or ev.flags & 4), xa=xa)
-        self.in_txn, self.group_gtid, self.thread = not standalone, ev.gtid, None
-        return False
+        standalone, xa = bool(flags & 1), bool(flags & 64)
+        self.begin_group(hold=not (standalone or flags & 4), xa=xa)
+        self.in_txn, self.group_gtid, self.thread = not standalone, gtid, None
 
     def on_gtid(self, ev: Any) -> bool:
         self.start_of_group()

@@ -279,16 +279,42 @@ class MyLogReader:
             hit = cache[table] = str(rows[0][0]).upper() == "YES"
         return hit
 
+    def _key_of(self, schema: str, table: str, mapped: Any) -> tuple[str, ...]:
+        """The key columns of a mapped table: its primary key, else its CDC_KEY_COLUMNS (the
+        binlog has whole rows; '*', a multiset: none)."""
+        pk = mapped.primary_key
+        want, own = self.key_columns.get(TableName(schema, table)), (pk,) if isinstance(pk, str) else pk
+        return () if want == WHOLE_ROW else want or tuple(x for x in own or () if x)
+
+    def captured_id(self, schema: str, table: str) -> str | None:
+        """The table's id when this read captures it, else None (once per table and read)."""
+        table_id = self._captured.get((schema, table), "")
+        if table_id == "":
+            table_id = TableName(schema, table).id if self._capture_table(schema, table) else None
+            self._captured[schema, table] = table_id
+        return table_id
+
+    def fast_walker(self, table_id: int, mapped: Any) -> TableWalker | bool:
+        """For a rows event read from its packet (packets.py): the compiled walker of its table,
+        False when capture does not take the table (nothing to read), True when the event must be
+        built by mysql-replication (the watermark table, no key, the walker off or not covering it)."""
+        schema, table = mapped.schema, mapped.table
+        if schema == self.watermark_table.schema and table == self.watermark_table.name:
+            return True
+        if self.captured_id(schema, table) is None:
+            return False
+        pk = self._key_of(schema, table, mapped)
+        if not pk and self.key_columns.get(TableName(schema, table)) != WHOLE_ROW:
+            return True  # refused or skipped with its message by _row_events
+        return self._walker(table_id, schema, table, mapped.columns, pk) or True
+
     def _table_converters(self, ev: Any) -> tuple[dict[str, Callable[[Any], Any]], tuple[str, ...]] | None:
         table = ev.table_map[ev.table_id]
         key = (ev.table_id, ev.schema, ev.table)
         hit = self._binlog_converters.get(key)
         if hit is not None:
             return hit
-        pk = table.primary_key
-        # no primary key: keyed by its CDC_KEY_COLUMNS (the binlog has whole rows; '*', a multiset: none)
-        want, own = self.key_columns.get(TableName(ev.schema, ev.table)), (pk,) if isinstance(pk, str) else pk
-        pk_cols = () if want == WHOLE_ROW else want or tuple(x for x in own or () if x)
+        pk_cols = self._key_of(ev.schema, ev.table, table)
         convs: dict[str, Callable[[Any], Any] | None] = {}
         for c in table.columns:
             conv = binlog_converter(c)
@@ -345,17 +371,19 @@ class MyLogReader:
             )
         ]
 
-    def _rows_walker(self, ev: Any, pk: tuple[str, ...]) -> TableWalker | None:
-        """The compiled walker of the rows event's table map (None: the pure-Python reader
-        decodes it), built once per table map and read, and cleared with the converters."""
+    def _walker(
+        self, table_id: int, schema: str, table_name: str, columns: Any, pk: tuple[str, ...]
+    ) -> TableWalker | None:
+        """The compiled walker of a table map (None: the pure-Python reader decodes its rows),
+        built once per table map and read, and cleared with the converters."""
         if self._rows_mode != "compiled":
             return None
-        key = ("walker", ev.table_id, ev.schema, ev.table)
+        key = ("walker", table_id, schema, table_name)
         cache = self._binlog_converters
         if key in cache:
             return cache[key]
-        table = TableName(ev.schema, ev.table)
-        got = TableWalker.of(table, ev.table_map[ev.table_id].columns, pk)
+        table = TableName(schema, table_name)
+        got = TableWalker.of(table, columns, pk)
         if isinstance(got, str):
             log.info("table %s: its rows are read by the pure-Python reader (%s)", table, got)
             got = None
@@ -377,12 +405,7 @@ class MyLogReader:
                 WatermarkEvent(str(r["after_values"]["value"]), Position(file_index, start_pos, i), ts_ms)
                 for i, r in enumerate(ev.rows)
             ]
-        # (schema, table) -> its id when captured, else None: once per table and read, not per event
-        table_id = self._captured.get((ev.schema, ev.table), "")
-        if table_id == "":
-            captured = self._capture_table(ev.schema, ev.table)
-            table_id = TableName(ev.schema, ev.table).id if captured else None
-            self._captured[ev.schema, ev.table] = table_id
+        table_id = self.captured_id(ev.schema, ev.table)
         if table_id is None:
             return []
         convs, pk = self._table_converters(ev)
@@ -395,7 +418,7 @@ class MyLogReader:
                 log.warning("capture skips table %s: it has no primary key", table_id)
                 skipped.add(table_id)
             return []
-        walker = self._rows_walker(ev, pk)
+        walker = self._walker(ev.table_id, ev.schema, ev.table, ev.table_map[ev.table_id].columns, pk)
         if walker is not None:
             kind = 0 if isinstance(ev, WriteRowsEvent) else (2 if isinstance(ev, DeleteRowsEvent) else 1)
             run = walker.run(ev, file_index, start_pos, ts_ms, origin, kind)

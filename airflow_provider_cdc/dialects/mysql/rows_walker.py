@@ -226,15 +226,23 @@ class TableWalker:
         if data is None or start is None or pushed_back is None or pushed_back:
             # not where mysql-replication 1.x keeps the event's bytes: the pure-Python reader reads it
             return None
-        ncols = len(self.spec)
-        if ev.number_of_columns != ncols:
+        end = start + ev.event_size - wrapper.read_bytes  # the rows, without the checksum
+        second = bytes(ev.columns_present_bitmap2) if kind == _UPDATE else None
+        present = (bytes(ev.columns_present_bitmap), second)
+        at = (major, minor, ts_ms, origin)
+        return self.decode(data, start, end, ev.number_of_columns, present, kind, at)
+
+    def decode(
+        self, data: bytes, start: int, end: int, ncols: int, present: tuple, kind: int, at: tuple
+    ) -> RowsRun | None:
+        """The events of the row images in ``data[start:end]`` (a rows event of ``ncols`` columns,
+        its present-columns bitmaps, the second an update's), or None when the walker cannot decode
+        them. ``at``: the rows event's (major, minor, ts_ms, origin)."""
+        if ncols != len(self.spec):
             return None
         full = _full_bitmap(ncols)
-        if bytes(ev.columns_present_bitmap) != full or (
-            kind == _UPDATE and bytes(ev.columns_present_bitmap2) != full
-        ):
+        if present[0] != full or (kind == _UPDATE and present[1] != full):
             return None  # a partial row image (binlog_row_image is not FULL)
-        end = start + ev.event_size - wrapper.read_bytes  # the rows, without the checksum
         try:
             out = _rows.decode(data, start, end, kind, self.spec, self.key_idx)
         except ValueError as exc:
@@ -246,9 +254,7 @@ class TableWalker:
             return None
         images, ops, before, after, kdata, klens, cols = out
         n = len(ops)
-        return RowsRun(
-            self, major, minor, ts_ms, origin, images, ops, before, after, kdata, klens, cols, 0, n
-        )
+        return RowsRun(self, *at, images, ops, before, after, kdata, klens, cols, 0, n)
 
 
 _FULL: dict[int, bytes] = {}
