@@ -289,6 +289,7 @@ def _wait_applied(dep, src: Src, rec: dict, timeout: float = 600) -> float:
 
     marker = f"bench-{uuid.uuid4()}"
     with src.dialect(rec) as d:
+        d.ensure_watermark_table()  # MariaDB: made by the first snapshot, which has not run yet
         d.write_watermark(marker)
     t0 = time.monotonic()
     nudged = False

@@ -64,6 +64,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--poll", type=float, default=1.0, help="seconds between two readings of the marker")
     ap.add_argument("--pg-uri", default=DEFAULT_PG, help="PostgreSQL server (pgbench gets a database of its own)")
     ap.add_argument("--mysql-uri", default=DEFAULT_MY, help="MariaDB source")
+    ap.add_argument("--set", action="append", default=[], metavar="CDC_NAME=VALUE",
+                    help="a setting of the deployment's source (repeatable), e.g. CDC_CAPTURE_MAX_EVENTS=100000")
     ap.add_argument("--keep", action="store_true", help="keep the tables, slot and work folder")
     ap.add_argument("--out", default=str(RESULTS), help="folder of the Markdown and JSON results")
     return ap.parse_args(argv)
@@ -342,6 +344,11 @@ def run_one(kind: str, a: argparse.Namespace) -> dict:
             (dags / name).symlink_to(ROOT / "dags" / name)
         env = {k: v for k, v in rec["env"].items() if k.startswith(("CDC_", "AIRFLOW_CONN_"))}
         env["CDC_CHANGELOG_SCHEDULE"] = "@log"
+        for item in a.set:
+            name, sep, value = item.partition("=")
+            if not sep or not name.startswith("CDC_"):
+                raise SystemExit(f"--set {item!r}: want CDC_NAME=VALUE")
+            env[name] = value
         with launch(a.pg_uri, work / "deploy", dags, env=env, dags=("cdc_snapshot", "cdc_changelog")) as dep:
             wait_first_round(dep)
             _wait_applied(dep, src, rec)

@@ -406,86 +406,77 @@ class SnapshotController(ChunkLoop):
         (SnapshotProgress.record_chunk). Returns (summary per table, tables finished here
         with what a notification of them says). ``finish=False`` (a merge while reading)
         records only: the round's commit finishes the snapshot and announces it."""
-        touched: dict[tuple[str, str], int] = {}
-        for c in flatten_chunk_results(chunks):
-            sc = steps.sidecar_path(c["path"])
-            if not storage.exists(sc):
-                raise StateError(
-                    f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?"
-                )
-            data = json.loads(storage.read_text(sc))
-            if not data["merged"]:
-                steps.write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
-            key = (c["table"], c["snapshot_id"])
-            touched[key] = touched.get(key, 0) + 1
         summary: dict[str, dict] = {}
         done: dict[str, dict[str, Any]] = {}
-        for (tid, sid), count in touched.items():
-            p = self.progress.load(tid)
-            if p is None or p.snapshot_id != sid:
-                log.info(
-                    "table %s: merged %d chunk(s) of snapshot %s, which is no longer current", tid, count, sid
-                )
-                continue
-            if p.status in (STOPPED, DONE):
-                log.info(
-                    "table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged",
-                    tid,
-                    sid,
-                    p.status,
-                    count,
-                )
-                if p.status == DONE and finish:  # a retry after `done` was stored: compaction is not skipped
-                    self.converge_and_compact(tid, sid)
-                tp = p.table(tid)
-                summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
-                continue
-            sidecars = steps.read_sidecars(self.data_dir, self.source, TableName.parse(tid), sid)
-            outcome = {"recorded": 0, "finished": False}
+        for (tid, sid), count in _mark_merged(chunks).items():
+            entry, finished = self._record_merged(tid, sid, count, finish)
+            if entry is not None:
+                summary[tid] = entry
+            if finished is not None:
+                done[tid] = finished
+        return summary, done
 
-            def record(
-                q: SnapshotProgress | None,
-                sid: str = sid,
-                tid: str = tid,
-                sidecars=sidecars,
-                outcome: dict = outcome,
-            ) -> SnapshotProgress | None:
-                # applied to what is stored now: a pause, stop or takeover that landed meanwhile stays
-                outcome.update(recorded=0, finished=False)
-                if q is None or q.snapshot_id != sid or q.status in (STOPPED, DONE):
-                    return None
-                for s in sidecars:  # seq order = keyset order inside each range
-                    if s["merged"]:
-                        outcome["recorded"] += q.record_chunk(ChunkResult.from_dict(s["result"]))
-                if finish and q.status == RUNNING and q.table(tid).done:
-                    q.finish()
-                    outcome["finished"] = True
-                return q
-
-            p = self.progress.update(tid, record)
-            if p is None or p.snapshot_id != sid:
-                continue
-            if outcome["finished"]:
-                done[tid] = {
-                    "snapshot_id": sid,
-                    "snapshot_done": True,
-                    "rows": p.table(tid).rows,
-                    **self.converge_and_compact(tid, sid),
-                }
-            tp = p.table(tid)
+    def _record_merged(
+        self, tid: str, sid: str, count: int, finish: bool
+    ) -> tuple[dict | None, dict[str, Any] | None]:
+        """Record one table's merged chunks in its progress (what :meth:`commit` does per table):
+        its summary (None: the snapshot is no longer current) and, when it finished here, what a
+        notification of it says."""
+        p = self.progress.load(tid)
+        if p is None or p.snapshot_id != sid:
+            log.info("table %s: merged %d chunk(s) of snapshot %s, no longer current", tid, count, sid)
+            return None, None
+        if p.status in (STOPPED, DONE):
             log.info(
-                "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f "
-                "rows/s",
+                "table %s: snapshot %s is %s; merged %d chunk(s), progress unchanged",
                 tid,
                 sid,
                 p.status,
-                outcome["recorded"],
-                tp.rows,
-                tp.chunks,
-                p.rows_per_second(),
+                count,
             )
-            summary[tid] = {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}
-        return summary, done
+            if p.status == DONE and finish:  # a retry after `done` was stored: compaction is not skipped
+                self.converge_and_compact(tid, sid)
+            tp = p.table(tid)
+            return {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}, None
+        sidecars = steps.read_sidecars(self.data_dir, self.source, TableName.parse(tid), sid)
+        outcome = {"recorded": 0, "finished": False}
+
+        def record(q: SnapshotProgress | None) -> SnapshotProgress | None:
+            # applied to what is stored now: a pause, stop or takeover that landed meanwhile stays
+            outcome.update(recorded=0, finished=False)
+            if q is None or q.snapshot_id != sid or q.status in (STOPPED, DONE):
+                return None
+            for s in sidecars:  # seq order = keyset order inside each range
+                if s["merged"]:
+                    outcome["recorded"] += q.record_chunk(ChunkResult.from_dict(s["result"]))
+            if finish and q.status == RUNNING and q.table(tid).done:
+                q.finish()
+                outcome["finished"] = True
+            return q
+
+        p = self.progress.update(tid, record)
+        if p is None or p.snapshot_id != sid:
+            return None, None
+        finished = None
+        if outcome["finished"]:
+            finished = {
+                "snapshot_id": sid,
+                "snapshot_done": True,
+                "rows": p.table(tid).rows,
+                **self.converge_and_compact(tid, sid),
+            }
+        tp = p.table(tid)
+        log.info(
+            "table %s: snapshot %s %s, %d new chunk(s) recorded, %d rows in %d chunks merged, %.0f rows/s",
+            tid,
+            sid,
+            p.status,
+            outcome["recorded"],
+            tp.rows,
+            tp.chunks,
+            p.rows_per_second(),
+        )
+        return {"status": str(p.status), "rows": tp.rows, "chunks": tp.chunks}, finished
 
     def converge_and_compact(self, tid: str, sid: str | None = None) -> dict[str, Any]:
         """Every chunk of the snapshot is merged. First convergence (whole-table snapshots): rows
@@ -524,3 +515,20 @@ class SnapshotController(ChunkLoop):
         upkeep = {"budget_rows": self.compact_budget_rows, "retention_hours": self.retention_hours}
         registry.after_snapshot(self.sinks, self.data_dir, self.source, table, **upkeep)
         return converged
+
+
+def _mark_merged(chunks: Any) -> dict[tuple[str, str], int]:
+    """Mark each chunk's sidecar merged (once); the chunks per (table, snapshot id)."""
+    touched: dict[tuple[str, str], int] = {}
+    for c in flatten_chunk_results(chunks):
+        sc = steps.sidecar_path(c["path"])
+        if not storage.exists(sc):
+            raise StateError(
+                f"chunk {c['path']} has no committed sidecar {sc}; was the staging folder changed?"
+            )
+        data = json.loads(storage.read_text(sc))
+        if not data["merged"]:
+            steps.write_sidecar(ChunkResult.from_dict(data["result"]), data["range_index"], merged=True)
+        key = (c["table"], c["snapshot_id"])
+        touched[key] = touched.get(key, 0) + 1
+    return touched

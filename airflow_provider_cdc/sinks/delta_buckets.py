@@ -114,6 +114,29 @@ def commit(
         raise
     remasks += [r for a in given for r in a.remasks or ()]
     final = [*given, *done]
+    actions = _commit_actions(v, removed, remasks, final, operation=operation, position=position, adds=adds)
+    try:
+        write_commit(v.table_uri, v.version + 1, actions)
+    except BaseException:
+        discard(v.table_uri, final)
+        raise
+    discard_vectors(v.table_uri, superseded)
+    _after_commit(v, v.version + 1)
+    return v.version + 1
+
+
+def _commit_actions(
+    v: MirrorVersion,
+    removed: list[str],
+    remasks: list,
+    final: list[NewFile],
+    *,
+    operation: str,
+    position: str | None,
+    adds: Sequence[NewFile],
+) -> list[dict]:
+    """The Delta actions of :func:`commit`: its commitInfo and txn, the format-1 upgrade, the
+    removes, each re-masked file removed and added again with its new vector, and the adds."""
     now = int(time.time() * 1000)
     actions: list[dict] = [
         {
@@ -156,14 +179,7 @@ def commit(
         old["dataChange"] = True
         actions.append({"add": old})
     actions += [a.add(now) for a in final]
-    try:
-        write_commit(v.table_uri, v.version + 1, actions)
-    except BaseException:
-        discard(v.table_uri, final)
-        raise
-    discard_vectors(v.table_uri, superseded)
-    _after_commit(v, v.version + 1)
-    return v.version + 1
+    return actions
 
 
 #: the operations that bring the mirror's rows to a source position (mirror_history.py)

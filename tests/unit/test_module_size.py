@@ -33,9 +33,6 @@ LONG_FUNCTIONS = {
     "dag_builders.py:snapshot_dag": 105,
     "dialects/postgres/catalog.py:table_key": 96,
     "dialects/postgres/dialect.py:__init__": 94,
-    "sinks/delta_buckets.py:commit": 91,
-    "pipeline/snapshot_controller.py:commit": 87,
-    "dialects/postgres/log_reader.py:_row_events": 82,
 }
 
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:

@@ -304,79 +304,41 @@ class PgLogReader:
         ts_ms: int,
         origin: tuple | None = None,
     ) -> None:
-        tid, names, decs, key_idx = info.table.id, info.names, info.decoders, info.key_idx
+        """The change events of one pgoutput Insert, Update or Delete, appended to ``txn``; an
+        update that changes the key is a delete of the old key and a create of the new one."""
+        tid, names, key_idx = info.table.id, info.names, info.key_idx
 
-        conversions = info.conversions
-
-        def row(values: list) -> dict:
-            vals = list(values)
-            for i, d in conversions:
-                v = vals[i]
-                if v is not None:
-                    vals[i] = d(v)
-            return dict(zip(names, vals, strict=True))
-
-        def key(values: list) -> list:
-            return [values[i] for i in key_idx]
+        def emit(op: Op, before: dict | None, after: dict | None) -> None:
+            keyrow = after if after is not None else before
+            key = encode_key([keyrow[names[i]] for i in key_idx])
+            txn.append(ChangeEvent(tid, op.value, key, pos(), before, after, ts_ms, origin=origin))
 
         if isinstance(m, pgoutput.Insert):
-            after = row(m.new)
-            txn.append(
-                ChangeEvent(
-                    tid,
-                    Op.CREATE.value,
-                    encode_key([after[names[i]] for i in key_idx]),
-                    pos(),
-                    None,
-                    after,
-                    ts_ms,
-                    origin=origin,
-                )
-            )
-            return
-        if isinstance(m, pgoutput.Delete):
-            if m.old_kind == "O":
-                before = row(m.old)
+            emit(Op.CREATE, None, _row(info, m.new))
+        elif isinstance(m, pgoutput.Delete):
+            emit(Op.DELETE, _old_row(info, m), None)
+        else:
+            new = self._whole_new(info, m)
+            after = _row(info, new)
+            before = None if m.old is None else _old_row(info, m)
+            if m.old is not None and [m.old[i] for i in key_idx] != [new[i] for i in key_idx]:
+                emit(Op.DELETE, before, None)
+                emit(Op.CREATE, None, after)
             else:
-                before = {names[i]: decs[i](m.old[i]) if m.old[i] is not None else None for i in key_idx}
-            txn.append(
-                ChangeEvent(
-                    tid,
-                    Op.DELETE.value,
-                    encode_key([before[names[i]] for i in key_idx]),
-                    pos(),
-                    before,
-                    None,
-                    ts_ms,
-                    origin=origin,
-                )
-            )
-            return
+                emit(Op.UPDATE, before, after)
+
+    def _whole_new(self, info: _RelInfo, m) -> list:
+        """An update's new tuple, its unchanged TOASTed values taken from the old tuple (which
+        has them only with REPLICA IDENTITY FULL; otherwise the error says so)."""
         new = list(m.new)
         if any(v is pgoutput.UNCHANGED for v in new):
-            missing = [names[i] for i, v in enumerate(new) if v is pgoutput.UNCHANGED]
+            missing = [info.names[i] for i, v in enumerate(new) if v is pgoutput.UNCHANGED]
             if m.old_kind != "O" or any(
                 m.old[i] is pgoutput.UNCHANGED for i, v in enumerate(new) if v is pgoutput.UNCHANGED
             ):
                 raise self._toast_error(info.batch, missing)
             new = [m.old[i] if v is pgoutput.UNCHANGED else v for i, v in enumerate(new)]
-        after = row(new)
-        new_key = key(new)
-        before = None
-        old_key = new_key
-        if m.old is not None:
-            if m.old_kind == "O":
-                before = row(m.old)
-            else:
-                before = {names[i]: None if m.old[i] is None else decs[i](m.old[i]) for i in key_idx}
-            old_key = key(m.old)
-        k_new = encode_key([after[names[i]] for i in key_idx])
-        if old_key != new_key:
-            k_old = encode_key([before[names[i]] for i in key_idx])
-            txn.append(ChangeEvent(tid, Op.DELETE.value, k_old, pos(), before, None, ts_ms, origin=origin))
-            txn.append(ChangeEvent(tid, Op.CREATE.value, k_new, pos(), None, after, ts_ms, origin=origin))
-        else:
-            txn.append(ChangeEvent(tid, Op.UPDATE.value, k_new, pos(), before, after, ts_ms, origin=origin))
+        return new
 
     def _truncate(
         self,
@@ -409,3 +371,22 @@ class PgLogReader:
             "on_truncate='skip' "
             "to let capture pass this point"
         )
+
+
+def _row(info: _RelInfo, values: list) -> dict:
+    """A tuple's values as a canonical row (the relation's conversions applied)."""
+    vals = list(values)
+    for i, d in info.conversions:
+        v = vals[i]
+        if v is not None:
+            vals[i] = d(v)
+    return dict(zip(info.names, vals, strict=True))
+
+
+def _old_row(info: _RelInfo, m) -> dict:
+    """The old tuple of an update or delete: the whole row (REPLICA IDENTITY FULL, kind 'O'),
+    else its key columns only."""
+    if m.old_kind == "O":
+        return _row(info, m.old)
+    names, decs = info.names, info.decoders
+    return {names[i]: None if m.old[i] is None else decs[i](m.old[i]) for i in info.key_idx}
