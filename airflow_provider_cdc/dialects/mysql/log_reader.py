@@ -103,25 +103,6 @@ class MyLogReader:
         its ``XA COMMIT`` with the commit's position, where the change becomes visible (I1), or
         dropped at ``XA ROLLBACK``, in this run or a later one. Events whose changes cannot be
         read are refused (:meth:`_refuse`), never skipped silently."""
-        from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import (
-            ExecuteLoadQueryEvent,
-            FormatDescriptionEvent,
-            GtidEvent,
-            MariadbGtidEvent,
-            NotImplementedEvent,
-            QueryEvent,
-            RotateEvent,
-            XAPrepareEvent,
-            XidEvent,
-        )
-        from pymysqlreplication.row_event import (
-            DeleteRowsEvent,
-            PartialUpdateRowsEvent,
-            UpdateRowsEvent,
-            WriteRowsEvent,
-        )
-
         start = BinlogOffset.from_json(offset)
         end = self.server.binlog_end(start.epoch)
         if start > end:
@@ -143,11 +124,59 @@ class MyLogReader:
         self._rows_mode = decoder_mode(self.rows_decoder)
 
         self.require_scope()
+        stream = self._open_stream(start)
+        read = _BinlogRead(
+            self,
+            start,
+            end,
+            gtids,
+            max_events=max_events,
+            seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
+            on_segment=on_segment,
+        )
+        try:
+            read.run(stream)
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
+                raise SourceError(
+                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:"
+                    f"{start.pos} "
+                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete "
+                    f"{OFFSET_FILE}"
+                ) from exc
+            raise
+        finally:
+            stream.close()
+            read.close()
+        return read.batch(offset)
+
+    def _open_stream(self, start: BinlogOffset) -> Any:
+        """mysql-replication's binlog stream from ``start``: the event types capture handles, the
+        capture scope's schemas and the watermark's."""
+        from pymysqlreplication import BinLogStreamReader
+        from pymysqlreplication.event import (
+            ExecuteLoadQueryEvent,
+            FormatDescriptionEvent,
+            GtidEvent,
+            MariadbGtidEvent,
+            NotImplementedEvent,
+            QueryEvent,
+            RotateEvent,
+            XAPrepareEvent,
+            XidEvent,
+        )
+        from pymysqlreplication.row_event import (
+            DeleteRowsEvent,
+            PartialUpdateRowsEvent,
+            UpdateRowsEvent,
+            WriteRowsEvent,
+        )
+
         wm = self.watermark_table
         only_schemas = None
         if self.tables:
             only_schemas = sorted({t.schema for t in self.tables} | {wm.schema})
-        stream = BinLogStreamReader(
+        return BinLogStreamReader(
             connection_settings=self.server.stream_settings(),
             server_id=self.capture_server_id,
             blocking=False,
@@ -177,34 +206,10 @@ class MyLogReader:
             # transactions. The server gives a table a new id whenever its definition changes
             # (ALTER, or its share reopened), so an id already mapped in this server's run is the
             # same table: the library keeps that map. A new file may come from a restart, where
-            # ids restart too: _BinlogRead.run clears the map at each one
+            # ids restart too: _BinlogRead.on_event clears the map at each one
             freeze_schema=True,
             enable_logging=False,
         )
-        read = _BinlogRead(
-            self,
-            start,
-            end,
-            gtids,
-            max_events=max_events,
-            seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
-            on_segment=on_segment,
-        )
-        try:
-            read.run(stream)
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] == _ER_MASTER_FATAL_ERROR_READING_BINLOG:
-                raise SourceError(
-                    f"source {self.source!r}: the server cannot send the binlog from {start.file}:"
-                    f"{start.pos} "
-                    f"({exc.args[-1]}); if it was purged, re-snapshot the captured tables and delete "
-                    f"{OFFSET_FILE}"
-                ) from exc
-            raise
-        finally:
-            stream.close()
-            read.close()
-        return read.batch(offset)
 
     # --- held groups and XA -------------------------------------------------------------
     def check_not_purged(self, start: BinlogOffset) -> None:
