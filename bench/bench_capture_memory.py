@@ -175,27 +175,8 @@ class Capture:
             shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _update_in_one_transaction(uri: str, table, n: int) -> float:
-    from airflow_provider_cdc.dialects import ConnectionParams
-    from tools.workload import quote_ident, quote_table
-
-    p = ConnectionParams.from_uri(uri)
-    q = lambda c: quote_ident(p, c)  # noqa: E731
-    conn = _connect(uri)
-    t0 = time.monotonic()
-    try:
-        cur = conn.cursor()
-        cur.execute(
-            f"UPDATE {quote_table(p, table)} SET {q('amount')} = {q('amount')} + 1, {q('active')} = NOT {q('active')} "
-            f"WHERE {q('id')} <= %s", (n,))
-        conn.commit()
-    finally:
-        conn.close()
-    return time.monotonic() - t0
-
-
 def bench_transactions(kind: str, uri: str, work: Path, a: argparse.Namespace) -> list[dict]:
-    from tools.workload import create_demo_table, default_table, drop_table
+    from tools.workload import create_demo_table, default_table, drop_table, update_in_one_transaction
 
     table = default_table(uri, f"bcapm_txn_{uuid.uuid4().hex[:6]}")
     out = []
@@ -206,7 +187,7 @@ def bench_transactions(kind: str, uri: str, work: Path, a: argparse.Namespace) -
         for n in a.rows:
             cap = Capture(kind, uri, table, work, a.options)
             try:
-                took = _update_in_one_transaction(uri, table, n)
+                took = update_in_one_transaction(uri, table, n)
                 _say(f"{kind}: one UPDATE of {n:,} rows committed in {took:.1f}s; capturing it")
                 r = cap.run()
             finally:

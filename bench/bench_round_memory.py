@@ -42,9 +42,8 @@ def _say(msg: str) -> None:
 
 
 def bench_rounds(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
-    from bench.bench_capture_memory import _update_in_one_transaction
     from bench.bench_e2e import Src, run_dag
-    from tools.workload import create_demo_table, drop_table
+    from tools.workload import create_demo_table, drop_table, update_in_one_transaction
 
     work = Path(tempfile.mkdtemp(prefix=f"bench-roundmem-{kind}-"))
     src = Src(kind, uri, uuid.uuid4().hex[:6], work)
@@ -65,7 +64,7 @@ def bench_rounds(kind: str, uri: str, a: argparse.Namespace) -> dict[str, Any]:
         out["start_peak_mb"] = r.airflow_peak_mb
         _say(f"{kind}: first round (what the snapshot left): {r.seconds:.1f}s, process peak {r.airflow_peak_mb:.0f} MB")
         for n in a.rows:
-            took = _update_in_one_transaction(uri, table, n)
+            took = update_in_one_transaction(uri, table, n)
             _say(f"{kind}: one UPDATE of {n:,} rows committed in {took:.1f}s; running cdc_changelog")
             r = run_dag("cdc_changelog", None, rec["env"], logs, f"r{n}")
             m = re.search(r"captured (\d+) events", r.text)

@@ -84,6 +84,26 @@ def quote_table(params: ConnectionParams, table: TableName) -> str:
     return f"{quote_ident(params, table.schema)}.{quote_ident(params, table.name)}"
 
 
+def update_in_one_transaction(uri: str, table: TableName, n: int) -> float:
+    """UPDATE the demo table's rows with ids 1..n in ONE transaction (the memory benches' large
+    transaction); seconds it took."""
+    p = ConnectionParams.from_uri(uri)
+    q = lambda c: quote_ident(p, c)  # noqa: E731
+    conn = connect(uri)
+    t0 = time.monotonic()
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            f"UPDATE {quote_table(p, table)} SET {q('amount')} = {q('amount')} + 1, "  # noqa: S608
+            f"{q('active')} = NOT {q('active')} WHERE {q('id')} <= %s",
+            (n,),
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    return time.monotonic() - t0
+
+
 def default_table(source: ConnectionParams | str, name: str = DEFAULT_TABLE) -> TableName:
     """``public.<name>`` on PostgreSQL, ``<database>.<name>`` on MySQL/MariaDB."""
     p = _params(source)

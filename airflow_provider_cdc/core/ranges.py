@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
+from .schema import TableSchema
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +80,16 @@ def keyset_params(key: Sequence, *, row_values: bool) -> list:
     for i in range(len(k)):
         out.extend(k[: i + 1])
     return out
+
+
+#: key types whose order numpy computes exactly as the databases do
+ORDERED_KEY_TYPES = ("int16", "int32", "int64")
+
+
+def ranges_by_key_order(schema: TableSchema) -> bool:
+    """Whether rows can be assigned to the source's key ranges by comparing keys: only where
+    numpy orders keys exactly as the database does (one integer column). Text keys follow a
+    collation, composite keys a row order nothing outside the database computes: verify matches
+    their row digests by key instead (pipeline/verify/compare.py)."""
+    pk = schema.primary_key
+    return len(pk) == 1 and schema.column(pk[0]).type in ORDERED_KEY_TYPES

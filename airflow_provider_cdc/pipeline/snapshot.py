@@ -395,8 +395,8 @@ def converges_in_ranges(request: SnapshotRequest, table: TableName, schema: Tabl
     """A snapshot of key ranges only (no chosen keys, no filter) of a table whose key is one
     integer column: once done, every live row inside its ranges was re-emitted or changed after
     its convergence mark, so mirror rows there older than the mark are ghosts; the mirror
-    compares such keys as the database orders them (pipeline/verify.ranges_by_key_order)."""
-    from .verify import ranges_by_key_order
+    compares such keys as the database orders them (core/ranges.ranges_by_key_order)."""
+    from ..core.ranges import ranges_by_key_order
 
     return (
         table.id in request.ranges

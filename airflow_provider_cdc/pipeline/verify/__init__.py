@@ -7,6 +7,7 @@
 forbids (docs/DESIGN.md, "What operators and consumers see").
 """
 
+from ...core.ranges import ranges_by_key_order
 from .compare import (
     DEFAULT_CHUNK_ROWS,
     EXAMPLES,
@@ -15,7 +16,6 @@ from .compare import (
     Mismatch,
     VerifyResult,
     compare,
-    ranges_by_key_order,
     row_digest,
     source_chunks,
 )

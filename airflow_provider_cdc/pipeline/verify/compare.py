@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from ...core.arrow_types import KEY_COLUMN, RowNormaliser, arrow_canonical
 from ...core.errors import ConfigurationError
-from ...core.ranges import FULL_RANGE, ChunkRange
+from ...core.ranges import FULL_RANGE, ChunkRange, ranges_by_key_order
 from ...core.schema import TableSchema, encode_key, encode_row
 from ...core.throttle import Throttle
 from ...sinks.delta_buckets import bucket_of
@@ -34,7 +34,6 @@ REPAIR_PARALLELISM = 4
 DEFAULT_THROTTLE = Throttle(chunk_size=DEFAULT_CHUNK_ROWS, parallelism=2)
 _MASK64 = (1 << 64) - 1
 #: key types whose order numpy reproduces exactly (the database's order of integers)
-_ORDERED_KEYS = ("int16", "int32", "int64")
 
 
 def row_digest(key: str, row: dict[str, Any]) -> bytes:
@@ -504,15 +503,6 @@ def source_chunks(
         if once or len(chunk) < chunk_rows:
             return
         after = tuple(json.loads(chunk[-1][0]))
-
-
-def ranges_by_key_order(schema: TableSchema) -> bool:
-    """Whether the mirror can assign its rows to the source's key ranges by comparing keys: only
-    where numpy orders keys exactly as the database does (one integer column). Text keys follow
-    a collation, composite keys a row order the mirror does not compute: their row digests are
-    matched by key instead (:func:`verify_keyed`)."""
-    pk = schema.primary_key
-    return len(pk) == 1 and schema.column(pk[0]).type in _ORDERED_KEYS
 
 
 class Numbered:

@@ -6,6 +6,7 @@ import tempfile
 
 from ...core.errors import ConfigurationError
 from ...core.position import Position
+from ...core.ranges import ranges_by_key_order
 from ...core.schema import TableName, TableSchema
 from ...core.throttle import Throttle
 from .compare import (
@@ -16,7 +17,6 @@ from .compare import (
     VerifyResult,
     compare,
     mirror_index,
-    ranges_by_key_order,
     source_chunks,
 )
 from .digests import DIGEST_RANGE_ROWS, digest_problems, verify_digests
