@@ -204,7 +204,10 @@ class _BinlogRead(PacketEvents):
         #: MariaDB: per GTID domain the last group read whole (``gtids`` is the position at the start)
         self.last_groups: dict[str, str] = {}
         #: the handler of each event type (a subclass finds its closest class: _own_rows's subclasses,
-        #: MariadbGtidEvent before GtidEvent, PartialUpdateRowsEvent before UpdateRowsEvent)
+        #: MariadbGtidEvent before GtidEvent, PartialUpdateRowsEvent before UpdateRowsEvent); the
+        #: stream sends these types (MyLogReader._open_stream). NotImplementedEvent: every type the
+        #: library does not decode comes here, so the ones that carry changes (compressed, incident,
+        #: LOAD) are refused, not dropped
         self.handlers: dict[type, Callable[[Any], bool]] = {
             WriteRowsEvent: self.on_rows,
             UpdateRowsEvent: self.on_rows,

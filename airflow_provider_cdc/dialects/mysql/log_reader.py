@@ -8,7 +8,7 @@ method per event type). Rows are decoded by the compiled rows walker where it co
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pymysql
@@ -124,7 +124,6 @@ class MyLogReader:
         self._rows_mode = decoder_mode(self.rows_decoder)
 
         self.require_scope()
-        stream = self._open_stream(start)
         read = _BinlogRead(
             self,
             start,
@@ -134,6 +133,7 @@ class MyLogReader:
             seg_max=segment_max_events if on_segment is not None and segment_max_events else None,
             on_segment=on_segment,
         )
+        stream = self._open_stream(start, read.handlers)
         try:
             read.run(stream)
         except pymysql.err.OperationalError as exc:
@@ -150,27 +150,12 @@ class MyLogReader:
             read.close()
         return read.batch(offset)
 
-    def _open_stream(self, start: BinlogOffset) -> Any:
-        """mysql-replication's binlog stream from ``start``: the event types capture handles, the
-        capture scope's schemas and the watermark's."""
+    def _open_stream(self, start: BinlogOffset, handled: Iterable[type]) -> Any:
+        """mysql-replication's binlog stream from ``start``: the event types the read has a
+        handler for (``handled``) and the rotations and format descriptions, of the capture
+        scope's schemas and the watermark's."""
         from pymysqlreplication import BinLogStreamReader
-        from pymysqlreplication.event import (
-            ExecuteLoadQueryEvent,
-            FormatDescriptionEvent,
-            GtidEvent,
-            MariadbGtidEvent,
-            NotImplementedEvent,
-            QueryEvent,
-            RotateEvent,
-            XAPrepareEvent,
-            XidEvent,
-        )
-        from pymysqlreplication.row_event import (
-            DeleteRowsEvent,
-            PartialUpdateRowsEvent,
-            UpdateRowsEvent,
-            WriteRowsEvent,
-        )
+        from pymysqlreplication.event import FormatDescriptionEvent, RotateEvent
 
         wm = self.watermark_table
         only_schemas = None
@@ -183,23 +168,7 @@ class MyLogReader:
             resume_stream=True,
             log_file=start.file,
             log_pos=start.pos,
-            # NotImplementedEvent: every event type the reader does not decode comes here, so
-            # the ones that carry changes (compressed, incident, LOAD) are refused, not dropped
-            only_events=[
-                WriteRowsEvent,
-                UpdateRowsEvent,
-                DeleteRowsEvent,
-                PartialUpdateRowsEvent,
-                XidEvent,
-                QueryEvent,
-                RotateEvent,
-                MariadbGtidEvent,
-                GtidEvent,
-                FormatDescriptionEvent,
-                XAPrepareEvent,
-                ExecuteLoadQueryEvent,
-                NotImplementedEvent,
-            ],
+            only_events=[*handled, RotateEvent, FormatDescriptionEvent],
             only_schemas=only_schemas,
             # a table map event precedes each transaction's rows events of a table: parsing it
             # again (types, metadata, column names) cost 45% of a capture of single-row
@@ -302,7 +271,15 @@ class MyLogReader:
     def fast_walker(self, table_id: int, mapped: Any) -> TableWalker | bool:
         """For a rows event read from its packet (packets.py): the compiled walker of its table,
         False when capture does not take the table (nothing to read), True when the event must be
-        built by mysql-replication (the watermark table, no key, the walker off or not covering it)."""
+        built by mysql-replication (the watermark table, no key, the walker off or not covering it).
+        Decided once per table map and read, and cleared with the converters."""
+        key = ("fast", table_id, mapped.schema, mapped.table)
+        hit = self._binlog_converters.get(key)
+        if hit is None:
+            hit = self._binlog_converters[key] = self._fast_walker(table_id, mapped)
+        return hit
+
+    def _fast_walker(self, table_id: int, mapped: Any) -> TableWalker | bool:
         schema, table = mapped.schema, mapped.table
         if schema == self.watermark_table.schema and table == self.watermark_table.name:
             return True

@@ -201,11 +201,12 @@ class PacketEvents:
             return False if table_id(data) in stream.table_map else None
         kind = ROWS_KIND.get(etype)
         if kind is not None:
-            mapped = stream.table_map.get(table_id(data))
+            tid = table_id(data)
+            mapped = stream.table_map.get(tid)
             if mapped is None:
                 stream.log_pos = log_pos
                 return False  # its table map was filtered out (another schema): so is it
-            walker = self.d.fast_walker(table_id(data), mapped)
+            walker = self.d.fast_walker(tid, mapped)
             if walker is True or not self.fast_raw.post_header_known(etype, ROWS_POST_HEADER[etype]):
                 return None
             stream.log_pos = log_pos
