@@ -1010,13 +1010,14 @@ def test_a_change_committed_but_not_yet_visible_when_the_chunk_reads_is_not_lost
         pid = wcur.fetchone()[0]
         held = threading.Thread(target=writer.commit)
         held.start()
-        for _ in range(500):  # its commit record is written; it waits for the standby
+        deadline = time.monotonic() + 60  # a deadline, not a count: the two-stream suite loads the machine
+        while True:  # its commit record is written; it waits for the standby
             cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
             if cur.fetchone()[0] == "SyncRep":
                 break
+            if time.monotonic() > deadline:
+                pytest.fail("the writer never waited for the synchronous standby")
             time.sleep(0.01)
-        else:
-            pytest.fail("the writer never waited for the synchronous standby")
         schema = d.describe_table(t)
         res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="s", seq=0, chunk_size=10)
         rows = dict(read_chunk_rows(res.path, res.table))
