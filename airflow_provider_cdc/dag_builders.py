@@ -162,6 +162,49 @@ def _outlets(source: str, sinks: str, kinds: tuple[str, ...] = (EVENTS, MIRROR))
     return [table_alias(source, kind) for kind in kinds if kind in names]
 
 
+def _round_file_task(overrides: Mapping[str, str]):
+    """The snapshot DAG's ``round`` task: the round's chunk list as a JSON file for the merge job."""
+
+    @task(task_id="round")
+    def write_round(results) -> str:
+        """The round's chunk list as a JSON file for the merge job (XCom stays small)."""
+        import json
+
+        from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from airflow_provider_cdc import settings, storage
+        from airflow_provider_cdc.core.chunk import flatten_chunk_results
+        from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
+        from airflow_provider_cdc.storage.layout import round_path
+
+        now = settings.load(overrides=overrides)  # at run time, like the operators
+        apply_storage_connection(now.storage_conn_id)
+        flat = flatten_chunk_results(results)
+        if not flat:
+            raise AirflowSkipException("no chunks to merge in this run (pause/stop, or nothing left)")
+        path = round_path(now.data_dir, now.source, get_current_context()["run_id"])
+        storage.write_text(path, json.dumps(flat))
+        return path
+
+    return write_round
+
+
+def _high_watermark_sensor(parse: settings.Settings, chunks, given: dict) -> HighWatermarkSensor:
+    """The snapshot DAG's wait for the chunks' high watermarks in the changelog."""
+    return HighWatermarkSensor(
+        task_id="wait_high_watermarks",
+        chunks=chunks,
+        # poke: a reschedule-mode sensor can lose its tries to an Airflow race while the
+        # capture lock is held for minutes (apache/airflow#71172); waiting must never fail a run
+        mode="poke",
+        poke_interval=parse.sensor_poke_interval,
+        timeout=parse.sensor_timeout,
+        **({} if parse.sensor_deferrable is None else {"deferrable": parse.sensor_deferrable}),
+        **given,
+    )
+
+
 def snapshot_dag(
     dag_id: str = "cdc_snapshot",
     overrides: Mapping[str, str] | None = None,
@@ -201,28 +244,6 @@ def snapshot_dag(
             **given,
         ).expand(work=plan.output)
 
-        @task(task_id="round")
-        def write_round(results) -> str:
-            """The round's chunk list as a JSON file for the merge job (XCom stays small)."""
-            import json
-
-            from airflow.sdk import get_current_context
-            from airflow.sdk.exceptions import AirflowSkipException
-
-            from airflow_provider_cdc import settings, storage
-            from airflow_provider_cdc.core.chunk import flatten_chunk_results
-            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
-            from airflow_provider_cdc.storage.layout import round_path
-
-            now = settings.load(overrides=overrides)  # at run time, like the operators
-            apply_storage_connection(now.storage_conn_id)
-            flat = flatten_chunk_results(results)
-            if not flat:
-                raise AirflowSkipException("no chunks to merge in this run (pause/stop, or nothing left)")
-            path = round_path(now.data_dir, now.source, get_current_context()["run_id"])
-            storage.write_text(path, json.dumps(flat))
-            return path
-
         # merges committed chunks while later ones are read (DBLog needs only each chunk's own
         # high watermark); the round's merge below takes what is left
         early = SnapshotMergeWhileReadingOperator(
@@ -233,20 +254,10 @@ def snapshot_dag(
             retries=0,  # an optimisation: what it leaves, the round's merge takes
             **given,
         )
-        round_file = write_round(chunks.output)
+        round_file = _round_file_task(overrides)(chunks.output)
         early >> round_file
 
-        wait = HighWatermarkSensor(
-            task_id="wait_high_watermarks",
-            chunks=chunks.output,
-            # poke: a reschedule-mode sensor can lose its tries to an Airflow race while the
-            # capture lock is held for minutes (apache/airflow#71172); waiting must never fail a run
-            mode="poke",
-            poke_interval=parse.sensor_poke_interval,
-            timeout=parse.sensor_timeout,
-            **({} if parse.sensor_deferrable is None else {"deferrable": parse.sensor_deferrable}),
-            **given,
-        )
+        wait = _high_watermark_sensor(parse, chunks.output, given)
 
         merge = SnapshotMergeOperator(
             task_id="merge",
@@ -288,6 +299,108 @@ def changelog_schedule(parse: settings.Settings):
     return [log_asset(parse.source, trigger)]
 
 
+@task.sensor(
+    task_id="earlier_intervals_done",
+    mode="poke",
+    poke_interval=5,
+    timeout=6 * 3600,
+    max_active_tis_per_dag=None,  # every run's gate may wait at once: no gate blocks an earlier one
+)
+def earlier_intervals_done() -> bool:
+    """A backfill run starts its work only once the run of the previous interval has
+    finished: backfill intervals run one at a time, in logical-date order (a backfill
+    ignores max_active_runs). Other runs pass at once."""
+    from airflow.sdk import get_current_context
+
+    from airflow_provider_cdc.sensors.high_watermark import previous_run_active
+
+    ctx = get_current_context()
+    return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
+
+
+@task(task_id="log_retention")
+def log_retention(capture_result: dict | None) -> str:
+    """Fail the run loudly when the source may soon drop log the capture has not read (a
+    replication slot near max_slot_wal_keep_size, a binlog file near its expiry); the
+    message names the slot or file and what to do. Otherwise log how far behind the
+    capture is. Beside apply, not before it: a warning never holds back the catch-up."""
+    from airflow_provider_cdc.operators.capture import check_log_retention
+
+    return check_log_retention(capture_result)
+
+
+@task(task_id="mirror_schema_stops")
+def mirror_schema_stops(apply_result: dict | None) -> None:
+    """Fail the run when the apply left tables whose mirror waits for a re-snapshot (a
+    schema change it cannot follow), naming them and what to do. A task of its own so
+    the apply succeeds and Airflow records the Asset events of the tables it applied."""
+    from airflow_provider_cdc.operators.changelog_apply import raise_schema_stops
+
+    raise_schema_stops(apply_result)
+
+
+def _round_operators(parse: settings.Settings, one_task: bool, given: dict) -> tuple:
+    """The changelog DAG's capture and apply: one ``round`` task for both, or two tasks."""
+    if one_task:
+        capture = apply = ChangelogRoundOperator(
+            task_id="round",
+            conn_id=parse.spark_conn_id,
+            conf=parse.spark_conf,
+            outlets=_outlets(parse.source, parse.sinks),
+            **given,
+        )
+    else:
+        capture = ChangelogCaptureOperator(task_id="capture", **given)
+        apply = ChangelogApplyOperator(
+            task_id="apply",
+            trigger_rule="none_failed",  # also after a capture skipped for the lock: apply what is staged
+            conn_id=parse.spark_conn_id,
+            conf=parse.spark_conf,
+            outlets=_outlets(parse.source, parse.sinks),
+            **given,
+        )
+    return capture, apply
+
+
+def _compaction_task(overrides: Mapping[str, str], one_task: bool):
+    """The changelog DAG's ``compact_tombstones`` task (the mirrors' background compaction)."""
+
+    # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
+    # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
+    @task(task_id="compact_tombstones", trigger_rule="none_failed", multiple_outputs=False)
+    def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
+        """The mirrors' background compaction: change files folded into their buckets'
+        base within the round's budget, buckets split past their unit, and tombstones of
+        deletes the mirror has applied removed for every table whose snapshot cannot merge
+        chunks any more (not running, paused or failed). Stopped snapshots count as
+        finished: a merge of theirs still in flight is fenced (sinks/mirror_fencing.py).
+        Every mirror is vacuumed, and the event log's applied small files are merged."""
+        from airflow_provider_cdc import airflow_variables, settings
+        from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
+        from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
+
+        apply_storage_connection(overrides=overrides)
+        now = settings.load(overrides=overrides)
+        removed = compact_inactive(
+            data_dir,
+            source,
+            lambda table_id: airflow_variables.status(source, table_id, data_dir),
+            retention_hours=now.mirror_retention_hours,
+            budget_rows=now.mirror_compact_budget_rows,
+            log_retention_hours=now.mirror_log_retention_hours,
+        )
+        from airflow_provider_cdc.sinks import registry
+
+        registry.maintain(settings.sink_names(now.sinks), data_dir, source)  # the event log's small files
+        if one_task:  # the round starts this task again CDC_MAINTENANCE_INTERVAL_SECONDS from now
+            from airflow_provider_cdc.pipeline.maintenance import record_maintenance
+
+            record_maintenance(data_dir, source)
+        return removed
+
+    return compact_tombstones
+
+
 def changelog_dag(
     dag_id: str = "cdc_changelog", overrides: Mapping[str, str] | None = None, *, tags: tuple[str, ...] = ()
 ) -> DAG:
@@ -315,95 +428,8 @@ def changelog_dag(
     ) as dag:
         given = {"cdc_overrides": overrides} if overrides else {}
 
-        @task.sensor(
-            task_id="earlier_intervals_done",
-            mode="poke",
-            poke_interval=5,
-            timeout=6 * 3600,
-            max_active_tis_per_dag=None,  # every run's gate may wait at once: no gate blocks an earlier one
-        )
-        def earlier_intervals_done() -> bool:
-            """A backfill run starts its work only once the run of the previous interval has
-            finished: backfill intervals run one at a time, in logical-date order (a backfill
-            ignores max_active_runs). Other runs pass at once."""
-            from airflow.sdk import get_current_context
-
-            from airflow_provider_cdc.sensors.high_watermark import previous_run_active
-
-            ctx = get_current_context()
-            return previous_run_active(ctx["dag_run"], ctx["ti"]) is None
-
         one_task = rounds.one_task
-        if one_task:
-            capture = apply = ChangelogRoundOperator(
-                task_id="round",
-                conn_id=parse.spark_conn_id,
-                conf=parse.spark_conf,
-                outlets=_outlets(parse.source, parse.sinks),
-                **given,
-            )
-        else:
-            capture = ChangelogCaptureOperator(task_id="capture", **given)
-            apply = ChangelogApplyOperator(
-                task_id="apply",
-                trigger_rule="none_failed",  # also after a capture skipped for the lock: apply what is staged
-                conn_id=parse.spark_conn_id,
-                conf=parse.spark_conf,
-                outlets=_outlets(parse.source, parse.sinks),
-                **given,
-            )
-
-        # multiple_outputs=False: the dict is keyed by table ids, which must not become XCom keys
-        # (a key is a URL path segment of the Task SDK API; a table may be named "a/b?é")
-        @task(task_id="compact_tombstones", trigger_rule="none_failed", multiple_outputs=False)
-        def compact_tombstones(data_dir: str, source: str) -> dict[str, int]:
-            """The mirrors' background compaction: change files folded into their buckets'
-            base within the round's budget, buckets split past their unit, and tombstones of
-            deletes the mirror has applied removed for every table whose snapshot cannot merge
-            chunks any more (not running, paused or failed). Stopped snapshots count as
-            finished: a merge of theirs still in flight is fenced (sinks/mirror_fencing.py).
-            Every mirror is vacuumed, and the event log's applied small files are merged."""
-            from airflow_provider_cdc import airflow_variables, settings
-            from airflow_provider_cdc.hooks.cdc_storage import apply_storage_connection
-            from airflow_provider_cdc.sinks.mirror_compaction import compact_inactive
-
-            apply_storage_connection(overrides=overrides)
-            now = settings.load(overrides=overrides)
-            removed = compact_inactive(
-                data_dir,
-                source,
-                lambda table_id: airflow_variables.status(source, table_id, data_dir),
-                retention_hours=now.mirror_retention_hours,
-                budget_rows=now.mirror_compact_budget_rows,
-                log_retention_hours=now.mirror_log_retention_hours,
-            )
-            from airflow_provider_cdc.sinks import registry
-
-            registry.maintain(settings.sink_names(now.sinks), data_dir, source)  # the event log's small files
-            if one_task:  # the round starts this task again CDC_MAINTENANCE_INTERVAL_SECONDS from now
-                from airflow_provider_cdc.pipeline.maintenance import record_maintenance
-
-                record_maintenance(data_dir, source)
-            return removed
-
-        @task(task_id="log_retention")
-        def log_retention(capture_result: dict | None) -> str:
-            """Fail the run loudly when the source may soon drop log the capture has not read (a
-            replication slot near max_slot_wal_keep_size, a binlog file near its expiry); the
-            message names the slot or file and what to do. Otherwise log how far behind the
-            capture is. Beside apply, not before it: a warning never holds back the catch-up."""
-            from airflow_provider_cdc.operators.capture import check_log_retention
-
-            return check_log_retention(capture_result)
-
-        @task(task_id="mirror_schema_stops")
-        def mirror_schema_stops(apply_result: dict | None) -> None:
-            """Fail the run when the apply left tables whose mirror waits for a re-snapshot (a
-            schema change it cannot follow), naming them and what to do. A task of its own so
-            the apply succeeds and Airflow records the Asset events of the tables it applied."""
-            from airflow_provider_cdc.operators.changelog_apply import raise_schema_stops
-
-            raise_schema_stops(apply_result)
+        capture, apply = _round_operators(parse, one_task, given)
 
         now = {"data_dir": "{{ cdc_settings().data_dir }}", "source": "{{ cdc_settings().source }}"}
         if rounds.periodic:  # only a periodic schedule can be backfilled
@@ -411,7 +437,7 @@ def changelog_dag(
         if not one_task:
             capture >> apply
         # one-task rounds: the three below follow the round, which skips those without work
-        apply >> compact_tombstones(**now)
+        apply >> _compaction_task(overrides, one_task)(**now)
         mirror_schema_stops(apply.output)  # after apply (its XCom), a leaf of its own
         log_retention(capture.output)  # after capture (its XCom), a leaf of its own
     return dag

@@ -232,6 +232,53 @@ class SnapshotController(ChunkLoop):
         self, req: SnapshotConf, tables: Sequence[TableName], stored: dict[str, SnapshotProgress | None]
     ) -> list[dict]:
         request = req.request
+        plans, converge_mark, converge_visibility, floor = self._plan_under_capture(request, tables)
+        work = []
+        for table, schema, ranges, upper in plans:
+            sid = steps.new_snapshot_id()
+            partial = steps.is_partial(request, table)
+            # a snapshot of key ranges (no filter, no chosen keys) of a one-integer key converges
+            # inside its ranges: a repair after a lost delete re-reads its ranges, not the table
+            converges = not partial or steps.converges_in_ranges(request, table, schema)
+            plan = SnapshotPlan(
+                table=table.id,
+                snapshot_id=sid,
+                ranges=tuple(ranges),
+                upper_bound=upper,
+                where=request.where_for(table),
+                # whole-table snapshots, and key ranges of an integer key (swept inside them):
+                # one limited by keys or a filter does not re-emit the rows outside what it
+                # read, so it cannot tell ghosts from them
+                converge_watermark=converge_mark if converges else None,
+                converge_visibility=converge_visibility if converges else None,
+                read_floor=None if floor is None else floor.encode(),
+                chunk_size=request.chunk_size,
+                parallelism=request.parallelism,
+                delay_seconds=req.delay_seconds,
+            )
+            # the mirror takes the table's current schema: new columns added, or (a changed
+            # type, a stop after a schema change) rebuilt empty for this snapshot to fill
+            steps.reconcile_mirror(self.data_dir, self.source, schema, whole_table=not partial)
+            storage.write_text(schema_path(self.data_dir, self.source, table), schema.to_json())
+            steps.write_plan(self.data_dir, self.source, plan)
+            started = SnapshotProgress.start(self.source, sid, {table.id: ranges}, {table.id: upper})
+            started.owner, started.logical_date = self.run_id, self.logical_date
+            self._claim(table, started, stored.get(table.id))
+            log.info(
+                "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s",
+                table.id,
+                sid,
+                len(ranges),
+                upper,
+                "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)",
+            )
+            work += [w.to_dict() for w in plan.work_items(range(len(ranges)))]
+        return work
+
+    def _plan_under_capture(self, request, tables: Sequence[TableName]) -> tuple[list, Any, Any, Any]:
+        """The tables' ranges planned with capture started: (plans of (table, schema, ranges,
+        upper bound), the convergence mark, its visibility, the replicas' read floor). Checks
+        every table before anything is written; loads the multiset (keyless) tables whole."""
         with self.connect() as dialect:
             dialect.check_prerequisites()
             # read-only: every table is checked before anything is written (a conf narrows the
@@ -260,74 +307,32 @@ class SnapshotController(ChunkLoop):
             # chunks read from a replica first see everything before this (it follows the mark
             # and the changelog's start): a replica behind the changelog's start would read rows
             # older than any change the log holds for them
-            read_floor = dialect.read_floor()
-            if read_floor is not None:  # the upper bounds below are read there too
-                dialect.read_no_older_than(read_floor)
+            floor = dialect.read_floor()
+            if floor is not None:  # the upper bounds below are read there too
+                dialect.read_no_older_than(floor)
             # The upper bound only after that: a row inserted above the max key is then
             # in the changelog for sure. Read before the changelog existed, a row inserted
             # in between would be in neither the chunks (above the bound) nor the log.
             plans = [(t, s, r, dialect.max_key(s, request.where_for(t))) for t, s, r in plans]
-        work = []
-        for table, schema, ranges, upper in plans:
-            sid = steps.new_snapshot_id()
-            partial = steps.is_partial(request, table)
-            # a snapshot of key ranges (no filter, no chosen keys) of a one-integer key converges
-            # inside its ranges: a repair after a lost delete re-reads its ranges, not the table
-            converges = not partial or steps.converges_in_ranges(request, table, schema)
-            plan = SnapshotPlan(
-                table=table.id,
-                snapshot_id=sid,
-                ranges=tuple(ranges),
-                upper_bound=upper,
-                where=request.where_for(table),
-                # whole-table snapshots, and key ranges of an integer key (swept inside them):
-                # one limited by keys or a filter does not re-emit the rows outside what it
-                # read, so it cannot tell ghosts from them
-                converge_watermark=converge_mark if converges else None,
-                converge_visibility=converge_visibility if converges else None,
-                read_floor=None if read_floor is None else read_floor.encode(),
-                chunk_size=request.chunk_size,
-                parallelism=request.parallelism,
-                delay_seconds=req.delay_seconds,
-            )
-            # the mirror takes the table's current schema: new columns added, or (a changed
-            # type, a stop after a schema change) rebuilt empty for this snapshot to fill
-            steps.reconcile_mirror(self.data_dir, self.source, schema, whole_table=not partial)
-            storage.write_text(schema_path(self.data_dir, self.source, table), schema.to_json())
-            steps.write_plan(self.data_dir, self.source, plan)
-            started = SnapshotProgress.start(self.source, sid, {table.id: ranges}, {table.id: upper})
-            started.owner, started.logical_date = self.run_id, self.logical_date
-            read_as = stored.get(table.id)
+        return plans, converge_mark, converge_visibility, floor
 
-            def claim(
-                q: SnapshotProgress | None,
-                started: SnapshotProgress = started,
-                read_as=read_as,
-                table: TableName = table,
-            ) -> SnapshotProgress:
-                # another plan run (or a resume) got to this table since this one read it: it wins
-                if (q is not None and q.status in (RUNNING, PAUSED, FAILED)) or (
-                    (q is None) != (read_as is None)
-                    or (q is not None and q.snapshot_id != read_as.snapshot_id)
-                ):
-                    raise StateError(
-                        f"table {table.id}: snapshot {q.snapshot_id if q else None} ("
-                        f"{q.status if q else 'none'}) "
-                        f"was stored by another run while this one planned; this run starts no snapshot of it"
-                    )
-                return started
+    def _claim(self, table: TableName, started: SnapshotProgress, read_as: SnapshotProgress | None) -> None:
+        """Store ``started`` as the table's snapshot unless another plan run (or a resume) got to
+        the table since this one read it as ``read_as``: that one wins (StateError)."""
 
-            self.progress.update(table.id, claim)
-            log.info(
-                "table %s: snapshot %s planned %d range(s) up to key %s, chunk size %s",
-                table.id,
-                sid,
-                len(ranges),
-                upper,
-                "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)",
-            )
-            work += [w.to_dict() for w in plan.work_items(range(len(ranges)))]
-        return work
+        def claim(q: SnapshotProgress | None) -> SnapshotProgress:
+            if (q is not None and q.status in (RUNNING, PAUSED, FAILED)) or (
+                (q is None) != (read_as is None)
+                or (q is not None and q.snapshot_id != read_as.snapshot_id)
+            ):
+                raise StateError(
+                    f"table {table.id}: snapshot {q.snapshot_id if q else None} ("
+                    f"{q.status if q else 'none'}) "
+                    f"was stored by another run while this one planned; this run starts no snapshot of it"
+                )
+            return started
+
+        self.progress.update(table.id, claim)
 
     def _resume(self, req: SnapshotConf, stored: dict[str, SnapshotProgress | None]) -> list[dict]:
         for tid, p in stored.items():

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from .. import storage
+from ..core.chunk import ChunkResult
 from ..core.plans import SnapshotPlan, WorkItem
 from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
@@ -31,6 +32,25 @@ RUNNING, PAUSED, STOPPED, DONE, FAILED = (
     Status.DONE,
     Status.FAILED,
 )
+
+
+def _log_chunk(label: str, n: int, frac: float | None, res: ChunkResult, size: int, staged_bytes: int | None,
+               took: float, rows_total: int, rate: float, sizer: ChunkSizer) -> None:
+    """A range's progress after its chunk ``n``: the chunks to come, the rows, the rate, the next size."""
+    log.info(
+        "%s: chunk %d of %s (%s), %d of %d rows%s in %.2f s, %d rows in range, %.0f rows/s%s",
+        label,
+        n,
+        f"~{max(n, math.ceil(n / frac))}" if frac else "?",
+        f"{frac:.0%}" if frac is not None else "?%",
+        res.rows,
+        size,
+        "" if staged_bytes is None else f", {size_text(staged_bytes)}",
+        took,
+        rows_total,
+        rate,
+        "" if res.exhausted else f"; next chunk {sizer.describe()}",
+    )
 
 
 def pause_for_dag_pause(progress: SourceProgress, table_id: str, snapshot_id: str) -> bool:
@@ -161,8 +181,6 @@ class ChunkLoop:
         The work item's ``chunk_size`` fixes each chunk's rows; None sizes each chunk from the
         ones read before it (:class:`ChunkSizer`: ``self.chunk_sizing``'s duration and bytes
         targets), starting from the last committed chunk of the range on a retry or resume."""
-        from .schema_changes import chunk_schema
-
         work = WorkItem.from_dict(work)
         table = TableName.parse(work.table)
         snapshot_id, ri, rng, upper = work.snapshot_id, work.range_index, work.range, work.upper_bound
@@ -190,18 +208,7 @@ class ChunkLoop:
         with self.connect() as dialect:
             if floor is not None:
                 dialect.read_no_older_than(floor)
-            # a retry or resume goes on with the size its last committed chunk had (the range
-            # continues after that chunk's key whatever its size): no restart from the default
-            last = [s["result"]["rows"] for s in sidecars if s["range_index"] == ri][-1:]
-            sizer = ChunkSizer(
-                self.chunk_sizing,
-                fixed=work.chunk_size,
-                start=last[0] if last else None,
-                target_bytes_cap=dialect.batch_max_bytes,
-            )
-            if sizer.adaptive and not last:
-                self._probe(dialect, sizer, chunk_schema(dialect, self.data_dir, self.source, staged), work,
-                            after_key, label)
+            sizer = self._sizer(dialect, work, sidecars, staged, after_key, label)
             while True:
                 if n > st.chunks:
                     reason = stop()
@@ -212,30 +219,8 @@ class ChunkLoop:
                 if reason:
                     log.warning("%s: stopping before chunk %d: %s", label, n + 1, reason)
                     break
-                # each chunk reads the table's columns as they are now: an ADD or DROP COLUMN
-                # while the snapshot runs neither fails it nor leaves a column behind (a DROP
-                # between this and the SELECT fails the task once; its retry reads on)
-                schema = chunk_schema(dialect, self.data_dir, self.source, staged)
-                size, started = sizer.size, self.clock()
-                res = steps.snapshot_chunk(
-                    dialect,
-                    schema,
-                    rng,
-                    data_dir=self.data_dir,
-                    snapshot_id=snapshot_id,
-                    seq=seq,
-                    chunk_size=size,
-                    after_key=after_key,
-                    where=work.where,
-                    upper_bound=upper,
-                )
-                took = self.clock() - started
-                if res.rows and after_key is not None and res.last_key is not None:
-                    steps.check_advanced(dialect, schema, label, after_key, res.last_key)
-                if not res.exhausted and steps.key_reached(res.last_key, upper):
-                    # past the snapshot's upper bound: later rows reach the sinks through the changelog
-                    res = replace(res, exhausted=True)
-                steps.write_sidecar(res, ri)  # the chunk is committed
+                size = sizer.size
+                res, took = self._read_one_chunk(dialect, work, staged, seq, size, after_key, label)
                 results.append(res.to_dict())
                 n, seq = n + 1, seq + 1
                 rows_total += res.rows
@@ -247,25 +232,67 @@ class ChunkLoop:
                 staged_bytes = steps.staged_bytes(res.path) if sizer.adaptive else None
                 if not res.exhausted:
                     sizer.observe(res.rows, took, staged_bytes)
-                log.info(
-                    "%s: chunk %d of %s (%s), %d of %d rows%s in %.2f s, %d rows in range, %.0f rows/s%s",
-                    label,
-                    n,
-                    f"~{max(n, math.ceil(n / frac))}" if frac else "?",
-                    f"{frac:.0%}" if frac is not None else "?%",
-                    res.rows,
-                    size,
-                    "" if staged_bytes is None else f", {size_text(staged_bytes)}",
-                    took,
-                    rows_total,
-                    rows_run / elapsed if elapsed > 0 else 0.0,
-                    "" if res.exhausted else f"; next chunk {sizer.describe()}",
-                )
+                _log_chunk(label, n, frac, res, size, staged_bytes, took, rows_total,
+                           rows_run / elapsed if elapsed > 0 else 0.0, sizer)
                 if res.exhausted:
                     break
                 if delay:
                     time.sleep(delay)
         return results
+
+    def _sizer(self, dialect, work: WorkItem, sidecars: list, staged: TableSchema, after_key, label: str):
+        """The range's :class:`ChunkSizer`: fixed by the work item's ``chunk_size``, or adaptive
+        from the last committed chunk's size (a retry or resume goes on with it: the range
+        continues after that chunk's key whatever its size), or from a probe of a range's first
+        rows when nothing of it is committed."""
+        from .schema_changes import chunk_schema
+
+        last = [s["result"]["rows"] for s in sidecars if s["range_index"] == work.range_index][-1:]
+        sizer = ChunkSizer(
+            self.chunk_sizing,
+            fixed=work.chunk_size,
+            start=last[0] if last else None,
+            target_bytes_cap=dialect.batch_max_bytes,
+        )
+        if sizer.adaptive and not last:
+            self._probe(dialect, sizer, chunk_schema(dialect, self.data_dir, self.source, staged), work,
+                        after_key, label)
+        return sizer
+
+    def _read_one_chunk(
+        self, dialect, work: WorkItem, staged: TableSchema, seq: int, size: int, after_key, label: str
+    ) -> tuple[ChunkResult, float]:
+        """One chunk of the range after ``after_key`` between a fresh pair of watermarks, checked
+        to have advanced and committed (its sidecar written): (the result, its seconds on the
+        controller's clock)."""
+        from .schema_changes import chunk_schema
+
+        # each chunk reads the table's columns as they are now: an ADD or DROP COLUMN
+        # while the snapshot runs neither fails it nor leaves a column behind (a DROP
+        # between this and the SELECT fails the task once; its retry reads on)
+        schema = chunk_schema(dialect, self.data_dir, self.source, staged)
+        upper = work.upper_bound
+        started = self.clock()
+        res = steps.snapshot_chunk(
+            dialect,
+            schema,
+            work.range,
+            data_dir=self.data_dir,
+            snapshot_id=work.snapshot_id,
+            seq=seq,
+            chunk_size=size,
+            after_key=after_key,
+            where=work.where,
+            upper_bound=upper,
+        )
+        took = self.clock() - started
+        if res.rows and after_key is not None and res.last_key is not None:
+            steps.check_advanced(dialect, schema, label, after_key, res.last_key)
+        if not res.exhausted and steps.key_reached(res.last_key, upper):
+            # past the snapshot's upper bound: later rows reach the sinks through the changelog
+            res = replace(res, exhausted=True)
+        steps.write_sidecar(res, work.range_index)  # the chunk is committed
+        return res, took
 
     def _probe(
         self, dialect, sizer: ChunkSizer, schema: TableSchema, work: WorkItem, after_key, label: str

@@ -398,6 +398,56 @@ class RetypedError(CommitFailedError):
     meanwhile): write it again from its inputs."""
 
 
+def _joined_typing(folder: str, typing: Typing | None, legacy: Sequence[str],
+                   files: Sequence[tuple[str, pa.Table]]) -> tuple[Typing | None, dict[str, str], list]:
+    """The table's typing joined with a folder being adopted (its files' typings first, in
+    order) and with ``files``: (typing, the candidates of a settle, the adopted files' loaders)."""
+    loaders: list[tuple[str, Callable[[], pa.Table]]] = []
+    for n in legacy:
+        loaders.append((n, (lambda n=n: read_table(storage.join(folder, n)))))
+    candidates: dict[str, str] = {}
+    for n, load in loaders:
+        typing, more = join_typing(typing, _schema_only(_read_schema(folder, n), load))
+        candidates.update(more)
+    for _n, t in files:
+        typing, more = join_typing(typing, t)
+        candidates.update(more)
+    return typing, candidates, loaders
+
+
+def _write_batch(folder: str, n: str, t: pa.Table, typing: Typing, v: int, active: dict,
+                 done: dict[str, tuple[Typing, str, int]], mine: set[str]) -> tuple[str, int]:
+    """Batch file ``n`` written in ``typing`` for version ``v + 1``: (the name it has, rows)."""
+    prev = done.get(n)
+    if prev is not None and prev[0] == typing and prev[1] not in active:
+        # written by an attempt of this call that lost its race, under the same typing,
+        # and still named by no version: only the commit is tried again
+        return prev[1], prev[2]
+    out = conform(t, typing)
+    # a batch written before (a retried task) gets a new name: a version that names
+    # the file it had must still read those bytes
+    fresh = n not in active and (n in mine or not storage.exists(storage.join(folder, n)))
+    name = n if fresh else _renamed(n, v + 1)
+    if fresh:
+        mine.add(n)
+    atomic_write_table(out, storage.join(folder, name))
+    done[n] = (typing, name, out.num_rows)
+    return name, out.num_rows
+
+
+def _retyped(folder: str, p: str, load: Callable[[], pa.Table], typing: Typing, want: pa.Schema, v: int,
+             active: dict, legacy: Sequence[str]) -> list[dict]:
+    """The actions that bring file ``p`` (of the table, or of a folder being adopted) to the
+    table's types: none, its add (adopted as it is), or a rewrite under a new name."""
+    if _physical_matches(_read_schema(folder, p), want):
+        return [_add(folder, p, _rows(folder, p), data_change=True)] if p in legacy else []
+    t = conform(load(), typing)
+    new = _renamed(p, v + 1)
+    atomic_write_table(t, storage.join(folder, new))
+    removed = [_remove(active[p], data_change=False)] if p in active else []
+    return [*removed, _add(folder, new, t.num_rows, data_change=p in legacy)]
+
+
 def commit(
     folder: str,
     files: Sequence[tuple[str, pa.Table]] = (),
@@ -428,18 +478,8 @@ def commit(
         missing = [r for r in replace if r not in active and r not in legacy]
         if missing:
             raise CommitFailedError(f"event log {folder}: {missing} left the table meanwhile")
-        old_typing = typing = typing_of(state)
-        loaders: list[tuple[str, Callable[[], pa.Table]]] = []
-        for n in legacy:
-            loaders.append((n, (lambda n=n: read_table(storage.join(folder, n)))))
-        candidates: dict[str, str] = {}
-        for n, load in loaders:  # a folder being adopted: its files' typings first, in order
-            schema = _read_schema(folder, n)
-            typing, more = join_typing(typing, _schema_only(schema, load))
-            candidates.update(more)
-        for _n, t in files:
-            typing, more = join_typing(typing, t)
-            candidates.update(more)
+        old_typing = typing_of(state)
+        typing, candidates, loaders = _joined_typing(folder, old_typing, legacy, files)
         existing = [
             (p, (lambda p=p: read_table(storage.join(folder, p)))) for p in active if p not in replace
         ]
@@ -453,22 +493,7 @@ def commit(
         actions: list[dict] = []
         written = []
         for n, t in files:
-            prev = done.get(n)
-            if prev is not None and prev[0] == typing and prev[1] not in active:
-                # written by an attempt of this call that lost its race, under the same typing,
-                # and still named by no version: only the commit is tried again
-                name, rows = prev[1], prev[2]
-            else:
-                out = conform(t, typing)
-                # a batch written before (a retried task) gets a new name: a version that names
-                # the file it had must still read those bytes
-                fresh = n not in active and (n in mine or not storage.exists(storage.join(folder, n)))
-                name = n if fresh else _renamed(n, v + 1)
-                if fresh:
-                    mine.add(n)
-                atomic_write_table(out, storage.join(folder, name))
-                rows = out.num_rows
-                done[n] = (typing, name, rows)
+            name, rows = _write_batch(folder, n, t, typing, v, active, done, mine)
             actions.append(_add(folder, name, rows, data_change=data_change))
             written.append(name)
         for name, rows in prewritten:
@@ -480,18 +505,8 @@ def commit(
         # the files already there that must change type; a folder being adopted: every file
         retype = (old_typing is not None and typing != old_typing and candidates) or v < 0
         for p, load in (existing + loaders) if retype else []:
-            if batch_of(p) in batches:  # replaced by the batch written now
-                continue
-            if _physical_matches(_read_schema(folder, p), want):
-                if p in legacy:
-                    actions.append(_add(folder, p, _rows(folder, p), data_change=True))
-                continue
-            t = conform(load(), typing)
-            new = _renamed(p, v + 1)
-            atomic_write_table(t, storage.join(folder, new))
-            if p in active:
-                actions.append(_remove(active[p], data_change=False))
-            actions.append(_add(folder, new, t.num_rows, data_change=p in legacy))
+            if batch_of(p) not in batches:  # else replaced by the batch written now
+                actions += _retyped(folder, p, load, typing, want, v, active, legacy)
         for p, add in active.items():
             if p in replace or (batch_of(p) in batches and p not in written):
                 actions.append(_remove(add, data_change=data_change))
