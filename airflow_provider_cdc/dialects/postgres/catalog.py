@@ -110,6 +110,26 @@ class PgCatalog:
         qt = self.server.quote_table(table)
         if want == WHOLE_ROW:  # a multiset: () is "keyed by the whole row"
             return self._whole_row_key(table, (relid, ident), pk is not None)
+        key, why, fixes = self._identity_key(table, qt, ident, idx, pk, want)
+        key, why, fixes = self._named_key(table, qt, ident, idx, want, key, why, fixes)
+        out = (
+            key,
+            "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why,
+        )
+        self._key_cache[(relid, ident)] = out
+        return out
+
+    def _identity_key(
+        self,
+        table: TableName,
+        qt: str,
+        ident: str,
+        idx: list[UniqueIndex],
+        pk: UniqueIndex | None,
+        want: tuple[str, ...] | None,
+    ) -> tuple[tuple[str, ...] | None, str, list[str]]:
+        """The key the table's replica identity ``ident`` makes the log carry, why it may be
+        missing and the statements that would give one."""
         usable = [x for x in idx if not x.nullable]
         example = json.dumps({table.id: list(usable[0].columns)}, ensure_ascii=False) if usable else ""
         full = (
@@ -150,6 +170,21 @@ class PgCatalog:
                 + (f", e.g. {example}" if usable else " after creating a unique index on NOT NULL columns")
             )
             fixes = []
+        return key, why, fixes
+
+    def _named_key(
+        self,
+        table: TableName,
+        qt: str,
+        ident: str,
+        idx: list[UniqueIndex],
+        want: tuple[str, ...] | None,
+        key: tuple[str, ...] | None,
+        why: str,
+        fixes: list[str],
+    ) -> tuple[tuple[str, ...] | None, str, list[str]]:
+        """``key``, ``why`` and ``fixes`` as they stand once the CDC_KEY_COLUMNS named for the table
+        are checked: a unique NOT NULL index on exactly them, and the key the log carries."""
         if key and want and ident == "f":
             match = [x for x in idx if sorted(x.columns) == sorted(want)]
             if not match:
@@ -186,12 +221,7 @@ class PgCatalog:
                 f"ALTER TABLE {qt} REPLICA IDENTITY FULL (the log then carries whole old rows)",
                 f"remove {table} from CDC_KEY_COLUMNS",
             ]
-        out = (
-            key,
-            "" if key else f"{why}. Have the table's owner run: {'; or '.join(fixes)}" if fixes else why,
-        )
-        self._key_cache[(relid, ident)] = out
-        return out
+        return key, why, fixes
 
     def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
         """Why each of ``tables`` cannot be captured (no usable key; on PostgreSQL that is also

@@ -66,7 +66,12 @@ class PostgresDialect(Dialect):
 
     def __init__(self, params: ConnectionParams, **kwargs: Any) -> None:
         super().__init__(params, **kwargs)
-        o = self.options
+        self._read_names(self.options)
+        self._read_options(self.options)
+        self._build_collaborators(params)
+
+    def _read_names(self, o: dict[str, Any]) -> None:
+        """The slot's and the publication's names and the capture scope, from the options."""
         self.slot_name = o.get("slot_name") or default_object_name(self.source)
         if not SLOT_NAME_RE.match(self.slot_name):
             raise ConfigurationError(
@@ -80,6 +85,9 @@ class PostgresDialect(Dialect):
             if tables is None
             else [t if isinstance(t, TableName) else TableName.parse(str(t), "public") for t in tables]
         )
+
+    def _read_options(self, o: dict[str, Any]) -> None:
+        """How the slot is created and read and how chunks are read, from the options, each checked."""
         # PostgreSQL 17+: the slot is created as a failover slot, so that a standby with
         # sync_replication_slots carries it through a promotion (offsets.py ``_create_slot``)
         failover = str(o.get("failover_slot", True)).strip().lower()
@@ -115,7 +123,9 @@ class PostgresDialect(Dialect):
         # chunks from a hot standby: its connection (the glue resolves the connection extra
         # ``chunk_conn_id`` to it); capture, watermarks and metadata stay on the primary
         self.read_params: ConnectionParams | None = o.get("read_params")
-        # the collaborators, each given what it uses (docs/DESIGN.md, "The dialects")
+
+    def _build_collaborators(self, params: ConnectionParams) -> None:
+        """The collaborators, each given what it uses (docs/DESIGN.md, "The dialects")."""
         self.server = PgServer(params, self.source, self.read_params)
         self.catalog = PgCatalog(self.server, self.key_columns)
         self.offsets = PgOffsets(

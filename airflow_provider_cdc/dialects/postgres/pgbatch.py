@@ -155,6 +155,21 @@ class Segment:
     # --- build ------------------------------------------------------------------------------
     def build(self) -> EventBatch | None:
         """The segment's events, in log order, as an EventBatch (None: no events)."""
+        buf, base, sizes, rows, relid = self._frame()
+        ready = list(self.ready)
+        # (slots, subs, table ids, ops, keys, watermarks, image part or None)
+        pieces = self._row_pieces(buf, base, sizes, rows, relid, ready)
+        if ready:
+            pieces.append(self._ready_piece(ready))
+        if not pieces:
+            self.open_txn_events = self.txn_base[-1] if self.txn_base else 0
+            return None
+        log, rank = self._log(pieces)
+        return EventBatch(log, _image_parts(pieces, rank))
+
+    def _frame(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The slots' messages in one buffer: each one's first byte and length past the header,
+        the row messages' slots and every slot's relid (0: not a row message)."""
         n, h = len(self.payloads), self.header
         sizes = np.fromiter(map(len, self.payloads), dtype=np.int64, count=n)
         base = np.zeros(n, dtype=np.int64)
@@ -167,9 +182,21 @@ class Segment:
         relid = np.zeros(n, dtype=np.int64)
         rows = np.flatnonzero(is_row)
         relid[rows] = pgoutput.be32(buf, base[rows] + 1)
+        return buf, base, sizes, rows, relid
 
-        pieces = []  # (slots, subs, table ids, ops, keys, watermarks, image part or None)
-        ready = list(self.ready)
+    def _row_pieces(
+        self,
+        buf: np.ndarray,
+        base: np.ndarray,
+        sizes: np.ndarray,
+        rows: np.ndarray,
+        relid: np.ndarray,
+        ready: list[tuple[int, int, LogEvent]],
+    ) -> list[tuple]:
+        """The row messages of each captured relation's version decoded together, a piece each;
+        those of a relation not captured made into events by ``other``, added to ``ready``."""
+        h = self.header
+        pieces = []
         for rid in np.unique(relid[rows]).tolist():
             versions = [(first, info) for first, r, info in self.relations if r == rid]
             mine = rows[relid[rows] == rid]
@@ -201,27 +228,27 @@ class Segment:
                         (tid, ev.before, ev.after, rel.schema, ev.text_columns),
                     )
                 )
-        if ready:
-            r_slot = np.fromiter((s for s, _, _ in ready), dtype=np.int64, count=len(ready))
-            r_sub = np.fromiter((s for _, s, _ in ready), dtype=np.int64, count=len(ready))
-            evs = [e for _, _, e in ready]
-            wm = [isinstance(e, WatermarkEvent) for e in evs]
-            pieces.append(
-                (
-                    r_slot,
-                    r_sub,
-                    string_array(
-                        [self.watermark_table if w else e.table for w, e in zip(wm, evs, strict=True)]
-                    ),
-                    string_array([WATERMARK_OP if w else e.op for w, e in zip(wm, evs, strict=True)]),
-                    string_array([None if w else e.key for w, e in zip(wm, evs, strict=True)]),
-                    string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
-                    evs,
-                )
-            )
-        if not pieces:
-            self.open_txn_events = self.txn_base[-1] if self.txn_base else 0
-            return None
+        return pieces
+
+    def _ready_piece(self, ready: list[tuple[int, int, LogEvent]]) -> tuple:
+        """The piece of the events made one at a time (``ready``: (slot, sub, event))."""
+        r_slot = np.fromiter((s for s, _, _ in ready), dtype=np.int64, count=len(ready))
+        r_sub = np.fromiter((s for _, s, _ in ready), dtype=np.int64, count=len(ready))
+        evs = [e for _, _, e in ready]
+        wm = [isinstance(e, WatermarkEvent) for e in evs]
+        return (
+            r_slot,
+            r_sub,
+            string_array([self.watermark_table if w else e.table for w, e in zip(wm, evs, strict=True)]),
+            string_array([WATERMARK_OP if w else e.op for w, e in zip(wm, evs, strict=True)]),
+            string_array([None if w else e.key for w, e in zip(wm, evs, strict=True)]),
+            string_array([e.id if w else e.watermark for w, e in zip(wm, evs, strict=True)]),
+            evs,
+        )
+
+    def _log(self, pieces: list[tuple]) -> tuple[pa.Table, np.ndarray]:
+        """The pieces' events as the log table, in log order with their positions, and each
+        concatenated event's row in it; sets ``open_txn_events``."""
         slot = np.concatenate([p[0] for p in pieces])
         sub = np.concatenate([p[1] for p in pieces])
         order = np.lexsort((sub, slot))
@@ -246,34 +273,7 @@ class Segment:
         watermark = pa.concat_arrays([p[5] for p in pieces]).take(take)
         origin = self._origin(slot_sorted, txn, pc.equal(op, pa.scalar(WATERMARK_OP)))
         log = pa.Table.from_arrays([position, table, op, key, ts, watermark, origin], schema=SEGMENT_SCHEMA)
-
-        parts: list[ImagePart] = []
-        offset = 0
-        dicts: dict[str, tuple[list, list, list]] = {}
-        for p in pieces:
-            n = len(p[0])
-            if isinstance(p[6], tuple):
-                tid, before, after, schema, text = p[6]
-                parts.append(ImagePart(tid, rank[offset : offset + n], before, after, schema, tuple(text)))
-            else:
-                for j, ev in enumerate(p[6]):
-                    if isinstance(ev, ChangeEvent):
-                        mine = dicts.setdefault(ev.table, ([], [], []))
-                        mine[0].append(int(rank[offset + j]))
-                        mine[1].append(ev.before)
-                        mine[2].append(ev.after)
-            offset += n
-        for tid, (rows_, befores, afters) in dicts.items():
-            by_row = np.argsort(np.asarray(rows_, dtype=np.int64), kind="stable")
-            parts.append(
-                ImagePart(
-                    tid,
-                    np.asarray(rows_, dtype=np.int64)[by_row],
-                    [befores[i] for i in by_row],
-                    [afters[i] for i in by_row],
-                )
-            )
-        return EventBatch(log, tuple(parts))
+        return log, rank
 
     def _origin(self, slots: np.ndarray, txn: np.ndarray, is_watermark: pa.Array) -> pa.Array:
         """Debezium's source block per event: the xid, the change's WAL position and the commit
@@ -290,6 +290,37 @@ class Segment:
 
 def _repeat(text: str, n: int) -> pa.Array:
     return string_array([text]).take(index_array(np.zeros(n, dtype=np.int64)))
+
+
+def _image_parts(pieces: list[tuple], rank: np.ndarray) -> tuple[ImagePart, ...]:
+    """The pieces' before and after images, by table, at their events' rows in the batch (``rank``)."""
+    parts: list[ImagePart] = []
+    offset = 0
+    dicts: dict[str, tuple[list, list, list]] = {}
+    for p in pieces:
+        n = len(p[0])
+        if isinstance(p[6], tuple):
+            tid, before, after, schema, text = p[6]
+            parts.append(ImagePart(tid, rank[offset : offset + n], before, after, schema, tuple(text)))
+        else:
+            for j, ev in enumerate(p[6]):
+                if isinstance(ev, ChangeEvent):
+                    mine = dicts.setdefault(ev.table, ([], [], []))
+                    mine[0].append(int(rank[offset + j]))
+                    mine[1].append(ev.before)
+                    mine[2].append(ev.after)
+        offset += n
+    for tid, (rows_, befores, afters) in dicts.items():
+        by_row = np.argsort(np.asarray(rows_, dtype=np.int64), kind="stable")
+        parts.append(
+            ImagePart(
+                tid,
+                np.asarray(rows_, dtype=np.int64)[by_row],
+                [befores[i] for i in by_row],
+                [afters[i] for i in by_row],
+            )
+        )
+    return tuple(parts)
 
 
 @dataclass

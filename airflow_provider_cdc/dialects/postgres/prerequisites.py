@@ -195,10 +195,24 @@ class PgPrerequisites:
         if s.superuser:
             return []
         role = self.server.quote_ident(s.user)
-        problems = []
         db_create = self.server.query("SELECT has_database_privilege(current_database(), 'CREATE')")[0][0]
-        wm = self.watermark_rows.table
         wms = self.watermark_tables()  # watermark strategy "log": no watermark table
+        problems = self._watermark_table_problems(role, wms, db_create)
+        scope = list(self.offsets.tables or [])
+        rows = self._scope_privileges(scope)
+        for t in scope:
+            sel, usage, _owner = rows.get(t, (True, True, True))  # a missing table is named by describe_table
+            if not usage:
+                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(t.schema)} TO {role}")
+            if not sel:
+                problems.append(f"GRANT SELECT ON {self.server.quote_table(t)} TO {role}")
+        problems += self._publication_problems(s, scope, wms, rows, db_create)
+        return problems
+
+    def _watermark_table_problems(self, role: str, wms: list[TableName], db_create: bool) -> list[str]:
+        """The grants the role lacks to use the watermark table, or to create it when it does not exist."""
+        problems = []
+        wm = self.watermark_rows.table
         wm_row = (
             []
             if not wms
@@ -236,8 +250,11 @@ class PgPrerequisites:
                     f"GRANT CREATE ON {what} TO {role}, so the provider can create the watermark table "
                     f"{wm}, or have an administrator create it (the docs' connections page, 'Grants')"
                 )
-        scope = list(self.offsets.tables or [])
-        rows = {
+        return problems
+
+    def _scope_privileges(self, scope: list[TableName]) -> dict[TableName, tuple[bool, bool, bool]]:
+        """The scope's existing tables -> (SELECT on it, USAGE on its schema, the role owns it)."""
+        return {
             TableName(sch, name): (sel, usage, owner)
             for sch, name, sel, usage, owner in self.server.query(
                 "SELECT n.nspname, c.relname, has_table_privilege(c.oid, 'SELECT'), "
@@ -248,12 +265,17 @@ class PgPrerequisites:
                 ([t.schema for t in scope] or [""], [t.name for t in scope] or [""]),
             )
         }
-        for t in scope:
-            sel, usage, _owner = rows.get(t, (True, True, True))  # a missing table is named by describe_table
-            if not usage:
-                problems.append(f"GRANT USAGE ON SCHEMA {self.server.quote_ident(t.schema)} TO {role}")
-            if not sel:
-                problems.append(f"GRANT SELECT ON {self.server.quote_table(t)} TO {role}")
+
+    def _publication_problems(
+        self,
+        s: PgSettings,
+        scope: list[TableName],
+        wms: list[TableName],
+        rows: dict[TableName, tuple[bool, bool, bool]],
+        db_create: bool,
+    ) -> list[str]:
+        """What keeps the role from adding the scope to the publication, or from creating it."""
+        problems = []
         pub = self.server.query(
             "SELECT p.puballtables, pg_has_role(p.pubowner, 'USAGE') FROM pg_publication p WHERE "
             "p.pubname = %s",
