@@ -223,9 +223,12 @@ def source_dags(source: str, now=None) -> dict[str, str] | None:
 def source_scope(settings_of_source):
     """The capture scope of a source's settings (core/scope.py, the one check, I15)."""
     from .core.scope import CaptureScope
+    from .dialects.registry import all_system_catalogs
 
     s = settings_of_source
-    return CaptureScope.of(s.source, s.tables or None, all_tables=s.capture_all_tables)
+    return CaptureScope.of(
+        s.source, s.tables or None, catalogs=all_system_catalogs(), all_tables=s.capture_all_tables
+    )
 
 
 def source_setup(source: str, now=None) -> tuple[str, str | None]:

@@ -14,22 +14,30 @@ from dataclasses import dataclass
 from .errors import ConfigurationError
 from .schema import TableName
 
-#: the catalogs of every server this provider reads (a scope known only from the settings,
-#: without its dialect, refuses all of them): PostgreSQL also reserves every ``pg_*`` schema
-SYSTEM_SCHEMAS = {
-    "postgres": frozenset({"pg_catalog", "information_schema", "pg_toast"}),
-    "mysql": frozenset({"mysql", "information_schema", "performance_schema", "sys"}),
-}
 #: the watermark table a source uses unless its connection's extra names another
 DEFAULT_WATERMARK_TABLE = TableName("cdc", "watermark")
 
 
-def is_system_schema(schema: str, dialect: str | None = None) -> bool:
-    """A schema of the server's own catalogs (``dialect`` None: of any server we read)."""
-    names = SYSTEM_SCHEMAS.get(dialect or "", frozenset().union(*SYSTEM_SCHEMAS.values()))
-    if schema.lower() in names:
-        return True
-    return dialect in (None, "postgres") and schema.startswith("pg_")
+@dataclass(frozen=True)
+class SystemCatalogs:
+    """The schemas of a server's own catalogs, as its database's profile gives them
+    (dialects/<db>/profile.py: ``system_schemas``, ``system_schema_prefixes``): ``schemas`` by
+    name, in any case, and every schema whose name starts with one of ``prefixes`` (PostgreSQL
+    reserves ``pg_*``). Core knows no database: a caller passes its server's catalogs, or, where
+    the scope is known without a dialect, every registered server's
+    (dialects/registry.all_system_catalogs), so such a scope refuses all of them."""
+
+    schemas: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ()
+
+    def __or__(self, other: SystemCatalogs) -> SystemCatalogs:
+        prefixes = tuple(dict.fromkeys(self.prefixes + other.prefixes))
+        return SystemCatalogs(self.schemas | other.schemas, prefixes)
+
+
+def is_system_schema(schema: str, catalogs: SystemCatalogs) -> bool:
+    """A schema of the server's own catalogs (``catalogs``: its server's, or every server's)."""
+    return schema.lower() in catalogs.schemas or schema.startswith(catalogs.prefixes)
 
 
 def no_scope_error(source: str) -> ConfigurationError:
@@ -47,13 +55,14 @@ def no_scope_error(source: str) -> ConfigurationError:
 @dataclass(frozen=True)
 class CaptureScope:
     """What a source may read: ``tables`` (None with ``all_tables``: every table but the
-    catalogs and the watermark table). ``dialect``: whose catalogs are refused (None: every
-    server's); ``watermark_table``: None when not known (the default one is refused then)."""
+    catalogs and the watermark table). ``catalogs``: the system catalogs refused (the source's
+    server's, or every registered server's when its dialect is not known);
+    ``watermark_table``: None when not known (the default one is refused then)."""
 
     source: str
     tables: frozenset[TableName] | None
+    catalogs: SystemCatalogs
     all_tables: bool = False
-    dialect: str | None = None
     watermark_table: TableName | None = None
 
     @classmethod
@@ -62,8 +71,8 @@ class CaptureScope:
         source: str,
         tables: Iterable[TableName | str] | None,
         *,
+        catalogs: SystemCatalogs,
         all_tables: bool = False,
-        dialect: str | None = None,
         watermark_table: TableName | None = None,
     ) -> CaptureScope:
         given = (
@@ -71,7 +80,7 @@ class CaptureScope:
             if tables is None
             else frozenset(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in tables)
         )
-        return cls(source, given or None, bool(all_tables), dialect, watermark_table)
+        return cls(source, given or None, catalogs, bool(all_tables), watermark_table)
 
     def require(self) -> None:
         """Refuse when no scope is configured: nothing may be read then."""
@@ -86,7 +95,7 @@ class CaptureScope:
                 "entry in "
                 "the sources config) to the tables it captures"
             )
-        if is_system_schema(table.schema, self.dialect):
+        if is_system_schema(table.schema, self.catalogs):
             return (
                 f"table {table} is in system schema {table.schema!r}: the server's catalogs are never "
                 "read by "

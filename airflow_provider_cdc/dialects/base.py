@@ -22,8 +22,10 @@ from ..core.position import Position
 from ..core.ranges import ChunkRange
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
 from ..core.schema import TableName, TableSchema, parse_key_columns
-from ..core.scope import CaptureScope, is_system_schema, no_scope_error
+from ..core.scope import CaptureScope, no_scope_error
+from .profile import DatabaseProfile
 from .reads import SharedReads
+from .registry import get_profile
 from .results import (  # noqa: F401 - their home for the dialects and callers
     READ_FLOOR_MIRROR,
     READ_FLOOR_SNAPSHOT,
@@ -149,6 +151,12 @@ class Dialect(SharedReads, ABC):
     def quote_table(self, table: TableName) -> str:
         return f"{self.quote_ident(table.schema)}.{self.quote_ident(table.name)}"
 
+    @property
+    def profile(self) -> DatabaseProfile:
+        """This database's profile (dialects/registry.py, by the dialect's name): what is known
+        of it before connecting, its system catalogs and row-filter rules among them."""
+        return get_profile(self.name)
+
     def render_filter(self, where: str, schema: TableSchema, setting: str = "where") -> tuple[str, list]:
         """A snapshot's row filter as ``(sql, params)`` for this dialect, checked against the
         table's columns (core/filters.py: untrusted input, never pasted into SQL)."""
@@ -159,13 +167,16 @@ class Dialect(SharedReads, ABC):
         )
 
     # --- capture scope (the docs' security page) ---------------------------------------------
-    #: schemas of the server's own catalogs: never captured, never snapshotted
-    system_schemas: ClassVar[frozenset[str]] = frozenset()
     #: the schema of a table named without one (None: a schema must be given)
     default_schema: ClassVar[str | None] = None
 
+    @property
+    def system_schemas(self) -> frozenset[str]:
+        """Schemas of the server's own catalogs (its profile's): never captured, never snapshotted."""
+        return self.profile.system_schemas
+
     def is_system_schema(self, schema: str) -> bool:
-        return is_system_schema(schema, self.name)
+        return self.profile.is_system_schema(schema)
 
     def scope_tables(self) -> tuple[TableName, ...] | None:
         """The configured tables (None: not configured; every table only with ``all_tables``)."""
@@ -235,8 +246,8 @@ class Dialect(SharedReads, ABC):
         return CaptureScope.of(
             self.source,
             self.scope_tables(),
+            catalogs=self.profile.system_catalogs,
             all_tables=self.all_tables,
-            dialect=self.name,
             watermark_table=self.watermark_table,
         )
 

@@ -3,11 +3,12 @@
 A :class:`DatabaseProfile` is the light, driver-free half of a database's package
 (``dialects/<db>/profile.py``): its names and Airflow connection types, default port, the
 connection-extra keys that are its CDC settings, the objects a capture owns on the server (a
-replication slot, a server id), how OpenLineage names its tables, its row-filter rules, its
-Debezium connectors and the shape of their ``source`` block. Hooks, lineage, the
-sources config and DAG parsing ask it (dialects/registry.py, by name) instead of comparing
-names; none of them may import a driver or open a connection, so a profile imports neither and
-names its dialect class as a string, loaded only by :meth:`DatabaseProfile.dialect_class`.
+replication slot, a server id), its system catalogs, how OpenLineage names its tables, its
+row-filter rules, its Debezium connectors and the shape of their ``source`` block. Hooks,
+lineage, the sources config and DAG parsing ask it (dialects/registry.py, by name) instead of
+comparing names; none of them may import a driver or open a connection, so a profile imports
+neither and names its dialect class as a string, loaded only by
+:meth:`DatabaseProfile.dialect_class`.
 
 A profile is declarative, as sqlglot's dialects are: a subclass whose class attributes are the
 differences, and a few methods where a difference is a rule.
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from ..core.filters import FilterRules
     from ..core.schema import TableName
-    from .base import Dialect
+    from ..core.scope import SystemCatalogs
 
 #: connection-extra keys that are CDC settings (dialect options) of every database; every other
 #: extra key is a driver setting (libpq's sslmode, pymysql's ssl_ca...) kept in
@@ -80,6 +81,11 @@ class DatabaseProfile:
     debezium_source_fields: ClassVar[tuple[tuple[str, str, bool], ...]]
     #: the dialect class, ``module:Class``; imported (with its driver) only when asked for
     dialect_path: ClassVar[str]
+    #: the schemas of the server's own catalogs (matched in any case): never captured, snapshotted,
+    #: refreshed or verified, whatever a setting or a run's conf says (core/scope.py)
+    system_schemas: ClassVar[frozenset[str]]
+    #: prefixes of schema names the server reserves for itself (PostgreSQL's ``pg_``), matched as written
+    system_schema_prefixes: ClassVar[tuple[str, ...]] = ()
 
     #: every attribute a profile must give (tests/unit/test_profiles.py checks each registered one)
     REQUIRED: ClassVar[tuple[str, ...]] = (
@@ -92,6 +98,7 @@ class DatabaseProfile:
         "debezium_connectors",
         "debezium_source_fields",
         "dialect_path",
+        "system_schemas",
     )
 
     @property
@@ -106,9 +113,24 @@ class DatabaseProfile:
     def accepts_conn_type(self, conn_type: str | None) -> bool:
         return (conn_type or "").lower().replace("-", "_") in self.conn_types
 
-    def dialect_class(self) -> type[Dialect]:
+    def dialect_class(self) -> type:
+        """Its dialect, a dialects.base.Dialect subclass (not imported here: base asks the
+        registry for a dialect's profile, so an import back would be a cycle)."""
         module, cls = self.dialect_path.split(":")
         return getattr(importlib.import_module(module), cls)
+
+    @property
+    def system_catalogs(self) -> SystemCatalogs:
+        """Its system catalogs as the capture scope takes them (core/scope.py)."""
+        from ..core.scope import SystemCatalogs
+
+        return SystemCatalogs(frozenset(self.system_schemas), tuple(self.system_schema_prefixes))
+
+    def is_system_schema(self, schema: str) -> bool:
+        """``schema`` is one of the server's own catalogs (the capture scope's rule)."""
+        from ..core.scope import is_system_schema
+
+        return is_system_schema(schema, self.system_catalogs)
 
     # --- rules (one method each where the databases differ by more than a value) ------------------
     @property

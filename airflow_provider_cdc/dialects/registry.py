@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigurationError
 from .profile import DatabaseProfile
+
+if TYPE_CHECKING:
+    from ..core.scope import SystemCatalogs
 
 #: dialect name -> ``module:attribute`` of its profile
 PROFILES: dict[str, str] = {
@@ -72,3 +76,14 @@ def profile_for_debezium(connector: str) -> DatabaseProfile:
 
 def debezium_connectors() -> tuple[str, ...]:
     return tuple(c for p in profiles() for c in p.debezium_connectors)
+
+
+def all_system_catalogs() -> SystemCatalogs:
+    """The system catalogs of every registered database: what a capture scope known without its
+    dialect (from the settings alone) refuses, so it is never less strict than the server's."""
+    from ..core.scope import SystemCatalogs
+
+    out = SystemCatalogs()
+    for p in profiles():
+        out = out | p.system_catalogs
+    return out

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 
 from ..core.errors import ConfigurationError
-from ..dialects.registry import get_profile, profiles
+from ..dialects.registry import all_system_catalogs, get_profile, profiles
 from ..settings import FromSettings
 from ..settings import load as load_settings
 from .cdc_storage import StorageConnectionMixin
@@ -201,7 +201,9 @@ class CdcSourceHook(BaseHook):
             return self.get_dialect().capture_scope()
         except Exception:  # noqa: BLE001 - no readable connection: the settings' scope, stricter
             opts = self.scope_options()
-            return CaptureScope.of(self.source, opts["tables"], all_tables=opts["all_tables"])
+            return CaptureScope.of(
+                self.source, opts["tables"], catalogs=all_system_catalogs(), all_tables=opts["all_tables"]
+            )
 
     def test_connection(self) -> tuple[bool, str]:
         """Airflow's "Test" button and ``airflow connections test <conn_id>``: logs in and checks

@@ -21,6 +21,7 @@ from ..core.errors import ConfigurationError
 from ..core.schema import TableName
 from ..core.scope import close_tables, is_system_schema
 from ..dialects import Dialect
+from ..dialects.registry import all_system_catalogs, get_profile
 from ..sinks import refreshed
 from ..storage import layout
 
@@ -53,9 +54,11 @@ def check_refresh_table(
     watermark_table: TableName | None = None,
 ) -> TableName:
     """``table`` when the source refreshes it (CDC_REFRESH_TABLES); else ConfigurationError
-    saying why. A run's conf names tables; only the setting decides which may be read."""
+    saying why. A run's conf names tables; only the setting decides which may be read.
+    ``dialect``: the source's database, whose catalogs are refused (None: every database's)."""
     allowed = frozenset(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in refresh_tables)
-    if is_system_schema(table.schema, dialect):
+    catalogs = get_profile(dialect).system_catalogs if dialect else all_system_catalogs()
+    if is_system_schema(table.schema, catalogs):
         raise ConfigurationError(f"table {table} is in system schema {table.schema!r}: never refreshed")
     if watermark_table is not None and table == watermark_table:
         raise ConfigurationError(

@@ -12,6 +12,7 @@ from ..core.planning import SnapshotRequest
 from ..core.plans import CONF_KEYS, delay_seconds_value
 from ..core.schema import TableName
 from ..core.scope import CaptureScope
+from ..dialects.registry import all_system_catalogs
 
 #: refresh (the default of scheduled runs): start tables that are done, stopped or new,
 #: continue running or failed ones, leave paused ones paused
@@ -88,6 +89,9 @@ def check_scope(req: SnapshotConf, settings: Any, scope: CaptureScope | None = N
     the settings'. Raises before anything is written."""
     if scope is None:
         scope = CaptureScope.of(
-            settings.source, settings.tables or None, all_tables=settings.capture_all_tables
+            settings.source,
+            settings.tables or None,
+            catalogs=all_system_catalogs(),
+            all_tables=settings.capture_all_tables,
         )
     scope.check_all(req.tables)

@@ -45,6 +45,11 @@ def test_every_registered_database_gives_a_complete_profile(name):
     assert p.owned_objects("orders", {}) == owned, "a default owned name is derived from the source, stably"
     assert p.owned_objects("orders", {}) != p.owned_objects("payments", {})
     assert p.lineage_name("db", TableName("s", "t")).endswith("s.t")
+    # its catalogs (core/scope.py matches a schema lowercased, a reserved prefix as written)
+    assert all(s == s.lower() for s in p.system_schemas), "system schemas are given in lower case"
+    assert all(p.is_system_schema(s) and p.is_system_schema(s.upper()) for s in p.system_schemas)
+    assert all(p.is_system_schema(f"{prefix}x") for prefix in p.system_schema_prefixes)
+    assert not p.is_system_schema("orders"), "an ordinary schema is not the server's"
     cls = p.dialect_class()
     assert issubclass(cls, Dialect) and cls.name == name
     for alias in p.names:
@@ -77,7 +82,6 @@ ALLOWED = {
                             "pymysql): the driver's error types, read without importing either driver",
     "sinks/event_log.py": "MySQL/MariaDB-only staging detail of the event log (a connector named in the staged "
                           "schema); sinks sit beside dialects and may not import them",
-    "core/scope.py": "each server's system catalogs, checked before a dialect exists; core imports no dialect",
     "export/debezium/fields.py": "MariaDB's JSON column is text to Debezium: a connector of the MySQL type map, "
                           "not a database",
 }

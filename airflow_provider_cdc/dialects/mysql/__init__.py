@@ -20,7 +20,6 @@ _EXPORTS = {
     "MYSQL_80": ".server",
     "MYSQL_84": ".server",
     "REQUIRED_SETTINGS": ".prerequisites",
-    "SYSTEM_SCHEMAS": ".prerequisites",
     "Flavour": ".server",
     "flavour_for": ".server",
     "held_privileges": ".prerequisites",

@@ -25,7 +25,7 @@ from .digest import MyDigest
 from .failover import MyFailover
 from .log_reader import MyLogReader
 from .offsets import MyOffsets
-from .prerequisites import SYSTEM_SCHEMAS, MyPrerequisites
+from .prerequisites import MyPrerequisites
 from .profile import default_server_id
 from .server import Flavour, MyServer
 from .watermarks import MyWatermarkTable
@@ -52,7 +52,6 @@ class MySqlDialect(Dialect):
         return f"offset.{self.offset_path(data_dir)}"
 
     name: ClassVar[str] = "mysql"
-    system_schemas: ClassVar[frozenset[str]] = SYSTEM_SCHEMAS
     # MariaDB's optimizer does not turn ``(a, b) > (?, ?)`` into an index range; the
     # expanded OR form is a range scan on both MariaDB and MySQL.
     row_value_keyset: ClassVar[bool] = False

@@ -22,7 +22,7 @@ from ..base import LogBatch, SegmentSink
 from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .binlog_read import _BinlogRead, parse_truncate
 from .failover import GtidState
-from .prerequisites import SYSTEM_SCHEMAS
+from .profile import PROFILE
 from .rows_walker import RowsRun, TableWalker, decoder_mode
 from .server import MyServer
 from .types import TEXT_CODES, binlog_converter, query_text, text_or_b64
@@ -73,7 +73,7 @@ class MyLogReader:
         if self.tables:
             return TableName(schema, table) in self.tables
         # the watermark database holds every source's watermark tables: CDC's, not the user's
-        return schema not in SYSTEM_SCHEMAS and schema != self.watermark_table.schema
+        return schema not in PROFILE.system_schemas and schema != self.watermark_table.schema
 
     def read_log(
         self,

@@ -19,7 +19,6 @@ from .server import Flavour, MyServer, ReplicaStatusDenied
 
 log = logging.getLogger(__name__)
 
-SYSTEM_SCHEMAS = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 #: table / database / column access denied, command denied: a missing grant
 _ER_ACCESS_DENIED = frozenset({1142, 1044, 1143, 1227, 1045})
 

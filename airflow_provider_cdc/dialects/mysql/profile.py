@@ -38,6 +38,7 @@ class MySqlProfile(DatabaseProfile):
         ("string", "query", True),
     )
     dialect_path = "airflow_provider_cdc.dialects.mysql.dialect:MySqlDialect"
+    system_schemas = frozenset({"mysql", "information_schema", "performance_schema", "sys"})
 
     @property
     def filter_rules(self) -> FilterRules:

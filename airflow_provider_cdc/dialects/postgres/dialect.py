@@ -59,7 +59,6 @@ class PostgresDialect(Dialect):
     watermark_strategies = ("table", "log")
     records_visibility = True
     name = "postgres"
-    system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
     default_schema = "public"
     row_value_keyset = True
     placeholder = "%s"
@@ -195,7 +194,9 @@ class PostgresDialect(Dialect):
 
     # identifiers
     def is_system_schema(self, schema: str) -> bool:
-        return schema in self.system_schemas or schema.startswith("pg_")  # pg_* is reserved to the server
+        # the profile's catalogs and its reserved pg_* prefix, the name as written: a quoted
+        # "PG_CATALOG" is a schema of its own on PostgreSQL
+        return schema in self.system_schemas or schema.startswith(self.profile.system_schema_prefixes)
 
     def quote_ident(self, name: str) -> str:
         return quote_pg(name)  # every statement goes through %-formatting (core/sqlnames.py)

@@ -42,6 +42,8 @@ class PostgresProfile(DatabaseProfile):
         ("int64", "origin_lsn", True),
     )
     dialect_path = "airflow_provider_cdc.dialects.postgres.dialect:PostgresDialect"
+    system_schemas = frozenset({"pg_catalog", "information_schema", "pg_toast"})
+    system_schema_prefixes = ("pg_",)  # every pg_* schema is reserved to the server (pg_temp_3...)
 
     @property
     def filter_rules(self) -> FilterRules:

@@ -14,16 +14,18 @@ from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.scope import (
     ROW_VALUES_DROPPED,
     CaptureScope,
+    SystemCatalogs,
     check_snapshot_id,
     check_source_name,
     drop_row_values,
 )
+from airflow_provider_cdc.dialects.registry import all_system_catalogs, get_profile
 
 ORDERS = TableName("public", "orders")
 
 
 def test_the_scope_refuses_catalogs_the_watermark_table_and_tables_outside_it():
-    scope = CaptureScope.of("shop", [ORDERS], dialect="postgres")
+    scope = CaptureScope.of("shop", [ORDERS], catalogs=get_profile("postgres").system_catalogs)
     assert scope.check(ORDERS) == ORDERS
     cases = {
         "pg_catalog.pg_authid": "table pg_catalog.pg_authid is in system schema 'pg_catalog'",
@@ -37,12 +39,26 @@ def test_the_scope_refuses_catalogs_the_watermark_table_and_tables_outside_it():
         with pytest.raises(ConfigurationError, match=message):
             scope.check(TableName.parse(text))
     # capturing every table still refuses the catalogs and the watermark table
-    wide = CaptureScope.of("shop", None, all_tables=True, dialect="mysql", watermark_table=TableName("ops", "wm"))
+    wide = CaptureScope.of("shop", None, all_tables=True, catalogs=get_profile("mysql").system_catalogs,
+                           watermark_table=TableName("ops", "wm"))
     assert wide.check(TableName("shop", "anything"))
     for text in ("mysql.user", "performance_schema.threads", "sys.x", "INFORMATION_SCHEMA.tables", "ops.wm"):
         assert wide.refusal(TableName.parse(text)) is not None, text
     with pytest.raises(ConfigurationError, match="has no capture scope: set CDC_TABLES"):
-        CaptureScope.of("shop", None).check(ORDERS)
+        CaptureScope.of("shop", None, catalogs=SystemCatalogs()).check(ORDERS)
+
+
+def test_a_scope_known_without_its_dialect_refuses_every_server_s_catalogs():
+    """The settings' scope (a run's conf checked before any connection) refuses the catalogs of
+    every registered database, PostgreSQL's reserved pg_* schemas included; a server's own
+    scope refuses only its own."""
+    every = CaptureScope.of("shop", None, all_tables=True, catalogs=all_system_catalogs())
+    for text in ("pg_catalog.pg_authid", "pg_temp_3.x", "mysql.user", "PERFORMANCE_SCHEMA.threads", "sys.x"):
+        assert "is in system schema" in every.refusal(TableName.parse(text)), text
+    assert every.refusal(ORDERS) is None
+    mine = CaptureScope.of("shop", None, all_tables=True, catalogs=get_profile("mysql").system_catalogs)
+    assert mine.refusal(TableName.parse("pg_temp_3.x")) is None  # not a MySQL catalog
+    assert mine.refusal(TableName.parse("sys.x")) is not None
 
 
 def test_every_door_gives_the_same_message():

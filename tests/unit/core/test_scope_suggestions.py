@@ -8,10 +8,12 @@ import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.core.scope import CaptureScope, close_tables
+from airflow_provider_cdc.core.scope import CaptureScope, SystemCatalogs, close_tables
+from airflow_provider_cdc.dialects.registry import get_profile
 from airflow_provider_cdc.pipeline.snapshot_conf import check_scope, parse_snapshot_conf
 
-SCOPE = CaptureScope.of("shop", ["public.orders", "public.Customers", "sales.order_items"], dialect="postgres")
+SCOPE = CaptureScope.of("shop", ["public.orders", "public.Customers", "sales.order_items"],
+                        catalogs=get_profile("postgres").system_catalogs)
 
 
 @pytest.mark.parametrize(("given", "meant"), [
@@ -38,6 +40,6 @@ def test_a_table_with_no_close_name_is_refused_as_before():
 
 def test_a_different_table_with_a_shared_part_is_not_suggested():
     """cli_other_x is not a slip of cli_x: no "did you mean" (the scope's message as before)."""
-    scope = CaptureScope.of("s", ["public.cli_22c021e23e"])
+    scope = CaptureScope.of("s", ["public.cli_22c021e23e"], catalogs=SystemCatalogs())
     assert close_tables(TableName.parse("public.cli_other_22c021e23e"), scope.tables) == []
     assert close_tables(TableName.parse("public.cli_22c021e32e"), scope.tables) == [TableName.parse("public.cli_22c021e23e")]
