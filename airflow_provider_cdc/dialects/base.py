@@ -158,13 +158,13 @@ class Dialect(SharedReads, ABC):
         return get_profile(self.name)
 
     def render_filter(self, where: str, schema: TableSchema, setting: str = "where") -> tuple[str, list]:
-        """A snapshot's row filter as ``(sql, params)`` for this dialect, checked against the
-        table's columns (core/filters.py: untrusted input, never pasted into SQL)."""
+        """A snapshot's row filter as ``(sql, params)`` for this dialect (its profile's
+        ``filter_rules``), checked against the table's columns (core/filters.py: untrusted
+        input, never pasted into SQL)."""
         from ..core.filters import render_filter
 
-        return render_filter(
-            where, self.name, setting=f"{setting} of {schema.table}", columns=schema.column_names
-        )
+        rules, columns = self.profile.filter_rules, schema.column_names
+        return render_filter(where, rules, setting=f"{setting} of {schema.table}", columns=columns)
 
     # --- capture scope (the docs' security page) ---------------------------------------------
     #: the schema of a table named without one (None: a schema must be given)

@@ -12,6 +12,7 @@ from ..core.errors import ConfigurationError
 from ..core.event_batch import EventBatch
 from ..core.events import LogEvent
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
+from .registry import get_profile, known_names
 
 _SIZED = frozenset({bytes, str, bytearray, memoryview})
 
@@ -28,7 +29,7 @@ def value_bytes(row: Sequence[Any]) -> int:
 
 @dataclass(frozen=True)
 class ConnectionParams:
-    scheme: str  # postgres | mysql | mariadb
+    scheme: str  # a registered dialect's name or alias (dialects/registry.py): postgres, mysql...
     host: str = "127.0.0.1"
     port: int | None = None
     user: str | None = None
@@ -38,16 +39,20 @@ class ConnectionParams:
 
     @classmethod
     def from_uri(cls, uri: str) -> ConnectionParams:
+        """``scheme://user:password@host:port/database?extra``: the scheme (``+driver`` ignored)
+        names a registered database by its name or an alias (``postgresql``, ``mariadb``); the
+        params carry the database's dialect name."""
         parts = urlsplit(uri)
         scheme = parts.scheme.split("+")[0].lower()
-        if scheme in ("postgresql", "postgres"):
-            scheme = "postgres"
-        if scheme not in ("postgres", "mysql", "mariadb"):
+        try:
+            profile = get_profile(scheme)
+        except ConfigurationError:
             raise ConfigurationError(
-                f"connection URI scheme {parts.scheme!r} not supported; use postgresql:// or mysql://"
-            )
+                f"connection URI scheme {parts.scheme!r} not supported; use one of "
+                f"{', '.join(f'{n}://' for n in known_names())}"
+            ) from None
         return cls(
-            scheme=scheme,
+            scheme=profile.name,
             host=parts.hostname or "127.0.0.1",
             port=parts.port,
             user=unquote(parts.username) if parts.username else None,
