@@ -28,7 +28,7 @@ from airflow_provider_cdc.dialects import registry
 from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect, LogBatch
 from airflow_provider_cdc.dialects.profile import DATABASE, DatabaseProfile, OwnedObject
 
-from . import test_profiles as profile_checks
+from .profile_checks import check_complete_profile, check_names_belong_to_one_database
 
 pytestmark = pytest.mark.unit
 
@@ -225,8 +225,8 @@ def test_the_fake_database_is_not_known_until_it_is_registered():
 
 def test_step_2_its_profile_passes_the_checks_every_registered_profile_passes(fakedb):
     assert "fakedb" in registry.PROFILES and registry.profiles()[-1] is fakedb
-    profile_checks.test_every_registered_database_gives_a_complete_profile("fakedb")
-    profile_checks.test_names_types_and_connectors_belong_to_one_database()
+    check_complete_profile("fakedb")
+    check_names_belong_to_one_database()
     assert registry.profile_for_conn_type("Fake-DB") is fakedb
     assert registry.profile_for_debezium("fakedb") is fakedb
     assert fakedb.cdc_option_keys >= {"cursor_name", "watermark_table"}
