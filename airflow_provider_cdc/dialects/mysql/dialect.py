@@ -13,11 +13,11 @@ import pymysql.cursors
 
 from ...core.errors import ConfigurationError
 from ...core.findings import Finding
-from ...core.position import Position
 from ...core.ranges import ChunkRange
 from ...core.schema import TableName, TableSchema, split_table_list
 from ...core.sqlnames import quote_mysql
-from ..base import ConnectionParams, Dialect, LogActivity, LogBatch, LogRetention, SegmentSink
+from ..base import ConnectionParams, LogActivity
+from ..composed import ComposedDialect
 from .binlog import BinlogOffset
 from .catalog import MyCatalog
 from .chunks import MyChunkReader
@@ -31,7 +31,7 @@ from .server import Flavour, MyServer
 from .watermarks import MyWatermarkTable
 
 
-class MySqlDialect(Dialect):
+class MySqlDialect(ComposedDialect):
     """MySQL / MariaDB source. Options: ``server_id`` (replication id of the capture,
     default derived from the source name; must be unique among the server's replicas
     and readers), ``tables`` (``schema.table`` ids to capture; default every table with
@@ -126,9 +126,6 @@ class MySqlDialect(Dialect):
     def conn(self) -> pymysql.connections.Connection:
         return self.server.conn
 
-    def _query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
-        return self.server.query(sql, params)
-
     def begin_read_only(self) -> None:
         self._query("SET SESSION TRANSACTION READ ONLY")
 
@@ -149,16 +146,10 @@ class MySqlDialect(Dialect):
     def flavour(self) -> Flavour:
         return self.server.flavour
 
-    def close(self) -> None:
-        self.server.close()
-
     def quote_ident(self, name: str) -> str:
         return quote_mysql(name)  # every statement goes through %-formatting (core/sqlnames.py)
 
     # prerequisites
-    def check_prerequisites(self) -> None:
-        self.prerequisites.check()
-
     def replica_problems(self) -> list[str]:
         return self.prerequisites.replica_problems()
 
@@ -167,9 +158,6 @@ class MySqlDialect(Dialect):
 
     def slave_status(self) -> dict | None:
         return self.server.slave_status()
-
-    def check_readable(self, table: TableName) -> None:
-        self.prerequisites.check_readable(table)
 
     def privilege_problems(self, grants: Sequence[str]) -> list[str]:
         return self.prerequisites.privilege_problems(grants)
@@ -180,21 +168,7 @@ class MySqlDialect(Dialect):
     def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
         return self.prerequisites.watermark_table_problems(grants)
 
-    # catalog
-    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
-        return self.catalog.describe_table(table, keyed=keyed)
-
-    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
-        return self.catalog.scope_problems(tables)
-
-    # watermarks
-    def ensure_watermark_table(self) -> None:
-        self.watermark_rows.ensure()
-
-    def write_watermark(self, watermark_id: str) -> None:
-        self.watermark_rows.write(watermark_id)
-
-    # chunks
+    # chunks (the rest: composed.py)
     def chunk_query(
         self,
         schema: TableSchema,
@@ -231,35 +205,6 @@ class MySqlDialect(Dialect):
     def whole_table_query(self, schema: TableSchema) -> str:
         return self.chunks.widen_floats(schema, super().whole_table_query(schema), None)
 
-    def replica_lag(self) -> tuple[int, float] | None:
-        return self.chunks.replica_lag()
-
-    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
-        return self.chunks.row_to_canonical(schema, row)
-
-    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
-        return self.chunks.to_db_value(schema, column, value)
-
-    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
-        return self.chunks.max_key(schema, self.render_filter(where, schema) if where else None)
-
-    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
-        return self.chunks.sample_keys(schema, count)
-
-    # verify's digests
-    def digest_problems(self, schema: TableSchema) -> list[str]:
-        return self.digests.digest_problems(schema)
-
-    def range_digest_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
-    ) -> tuple[str, list[Any]]:
-        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
-
-    def row_digests_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
-    ) -> tuple[str, list[Any]]:
-        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
-
     # offsets and the server behind them
     def binlog_end(self, epoch: int = 0) -> BinlogOffset:
         return self.server.binlog_end(epoch)
@@ -276,12 +221,6 @@ class MySqlDialect(Dialect):
     def server_identity(self) -> dict:
         return self.failover.server_identity()
 
-    def current_position(self) -> Position:
-        return self.offsets.current_position()
-
-    def offset_position(self, offset: str) -> Position:
-        return self.offsets.offset_position(offset)
-
     def load_offset(self, data_dir: str) -> str:
         """The committed offset (MyOffsets.load_offset), once the capture scope is configured and
         capturable."""
@@ -289,30 +228,9 @@ class MySqlDialect(Dialect):
         self.refuse_uncapturable(sorted(self.tables or ()))
         return self.offsets.load_offset(data_dir)
 
-    def commit_offset(self, offset: str, data_dir: str) -> None:
-        self.offsets.commit_offset(offset, data_dir)
-
     def log_activity(self, data_dir: str) -> LogActivity | None:
         return self.offsets.log_activity(data_dir)
 
-    def log_retention(self, offset: str) -> LogRetention | None:
-        return self.offsets.log_retention(offset)
-
-    def log_bytes_between(self, start: Position, end: Position) -> int:
-        return self.offsets.log_bytes_between(start, end)
-
-    # the log
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
-        """See MyLogReader.read_log."""
-        return self.log.read_log(
-            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
-        )
+    # the log: read_log (composed.py)
 
     stream_max_bytes = True

@@ -18,13 +18,10 @@ from ..base import (
     READ_FLOOR_SNAPSHOT,
     ChunkReadResult,
     ConnectionParams,
-    Dialect,
     LogActivity,
-    LogBatch,
-    LogRetention,
-    SegmentSink,
     WholeTableRead,
 )
+from ..composed import ComposedDialect
 from .catalog import PgCatalog
 from .chunks import DEFAULT_COPY_BATCH_ROWS, PgChunkReader
 from .digest import PgDigest
@@ -35,7 +32,7 @@ from .server import PgServer
 from .watermarks import PgWatermarkTable
 
 
-class PostgresDialect(Dialect):
+class PostgresDialect(ComposedDialect):
     """DBLog on PostgreSQL. Options: ``slot_name``, ``publication_name``, ``tables``
     (the capture scope: list of ``schema.table`` / TableName for the publication; none: no
     capture unless ``all_tables``, the opt-in to FOR ALL TABLES),
@@ -186,12 +183,6 @@ class PostgresDialect(Dialect):
     def _read_conn(self):
         return self.server.read_conn()
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
-        return self.server.query(sql, params)
-
-    def close(self) -> None:
-        self.server.close()
-
     # identifiers
     def is_system_schema(self, schema: str) -> bool:
         # the profile's catalogs and its reserved pg_* prefix, the name as written: a quoted
@@ -205,14 +196,8 @@ class PostgresDialect(Dialect):
     def read_settings(self) -> PgSettings:
         return self.prerequisites.read_settings()
 
-    def check_prerequisites(self) -> None:
-        self.prerequisites.check()
-
     def privilege_problems(self, s: PgSettings | None = None) -> list[str]:
         return self.prerequisites.privilege_problems(s)
-
-    def check_readable(self, table: TableName) -> None:
-        self.prerequisites.check_readable(table)
 
     def check_snapshot_tables(self, tables: Sequence[TableName]) -> None:
         """Also: a table snapshotted while its changes are not published would lose the changes
@@ -225,12 +210,6 @@ class PostgresDialect(Dialect):
                 self.watermark_rows.ensure_published(table)
 
     # catalog
-    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
-        return self.catalog.describe_table(table, keyed=keyed)
-
-    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
-        return self.catalog.scope_problems(tables)
-
     def begin_read_only(self) -> None:
         self._query("SET default_transaction_read_only = on")
 
@@ -246,12 +225,6 @@ class PostgresDialect(Dialect):
         return self.catalog.relation(table)
 
     # watermarks
-    def ensure_watermark_table(self) -> None:
-        self.watermark_rows.ensure()
-
-    def write_watermark(self, watermark_id: str) -> None:
-        self.watermark_rows.write(watermark_id)
-
     @property
     def standby_watermark_problem(self) -> str:
         return self.watermark_rows.standby_watermark_problem
@@ -309,35 +282,7 @@ class PostgresDialect(Dialect):
     def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
         self.chunks.read_no_older_than(position, why)
 
-    def replica_lag(self) -> tuple[int, float] | None:
-        return self.chunks.replica_lag()
-
-    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
-        return self.chunks.row_to_canonical(schema, row)
-
-    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
-        return self.chunks.to_db_value(schema, column, value)
-
-    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
-        return self.chunks.max_key(schema, self.render_filter(where, schema) if where else None)
-
-    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
-        return self.chunks.sample_keys(schema, count)
-
     # verify's digests
-    def digest_problems(self, schema: TableSchema) -> list[str]:
-        return self.digests.digest_problems(schema)
-
-    def range_digest_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
-    ) -> tuple[str, list[Any]]:
-        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
-
-    def row_digests_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
-    ) -> tuple[str, list[Any]]:
-        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
-
     def digest_session(self) -> Any:
         return self.digests.digest_session()
 
@@ -372,17 +317,8 @@ class PostgresDialect(Dialect):
     def server_identity(self) -> dict:
         return self.offsets.server_identity()
 
-    def current_position(self) -> Position:
-        return self.offsets.current_position()
-
     def mark_position(self) -> Position:
         return self.offsets.mark_position()
-
-    def commit_offset(self, offset: str, data_dir: str) -> None:
-        self.offsets.commit_offset(offset, data_dir)
-
-    def log_retention(self, offset: str) -> LogRetention | None:
-        return self.offsets.log_retention(offset)
 
     def log_activity(self, data_dir: str) -> LogActivity | None:
         return self.offsets.log_activity()
@@ -435,22 +371,4 @@ class PostgresDialect(Dialect):
                 )
             time.sleep(0.05)
 
-    def offset_position(self, offset: str) -> Position:
-        return self.offsets.offset_position(offset)
-
-    def log_bytes_between(self, start: Position, end: Position) -> int:
-        return self.offsets.log_bytes_between(start, end)
-
-    # the log
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
-        """See PgLogReader.read_log."""
-        return self.log.read_log(
-            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
-        )
+    # the log: read_log (composed.py)

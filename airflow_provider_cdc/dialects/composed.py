@@ -1,0 +1,118 @@
+"""A dialect made of collaborators (docs/DESIGN.md, "The dialects"): the contract's methods
+that every such dialect answers by handing them to the same collaborator, written once. Each
+database's class holds only what differs (its constructor builds the collaborators, its
+capture, its doctor). A new database made the same way subclasses :class:`ComposedDialect`;
+one made otherwise subclasses ``base.Dialect`` and answers these itself."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..core.position import Position
+from ..core.schema import TableName, TableSchema
+from .base import Dialect, LogBatch, LogRetention, SegmentSink
+
+
+class ComposedDialect(Dialect):
+    """``base.Dialect`` over the collaborators its subclass's constructor sets: ``server``
+    (connections, queries), ``prerequisites``, ``catalog`` (tables and keys),
+    ``watermark_rows``, ``chunks`` (reads), ``digests`` (verify's SQL) and ``offsets``
+    (positions and the log kept for them), ``log`` (the log's reader)."""
+
+    server: Any
+    prerequisites: Any
+    catalog: Any
+    watermark_rows: Any
+    chunks: Any
+    digests: Any
+    offsets: Any
+    log: Any
+
+    # the server
+    def _query(self, sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
+        return self.server.query(sql, params)
+
+    def close(self) -> None:
+        self.server.close()
+
+    # prerequisites
+    def check_prerequisites(self) -> None:
+        self.prerequisites.check()
+
+    def check_readable(self, table: TableName) -> None:
+        self.prerequisites.check_readable(table)
+
+    # catalog
+    def describe_table(self, table: TableName, *, keyed: bool = True) -> TableSchema:
+        return self.catalog.describe_table(table, keyed=keyed)
+
+    def scope_problems(self, tables: Sequence[TableName]) -> list[str]:
+        return self.catalog.scope_problems(tables)
+
+    # watermarks
+    def ensure_watermark_table(self) -> None:
+        self.watermark_rows.ensure()
+
+    def write_watermark(self, watermark_id: str) -> None:
+        self.watermark_rows.write(watermark_id)
+
+    # chunks
+    def replica_lag(self) -> tuple[int, float] | None:
+        return self.chunks.replica_lag()
+
+    def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
+        return self.chunks.row_to_canonical(schema, row)
+
+    def to_db_value(self, schema: TableSchema, column: str, value: Any) -> Any:
+        return self.chunks.to_db_value(schema, column, value)
+
+    def max_key(self, schema: TableSchema, where: str | None = None) -> tuple | None:
+        return self.chunks.max_key(schema, self.render_filter(where, schema) if where else None)
+
+    def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
+        return self.chunks.sample_keys(schema, count)
+
+    # verify's digests
+    def digest_problems(self, schema: TableSchema) -> list[str]:
+        return self.digests.digest_problems(schema)
+
+    def range_digest_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
+    ) -> tuple[str, list[Any]]:
+        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
+
+    def row_digests_query(
+        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
+    ) -> tuple[str, list[Any]]:
+        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
+
+    # offsets
+    def current_position(self) -> Position:
+        return self.offsets.current_position()
+
+    def offset_position(self, offset: str) -> Position:
+        return self.offsets.offset_position(offset)
+
+    def commit_offset(self, offset: str, data_dir: str) -> None:
+        self.offsets.commit_offset(offset, data_dir)
+
+    def log_retention(self, offset: str) -> LogRetention | None:
+        return self.offsets.log_retention(offset)
+
+    def log_bytes_between(self, start: Position, end: Position) -> int:
+        return self.offsets.log_bytes_between(start, end)
+
+    # the log
+    def read_log(
+        self,
+        offset: str,
+        *,
+        max_events: int | None = None,
+        segment_max_events: int | None = None,
+        on_segment: SegmentSink | None = None,
+    ) -> LogBatch:
+        """See the database's log reader (``dialects/<db>/log_reader.py``: read_log)."""
+        return self.log.read_log(
+            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
+        )
