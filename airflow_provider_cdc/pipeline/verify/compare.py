@@ -145,6 +145,46 @@ _MIRROR = pa.schema([("key", pa.string()), ("mdigest", pa.binary())])
 _SOURCE = pa.schema([("key", pa.string()), ("sdigest", pa.binary()), ("chunk", pa.int64())])
 
 
+@dataclass(frozen=True)
+class VerifyJob:
+    """One table's verify as every method reads it: the source (``dialect``, the table's
+    ``schema``), where the mirror is, and the bounds they share (rows a source chunk, examples
+    kept, rows a hash partition holds)."""
+
+    dialect: Any
+    data_dir: str
+    source: str
+    table: Any  # TableName
+    schema: TableSchema
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    examples: int = EXAMPLES
+    partition_rows: int = PARTITION_ROWS
+
+    def compare(
+        self,
+        chunks: Iterable[list[tuple[str, dict]]],
+        mirror_batches,
+        *,
+        count: int,
+        folder: str,
+        reread: ChunkReader | None,
+        end_of: Callable[[int], tuple | None] | None = None,
+    ) -> VerifyResult:
+        """The source's ``chunks`` against the typed ``mirror_batches`` (``count`` rows) indexed
+        in hash partitions under ``folder`` (:func:`compare`)."""
+        mirror = mirror_index(
+            self.schema,
+            mirror_batches,
+            count=count,
+            folder=folder,
+            partition_rows=self.partition_rows,
+            data_dir=self.data_dir,
+            source=self.source,
+            table=self.table,
+        )
+        return compare(self.schema, chunks, mirror, examples=self.examples, reread=reread, end_of=end_of)
+
+
 class _Partitions:
     """Rows in hash partitions of their canonical key (crc32, as the mirror's buckets), each
     an Arrow IPC file in a local scratch folder: the compare never holds a side whole, and

@@ -15,18 +15,14 @@ import pyarrow.compute as pc
 from ...core.ranges import FULL_RANGE
 from ...core.row_digest import digest_input as _digest_input
 from ...core.row_digest import mirror_digest_sql
-from ...core.schema import TableName, TableSchema, encode_key
+from ...core.schema import TableSchema, encode_key
 from ...core.throttle import Throttle
 from .compare import (
     _MASK64,
-    DEFAULT_CHUNK_ROWS,
     DEFAULT_THROTTLE,
-    EXAMPLES,
-    PARTITION_ROWS,
     Numbered,
+    VerifyJob,
     VerifyResult,
-    compare,
-    mirror_index,
 )
 
 #: source rows of a top-level digest range: the source returns (count, XOR of the rows' digests)
@@ -202,26 +198,16 @@ class _RangeDescent:
     """:func:`verify_digests`'s work on one table: the source's top-level key ranges and their
     digests against the mirror's (step 2), then the descent into ranges that differ (step 3)."""
 
-    def __init__(
-        self,
-        dialect,
-        data_dir: str,
-        source: str,
-        table: TableName,
-        schema: TableSchema,
-        *,
-        chunk_rows: int,
-        partition_rows: int,
-        throttle: Throttle,
-    ) -> None:
+    def __init__(self, job: VerifyJob, throttle: Throttle) -> None:
+        dialect, schema = job.dialect, job.schema
         self.dialect, self.data_dir, self.source, self.table, self.schema = (
             dialect,
-            data_dir,
-            source,
-            table,
+            job.data_dir,
+            job.source,
+            job.table,
             schema,
         )
-        self.chunk_rows, self.partition_rows = chunk_rows, partition_rows
+        self.chunk_rows, self.partition_rows = job.chunk_rows, job.partition_rows
         self.src = SourceDigests(dialect, schema, throttle)
         self.digest = MirrorDigests(schema)
         self.ranges: list[Range] = []
@@ -342,17 +328,7 @@ class _RangeDescent:
 
 
 def verify_digests(
-    dialect,
-    data_dir: str,
-    source: str,
-    table: TableName,
-    schema: TableSchema,
-    *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    examples: int = EXAMPLES,
-    partition_rows: int = PARTITION_ROWS,
-    throttle: Throttle = DEFAULT_THROTTLE,
-    range_rows: int = DIGEST_RANGE_ROWS,
+    job: VerifyJob, *, throttle: Throttle = DEFAULT_THROTTLE, range_rows: int = DIGEST_RANGE_ROWS
 ) -> VerifyResult:
     """The mirror against the source by range digests (the work where the data is).
 
@@ -369,35 +345,17 @@ def verify_digests(
        examples and the repair conf (a digest that differs while the rows are equal counts
        nothing)."""
 
-    work = _RangeDescent(
-        dialect,
-        data_dir,
-        source,
-        table,
-        schema,
-        chunk_rows=chunk_rows,
-        partition_rows=partition_rows,
-        throttle=throttle,
-    )
+    dialect, schema = job.dialect, job.schema
+    work = _RangeDescent(job, throttle)
     try:
         work.top_level(range_rows)
         leaves = Numbered(work.leaves, lambda leaf: _source_rows(dialect, schema, *leaf))
         with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-            mirror = mirror_index(
-                schema,
+            res = job.compare(
+                leaves,
                 work.leaf_mirror_rows(),
                 count=int(sum(work.m_count[i] for i in work.differ)),
                 folder=folder,
-                partition_rows=partition_rows,
-                data_dir=data_dir,
-                source=source,
-                table=table,
-            )
-            res = compare(
-                schema,
-                leaves,
-                mirror,
-                examples=examples,
                 reread=leaves.reread,
                 end_of=lambda c: work.end_of(leaves.kept[c]),
             )
@@ -407,7 +365,7 @@ def verify_digests(
     res.digest_ranges = work.range_count
     res.source_rows = sum(n for n, _x in work.s_digests)
     res.chunks = -(
-        -res.source_rows // chunk_rows
+        -res.source_rows // job.chunk_rows
     )  # the table in chunks of chunk_rows, as verify_rows reads it
     res.mirror_rows = int(work.m_count.sum())
     res.rows_checked = res.source_rows + res.extra

@@ -16,18 +16,14 @@ from ...core.schema import TableName, TableSchema, encode_key
 from ...core.throttle import Throttle
 from .compare import (
     _MASK64,
-    DEFAULT_CHUNK_ROWS,
     DEFAULT_THROTTLE,
-    EXAMPLES,
-    PARTITION_ROWS,
     Mismatch,
     Numbered,
+    VerifyJob,
     VerifyResult,
     _compare_partition,
     _Found,
     _Partitions,
-    compare,
-    mirror_index,
     source_chunks,
 )
 from .digests import MirrorDigests, prefetched
@@ -132,18 +128,7 @@ def _mirror_rows_of(
             yield from t.to_batches()
 
 
-def verify_keyed(
-    dialect,
-    data_dir: str,
-    source: str,
-    table: TableName,
-    schema: TableSchema,
-    *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    examples: int = EXAMPLES,
-    partition_rows: int = PARTITION_ROWS,
-    throttle: Throttle = DEFAULT_THROTTLE,
-) -> VerifyResult:
+def verify_keyed(job: VerifyJob, *, throttle: Throttle = DEFAULT_THROTTLE) -> VerifyResult:
     """The mirror against the source by row digests matched by key, for keys the mirror cannot
     order as the database does (text in a collation, composite keys).
 
@@ -156,6 +141,8 @@ def verify_keyed(
     repair conf. No range is ever formed by comparing keys outside the database."""
     from ...sinks.mirror_readers import mirror_batches
 
+    dialect, data_dir, source, table, schema = job.dialect, job.data_dir, job.source, job.table, job.schema
+    chunk_rows, examples, partition_rows = job.chunk_rows, job.examples, job.partition_rows
     count, batches = mirror_batches(data_dir, source, table)
     parts = max(1, -(-(count or 0) // max(1, partition_rows)))
     digest = MirrorDigests(schema)
@@ -178,21 +165,11 @@ def verify_keyed(
                     source_chunks(dialect, schema, chunk_rows, after=src.afters[i], once=True), []
                 ),
             )
-            mirror = mirror_index(
-                schema,
+            res = job.compare(
+                chunks,
                 _mirror_rows_of(data_dir, source, table, keys, partition_rows),
                 count=len(keys),
                 folder=folder,
-                partition_rows=partition_rows,
-                data_dir=data_dir,
-                source=source,
-                table=table,
-            )
-            res = compare(
-                schema,
-                chunks,
-                mirror,
-                examples=examples,
                 reread=chunks.reread,
                 end_of=lambda c: src.end_of(chunks.kept[c]),
             )

@@ -7,16 +7,15 @@ import tempfile
 from ...core.errors import ConfigurationError
 from ...core.position import Position
 from ...core.ranges import ranges_by_key_order
-from ...core.schema import TableName, TableSchema
+from ...core.schema import TableName
 from ...core.throttle import Throttle
 from .compare import (
     DEFAULT_CHUNK_ROWS,
     DEFAULT_THROTTLE,
     EXAMPLES,
     PARTITION_ROWS,
+    VerifyJob,
     VerifyResult,
-    compare,
-    mirror_index,
     source_chunks,
 )
 from .digests import DIGEST_RANGE_ROWS, digest_problems, verify_digests
@@ -79,77 +78,28 @@ def verify_table(
     why = [] if method == "rows" else digest_problems(dialect, schema)
     if method == "digests" and why:
         raise ConfigurationError(f"table {table}: no digest verify: {'; '.join(why)}")
+    job = VerifyJob(dialect, data_dir, source, table, schema, chunk_rows, examples, partition_rows)
     if method == "rows" or why:
-        res = verify_rows(
-            dialect,
-            data_dir,
-            source,
-            table,
-            schema,
-            chunk_rows=chunk_rows,
-            examples=examples,
-            partition_rows=partition_rows,
-        )
+        res = verify_rows(job)
         res.method_note = "; ".join(why)
         return res
     if not ranges_by_key_order(schema):
-        return verify_keyed(
-            dialect,
-            data_dir,
-            source,
-            table,
-            schema,
-            chunk_rows=chunk_rows,
-            examples=examples,
-            partition_rows=partition_rows,
-            throttle=throttle or DEFAULT_THROTTLE,
-        )
-    return verify_digests(
-        dialect,
-        data_dir,
-        source,
-        table,
-        schema,
-        chunk_rows=chunk_rows,
-        examples=examples,
-        partition_rows=partition_rows,
-        throttle=throttle or DEFAULT_THROTTLE,
-        range_rows=range_rows,
-    )
+        return verify_keyed(job, throttle=throttle or DEFAULT_THROTTLE)
+    return verify_digests(job, throttle=throttle or DEFAULT_THROTTLE, range_rows=range_rows)
 
 
-def verify_rows(
-    dialect,
-    data_dir: str,
-    source: str,
-    table: TableName,
-    schema: TableSchema,
-    *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    examples: int = EXAMPLES,
-    partition_rows: int = PARTITION_ROWS,
-) -> VerifyResult:
+def verify_rows(job: VerifyJob) -> VerifyResult:
     """Every row canonicalised in Python on both sides and compared by key (the reference the
     digests are checked against): the mirror is read a batch at a time and both sides' digests
     wait in hash partitions on local scratch disk."""
     from ...sinks.mirror_readers import mirror_batches
 
-    count, batches = mirror_batches(data_dir, source, table)
+    count, batches = mirror_batches(job.data_dir, job.source, job.table)
+    dialect, schema, chunk_rows = job.dialect, job.schema, job.chunk_rows
     with tempfile.TemporaryDirectory(prefix="cdc-verify-") as folder:
-        mirror = mirror_index(
-            schema,
-            batches,
-            count=count,
-            folder=folder,
-            partition_rows=partition_rows,
-            data_dir=data_dir,
-            source=source,
-            table=table,
-        )
 
         def reread(_i: int, after: tuple | None) -> list[tuple[str, dict]]:
             return next(source_chunks(dialect, schema, chunk_rows, after=after, once=True), [])
 
-        return compare(
-            schema, source_chunks(dialect, schema, chunk_rows), mirror, examples=examples, reread=reread
-        )
+        chunks = source_chunks(dialect, schema, chunk_rows)
+        return job.compare(chunks, batches, count=count, folder=folder, reread=reread)
