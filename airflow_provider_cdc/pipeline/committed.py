@@ -17,11 +17,12 @@ import pyarrow.dataset as ds
 
 from .. import storage
 from ..core.chunk import ChunkResult
-from ..core.events import MIRROR, WATERMARK_OP
+from ..core.events import WATERMARK_OP
 from ..core.position import Position
 from ..core.schema import TableName
+from ..sinks import registry
 from ..sinks.base import read_marker
-from ..storage.layout import changelog_dir, events_dir, mirror_dir
+from ..storage.layout import changelog_dir
 from ..storage.staged import list_segments, staged_watermarks
 
 
@@ -33,11 +34,7 @@ def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) 
         extra["readable_position"] = _readable(fields["position"])
     if "from_position" in fields:
         extra["readable_from_position"] = _readable(fields["from_position"])
-    extra["location"] = (
-        mirror_dir(data_dir, source, TableName.parse(table_id))
-        if kind == MIRROR
-        else events_dir(data_dir, source)
-    )
+    extra["location"] = registry.table_location(kind, data_dir, source, TableName.parse(table_id))
     return extra
 
 

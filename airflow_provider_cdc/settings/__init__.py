@@ -452,11 +452,9 @@ def load(env: Mapping[str, str] | None = None, overrides: Mapping[str, str] | No
     from .. import storage
 
     data_dir = storage.check_location(raw_value(env, "CDC_DATA_DIR") or default_data_dir(env), "CDC_DATA_DIR")
-    if "mirror" in sink_names(values["sinks"]) and "%" in data_dir:
-        raise ConfigurationError(
-            f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
-            "URL-decoded and cannot find its own files. Choose a data location without '%'"
-        )
+    from ..sinks import registry
+
+    registry.check_location(sink_names(values["sinks"]), data_dir)  # each sink's word on the location
     chunk = {
         k: raw_value(env, f"CDC_CHUNK_{k.upper()}")
         for k in ("target_seconds", "target_mb", "min_rows", "max_rows")

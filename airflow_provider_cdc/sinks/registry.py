@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName, TableSchema
-from .base import Sink
+
+if TYPE_CHECKING:  # the registry is read at DAG parse (settings): Sink's module loads pyarrow
+    from .base import Sink
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,12 @@ class SinkEntry:
     #: after a snapshot is done, ``after_snapshot(data_dir, source, table, budget_rows,
     #: retention_hours)``: the table's upkeep (the Delta mirror folds its tombstones)
     after_snapshot: Callable[..., object] | None = None
+    #: where a table's outputs are, ``table_location(data_dir, source, table)`` (a location under
+    #: the data location: what an Asset event of the table names); None: not under it
+    table_location: Callable[[str, str, TableName], str] | None = None
+    #: the check the data location must pass when the settings are read (raises
+    #: ConfigurationError naming CDC_DATA_DIR and what to choose); None: it takes any location
+    check_location: Callable[[str], object] | None = None
 
 
 _SINKS: dict[str, SinkEntry] = {}
@@ -90,6 +99,8 @@ def register(
     options: SinkOptions | None = None,
     converge: Callable[..., int] | None = None,
     after_snapshot: Callable[..., object] | None = None,
+    table_location: Callable[[str, str, TableName], str] | None = None,
+    check_location: Callable[[str], object] | None = None,
     replace: bool = False,
 ) -> None:
     """Register a sink under ``name`` (refused when taken, unless ``replace``); the keywords are
@@ -106,6 +117,8 @@ def register(
         options=options,
         converge=converge,
         after_snapshot=after_snapshot,
+        table_location=table_location,
+        check_location=check_location,
     )
 
 
@@ -131,6 +144,23 @@ def location_sinks(among: Iterable[str] | None = None) -> list[str]:
 
 def create(name: str, context: SinkContext) -> Sink:
     return entry(name).factory(context)
+
+
+def table_location(name: str, data_dir: str, source: str, table: TableName) -> str:
+    """Where sink ``name`` keeps the outputs of ``table`` under the data location."""
+    where = entry(name).table_location
+    if where is None:
+        raise ConfigurationError(f"sink {name!r} keeps no outputs under the data location")
+    return where(data_dir, source, table)
+
+
+def check_location(names: Iterable[str], data_dir: str) -> None:
+    """Every named sink's check of the data location (raises the first refusal); unknown names
+    are the sink list's own error, raised where it is read."""
+    for n in names:
+        check = _SINKS[n].check_location if n in _SINKS else None
+        if check is not None:
+            check(data_dir)
 
 
 def check_schema(names: Iterable[str], schema: TableSchema) -> None:
@@ -242,7 +272,15 @@ def _compact_event_log(data_dir: str, source: str) -> None:
     compact_event_log(data_dir, source, read_marker(data_dir, source, "events"))
 
 
-register("events", _events, in_data_location=True, maintain=_compact_event_log)
+def _events_dir(data_dir: str, source: str, _table: TableName) -> str:
+    from ..storage.layout import events_dir
+
+    return events_dir(data_dir, source)
+
+
+register("events", _events, in_data_location=True, maintain=_compact_event_log, table_location=_events_dir)
+
+
 def _mirror_converge(data_dir: str, source: str, table: TableName, at: str, **kw) -> int:
     from ..storage.layout import mirror_dir
     from .mirror_delta import sweep
@@ -256,6 +294,20 @@ def _mirror_after_snapshot(data_dir: str, source: str, table: TableName, **kw) -
     after_snapshot(data_dir, source, table, **kw)
 
 
+def _mirror_dir(data_dir: str, source: str, table: TableName) -> str:
+    from ..storage.layout import mirror_dir
+
+    return mirror_dir(data_dir, source, table)
+
+
+def _mirror_location(data_dir: str) -> None:
+    if "%" in data_dir:
+        raise ConfigurationError(
+            f"CDC_DATA_DIR {data_dir!r} contains '%': the Delta mirror (delta-rs) reads such paths back "
+            "URL-decoded and cannot find its own files. Choose a data location without '%'"
+        )
+
+
 register(
     "mirror",
     _mirror,
@@ -265,6 +317,8 @@ register(
     stops_tables=True,
     converge=_mirror_converge,
     after_snapshot=_mirror_after_snapshot,
+    table_location=_mirror_dir,
+    check_location=_mirror_location,
 )
 
 
