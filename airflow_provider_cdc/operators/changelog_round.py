@@ -100,7 +100,7 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
                 "another capture of source %r holds the capture lock; applying what is staged", hook.source
             )
         try:
-            applied = ChangelogApplyOperator.execute(self, context)
+            applied = super().execute(context)  # the apply task's work, in this task
         except AirflowSkipException as nothing:
             self.log.info("apply: %s", nothing)
             applied = None

@@ -319,7 +319,7 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
                         n,
                         missing,
                     )
-                    SnapshotMergeOperator.execute(self, context)  # its --chunks: this batch's round file
+                    super().execute(context)  # the merge task's job; its --chunks: this batch's round file
                     mwr.check_receipt(self.round_file, ready)  # only what this merge wrote is marked merged
                     self._commit(ready)
                     summary.update(
