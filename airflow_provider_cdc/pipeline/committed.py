@@ -34,7 +34,9 @@ def table_extra(data_dir: str, source: str, table_id: str, kind: str, **fields) 
         extra["readable_position"] = _readable(fields["position"])
     if "from_position" in fields:
         extra["readable_from_position"] = _readable(fields["from_position"])
-    extra["location"] = registry.table_location(kind, data_dir, source, TableName.parse(table_id))
+    location = registry.table_location(kind, data_dir, source, TableName.parse(table_id))
+    if location is not None:
+        extra["location"] = location
     return extra
 
 

@@ -146,12 +146,11 @@ def create(name: str, context: SinkContext) -> Sink:
     return entry(name).factory(context)
 
 
-def table_location(name: str, data_dir: str, source: str, table: TableName) -> str:
-    """Where sink ``name`` keeps the outputs of ``table`` under the data location."""
+def table_location(name: str, data_dir: str, source: str, table: TableName) -> str | None:
+    """Where sink ``name`` keeps the outputs of ``table`` under the data location (None: it
+    does not say)."""
     where = entry(name).table_location
-    if where is None:
-        raise ConfigurationError(f"sink {name!r} keeps no outputs under the data location")
-    return where(data_dir, source, table)
+    return None if where is None else where(data_dir, source, table)
 
 
 def check_location(names: Iterable[str], data_dir: str) -> None:

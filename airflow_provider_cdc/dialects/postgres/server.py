@@ -117,12 +117,12 @@ class PgServer:
             except Exception:  # noqa: BLE001 - discarding a broken connection
                 pass
 
-    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
+    def query(self, sql: str, params: Sequence[Any] | None = ()) -> list[tuple]:
         import psycopg2
 
         try:
             with self.conn.cursor() as cur:
-                cur.execute(sql, tuple(params))
+                cur.execute(sql, tuple(params or ()))  # (None: no parameters, as the MySQL server's)
                 return cur.fetchall() if cur.description else []
         except psycopg2.Error as exc:
             if connection_lost(exc):
