@@ -369,7 +369,8 @@ class SnapshotCommitOperator(_SourceOperator):
         """A mirror Asset event per table whose snapshot finished (and converged) here: the
         point a consumer of the whole table waits for (assets.py). Never fails the commit."""
         from ..assets import emit_table_events
-        from ..pipeline.committed import MIRROR, table_extra
+        from ..core.events import MIRROR
+        from ..pipeline.committed import table_extra
 
         try:
             extra = {tid: table_extra(self.data_dir, source, tid, MIRROR, **e) for tid, e in done.items()}
