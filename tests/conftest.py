@@ -26,8 +26,10 @@ SLOW_INTEGRATION = {
     "test_verify_digests",
 }
 #: single integration tests that took a minute or more (--durations of make test-quick): the
-#: hypothesis state machines over the mirror and its fencing, the Spark merge while reading
+#: hypothesis state machines over the mirror and its fencing, the Spark merge while reading; and
+#: the CLI against Airflow's metadata database (airflow CLI processes: 37 s of a 305 s quick run)
 SLOW_TESTS = (
+    "integration/test_storage_connection.py::test_the_cli_reads_connections_kept_in_airflows_metadata_database",
     "integration/test_fencing.py::TestFencingMachine::",
     "integration/test_mirror_layout.py::TestMirrorMachine::",
     "integration/test_merge_while_reading.py::test_chunks_merged_while_reading_reach_the_sinks_once_and_the_round_"
