@@ -145,6 +145,7 @@ class TreeSampler:
         self.airflow_peak = 0
         self.spark_peak = 0
         self.other_peak = 0
+        self.task_peak = 0  # the largest single process outside Spark (a task's own process)
         self.samples: list[tuple[float, int, int]] = []  # (unix time, Airflow process RSS, Spark RSS)
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
@@ -164,7 +165,9 @@ class TreeSampler:
                             spark += ch.memory_info().rss
                             spark_pids.update(c.pid for c in ch.children(recursive=True))
                         else:
-                            other += ch.memory_info().rss
+                            rss = ch.memory_info().rss
+                            other += rss
+                            self.task_peak = max(self.task_peak, rss)
                     except (psutil.NoSuchProcess, psutil.AccessDenied):
                         continue
                 self.samples.append((time.time(), air, spark))

@@ -210,7 +210,7 @@ def _deployed_snapshot(src: Src, rec: dict, conf: dict, work: Path, extra: dict[
         lo, hi = tasks.get(task, [a, b])
         tasks[task] = [min(lo, a), max(hi, b)]
     return {"seconds": took, "spans": {k: [round(a - first, 1), round(b - first, 1)] for k, (a, b) in tasks.items()},
-            "spark_peak_mb": sampler.spark_peak / 2**20}
+            "spark_peak_mb": sampler.spark_peak / 2**20, "task_peak_mb": sampler.task_peak / 2**20}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,13 +252,14 @@ def main(argv: list[str] | None = None) -> int:
                      tasks=r.task_seconds(), merge=r.merge_summary(), snap_cpu_s=r.cpu_s, task_memory=r.task_memory())
         else:
             d = _deployed_snapshot(src, rec, conf, work, extra)
-            R.update(snap_s=d["seconds"], spark_peak_mb=d["spark_peak_mb"], spans=d["spans"],
+            R.update(snap_s=d["seconds"], spark_peak_mb=d["spark_peak_mb"], task_peak_mb=d["task_peak_mb"],
+                     spans=d["spans"],
                      tasks={k: b - a for k, (a, b) in d["spans"].items()})
         R.update(snap_mode="serial (airflow dags test)" if a.serial else "deployment (scheduler + LocalExecutor)",
                  snap_rps=a.rows / R["snap_s"], snap_ratio=a.rows / R["snap_s"] / R["raw_dump_rps"])
         _say(f"snapshot ({R['snap_mode']}) {R['snap_s']:.0f}s = {R['snap_rps']:,.0f} rows/s "
              f"({R['snap_ratio']:.2f}x the raw dump); spark peak {R['spark_peak_mb']:.0f} MB; "
-             f"task spans {R.get('spans') or R['tasks']}")
+             f"largest task process {R.get('task_peak_mb', 0):.0f} MB; task spans {R.get('spans') or R['tasks']}")
 
         (m,) = run_child(_CHUNK_CHILD, {"uri": src.uri, "table": big.id, "source": f"{rec['source']}_mem",
                                         "dir": str(work / "memprobe"), "sizes": [a.chunk_size or 50_000]})
@@ -317,6 +318,8 @@ def render(R: dict, mach: dict, started: str) -> str:
           f"{m['airflow_peak_mb']:,.0f} MB (+{m['rise_mb']:,.0f} MB); {m['spark_peak_mb']:,.0f} MB |"
           for task, m in R.get("task_memory", {}).items()),
         f"| peak RSS: Spark (JVM + Python driver + workers) | {R.get('spark_peak_mb', 0):,.0f} MB |",
+        *([f"| peak RSS: the largest task process (a merge in the worker runs there) | "
+           f"{R['task_peak_mb']:,.0f} MB |"] if "task_peak_mb" in R else []),
         f"| peak RSS: one chunk step of {R['chunk_size']:,} rows, above its baseline | "
         f"{R.get('chunk_peak_mb', 0):,.0f} MB ({R.get('chunk_x', 0):.1f}x the chunk's source size) |",
         f"| `airflow cdc verify` (range digests) | exit {R.get('verify_rc')} in **{R.get('verify_s', 0):.1f} s** "

@@ -34,7 +34,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
     :param database: ``source.db`` of the events written; default the database the source's connection
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
-        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+        spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
+        merge runs in this worker (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).
@@ -44,6 +45,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
     """
 
     job = "merge"
+    bounded_in_worker = True  # pipeline/arrow_engine.merge_round: a group of chunks at a time
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
 
     def __init__(self, *, round_file: Any, **kwargs: Any) -> None:
@@ -154,7 +156,7 @@ _DONE_STATES = frozenset({"success", "failed", "skipped", "upstream_failed", "re
 class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
     """Merges a snapshot run's chunks while its chunk tasks still read them
     (pipeline/merge_while_reading.py): whenever ``min_rows`` committed chunk rows have their
-    high watermark staged, one merge (spark-submit, or in this worker for small inputs) writes
+    high watermark staged, one merge (spark-submit, or in this worker: spark_submit.py) writes
     them to the sinks and a commit marks them merged. It ends once no chunk task of the run is
     reading; the round's own merge takes what is left. An optimisation only: a failure here is
     logged and leaves its chunks to the round's merge, which retries as it always did.
@@ -169,7 +171,8 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
     :param database: ``source.db`` of the events written; default the database the source's connection
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
-        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+        spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
+        merge runs in this worker (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).

@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
@@ -221,6 +221,7 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         self.local_max_rows = local_max_rows
         self._submit_op: BaseOperator | None = None  # the SparkSubmitOperator of the running execute
         self._hook = None  # ... and its hook, for on_kill
+        self._spark_is_local: bool | None = None  # read once a task (spark_is_local)
 
     def _submit_operator(self, application_args: list[str] | None = None) -> BaseOperator:
         """Airflow's SparkSubmitOperator for this task's rendered fields, ``application_args`` in
@@ -368,15 +369,43 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    #: the job's in-worker engine holds a bounded part of its input at a time (the snapshot
+    #: merge: a group of chunks), so its size alone is no reason for a spark-submit: on a Spark
+    #: master of this machine (``local[...]``) it runs in the worker whatever its size
+    bounded_in_worker: ClassVar[bool] = False
+
+    def spark_is_local(self) -> bool:
+        """Whether this task's Spark connection runs Spark on this machine (a ``local[...]``
+        master): it has no core the worker lacks, and adds a JVM's start and a shuffle. False
+        where the connection cannot be read here (the row threshold decides)."""
+        if self._spark_is_local is None:
+            from airflow.sdk import BaseHook
+
+            try:
+                host = (BaseHook.get_connection(self.conn_id).host or "").strip().lower()
+            except Exception:  # noqa: BLE001 - not readable here: decide by the row threshold
+                host = ""
+            self._spark_is_local = host == "local" or host.startswith("local[")
+        return self._spark_is_local
+
+    def in_worker(self, rows: int) -> str | None:
+        """Why this job runs in the worker (a log line's reason), or None for a spark-submit:
+        at most ``local_max_rows`` input rows, or (``local_max_rows`` > 0) a job whose
+        in-worker engine is bounded (:attr:`bounded_in_worker`) under a local Spark master."""
+        if rows <= self.local_max_rows:
+            return f"{rows} input rows <= local_max_rows={self.local_max_rows}"
+        if self.local_max_rows > 0 and self.bounded_in_worker and self.spark_is_local():
+            return (
+                f"{rows} input rows, merged a group of chunks at a time; Spark connection "
+                f"{self.conn_id!r} runs on this machine (local master)"
+            )
+        return None
+
     def execute(self, context: Any) -> dict | None:
         rows = self.input_rows()
-        if rows <= self.local_max_rows:
-            self.log.info(
-                "%s: %d input rows <= local_max_rows=%d: running the job in this worker (no spark-submit)",
-                self.job,
-                rows,
-                self.local_max_rows,
-            )
+        why = self.in_worker(rows)
+        if why is not None:
+            self.log.info("%s: %s: running the job in this worker (no spark-submit)", self.job, why)
             summary = self.run_local()
             # the line the Spark jobs print too (CDC_MERGE_RESULT / CDC_APPLY_RESULT), for logs and the bench
             self.log.info("CDC_%s_RESULT %s", self.job.upper(), json.dumps(summary))

@@ -171,7 +171,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "CDC_LOCAL_MAX_ROWS",
         "100000",
-        "rounds/batches up to this many rows run in the worker (0: always spark-submit)",
+        "rounds/batches up to this many rows run in the worker (0: always spark-submit); a snapshot "
+        "merge also runs there at any size when the Spark connection's master is local[...]",
         read=whole("a whole number >= 0 (0: always spark-submit)"),
     ),
     Option(

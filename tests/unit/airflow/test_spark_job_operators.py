@@ -42,6 +42,38 @@ def test_apply_operator_counts_nothing_pending_on_an_empty_staging(tmp_path):
     assert op.job_arguments()[-2:] == ["--database", "shop"]
 
 
+@pytest.mark.parametrize(
+    ("master", "operator", "local_max_rows", "rows", "engine"),
+    [
+        ("local[2]", SnapshotMergeOperator, 750, 750, "worker"),  # at the threshold, any master
+        ("local[2]", SnapshotMergeOperator, 750, 5_000_000, "worker"),  # bounded in the worker, local Spark
+        ("local", SnapshotMergeOperator, 750, 5_000_000, "worker"),
+        ("spark://10.0.0.5", SnapshotMergeOperator, 750, 5_000_000, "spark"),  # a cluster: its cores
+        ("yarn", SnapshotMergeOperator, 750, 751, "spark"),
+        ("local[2]", SnapshotMergeOperator, 0, 5_000_000, "spark"),  # 0: always spark-submit
+        ("local[2]", ChangelogApplyOperator, 750, 751, "spark"),  # the apply is not bounded by a group
+        (None, SnapshotMergeOperator, 750, 751, "spark"),  # the connection unreadable: the threshold
+    ],
+)
+def test_the_engine_follows_the_threshold_and_for_a_merge_the_spark_master(
+    monkeypatch, master, operator, local_max_rows, rows, engine
+):
+    """A snapshot merge in the worker holds one group of chunks at a time: under a Spark master of
+    this machine it runs there whatever its size (a local Spark has no core the worker lacks);
+    on a cluster, and for the apply, the row threshold decides."""
+    if master is None:
+        monkeypatch.delenv("AIRFLOW_CONN_SPARK_ENGINE_TEST", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW_CONN_SPARK_ENGINE_TEST", json.dumps({"conn_type": "spark", "host": master}))
+    kw = {"round_file": "r.json"} if operator is SnapshotMergeOperator else {}
+    op = operator(task_id="t", data_dir="/d", source="s", local_max_rows=local_max_rows,
+                  conn_id="spark_engine_test", **kw)
+    why = op.in_worker(rows)
+    assert ("worker" if why is not None else "spark") == engine
+    if why is not None and rows > local_max_rows:
+        assert "'spark_engine_test'" in why and "local master" in why
+
+
 @pytest.mark.parametrize("bad", [-1, 1.5, "10", True])
 def test_a_bad_local_max_rows_is_a_clear_error(bad):
     with pytest.raises(ConfigurationError, match=r"SnapshotMergeOperator: local_max_rows must be a whole number >= 0"):
@@ -106,3 +138,4 @@ def test_the_spark_submit_operator_is_built_from_the_rendered_fields(tmp_path):
     assert submit.application_args == ["--x", "1"] and op.application_args == ["--extra"]
     hook = submit._get_hook()
     assert op._hook is hook and hook.submit.__name__ == "submit_bound_to_task"
+
