@@ -3,7 +3,6 @@ splits into two children (docs/DESIGN.md, "The mirror")."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,13 +26,52 @@ def check_buckets(n: int, setting: str = "buckets") -> int:
     return n
 
 
+def _crc_table() -> np.ndarray:
+    """The byte table of CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), as zlib's."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, np.uint32(0xEDB88320) ^ (table >> 1), table >> 1).astype(np.uint32)
+    return table
+
+
+_CRC_TABLE = _crc_table()
+
+
 def crc_of(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    """crc32 of each canonical key's UTF-8 bytes (the same in every process and engine,
-    unlike Python's salted ``hash``). A per-key loop, measured against a numpy hash over the
-    Arrow buffers (polynomial, ``reduceat``): 0.16 s against 0.57 s for 1M keys; pyarrow
-    has no hash kernel."""
-    values = keys.to_pylist()
-    return np.fromiter((zlib.crc32(k.encode("utf-8")) for k in values), dtype=np.uint64, count=len(values))
+    """zlib's crc32 of each canonical key's UTF-8 bytes (the same in every process and engine,
+    unlike Python's salted ``hash``), computed over the Arrow buffers a byte position at a
+    time for every key that long: no Python object per key. Keys are taken longest first, so
+    the keys still hashing at a position are a prefix. 1M keys of 3-9 bytes: 0.13 s against
+    0.18 s for a per-key ``zlib.crc32`` loop, without its million Python strings."""
+    arr = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    if arr.null_count:
+        raise ValueError("a canonical key is never null")
+    if not any(f(arr.type) for f in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                     pa.types.is_large_binary)):
+        arr = arr.cast(pa.large_string())  # a string view, say
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if wide else np.int32)
+    offsets = offsets[arr.offset : arr.offset + n + 1]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    starts = offsets[:-1].astype(np.int64)
+    lengths = offsets[1:].astype(np.int64) - starts
+    order = np.argsort(-lengths, kind="stable")
+    starts, lengths = starts[order], lengths[order]
+    longest = int(lengths[0])
+    # keys longer than each byte position: a prefix of the longest-first order
+    active = np.searchsorted(-lengths, -np.arange(longest), side="left")
+    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
+    for i in range(longest):
+        k = int(active[i])
+        c = crc[:k]
+        crc[:k] = _CRC_TABLE[(c ^ data[starts[:k] + i]) & 0xFF] ^ (c >> 8)
+    out = np.empty(n, dtype=np.uint64)
+    out[order] = crc ^ np.uint32(0xFFFFFFFF)
+    return out
 
 
 def bucket_of(keys: pa.Array | pa.ChunkedArray, buckets: int) -> pa.Array:
