@@ -85,3 +85,13 @@ def test_render_verdicts_follow_the_figures():
     assert "| 4.0, then 1.2 |" in b.render([warm], a, mach, "load average: 1.00", "t")
     quick = dict(good, changelog_small_s=12.0)  # the run took less than an empty one: no net figure
     assert "- (within the fixed cost)" in b.render([quick], a, mach, "load average: 1.00", "t")
+
+
+def test_bench_large_splits_a_runs_fixed_cost_from_its_reads_and_merges():
+    from bench.bench_large import fixed_cost
+
+    spans = {"plan": [0.0, 4.0], "read_chunks": [5.0, 18.0], "merge_while_reading": [5.0, 23.0],
+             "round": [23.5, 24.0], "merge": [26.0, 39.0], "commit": [40.0, 41.0]}
+    # reads and merges cover 5-23 and 26-39 (overlaps counted once): 31 s of a 46 s run
+    assert fixed_cost(46.0, spans) == (31.0, 15.0)
+    assert fixed_cost(10.0, {"plan": [0.0, 4.0]}) == (0.0, 10.0)
