@@ -16,13 +16,12 @@ from typing import Any, ClassVar
 
 from ..core.errors import ConfigurationError
 from ..core.findings import Finding
-from ..core.planning import chunk_predicates, render_predicates
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
-from ..core.ranges import ChunkRange
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
 from ..core.schema import TableName, TableSchema, parse_key_columns
 from ..core.scope import CaptureScope, no_scope_error
+from .digests import Digests
 from .profile import DatabaseProfile
 from .reads import SharedReads
 from .registry import get_profile
@@ -62,6 +61,34 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 
 
 class Dialect(SharedReads, ABC):
+    """One source database, as the package uses it. The contract its callers (every module
+    outside ``dialects/``) use, by capability; a caller uses nothing else of a dialect, and each
+    name here has a caller (tests/unit/test_dialect_contract.py holds both):
+
+    ============  ==========================================================================
+    the source    name, source, params, profile, watermark_table, open_session, close,
+                  server_label, lock_acquire_sql, lock_release_sql
+    its scope     scope_tables, capture_scope, check_in_scope, check_snapshot_tables,
+                  require_capture_scope, scope_problems, existing_tables
+    its checks    check_prerequisites, doctor_findings, begin_read_only
+    its tables    describe_table, render_filter, max_key, sample_keys, key_ranks,
+                  settle_running_transactions
+    chunk reads   chunk_query, read_chunk, read_whole_table, stream_query, row_to_canonical,
+                  batch_max_bytes, max_replica_lag_seconds, replica_lag
+    windows       watermarks, prepare_watermarks, mark, mark_position, visibility, read_floor,
+                  read_no_older_than, server_identity
+    verify        digests (dialects/digests.py)
+    the log       load_offset, read_log, commit_offset, current_position, offset_position,
+                  log_bytes_between, segment_max_events, log_retention, log_activity
+    held objects  slot_name, publication_name, offset_path, bind_data_dir, capture_lock_key,
+                  held_objects, drop_slot, drop_publication, publication_exists,
+                  wal_keep_limit_mb, unbounded_wal_warning
+    ============  ==========================================================================
+
+    Its other members serve a dialect's author: the hooks this module and the collaborators
+    call (quote_ident, to_db_value, ensure_watermark_table, write_watermark, whole_table_query,
+    ...), each abstract or with a default here."""
+
     name: ClassVar[str]
     #: row-value keyset comparison ``(a, b) > (?, ?)``; False -> expanded OR form
     row_value_keyset: ClassVar[bool] = True
@@ -137,6 +164,8 @@ class Dialect(SharedReads, ABC):
             )
         #: the one choice of strategy: every window, mark and grant check asks this object
         self.watermarks: WatermarkStrategy = STRATEGIES[strategy](self)
+        #: verify's SQL (dialects/digests.py); this one computes none, a database's replaces it
+        self.digests: Digests = Digests(self)
 
     # --- connections ------------------------------------------------------------------
     @abstractmethod
@@ -366,67 +395,6 @@ class Dialect(SharedReads, ABC):
     def write_watermark(self, watermark_id: str) -> None:
         """UPDATE the one watermark row to ``watermark_id`` in its own committed transaction."""
 
-    # --- verify's range digests (pipeline/verify/digests.py) ------------------------------------
-    def digest_problems(self, schema: TableSchema) -> list[str]:
-        """Why the source cannot compute verify's digests of ``schema`` (a column whose type has
-        no digest form here, named with its type; a server setting), one reason each; empty:
-        :meth:`range_digest_query` serves the table. A dialect without digests names every
-        column: verify then compares rows in Python, never a weaker check."""
-        return [f"{self.name} computes no digests"]
-
-    def range_digest_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
-    ) -> tuple[str, list[Any]]:
-        """One aggregate over the rows whose key is after ``after_key`` and at most ``upto_key``
-        (None: unbounded), compared by the database: ``(row count, XOR of the rows' digests)``
-        (:data:`DIGEST_FORMS`)."""
-        raise NotImplementedError(f"{type(self).__name__} computes no digests")
-
-    def row_digests_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
-    ) -> tuple[str, list[Any]]:
-        """The next ``limit`` rows after ``after_key`` in key order, each as its key columns and its
-        64-bit digest (:data:`DIGEST_FORMS`): for keys the mirror cannot order as the database
-        does, compared key by key."""
-        raise NotImplementedError(f"{type(self).__name__} computes no digests")
-
-    def key_boundary_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None, offset: int
-    ) -> tuple[str, list[Any]]:
-        """The key ``offset`` keys past the first one after ``after_key`` (not past ``upto_key``),
-        in the database's own order: the keyset chunk SELECT of the key columns with an OFFSET, so
-        range bounds follow the source's collation, never Python's order."""
-        sql, params = self.chunk_query(
-            schema,
-            ChunkRange(None, None),
-            after_key=after_key,
-            limit=1,
-            columns=schema.primary_key,
-            upper_bound=upto_key,
-        )
-        return f"{sql} OFFSET {self.placeholder}", [*params, int(offset)]
-
-    def digest_where(
-        self, schema: TableSchema, after_key: Sequence | None, upto_key: Sequence | None
-    ) -> tuple[str, list[Any]]:
-        """`` WHERE ..`` (or "") of a digest range, from the one keyset predicate builder."""
-        preds = chunk_predicates(
-            schema.primary_key, ChunkRange(None, None), after_key=after_key, upper_bound=upto_key
-        )
-        cond, params = render_predicates(
-            preds,
-            self.quote_ident,
-            row_values=self.row_value_keyset,
-            placeholder=self.placeholder,
-            convert=lambda c, v: self.to_db_value(schema, c, v),
-        )
-        return (f" WHERE {cond}" if cond else ""), params
-
-    def digest_session(self) -> Any:
-        """A connection of its own for verify's range queries (one per worker thread), on the
-        server chunks are read from."""
-        return self.open_session()
-
     # --- chunks (DBLog step 2) ----------------------------------------------------------
     @abstractmethod
     def stream_query(
@@ -535,6 +503,16 @@ class Dialect(SharedReads, ABC):
         """Drop the source's replication slot if it made it; False: there was none (a source
         that holds no slot has none to drop)."""
         return False
+
+    def drop_publication(self) -> bool:
+        """Drop the source's publication if this package made it; False: it was left (another
+        role owns it) or a source without one has none."""
+        return False
+
+    def unbounded_wal_warning(self) -> str:
+        """What to tell an operator while nothing bounds the log the source holds
+        (:meth:`wal_keep_limit_mb` < 0); "" for a source that holds none."""
+        return ""
 
     def wal_keep_limit_mb(self) -> int | None:
         """The server's bound on the log a slot may hold (PostgreSQL max_slot_wal_keep_size, -1:

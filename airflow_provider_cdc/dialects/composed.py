@@ -17,15 +17,14 @@ from .base import Dialect, LogBatch, LogRetention, SegmentSink
 class ComposedDialect(Dialect):
     """``base.Dialect`` over the collaborators its subclass's constructor sets: ``server``
     (connections, queries), ``prerequisites``, ``catalog`` (tables and keys),
-    ``watermark_rows``, ``chunks`` (reads), ``digests`` (verify's SQL) and ``offsets``
-    (positions and the log kept for them), ``log`` (the log's reader)."""
+    ``watermark_rows``, ``chunks`` (reads), ``offsets`` (positions and the log kept for them),
+    ``log`` (the log's reader); and ``digests`` (verify's SQL), which callers use as it is."""
 
     server: Any
     prerequisites: Any
     catalog: Any
     watermark_rows: Any
     chunks: Any
-    digests: Any
     offsets: Any
     log: Any
 
@@ -72,20 +71,6 @@ class ComposedDialect(Dialect):
 
     def sample_keys(self, schema: TableSchema, count: int) -> list[tuple]:
         return self.chunks.sample_keys(schema, count)
-
-    # verify's digests
-    def digest_problems(self, schema: TableSchema) -> list[str]:
-        return self.digests.digest_problems(schema)
-
-    def range_digest_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, upto_key: Sequence | None
-    ) -> tuple[str, list[Any]]:
-        return self.digests.range_digest_query(schema, after_key=after_key, upto_key=upto_key)
-
-    def row_digests_query(
-        self, schema: TableSchema, *, after_key: Sequence | None, limit: int
-    ) -> tuple[str, list[Any]]:
-        return self.digests.row_digests_query(schema, after_key=after_key, limit=limit)
 
     # offsets
     def current_position(self) -> Position:

@@ -112,7 +112,7 @@ class MySqlDialect(ComposedDialect):
         )
         self.offsets = MyOffsets(self.server, self.failover, self.log.xa)
         self.chunks = MyChunkReader(self.server, self.offsets)
-        self.digests = MyDigest(self.server, self.digest_where)
+        self.digests = MyDigest(self, self.server)
 
     # --- the collaborators' public faces (callers keep calling the dialect) ----------------
     # connections

@@ -8,12 +8,13 @@ function that shows their bits, so a table holding one is compared row by row (i
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...core import temporal
 from ...core.schema import Column, TableSchema
 from ..base import DIGEST_NULL, DIGEST_SIZED
+from ..digests import Digests
 from .server import MyServer
 
 _EPOCH_TO_DAYS = 719528  # TO_DAYS('1970-01-01')
@@ -58,16 +59,12 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
     return None  # float32, float64
 
 
-class MyDigest:
-    """Range digests: the dialect's ``digests``."""
+class MyDigest(Digests):
+    """Range digests: the dialect's ``digests`` (dialects/digests.py)."""
 
-    def __init__(
-        self,
-        server: MyServer,
-        digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]],
-    ) -> None:
+    def __init__(self, dialect: Any, server: MyServer) -> None:
+        super().__init__(dialect)
         self.server = server
-        self.digest_where = digest_where  # the one keyset predicate builder (dialects/base.py)
 
     def digest_problems(self, schema: TableSchema) -> list[str]:
         return [

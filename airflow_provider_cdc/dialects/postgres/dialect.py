@@ -152,7 +152,7 @@ class PostgresDialect(ComposedDialect):
             copy_batch_rows=self.copy_batch_rows,
             batch_max_bytes=self.batch_max_bytes,
         )
-        self.digests = PgDigest(self.server, self.chunks, self.digest_where)
+        self.digests = PgDigest(self, self.server, self.chunks)
         self.log = PgLogReader(
             self.server,
             self.catalog,
@@ -281,10 +281,6 @@ class PostgresDialect(ComposedDialect):
 
     def read_no_older_than(self, position: Position, why: str = READ_FLOOR_SNAPSHOT) -> None:
         self.chunks.read_no_older_than(position, why)
-
-    # verify's digests
-    def digest_session(self) -> Any:
-        return self.digests.digest_session()
 
     # offsets: slot and publication
     @property

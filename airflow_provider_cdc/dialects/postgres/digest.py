@@ -6,12 +6,13 @@ range leaves the server. The dialect's ``digests``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...core import temporal
 from ...core.schema import Column, TableSchema
 from ..base import DIGEST_NULL, DIGEST_SIZED
+from ..digests import Digests
 from .chunks import PgChunkReader
 from .server import PgServer
 
@@ -61,18 +62,13 @@ def digest_text_sql(col: Column, ident: str) -> str | None:
     return None  # arrays
 
 
-class PgDigest:
-    """Range digests: the dialect's ``digests``."""
+class PgDigest(Digests):
+    """Range digests: the dialect's ``digests`` (dialects/digests.py)."""
 
-    def __init__(
-        self,
-        server: PgServer,
-        chunks: PgChunkReader,
-        digest_where: Callable[[TableSchema, Sequence | None, Sequence | None], tuple[str, list[Any]]],
-    ) -> None:
+    def __init__(self, dialect: Any, server: PgServer, chunks: PgChunkReader) -> None:
+        super().__init__(dialect)
         self.server = server
         self.chunks = chunks  # its standby rules: a digest session reads where chunks are read
-        self.digest_where = digest_where  # the one keyset predicate builder (dialects/base.py)
 
     def digest_problems(self, schema: TableSchema) -> list[str]:
         out = [

@@ -37,7 +37,7 @@ DIGEST_MAX_DEPTH = 12
 def digest_problems(dialect, schema: TableSchema) -> list[str]:
     """Why ``schema``'s table is verified row by row rather than by digests (empty: it is not):
     the source must compute a digest form of every column (core/row_digest.py, the digest forms)."""
-    return list(dialect.digest_problems(schema))
+    return list(dialect.digests.digest_problems(schema))
 
 
 class MirrorDigests:
@@ -70,7 +70,7 @@ class MirrorDigests:
 
 class SourceDigests:
     """The source's side: key boundaries and range digests, each query on a connection of the
-    worker thread's own (``Dialect.digest_session``), throttled as a snapshot's chunks are:
+    worker thread's own (``Dialect.digests.digest_session``), throttled as a snapshot's chunks are:
     ``parallelism`` queries at once, ``delay_seconds`` after each."""
 
     def __init__(self, dialect, schema: TableSchema, throttle: Throttle) -> None:
@@ -86,7 +86,7 @@ class SourceDigests:
     def _rows(self, sql: str, params: Sequence) -> list[tuple]:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = self._local.conn = self.dialect.digest_session()
+            conn = self._local.conn = self.dialect.digests.digest_session()
             with self._lock:
                 self._sessions.append(conn)
         cur = conn.cursor()
@@ -104,7 +104,7 @@ class SourceDigests:
     def boundary(self, after: int | None, upto: int | None, offset: int) -> int | None:
         """The key ``offset`` keys past the first one after ``after`` (at most ``upto``); None
         when the range holds fewer keys."""
-        sql, params = self.dialect.key_boundary_query(
+        sql, params = self.dialect.digests.key_boundary_query(
             self.schema,
             after_key=None if after is None else (after,),
             upto_key=None if upto is None else (upto,),
@@ -115,7 +115,7 @@ class SourceDigests:
 
     def digest(self, after: int | None, upto: int | None) -> tuple[int, int]:
         """(rows, XOR of their digests as uint64) of the keys in (after, upto]."""
-        sql, params = self.dialect.range_digest_query(
+        sql, params = self.dialect.digests.range_digest_query(
             self.schema,
             after_key=None if after is None else (after,),
             upto_key=None if upto is None else (upto,),
@@ -333,9 +333,9 @@ def verify_digests(
     """The mirror against the source by range digests (the work where the data is).
 
     1. The source's key boundaries every ``range_rows`` keys, from its own keyset order
-       (``Dialect.key_boundary_query``); ranges are (previous boundary, boundary].
+       (``Dialect.digests.key_boundary_query``); ranges are (previous boundary, boundary].
     2. Each range's (row count, XOR of row digests) computed by the source in one aggregate
-       (``Dialect.range_digest_query``), on the throttled workers, while the mirror is read once:
+       (``Dialect.digests.range_digest_query``), on the throttled workers, while the mirror is read once:
        its rows' digests computed by duckdb (:class:`MirrorDigests`) and summed up per range
        (a row's range found by comparing integer keys, vectorised).
     3. Ranges whose digests differ are read again from the mirror (as many at once as hold

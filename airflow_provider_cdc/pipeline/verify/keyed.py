@@ -67,7 +67,8 @@ class _SourceChunks:
         self.rows = 0
 
     def _chunk(self, after: tuple | None) -> tuple[list[str], list[int], tuple | None]:
-        sql, params = self.dialect.row_digests_query(self.schema, after_key=after, limit=self.chunk_rows)
+        digests = self.dialect.digests
+        sql, params = digests.row_digests_query(self.schema, after_key=after, limit=self.chunk_rows)
         keys: list[str] = []
         hs: list[int] = []
         last = None
@@ -133,7 +134,7 @@ def verify_keyed(job: VerifyJob, *, throttle: Throttle = DEFAULT_THROTTLE) -> Ve
     order as the database does (text in a collation, composite keys).
 
     The source computes each row's digest in SQL and sends it with the row's key columns, in key
-    order, ``chunk_rows`` rows a query (``Dialect.row_digests_query``, throttled: ``delay_seconds``
+    order, ``chunk_rows`` rows a query (``Dialect.digests.row_digests_query``, throttled: ``delay_seconds``
     after each); the mirror's digests are computed by duckdb. Both wait in hash partitions of
     their canonical key (as :func:`verify_rows`'s do) and meet there: keys on one side only are
     missing or extra rows, and the chunks holding a missing row or a digest that differs are read
