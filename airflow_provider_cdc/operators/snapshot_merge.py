@@ -35,7 +35,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
         spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
-        merge runs in this worker (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+        merge runs in this worker unless CDC_SNAPSHOT_MERGE_IN_WORKER is false (0: always
+        spark-submit); default CDC_LOCAL_MAX_ROWS.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).
@@ -45,7 +46,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
     """
 
     job = "merge"
-    bounded_in_worker = True  # pipeline/arrow_engine.merge_round: a group of chunks at a time
+    #: pipeline/arrow_engine.merge_round holds a group of chunks at a time (_CdcJobOperator.in_worker)
+    bounded_in_worker = FromSettings("snapshot_merge_in_worker")
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
 
     def __init__(self, *, round_file: Any, **kwargs: Any) -> None:
@@ -172,7 +174,8 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
         spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
-        merge runs in this worker (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
+        merge runs in this worker unless CDC_SNAPSHOT_MERGE_IN_WORKER is false (0: always
+        spark-submit); default CDC_LOCAL_MAX_ROWS.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).

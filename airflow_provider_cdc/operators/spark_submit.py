@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from typing import Any
 
 from airflow.sdk import BaseOperator
 
@@ -372,7 +372,7 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
     #: the job's in-worker engine holds a bounded part of its input at a time (the snapshot
     #: merge: a group of chunks), so its size alone is no reason for a spark-submit: on a Spark
     #: master of this machine (``local[...]``) it runs in the worker whatever its size
-    bounded_in_worker: ClassVar[bool] = False
+    bounded_in_worker: bool = False
 
     def spark_is_local(self) -> bool:
         """Whether this task's Spark connection runs Spark on this machine (a ``local[...]``
@@ -391,7 +391,8 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
     def in_worker(self, rows: int) -> str | None:
         """Why this job runs in the worker (a log line's reason), or None for a spark-submit:
         at most ``local_max_rows`` input rows, or (``local_max_rows`` > 0) a job whose
-        in-worker engine is bounded (:attr:`bounded_in_worker`) under a local Spark master."""
+        in-worker engine is bounded (:attr:`bounded_in_worker`, CDC_SNAPSHOT_MERGE_IN_WORKER)
+        under a local Spark master."""
         if rows <= self.local_max_rows:
             return f"{rows} input rows <= local_max_rows={self.local_max_rows}"
         if self.local_max_rows > 0 and self.bounded_in_worker and self.spark_is_local():

@@ -171,9 +171,17 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "CDC_LOCAL_MAX_ROWS",
         "100000",
-        "rounds/batches up to this many rows run in the worker (0: always spark-submit); a snapshot "
-        "merge also runs there at any size when the Spark connection's master is local[...]",
+        "rounds/batches up to this many rows run in the worker (0: always spark-submit); see also "
+        "CDC_SNAPSHOT_MERGE_IN_WORKER",
         read=whole("a whole number >= 0 (0: always spark-submit)"),
+    ),
+    Option(
+        "CDC_SNAPSHOT_MERGE_IN_WORKER",
+        "true",
+        "true: a snapshot's merge runs in the worker at any size when the Spark connection's master "
+        "is local[...] (it merges a group of chunks at a time, and a local Spark has no core the "
+        "worker lacks); false: CDC_LOCAL_MAX_ROWS alone decides, as for rounds",
+        read=flag,
     ),
     Option(
         "CDC_MERGE_WHILE_READING_ROWS",
@@ -405,6 +413,7 @@ class Settings:
     postgres_sink_schema: str | None
     spark_conf: dict
     local_max_rows: int
+    snapshot_merge_in_worker: bool
     merge_while_reading_rows: int
     max_parallel_chunks: int
     chunk_sizing: ChunkSizing

@@ -116,6 +116,9 @@ def deployment(pg_uri, mysql_uri):
         "CDC_DATA_DIR": str(home / "data"),
         "CDC_CHANGELOG_SCHEDULE": CHANGELOG_SCHEDULE,
         "CDC_LOCAL_MAX_ROWS": str(LOCAL_MAX_ROWS),
+        # a snapshot merge of SPARK_ROWS goes through spark-submit under the local master too
+        # (the scenarios kill and stop a running JVM): the row threshold alone decides
+        "CDC_SNAPSHOT_MERGE_IN_WORKER": "false",
         "CDC_SENSOR_POKE_INTERVAL": "3",
     }
     try:

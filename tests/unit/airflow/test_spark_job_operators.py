@@ -53,6 +53,7 @@ def test_apply_operator_counts_nothing_pending_on_an_empty_staging(tmp_path):
         ("local[2]", SnapshotMergeOperator, 0, 5_000_000, "spark"),  # 0: always spark-submit
         ("local[2]", ChangelogApplyOperator, 750, 751, "spark"),  # the apply is not bounded by a group
         (None, SnapshotMergeOperator, 750, 751, "spark"),  # the connection unreadable: the threshold
+        ("local[2]!", SnapshotMergeOperator, 750, 751, "spark"),  # CDC_SNAPSHOT_MERGE_IN_WORKER=false
     ],
 )
 def test_the_engine_follows_the_threshold_and_for_a_merge_the_spark_master(
@@ -61,6 +62,10 @@ def test_the_engine_follows_the_threshold_and_for_a_merge_the_spark_master(
     """A snapshot merge in the worker holds one group of chunks at a time: under a Spark master of
     this machine it runs there whatever its size (a local Spark has no core the worker lacks);
     on a cluster, and for the apply, the row threshold decides."""
+    monkeypatch.delenv("CDC_SNAPSHOT_MERGE_IN_WORKER", raising=False)
+    if master is not None and master.endswith("!"):
+        master = master[:-1]
+        monkeypatch.setenv("CDC_SNAPSHOT_MERGE_IN_WORKER", "false")
     if master is None:
         monkeypatch.delenv("AIRFLOW_CONN_SPARK_ENGINE_TEST", raising=False)
     else:
