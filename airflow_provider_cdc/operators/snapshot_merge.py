@@ -34,9 +34,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
     :param database: ``source.db`` of the events written; default the database the source's connection
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
-        spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
-        merge runs in this worker unless CDC_SNAPSHOT_MERGE_IN_WORKER is false (0: always
-        spark-submit); default CDC_LOCAL_MAX_ROWS.
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS. Under a ``local[...]``
+        Spark master, merges of up to CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS rows run in this worker too.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).
@@ -47,7 +46,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
 
     job = "merge"
     #: pipeline/arrow_engine.merge_round holds a group of chunks at a time (_CdcJobOperator.in_worker)
-    bounded_in_worker = FromSettings("snapshot_merge_in_worker")
+    local_master_max_rows = FromSettings("local_snapshot_merge_max_rows")
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
 
     def __init__(self, *, round_file: Any, **kwargs: Any) -> None:
@@ -173,9 +172,8 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
     :param database: ``source.db`` of the events written; default the database the source's connection
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
-        spark-submit where the Spark connection names a cluster; under a ``local[...]`` master every
-        merge runs in this worker unless CDC_SNAPSHOT_MERGE_IN_WORKER is false (0: always
-        spark-submit); default CDC_LOCAL_MAX_ROWS.
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS. Under a ``local[...]``
+        Spark master, merges of up to CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS rows run in this worker too.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).

@@ -369,10 +369,10 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    #: the job's in-worker engine holds a bounded part of its input at a time (the snapshot
-    #: merge: a group of chunks), so its size alone is no reason for a spark-submit: on a Spark
-    #: master of this machine (``local[...]``) it runs in the worker whatever its size
-    bounded_in_worker: bool = False
+    #: inputs of up to this many rows run in the worker under a Spark master of this machine
+    #: (``local[...]``), past ``local_max_rows``: a job whose in-worker engine holds a bounded part
+    #: of its input at a time (the snapshot merge: a group of chunks) sets it; 0: none
+    local_master_max_rows: int = 0
 
     def spark_is_local(self) -> bool:
         """Whether this task's Spark connection runs Spark on this machine (a ``local[...]``
@@ -390,15 +390,15 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
 
     def in_worker(self, rows: int) -> str | None:
         """Why this job runs in the worker (a log line's reason), or None for a spark-submit:
-        at most ``local_max_rows`` input rows, or (``local_max_rows`` > 0) a job whose
-        in-worker engine is bounded (:attr:`bounded_in_worker`, CDC_SNAPSHOT_MERGE_IN_WORKER)
-        under a local Spark master."""
+        at most ``local_max_rows`` input rows, or (``local_max_rows`` > 0) at most
+        :attr:`local_master_max_rows` under a local Spark master."""
         if rows <= self.local_max_rows:
             return f"{rows} input rows <= local_max_rows={self.local_max_rows}"
-        if self.local_max_rows > 0 and self.bounded_in_worker and self.spark_is_local():
+        bound = self.local_master_max_rows
+        if self.local_max_rows > 0 and rows <= bound and self.spark_is_local():
             return (
-                f"{rows} input rows, merged a group of chunks at a time; Spark connection "
-                f"{self.conn_id!r} runs on this machine (local master)"
+                f"{rows} input rows <= {bound} (CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS) and Spark "
+                f"connection {self.conn_id!r} runs on this machine (local master)"
             )
         return None
 

@@ -172,16 +172,16 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_LOCAL_MAX_ROWS",
         "100000",
         "rounds/batches up to this many rows run in the worker (0: always spark-submit); see also "
-        "CDC_SNAPSHOT_MERGE_IN_WORKER",
+        "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS",
         read=whole("a whole number >= 0 (0: always spark-submit)"),
     ),
     Option(
-        "CDC_SNAPSHOT_MERGE_IN_WORKER",
-        "true",
-        "true: a snapshot's merge runs in the worker at any size when the Spark connection's master "
-        "is local[...] (it merges a group of chunks at a time, and a local Spark has no core the "
-        "worker lacks); false: CDC_LOCAL_MAX_ROWS alone decides, as for rounds",
-        read=flag,
+        "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS",
+        "5000000",
+        "under a local[...] Spark master, a snapshot's merge of up to this many rows runs in the worker "
+        "(a local Spark has no core the worker lacks; the worker merges a group of chunks at a time); "
+        "larger ones, and any on a cluster master, follow CDC_LOCAL_MAX_ROWS (0: that alone decides)",
+        read=whole("a whole number of rows >= 0 (0: CDC_LOCAL_MAX_ROWS alone decides)"),
     ),
     Option(
         "CDC_MERGE_WHILE_READING_ROWS",
@@ -413,7 +413,7 @@ class Settings:
     postgres_sink_schema: str | None
     spark_conf: dict
     local_max_rows: int
-    snapshot_merge_in_worker: bool
+    local_snapshot_merge_max_rows: int
     merge_while_reading_rows: int
     max_parallel_chunks: int
     chunk_sizing: ChunkSizing
