@@ -147,3 +147,36 @@ def test_a_snapshot_s_convergence_and_upkeep_are_each_sinks_word():
         assert registry.entry("mirror").converge is not None and registry.entry("events").converge is None
     finally:
         registry.unregister(Nothing.name)
+
+
+def test_sinks_write_a_group_side_by_side_and_a_failure_is_raised_once_every_sink_finished():
+    """write_to_sinks runs the sinks at once (a barrier both must reach: one after the other, it
+    breaks); a sink that fails does not cut the other's write short, and its error is raised
+    only after that write finished (a retry then replays the group into both, I3)."""
+    import threading
+
+    from airflow_provider_cdc.sinks.base import write_to_sinks
+
+    both = threading.Barrier(2, timeout=10)
+    finished = []
+
+    class Failing(Nothing):
+        def write(self, events) -> None:
+            both.wait()
+            raise RuntimeError("the events sink failed")
+
+    class Slow(Nothing):
+        def write(self, events) -> None:
+            both.wait()
+            finished.append(threading.current_thread().name)
+
+    with pytest.raises(RuntimeError, match="the events sink failed"):
+        write_to_sinks([Failing(None), Slow(None)], [])
+    assert len(finished) == 1 and finished[0].startswith("sink")
+
+    class Alone(Nothing):
+        def write(self, events) -> None:
+            finished.append(threading.current_thread().name)
+
+    write_to_sinks([Alone(None)], [])  # one sink: written in the caller's thread
+    assert finished[1] == threading.current_thread().name
