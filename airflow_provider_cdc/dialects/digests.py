@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..core.planning import chunk_predicates, render_predicates
 from ..core.ranges import ChunkRange
 from ..core.schema import TableSchema
 
@@ -68,17 +67,7 @@ class Digests:
         self, schema: TableSchema, after_key: Sequence | None, upto_key: Sequence | None
     ) -> tuple[str, list[Any]]:
         """`` WHERE ..`` (or "") of a digest range, from the one keyset predicate builder."""
-        d = self.dialect
-        preds = chunk_predicates(
-            schema.primary_key, ChunkRange(None, None), after_key=after_key, upper_bound=upto_key
-        )
-        cond, params = render_predicates(
-            preds,
-            d.quote_ident,
-            row_values=d.row_value_keyset,
-            placeholder=d.placeholder,
-            convert=lambda c, v: d.to_db_value(schema, c, v),
-        )
+        cond, params = self.dialect._keyset_condition(schema, ChunkRange(None, None), after_key, upto_key)
         return (f" WHERE {cond}" if cond else ""), params
 
     def digest_session(self) -> Any:

@@ -50,6 +50,21 @@ class SharedReads:
                 ranks[int(i)] = int(rank)
         return ranks
 
+    def _keyset_condition(
+        self, schema: TableSchema, rng: ChunkRange, after_key: Sequence | None, upper_bound: Sequence | None
+    ) -> tuple[str, list[Any]]:
+        """The keyset predicate of a key range (``key > after_key``, inside ``rng``, at most
+        ``upper_bound``) in this database's SQL, values bound: the one builder of chunk reads and
+        verify's ranges (dialects/digests.py)."""
+        preds = chunk_predicates(schema.primary_key, rng, after_key=after_key, upper_bound=upper_bound)
+        return render_predicates(
+            preds,
+            self.quote_ident,
+            row_values=self.row_value_keyset,
+            placeholder=self.placeholder,
+            convert=lambda c, v: self.to_db_value(schema, c, v),
+        )
+
     def chunk_query(
         self,
         schema: TableSchema,
@@ -68,14 +83,7 @@ class SharedReads:
         snapshot endless (they reach the sinks through the changelog)."""
         pk = [self.quote_ident(k) for k in schema.primary_key]
         cols = ", ".join(self.quote_ident(c) for c in (columns or schema.column_names))
-        preds = chunk_predicates(schema.primary_key, rng, after_key=after_key, upper_bound=upper_bound)
-        cond, params = render_predicates(
-            preds,
-            self.quote_ident,
-            row_values=self.row_value_keyset,
-            placeholder=self.placeholder,
-            convert=lambda c, v: self.to_db_value(schema, c, v),
-        )
+        cond, params = self._keyset_condition(schema, rng, after_key, upper_bound)
         conds: list[str] = [cond] if cond else []
         if where:
             # parsed, allowlisted and rendered with bound literals (core/filters.py): never pasted
