@@ -10,19 +10,16 @@ predicate of a range and its boundary query."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core.ranges import ChunkRange
 from ..core.schema import TableSchema
-
-if TYPE_CHECKING:
-    from .base import Dialect
 
 
 class Digests:
     """A dialect's digests; this base computes none (module docstring)."""
 
-    def __init__(self, dialect: Dialect) -> None:
+    def __init__(self, dialect: Any) -> None:  # a base.Dialect (not imported: it imports this)
         self.dialect = dialect  # its keyset reads (chunk_query), quoting and value conversion
 
     def digest_problems(self, schema: TableSchema) -> list[str]:

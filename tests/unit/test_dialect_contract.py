@@ -1,7 +1,7 @@
 """The dialect contract a caller reads in one screen: base.Dialect's docstring lists, by
 capability, every member a module outside dialects/ uses (issue 60). Callers use nothing else,
 every listed name has a caller, and a dialect made of base.Dialect alone (the fake database of
-test_third_database.py) answers each one."""
+fake_database.py) answers each one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_cdc.dialects.base import Dialect
-from tests.unit.test_third_database import fake_dialect, fakedb  # noqa: F401 - the fake database and its fixture
+
+from .fake_database import fake_dialect
 
 pytestmark = pytest.mark.unit
 
