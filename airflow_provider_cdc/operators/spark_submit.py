@@ -411,11 +411,13 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             # the line the Spark jobs print too (CDC_MERGE_RESULT / CDC_APPLY_RESULT), for logs and the bench
             self.log.info("CDC_%s_RESULT %s", self.job.upper(), json.dumps(summary))
             return summary
+        bound = self.local_master_max_rows
         self.log.info(
-            "%s: %d input rows > local_max_rows=%d: spark-submit %s",
+            "%s: %d input rows > local_max_rows=%d%s: spark-submit %s",
             self.job,
             rows,
             self.local_max_rows,
+            f" and > CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS={bound}" if bound and rows > bound else "",
             self.application,
         )
         # the secrets' arguments go to the spark-submit only, never to this task's (rendered) fields
