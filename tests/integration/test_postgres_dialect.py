@@ -49,7 +49,7 @@ class TestPostgresDialect(DialectSuite):
         with _replay_paused(pg_standby_uri, ctx.uri):
             ctx.execute(f"UPDATE {ctx.qt(t)} SET {ctx.q('v')} = 'new' WHERE {ctx.q('id')} = 3")
             res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
-                                 chunk_size=10)
+                                 limit=10)
         rows = dict(read_chunk_rows(res.path, res.table))
         assert rows["[3]"]["v"] == "v3"  # read where the change was not replayed yet
         events = ctx.capture_all(d)
@@ -94,7 +94,7 @@ class TestPostgresDialect(DialectSuite):
             primary.commit()  # A commits; the standby does not replay it yet
             d.read_snapshot_hook = resume  # ... until the chunk's snapshot is taken
             res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
-                                 chunk_size=10)
+                                 limit=10)
         finally:
             d.read_snapshot_hook = None
             standby.cursor().execute("SELECT pg_wal_replay_resume()")
@@ -130,16 +130,16 @@ class TestPostgresDialect(DialectSuite):
             d.load_offset(ctx.data_dir)  # capture starts after the change
             floor = d.read_floor()
             blind = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s",
-                                   seq=0, chunk_size=10)  # no floor: read where the change is not replayed
+                                   seq=0, limit=10)  # no floor: read where the change is not replayed
             d.read_no_older_than(floor)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
                 snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
-                               chunk_size=10)
+                               limit=10)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start"):
                 d.max_key(d.describe_table(t))  # the plan's upper bound is read there too
         d.chunks.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=2,
-                             chunk_size=10)
+                             limit=10)
         events = ctx.capture_all(d)
         assert table_events(events, t) == []  # the change is older than the changelog
 
@@ -158,7 +158,7 @@ class TestPostgresDialect(DialectSuite):
         d.load_offset(ctx.data_dir)
         with pytest.raises(SourceError, match="chunk connection is not a hot standby.*chunk_conn_id"):
             snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
-                           chunk_size=10)
+                           limit=10)
         with pytest.raises(SourceError, match="chunk connection is not a hot standby"):
             d.replica_lag()
 
@@ -178,10 +178,10 @@ class TestPostgresDialect(DialectSuite):
             d.read_no_older_than(converge)
             with pytest.raises(SourceError, match="has not replayed up to the snapshot's start.*max_replica_lag_seconds"):
                 snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=0,
-                               chunk_size=10)
+                               limit=10)
         d.chunks.max_replica_lag_seconds = 60
         res = snapshot_chunk(d, d.describe_table(t), FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="s", seq=1,
-                             chunk_size=10)
+                             limit=10)
         assert marked_position(res.high_watermark)[0] >= converge
         assert dict(read_chunk_rows(res.path, res.table))["[3]"]["v"] == "new"
 
@@ -880,7 +880,7 @@ def snapshot_chunk_and_capture(d, t, ctx):
 
     schema = d.describe_table(t)
     chunk = snapshot_chunk(
-        d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="lp", seq=0, chunk_size=10
+        d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="lp", seq=0, limit=10
     )
     events = ctx.capture_all(d)
     assert {e.id for e in events if not hasattr(e, "op")} == {chunk.low_watermark, chunk.high_watermark}
@@ -976,6 +976,7 @@ def test_a_change_committed_but_not_yet_visible_when_the_chunk_reads_is_not_lost
     window reaches back to it because the chunk recorded its snapshot; without that the mirror
     would move back in time, which the test shows too."""
     import dataclasses
+    import itertools
     import threading
     import time
 
@@ -1005,36 +1006,49 @@ def test_a_change_committed_but_not_yet_visible_when_the_chunk_reads_is_not_lost
         writer = _connect(server_uri, autocommit=False)
         wcur = writer.cursor()
         wcur.execute("SET synchronous_commit = on")
-        wcur.execute(f'UPDATE {t.schema}."{t.name}" SET v = \'new\' WHERE id = 2')
         wcur.execute("SELECT pg_backend_pid()")
         pid = wcur.fetchone()[0]
-        held = threading.Thread(target=writer.commit)
-        held.start()
-        deadline = time.monotonic() + 60  # a deadline, not a count: the two-stream suite loads the machine
-        while True:  # its commit record is written; it waits for the standby
-            cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
-            if cur.fetchone()[0] == "SyncRep":
+        writer.commit()
+        # A COMMIT waits only once the checkpointer has taken the reloaded setting (it publishes
+        # whether a synchronous standby is named), which a loaded machine can delay past the reload
+        # and no session can observe. A commit that returns without waiting is therefore retried
+        # with the next value: which one the slot decodes and which one the chunk sees is recorded.
+        visible, held_value = "old", None
+        deadline = time.monotonic() + 120  # a deadline, not a count: the two-stream suite loads the machine
+        for attempt in itertools.count():
+            value = f"new{attempt}"
+            wcur.execute(f'UPDATE {t.schema}."{t.name}" SET v = %s WHERE id = 2', (value,))
+            held = threading.Thread(target=writer.commit)
+            held.start()
+            while held.is_alive():  # its commit record is written; it waits for the standby
+                cur.execute("SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,))
+                if cur.fetchone()[0] == "SyncRep":
+                    held_value = value
+                    break
+                time.sleep(0.01)
+            if held_value is not None:
                 break
+            held.join()
+            visible = value  # committed before synchronous commit took effect: visible, not held
             if time.monotonic() > deadline:
-                pytest.fail("the writer never waited for the synchronous standby")
-            time.sleep(0.01)
+                pytest.fail("no commit waited for the synchronous standby within 120 s of the reload")
         schema = d.describe_table(t)
-        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="s", seq=0, chunk_size=10)
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="s", seq=0, limit=10)
         rows = dict(read_chunk_rows(res.path, res.table))
-        assert rows['[2]']["v"] == "old"  # the reproduction: the change is committed in the WAL, not visible
+        assert rows['[2]']["v"] == visible  # the reproduction: the change is committed in the WAL, not visible
         assert res.visibility is not None
         stage_changelog(d, data)
         events = list(read_log_events(changelog_dir(data, d.source)))
-        change = [e for e in table_events(events, t) if e.key == "[2]"]
-        assert change and change[0].after["v"] == "new"  # the slot decoded it meanwhile
+        change = [e for e in table_events(events, t) if e.key == "[2]" and e.after["v"] == held_value]
+        assert change  # the slot decoded it meanwhile
 
         def mirror(result):
             reads = merge_window([WindowChunk.from_result(result, rows)], events)
             state = mirror_apply({}, table_events(events, t))
             return mirror_rows(mirror_apply(state, reads), t.id)
 
-        assert mirror(res)["[2]"]["v"] == "new"
-        assert mirror(dataclasses.replace(res, visibility=None))["[2]"]["v"] == "old"  # what it would be blind
+        assert mirror(res)["[2]"]["v"] == held_value
+        assert mirror(dataclasses.replace(res, visibility=None))["[2]"]["v"] == visible  # what it would be blind
         # the engines' window (staged segments, their index) reaches back to it as well
         (w,) = locate_windows(None, [res], changelog_dir(data, d.source))
         assert w.low < change[0].position.encode() < w.high
