@@ -57,11 +57,11 @@ with get_dialect(params, source=a["source"], tables=[small, big], **a["options"]
     d.ensure_watermark_table()
     # warm-up on a table of the same columns holding small values: imports, connections,
     # the code paths of the column types (not the large values: their buffers are measured)
-    snapshot_chunk(d, d.describe_table(small), FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, chunk_size=100)
+    snapshot_chunk(d, d.describe_table(small), FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, limit=100)
     schema = d.describe_table(big)
     before = rss(); ok = reset_peak()
     t = time.perf_counter()
-    r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=1, chunk_size=a["chunk_size"])
+    r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=1, limit=a["chunk_size"])
     took = time.perf_counter() - t
 print("RESULT " + json.dumps({"rows": r.rows, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
                               "parquet_bytes": os.path.getsize(r.path)}))

@@ -66,12 +66,12 @@ with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])
     d.ensure_watermark_table()
     d.write_watermark("warm")  # connections
     if a["warm"]:
-        snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, chunk_size=100)
+        snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, limit=100)
     pandas_before = "pandas" in sys.modules
     for i, size in enumerate(a["sizes"]):
         before = rss(); ok = reset_peak()
         t = time.perf_counter(); c = time.process_time()
-        r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=i + 1, chunk_size=size)
+        r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=i + 1, limit=size)
         out.append({"size": size, "rows": r.rows, "seconds": time.perf_counter() - t, "cpu": time.process_time() - c,
                     "rss_before": before, "peak": hwm(), "reset": ok, "parquet_bytes": os.path.getsize(r.path),
                     "pandas_before": pandas_before, "pandas_after": "pandas" in sys.modules})

@@ -36,7 +36,7 @@ import uuid
 from airflow_provider_cdc.core.chunk import ChunkResult
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.core.sqlnames import quote_pg
-from airflow_provider_cdc.core.throttle import ChunkSizing, size_text
+from airflow_provider_cdc.core.throttle import ChunkSizing, Throttle, size_text
 from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
 from airflow_provider_cdc.pipeline.snapshot import staged_bytes
 from airflow_provider_cdc.pipeline.snapshot_conf import parse_snapshot_conf
@@ -118,7 +118,7 @@ def _range_rows(uri: str, t: TableName, parts: int = 4) -> tuple[list[int], list
         even = [d._query(f"SELECT count(*) FROM {qt} WHERE id >= %s AND id < %s",  # noqa: S608
                          (lo + int(i * step), lo + int((i + 1) * step) if i < parts - 1 else hi + 1))[0][0]
                 for i in range(parts)]
-        ranges = plan_table_ranges(d, d.describe_table(t), SnapshotRequest((t,), parallelism=parts))
+        ranges = plan_table_ranges(d, d.describe_table(t), SnapshotRequest((t,), throttle=Throttle(parallelism=parts)))
         planned = []
         for r in ranges:
             conds, args = [], []

@@ -337,11 +337,11 @@ params = ConnectionParams.from_uri(a["uri"])
 out = []
 with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])]) as d:
     schema = d.describe_table(TableName.parse(a["table"]))
-    snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, chunk_size=100)  # imports, connections
+    snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="warm", seq=0, limit=100)  # imports, connections
     for i, size in enumerate(a["sizes"]):
         before = rss(); ok = reset_peak()
         t = time.perf_counter()
-        r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=i + 1, chunk_size=size)
+        r = snapshot_chunk(d, schema, FULL_RANGE, data_dir=a["dir"], snapshot_id="probe", seq=i + 1, limit=size)
         took = time.perf_counter() - t
         out.append({"size": size, "rows": r.rows, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
                     "parquet_bytes": os.path.getsize(r.path)})

@@ -153,7 +153,7 @@ def _snapshot(d, data_dir: str, rng=FULL_RANGE, snapshot_id: str = "snap") -> in
     storage.write_text(schema_path(data_dir, SOURCE, table), schema.to_json())
     results, after, seq = [], None, 0
     while True:
-        res = snapshot_chunk(d, schema, rng, data_dir=data_dir, snapshot_id=snapshot_id, seq=seq, chunk_size=CHUNK,
+        res = snapshot_chunk(d, schema, rng, data_dir=data_dir, snapshot_id=snapshot_id, seq=seq, limit=CHUNK,
                              after_key=after)
         results.append(res)
         seq += 1

@@ -43,7 +43,7 @@ def read_all_chunks(d, schema, *, data_dir: str, chunk_size: int) -> list:
     while True:
         seq += 1
         c = snapshot_chunk(d, schema, ChunkRange(), data_dir=data_dir, snapshot_id="bench", seq=seq,
-                           chunk_size=chunk_size, after_key=after)
+                           limit=chunk_size, after_key=after)
         chunks.append(c)
         if c.exhausted:
             return chunks

@@ -53,7 +53,7 @@ def _snapshot(uri: str, table: TableName, strategy: str, chunk_size: int, work: 
         rows, after, seq, t0 = 0, None, 0, time.perf_counter()
         while True:
             res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=work, snapshot_id="bench", seq=seq,
-                                 chunk_size=chunk_size, after_key=after)
+                                 limit=chunk_size, after_key=after)
             rows, seq = rows + res.rows, seq + 1
             if res.exhausted:
                 return rows, time.perf_counter() - t0

@@ -14,13 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from .errors import ConfigurationError
-from .plans import (
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_PARALLELISM,
-    MAX_PARALLELISM,
-    chunk_size_value,
-    parallelism_value,
-)
+from .plans import MAX_PARALLELISM, THROTTLE_KEYS, Throttle
 from .ranges import FULL_RANGE, ChunkRange, keyset_condition, keyset_params
 from .schema import TableName, TableSchema
 
@@ -144,9 +138,9 @@ class SnapshotRequest:
     keys: Mapping[str, tuple[tuple, ...]] = field(default_factory=dict)
     ranges: Mapping[str, tuple[ChunkRange, ...]] = field(default_factory=dict)
     where: str | Mapping[str, str] | None = None
-    #: rows per chunk: a number fixes it; None (conf ``"auto"`` or absent) adapts it (core/throttle.py)
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE
-    parallelism: int = DEFAULT_PARALLELISM
+    #: how fast to read: its chunk_size (None, conf ``"auto"`` or absent, adapts it: core/throttle.py),
+    #: parallelism (chunk tasks, so key ranges planned) and delay_seconds
+    throttle: Throttle = Throttle()
 
     def __post_init__(self) -> None:
         tables = tuple(t if isinstance(t, TableName) else TableName.parse(str(t)) for t in self.tables)
@@ -157,8 +151,6 @@ class SnapshotRequest:
         if dups:
             raise ConfigurationError(f"snapshot request names table(s) {dups} more than once")
         object.__setattr__(self, "tables", tables)
-        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size))
-        parallelism_value(self.parallelism)
         keys = {
             t: tuple(tuple(k) if isinstance(k, (list, tuple)) else (k,) for k in ks)
             for t, ks in dict(self.keys).items()
@@ -269,8 +261,7 @@ class SnapshotRequest:
         where = d.get("where")
         if isinstance(where, Mapping):
             where = {TableName.parse(str(t), default_schema).id: w for t, w in where.items()}
-        kwargs = {k: d[k] for k in ("chunk_size", "parallelism") if k in d}
-        return cls(names, by_id("keys"), by_id("ranges"), where, **kwargs)
+        return cls(names, by_id("keys"), by_id("ranges"), where, Throttle.checked(d))
 
     def to_dict(self) -> dict:
         return {
@@ -280,12 +271,11 @@ class SnapshotRequest:
                 t: [{"start": _lst(r.start), "end": _lst(r.end)} for r in rs] for t, rs in self.ranges.items()
             },
             "where": dict(self.where) if isinstance(self.where, Mapping) else self.where,
-            "chunk_size": self.chunk_size,
-            "parallelism": self.parallelism,
+            **self.throttle.to_dict(),
         }
 
 
-SnapshotRequest.FIELDS = tuple(f.name for f in fields(SnapshotRequest))
+SnapshotRequest.FIELDS = (*(f.name for f in fields(SnapshotRequest) if f.name != "throttle"), *THROTTLE_KEYS)
 
 
 def _lst(k: tuple | None) -> list | None:

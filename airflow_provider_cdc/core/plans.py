@@ -1,14 +1,16 @@
 """What crosses a snapshot's tasks, typed: the snapshot conf's keys (one list), each throttle
-setting's bounds and default (one definition), the plan (``plan.json``) and a chunk task's work
-item (XCom). ``to_dict``/``from_dict`` are the one place either becomes JSON; the shapes are
-the ones the DAG's tasks and the stored plans have always had.
+setting's bounds and default (one definition), the :class:`Throttle` that carries them (one
+form from a run's conf through the request, the plan and the work item to the chunk reader),
+the plan (``plan.json``) and a chunk task's work item (XCom). ``to_dict``/``from_dict`` are the
+one place either becomes JSON; the shapes are the ones the DAG's tasks and the stored plans
+have always had (the throttle's keys flat beside the rest).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from .errors import ConfigurationError
@@ -17,6 +19,9 @@ from .ranges import ChunkRange
 # --- the conf keys -------------------------------------------------------------------------
 #: a DAG's throttle: the conf keys a DAG may give defaults for (sources config, ``throttle=``)
 THROTTLE_KEYS = ("chunk_size", "parallelism", "delay_seconds")
+#: the throttle settings a resume's conf changes on a planned snapshot (its ranges were planned
+#: for its parallelism, which stays)
+RESUMABLE_KEYS = ("chunk_size", "delay_seconds")
 #: the keys of a snapshot DAG run's conf, the one list: the control action, what to read
 #: (``key_ranges`` is :class:`~.planning.SnapshotRequest`'s ``ranges``), then the throttle
 CONF_KEYS = ("action", "tables", "key_ranges", "keys", "where", *THROTTLE_KEYS)
@@ -70,6 +75,72 @@ def delay_seconds_value(value: Any, setting: str = "throttle setting delay_secon
     return float(value)
 
 
+# --- the throttle: one form from the conf to the chunk reader ------------------------------
+@dataclass(frozen=True, slots=True)
+class Throttle:
+    """How fast a snapshot reads: a DAG's throttle (the sources config, ``throttle=``, defaults
+    of a run's conf keys of the same names), a request's, a plan's and a work item's."""
+
+    chunk_size: int | None = DEFAULT_CHUNK_SIZE  # rows per chunk SELECT; None: adaptive (ChunkSizer)
+    delay_seconds: float = DEFAULT_DELAY_SECONDS  # pause between chunks
+    parallelism: int = DEFAULT_PARALLELISM  # chunks per round (disjoint ranges, read in parallel)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size")
+        )
+        parallelism_value(self.parallelism, "throttle setting parallelism", one_message=True)
+        object.__setattr__(self, "delay_seconds", delay_seconds_value(self.delay_seconds))
+
+    FIELDS = THROTTLE_KEYS
+
+    @classmethod
+    def checked(cls, d: Mapping[str, Any], owner: str = "") -> Throttle:
+        """From the flat keys of a conf, a plan or a work item (a missing or None key: its
+        default), each checked under the name ``owner`` + key (``"the plan's "``)."""
+        parallelism = d.get("parallelism")
+        return cls(
+            chunk_size_value(d.get("chunk_size"), f"{owner}chunk_size"),
+            delay_seconds_value(d.get("delay_seconds") or None, f"{owner}delay_seconds"),
+            parallelism_value(
+                DEFAULT_PARALLELISM if parallelism is None else parallelism, f"{owner}parallelism"
+            ),
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Throttle:
+        return cls().merge(d)
+
+    def merge(self, overrides: Mapping[str, Any] | None) -> Throttle:
+        """These settings with ``overrides`` applied (missing or ``None`` values keep ours)."""
+        if not overrides:
+            return self
+        if not isinstance(overrides, Mapping):
+            raise ConfigurationError(f"throttle settings must be a mapping, got {type(overrides).__name__}")
+        unknown = sorted(set(overrides) - set(self.FIELDS))
+        if unknown:
+            raise ConfigurationError(f"unknown throttle setting(s) {unknown}; known: {list(self.FIELDS)}")
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def inherit(self, older: Throttle, given: Iterable[str]) -> Throttle:
+        """These settings where ``given`` names them, ``older``'s for the rest (a refresh keeps
+        the throttle of the snapshot before it)."""
+        given = frozenset(given)
+        return replace(self, **{k: getattr(older, k) for k in THROTTLE_KEYS if k not in given})
+
+    def resumed(self, newer: Throttle, given: Iterable[str]) -> Throttle:
+        """A planned snapshot's throttle with what a resume's conf gives (:data:`RESUMABLE_KEYS`)."""
+        given = frozenset(given)
+        return replace(self, **{k: getattr(newer, k) for k in RESUMABLE_KEYS if k in given})
+
+    def chunk_rows(self) -> str:
+        """The chunk size as a log line says it."""
+        return "adaptive" if self.chunk_size is None else f"{self.chunk_size:,} (fixed)"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 # --- the plan and its work items -------------------------------------------------------------
 def _key(v: Any) -> tuple | None:
     return None if v is None else tuple(v)
@@ -94,22 +165,13 @@ class WorkItem:
     range: ChunkRange
     upper_bound: tuple | None = None  # inclusive: the table's largest key when the snapshot started
     where: str | None = None
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE  # None: each chunk sized from the ones before it
-    delay_seconds: float = DEFAULT_DELAY_SECONDS
+    throttle: Throttle = Throttle()  # its chunk_size (None: each chunk sized from the ones before it)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "range", _range(self.range))
         object.__setattr__(self, "upper_bound", _key(self.upper_bound))
         object.__setattr__(self, "range_index", int(self.range_index))
         object.__setattr__(self, "ranges_total", int(self.ranges_total))
-        object.__setattr__(
-            self, "chunk_size", chunk_size_value(self.chunk_size, "the work item's chunk_size")
-        )
-        object.__setattr__(
-            self,
-            "delay_seconds",
-            delay_seconds_value(self.delay_seconds or None, "the work item's delay_seconds"),
-        )
 
     @classmethod
     def from_dict(cls, d: WorkItem | Mapping[str, Any]) -> WorkItem:
@@ -117,7 +179,10 @@ class WorkItem:
             return d
         if not isinstance(d, Mapping):
             raise ConfigurationError(f"a work item must be a mapping, got {type(d).__name__}")
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        return cls(
+            **{f.name: d[f.name] for f in fields(cls) if f.name in d and f.name != "throttle"},
+            throttle=Throttle.checked(d, "the work item's "),
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -128,8 +193,7 @@ class WorkItem:
             "range": _range_json(self.range),
             "upper_bound": None if self.upper_bound is None else list(self.upper_bound),
             "where": self.where,
-            "chunk_size": self.chunk_size,
-            "delay_seconds": self.delay_seconds,
+            **self.throttle.to_dict(),
         }
 
 
@@ -148,31 +212,20 @@ class SnapshotPlan:
     converge_watermark: str | None = None
     converge_visibility: str | None = None
     read_floor: str | None = None  # an encoded Position a replica must have replayed past
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE
-    parallelism: int = DEFAULT_PARALLELISM
-    delay_seconds: float = DEFAULT_DELAY_SECONDS
+    throttle: Throttle = Throttle()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranges", tuple(_range(r) for r in self.ranges))
         object.__setattr__(self, "upper_bound", _key(self.upper_bound))
-        object.__setattr__(self, "chunk_size", chunk_size_value(self.chunk_size, "the plan's chunk_size"))
-        object.__setattr__(
-            self,
-            "parallelism",
-            parallelism_value(
-                DEFAULT_PARALLELISM if self.parallelism is None else self.parallelism,
-                "the plan's parallelism",
-            ),
-        )
-        object.__setattr__(
-            self, "delay_seconds", delay_seconds_value(self.delay_seconds or None, "the plan's delay_seconds")
-        )
 
     @classmethod
     def from_dict(cls, d: SnapshotPlan | Mapping[str, Any]) -> SnapshotPlan:
         if isinstance(d, SnapshotPlan):
             return d
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        return cls(
+            **{f.name: d[f.name] for f in fields(cls) if f.name in d and f.name != "throttle"},
+            throttle=Throttle.checked(d, "the plan's "),
+        )
 
     def to_dict(self) -> dict:
         return {
@@ -184,17 +237,12 @@ class SnapshotPlan:
             "converge_watermark": self.converge_watermark,
             "converge_visibility": self.converge_visibility,
             "read_floor": self.read_floor,
-            "chunk_size": self.chunk_size,
-            "parallelism": self.parallelism,
-            "delay_seconds": self.delay_seconds,
+            **self.throttle.to_dict(),
         }
 
-    def with_throttle(self, **changes: Any) -> SnapshotPlan:
-        """The plan with throttle settings changed (a resume's conf)."""
-        unknown = sorted(set(changes) - set(THROTTLE_KEYS))
-        if unknown:
-            raise ConfigurationError(f"a plan's throttle has no setting(s) {unknown}")
-        return replace(self, **changes)
+    def resumed(self, throttle: Throttle, given: Iterable[str]) -> SnapshotPlan:
+        """The plan with what a resume's conf gives of ``throttle`` (:data:`RESUMABLE_KEYS`)."""
+        return replace(self, throttle=self.throttle.resumed(throttle, given))
 
     def work_items(self, indexes: Iterable[int]) -> list[WorkItem]:
         """The chunk tasks' inputs: one per range of this plan to read."""
@@ -207,8 +255,7 @@ class SnapshotPlan:
                 self.ranges[i],
                 self.upper_bound,
                 self.where,
-                self.chunk_size,
-                self.delay_seconds,
+                self.throttle,
             )
             for i in indexes
         ]

@@ -1,68 +1,27 @@
-"""Throttling settings of a snapshot, read again before every round (a change applies from the
-next round; chunks in flight keep theirs), and the chunk size: fixed by ``chunk_size``, else
-adapted per range by :class:`ChunkSizer` (docs/DESIGN.md, "One chunk of a snapshot": pace).
+"""The chunk size of a snapshot's range: fixed by its :class:`~.plans.Throttle`'s
+``chunk_size``, else adapted per range by :class:`ChunkSizer` (docs/DESIGN.md, "One chunk of a
+snapshot": pace). The throttle is read again before every round (a change applies from the
+next round; chunks in flight keep theirs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigurationError
 from .plans import (
     AUTO,
-    DEFAULT_CHUNK_SIZE,
-    DEFAULT_DELAY_SECONDS,
-    DEFAULT_PARALLELISM,
     MAX_CHUNK_SIZE,
     MAX_DELAY_SECONDS,
     MAX_PARALLELISM,
-    THROTTLE_KEYS,
+    Throttle,
     chunk_size_value,
-    delay_seconds_value,
-    parallelism_value,
 )
 
-# the bounds and defaults of the throttle settings are defined once, in core/plans.py
-__all__ = ["AUTO", "MAX_CHUNK_SIZE", "MAX_DELAY_SECONDS", "MAX_PARALLELISM", "chunk_size_value"]
-
-
-@dataclass(frozen=True, slots=True)
-class Throttle:
-    """A DAG's throttle (the sources config, ``throttle=``): defaults of a run's conf keys of the
-    same names (core/plans.py THROTTLE_KEYS, which holds their bounds and defaults)."""
-
-    chunk_size: int | None = DEFAULT_CHUNK_SIZE  # rows per chunk SELECT; None: adaptive (ChunkSizer)
-    delay_seconds: float = DEFAULT_DELAY_SECONDS  # pause between rounds
-    parallelism: int = DEFAULT_PARALLELISM  # chunks per round (disjoint ranges, read in parallel)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "chunk_size", chunk_size_value(self.chunk_size, "throttle setting chunk_size")
-        )
-        parallelism_value(self.parallelism, "throttle setting parallelism", one_message=True)
-        object.__setattr__(self, "delay_seconds", delay_seconds_value(self.delay_seconds))
-
-    FIELDS = THROTTLE_KEYS
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> Throttle:
-        return cls().merge(d)
-
-    def merge(self, overrides: Mapping[str, Any] | None) -> Throttle:
-        """These settings with ``overrides`` applied (missing or ``None`` values keep ours)."""
-        if not overrides:
-            return self
-        if not isinstance(overrides, Mapping):
-            raise ConfigurationError(f"throttle settings must be a mapping, got {type(overrides).__name__}")
-        unknown = sorted(set(overrides) - set(self.FIELDS))
-        if unknown:
-            raise ConfigurationError(f"unknown throttle setting(s) {unknown}; known: {list(self.FIELDS)}")
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+# the throttle, its settings' bounds and defaults are defined once, in core/plans.py
+__all__ = ["AUTO", "MAX_CHUNK_SIZE", "MAX_DELAY_SECONDS", "MAX_PARALLELISM", "Throttle", "chunk_size_value"]
 
 
 # --------------------------------------------------------------------- adaptive chunk size

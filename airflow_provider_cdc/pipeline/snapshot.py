@@ -46,13 +46,13 @@ def snapshot_chunk(
     data_dir: str,
     snapshot_id: str,
     seq: int,
-    chunk_size: int,
+    limit: int,
     after_key: Sequence | None = None,
     where: str | None = None,
     upper_bound: Sequence | None = None,
     gap_hooks: GapHooks | None = None,
 ) -> ChunkResult:
-    """Read one chunk between a fresh pair of watermarks.
+    """Read one chunk of at most ``limit`` rows (its sizer's) between a fresh pair of watermarks.
 
     Every attempt writes new watermark ids, so a retried task never reuses the window of
     a failed attempt; the failed attempt's watermarks stay in the log as orphans that the
@@ -69,7 +69,7 @@ def snapshot_chunk(
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
     res = dialect.read_chunk(  # step 2
-        schema, rng, after_key=after_key, limit=chunk_size, path=path, where=where, upper_bound=upper_bound
+        schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
     )
     if hooks.before_high_watermark:
         hooks.before_high_watermark()
@@ -96,7 +96,7 @@ def snapshot_chunk(
         after_key=None if after_key is None else tuple(after_key),
         last_key=res.last_key,
         rows=res.rows,
-        exhausted=res.rows < chunk_size,
+        exhausted=res.rows < limit,
         visibility=res.visibility,
         high_position=high_position,
     )
@@ -296,11 +296,11 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
         bounds = list(dict.fromkeys(tuple(b) for r in requested for b in (r.start, r.end) if b is not None))
         rank_of = dict(zip(bounds, dialect.key_ranks(schema, bounds), strict=True))
         check_ranges_ranked(schema.table.id, requested, lambda b: rank_of[tuple(b)])
-    if request.parallelism <= 1 or requested != (FULL_RANGE,):
+    if request.throttle.parallelism <= 1 or requested != (FULL_RANGE,):
         return list(requested)
-    sample = dialect.sample_keys(schema, request.parallelism * 16)
+    sample = dialect.sample_keys(schema, request.throttle.parallelism * 16)
     if sample:
-        return core_plan_ranges(request.parallelism, sample=sample)
+        return core_plan_ranges(request.throttle.parallelism, sample=sample)
     # no sample (e.g. the table is tiny or its statistics are empty): an even split of a
     # single integer key between its smallest and largest value, else one range
     if len(schema.primary_key) == 1 and schema.column(schema.primary_key[0]).type in (
@@ -311,7 +311,7 @@ def plan_table_ranges(dialect: Dialect, schema: TableSchema, request: SnapshotRe
     ):
         lo, hi = min_key(dialect, schema), dialect.max_key(schema)
         if lo is not None and hi is not None:
-            return core_plan_ranges(request.parallelism, min_max=(lo, hi))
+            return core_plan_ranges(request.throttle.parallelism, min_max=(lo, hi))
     log.info("table %s: no key sample to split on; reading it as one range", schema.table)
     return [FULL_RANGE]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.errors import ConfigurationError
 from ..core.planning import SnapshotRequest
-from ..core.plans import CONF_KEYS, delay_seconds_value
+from ..core.plans import CONF_KEYS
 from ..core.schema import TableName
 from ..core.scope import CaptureScope
 from ..dialects.registry import all_system_catalogs
@@ -36,7 +36,6 @@ class SnapshotConf:
     action: str
     request: SnapshotRequest
     given: frozenset[str] = frozenset()  # conf keys present (resume keeps stored values for the rest)
-    delay_seconds: float | None = None
 
     @property
     def tables(self) -> tuple[TableName, ...]:
@@ -57,10 +56,9 @@ def parse_snapshot_conf(
     action = conf.pop("action", default_action)
     if action not in ACTIONS:
         raise ConfigurationError(f"conf 'action' must be one of {', '.join(ACTIONS)}, got {action!r}")
-    delay = conf.pop("delay_seconds", None)
-    if delay is not None:
-        delay = delay_seconds_value(delay)  # validated by core (clear error)
-    given = frozenset(conf) | ({"delay_seconds"} if delay is not None else frozenset())
+    if conf.get("delay_seconds", 0) is None:
+        del conf["delay_seconds"]  # no pause given: a resume keeps the stored one
+    given = frozenset(conf)
     if conf.get("tables") is None:
         tables = default_tables
         if isinstance(tables, str):
@@ -77,8 +75,7 @@ def parse_snapshot_conf(
             tids = conf["tables"] if isinstance(conf["tables"], list) else [conf["tables"]]
             kr = {t: kr for t in tids}
         conf["ranges"] = kr
-    request = SnapshotRequest.from_dict(conf)
-    return SnapshotConf(action, request, given, None if delay is None else float(delay))
+    return SnapshotConf(action, SnapshotRequest.from_dict(conf), given)
 
 
 def check_scope(req: SnapshotConf, settings: Any, scope: CaptureScope | None = None) -> None:

@@ -163,8 +163,8 @@ class SnapshotController(ChunkLoop):
         return False
 
     def _inherit(self, req: SnapshotConf, table: TableName, prior: SnapshotProgress | None) -> SnapshotConf:
-        """A refresh keeps the chunk settings (chunk_size, parallelism, where, delay_seconds)
-        of the snapshot before it, so of the last manual start, unless its conf gives new ones."""
+        """A refresh keeps the throttle and the filter of the snapshot before it, so of the last
+        manual start, unless its conf gives new ones."""
         if prior is None:
             return req
         try:
@@ -176,15 +176,10 @@ class SnapshotController(ChunkLoop):
                 prior.snapshot_id,
             )
             return req
-        changes: dict[str, Any] = {
-            k: getattr(plan, k)
-            for k in ("chunk_size", "parallelism")
-            if k not in req.given and getattr(plan, k) is not None
-        }
+        changes: dict[str, Any] = {"throttle": req.request.throttle.inherit(plan.throttle, req.given)}
         if "where" not in req.given and plan.where:
             changes["where"] = {table.id: plan.where}
-        delay = req.delay_seconds if "delay_seconds" in req.given else (plan.delay_seconds or None)
-        return replace(req, request=replace(req.request, **changes), delay_seconds=delay)
+        return replace(req, request=replace(req.request, **changes))
 
     def _owner_elsewhere(self, p: SnapshotProgress) -> bool:
         """True when another run that is still queued or running reads this snapshot."""
@@ -252,9 +247,7 @@ class SnapshotController(ChunkLoop):
                 converge_watermark=converge_mark if converges else None,
                 converge_visibility=converge_visibility if converges else None,
                 read_floor=None if floor is None else floor.encode(),
-                chunk_size=request.chunk_size,
-                parallelism=request.parallelism,
-                delay_seconds=req.delay_seconds,
+                throttle=request.throttle,
             )
             # the mirror takes the table's current schema: new columns added, or (a changed
             # type, a stop after a schema change) rebuilt empty for this snapshot to fill
@@ -270,7 +263,7 @@ class SnapshotController(ChunkLoop):
                 sid,
                 len(ranges),
                 upper,
-                "adaptive" if plan.chunk_size is None else f"{plan.chunk_size:,} (fixed)",
+                plan.throttle.chunk_rows(),
             )
             work += [w.to_dict() for w in plan.work_items(range(len(ranges)))]
         return work
@@ -363,10 +356,7 @@ class SnapshotController(ChunkLoop):
                 continue
             table = TableName.parse(tid)
             plan = steps.load_plan(self.data_dir, self.source, table, p.snapshot_id)
-            if "chunk_size" in req.given:  # throttle settings may change between runs
-                plan = plan.with_throttle(chunk_size=req.request.chunk_size)
-            if req.delay_seconds is not None:
-                plan = plan.with_throttle(delay_seconds=req.delay_seconds)
+            plan = plan.resumed(req.request.throttle, req.given)  # its throttle may change between runs
             steps.write_plan(self.data_dir, self.source, plan)
             sidecars = steps.read_sidecars(self.data_dir, self.source, table, p.snapshot_id)
             todo = [

@@ -178,13 +178,13 @@ class ChunkLoop:
         turns true while it runs (the snapshot is then paused too). Returns the ChunkResult
         dicts of the range not merged yet (this run's and earlier ones').
 
-        The work item's ``chunk_size`` fixes each chunk's rows; None sizes each chunk from the
+        The work item's throttle fixes each chunk's rows (``chunk_size``); None sizes each chunk from the
         ones read before it (:class:`ChunkSizer`: ``self.chunk_sizing``'s duration and bytes
         targets), starting from the last committed chunk of the range on a retry or resume."""
         work = WorkItem.from_dict(work)
         table = TableName.parse(work.table)
         snapshot_id, ri, rng, upper = work.snapshot_id, work.range_index, work.range, work.upper_bound
-        delay = work.delay_seconds
+        delay = work.throttle.delay_seconds
         sidecars = steps.read_sidecars(self.data_dir, self.source, table, snapshot_id)
         # a chunk whose high watermark a failover lost is read again, and the range after it
         sidecars = steps.discard_lost(self.data_dir, self.source, sidecars, ri)
@@ -241,7 +241,7 @@ class ChunkLoop:
         return results
 
     def _sizer(self, dialect, work: WorkItem, sidecars: list, staged: TableSchema, after_key, label: str):
-        """The range's :class:`ChunkSizer`: fixed by the work item's ``chunk_size``, or adaptive
+        """The range's :class:`ChunkSizer`: fixed by the work item's throttle, or adaptive
         from the last committed chunk's size (a retry or resume goes on with it: the range
         continues after that chunk's key whatever its size), or from a probe of a range's first
         rows when nothing of it is committed."""
@@ -250,7 +250,7 @@ class ChunkLoop:
         last = [s["result"]["rows"] for s in sidecars if s["range_index"] == work.range_index][-1:]
         sizer = ChunkSizer(
             self.chunk_sizing,
-            fixed=work.chunk_size,
+            fixed=work.throttle.chunk_size,
             start=last[0] if last else None,
             target_bytes_cap=dialect.batch_max_bytes,
         )
@@ -280,7 +280,7 @@ class ChunkLoop:
             data_dir=self.data_dir,
             snapshot_id=work.snapshot_id,
             seq=seq,
-            chunk_size=size,
+            limit=size,
             after_key=after_key,
             where=work.where,
             upper_bound=upper,

@@ -149,7 +149,7 @@ def chunks_with_capture(d: Dialect, table: TableName, data_dir: str, after, seq:
     results = []
     for _ in range(count):
         res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
-                             chunk_size=chunk_size, after_key=after)
+                             limit=chunk_size, after_key=after)
         results.append(res)
         seq += 1
         if seq % 3 == 0:
@@ -368,7 +368,7 @@ class DialectSuite(ABC):
         while True:
             writes("before")
             res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="cases", seq=n,
-                                 chunk_size=chunk, after_key=after,
+                                 limit=chunk, after_key=after,
                                  gap_hooks=GapHooks(after_low_watermark=lambda: writes("gap1"),
                                                     before_high_watermark=lambda: writes("gap2")))
             writes("after")
@@ -461,7 +461,7 @@ class DialectSuite(ABC):
                     data_dir=ctx.data_dir,
                     snapshot_id="snap",
                     seq=seq,
-                    chunk_size=chunk,
+                    limit=chunk,
                     after_key=after,
                     gap_hooks=GapHooks(after_low_watermark=force_write_in_window),
                 )
@@ -1221,7 +1221,7 @@ class DialectSuite(ABC):
             data_dir=ctx.data_dir,
             snapshot_id="h",
             seq=0,
-            chunk_size=2,
+            limit=2,
             after_key=(1, "k'1\""),
             where=f"{q(cols[2])} >= 0",
         )
@@ -1252,7 +1252,7 @@ class DialectSuite(ABC):
         d.ensure_watermark_table()
         d.load_offset(ctx.data_dir)
         schema = d.describe_table(t)
-        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=0, chunk_size=3)
+        res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=0, limit=3)
         assert res.high_position is not None
         # a commit flushes the log past the position recorded (another session's WAL inserted
         # before it may not be flushed yet, and capture reads to the flushed end)
@@ -1269,7 +1269,7 @@ class DialectSuite(ABC):
         answers = iter([real, {**real, "server_id_or_timeline": "after a promotion"}])
         monkeypatch.setattr(d, "server_identity", lambda: next(answers))
         with pytest.raises(ChunkStraddledFailoverError, match="changed while chunk 1 was read"):
-            snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=1, chunk_size=3,
+            snapshot_chunk(d, schema, FULL_RANGE, data_dir=ctx.data_dir, snapshot_id="hp", seq=1, limit=3,
                            after_key=res.last_key)
         folder = res.path.rsplit("/", 1)[0]
         assert [n for n in os.listdir(folder) if n.startswith("chunk-000001-")] == []  # nothing left of it

@@ -935,7 +935,7 @@ def test_a_source_read_entirely_from_a_replica_snapshots_under_writers_on_the_pr
         schema, results, after, seq = d.describe_table(t), [], None, 0
         try:
             while True:
-                res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="rep", seq=seq, chunk_size=40,
+                res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data, snapshot_id="rep", seq=seq, limit=40,
                                      after_key=after)
                 results.append(res)
                 seq += 1

@@ -233,7 +233,7 @@ def run_case(db: str, uri: str, case: dict, tmp: Path) -> None:
                     change(i, op, pick)
             seq += 1
             c = snapshot_chunk(s.d, schema, ChunkRange(), data_dir=s.data_dir, snapshot_id="prop", seq=seq,
-                               chunk_size=case["chunk_size"], after_key=after)
+                               limit=case["chunk_size"], after_key=after)
             chunks.append(c)
             if c.exhausted:
                 break

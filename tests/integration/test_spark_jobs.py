@@ -203,8 +203,8 @@ def test_merge_on_a_real_capture(spark, tmp_path, request, unique_name, dialect_
         )
         chunks = [
             snapshot_chunk(d, schema, ChunkRange(None, (16,)), data_dir=data_dir, snapshot_id="s", seq=1,
-                           chunk_size=100, gap_hooks=hooks),
-            snapshot_chunk(d, schema, ChunkRange((16,), None), data_dir=data_dir, snapshot_id="s", seq=2, chunk_size=100),
+                           limit=100, gap_hooks=hooks),
+            snapshot_chunk(d, schema, ChunkRange((16,), None), data_dir=data_dir, snapshot_id="s", seq=2, limit=100),
         ]
         d._query(f"UPDATE {q} SET v = 'after-hw' WHERE id = 20")
         d._query(f"DELETE FROM {q} WHERE id = 21")

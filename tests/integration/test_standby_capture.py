@@ -167,7 +167,7 @@ def test_capture_and_chunks_from_the_standby_mirror_the_primary(pair, tmp_path):
     with Writers(c.primary.uri) as writers:
         while True:
             res = snapshot_chunk(d, schema, FULL_RANGE, data_dir=data_dir, snapshot_id="snap", seq=seq,
-                                 chunk_size=CHUNK, after_key=after,
+                                 limit=CHUNK, after_key=after,
                                  gap_hooks=GapHooks(after_low_watermark=force_write_in_window))
             assert res.visibility and res.visibility.startswith("replayed-before:"), res.visibility
             results.append(res)

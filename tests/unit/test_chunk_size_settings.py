@@ -39,10 +39,10 @@ def test_a_sources_config_entry_sets_them_and_a_bad_one_names_the_key():
 
 
 def test_a_runs_conf_fixes_the_size_or_leaves_it_adaptive():
-    assert parse_snapshot_conf({"tables": ["public.t"]}).request.chunk_size is None
+    assert parse_snapshot_conf({"tables": ["public.t"]}).request.throttle.chunk_size is None
     fixed = parse_snapshot_conf({"tables": ["public.t"], "chunk_size": 5000})
-    assert fixed.request.chunk_size == 5000 and "chunk_size" in fixed.given
+    assert fixed.request.throttle.chunk_size == 5000 and "chunk_size" in fixed.given
     auto = parse_snapshot_conf({"tables": ["public.t"], "chunk_size": "auto"})
-    assert auto.request.chunk_size is None and "chunk_size" in auto.given  # a resume goes back to adaptive
+    assert auto.request.throttle.chunk_size is None and "chunk_size" in auto.given  # a resume goes back to adaptive
     with pytest.raises(ConfigurationError, match="chunk_size must be a whole number from 1 to 10000000 .* or 'auto'"):
         parse_snapshot_conf({"tables": ["public.t"], "chunk_size": -5})

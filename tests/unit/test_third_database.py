@@ -18,6 +18,7 @@ import pytest
 
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.findings import ERROR, OK, WARNING, Finding
+from airflow_provider_cdc.core.plans import Throttle
 from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
 from airflow_provider_cdc.core.schema import TableName
 from airflow_provider_cdc.dialects import registry
@@ -119,7 +120,7 @@ def test_a_snapshot_of_its_table_is_planned_in_ranges_over_its_keys(fakedb, tmp_
     from airflow_provider_cdc.pipeline.snapshot import plan_table_ranges, plan_tables
 
     d = fake_dialect()
-    request = SnapshotRequest((ORDERS,), parallelism=4)
+    request = SnapshotRequest((ORDERS,), throttle=Throttle(parallelism=4))
     plans, multisets = plan_tables(d, [ORDERS], request, ("events", "mirror"), str(tmp_path), "shop")
     assert multisets == [] and [(t, s) for t, s, _r in plans] == [(ORDERS, ORDERS_SCHEMA)]
     ranges = plans[0][2]
@@ -142,7 +143,7 @@ def test_a_snapshot_of_its_table_is_planned_in_ranges_over_its_keys(fakedb, tmp_
     with pytest.raises(ConfigurationError, match="overlap"):
         plan_table_ranges(d, CODES_SCHEMA, overlapping)
     # and its keys are split where the database's order puts them
-    split = plan_table_ranges(d, CODES_SCHEMA, SnapshotRequest((CODES,), parallelism=2))
+    split = plan_table_ranges(d, CODES_SCHEMA, SnapshotRequest((CODES,), throttle=Throttle(parallelism=2)))
     assert split == [ChunkRange(None, ("M",)), ChunkRange(("M",), None)]
 
 

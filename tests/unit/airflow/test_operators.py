@@ -11,6 +11,7 @@ import pytest
 from airflow_provider_cdc import airflow_variables, storage
 from airflow_provider_cdc.core.errors import ConfigurationError, StateError
 from airflow_provider_cdc.core.formats import PLAN
+from airflow_provider_cdc.core.plans import Throttle
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.operators.capture import ChangelogCaptureOperator
 from airflow_provider_cdc.operators.snapshot import (
@@ -87,7 +88,7 @@ def test_conf_defaults_and_shapes():
     )
     assert c.action == "start" and [t.id for t in c.tables] == ["public.a", "public.b"]
     assert c.request.ranges["public.b"] == (ChunkRange((1,), (10,)),)
-    assert c.request.chunk_size == 7 and "chunk_size" in c.given and "parallelism" not in c.given
+    assert c.request.throttle.chunk_size == 7 and "chunk_size" in c.given and "parallelism" not in c.given
 
 
 # --- control actions -------------------------------------------------------------------------
@@ -370,12 +371,10 @@ def test_a_refresh_keeps_the_chunk_settings_of_the_last_manual_start(tmp_path, v
     storage.write_text(path, json.dumps(PLAN.stamp(plan)))
     op = plan_op(tmp_path).controller({})
     kept = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id]}), T, p)
-    assert (kept.request.chunk_size, kept.request.parallelism, kept.request.where_for(T), kept.delay_seconds) == (
-        10, 2, "amount > 5", 0.5)
+    assert (kept.request.throttle, kept.request.where_for(T)) == (Throttle(10, 0.5, 2), "amount > 5")
     new = op._inherit(parse_snapshot_conf({"action": "refresh", "tables": [T.id], "chunk_size": 99,
                                            "where": "amount > 7", "delay_seconds": 0}), T, p)
-    assert (new.request.chunk_size, new.request.parallelism, new.request.where_for(T), new.delay_seconds) == (
-        99, 2, "amount > 7", 0)
+    assert (new.request.throttle, new.request.where_for(T)) == (Throttle(99, 0.0, 2), "amount > 7")
 
 
 class RunStateTI:

@@ -20,6 +20,7 @@ from airflow_provider_cdc.core.planning import (
     sampled_ranges,
     validate_where,
 )
+from airflow_provider_cdc.core.plans import Throttle
 from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
 
@@ -117,6 +118,7 @@ def test_request_from_dict_round_trip():
         "where": {"public.orders": "status <> 'x'"},
         "chunk_size": 500,
         "parallelism": 4,
+        "delay_seconds": 1.5,
     }
     r = SnapshotRequest.from_dict(d)
     assert r.to_dict() == d
@@ -129,9 +131,9 @@ def test_request_from_dict_round_trip():
 def test_request_defaults_and_scalars():
     r = SnapshotRequest.from_dict({"tables": "t", "keys": {"t": [3, 4, 9]}, "where": "x > 1"}, default_schema="public")
     # no chunk_size: adaptive (None); a number fixes it; "auto" asks for adaptive explicitly
-    assert r.tables == (TableName("public", "t"),) and r.chunk_size is None and r.parallelism == 1
-    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": 500}).chunk_size == 500
-    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": "auto"}).chunk_size is None
+    assert r.tables == (TableName("public", "t"),) and r.throttle == Throttle()
+    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": 500}).throttle.chunk_size == 500
+    assert SnapshotRequest.from_dict({"tables": ["a.b"], "chunk_size": "auto"}).throttle.chunk_size is None
     assert r.requested_ranges("public.t") == (ChunkRange((3,), (5,)), ChunkRange((9,), (10,)))
     assert r.where_for("public.t") == "x > 1"
     assert SnapshotRequest.from_dict({"tables": ["a.b"]}).requested_ranges("a.b") == (FULL_RANGE,)

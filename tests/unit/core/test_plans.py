@@ -28,13 +28,13 @@ def test_a_plan_and_its_work_items_keep_their_json_shapes():
     work = [w.to_dict() for w in plan.work_items([1])]
     assert work == [{"table": "public.orders", "snapshot_id": "S1", "range_index": 1, "ranges_total": 2,
                      "range": {"start": [50], "end": None}, "upper_bound": [100], "where": "status = 'x'",
-                     "chunk_size": 10, "delay_seconds": 0.5}]
+                     "chunk_size": 10, "delay_seconds": 0.5, "parallelism": 2}]
     assert WorkItem.from_dict(json.loads(json.dumps(work[0]))) == plan.work_items([1])[0]
 
 
 def test_a_plan_from_before_a_field_existed_takes_its_default():
     plan = SnapshotPlan.from_dict({"table": "public.orders", "snapshot_id": "S1", "ranges": [{"start": None, "end": None}]})
-    assert (plan.chunk_size, plan.parallelism, plan.delay_seconds, plan.read_floor) == (None, 1, 0.0, None)
+    assert (plan.throttle, plan.read_floor) == (Throttle(None, 0.0, 1), None)
 
 
 @pytest.mark.parametrize(("field", "value", "match"), [
@@ -52,7 +52,19 @@ def test_a_work_item_is_checked_with_the_settings_bounds(field, value, match):
 def test_one_list_of_conf_keys():
     assert CONF_KEYS == ("action", "tables", "key_ranges", "keys", "where", "chunk_size", "parallelism", "delay_seconds")
     assert set(Throttle.FIELDS) == set(THROTTLE_KEYS) == {f for f in Throttle.__dataclass_fields__}
-    assert SnapshotRequest.FIELDS == ("tables", "keys", "ranges", "where", "chunk_size", "parallelism")
-    assert SnapshotPlan.from_dict(PLAN).with_throttle(chunk_size=None).chunk_size is None
-    with pytest.raises(ConfigurationError, match="no setting"):
-        SnapshotPlan.from_dict(PLAN).with_throttle(where="x")
+    assert SnapshotRequest.FIELDS == ("tables", "keys", "ranges", "where", "chunk_size", "parallelism", "delay_seconds")
+
+
+def test_a_resume_changes_the_chunk_size_and_the_pause_it_gives_and_never_the_parallelism():
+    plan = SnapshotPlan.from_dict(PLAN)
+    conf = Throttle(chunk_size=None, delay_seconds=3, parallelism=8)
+    assert plan.resumed(conf, {"chunk_size"}).throttle == Throttle(None, 0.5, 2)  # "auto": adaptive again
+    assert plan.resumed(conf, {"delay_seconds", "parallelism"}).throttle == Throttle(10, 3.0, 2)
+    assert plan.resumed(conf, set()) == plan
+
+
+def test_a_refresh_takes_the_throttle_its_conf_does_not_give_from_the_snapshot_before():
+    before = Throttle(500, 2.0, 4)
+    assert Throttle(99).inherit(before, {"chunk_size"}) == Throttle(99, 2.0, 4)
+    assert Throttle().inherit(before, ()) == before
+    assert Throttle(delay_seconds=0).inherit(before, {"delay_seconds", "parallelism"}) == Throttle(500, 0.0, 1)
