@@ -337,14 +337,6 @@ class Dialect(SharedReads, ABC):
         Returns the id to look it up by in the staged changelog."""
         return self.watermarks.mark(watermark_id)
 
-    def watermark_table_problems(self, *context: Any) -> list[str]:
-        """The grants the watermark table needs that the user lacks (strategy "table")."""
-        return []
-
-    def log_watermark_problems(self, *context: Any) -> list[str]:
-        """What the server lacks for strategy "log"."""
-        return []
-
     def server_identity(self) -> dict | None:
         """Which server this is (its system identifier and timeline, or server id): what a
         failover changes. None where the dialect cannot tell."""

@@ -66,8 +66,9 @@ class ConnectionParams:
 class ChunkReadResult:
     rows: int
     last_key: tuple | None  # canonical key values of the last row, None if no rows
-    #: watermark strategy "log": the position mark (core.position.position_mark) of the
-    #: snapshot the SELECT read, which both bounds of the chunk's window are
+    #: the position mark (core.position.position_mark) of the snapshot the SELECT read
+    #: (PostgreSQL always, MariaDB under watermark strategy "log"): under "log" both bounds of
+    #: the chunk's window
     snapshot_mark: str | None = None
     #: PostgreSQL: the snapshot the SELECT read (core/visibility.py)
     visibility: str | None = None
@@ -76,7 +77,7 @@ class ChunkReadResult:
 @dataclass(frozen=True)
 class ReadSnapshot:
     """What a chunk read records of the snapshot its SELECT read (``stream_query``'s
-    ``snapshot`` list): its position mark (strategy "log") and, on PostgreSQL, its visibility."""
+    ``snapshot`` list): its position mark (PostgreSQL always, MariaDB under strategy "log") and, on PostgreSQL, its visibility."""
 
     mark: str | None
     visibility: str | None = None

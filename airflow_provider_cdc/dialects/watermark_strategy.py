@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from ..core.errors import WatermarkError
-from ..core.position import Position, position_mark
+from ..core.position import position_mark
 from ..core.schema import TableName
 
 
@@ -23,6 +23,8 @@ class WatermarkStrategy(ABC):
     name: ClassVar[str]
     #: a chunk read must report the log position its snapshot saw (it bounds the window)
     reads_snapshot_position: ClassVar[bool] = False
+    #: it writes rows on the source (a standby or a replica cannot take them)
+    writes_rows: ClassVar[bool] = False
 
     def __init__(self, dialect: Any) -> None:
         self.dialect = dialect  # the dialects.base.Dialect that chose it (not imported: base imports this)
@@ -49,20 +51,13 @@ class WatermarkStrategy(ABC):
         """After the chunk SELECT, whose ChunkReadResult is ``read`` (step 3): the window's
         (low, high) watermark ids as the merge finds them in the changelog."""
 
-    def snapshot_mark(self, at: Position) -> str | None:
-        """The mark a chunk read whose snapshot saw the log up to ``at`` records (None: none)."""
-        return None
-
-    @abstractmethod
-    def problems(self, *context: Any) -> list[str]:
-        """What the source's grants or server lack for this strategy, each as how to fix it
-        (``context``: what the dialect's grant check read, passed on to it)."""
 
 
 class TableWatermarks(WatermarkStrategy):
     """DBLog's watermark rows: one UPDATE of the watermark table before and one after each chunk."""
 
     name = "table"
+    writes_rows = True
 
     def prepare(self) -> None:
         self.dialect.ensure_watermark_table()
@@ -81,8 +76,6 @@ class TableWatermarks(WatermarkStrategy):
         self.dialect.write_watermark(high)
         return low, high
 
-    def problems(self, *context: Any) -> list[str]:
-        return self.dialect.watermark_table_problems(*context)
 
 
 class LogWatermarks(WatermarkStrategy):
@@ -111,11 +104,6 @@ class LogWatermarks(WatermarkStrategy):
             )
         return read.snapshot_mark, read.snapshot_mark
 
-    def snapshot_mark(self, at: Position) -> str | None:
-        return position_mark(at, int(time.time() * 1000))
-
-    def problems(self, *context: Any) -> list[str]:
-        return self.dialect.log_watermark_problems(*context)
 
 
 #: the strategies by their ``watermark_strategy`` name

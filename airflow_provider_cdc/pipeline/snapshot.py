@@ -63,7 +63,7 @@ def snapshot_chunk(
     path = chunk_path(data_dir, dialect.source, schema.table, snapshot_id, seq, high)
     dialect.bind_data_dir(data_dir)  # MariaDB: the committed offset gives the log position's epoch
     window = dialect.watermarks  # "table": watermark rows; "log": the read's snapshot position
-    rows_written = window.name == "table"
+    rows_written = window.writes_rows
     server = dialect.server_identity() if rows_written else None
     window.open(low)  # step 1
     if hooks.after_low_watermark:

@@ -91,7 +91,10 @@ class MySqlDialect(ComposedDialect):
         self.catalog = MyCatalog(self.server, self.key_columns)
         self.watermark_rows = MyWatermarkTable(self.server, self.watermark_table)
         self.prerequisites = MyPrerequisites(
-            self.server, tables=self.tables, watermark_table=self.watermark_table, strategy=self.watermarks
+            self.server,
+            tables=self.tables,
+            watermark_table=self.watermark_table,
+            watermark_tables=self.watermarks.tables,
         )
         self.failover = MyFailover(
             self.server, capture_server_id=self.server_id, resync_hint=self._resync_hint()
@@ -162,11 +165,6 @@ class MySqlDialect(ComposedDialect):
     def privilege_problems(self, grants: Sequence[str]) -> list[str]:
         return self.prerequisites.privilege_problems(grants)
 
-    def log_watermark_problems(self, *context: Any) -> list[str]:
-        return self.prerequisites.log_watermark_problems(*context)
-
-    def watermark_table_problems(self, grants: Sequence[str]) -> list[str]:
-        return self.prerequisites.watermark_table_problems(grants)
 
     # chunks (the rest: composed.py)
     def chunk_query(

@@ -59,7 +59,7 @@ def findings(d: Any) -> list[Finding]:
         )
         status = None
     if status:
-        out += _mysql_replica(d, status, strategy)
+        out += _mysql_replica(d, status)
     return out
 
 
@@ -77,7 +77,7 @@ def existing_tables(d: Any, tables: list) -> dict:
     return {t: (t.schema, t.name) in present for t in tables}
 
 
-def _mysql_replica(d: Any, status: dict, strategy: str) -> list[Finding]:
+def _mysql_replica(d: Any, status: dict) -> list[Finding]:
     of = f"{status.get('Master_Host')}:{status.get('Master_Port')}"
     check = "replica"
     out = [Finding(OK, check, f"this server is a replica of {of}")]
@@ -102,7 +102,7 @@ def _mysql_replica(d: Any, status: dict, strategy: str) -> list[Finding]:
                 'TO MASTER_USE_GTID = slave_pos (docs: operations, "Failover")',
             )
         )
-    if strategy == "table":
+    if d.watermarks.writes_rows:
         out.append(
             Finding(
                 WARNING,

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 import pymysql
 import pymysql.cursors
 
 from ...core.errors import SourceError, SourceUnreachableError
 from ...core.schema import TableName
-from ..watermark_strategy import WatermarkStrategy
 from .server import Flavour, MyServer, ReplicaStatusDenied
 
 log = logging.getLogger(__name__)
@@ -90,12 +88,12 @@ class MyPrerequisites:
         *,
         tables: frozenset[TableName] | None,
         watermark_table: TableName,
-        strategy: WatermarkStrategy,
+        watermark_tables: Callable[[], list[TableName]],
     ) -> None:
         self.server = server
         self.tables = tables  # the capture scope
         self.watermark_table = watermark_table
-        self.strategy = strategy  # the watermark strategy: what it needs of the grants
+        self.watermark_tables = watermark_tables  # the tables the watermark strategy writes
 
     # --- prerequisites and metadata ---------------------------------------------------
     def check(self) -> None:
@@ -187,9 +185,11 @@ class MyPrerequisites:
                 raise  # not a missing grant: the check cannot run now
             except SourceError as exc:
                 problems.append(str(exc))
-        return problems + self.strategy.problems(grants)
+        if self.watermark_tables():  # watermark strategy "table"
+            return problems + self.watermark_table_problems(grants)
+        return problems + self.log_watermark_problems()
 
-    def log_watermark_problems(self, *context: Any) -> list[str]:
+    def log_watermark_problems(self) -> list[str]:
         """Watermark strategy "log": no watermark table, a MariaDB snapshot position."""
         if self.server.flavour.name != "mariadb":
             return [

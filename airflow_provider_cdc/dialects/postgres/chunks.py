@@ -22,7 +22,6 @@ from ...core.position import (
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
 from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot, WholeTableRead
-from ..watermark_strategy import WatermarkStrategy
 from .catalog import PgCatalog
 from .offsets import PgOffsets
 from .server import PgServer
@@ -46,7 +45,6 @@ class PgChunkReader:
         server: PgServer,
         catalog: PgCatalog,
         offsets: PgOffsets,
-        strategy: WatermarkStrategy,
         *,
         max_replica_lag_seconds: float,
         copy_batch_rows: int,
@@ -55,7 +53,6 @@ class PgChunkReader:
         self.server = server
         self.catalog = catalog
         self.offsets = offsets
-        self.strategy = strategy  # the watermark strategy: the mark a chunk read records
         self.max_replica_lag_seconds = max_replica_lag_seconds
         self.copy_batch_rows = copy_batch_rows
         self.batch_max_bytes = batch_max_bytes
@@ -197,7 +194,7 @@ class PgChunkReader:
         try:
             replayed = self.replayed_before_snapshot(conn)
             with conn.cursor() as cur:
-                seen = self._read_snapshot(cur, replayed, always_mark=True)
+                seen = self._read_snapshot(cur, replayed)
                 qt = self.server.quote_table(schema.table)
                 cur.execute(
                     "SELECT pg_relation_size(c.oid) / current_setting('block_size')::bigint, c.reltuples, "
@@ -331,7 +328,7 @@ class PgChunkReader:
         finally:
             conn.rollback()
 
-    def _read_snapshot(self, cur: Any, replayed: str | None, *, always_mark: bool = False) -> ReadSnapshot:
+    def _read_snapshot(self, cur: Any, replayed: str | None) -> ReadSnapshot:
         """The first statement of a chunk's REPEATABLE READ transaction: it takes the snapshot the
         chunk's SELECT then reads, and records which transactions it sees: on a primary
         ``pg_current_snapshot()``; on a hot standby ``replayed``, the replay position read before
@@ -368,9 +365,7 @@ class PgChunkReader:
         else:
             cur.execute("SELECT pg_current_wal_insert_lsn()::text")
             at = just_before(Position.pg(cur.fetchone()[0]))
-        if always_mark:  # (a whole-table read: its mark aligns it with the log whatever the strategy)
-            return ReadSnapshot(position_mark(at, int(time.time() * 1000)), visibility)
-        return ReadSnapshot(self.strategy.snapshot_mark(at), visibility)
+        return ReadSnapshot(position_mark(at, int(time.time() * 1000)), visibility)
 
     def replica_lag(self) -> tuple[int, float] | None:
         """(bytes, seconds) the standby chunks are read from (a ``chunk_conn_id`` standby, or the

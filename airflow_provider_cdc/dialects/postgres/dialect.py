@@ -147,7 +147,6 @@ class PostgresDialect(ComposedDialect):
             self.server,
             self.catalog,
             self.offsets,
-            self.watermarks,
             max_replica_lag_seconds=self.max_replica_lag_seconds,
             copy_batch_rows=self.copy_batch_rows,
             batch_max_bytes=self.batch_max_bytes,
