@@ -77,7 +77,8 @@ class ChunkReadResult:
 @dataclass(frozen=True)
 class ReadSnapshot:
     """What a chunk read records of the snapshot its SELECT read (``stream_query``'s
-    ``snapshot`` list): its position mark (PostgreSQL always, MariaDB under strategy "log") and, on PostgreSQL, its visibility."""
+    ``snapshot`` list): its position mark (PostgreSQL always, MariaDB under strategy "log")
+    and, on PostgreSQL, its visibility."""
 
     mark: str | None
     visibility: str | None = None
