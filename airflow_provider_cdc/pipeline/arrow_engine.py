@@ -51,10 +51,16 @@ from .windows import DEFAULT_BATCH_ROWS, describe, locate_windows, window_groups
 log = logging.getLogger(__name__)
 
 Segments = Sequence[tuple[Position, Position, str]]
-#: staged changelog rows per apply batch (whole segments; a bigger segment alone). Full
-#: before/after images cost ~6 KB per event on the way into the mirror: 100,000 events in
-#: one batch took the worker to ~1 GB
-DEFAULT_APPLY_BATCH_ROWS = 20_000
+#: an apply batch (whole segments; a bigger segment alone) holds at most this many staged bytes,
+#: uncompressed (the segments' Parquet footers): what a batch costs in memory on its way into the
+#: mirror follows its events' bytes, not their count. 100,000 wide events (full before and after
+#: images) in one batch once took the worker to ~1 GB, so batches held 20,000 events whatever
+#: their width; every batch is a commit per table, each 0.1-0.5 s whatever its rows, so narrow
+#: events (pgbench's: 161 bytes) paid five commits per table for a 91,560-event round (6.4 s;
+#: in one batch 2.9 s, +60 MB)
+DEFAULT_APPLY_BATCH_BYTES = 8 * 2**20
+#: and at most this many rows
+DEFAULT_APPLY_BATCH_ROWS = 100_000
 #: (segments, after, upto) -> table events of the segments in (after, upto] (the in-process
 #: engine: a TableEvents per table; the Spark apply job: its own batch description)
 EventReader = Callable[[Segments, Position | None, Position | None], object]
@@ -199,9 +205,15 @@ def _segment_table_events(t: pa.Table, batch: str) -> list[TableEvents]:
 
 
 def _segment_rows(path: str) -> int:
+    return _segment_size(path)[0]
+
+
+def _segment_size(path: str) -> tuple[int, int]:
+    """A staged segment's rows and uncompressed bytes, from its Parquet footer."""
     fs, p = storage.filesystem(path)
     with fs.open_input_file(p) as fh:
-        return pq.ParquetFile(fh).metadata.num_rows
+        meta = pq.ParquetFile(fh).metadata
+    return meta.num_rows, sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
 
 
 def pending_rows(
@@ -347,24 +359,28 @@ def apply_segments(
     changelog_dir: str | None = None,
     max_segments_per_batch: int = 64,
     max_batch_rows: int = DEFAULT_APPLY_BATCH_ROWS,
+    max_batch_bytes: int = DEFAULT_APPLY_BATCH_BYTES,
     after_mark: Callable | None = None,
     write: Callable | None = None,
     count: Callable | None = None,
     release: Callable | None = None,
 ) -> dict:
     """Apply every staged segment past each sink's marker, in batches of whole segments (at
-    most ``max_segments_per_batch`` and ``max_batch_rows`` staged rows, a bigger segment
-    alone); a sink's marker moves only after the sink wrote the batch (a crash in between
-    replays the batch, which the sinks absorb). Returns counts."""
+    most ``max_segments_per_batch``, ``max_batch_rows`` staged rows and ``max_batch_bytes``
+    uncompressed staged bytes, a bigger segment alone); a sink's marker moves only after the
+    sink wrote the batch (a crash in between replays the batch, which the sinks absorb).
+    Returns counts."""
     if max_segments_per_batch < 1:
         raise ConfigurationError(f"max_segments_per_batch must be >= 1, got {max_segments_per_batch}")
     if max_batch_rows < 1:
         raise ConfigurationError(f"max_batch_rows must be >= 1, got {max_batch_rows}")
+    if max_batch_bytes < 1:
+        raise ConfigurationError(f"max_batch_bytes must be >= 1, got {max_batch_bytes}")
     # the in-process engine's defaults: TableEvents lists; the Spark apply job passes its own
     after_mark = after_mark or (
         lambda ts, mark: [t.filter(pc.greater(t.events["position"], mark.encode())) for t in ts]
     )
-    write = write or _write_each
+    write = write or write_to_sinks  # the sinks side by side, as a merge's
     count = count or (lambda ts: sum(t.num_rows for t in ts))
     release = release or (lambda t: None)
     changelog = changelog_dir or staged_changelog_dir(data_dir, source)
@@ -373,7 +389,7 @@ def apply_segments(
     segments = list_segments(changelog)
     index = read_index(changelog)  # each segment's newest commit time, for the markers
     pending = [s for s in segments if start is None or s[1] > start]
-    groups = _batches_of(pending, max_segments_per_batch, max_batch_rows)
+    groups = _batches_of(pending, max_segments_per_batch, max_batch_rows, max_batch_bytes)
     applied = batches = 0
     lower = start
     for group in groups:
@@ -414,24 +430,27 @@ def apply_segments(
     }
 
 
-def _batches_of(segments: Segments, max_segments: int, max_rows: int) -> list[list]:
-    """Whole segments in order, cut into batches of at most ``max_segments`` and ``max_rows``
-    staged rows (a bigger segment alone)."""
+def _batches_of(
+    segments: Segments, max_segments: int, max_rows: int, max_bytes: int = DEFAULT_APPLY_BATCH_BYTES
+) -> list[list]:
+    """Whole segments in order, cut into batches of at most ``max_segments``, ``max_rows``
+    staged rows and ``max_bytes`` uncompressed staged bytes (a bigger segment alone)."""
     groups: list[list] = []
-    rows_in_group = 0
+    rows_in_group = bytes_in_group = 0
     for seg in segments:
-        n = _segment_rows(seg[2])
-        if not groups or len(groups[-1]) >= max_segments or rows_in_group + n > max_rows:
+        n, size = _segment_size(seg[2])
+        if (
+            not groups
+            or len(groups[-1]) >= max_segments
+            or rows_in_group + n > max_rows
+            or bytes_in_group + size > max_bytes
+        ):
             groups.append([])
-            rows_in_group = 0
+            rows_in_group = bytes_in_group = 0
         groups[-1].append(seg)
         rows_in_group += n
+        bytes_in_group += size
     return groups
-
-
-def _write_each(group: Sequence[Sink], events: list[TableEvents]) -> None:
-    for sink in group:
-        sink.write(events)
 
 
 def apply_changelog(data_dir: str, source: str, sinks: Sequence[Sink], **kwargs) -> dict:

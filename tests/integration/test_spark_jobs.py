@@ -157,18 +157,37 @@ def test_apply_job_resumes_from_its_marker(spark, tmp_path):
     assert {r["id"]: r["name"] for r in mirror_list(st.data_dir, ITEMS_SCHEMA)}[2] == item(2, 9)["name"]
 
 
-def test_apply_in_batches_of_one_segment_writes_what_one_batch_writes(tmp_path):
-    """Batches bounded by staged rows (memory): every segment its own batch, including the
-    re-delivered overlap, gives the same event files and mirror as a single batch."""
+@pytest.mark.parametrize("bound", ["max_batch_rows", "max_batch_bytes"])
+def test_apply_in_batches_of_one_segment_writes_what_one_batch_writes(tmp_path, bound):
+    """Batches bounded by staged rows or uncompressed staged bytes (memory): every segment its
+    own batch, including the re-delivered overlap, gives the same event files and mirror as a
+    single batch."""
     one, many = build_scenario(tmp_path / "one"), build_scenario(tmp_path / "many")
     run_local("apply", one)
     n_segments = len(list(Path(changelog_dir(many.data_dir, SOURCE)).glob("seg-*")))
-    got = run_local("apply", many, max_batch_rows=1)
+    got = run_local("apply", many, **{bound: 1})
     assert n_segments >= 3 and got["batches"] == n_segments
     assert event_files(many.data_dir) == event_files(one.data_dir)
     for schema in (ITEMS_SCHEMA, OTHER_SCHEMA):
         assert read_mirror_raw(many.data_dir, SOURCE, schema.table).to_pylist() == \
             read_mirror_raw(one.data_dir, SOURCE, schema.table).to_pylist()
+
+
+def test_apply_batches_join_segments_up_to_their_uncompressed_bytes(tmp_path):
+    """A batch takes whole segments while their uncompressed bytes (Parquet footers) fit its
+    bound: narrow events share a batch (one commit per table) instead of one batch per segment."""
+    from airflow_provider_cdc.pipeline.arrow_engine import _batches_of, _segment_size
+    from airflow_provider_cdc.storage.staged import list_segments
+
+    st = build_scenario(tmp_path / "a")
+    segments = list_segments(changelog_dir(st.data_dir, SOURCE))
+    sizes = [_segment_size(path) for _, _, path in segments]
+    assert len(segments) >= 3 and all(rows > 0 and size > 0 for rows, size in sizes)
+    two = sizes[0][1] + sizes[1][1]
+    batches = _batches_of(segments, 64, 10**9, two)
+    assert [len(b) for b in batches][0] == 2 and sum(len(b) for b in batches) == len(segments)
+    assert len(_batches_of(segments, 64, 10**9, 10**12)) == 1
+    assert len(_batches_of(segments, 64, 10**9, two - 1)) > len(batches)  # the first two no longer fit
 
 
 # --- a real capture -----------------------------------------------------------------------------
