@@ -55,8 +55,7 @@ class ChangelogApplyOperator(_CdcJobOperator):
     :param database: ``source.db`` of the events written; default the database the source's connection
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
-        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS. Under a ``local[...]``
-        Spark master, applies of up to CDC_LOCAL_MASTER_MAX_ROWS rows run in this worker too.
+        spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).

@@ -35,7 +35,7 @@ class SnapshotMergeOperator(_CdcJobOperator):
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
         spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS. Under a ``local[...]``
-        Spark master, merges of up to CDC_LOCAL_MASTER_MAX_ROWS rows run in this worker too.
+        Spark master, merges of up to CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS rows run in this worker too.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).
@@ -45,6 +45,8 @@ class SnapshotMergeOperator(_CdcJobOperator):
     """
 
     job = "merge"
+    #: pipeline/arrow_engine.merge_round holds a group of chunks at a time (_CdcJobOperator.in_worker)
+    local_master_max_rows = FromSettings("local_snapshot_merge_max_rows")
     template_fields: Sequence[str] = (*_CdcJobOperator.template_fields, "round_file")
 
     def __init__(self, *, round_file: Any, **kwargs: Any) -> None:
@@ -171,7 +173,7 @@ class SnapshotMergeWhileReadingOperator(SnapshotMergeOperator):
         names, else the source's name.
     :param local_max_rows: inputs of up to this many rows run in this worker, larger ones through
         spark-submit (0: always spark-submit); default CDC_LOCAL_MAX_ROWS. Under a ``local[...]``
-        Spark master, merges of up to CDC_LOCAL_MASTER_MAX_ROWS rows run in this worker too.
+        Spark master, merges of up to CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS rows run in this worker too.
     :param cdc_overrides: ``CDC_*`` settings of this source over the environment's (sources config).
     :param conn_id: the Spark connection of the spark-submit; default ``spark_default`` (the DAG files
         pass CDC_SPARK_CONN_ID).

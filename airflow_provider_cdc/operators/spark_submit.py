@@ -370,10 +370,9 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             shutil.rmtree(folder, ignore_errors=True)
 
     #: inputs of up to this many rows run in the worker under a Spark master of this machine
-    #: (``local[...]``), past ``local_max_rows``: both in-worker engines hold a bounded part of
-    #: their input at a time (a snapshot merge a group of chunks, an apply a batch of segments:
-    #: pipeline/arrow_engine.py), so the worker's memory follows that part, not the input
-    local_master_max_rows = FromSettings("local_master_max_rows")
+    #: (``local[...]``), past ``local_max_rows``: a job whose in-worker engine holds a bounded part
+    #: of its input at a time (the snapshot merge: a group of chunks) sets it; 0: none
+    local_master_max_rows: int = 0
 
     def spark_is_local(self) -> bool:
         """Whether this task's Spark connection runs Spark on this machine (a ``local[...]``
@@ -398,7 +397,7 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
         bound = self.local_master_max_rows
         if self.local_max_rows > 0 and rows <= bound and self.spark_is_local():
             return (
-                f"{rows} input rows <= {bound} (CDC_LOCAL_MASTER_MAX_ROWS) and Spark "
+                f"{rows} input rows <= {bound} (CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS) and Spark "
                 f"connection {self.conn_id!r} runs on this machine (local master)"
             )
         return None
@@ -418,7 +417,7 @@ class _CdcJobOperator(StorageConnectionMixin, BaseOperator):
             self.job,
             rows,
             self.local_max_rows,
-            f" and > CDC_LOCAL_MASTER_MAX_ROWS={bound}" if bound and rows > bound else "",
+            f" and > CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS={bound}" if bound and rows > bound else "",
             self.application,
         )
         # the secrets' arguments go to the spark-submit only, never to this task's (rendered) fields

@@ -172,16 +172,15 @@ OPTIONS: tuple[Option, ...] = (
         "CDC_LOCAL_MAX_ROWS",
         "100000",
         "rounds/batches up to this many rows run in the worker (0: always spark-submit); see also "
-        "CDC_LOCAL_MASTER_MAX_ROWS",
+        "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS",
         read=whole("a whole number >= 0 (0: always spark-submit)"),
     ),
     Option(
-        "CDC_LOCAL_MASTER_MAX_ROWS",
+        "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS",
         "5000000",
-        "under a local[...] Spark master, a snapshot's merge or a changelog apply of up to this many rows "
-        "runs in the worker (a local Spark has no core the worker lacks; the worker holds a group of "
-        "chunks or a batch of segments at a time); larger ones, and any on a cluster master, follow "
-        "CDC_LOCAL_MAX_ROWS (0: that alone decides)",
+        "under a local[...] Spark master, a snapshot's merge of up to this many rows runs in the worker "
+        "(a local Spark has no core the worker lacks; the worker merges a group of chunks at a time); "
+        "larger ones, and any on a cluster master, follow CDC_LOCAL_MAX_ROWS (0: that alone decides)",
         read=whole("a whole number of rows >= 0 (0: CDC_LOCAL_MAX_ROWS alone decides)"),
     ),
     Option(
@@ -414,7 +413,7 @@ class Settings:
     postgres_sink_schema: str | None
     spark_conf: dict
     local_max_rows: int
-    local_master_max_rows: int
+    local_snapshot_merge_max_rows: int
     merge_while_reading_rows: int
     max_parallel_chunks: int
     chunk_sizing: ChunkSizing

@@ -118,7 +118,7 @@ def deployment(pg_uri, mysql_uri):
         "CDC_LOCAL_MAX_ROWS": str(LOCAL_MAX_ROWS),
         # a snapshot merge of SPARK_ROWS goes through spark-submit under the local master too
         # (the scenarios kill and stop a running JVM): the row threshold alone decides
-        "CDC_LOCAL_MASTER_MAX_ROWS": "0",
+        "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS": "0",
         "CDC_SENSOR_POKE_INTERVAL": "3",
     }
     try:

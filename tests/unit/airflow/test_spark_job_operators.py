@@ -43,7 +43,7 @@ def test_apply_operator_counts_nothing_pending_on_an_empty_staging(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("master", "operator", "local_max_rows", "master_max_rows", "rows", "engine"),
+    ("master", "operator", "local_max_rows", "snapshot_max_rows", "rows", "engine"),
     [
         ("local[2]", SnapshotMergeOperator, 750, None, 750, "worker"),  # at the threshold, any master
         ("local[2]", SnapshotMergeOperator, 750, None, 5_000_000, "worker"),  # the default bound, local Spark
@@ -53,23 +53,21 @@ def test_apply_operator_counts_nothing_pending_on_an_empty_staging(tmp_path):
         ("yarn", SnapshotMergeOperator, 750, None, 751, "spark"),
         ("local[2]", SnapshotMergeOperator, 0, None, 751, "spark"),  # 0: always spark-submit
         ("local[2]", SnapshotMergeOperator, 750, "0", 751, "spark"),  # the bound off: the threshold alone
-        ("local[2]", ChangelogApplyOperator, 750, None, 5_000_000, "worker"),  # an apply: a batch at a time
-        ("local[2]", ChangelogApplyOperator, 750, None, 5_000_001, "spark"),
-        ("spark://10.0.0.5", ChangelogApplyOperator, 750, None, 751, "spark"),
+        ("local[2]", ChangelogApplyOperator, 750, None, 751, "spark"),  # the apply is not bounded by a group
         (None, SnapshotMergeOperator, 750, None, 751, "spark"),  # the connection unreadable: the threshold
     ],
 )
-def test_the_engine_follows_the_threshold_and_the_spark_master(
-    monkeypatch, master, operator, local_max_rows, master_max_rows, rows, engine
+def test_the_engine_follows_the_threshold_and_for_a_snapshot_merge_the_spark_master(
+    monkeypatch, master, operator, local_max_rows, snapshot_max_rows, rows, engine
 ):
-    """A snapshot merge in the worker holds one group of chunks at a time, an apply one batch of
-    segments: under a Spark master of this machine either runs there up to
-    CDC_LOCAL_MASTER_MAX_ROWS rows (a local Spark has no core the worker lacks; past that its two
-    cores beat the worker's one); on a cluster the row threshold decides."""
-    if master_max_rows is None:
-        monkeypatch.delenv("CDC_LOCAL_MASTER_MAX_ROWS", raising=False)
+    """A snapshot merge in the worker holds one group of chunks at a time: under a Spark master of
+    this machine it runs there up to CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS rows (a local Spark has no
+    core the worker lacks; past that its two cores beat the worker's one); on a cluster, and for
+    the apply, the row threshold decides."""
+    if snapshot_max_rows is None:
+        monkeypatch.delenv("CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS", raising=False)
     else:
-        monkeypatch.setenv("CDC_LOCAL_MASTER_MAX_ROWS", master_max_rows)
+        monkeypatch.setenv("CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS", snapshot_max_rows)
     if master is None:
         monkeypatch.delenv("AIRFLOW_CONN_SPARK_ENGINE_TEST", raising=False)
     else:
