@@ -27,8 +27,14 @@ SLOW_INTEGRATION = {
 }
 #: single integration tests that took a minute or more (--durations of make test-quick): the
 #: hypothesis state machines over the mirror and its fencing, the Spark merge while reading; and
-#: the CLI against Airflow's metadata database (airflow CLI processes: 37 s of a 305 s quick run)
+#: the CLI against Airflow's metadata database (airflow CLI processes: 37 s of a 305 s quick run).
+#: Then, when the quick run took 399-440 s (2026-11-30): the services script starting and stopping
+#: private PostgreSQL and MariaDB servers twice (37 s), every outside reader of a mirror, Spark's
+#: session among them (29 s with its JVM), and a hundred rounds of small changes (17 s)
 SLOW_TESTS = (
+    "integration/test_services.py::test_start_is_idempotent_and_stop_stops_only_its_own",
+    "integration/test_mirror_readers.py::test_every_reader_sees_the_live_rows_only",
+    "integration/test_mirror_layout.py::test_rounds_of_small_changes_write_about_the_changed_rows_and_keep_few_files",
     "integration/test_storage_connection.py::test_the_cli_reads_connections_kept_in_airflows_metadata_database",
     "integration/test_fencing.py::TestFencingMachine::",
     "integration/test_mirror_layout.py::TestMirrorMachine::",
