@@ -35,7 +35,7 @@ import pymysql.cursors
 
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ChunkRead, ConnectionParams, get_dialect
 from airflow_provider_cdc.dialects.mysql import BinlogOffset, MySqlDialect, rows_walker
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from bench.profiling import profiled
@@ -299,13 +299,8 @@ def main(argv: list[str] | None = None) -> int:
             t = time.perf_counter()
             after, chunk_rows, seq = None, 0, 0
             while True:
-                out = dialect.read_chunk(
-                    schema,
-                    FULL_RANGE,
-                    after_key=after,
-                    limit=args.chunk_size,
-                    path=str(work / f"chunk-{r}-{seq}.parquet"),
-                )
+                path = str(work / f"chunk-{r}-{seq}.parquet")
+                out = dialect.read_chunk(ChunkRead(schema, FULL_RANGE, after, args.chunk_size, path))
                 chunk_rows += out.rows
                 seq += 1
                 if out.rows < args.chunk_size:

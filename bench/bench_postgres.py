@@ -35,7 +35,7 @@ import psycopg2
 
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ChunkRead, ConnectionParams, TableScan, get_dialect
 from airflow_provider_cdc.dialects.postgres import PostgresDialect
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 
@@ -123,16 +123,17 @@ def _ctid(args: argparse.Namespace) -> int:
         rows = {}
         for r in range(args.repeat):
             t = time.perf_counter()
-            out = d.read_whole_table(whole, lambda i, r=r: str(work / f"ctid-{r}-{i:06d}.parquet"), args.chunk_size)
+            out = d.read_whole_table(
+                TableScan(whole, lambda i, r=r: str(work / f"ctid-{r}-{i:06d}.parquet"), args.chunk_size)
+            )
             best["ctid"] = min(best["ctid"], time.perf_counter() - t)
             rows["ctid"] = out.rows
             files = len(out.files)
 
             t, after, n, seq = time.perf_counter(), None, 0, 0
             while True:
-                res = d.read_chunk(
-                    keyed, FULL_RANGE, after_key=after, limit=args.chunk_size, path=str(work / f"key-{r}-{seq}.parquet")
-                )
+                path = str(work / f"key-{r}-{seq}.parquet")
+                res = d.read_chunk(ChunkRead(keyed, FULL_RANGE, after, args.chunk_size, path))
                 n, seq, after = n + res.rows, seq + 1, res.last_key
                 if res.rows < args.chunk_size:
                     break
@@ -224,13 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             t, cpu = time.perf_counter(), time.process_time()
             after, chunk_rows, seq = None, 0, 0
             while True:
-                out = base.read_chunk(
-                    schema,
-                    FULL_RANGE,
-                    after_key=after,
-                    limit=args.chunk_size,
-                    path=str(work / f"chunk-{r}-{seq}.parquet"),
-                )
+                path = str(work / f"chunk-{r}-{seq}.parquet")
+                out = base.read_chunk(ChunkRead(schema, FULL_RANGE, after, args.chunk_size, path))
                 chunk_rows += out.rows
                 seq += 1
                 if out.rows < args.chunk_size:

@@ -25,6 +25,7 @@ from .digests import Digests
 from .profile import DatabaseProfile
 from .reads import SharedReads
 from .registry import get_profile
+from .requests import ChunkRead, LogRead, TableScan  # noqa: F401 - their home for the dialects and callers
 from .results import (  # noqa: F401 - their home for the dialects and callers
     READ_FLOOR_MIRROR,
     READ_FLOOR_SNAPSHOT,
@@ -389,13 +390,13 @@ class Dialect(SharedReads, ABC):
 
     # --- chunks (DBLog step 2) ----------------------------------------------------------
     @abstractmethod
-    def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000
-    ) -> Iterator[list[tuple]]:
-        """Run a SELECT as a fresh statement (non-stale) and yield driver rows in batches,
-        never holding the whole result in memory. A dialect with :attr:`stream_max_bytes`
-        also takes ``max_bytes``: a batch ends at ``batch_size`` rows or once its rows'
-        :func:`value_bytes` reach ``max_bytes``, whichever comes first."""
+    def stream_query(self, sql: str, params: Sequence[Any], **options: Any) -> Iterator[list[tuple]]:
+        """Run a SELECT as a fresh statement (non-stale) and yield driver rows in batches of
+        ``batch_size`` rows (an option; default 10,000), never holding the whole result in
+        memory. A dialect with :attr:`stream_max_bytes` also takes ``max_bytes``: a batch ends
+        at ``batch_size`` rows or once its rows' :func:`value_bytes` reach ``max_bytes``,
+        whichever comes first. ``snapshot``: a list the read's :class:`ReadSnapshot` is
+        appended to before the first row (the snapshot the SELECT reads)."""
 
     @abstractmethod
     def row_to_canonical(self, schema: TableSchema, row: tuple) -> dict[str, Any]:
@@ -423,16 +424,9 @@ class Dialect(SharedReads, ABC):
         """The committed changelog offset (opaque text), creating the slot/state if missing."""
 
     @abstractmethod
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
-        """Events from ``offset`` to the current end, whole transactions, in position order.
-        Watermark table updates come as WatermarkEvent; other tables as ChangeEvent.
+    def read_log(self, request: LogRead) -> LogBatch:
+        """Events from ``request.offset`` to the current end, whole transactions, in position
+        order. Watermark table updates come as WatermarkEvent; other tables as ChangeEvent.
 
         ``max_events`` stops the read at the first transaction boundary at or past that
         many events. With ``on_segment``, every time the events read since the last call

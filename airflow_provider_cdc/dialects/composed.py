@@ -6,12 +6,12 @@ one made otherwise subclasses ``base.Dialect`` and answers these itself."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..core.position import Position
 from ..core.schema import TableName, TableSchema
-from .base import Dialect, LogBatch, LogRetention, SegmentSink
+from .base import Dialect, LogBatch, LogRead, LogRetention
 
 
 class ComposedDialect(Dialect):
@@ -57,6 +57,11 @@ class ComposedDialect(Dialect):
         self.watermark_rows.write(watermark_id)
 
     # chunks
+    def stream_query(self, sql: str, params: Sequence[Any], **options: Any) -> Iterator[list[tuple]]:
+        """See ``Dialect.stream_query``; ``options`` are the chunk reader's (``batch_size``, and
+        ``max_bytes`` and ``snapshot`` where the database's reader takes them)."""
+        return self.chunks.stream_query(sql, params, **options)
+
     def replica_lag(self) -> tuple[int, float] | None:
         return self.chunks.replica_lag()
 
@@ -89,15 +94,6 @@ class ComposedDialect(Dialect):
         return self.offsets.log_bytes_between(start, end)
 
     # the log
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
+    def read_log(self, request: LogRead) -> LogBatch:
         """See the database's log reader (``dialects/<db>/log_reader.py``: read_log)."""
-        return self.log.read_log(
-            offset, max_events=max_events, segment_max_events=segment_max_events, on_segment=on_segment
-        )
+        return self.log.read_log(request)

@@ -4,7 +4,7 @@ staged Parquet file, the key ranks): a mixin of dialects.base.Dialect, whose abs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -15,6 +15,7 @@ from ..core.ranges import ChunkRange
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
 from ..core.schema import TableSchema, encode_key
 from ..storage.staged import ChunkWriter
+from .requests import ChunkRead, TableScan
 from .results import ChunkReadResult, ReadSnapshot, WholeTableRead
 
 
@@ -99,21 +100,18 @@ class SharedReads:
             params.append(int(limit))
         return sql, params
 
-    def read_chunk(
-        self,
-        schema: TableSchema,
-        rng: ChunkRange,
-        *,
-        after_key: Sequence | None,
-        limit: int,
-        path: str,
-        where: str | None = None,
-        upper_bound: Sequence | None = None,
-    ) -> ChunkReadResult:
-        """DBLog step 2: stream the next chunk to a typed Parquet file at ``path`` (storage/staged.py)."""
-        sql, params = self.chunk_query(
-            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
+    def chunk_query_of(self, request: ChunkRead) -> tuple[str, list]:
+        """:meth:`chunk_query` for a chunk read's request."""
+        r = request
+        return self.chunk_query(
+            r.schema, r.rng, after_key=r.after_key, limit=r.limit, where=r.where, upper_bound=r.upper_bound
         )
+
+    def read_chunk(self, request: ChunkRead) -> ChunkReadResult:
+        """DBLog step 2: stream the next chunk to a typed Parquet file at ``request.path``
+        (storage/staged.py)."""
+        schema, path = request.schema, request.path
+        sql, params = self.chunk_query_of(request)
         last_key: tuple | None = None
         pk = schema.primary_key
         snapshot: list[ReadSnapshot] = []
@@ -141,21 +139,18 @@ class SharedReads:
         cols = ", ".join(self.quote_ident(c) for c in schema.column_names)
         return f"SELECT {cols} FROM {self.quote_table(schema.table)}"  # noqa: S608 - identifiers quoted
 
-    def read_whole_table(
-        self,
-        schema: TableSchema,
-        path_of: Callable[[int], str],
-        rows_per_file: int,
-        progress: Callable[[int], None] | None = None,
-    ) -> WholeTableRead:
-        """Every row of ``schema``'s table (described with ``keyed=False``: no key needed) read
-        in ONE consistent snapshot, staged as typed chunk files (storage/staged.py) of about
-        ``rows_per_file`` rows each at ``path_of(0)``, ``path_of(1)``...: a whole-table refresh
-        (pipeline/refresh.py). Generic: one streamed SELECT in a snapshot whose log position is
-        recorded (MariaDB: ``START TRANSACTION WITH CONSISTENT SNAPSHOT``), rows decoded batch by
-        batch, so memory holds one batch. ``progress``: called with the rows read so far."""
+    def read_whole_table(self, request: TableScan) -> WholeTableRead:
+        """Every row of the request's table read in ONE consistent snapshot, staged as typed
+        chunk files (storage/staged.py) of about ``rows_per_file`` rows each at ``path_of(0)``,
+        ``path_of(1)``... (:class:`TableScan`): a whole-table refresh (pipeline/refresh.py).
+        Generic: one streamed SELECT in a snapshot whose log position is recorded (MariaDB:
+        ``START TRANSACTION WITH CONSISTENT SNAPSHOT``), rows decoded batch by batch, so memory
+        holds one batch. ``progress``: called with the rows read so far."""
         from contextlib import ExitStack
 
+        schema, path_of, rows_per_file, progress = (
+            request.schema, request.path_of, request.rows_per_file, request.progress
+        )
         files: list[tuple[str, int]] = []
         snapshot: list[ReadSnapshot] = []
         bound: dict[str, Any] = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}

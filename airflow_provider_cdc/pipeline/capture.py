@@ -16,7 +16,7 @@ from ..core.arrow_types import release_memory
 from ..core.event_batch import EventBatch, events_to_batch
 from ..core.events import LogEvent
 from ..core.position import Position
-from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRetention
+from ..dialects.base import CaptureResult, ConnectionParams, Dialect, LogRead, LogRetention
 from ..storage.layout import changelog_dir
 from ..storage.segment_index import record_through, refresh_index
 from ..storage.staged import list_segments, write_segment
@@ -136,10 +136,12 @@ def stage_changelog(
             mark = len(paths)
             remaining = None if max_events is None else max_events - counts[0]
             batch = dialect.read_log(
-                offset,
-                max_events=remaining,
-                segment_max_events=seg_max or None,
-                on_segment=stage if seg_max else None,
+                LogRead(
+                    offset,
+                    max_events=remaining,
+                    segment_max_events=seg_max or None,
+                    on_segment=stage if seg_max else None,
+                )
             )
             if batch.events:
                 stage(batch.events)

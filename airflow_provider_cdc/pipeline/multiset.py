@@ -28,6 +28,7 @@ from ..core.position import Position
 from ..core.progress import SnapshotProgress
 from ..core.ranges import FULL_RANGE
 from ..core.schema import TableName, TableSchema
+from ..dialects import TableScan
 from ..sinks import multiset, refreshed
 from ..sinks.base import TableEvents, join_table_events
 from ..storage import layout
@@ -109,7 +110,8 @@ def load_table(
     staging = layout.refresh_staging_dir(data_dir, source, table, uuid.uuid4().hex)
     try:
         read = dialect.read_whole_table(
-            schema, lambda i: storage.join(staging, f"part-{i:06d}.parquet"), FILE_ROWS, _progress(table)
+            TableScan(schema, lambda i: storage.join(staging, f"part-{i:06d}.parquet"),
+                      FILE_ROWS, _progress(table))
         )
         alignment = Alignment.of_read(table.id, read.mark, read.visibility)
         base = multiset.write_base(uri, schema, [p for p, _n in read.files], read.rows)
@@ -188,10 +190,8 @@ def source_counts(dialect, data_dir: str, source: str, schema: TableSchema) -> t
     staging = layout.refresh_staging_dir(data_dir, source, schema.table, f"verify-{uuid.uuid4().hex}")
     try:
         read = dialect.read_whole_table(
-            schema,
-            lambda i: storage.join(staging, f"part-{i:06d}.parquet"),
-            FILE_ROWS,
-            _progress(schema.table),
+            TableScan(schema, lambda i: storage.join(staging, f"part-{i:06d}.parquet"),
+                      FILE_ROWS, _progress(schema.table))
         )
         alignment = Alignment.of_read(schema.table.id, read.mark, read.visibility)
         ids = multiset.RowIds(schema)

@@ -20,7 +20,7 @@ from .. import storage
 from ..core.errors import ConfigurationError
 from ..core.schema import TableName
 from ..core.scope import close_tables, is_system_schema
-from ..dialects import Dialect
+from ..dialects import Dialect, TableScan
 from ..dialects.registry import all_system_catalogs, get_profile
 from ..sinks import refreshed
 from ..storage import layout
@@ -106,7 +106,8 @@ def refresh_table(
     adds: list[dict] = []
     try:
         read = dialect.read_whole_table(
-            schema, lambda i: storage.join(staging, f"part-{i:06d}.parquet"), max(1, file_rows), progress
+            TableScan(schema, lambda i: storage.join(staging, f"part-{i:06d}.parquet"),
+                      max(1, file_rows), progress)
         )
         adds = refreshed.write_files(uri, schema, [p for p, _n in read.files])
         if before_publish is not None:

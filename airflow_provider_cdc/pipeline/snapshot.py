@@ -23,7 +23,7 @@ from ..core.planning import plan_ranges as core_plan_ranges
 from ..core.plans import SnapshotPlan
 from ..core.ranges import FULL_RANGE, ChunkRange
 from ..core.schema import TableName, TableSchema
-from ..dialects.base import Dialect
+from ..dialects.base import ChunkRead, Dialect
 from ..storage.layout import chunk_path, plan_path, snapshot_dir
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def snapshot_chunk(
     if hooks.after_low_watermark:
         hooks.after_low_watermark()
     res = dialect.read_chunk(  # step 2
-        schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
+        ChunkRead(schema, rng, after_key, limit, path, where=where, upper_bound=upper_bound)
     )
     if hooks.before_high_watermark:
         hooks.before_high_watermark()

@@ -18,7 +18,7 @@ from ..core.position import Position, marked_position
 from ..core.progress import SnapshotProgress, Status, range_fraction
 from ..core.schema import TableName, TableSchema
 from ..core.throttle import PROBE_ROWS, ChunkSizer, size_text
-from ..dialects.base import Dialect
+from ..dialects.base import ChunkRead, Dialect
 from ..storage.layout import schema_path
 from . import snapshot as steps
 from .snapshot_state import SourceProgress
@@ -313,13 +313,7 @@ class ChunkLoop:
                 path = os.path.join(scratch, f"probe-{n}.parquet")
                 started = self.clock()
                 res = dialect.read_chunk(
-                    schema,
-                    work.range,
-                    after_key=after_key,
-                    limit=n,
-                    path=path,
-                    where=work.where,
-                    upper_bound=work.upper_bound,
+                    ChunkRead(schema, work.range, after_key, n, path, work.where, work.upper_bound)
                 )
                 reads.append((res.rows, self.clock() - started))
             (rows_few, took_few), (rows, took) = reads

@@ -174,12 +174,12 @@ class Pipeline:
         table = self.table
         state = {"n": 0, "killed": 0, "armed": False}
 
-        def read_chunk(dialect, schema, *args, **kwargs):
-            if schema.table == table:
+        def read_chunk(dialect, request):
+            if request.schema.table == table:
                 state["n"] += 1
                 state["armed"] = state["n"] == on_call
             try:
-                return real_read(dialect, schema, *args, **kwargs)
+                return real_read(dialect, request)
             finally:
                 state["armed"] = False
 

@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -52,7 +52,7 @@ from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.ranges import FULL_RANGE, ChunkRange
 from airflow_provider_cdc.core.schema import TableName, decode_key, decode_row, encode_key
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
-from airflow_provider_cdc.dialects.base import Dialect
+from airflow_provider_cdc.dialects.base import ChunkRead, Dialect
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.snapshot import GapHooks, snapshot_chunk
 from airflow_provider_cdc.storage.layout import changelog_dir
@@ -132,7 +132,7 @@ class Ctx:
         """The table now, as canonical key -> row, read through the dialect's chunk path."""
         schema = d.describe_table(table)
         path = f"{self.data_dir}/verify-{table.name}-{time.monotonic_ns()}.parquet"
-        d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10**9, path=path)
+        d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=None, limit=10**9, path=path))
         return dict(read_chunk_rows(path, table.id))
 
 
@@ -579,7 +579,9 @@ class DialectSuite(ABC):
         orig = d.read_whole_table
         fired = []
 
-        def read(schema, path_of, rows, progress=None):
+        def read(request):
+            progress = request.progress
+
             def between(n):
                 if not fired:
                     fired.append(n)
@@ -588,7 +590,7 @@ class DialectSuite(ABC):
                 if progress is not None:
                     progress(n)
 
-            return orig(schema, path_of, rows, between)
+            return orig(replace(request, progress=between))
 
         monkeypatch.setattr(d, "read_whole_table", read)
         first = refresh_table(d, ctx.data_dir, ctx.source, t, file_rows=400)
@@ -1062,7 +1064,7 @@ class DialectSuite(ABC):
         seen, after, n = [], None, 0
         while True:
             path = f"{ctx.data_dir}/ck-{n}.parquet"
-            res = d.read_chunk(schema, FULL_RANGE, after_key=after, limit=10, path=path)
+            res = d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=after, limit=10, path=path))
             keys = [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
             assert keys == sorted(keys)
             seen += keys
@@ -1076,7 +1078,7 @@ class DialectSuite(ABC):
         # a bounded range and a filter
         rng = ChunkRange((2, "k05"), (4, "k01"))
         path = f"{ctx.data_dir}/ck-range.parquet"
-        d.read_chunk(schema, rng, after_key=None, limit=1000, path=path, where=f"{ctx.q('v')} % 2 = 0")
+        d.read_chunk(ChunkRead(schema, rng, after_key=None, limit=1000, path=path, where=f"{ctx.q('v')} % 2 = 0"))
         got = [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
         want = [(a, b) for a, b, v in sorted(data) if (2, "k05") <= (a, b) < (4, "k01") and v % 2 == 0]
         assert got == want and got
@@ -1103,7 +1105,7 @@ class DialectSuite(ABC):
         got, after, n = [], None, 0
         while True:
             path = f"{ctx.data_dir}/ub-{n}.parquet"
-            res = d.read_chunk(schema, FULL_RANGE, after_key=after, limit=7, path=path, upper_bound=upper)
+            res = d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=after, limit=7, path=path, upper_bound=upper))
             got += [decode_key(k) for k in pq.read_table(path, columns=["key"])["key"].to_pylist()]
             n += 1
             if res.rows < 7:
@@ -1185,14 +1187,14 @@ class DialectSuite(ABC):
         for bad in ("1=1; DROP TABLE x", f"{ctx.q('id')} < 100) OR ({ctx.q('id')} > 0", "   ",
                     "sleep(1) = 0", f"{ctx.q('id')} IN (SELECT 1)", "no_such_column > 1"):
             with pytest.raises(ConfigurationError, match="filter"):
-                d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=bad)
+                d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=bad))
         # a comment is dropped by the parser, never sent: the condition reads as written
-        res = d.read_chunk(schema, FULL_RANGE, after_key=None, limit=10, path=path,
-                           where=f"{ctx.q('id')} > 1 -- AND 1=0")
+        res = d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=None, limit=10, path=path,
+                           where=f"{ctx.q('id')} > 1 -- AND 1=0"))
         assert res.rows == 2
         # the dialect still works after a failed statement
         res = d.read_chunk(
-            schema, FULL_RANGE, after_key=None, limit=10, path=path, where=f"{ctx.q('id')} >= 2"
+            ChunkRead(schema, FULL_RANGE, after_key=None, limit=10, path=path, where=f"{ctx.q('id')} >= 2")
         )
         assert res.rows == 2 and res.last_key == (3,)
 

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ChunkRead, ConnectionParams, get_dialect
 
 MB = 2**20
 VALUES = [bytes([i]) * (6 * MB) for i in (1, 2, 3)] + [b"", None, b"\x00small"]
@@ -40,7 +40,7 @@ def _table(uri: str, kind: str, unique: str) -> TableName:
 
 def _read(uri: str, t: TableName, path: str, **options) -> tuple[int, pq.ParquetFile]:
     with get_dialect(ConnectionParams.from_uri(uri), source="batch_bytes", tables=[t], **options) as d:
-        res = d.read_chunk(d.describe_table(t), FULL_RANGE, after_key=None, limit=100, path=path)
+        res = d.read_chunk(ChunkRead(d.describe_table(t), FULL_RANGE, after_key=None, limit=100, path=path))
     assert (res.rows, res.last_key) == (len(VALUES), (len(VALUES),))
     return res.rows, pq.ParquetFile(path)
 

@@ -22,7 +22,7 @@ from airflow_provider_cdc.core.errors import ConfigurationError, SourceError, St
 from airflow_provider_cdc.core.events import ChangeEvent, WatermarkEvent
 from airflow_provider_cdc.core.ranges import ChunkRange
 from airflow_provider_cdc.core.schema import TableName, decode_key
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ChunkRead, ConnectionParams, LogRead, get_dialect
 from airflow_provider_cdc.dialects.mysql import (
     MARIADB,
     MYSQL_80,
@@ -414,7 +414,7 @@ def test_type_parity_chunk_select_vs_binlog(make_dialect, admin, unique_name, tm
         logged = {e.key: e.after for e in read_log_events(str(Path(res.segment).parent))}
 
         chunk = tmp_path / "chunk.parquet"
-        out = d.read_chunk(schema, ChunkRange(), after_key=None, limit=100, path=str(chunk))
+        out = d.read_chunk(ChunkRead(schema, ChunkRange(), after_key=None, limit=100, path=str(chunk)))
         from airflow_provider_cdc.storage.staged import read_chunk_rows
 
         selected = dict(read_chunk_rows(str(chunk), schema.table.id))
@@ -541,7 +541,7 @@ def test_capture_transactions_positions_watermarks_and_resume(make_dialect, admi
         assert d.current_position() > d.current_position().__class__(first.index, first.pos)
 
         # max_events cuts only at a transaction boundary: the 5-row transaction comes whole
-        batch = d.read_log(d.load_offset(data), max_events=2)
+        batch = d.read_log(LogRead(d.load_offset(data), max_events=2))
         assert len(batch.events) == 5 and BinlogOffset.from_json(batch.end_offset) > first
         assert re.fullmatch(r"\d+-\d+-\d+", json.loads(batch.end_offset)["gtid"])  # MariaDB GTID
         res1 = stage_changelog(d, data, max_events=2)
@@ -666,7 +666,7 @@ def test_hostile_identifiers_round_trip(mysql_uri, admin, unique_name, tmp_path)
             assert [e.id for e in events if isinstance(e, WatermarkEvent)] == ["hw'`;--"]
             assert sorted(e.after["k`ey"] for e in events if isinstance(e, ChangeEvent)) == ["a'); --", "b`"]
             out = d.read_chunk(
-                schema, ChunkRange(), after_key=("a'); --",), limit=10, path=str(tmp_path / "c.parquet")
+                ChunkRead(schema, ChunkRange(), after_key=("a'); --",), limit=10, path=str(tmp_path / "c.parquet"))
             )
             assert out.rows == 1 and out.last_key == ("b`",)
             assert d.max_key(schema) == ("b`",)
@@ -686,7 +686,7 @@ def test_chunks_are_keyset_pages_with_filter(make_dialect, admin, unique_name, t
         seen, after = [], None
         while True:
             res = d.read_chunk(
-                schema, ChunkRange(), after_key=after, limit=5, path=str(tmp_path / f"{len(seen)}.pq")
+                ChunkRead(schema, ChunkRange(), after_key=after, limit=5, path=str(tmp_path / f"{len(seen)}.pq"))
             )
             if not res.rows:
                 break
@@ -697,12 +697,14 @@ def test_chunks_are_keyset_pages_with_filter(make_dialect, admin, unique_name, t
         want = [(a, base64.b64encode(b).decode()) for a, b, _ in rows]
         assert seen == want
         res = d.read_chunk(
-            schema,
-            ChunkRange((1, want[4][1]), (3, want[9][1])),
-            after_key=None,
-            limit=100,
-            path=str(tmp_path / "r.pq"),
-            where="`v` % 2 = 0",
+            ChunkRead(
+                schema,
+                ChunkRange((1, want[4][1]), (3, want[9][1])),
+                after_key=None,
+                limit=100,
+                path=str(tmp_path / "r.pq"),
+                where="`v` % 2 = 0",
+            )
         )
         assert res.rows == len([r for r in rows if (1, 1) <= (r[0], r[1][0]) < (3, 0) and r[2] % 2 == 0])
         assert d.max_key(schema) == want[-1] and d.max_key(schema, where="`a` < 2") == want[5]
@@ -821,7 +823,7 @@ def test_capture_without_table_list_takes_every_user_table_with_a_key(
         admin.execute(f"INSERT INTO `{DB}`.`{t}` VALUES (1, x'ff00')")
         admin.execute(f"INSERT INTO `{DB}`.`{nopk}` VALUES (1)")
         d.write_watermark(f"w-{unique_name}")
-        events = d.read_log(d.load_offset(data)).events
+        events = d.read_log(LogRead(d.load_offset(data))).events
         tables = {e.table for e in events if isinstance(e, ChangeEvent)}
         assert f"{DB}.{t}" in tables and f"{DB}.{nopk}" not in tables
         assert not any(name.startswith("cdc.") for name in tables)

@@ -25,7 +25,7 @@ import pytest
 from airflow_provider_cdc.core.event_batch import EventBatch
 from airflow_provider_cdc.core.events import ChangeEvent
 from airflow_provider_cdc.core.schema import TableName
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ConnectionParams, LogRead, get_dialect
 from airflow_provider_cdc.dialects.mysql import binlog_read, packets, rows_walker
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.storage.layout import changelog_dir
@@ -259,7 +259,7 @@ def test_compiled_walker_stages_exactly_what_the_pure_python_reader_stages(mysql
             d = get_dialect(ConnectionParams.from_uri(mysql_uri), source=src, watermark_schema="cdc",
                             watermark_table=wm, tables=[TableName(DB, x) for x in tables], rows_decoder="compiled")
             try:
-                batch = d.read_log(start)
+                batch = d.read_log(LogRead(start))
                 assert isinstance(batch.events, EventBatch)
                 typed = {p.table for p in batch.events.parts if p.typed}
                 assert typed == {f"{DB}.{t}"}  # Aria's held rows, latin1 and the FLOAT key: canonical dicts

@@ -19,7 +19,7 @@ from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import TableName, decode_key
 from airflow_provider_cdc.core.window import WindowChunk, merge_window, mirror_apply, mirror_rows
 from airflow_provider_cdc.dialects import get_dialect
-from airflow_provider_cdc.dialects.base import ConnectionParams
+from airflow_provider_cdc.dialects.base import ChunkRead, ConnectionParams, LogRead
 from airflow_provider_cdc.dialects.postgres import PgSettings, PostgresDialect, prerequisite_problems
 from airflow_provider_cdc.pipeline.capture import stage_changelog
 from airflow_provider_cdc.pipeline.snapshot import snapshot_chunk
@@ -736,8 +736,8 @@ class TestPostgresDialect(DialectSuite):
             after = None
             for n in range(3):
                 a, b = f"{ctx.data_dir}/fast{n}.parquet", f"{ctx.data_dir}/slow{n}.parquet"
-                ra = fast.read_chunk(schema, FULL_RANGE, after_key=after, limit=50, path=a, where="id <> 3")
-                rb = slow.read_chunk(schema, FULL_RANGE, after_key=after, limit=50, path=b, where="id <> 3")
+                ra = fast.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=after, limit=50, path=a, where="id <> 3"))
+                rb = slow.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=after, limit=50, path=b, where="id <> 3"))
                 # the snapshot each read recorded (which transactions it saw, the log position after
                 # it) is the server's, not the chunk's: another session's transaction between the two
                 # reads (the deployment tier's scheduler) moves it, and the position moves anyway
@@ -786,12 +786,12 @@ class TestPostgresDialect(DialectSuite):
         d = ctx.dialect([t])
         start = d.load_offset(ctx.data_dir)
         ctx.execute(f"INSERT INTO {ctx.qt(t)} VALUES (1)")
-        batch = d.read_log(start)
+        batch = d.read_log(LogRead(start))
         assert len(table_events(batch.events, t)) == 1
         d.close()  # e.g. the stream dropped while staging took long: confirm through SQL
         d.commit_offset(batch.end_offset, ctx.data_dir)
         assert d.load_offset(ctx.data_dir) == batch.end_offset
-        assert table_events(d.read_log(batch.end_offset).events, t) == []
+        assert table_events(d.read_log(LogRead(batch.end_offset)).events, t) == []
 
     def test_least_privilege_user_captures_and_snapshots(self, ctx):
         """REPLICATION + SELECT on the table + DML on the watermark table is enough once an

@@ -16,7 +16,7 @@ from airflow_provider_cdc.core.findings import OK, WARNING, Finding
 from airflow_provider_cdc.core.position import Position
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
 from airflow_provider_cdc.dialects import registry
-from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect, LogBatch
+from airflow_provider_cdc.dialects.base import ConnectionParams, Dialect, LogBatch, LogRead
 from airflow_provider_cdc.dialects.profile import DATABASE, DatabaseProfile, OwnedObject
 
 
@@ -159,8 +159,8 @@ class FakeDialect(Dialect):
     def load_offset(self, data_dir: str) -> str:
         return "0"
 
-    def read_log(self, offset: str, **kwargs: Any) -> LogBatch:
-        return LogBatch([], offset, offset)
+    def read_log(self, request: LogRead) -> LogBatch:
+        return LogBatch([], request.offset, request.offset)
 
     def commit_offset(self, offset: str, data_dir: str) -> None:
         return None

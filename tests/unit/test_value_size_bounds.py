@@ -17,7 +17,7 @@ from airflow_provider_cdc.core.arrow_types import gather_slices, slices_array
 from airflow_provider_cdc.core.errors import ConfigurationError
 from airflow_provider_cdc.core.ranges import FULL_RANGE
 from airflow_provider_cdc.core.schema import Column, TableName, TableSchema
-from airflow_provider_cdc.dialects import ConnectionParams, get_dialect
+from airflow_provider_cdc.dialects import ChunkRead, ConnectionParams, get_dialect
 from airflow_provider_cdc.dialects.base import DEFAULT_BATCH_MAX_BYTES, value_bytes
 from airflow_provider_cdc.dialects.mysql import bounded_batches
 from airflow_provider_cdc.dialects.postgres import pgcopy
@@ -214,7 +214,7 @@ def _mysql_chunk(tmp_path, rows, name: str, **options):
     seen: list[str] = []
     d.server.connect = lambda **kw: _FakeConn(rows, seen)
     path = str(tmp_path / f"{name}.parquet")
-    res = d.read_chunk(schema, FULL_RANGE, after_key=None, limit=100, path=path)
+    res = d.read_chunk(ChunkRead(schema, FULL_RANGE, after_key=None, limit=100, path=path))
     return res, pq.ParquetFile(path)
 
 

@@ -5,7 +5,7 @@ module each) and answers the Dialect contract by delegating to them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pymysql
@@ -190,15 +190,6 @@ class MySqlDialect(ComposedDialect):
         )
         return self.chunks.widen_floats(schema, sql, columns), params
 
-    def stream_query(
-        self,
-        sql: str,
-        params: Sequence[Any],
-        batch_size: int = 10_000,
-        max_bytes: int | None = None,
-        snapshot: list | None = None,
-    ) -> Iterator[list[tuple]]:
-        return self.chunks.stream_query(sql, params, batch_size, max_bytes, snapshot)
 
     def whole_table_query(self, schema: TableSchema) -> str:
         return self.chunks.widen_floats(schema, super().whole_table_query(schema), None)

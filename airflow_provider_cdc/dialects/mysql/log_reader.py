@@ -18,7 +18,7 @@ from ...core.errors import SourceError, StateError
 from ...core.events import ChangeEvent, LogEvent, Op, WatermarkEvent
 from ...core.position import Position, binlog_file_index, binlog_major
 from ...core.schema import WHOLE_ROW, TableName, encode_key
-from ..base import LogBatch, SegmentSink
+from ..base import LogBatch, LogRead
 from .binlog import _ER_MASTER_FATAL_ERROR_READING_BINLOG, OFFSET_FILE, BinlogOffset
 from .binlog_read import _BinlogRead, parse_truncate
 from .failover import GtidState
@@ -75,14 +75,7 @@ class MyLogReader:
         # the watermark database holds every source's watermark tables: CDC's, not the user's
         return schema not in PROFILE.system_schemas and schema != self.watermark_table.schema
 
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
+    def read_log(self, request: LogRead) -> LogBatch:
         """Binlog from ``offset`` to the end read at the start (SHOW MASTER STATUS). The
         returned end offset is always at a group end (after an XID, COMMIT, ROLLBACK, DDL or XA
         PREPARE), never inside a transaction (I6).
@@ -103,6 +96,8 @@ class MyLogReader:
         its ``XA COMMIT`` with the commit's position, where the change becomes visible (I1), or
         dropped at ``XA ROLLBACK``, in this run or a later one. Events whose changes cannot be
         read are refused (:meth:`_refuse`), never skipped silently."""
+        offset, max_events = request.offset, request.max_events
+        segment_max_events, on_segment = request.segment_max_events, request.on_segment
         start = BinlogOffset.from_json(offset)
         end = self.server.binlog_end(start.epoch)
         if start > end:

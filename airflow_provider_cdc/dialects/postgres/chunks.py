@@ -21,7 +21,14 @@ from ...core.position import (
 )
 from ...core.schema import TableSchema
 from ...core.visibility import ReplayedBefore
-from ..base import READ_FLOOR_MIRROR, READ_FLOOR_SNAPSHOT, ChunkReadResult, ReadSnapshot, WholeTableRead
+from ..base import (
+    READ_FLOOR_MIRROR,
+    READ_FLOOR_SNAPSHOT,
+    ChunkReadResult,
+    ReadSnapshot,
+    TableScan,
+    WholeTableRead,
+)
 from .catalog import PgCatalog
 from .offsets import PgOffsets
 from .server import PgServer
@@ -172,14 +179,7 @@ class PgChunkReader:
             raise
         return ChunkReadResult(rows, last, seen.mark, seen.visibility)
 
-    def read_whole(
-        self,
-        schema: TableSchema,
-        select: str,
-        path_of: Callable[[int], str],
-        rows_per_file: int,
-        progress: Callable[[int], None] | None = None,
-    ) -> WholeTableRead:
+    def read_whole(self, request: TableScan, select: str) -> WholeTableRead:
         """A whole-table refresh's read (Dialect.read_whole_table) in physical ``ctid`` ranges:
         one REPEATABLE READ transaction (one snapshot, recorded first as a chunk's is), the
         table's blocks split into spans of about ``rows_per_file`` rows by the planner's
@@ -189,6 +189,9 @@ class PgChunkReader:
         every row (:meth:`Dialect.whole_table_query`)."""
         import psycopg2
 
+        schema, path_of, rows_per_file, progress = (
+            request.schema, request.path_of, request.rows_per_file, request.progress
+        )
         conn = self.server.read_conn()
         files: list[tuple[str, int]] = []
         try:

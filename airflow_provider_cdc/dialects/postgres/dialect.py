@@ -5,20 +5,21 @@ answers the Dialect contract by delegating to them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ...core.errors import ConfigurationError, SourceBehindError
 from ...core.findings import Finding
 from ...core.position import Position
-from ...core.ranges import ChunkRange
-from ...core.schema import TableName, TableSchema
+from ...core.schema import TableName
 from ...core.sqlnames import quote_pg
 from ..base import (
     READ_FLOOR_SNAPSHOT,
+    ChunkRead,
     ChunkReadResult,
     ConnectionParams,
     LogActivity,
+    TableScan,
     WholeTableRead,
 )
 from ..composed import ComposedDialect
@@ -238,42 +239,16 @@ class PostgresDialect(ComposedDialect):
     def read_snapshot_hook(self, hook) -> None:
         self.chunks.read_snapshot_hook = hook
 
-    def stream_query(
-        self, sql: str, params: Sequence[Any], batch_size: int = 10_000, snapshot: list | None = None
-    ) -> Iterator[list[tuple]]:
-        return self.chunks.stream_query(sql, params, batch_size, snapshot)
+    def read_whole_table(self, request: TableScan) -> WholeTableRead:
+        return self.chunks.read_whole(request, self.whole_table_query(request.schema))
 
-    def read_whole_table(
-        self,
-        schema: TableSchema,
-        path_of: Callable[[int], str],
-        rows_per_file: int,
-        progress: Callable[[int], None] | None = None,
-    ) -> WholeTableRead:
-        select = self.whole_table_query(schema)
-        return self.chunks.read_whole(schema, select, path_of, rows_per_file, progress)
-
-    def read_chunk(
-        self,
-        schema: TableSchema,
-        rng: ChunkRange,
-        *,
-        after_key: Sequence | None,
-        limit: int,
-        path: str,
-        where: str | None = None,
-        upper_bound: Sequence | None = None,
-    ) -> ChunkReadResult:
+    def read_chunk(self, request: ChunkRead) -> ChunkReadResult:
         """DBLog step 2 through COPY (PgChunkReader.read_chunk); option ``fast_chunks=False``
         uses the generic path (dialects/reads.py)."""
         if not self.fast_chunks:
-            return super().read_chunk(
-                schema, rng, after_key=after_key, limit=limit, path=path, where=where, upper_bound=upper_bound
-            )
-        sql, params = self.chunk_query(
-            schema, rng, after_key=after_key, limit=limit, where=where, upper_bound=upper_bound
-        )
-        return self.chunks.read_chunk(schema, sql, params, path)
+            return super().read_chunk(request)
+        sql, params = self.chunk_query_of(request)
+        return self.chunks.read_chunk(request.schema, sql, params, request.path)
 
     def read_floor(self) -> Position | None:
         return self.chunks.read_floor()

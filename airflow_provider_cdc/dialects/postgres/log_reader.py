@@ -13,7 +13,7 @@ from ...core.errors import SourceError
 from ...core.events import ChangeEvent, Op, WatermarkEvent
 from ...core.position import Position, int_to_lsn, lsn_to_int
 from ...core.schema import TableName, encode_key
-from ..base import LogBatch, SegmentSink
+from ..base import LogBatch, LogRead
 from . import pgbatch, pgoutput
 from .catalog import PgCatalog
 from .offsets import PgOffsets, _invalidation_reason, slot_invalidated_why
@@ -162,14 +162,7 @@ class PgLogReader:
             what.append(f"only the rows WHERE {rowfilter}")
         return " and ".join(what) or None
 
-    def read_log(
-        self,
-        offset: str,
-        *,
-        max_events: int | None = None,
-        segment_max_events: int | None = None,
-        on_segment: SegmentSink | None = None,
-    ) -> LogBatch:
+    def read_log(self, request: LogRead) -> LogBatch:
         """Whole transactions from the slot's confirmed position up to the WAL flush position
         when the run's first read started (or fewer: one *step*, see below; or ending at a
         commit once ``max_events`` is reached); segments go to ``on_segment`` at commits (see
@@ -196,6 +189,8 @@ class PgLogReader:
         transaction only once it committed (never an aborted one, nor a rolled-back
         subtransaction's changes), so its parts are final; the offset still only moves to a
         commit. Positions inside it go on across parts (``Segment.begin(base=...)``)."""
+        offset, max_events = request.offset, request.max_events
+        segment_max_events, on_segment = request.segment_max_events, request.on_segment
         start = lsn_to_int(offset)
         upto, self._read_upto = (
             (self.offsets.flush_lsn() if self._read_upto is None else self._read_upto),
