@@ -61,7 +61,11 @@ def _winners(candidates: pa.Table) -> pa.Table:
 
 
 def stored_versions(
-    table_uri: str, paths: Sequence[str], keys: pa.Array, older_than: str | None = None
+    table_uri: str,
+    paths: Sequence[str],
+    keys: pa.Array,
+    older_than: str | None = None,
+    vectors: Mapping[str, Mapping | None] | None = None,
 ) -> pa.Table:
     """The stored versions of the canonical ``keys`` (distinct) in the bucket made of ``paths``
     (read order): columns k (index into keys), file (index into paths), row, ``__position``,
@@ -71,15 +75,27 @@ def stored_versions(
     whose positions are not all older than ``older_than`` (the oldest new row): there the
     position given is the row group's newest (at least the row's own) and deleted is null. A
     changelog apply, newer than everything stored, so reads keys only: its cost follows its
-    keys, through the index, or is at most the bucket's key column without one."""
+    keys, through the index, or is at most the bucket's key column without one.
+
+    With ``vectors`` (the files' deletion vectors), a file whose every row is masked and
+    whose newest position is older than ``older_than`` is not read: none of its rows can be
+    live, and none can stop a row of the write (the guard takes a row that is newer than the
+    stored winner), so leaving them out changes neither the write's rows nor any vector. A hot
+    small table's bucket gains a file a round, each masked whole by the next: a round reads
+    only the newest instead of every file since the bucket's last compaction."""
     wanted = sorted(keys.to_pylist())
     parts = []
     for i, rel in enumerate(paths):
-        indexed = key_index.lookup(table_uri, rel, keys, wanted)
+        dv = (vectors or {}).get(rel)
         fs, p = storage.filesystem(_location(table_uri, rel))
         with fs.open_input_file(p) as fh:
             f = pq.ParquetFile(fh)
             meta = f.metadata
+            if older_than is not None and dv and dv.get("cardinality") == meta.num_rows:
+                newest = _newest_position(f)
+                if newest is not None and newest < older_than:
+                    continue
+            indexed = key_index.lookup(table_uri, rel, keys, wanted)
             if indexed is not None and meta.num_rows != indexed.file_rows:
                 log.warning(
                     "key index of %s counts %d rows, the file %d: reading its keys",
@@ -138,6 +154,21 @@ def stored_versions(
     return pa.concat_tables(parts)
 
 
+def _newest_position(f: pq.ParquetFile) -> str | None:
+    """The newest ``__position`` of a Parquet file by its row groups' statistics (None: a row
+    group without them)."""
+    col = f.schema_arrow.get_field_index(POSITION_COLUMN)
+    if col < 0:
+        return None
+    newest = None
+    for g in range(f.metadata.num_row_groups):
+        st = f.metadata.row_group(g).column(col).statistics
+        if st is None or not st.has_min_max or not isinstance(st.max, str):
+            return None
+        newest = st.max if newest is None or st.max > newest else newest
+    return newest
+
+
 def write_change(
     table_uri: str,
     bucket: int,
@@ -154,10 +185,9 @@ def write_change(
     be live), a tombstone is written and masked (the guard needs it), and the stored live row
     of a key the file supersedes is masked in its file. None: nothing newer to write."""
     rows = rows.sort_by(KEY_COLUMN)  # files sorted by key: lookups skip row groups by their range
+    oldest_new = pc.min(rows[POSITION_COLUMN]).as_py()
     found = (
-        stored_versions(
-            table_uri, paths, rows[KEY_COLUMN].combine_chunks(), pc.min(rows[POSITION_COLUMN]).as_py()
-        )
+        stored_versions(table_uri, paths, rows[KEY_COLUMN].combine_chunks(), oldest_new, current)
         if paths
         else None
     )
@@ -189,9 +219,11 @@ def write_change(
     hit_rows = beaten["row"].to_numpy()
     for i in np.unique(files).tolist():
         rel = paths[i]
-        vectors.append(
-            np.union1d(dvs.read_vector(table_uri, current.get(rel)), hit_rows[files == i].astype(np.uint64))
-        )
+        old = dvs.read_vector(table_uri, current.get(rel))
+        mask = np.union1d(old, hit_rows[files == i].astype(np.uint64))
+        if len(mask) == len(old):  # every row it supersedes there is masked already: no new vector
+            continue
+        vectors.append(mask)
         owners.append(rel)
     try:
         descriptors = dvs.write_vectors(table_uri, vectors) if vectors else []

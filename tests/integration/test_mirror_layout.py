@@ -539,3 +539,57 @@ INDEXING = key_index.MIN_ROWS, key_index.BLOCK
 TestMirrorMachine = MirrorMachine.TestCase
 TestMirrorMachine.settings = settings(max_examples=25, stateful_step_count=25, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_a_hot_small_tables_round_reads_only_the_files_it_can_change(data_dir, monkeypatch):
+    """Each round updates every row of a small table (pgbench's tellers): every bucket gains a
+    change file and the one before is masked whole. A round reads only the newest file of each
+    bucket (a file masked whole and older than the write's rows can neither hold a live row nor
+    stop one), writes no vector for a file whose rows are masked already, and every reader, the
+    package's and delta-rs's, sees the live rows; a replayed round and a replay after a delete
+    change nothing."""
+    from deltalake import DeltaTable
+
+    from airflow_provider_cdc.sinks import bucket_masks
+    from airflow_provider_cdc.sinks.bucket_files import read_order
+
+    keys = range(40)
+    pos = 0
+
+    def round_of(r: int) -> list[dict]:
+        nonlocal pos
+        out = []
+        for k in keys:
+            pos += 1
+            out.append(ev(pos, "u" if r else "c", k, f"r{r}k{k}"))
+        return out
+
+    rounds = [round_of(r) for r in range(12)]
+    for events in rounds[:-1]:
+        write(data_dir, events)
+    reads, remasks = [], []
+    real_lookup, real_write = key_index.lookup, bucket_masks.dvs.write_vectors
+    monkeypatch.setattr(key_index, "lookup", lambda *a, **k: reads.append(a[1]) or real_lookup(*a, **k))
+    monkeypatch.setattr(bucket_masks.dvs, "write_vectors",
+                        lambda uri, vectors: remasks.append(len(vectors)) or real_write(uri, vectors))
+    before = version(data_dir)
+    write(data_dir, rounds[-1])
+    newest = {read_order(f)[-1] for f in before.files.values() if f}
+    assert sorted(reads) == sorted(newest), "a round read files masked whole before it"
+    assert max(len(f) for f in before.files.values()) >= 10  # the files it did not read
+    # each bucket's vectors: the new file's none (no tombstone), the newest file's rows masked
+    assert remasks and all(n == 1 for n in remasks), remasks
+    model = {k: f"r11k{k}" for k in keys}
+    path = mirror_dir(data_dir, SOURCE, T)
+    by_delta_rs = {r["id"]: r["v"] for r in pa.table(DeltaTable(path).scan()).to_pylist()}
+    assert live(data_dir) == model and by_delta_rs == model
+    monkeypatch.undo()
+    write(data_dir, rounds[5])  # a replay: older than every stored winner
+    assert live(data_dir) == model
+    pos += 1
+    write(data_dir, [ev(pos, "d", 3)])
+    write(data_dir, rounds[-1][3:4])  # key 3's last update, replayed after its delete
+    del model[3]
+    assert live(data_dir) == model
+    assert {r["id"]: r["v"] for r in pa.table(DeltaTable(path).scan()).to_pylist()} == model
+    assert all(got == model for got in every_reader(data_dir)[:2] + every_reader(data_dir)[3:])
