@@ -106,52 +106,68 @@ def stored_versions(
                 indexed = None
             if indexed is not None and not len(indexed.rows):
                 continue
-            key_col = f.schema_arrow.get_field_index(KEY_COLUMN)
-            pos_col = f.schema_arrow.get_field_index(POSITION_COLUMN)
             offset = 0
             for g in range(meta.num_row_groups):
-                group = meta.row_group(g)
-                n = group.num_rows
-                if indexed is not None:
-                    lo, hi = np.searchsorted(indexed.rows, [offset, offset + n])
-                    k_of, hit = pa.array(indexed.keys[lo:hi]), pa.array(indexed.rows[lo:hi] - offset)
-                else:
-                    st = group.column(key_col).statistics if key_col >= 0 else None
-                    if st is not None and st.has_min_max:
-                        lo = bisect.bisect_left(wanted, st.min)
-                        if lo >= len(wanted) or wanted[lo] > st.max:
-                            offset += n
-                            continue
-                    col = f.read_row_group(g, columns=[KEY_COLUMN])[KEY_COLUMN].combine_chunks()
-                    idx = pc.index_in(col, value_set=keys)
-                    hit = pc.indices_nonzero(pc.is_valid(idx))
-                    k_of = pc.take(idx, hit)
-                if len(hit):
-                    ps = group.column(pos_col).statistics if pos_col >= 0 else None
-                    newest = ps.max if ps is not None and ps.has_min_max else None
-                    if older_than is not None and isinstance(newest, str) and newest < older_than:
-                        position = pa.repeat(pa.scalar(newest, pa.string()), len(hit))
-                        deleted = pa.nulls(len(hit), pa.bool_())
-                    else:
-                        rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
-                        position = pc.take(rest[POSITION_COLUMN], hit).cast(pa.string())
-                        deleted = pc.take(rest[DELETED_COLUMN], hit)
-                    parts.append(
-                        pa.table(
-                            [
-                                k_of.cast(pa.int32()),
-                                pa.array(np.full(len(hit), i, dtype=np.int32)),
-                                pc.add(hit.cast(pa.int64()), offset),
-                                position,
-                                deleted,
-                            ],
-                            schema=_WINNER_SCHEMA,
-                        )
-                    )
-                offset += n
+                found = _group_versions(f, g, i, offset, keys, wanted, indexed, older_than)
+                if found is not None:
+                    parts.append(found)
+                offset += meta.row_group(g).num_rows
     if not parts:
         return _WINNER_SCHEMA.empty_table()
     return pa.concat_tables(parts)
+
+
+def _group_versions(
+    f: pq.ParquetFile,
+    g: int,
+    i: int,
+    offset: int,
+    keys: pa.Array,
+    wanted: list,
+    indexed,
+    older_than: str | None,
+) -> pa.Table | None:
+    """:func:`stored_versions` of row group ``g`` of file ``i`` (``f``; its first row is row
+    ``offset`` of the file): found through the file's key index (``indexed``) or by reading the
+    group's keys when their range holds a wanted one. None: no wanted key there."""
+    group = f.metadata.row_group(g)
+    n = group.num_rows
+    if indexed is not None:
+        lo, hi = np.searchsorted(indexed.rows, [offset, offset + n])
+        k_of, hit = pa.array(indexed.keys[lo:hi]), pa.array(indexed.rows[lo:hi] - offset)
+    else:
+        key_col = f.schema_arrow.get_field_index(KEY_COLUMN)
+        st = group.column(key_col).statistics if key_col >= 0 else None
+        if st is not None and st.has_min_max:
+            lo = bisect.bisect_left(wanted, st.min)
+            if lo >= len(wanted) or wanted[lo] > st.max:
+                return None
+        col = f.read_row_group(g, columns=[KEY_COLUMN])[KEY_COLUMN].combine_chunks()
+        idx = pc.index_in(col, value_set=keys)
+        hit = pc.indices_nonzero(pc.is_valid(idx))
+        k_of = pc.take(idx, hit)
+    if not len(hit):
+        return None
+    pos_col = f.schema_arrow.get_field_index(POSITION_COLUMN)
+    ps = group.column(pos_col).statistics if pos_col >= 0 else None
+    newest = ps.max if ps is not None and ps.has_min_max else None
+    if older_than is not None and isinstance(newest, str) and newest < older_than:
+        position = pa.repeat(pa.scalar(newest, pa.string()), len(hit))
+        deleted = pa.nulls(len(hit), pa.bool_())
+    else:
+        rest = f.read_row_group(g, columns=[POSITION_COLUMN, DELETED_COLUMN])
+        position = pc.take(rest[POSITION_COLUMN], hit).cast(pa.string())
+        deleted = pc.take(rest[DELETED_COLUMN], hit)
+    return pa.table(
+        [
+            k_of.cast(pa.int32()),
+            pa.array(np.full(len(hit), i, dtype=np.int32)),
+            pc.add(hit.cast(pa.int64()), offset),
+            position,
+            deleted,
+        ],
+        schema=_WINNER_SCHEMA,
+    )
 
 
 def _newest_position(f: pq.ParquetFile) -> str | None:
