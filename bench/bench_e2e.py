@@ -363,7 +363,7 @@ with get_dialect(params, source=a["source"], tables=[TableName.parse(a["table"])
     t = time.perf_counter()
     r = stage_changelog(d, a["dir"])
     took = time.perf_counter() - t
-print("RESULT " + json.dumps({"events": r.events, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
+print("RESULT " + json.dumps({"events": r.events, "watermarks": r.watermarks, "seconds": took, "rss_before": before, "peak": hwm(), "reset": ok,
                               "segment_bytes": sum(os.path.getsize(p) for p in (r.segments or ([r.segment] if r.segment else []))),
                               "segments": len(r.segments or ([r.segment] if r.segment else []))}))
 """

@@ -24,8 +24,9 @@ def test_bench_runs_at_tiny_sizes(kind, request, capsys):
     assert rc == 0, out
     (res,) = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     assert [r["rows"] for r in res["transactions"]] == [50, 300]
-    # the UPDATE of N rows is N change events (MariaDB: one per row image pair)
-    assert [r["events"] for r in res["transactions"]] == [50, 300]
+    # the UPDATE of N rows is N change events (MariaDB: one per row image pair); the watermark rows
+    # that sources of tests running beside this one write to the shared watermark table are not
+    assert [r["events"] - r["watermarks"] for r in res["transactions"]] == [50, 300]
     assert res["values"]["capture"]["events"] == 1 and res["values"]["chunk"]["rows"] == 1
     assert "## Targets" in out
     assert "300-row peak within 250 MB of the 50-row peak" in out

@@ -37,13 +37,18 @@ def local_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+PORT_VARS = ("CDC_PG_PORT", "CDC_MYSQL_PORT", "CDC_PG_STANDBY_PORT", "CDC_MYSQL_REPLICA_PORT", "CDC_PG18_PORT",
+             "CDC_PG16_PORT", "CDC_PG16_STANDBY_PORT", "CDC_PG17_PORT", "CDC_PG17_STANDBY_PORT")
+
+
 def _env(local_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDC_")}
-    env.update(CDC_LOCAL_DIR=str(local_dir), CDC_PG_PORT=str(_free_port()), CDC_MYSQL_PORT=str(_free_port()),
-               CDC_PG_STANDBY_PORT=str(_free_port()), CDC_MYSQL_REPLICA_PORT=str(_free_port()),
-               CDC_PG18_PORT=str(_free_port()), CDC_PG16_PORT=str(_free_port()),
-               CDC_PG16_STANDBY_PORT=str(_free_port()), CDC_PG17_PORT=str(_free_port()),
-               CDC_PG17_STANDBY_PORT=str(_free_port()))
+    # distinct ports: a port freed by one _free_port() can come back from the next (CI saw the
+    # PostgreSQL primary's port handed to the MariaDB replica too)
+    ports: set[int] = set()
+    while len(ports) < len(PORT_VARS):
+        ports.add(_free_port())
+    env.update(CDC_LOCAL_DIR=str(local_dir), **{var: str(p) for var, p in zip(PORT_VARS, sorted(ports), strict=True)})
     env.update(extra)
     return env
 
