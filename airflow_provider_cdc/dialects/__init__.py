@@ -1,9 +1,8 @@
 """One package per database. ``get_dialect(params)`` makes a dialect by name (dialects/registry.py).
 
-``ConnectionParams``, ``Dialect`` and the read requests (``ChunkRead``,
-``TableScan``, ``LogRead``) load
-dialects/base.py (and pyarrow) when first used (PEP 562): the driver-free registry and profiles
-are read when a DAG file is parsed."""
+``ConnectionParams``, ``Dialect`` and the read requests (``ChunkRead``, ``TableScan``,
+``LogRead``) load dialects/base.py (and pyarrow) when first used (PEP 562): the driver-free
+registry and profiles are read when a DAG file is parsed."""
 
 from __future__ import annotations
 

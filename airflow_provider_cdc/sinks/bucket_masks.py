@@ -148,10 +148,8 @@ def _group_versions(
         k_of = pc.take(idx, hit)
     if not len(hit):
         return None
-    pos_col = f.schema_arrow.get_field_index(POSITION_COLUMN)
-    ps = group.column(pos_col).statistics if pos_col >= 0 else None
-    newest = ps.max if ps is not None and ps.has_min_max else None
-    if older_than is not None and isinstance(newest, str) and newest < older_than:
+    newest = _group_newest(f, g)
+    if older_than is not None and newest is not None and newest < older_than:
         position = pa.repeat(pa.scalar(newest, pa.string()), len(hit))
         deleted = pa.nulls(len(hit), pa.bool_())
     else:
@@ -170,19 +168,17 @@ def _group_versions(
     )
 
 
-def _newest_position(f: pq.ParquetFile) -> str | None:
-    """The newest ``__position`` of a Parquet file by its row groups' statistics (None: a row
-    group without them)."""
+def _group_newest(f: pq.ParquetFile, g: int) -> str | None:
+    """The newest ``__position`` of row group ``g`` by its statistics (None: none recorded)."""
     col = f.schema_arrow.get_field_index(POSITION_COLUMN)
-    if col < 0:
-        return None
-    newest = None
-    for g in range(f.metadata.num_row_groups):
-        st = f.metadata.row_group(g).column(col).statistics
-        if st is None or not st.has_min_max or not isinstance(st.max, str):
-            return None
-        newest = st.max if newest is None or st.max > newest else newest
-    return newest
+    st = f.metadata.row_group(g).column(col).statistics if col >= 0 else None
+    return st.max if st is not None and st.has_min_max and isinstance(st.max, str) else None
+
+
+def _newest_position(f: pq.ParquetFile) -> str | None:
+    """The newest ``__position`` of a Parquet file (None: a row group without statistics)."""
+    newest = [_group_newest(f, g) for g in range(f.metadata.num_row_groups)]
+    return None if not newest or None in newest else max(newest)
 
 
 def write_change(

@@ -190,7 +190,6 @@ class MySqlDialect(ComposedDialect):
         )
         return self.chunks.widen_floats(schema, sql, columns), params
 
-
     def whole_table_query(self, schema: TableSchema) -> str:
         return self.chunks.widen_floats(schema, super().whole_table_query(schema), None)
 
