@@ -212,7 +212,10 @@ def pg17_standby_uri(pg17_uri) -> str:
 
 @pytest.fixture(scope="session")
 def mysql_replica_uri(mysql_uri) -> str:
-    """The private MariaDB's replica (scripts/services.sh), replicating."""
+    """The private MariaDB's replica (scripts/services.sh), replicating. Every test's writes to the
+    shared primary reach it, applied by one thread: a table written under load needs an index the
+    replica finds each row event's row by (a keyless table without one costs a full scan per row,
+    and the replica tests then time out waiting for it; the keyless e2e tests index `grp`)."""
     uri = os.environ.get("CDC_TEST_MYSQL_REPLICA_URI", "mysql://root@127.0.0.1:53307/cdc_test")
     try:
         from urllib.parse import urlsplit
