@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from ..core.errors import ConfigurationError
-from ..core.findings import Finding
+from ..core.findings import ERROR, OK, Finding
 from ..core.planning import validate_where as _core_validate_where
 from ..core.position import Position
 from ..core.row_digest import DIGEST_NULL, DIGEST_SIZED  # noqa: F401 - the dialects' SQL builds them
@@ -59,6 +59,7 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 
 
 # verify's digest forms: core/row_digest.py (the dialects build the same text in SQL)
+
 
 
 class Dialect(SharedReads, ABC):
@@ -328,6 +329,18 @@ class Dialect(SharedReads, ABC):
         """The name of the strategy (``watermarks``), for messages."""
         return self.watermarks.name
 
+    # the strategy's facts, for the collaborators and the doctor checks: they are handed these,
+    # never the strategy (tests/unit/test_setting_paths.py)
+    def watermark_tables(self) -> list[TableName]:
+        """The tables the strategy writes: the watermark table ("table"), none ("log")."""
+        return self.watermarks.tables()
+
+    @property
+    def chunk_reads_snapshot(self) -> bool:
+        """A chunk read reports the snapshot it saw: its log position bounds the window ("log"), or
+        the database records its visibility (``records_visibility``)."""
+        return self.watermarks.reads_snapshot_position or self.records_visibility
+
     def prepare_watermarks(self) -> None:
         """What the strategy needs before a snapshot: the watermark table ("table"), nothing ("log")."""
         self.watermarks.prepare()
@@ -538,3 +551,16 @@ class Dialect(SharedReads, ABC):
 def validate_where(where: str) -> str:
     """The optional chunk filter: one rule, defined in core (see core.planning.validate_where)."""
     return _core_validate_where(where)
+
+
+def grant_findings(
+    dialect: Dialect, who: str, problems: Sequence[str], before: Sequence[Finding]
+) -> list[Finding]:
+    """Doctor's grant findings of ``who`` (``user 'cdc'``, ``role 'cdc'``): one error per
+    problem, named with the watermark strategy whose needs it misses; an ok when neither these
+    nor the findings ``before`` found a grant missing."""
+    strategy = dialect.watermark_strategy
+    out = [Finding(ERROR, "grants", f"{who} (watermark strategy {strategy!r}): {p}") for p in problems]
+    if not out and not any(f.check == "grants" for f in before):
+        out.append(Finding(OK, "grants", f"{who} has what watermark strategy {strategy!r} needs"))
+    return out

@@ -117,7 +117,7 @@ class SharedReads:
         snapshot: list[ReadSnapshot] = []
         with ChunkWriter(schema, path) as writer:
             bound = {"max_bytes": self.batch_max_bytes} if self.stream_max_bytes else {}
-            if self.watermarks.reads_snapshot_position or self.records_visibility:
+            if self.chunk_reads_snapshot:
                 bound["snapshot"] = snapshot
             for batch in self.stream_query(sql, params, batch_size=max(1, self.fetch_batch_rows), **bound):
                 keys, afters = [], []

@@ -1,8 +1,8 @@
 """Issue 60's short paths, kept short: a run's ``chunk_size`` crosses at most five files of the
 package after the edge that parses it (the conf, a DAG's throttle), in one form (a
-``core.plans.Throttle``); and the watermark strategy is held by the dialect alone: no
-collaborator is handed the object, and the strategy calls nothing of the dialect but its
-windows contract (no grant check or chunk read calling back into it)."""
+``core.plans.Throttle``); and the watermark strategy is held by the dialect alone: it crosses
+at most five files, no collaborator is handed the object, and the strategy calls nothing of
+the dialect but its windows contract (no grant check or chunk read calling back into it)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,41 @@ def test_chunk_size_crosses_at_most_five_files_after_the_edge():
     print("chunk_size after the edge:", files)
     assert "core/plans.py" in files and "pipeline/snapshot_reads.py" in files  # the measure sees the path
     assert len(files) <= 5, f"chunk_size crosses {len(files)} files after the edge (at most 5): {files}"
+
+
+#: the strategy in code: the object (``.watermarks``), its classes and table, the setting's name
+STRATEGY_NAMES = {"WatermarkStrategy", "STRATEGIES", "WATERMARK_STRATEGIES", "watermark_strategy"}
+
+
+def _carries_watermark_strategy(rel: str, tree: ast.Module) -> bool:
+    """The module holds the strategy or the setting: a dialect's ``watermarks`` (``self`` is a
+    dialect under dialects/ only: a staged segment's ``watermarks`` are its watermark rows), the
+    strategy's names, an import of its module, or the setting's name as a whole string (an
+    option read or declared; a message that names the setting is not on the path)."""
+    holders = ("self", "d", "dialect") if rel.startswith("dialects/") else ("d", "dialect")
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and (
+            n.attr in STRATEGY_NAMES
+            or (n.attr == "watermarks" and isinstance(n.value, ast.Name) and n.value.id in holders)
+        ):
+            return True
+        if isinstance(n, ast.Name) and n.id in STRATEGY_NAMES:
+            return True
+        if isinstance(n, ast.ImportFrom) and (n.module or "").endswith("watermark_strategy"):
+            return True
+        if isinstance(n, ast.Constant) and n.value == "watermark_strategy":
+            return True
+    return False
+
+
+def test_the_watermark_strategy_crosses_at_most_five_files_after_the_edge():
+    """Chosen in dialects/base.py from the connection's extra and held there: the collaborators
+    and the doctor checks are handed its facts (``watermark_tables``, ``chunk_reads_snapshot``),
+    the chunk step opens and closes its windows (pipeline/snapshot.py)."""
+    files = [rel for rel, tree in _package_files() if not rel.startswith(EDGE) and _carries_watermark_strategy(rel, tree)]
+    print("watermark_strategy after the edge:", files)
+    assert {"dialects/base.py", "dialects/watermark_strategy.py", "pipeline/snapshot.py"} <= set(files)
+    assert len(files) <= 5, f"the watermark strategy crosses {len(files)} files after the edge (at most 5): {files}"
 
 
 def test_no_collaborator_is_handed_the_watermark_strategy():

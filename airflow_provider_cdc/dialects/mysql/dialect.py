@@ -94,7 +94,7 @@ class MySqlDialect(ComposedDialect):
             self.server,
             tables=self.tables,
             watermark_table=self.watermark_table,
-            watermark_tables=self.watermarks.tables,
+            watermark_tables=self.watermark_tables,
         )
         self.failover = MyFailover(
             self.server, capture_server_id=self.server_id, resync_hint=self._resync_hint()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.findings import ERROR, OK, WARNING, Finding
+from ..base import grant_findings
 from .prerequisites import REQUIRED_SETTINGS, ReplicaStatusDenied, prerequisite_problems
 
 
@@ -31,16 +32,7 @@ def findings(d: Any) -> list[Finding]:
     for var in REQUIRED_SETTINGS:
         if not any(f.check == var for f in out):
             out.append(Finding(OK, var, str(settings.get(var))))
-    strategy = d.watermark_strategy
-    problems = d.privilege_problems(grants)
-    out += [
-        Finding(ERROR, "grants", f"user {d.params.user!r} (watermark strategy {strategy!r}): {p}")
-        for p in problems
-    ]
-    if not any(f.check == "grants" for f in out):
-        out.append(
-            Finding(OK, "grants", f"user {d.params.user!r} has what watermark strategy {strategy!r} needs")
-        )
+    out += grant_findings(d, f"user {d.params.user!r}", d.privilege_problems(grants), out)
     # a source that is itself a replica: its own binlog must carry what it applies, and capture
     # follows a failover by GTID only
     out += [Finding(ERROR, "replica", p) for p in d.replica_problems()]
@@ -102,7 +94,7 @@ def _mysql_replica(d: Any, status: dict) -> list[Finding]:
                 'TO MASTER_USE_GTID = slave_pos (docs: operations, "Failover")',
             )
         )
-    if d.watermarks.writes_rows:
+    if d.watermark_tables():  # watermark strategy 'table'
         out.append(
             Finding(
                 WARNING,

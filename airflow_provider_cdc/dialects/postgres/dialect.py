@@ -133,7 +133,7 @@ class PostgresDialect(ComposedDialect):
             tables=self.tables,
             failover_slot=self.failover_slot,
             read_timeout=self.read_timeout,
-            watermark_tables=self.watermarks.tables,
+            watermark_tables=self.watermark_tables,
             resync_hint=self._resync_hint(),
         )
         self.watermark_rows = PgWatermarkTable(self.server, self.catalog, self.offsets, self.watermark_table)
@@ -142,7 +142,7 @@ class PostgresDialect(ComposedDialect):
             self.offsets,
             self.watermark_rows,
             all_tables=self.all_tables,
-            watermark_tables=self.watermarks.tables,
+            watermark_tables=self.watermark_tables,
         )
         self.chunks = PgChunkReader(
             self.server,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...core.findings import ERROR, OK, WARNING, Finding
+from ..base import grant_findings
 from .prerequisites import prerequisite_problems
 
 
@@ -46,17 +47,12 @@ def findings(d: Any) -> list[Finding]:
         )
     grants = d.privilege_problems(s)
     if s.in_recovery:
-        if d.watermarks.tables():  # a standby takes no writes
+        if d.watermark_tables():  # a standby takes no writes
             grants.append(d.standby_watermark_problem)
         pub = d.standby_publication_problem()
         if pub:
             out.append(Finding(ERROR, "publication", pub))
-    strategy = d.watermark_strategy
-    out += [
-        Finding(ERROR, "grants", f"role {s.user!r} (watermark strategy {strategy!r}): {p}") for p in grants
-    ]
-    if not grants and not any(f.check == "grants" for f in out):
-        out.append(Finding(OK, "grants", f"role {s.user!r} has what watermark strategy {strategy!r} needs"))
+    out += grant_findings(d, f"role {s.user!r}", grants, out)
     out += _pg_retention(d)
     if d.read_params is not None:
         out += _pg_chunk_standby(d)
