@@ -61,7 +61,6 @@ DEFAULT_SEGMENT_MAX_BYTES = 32 * 1024 * 1024
 # verify's digest forms: core/row_digest.py (the dialects build the same text in SQL)
 
 
-
 class Dialect(SharedReads, ABC):
     """One source database, as the package uses it. The contract its callers (every module
     outside ``dialects/``) use, by capability; a caller uses nothing else of a dialect, and each

@@ -92,7 +92,7 @@ def test_the_watermark_strategy_crosses_at_most_five_files_after_the_edge():
 
 def test_no_collaborator_is_handed_the_watermark_strategy():
     """``self.watermarks`` (the dialect's one strategy object) is never a call's argument: a
-    collaborator that needs a fact of it is handed that fact (``watermarks.tables``)."""
+    collaborator that needs a fact of it is handed the dialect's fact (``watermark_tables``)."""
     handed = []
     for rel, tree in _package_files():
         for n in ast.walk(tree):
