@@ -11,8 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from tools import spark_jvm
+
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+#: the suite's Spark JVMs start with the client compiler, the serial collector and an archive of
+#: Spark's classes (tools/spark_jvm.py; `make test` makes the archive): a third of the CPU time
+#: each. Every Spark process a test starts (spark-submit, a session in this process, a standalone
+#: cluster, a deployment's tasks) inherits this environment.
+SPARK_CLASSES = Path(os.environ.get("CDC_LOCAL_DIR", ROOT / ".cdc-local")) / "spark-classes"
+for _name, _value in spark_jvm.environment(SPARK_CLASSES).items():
+    os.environ.setdefault(_name, _value)
 
 
 #: integration modules that take long on 2 cores (``pytest --durations``, or what they start: Spark
