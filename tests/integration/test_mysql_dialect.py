@@ -175,6 +175,31 @@ def test_options_from_a_connection_extra():
     assert d._driver_settings() == {"read_timeout": 30, "ssl_disabled": True}
 
 
+def test_connections_without_tls_settings_share_one_ssl_context_and_settings_get_their_own(mysql_uri):
+    """pymysql builds an SSL context per connection (the system's CA store, ~50 ms of CPU) even
+    when the server offers no TLS; connections that set nothing share the one it would build."""
+    import ssl
+
+    from airflow_provider_cdc.dialects.mysql.server import MyServer
+
+    server = MyServer(ConnectionParams.from_uri(mysql_uri), "a")
+    first, second = server.connect(), server.connect()
+    try:
+        assert first.ctx is second.ctx and first.ctx.verify_mode == ssl.CERT_NONE
+        assert first.ssl and not first._ssl_required  # still "preferred": TLS when offered, else plain
+        with first.cursor() as cur:
+            cur.execute("SELECT 1")
+            assert cur.fetchone() == (1,)
+    finally:
+        first.close()
+        second.close()
+    # explicit settings: a context of their own, as pymysql builds it, and TLS required
+    from airflow_provider_cdc.dialects.mysql.server import _Connection
+
+    own = _Connection(host="127.0.0.1", ssl_verify_cert=True, defer_connect=True)
+    assert own.ctx is not first.ctx and own._ssl_required and own.ctx.verify_mode == ssl.CERT_REQUIRED
+
+
 def test_quote_ident_doubles_backticks(mysql_uri):
     d = MySqlDialect(ConnectionParams.from_uri(mysql_uri))
     assert d.quote_ident("a`b") == "`a``b`"

@@ -7,6 +7,7 @@ end, GTID position, replica status).
 from __future__ import annotations
 
 import re
+import ssl
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -109,6 +110,26 @@ _PYMYSQL_EXTRA: dict[str, Callable[[Any], Any]] = {
 }
 
 
+class _Connection(pymysql.connections.Connection):
+    """pymysql's connection, sharing one SSL context among the connections that give no TLS
+    settings. pymysql then tries TLS if the server offers it ("preferred", verifying nothing)
+    and builds that context per connection: ``ssl.create_default_context`` reads the system's
+    CA store, 50 ms of CPU each, and a capture, a snapshot's chunk task or verify opens several
+    connections. The shared context is the one pymysql builds, built once; explicit TLS settings
+    still get their own (certificates, verification)."""
+
+    _preferred: ssl.SSLContext | None = None
+    _preferred_lock = threading.Lock()
+
+    def _create_ssl_ctx(self, sslp):
+        if sslp != {}:
+            return super()._create_ssl_ctx(sslp)
+        with _Connection._preferred_lock:
+            if _Connection._preferred is None:
+                _Connection._preferred = super()._create_ssl_ctx({})
+            return _Connection._preferred
+
+
 class MyServer:
     """Connections to one source's server; shared by the dialect's collaborators."""
 
@@ -135,7 +156,7 @@ class MyServer:
         p = self.params
         kw = {**self.driver_settings(), **kw}
         try:
-            conn = pymysql.connect(
+            conn = _Connection(
                 host=p.host,
                 port=p.port or 3306,
                 user=p.user or "root",
