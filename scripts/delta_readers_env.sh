@@ -32,6 +32,9 @@ ensure() {
 }
 
 mkdir -p "$BASE"
+# one builder at a time (see flink_env.sh: `make test` starts this script early in the background)
+exec 9>"$BASE/delta-readers.lock"
+flock 9
 ensure "$NEW_VENV" "deltalake, polars, duckdb, duckdb_ext, pyarrow" "${NEW_PINS[@]}"
 ensure "$OLD_VENV" "deltalake, pyarrow" "${OLD_PINS[@]}"
 echo "$NEW_VENV/bin/python"

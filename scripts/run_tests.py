@@ -13,9 +13,10 @@ could trip each other on:
   (integration/test_log_retention) start a server of their own, as the failover tests do.
 
 Stream 2 runs STREAM_2: the deployment tier (its own deployment and Airflow home), then the
-integration and unit tiers and one e2e module; stream 1 runs the rest (the e2e tier). ``CDC_TEST_STREAMS=1`` runs one
-session, as before. Each stream's output goes to .cdc-local/test-stream-N.log; stream 1's is
-printed live, stream 2's after it ends. The exit status is the first failing stream's.
+integration and unit tiers and one e2e module; stream 1 runs the rest (the e2e tier).
+``CDC_TEST_STREAMS=1`` runs one session, as before. Each stream's output goes to
+.cdc-local/test-stream-N.log; stream 1's is printed live, stream 2's after it ends. The exit
+status is the first failing stream's.
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def _airflow_home_copy(env: dict) -> dict:
         "AIRFLOW_HOME": str(dst),
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{dst / 'airflow.db'}",
     }
+
+
+#: the consumer tier's own virtualenvs (PyFlink, the Delta readers), about a minute of pip on a new
+#: checkout: built in the background while the streams start (their first minutes leave a core
+#: idle: the deployment's start, the first DAG parses), not inside a test in the middle of the run.
+#: The scripts take a lock, so the tests' own call waits for a build in progress, then finds it done.
+WARM_UP = ("flink_env.sh", "delta_readers_env.sh")
+
+
+def _warm_up(args: list[str]) -> list[subprocess.Popen]:
+    """Start WARM_UP unless the run picks its tests (-k, -m, a path): it may not need them."""
+    if any(a in ("-k", "-m") or a.startswith(("-k", "-m", "tests")) for a in args):
+        return []
+    log = open(LOCAL / "consumer-venvs.log", "w")  # noqa: SIM115 - kept open for the children
+    return [subprocess.Popen([str(ROOT / "scripts" / s)], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log)
+            for s in WARM_UP]
 
 
 def _slowest(xml_files: list[Path], n: int = 30) -> list[tuple[float, str]]:
@@ -111,6 +128,7 @@ def main(argv: list[str]) -> int:
         f"run_tests: two sessions side by side; stream 2 ({', '.join(STREAM_2)}) logs to {logs[1]}",
         flush=True,
     )
+    warming = _warm_up(args)
     with open(logs[1], "w") as log2:
         p2 = subprocess.Popen(
             cmd2, cwd=ROOT, env=_airflow_home_copy(env), stdout=log2, stderr=subprocess.STDOUT
@@ -130,6 +148,8 @@ def main(argv: list[str]) -> int:
                 log1.write(line)
             rc1 = p1.wait()
         rc2 = p2.wait()
+    for w in warming:
+        w.wait()
     print(f"\n===== stream 2 ({logs[1]}) =====", flush=True)
     sys.stdout.write(logs[1].read_text(errors="replace"))
     print("\n===== the 30 slowest tests of both streams (setup, call and teardown) =====")
