@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 ENV := source scripts/env.sh &&
 
-.PHONY: setup spark-test-conf demo test test-quick test-unit test-integration test-e2e test-deployment bench lint docs docs-screenshots services-stop clean
+.PHONY: setup spark-classes demo test test-quick test-unit test-integration test-e2e test-deployment bench lint docs docs-screenshots services-stop clean
 
 setup:
 	@scripts/setup.sh
@@ -10,36 +10,36 @@ setup:
 demo: setup
 	@$(ENV) python -m tools.demo
 
-# the test suite's Spark JVMs (tools/spark_jvm.py, read by tests/conftest.py): the client compiler,
-# the serial collector and an archive of Spark's classes, made once per Spark and Java version (~30 s)
-spark-test-conf: setup
+# the archive of Spark's classes the test suite's JVMs map (tools/spark_jvm.py; tests/conftest.py sets
+# the JVMs' options), made once per Spark and Java version (~30 s)
+spark-classes: setup
 	@$(ENV) python -m tools.spark_jvm $${CDC_LOCAL_DIR:-.cdc-local}/spark-classes
 
 # two pytest sessions side by side (scripts/run_tests.py says why and how they are kept apart), then
 # the 30 slowest tests, where the suite's time goes (the quick tier's budget per test is in
 # tests/conftest.py: one over it is named at the end); CDC_TEST_STREAMS=1: one session
-test: spark-test-conf
+test: spark-classes
 	@$(ENV) python scripts/run_tests.py $(PYTEST_ARGS)
 
 # what to run on every change: everything but the slow tests, the deployment and consumer tiers
 # (benchmarks are slow too): a few minutes on 2 cores; `make test` runs them all
 QUICK := not slow and not deployment and not consumer
-test-quick: spark-test-conf
+test-quick: spark-classes
 	@$(ENV) python -m pytest tests -m "$(QUICK)" --durations=30 $(PYTEST_ARGS)
 
-test-unit: spark-test-conf
+test-unit: spark-classes
 	@$(ENV) python -m pytest tests -m unit $(PYTEST_ARGS)
 
-test-integration: spark-test-conf
+test-integration: spark-classes
 	@$(ENV) python -m pytest tests -m integration $(PYTEST_ARGS)
 
-test-e2e: spark-test-conf
+test-e2e: spark-classes
 	@$(ENV) python -m pytest tests -m e2e $(PYTEST_ARGS)
 
-test-deployment: spark-test-conf
+test-deployment: spark-classes
 	@$(ENV) python -m pytest tests -m deployment $(PYTEST_ARGS)
 
-test-consumer: spark-test-conf
+test-consumer: spark-classes
 	@$(ENV) python -m pytest tests -m consumer $(PYTEST_ARGS)
 
 # BENCH names the benchmarks (bench/bench_<name>.py); the default is the end-to-end table and

@@ -47,12 +47,13 @@ s.stop()
 
 
 def _version_stamp() -> str:
-    """The Spark and Java versions the archive was made with: another of either needs a new one."""
+    """What the archive was made for: pyspark's version and place (its jars are the class path)
+    and Java's version. Another of any needs a new archive."""
     import pyspark
 
-    java = shutil.which("java") or "java"
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False)
-    return f"pyspark {pyspark.__version__}; {(out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else java}"
+    java = subprocess.run([shutil.which("java") or "java", "-version"], capture_output=True, text=True, check=False)
+    first = (java.stderr or java.stdout).partition("\n")[0]
+    return f"pyspark {pyspark.__version__} at {Path(pyspark.__file__).parent}; {first}"
 
 
 def environment(folder: Path) -> dict[str, str]:
@@ -79,9 +80,8 @@ def make_archive(folder: Path) -> bool:
         job = Path(tmp) / "job.py"
         job.write_text(_JOB)
         # the class path of the tests' JVMs: no SPARK_CONF_DIR (see the module's docstring)
-        env = {k: v for k, v in os.environ.items() if k not in ("SPARK_CONF_DIR", "SPARK_SUBMIT_OPTS")}
-        env["SPARK_LAUNCHER_OPTS"] = " ".join(FAST_START)
-        env["SPARK_SUBMIT_OPTS"] = " ".join((*FAST_START, f"-XX:ArchiveClassesAtExit={folder / ARCHIVE}"))
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+        env.update(environment(folder), SPARK_SUBMIT_OPTS=" ".join((*FAST_START, f"-XX:ArchiveClassesAtExit={folder / ARCHIVE}")))
         proc = subprocess.run(
             [submit, "--master", "local[2]", str(job), str(Path(tmp) / "out")],
             env=env, capture_output=True, text=True, timeout=600, check=False,
