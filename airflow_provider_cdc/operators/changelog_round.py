@@ -11,6 +11,11 @@ staged even when another capture holds the capture lock; a round with more rows 
 ``local_max_rows`` runs its apply through spark-submit, as the ``apply`` task does. A round is
 one task instance (``max_active_tis_per_dag=1``): two applies of a source never run at once.
 
+Unless ``CDC_CAPTURE_MAX_EVENTS`` is set, a round's capture stops at 90% of ``local_max_rows``
+(at a transaction boundary), so under steady writes every apply stays in the worker and the next
+round follows at once; a capture still ``CDC_ROUND_CATCH_UP_SECONDS`` behind after that takes the
+rest in the same round, for one spark-submit apply (core/rounds.py, RoundCapture).
+
 The follow-up tasks run only when they have something to do; the round skips the others
 (Airflow's SkipMixin, as a branch does), so no process starts for them:
 
@@ -30,6 +35,7 @@ from typing import Any
 
 from airflow.sdk.bases.skipmixin import SkipMixin
 
+from ..core.rounds import RoundCapture
 from ..hooks.task_errors import wrap_task_methods
 from ..settings import FromSettings, load
 from .changelog_apply import ChangelogApplyOperator
@@ -52,6 +58,21 @@ def follow_ups(result: dict[str, Any], *, maintenance_due: bool) -> list[str]:
     return follow
 
 
+def joined(first: dict[str, Any], rest: dict[str, Any] | None) -> dict[str, Any]:
+    """One round's result of two captures in a row (``rest``: None when another capture took the
+    lock between them): counts added, the span from the first's start to the second's end, the
+    lag and retention readings the second's."""
+    if rest is None:
+        return first
+    out = dict(rest)
+    for count in ("events", "watermarks", "seconds"):
+        out[count] = first[count] + rest[count]
+    out["segments"] = [*first["segments"], *rest["segments"]]
+    out["segment"] = rest["segment"] or first["segment"]
+    out["start_offset"] = first["start_offset"]
+    return out
+
+
 class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
     """Capture the source's log to staging, then apply what is staged to the sinks (in this
     worker, or through spark-submit past ``local_max_rows``), then start only the follow-up
@@ -61,7 +82,9 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
     the apply's summary (None: nothing staged past the sinks' markers), ``schema_stopped``
     (the ``mirror_schema_stops`` task reads it) and ``follow_ups``.
 
-    :param max_events: the most events one capture stages; default CDC_CAPTURE_MAX_EVENTS.
+    :param max_events: the most events one capture stages; default CDC_CAPTURE_MAX_EVENTS, and
+        unset, 90% of ``local_max_rows`` unless the capture is still CDC_ROUND_CATCH_UP_SECONDS
+        behind after it (core/rounds.py, RoundCapture).
     :param segment_max_events: events per staged segment; default CDC_CAPTURE_SEGMENT_MAX_EVENTS.
 
     The other parameters are :class:`ChangelogApplyOperator`'s.
@@ -88,13 +111,32 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
 
         now = load(overrides=self.cdc_overrides)
         hook = CdcSourceHook.for_settings(now, None, now.explicit_source)
-        captured = capture_changes(
-            hook,
-            self.data_dir,
-            overrides=self.cdc_overrides,
-            max_events=self.max_events,
-            segment_max_events=self.segment_max_events,
+        sizing = RoundCapture(
+            self.max_events,
+            self.local_max_rows,
+            now.round_catch_up_seconds,
+            staged=0 if self.max_events is not None else self.input_rows(),
         )
+
+        def capture(max_events: int | None) -> dict[str, Any] | None:
+            return capture_changes(
+                hook,
+                self.data_dir,
+                overrides=self.cdc_overrides,
+                max_events=max_events,
+                segment_max_events=self.segment_max_events,
+            )
+
+        captured = capture(sizing.cap)
+        if captured is not None and sizing.catch_up(captured["events"], captured.get("lag_seconds")):
+            self.log.info(
+                "the capture stopped at %d events and is still %.0f s behind (CDC_ROUND_CATCH_UP_SECONDS="
+                "%g): capturing the rest in this round",
+                captured["events"],
+                captured["lag_seconds"],
+                sizing.catch_up_seconds,
+            )
+            captured = joined(captured, capture(None))
         if captured is None:
             self.log.info(
                 "another capture of source %r holds the capture lock; applying what is staged", hook.source

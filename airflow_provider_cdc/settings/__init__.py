@@ -308,8 +308,18 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "CDC_CAPTURE_MAX_EVENTS",
         None,
-        "cap on the events of one capture (unset: unbounded)",
+        "cap on the events of one capture (unset: unbounded, but a one-task round of @log or "
+        "@continuous stops at 90% of CDC_LOCAL_MAX_ROWS, see CDC_ROUND_CATCH_UP_SECONDS)",
         read=whole("a whole number >= 1 (unset: unbounded)", minimum=1),
+    ),
+    Option(
+        "CDC_ROUND_CATCH_UP_SECONDS",
+        "300",
+        "with CDC_CHANGELOG_SCHEDULE=@log or @continuous and CDC_CAPTURE_MAX_EVENTS unset: a round's "
+        "capture stops at 90% of CDC_LOCAL_MAX_ROWS so its apply stays in the worker, unless it is "
+        "still this many seconds behind the source after that: then it captures the rest at once "
+        "(one spark-submit apply drains a large backlog faster); 0: rounds are never capped",
+        read=seconds(zero=True),
     ),
     Option(
         "CDC_CAPTURE_SEGMENT_MAX_EVENTS",
@@ -427,6 +437,7 @@ class Settings:
     changelog_min_interval_seconds: float
     maintenance_interval_seconds: float
     capture_max_events: int | None
+    round_catch_up_seconds: float
     capture_segment_max_events: int | None
     mirror_retention_hours: float
     mirror_log_retention_hours: float

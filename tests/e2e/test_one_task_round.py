@@ -85,3 +85,38 @@ def test_a_round_is_one_task_whose_follow_ups_run_only_with_work(pipeline, monke
                            "mirror_schema_stops": "failed", "log_retention": "skipped"}
     assert round_result(run)["follow_ups"] == ["mirror_schema_stops"]
     assert "changed type" in (schema_stopped(mirror_dir(p.data_dir, p.source, p.table)) or "")
+
+
+@pytest.mark.parametrize("pipeline", ["pg"], indirect=True)
+def test_a_round_stops_its_capture_under_the_worker_bound_and_a_far_behind_one_takes_the_rest(
+    pipeline, monkeypatch
+):
+    """Unset CDC_CAPTURE_MAX_EVENTS: a round's capture stops at 90% of CDC_LOCAL_MAX_ROWS (18 of
+    20), so its apply runs in the worker and the next round takes the rest; a capture still
+    CDC_ROUND_CATCH_UP_SECONDS behind after the cap takes the rest in the same round."""
+    p = pipeline
+    p.snapshot()
+    monkeypatch.setenv("CDC_CHANGELOG_SCHEDULE", "@log")
+    monkeypatch.setenv("CDC_LOCAL_MAX_ROWS", "20")
+    monkeypatch.setenv("CDC_ROUND_CATCH_UP_SECONDS", "3600")
+    monkeypatch.delenv("CDC_CAPTURE_MAX_EVENTS", raising=False)
+
+    def thirty_transactions(name: str) -> None:
+        run_sql(p, [f"UPDATE {qt(p)} SET name = '{name}' WHERE id = {i}" for i in range(1, 31)],  # noqa: S608
+                one_transaction=False)
+
+    p.run("cdc_changelog")  # what the snapshot staged (its watermarks) applied: nothing pending
+    thirty_transactions("capped")
+    first = round_result(p.run("cdc_changelog"))
+    assert first["events"] == 18 and first["apply"]["engine"] == "local", first
+    second = round_result(p.run("cdc_changelog"))
+    assert second["events"] == 12 and second["apply"]["engine"] == "local", second
+    p.assert_equal()
+
+    # behind by more than the setting after the capped capture: the rest in this round
+    monkeypatch.setenv("CDC_ROUND_CATCH_UP_SECONDS", "0.001")
+    thirty_transactions("caught up")
+    got = round_result(p.run("cdc_changelog"))
+    assert got["events"] == 30 and got["apply"]["engine"] == "spark", got
+    assert got["lag_seconds"] == 0.0  # read to the end
+    p.assert_equal()

@@ -65,3 +65,47 @@ def test_the_last_maintenance_is_recorded_in_staging_and_an_unreadable_record_me
         with open(path, "w") as f:
             f.write(junk)
         assert last_maintenance(data, "shop") is None, junk
+
+
+def test_a_round_caps_its_capture_under_the_worker_bound_unless_told_otherwise():
+    from airflow_provider_cdc.core.rounds import RoundCapture
+
+    assert RoundCapture(None, 100_000, 300.0).cap == 90_000  # the apply stays in the worker
+    assert RoundCapture(5_000, 100_000, 300.0).cap == 5_000  # CDC_CAPTURE_MAX_EVENTS wins
+    assert RoundCapture(None, 0, 300.0).cap is None  # always spark-submit: no cap helps
+    assert RoundCapture(None, 100_000, 0.0).cap is None  # CDC_ROUND_CATCH_UP_SECONDS=0: never
+    assert RoundCapture(None, 1, 300.0).cap == 1
+    # rows an earlier round staged and did not apply count against the bound
+    assert RoundCapture(None, 100_000, 300.0, staged=30_000).cap == 60_000
+    assert RoundCapture(None, 100_000, 300.0, staged=90_000).cap is None  # spark-submit anyway
+    assert RoundCapture(5_000, 100_000, 300.0, staged=90_000).cap == 5_000
+
+
+def test_a_capped_capture_far_behind_catches_up_in_the_same_round():
+    from airflow_provider_cdc.core.rounds import RoundCapture
+
+    default = RoundCapture(None, 100_000, 300.0)
+    assert default.catch_up(90_000, 300.0) and default.catch_up(90_512, 4_000.0)
+    assert not default.catch_up(90_000, 299.9)  # behind, but a round's worth
+    assert not default.catch_up(89_999, 4_000.0)  # the cap did not stop it: it read to the end
+    assert not default.catch_up(90_000, None)  # the source cannot tell how far behind
+    assert not RoundCapture(90_000, 100_000, 300.0).catch_up(90_000, 4_000.0)  # the user's cap
+    assert not RoundCapture(None, 0, 300.0).catch_up(10**9, 4_000.0)  # nothing was capped
+    staged = RoundCapture(None, 100_000, 300.0, staged=30_000)
+    assert staged.catch_up(60_000, 300.0) and not staged.catch_up(59_999, 300.0)
+
+
+def test_two_captures_of_a_round_make_one_result():
+    from airflow_provider_cdc.operators.changelog_round import joined
+
+    first = {"source": "s", "events": 90, "watermarks": 1, "seconds": 1.5, "segments": ["a", "b"],
+             "segment": "b", "start_offset": "0/10", "end_offset": "0/20", "lag_seconds": 400.0}
+    rest = {"source": "s", "events": 10, "watermarks": 0, "seconds": 0.5, "segments": ["c"],
+            "segment": "c", "start_offset": "0/20", "end_offset": "0/30", "lag_seconds": 0.0}
+    assert joined(first, None) is first  # another capture took the lock between them
+    both = joined(first, rest)
+    assert (both["events"], both["watermarks"], both["seconds"]) == (100, 1, 2.0)
+    assert both["segments"] == ["a", "b", "c"] and both["segment"] == "c"
+    assert (both["start_offset"], both["end_offset"], both["lag_seconds"]) == ("0/10", "0/30", 0.0)
+    empty = dict(rest, events=0, segments=[], segment=None)
+    assert joined(first, empty)["segment"] == "b"
