@@ -94,15 +94,18 @@ class RoundCapture:
         room = max(1, int(self.local_max_rows * ROUND_CAP_SHARE)) - self.staged
         return room if room >= 1 else None
 
+    def stopped(self, events: int) -> bool:
+        """Whether a first capture of ``events`` stopped at the cap (log may be left behind)."""
+        cap = self.cap
+        return cap is not None and events >= cap
+
     def catch_up(self, events: int, lag_seconds: float | None) -> bool:
         """After a first capture of ``events`` that left the capture ``lag_seconds`` behind (None:
         the source cannot tell): capture the rest now, uncapped? Only for the default cap (an
         explicit one is the user's bound), and only when the cap stopped the capture."""
-        cap = self.cap
         return (
             self.explicit is None
-            and cap is not None
-            and events >= cap
+            and self.stopped(events)
             and lag_seconds is not None
             and lag_seconds >= self.catch_up_seconds
         )

@@ -102,19 +102,18 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
         self.max_events = max_events
         self.segment_max_events = segment_max_events
 
-    def execute(self, context: Any) -> dict[str, Any]:
-        from airflow.sdk.exceptions import AirflowSkipException
+    def _capture(self, hook: Any, catch_up_seconds: float) -> dict[str, Any] | None:
+        """The round's capture (None: another capture holds the lock), sized by RoundCapture:
+        capped under the worker's bound, the rest at once when still far behind. A capture left
+        stopped at its cap is recorded, so the ``@log`` trigger starts the next round without
+        waiting for a write (pipeline/round_backlog.py)."""
+        from ..pipeline.round_backlog import record_backlog
+        from .capture import capture_changes
 
-        from ..hooks.cdc_source import CdcSourceHook
-        from ..pipeline.maintenance import last_maintenance, maintenance_due
-        from .capture import capture_changes, check_log_retention
-
-        now = load(overrides=self.cdc_overrides)
-        hook = CdcSourceHook.for_settings(now, None, now.explicit_source)
         sizing = RoundCapture(
             self.max_events,
             self.local_max_rows,
-            now.round_catch_up_seconds,
+            catch_up_seconds,
             staged=0 if self.max_events is not None else self.input_rows(),
         )
 
@@ -128,7 +127,10 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
             )
 
         captured = capture(sizing.cap)
-        if captured is not None and sizing.catch_up(captured["events"], captured.get("lag_seconds")):
+        if captured is None:
+            return None
+        left = sizing.stopped(captured["events"])
+        if left and sizing.catch_up(captured["events"], captured.get("lag_seconds")):
             self.log.info(
                 "the capture stopped at %d events and is still %.0f s behind (CDC_ROUND_CATCH_UP_SECONDS="
                 "%g): capturing the rest in this round",
@@ -136,7 +138,21 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
                 captured["lag_seconds"],
                 sizing.catch_up_seconds,
             )
-            captured = joined(captured, capture(None))
+            rest = capture(None)
+            captured, left = joined(captured, rest), rest is None
+        record_backlog(self.data_dir, hook.source, left=left, offset=captured["end_offset"])
+        return captured
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        from ..hooks.cdc_source import CdcSourceHook
+        from ..pipeline.maintenance import last_maintenance, maintenance_due
+        from .capture import check_log_retention
+
+        now = load(overrides=self.cdc_overrides)
+        hook = CdcSourceHook.for_settings(now, None, now.explicit_source)
+        captured = self._capture(hook, now.round_catch_up_seconds)
         if captured is None:
             self.log.info(
                 "another capture of source %r holds the capture lock; applying what is staged", hook.source

@@ -34,12 +34,15 @@ def round_reason(
     since_last: float,
     heartbeat: float,
     min_interval: float = 0.0,
+    backlog: bool = False,
 ) -> str | None:
     """Why a round should start now (None: no round). ``previous``: the ``LogActivity`` read
     when the last round started (or when the watch started), ``reading``: this poll's (None: not
     read, or the dialect cannot tell); ``since_last``: seconds since the last round this
     trigger started. A write starts a round only ``min_interval`` seconds after the last one:
-    writes in between are taken by that next round (fewer, fuller rounds)."""
+    writes in between are taken by that next round (fewer, fuller rounds). ``backlog``: the last
+    round's capture stopped at its cap with log left behind (pipeline/round_backlog.py), which no
+    new write may announce: the next round starts ``min_interval`` after it too."""
     if first:
         if reading is None or reading.pending_bytes is None:
             return "the watch started and the capture's position is not known"
@@ -52,6 +55,8 @@ def round_reason(
         and since_last >= min_interval
     ):
         return "the source wrote to the capture scope"
+    elif not first and backlog and since_last >= min_interval:
+        return "the last round's capture stopped at its cap: log is left to capture"
     if since_last >= heartbeat:
         return "heartbeat"
     if reading is None and since_last >= min(heartbeat, UNKNOWN_INTERVAL):
@@ -124,6 +129,21 @@ class LogActivityTrigger(BaseEventTrigger):
         with storage.scoped_settings(self._storage):
             return self._dialect.log_activity(self.data_dir)
 
+    def _backlog(self) -> bool:
+        """Whether the last round's capture left log behind at its cap (a file in staging)."""
+        from .. import storage
+        from ..pipeline.round_backlog import backlog_left
+
+        with storage.scoped_settings(self._storage):
+            return backlog_left(self.data_dir, self.source)
+
+    def _backlog_or_none(self) -> bool:
+        try:
+            return self._backlog()
+        except Exception as exc:  # noqa: BLE001 - the writes and the heartbeat still start rounds
+            log.warning("source %r: the capture's backlog record could not be read: %s", self.source, exc)
+            return False
+
     def _close(self) -> None:
         d, self._dialect = self._dialect, None
         if d is not None:
@@ -143,13 +163,22 @@ class LogActivityTrigger(BaseEventTrigger):
                     reading = None
                     await asyncio.to_thread(self._close)
                 now = time.monotonic()
+                since_last = now - last_round
+                # read only when it could start a round: the reading is known and min_interval passed
+                backlog = (
+                    reading is not None
+                    and not first
+                    and since_last >= self.min_interval
+                    and await asyncio.to_thread(self._backlog_or_none)
+                )
                 reason = round_reason(
                     previous,
                     reading,
                     first=first,
-                    since_last=now - last_round,
+                    since_last=since_last,
                     heartbeat=self.heartbeat,
                     min_interval=self.min_interval,
+                    backlog=bool(backlog),
                 )
                 if reading is not None and (first or previous is None or reason is not None):
                     previous = reading  # what the next round is compared with

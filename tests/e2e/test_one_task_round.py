@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_cdc.pipeline.maintenance import last_maintenance
+from airflow_provider_cdc.pipeline.round_backlog import backlog_left
 from airflow_provider_cdc.sinks.mirror_fencing import schema_stopped
 from airflow_provider_cdc.storage.layout import mirror_dir
 
@@ -109,8 +110,10 @@ def test_a_round_stops_its_capture_under_the_worker_bound_and_a_far_behind_one_t
     thirty_transactions("capped")
     first = round_result(p.run("cdc_changelog"))
     assert first["events"] == 18 and first["apply"]["engine"] == "local", first
+    assert backlog_left(p.data_dir, p.source)  # the @log trigger starts the next round without a write
     second = round_result(p.run("cdc_changelog"))
     assert second["events"] == 12 and second["apply"]["engine"] == "local", second
+    assert not backlog_left(p.data_dir, p.source)
     p.assert_equal()
 
     # behind by more than the setting after the capped capture: the rest in this round
@@ -118,5 +121,5 @@ def test_a_round_stops_its_capture_under_the_worker_bound_and_a_far_behind_one_t
     thirty_transactions("caught up")
     got = round_result(p.run("cdc_changelog"))
     assert got["events"] == 30 and got["apply"]["engine"] == "spark", got
-    assert got["lag_seconds"] == 0.0  # read to the end
+    assert got["lag_seconds"] == 0.0 and not backlog_left(p.data_dir, p.source)  # read to the end
     p.assert_equal()

@@ -76,3 +76,68 @@ def test_the_watch_holds_writes_for_min_interval_then_starts_one_round_for_them(
     finally:
         loop.run_until_complete(agen.aclose())
         loop.close()
+
+
+def test_a_capture_left_at_its_cap_starts_the_next_round_without_a_write():
+    """No write announces the log a capped capture left behind: the backlog record starts the
+    next round min_interval after the last (pipeline/round_backlog.py)."""
+    reason = round_reason(IDLE, IDLE, first=False, since_last=5, heartbeat=600, min_interval=5, backlog=True)
+    assert reason == "the last round's capture stopped at its cap: log is left to capture"
+    assert round_reason(IDLE, IDLE, first=False, since_last=4.9, heartbeat=600, min_interval=5, backlog=True) is None
+    assert round_reason(IDLE, IDLE, first=False, since_last=5, heartbeat=600, min_interval=5) is None
+    busy = LogActivity("writes 8", 120)  # a write says it first
+    assert round_reason(IDLE, busy, first=False, since_last=5, heartbeat=600, backlog=True) == (
+        "the source wrote to the capture scope"
+    )
+
+
+def test_the_backlog_record_is_left_by_a_capped_capture_and_removed_by_one_that_read_to_the_end(tmp_path):
+    from airflow_provider_cdc.pipeline.round_backlog import backlog_left, record_backlog
+
+    data = str(tmp_path)
+    assert not backlog_left(data, "shop")
+    record_backlog(data, "shop", left=False)  # nothing to remove: fine
+    record_backlog(data, "shop", left=True, offset="0/1A")
+    assert backlog_left(data, "shop") and not backlog_left(data, "other")
+    record_backlog(data, "shop", left=False)
+    assert not backlog_left(data, "shop")
+
+
+def test_the_watch_starts_rounds_while_the_backlog_record_stays_and_reads_it_only_when_it_could(monkeypatch):
+    """The trigger's loop on an unchanged log: rounds every min_interval while the record is
+    there, none once it went; the record is not read within min_interval of the last round."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from airflow_provider_cdc.triggers import log_activity
+    from airflow_provider_cdc.triggers.log_activity import LogActivityTrigger
+
+    clock = [0.0]
+    monkeypatch.setattr(log_activity, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    trigger = LogActivityTrigger(conn_id="c", source="s", data_dir="/d", poll_interval=0, heartbeat=30, min_interval=3)
+    asked = []
+
+    def read():
+        clock[0] += 1.0
+        return IDLE
+
+    def backlog():
+        asked.append(clock[0])
+        return clock[0] < 8  # the round that started at 6 s read to the end
+
+    monkeypatch.setattr(trigger, "_read", read)
+    monkeypatch.setattr(trigger, "_backlog", backlog)
+    loop = asyncio.new_event_loop()
+    agen = trigger.run()
+    try:
+        got = []
+        for _ in range(3):
+            event = loop.run_until_complete(asyncio.wait_for(agen.__anext__(), 10))
+            got.append((clock[0], event.payload["reason"]))
+        assert got == [(3.0, "the last round's capture stopped at its cap: log is left to capture"),
+                       (6.0, "the last round's capture stopped at its cap: log is left to capture"),
+                       (36.0, "heartbeat")]
+        assert asked[:2] == [3.0, 6.0] and 4.0 not in asked and 5.0 not in asked
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
