@@ -57,8 +57,10 @@ Segments = Sequence[tuple[Position, Position, str]]
 #: images) in one batch once took the worker to ~1 GB, so batches held 20,000 events whatever
 #: their width; every batch is a commit per table, each 0.1-0.5 s whatever its rows, so narrow
 #: events (pgbench's: 161 bytes) paid five commits per table for a 91,560-event round (6.4 s;
-#: in one batch 2.9 s, +60 MB)
-DEFAULT_APPLY_BATCH_BYTES = 8 * 2**20
+#: in one batch 2.9 s, +60 MB). 16 MB: a one-task round's capped capture of narrow events (90,000
+#: of pgbench's, 14.5 MB) is one batch; at 8 MB it was two, and the second commit per table took
+#: 1.6 of the round's 9.6 s under ``bench sustained``
+DEFAULT_APPLY_BATCH_BYTES = 16 * 2**20
 #: and at most this many rows
 DEFAULT_APPLY_BATCH_ROWS = 100_000
 #: (segments, after, upto) -> table events of the segments in (after, upto] (the in-process
