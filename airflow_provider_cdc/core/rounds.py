@@ -62,7 +62,7 @@ class RoundCapture:
     Under steady writes a round's capture takes what came since the last one. Uncapped, a backlog
     that passes ``local_max_rows`` (a compaction beside the rounds is enough) makes one large
     round that starts a spark-submit beside the writers, and the mirror falls further behind while
-    the JVM starts (``bench sustained``: lag p99 239 s with the defaults, 50 s capped). So, unless
+    the JVM starts (``bench sustained``: lag p99 238 s uncapped, 37.7 s capped). So, unless
     ``CDC_CAPTURE_MAX_EVENTS`` says otherwise, a round's capture stops a little under
     ``local_max_rows`` and the apply stays in the worker; the next round follows at once.
 
