@@ -8,6 +8,23 @@ from airflow_provider_cdc.triggers.log_activity import UNKNOWN_INTERVAL, round_r
 IDLE = LogActivity("writes 7", 0)
 
 
+def _first_events(trigger, clock: list[float], n: int) -> list[tuple[float, str]]:
+    """The trigger's first ``n`` events, each with the scripted clock when it came."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    agen = trigger.run()
+    try:
+        got = []
+        for _ in range(n):
+            event = loop.run_until_complete(asyncio.wait_for(agen.__anext__(), 10))
+            got.append((clock[0], event.payload["reason"]))
+        return got
+    finally:
+        loop.run_until_complete(agen.aclose())
+        loop.close()
+
+
 def test_a_watch_starts_a_round_only_when_log_is_pending_or_its_position_unknown():
     assert round_reason(None, IDLE, first=True, since_last=0, heartbeat=600) is None
     assert "3 bytes" in round_reason(None, LogActivity("writes 7", 3), first=True, since_last=0, heartbeat=600)
@@ -47,7 +64,6 @@ def test_the_watch_holds_writes_for_min_interval_then_starts_one_round_for_them(
     """The trigger's loop, on scripted readings and a clock that moves 1 s a poll: a write
     2 s after the last round waits until 3 s have passed, compared with the reading taken when
     the last round started, so it is not lost."""
-    import asyncio
     from types import SimpleNamespace
 
     from airflow_provider_cdc.triggers import log_activity
@@ -63,19 +79,9 @@ def test_the_watch_holds_writes_for_min_interval_then_starts_one_round_for_them(
         return LogActivity(next(script), 0)
 
     monkeypatch.setattr(trigger, "_read", read)
-    loop = asyncio.new_event_loop()
-    agen = trigger.run()
-    try:
-        at = []
-        for _ in range(2):
-            event = loop.run_until_complete(asyncio.wait_for(agen.__anext__(), 10))
-            assert event.payload["reason"] == "the source wrote to the capture scope"
-            at.append(clock[0])
-        # w2 read at 2 s waits to 3 s; w3 read at 5 s (2 s after that round) waits to 6 s
-        assert at == [3.0, 6.0]
-    finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+    # w2 read at 2 s waits to 3 s; w3 read at 5 s (2 s after that round) waits to 6 s
+    wrote = "the source wrote to the capture scope"
+    assert _first_events(trigger, clock, 2) == [(3.0, wrote), (6.0, wrote)]
 
 
 def test_a_capture_left_at_its_cap_starts_the_next_round_without_a_write():
@@ -106,7 +112,6 @@ def test_the_backlog_record_is_left_by_a_capped_capture_and_removed_by_one_that_
 def test_the_watch_starts_rounds_while_the_backlog_record_stays_and_reads_it_only_when_it_could(monkeypatch):
     """The trigger's loop on an unchanged log: rounds every min_interval while the record is
     there, none once it went; the record is not read within min_interval of the last round."""
-    import asyncio
     from types import SimpleNamespace
 
     from airflow_provider_cdc.triggers import log_activity
@@ -127,17 +132,6 @@ def test_the_watch_starts_rounds_while_the_backlog_record_stays_and_reads_it_onl
 
     monkeypatch.setattr(trigger, "_read", read)
     monkeypatch.setattr(trigger, "_backlog", backlog)
-    loop = asyncio.new_event_loop()
-    agen = trigger.run()
-    try:
-        got = []
-        for _ in range(3):
-            event = loop.run_until_complete(asyncio.wait_for(agen.__anext__(), 10))
-            got.append((clock[0], event.payload["reason"]))
-        assert got == [(3.0, "the last round's capture stopped at its cap: log is left to capture"),
-                       (6.0, "the last round's capture stopped at its cap: log is left to capture"),
-                       (36.0, "heartbeat")]
-        assert asked[:2] == [3.0, 6.0] and 4.0 not in asked and 5.0 not in asked
-    finally:
-        loop.run_until_complete(agen.aclose())
-        loop.close()
+    left = "the last round's capture stopped at its cap: log is left to capture"
+    assert _first_events(trigger, clock, 3) == [(3.0, left), (6.0, left), (36.0, "heartbeat")]
+    assert asked[:2] == [3.0, 6.0] and 4.0 not in asked and 5.0 not in asked
