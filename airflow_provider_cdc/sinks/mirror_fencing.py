@@ -200,6 +200,29 @@ def claim_epoch(
     raise AssertionError("unreachable")
 
 
+#: Tests only: a folder. While a file named after a table's id is in it, a merge that claimed the
+#: table's epoch waits (up to HOLD_SECONDS) before it reads or writes, so a deployment scenario
+#: sends its stop while the merge is surely in flight, whatever the speed of the Spark job
+#: (tests/deployment/test_scenarios.py). Unset, as in every real deployment: nothing waits.
+HOLD_DIR_ENV = "CDC_TEST_MERGE_HOLD_DIR"
+HOLD_SECONDS = 600.0
+
+
+def _hold_for_a_test(table_id: str) -> None:
+    import os
+    import time
+
+    folder = os.environ.get(HOLD_DIR_ENV)
+    if not folder:
+        return
+    hold = os.path.join(folder, table_id)
+    deadline = time.monotonic() + HOLD_SECONDS
+    if os.path.exists(hold):
+        log.info("mirror %s: held after its claim while %s exists (%s)", table_id, hold, HOLD_DIR_ENV)
+    while os.path.exists(hold) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 class MergeFence:
     """The merge epochs one snapshot merge claimed, per table (module docstring, Fencing).
 
@@ -223,6 +246,7 @@ class MergeFence:
             assert epoch is not None
             self.epochs[schema.table.id] = epoch
             log.info("mirror %s: merge epoch %d claimed", schema.table, epoch)
+            _hold_for_a_test(schema.table.id)
         return self
 
     def epoch(self, table_id: str) -> int | None:

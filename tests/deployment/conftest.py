@@ -123,7 +123,10 @@ def deployment(pg_uri, mysql_uri):
         # (the scenarios kill and stop a running JVM): the row threshold alone decides
         "CDC_LOCAL_SNAPSHOT_MERGE_MAX_ROWS": "0",
         "CDC_SENSOR_POKE_INTERVAL": "3",
+        # a scenario holds its table's merge after the epoch claim (sinks/mirror_fencing.py)
+        "CDC_TEST_MERGE_HOLD_DIR": str(home / "merge-holds"),
     }
+    (home / "merge-holds").mkdir(parents=True, exist_ok=True)
     try:
         with launch(pg_uri, home, dags, env=env, dags=ALL_DAGS) as dep:
             dep.tables = tables

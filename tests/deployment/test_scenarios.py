@@ -152,12 +152,19 @@ def reading_chunks(dep, name: str):
 # --- (1) stop while the merge runs ---------------------------------------------------------------
 def test_stop_during_merge_then_restart(deployment):
     dep, name = deployment, "stop"
+    # the merge waits after its epoch claim until the stop is recorded: a Spark job faster than
+    # the stop's run would otherwise commit first (the stop then refuses a done snapshot)
+    hold = dep.home / "merge-holds" / table_id(dep, name)
+    hold.touch()
     with writing(dep, name) as w:
         run = dep.trigger("cdc_snapshot", start_conf(dep, name, SPARK_CONF), tag="start1")
-        dep.wait_ti("cdc_snapshot", run, "merge", {"running"}, timeout=300,
-                    also=lambda t: merge_job_started(dep, run, t))
-        stop = dep.trigger("cdc_snapshot", {"action": "stop", "tables": [table_id(dep, name)]}, tag="stop")
-        dep.wait_run("cdc_snapshot", stop, timeout=180)
+        try:
+            dep.wait_ti("cdc_snapshot", run, "merge", {"running"}, timeout=300,
+                        also=lambda t: merge_job_started(dep, run, t))
+            stop = dep.trigger("cdc_snapshot", {"action": "stop", "tables": [table_id(dep, name)]}, tag="stop")
+            dep.wait_run("cdc_snapshot", stop, timeout=180)
+        finally:
+            hold.unlink()
         first = dep.wait_run("cdc_snapshot", run, timeout=300, expect=None)
         print(dep.describe("cdc_snapshot", run))
         st = status_of(dep, name)
