@@ -110,12 +110,9 @@ class ChangelogRoundOperator(ChangelogApplyOperator, SkipMixin):
         from ..pipeline.round_backlog import record_backlog
         from .capture import capture_changes
 
-        sizing = RoundCapture(
-            self.max_events,
-            self.local_max_rows,
-            catch_up_seconds,
-            staged=0 if self.max_events is not None else self.input_rows(),
-        )
+        sizing = RoundCapture(self.max_events, self.local_max_rows, catch_up_seconds)
+        if self.max_events is None and sizing.cap is not None:  # the default cap: less what waits
+            sizing = RoundCapture(None, self.local_max_rows, catch_up_seconds, staged=self.input_rows())
 
         def capture(max_events: int | None) -> dict[str, Any] | None:
             return capture_changes(

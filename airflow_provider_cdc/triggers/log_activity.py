@@ -55,7 +55,7 @@ def round_reason(
         and since_last >= min_interval
     ):
         return "the source wrote to the capture scope"
-    elif not first and backlog and since_last >= min_interval:
+    elif backlog and since_last >= min_interval:
         return "the last round's capture stopped at its cap: log is left to capture"
     if since_last >= heartbeat:
         return "heartbeat"
@@ -137,7 +137,7 @@ class LogActivityTrigger(BaseEventTrigger):
         with storage.scoped_settings(self._storage):
             return backlog_left(self.data_dir, self.source)
 
-    def _backlog_or_none(self) -> bool:
+    def _backlog_safely(self) -> bool:
         try:
             return self._backlog()
         except Exception as exc:  # noqa: BLE001 - the writes and the heartbeat still start rounds
@@ -169,7 +169,7 @@ class LogActivityTrigger(BaseEventTrigger):
                     reading is not None
                     and not first
                     and since_last >= self.min_interval
-                    and await asyncio.to_thread(self._backlog_or_none)
+                    and await asyncio.to_thread(self._backlog_safely)
                 )
                 reason = round_reason(
                     previous,
