@@ -152,7 +152,11 @@ class _Renderer:
         # arithmetic on columns and literals (``id % 10 = 0``); '%' doubled: statements are %-formatted
         arith = {exp.Add: "+", exp.Sub: "-", exp.Mul: "*", exp.Div: "/", exp.Mod: "%%"}
         if type(node) in arith:
-            self.only(node, "this", "expression")
+            # ``safe`` (x / 0 and x % 0 are NULL) and ``typed`` (integer division) describe the
+            # parse dialect's own arithmetic (sqlglot sets them from the dialect, MySQL's '%'
+            # since 30.x). The filter is rendered back for that same database, so its operator
+            # keeps exactly those semantics: the flags are read, not dropped
+            self.only(node, "this", "expression", "safe", "typed")
             return f"({self.value(node.this)} {arith[type(node)]} {self.value(node.expression)})"
         raise self.refuse(node, "only columns and literals may be compared")
 

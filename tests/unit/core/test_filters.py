@@ -26,6 +26,10 @@ COLS = ["n", "name", "a b'%s", "flag"]
     ("mysql", "`a b'%s` = 'x\\\\y'", "(`a b'%%s` = %s)", ["x\\y"]),
     ("postgres", "name ILIKE 'A%'", '("name" ILIKE %s)', ["A%"]),
     ("mysql", "n % 10 = 0 AND n * 2 > n - 1", "(((`n` %% %s) = %s) AND ((`n` * %s) > (`n` - %s)))", [10, 0, 2, 1]),
+    # division and modulo in both databases: sqlglot marks each with the dialect's own semantics
+    # (MySQL: x / 0 and x % 0 are NULL), which the rendering for that same database keeps
+    ("mysql", "n / 4 > 1 OR n % 3 = 1", "(((`n` / %s) > %s) OR ((`n` %% %s) = %s))", [4, 1, 3, 1]),
+    ("postgres", "n / 4 > 1 OR n % 3 = 1", '((("n" / %s) > %s) OR (("n" %% %s) = %s))', [4, 1, 3, 1]),
     ("postgres", "name NOT LIKE 'a' AND n NOT IN (1) AND n NOT BETWEEN 1 AND 2",
      '(((NOT ("name" LIKE %s)) AND (NOT ("n" IN (%s)))) AND (NOT ("n" BETWEEN %s AND %s)))', ["a", 1, 1, 2]),
 ])
